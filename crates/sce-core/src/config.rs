@@ -1,0 +1,278 @@
+//! Configuration of the cache core, with validation that names the offending field.
+
+use crate::evict::EvictionKind;
+use crate::geometry::{DEFAULT_FRAGMENT_SIZE, MAX_FRAGMENT_SIZE, MIN_FRAGMENT_SIZE};
+use std::time::Duration;
+
+/// How fragments get into the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Admission {
+    /// SCE: background workers populate the hottest fragment of the MRU window, throttled by
+    /// Algorithm 1. Reads never wait for population.
+    #[default]
+    Sce,
+    /// Populate inline on every miss: a read miss writes the pages it read into the cache
+    /// before completing, and a write to an uncached fragment allocates a slot (flashcache-like).
+    Always,
+    /// Queue a fragment for background population once it has been accessed `k` times.
+    NHit(u32),
+}
+
+impl std::str::FromStr for Admission {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "sce" => Ok(Admission::Sce),
+            "always" => Ok(Admission::Always),
+            _ => match s.strip_prefix("nhit:").map(str::parse::<u32>) {
+                Some(Ok(k)) if k >= 1 => Ok(Admission::NHit(k)),
+                _ => Err(format!(
+                    "unknown admission {s:?} (expected sce, always or nhit:K with K >= 1)"
+                )),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Admission::Sce => f.write_str("sce"),
+            Admission::Always => f.write_str("always"),
+            Admission::NHit(k) => write!(f, "nhit:{k}"),
+        }
+    }
+}
+
+/// How writes reach the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WriteMode {
+    /// Asynchronous write-through (SCE 3.3): acknowledge when the source write completes; the
+    /// cache copy completes in the background and then re-validates the pages.
+    #[default]
+    Awt,
+    /// Invalidate the written pages; only the source is written.
+    WriteAround,
+    /// Synchronous write-through: acknowledge when both writes complete.
+    WriteThrough,
+}
+
+impl std::str::FromStr for WriteMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "awt" => Ok(WriteMode::Awt),
+            "write-around" => Ok(WriteMode::WriteAround),
+            "write-through" => Ok(WriteMode::WriteThrough),
+            _ => Err(format!(
+                "unknown write mode {s:?} (expected awt, write-around or write-through)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for WriteMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WriteMode::Awt => "awt",
+            WriteMode::WriteAround => "write-around",
+            WriteMode::WriteThrough => "write-through",
+        })
+    }
+}
+
+/// The population throttle of SCE's Algorithm 1.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ThrottleConfig {
+    /// Populate only while the read miss rate is at least this (0.0..=1.0).
+    pub target_missrate: f64,
+    /// Populate only while at least this percentage of slots is free, unless eviction is allowed.
+    pub min_free_pcnt: f64,
+    /// Whether population may evict when free space is below `min_free_pcnt`.
+    pub allow_eviction: bool,
+    /// Sleep of a worker between population cycles while more than one worker is active.
+    pub period: Duration,
+    /// Sleep of the single remaining worker once the miss rate is below `low_missrate`.
+    pub slow_period: Duration,
+    /// Workers while the miss rate is high and free space is plentiful.
+    pub max_workers: u32,
+    /// Workers between the two miss-rate steps.
+    pub mid_workers: u32,
+    /// Workers below the low miss-rate step.
+    pub min_workers: u32,
+    /// Miss rate below which `max_workers` steps down to `mid_workers`.
+    pub high_missrate: f64,
+    /// Miss rate below which `mid_workers` steps down to `min_workers`.
+    pub low_missrate: f64,
+    /// Free-space percentage at or below which `max_workers` steps down to `mid_workers`.
+    pub low_free_pcnt: f64,
+    /// Length of the window over which the miss rate is measured.
+    pub missrate_window: Duration,
+}
+
+impl Default for ThrottleConfig {
+    fn default() -> Self {
+        ThrottleConfig {
+            target_missrate: 0.01,
+            min_free_pcnt: 0.0,
+            allow_eviction: true,
+            period: Duration::from_millis(5),
+            slow_period: Duration::from_millis(500),
+            max_workers: 8,
+            mid_workers: 4,
+            min_workers: 1,
+            high_missrate: 0.35,
+            low_missrate: 0.15,
+            low_free_pcnt: 10.0,
+            missrate_window: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Everything the core needs to know besides the two device sizes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CoreConfig {
+    /// Fragment size in bytes: a power of two from 4 KiB to 64 MiB.
+    pub fragment_size: u64,
+    /// Admission policy.
+    pub admission: Admission,
+    /// Write mode.
+    pub write_mode: WriteMode,
+    /// Eviction policy.
+    pub eviction: EvictionKind,
+    /// CLOCK counter ceiling (4 in SCE).
+    pub clock_ceiling: u8,
+    /// Fragments in the MRU hotness window (100 in SCE).
+    pub hot_window: usize,
+    /// Bytes of AWT copies that may be in flight before writes fall back to write-around.
+    pub awt_budget: u64,
+    /// Population throttle.
+    pub throttle: ThrottleConfig,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        CoreConfig {
+            fragment_size: DEFAULT_FRAGMENT_SIZE,
+            admission: Admission::Sce,
+            write_mode: WriteMode::Awt,
+            eviction: EvictionKind::Clock,
+            clock_ceiling: 4,
+            hot_window: 100,
+            awt_budget: 8 << 20,
+            throttle: ThrottleConfig::default(),
+        }
+    }
+}
+
+impl CoreConfig {
+    /// The flashcache-like baseline: 4 KiB fragments, admission `always`, synchronous
+    /// write-through, LRU.
+    pub fn flashcache_like() -> Self {
+        CoreConfig {
+            fragment_size: 4096,
+            admission: Admission::Always,
+            write_mode: WriteMode::WriteThrough,
+            eviction: EvictionKind::Lru,
+            ..CoreConfig::default()
+        }
+    }
+
+    /// Checks every field; the error names the field and the reason.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fs = self.fragment_size;
+        if !fs.is_power_of_two() {
+            return Err(ConfigError::new(
+                "fragment_size",
+                format!("{fs} is not a power of two"),
+            ));
+        }
+        if !(MIN_FRAGMENT_SIZE..=MAX_FRAGMENT_SIZE).contains(&fs) {
+            return Err(ConfigError::new(
+                "fragment_size",
+                format!("{fs} is outside the range 4 KiB ..= 64 MiB"),
+            ));
+        }
+        if self.clock_ceiling == 0 {
+            return Err(ConfigError::new(
+                "clock_ceiling",
+                "must be at least 1".into(),
+            ));
+        }
+        if self.hot_window == 0 || self.hot_window > 65_000 {
+            return Err(ConfigError::new(
+                "hot_window",
+                "must be between 1 and 65000".into(),
+            ));
+        }
+        if let Admission::NHit(0) = self.admission {
+            return Err(ConfigError::new("admission", "nhit:K needs K >= 1".into()));
+        }
+        let t = &self.throttle;
+        for (name, v) in [
+            ("throttle.target_missrate", t.target_missrate),
+            ("throttle.high_missrate", t.high_missrate),
+            ("throttle.low_missrate", t.low_missrate),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(ConfigError::new(
+                    name,
+                    format!("{v} is not within 0.0 ..= 1.0"),
+                ));
+            }
+        }
+        for (name, v) in [
+            ("throttle.min_free_pcnt", t.min_free_pcnt),
+            ("throttle.low_free_pcnt", t.low_free_pcnt),
+        ] {
+            if !(0.0..=100.0).contains(&v) {
+                return Err(ConfigError::new(
+                    name,
+                    format!("{v} is not within 0 ..= 100"),
+                ));
+            }
+        }
+        if t.max_workers == 0 || t.max_workers > 64 {
+            return Err(ConfigError::new(
+                "throttle.max_workers",
+                "must be between 1 and 64".into(),
+            ));
+        }
+        if t.mid_workers == 0 || t.mid_workers > t.max_workers {
+            return Err(ConfigError::new(
+                "throttle.mid_workers",
+                "must be between 1 and max_workers".into(),
+            ));
+        }
+        if t.min_workers == 0 || t.min_workers > t.mid_workers {
+            return Err(ConfigError::new(
+                "throttle.min_workers",
+                "must be between 1 and mid_workers".into(),
+            ));
+        }
+        if t.missrate_window.is_zero() {
+            return Err(ConfigError::new(
+                "throttle.missrate_window",
+                "must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// An invalid configuration or geometry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {field}: {reason}")]
+pub struct ConfigError {
+    /// The field at fault, as named in config files and CLI flags.
+    pub field: &'static str,
+    /// Why.
+    pub reason: String,
+}
+
+impl ConfigError {
+    /// Builds an error.
+    pub fn new(field: &'static str, reason: String) -> Self {
+        ConfigError { field, reason }
+    }
+}

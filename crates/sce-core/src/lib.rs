@@ -1,0 +1,32 @@
+//! `sce-core`: the sans-I/O state machine of the SCE flash cache.
+//!
+//! It holds the geometry (4 KiB pages, power-of-two fragments from 4 KiB to 64 MiB), the
+//! direct-mapped fragment table, slot descriptors with page-validity bitmaps, the eviction
+//! policies (generalized CLOCK, LRU, FIFO), the MRU hotness window, the admission policies
+//! (`sce`, `always`, `nhit:K`), Algorithm 1's population throttle and the write modes
+//! (`awt`, `write-around`, `write-through`). It does no I/O, starts no thread and reads no
+//! clock: drivers call it and perform the I/O it plans. See [`cache`] for the protocol.
+
+pub mod addr;
+pub mod bitmap;
+pub mod cache;
+pub mod config;
+pub mod evict;
+pub mod geometry;
+pub mod hotness;
+pub mod map;
+mod slab;
+pub mod slots;
+pub mod stats;
+pub mod throttle;
+
+pub use addr::{CacheOffset, FragNo, Nanos, SlotNo, SourceOffset, PAGE_SIZE, SECTOR_SIZE};
+pub use cache::{
+    CacheCore, CacheWrite, FillRun, PopId, PopulationJob, ReadPlan, ReadRun, RequestError,
+    RunTarget, WriteId, WriteKind, WritePlan,
+};
+pub use config::{Admission, ConfigError, CoreConfig, ThrottleConfig, WriteMode};
+pub use evict::EvictionKind;
+pub use geometry::Geometry;
+pub use stats::CoreStats;
+pub use throttle::ThrottleState;

@@ -1,0 +1,45 @@
+//! Counters kept by the core. They count decisions (pages hit, fragments populated); byte
+//! counts of device I/O are kept by the driver, which does the I/O.
+
+/// Core counters. Monotonic except where noted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CoreStats {
+    /// Read requests.
+    pub read_requests: u64,
+    /// Read requests served entirely from the cache.
+    pub read_requests_full_hit: u64,
+    /// 4 KiB pages of reads served from the cache.
+    pub read_pages_hit: u64,
+    /// 4 KiB pages of reads served from the source.
+    pub read_pages_missed: u64,
+    /// Write requests (including discards).
+    pub write_requests: u64,
+    /// Pages touched by writes.
+    pub write_pages: u64,
+    /// Populations started (background and inline).
+    pub populations_started: u64,
+    /// Populations that completed and validated pages.
+    pub populations_completed: u64,
+    /// Populations that failed (source read or cache write error).
+    pub populations_failed: u64,
+    /// Pages made valid by population.
+    pub pages_populated: u64,
+    /// Fragments evicted from their slot.
+    pub fragments_evicted: u64,
+    /// Writes that sent a copy to the cache (AWT or synchronous write-through).
+    pub awt_started: u64,
+    /// Such writes whose copy completed and re-validated at least one page.
+    pub awt_completed: u64,
+    /// Writes that fell back to write-around because the AWT budget was exhausted.
+    pub awt_fallbacks: u64,
+    /// Writes that skipped the cache copy because another write or a population was in flight
+    /// on the same pages (duplicate-write tracking).
+    pub awt_duplicates: u64,
+    /// Cache copies of writes that failed.
+    pub awt_cache_failures: u64,
+    /// Source writes that failed.
+    pub source_write_failures: u64,
+    /// Pages that a completing write or population could not validate because a concurrent
+    /// write touched them.
+    pub pages_spoiled: u64,
+}
