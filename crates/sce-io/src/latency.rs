@@ -1,0 +1,159 @@
+//! `LatencyDevice`: wraps a device to behave like a slow SAN volume or disk: a latency per
+//! operation (fixed or drawn from a distribution), a bound on operations served at once
+//! (more wait in a queue), and optionally a link of limited bandwidth shared by all I/O.
+
+use crate::error::IoError;
+use crate::BlockDevice;
+use parking_lot::{Condvar, Mutex};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::time::{Duration, Instant};
+
+/// A latency distribution.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Delay {
+    /// No added latency.
+    None,
+    /// Always this long.
+    Fixed(Duration),
+    /// Uniform between the bounds.
+    Uniform {
+        /// Lower bound.
+        min: Duration,
+        /// Upper bound.
+        max: Duration,
+    },
+    /// Exponential with this mean.
+    Exponential {
+        /// Mean.
+        mean: Duration,
+    },
+}
+
+impl Delay {
+    fn sample(&self, rng: &mut SmallRng) -> Duration {
+        match *self {
+            Delay::None => Duration::ZERO,
+            Delay::Fixed(d) => d,
+            Delay::Uniform { min, max } if max > min => {
+                Duration::from_nanos(rng.gen_range(min.as_nanos() as u64..=max.as_nanos() as u64))
+            }
+            Delay::Uniform { min, .. } => min,
+            Delay::Exponential { mean } => {
+                let u: f64 = rng.gen_range(f64::EPSILON..1.0);
+                Duration::from_secs_f64(-u.ln() * mean.as_secs_f64())
+            }
+        }
+    }
+}
+
+/// How slow the wrapped device is.
+#[derive(Clone, Debug)]
+pub struct LatencyConfig {
+    /// Latency of reads.
+    pub read: Delay,
+    /// Latency of writes (and discards).
+    pub write: Delay,
+    /// Latency of flushes.
+    pub flush: Delay,
+    /// Operations served at once; more wait.
+    pub max_in_flight: usize,
+    /// Bytes per second of a link shared by all I/O (None = unlimited).
+    pub bandwidth: Option<u64>,
+    /// Seed of the latency draws.
+    pub seed: u64,
+}
+
+impl LatencyConfig {
+    /// A disk or SAN: `latency` on every operation, `max_in_flight` served at once.
+    pub fn disk(latency: Duration, max_in_flight: usize) -> Self {
+        LatencyConfig {
+            read: Delay::Fixed(latency),
+            write: Delay::Fixed(latency),
+            flush: Delay::Fixed(latency),
+            max_in_flight,
+            bandwidth: None,
+            seed: 1,
+        }
+    }
+}
+
+/// A device made slow.
+#[derive(Debug)]
+pub struct LatencyDevice<D> {
+    inner: D,
+    cfg: LatencyConfig,
+    in_flight: Mutex<usize>,
+    slot_free: Condvar,
+    link_free_at: Mutex<Instant>,
+    rng: Mutex<SmallRng>,
+}
+
+impl<D: BlockDevice> LatencyDevice<D> {
+    /// Wraps `inner`.
+    pub fn new(inner: D, cfg: LatencyConfig) -> Self {
+        LatencyDevice {
+            inner,
+            rng: Mutex::new(SmallRng::seed_from_u64(cfg.seed)),
+            cfg,
+            in_flight: Mutex::new(0),
+            slot_free: Condvar::new(),
+            link_free_at: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// The wrapped device.
+    pub fn inner(&self) -> &D {
+        &self.inner
+    }
+
+    fn with_delay<T>(&self, delay: &Delay, bytes: u64, f: impl FnOnce() -> T) -> T {
+        {
+            let mut n = self.in_flight.lock();
+            while *n >= self.cfg.max_in_flight.max(1) {
+                self.slot_free.wait(&mut n);
+            }
+            *n += 1;
+        }
+        let mut until = Instant::now() + delay.sample(&mut self.rng.lock());
+        if let (Some(bw), true) = (self.cfg.bandwidth, bytes > 0) {
+            let transfer = Duration::from_secs_f64(bytes as f64 / bw.max(1) as f64);
+            let mut link = self.link_free_at.lock();
+            let start = (*link).max(Instant::now());
+            *link = start + transfer;
+            until += (start + transfer).saturating_duration_since(Instant::now());
+        }
+        let r = f();
+        let now = Instant::now();
+        if until > now {
+            std::thread::sleep(until - now);
+        }
+        *self.in_flight.lock() -= 1;
+        self.slot_free.notify_one();
+        r
+    }
+}
+
+impl<D: BlockDevice> BlockDevice for LatencyDevice<D> {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.inner.logical_block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
+        let n = buf.len() as u64;
+        self.with_delay(&self.cfg.read, n, || self.inner.read_at(offset, buf))
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), IoError> {
+        self.with_delay(&self.cfg.write, buf.len() as u64, || {
+            self.inner.write_at(offset, buf)
+        })
+    }
+    fn flush(&self) -> Result<(), IoError> {
+        self.with_delay(&self.cfg.flush, 0, || self.inner.flush())
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
+        self.with_delay(&self.cfg.write, 0, || self.inner.discard(offset, len))
+    }
+}

@@ -1,0 +1,76 @@
+//! `sce-io`: the block-device layer of sce.
+//!
+//! [`BlockDevice`] is what every layer above speaks: the cached volume is one, the NBD server
+//! serves one. Implementations: [`FileDevice`] (files and block devices, O_DIRECT),
+//! [`MemDevice`], and the wrappers [`LatencyDevice`] (a slow SAN or disk) and
+//! [`FaultDevice`] (injected faults). [`conformance`] is the one test suite they all pass.
+
+pub mod buf;
+pub mod conformance;
+pub mod error;
+pub mod fault;
+pub mod file;
+pub mod latency;
+pub mod mem;
+
+pub use buf::{AlignedBuf, DIRECT_IO_ALIGN};
+pub use error::{check_range, IoError, Op};
+pub use fault::{FaultControl, FaultDevice};
+pub use file::{DirectMode, FileDevice, FileOptions};
+pub use latency::{Delay, LatencyConfig, LatencyDevice};
+pub use mem::MemDevice;
+
+use std::sync::Arc;
+
+/// A block device: a fixed-size array of bytes addressed by offset. Thread-safe: any number
+/// of threads may call any method concurrently.
+///
+/// Contract of every implementation:
+/// - offsets and lengths MUST be multiples of `logical_block_size()`, else
+///   `IoError::Unaligned`;
+/// - `offset + len` MUST be at most `size()` (checked without overflow), else
+///   `IoError::OutOfRange`;
+/// - zero-length operations in range succeed and do nothing;
+/// - buffers may have any memory address; a device that needs aligned memory (O_DIRECT)
+///   bounces through an aligned buffer when the caller's is not aligned.
+pub trait BlockDevice: Send + Sync {
+    /// Size in bytes; a multiple of `logical_block_size()`.
+    fn size(&self) -> u64;
+    /// The granularity of offsets and lengths (512 or 4096 typically).
+    fn logical_block_size(&self) -> u32;
+    /// Reads `buf.len()` bytes at `offset`.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError>;
+    /// Writes `buf` at `offset`. Durable only after `flush`.
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), IoError>;
+    /// Makes all completed writes durable.
+    fn flush(&self) -> Result<(), IoError>;
+    /// Discards a range. After success the range reads back as zeroes.
+    fn discard(&self, offset: u64, len: u64) -> Result<(), IoError>;
+}
+
+macro_rules! forward {
+    ($ptr:ident) => {
+        impl<T: BlockDevice + ?Sized> BlockDevice for $ptr<T> {
+            fn size(&self) -> u64 {
+                (**self).size()
+            }
+            fn logical_block_size(&self) -> u32 {
+                (**self).logical_block_size()
+            }
+            fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
+                (**self).read_at(offset, buf)
+            }
+            fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), IoError> {
+                (**self).write_at(offset, buf)
+            }
+            fn flush(&self) -> Result<(), IoError> {
+                (**self).flush()
+            }
+            fn discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
+                (**self).discard(offset, len)
+            }
+        }
+    };
+}
+forward!(Arc);
+forward!(Box);
