@@ -306,7 +306,7 @@ impl CacheCore {
     /// bytes. Errors name the field at fault.
     pub fn new(cfg: CoreConfig, source_size: u64, cache_size: u64) -> Result<Self, ConfigError> {
         cfg.validate()?;
-        if source_size == 0 || source_size % SECTOR_SIZE != 0 {
+        if source_size == 0 || !source_size.is_multiple_of(SECTOR_SIZE) {
             return Err(ConfigError::new(
                 "source_size",
                 format!("{source_size} is not a positive multiple of 512 bytes"),
@@ -432,7 +432,7 @@ impl CacheCore {
         if offset.checked_add(len).is_none_or(|end| end > size) {
             return Err(RequestError::OutOfRange { offset, len, size });
         }
-        if offset % SECTOR_SIZE != 0 || len % SECTOR_SIZE != 0 {
+        if !offset.is_multiple_of(SECTOR_SIZE) || !len.is_multiple_of(SECTOR_SIZE) {
             return Err(RequestError::Unaligned { offset, len });
         }
         Ok(())
@@ -835,6 +835,22 @@ impl CacheCore {
         (!fill.is_empty()).then_some(fill)
     }
 
+    /// True if a population of `f` would fill at least one page now. Cheap unless writes
+    /// are in flight on `f`.
+    fn worth_populating(&self, f: FragNo) -> bool {
+        if f.0 >= self.geo.source_fragments() {
+            return false;
+        }
+        match self.activity.get(&f.0) {
+            Some(a) if a.pop.is_some() => false,
+            Some(_) => self.fillable(f, None).is_some(),
+            None => match self.map.get(f) {
+                None => true,
+                Some(s) => !bitmap::all_set(self.slots.bitmap(s), 0, self.geo.fragment_pages(f)),
+            },
+        }
+    }
+
     fn start_population(&mut self, f: FragNo, hint: Option<&PageSet>) -> Option<PopId> {
         let fill = self.fillable(f, hint)?;
         let (slot, fresh_slot) = match self.map.get(f) {
@@ -872,29 +888,16 @@ impl CacheCore {
         let f = match self.cfg.admission {
             Admission::Always => None,
             Admission::Sce => {
-                let (map, slots, activity, ppf) = (
-                    &self.map,
-                    &self.slots,
-                    &self.activity,
-                    self.geo.pages_per_fragment(),
-                );
-                let geo = self.geo;
-                self.window.hottest(|f| {
-                    if activity.get(&f.0).is_some_and(|a| a.pop.is_some()) {
-                        return false;
-                    }
-                    match map.get(f) {
-                        None => true,
-                        Some(s) => {
-                            !bitmap::all_set(slots.bitmap(s), 0, geo.fragment_pages(f).min(ppf))
-                        }
-                    }
-                })
+                let this = &*self;
+                // Eligible: something to fill now. A hot cached fragment whose only invalid
+                // pages are under writes in flight (AWT copies) is not, or it would win every
+                // pick and starve the rest.
+                self.window.hottest(|f| this.worth_populating(f))
             }
             Admission::NHit(_) => {
                 let mut found = None;
                 while let Some(f) = self.nhit.as_mut().and_then(|n| n.queue.pop_front()) {
-                    if self.fillable(f, None).is_some() {
+                    if self.worth_populating(f) {
                         found = Some(f);
                         break;
                     }
@@ -902,12 +905,10 @@ impl CacheCore {
                 found
             }
         }?;
-        let id = match self.start_population(f, None) {
-            Some(id) => id,
-            None => {
-                self.window.reset(f);
-                return None;
-            }
+        let Some(id) = self.start_population(f, None) else {
+            // No slot could be had (all pinned): try again next cycle.
+            self.window.reset(f);
+            return None;
         };
         Some(self.job(id))
     }

@@ -116,7 +116,7 @@ impl Default for ThrottleConfig {
             target_missrate: 0.01,
             min_free_pcnt: 0.0,
             allow_eviction: true,
-            period: Duration::from_millis(5),
+            period: Duration::from_millis(20),
             slow_period: Duration::from_millis(500),
             max_workers: 8,
             mid_workers: 4,

@@ -118,7 +118,7 @@ mod tests {
             let n = LEAF_ENTRIES * 2 + 5;
             let mut m = FragmentMap::new(n, slots);
             let val = |i: u64| {
-                if i % 3 == 0 {
+                if i.is_multiple_of(3) {
                     None
                 } else {
                     Some(SlotNo((i * 7919 % slots as u64) as u32))

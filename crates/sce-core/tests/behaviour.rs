@@ -352,3 +352,30 @@ fn config_errors_name_the_field() {
     assert_eq!("nhit:2".parse::<Admission>(), Ok(Admission::NHit(2)));
     assert!("lfu".parse::<EvictionKind>().is_err());
 }
+
+/// Regression: a hot cached fragment whose only invalid pages are under an AWT copy in
+/// flight must not win the pick (its fill would be empty) and starve colder fragments.
+#[test]
+fn awt_in_flight_on_a_hot_fragment_does_not_starve_population() {
+    let mut c = core(small(Admission::Sce, WriteMode::Awt), 256 * KIB, 64 * KIB);
+    let mut p = read(&mut c, 0, 4096);
+    c.end_read(&mut p);
+    populate_all(&mut c);
+    for _ in 0..20 {
+        let mut p = read(&mut c, 0, 4096);
+        c.end_read(&mut p);
+    }
+    let w = c
+        .begin_write(SourceOffset(0), 4096, WriteKind::Data)
+        .unwrap();
+    let mut p = read(&mut c, 32 * KIB, 4096);
+    c.end_read(&mut p);
+    let job = c
+        .pick_population_unthrottled()
+        .expect("fragment 2 is worth populating");
+    assert_eq!(job.frag, FragNo(2));
+    c.complete_population(job.id, true).unwrap();
+    c.write_source_done(w.id, true).unwrap();
+    c.write_cache_done(w.id, 0, true).unwrap();
+    assert!(c.is_cached(SourceOffset(0)) && c.is_cached(SourceOffset(32 * KIB)));
+}

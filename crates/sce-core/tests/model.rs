@@ -178,14 +178,14 @@ impl Harness {
             }
         }
         prop_assert_eq!(covered, len);
-        for i in 0..len as usize {
+        for (i, &got) in buf.iter().enumerate() {
             let at = off as usize + i;
-            let ok = buf[i] == self.acked[at]
+            let ok = got == self.acked[at]
                 || self.writes.iter().any(|w| {
                     w.source != SourceState::Acked
                         && at >= w.off
                         && at < w.off + w.data.len()
-                        && w.data[at - w.off] == buf[i]
+                        && w.data[at - w.off] == got
                 });
             prop_assert!(
                 ok,
@@ -193,7 +193,7 @@ impl Harness {
                 at,
                 off,
                 len,
-                buf[i],
+                got,
                 self.acked[at],
                 self.plan.runs
             );
