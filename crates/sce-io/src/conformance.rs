@@ -51,7 +51,7 @@ pub fn geometry(dev: &dyn BlockDevice) {
         "geometry: block size {lbs} is not a power of two"
     );
     assert!(
-        dev.size() > 0 && dev.size() % lbs == 0,
+        dev.size() > 0 && dev.size().is_multiple_of(lbs),
         "geometry: size {} is not a multiple of {lbs}",
         dev.size()
     );

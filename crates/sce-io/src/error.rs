@@ -142,7 +142,7 @@ pub fn check_range(op: Op, offset: u64, len: u64, size: u64, lbs: u32) -> Result
         });
     }
     let a = lbs as u64;
-    if a > 1 && (offset % a != 0 || len % a != 0) {
+    if a > 1 && (!offset.is_multiple_of(a) || !len.is_multiple_of(a)) {
         return Err(IoError::Unaligned {
             op,
             offset,

@@ -147,7 +147,7 @@ impl FileDevice {
     }
 
     fn needs_bounce(&self, p: *const u8) -> bool {
-        self.direct && p as usize % DIRECT_IO_ALIGN != 0
+        self.direct && !(p as usize).is_multiple_of(DIRECT_IO_ALIGN)
     }
 
     fn io_err(op: Op, offset: u64, len: u64, source: std::io::Error) -> IoError {

@@ -8,10 +8,13 @@ use parking_lot::RwLock;
 const CHUNK_SHIFT: u32 = 20;
 const CHUNK: u64 = 1 << CHUNK_SHIFT;
 
+/// One 1 MiB chunk, allocated on first write.
+type Chunk = RwLock<Option<Box<[u8]>>>;
+
 /// A memory-backed block device.
 #[derive(Debug)]
 pub struct MemDevice {
-    chunks: Box<[RwLock<Option<Box<[u8]>>>]>,
+    chunks: Box<[Chunk]>,
     size: u64,
     lbs: u32,
 }
@@ -25,7 +28,7 @@ impl MemDevice {
 
     /// A zeroed device of `size` bytes with `lbs`-byte blocks.
     pub fn try_new(size: u64, lbs: u32) -> Result<Self, IoError> {
-        if lbs == 0 || !lbs.is_power_of_two() || size == 0 || size % lbs as u64 != 0 {
+        if lbs == 0 || !lbs.is_power_of_two() || size == 0 || !size.is_multiple_of(lbs as u64) {
             return Err(IoError::Invalid(format!(
                 "memory device size {size} is not a positive multiple of its block size {lbs}"
             )));

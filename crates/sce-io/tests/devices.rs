@@ -100,6 +100,7 @@ fn missing_file_and_bad_size_are_named() {
 
 #[test]
 fn block_device_size_comes_from_the_ioctl() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
     let has_losetup = Command::new("losetup").arg("--version").output().is_ok();
     if !root || !has_losetup {
