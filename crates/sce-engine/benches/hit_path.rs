@@ -1,0 +1,94 @@
+//! Benchmark of the in-process hit path: 4 KiB reads that all hit, through a `CacheVolume` on
+//! memory devices, from 1 and 2 threads, in one run. Prints operations per second and the
+//! ratio between the two. Run: `cargo bench -p sce-engine --bench hit_path`.
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use sce_core::CoreConfig;
+use sce_engine::{CacheVolume, EngineConfig};
+use sce_io::{AlignedBuf, BlockDevice, MemDevice};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const WORKING_SET: u64 = 64 << 20;
+
+fn run(vol: &Arc<CacheVolume>, threads: usize, dur: Duration) -> f64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let hs: Vec<_> = (0..threads)
+        .map(|t| {
+            let (vol, stop) = (vol.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut rng = SmallRng::seed_from_u64(t as u64);
+                let mut buf = AlignedBuf::new(4096);
+                let mut n = 0u64;
+                while !stop.load(Relaxed) {
+                    for _ in 0..256 {
+                        let off = rng.gen_range(0..WORKING_SET / 4096) * 4096;
+                        vol.read_at(off, &mut buf).expect("read");
+                    }
+                    n += 256;
+                }
+                n
+            })
+        })
+        .collect();
+    let t0 = Instant::now();
+    std::thread::sleep(dur);
+    stop.store(true, Relaxed);
+    let ops: u64 = hs.into_iter().map(|h| h.join().expect("thread")).sum();
+    ops as f64 / t0.elapsed().as_secs_f64()
+}
+
+fn main() {
+    // `cargo bench` passes --bench; `cargo test --benches` passes nothing: keep that run short.
+    let quick = !std::env::args().any(|a| a == "--bench");
+    let dur = if quick {
+        Duration::from_millis(200)
+    } else {
+        Duration::from_secs(3)
+    };
+    let source: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 30));
+    let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(256 << 20));
+    let cfg = EngineConfig {
+        core: CoreConfig::default(),
+        background_population: false,
+        ..EngineConfig::default()
+    };
+    let vol = Arc::new(CacheVolume::open(source, cache, cfg).expect("open"));
+    // Warm: touch every fragment of the working set, then populate them all.
+    let mut buf = AlignedBuf::new(4096);
+    for f in 0..WORKING_SET >> 20 {
+        vol.read_at(f << 20, &mut buf).expect("read");
+    }
+    let mut populated = 0;
+    while populated < (WORKING_SET >> 20) as usize {
+        let n = vol.populate_now(usize::MAX);
+        if n == 0 {
+            for f in 0..WORKING_SET >> 20 {
+                vol.read_at(f << 20, &mut buf).expect("read");
+            }
+        }
+        populated += n;
+    }
+    let before = vol.stats();
+    let one = run(&vol, 1, dur);
+    let two = run(&vol, 2, dur);
+    let d = vol.stats().delta(&before);
+    assert_eq!(
+        d.read_pages_missed, 0,
+        "the benchmark must measure hits only"
+    );
+    println!(
+        "hit path, 4 KiB reads, memory devices, {} MiB working set, all hits ({} reads)",
+        WORKING_SET >> 20,
+        d.read_requests
+    );
+    println!("  1 thread : {:>12.0} ops/s", one);
+    println!(
+        "  2 threads: {:>12.0} ops/s  ({:.0} per thread)",
+        two,
+        two / 2.0
+    );
+    println!("  ratio 2 threads / 1 thread: {:.2}", two / one);
+}

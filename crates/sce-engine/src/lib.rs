@@ -1,0 +1,11 @@
+//! `sce-engine`: drives the `sce-core` state machine against real `BlockDevice`s.
+//!
+//! [`CacheVolume`] is the cached volume: a `BlockDevice` that any number of threads may use
+//! at once, with background population workers (Algorithm 1), AWT writer threads and
+//! counters ([`VolumeStats`]).
+
+pub mod stats;
+pub mod volume;
+
+pub use stats::VolumeStats;
+pub use volume::{CacheVolume, EngineConfig, EngineError};

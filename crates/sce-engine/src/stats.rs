@@ -1,0 +1,144 @@
+//! Counters of a cached volume: the engine's byte and error counts (it does the I/O) joined
+//! with the core's decision counts into one snapshot.
+
+use sce_core::CacheCore;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Counters updated by the engine's threads.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Bytes read from the source.
+    pub source_bytes_read: AtomicU64,
+    /// Bytes written to the source.
+    pub source_bytes_written: AtomicU64,
+    /// Bytes read from the cache device.
+    pub cache_bytes_read: AtomicU64,
+    /// Bytes written to the cache device.
+    pub cache_bytes_written: AtomicU64,
+    /// Failed reads of the cache device (served from the source instead).
+    pub cache_read_errors: AtomicU64,
+    /// Failed writes to the cache device.
+    pub cache_write_errors: AtomicU64,
+    /// Population workers the throttle lets run.
+    pub active_workers: AtomicU64,
+}
+
+/// A point-in-time view of a cached volume.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct VolumeStats {
+    /// Read requests.
+    pub read_requests: u64,
+    /// Read requests served entirely from the cache.
+    pub read_requests_full_hit: u64,
+    /// 4 KiB pages of reads served from the cache.
+    pub read_pages_hit: u64,
+    /// 4 KiB pages of reads served from the source.
+    pub read_pages_missed: u64,
+    /// Write requests.
+    pub write_requests: u64,
+    /// Bytes read from the source.
+    pub source_bytes_read: u64,
+    /// Bytes written to the source.
+    pub source_bytes_written: u64,
+    /// Bytes read from the cache device.
+    pub cache_bytes_read: u64,
+    /// Bytes written to the cache device.
+    pub cache_bytes_written: u64,
+    /// Cache device read errors.
+    pub cache_read_errors: u64,
+    /// Cache device write errors.
+    pub cache_write_errors: u64,
+    /// Populations completed.
+    pub fragments_populated: u64,
+    /// Populations failed.
+    pub populations_failed: u64,
+    /// Pages made valid by population.
+    pub pages_populated: u64,
+    /// Fragments evicted.
+    pub fragments_evicted: u64,
+    /// Writes whose cache copy was sent.
+    pub awt_started: u64,
+    /// Writes whose cache copy completed and re-validated pages.
+    pub awt_completed: u64,
+    /// Writes that fell back to write-around (AWT budget exhausted).
+    pub awt_fallbacks: u64,
+    /// Writes that skipped the cache copy because of a concurrent write to the same pages.
+    pub awt_duplicates: u64,
+    /// Population workers allowed by the throttle.
+    pub active_workers: u64,
+    /// Free cache slots.
+    pub free_slots: u64,
+    /// All cache slots.
+    pub total_slots: u64,
+}
+
+impl VolumeStats {
+    /// Read hit ratio over 4 KiB pages (0 when nothing was read).
+    pub fn read_hit_ratio(&self) -> f64 {
+        let t = self.read_pages_hit + self.read_pages_missed;
+        if t == 0 {
+            0.0
+        } else {
+            self.read_pages_hit as f64 / t as f64
+        }
+    }
+
+    /// The difference `self - earlier` of monotonic counters (gauges keep `self`'s value).
+    pub fn delta(&self, earlier: &VolumeStats) -> VolumeStats {
+        VolumeStats {
+            read_requests: self.read_requests - earlier.read_requests,
+            read_requests_full_hit: self.read_requests_full_hit - earlier.read_requests_full_hit,
+            read_pages_hit: self.read_pages_hit - earlier.read_pages_hit,
+            read_pages_missed: self.read_pages_missed - earlier.read_pages_missed,
+            write_requests: self.write_requests - earlier.write_requests,
+            source_bytes_read: self.source_bytes_read - earlier.source_bytes_read,
+            source_bytes_written: self.source_bytes_written - earlier.source_bytes_written,
+            cache_bytes_read: self.cache_bytes_read - earlier.cache_bytes_read,
+            cache_bytes_written: self.cache_bytes_written - earlier.cache_bytes_written,
+            cache_read_errors: self.cache_read_errors - earlier.cache_read_errors,
+            cache_write_errors: self.cache_write_errors - earlier.cache_write_errors,
+            fragments_populated: self.fragments_populated - earlier.fragments_populated,
+            populations_failed: self.populations_failed - earlier.populations_failed,
+            pages_populated: self.pages_populated - earlier.pages_populated,
+            fragments_evicted: self.fragments_evicted - earlier.fragments_evicted,
+            awt_started: self.awt_started - earlier.awt_started,
+            awt_completed: self.awt_completed - earlier.awt_completed,
+            awt_fallbacks: self.awt_fallbacks - earlier.awt_fallbacks,
+            awt_duplicates: self.awt_duplicates - earlier.awt_duplicates,
+            active_workers: self.active_workers,
+            free_slots: self.free_slots,
+            total_slots: self.total_slots,
+        }
+    }
+}
+
+impl Counters {
+    /// Joins these counters with the core's into a snapshot.
+    pub fn snapshot(&self, core: &CacheCore) -> VolumeStats {
+        let c = core.stats();
+        VolumeStats {
+            read_requests: c.read_requests,
+            read_requests_full_hit: c.read_requests_full_hit,
+            read_pages_hit: c.read_pages_hit,
+            read_pages_missed: c.read_pages_missed,
+            write_requests: c.write_requests,
+            source_bytes_read: self.source_bytes_read.load(Relaxed),
+            source_bytes_written: self.source_bytes_written.load(Relaxed),
+            cache_bytes_read: self.cache_bytes_read.load(Relaxed),
+            cache_bytes_written: self.cache_bytes_written.load(Relaxed),
+            cache_read_errors: self.cache_read_errors.load(Relaxed),
+            cache_write_errors: self.cache_write_errors.load(Relaxed),
+            fragments_populated: c.populations_completed,
+            populations_failed: c.populations_failed,
+            pages_populated: c.pages_populated,
+            fragments_evicted: c.fragments_evicted,
+            awt_started: c.awt_started,
+            awt_completed: c.awt_completed,
+            awt_fallbacks: c.awt_fallbacks,
+            awt_duplicates: c.awt_duplicates,
+            active_workers: self.active_workers.load(Relaxed),
+            free_slots: core.free_slots() as u64,
+            total_slots: core.geometry().slots() as u64,
+        }
+    }
+}
