@@ -1,0 +1,150 @@
+//! The `sce` binary end to end: `footprint` numbers, a short `demo`, and bad input.
+
+use std::process::Command;
+
+fn sce(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_sce"))
+        .args(args)
+        .output()
+        .expect("run sce")
+}
+
+fn json(out: &std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "sce failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("valid JSON")
+}
+
+#[test]
+fn footprint_meets_the_memory_goals() {
+    let v = json(&sce(&[
+        "footprint",
+        "--cache-size",
+        "2TiB",
+        "--source-size",
+        "100TiB",
+        "--json",
+    ]));
+    let per_cached = v["bytes_per_cached_fragment"].as_f64().unwrap();
+    let per_source = v["bytes_per_source_fragment"].as_f64().unwrap();
+    let total = v["bytes_total"].as_u64().unwrap();
+    assert_eq!(v["cached_fragments"].as_u64(), Some(2 << 20));
+    // Measured by the allocator: 2 Mi slots at ~43 B plus a 100 Mi-entry map: sanity bounds.
+    assert!(
+        per_cached > 40.0 && per_cached <= 48.0,
+        "per cached fragment: {per_cached}"
+    );
+    assert!(
+        per_source > 2.0 && per_source <= 4.0,
+        "per source fragment: {per_source}"
+    );
+    assert!(total > 300 << 20 && total < 400 << 20, "total {total}");
+}
+
+#[test]
+fn footprint_scales_with_geometry() {
+    let small = json(&sce(&[
+        "footprint",
+        "--cache-size",
+        "1GiB",
+        "--source-size",
+        "16GiB",
+        "--json",
+    ]));
+    let lru = json(&sce(&[
+        "footprint",
+        "--cache-size",
+        "1GiB",
+        "--source-size",
+        "16GiB",
+        "--eviction",
+        "lru",
+        "--json",
+    ]));
+    // LRU links cost 8 B per slot more than CLOCK's 1 B counter.
+    let d = lru["bytes_per_cached_fragment"].as_f64().unwrap()
+        - small["bytes_per_cached_fragment"].as_f64().unwrap();
+    assert!((6.5..=7.5).contains(&d), "LRU - CLOCK per slot = {d}");
+}
+
+#[test]
+fn short_demo_reports_both_runs_and_cleans_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = sce(&[
+        "demo",
+        "--seconds",
+        "3",
+        "--source-size",
+        "256MiB",
+        "--cache-size",
+        "64MiB",
+        "--interval",
+        "1s",
+        "--dir",
+        dir.path().to_str().unwrap(),
+        "--json",
+    ]);
+    let v = json(&out);
+    assert!(v["cache"]["ops"].as_u64().unwrap() > 0);
+    assert!(v["no_cache"]["ops"].as_u64().unwrap() > 0);
+    assert_eq!(v["cache"]["errors"].as_u64(), Some(0));
+    assert!(v["speedup"].as_f64().unwrap() > 0.0);
+    assert!(!v["cache"]["intervals"].as_array().unwrap().is_empty());
+    assert!(v["cache"]["read_hit_ratio"].as_f64().is_some());
+    assert!(v["no_cache"]["read_hit_ratio"].is_null());
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "demo left files behind: {left:?}");
+}
+
+#[test]
+fn bad_input_gets_a_clear_message() {
+    let out = sce(&["demo", "--fragment-size", "3MiB", "--seconds", "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("fragment_size") && err.contains("power of two"),
+        "{err}"
+    );
+
+    let out = sce(&["demo", "--cache-size", "1MiB", "--seconds", "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 2 fragments"));
+
+    let out = sce(&["footprint", "--cache-size", "12XB"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown unit"));
+
+    let out = sce(&["demo", "--admission", "nhit:0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nhit:K"));
+
+    // A --dir below a regular file cannot be created.
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let bad = file.path().join("sub");
+    let out = sce(&["demo", "--seconds", "1", "--dir", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(bad.to_str().unwrap()));
+}
+
+#[test]
+fn help_explains_itself() {
+    let out = sce(&["--help"]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.contains("demo") && s.contains("footprint"));
+    let out = sce(&["demo", "--help"]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--seconds",
+        "--source-size",
+        "--cache-size",
+        "--mode",
+        "--admission",
+        "--fragment-size",
+        "--json",
+    ] {
+        assert!(s.contains(flag), "demo --help lacks {flag}");
+    }
+}
