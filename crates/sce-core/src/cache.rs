@@ -41,10 +41,11 @@ use crate::geometry::Geometry;
 use crate::hotness::{IntMap, MruWindow};
 use crate::map::FragmentMap;
 use crate::slab::Slab;
-use crate::slots::SlotTable;
+use crate::slots::{PinTable, SlotTable};
 use crate::stats::CoreStats;
 use crate::throttle::{self, MissRate, ThrottleState};
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// Identifies an in-flight write.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -125,7 +126,41 @@ pub struct ReadPlan {
     pub pops: Vec<PopId>,
     /// True if every page was a hit.
     pub full_hit: bool,
+    /// Pages served from the cache.
+    pub hit_pages: u64,
+    /// Pages served from the source.
+    pub missed_pages: u64,
     pins: Vec<SlotNo>,
+    touched: Vec<FragNo>,
+    fill_wanted: Vec<(FragNo, PageSet)>,
+    offset: u64,
+}
+
+/// Accounting of reads planned with `CacheCore::plan_read` and not yet applied: which
+/// fragments were touched and how many pages hit or missed. Drivers keep one per thread (or
+/// shard) and apply it in batches, so that read hits share the core without writing to it.
+#[derive(Debug, Default)]
+pub struct AccessLog {
+    fragments: Vec<FragNo>,
+    requests: u64,
+    full_hits: u64,
+    hit_pages: u64,
+    missed_pages: u64,
+}
+
+impl AccessLog {
+    /// Records a planned read.
+    pub fn record(&mut self, plan: &ReadPlan) {
+        self.fragments.extend_from_slice(&plan.touched);
+        self.requests += 1;
+        self.full_hits += plan.full_hit as u64;
+        self.hit_pages += plan.hit_pages;
+        self.missed_pages += plan.missed_pages;
+    }
+    /// Reads recorded since the last apply.
+    pub fn requests(&self) -> u64 {
+        self.requests
+    }
 }
 
 impl ReadPlan {
@@ -133,12 +168,30 @@ impl ReadPlan {
     pub fn new() -> Self {
         Self::default()
     }
+    /// Releases the plan's pins through the shared pin table, without the core's lock. The
+    /// caller guarantees that the plan's I/O is finished and that it has no populations left
+    /// to complete (`pops` empty); otherwise it must use `CacheCore::end_read` after them.
+    pub fn release_pins(&mut self, pins: &PinTable) {
+        for s in self.pins.drain(..) {
+            pins.release(s);
+        }
+    }
+
+    /// True if the read wants inline fills, which only `begin_read` can start.
+    pub fn needs_commit(&self) -> bool {
+        !self.fill_wanted.is_empty()
+    }
+
     fn clear(&mut self) {
         self.runs.clear();
         self.fills.clear();
         self.pops.clear();
         self.pins.clear();
+        self.touched.clear();
+        self.fill_wanted.clear();
         self.full_hit = true;
+        self.hit_pages = 0;
+        self.missed_pages = 0;
     }
     fn push(&mut self, buf_offset: u64, len: u64, target: RunTarget) {
         if let Some(last) = self.runs.last_mut() {
@@ -462,18 +515,32 @@ impl CacheCore {
         len: u64,
         plan: &mut ReadPlan,
     ) -> Result<(), RequestError> {
+        self.plan_read(offset, len, plan)?;
+        self.commit_read(plan);
+        Ok(())
+    }
+
+    /// The read-only half of `begin_read`, for drivers that share the core among threads
+    /// behind a read-write lock: plans the runs and takes the pins (atomically) without
+    /// changing anything else. If `plan.needs_commit()` (an inline fill is wanted), the
+    /// caller MUST release the pins and redo the read with `begin_read` under its exclusive
+    /// lock; otherwise it records the plan in an [`AccessLog`] that it applies later with
+    /// `apply_access_log`.
+    pub fn plan_read(
+        &self,
+        offset: SourceOffset,
+        len: u64,
+        plan: &mut ReadPlan,
+    ) -> Result<(), RequestError> {
         self.check(offset.0, len)?;
         plan.clear();
-        self.stats.read_requests += 1;
-        let (mut hits, mut misses) = (0u64, 0u64);
+        plan.offset = offset.0;
+        let want_fills = self.cfg.admission == Admission::Always;
         for (f, lo, hi, a, b) in fragments(self.geo, offset.0, len) {
-            self.touch(f);
+            plan.touched.push(f);
             let fstart = self.geo.fragment_start(f).0;
             let slot = self.map.get(f);
             let mut pinned = false;
-            if let Some(s) = slot {
-                self.evict.accessed(s);
-            }
             let mut missed_full = None::<PageSet>;
             let mut p = lo;
             while p < hi {
@@ -496,14 +563,14 @@ impl CacheCore {
                         hit = true;
                         let cache = self.geo.slot_offset(s).0 + (ra - fstart);
                         plan.push(buf_offset, rb - ra, RunTarget::Cache(CacheOffset(cache)));
-                        hits += (run_hi - p) as u64;
+                        plan.hit_pages += (run_hi - p) as u64;
                     }
                 }
                 if !hit {
                     plan.push(buf_offset, rb - ra, RunTarget::Source(SourceOffset(ra)));
-                    misses += (run_hi - p) as u64;
+                    plan.missed_pages += (run_hi - p) as u64;
                     plan.full_hit = false;
-                    if self.cfg.admission == Admission::Always {
+                    if want_fills {
                         // Pages of this run that the read covers entirely can be filled.
                         let set = missed_full
                             .get_or_insert_with(|| PageSet::new(self.geo.pages_per_fragment()));
@@ -517,41 +584,81 @@ impl CacheCore {
                 }
                 p = run_hi;
             }
-            if let Some(set) = missed_full {
-                if let Some(pop) = self.start_population(f, Some(&set)) {
-                    let st = self.pops.get(pop.0).expect("just started");
-                    let slot_off = self.geo.slot_offset(st.slot).0;
-                    let runs: Vec<(u32, u32)> =
-                        st.fill.runs(self.geo.pages_per_fragment()).collect();
-                    for (q0, q1) in runs {
-                        let sa = fstart + q0 as u64 * PAGE_SIZE;
-                        let sb = self.page_end(f, q1 - 1);
-                        plan.fills.push(FillRun {
-                            pop,
-                            buf_offset: sa - offset.0,
-                            len: sb - sa,
-                            cache: CacheOffset(slot_off + (sa - fstart)),
-                        });
-                    }
-                    plan.pops.push(pop);
-                }
+            if let Some(set) = missed_full.filter(|s| !s.is_empty()) {
+                plan.fill_wanted.push((f, set));
             }
         }
+        Ok(())
+    }
+
+    /// The mutating half of `begin_read`: accounting, and the inline fills of `always`.
+    fn commit_read(&mut self, plan: &mut ReadPlan) {
+        let offset = plan.offset;
+        for i in 0..plan.touched.len() {
+            self.access(plan.touched[i]);
+        }
+        self.account_read(1, plan.full_hit as u64, plan.hit_pages, plan.missed_pages);
+        for (f, set) in std::mem::take(&mut plan.fill_wanted) {
+            let Some(pop) = self.start_population(f, Some(&set)) else {
+                continue;
+            };
+            let fstart = self.geo.fragment_start(f).0;
+            let st = self.pops.get(pop.0).expect("just started");
+            let slot_off = self.geo.slot_offset(st.slot).0;
+            let runs: Vec<(u32, u32)> = st.fill.runs(self.geo.pages_per_fragment()).collect();
+            for (q0, q1) in runs {
+                let sa = fstart + q0 as u64 * PAGE_SIZE;
+                let sb = self.page_end(f, q1 - 1);
+                plan.fills.push(FillRun {
+                    pop,
+                    buf_offset: sa - offset,
+                    len: sb - sa,
+                    cache: CacheOffset(slot_off + (sa - fstart)),
+                });
+            }
+            plan.pops.push(pop);
+        }
+    }
+
+    /// One access to fragment `f`: hotness window, `nhit` counters, eviction policy.
+    fn access(&mut self, f: FragNo) {
+        self.touch(f);
+        if let Some(s) = self.map.get(f) {
+            self.evict.accessed(s);
+        }
+    }
+
+    fn account_read(&mut self, requests: u64, full_hits: u64, hits: u64, misses: u64) {
+        self.stats.read_requests += requests;
+        self.stats.read_requests_full_hit += full_hits;
         self.stats.read_pages_hit += hits;
         self.stats.read_pages_missed += misses;
-        if plan.full_hit {
-            self.stats.read_requests_full_hit += 1;
-        }
         self.missrate.record(hits, misses);
-        Ok(())
+    }
+
+    /// Applies the accounting of reads planned with `plan_read`, and empties the log.
+    pub fn apply_access_log(&mut self, log: &mut AccessLog) {
+        for i in 0..log.fragments.len() {
+            self.access(log.fragments[i]);
+        }
+        self.account_read(log.requests, log.full_hits, log.hit_pages, log.missed_pages);
+        *log = AccessLog {
+            fragments: std::mem::take(&mut log.fragments),
+            ..AccessLog::default()
+        };
+        log.fragments.clear();
     }
 
     /// Releases the pins of a read. The caller guarantees that the plan's I/O is finished and
     /// its populations completed.
     pub fn end_read(&mut self, plan: &mut ReadPlan) {
-        for s in plan.pins.drain(..) {
-            self.slots.unpin(s);
-        }
+        plan.release_pins(self.slots.pin_table());
+    }
+
+    /// The pin table, for drivers that release read pins without taking their lock
+    /// (`ReadPlan::release_pins`).
+    pub fn pin_table(&self) -> Arc<PinTable> {
+        self.slots.pin_table().clone()
     }
 
     // ----- writes -----

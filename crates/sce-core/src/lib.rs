@@ -22,8 +22,8 @@ pub mod throttle;
 
 pub use addr::{CacheOffset, FragNo, Nanos, SlotNo, SourceOffset, PAGE_SIZE, SECTOR_SIZE};
 pub use cache::{
-    CacheCore, CacheWrite, FillRun, PopId, PopulationJob, ReadPlan, ReadRun, RequestError,
-    RunTarget, WriteId, WriteKind, WritePlan,
+    AccessLog, CacheCore, CacheWrite, FillRun, PopId, PopulationJob, ReadPlan, ReadRun,
+    RequestError, RunTarget, WriteId, WriteKind, WritePlan,
 };
 pub use config::{Admission, ConfigError, CoreConfig, ThrottleConfig, WriteMode};
 pub use evict::EvictionKind;

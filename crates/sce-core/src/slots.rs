@@ -9,6 +9,36 @@
 
 use crate::addr::{FragNo, SlotNo};
 use crate::bitmap;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
+
+/// Pin counts of all slots. Pins are taken only by the core (under the driver's lock), but
+/// may be released by a driver thread without the lock, so that a read hit costs one lock
+/// acquisition, not two. A slot whose count is 0 when the core looks (under its lock) has no
+/// reader: counts only go up under the lock.
+#[derive(Debug)]
+pub struct PinTable(Box<[AtomicU16]>);
+
+impl PinTable {
+    /// Current pin count of slot `s`.
+    #[inline]
+    pub fn get(&self, s: SlotNo) -> u16 {
+        self.0[s.0 as usize].load(Ordering::Acquire)
+    }
+
+    /// Releases one pin of slot `s`. The caller guarantees it holds one.
+    #[inline]
+    pub fn release(&self, s: SlotNo) {
+        let prev = self.0[s.0 as usize].fetch_sub(1, Ordering::Release);
+        debug_assert!(prev > 0, "unpin of unpinned slot {s}");
+    }
+
+    fn take(&self, s: SlotNo) -> bool {
+        self.0[s.0 as usize]
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| p.checked_add(1))
+            .is_ok()
+    }
+}
 
 const NO_FRAGMENT: u64 = u64::MAX;
 
@@ -16,7 +46,7 @@ const NO_FRAGMENT: u64 = u64::MAX;
 #[derive(Debug)]
 pub struct SlotTable {
     frags: Box<[u64]>,
-    pins: Box<[u16]>,
+    pins: Arc<PinTable>,
     valid: Box<[u64]>,
     words: usize,
     high_water: u32,
@@ -28,7 +58,7 @@ impl SlotTable {
     pub fn new(slots: u32, words: usize) -> Self {
         SlotTable {
             frags: vec![NO_FRAGMENT; slots as usize].into_boxed_slice(),
-            pins: vec![0; slots as usize].into_boxed_slice(),
+            pins: Arc::new(PinTable((0..slots).map(|_| AtomicU16::new(0)).collect())),
             valid: vec![0; slots as usize * words].into_boxed_slice(),
             words,
             high_water: 0,
@@ -105,27 +135,23 @@ impl SlotTable {
     /// Pin count (reads, population and AWT writes in flight on the slot).
     #[inline]
     pub fn pins(&self, s: SlotNo) -> u16 {
-        self.pins[s.0 as usize]
+        self.pins.get(s)
+    }
+
+    /// The shared pin table.
+    pub fn pin_table(&self) -> &Arc<PinTable> {
+        &self.pins
     }
 
     /// Adds a pin; false if the count is saturated (the caller then treats the slot as absent).
     #[inline]
-    pub fn pin(&mut self, s: SlotNo) -> bool {
-        let p = &mut self.pins[s.0 as usize];
-        match p.checked_add(1) {
-            Some(n) => {
-                *p = n;
-                true
-            }
-            None => false,
-        }
+    pub fn pin(&self, s: SlotNo) -> bool {
+        self.pins.take(s)
     }
 
     /// Removes a pin. The caller guarantees it holds one.
     #[inline]
     pub fn unpin(&mut self, s: SlotNo) {
-        let p = &mut self.pins[s.0 as usize];
-        debug_assert!(*p > 0, "unpin of unpinned slot {s}");
-        *p = p.saturating_sub(1);
+        self.pins.release(s)
     }
 }

@@ -8,14 +8,15 @@
 
 use crate::stats::{Counters, VolumeStats};
 use crossbeam_channel::{Receiver, Sender};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, RwLock};
+use sce_core::slots::PinTable;
 use sce_core::{
-    CacheCore, CacheWrite, ConfigError, CoreConfig, Nanos, PopulationJob, ReadPlan, RequestError,
-    RunTarget, SourceOffset, WriteId, WriteKind, WritePlan,
+    AccessLog, CacheCore, CacheWrite, ConfigError, CoreConfig, Nanos, PopulationJob, ReadPlan,
+    RequestError, RunTarget, SourceOffset, WriteId, WriteKind, WritePlan,
 };
 use sce_io::{check_range, AlignedBuf, BlockDevice, IoError, Op};
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -62,7 +63,9 @@ struct AwtJob {
 struct Shared {
     source: Arc<dyn BlockDevice>,
     cache: Arc<dyn BlockDevice>,
-    core: Mutex<CacheCore>,
+    core: RwLock<CacheCore>,
+    logs: Box<[LogShard]>,
+    pins: Arc<PinTable>,
     counters: Counters,
     epoch: Instant,
     shutdown: AtomicBool,
@@ -88,7 +91,19 @@ impl std::fmt::Debug for CacheVolume {
 
 thread_local! {
     static PLAN: RefCell<ReadPlan> = RefCell::new(ReadPlan::new());
+    static SHARD: usize = NEXT_SHARD.fetch_add(1, Relaxed) % LOG_SHARDS;
 }
+
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+const LOG_SHARDS: usize = 32;
+/// Reads a shard records before it applies its log to the core.
+const LOG_BATCH: u64 = 64;
+
+/// One shard of deferred read accounting, on its own cache lines so that threads on
+/// different shards do not share them.
+#[derive(Default)]
+#[repr(align(128))]
+struct LogShard(Mutex<AccessLog>);
 
 fn request_error(op: Op, e: RequestError, offset: u64, len: u64, size: u64, lbs: u32) -> IoError {
     match e {
@@ -137,7 +152,9 @@ impl CacheVolume {
         let shared = Arc::new(Shared {
             source,
             cache,
-            core: Mutex::new(core),
+            pins: core.pin_table(),
+            core: RwLock::new(core),
+            logs: (0..LOG_SHARDS).map(|_| LogShard::default()).collect(),
             counters: Counters::default(),
             epoch: Instant::now(),
             shutdown: AtomicBool::new(false),
@@ -176,22 +193,25 @@ impl CacheVolume {
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> VolumeStats {
-        let core = self.shared.core.lock();
+        let mut core = self.shared.core.write();
+        for shard in self.shared.logs.iter() {
+            core.apply_access_log(&mut shard.0.lock());
+        }
         self.shared.counters.snapshot(&core)
     }
 
     /// The core's configuration.
     pub fn config(&self) -> CoreConfig {
-        self.shared.core.lock().config().clone()
+        self.shared.core.write().config().clone()
     }
 
     /// Runs population on the calling thread until nothing more is picked or `max` jobs ran,
     /// ignoring the throttle. Returns the number of fragments populated.
     pub fn populate_now(&self, max: usize) -> usize {
-        let mut buf = AlignedBuf::new(self.shared.core.lock().geometry().fragment_size() as usize);
+        let mut buf = AlignedBuf::new(self.shared.core.write().geometry().fragment_size() as usize);
         let mut n = 0;
         while n < max {
-            let job = self.shared.core.lock().pick_population_unthrottled();
+            let job = self.shared.core.write().pick_population_unthrottled();
             let Some(job) = job else { break };
             run_population(&self.shared, &job, &mut buf);
             n += 1;
@@ -210,11 +230,11 @@ impl CacheVolume {
                 size,
             });
         }
-        let fsize = self.shared.core.lock().geometry().fragment_size();
+        let fsize = self.shared.core.write().geometry().fragment_size();
         let mut buf = AlignedBuf::new(fsize as usize);
         let mut at = offset - offset % fsize;
         while at < offset + len {
-            let job = self.shared.core.lock().prefetch(SourceOffset(at));
+            let job = self.shared.core.write().prefetch(SourceOffset(at));
             if let Some(job) = job {
                 run_population(&self.shared, &job, &mut buf);
             }
@@ -226,7 +246,7 @@ impl CacheVolume {
     /// Waits until no AWT copy is in flight (for tests and orderly shutdown).
     pub fn quiesce(&self) {
         loop {
-            let (w, p) = self.shared.core.lock().operations_in_flight();
+            let (w, p) = self.shared.core.write().operations_in_flight();
             if w == 0 && p == 0 {
                 return;
             }
@@ -239,7 +259,7 @@ impl CacheVolume {
         let len = data.len() as u64;
         let plan: WritePlan = s
             .core
-            .lock()
+            .write()
             .begin_write(SourceOffset(offset), len, WriteKind::Data)
             .map_err(|e| request_error(Op::Write, e, offset, len, s.source.size(), s.lbs))?;
         let WritePlan {
@@ -258,7 +278,7 @@ impl CacheVolume {
             };
             let sent = self.awt_tx.lock().as_ref().map(|tx| tx.send(job));
             if !matches!(sent, Some(Ok(()))) {
-                let mut core = s.core.lock();
+                let mut core = s.core.write();
                 for w in &cache_writes {
                     let _ = core.write_cache_done(id, w.part, false);
                 }
@@ -276,13 +296,13 @@ impl CacheVolume {
                     (w.part, s.cache_write(w.cache.0, piece))
                 })
                 .collect();
-            let mut core = s.core.lock();
+            let mut core = s.core.write();
             for (part, ok) in oks {
                 let _ = core.write_cache_done(id, part, ok);
             }
             let _ = core.write_source_done(id, result.is_ok());
         } else {
-            let _ = s.core.lock().write_source_done(id, result.is_ok());
+            let _ = s.core.write().write_source_done(id, result.is_ok());
         }
         result
     }
@@ -329,7 +349,7 @@ fn awt_writer(s: &Shared, rx: Receiver<AwtJob>) {
                 (w.part, s.cache_write(w.cache.0, piece))
             })
             .collect();
-        let mut core = s.core.lock();
+        let mut core = s.core.write();
         for (part, ok) in results {
             let _ = core.write_cache_done(job.id, part, ok);
         }
@@ -353,14 +373,14 @@ fn run_population(s: &Shared, job: &PopulationJob, buf: &mut AlignedBuf) {
             }
         }
     }
-    let _ = s.core.lock().complete_population(job.id, ok);
+    let _ = s.core.write().complete_population(job.id, ok);
 }
 
 fn population_worker(s: &Shared, index: u32) {
-    let fsize = s.core.lock().geometry().fragment_size() as usize;
+    let fsize = s.core.write().geometry().fragment_size() as usize;
     let mut buf: Option<AlignedBuf> = None;
     loop {
-        let st = s.core.lock().throttle(s.now());
+        let st = s.core.write().throttle(s.now());
         if index == 0 {
             s.counters
                 .active_workers
@@ -372,7 +392,7 @@ fn population_worker(s: &Shared, index: u32) {
         if index >= st.active_workers {
             continue;
         }
-        let job = s.core.lock().pick_population(s.now());
+        let job = s.core.write().pick_population(s.now());
         if let Some(job) = job {
             let b = buf.get_or_insert_with(|| AlignedBuf::new(fsize));
             run_population(s, &job, b);
@@ -395,10 +415,29 @@ impl BlockDevice for CacheVolume {
         check_range(Op::Read, offset, len, s.source.size(), s.lbs)?;
         PLAN.with(|cell| {
             let mut plan = cell.borrow_mut();
-            s.core
-                .lock()
-                .begin_read(SourceOffset(offset), len, &mut plan)
-                .map_err(|e| request_error(Op::Read, e, offset, len, s.source.size(), s.lbs))?;
+            let err = |e| request_error(Op::Read, e, offset, len, s.source.size(), s.lbs);
+            // Shared path: plan under the read lock, defer the accounting to a log shard.
+            let shared = {
+                let core = s.core.read();
+                core.plan_read(SourceOffset(offset), len, &mut plan)
+                    .map_err(err)?;
+                !plan.needs_commit()
+            };
+            if shared {
+                let shard = &s.logs[SHARD.with(|i| *i)];
+                let mut log = shard.0.lock();
+                log.record(&plan);
+                if log.requests() >= LOG_BATCH {
+                    s.core.write().apply_access_log(&mut log);
+                }
+            } else {
+                // An inline fill is wanted (admission `always`): redo it exclusively.
+                plan.release_pins(&s.pins);
+                s.core
+                    .write()
+                    .begin_read(SourceOffset(offset), len, &mut plan)
+                    .map_err(err)?;
+            }
             let mut result = Ok(());
             let (mut from_source, mut from_cache) = (0, 0);
             for run in &plan.runs {
@@ -438,11 +477,16 @@ impl BlockDevice for CacheVolume {
                     fill_ok.push((pop, ok));
                 }
             }
-            let mut core = s.core.lock();
-            for (pop, ok) in fill_ok {
-                let _ = core.complete_population(pop, ok);
+            if fill_ok.is_empty() {
+                // The common case (no inline fill): no second trip through the lock.
+                plan.release_pins(&s.pins);
+            } else {
+                let mut core = s.core.write();
+                for (pop, ok) in fill_ok {
+                    let _ = core.complete_population(pop, ok);
+                }
+                core.end_read(&mut plan);
             }
-            core.end_read(&mut plan);
             result
         })
     }
@@ -481,11 +525,11 @@ impl CacheVolume {
         let s = &self.shared;
         let plan = s
             .core
-            .lock()
+            .write()
             .begin_write(SourceOffset(offset), len, WriteKind::Discard)
             .map_err(|e| request_error(Op::Discard, e, offset, len, s.source.size(), s.lbs))?;
         let result = s.source.discard(offset, len);
-        let _ = s.core.lock().write_source_done(plan.id, result.is_ok());
+        let _ = s.core.write().write_source_done(plan.id, result.is_ok());
         result
     }
 }
