@@ -43,6 +43,26 @@ pub struct DemoArgs {
     /// Eviction policy: clock, lru or fifo.
     #[arg(long, default_value = "clock")]
     pub eviction: EvictionKind,
+    /// Algorithm 1: populate only while the read miss rate is at least this (0..=1).
+    #[arg(long, default_value_t = 0.01)]
+    pub target_missrate: f64,
+    /// Algorithm 1: populate only while this percentage of slots is free, unless eviction
+    /// for population is allowed.
+    #[arg(long, default_value_t = 0.0)]
+    pub min_free_pcnt: f64,
+    /// Algorithm 1: do not evict to populate (population stops when free space falls below
+    /// --min-free-pcnt).
+    #[arg(long)]
+    pub no_evict_for_population: bool,
+    /// Algorithm 1: sleep of a population worker between cycles.
+    #[arg(long, default_value = "20ms", value_parser = parse_duration)]
+    pub period: Duration,
+    /// Bytes of AWT copies in flight before writes fall back to write-around.
+    #[arg(long, default_value = "8MiB", value_parser = parse_size)]
+    pub awt_budget: u64,
+    /// Fragments in the MRU hotness window that population picks from.
+    #[arg(long, default_value_t = 100)]
+    pub hot_window: usize,
     /// Use the flashcache-like baseline (4KiB fragments, always, write-through, LRU) instead
     /// of --mode/--admission/--fragment-size/--eviction.
     #[arg(long)]
@@ -356,6 +376,12 @@ pub fn demo(a: DemoArgs) -> Result<()> {
             ..CoreConfig::default()
         }
     };
+    core.throttle.target_missrate = a.target_missrate;
+    core.throttle.min_free_pcnt = a.min_free_pcnt;
+    core.throttle.allow_eviction = !a.no_evict_for_population;
+    core.throttle.period = a.period;
+    core.awt_budget = a.awt_budget;
+    core.hot_window = a.hot_window;
     core.validate().context("invalid cache configuration")?;
     if a.cache_size / core.fragment_size < 2 {
         bail!(

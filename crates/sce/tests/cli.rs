@@ -117,6 +117,10 @@ fn bad_input_gets_a_clear_message() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown unit"));
 
+    let out = sce(&["demo", "--target-missrate", "2", "--seconds", "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("throttle.target_missrate"));
+
     let out = sce(&["demo", "--admission", "nhit:0"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("nhit:K"));
