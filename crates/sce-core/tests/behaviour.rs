@@ -29,6 +29,13 @@ fn populate_all(c: &mut CacheCore) -> usize {
     n
 }
 
+/// Touches the fragment holding `off` and populates everything pickable.
+fn warm(c: &mut CacheCore, off: u64) {
+    let mut p = read(c, off, 4096);
+    c.end_read(&mut p);
+    populate_all(c);
+}
+
 fn read(c: &mut CacheCore, off: u64, len: u64) -> ReadPlan {
     let mut p = ReadPlan::new();
     c.begin_read(SourceOffset(off), len, &mut p).unwrap();
@@ -80,9 +87,7 @@ fn reads_coalesce_into_one_io_per_run() {
 #[test]
 fn awt_revalidates_only_after_both_halves() {
     let mut c = core(small(Admission::Sce, WriteMode::Awt), 256 * KIB, 64 * KIB);
-    let mut p = read(&mut c, 0, 4096);
-    c.end_read(&mut p);
-    populate_all(&mut c);
+    warm(&mut c, 0);
     let w = c
         .begin_write(SourceOffset(4096), 8192, WriteKind::Data)
         .unwrap();
@@ -118,9 +123,7 @@ fn awt_budget_exhaustion_falls_back_to_write_around() {
     let mut cfg = small(Admission::Sce, WriteMode::Awt);
     cfg.awt_budget = 8 * KIB;
     let mut c = core(cfg, 256 * KIB, 64 * KIB);
-    let mut p = read(&mut c, 0, 4096);
-    c.end_read(&mut p);
-    populate_all(&mut c);
+    warm(&mut c, 0);
     let w1 = c
         .begin_write(SourceOffset(0), 8 * KIB, WriteKind::Data)
         .unwrap();
@@ -141,9 +144,7 @@ fn awt_budget_exhaustion_falls_back_to_write_around() {
 #[test]
 fn duplicate_writes_skip_the_copy_and_spoil_each_other() {
     let mut c = core(small(Admission::Sce, WriteMode::Awt), 256 * KIB, 64 * KIB);
-    let mut p = read(&mut c, 0, 4096);
-    c.end_read(&mut p);
-    populate_all(&mut c);
+    warm(&mut c, 0);
     let w1 = c
         .begin_write(SourceOffset(0), 4096, WriteKind::Data)
         .unwrap();
@@ -169,9 +170,7 @@ fn write_through_is_synchronous_and_write_around_copies_nothing() {
         256 * KIB,
         64 * KIB,
     );
-    let mut p = read(&mut c, 0, 4096);
-    c.end_read(&mut p);
-    populate_all(&mut c);
+    warm(&mut c, 0);
     let w = c
         .begin_write(SourceOffset(0), 4096, WriteKind::Data)
         .unwrap();
@@ -181,9 +180,7 @@ fn write_through_is_synchronous_and_write_around_copies_nothing() {
         256 * KIB,
         64 * KIB,
     );
-    let mut p = read(&mut c, 0, 4096);
-    c.end_read(&mut p);
-    populate_all(&mut c);
+    warm(&mut c, 0);
     let w = c
         .begin_write(SourceOffset(0), 4096, WriteKind::Data)
         .unwrap();
@@ -358,9 +355,7 @@ fn config_errors_name_the_field() {
 #[test]
 fn awt_in_flight_on_a_hot_fragment_does_not_starve_population() {
     let mut c = core(small(Admission::Sce, WriteMode::Awt), 256 * KIB, 64 * KIB);
-    let mut p = read(&mut c, 0, 4096);
-    c.end_read(&mut p);
-    populate_all(&mut c);
+    warm(&mut c, 0);
     for _ in 0..20 {
         let mut p = read(&mut c, 0, 4096);
         c.end_read(&mut p);
