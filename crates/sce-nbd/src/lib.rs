@@ -1,0 +1,11 @@
+//! `sce-nbd`: the NBD protocol for sce. [`Server`] exports any `BlockDevice` (the cached
+//! volume is one) over Unix sockets or TCP; [`NbdClient`] is a remote export as a
+//! `BlockDevice`, so the source of a cache can be a SAN-like NBD export. [`proto`] holds the
+//! pure parsers and encoders (fuzzed).
+
+pub mod client;
+pub mod proto;
+pub mod server;
+
+pub use client::{NbdClient, NbdUri};
+pub use server::{listen, ConnError, Export, ListenAddr, Listener, Server, ServerStats};

@@ -1,0 +1,443 @@
+//! The NBD server and client against each other, against hostile input, and against real
+//! clients (qemu-io, qemu-img, nbdinfo) when they are installed.
+
+use sce_io::{conformance, BlockDevice, MemDevice};
+use sce_nbd::proto::{self, errno};
+use sce_nbd::{listen, Export, ListenAddr, Listener, NbdClient, NbdUri, Server};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    sock: PathBuf,
+    server: Arc<Server>,
+    _listener: Listener,
+}
+
+fn fixture(size: u64) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("nbd.sock");
+    let rw: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(size));
+    let ro: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 20));
+    let server = Server::new(vec![
+        Export {
+            name: "vol".into(),
+            description: "test volume".into(),
+            device: rw,
+            read_only: false,
+            prefetch: None,
+        },
+        Export {
+            name: "ro".into(),
+            description: String::new(),
+            device: ro,
+            read_only: true,
+            prefetch: None,
+        },
+    ]);
+    let listener = listen(&server, &ListenAddr::Unix(sock.clone())).unwrap();
+    Fixture {
+        _dir: dir,
+        sock,
+        server,
+        _listener: listener,
+    }
+}
+
+fn uri(f: &Fixture, name: &str) -> NbdUri {
+    NbdUri::Unix {
+        socket: f.sock.clone(),
+        name: name.into(),
+    }
+}
+
+#[test]
+fn client_passes_the_conformance_suite_through_the_server() {
+    let f = fixture(16 << 20);
+    let c = NbdClient::connect(&uri(&f, "vol"), 4).unwrap();
+    assert_eq!(c.size(), 16 << 20);
+    assert!(c.flags() & proto::TFLAG_CAN_MULTI_CONN != 0);
+    conformance::run_all(&c);
+    assert!(
+        f.server
+            .stats()
+            .requests
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 100
+    );
+}
+
+#[test]
+fn cached_volume_served_over_nbd_passes_the_suite() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("c.sock");
+    let src: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(32 << 20));
+    let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(8 << 20));
+    let vol = Arc::new(
+        sce_engine::CacheVolume::open(src, cache, sce_engine::EngineConfig::default()).unwrap(),
+    );
+    let v2 = vol.clone();
+    let server = Server::new(vec![Export {
+        name: String::new(),
+        description: "cached".into(),
+        device: vol,
+        read_only: false,
+        prefetch: Some(Arc::new(move |o, l| v2.prefetch(o, l))),
+    }]);
+    let _l = listen(&server, &ListenAddr::Unix(sock.clone())).unwrap();
+    let c = NbdClient::connect(
+        &NbdUri::Unix {
+            socket: sock,
+            name: String::new(),
+        },
+        4,
+    )
+    .unwrap();
+    conformance::run_all(&c);
+}
+
+/// A raw client for hostile tests.
+struct Raw(UnixStream);
+
+impl Raw {
+    fn hello(sock: &PathBuf) -> Raw {
+        let mut s = UnixStream::connect(sock).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let mut h = [0u8; 18];
+        s.read_exact(&mut h).unwrap();
+        assert_eq!(&h[..8], b"NBDMAGIC");
+        assert_eq!(&h[8..16], b"IHAVEOPT");
+        s.write_all(&(proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES).to_be_bytes())
+            .unwrap();
+        Raw(s)
+    }
+    fn option(&mut self, opt: u32, data: &[u8]) {
+        let mut v = proto::IHAVEOPT.to_be_bytes().to_vec();
+        v.extend_from_slice(&opt.to_be_bytes());
+        v.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        v.extend_from_slice(data);
+        self.0.write_all(&v).unwrap();
+    }
+    fn option_reply(&mut self) -> (u32, Vec<u8>) {
+        let mut h = [0u8; 20];
+        self.0.read_exact(&mut h).unwrap();
+        assert_eq!(h[..8], proto::OPT_REPLY_MAGIC.to_be_bytes());
+        let reply = u32::from_be_bytes(h[12..16].try_into().unwrap());
+        let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
+        let mut d = vec![0u8; len as usize];
+        self.0.read_exact(&mut d).unwrap();
+        (reply, d)
+    }
+    fn go(sock: &PathBuf, name: &str) -> Raw {
+        let mut r = Raw::hello(sock);
+        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(name.as_bytes());
+        d.extend_from_slice(&0u16.to_be_bytes());
+        r.option(proto::OPT_GO, &d);
+        loop {
+            let (rep, _) = r.option_reply();
+            if rep == proto::REP_ACK {
+                return r;
+            }
+            assert_eq!(rep, proto::REP_INFO);
+        }
+    }
+    fn request(
+        &mut self,
+        command: u16,
+        flags: u16,
+        cookie: u64,
+        offset: u64,
+        len: u32,
+        data: &[u8],
+    ) {
+        let h = proto::encode_request(&proto::Request {
+            flags,
+            command,
+            cookie,
+            offset,
+            len,
+        });
+        self.0.write_all(&h).unwrap();
+        self.0.write_all(data).unwrap();
+    }
+    fn reply(&mut self) -> (u32, u64) {
+        let mut h = [0u8; proto::REPLY_LEN];
+        self.0.read_exact(&mut h).unwrap();
+        proto::parse_simple_reply(&h).unwrap()
+    }
+    fn closed(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(self.0.read(&mut b), Ok(0) | Err(_))
+    }
+}
+
+/// A healthy second connection must be served whatever happened on the others.
+fn still_serving(f: &Fixture) {
+    let c = NbdClient::connect(&uri(f, "vol"), 1).expect("server still accepts");
+    c.write_at(4096, &[7u8; 4096]).unwrap();
+    let mut b = [0u8; 4096];
+    c.read_at(4096, &mut b).unwrap();
+    assert_eq!(b, [7u8; 4096]);
+}
+
+#[test]
+fn hostile_handshakes_end_only_their_connection() {
+    let f = fixture(8 << 20);
+    let keep = NbdClient::connect(&uri(&f, "vol"), 1).unwrap();
+    // Wrong client flags.
+    let mut s = UnixStream::connect(&f.sock).unwrap();
+    let mut h = [0u8; 18];
+    s.read_exact(&mut h).unwrap();
+    s.write_all(&[0xff, 0xff, 0xff, 0xff]).unwrap();
+    assert!(Raw(s).closed());
+    still_serving(&f);
+    // Wrong option magic.
+    let mut r = Raw::hello(&f.sock);
+    r.0.write_all(&[0u8; 16]).unwrap();
+    assert!(r.closed());
+    // Truncated handshake: the client goes away mid-option.
+    let mut r = Raw::hello(&f.sock);
+    r.0.write_all(&proto::IHAVEOPT.to_be_bytes()[..5]).unwrap();
+    drop(r);
+    still_serving(&f);
+    // Unknown option: ERR_UNSUP and the haggling goes on; unknown export: ERR_UNKNOWN.
+    let mut r = Raw::hello(&f.sock);
+    r.option(0xdead, b"junk");
+    assert_eq!(r.option_reply().0, proto::REP_ERR_UNSUP);
+    r.option(proto::OPT_STRUCTURED_REPLY, &[]);
+    assert_eq!(r.option_reply().0, proto::REP_ERR_UNSUP);
+    let mut d = 4u32.to_be_bytes().to_vec();
+    d.extend_from_slice(b"nope");
+    d.extend_from_slice(&0u16.to_be_bytes());
+    r.option(proto::OPT_INFO, &d);
+    assert_eq!(r.option_reply().0, proto::REP_ERR_UNKNOWN);
+    r.option(proto::OPT_INFO, &[0, 0, 0]);
+    assert_eq!(r.option_reply().0, proto::REP_ERR_INVALID);
+    // LIST shows both exports.
+    r.option(proto::OPT_LIST, &[]);
+    let mut names = Vec::new();
+    loop {
+        let (rep, d) = r.option_reply();
+        if rep == proto::REP_ACK {
+            break;
+        }
+        assert_eq!(rep, proto::REP_SERVER);
+        names.push(String::from_utf8(d[4..].to_vec()).unwrap());
+    }
+    assert_eq!(names, ["vol", "ro"]);
+    r.option(proto::OPT_ABORT, &[]);
+    assert_eq!(r.option_reply().0, proto::REP_ACK);
+    still_serving(&f);
+    let mut b = [0u8; 512];
+    keep.read_at(0, &mut b)
+        .expect("the first connection was never disturbed");
+}
+
+#[test]
+fn hostile_requests_get_the_specified_errors() {
+    let f = fixture(8 << 20);
+    let size = 8u64 << 20;
+    let mut r = Raw::go(&f.sock, "vol");
+    // Past the end: EINVAL for reads, ENOSPC for writes.
+    r.request(proto::CMD_READ, 0, 1, size - 512, 1024, &[]);
+    assert_eq!(r.reply(), (errno::EINVAL, 1));
+    r.request(proto::CMD_WRITE, 0, 2, size, 512, &[0u8; 512]);
+    assert_eq!(r.reply(), (errno::ENOSPC, 2));
+    r.request(proto::CMD_READ, 0, 3, u64::MAX - 100, 512, &[]);
+    assert_eq!(r.reply(), (errno::EINVAL, 3));
+    // 33 MiB: refused, and the connection goes on.
+    r.request(proto::CMD_READ, 0, 4, 0, 33 << 20, &[]);
+    assert_eq!(r.reply(), (errno::EINVAL, 4));
+    r.request(proto::CMD_WRITE, 0, 5, 0, 33 << 20, &vec![1u8; 33 << 20]);
+    assert_eq!(r.reply(), (errno::EINVAL, 5));
+    // Unknown command and unknown flag.
+    r.request(42, 0, 6, 0, 512, &[]);
+    assert_eq!(r.reply(), (errno::EINVAL, 6));
+    r.request(proto::CMD_READ, 0x80, 7, 0, 512, &[]);
+    assert_eq!(r.reply(), (errno::EINVAL, 7));
+    // Unaligned: EINVAL from the device.
+    r.request(proto::CMD_READ, 0, 8, 100, 512, &[]);
+    assert_eq!(r.reply(), (errno::EINVAL, 8));
+    // Still a working connection: pipelined requests, replies matched by cookie.
+    r.request(
+        proto::CMD_WRITE,
+        proto::CMD_FLAG_FUA,
+        9,
+        0,
+        4096,
+        &[9u8; 4096],
+    );
+    r.request(proto::CMD_FLUSH, 0, 10, 0, 0, &[]);
+    let mut got = vec![r.reply(), r.reply()];
+    got.sort();
+    assert_eq!(got, vec![(0, 9), (0, 10)]);
+    r.request(
+        proto::CMD_WRITE_ZEROES,
+        proto::CMD_FLAG_NO_HOLE,
+        11,
+        0,
+        1024,
+        &[],
+    );
+    assert_eq!(r.reply(), (0, 11));
+    r.request(proto::CMD_TRIM, 0, 12, 4096, 4096, &[]);
+    assert_eq!(r.reply(), (0, 12));
+    r.request(proto::CMD_CACHE, 0, 13, 0, 65536, &[]);
+    assert_eq!(r.reply(), (0, 13));
+    r.request(proto::CMD_READ, 0, 14, 0, 2048, &[]);
+    assert_eq!(r.reply(), (0, 14));
+    let mut b = vec![0u8; 2048];
+    r.0.read_exact(&mut b).unwrap();
+    assert!(b[..1024].iter().all(|&x| x == 0) && b[1024..].iter().all(|&x| x == 9));
+    // Read-only export: EPERM for writes, trims and write-zeroes.
+    let mut ro = Raw::go(&f.sock, "ro");
+    ro.request(proto::CMD_WRITE, 0, 1, 0, 512, &[0u8; 512]);
+    assert_eq!(ro.reply(), (errno::EPERM, 1));
+    ro.request(proto::CMD_TRIM, 0, 2, 0, 512, &[]);
+    assert_eq!(ro.reply(), (errno::EPERM, 2));
+    ro.request(proto::CMD_WRITE_ZEROES, 0, 3, 0, 512, &[]);
+    assert_eq!(ro.reply(), (errno::EPERM, 3));
+    // A bad request magic ends that connection.
+    r.0.write_all(&[0u8; proto::REQUEST_LEN]).unwrap();
+    assert!(r.closed());
+    // A connection dropped in the middle of a write payload.
+    let mut d = Raw::go(&f.sock, "vol");
+    d.request(proto::CMD_WRITE, 0, 1, 0, 65536, &[1u8; 1000]);
+    drop(d);
+    // DISC: outstanding requests answered, then the server closes.
+    let mut g = Raw::go(&f.sock, "vol");
+    g.request(proto::CMD_READ, 0, 1, 0, 512, &[]);
+    g.request(proto::CMD_DISC, 0, 2, 0, 0, &[]);
+    assert_eq!(g.reply(), (0, 1));
+    let mut b = [0u8; 512];
+    g.0.read_exact(&mut b).unwrap();
+    assert!(g.closed());
+    still_serving(&f);
+}
+
+#[test]
+fn shutdown_answers_then_refuses() {
+    let f = fixture(8 << 20);
+    let mut r = Raw::go(&f.sock, "vol");
+    r.request(proto::CMD_READ, 0, 1, 0, 512, &[]);
+    assert_eq!(r.reply(), (0, 1));
+    let mut b = [0u8; 512];
+    r.0.read_exact(&mut b).unwrap();
+    f.server.shutdown();
+    assert!(r.closed(), "connections are closed on shutdown");
+    let mut h = Raw::hello(&f.sock);
+    h.option(proto::OPT_LIST, &[]);
+    assert_eq!(h.option_reply().0, proto::REP_ERR_SHUTDOWN);
+    f.server.flush_all().unwrap();
+}
+
+fn tool(name: &str) -> bool {
+    let ok = Command::new(name)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("SKIP: {name} is not installed");
+    }
+    ok
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    let s =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{cmd:?} failed:\n{s}");
+    s
+}
+
+#[test]
+fn qemu_io_writes_and_reads_patterns() {
+    if !tool("qemu-io") {
+        return;
+    }
+    let f = fixture(64 << 20);
+    let u = format!("nbd+unix:///vol?socket={}", f.sock.display());
+    let out = run(Command::new("qemu-io").args(["-f", "raw", &u]).args([
+        "-c",
+        "write -P 0xab 0 1M",
+        "-c",
+        "write -P 0xcd 3M 64k",
+        "-c",
+        "write -z 1M 64k",
+        "-c",
+        "discard 2M 64k",
+        "-c",
+        "flush",
+        "-c",
+        "read -P 0xab 0 1M",
+        "-c",
+        "read -P 0xcd 3M 64k",
+        "-c",
+        "read -P 0 1M 64k",
+    ]));
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+    // A failed pattern must be noticed by this test: check one that is wrong.
+    let bad = Command::new("qemu-io")
+        .args(["-f", "raw", &u, "-c", "read -P 0x11 0 4k"])
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&bad.stdout).to_string() + &String::from_utf8_lossy(&bad.stderr);
+    assert!(text.contains("Pattern verification failed"), "{text}");
+}
+
+#[test]
+fn qemu_img_and_nbdinfo_see_the_exports() {
+    if !tool("qemu-img") {
+        return;
+    }
+    let f = fixture(64 << 20);
+    let u = format!("nbd+unix:///vol?socket={}", f.sock.display());
+    let info = run(Command::new("qemu-img").args(["info", "-f", "raw", &u]));
+    assert!(
+        info.contains("64 MiB") || info.contains("67108864"),
+        "{info}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("in.raw");
+    let data: Vec<u8> = (0..(64u32 << 20)).map(|i| (i / 4096) as u8).collect();
+    std::fs::write(&img, &data).unwrap();
+    run(Command::new("qemu-img")
+        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+        .arg(&img)
+        .arg(&u));
+    run(Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(&img)
+        .arg(&u));
+    let back = dir.path().join("out.raw");
+    run(Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "raw", &u])
+        .arg(&back));
+    assert!(std::fs::read(&back).unwrap() == data);
+    if tool("nbdinfo") {
+        let list = run(Command::new("nbdinfo")
+            .arg("--list")
+            .arg(format!("nbd+unix://?socket={}", f.sock.display())));
+        assert!(list.contains("vol") && list.contains("ro"), "{list}");
+        let one = run(Command::new("nbdinfo").arg(&u));
+        for want in [
+            "67108864",
+            "block_size_minimum: 512",
+            "block_size_preferred: 4096",
+            "block_size_maximum: 33554432",
+            "can_multi_conn: true",
+            "can_cache: true",
+        ] {
+            assert!(one.contains(want), "nbdinfo lacks {want}:\n{one}");
+        }
+        let ro =
+            run(Command::new("nbdinfo").arg(format!("nbd+unix:///ro?socket={}", f.sock.display())));
+        assert!(ro.contains("is_read_only: true"), "{ro}");
+    }
+}
