@@ -3,8 +3,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Real NBD clients and peers for the integration tests (Debian packages).
 need=()
-command -v losetup >/dev/null 2>&1 || need+=(mount)
+for pair in qemu-io:qemu-utils qemu-img:qemu-utils nbdkit:nbdkit nbdinfo:libnbd-bin nbdcopy:libnbd-bin \
+            nbdfuse:nbdfuse fio:fio fusermount3:fuse3 losetup:mount mkfs.ext4:e2fsprogs; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
+done
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
 fi

@@ -73,6 +73,35 @@ pub struct VolumeStats {
 }
 
 impl VolumeStats {
+    /// Every counter by name, for exporters (Prometheus text, JSON). Gauges end in no
+    /// `_total`; the caller decides the naming scheme.
+    pub fn fields(&self) -> [(&'static str, u64, bool); 22] {
+        [
+            ("read_requests", self.read_requests, true),
+            ("read_requests_full_hit", self.read_requests_full_hit, true),
+            ("read_pages_hit", self.read_pages_hit, true),
+            ("read_pages_missed", self.read_pages_missed, true),
+            ("write_requests", self.write_requests, true),
+            ("source_bytes_read", self.source_bytes_read, true),
+            ("source_bytes_written", self.source_bytes_written, true),
+            ("cache_bytes_read", self.cache_bytes_read, true),
+            ("cache_bytes_written", self.cache_bytes_written, true),
+            ("cache_read_errors", self.cache_read_errors, true),
+            ("cache_write_errors", self.cache_write_errors, true),
+            ("fragments_populated", self.fragments_populated, true),
+            ("populations_failed", self.populations_failed, true),
+            ("pages_populated", self.pages_populated, true),
+            ("fragments_evicted", self.fragments_evicted, true),
+            ("awt_started", self.awt_started, true),
+            ("awt_completed", self.awt_completed, true),
+            ("awt_fallbacks", self.awt_fallbacks, true),
+            ("awt_duplicates", self.awt_duplicates, true),
+            ("active_workers", self.active_workers, false),
+            ("free_slots", self.free_slots, false),
+            ("total_slots", self.total_slots, false),
+        ]
+    }
+
     /// Read hit ratio over 4 KiB pages (0 when nothing was read).
     pub fn read_hit_ratio(&self) -> f64 {
         let t = self.read_pages_hit + self.read_pages_missed;

@@ -3,6 +3,7 @@
 mod alloc;
 mod demo;
 mod footprint;
+mod serve;
 mod units;
 
 use anyhow::Result;
@@ -29,6 +30,10 @@ enum Command {
     /// Show the cache at work: an OLTP-like load on a slow emulated source, with and without
     /// the cache, side by side. Runs with no arguments.
     Demo(demo::DemoArgs),
+    /// Export a volume over NBD, cached on a fast device (or as it is, without --cache).
+    Serve(serve::ServeArgs),
+    /// Show the counters of a running `sce serve` (from its --metrics endpoint).
+    Stats(serve::StatsArgs),
     /// Measure the memory the cache metadata takes for a geometry (counted by the allocator).
     Footprint(FootprintArgs),
 }
@@ -56,6 +61,18 @@ fn main() {
     let cli = Cli::parse();
     let r: Result<()> = match cli.command {
         Command::Demo(a) => demo::demo(a),
+        Command::Serve(a) => {
+            let filter = tracing_subscriber::EnvFilter::try_from_env("SCE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+            let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_ansi(ansi)
+                .with_writer(std::io::stderr)
+                .init();
+            serve::serve(a)
+        }
+        Command::Stats(a) => serve::stats(a),
         Command::Footprint(a) => (|| {
             let cfg = CoreConfig {
                 fragment_size: a.fragment_size,

@@ -1,0 +1,477 @@
+//! `sce serve`: exports cached volumes over NBD, and `sce stats`: reads a running server's
+//! counters from its metrics endpoint.
+//!
+//! One export comes from the flags, several from a TOML file. A source is a file, a block
+//! device or an NBD URI; without a cache the source is exported as it is (the baseline of
+//! every comparison). SIGTERM or SIGINT: stop accepting, answer or fail (ESHUTDOWN) what is
+//! in flight, flush every export, exit 0.
+
+use crate::units::parse_size;
+use anyhow::{anyhow, bail, Context, Result};
+use sce_core::{Admission, CoreConfig, EvictionKind, WriteMode};
+use sce_engine::{CacheVolume, EngineConfig};
+use sce_io::{BlockDevice, DirectMode, FileDevice, FileOptions};
+use sce_nbd::{listen, Export, ListenAddr, NbdClient, NbdUri, Server};
+use serde::Deserialize;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Options of `sce serve`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// The source volume: a file, a block device, or an NBD URI (nbd://HOST:PORT/NAME,
+    /// nbd+unix:///NAME?socket=PATH).
+    #[arg(long)]
+    pub source: Option<String>,
+    /// The cache device (file or block device). Without it the source is exported as is.
+    #[arg(long)]
+    pub cache: Option<PathBuf>,
+    /// Where to listen: unix:PATH or tcp:HOST:PORT (repeatable).
+    #[arg(long)]
+    pub listen: Vec<ListenAddr>,
+    /// Export name ("" is the default export).
+    #[arg(long, default_value = "")]
+    pub export: String,
+    /// Create the cache file with this size if it does not exist (or resize a file to it).
+    #[arg(long, value_parser = parse_size)]
+    pub cache_size: Option<u64>,
+    /// Write mode: awt, write-around or write-through.
+    #[arg(long)]
+    pub mode: Option<WriteMode>,
+    /// Admission: sce, always or nhit:K.
+    #[arg(long)]
+    pub admission: Option<Admission>,
+    /// Fragment size: a power of two from 4KiB to 64MiB.
+    #[arg(long, value_parser = parse_size)]
+    pub fragment_size: Option<u64>,
+    /// Eviction policy: clock, lru or fifo.
+    #[arg(long)]
+    pub eviction: Option<EvictionKind>,
+    /// Export read-only.
+    #[arg(long)]
+    pub read_only: bool,
+    /// A TOML file declaring listeners and one or more exports (see README).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Serve counters over HTTP at HOST:PORT: /metrics (Prometheus text), /stats (JSON).
+    #[arg(long)]
+    pub metrics: Option<String>,
+    /// Fall back to buffered I/O where the filesystem refuses O_DIRECT.
+    #[arg(long)]
+    pub allow_buffered: bool,
+    /// Connections to an NBD source (if it allows several).
+    #[arg(long, default_value_t = 4)]
+    pub source_connections: usize,
+}
+
+/// One export as declared.
+#[derive(Deserialize, Debug, Clone, Default)]
+#[serde(deny_unknown_fields)]
+struct ExportSpec {
+    #[serde(default)]
+    name: String,
+    source: String,
+    cache: Option<PathBuf>,
+    cache_size: Option<String>,
+    mode: Option<String>,
+    admission: Option<String>,
+    fragment_size: Option<String>,
+    eviction: Option<String>,
+    #[serde(default)]
+    read_only: bool,
+}
+
+/// The TOML file.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    #[serde(default)]
+    listen: Vec<String>,
+    metrics: Option<String>,
+    #[serde(default)]
+    export: Vec<ExportSpec>,
+}
+
+fn field<T: std::str::FromStr<Err = String>>(
+    v: &Option<String>,
+    what: &str,
+    export: &str,
+) -> Result<Option<T>> {
+    v.as_deref()
+        .map(|s| {
+            s.parse::<T>()
+                .map_err(|e| anyhow!("export {export:?}: {what}: {e}"))
+        })
+        .transpose()
+}
+
+struct Built {
+    export: Export,
+    volume: Option<Arc<CacheVolume>>,
+}
+
+fn open_source(spec: &ExportSpec, a: &ServeArgs) -> Result<Arc<dyn BlockDevice>> {
+    if spec.source.starts_with("nbd://") || spec.source.starts_with("nbd+unix://") {
+        let uri: NbdUri = spec.source.parse().map_err(|e: String| anyhow!(e))?;
+        return Ok(Arc::new(NbdClient::connect(&uri, a.source_connections)?));
+    }
+    let direct = if a.allow_buffered {
+        DirectMode::Preferred
+    } else {
+        DirectMode::Required
+    };
+    let opts = FileOptions {
+        direct,
+        create_size: None,
+        read_only: spec.read_only,
+    };
+    Ok(Arc::new(FileDevice::open(Path::new(&spec.source), &opts)?))
+}
+
+fn build(spec: &ExportSpec, a: &ServeArgs) -> Result<Built> {
+    let n = &spec.name;
+    // Every field is checked, whether or not this export has a cache.
+    let mut core = CoreConfig::default();
+    if let Some(m) = field::<WriteMode>(&spec.mode, "mode", n)? {
+        core.write_mode = m;
+    }
+    if let Some(m) = field::<Admission>(&spec.admission, "admission", n)? {
+        core.admission = m;
+    }
+    if let Some(e) = field::<EvictionKind>(&spec.eviction, "eviction", n)? {
+        core.eviction = e;
+    }
+    if let Some(f) = &spec.fragment_size {
+        core.fragment_size =
+            parse_size(f).map_err(|e| anyhow!("export {n:?}: fragment_size: {e}"))?;
+    }
+    core.validate().map_err(|e| anyhow!("export {n:?}: {e}"))?;
+    let source =
+        open_source(spec, a).with_context(|| format!("export {n:?}: source {}", spec.source))?;
+    let Some(cache_path) = &spec.cache else {
+        return Ok(Built {
+            export: Export {
+                name: n.clone(),
+                description: format!("{} (no cache)", spec.source),
+                device: source,
+                read_only: spec.read_only,
+                prefetch: None,
+            },
+            volume: None,
+        });
+    };
+    let cache_size = spec
+        .cache_size
+        .as_deref()
+        .map(parse_size)
+        .transpose()
+        .map_err(|e| anyhow!("export {n:?}: cache_size: {e}"))?;
+    if cache_size.is_none() && !cache_path.exists() {
+        bail!(
+            "export {n:?}: cache {} does not exist; give a cache size to create it",
+            cache_path.display()
+        );
+    }
+    let direct = if a.allow_buffered {
+        DirectMode::Preferred
+    } else {
+        DirectMode::Required
+    };
+    let cache = FileDevice::open(
+        cache_path,
+        &FileOptions {
+            direct,
+            create_size: cache_size,
+            read_only: false,
+        },
+    )
+    .with_context(|| format!("export {n:?}: cache"))?;
+    let volume = Arc::new(
+        CacheVolume::open(
+            source,
+            Arc::new(cache),
+            EngineConfig {
+                core,
+                ..EngineConfig::default()
+            },
+        )
+        .with_context(|| format!("export {n:?}"))?,
+    );
+    let v = volume.clone();
+    Ok(Built {
+        export: Export {
+            name: n.clone(),
+            description: format!("{} cached on {}", spec.source, cache_path.display()),
+            device: volume.clone(),
+            read_only: spec.read_only,
+            prefetch: Some(Arc::new(move |o, l| v.prefetch(o, l))),
+        },
+        volume: Some(volume),
+    })
+}
+
+/// Prometheus text of every export's counters and the server's.
+fn prometheus(server: &Server, volumes: &[(String, Option<Arc<CacheVolume>>)]) -> String {
+    let mut out = String::new();
+    let s = server.stats();
+    for (name, v) in [
+        ("sce_nbd_connections_total", s.connections.load(Relaxed)),
+        ("sce_nbd_open_connections", s.open_connections.load(Relaxed)),
+        ("sce_nbd_requests_total", s.requests.load(Relaxed)),
+        (
+            "sce_nbd_request_errors_total",
+            s.request_errors.load(Relaxed),
+        ),
+        (
+            "sce_nbd_protocol_errors_total",
+            s.protocol_errors.load(Relaxed),
+        ),
+    ] {
+        let kind = if name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        out += &format!("# TYPE {name} {kind}\n{name} {v}\n");
+    }
+    let snaps: Vec<_> = volumes
+        .iter()
+        .filter_map(|(n, v)| v.as_ref().map(|v| (n, v.stats())))
+        .collect();
+    if let Some((_, first)) = snaps.first() {
+        for (i, (field, _, counter)) in first.fields().iter().enumerate() {
+            let name = if *counter {
+                format!("sce_{field}_total")
+            } else {
+                format!("sce_{field}")
+            };
+            out += &format!(
+                "# TYPE {name} {}\n",
+                if *counter { "counter" } else { "gauge" }
+            );
+            for (export, st) in &snaps {
+                out += &format!(
+                    "{name}{{export=\"{}\"}} {}\n",
+                    export.replace('"', "\\\""),
+                    st.fields()[i].1
+                );
+            }
+        }
+    }
+    out
+}
+
+fn stats_json(
+    server: &Server,
+    volumes: &[(String, Option<Arc<CacheVolume>>)],
+) -> serde_json::Value {
+    let s = server.stats();
+    let mut exports = serde_json::Map::new();
+    for (name, v) in volumes {
+        let mut m = serde_json::Map::new();
+        m.insert("cached".into(), v.is_some().into());
+        if let Some(v) = v {
+            let st = v.stats();
+            for (f, val, _) in st.fields() {
+                m.insert(f.into(), val.into());
+            }
+            m.insert("read_hit_ratio".into(), st.read_hit_ratio().into());
+        }
+        exports.insert(name.clone(), m.into());
+    }
+    serde_json::json!({
+        "connections": s.connections.load(Relaxed),
+        "open_connections": s.open_connections.load(Relaxed),
+        "requests": s.requests.load(Relaxed),
+        "request_errors": s.request_errors.load(Relaxed),
+        "protocol_errors": s.protocol_errors.load(Relaxed),
+        "exports": exports,
+    })
+}
+
+fn metrics_server(
+    addr: &str,
+    server: Arc<Server>,
+    volumes: Arc<Vec<(String, Option<Arc<CacheVolume>>)>>,
+) -> Result<String> {
+    let l = TcpListener::bind(addr).with_context(|| format!("metrics endpoint {addr}"))?;
+    let local = l.local_addr()?.to_string();
+    std::thread::spawn(move || {
+        for conn in l.incoming().flatten() {
+            let (server, volumes) = (server.clone(), volumes.clone());
+            std::thread::spawn(move || {
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut r = BufReader::new(&conn);
+                let mut line = String::new();
+                if r.read_line(&mut line).is_err() {
+                    return;
+                }
+                let path = line.split_whitespace().nth(1).unwrap_or("/");
+                let (status, ctype, body) = match path {
+                    "/metrics" => (
+                        "200 OK",
+                        "text/plain; version=0.0.4",
+                        prometheus(&server, &volumes),
+                    ),
+                    "/stats" => (
+                        "200 OK",
+                        "application/json",
+                        stats_json(&server, &volumes).to_string(),
+                    ),
+                    _ => (
+                        "404 Not Found",
+                        "text/plain",
+                        "try /metrics or /stats\n".into(),
+                    ),
+                };
+                let mut w = &conn;
+                let _ = write!(w, "HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+            });
+        }
+    });
+    Ok(local)
+}
+
+/// Runs the server until SIGTERM or SIGINT.
+pub fn serve(a: ServeArgs) -> Result<()> {
+    let mut file = match &a.config {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            toml::from_str::<ConfigFile>(&text).map_err(|e| anyhow!("{}: {e}", p.display()))?
+        }
+        None => ConfigFile::default(),
+    };
+    if let Some(src) = &a.source {
+        file.export.push(ExportSpec {
+            name: a.export.clone(),
+            source: src.clone(),
+            cache: a.cache.clone(),
+            cache_size: a.cache_size.map(|n| n.to_string()),
+            mode: a.mode.map(|m| m.to_string()),
+            admission: a.admission.map(|m| m.to_string()),
+            fragment_size: a.fragment_size.map(|n| n.to_string()),
+            eviction: a.eviction.map(|m| m.to_string()),
+            read_only: a.read_only,
+        });
+    } else if a.cache.is_some() {
+        bail!("--cache needs --source");
+    }
+    if file.export.is_empty() {
+        bail!("nothing to serve: give --source (and --cache), or --config with [[export]] tables");
+    }
+    let mut names: Vec<&str> = file.export.iter().map(|e| e.name.as_str()).collect();
+    names.sort_unstable();
+    if names.windows(2).any(|w| w[0] == w[1]) {
+        bail!("two exports have the same name");
+    }
+    let mut listens = a.listen.clone();
+    for l in &file.listen {
+        listens.push(l.parse().map_err(|e: String| anyhow!("listen: {e}"))?);
+    }
+    if listens.is_empty() {
+        bail!("nowhere to listen: give --listen unix:PATH or tcp:HOST:PORT");
+    }
+    let mut exports = Vec::new();
+    let mut volumes = Vec::new();
+    for spec in &file.export {
+        let b = build(spec, &a)?;
+        volumes.push((spec.name.clone(), b.volume));
+        exports.push(b.export);
+    }
+    let server = Server::new(exports);
+    let volumes = Arc::new(volumes);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<()>(4);
+    ctrlc::set_handler(move || {
+        let _ = tx.send(());
+    })
+    .context("installing the signal handler")?;
+    let mut listeners = Vec::new();
+    for l in &listens {
+        let h = listen(&server, l).with_context(|| format!("listening on {l:?}"))?;
+        tracing::info!(address = %h.local, "listening");
+        eprintln!("sce serve: listening on {}", h.local);
+        listeners.push(h);
+    }
+    if let Some(m) = a.metrics.as_ref().or(file.metrics.as_ref()) {
+        let local = metrics_server(m, server.clone(), volumes.clone())?;
+        eprintln!("sce serve: metrics on http://{local}/metrics");
+    }
+    for e in server.exports() {
+        tracing::info!(export = %e.name, size = e.device.size(), read_only = e.read_only, "serving");
+    }
+    let _ = rx.recv();
+    tracing::info!("signal received: shutting down");
+    eprintln!("sce serve: shutting down");
+    for l in &mut listeners {
+        l.stop();
+    }
+    server.shutdown();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.stats().open_connections.load(Relaxed) > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    server.flush_all().context("flushing the exports")?;
+    for v in volumes.iter().filter_map(|(_, v)| v.as_ref()) {
+        v.quiesce();
+    }
+    eprintln!("sce serve: stopped cleanly");
+    Ok(())
+}
+
+/// Options of `sce stats`.
+#[derive(clap::Args, Debug)]
+pub struct StatsArgs {
+    /// The metrics endpoint of a running `sce serve` (HOST:PORT).
+    #[arg(long)]
+    pub metrics: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Prints a running server's counters.
+pub fn stats(a: StatsArgs) -> Result<()> {
+    let mut c =
+        TcpStream::connect(&a.metrics).with_context(|| format!("connecting to {}", a.metrics))?;
+    write!(c, "GET /stats HTTP/1.0\r\n\r\n")?;
+    let mut resp = String::new();
+    c.read_to_string(&mut resp)?;
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|x| x.1)
+        .ok_or_else(|| anyhow!("bad HTTP response"))?;
+    let v: serde_json::Value = serde_json::from_str(body).context("bad stats document")?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "connections {} (open {}), requests {} ({} errors), protocol errors {}",
+        v["connections"],
+        v["open_connections"],
+        v["requests"],
+        v["request_errors"],
+        v["protocol_errors"]
+    );
+    if let Some(ex) = v["exports"].as_object() {
+        for (name, e) in ex {
+            println!("export {name:?}:");
+            match e.as_object() {
+                Some(m) if m.get("cached") == Some(&serde_json::Value::Bool(true)) => {
+                    for (k, val) in m {
+                        if k != "cached" {
+                            println!("  {k:<24} {val}");
+                        }
+                    }
+                }
+                _ => println!("  not cached"),
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,558 @@
+//! `sce serve` with real NBD clients: qemu-io, qemu-img, nbdcopy, fio (nbd engine, verify),
+//! nbdkit as a remote source, a real ext4 filesystem through nbdfuse and a loop device,
+//! and SIGTERM under load. A client that is not installed is skipped with a message.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn have(tool: &str) -> bool {
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("SKIP: {tool} is not installed");
+    }
+    ok
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let s =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{cmd:?} failed:\n{s}");
+    s
+}
+
+fn wait_for(path: &Path) {
+    let t0 = Instant::now();
+    while !path.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A child process killed on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    fn term(mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let st = self.0.wait().unwrap();
+        std::mem::forget(self);
+        st
+    }
+}
+
+fn serve(args: &[&str], sock: &Path) -> Proc {
+    let child = Command::new(env!("CARGO_BIN_EXE_sce"))
+        .arg("serve")
+        .args(args)
+        .arg("--listen")
+        .arg(format!("unix:{}", sock.display()))
+        .env("SCE_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(sock);
+    Proc(child)
+}
+
+fn uri(sock: &Path) -> String {
+    format!("nbd+unix:///?socket={}", sock.display())
+}
+
+fn sparse(path: &Path, size: u64) {
+    std::fs::File::create(path).unwrap().set_len(size).unwrap();
+}
+
+fn qemu_io_script(u: &str) {
+    let out = run(Command::new("qemu-io").args(["-f", "raw", u]).args([
+        "-c",
+        "write -P 0xab 0 2M",
+        "-c",
+        "write -P 0xcd 5M 192k",
+        "-c",
+        "write -z 1M 64k",
+        "-c",
+        "discard 3M 64k",
+        "-c",
+        "flush",
+        "-c",
+        "read -P 0xab 0 1M",
+        "-c",
+        "read -P 0 1M 64k",
+        "-c",
+        "read -P 0xab 1088k 960k",
+        "-c",
+        "read -P 0xcd 5M 192k",
+    ]));
+    assert!(!out.contains("verification failed"), "{out}");
+}
+
+#[test]
+fn qemu_io_through_the_cache_with_a_file_and_an_nbdkit_source() {
+    if !have("qemu-io") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let (src, cache, sock) = (
+        d.path().join("src"),
+        d.path().join("cache"),
+        d.path().join("s.sock"),
+    );
+    sparse(&src, 64 << 20);
+    let p = serve(
+        &[
+            "--source",
+            src.to_str().unwrap(),
+            "--cache",
+            cache.to_str().unwrap(),
+            "--cache-size",
+            "16MiB",
+        ],
+        &sock,
+    );
+    qemu_io_script(&uri(&sock));
+    // Twice: the second pass reads what population and AWT put in the cache.
+    qemu_io_script(&uri(&sock));
+    assert!(p.term().success());
+    if !have("nbdkit") {
+        return;
+    }
+    let ksock = d.path().join("k.sock");
+    let kit = Proc(
+        Command::new("nbdkit")
+            .args(["-f", "-U"])
+            .arg(&ksock)
+            .args([
+                "--filter=delay",
+                "memory",
+                "64M",
+                "rdelay=1ms",
+                "wdelay=1ms",
+            ])
+            .spawn()
+            .unwrap(),
+    );
+    wait_for(&ksock);
+    let sock2 = d.path().join("s2.sock");
+    let cache2 = d.path().join("cache2");
+    let src_uri = format!("nbd+unix:///?socket={}", ksock.display());
+    let p = serve(
+        &[
+            "--source",
+            &src_uri,
+            "--cache",
+            cache2.to_str().unwrap(),
+            "--cache-size",
+            "16MiB",
+        ],
+        &sock2,
+    );
+    qemu_io_script(&uri(&sock2));
+    qemu_io_script(&uri(&sock2));
+    assert!(p.term().success());
+    // What the cache wrote through is on nbdkit's memory disk.
+    let out =
+        run(Command::new("qemu-io").args(["-f", "raw", &src_uri, "-c", "read -P 0xcd 5M 192k"]));
+    assert!(!out.contains("verification failed"), "{out}");
+    drop(kit);
+}
+
+#[test]
+fn qemu_img_convert_compare_and_nbdcopy_both_ways() {
+    if !have("qemu-img") || !have("nbdcopy") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let (src, cache, sock) = (
+        d.path().join("src"),
+        d.path().join("cache"),
+        d.path().join("s.sock"),
+    );
+    sparse(&src, 64 << 20);
+    let p = serve(
+        &[
+            "--source",
+            src.to_str().unwrap(),
+            "--cache",
+            cache.to_str().unwrap(),
+            "--cache-size",
+            "16MiB",
+        ],
+        &sock,
+    );
+    let u = uri(&sock);
+    let info = run(Command::new("qemu-img").args(["info", "-f", "raw", &u]));
+    assert!(
+        info.contains("67108864") || info.contains("64 MiB"),
+        "{info}"
+    );
+    let input = d.path().join("in.raw");
+    let data: Vec<u8> = (0..(64u32 << 20))
+        .map(|i| ((i / 4096) as u8) ^ 0x3c)
+        .collect();
+    std::fs::write(&input, &data).unwrap();
+    run(Command::new("qemu-img")
+        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+        .arg(&input)
+        .arg(&u));
+    run(Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(&input)
+        .arg(&u));
+    // Through the cache and on the source itself.
+    run(Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(&input)
+        .arg(&src));
+    let out = d.path().join("out.raw");
+    run(Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "raw", &u])
+        .arg(&out));
+    assert!(std::fs::read(&out).unwrap() == data);
+    // nbdcopy with several connections, both directions.
+    let data2: Vec<u8> = data.iter().map(|b| b.wrapping_add(1)).collect();
+    let in2 = d.path().join("in2.raw");
+    std::fs::write(&in2, &data2).unwrap();
+    run(Command::new("nbdcopy")
+        .arg("--connections=4")
+        .arg(&in2)
+        .arg(&u));
+    let out2 = d.path().join("out2.raw");
+    run(Command::new("nbdcopy")
+        .arg("--connections=4")
+        .arg(&u)
+        .arg(&out2));
+    assert!(std::fs::read(&out2).unwrap() == data2);
+    run(Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(&in2)
+        .arg(&src));
+    assert!(p.term().success());
+}
+
+#[test]
+fn fio_verify_with_population_and_eviction() {
+    if !have("fio") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let (src, cache, sock) = (
+        d.path().join("src"),
+        d.path().join("cache"),
+        d.path().join("s.sock"),
+    );
+    sparse(&src, 128 << 20);
+    // 16 MiB of cache for 128 MiB of data: population and eviction never stop.
+    let p = serve(
+        &[
+            "--source",
+            src.to_str().unwrap(),
+            "--cache",
+            cache.to_str().unwrap(),
+            "--cache-size",
+            "16MiB",
+        ],
+        &sock,
+    );
+    let u = uri(&sock);
+    for rw in ["randwrite", "randrw"] {
+        let out = run(Command::new("fio").args([
+            "--name=v",
+            "--ioengine=nbd",
+            &format!("--uri={u}"),
+            &format!("--rw={rw}"),
+            "--bs=4k",
+            "--iodepth=16",
+            "--size=128M",
+            "--io_size=64M",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--randrepeat=0",
+            "--output-format=terse",
+        ]));
+        assert!(
+            !out.contains("verify: bad") && !out.contains("crc32c: verify failed"),
+            "{out}"
+        );
+    }
+    assert!(p.term().success());
+}
+
+#[test]
+fn ext4_on_nbdfuse_and_a_loop_device() {
+    if !have("nbdfuse") || !have("mkfs.ext4") || !have("losetup") {
+        return;
+    }
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("SKIP: /dev/fuse is missing: no FUSE here");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let (src, cache, sock) = (
+        d.path().join("src"),
+        d.path().join("cache"),
+        d.path().join("s.sock"),
+    );
+    sparse(&src, 128 << 20);
+    let p = serve(
+        &[
+            "--source",
+            src.to_str().unwrap(),
+            "--cache",
+            cache.to_str().unwrap(),
+            "--cache-size",
+            "32MiB",
+        ],
+        &sock,
+    );
+    let fuse_file = d.path().join("nbd");
+    std::fs::File::create(&fuse_file).unwrap();
+    let mnt = d.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let fuse = Proc(
+        Command::new("nbdfuse")
+            .arg(&fuse_file)
+            .arg(uri(&sock))
+            .spawn()
+            .unwrap(),
+    );
+    let t0 = Instant::now();
+    while std::fs::metadata(&fuse_file).map(|m| m.len()).unwrap_or(0) != 128 << 20 {
+        if t0.elapsed() > Duration::from_secs(20) {
+            eprintln!("SKIP: nbdfuse could not mount here");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let lo = Command::new("losetup")
+        .args(["--find", "--show"])
+        .arg(&fuse_file)
+        .output()
+        .unwrap();
+    if !lo.status.success() {
+        eprintln!(
+            "SKIP: losetup failed: {}",
+            String::from_utf8_lossy(&lo.stderr).trim()
+        );
+        return;
+    }
+    let loopdev = String::from_utf8_lossy(&lo.stdout).trim().to_string();
+    let result = std::panic::catch_unwind(|| {
+        run(Command::new("mkfs.ext4").args(["-q", "-F", &loopdev]));
+        run(Command::new("mount").arg(&loopdev).arg(&mnt));
+        let mut files = Vec::new();
+        for i in 0..20u32 {
+            let f = mnt.join(format!("f{i}"));
+            let body: Vec<u8> = (0..(256 * 1024 + i * 4096))
+                .map(|x| (x.wrapping_mul(i + 7) >> 3) as u8)
+                .collect();
+            std::fs::write(&f, &body).unwrap();
+            files.push((f, body));
+        }
+        run(&mut Command::new("sync"));
+        run(Command::new("sh")
+            .arg("-c")
+            .arg("echo 3 > /proc/sys/vm/drop_caches || true"));
+        for (f, body) in &files {
+            assert!(
+                &std::fs::read(f).unwrap() == body,
+                "{} differs",
+                f.display()
+            );
+        }
+        run(Command::new("umount").arg(&mnt));
+        run(Command::new("e2fsck").args(["-fn", &loopdev]));
+    });
+    let _ = Command::new("umount").arg(&mnt).output();
+    let _ = Command::new("losetup").arg("-d").arg(&loopdev).output();
+    let _ = Command::new("fusermount3")
+        .arg("-u")
+        .arg(&fuse_file)
+        .output();
+    drop(fuse);
+    result.unwrap();
+    assert!(p.term().success());
+}
+
+/// SIGTERM while clients write: exit 0, and every write acknowledged before the exit is on
+/// the source, read back straight from the source file after the server is gone.
+#[test]
+fn sigterm_under_write_load_keeps_every_acknowledged_write() {
+    use sce_io::BlockDevice;
+    let d = tempfile::tempdir().unwrap();
+    let (src, cache, sock) = (
+        d.path().join("src"),
+        d.path().join("cache"),
+        d.path().join("s.sock"),
+    );
+    sparse(&src, 64 << 20);
+    let p = serve(
+        &[
+            "--source",
+            src.to_str().unwrap(),
+            "--cache",
+            cache.to_str().unwrap(),
+            "--cache-size",
+            "16MiB",
+        ],
+        &sock,
+    );
+    let nuri = sce_nbd::NbdUri::Unix {
+        socket: sock.clone(),
+        name: String::new(),
+    };
+    let fio = have("fio").then(|| {
+        Proc(
+            Command::new("fio")
+                .args([
+                    "--name=load",
+                    "--ioengine=nbd",
+                    &format!("--uri={}", uri(&sock)),
+                    "--rw=randwrite",
+                    "--bs=4k",
+                ])
+                .args([
+                    "--iodepth=16",
+                    "--offset=32M",
+                    "--size=32M",
+                    "--time_based",
+                    "--runtime=30",
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    });
+    // Four writers on the first 32 MiB, each recording what was acknowledged.
+    let handles: Vec<_> = (0..4u64)
+        .map(|t| {
+            let nuri = nuri.clone();
+            std::thread::spawn(move || -> Vec<(u64, u64)> {
+                let c = sce_nbd::NbdClient::connect(&nuri, 1).unwrap();
+                let mut acked = Vec::new();
+                for seq in 1.. {
+                    let block = t * 2048 + (seq * 7919) % 2048;
+                    let mut b = vec![0u8; 4096];
+                    b[..8].copy_from_slice(&seq.to_le_bytes());
+                    b[8..16].copy_from_slice(&block.to_le_bytes());
+                    match c.write_at(block * 4096, &b) {
+                        Ok(()) => acked.push((block, seq)),
+                        Err(_) => break,
+                    }
+                }
+                acked
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let status = p.term();
+    assert!(status.success(), "exit status {status:?}");
+    let mut last = std::collections::HashMap::new();
+    let mut n = 0;
+    for h in handles {
+        for (block, seq) in h.join().unwrap() {
+            last.insert(block, seq);
+            n += 1;
+        }
+    }
+    drop(fio);
+    assert!(n > 100, "only {n} writes were acknowledged");
+    let f = sce_io::FileDevice::open(&src, &sce_io::FileOptions::default()).unwrap();
+    let mut b = vec![0u8; 4096];
+    for (block, seq) in &last {
+        f.read_at(block * 4096, &mut b).unwrap();
+        let got = u64::from_le_bytes(b[..8].try_into().unwrap());
+        assert_eq!(
+            got, *seq,
+            "block {block}: source holds write {got}, last acknowledged {seq}"
+        );
+    }
+    eprintln!(
+        "{n} acknowledged writes, {} blocks checked on the source",
+        last.len()
+    );
+}
+
+#[test]
+fn config_file_with_two_exports_and_bad_configs() {
+    if !have("nbdinfo") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let (a, b, sock) = (
+        d.path().join("a"),
+        d.path().join("b"),
+        d.path().join("s.sock"),
+    );
+    sparse(&a, 32 << 20);
+    sparse(&b, 16 << 20);
+    let cfg = d.path().join("sce.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[export]]\nname = \"a\"\nsource = \"{}\"\ncache = \"{}\"\ncache_size = \"8MiB\"\nadmission = \"nhit:2\"\n\n[[export]]\nname = \"b\"\nsource = \"{}\"\nread_only = true\n",
+            a.display(),
+            d.path().join("ca").display(),
+            b.display()
+        ),
+    )
+    .unwrap();
+    let p = serve(&["--config", cfg.to_str().unwrap()], &sock);
+    let list = run(Command::new("nbdinfo")
+        .arg("--list")
+        .arg(format!("nbd+unix://?socket={}", sock.display())));
+    assert!(
+        list.contains("export=\"a\"")
+            || list.contains("export: a")
+            || list.contains("\ta")
+            || list.contains("a"),
+        "{list}"
+    );
+    let one = run(Command::new("nbdinfo").arg(format!("nbd+unix:///b?socket={}", sock.display())));
+    assert!(
+        one.contains("16777216") && one.contains("is_read_only: true"),
+        "{one}"
+    );
+    assert!(p.term().success());
+    // Bad configs: a clear message naming what is wrong, exit 1.
+    let bad = d.path().join("bad.toml");
+    for (text, want) in [
+        ("[[export]]\nsource = \"/nonexistent/x\"\n", "/nonexistent/x"),
+        ("[[export]]\nsource = \"SRC\"\ncache = \"C\"\ncache_size = \"8MiB\"\nfragment_size = \"3MiB\"\n", "fragment_size"),
+        ("[[export]]\nsource = \"SRC\"\nbogus = 1\n", "bogus"),
+        ("[[export]]\nsource = \"SRC\"\ncache = \"/nonexistent-cache\"\n", "does not exist"),
+        ("[[export]]\nsource = \"SRC\"\nmode = \"fast\"\n", "write mode"),
+    ] {
+        let text = text.replace("SRC", a.to_str().unwrap()).replace("\"C\"", &format!("\"{}\"", d.path().join("c2").display()));
+        std::fs::write(&bad, text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_sce"))
+            .args(["serve", "--listen"])
+            .arg(format!("unix:{}", d.path().join("x.sock").display()))
+            .arg("--config")
+            .arg(&bad)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(want), "expected {want:?} in: {err}");
+    }
+    let _: PathBuf = cfg;
+}
