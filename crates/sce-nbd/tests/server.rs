@@ -441,3 +441,20 @@ fn qemu_img_and_nbdinfo_see_the_exports() {
         assert!(ro.contains("is_read_only: true"), "{ro}");
     }
 }
+
+#[test]
+fn tcp_listener_and_nbd_uri() {
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(8 << 20));
+    let server = Server::new(vec![Export {
+        name: "t".into(),
+        description: String::new(),
+        device: dev,
+        read_only: false,
+        prefetch: None,
+    }]);
+    let l = listen(&server, &ListenAddr::Tcp("127.0.0.1:0".into())).unwrap();
+    let addr = l.local.strip_prefix("tcp:").unwrap().to_string();
+    let u: NbdUri = format!("nbd://{addr}/t").parse().unwrap();
+    let c = NbdClient::connect(&u, 2).unwrap();
+    conformance::run_all(&c);
+}

@@ -556,3 +556,94 @@ fn config_file_with_two_exports_and_bad_configs() {
     }
     let _: PathBuf = cfg;
 }
+
+#[test]
+fn metrics_endpoint_and_sce_stats() {
+    use sce_io::BlockDevice;
+    use std::io::{BufRead, Read as _, Write as _};
+    let d = tempfile::tempdir().unwrap();
+    let (src, cache, sock) = (
+        d.path().join("src"),
+        d.path().join("cache"),
+        d.path().join("s.sock"),
+    );
+    sparse(&src, 32 << 20);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sce"))
+        .args([
+            "serve",
+            "--source",
+            src.to_str().unwrap(),
+            "--cache",
+            cache.to_str().unwrap(),
+        ])
+        .args([
+            "--cache-size",
+            "8MiB",
+            "--metrics",
+            "127.0.0.1:0",
+            "--export",
+            "m",
+        ])
+        .arg("--listen")
+        .arg(format!("unix:{}", sock.display()))
+        .env("SCE_LOG", "warn")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let l = lines.next().expect("server output").unwrap();
+        if let Some(rest) = l.strip_prefix("sce serve: metrics on http://") {
+            break rest.trim_end_matches("/metrics").to_string();
+        }
+    };
+    let p = Proc(child);
+    let c = sce_nbd::NbdClient::connect(
+        &sce_nbd::NbdUri::Unix {
+            socket: sock.clone(),
+            name: "m".into(),
+        },
+        1,
+    )
+    .unwrap();
+    let mut b = vec![0u8; 65536];
+    for _ in 0..3 {
+        c.read_at(0, &mut b).unwrap();
+    }
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.0 200"), "{text}");
+    assert!(
+        text.contains("# TYPE sce_read_pages_missed_total counter"),
+        "{text}"
+    );
+    let value = |name: &str| -> u64 {
+        let key = format!("{name}{{export=\"m\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(key.as_str()))
+            .unwrap_or_else(|| panic!("no {name}: {text}"))
+            .parse()
+            .unwrap()
+    };
+    // Population may land between the reads: pages hit plus missed is what is exact.
+    assert_eq!(
+        value("sce_read_pages_missed_total") + value("sce_read_pages_hit_total"),
+        48,
+        "{text}"
+    );
+    assert!(text.contains("sce_nbd_requests_total 3"), "{text}");
+    let out =
+        run(Command::new(env!("CARGO_BIN_EXE_sce")).args(["stats", "--metrics", &addr, "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["exports"]["m"]["read_requests"].as_u64(), Some(3));
+    assert_eq!(v["exports"]["m"]["cached"].as_bool(), Some(true));
+    let human = run(Command::new(env!("CARGO_BIN_EXE_sce")).args(["stats", "--metrics", &addr]));
+    assert!(
+        human.contains("export \"m\"") && human.contains("read_pages_missed"),
+        "{human}"
+    );
+    drop(c);
+    assert!(p.term().success());
+}
