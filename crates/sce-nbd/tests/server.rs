@@ -458,3 +458,47 @@ fn tcp_listener_and_nbd_uri() {
     let c = NbdClient::connect(&u, 2).unwrap();
     conformance::run_all(&c);
 }
+
+/// Requests still queued when shutdown starts get ESHUTDOWN; none is left unanswered.
+#[test]
+fn queued_requests_get_eshutdown() {
+    use sce_io::{LatencyConfig, LatencyDevice};
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("slow.sock");
+    let slow: Arc<dyn BlockDevice> = Arc::new(LatencyDevice::new(
+        MemDevice::new(8 << 20),
+        LatencyConfig::disk(std::time::Duration::from_millis(200), 1),
+    ));
+    let server = Server::new(vec![Export {
+        name: String::new(),
+        description: String::new(),
+        device: slow,
+        read_only: false,
+        prefetch: None,
+    }]);
+    let _l = listen(&server, &ListenAddr::Unix(sock.clone())).unwrap();
+    let mut r = Raw::go(&sock, "");
+    // 20 reads on a device that serves one at a time, 200 ms each: most are still queued.
+    for cookie in 0..20 {
+        r.request(proto::CMD_READ, 0, cookie, 0, 512, &[]);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    server.shutdown();
+    let mut seen = std::collections::BTreeMap::new();
+    for _ in 0..20 {
+        let (err, cookie) = r.reply();
+        if err == 0 {
+            let mut b = [0u8; 512];
+            r.0.read_exact(&mut b).unwrap();
+        }
+        seen.insert(cookie, err);
+    }
+    assert_eq!(seen.len(), 20, "every request answered once");
+    assert!(seen.values().any(|&e| e == 0), "the ones running finished");
+    assert!(
+        seen.values().any(|&e| e == errno::ESHUTDOWN),
+        "the queued ones got ESHUTDOWN: {seen:?}"
+    );
+    assert!(seen.values().all(|&e| e == 0 || e == errno::ESHUTDOWN));
+    assert!(r.closed());
+}
