@@ -126,7 +126,7 @@ pub enum ConnError {
 }
 
 /// How many requests of one connection run at once.
-const WORKERS_PER_CONNECTION: usize = 8;
+const WORKERS_PER_CONNECTION: usize = 32;
 /// Requests read ahead of the workers.
 const QUEUE_DEPTH: usize = 64;
 /// Largest write payload read and discarded before refusing it; beyond, disconnect.

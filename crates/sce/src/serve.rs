@@ -51,6 +51,9 @@ pub struct ServeArgs {
     /// Eviction policy: clock, lru or fifo.
     #[arg(long)]
     pub eviction: Option<EvictionKind>,
+    /// Algorithm 1: populate only while the read miss rate is at least this (0..=1).
+    #[arg(long)]
+    pub target_missrate: Option<f64>,
     /// Export read-only.
     #[arg(long)]
     pub read_only: bool,
@@ -63,6 +66,9 @@ pub struct ServeArgs {
     /// Fall back to buffered I/O where the filesystem refuses O_DIRECT.
     #[arg(long)]
     pub allow_buffered: bool,
+    /// Use buffered I/O (the page cache) for files and devices instead of O_DIRECT.
+    #[arg(long)]
+    pub buffered: bool,
     /// Connections to an NBD source (if it allows several).
     #[arg(long, default_value_t = 4)]
     pub source_connections: usize,
@@ -81,6 +87,7 @@ struct ExportSpec {
     admission: Option<String>,
     fragment_size: Option<String>,
     eviction: Option<String>,
+    target_missrate: Option<f64>,
     #[serde(default)]
     read_only: bool,
 }
@@ -114,16 +121,20 @@ struct Built {
     volume: Option<Arc<CacheVolume>>,
 }
 
+fn direct_mode(a: &ServeArgs) -> DirectMode {
+    match (a.buffered, a.allow_buffered) {
+        (true, _) => DirectMode::Off,
+        (false, true) => DirectMode::Preferred,
+        (false, false) => DirectMode::Required,
+    }
+}
+
 fn open_source(spec: &ExportSpec, a: &ServeArgs) -> Result<Arc<dyn BlockDevice>> {
     if spec.source.starts_with("nbd://") || spec.source.starts_with("nbd+unix://") {
         let uri: NbdUri = spec.source.parse().map_err(|e: String| anyhow!(e))?;
         return Ok(Arc::new(NbdClient::connect(&uri, a.source_connections)?));
     }
-    let direct = if a.allow_buffered {
-        DirectMode::Preferred
-    } else {
-        DirectMode::Required
-    };
+    let direct = direct_mode(a);
     let opts = FileOptions {
         direct,
         create_size: None,
@@ -148,6 +159,9 @@ fn build(spec: &ExportSpec, a: &ServeArgs) -> Result<Built> {
     if let Some(f) = &spec.fragment_size {
         core.fragment_size =
             parse_size(f).map_err(|e| anyhow!("export {n:?}: fragment_size: {e}"))?;
+    }
+    if let Some(t) = spec.target_missrate {
+        core.throttle.target_missrate = t;
     }
     core.validate().map_err(|e| anyhow!("export {n:?}: {e}"))?;
     let source =
@@ -176,11 +190,7 @@ fn build(spec: &ExportSpec, a: &ServeArgs) -> Result<Built> {
             cache_path.display()
         );
     }
-    let direct = if a.allow_buffered {
-        DirectMode::Preferred
-    } else {
-        DirectMode::Required
-    };
+    let direct = direct_mode(a);
     let cache = FileDevice::open(
         cache_path,
         &FileOptions {
@@ -356,6 +366,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             admission: a.admission.map(|m| m.to_string()),
             fragment_size: a.fragment_size.map(|n| n.to_string()),
             eviction: a.eviction.map(|m| m.to_string()),
+            target_missrate: a.target_missrate,
             read_only: a.read_only,
         });
     } else if a.cache.is_some() {
