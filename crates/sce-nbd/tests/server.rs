@@ -467,7 +467,7 @@ fn queued_requests_get_eshutdown() {
     let sock = dir.path().join("slow.sock");
     let slow: Arc<dyn BlockDevice> = Arc::new(LatencyDevice::new(
         MemDevice::new(8 << 20),
-        LatencyConfig::disk(std::time::Duration::from_millis(200), 1),
+        LatencyConfig::disk(std::time::Duration::from_millis(20), 1),
     ));
     let server = Server::new(vec![Export {
         name: String::new(),
@@ -478,14 +478,16 @@ fn queued_requests_get_eshutdown() {
     }]);
     let _l = listen(&server, &ListenAddr::Unix(sock.clone())).unwrap();
     let mut r = Raw::go(&sock, "");
-    // 20 reads on a device that serves one at a time, 200 ms each: most are still queued.
-    for cookie in 0..20 {
+    // More reads than the connection has workers, on a device that serves one at a time,
+    // 20 ms each: when shutdown starts, most are still queued.
+    const N: u64 = 80;
+    for cookie in 0..N {
         r.request(proto::CMD_READ, 0, cookie, 0, 512, &[]);
     }
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    std::thread::sleep(std::time::Duration::from_millis(100));
     server.shutdown();
     let mut seen = std::collections::BTreeMap::new();
-    for _ in 0..20 {
+    for _ in 0..N {
         let (err, cookie) = r.reply();
         if err == 0 {
             let mut b = [0u8; 512];
@@ -493,7 +495,7 @@ fn queued_requests_get_eshutdown() {
         }
         seen.insert(cookie, err);
     }
-    assert_eq!(seen.len(), 20, "every request answered once");
+    assert_eq!(seen.len(), N as usize, "every request answered once");
     assert!(seen.values().any(|&e| e == 0), "the ones running finished");
     assert!(
         seen.values().any(|&e| e == errno::ESHUTDOWN),
