@@ -4,6 +4,7 @@ mod alloc;
 mod demo;
 mod footprint;
 mod serve;
+mod sim;
 mod units;
 
 use anyhow::Result;
@@ -34,6 +35,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Show the counters of a running `sce serve` (from its --metrics endpoint).
     Stats(serve::StatsArgs),
+    /// Simulate caches on a block trace (reference policies lru and fifo for now).
+    Sim(sim::SimArgs),
     /// Measure the memory the cache metadata takes for a geometry (counted by the allocator).
     Footprint(FootprintArgs),
 }
@@ -73,6 +76,7 @@ fn main() {
             serve::serve(a)
         }
         Command::Stats(a) => serve::stats(a),
+        Command::Sim(a) => sim::sim(a),
         Command::Footprint(a) => (|| {
             let cfg = CoreConfig {
                 fragment_size: a.fragment_size,

@@ -152,3 +152,52 @@ fn help_explains_itself() {
         assert!(s.contains(flag), "demo --help lacks {flag}");
     }
 }
+
+#[test]
+fn sim_lru_reads_only_matches_the_reference() {
+    let trace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/traces/cloudPhysicsIO.vscsi");
+    for (size, want) in [("64MiB", 0.9167), ("256MiB", 0.8273), ("512MiB", 0.8255)] {
+        let v = json(&sce(&[
+            "sim",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--format",
+            "vscsi",
+            "--cache-size",
+            size,
+            "--policy",
+            "lru",
+            "--reads-only",
+            "--json",
+        ]));
+        let got = v["policies"][0]["miss_ratio"].as_f64().unwrap();
+        assert_eq!(format!("{got:.4}"), format!("{want:.4}"), "{size}");
+        assert_eq!(v["policies"][0]["accesses"].as_u64(), Some(485_700));
+    }
+    let out = sce(&[
+        "sim",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--format",
+        "csv",
+        "--cache-size",
+        "1GiB",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = sce(&[
+        "sim",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--format",
+        "msr",
+        "--cache-size",
+        "1GiB",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("line 1"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

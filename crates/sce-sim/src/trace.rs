@@ -1,0 +1,373 @@
+//! Block trace readers. Every format streams into one request type with bounded memory;
+//! a malformed record is an error naming its line (or record) number, or, with `skip_bad`,
+//! is counted and skipped. Gzip input (`.gz`) is read directly.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+
+/// Read or write.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum IoKind {
+    /// A read.
+    Read,
+    /// A write.
+    Write,
+}
+
+/// One request of a trace.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct TraceRequest {
+    /// Time since an arbitrary origin, in nanoseconds.
+    pub time_ns: u64,
+    /// Read or write.
+    pub kind: IoKind,
+    /// Volume (disk, LUN) number.
+    pub volume: u32,
+    /// Byte offset.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// The supported formats.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum TraceFormat {
+    /// VMware vscsi v1 binary: 32-byte little-endian records.
+    Vscsi,
+    /// MSR Cambridge CSV: `ticks,host,disk,Read|Write,offset,size,response`.
+    Msr,
+    /// SYSTOR '17 CSV with header: `Timestamp,Response,IOType,LUN,Offset,Size`.
+    Systor,
+    /// Tencent CBS CSV: `timestamp_s,offset_sectors,size_sectors,type(0=read,1=write),volume`.
+    Tencent,
+    /// DiskSim ASCII: `time_ns device lba_sectors size_sectors type(1=read,0=write)`.
+    DiskSim,
+}
+
+impl std::str::FromStr for TraceFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "vscsi" => TraceFormat::Vscsi,
+            "msr" => TraceFormat::Msr,
+            "systor" => TraceFormat::Systor,
+            "tencent" => TraceFormat::Tencent,
+            "disksim" => TraceFormat::DiskSim,
+            _ => {
+                return Err(format!(
+                    "unknown trace format {s:?} (expected vscsi, msr, systor, tencent or disksim)"
+                ))
+            }
+        })
+    }
+}
+
+/// A trace that could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    /// The file could not be opened or read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A malformed record.
+    #[error("{path}: {unit} {at}: {reason}")]
+    Bad {
+        /// The file.
+        path: String,
+        /// "line" or "record".
+        unit: &'static str,
+        /// 1-based position.
+        at: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The file holds no request.
+    #[error("{0}: the trace is empty")]
+    Empty(String),
+}
+
+/// A streaming reader of one trace file.
+pub struct TraceReader {
+    path: String,
+    format: TraceFormat,
+    input: Box<dyn BufRead + Send>,
+    position: u64,
+    skip_bad: bool,
+    skipped: u64,
+    seen: u64,
+    line: Vec<u8>,
+}
+
+fn cmd_kind(cmd: u16) -> Option<IoKind> {
+    match cmd {
+        0x08 | 0x28 | 0x88 | 0xa8 => Some(IoKind::Read),
+        0x0a | 0x2a | 0x8a | 0xaa => Some(IoKind::Write),
+        _ => None,
+    }
+}
+
+fn num<T: std::str::FromStr>(s: Option<&str>, what: &str) -> Result<T, String> {
+    let s = s.ok_or_else(|| format!("missing field {what}"))?.trim();
+    s.parse::<T>()
+        .map_err(|_| format!("field {what}: {s:?} is not a number"))
+}
+
+fn seconds_to_ns(s: Option<&str>, what: &str) -> Result<u64, String> {
+    let v: f64 = num(s, what)?;
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(format!("field {what}: {v} is not a valid time"));
+    }
+    Ok((v * 1e9) as u64)
+}
+
+impl TraceReader {
+    /// Opens a trace. Gzip is detected by its magic bytes.
+    pub fn open(
+        path: &Path,
+        format: TraceFormat,
+        skip_bad: bool,
+    ) -> Result<TraceReader, TraceError> {
+        let p = path.display().to_string();
+        let io = |source| TraceError::Io {
+            path: p.clone(),
+            source,
+        };
+        let mut f = BufReader::with_capacity(1 << 20, File::open(path).map_err(io)?);
+        let gz = f.fill_buf().map_err(io)?.starts_with(&[0x1f, 0x8b]);
+        let input: Box<dyn BufRead + Send> = if gz {
+            Box::new(BufReader::with_capacity(
+                1 << 20,
+                flate2::read::MultiGzDecoder::new(f),
+            ))
+        } else {
+            Box::new(f)
+        };
+        Ok(TraceReader {
+            path: p,
+            format,
+            input,
+            position: 0,
+            skip_bad,
+            skipped: 0,
+            seen: 0,
+            line: Vec::new(),
+        })
+    }
+
+    /// Records skipped as malformed (with `skip_bad`).
+    pub fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
+    fn bad(&self, unit: &'static str, reason: String) -> TraceError {
+        TraceError::Bad {
+            path: self.path.clone(),
+            unit,
+            at: self.position,
+            reason,
+        }
+    }
+
+    /// The next request, `Ok(None)` at the end.
+    pub fn next_request(&mut self) -> Result<Option<TraceRequest>, TraceError> {
+        loop {
+            let r = match self.format {
+                TraceFormat::Vscsi => self.next_vscsi(),
+                _ => self.next_text(),
+            };
+            match r {
+                Ok(Some(req)) => {
+                    self.seen += 1;
+                    return Ok(Some(req));
+                }
+                Ok(None) if self.seen == 0 && self.skipped == 0 => {
+                    return Err(TraceError::Empty(self.path.clone()))
+                }
+                Ok(None) => return Ok(None),
+                Err(TraceError::Bad { .. }) if self.skip_bad => self.skipped += 1,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn next_vscsi(&mut self) -> Result<Option<TraceRequest>, TraceError> {
+        let mut rec = [0u8; 32];
+        let mut got = 0;
+        while got < 32 {
+            let n = self
+                .input
+                .read(&mut rec[got..])
+                .map_err(|source| TraceError::Io {
+                    path: self.path.clone(),
+                    source,
+                })?;
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        if got == 0 {
+            return Ok(None);
+        }
+        self.position += 1;
+        if got < 32 {
+            // A truncated last record cannot be skipped into a valid stream: always an error.
+            let e = self.bad("record", format!("truncated: {got} of 32 bytes"));
+            return if self.skip_bad { Ok(None) } else { Err(e) };
+        }
+        let le32 = |i: usize| u32::from_le_bytes(rec[i..i + 4].try_into().expect("4"));
+        let le64 = |i: usize| u64::from_le_bytes(rec[i..i + 8].try_into().expect("8"));
+        let len = le32(4) as u64;
+        let cmd = u16::from_le_bytes([rec[12], rec[13]]);
+        let lbn = le64(16);
+        let ts = le64(24);
+        let kind = cmd_kind(cmd)
+            .ok_or_else(|| self.bad("record", format!("unknown SCSI command {cmd:#x}")))?;
+        let offset = lbn
+            .checked_mul(512)
+            .ok_or_else(|| self.bad("record", "offset overflows".into()))?;
+        Ok(Some(TraceRequest {
+            time_ns: ts.saturating_mul(1000),
+            kind,
+            volume: 0,
+            offset,
+            len,
+        }))
+    }
+
+    fn next_text(&mut self) -> Result<Option<TraceRequest>, TraceError> {
+        loop {
+            self.line.clear();
+            let n = self
+                .input
+                .read_until(b'\n', &mut self.line)
+                .map_err(|source| TraceError::Io {
+                    path: self.path.clone(),
+                    source,
+                })?;
+            if n == 0 {
+                return Ok(None);
+            }
+            self.position += 1;
+            let Ok(t) = std::str::from_utf8(&self.line) else {
+                return Err(self.bad("line", "not text (is --format right?)".into()));
+            };
+            let t = t.trim();
+            if t.is_empty() || t.starts_with('#') {
+                continue;
+            }
+            if self.format == TraceFormat::Systor
+                && self.position == 1
+                && t.starts_with("Timestamp")
+            {
+                continue;
+            }
+            let parsed = match self.format {
+                TraceFormat::Msr => parse_msr(t),
+                TraceFormat::Systor => parse_systor(t),
+                TraceFormat::Tencent => parse_tencent(t),
+                TraceFormat::DiskSim => parse_disksim(t),
+                TraceFormat::Vscsi => unreachable!("binary"),
+            };
+            return parsed.map(Some).map_err(|reason| self.bad("line", reason));
+        }
+    }
+}
+
+impl Iterator for TraceReader {
+    type Item = Result<TraceRequest, TraceError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_request().transpose()
+    }
+}
+
+fn kind_rw(s: Option<&str>, what: &str) -> Result<IoKind, String> {
+    match s.map(str::trim) {
+        Some("Read" | "R" | "r" | "read") => Ok(IoKind::Read),
+        Some("Write" | "W" | "w" | "write") => Ok(IoKind::Write),
+        Some(x) => Err(format!("field {what}: {x:?} is neither read nor write")),
+        None => Err(format!("missing field {what}")),
+    }
+}
+
+fn parse_msr(t: &str) -> Result<TraceRequest, String> {
+    let mut f = t.split(',');
+    let ticks: u64 = num(f.next(), "timestamp")?;
+    let _host = f.next().ok_or("missing field hostname")?;
+    let volume: u32 = num(f.next(), "disk number")?;
+    let kind = kind_rw(f.next(), "type")?;
+    let offset: u64 = num(f.next(), "offset")?;
+    let len: u64 = num(f.next(), "size")?;
+    Ok(TraceRequest {
+        time_ns: ticks.saturating_mul(100),
+        kind,
+        volume,
+        offset,
+        len,
+    })
+}
+
+fn parse_systor(t: &str) -> Result<TraceRequest, String> {
+    let mut f = t.split(',');
+    let time_ns = seconds_to_ns(f.next(), "timestamp")?;
+    let _resp = f.next().ok_or("missing field response")?;
+    let kind = kind_rw(f.next(), "IOType")?;
+    let volume: u32 = num(f.next(), "LUN")?;
+    let offset: u64 = num(f.next(), "offset")?;
+    let len: u64 = num(f.next(), "size")?;
+    Ok(TraceRequest {
+        time_ns,
+        kind,
+        volume,
+        offset,
+        len,
+    })
+}
+
+fn parse_tencent(t: &str) -> Result<TraceRequest, String> {
+    let mut f = t.split(',');
+    let time_ns = seconds_to_ns(f.next(), "timestamp")?;
+    let off: u64 = num(f.next(), "offset")?;
+    let size: u64 = num(f.next(), "size")?;
+    let kind = match num::<u8>(f.next(), "type")? {
+        0 => IoKind::Read,
+        1 => IoKind::Write,
+        x => return Err(format!("field type: {x} is neither 0 (read) nor 1 (write)")),
+    };
+    let volume: u32 = num(f.next(), "volume")?;
+    let offset = off.checked_mul(512).ok_or("field offset: overflows")?;
+    Ok(TraceRequest {
+        time_ns,
+        kind,
+        volume,
+        offset,
+        len: size.saturating_mul(512),
+    })
+}
+
+fn parse_disksim(t: &str) -> Result<TraceRequest, String> {
+    let mut f = t.split_whitespace();
+    let time_ns: u64 = num(f.next(), "time")?;
+    let volume: u32 = num(f.next(), "device")?;
+    let lba: u64 = num(f.next(), "lba")?;
+    let size: u64 = num(f.next(), "size")?;
+    let kind = match num::<u8>(f.next(), "type")? {
+        1 => IoKind::Read,
+        0 => IoKind::Write,
+        x => return Err(format!("field type: {x} is neither 1 (read) nor 0 (write)")),
+    };
+    let offset = lba.checked_mul(512).ok_or("field lba: overflows")?;
+    Ok(TraceRequest {
+        time_ns,
+        kind,
+        volume,
+        offset,
+        len: size.saturating_mul(512),
+    })
+}

@@ -1,0 +1,151 @@
+//! Trace readers on the real samples in ../shared/traces, the reference LRU against the
+//! independent simulator's published miss ratios, and malformed input.
+
+use sce_sim::*;
+use std::path::PathBuf;
+
+fn shared(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/traces")
+        .join(name)
+}
+
+fn read_all(name: &str, f: TraceFormat) -> Vec<TraceRequest> {
+    TraceReader::open(&shared(name), f, false)
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap()
+}
+
+/// libCacheSim's LRU on cloudPhysicsIO.vscsi (../shared/traces/README.md), to 4 decimals.
+#[test]
+fn lru_matches_the_reference_simulator() {
+    let trace = read_all("cloudPhysicsIO.vscsi", TraceFormat::Vscsi);
+    assert_eq!(trace.len(), 113_872);
+    for (reads_only, expected) in [
+        (false, [0.8843, 0.7508, 0.5317]),
+        (true, [0.9167, 0.8273, 0.8255]),
+    ] {
+        for (mib, want) in [64u64, 256, 512].into_iter().zip(expected) {
+            let mut c = BlockCache::new(ReferencePolicy::Lru, (mib << 20) as usize / 4096);
+            for r in trace
+                .iter()
+                .filter(|r| !reads_only || r.kind == IoKind::Read)
+            {
+                c.request(r.offset, r.len);
+            }
+            assert_eq!(c.accesses, if reads_only { 485_700 } else { 1_141_869 });
+            let got = format!("{:.4}", c.miss_ratio());
+            assert_eq!(
+                got,
+                format!("{want:.4}"),
+                "{mib} MiB, reads only: {reads_only}"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_sample_format_parses() {
+    let msr = read_all("msr-cambridge1-sample.csv", TraceFormat::Msr);
+    assert_eq!(msr.len(), 1000);
+    assert_eq!(
+        msr[0],
+        TraceRequest {
+            time_ns: 128166385295514663 * 100,
+            kind: IoKind::Write,
+            volume: 0,
+            offset: 9056014336,
+            len: 2048
+        }
+    );
+    let sys = read_all("systor17-traces-sample.csv.gz", TraceFormat::Systor);
+    assert_eq!(sys.len(), 999);
+    assert_eq!(
+        (sys[0].kind, sys[0].offset, sys[0].len),
+        (IoKind::Read, 899056122368, 131072)
+    );
+    let tpcc = read_all("tpcc-small.trace", TraceFormat::DiskSim);
+    assert_eq!(tpcc.len(), 6999);
+    assert_eq!(
+        tpcc[0],
+        TraceRequest {
+            time_ns: 938513000,
+            kind: IoKind::Write,
+            volume: 4,
+            offset: 264719034 * 512,
+            len: 16 * 512
+        }
+    );
+    assert_eq!(
+        read_all("wsrch-small.trace", TraceFormat::DiskSim).len(),
+        24_783
+    );
+}
+
+fn write(dir: &tempfile::TempDir, name: &str, body: &[u8]) -> PathBuf {
+    let p = dir.path().join(name);
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+#[test]
+fn malformed_input_names_its_position() {
+    let d = tempfile::tempdir().unwrap();
+    let p = write(
+        &d,
+        "t.csv",
+        b"0,0,8,0,1\n1.5,8,8,1,1\n2,x,8,0,1\n3,16,8,7,1\n",
+    );
+    let mut r = TraceReader::open(&p, TraceFormat::Tencent, false).unwrap();
+    assert!(r.next().unwrap().is_ok());
+    assert_eq!(r.next().unwrap().unwrap().kind, IoKind::Write);
+    let e = r.next().unwrap().unwrap_err().to_string();
+    assert!(e.contains("line 3") && e.contains("not a number"), "{e}");
+    // With skip_bad the bad lines are counted and skipped.
+    let mut r = TraceReader::open(&p, TraceFormat::Tencent, true).unwrap();
+    assert_eq!(r.by_ref().filter_map(Result::ok).count(), 2);
+    assert_eq!(r.skipped(), 2);
+    // Truncated binary record.
+    let p = write(&d, "t.vscsi", &[0u8; 40]);
+    let mut r = TraceReader::open(&p, TraceFormat::Vscsi, false).unwrap();
+    let e = r.next().unwrap().unwrap_err().to_string();
+    assert!(
+        e.contains("record 1") && e.contains("unknown SCSI command"),
+        "{e}"
+    );
+    let mut rec = vec![0u8; 32];
+    rec[12] = 0x28;
+    rec.extend_from_slice(&[1, 2, 3]);
+    let p = write(&d, "t2.vscsi", &rec);
+    let mut r = TraceReader::open(&p, TraceFormat::Vscsi, false).unwrap();
+    assert!(r.next().unwrap().is_ok());
+    let e = r.next().unwrap().unwrap_err().to_string();
+    assert!(e.contains("record 2") && e.contains("truncated"), "{e}");
+    // Empty file, wrong format flag, missing file.
+    let p = write(&d, "empty", b"");
+    let e = TraceReader::open(&p, TraceFormat::Msr, false)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("empty"), "{e}");
+    assert!("csv"
+        .parse::<TraceFormat>()
+        .unwrap_err()
+        .contains("unknown trace format"));
+    let e = TraceReader::open(&d.path().join("nope"), TraceFormat::Msr, false)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("nope"), "{e}");
+    // A DiskSim file read as MSR fails on line 1, it does not panic.
+    let e = TraceReader::open(&shared("tpcc-small.trace"), TraceFormat::Msr, false)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("line 1"), "{e}");
+}
