@@ -628,10 +628,32 @@ fn spawn_conn<C: Conn>(server: &Arc<Server>, conn: C) {
     });
 }
 
+/// Accepts connections from a non-blocking listener until `stop`, serving each on its own
+/// thread. `accept` returns a connection ready for blocking I/O.
+fn accept_loop<C: Conn>(
+    server: &Arc<Server>,
+    stop: &Arc<AtomicBool>,
+    mut accept: impl FnMut() -> io::Result<C> + Send + 'static,
+) -> JoinHandle<()> {
+    let (s, st) = (server.clone(), stop.clone());
+    let poll = Duration::from_millis(50);
+    std::thread::spawn(move || {
+        while !st.load(Relaxed) {
+            match accept() {
+                Ok(c) => spawn_conn(&s, c),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(poll),
+                Err(e) => {
+                    tracing::warn!("accept: {e}");
+                    std::thread::sleep(poll);
+                }
+            }
+        }
+    })
+}
+
 /// Starts accepting connections on `addr` in a background thread.
 pub fn listen(server: &Arc<Server>, addr: &ListenAddr) -> io::Result<Listener> {
     let stop = Arc::new(AtomicBool::new(false));
-    let poll = Duration::from_millis(50);
     match addr {
         ListenAddr::Unix(path) => {
             if path.exists() {
@@ -648,49 +670,28 @@ pub fn listen(server: &Arc<Server>, addr: &ListenAddr) -> io::Result<Listener> {
             }
             let l = UnixListener::bind(path)?;
             l.set_nonblocking(true)?;
-            let (s, st) = (server.clone(), stop.clone());
-            let thread = std::thread::spawn(move || {
-                while !st.load(Relaxed) {
-                    match l.accept() {
-                        Ok((c, _)) => {
-                            let _ = c.set_nonblocking(false);
-                            spawn_conn(&s, c);
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(poll),
-                        Err(e) => {
-                            tracing::warn!("accept: {e}");
-                            std::thread::sleep(poll);
-                        }
-                    }
-                }
+            let thread = accept_loop(server, &stop, move || {
+                let (c, _) = l.accept()?;
+                c.set_nonblocking(false)?;
+                Ok(c)
             });
+            let local = format!("unix:{}", path.display());
             Ok(Listener {
                 stop,
                 thread: Some(thread),
                 unix_path: Some(path.clone()),
-                local: format!("unix:{}", path.display()),
+                local,
             })
         }
         ListenAddr::Tcp(a) => {
             let l = TcpListener::bind(a)?;
             let local = format!("tcp:{}", l.local_addr()?);
             l.set_nonblocking(true)?;
-            let (s, st) = (server.clone(), stop.clone());
-            let thread = std::thread::spawn(move || {
-                while !st.load(Relaxed) {
-                    match l.accept() {
-                        Ok((c, _)) => {
-                            let _ = c.set_nonblocking(false);
-                            let _ = c.set_nodelay(true);
-                            spawn_conn(&s, c);
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(poll),
-                        Err(e) => {
-                            tracing::warn!("accept: {e}");
-                            std::thread::sleep(poll);
-                        }
-                    }
-                }
+            let thread = accept_loop(server, &stop, move || {
+                let (c, _) = l.accept()?;
+                c.set_nonblocking(false)?;
+                c.set_nodelay(true)?;
+                Ok(c)
             });
             Ok(Listener {
                 stop,

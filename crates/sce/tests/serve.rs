@@ -72,6 +72,28 @@ fn serve(args: &[&str], sock: &Path) -> Proc {
     Proc(child)
 }
 
+/// A sparse source of `size` bytes in `d`, served with a cache file of `cache_size`.
+fn cached(d: &tempfile::TempDir, size: u64, cache_size: &str) -> (PathBuf, PathBuf, Proc) {
+    let (src, cache, sock) = (
+        d.path().join("src"),
+        d.path().join("cache"),
+        d.path().join("s.sock"),
+    );
+    sparse(&src, size);
+    let p = serve(
+        &[
+            "--source",
+            src.to_str().unwrap(),
+            "--cache",
+            cache.to_str().unwrap(),
+            "--cache-size",
+            cache_size,
+        ],
+        &sock,
+    );
+    (src, sock, p)
+}
+
 fn uri(sock: &Path) -> String {
     format!("nbd+unix:///?socket={}", sock.display())
 }
@@ -110,23 +132,7 @@ fn qemu_io_through_the_cache_with_a_file_and_an_nbdkit_source() {
         return;
     }
     let d = tempfile::tempdir().unwrap();
-    let (src, cache, sock) = (
-        d.path().join("src"),
-        d.path().join("cache"),
-        d.path().join("s.sock"),
-    );
-    sparse(&src, 64 << 20);
-    let p = serve(
-        &[
-            "--source",
-            src.to_str().unwrap(),
-            "--cache",
-            cache.to_str().unwrap(),
-            "--cache-size",
-            "16MiB",
-        ],
-        &sock,
-    );
+    let (_src, sock, p) = cached(&d, 64 << 20, "16MiB");
     qemu_io_script(&uri(&sock));
     // Twice: the second pass reads what population and AWT put in the cache.
     qemu_io_script(&uri(&sock));
@@ -180,23 +186,7 @@ fn qemu_img_convert_compare_and_nbdcopy_both_ways() {
         return;
     }
     let d = tempfile::tempdir().unwrap();
-    let (src, cache, sock) = (
-        d.path().join("src"),
-        d.path().join("cache"),
-        d.path().join("s.sock"),
-    );
-    sparse(&src, 64 << 20);
-    let p = serve(
-        &[
-            "--source",
-            src.to_str().unwrap(),
-            "--cache",
-            cache.to_str().unwrap(),
-            "--cache-size",
-            "16MiB",
-        ],
-        &sock,
-    );
+    let (src, sock, p) = cached(&d, 64 << 20, "16MiB");
     let u = uri(&sock);
     let info = run(Command::new("qemu-img").args(["info", "-f", "raw", &u]));
     assert!(
@@ -305,23 +295,7 @@ fn ext4_on_nbdfuse_and_a_loop_device() {
         return;
     }
     let d = tempfile::tempdir().unwrap();
-    let (src, cache, sock) = (
-        d.path().join("src"),
-        d.path().join("cache"),
-        d.path().join("s.sock"),
-    );
-    sparse(&src, 128 << 20);
-    let p = serve(
-        &[
-            "--source",
-            src.to_str().unwrap(),
-            "--cache",
-            cache.to_str().unwrap(),
-            "--cache-size",
-            "32MiB",
-        ],
-        &sock,
-    );
+    let (_src, sock, p) = cached(&d, 128 << 20, "32MiB");
     let fuse_file = d.path().join("nbd");
     std::fs::File::create(&fuse_file).unwrap();
     let mnt = d.path().join("mnt");
@@ -397,23 +371,7 @@ fn ext4_on_nbdfuse_and_a_loop_device() {
 fn sigterm_under_write_load_keeps_every_acknowledged_write() {
     use sce_io::BlockDevice;
     let d = tempfile::tempdir().unwrap();
-    let (src, cache, sock) = (
-        d.path().join("src"),
-        d.path().join("cache"),
-        d.path().join("s.sock"),
-    );
-    sparse(&src, 64 << 20);
-    let p = serve(
-        &[
-            "--source",
-            src.to_str().unwrap(),
-            "--cache",
-            cache.to_str().unwrap(),
-            "--cache-size",
-            "16MiB",
-        ],
-        &sock,
-    );
+    let (src, sock, p) = cached(&d, 64 << 20, "16MiB");
     let nuri = sce_nbd::NbdUri::Unix {
         socket: sock.clone(),
         name: String::new(),
