@@ -33,7 +33,8 @@ fn round_trip(dev: &dyn BlockDevice, what: &str, offset: u64, len: usize, seed: 
     );
 }
 
-/// Runs every check.
+/// Runs every check, in order; panics naming the failed check. The checks are also public
+/// one by one, for a device that can only pass some of them.
 pub fn run_all(dev: &dyn BlockDevice) {
     geometry(dev);
     round_trips(dev);
@@ -87,15 +88,18 @@ pub fn round_trips(dev: &dyn BlockDevice) {
     // Overwrite replaces, neighbours untouched.
     round_trip(dev, "overwrite", 8192, 8192, 1000);
     let before = pattern(1001, 4096);
-    dev.write_at(16384, &before).expect("write neighbour");
+    dev.write_at(16384, &before)
+        .expect("overwrite: write neighbour");
     round_trip(dev, "overwrite", 8192, 8192, 1002);
     let mut n = AlignedBuf::new(4096);
-    dev.read_at(16384, &mut n).expect("read neighbour");
+    dev.read_at(16384, &mut n)
+        .expect("overwrite: read neighbour");
     assert!(
         n[..] == before[..],
         "overwrite: a neighbouring block changed"
     );
-    dev.flush().expect("flush");
+    dev.flush()
+        .unwrap_or_else(|e| panic!("flush: flush after writes failed: {e}"));
 }
 
 /// Out-of-range and unaligned requests get typed errors; empty requests succeed.
@@ -110,6 +114,7 @@ pub fn bad_requests(dev: &dyn BlockDevice) {
         )
     };
     oor(dev.read_at(size, &mut b[..lbs as usize]), "read at the end");
+    oor(dev.write_at(size, &b[..lbs as usize]), "write at the end");
     oor(dev.write_at(size - lbs, &b), "write crossing the end");
     oor(
         dev.read_at(u64::MAX - 10, &mut b[..lbs as usize]),
@@ -160,7 +165,8 @@ pub fn discard_zeroes(dev: &dyn BlockDevice) {
     let base = 2 << 20;
     let data = pattern(5, 3 * 65536);
     dev.write_at(base, &data).expect("discard: write");
-    dev.discard(base + 65536, 65536).expect("discard");
+    dev.discard(base + 65536, 65536)
+        .expect("discard: discard of 64 KiB");
     let mut r = AlignedBuf::new(3 * 65536);
     dev.read_at(base, &mut r).expect("discard: read");
     assert!(

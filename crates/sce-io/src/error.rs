@@ -131,7 +131,9 @@ impl IoError {
     }
 }
 
-/// Checks a request against a device's size and logical block size.
+/// Checks a request against a device's size and logical block size, as the `BlockDevice`
+/// contract requires: `OutOfRange` if `offset + len` is past `size` (or overflows), else
+/// `Unaligned` if `offset` or `len` is not a multiple of `lbs`.
 pub fn check_range(op: Op, offset: u64, len: u64, size: u64, lbs: u32) -> Result<(), IoError> {
     if offset.checked_add(len).is_none_or(|end| end > size) {
         return Err(IoError::OutOfRange {
@@ -151,4 +153,101 @@ pub fn check_range(op: Op, offset: u64, len: u64, size: u64, lbs: u32) -> Result
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn check_range_order_and_overflow() {
+        let c = |o, l| check_range(Op::Read, o, l, 8192, 512);
+        assert!(c(0, 8192).is_ok());
+        assert!(c(8192, 0).is_ok(), "empty at the end");
+        assert!(matches!(c(8192, 512), Err(IoError::OutOfRange { .. })));
+        assert!(matches!(
+            c(u64::MAX - 10, 512),
+            Err(IoError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            c(u64::MAX - 511, 512),
+            Err(IoError::OutOfRange { .. })
+        ));
+        assert!(matches!(c(1, 512), Err(IoError::Unaligned { .. })));
+        assert!(matches!(c(0, 100), Err(IoError::Unaligned { .. })));
+        assert!(
+            check_range(Op::Read, 3, 5, 8192, 1).is_ok(),
+            "lbs 1 never unaligned"
+        );
+    }
+
+    #[test]
+    fn messages_and_errnos() {
+        let e = IoError::OutOfRange {
+            op: Op::Write,
+            offset: 4096,
+            len: 512,
+            size: 4096,
+        };
+        assert_eq!(
+            e.to_string(),
+            "write of 512 bytes at offset 4096 goes beyond the end of the device (4096 bytes)"
+        );
+        assert_eq!((e.errno(), e.is_media_error()), (libc::EINVAL, false));
+        let e = IoError::Unaligned {
+            op: Op::Read,
+            offset: 1,
+            len: 512,
+            align: 512,
+        };
+        assert!(e.to_string().contains("512-byte"), "{e}");
+        assert_eq!(e.errno(), libc::EINVAL);
+        let e = IoError::Io {
+            op: Op::Flush,
+            offset: 0,
+            len: 0,
+            source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+        };
+        assert_eq!((e.errno(), e.is_media_error()), (libc::ENOSPC, true));
+        let e = IoError::Io {
+            op: Op::Read,
+            offset: 0,
+            len: 512,
+            source: std::io::ErrorKind::UnexpectedEof.into(),
+        };
+        assert_eq!(e.errno(), libc::EIO, "no OS errno falls back to EIO");
+        let e = IoError::Open {
+            path: "/x/y".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOENT),
+        };
+        assert!(e.to_string().contains("/x/y"));
+        assert_eq!((e.errno(), e.is_media_error()), (libc::ENOENT, false));
+        let e = IoError::DirectIoUnsupported {
+            path: Path::new("/dev/shm/c").into(),
+        };
+        let m = e.to_string();
+        for w in [
+            "/dev/shm/c",
+            "O_DIRECT",
+            "tmpfs",
+            "DirectMode::Preferred",
+            "--allow-buffered",
+        ] {
+            assert!(m.contains(w), "{m:?} lacks {w:?}");
+        }
+        assert_eq!(e.errno(), libc::EOPNOTSUPP);
+        let e = IoError::Injected {
+            op: Op::Discard,
+            offset: 0,
+            len: 512,
+        };
+        assert!(e.to_string().contains("injected"));
+        assert_eq!((e.errno(), e.is_media_error()), (libc::EIO, true));
+        let e = IoError::Unsupported { op: Op::Discard };
+        assert_eq!((e.errno(), e.is_media_error()), (libc::EOPNOTSUPP, false));
+        assert_eq!(IoError::Invalid("x".into()).errno(), libc::EINVAL);
+        let ops = [Op::Read, Op::Write, Op::Flush, Op::Discard].map(|o| o.to_string());
+        assert_eq!(ops, ["read", "write", "flush", "discard"]);
+    }
 }

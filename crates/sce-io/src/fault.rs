@@ -1,7 +1,18 @@
 //! `FaultDevice`: wraps a device and injects faults chosen at run time through a shared
-//! `FaultControl`: errors on chosen operations, after N operations or on ranges; silent
-//! corruption of reads or writes; lost, torn and misdirected writes. For tests only in
-//! spirit, but an ordinary device in code: no test branches in the paths it wraps.
+//! `FaultControl`: errors on chosen operations, from the N-th on, on the N-th only, or on
+//! ranges; silent corruption of reads or writes; lost, torn and misdirected writes. Every
+//! fault is deterministic. Meant for tests, but an ordinary device in code: no test branches
+//! in the paths it wraps.
+//!
+//! Rules:
+//! - An operation filter is a slice of `Op` kinds (`&[Op::Read, Op::Write]`).
+//! - Requests are checked first: a bad request gets `OutOfRange`/`Unaligned`, never an
+//!   injected fault, and is not counted.
+//! - A range rule applies to an operation whose byte range `[offset, offset + len)` overlaps
+//!   the rule's range. A zero-length operation touches nothing, and a flush has no range, so
+//!   neither ever matches a range rule.
+//! - Error rules win over data rules. Among the data rules that match a write (corrupt, drop,
+//!   tear, misdirect), the one added first applies.
 
 use crate::error::{check_range, IoError, Op};
 use crate::BlockDevice;
@@ -9,6 +20,9 @@ use parking_lot::Mutex;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+
+/// The bit flipped by silent corruption.
+const CORRUPT_BIT: u8 = 0x10;
 
 #[derive(Debug, Clone)]
 enum Rule {
@@ -22,7 +36,18 @@ enum Rule {
     MisdirectWrites { range: Range<u64>, delta: i64 },
 }
 
-/// The run-time controls of a `FaultDevice`.
+/// What the rules say about one operation.
+enum Verdict {
+    /// No rule applies.
+    Pass,
+    /// Fail with `IoError::Injected`.
+    Fail,
+    /// Apply this data rule (the one added first among those that match).
+    Data(Rule),
+}
+
+/// The run-time controls of a `FaultDevice`, shared with the test through an `Arc` so faults
+/// can be changed while I/O runs.
 #[derive(Debug, Default)]
 pub struct FaultControl {
     rules: Mutex<Vec<Rule>>,
@@ -39,104 +64,131 @@ fn idx(op: Op) -> usize {
     }
 }
 
+/// True if `[offset, offset + len)` and `r` share a byte.
 fn overlaps(r: &Range<u64>, offset: u64, len: u64) -> bool {
-    offset < r.end && r.start < offset + len.max(1)
+    len > 0 && offset < r.end && r.start < offset.saturating_add(len)
+}
+
+/// The index, in a buffer holding `[offset, offset + len)`, of the byte to corrupt: the middle
+/// of the part that overlaps `r` (the caller checked that they overlap).
+fn corrupt_index(r: &Range<u64>, offset: u64, len: u64) -> usize {
+    let start = r.start.max(offset);
+    let end = r.end.min(offset + len);
+    (start + (end - start) / 2 - offset) as usize
 }
 
 impl FaultControl {
-    /// Every operation of the kinds in `ops` from the `n`-th (0-based, counted per kind
-    /// since the device was made) onward fails with `IoError::Injected`.
+    /// Every operation of the kinds in `ops` from the `n`-th onward fails with
+    /// `IoError::Injected`. `n` counts operations of that kind since the device was made
+    /// (0-based, as `ops` reports them), so `n = 0` fails all of them and
+    /// `fail_from(ops, c.ops(op))` fails from the next one.
     pub fn fail_from(&self, ops: &[Op], n: u64) {
-        self.rules.lock().push(Rule::FailFrom {
+        self.push(Rule::FailFrom {
             ops: ops.to_vec(),
             n,
         });
     }
-    /// Exactly the `n`-th operation of kind `op` fails.
+
+    /// Exactly the `n`-th operation of kind `op` (0-based, counted since the device was made)
+    /// fails with `IoError::Injected`.
     pub fn fail_nth(&self, op: Op, n: u64) {
-        self.rules.lock().push(Rule::FailNth { op, n });
+        self.push(Rule::FailNth { op, n });
     }
-    /// Operations of the kinds in `ops` touching `range` fail.
+
+    /// Operations of the kinds in `ops` overlapping `range` fail with `IoError::Injected`.
     pub fn fail_range(&self, ops: &[Op], range: Range<u64>) {
-        self.rules.lock().push(Rule::FailRange {
+        self.push(Rule::FailRange {
             ops: ops.to_vec(),
             range,
         });
     }
-    /// Reads overlapping `range` return data with one bit flipped.
+
+    /// Reads overlapping `range` succeed but return data with one bit flipped, in the middle
+    /// of the part of the buffer that overlaps `range`. The stored data is intact.
     pub fn corrupt_reads(&self, range: Range<u64>) {
-        self.rules.lock().push(Rule::CorruptReads(range));
+        self.push(Rule::CorruptReads(range));
     }
-    /// Writes overlapping `range` store data with one bit flipped.
+
+    /// Writes overlapping `range` succeed but store data with one bit flipped, in the middle
+    /// of the part of the write that overlaps `range`.
     pub fn corrupt_writes(&self, range: Range<u64>) {
-        self.rules.lock().push(Rule::CorruptWrites(range));
+        self.push(Rule::CorruptWrites(range));
     }
-    /// Writes overlapping `range` report success and store nothing.
+
+    /// Lost writes: writes overlapping `range` report success and store nothing.
     pub fn drop_writes(&self, range: Range<u64>) {
-        self.rules.lock().push(Rule::DropWrites(range));
+        self.push(Rule::DropWrites(range));
     }
-    /// Writes overlapping `range` store only their first half and report success.
+
+    /// Torn writes: writes overlapping `range` store only their first half, rounded down to
+    /// the logical block size, and report success. A one-block write stores nothing (a
+    /// block is written whole or not at all).
     pub fn tear_writes(&self, range: Range<u64>) {
-        self.rules.lock().push(Rule::TearWrites(range));
+        self.push(Rule::TearWrites(range));
     }
-    /// Writes overlapping `range` land at `offset + delta` (dropped if that is out of range).
+
+    /// Misdirected writes: writes overlapping `range` report success but land at
+    /// `offset + delta` instead. If that target is out of range or not aligned to the
+    /// logical block size, the write is lost.
     pub fn misdirect_writes(&self, range: Range<u64>, delta: i64) {
-        self.rules
-            .lock()
-            .push(Rule::MisdirectWrites { range, delta });
+        self.push(Rule::MisdirectWrites { range, delta });
     }
-    /// Removes every rule.
+
+    /// Removes every rule. Counters keep counting.
     pub fn clear(&self) {
         self.rules.lock().clear();
     }
-    /// Operations of kind `op` seen so far.
+
+    /// Valid operations of kind `op` seen so far (failed or not).
     pub fn ops(&self, op: Op) -> u64 {
         self.counts[idx(op)].load(Relaxed)
     }
-    /// Faults that fired so far.
+
+    /// Operations a rule applied to so far.
     pub fn faults_fired(&self) -> u64 {
         self.fired.load(Relaxed)
     }
 
-    /// Counts the operation and returns the rules that apply to it.
-    fn consult(&self, op: Op, offset: u64, len: u64) -> (bool, Vec<Rule>) {
+    fn push(&self, r: Rule) {
+        self.rules.lock().push(r);
+    }
+
+    /// Counts the operation and decides its fate.
+    fn consult(&self, op: Op, offset: u64, len: u64) -> Verdict {
         let n = self.counts[idx(op)].fetch_add(1, Relaxed);
         let rules = self.rules.lock();
-        let mut fail = false;
-        let mut other = Vec::new();
+        let mut data = None;
         for r in rules.iter() {
-            match r {
-                Rule::FailFrom { ops, n: from } if ops.contains(&op) && n >= *from => fail = true,
-                Rule::FailNth { op: o, n: k } if *o == op && n == *k => fail = true,
-                Rule::FailRange { ops, range }
-                    if ops.contains(&op) && overlaps(range, offset, len) =>
-                {
-                    fail = true
-                }
-                Rule::CorruptReads(range) if op == Op::Read && overlaps(range, offset, len) => {
-                    other.push(r.clone())
-                }
-                Rule::CorruptWrites(range) | Rule::DropWrites(range) | Rule::TearWrites(range)
-                    if op == Op::Write && overlaps(range, offset, len) =>
-                {
-                    other.push(r.clone())
-                }
-                Rule::MisdirectWrites { range, .. }
-                    if op == Op::Write && overlaps(range, offset, len) =>
-                {
-                    other.push(r.clone())
-                }
-                _ => {}
+            let hit = |range: &Range<u64>| overlaps(range, offset, len);
+            let (fails, is_data) = match r {
+                Rule::FailFrom { ops, n: from } => (ops.contains(&op) && n >= *from, false),
+                Rule::FailNth { op: o, n: k } => (*o == op && n == *k, false),
+                Rule::FailRange { ops, range } => (ops.contains(&op) && hit(range), false),
+                Rule::CorruptReads(range) => (false, op == Op::Read && hit(range)),
+                Rule::CorruptWrites(range)
+                | Rule::DropWrites(range)
+                | Rule::TearWrites(range)
+                | Rule::MisdirectWrites { range, .. } => (false, op == Op::Write && hit(range)),
+            };
+            if fails {
+                self.fired.fetch_add(1, Relaxed);
+                return Verdict::Fail;
+            }
+            if is_data && data.is_none() {
+                data = Some(r.clone());
             }
         }
-        if fail || !other.is_empty() {
-            self.fired.fetch_add(1, Relaxed);
+        match data {
+            Some(r) => {
+                self.fired.fetch_add(1, Relaxed);
+                Verdict::Data(r)
+            }
+            None => Verdict::Pass,
         }
-        (fail, other)
     }
 }
 
-/// A device with injectable faults.
+/// A device with injectable faults, controlled through `control()`.
 #[derive(Debug)]
 pub struct FaultDevice<D> {
     inner: D,
@@ -151,14 +203,17 @@ impl<D: BlockDevice> FaultDevice<D> {
             control: Arc::new(FaultControl::default()),
         }
     }
+
     /// The controls, to change faults while I/O runs.
     pub fn control(&self) -> Arc<FaultControl> {
         self.control.clone()
     }
+
     /// The wrapped device.
     pub fn inner(&self) -> &D {
         &self.inner
     }
+
     fn check(&self, op: Op, offset: u64, len: u64) -> Result<(), IoError> {
         check_range(
             op,
@@ -174,6 +229,7 @@ impl<D: BlockDevice> BlockDevice for FaultDevice<D> {
     fn size(&self) -> u64 {
         self.inner.size()
     }
+
     fn logical_block_size(&self) -> u32 {
         self.inner.logical_block_size()
     }
@@ -181,87 +237,89 @@ impl<D: BlockDevice> BlockDevice for FaultDevice<D> {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
         let len = buf.len() as u64;
         self.check(Op::Read, offset, len)?;
-        let (fail, rules) = self.control.consult(Op::Read, offset, len);
-        if fail {
-            return Err(IoError::Injected {
+        match self.control.consult(Op::Read, offset, len) {
+            Verdict::Fail => Err(IoError::Injected {
                 op: Op::Read,
                 offset,
                 len,
-            });
+            }),
+            Verdict::Pass => self.inner.read_at(offset, buf),
+            Verdict::Data(rule) => {
+                self.inner.read_at(offset, buf)?;
+                if let Rule::CorruptReads(range) = rule {
+                    buf[corrupt_index(&range, offset, len)] ^= CORRUPT_BIT;
+                }
+                Ok(())
+            }
         }
-        self.inner.read_at(offset, buf)?;
-        if !rules.is_empty() && !buf.is_empty() {
-            let i = buf.len() / 2;
-            buf[i] ^= 0x10;
-        }
-        Ok(())
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), IoError> {
         let len = buf.len() as u64;
         self.check(Op::Write, offset, len)?;
-        let (fail, rules) = self.control.consult(Op::Write, offset, len);
-        if fail {
-            return Err(IoError::Injected {
-                op: Op::Write,
-                offset,
-                len,
-            });
-        }
-        let lbs = self.inner.logical_block_size().max(1) as usize;
-        match rules.first() {
-            None => self.inner.write_at(offset, buf),
-            Some(Rule::DropWrites(_)) => Ok(()),
-            Some(Rule::TearWrites(_)) => {
-                let half = (buf.len() / 2) / lbs * lbs;
-                self.inner.write_at(offset, &buf[..half])
+        let rule = match self.control.consult(Op::Write, offset, len) {
+            Verdict::Fail => {
+                return Err(IoError::Injected {
+                    op: Op::Write,
+                    offset,
+                    len,
+                })
             }
-            Some(Rule::CorruptWrites(_)) => {
+            Verdict::Pass => return self.inner.write_at(offset, buf),
+            Verdict::Data(rule) => rule,
+        };
+        let lbs = u64::from(self.inner.logical_block_size().max(1));
+        match rule {
+            Rule::DropWrites(_) => Ok(()),
+            Rule::TearWrites(_) => {
+                let half = (len / 2) / lbs * lbs;
+                self.inner.write_at(offset, &buf[..half as usize])
+            }
+            Rule::CorruptWrites(range) => {
                 let mut v = buf.to_vec();
-                if !v.is_empty() {
-                    let i = v.len() / 2;
-                    v[i] ^= 0x10;
-                }
+                v[corrupt_index(&range, offset, len)] ^= CORRUPT_BIT;
                 self.inner.write_at(offset, &v)
             }
-            Some(Rule::MisdirectWrites { delta, .. }) => {
-                let to = offset as i128 + *delta as i128;
-                if to >= 0
-                    && (to as u64)
-                        .checked_add(len)
-                        .is_some_and(|e| e <= self.inner.size())
-                {
-                    self.inner.write_at(to as u64, buf)
-                } else {
-                    Ok(())
+            Rule::MisdirectWrites { delta, .. } => {
+                let to = i128::from(offset) + i128::from(delta);
+                match u64::try_from(to) {
+                    Ok(to)
+                        if to.is_multiple_of(lbs)
+                            && to.checked_add(len).is_some_and(|e| e <= self.size()) =>
+                    {
+                        self.inner.write_at(to, buf)
+                    }
+                    _ => Ok(()),
                 }
             }
-            Some(_) => self.inner.write_at(offset, buf),
+            // Only write rules are returned for writes.
+            Rule::FailFrom { .. }
+            | Rule::FailNth { .. }
+            | Rule::FailRange { .. }
+            | Rule::CorruptReads(_) => self.inner.write_at(offset, buf),
         }
     }
 
     fn flush(&self) -> Result<(), IoError> {
-        let (fail, _) = self.control.consult(Op::Flush, 0, 0);
-        if fail {
-            return Err(IoError::Injected {
+        match self.control.consult(Op::Flush, 0, 0) {
+            Verdict::Fail => Err(IoError::Injected {
                 op: Op::Flush,
                 offset: 0,
                 len: 0,
-            });
+            }),
+            Verdict::Pass | Verdict::Data(_) => self.inner.flush(),
         }
-        self.inner.flush()
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
         self.check(Op::Discard, offset, len)?;
-        let (fail, _) = self.control.consult(Op::Discard, offset, len);
-        if fail {
-            return Err(IoError::Injected {
+        match self.control.consult(Op::Discard, offset, len) {
+            Verdict::Fail => Err(IoError::Injected {
                 op: Op::Discard,
                 offset,
                 len,
-            });
+            }),
+            Verdict::Pass | Verdict::Data(_) => self.inner.discard(offset, len),
         }
-        self.inner.discard(offset, len)
     }
 }

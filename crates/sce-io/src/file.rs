@@ -1,9 +1,9 @@
 //! `FileDevice`: a regular file or a block device, opened with O_DIRECT by default.
 //!
 //! I/O is positioned (`pread`/`pwrite`), so any number of threads may use one device at once;
-//! the engine's own threads are the thread pool. A block device's size comes from the
-//! BLKGETSIZE64 ioctl and its logical block size from BLKSSZGET (`metadata().len()` is 0
-//! for block devices).
+//! there is no internal thread pool: the engine's own worker threads are the pool. A block
+//! device's size comes from the BLKGETSIZE64 ioctl and its logical block size from BLKSSZGET
+//! (`metadata().len()` is 0 for block devices).
 
 use crate::buf::{AlignedBuf, DIRECT_IO_ALIGN};
 use crate::error::{check_range, IoError, Op};
@@ -13,34 +13,79 @@ use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
-const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
-const BLKSSZGET: libc::c_ulong = 0x1268;
-const BLKZEROOUT: libc::c_ulong = 0x127F;
+/// Linux `_IOC` request-number encoding. Most architectures use 2 direction bits at bit 30
+/// (none = 0, read = 2); mips, powerpc and sparc use 3 at bit 29 (none = 1, read = 2).
+mod ioc {
+    #[cfg(any(
+        target_arch = "mips",
+        target_arch = "mips64",
+        target_arch = "powerpc",
+        target_arch = "powerpc64",
+        target_arch = "sparc",
+        target_arch = "sparc64"
+    ))]
+    const ALT: bool = true;
+    #[cfg(not(any(
+        target_arch = "mips",
+        target_arch = "mips64",
+        target_arch = "powerpc",
+        target_arch = "powerpc64",
+        target_arch = "sparc",
+        target_arch = "sparc64"
+    )))]
+    const ALT: bool = false;
 
-/// Whether to use O_DIRECT.
+    const fn ioc(read: bool, ty: u32, nr: u32, size: u32) -> u32 {
+        let (dir, shift) = match (ALT, read) {
+            (false, false) => (0, 30),
+            (false, true) => (2, 30),
+            (true, false) => (1, 29),
+            (true, true) => (2, 29),
+        };
+        (dir << shift) | (size << 16) | (ty << 8) | nr
+    }
+
+    /// `_IOR(0x12, 114, size_t)`: the size of a block device in bytes, as a u64.
+    pub const BLKGETSIZE64: u32 = ioc(true, 0x12, 114, std::mem::size_of::<usize>() as u32);
+    /// `_IO(0x12, 104)`: the logical sector size of a block device, as an int.
+    pub const BLKSSZGET: u32 = ioc(false, 0x12, 104, 0);
+    /// `_IO(0x12, 127)`: zero a byte range `[u64 start, u64 len]` of a block device.
+    pub const BLKZEROOUT: u32 = ioc(false, 0x12, 127, 0);
+}
+use ioc::{BLKGETSIZE64, BLKSSZGET, BLKZEROOUT};
+
+/// The logical block size of regular files. With O_DIRECT it is raised to the filesystem's
+/// direct-I/O offset alignment when that is larger (a filesystem on a 4096-byte-sector disk),
+/// so that every aligned request is one the kernel accepts.
+const FILE_BLOCK_SIZE: u32 = 512;
+
+/// Whether to use O_DIRECT (bypass the page cache).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum DirectMode {
-    /// Use O_DIRECT; fail with `DirectIoUnsupported` where the filesystem refuses it.
+    /// Use O_DIRECT; fail with `IoError::DirectIoUnsupported` where the filesystem refuses it.
     #[default]
     Required,
-    /// Use O_DIRECT where possible, buffered I/O elsewhere.
+    /// Use O_DIRECT where possible, buffered I/O where the filesystem refuses it
+    /// (`FileDevice::is_direct` tells which one was used).
     Preferred,
     /// Buffered I/O.
     Off,
 }
 
-/// How to open a `FileDevice`.
+/// How to open a `FileDevice`. The default: O_DIRECT required, no creation, read-write.
 #[derive(Clone, Debug, Default)]
 pub struct FileOptions {
     /// O_DIRECT policy.
     pub direct: DirectMode,
-    /// Create the file if missing and set its length to this (sparse).
+    /// For a regular file: create it if missing and set its length to this (sparse; an
+    /// existing file of another length is resized). Must be a positive multiple of 512 and
+    /// cannot be combined with `read_only`. Ignored for block devices, whose size is fixed.
     pub create_size: Option<u64>,
-    /// Open read-only.
+    /// Open read-only: writes and discards then fail with `IoError::Unsupported`.
     pub read_only: bool,
 }
 
-/// A file or block device.
+/// A regular file or a block device, used with positioned I/O from any number of threads.
 #[derive(Debug)]
 pub struct FileDevice {
     file: File,
@@ -49,6 +94,7 @@ pub struct FileDevice {
     lbs: u32,
     direct: bool,
     block_device: bool,
+    read_only: bool,
 }
 
 fn open_err(path: &Path, source: std::io::Error) -> IoError {
@@ -59,11 +105,30 @@ fn open_err(path: &Path, source: std::io::Error) -> IoError {
 }
 
 impl FileDevice {
-    /// Opens `path` as a block device.
+    /// Opens the regular file or block device at `path` according to `opts`.
+    ///
+    /// Errors: `Open` (naming the path) when the OS refuses, `DirectIoUnsupported` when
+    /// O_DIRECT is required and refused, `Invalid` for a size that is not a positive
+    /// multiple of the logical block size or for a path that is neither a file nor a block
+    /// device.
     pub fn open(path: &Path, opts: &FileOptions) -> Result<FileDevice, IoError> {
+        if let Some(n) = opts.create_size {
+            if opts.read_only {
+                return Err(IoError::Invalid(format!(
+                    "{}: a size to create cannot be combined with read-only",
+                    path.display()
+                )));
+            }
+            if n == 0 || !n.is_multiple_of(FILE_BLOCK_SIZE as u64) {
+                return Err(IoError::Invalid(format!(
+                    "{}: size {n} to create is not a positive multiple of {FILE_BLOCK_SIZE}",
+                    path.display()
+                )));
+            }
+        }
         let mut oo = OpenOptions::new();
         oo.read(true).write(!opts.read_only);
-        if opts.create_size.is_some() && !opts.read_only {
+        if opts.create_size.is_some() {
             oo.create(true);
         }
         let try_direct = opts.direct != DirectMode::Off;
@@ -90,15 +155,21 @@ impl FileDevice {
         let (size, lbs) = if block_device {
             let mut size: u64 = 0;
             // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which is valid.
-            let r = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &mut size as *mut u64) };
+            let r =
+                unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64 as _, &mut size as *mut u64) };
             if r != 0 {
                 return Err(open_err(path, std::io::Error::last_os_error()));
             }
             let mut lbs: libc::c_int = 0;
             // SAFETY: BLKSSZGET writes one int through the pointer, which is valid.
-            let r =
-                unsafe { libc::ioctl(file.as_raw_fd(), BLKSSZGET, &mut lbs as *mut libc::c_int) };
-            if r != 0 || lbs <= 0 {
+            let r = unsafe {
+                libc::ioctl(
+                    file.as_raw_fd(),
+                    BLKSSZGET as _,
+                    &mut lbs as *mut libc::c_int,
+                )
+            };
+            if r != 0 || lbs <= 0 || !(lbs as u32).is_power_of_two() {
                 lbs = 512;
             }
             (size, lbs as u32)
@@ -108,7 +179,12 @@ impl FileDevice {
                     file.set_len(n).map_err(|e| open_err(path, e))?;
                 }
             }
-            (file.metadata().map_err(|e| open_err(path, e))?.len(), 512)
+            let lbs = if direct {
+                dio_offset_align(&file).max(FILE_BLOCK_SIZE)
+            } else {
+                FILE_BLOCK_SIZE
+            };
+            (file.metadata().map_err(|e| open_err(path, e))?.len(), lbs)
         } else {
             return Err(IoError::Invalid(format!(
                 "{} is neither a regular file nor a block device",
@@ -128,6 +204,7 @@ impl FileDevice {
             lbs,
             direct,
             block_device,
+            read_only: opts.read_only,
         })
     }
 
@@ -136,14 +213,26 @@ impl FileDevice {
         &self.path
     }
 
-    /// True if opened with O_DIRECT.
+    /// True if opened with O_DIRECT (with `DirectMode::Preferred`, false after a fallback).
     pub fn is_direct(&self) -> bool {
         self.direct
     }
 
-    /// True if it is a block device.
+    /// True if it is a block device (false for a regular file).
     pub fn is_block_device(&self) -> bool {
         self.block_device
+    }
+
+    /// True if opened read-only.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn check_writable(&self, op: Op) -> Result<(), IoError> {
+        if self.read_only {
+            return Err(IoError::Unsupported { op });
+        }
+        Ok(())
     }
 
     fn needs_bounce(&self, p: *const u8) -> bool {
@@ -159,6 +248,7 @@ impl FileDevice {
         }
     }
 
+    /// Writes zeroes over a range, in chunks of at most 1 MiB (aligned, for O_DIRECT).
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), IoError> {
         let chunk = AlignedBuf::new((1 << 20).min(len as usize));
         let mut at = offset;
@@ -204,6 +294,7 @@ impl BlockDevice for FileDevice {
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), IoError> {
         let len = buf.len() as u64;
         check_range(Op::Write, offset, len, self.size, self.lbs)?;
+        self.check_writable(Op::Write)?;
         if len == 0 {
             return Ok(());
         }
@@ -228,6 +319,7 @@ impl BlockDevice for FileDevice {
 
     fn discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
         check_range(Op::Discard, offset, len, self.size, self.lbs)?;
+        self.check_writable(Op::Discard)?;
         if len == 0 {
             return Ok(());
         }
@@ -235,7 +327,7 @@ impl BlockDevice for FileDevice {
         if self.block_device {
             let range = [offset, len];
             // SAFETY: BLKZEROOUT reads two u64 through the pointer, which is valid.
-            let r = unsafe { libc::ioctl(fd, BLKZEROOUT, range.as_ptr()) };
+            let r = unsafe { libc::ioctl(fd, BLKZEROOUT as _, range.as_ptr()) };
             if r == 0 {
                 return Ok(());
             }
@@ -253,7 +345,51 @@ impl BlockDevice for FileDevice {
                 return Ok(());
             }
         }
-        // Not supported here: write zeroes, so the range still reads back as zeroes.
+        // Not supported here (EOPNOTSUPP from the filesystem, no BLKZEROOUT for this
+        // device): write zeroes, so the range still reads back as zeroes. A device that is
+        // really failing fails these writes too, with their own error.
         self.write_zeroes(offset, len)
+    }
+}
+
+/// The filesystem's O_DIRECT file-offset alignment (statx `STATX_DIOALIGN`, Linux 6.1+), or 0
+/// when the kernel or filesystem does not say.
+fn dio_offset_align(file: &File) -> u32 {
+    // SAFETY: `statx` is plain old data; all-zero is a valid value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor, an empty NUL-terminated path with AT_EMPTY_PATH (so the
+    // descriptor itself is examined), and a valid pointer to a `statx` for the kernel to fill.
+    let r = unsafe {
+        libc::statx(
+            file.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            &mut stx,
+        )
+    };
+    let a = stx.stx_dio_offset_align;
+    if r == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0 && a.is_power_of_two() && a <= 65536 {
+        a
+    } else {
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(any(
+        target_arch = "x86_64",
+        target_arch = "aarch64",
+        target_arch = "riscv64"
+    ))]
+    #[test]
+    fn ioctl_numbers_match_the_kernel_headers() {
+        assert_eq!(BLKGETSIZE64, 0x8008_1272);
+        assert_eq!(BLKSSZGET, 0x1268);
+        assert_eq!(BLKZEROOUT, 0x127F);
+        assert_eq!(BLKSSZGET as libc::Ioctl, libc::BLKSSZGET);
     }
 }

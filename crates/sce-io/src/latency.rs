@@ -9,14 +9,14 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
 
-/// A latency distribution.
+/// A latency distribution, sampled once per operation.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Delay {
     /// No added latency.
     None,
     /// Always this long.
     Fixed(Duration),
-    /// Uniform between the bounds.
+    /// Uniform between the bounds (inclusive; `min` if `max <= min`).
     Uniform {
         /// Lower bound.
         min: Duration,
@@ -56,16 +56,21 @@ pub struct LatencyConfig {
     pub write: Delay,
     /// Latency of flushes.
     pub flush: Delay,
-    /// Operations served at once; more wait.
+    /// Operations served at once (0 counts as 1); callers beyond it wait in a queue, as
+    /// requests do on a real device. The latency of an operation starts when it is served.
     pub max_in_flight: usize,
-    /// Bytes per second of a link shared by all I/O (None = unlimited).
+    /// Bytes per second of a link shared by all reads and writes (None = unlimited). An I/O of
+    /// `len` bytes reserves the link for `len / bandwidth` seconds, from when the link is free
+    /// (queued behind earlier reservations), and completes at the end of its reservation plus
+    /// its latency.
     pub bandwidth: Option<u64>,
-    /// Seed of the latency draws.
+    /// Seed of the latency draws (one seeded generator shared by all operations).
     pub seed: u64,
 }
 
 impl LatencyConfig {
-    /// A disk or SAN: `latency` on every operation, `max_in_flight` served at once.
+    /// A disk or SAN: a fixed `latency` on every operation, `max_in_flight` served at once,
+    /// unlimited bandwidth.
     pub fn disk(latency: Duration, max_in_flight: usize) -> Self {
         LatencyConfig {
             read: Delay::Fixed(latency),
@@ -78,7 +83,9 @@ impl LatencyConfig {
     }
 }
 
-/// A device made slow.
+/// A device made slow: every operation is performed on the inner device (the data is real)
+/// and returns once its emulated service time has passed (measured with `thread::sleep`, so a
+/// lower bound). Discards take the write latency and do not use the link.
 #[derive(Debug)]
 pub struct LatencyDevice<D> {
     inner: D,
@@ -90,7 +97,7 @@ pub struct LatencyDevice<D> {
 }
 
 impl<D: BlockDevice> LatencyDevice<D> {
-    /// Wraps `inner`.
+    /// Wraps `inner`, slowed down as `cfg` says.
     pub fn new(inner: D, cfg: LatencyConfig) -> Self {
         LatencyDevice {
             inner,
@@ -102,35 +109,66 @@ impl<D: BlockDevice> LatencyDevice<D> {
         }
     }
 
+    /// The configuration.
+    pub fn config(&self) -> &LatencyConfig {
+        &self.cfg
+    }
+
     /// The wrapped device.
     pub fn inner(&self) -> &D {
         &self.inner
     }
 
+    /// Runs `f` as one operation of the emulated device: waits for one of `max_in_flight`
+    /// slots, reserves the link for `bytes`, performs the operation, and returns no earlier
+    /// than the end of the link reservation plus the sampled latency.
     fn with_delay<T>(&self, delay: &Delay, bytes: u64, f: impl FnOnce() -> T) -> T {
-        {
-            let mut n = self.in_flight.lock();
-            while *n >= self.cfg.max_in_flight.max(1) {
-                self.slot_free.wait(&mut n);
+        let _slot = self.acquire_slot();
+        let latency = delay.sample(&mut self.rng.lock());
+        let now = Instant::now();
+        let transferred = match self.cfg.bandwidth {
+            Some(bw) if bytes > 0 => {
+                let transfer = Duration::from_secs_f64(bytes as f64 / bw.max(1) as f64);
+                let mut link = self.link_free_at.lock();
+                let end = (*link).max(now) + transfer;
+                *link = end;
+                end
             }
-            *n += 1;
-        }
-        let mut until = Instant::now() + delay.sample(&mut self.rng.lock());
-        if let (Some(bw), true) = (self.cfg.bandwidth, bytes > 0) {
-            let transfer = Duration::from_secs_f64(bytes as f64 / bw.max(1) as f64);
-            let mut link = self.link_free_at.lock();
-            let start = (*link).max(Instant::now());
-            *link = start + transfer;
-            until += (start + transfer).saturating_duration_since(Instant::now());
-        }
+            _ => now,
+        };
+        let until = transferred + latency;
         let r = f();
         let now = Instant::now();
         if until > now {
             std::thread::sleep(until - now);
         }
+        r
+    }
+
+    fn acquire_slot(&self) -> Slot<'_> {
+        let mut n = self.in_flight.lock();
+        while *n >= self.cfg.max_in_flight.max(1) {
+            self.slot_free.wait(&mut n);
+        }
+        *n += 1;
+        Slot {
+            in_flight: &self.in_flight,
+            slot_free: &self.slot_free,
+        }
+    }
+}
+
+/// One of the `max_in_flight` slots; released on drop, so a panicking inner device does not
+/// leave the queue blocked.
+struct Slot<'a> {
+    in_flight: &'a Mutex<usize>,
+    slot_free: &'a Condvar,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
         *self.in_flight.lock() -= 1;
         self.slot_free.notify_one();
-        r
     }
 }
 

@@ -25,14 +25,19 @@ use std::sync::Arc;
 /// A block device: a fixed-size array of bytes addressed by offset. Thread-safe: any number
 /// of threads may call any method concurrently.
 ///
-/// Contract of every implementation:
+/// Contract of every implementation (`check_range` implements the first two, and
+/// `conformance::run_all` checks all of them):
+/// - `offset + len` MUST be at most `size()`, checked without overflow, else
+///   `IoError::OutOfRange` (this check comes first);
 /// - offsets and lengths MUST be multiples of `logical_block_size()`, else
 ///   `IoError::Unaligned`;
-/// - `offset + len` MUST be at most `size()` (checked without overflow), else
-///   `IoError::OutOfRange`;
-/// - zero-length operations in range succeed and do nothing;
-/// - buffers may have any memory address; a device that needs aligned memory (O_DIRECT)
-///   bounces through an aligned buffer when the caller's is not aligned.
+/// - zero-length operations in range (including at `offset == size()`) MUST succeed and do
+///   nothing;
+/// - buffers MUST be accepted at any memory address: a device that needs aligned memory
+///   (O_DIRECT) bounces through an aligned buffer when the caller's is not aligned, and uses
+///   the caller's buffer directly when it is;
+/// - after a successful `discard`, the range MUST read back as zeroes;
+/// - every method MUST be callable from any number of threads at once.
 pub trait BlockDevice: Send + Sync {
     /// Size in bytes; a multiple of `logical_block_size()`.
     fn size(&self) -> u64;
@@ -40,7 +45,7 @@ pub trait BlockDevice: Send + Sync {
     fn logical_block_size(&self) -> u32;
     /// Reads `buf.len()` bytes at `offset`.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError>;
-    /// Writes `buf` at `offset`. Durable only after `flush`.
+    /// Writes `buf` at `offset`. Durable only after `flush` (unless the device says otherwise).
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), IoError>;
     /// Makes all completed writes durable.
     fn flush(&self) -> Result<(), IoError>;

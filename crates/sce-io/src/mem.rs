@@ -1,5 +1,6 @@
 //! `MemDevice`: a block device in memory, split into 1 MiB chunks that are allocated on first
-//! write (absent chunks read as zeroes), each behind its own read-write lock.
+//! write (absent chunks read as zeroes), each behind its own read-write lock. A 100 GiB device
+//! costs a few MiB of lock array until it is written; discarding a whole chunk frees it.
 
 use crate::error::{check_range, IoError, Op};
 use crate::BlockDevice;
@@ -11,8 +12,7 @@ const CHUNK: u64 = 1 << CHUNK_SHIFT;
 /// One 1 MiB chunk, allocated on first write.
 type Chunk = RwLock<Option<Box<[u8]>>>;
 
-/// A memory-backed block device.
-#[derive(Debug)]
+/// A memory-backed block device. Nothing is durable; `flush` does nothing.
 pub struct MemDevice {
     chunks: Box<[Chunk]>,
     size: u64,
@@ -23,17 +23,25 @@ impl MemDevice {
     /// A zeroed device of `size` bytes with 512-byte blocks. Panics with a clear message if
     /// `size` is not a positive multiple of 512 (use `try_new` to get an error instead).
     pub fn new(size: u64) -> Self {
-        Self::try_new(size, 512).unwrap_or_else(|e| panic!("{e}"))
+        Self::try_new(size).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// A zeroed device of `size` bytes with `lbs`-byte blocks.
-    pub fn try_new(size: u64, lbs: u32) -> Result<Self, IoError> {
+    /// A zeroed device of `size` bytes with 512-byte blocks; `IoError::Invalid` if `size` is
+    /// not a positive multiple of 512.
+    pub fn try_new(size: u64) -> Result<Self, IoError> {
+        Self::with_block_size(size, 512)
+    }
+
+    /// A zeroed device of `size` bytes with `lbs`-byte blocks; `IoError::Invalid` if `lbs` is
+    /// not a power of two or `size` is not a positive multiple of it.
+    pub fn with_block_size(size: u64, lbs: u32) -> Result<Self, IoError> {
         if lbs == 0 || !lbs.is_power_of_two() || size == 0 || !size.is_multiple_of(lbs as u64) {
             return Err(IoError::Invalid(format!(
                 "memory device size {size} is not a positive multiple of its block size {lbs}"
             )));
         }
-        let n = size.div_ceil(CHUNK) as usize;
+        let n = usize::try_from(size.div_ceil(CHUNK))
+            .map_err(|_| IoError::Invalid(format!("memory device size {size} is too large")))?;
         let chunks = (0..n)
             .map(|_| RwLock::new(None))
             .collect::<Vec<_>>()
@@ -61,6 +69,25 @@ impl MemDevice {
 
     fn chunk_len(&self, c: usize) -> usize {
         (self.size - ((c as u64) << CHUNK_SHIFT)).min(CHUNK) as usize
+    }
+
+    /// Bytes of memory currently allocated for data (chunks written and not discarded since).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.chunks
+            .iter()
+            .map(|c| c.read().as_ref().map_or(0, |d| d.len() as u64))
+            .sum()
+    }
+}
+
+impl std::fmt::Debug for MemDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the data: a device may hold gigabytes.
+        f.debug_struct("MemDevice")
+            .field("size", &self.size)
+            .field("lbs", &self.lbs)
+            .field("allocated_bytes", &self.allocated_bytes())
+            .finish()
     }
 }
 
@@ -111,5 +138,54 @@ impl BlockDevice for MemDevice {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_are_allocated_on_write_and_freed_by_whole_discards() {
+        let d = MemDevice::new(100 << 30);
+        assert_eq!(d.allocated_bytes(), 0, "a fresh device holds no data");
+        let mut b = vec![1u8; 8192];
+        d.read_at(50 << 30, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == 0), "absent chunks read as zeroes");
+        assert_eq!(d.allocated_bytes(), 0, "reads allocate nothing");
+        // A write crossing a chunk boundary allocates both chunks.
+        d.write_at(CHUNK - 4096, &[7u8; 8192]).unwrap();
+        assert_eq!(d.allocated_bytes(), 2 * CHUNK);
+        d.read_at(CHUNK - 4096, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == 7));
+        // A partial discard zeroes but keeps the chunk; a whole-chunk discard frees it.
+        d.discard(CHUNK, 4096).unwrap();
+        assert_eq!(d.allocated_bytes(), 2 * CHUNK);
+        d.discard(0, CHUNK).unwrap();
+        assert_eq!(d.allocated_bytes(), CHUNK);
+        d.read_at(CHUNK - 4096, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == 0));
+        assert!(
+            !format!("{d:?}").contains("[0, 0"),
+            "Debug must not dump data"
+        );
+    }
+
+    #[test]
+    fn bad_sizes_are_errors() {
+        for (size, lbs) in [(0, 512), (1000, 512), (4096, 0), (4096, 1000), (6144, 4096)] {
+            assert!(
+                matches!(
+                    MemDevice::with_block_size(size, lbs),
+                    Err(IoError::Invalid(_))
+                ),
+                "size {size} lbs {lbs}"
+            );
+        }
+        assert!(MemDevice::try_new(1000).is_err());
+        let d = MemDevice::with_block_size((3 << 20) + 4096, 4096).unwrap();
+        assert_eq!((d.size(), d.logical_block_size()), ((3 << 20) + 4096, 4096));
+        // The short last chunk works.
+        d.write_at(3 << 20, &[9u8; 4096]).unwrap();
     }
 }

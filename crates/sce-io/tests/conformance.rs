@@ -8,7 +8,9 @@ const SIZE: u64 = 8 << 20;
 #[test]
 fn memory() {
     conformance::run_all(&MemDevice::new(SIZE));
-    conformance::run_all(&MemDevice::try_new(SIZE, 4096).unwrap());
+    conformance::run_all(&MemDevice::with_block_size(SIZE, 4096).unwrap());
+    // Not a whole number of 1 MiB chunks: the short last chunk too.
+    conformance::run_all(&MemDevice::with_block_size(SIZE + 4096, 4096).unwrap());
 }
 
 #[test]
@@ -44,7 +46,7 @@ fn file_buffered() {
 fn latency_wrapper() {
     let cfg = LatencyConfig {
         read: Delay::Uniform {
-            min: Duration::ZERO,
+            min: Duration::from_micros(10),
             max: Duration::from_micros(50),
         },
         write: Delay::Exponential {
@@ -63,4 +65,13 @@ fn fault_wrapper_without_faults() {
     let d = FaultDevice::new(MemDevice::new(SIZE));
     conformance::run_all(&d);
     assert_eq!(d.control().faults_fired(), 0);
+    assert!(d.control().ops(Op::Write) > 0);
+}
+
+#[test]
+fn through_arc_and_box() {
+    let a: std::sync::Arc<dyn BlockDevice> = std::sync::Arc::new(MemDevice::new(SIZE));
+    conformance::run_all(&a);
+    let b: Box<dyn BlockDevice> = Box::new(MemDevice::new(SIZE));
+    conformance::run_all(&b);
 }
