@@ -263,7 +263,8 @@ fn fio_verify_with_population_and_eviction() {
     );
     let u = uri(&sock);
     for rw in ["randwrite", "randrw"] {
-        let out = run(Command::new("fio").args([
+        // fio leaves verify state files in its working directory: keep them in the temp dir.
+        let out = run(Command::new("fio").current_dir(d.path()).args([
             "--name=v",
             "--ioengine=nbd",
             &format!("--uri={u}"),
