@@ -380,6 +380,7 @@ fn sigterm_under_write_load_keeps_every_acknowledged_write() {
     let fio = have("fio").then(|| {
         Proc(
             Command::new("fio")
+                .current_dir(d.path())
                 .args([
                     "--name=load",
                     "--ioengine=nbd",
