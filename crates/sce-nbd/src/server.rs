@@ -72,29 +72,22 @@ pub trait Conn: Read + Write + Send + Sized + 'static {
     fn shutdown_read(&self);
 }
 
-impl Conn for UnixStream {
-    fn try_clone_conn(&self) -> io::Result<Self> {
-        self.try_clone()
-    }
-    fn shutdown_conn(&self) {
-        let _ = self.shutdown(std::net::Shutdown::Both);
-    }
-    fn shutdown_read(&self) {
-        let _ = self.shutdown(std::net::Shutdown::Read);
-    }
+macro_rules! socket_conn {
+    ($($t:ty),*) => {$(
+        impl Conn for $t {
+            fn try_clone_conn(&self) -> io::Result<Self> {
+                self.try_clone()
+            }
+            fn shutdown_conn(&self) {
+                let _ = self.shutdown(std::net::Shutdown::Both);
+            }
+            fn shutdown_read(&self) {
+                let _ = self.shutdown(std::net::Shutdown::Read);
+            }
+        }
+    )*};
 }
-
-impl Conn for TcpStream {
-    fn try_clone_conn(&self) -> io::Result<Self> {
-        self.try_clone()
-    }
-    fn shutdown_conn(&self) {
-        let _ = self.shutdown(std::net::Shutdown::Both);
-    }
-    fn shutdown_read(&self) {
-        let _ = self.shutdown(std::net::Shutdown::Read);
-    }
-}
+socket_conn!(UnixStream, TcpStream);
 
 /// Counters of the server.
 #[derive(Debug, Default)]
