@@ -257,60 +257,79 @@ impl CacheVolume {
     fn write_data(&self, offset: u64, data: &[u8]) -> Result<(), IoError> {
         let s = &self.shared;
         let len = data.len() as u64;
-        let plan: WritePlan = s
-            .core
-            .write()
-            .begin_write(SourceOffset(offset), len, WriteKind::Data)
-            .map_err(|e| request_error(Op::Write, e, offset, len, s.source.size(), s.lbs))?;
         let WritePlan {
             id,
             cache_writes,
             synchronous,
-        } = plan;
-        if !cache_writes.is_empty() && !synchronous {
+        } = s
+            .core
+            .write()
+            .begin_write(SourceOffset(offset), len, WriteKind::Data)
+            .map_err(|e| request_error(Op::Write, e, offset, len, s.source.size(), s.lbs))?;
+        if synchronous {
+            // Write-through: the source, then the cache copies, before acknowledging.
+            let result = s.source_write(offset, data);
+            s.copy_to_cache(id, &cache_writes, data);
+            let _ = s.core.write().write_source_done(id, result.is_ok());
+            return result;
+        }
+        if !cache_writes.is_empty() {
             // AWT: hand a copy to the writers before the source write, so both run in parallel.
             let mut copy = AlignedBuf::new(data.len());
             copy.copy_from_slice(data);
             let job = AwtJob {
                 id,
                 data: Arc::new(copy),
-                writes: cache_writes.clone(),
+                writes: cache_writes,
             };
-            let sent = self.awt_tx.lock().as_ref().map(|tx| tx.send(job));
-            if !matches!(sent, Some(Ok(()))) {
+            // Writers gone (volume closing): the copies fail and the pages stay invalid.
+            let unsent = match self.awt_tx.lock().as_ref() {
+                Some(tx) => tx.send(job).err().map(|e| e.0),
+                None => Some(job),
+            };
+            if let Some(job) = unsent {
                 let mut core = s.core.write();
-                for w in &cache_writes {
+                for w in &job.writes {
                     let _ = core.write_cache_done(id, w.part, false);
                 }
             }
         }
-        let result = s.source.write_at(offset, data);
-        if result.is_ok() {
-            s.counters.source_bytes_written.fetch_add(len, Relaxed);
-        }
-        if synchronous {
-            let oks: Vec<(u32, bool)> = cache_writes
-                .iter()
-                .map(|w| {
-                    let piece = &data[w.buf_offset as usize..(w.buf_offset + w.len) as usize];
-                    (w.part, s.cache_write(w.cache.0, piece))
-                })
-                .collect();
-            let mut core = s.core.write();
-            for (part, ok) in oks {
-                let _ = core.write_cache_done(id, part, ok);
-            }
-            let _ = core.write_source_done(id, result.is_ok());
-        } else {
-            let _ = s.core.write().write_source_done(id, result.is_ok());
-        }
+        let result = s.source_write(offset, data);
+        let _ = s.core.write().write_source_done(id, result.is_ok());
         result
     }
 }
 
 impl Shared {
+    /// Writes a write's cache copies (`data` is the whole request buffer) and reports each
+    /// to the core; a failed copy is reported as failed, so its pages stay invalid.
+    fn copy_to_cache(&self, id: WriteId, writes: &[CacheWrite], data: &[u8]) {
+        let results: Vec<(u32, bool)> = writes
+            .iter()
+            .map(|w| {
+                let piece = &data[w.buf_offset as usize..(w.buf_offset + w.len) as usize];
+                (w.part, self.cache_write(w.cache.0, piece))
+            })
+            .collect();
+        let mut core = self.core.write();
+        for (part, ok) in results {
+            let _ = core.write_cache_done(id, part, ok);
+        }
+    }
+
     fn now(&self) -> Nanos {
         Nanos::from_duration(self.epoch.elapsed())
+    }
+
+    /// Writes to the source, counting the bytes that made it.
+    fn source_write(&self, offset: u64, data: &[u8]) -> Result<(), IoError> {
+        let r = self.source.write_at(offset, data);
+        if r.is_ok() {
+            self.counters
+                .source_bytes_written
+                .fetch_add(data.len() as u64, Relaxed);
+        }
+        r
     }
 
     fn cache_write(&self, offset: u64, data: &[u8]) -> bool {
@@ -341,18 +360,7 @@ impl Shared {
 
 fn awt_writer(s: &Shared, rx: Receiver<AwtJob>) {
     for job in rx.iter() {
-        let results: Vec<(u32, bool)> = job
-            .writes
-            .iter()
-            .map(|w| {
-                let piece = &job.data[w.buf_offset as usize..(w.buf_offset + w.len) as usize];
-                (w.part, s.cache_write(w.cache.0, piece))
-            })
-            .collect();
-        let mut core = s.core.write();
-        for (part, ok) in results {
-            let _ = core.write_cache_done(job.id, part, ok);
-        }
+        s.copy_to_cache(job.id, &job.writes, &job.data);
     }
 }
 
