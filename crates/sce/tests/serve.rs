@@ -243,24 +243,8 @@ fn fio_verify_with_population_and_eviction() {
         return;
     }
     let d = tempfile::tempdir().unwrap();
-    let (src, cache, sock) = (
-        d.path().join("src"),
-        d.path().join("cache"),
-        d.path().join("s.sock"),
-    );
-    sparse(&src, 128 << 20);
     // 16 MiB of cache for 128 MiB of data: population and eviction never stop.
-    let p = serve(
-        &[
-            "--source",
-            src.to_str().unwrap(),
-            "--cache",
-            cache.to_str().unwrap(),
-            "--cache-size",
-            "16MiB",
-        ],
-        &sock,
-    );
+    let (_src, sock, p) = cached(&d, 128 << 20, "16MiB");
     let u = uri(&sock);
     for rw in ["randwrite", "randrw"] {
         // fio leaves verify state files in its working directory: keep them in the temp dir.
