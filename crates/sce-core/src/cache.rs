@@ -435,6 +435,86 @@ impl CacheCore {
         &mut self.map
     }
 
+    /// Starts recording which slots change, for `take_dirty` (a persistent driver).
+    pub fn track_dirty(&mut self) {
+        self.slots.track_dirty();
+    }
+
+    /// Slots whose fragment or page validity changed since the last call (with
+    /// `track_dirty` on).
+    pub fn take_dirty(&mut self) -> Vec<SlotNo> {
+        self.slots.take_dirty()
+    }
+
+    /// The fragment slot `s` holds and its page-validity bitmap.
+    pub fn slot_state(&self, s: SlotNo) -> (Option<FragNo>, &[u64]) {
+        (self.slots.fragment(s), self.slots.bitmap(s))
+    }
+
+    /// True if a write or a population is in flight on fragment `f`.
+    pub fn fragment_busy(&self, f: FragNo) -> bool {
+        self.activity.contains_key(&f.0)
+    }
+
+    /// Loads saved contents into a core that has served nothing yet: each entry gives a slot,
+    /// the fragment it holds and its page-validity bitmap. Entries with an out-of-range slot
+    /// or fragment, a fragment already placed, or a slot already used are skipped; the number
+    /// restored is returned. Restored slots are not reported dirty.
+    pub fn restore<'a>(
+        &mut self,
+        entries: impl IntoIterator<Item = (SlotNo, FragNo, &'a [u64])>,
+    ) -> u32 {
+        let words = self.geo.bitmap_words();
+        let mut n = 0;
+        for (s, f, bits) in entries {
+            if s.0 >= self.geo.slots()
+                || f.0 >= self.geo.source_fragments()
+                || self.slots.fragment(s).is_some()
+                || self.map.get(f).is_some()
+                || bits.len() != words
+            {
+                continue;
+            }
+            self.slots.assign(s, Some(f));
+            let pages = self.geo.fragment_pages(f);
+            let bm = self.slots.bitmap_mut(s);
+            bm.copy_from_slice(bits);
+            bitmap::clear_range(bm, pages, (words * 64) as u32);
+            self.map.set(f, Some(s));
+            self.evict.inserted(s);
+            n += 1;
+        }
+        self.slots.rebuild_free();
+        self.slots.take_dirty();
+        n
+    }
+
+    /// Marks pages `[lo, hi)` of fragment `f` invalid (their cached copy was found bad).
+    pub fn invalidate(&mut self, f: FragNo, lo: u32, hi: u32) {
+        if let Some(s) = self.map.get(f) {
+            let hi = hi.min(self.geo.pages_per_fragment());
+            if lo < hi {
+                bitmap::clear_range(self.slots.bitmap_mut(s), lo, hi);
+                self.stats.pages_invalidated += (hi - lo) as u64;
+            }
+        }
+    }
+
+    /// Drops every cached fragment that no operation pins (the volume was forgotten or the
+    /// cache device failed). Returns how many were dropped.
+    pub fn drop_all(&mut self) -> u32 {
+        let mut n = 0;
+        for s in 0..self.geo.slots() {
+            let s = SlotNo(s);
+            if self.slots.fragment(s).is_some() && self.slots.pins(s) == 0 {
+                self.evict_slot(s);
+                self.slots.put_free(s);
+                n += 1;
+            }
+        }
+        n
+    }
+
     /// FlashTier's `exists`: the slot holding fragment `f` and how many of its pages are valid.
     pub fn exists(&self, f: FragNo) -> Option<(SlotNo, u32)> {
         let s = self.map.get(f)?;
@@ -701,10 +781,11 @@ impl CacheCore {
             let (mut vlo, mut vhi) = (lo, hi);
             if let Some(s) = slot {
                 self.evict.accessed(s);
-                if head_partial && !self.slots.is_valid(s, lo) {
+                let partial_ok = self.cfg.revalidate_partial_pages;
+                if head_partial && !(partial_ok && self.slots.is_valid(s, lo)) {
                     vlo = lo + 1;
                 }
-                if tail_partial && !self.slots.is_valid(s, hi - 1) {
+                if tail_partial && !(partial_ok && self.slots.is_valid(s, hi - 1)) {
                     vhi = hi - 1;
                 }
                 bitmap::clear_range(self.slots.bitmap_mut(s), lo, hi);

@@ -148,6 +148,10 @@ pub struct CoreConfig {
     pub awt_budget: u64,
     /// Population throttle.
     pub throttle: ThrottleConfig,
+    /// Whether a write that covers part of a page may re-validate that page (its other bytes
+    /// being valid already). Off when the driver keeps per-page checksums: it cannot compute
+    /// the checksum of a page it holds only part of.
+    pub revalidate_partial_pages: bool,
 }
 
 impl Default for CoreConfig {
@@ -161,6 +165,7 @@ impl Default for CoreConfig {
             hot_window: 100,
             awt_budget: 8 << 20,
             throttle: ThrottleConfig::default(),
+            revalidate_partial_pages: true,
         }
     }
 }

@@ -51,6 +51,10 @@ pub struct SlotTable {
     words: usize,
     high_water: u32,
     free: Vec<u32>,
+    /// One bit per slot: its fragment or bitmap changed since the last `take_dirty`.
+    dirty_bits: Box<[u64]>,
+    dirty: Vec<u32>,
+    track_dirty: bool,
 }
 
 impl SlotTable {
@@ -63,7 +67,52 @@ impl SlotTable {
             words,
             high_water: 0,
             free: Vec::new(),
+            dirty_bits: Box::new([]),
+            dirty: Vec::new(),
+            track_dirty: false,
         }
+    }
+
+    /// Starts recording which slots change (for a driver that persists the table).
+    pub fn track_dirty(&mut self) {
+        if !self.track_dirty {
+            self.track_dirty = true;
+            self.dirty_bits = vec![0; (self.len() as usize).div_ceil(64)].into_boxed_slice();
+        }
+    }
+
+    #[inline]
+    fn mark_dirty(&mut self, s: SlotNo) {
+        if !self.track_dirty {
+            return;
+        }
+        let (w, b) = (s.0 as usize / 64, s.0 % 64);
+        if self.dirty_bits[w] & (1 << b) == 0 {
+            self.dirty_bits[w] |= 1 << b;
+            self.dirty.push(s.0);
+        }
+    }
+
+    /// Slots whose fragment or validity changed since the last call, in the order they first
+    /// changed; clears the set.
+    pub fn take_dirty(&mut self) -> Vec<SlotNo> {
+        for &s in &self.dirty {
+            self.dirty_bits[s as usize / 64] &= !(1 << (s % 64));
+        }
+        std::mem::take(&mut self.dirty)
+            .into_iter()
+            .map(SlotNo)
+            .collect()
+    }
+
+    /// Rebuilds the free list after slots were assigned directly (`restore`): every slot
+    /// without a fragment is free, lowest first.
+    pub fn rebuild_free(&mut self) {
+        self.high_water = self.len();
+        self.free = (0..self.len())
+            .rev()
+            .filter(|&s| self.frags[s as usize] == NO_FRAGMENT)
+            .collect();
     }
 
     /// Number of slots.
@@ -122,6 +171,7 @@ impl SlotTable {
     /// The page-validity bitmap of a slot, mutably.
     #[inline]
     pub fn bitmap_mut(&mut self, s: SlotNo) -> &mut [u64] {
+        self.mark_dirty(s);
         let i = s.0 as usize * self.words;
         &mut self.valid[i..i + self.words]
     }

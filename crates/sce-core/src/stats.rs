@@ -42,4 +42,6 @@ pub struct CoreStats {
     /// Pages that a completing write or population could not validate because a concurrent
     /// write touched them.
     pub pages_spoiled: u64,
+    /// Pages invalidated because their cached copy was found bad.
+    pub pages_invalidated: u64,
 }
