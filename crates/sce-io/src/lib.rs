@@ -12,6 +12,7 @@ pub mod fault;
 pub mod file;
 pub mod latency;
 pub mod mem;
+pub mod slice;
 
 pub use buf::{AlignedBuf, DIRECT_IO_ALIGN};
 pub use error::{check_range, IoError, Op};
@@ -19,6 +20,7 @@ pub use fault::{FaultControl, FaultDevice};
 pub use file::{DirectMode, FileDevice, FileOptions};
 pub use latency::{Delay, LatencyConfig, LatencyDevice};
 pub use mem::MemDevice;
+pub use slice::SliceDevice;
 
 use std::sync::Arc;
 

@@ -1,0 +1,489 @@
+//! `sce-store`: the on-device format of sce's persistent cache (see `docs/FORMAT.md`).
+//!
+//! * [`layout`]: where the superblocks, the write-intent bitmap, the metadata units and the
+//!   data slots live.
+//! * [`superblock`]: the superblock (two alternating copies) and its volume table.
+//! * [`unit`]: metadata units holding per-slot records: fragment, volume generation,
+//!   page-validity bitmap and per-page CRC-32C checksums.
+//! * This module: formatting ([`format`]), loading ([`load`]), checking ([`check`]) and the
+//!   in-memory checksum table ([`CrcTable`]).
+//!
+//! The ordering rules that make the records safe to trust after a crash are the engine's
+//! (`sce-engine`'s `persist` module); this crate only reads and writes the structures.
+
+pub mod layout;
+pub mod superblock;
+pub mod unit;
+
+pub use layout::Layout;
+pub use superblock::{uuid_string, DeviceState, Superblock, Volume, FORMAT_VERSION};
+
+use layout::{BLOCK, SLOTS_PER_INTENT_BLOCK};
+use sce_io::{AlignedBuf, BlockDevice, IoError};
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use unit::{decode_unit, UnitError, NO_FRAGMENT};
+
+/// Why a cache device cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The device does not start with an sce superblock.
+    #[error("the device is not an sce cache device (no superblock); create one with `sce format` or pass --reformat")]
+    NotFormatted,
+    /// The superblock is damaged.
+    #[error("the cache device's superblock is corrupt: {0}")]
+    Corrupt(String),
+    /// Written by a newer sce.
+    #[error("the cache device has format version {0}, newer than this sce's {FORMAT_VERSION}; use a newer sce or pass --reformat")]
+    Version(u32),
+    /// The device caches another source.
+    #[error("the cache device belongs to another source ({0}); pass --reformat to reuse it for this one")]
+    Foreign(String),
+    /// The device was disabled after errors.
+    #[error("the cache device was disabled after device errors; pass --reformat to reuse it")]
+    Failed,
+    /// The geometry is impossible.
+    #[error("{0}")]
+    Geometry(String),
+    /// A device error.
+    #[error(transparent)]
+    Io(#[from] IoError),
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// How to format a device.
+#[derive(Clone, Debug)]
+pub struct FormatOptions {
+    /// Fragment size.
+    pub fragment_size: u64,
+    /// The source volume the device will cache.
+    pub volume: Volume,
+    /// Use only this many bytes of the device (default: all of it).
+    pub size: Option<u64>,
+}
+
+/// Formats `dev`: a new UUID, a fresh superblock (both copies), an empty intent bitmap.
+/// Old metadata units are not erased: they carry the old UUID and are rejected as foreign.
+pub fn format(dev: &dyn BlockDevice, opts: &FormatOptions) -> Result<Superblock, StoreError> {
+    let size = opts.size.unwrap_or(dev.size()).min(dev.size());
+    let layout = Layout::compute(size - size % BLOCK, opts.fragment_size)?;
+    if opts.volume.name.len() > superblock::MAX_NAME {
+        return Err(StoreError::Geometry(format!(
+            "the source name is longer than {} bytes",
+            superblock::MAX_NAME
+        )));
+    }
+    let mut uuid = [0u8; 16];
+    rand::Rng::fill(&mut rand::thread_rng(), &mut uuid[..]);
+    let zero = AlignedBuf::new(BLOCK as usize * 64);
+    let end = layout.intent_offset + layout.intent_blocks as u64 * BLOCK;
+    let mut at = layout.intent_offset;
+    while at < end {
+        let n = (end - at).min(zero.len() as u64);
+        dev.write_at(at, &zero[..n as usize])?;
+        at += n;
+    }
+    let now = unix_now();
+    let sb = Superblock {
+        version: FORMAT_VERSION,
+        seq: 1,
+        uuid,
+        layout,
+        state: DeviceState::Clean,
+        created: now,
+        last_clean_shutdown: 0,
+        last_open: 0,
+        clean_shutdowns: 0,
+        unclean_starts: 0,
+        volumes: vec![opts.volume.clone()],
+    };
+    // Write copy B (seq 1) and then A (seq 2), so both are valid and A wins.
+    write_superblock(dev, &sb)?;
+    let mut sb2 = sb.clone();
+    sb2.seq = 2;
+    write_superblock(dev, &sb2)?;
+    Ok(sb2)
+}
+
+/// Writes the superblock copy its sequence number selects, and flushes.
+pub fn write_superblock(dev: &dyn BlockDevice, sb: &Superblock) -> Result<(), IoError> {
+    let img = sb.encode();
+    let mut buf = AlignedBuf::new(BLOCK as usize);
+    buf.copy_from_slice(&img);
+    dev.write_at(Superblock::copy_offset(sb.seq), &buf)?;
+    dev.flush()
+}
+
+/// Reads both superblock copies and returns the valid one with the higher sequence number.
+pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock, StoreError> {
+    if dev.size() < 2 * BLOCK {
+        return Err(StoreError::NotFormatted);
+    }
+    let mut buf = AlignedBuf::new(2 * BLOCK as usize);
+    dev.read_at(0, &mut buf)?;
+    let a = Superblock::decode(&buf[..BLOCK as usize]);
+    let b = Superblock::decode(&buf[BLOCK as usize..]);
+    let sb = match (a, b) {
+        (Ok(a), Ok(b)) => {
+            if a.seq >= b.seq {
+                a
+            } else {
+                b
+            }
+        }
+        (Ok(s), Err(_)) | (Err(_), Ok(s)) => s,
+        (Err(StoreError::NotFormatted), Err(StoreError::NotFormatted)) => {
+            return Err(StoreError::NotFormatted)
+        }
+        (Err(e @ StoreError::Version(_)), _) | (_, Err(e @ StoreError::Version(_))) => {
+            return Err(e)
+        }
+        (Err(e), Err(_)) => return Err(e),
+    };
+    if sb.layout.cache_size > dev.size() {
+        return Err(StoreError::Corrupt(format!(
+            "the superblock describes {} bytes but the device has {}",
+            sb.layout.cache_size,
+            dev.size()
+        )));
+    }
+    Ok(sb)
+}
+
+/// Per-page CRC-32C checksums of every slot, in memory (4 bytes per 4 KiB page).
+#[derive(Debug)]
+pub struct CrcTable {
+    pages: usize,
+    v: Box<[AtomicU32]>,
+}
+
+impl CrcTable {
+    /// A table for `slots` slots of `pages` pages.
+    pub fn new(slots: u32, pages: u32) -> Self {
+        CrcTable {
+            pages: pages as usize,
+            v: (0..slots as usize * pages as usize)
+                .map(|_| AtomicU32::new(0))
+                .collect(),
+        }
+    }
+    /// The checksum of page `p` of slot `s`.
+    #[inline]
+    pub fn get(&self, s: u32, p: u32) -> u32 {
+        self.v[s as usize * self.pages + p as usize].load(Relaxed)
+    }
+    /// Sets the checksum of page `p` of slot `s`.
+    #[inline]
+    pub fn set(&self, s: u32, p: u32, crc: u32) {
+        self.v[s as usize * self.pages + p as usize].store(crc, Relaxed)
+    }
+    /// Bytes the table takes.
+    pub fn bytes(&self) -> usize {
+        self.v.len() * 4
+    }
+}
+
+/// The checksum sce keeps for page data.
+pub fn page_crc(data: &[u8]) -> u32 {
+    crc32c::crc32c(data)
+}
+
+/// What scanning the metadata found.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ScanReport {
+    /// Units that decoded.
+    pub units_ok: u32,
+    /// Units never written.
+    pub units_blank: u32,
+    /// Units with a bad checksum (torn or corrupted) or garbage.
+    pub units_corrupt: u32,
+    /// Units holding another unit's image (misdirected writes).
+    pub units_misplaced: u32,
+    /// Units of another device.
+    pub units_foreign: u32,
+    /// Entries that may be loaded: this volume's generation, no intent.
+    pub slots_valid: u64,
+    /// Entries of this volume dropped because their slot's write-intent bit is set.
+    pub slots_dropped_intent: u64,
+    /// Entries of an older generation or another volume.
+    pub slots_stale: u64,
+    /// Entries dropped because their fragment lies beyond the source.
+    pub slots_out_of_range: u64,
+    /// Entries dropped because their units were rejected (an upper bound: all their slots).
+    pub slots_in_bad_units: u64,
+    /// Write-intent bits set.
+    pub intents_set: u64,
+    /// Valid pages in the loadable entries.
+    pub pages_valid: u64,
+}
+
+impl ScanReport {
+    /// True if something was damaged (not just dropped by design).
+    pub fn damaged(&self) -> bool {
+        self.units_corrupt + self.units_misplaced + self.units_foreign > 0
+    }
+}
+
+/// A loaded cache device, ready to restore into a core.
+#[derive(Debug)]
+pub struct Loaded {
+    /// The superblock as found.
+    pub superblock: Superblock,
+    /// Index of the volume in the volume table.
+    pub volume: usize,
+    /// Loadable slots: (slot, fragment).
+    pub entries: Vec<(u32, u64)>,
+    /// Their bitmaps, `layout.bitmap_words()` words each, in `entries` order.
+    pub bitmaps: Vec<u64>,
+    /// Checksums of their valid pages.
+    pub crcs: CrcTable,
+    /// The write-intent bitmap as found (one bit per slot).
+    pub intents: Vec<u64>,
+    /// Slots whose on-device entry claims pages but which were not loaded (a set intent, an
+    /// out-of-range fragment): their entries must be rewritten before the intent is cleared.
+    pub unloaded_claims: Vec<u32>,
+    /// Units that should be rewritten (rejected or holding dropped entries).
+    pub rewrite_units: Vec<u32>,
+    /// What the scan found.
+    pub report: ScanReport,
+}
+
+/// Which volume of the table `name`/`size` is, or why it is none.
+pub fn find_volume(sb: &Superblock, name: &str, size: u64) -> Result<usize, StoreError> {
+    match sb.volumes.iter().position(|v| v.name == name) {
+        Some(i) if sb.volumes[i].source_size == size => Ok(i),
+        Some(i) => Err(StoreError::Foreign(format!(
+            "{} of {} bytes, not {size}",
+            name, sb.volumes[i].source_size
+        ))),
+        None => Err(StoreError::Foreign(
+            sb.volumes
+                .iter()
+                .map(|v| v.name.clone())
+                .collect::<Vec<_>>()
+                .join(", "),
+        )),
+    }
+}
+
+fn read_intents(dev: &dyn BlockDevice, l: &Layout) -> Result<Vec<u64>, IoError> {
+    let bytes = l.intent_blocks as usize * BLOCK as usize;
+    let mut buf = AlignedBuf::new(bytes);
+    dev.read_at(l.intent_offset, &mut buf)?;
+    let words = (l.slots as usize).div_ceil(64);
+    Ok((0..words)
+        .map(|w| u64::from_le_bytes(buf[w * 8..w * 8 + 8].try_into().expect("8 bytes")))
+        .collect())
+}
+
+/// Tests bit `s` of a bitmap.
+#[inline]
+pub fn bit(words: &[u64], s: u32) -> bool {
+    words[s as usize / 64] >> (s % 64) & 1 == 1
+}
+
+/// Scans every unit of `dev`, calling `each(slot, entry, unit_ok)` for valid units' entries
+/// and `bad(unit, error)` for the others. Reads in large sequential chunks.
+fn scan_units(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    mut each: impl FnMut(u32, unit::EntryRef<'_>),
+    mut bad: impl FnMut(u32, UnitError),
+) -> Result<(), IoError> {
+    let l = &sb.layout;
+    let per_chunk = ((8 << 20) / l.unit_size).max(1);
+    let mut buf = AlignedBuf::new((per_chunk * l.unit_size) as usize);
+    let mut u = 0;
+    while u < l.units {
+        let n = per_chunk.min(l.units - u);
+        let bytes = (n * l.unit_size) as usize;
+        dev.read_at(l.unit_offset(u), &mut buf[..bytes])?;
+        for k in 0..n {
+            let unit = u + k;
+            let img = &buf[(k * l.unit_size) as usize..((k + 1) * l.unit_size) as usize];
+            let (first, end) = l.unit_slots(unit);
+            let r = decode_unit(l, &sb.uuid, unit, img, |i, e| {
+                if first + i < end {
+                    each(first + i, e)
+                }
+            });
+            if let Err(e) = r {
+                bad(unit, e);
+            }
+        }
+        u += n;
+    }
+    Ok(())
+}
+
+fn any_valid(e: &unit::EntryRef<'_>, words: usize) -> bool {
+    (0..words).any(|w| e.bitmap_word(w) != 0)
+}
+
+/// Loads the contents of a formatted device for volume `volume` of a source of
+/// `source_fragments` fragments. Entries under a write intent, of another generation, or in
+/// rejected units are dropped.
+pub fn load(
+    dev: &dyn BlockDevice,
+    sb: Superblock,
+    volume: usize,
+    source_fragments: u64,
+) -> Result<Loaded, StoreError> {
+    let l = sb.layout;
+    let v = sb.volumes[volume].clone();
+    let intents = read_intents(dev, &l)?;
+    let words = l.bitmap_words();
+    let mut report = ScanReport {
+        intents_set: intents.iter().map(|w| w.count_ones() as u64).sum(),
+        ..ScanReport::default()
+    };
+    let crcs = CrcTable::new(l.slots, l.pages_per_fragment);
+    let mut entries = Vec::new();
+    let mut bitmaps = Vec::new();
+    let mut unloaded = Vec::new();
+    let mut rewrite = std::collections::BTreeSet::new();
+    let failed = sb.state == DeviceState::Failed;
+    let mut bad_units = Vec::new();
+    scan_units(
+        dev,
+        &sb,
+        |s, e| {
+            if e.frag() == NO_FRAGMENT || !any_valid(&e, words) {
+                return;
+            }
+            if e.volume() != v.id || e.generation() != v.generation || failed {
+                report.slots_stale += 1;
+                return;
+            }
+            if bit(&intents, s) {
+                report.slots_dropped_intent += 1;
+                unloaded.push(s);
+                rewrite.insert(l.unit_of(s).0);
+                return;
+            }
+            if e.frag() >= source_fragments {
+                report.slots_out_of_range += 1;
+                unloaded.push(s);
+                rewrite.insert(l.unit_of(s).0);
+                return;
+            }
+            report.slots_valid += 1;
+            entries.push((s, e.frag()));
+            for w in 0..words {
+                let bits = e.bitmap_word(w);
+                report.pages_valid += bits.count_ones() as u64;
+                bitmaps.push(bits);
+            }
+            for p in 0..l.pages_per_fragment {
+                crcs.set(s, p, e.crc(p));
+            }
+        },
+        |u, err| bad_units.push((u, err)),
+    )?;
+    for (u, err) in bad_units {
+        {
+            let (first, end) = l.unit_slots(u);
+            match err {
+                UnitError::Blank => report.units_blank += 1,
+                UnitError::Misplaced(_) => report.units_misplaced += 1,
+                UnitError::Foreign => report.units_foreign += 1,
+                UnitError::Checksum | UnitError::NotAUnit => report.units_corrupt += 1,
+            }
+            if err != UnitError::Blank {
+                report.slots_in_bad_units += (end - first) as u64;
+                rewrite.insert(u);
+            }
+        }
+    }
+    report.units_ok = l.units
+        - report.units_blank
+        - report.units_corrupt
+        - report.units_misplaced
+        - report.units_foreign;
+    Ok(Loaded {
+        superblock: sb,
+        volume,
+        entries,
+        bitmaps,
+        crcs,
+        intents,
+        unloaded_claims: unloaded,
+        rewrite_units: rewrite.into_iter().collect(),
+        report,
+    })
+}
+
+/// What `sce check` reports.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CheckReport {
+    /// The superblock.
+    pub superblock: Superblock,
+    /// Bytes of metadata on the device.
+    pub metadata_bytes: u64,
+    /// The metadata scan, per volume of the table.
+    pub volumes: Vec<(String, ScanReport)>,
+    /// Valid pages whose data was read and checked (with data verification).
+    pub data_pages_checked: u64,
+    /// Valid pages whose data did not match its checksum, or could not be read.
+    pub data_pages_bad: u64,
+}
+
+impl CheckReport {
+    /// True if anything was damaged.
+    pub fn damaged(&self) -> bool {
+        self.data_pages_bad > 0 || self.volumes.iter().any(|(_, r)| r.damaged())
+    }
+}
+
+/// Checks a cache device like fsck: superblock, units, and (with `verify_data`) the data of
+/// every valid page against its checksum. Never modifies the device.
+pub fn check(dev: &dyn BlockDevice, verify_data: bool) -> Result<CheckReport, StoreError> {
+    let sb = read_superblock(dev)?;
+    let mut volumes = Vec::new();
+    let (mut checked, mut bad) = (0, 0);
+    for (i, v) in sb.volumes.iter().enumerate() {
+        let frags = v.source_size.div_ceil(sb.layout.fragment_size);
+        let loaded = load(dev, sb.clone(), i, frags)?;
+        if verify_data {
+            let l = &sb.layout;
+            let mut page = AlignedBuf::new(4096);
+            let words = l.bitmap_words();
+            for (k, &(s, f)) in loaded.entries.iter().enumerate() {
+                let bits = &loaded.bitmaps[k * words..(k + 1) * words];
+                for p in 0..l.pages_per_fragment {
+                    if !bit(bits, p) {
+                        continue;
+                    }
+                    let start = f * l.fragment_size + p as u64 * 4096;
+                    let len = (v.source_size.saturating_sub(start)).min(4096) as usize;
+                    checked += 1;
+                    let at = l.data_offset + s as u64 * l.fragment_size + p as u64 * 4096;
+                    let ok = dev.read_at(at, &mut page).is_ok()
+                        && page_crc(&page[..len]) == loaded.crcs.get(s, p);
+                    if !ok {
+                        bad += 1;
+                    }
+                }
+            }
+        }
+        volumes.push((v.name.clone(), loaded.report));
+    }
+    Ok(CheckReport {
+        metadata_bytes: sb.layout.metadata_bytes(),
+        superblock: sb,
+        volumes,
+        data_pages_checked: checked,
+        data_pages_bad: bad,
+    })
+}
+
+/// Slots covered by intent block `b`.
+pub fn intent_block_slots(b: u32) -> (u64, u64) {
+    let first = b as u64 * SLOTS_PER_INTENT_BLOCK;
+    (first, first + SLOTS_PER_INTENT_BLOCK)
+}

@@ -1,0 +1,266 @@
+//! The superblock and its volume table. Two copies (A at 0, B at 4 KiB) are written in turn,
+//! each with a sequence number and a checksum, so a torn superblock write leaves the other
+//! copy intact; loading takes the valid copy with the higher sequence number.
+
+use crate::layout::{Layout, BLOCK};
+use crate::StoreError;
+
+/// First bytes of a superblock.
+pub const MAGIC: [u8; 8] = *b"SCECACHE";
+/// The on-device format version this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// Volume table entries a superblock holds.
+pub const MAX_VOLUMES: usize = 16;
+/// Longest volume name, in bytes.
+pub const MAX_NAME: usize = 110;
+
+const VOLUMES_AT: usize = 256;
+const VOLUME_ENTRY: usize = 128;
+
+/// What the superblock says about how the device was left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceState {
+    /// Shut down cleanly: every record is current and no intent is set.
+    Clean,
+    /// In use, or crashed while in use.
+    Open,
+    /// Disabled after device errors; its contents must not be trusted.
+    Failed,
+}
+
+/// A volume table entry: a source volume whose fragments this device caches.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Volume {
+    /// Small id stored in slot entries.
+    pub id: u16,
+    /// Generation: slot entries of an older generation are invalid. Forgetting a volume bumps
+    /// it, which invalidates all its fragments at once.
+    pub generation: u32,
+    /// Size of the source in bytes.
+    pub source_size: u64,
+    /// The source's name (path or URI, as given to `sce serve`).
+    pub name: String,
+}
+
+/// The decoded superblock.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Superblock {
+    /// Format version.
+    pub version: u32,
+    /// Write counter; the copy with the higher one wins.
+    pub seq: u64,
+    /// The device's identity; units carry it, so units of another device are rejected.
+    #[serde(serialize_with = "ser_uuid")]
+    pub uuid: [u8; 16],
+    /// Geometry.
+    pub layout: Layout,
+    /// How the device was left.
+    pub state: DeviceState,
+    /// Unix seconds when formatted.
+    pub created: u64,
+    /// Unix seconds of the last clean shutdown (0: never).
+    pub last_clean_shutdown: u64,
+    /// Unix seconds of the last start.
+    pub last_open: u64,
+    /// Clean shutdowns so far.
+    pub clean_shutdowns: u64,
+    /// Starts that found the device not cleanly shut down.
+    pub unclean_starts: u64,
+    /// The volume table.
+    pub volumes: Vec<Volume>,
+}
+
+fn ser_uuid<S: serde::Serializer>(u: &[u8; 16], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&uuid_string(u))
+}
+
+/// A UUID in the usual 8-4-4-4-12 hex form.
+pub fn uuid_string(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+struct W<'a>(&'a mut [u8]);
+impl W<'_> {
+    fn u16(&mut self, at: usize, v: u16) {
+        self.0[at..at + 2].copy_from_slice(&v.to_le_bytes());
+    }
+    fn u32(&mut self, at: usize, v: u32) {
+        self.0[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, at: usize, v: u64) {
+        self.0[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+pub(crate) fn rd16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes(b[at..at + 2].try_into().expect("2 bytes"))
+}
+pub(crate) fn rd32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+pub(crate) fn rd64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Offset of the checksum field; the checksum is computed with it zeroed.
+const CRC_AT: usize = 12;
+
+impl Superblock {
+    /// Encodes into one 4 KiB block.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; BLOCK as usize];
+        b[0..8].copy_from_slice(&MAGIC);
+        let mut w = W(&mut b);
+        w.u32(8, self.version);
+        w.u64(16, self.seq);
+        w.0[24..40].copy_from_slice(&self.uuid);
+        let l = &self.layout;
+        w.u64(40, l.cache_size);
+        w.u64(48, l.fragment_size);
+        w.u32(56, l.slots);
+        w.u32(60, l.slots_per_unit);
+        w.u32(64, l.unit_size);
+        w.u32(68, l.entry_size);
+        w.u64(72, l.intent_offset);
+        w.u64(80, l.meta_offset);
+        w.u64(88, l.data_offset);
+        w.u32(
+            96,
+            match self.state {
+                DeviceState::Clean => 0,
+                DeviceState::Open => 1,
+                DeviceState::Failed => 2,
+            },
+        );
+        w.u32(100, l.units);
+        w.u64(104, self.created);
+        w.u64(112, self.last_clean_shutdown);
+        w.u64(120, self.last_open);
+        w.u64(128, self.clean_shutdowns);
+        w.u64(136, self.unclean_starts);
+        w.u32(144, l.intent_blocks);
+        w.u32(148, l.pages_per_fragment);
+        w.u32(VOLUMES_AT, self.volumes.len() as u32);
+        for (i, v) in self.volumes.iter().enumerate().take(MAX_VOLUMES) {
+            let at = VOLUMES_AT + 8 + i * VOLUME_ENTRY;
+            w.u16(at, v.id);
+            w.u16(at + 2, 1);
+            w.u32(at + 4, v.generation);
+            w.u64(at + 8, v.source_size);
+            let name = &v.name.as_bytes()[..v.name.len().min(MAX_NAME)];
+            w.u16(at + 16, name.len() as u16);
+            w.0[at + 18..at + 18 + name.len()].copy_from_slice(name);
+        }
+        let crc = crc32c::crc32c(&b);
+        b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// Decodes one copy. Every failure says what is wrong.
+    pub fn decode(b: &[u8]) -> Result<Superblock, StoreError> {
+        if b.len() < BLOCK as usize {
+            return Err(StoreError::Corrupt("superblock shorter than 4 KiB".into()));
+        }
+        let b = &b[..BLOCK as usize];
+        if b[0..8] != MAGIC {
+            return Err(StoreError::NotFormatted);
+        }
+        let version = rd32(b, 8);
+        let stored = rd32(b, CRC_AT);
+        let mut copy = b.to_vec();
+        copy[CRC_AT..CRC_AT + 4].fill(0);
+        let crc_ok = crc32c::crc32c(&copy) == stored;
+        if version > FORMAT_VERSION && version < 1 << 16 {
+            // A newer format may checksum differently: report the version, not corruption.
+            return Err(StoreError::Version(version));
+        }
+        if !crc_ok {
+            return Err(StoreError::Corrupt("superblock checksum mismatch".into()));
+        }
+        if version != FORMAT_VERSION {
+            return Err(StoreError::Corrupt(format!("format version {version}")));
+        }
+        let state = match rd32(b, 96) {
+            0 => DeviceState::Clean,
+            1 => DeviceState::Open,
+            2 => DeviceState::Failed,
+            n => return Err(StoreError::Corrupt(format!("unknown device state {n}"))),
+        };
+        let cache_size = rd64(b, 40);
+        let fragment_size = rd64(b, 48);
+        let expect = Layout::compute(cache_size, fragment_size)
+            .map_err(|e| StoreError::Corrupt(format!("superblock geometry: {e}")))?;
+        let layout = Layout {
+            cache_size,
+            fragment_size,
+            pages_per_fragment: rd32(b, 148),
+            slots: rd32(b, 56),
+            entry_size: rd32(b, 68),
+            unit_size: rd32(b, 64),
+            slots_per_unit: rd32(b, 60),
+            units: rd32(b, 100),
+            intent_offset: rd64(b, 72),
+            intent_blocks: rd32(b, 144),
+            meta_offset: rd64(b, 80),
+            data_offset: rd64(b, 88),
+        };
+        if layout != expect {
+            return Err(StoreError::Corrupt(format!(
+                "superblock geometry is inconsistent: stored {layout:?}, computed {expect:?}"
+            )));
+        }
+        let n = rd32(b, VOLUMES_AT) as usize;
+        if n > MAX_VOLUMES {
+            return Err(StoreError::Corrupt(format!(
+                "{n} volumes in the volume table"
+            )));
+        }
+        let mut volumes = Vec::with_capacity(n);
+        for i in 0..n {
+            let at = VOLUMES_AT + 8 + i * VOLUME_ENTRY;
+            let len = rd16(b, at + 16) as usize;
+            if len > MAX_NAME {
+                return Err(StoreError::Corrupt(format!(
+                    "volume {i}: name of {len} bytes"
+                )));
+            }
+            let name = String::from_utf8(b[at + 18..at + 18 + len].to_vec())
+                .map_err(|_| StoreError::Corrupt(format!("volume {i}: name is not UTF-8")))?;
+            volumes.push(Volume {
+                id: rd16(b, at),
+                generation: rd32(b, at + 4),
+                source_size: rd64(b, at + 8),
+                name,
+            });
+        }
+        let mut uuid = [0u8; 16];
+        uuid.copy_from_slice(&b[24..40]);
+        Ok(Superblock {
+            version,
+            seq: rd64(b, 16),
+            uuid,
+            layout,
+            state,
+            created: rd64(b, 104),
+            last_clean_shutdown: rd64(b, 112),
+            last_open: rd64(b, 120),
+            clean_shutdowns: rd64(b, 128),
+            unclean_starts: rd64(b, 136),
+            volumes,
+        })
+    }
+
+    /// The device offset the copy with sequence number `seq` goes to.
+    pub fn copy_offset(seq: u64) -> u64 {
+        (seq % 2) * BLOCK
+    }
+}

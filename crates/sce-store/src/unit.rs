@@ -1,0 +1,207 @@
+//! Metadata units: a 64-byte header and the entries of `slots_per_unit` consecutive slots.
+//!
+//! The header carries the unit's own index and the device UUID, and its checksum covers the
+//! whole unit, so a torn unit, a unit written to the wrong place and a unit of another device
+//! are all rejected on load.
+
+use crate::layout::{Layout, ENTRY_HEADER, UNIT_HEADER};
+use crate::superblock::{rd16, rd32, rd64, FORMAT_VERSION};
+
+/// First bytes of a unit.
+pub const UNIT_MAGIC: u32 = u32::from_le_bytes(*b"SCMU");
+/// `frag` value of an entry that holds nothing.
+pub const NO_FRAGMENT: u64 = u64::MAX;
+const CRC_AT: usize = 40;
+
+/// Why a unit was rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnitError {
+    /// All zero: never written.
+    Blank,
+    /// Wrong magic or version: not a unit, or garbage.
+    NotAUnit,
+    /// The checksum does not match: torn or corrupted.
+    Checksum,
+    /// A valid unit of this device but for another position: a misdirected write.
+    Misplaced(u32),
+    /// A valid unit of another device.
+    Foreign,
+}
+
+impl std::fmt::Display for UnitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UnitError::Blank => f.write_str("never written"),
+            UnitError::NotAUnit => f.write_str("not a metadata unit"),
+            UnitError::Checksum => f.write_str("checksum mismatch (torn or corrupted)"),
+            UnitError::Misplaced(u) => write!(f, "holds unit {u} (misdirected write)"),
+            UnitError::Foreign => f.write_str("belongs to another cache device"),
+        }
+    }
+}
+
+/// Builds the image of one unit.
+pub struct UnitBuilder<'a> {
+    layout: &'a Layout,
+    buf: Vec<u8>,
+}
+
+/// One slot's record, as written.
+pub struct EntryIn<'a> {
+    /// The fragment the slot holds.
+    pub frag: u64,
+    /// Volume id.
+    pub volume: u16,
+    /// Volume generation.
+    pub generation: u32,
+    /// Page-validity bitmap (`layout.bitmap_words()` words).
+    pub bitmap: &'a [u64],
+}
+
+impl<'a> UnitBuilder<'a> {
+    /// An image of unit `unit` with every entry empty.
+    pub fn new(layout: &'a Layout, uuid: &[u8; 16], unit: u32, seq: u64) -> Self {
+        let mut buf = vec![0u8; layout.unit_size as usize];
+        buf[0..4].copy_from_slice(&UNIT_MAGIC.to_le_bytes());
+        buf[4..8].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        buf[8..12].copy_from_slice(&unit.to_le_bytes());
+        buf[12..16].copy_from_slice(&layout.slots_per_unit.to_le_bytes());
+        buf[16..32].copy_from_slice(uuid);
+        buf[32..40].copy_from_slice(&seq.to_le_bytes());
+        let mut b = UnitBuilder { layout, buf };
+        for i in 0..layout.slots_per_unit {
+            b.entry_mut(i)[0..8].copy_from_slice(&NO_FRAGMENT.to_le_bytes());
+        }
+        b
+    }
+
+    fn entry_mut(&mut self, i: u32) -> &mut [u8] {
+        let es = self.layout.entry_size as usize;
+        let at = UNIT_HEADER as usize + i as usize * es;
+        &mut self.buf[at..at + es]
+    }
+
+    /// Sets entry `i` (the slot's index in the unit); `crc(p)` gives the checksum of page `p`,
+    /// asked only for valid pages.
+    pub fn set(&mut self, i: u32, e: &EntryIn<'_>, crc: impl Fn(u32) -> u32) {
+        let words = self.layout.bitmap_words();
+        let pages = self.layout.pages_per_fragment;
+        let b = self.entry_mut(i);
+        b[0..8].copy_from_slice(&e.frag.to_le_bytes());
+        b[8..12].copy_from_slice(&e.generation.to_le_bytes());
+        b[12..14].copy_from_slice(&e.volume.to_le_bytes());
+        for (w, v) in e.bitmap.iter().take(words).enumerate() {
+            let at = ENTRY_HEADER as usize + w * 8;
+            b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        let crcs = ENTRY_HEADER as usize + words * 8;
+        for p in 0..pages {
+            let valid = e.bitmap[p as usize / 64] >> (p % 64) & 1 == 1;
+            let v = if valid { crc(p) } else { 0 };
+            let at = crcs + p as usize * 4;
+            b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+
+    /// Seals the unit (computes its checksum) and returns its image.
+    pub fn finish(mut self) -> Vec<u8> {
+        self.buf[CRC_AT..CRC_AT + 4].fill(0);
+        let crc = crc32c::crc32c(&self.buf);
+        self.buf[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+        self.buf
+    }
+}
+
+/// A decoded entry, borrowing the unit image.
+#[derive(Clone, Copy)]
+pub struct EntryRef<'a> {
+    bytes: &'a [u8],
+    words: usize,
+}
+
+impl EntryRef<'_> {
+    /// The fragment, or `NO_FRAGMENT`.
+    pub fn frag(&self) -> u64 {
+        rd64(self.bytes, 0)
+    }
+    /// Volume generation.
+    pub fn generation(&self) -> u32 {
+        rd32(self.bytes, 8)
+    }
+    /// Volume id.
+    pub fn volume(&self) -> u16 {
+        rd16(self.bytes, 12)
+    }
+    /// Bitmap word `w`.
+    pub fn bitmap_word(&self, w: usize) -> u64 {
+        rd64(self.bytes, ENTRY_HEADER as usize + w * 8)
+    }
+    /// The page-validity bitmap.
+    pub fn bitmap(&self) -> Vec<u64> {
+        (0..self.words).map(|w| self.bitmap_word(w)).collect()
+    }
+    /// The checksum of page `p`.
+    pub fn crc(&self, p: u32) -> u32 {
+        rd32(
+            self.bytes,
+            ENTRY_HEADER as usize + self.words * 8 + p as usize * 4,
+        )
+    }
+}
+
+/// The sequence number a unit was written with (valid units only).
+pub fn unit_seq(buf: &[u8]) -> u64 {
+    rd64(buf, 32)
+}
+
+/// Checks the image of unit `unit` and calls `each(index_in_unit, entry)` for every entry if
+/// it is sound.
+pub fn decode_unit(
+    layout: &Layout,
+    uuid: &[u8; 16],
+    unit: u32,
+    buf: &[u8],
+    mut each: impl FnMut(u32, EntryRef<'_>),
+) -> Result<(), UnitError> {
+    let n = layout.unit_size as usize;
+    if buf.len() < n {
+        return Err(UnitError::NotAUnit);
+    }
+    let buf = &buf[..n];
+    if buf.iter().all(|&b| b == 0) {
+        return Err(UnitError::Blank);
+    }
+    if rd32(buf, 0) != UNIT_MAGIC
+        || rd32(buf, 4) != FORMAT_VERSION
+        || rd32(buf, 12) != layout.slots_per_unit
+    {
+        return Err(UnitError::NotAUnit);
+    }
+    let stored = rd32(buf, CRC_AT);
+    let mut h = crc32c::crc32c(&buf[..CRC_AT]);
+    h = crc32c::crc32c_append(h, &[0; 4]);
+    h = crc32c::crc32c_append(h, &buf[CRC_AT + 4..]);
+    if h != stored {
+        return Err(UnitError::Checksum);
+    }
+    if buf[16..32] != uuid[..] {
+        return Err(UnitError::Foreign);
+    }
+    let at = rd32(buf, 8);
+    if at != unit {
+        return Err(UnitError::Misplaced(at));
+    }
+    let es = layout.entry_size as usize;
+    let words = layout.bitmap_words();
+    for i in 0..layout.slots_per_unit {
+        let at = UNIT_HEADER as usize + i as usize * es;
+        each(
+            i,
+            EntryRef {
+                bytes: &buf[at..at + es],
+                words,
+            },
+        );
+    }
+    Ok(())
+}
