@@ -4,8 +4,10 @@
 //! at once, with background population workers (Algorithm 1), AWT writer threads and
 //! counters ([`VolumeStats`]).
 
+pub mod persist;
 pub mod stats;
 pub mod volume;
 
+pub use persist::{PersistConfig, PersistStats};
 pub use stats::VolumeStats;
 pub use volume::{CacheVolume, EngineConfig, EngineError};

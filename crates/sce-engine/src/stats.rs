@@ -19,6 +19,8 @@ pub struct Counters {
     pub cache_read_errors: AtomicU64,
     /// Failed writes to the cache device.
     pub cache_write_errors: AtomicU64,
+    /// Cached pages whose data did not match its checksum (served from the source instead).
+    pub cache_checksum_errors: AtomicU64,
     /// Population workers the throttle lets run.
     pub active_workers: AtomicU64,
 }
@@ -48,6 +50,10 @@ pub struct VolumeStats {
     pub cache_read_errors: u64,
     /// Cache device write errors.
     pub cache_write_errors: u64,
+    /// Cached pages that failed their checksum (corrupt, torn, lost or misdirected writes).
+    pub cache_checksum_errors: u64,
+    /// 1 if the cache disabled itself after device errors and passes I/O through.
+    pub passthrough: u64,
     /// Populations completed.
     pub fragments_populated: u64,
     /// Populations failed.
@@ -75,7 +81,7 @@ pub struct VolumeStats {
 impl VolumeStats {
     /// Every counter by name, for exporters (Prometheus text, JSON). Gauges end in no
     /// `_total`; the caller decides the naming scheme.
-    pub fn fields(&self) -> [(&'static str, u64, bool); 22] {
+    pub fn fields(&self) -> [(&'static str, u64, bool); 24] {
         [
             ("read_requests", self.read_requests, true),
             ("read_requests_full_hit", self.read_requests_full_hit, true),
@@ -88,6 +94,8 @@ impl VolumeStats {
             ("cache_bytes_written", self.cache_bytes_written, true),
             ("cache_read_errors", self.cache_read_errors, true),
             ("cache_write_errors", self.cache_write_errors, true),
+            ("cache_checksum_errors", self.cache_checksum_errors, true),
+            ("passthrough", self.passthrough, false),
             ("fragments_populated", self.fragments_populated, true),
             ("populations_failed", self.populations_failed, true),
             ("pages_populated", self.pages_populated, true),
@@ -126,6 +134,8 @@ impl VolumeStats {
             cache_bytes_written: self.cache_bytes_written - earlier.cache_bytes_written,
             cache_read_errors: self.cache_read_errors - earlier.cache_read_errors,
             cache_write_errors: self.cache_write_errors - earlier.cache_write_errors,
+            cache_checksum_errors: self.cache_checksum_errors - earlier.cache_checksum_errors,
+            passthrough: self.passthrough,
             fragments_populated: self.fragments_populated - earlier.fragments_populated,
             populations_failed: self.populations_failed - earlier.populations_failed,
             pages_populated: self.pages_populated - earlier.pages_populated,
@@ -143,7 +153,7 @@ impl VolumeStats {
 
 impl Counters {
     /// Joins these counters with the core's into a snapshot.
-    pub fn snapshot(&self, core: &CacheCore) -> VolumeStats {
+    pub fn snapshot(&self, core: &CacheCore, passthrough: bool) -> VolumeStats {
         let c = core.stats();
         VolumeStats {
             read_requests: c.read_requests,
@@ -157,6 +167,8 @@ impl Counters {
             cache_bytes_written: self.cache_bytes_written.load(Relaxed),
             cache_read_errors: self.cache_read_errors.load(Relaxed),
             cache_write_errors: self.cache_write_errors.load(Relaxed),
+            cache_checksum_errors: self.cache_checksum_errors.load(Relaxed),
+            passthrough: passthrough as u64,
             fragments_populated: c.populations_completed,
             populations_failed: c.populations_failed,
             pages_populated: c.pages_populated,

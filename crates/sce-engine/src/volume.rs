@@ -6,6 +6,7 @@
 //! to the AWT writer threads first, so the two writes run in parallel and the caller returns
 //! when the source write is done. Background population workers follow Algorithm 1.
 
+use crate::persist::{Persist, PersistConfig, PersistStats, Ticket};
 use crate::stats::{Counters, VolumeStats};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -14,9 +15,10 @@ use sce_core::{
     AccessLog, CacheCore, CacheWrite, ConfigError, CoreConfig, Nanos, PopulationJob, ReadPlan,
     RequestError, RunTarget, SourceOffset, WriteId, WriteKind, WritePlan,
 };
-use sce_io::{check_range, AlignedBuf, BlockDevice, IoError, Op};
+use sce_io::{check_range, AlignedBuf, BlockDevice, IoError, Op, SliceDevice};
+use sce_store::{page_crc, CrcTable};
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -31,6 +33,15 @@ pub struct EngineConfig {
     /// Start the background population workers (off only for tests that drive population
     /// by hand with `populate_now`).
     pub background_population: bool,
+    /// Keep a CRC-32C per cached page and verify every read of cached data against it; a
+    /// mismatch is served from the source. Always on with persistence.
+    pub verify: bool,
+    /// Cache-device errors (I/O errors, checksum mismatches, metadata failures) after which
+    /// the cache disables itself and passes I/O through to the source.
+    pub error_limit: u64,
+    /// Keep the cache contents on the cache device across restarts (see `persist`). The
+    /// cache device then holds the metadata as well as the data.
+    pub persist: Option<PersistConfig>,
 }
 
 impl Default for EngineConfig {
@@ -39,6 +50,9 @@ impl Default for EngineConfig {
             core: CoreConfig::default(),
             awt_threads: 2,
             background_population: true,
+            verify: true,
+            error_limit: 16,
+            persist: None,
         }
     }
 }
@@ -52,18 +66,29 @@ pub enum EngineError {
     /// A device could not be used.
     #[error(transparent)]
     Io(#[from] IoError),
+    /// The cache device's contents could not be used.
+    #[error(transparent)]
+    Store(#[from] sce_store::StoreError),
 }
 
 struct AwtJob {
     id: WriteId,
+    offset: u64,
     data: Arc<AlignedBuf>,
     writes: Vec<CacheWrite>,
 }
 
-struct Shared {
+pub(crate) struct Shared {
     source: Arc<dyn BlockDevice>,
     cache: Arc<dyn BlockDevice>,
-    core: RwLock<CacheCore>,
+    pub(crate) core: RwLock<CacheCore>,
+    pub(crate) crcs: Option<CrcTable>,
+    persist: Option<Persist>,
+    errors: AtomicU64,
+    error_limit: u64,
+    passthrough: AtomicBool,
+    source_size: u64,
+    fshift: u32,
     logs: Box<[LogShard]>,
     pins: Arc<PinTable>,
     counters: Counters,
@@ -143,7 +168,41 @@ impl CacheVolume {
             )
             .into());
         }
-        let core = CacheCore::new(config.core.clone(), source.size(), cache.size())?;
+        let source_size = source.size();
+        let mut core_cfg = config.core.clone();
+        let verify = config.verify || config.persist.is_some();
+        if verify {
+            core_cfg.revalidate_partial_pages = false;
+        }
+        let (core, crcs, persist, cache) = match config.persist.clone() {
+            None => {
+                let core = CacheCore::new(core_cfg, source.size(), cache.size())?;
+                let g = core.geometry();
+                let crcs = verify.then(|| CrcTable::new(g.slots(), g.pages_per_fragment()));
+                (core, crcs, None, cache)
+            }
+            Some(pc) => {
+                let opened =
+                    Persist::open(cache.clone(), pc, core_cfg.fragment_size, source.size())?;
+                let mut persist = opened.persist;
+                let loaded = opened.loaded;
+                let l = persist.layout;
+                let data: Arc<dyn BlockDevice> =
+                    Arc::new(SliceDevice::new(cache, l.data_offset, l.data_bytes())?);
+                let mut core = CacheCore::new(core_cfg, source.size(), data.size())?;
+                core.track_dirty();
+                let words = l.bitmap_words();
+                core.restore(loaded.entries.iter().enumerate().map(|(i, &(s, f))| {
+                    (
+                        sce_core::SlotNo(s),
+                        sce_core::FragNo(f),
+                        &loaded.bitmaps[i * words..(i + 1) * words],
+                    )
+                }));
+                persist.start(&core, &loaded)?;
+                (core, Some(loaded.crcs), Some(persist), data)
+            }
+        };
         let workers = if config.background_population {
             config.core.throttle.max_workers
         } else {
@@ -153,7 +212,14 @@ impl CacheVolume {
             source,
             cache,
             pins: core.pin_table(),
+            source_size,
+            fshift: core.geometry().fragment_shift(),
             core: RwLock::new(core),
+            crcs,
+            persist,
+            errors: AtomicU64::new(0),
+            error_limit: config.error_limit.max(1),
+            passthrough: AtomicBool::new(false),
             logs: (0..LOG_SHARDS).map(|_| LogShard::default()).collect(),
             counters: Counters::default(),
             epoch: Instant::now(),
@@ -184,6 +250,15 @@ impl CacheVolume {
                     })?,
             );
         }
+        if shared.persist.is_some() {
+            let s = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("sce-meta".into())
+                    .spawn(move || flusher(&s))
+                    .map_err(|e| IoError::Invalid(format!("cannot start metadata thread: {e}")))?,
+            );
+        }
         Ok(CacheVolume {
             shared,
             awt_tx: Mutex::new(Some(tx)),
@@ -197,7 +272,27 @@ impl CacheVolume {
         for shard in self.shared.logs.iter() {
             core.apply_access_log(&mut shard.0.lock());
         }
-        self.shared.counters.snapshot(&core)
+        self.shared
+            .counters
+            .snapshot(&core, self.shared.passthrough.load(Relaxed))
+    }
+
+    /// The persistent store's state and counters (None without persistence).
+    pub fn persist_stats(&self) -> Option<PersistStats> {
+        self.shared.persist.as_ref().map(|p| p.stats())
+    }
+
+    /// True once the cache disabled itself after device errors.
+    pub fn is_passthrough(&self) -> bool {
+        self.shared.passthrough.load(Relaxed)
+    }
+
+    /// Runs one metadata flush round now (tests); returns the metadata errors it met.
+    pub fn flush_metadata(&self) -> u64 {
+        match &self.shared.persist {
+            Some(p) => p.round(&self.shared, false),
+            None => 0,
+        }
     }
 
     /// The core's configuration.
@@ -208,6 +303,8 @@ impl CacheVolume {
     /// Runs population on the calling thread until nothing more is picked or `max` jobs ran,
     /// ignoring the throttle. Returns the number of fragments populated.
     pub fn populate_now(&self, max: usize) -> usize {
+        // Reads not yet accounted count as accesses for the pick.
+        self.stats();
         let mut buf = AlignedBuf::new(self.shared.core.write().geometry().fragment_size() as usize);
         let mut n = 0;
         while n < max {
@@ -257,19 +354,26 @@ impl CacheVolume {
     fn write_data(&self, offset: u64, data: &[u8]) -> Result<(), IoError> {
         let s = &self.shared;
         let len = data.len() as u64;
+        if s.passthrough.load(Relaxed) {
+            return s.source_write(offset, data);
+        }
+        let (plan, tickets) = s.begin_write(offset, len, WriteKind::Data)?;
         let WritePlan {
             id,
-            cache_writes,
+            mut cache_writes,
             synchronous,
-        } = s
-            .core
-            .write()
-            .begin_write(SourceOffset(offset), len, WriteKind::Data)
-            .map_err(|e| request_error(Op::Write, e, offset, len, s.source.size(), s.lbs))?;
+        } = plan;
+        if !s.wait_intents(&tickets) {
+            // The intents could not be made durable; the cache is now disabled. Send no copy.
+            let mut core = s.core.write();
+            for w in cache_writes.drain(..) {
+                let _ = core.write_cache_done(id, w.part, false);
+            }
+        }
         if synchronous {
             // Write-through: the source, then the cache copies, before acknowledging.
             let result = s.source_write(offset, data);
-            s.copy_to_cache(id, &cache_writes, data);
+            s.copy_to_cache(id, offset, &cache_writes, data);
             let _ = s.core.write().write_source_done(id, result.is_ok());
             return result;
         }
@@ -279,6 +383,7 @@ impl CacheVolume {
             copy.copy_from_slice(data);
             let job = AwtJob {
                 id,
+                offset,
                 data: Arc::new(copy),
                 writes: cache_writes,
             };
@@ -301,13 +406,190 @@ impl CacheVolume {
 }
 
 impl Shared {
-    /// Writes a write's cache copies (`data` is the whole request buffer) and reports each
-    /// to the core; a failed copy is reported as failed, so its pages stay invalid.
-    fn copy_to_cache(&self, id: WriteId, writes: &[CacheWrite], data: &[u8]) {
+    /// Plans a write or discard and, with persistence, sets the intents it needs (under the
+    /// core lock); the caller waits for the tickets before sending anything.
+    fn begin_write(
+        &self,
+        offset: u64,
+        len: u64,
+        kind: WriteKind,
+    ) -> Result<(WritePlan, Vec<Ticket>), IoError> {
+        let op = if kind == WriteKind::Data {
+            Op::Write
+        } else {
+            Op::Discard
+        };
+        let mut core = self.core.write();
+        let plan = core
+            .begin_write(SourceOffset(offset), len, kind)
+            .map_err(|e| request_error(op, e, offset, len, self.source_size, self.lbs))?;
+        let tickets = match &self.persist {
+            Some(p) if len > 0 => {
+                let first = offset >> self.fshift;
+                let last = (offset + len - 1) >> self.fshift;
+                let core = &*core;
+                let fshift = self.fshift;
+                p.guard_write(
+                    first..=last,
+                    plan.cache_writes.iter().map(move |w| {
+                        let slot = (w.cache.0 >> fshift) as u32;
+                        let f = core.slot_state(sce_core::SlotNo(slot)).0;
+                        (slot, f.map_or(u64::MAX, |f| f.0))
+                    }),
+                )
+            }
+            _ => Vec::new(),
+        };
+        Ok((plan, tickets))
+    }
+
+    /// Waits for intents to be durable. False if they could not be written: the cache device
+    /// failed, and the cache is disabled (so nothing it holds is served or trusted again).
+    fn wait_intents(&self, tickets: &[Ticket]) -> bool {
+        let Some(p) = &self.persist else { return true };
+        match p.sync(tickets) {
+            Ok(()) => true,
+            Err(e) => {
+                self.disable(&format!("cannot write the write-intent bitmap: {e}"));
+                false
+            }
+        }
+    }
+
+    /// Counts `n` cache-device errors; disables the cache once they reach the limit.
+    fn device_errors(&self, n: u64, what: &str) {
+        let total = self.errors.fetch_add(n, Relaxed) + n;
+        if total >= self.error_limit {
+            self.disable(&format!("{total} cache device errors, the last: {what}"));
+        }
+    }
+
+    /// Disables the cache: from now on I/O passes through to the source.
+    fn disable(&self, why: &str) {
+        if self.passthrough.swap(true, Relaxed) {
+            return;
+        }
+        tracing::error!("cache disabled, passing I/O through to the source: {why}");
+        if let Some(p) = &self.persist {
+            if let Err(e) = p.fail() {
+                tracing::error!(
+                    "could not mark the cache device failed ({e}); reformat it before reusing it"
+                );
+            }
+        }
+        self.core.write().drop_all();
+    }
+
+    /// Stores the checksums of the whole pages of a cache write of `data` at source offset
+    /// `src` and cache offset `cache` (the same position within their pages).
+    fn record_crcs(&self, src: u64, cache: u64, data: &[u8]) {
+        let Some(crcs) = &self.crcs else { return };
+        let ps = sce_core::PAGE_SIZE;
+        let end = src + data.len() as u64;
+        let mut sp = src.div_ceil(ps) * ps;
+        while sp < end {
+            let pe = (sp + ps).min(self.source_size);
+            if pe > end {
+                break;
+            }
+            let c = cache + (sp - src);
+            let bytes = &data[(sp - src) as usize..(pe - src) as usize];
+            crcs.set(
+                (c >> self.fshift) as u32,
+                ((c & ((1 << self.fshift) - 1)) / ps) as u32,
+                page_crc(bytes),
+            );
+            sp += ps;
+        }
+    }
+
+    /// Reads a run of cached data at cache offset `c` (source offset `src`) into `dst` and
+    /// verifies it. False if the cache could not supply correct data (the caller reads the
+    /// source instead).
+    fn read_cache_run(&self, c: u64, src: u64, dst: &mut [u8]) -> bool {
+        let Some(crcs) = &self.crcs else {
+            return match self.cache.read_at(c, dst) {
+                Ok(()) => true,
+                Err(e) => {
+                    self.counters.cache_read_errors.fetch_add(1, Relaxed);
+                    self.device_errors(1, &format!("read error: {e}"));
+                    false
+                }
+            };
+        };
+        let ps = sce_core::PAGE_SIZE;
+        let head = src % ps;
+        let len = dst.len() as u64;
+        let aligned =
+            head == 0 && ((src + len).is_multiple_of(ps) || src + len == self.source_size);
+        let mut tmp = None;
+        let r = if aligned {
+            self.cache.read_at(c, dst)
+        } else {
+            let span = (head + len).div_ceil(ps) * ps;
+            let mut b = AlignedBuf::new(span as usize);
+            let r = self.cache.read_at(c - head, &mut b);
+            tmp = Some(b);
+            r
+        };
+        if let Err(e) = r {
+            self.counters.cache_read_errors.fetch_add(1, Relaxed);
+            self.device_errors(1, &format!("read error: {e}"));
+            // Drop the pages: the device may keep failing there.
+            let f = sce_core::FragNo(src >> self.fshift);
+            let p0 = ((src & ((1 << self.fshift) - 1)) / ps) as u32;
+            let p1 = p0 + (head + len).div_ceil(ps) as u32;
+            self.core.write().invalidate(f, p0, p1);
+            return false;
+        }
+        let (bytes, c0, src0): (&[u8], u64, u64) = match &tmp {
+            Some(b) => (&b[..], c - head, src - head),
+            None => (&*dst, c, src),
+        };
+        let mut k = 0u64;
+        while k < bytes.len() as u64 && src0 + k < self.source_size {
+            let sp = src0 + k;
+            let plen = ps.min(self.source_size - sp);
+            let pc = c0 + k;
+            let (slot, p) = (
+                (pc >> self.fshift) as u32,
+                ((pc & ((1 << self.fshift) - 1)) / ps) as u32,
+            );
+            let want = crcs.get(slot, p);
+            let end = (k + plen).min(bytes.len() as u64);
+            if page_crc(&bytes[k as usize..end as usize]) != want {
+                // A write may have replaced the page since the read was planned: only a page
+                // that is still valid with the same checksum is a device error.
+                let genuine = {
+                    let core = self.core.read();
+                    core.is_cached(SourceOffset(sp)) && crcs.get(slot, p) == want
+                };
+                if genuine {
+                    self.counters.cache_checksum_errors.fetch_add(1, Relaxed);
+                    self.core
+                        .write()
+                        .invalidate(sce_core::FragNo(sp >> self.fshift), p, p + 1);
+                    self.device_errors(1, "checksum mismatch");
+                }
+                return false;
+            }
+            k += ps;
+        }
+        if let Some(b) = tmp {
+            dst.copy_from_slice(&b[head as usize..(head + len) as usize]);
+        }
+        true
+    }
+
+    /// Writes a write's cache copies (`data` is the whole request buffer, at source offset
+    /// `offset`) and reports each to the core; a failed copy is reported as failed, so its
+    /// pages stay invalid.
+    fn copy_to_cache(&self, id: WriteId, offset: u64, writes: &[CacheWrite], data: &[u8]) {
         let results: Vec<(u32, bool)> = writes
             .iter()
             .map(|w| {
                 let piece = &data[w.buf_offset as usize..(w.buf_offset + w.len) as usize];
+                self.record_crcs(offset + w.buf_offset, w.cache.0, piece);
                 (w.part, self.cache_write(w.cache.0, piece))
             })
             .collect();
@@ -340,8 +622,9 @@ impl Shared {
                     .fetch_add(data.len() as u64, Relaxed);
                 true
             }
-            Err(_) => {
+            Err(e) => {
                 self.counters.cache_write_errors.fetch_add(1, Relaxed);
+                self.device_errors(1, &format!("write error: {e}"));
                 false
             }
         }
@@ -360,11 +643,19 @@ impl Shared {
 
 fn awt_writer(s: &Shared, rx: Receiver<AwtJob>) {
     for job in rx.iter() {
-        s.copy_to_cache(job.id, &job.writes, &job.data);
+        s.copy_to_cache(job.id, job.offset, &job.writes, &job.data);
     }
 }
 
 fn run_population(s: &Shared, job: &PopulationJob, buf: &mut AlignedBuf) {
+    if let Some(p) = &s.persist {
+        // Data of another fragment may still be claimed by this slot's record.
+        let t: Vec<Ticket> = p.guard_slot(job.slot.0, job.frag.0).into_iter().collect();
+        if !s.wait_intents(&t) {
+            let _ = s.core.write().complete_population(job.id, false);
+            return;
+        }
+    }
     let span = &mut buf[..job.len as usize];
     let mut ok = match s.source.read_at(job.source.0, span) {
         Ok(()) => {
@@ -374,6 +665,9 @@ fn run_population(s: &Shared, job: &PopulationJob, buf: &mut AlignedBuf) {
         Err(_) => false,
     };
     if ok {
+        for &(o, l, c) in &job.runs {
+            s.record_crcs(job.source.0 + o, c.0, &buf[o as usize..(o + l) as usize]);
+        }
         for &(o, l, c) in &job.runs {
             ok &= s.cache_write(c.0, &buf[o as usize..(o + l) as usize]);
             if !ok {
@@ -397,7 +691,7 @@ fn population_worker(s: &Shared, index: u32) {
         if !s.sleep(st.period) {
             return;
         }
-        if index >= st.active_workers {
+        if index >= st.active_workers || s.passthrough.load(Relaxed) {
             continue;
         }
         let job = s.core.write().pick_population(s.now());
@@ -421,6 +715,13 @@ impl BlockDevice for CacheVolume {
         let s = &self.shared;
         let len = buf.len() as u64;
         check_range(Op::Read, offset, len, s.source.size(), s.lbs)?;
+        if s.passthrough.load(Relaxed) {
+            let r = s.source.read_at(offset, buf);
+            if r.is_ok() {
+                s.counters.source_bytes_read.fetch_add(len, Relaxed);
+            }
+            return r;
+        }
         PLAN.with(|cell| {
             let mut plan = cell.borrow_mut();
             let err = |e| request_error(Op::Read, e, offset, len, s.source.size(), s.lbs);
@@ -441,10 +742,22 @@ impl BlockDevice for CacheVolume {
             } else {
                 // An inline fill is wanted (admission `always`): redo it exclusively.
                 plan.release_pins(&s.pins);
-                s.core
-                    .write()
-                    .begin_read(SourceOffset(offset), len, &mut plan)
+                let mut core = s.core.write();
+                core.begin_read(SourceOffset(offset), len, &mut plan)
                     .map_err(err)?;
+                if let Some(p) = &s.persist {
+                    // Inline fills go to freshly allocated slots: guard them as populations.
+                    let mut t = Vec::new();
+                    for f in &plan.fills {
+                        let slot = (f.cache.0 >> s.fshift) as u32;
+                        let frag = (offset + f.buf_offset) >> s.fshift;
+                        t.extend(p.guard_slot(slot, frag));
+                    }
+                    drop(core);
+                    if !s.wait_intents(&t) {
+                        plan.fills.clear();
+                    }
+                }
             }
             let mut result = Ok(());
             let (mut from_source, mut from_cache) = (0, 0);
@@ -452,17 +765,17 @@ impl BlockDevice for CacheVolume {
                 let dst = &mut buf[run.buf_offset as usize..(run.buf_offset + run.len) as usize];
                 let src_off = offset + run.buf_offset;
                 match run.target {
-                    RunTarget::Cache(c) => match s.cache.read_at(c.0, dst) {
-                        Ok(()) => from_cache += run.len,
-                        Err(_) => {
-                            // The cache device failed: serve the run from the source instead.
-                            s.counters.cache_read_errors.fetch_add(1, Relaxed);
+                    RunTarget::Cache(c) => {
+                        if s.read_cache_run(c.0, src_off, dst) {
+                            from_cache += run.len;
+                        } else {
+                            // Unreadable or bad cached data: serve the run from the source.
                             match s.source.read_at(src_off, dst) {
                                 Ok(()) => from_source += run.len,
                                 Err(e) => result = Err(e),
                             }
                         }
-                    },
+                    }
                     RunTarget::Source(so) => match s.source.read_at(so.0, dst) {
                         Ok(()) => from_source += run.len,
                         Err(e) => result = Err(e),
@@ -476,9 +789,12 @@ impl BlockDevice for CacheVolume {
                 for &pop in &plan.pops {
                     let mut ok = result.is_ok();
                     if ok {
-                        for f in plan.fills.iter().filter(|f| f.pop == pop) {
+                        let fills = plan.fills.iter().filter(|f| f.pop == pop);
+                        ok &= fills.clone().next().is_some();
+                        for f in fills {
                             let piece =
                                 &buf[f.buf_offset as usize..(f.buf_offset + f.len) as usize];
+                            s.record_crcs(offset + f.buf_offset, f.cache.0, piece);
                             ok &= s.cache_write(f.cache.0, piece);
                         }
                     }
@@ -512,7 +828,8 @@ impl BlockDevice for CacheVolume {
     }
 
     fn flush(&self) -> Result<(), IoError> {
-        // The source is the system of record: every acknowledged write is on it.
+        // The source is the system of record: every acknowledged write is on it. The cache's
+        // records need no flush here: their ordering is the intents' business.
         self.shared.source.flush()
     }
 
@@ -531,19 +848,22 @@ impl BlockDevice for CacheVolume {
 impl CacheVolume {
     fn write_discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
         let s = &self.shared;
-        let plan = s
-            .core
-            .write()
-            .begin_write(SourceOffset(offset), len, WriteKind::Discard)
-            .map_err(|e| request_error(Op::Discard, e, offset, len, s.source.size(), s.lbs))?;
+        if s.passthrough.load(Relaxed) {
+            return s.source.discard(offset, len);
+        }
+        let (plan, tickets) = s.begin_write(offset, len, WriteKind::Discard)?;
+        s.wait_intents(&tickets);
         let result = s.source.discard(offset, len);
         let _ = s.core.write().write_source_done(plan.id, result.is_ok());
         result
     }
 }
 
-impl Drop for CacheVolume {
-    fn drop(&mut self) {
+impl CacheVolume {
+    /// Stops the background threads and, with persistence, writes every record and marks the
+    /// device cleanly shut down. Returns true if the device was left clean (false without
+    /// persistence, or after errors). Idempotent; dropping the volume calls it.
+    pub fn shutdown(&self) -> bool {
         self.shared.shutdown.store(true, Relaxed);
         {
             let _g = self.shared.sleep_lock.lock();
@@ -551,8 +871,42 @@ impl Drop for CacheVolume {
         }
         // Closing the channel lets the AWT writers finish what is queued, then exit.
         self.awt_tx.lock().take();
-        for t in self.threads.lock().drain(..) {
+        let threads: Vec<_> = self.threads.lock().drain(..).collect();
+        if threads.is_empty() {
+            return false;
+        }
+        for t in threads {
             let _ = t.join();
+        }
+        let s = &self.shared;
+        match &s.persist {
+            Some(p) if !s.passthrough.load(Relaxed) => {
+                self.quiesce();
+                p.close(s)
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Drop for CacheVolume {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn flusher(s: &Shared) {
+    let Some(p) = &s.persist else { return };
+    loop {
+        if !s.sleep(p.cfg.flush_interval) {
+            return;
+        }
+        if s.passthrough.load(Relaxed) {
+            continue;
+        }
+        let errors = p.round(s, false);
+        if errors > 0 {
+            s.device_errors(errors, "metadata write failed or read back wrong");
         }
     }
 }

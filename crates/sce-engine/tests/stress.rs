@@ -79,6 +79,7 @@ fn setup(core: CoreConfig, source_size: u64, cache_size: u64) -> Setup {
             core,
             awt_threads: 2,
             background_population: true,
+            ..EngineConfig::default()
         },
     )
     .expect("open volume");

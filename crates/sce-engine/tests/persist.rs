@@ -1,0 +1,625 @@
+//! The persistent cache: warm restart, crash consistency (randomised crashes that lose
+//! unflushed cache-device writes), the surprise-shutdown loop, and cache-device faults.
+//!
+//! The source is always the truth: client I/O here is single-threaded, so at any moment no
+//! client write is in flight and every block must read back exactly as the source holds it.
+
+use parking_lot::Mutex;
+use rand::{rngs::SmallRng, Rng, SeedableRng};
+use sce_core::{Admission, CoreConfig, WriteMode};
+use sce_engine::{CacheVolume, EngineConfig, PersistConfig};
+use sce_io::{AlignedBuf, BlockDevice, FaultDevice, IoError, MemDevice, Op};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+
+fn random_source(size: u64, seed: u64) -> Arc<MemDevice> {
+    let d = MemDevice::new(size);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut buf = AlignedBuf::new(MIB as usize);
+    let mut at = 0;
+    while at < size {
+        let n = (size - at).min(MIB) as usize;
+        rng.fill(&mut buf[..n]);
+        d.write_at(at, &buf[..n]).unwrap();
+        at += n as u64;
+    }
+    Arc::new(d)
+}
+
+fn config(fragment: u64, background: bool, interval_ms: u64) -> EngineConfig {
+    let mut p = PersistConfig::new("test-source");
+    p.flush_interval = Duration::from_millis(interval_ms);
+    EngineConfig {
+        core: CoreConfig {
+            fragment_size: fragment,
+            ..CoreConfig::default()
+        },
+        background_population: background,
+        persist: Some(p),
+        ..EngineConfig::default()
+    }
+}
+
+/// Blocks (of `block` bytes) where the volume and the source differ.
+fn mismatches(vol: &dyn BlockDevice, source: &dyn BlockDevice, block: u64) -> Vec<u64> {
+    let mut a = AlignedBuf::new(block as usize);
+    let mut b = AlignedBuf::new(block as usize);
+    let mut bad = Vec::new();
+    let mut at = 0;
+    while at < source.size() {
+        vol.read_at(at, &mut a).expect("volume read");
+        source.read_at(at, &mut b).expect("source read");
+        if a[..] != b[..] {
+            bad.push(at);
+        }
+        at += block;
+    }
+    bad
+}
+
+fn read_all(vol: &dyn BlockDevice, from: u64, to: u64) {
+    let mut a = AlignedBuf::new(64 * KIB as usize);
+    let mut at = from;
+    while at < to {
+        vol.read_at(at, &mut a).unwrap();
+        at += 64 * KIB;
+    }
+}
+
+#[test]
+fn clean_restart_is_fully_warm() {
+    let source = random_source(64 * MIB, 1);
+    let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(24 * MIB));
+    let hot = 16 * MIB;
+    let before = {
+        let vol = CacheVolume::open(source.clone(), cache.clone(), config(MIB, false, 1000))
+            .expect("open");
+        assert!(vol.persist_stats().unwrap().formatted_now);
+        read_all(&vol, 0, hot);
+        vol.populate_now(1000);
+        // Overwrite some cached pages: AWT re-validates them; that must persist too.
+        let data = AlignedBuf::new(8 * KIB as usize);
+        for i in 0..32 {
+            vol.write_at(i * 256 * KIB, &data).unwrap();
+            source.write_at(i * 256 * KIB, &data).unwrap_or(());
+        }
+        vol.quiesce();
+        let s0 = vol.stats();
+        read_all(&vol, 0, hot);
+        let r = vol.stats().delta(&s0).read_hit_ratio();
+        assert!(vol.shutdown(), "clean shutdown");
+        r
+    };
+    assert!(before > 0.95, "warm pass before restart hit {before}");
+    let vol =
+        CacheVolume::open(source.clone(), cache.clone(), config(MIB, false, 1000)).expect("reopen");
+    let p = vol.persist_stats().unwrap();
+    assert!(p.previous_shutdown_clean, "{p:?}");
+    assert_eq!(p.fragments_dropped_intent, 0, "{p:?}");
+    assert_eq!(p.fragments_restored, 16, "{p:?}");
+    let s0 = vol.stats();
+    read_all(&vol, 0, hot);
+    let after = vol.stats().delta(&s0).read_hit_ratio();
+    println!("read hit ratio before restart {before:.4}, first pass after {after:.4}");
+    assert!(
+        after >= 0.99 * before,
+        "after restart {after} < 0.99 x {before}"
+    );
+    assert!(mismatches(&vol, &*source, 4096).is_empty());
+}
+
+#[test]
+fn foreign_and_damaged_devices_are_refused_clearly() {
+    let source = random_source(8 * MIB, 2);
+    let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(4 * MIB));
+    drop(CacheVolume::open(source.clone(), cache.clone(), config(64 * KIB, false, 1000)).unwrap());
+    // Another source name.
+    let mut other = config(64 * KIB, false, 1000);
+    other.persist.as_mut().unwrap().volume_name = "another".into();
+    let e = CacheVolume::open(source.clone(), cache.clone(), other.clone()).unwrap_err();
+    assert!(e.to_string().contains("belongs to another source"), "{e}");
+    // Another fragment size.
+    let e = CacheVolume::open(
+        source.clone(),
+        cache.clone(),
+        config(128 * KIB, false, 1000),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("--reformat"), "{e}");
+    // Both superblock copies corrupted.
+    let mut sb = AlignedBuf::new(8192);
+    cache.read_at(0, &mut sb).unwrap();
+    let saved = sb.to_vec();
+    sb[100] ^= 1;
+    sb[4096 + 100] ^= 1;
+    cache.write_at(0, &sb).unwrap();
+    let e = CacheVolume::open(source.clone(), cache.clone(), config(64 * KIB, false, 1000))
+        .unwrap_err();
+    assert!(e.to_string().contains("superblock is corrupt"), "{e}");
+    // One copy corrupted: the other one serves.
+    sb.copy_from_slice(&saved);
+    sb[100] ^= 1;
+    cache.write_at(0, &sb).unwrap();
+    drop(CacheVolume::open(source.clone(), cache.clone(), config(64 * KIB, false, 1000)).unwrap());
+    // --reformat takes over a foreign device.
+    other.persist.as_mut().unwrap().reformat = true;
+    let v = CacheVolume::open(source.clone(), cache.clone(), other).unwrap();
+    assert!(v.persist_stats().unwrap().formatted_now);
+}
+
+/// A cache device that can crash: unflushed writes are kept in an undo log, and `crash`
+/// freezes the device and undoes a random subset of them (a volatile write cache losing
+/// its content at power loss). After the crash every write and flush fails.
+struct CrashDevice {
+    inner: Arc<MemDevice>,
+    undo: Mutex<Vec<(u64, Vec<u8>)>>,
+    frozen: Arc<AtomicBool>,
+}
+
+impl CrashDevice {
+    fn new(inner: Arc<MemDevice>, frozen: Arc<AtomicBool>) -> Self {
+        CrashDevice {
+            inner,
+            undo: Mutex::new(Vec::new()),
+            frozen,
+        }
+    }
+    fn crash(&self, rng: &mut SmallRng) -> usize {
+        let mut undo = self.undo.lock();
+        self.frozen.store(true, SeqCst);
+        let mut lost = 0;
+        for (off, old) in undo.drain(..).rev() {
+            if rng.gen_bool(0.5) {
+                self.inner.write_at(off, &old).unwrap();
+                lost += 1;
+            }
+        }
+        lost
+    }
+}
+
+impl BlockDevice for CrashDevice {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.inner.logical_block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), IoError> {
+        let mut undo = self.undo.lock();
+        if self.frozen.load(SeqCst) {
+            return Err(IoError::Injected {
+                op: Op::Write,
+                offset: 0,
+                len: 0,
+            });
+        }
+        let mut old = vec![0u8; buf.len()];
+        self.inner.read_at(offset, &mut old)?;
+        undo.push((offset, old));
+        self.inner.write_at(offset, buf)
+    }
+    fn flush(&self) -> Result<(), IoError> {
+        let mut undo = self.undo.lock();
+        if self.frozen.load(SeqCst) {
+            return Err(IoError::Injected {
+                op: Op::Flush,
+                offset: 0,
+                len: 0,
+            });
+        }
+        undo.clear();
+        Ok(())
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
+        self.write_at(offset, &vec![0u8; len as usize])
+    }
+}
+
+/// A source that stops taking writes when the machine "crashes" (its acknowledged writes are
+/// durable: it is the system of record).
+struct StoppableSource {
+    inner: Arc<MemDevice>,
+    frozen: Arc<AtomicBool>,
+}
+
+impl BlockDevice for StoppableSource {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.inner.logical_block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), IoError> {
+        if self.frozen.load(SeqCst) {
+            return Err(IoError::Injected {
+                op: Op::Write,
+                offset: 0,
+                len: 0,
+            });
+        }
+        self.inner.write_at(offset, buf)
+    }
+    fn flush(&self) -> Result<(), IoError> {
+        Ok(())
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
+        if self.frozen.load(SeqCst) {
+            return Err(IoError::Injected {
+                op: Op::Discard,
+                offset: 0,
+                len: 0,
+            });
+        }
+        self.inner.discard(offset, len)
+    }
+}
+
+fn crash_iterations(iterations: u32, mode: WriteMode, admission: Admission, seed: u64) {
+    let source_mem = random_source(8 * MIB, seed);
+    let cache_mem = Arc::new(MemDevice::new(3 * MIB));
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let (mut cached_before, mut restored_after, mut lost_writes) = (0u64, 0u64, 0usize);
+    let mut syncs = 0;
+    for it in 0..iterations {
+        let frozen = Arc::new(AtomicBool::new(false));
+        let cache = Arc::new(CrashDevice::new(cache_mem.clone(), frozen.clone()));
+        let source: Arc<dyn BlockDevice> = Arc::new(StoppableSource {
+            inner: source_mem.clone(),
+            frozen: frozen.clone(),
+        });
+        let mut cfg = config(64 * KIB, true, 2);
+        cfg.core.write_mode = mode;
+        cfg.core.admission = admission;
+        cfg.core.throttle.period = Duration::from_millis(1);
+        let vol = CacheVolume::open(source.clone(), cache.clone(), cfg).expect("open");
+        if it > 0 {
+            restored_after += vol.persist_stats().unwrap().fragments_restored;
+        }
+        // After the previous crash: every block reads as the source holds it.
+        let bad = mismatches(&vol, &*source_mem, 4096);
+        assert!(
+            bad.is_empty(),
+            "iteration {it}: {} stale blocks after restart, first at {:#x}",
+            bad.len(),
+            bad[0]
+        );
+        // A load with reads, writes and population; the crash comes at a random moment.
+        let ops = rng.gen_range(10..300);
+        let crash_at = rng.gen_range(0..ops);
+        let mut buf = AlignedBuf::new(64 * KIB as usize);
+        let mut check = AlignedBuf::new(64 * KIB as usize);
+        for op in 0..ops {
+            if op == crash_at {
+                let st = vol.stats();
+                cached_before += st.total_slots - st.free_slots;
+                lost_writes += cache.crash(&mut rng);
+            }
+            let len = rng.gen_range(1..=16u64) * 4096;
+            // Skewed offsets: a hot MiB gets half the traffic.
+            let off = if rng.gen_bool(0.5) {
+                rng.gen_range(0..(MIB - len) / 4096) * 4096
+            } else {
+                rng.gen_range(0..(8 * MIB - len) / 4096) * 4096
+            };
+            let b = &mut buf[..len as usize];
+            if rng.gen_bool(0.3) {
+                rng.fill(&mut b[..]);
+                let _ = vol.write_at(off, b);
+            } else {
+                vol.read_at(off, b).expect("read");
+                source_mem.read_at(off, &mut check[..len as usize]).unwrap();
+                assert!(
+                    b[..] == check[..len as usize],
+                    "iteration {it}: stale read at {off:#x}"
+                );
+            }
+            if rng.gen_ratio(1, 20) {
+                std::thread::sleep(Duration::from_millis(rng.gen_range(0..4)));
+            }
+        }
+        if crash_at >= ops {
+            lost_writes += cache.crash(&mut rng);
+        }
+        syncs += vol.persist_stats().unwrap().intent_syncs;
+        drop(vol);
+    }
+    println!(
+        "{iterations} crashes ({mode}, {admission}): {cached_before} fragments cached at the crashes, \
+         {restored_after} restored ({:.1}%), {lost_writes} unflushed cache writes lost, {syncs} intent syncs",
+        100.0 * restored_after as f64 / cached_before.max(1) as f64
+    );
+    assert!(restored_after > 0, "nothing ever survived a crash");
+}
+
+#[test]
+fn crashes_never_expose_stale_data_awt() {
+    crash_iterations(120, WriteMode::Awt, Admission::Sce, 11);
+}
+
+#[test]
+fn crashes_never_expose_stale_data_write_through_always() {
+    crash_iterations(60, WriteMode::WriteThrough, Admission::Always, 12);
+}
+
+#[test]
+fn crashes_never_expose_stale_data_write_around() {
+    crash_iterations(40, WriteMode::WriteAround, Admission::Sce, 13);
+}
+
+/// The fixed scenario of the surprise-shutdown loop: writes, population with eviction,
+/// more writes, and a shutdown.
+fn scenario(vol: &CacheVolume, source: &MemDevice, rng: &mut SmallRng) {
+    let mut buf = AlignedBuf::new(64 * KIB as usize);
+    for i in 0..12u64 {
+        vol.read_at(i * 256 * KIB, &mut buf).unwrap();
+    }
+    vol.populate_now(100);
+    for i in 0..8u64 {
+        rng.fill(&mut buf[..]);
+        let _ = vol.write_at(i * 192 * KIB, &buf);
+    }
+    vol.quiesce();
+    vol.flush_metadata();
+    // Touch other fragments so population evicts.
+    for i in 12..40u64 {
+        vol.read_at(i * 192 * KIB, &mut buf).unwrap();
+    }
+    vol.populate_now(100);
+    for i in 0..6u64 {
+        rng.fill(&mut buf[..]);
+        let _ = vol.write_at(i * 320 * KIB + 4096, &buf[..32 * KIB as usize]);
+    }
+    vol.quiesce();
+    let bad = mismatches(vol, source, 16 * KIB);
+    assert!(bad.is_empty(), "wrong data while faults fire: {bad:?}");
+    vol.shutdown();
+}
+
+#[test]
+fn surprise_shutdown_loop() {
+    let state = tempfile::tempdir().unwrap();
+    let (mut n, mut refused, mut restored) = (0, 0, 0);
+    loop {
+        let source = random_source(8 * MIB, 21);
+        let cache_mem = Arc::new(MemDevice::new(2 * MIB));
+        let fault = Arc::new(FaultDevice::new(cache_mem.clone()));
+        fault.control().fail_from(&[Op::Write], n);
+        let mut rng = SmallRng::seed_from_u64(n);
+        let mut cfg = config(64 * KIB, false, 1000);
+        cfg.error_limit = 1000;
+        cfg.persist.as_mut().unwrap().state_dir = Some(state.path().to_path_buf());
+        match CacheVolume::open(source.clone(), fault.clone(), cfg.clone()) {
+            Ok(vol) => scenario(&vol, &source, &mut rng),
+            Err(e) => assert!(!e.to_string().is_empty()),
+        }
+        let fired = fault.control().faults_fired();
+        // Reopen without faults: consistent, and everything reads correctly. A device that
+        // failed and could not record it is refused (its failure marker says so).
+        let vol = match CacheVolume::open(source.clone(), cache_mem.clone(), cfg.clone()) {
+            Ok(v) => v,
+            Err(e) => {
+                assert!(
+                    e.to_string().contains("disabled after device errors"),
+                    "{e}"
+                );
+                refused += 1;
+                cfg.persist.as_mut().unwrap().reformat = true;
+                CacheVolume::open(source.clone(), cache_mem.clone(), cfg).expect("reformat")
+            }
+        };
+        restored += vol.persist_stats().unwrap().fragments_restored;
+        let bad = mismatches(&vol, &*source, 4096);
+        assert!(
+            bad.is_empty(),
+            "N = {n}: stale blocks after reopen: {bad:?}"
+        );
+        drop(vol);
+        let report = sce_store::check(&*cache_mem, true).expect("check");
+        assert_eq!(report.data_pages_bad, 0, "N = {n}: {report:?}");
+        if fired == 0 {
+            println!(
+                "surprise-shutdown loop: N = 0..={n}, the last ran without a fault; \
+                 {refused} reopens refused a failed device, {restored} fragments restored in all"
+            );
+            break;
+        }
+        n += 1;
+        assert!(n < 5000, "the scenario never ran fault-free");
+    }
+}
+
+/// A volume, its source, the fault control of its cache device, and the device under it.
+type Faulty = (
+    CacheVolume,
+    Arc<MemDevice>,
+    Arc<FaultDevice<Arc<MemDevice>>>,
+    Arc<MemDevice>,
+);
+
+fn faulty_volume(limit: u64) -> Faulty {
+    let source = random_source(8 * MIB, 31);
+    let cache_mem = Arc::new(MemDevice::new(4 * MIB));
+    let fault = Arc::new(FaultDevice::new(cache_mem.clone()));
+    let mut cfg = config(64 * KIB, false, 1000);
+    cfg.error_limit = limit;
+    let vol = CacheVolume::open(source.clone(), fault.clone(), cfg).expect("open");
+    let mut buf = AlignedBuf::new(64 * KIB as usize);
+    for i in 0..16u64 {
+        vol.read_at(i * 64 * KIB, &mut buf).unwrap();
+    }
+    assert_eq!(vol.populate_now(100), 16);
+    (vol, source, fault, cache_mem)
+}
+
+fn data_range(cache: &MemDevice) -> std::ops::Range<u64> {
+    let sb = sce_store::read_superblock(cache).unwrap();
+    sb.layout.data_offset..sb.layout.data_offset + sb.layout.data_bytes()
+}
+
+#[test]
+fn data_faults_are_detected_and_served_from_the_source() {
+    type Inject = fn(&sce_io::FaultControl, std::ops::Range<u64>);
+    let cases: [(&str, Inject, bool); 5] = [
+        ("read EIO", |c, r| c.fail_range(&[Op::Read], r), false),
+        ("bit flip on read", |c, r| c.corrupt_reads(r), false),
+        ("bit flip on write", |c, r| c.corrupt_writes(r), true),
+        ("lost write", |c, r| c.drop_writes(r), true),
+        ("torn write", |c, r| c.tear_writes(r), true),
+    ];
+    for (name, inject, on_write) in cases {
+        let (vol, source, fault, cache_mem) = faulty_volume(1000);
+        let r = data_range(&cache_mem);
+        inject(&fault.control(), r.clone());
+        if on_write {
+            // Rewrite cached data through the cache: the copies are damaged on the device.
+            let mut buf = AlignedBuf::new(64 * KIB as usize);
+            for i in 0..16u64 {
+                rand::thread_rng().fill(&mut buf[..]);
+                vol.write_at(i * 64 * KIB, &buf).unwrap();
+            }
+            vol.quiesce();
+        }
+        let s0 = vol.stats();
+        assert!(
+            mismatches(&vol, &*source, 4096).is_empty(),
+            "{name}: wrong data"
+        );
+        let d = vol.stats().delta(&s0);
+        assert!(
+            d.cache_checksum_errors + d.cache_read_errors > 0,
+            "{name}: not detected: {d:?}"
+        );
+        fault.control().clear();
+        // Detected pages were dropped: a second pass reads no damaged data.
+        assert!(
+            mismatches(&vol, &*source, 4096).is_empty(),
+            "{name}: wrong data"
+        );
+        println!(
+            "{name}: {} checksum errors, {} read errors",
+            d.cache_checksum_errors, d.cache_read_errors
+        );
+    }
+}
+
+#[test]
+fn misdirected_writes_are_detected() {
+    let (vol, source, fault, cache_mem) = faulty_volume(1000);
+    let r = data_range(&cache_mem);
+    // Writes to the first slot land in the second one.
+    fault
+        .control()
+        .misdirect_writes(r.start..r.start + 64 * KIB, 64 * KIB as i64);
+    let mut buf = AlignedBuf::new(64 * KIB as usize);
+    for i in 0..16u64 {
+        rand::thread_rng().fill(&mut buf[..]);
+        vol.write_at(i * 64 * KIB, &buf).unwrap();
+    }
+    vol.quiesce();
+    let s0 = vol.stats();
+    assert!(mismatches(&vol, &*source, 4096).is_empty());
+    let d = vol.stats().delta(&s0);
+    assert!(d.cache_checksum_errors > 0, "{d:?}");
+}
+
+#[test]
+fn metadata_damage_drops_fragments_never_serves_them() {
+    let source = random_source(32 * MIB, 41);
+    let cache_mem = Arc::new(MemDevice::new(24 * MIB));
+    {
+        let vol =
+            CacheVolume::open(source.clone(), cache_mem.clone(), config(MIB, false, 1000)).unwrap();
+        read_all(&vol, 0, 18 * MIB);
+        assert_eq!(vol.populate_now(100), 18);
+        assert!(vol.shutdown());
+    }
+    let sb = sce_store::read_superblock(&*cache_mem).unwrap();
+    let l = sb.layout;
+    // Flip a bit in the first unit's entries; misdirect the second unit over the third.
+    let mut unit = AlignedBuf::new(l.unit_size as usize);
+    cache_mem.read_at(l.unit_offset(0), &mut unit).unwrap();
+    unit[200] ^= 0x10;
+    cache_mem.write_at(l.unit_offset(0), &unit).unwrap();
+    cache_mem.read_at(l.unit_offset(1), &mut unit).unwrap();
+    cache_mem.write_at(l.unit_offset(2), &unit).unwrap();
+    let report = sce_store::check(&*cache_mem, true).unwrap();
+    assert_eq!(report.volumes[0].1.units_corrupt, 1, "{report:?}");
+    assert_eq!(report.volumes[0].1.units_misplaced, 1, "{report:?}");
+    assert!(report.damaged());
+    assert_eq!(l.slots_per_unit, 3);
+    let vol =
+        CacheVolume::open(source.clone(), cache_mem.clone(), config(MIB, false, 1000)).unwrap();
+    let p = vol.persist_stats().unwrap();
+    assert_eq!(p.units_rejected, 2, "{p:?}");
+    assert_eq!(p.fragments_restored, 18 - 2 * 3, "{p:?}");
+    assert!(mismatches(&vol, &*source, 4096).is_empty());
+    // The rejected units are rewritten: the device checks clean again.
+    vol.flush_metadata();
+    drop(vol);
+    let report = sce_store::check(&*cache_mem, true).unwrap();
+    assert!(!report.damaged(), "{report:?}");
+}
+
+#[test]
+fn error_limit_switches_to_passthrough() {
+    let (vol, source, fault, cache_mem) = faulty_volume(4);
+    let r = data_range(&cache_mem);
+    fault.control().fail_range(&[Op::Read], r.clone());
+    assert!(mismatches(&vol, &*source, 4096).is_empty());
+    assert!(vol.is_passthrough());
+    assert_eq!(vol.stats().passthrough, 1);
+    // Writes pass through to the source, and a broken cache never corrupts it.
+    fault.control().corrupt_writes(0..cache_mem.size());
+    let mut buf = AlignedBuf::new(64 * KIB as usize);
+    rand::thread_rng().fill(&mut buf[..]);
+    vol.write_at(128 * KIB, &buf).unwrap();
+    let mut back = AlignedBuf::new(64 * KIB as usize);
+    source.read_at(128 * KIB, &mut back).unwrap();
+    assert!(back[..] == buf[..]);
+    assert!(mismatches(&vol, &*source, 4096).is_empty());
+    drop(vol);
+    // The device was marked failed: it is refused until reformatted.
+    fault.control().clear();
+    let e = CacheVolume::open(
+        source.clone(),
+        cache_mem.clone(),
+        config(64 * KIB, false, 1000),
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("disabled after device errors"),
+        "{e}"
+    );
+}
+
+#[test]
+fn forget_volume_invalidates_everything() {
+    let source = random_source(8 * MIB, 51);
+    let cache_mem = Arc::new(MemDevice::new(4 * MIB));
+    {
+        let vol = CacheVolume::open(
+            source.clone(),
+            cache_mem.clone(),
+            config(64 * KIB, false, 1000),
+        )
+        .unwrap();
+        read_all(&vol, 0, MIB);
+        assert_eq!(vol.populate_now(100), 16);
+    }
+    let mut cfg = config(64 * KIB, false, 1000);
+    cfg.persist.as_mut().unwrap().forget_volume = true;
+    let vol = CacheVolume::open(source.clone(), cache_mem.clone(), cfg).unwrap();
+    assert_eq!(vol.persist_stats().unwrap().fragments_restored, 0);
+    assert_eq!(vol.stats().free_slots, vol.stats().total_slots);
+}
