@@ -319,6 +319,61 @@ impl EngineSim {
         }
     }
 
+    /// Sets the trace time that is time zero of the simulation, if no request has set it yet
+    /// (by default the first request's time). Hosts of a shared trace use one origin.
+    pub fn set_origin(&mut self, t: u64) {
+        self.origin.get_or_insert(t);
+    }
+
+    /// Read pages hit and missed so far.
+    pub fn read_pages(&self) -> (u64, u64) {
+        let st = self.core.stats();
+        (st.read_pages_hit, st.read_pages_missed)
+    }
+
+    /// The core's configuration.
+    pub fn config(&self) -> &CoreConfig {
+        self.core.config()
+    }
+
+    /// Another host wrote `[offset, offset+len)` of the shared source: drops this cache's
+    /// copies of those pages (and spoils population in flight over them, as a local write
+    /// would), without writing anything. Returns true if a valid page was dropped.
+    pub fn invalidate(&mut self, offset: u64, len: u64) -> bool {
+        let size = self.core.geometry().source_size();
+        let (off, end) = (offset.min(size), offset.saturating_add(len).min(size));
+        if end <= off {
+            return false;
+        }
+        let geo = *self.core.geometry();
+        let mut held = false;
+        let mut mapped = false;
+        let mut f = geo.fragment_of(SourceOffset(off));
+        while geo.fragment_start(f).0 < end {
+            if self.core.exists(f).is_some() {
+                mapped = true;
+                let lo = geo.fragment_start(f).0.max(off);
+                let hi = (geo.fragment_start(f).0 + geo.fragment_len(f)).min(end);
+                let mut p = lo & !4095;
+                while p < hi && !held {
+                    held = self.core.is_cached(SourceOffset(p));
+                    p += 4096;
+                }
+            }
+            f = sce_core::FragNo(f.0 + 1);
+        }
+        if mapped {
+            let (o, l) = (off / 512 * 512, end.div_ceil(512) * 512 - off / 512 * 512);
+            if let Ok(plan) =
+                self.core
+                    .begin_write(SourceOffset(o), l.min(size - o), WriteKind::Discard)
+            {
+                let _ = self.core.write_source_done(plan.id, true);
+            }
+        }
+        held
+    }
+
     /// Feeds one trace request. Requests must come in time order (a request earlier than
     /// the previous one is taken as happening at the same time).
     pub fn request(&mut self, r: &TraceRequest) {

@@ -1,12 +1,28 @@
-//! `sce-sim`: trace-driven simulation. This first part holds the streaming trace readers
-//! ([`trace`]) and the classic reference policies over 4 KiB blocks ([`reference`]), which
-//! are checked against an independent simulator's results. The engine policies driven
-//! through `sce-core` in virtual time come next.
+//! `sce-sim`: trace-driven simulation of sce's cache policies.
+//!
+//! - [`trace`]: streaming trace readers (vscsi, MSR, SYSTOR, Tencent, DiskSim, generic
+//!   [`csv`], sce's own [`binary`] format; gzip, bzip2 and xz read directly), and
+//!   [`writer`] to write any of them;
+//! - [`gen`]: a seeded statistical workload generator;
+//! - [`reference`]: the classic reference policies (LRU, FIFO, LFU) over 4 KiB blocks,
+//!   checked against an independent simulator;
+//! - [`engine`]: the very `sce-core` state machine the server runs, in virtual time over
+//!   modelled devices.
+//! - [`layers`]: what sits around a cache: separate volumes, a RAM cache above it, and
+//!   several hosts sharing a volume.
 
+pub mod binary;
+pub mod csv;
 pub mod engine;
+pub mod gen;
+pub mod layers;
 pub mod reference;
 pub mod trace;
+pub mod writer;
 
+pub use csv::CsvSpec;
 pub use engine::{DeviceModel, EngineResult, EngineSim};
+pub use gen::{GenConfig, Generator, Workload, ZipfParams};
 pub use reference::{BlockCache, ReferencePolicy};
-pub use trace::{IoKind, TraceError, TraceFormat, TraceReader, TraceRequest};
+pub use trace::{Compression, IoKind, TraceError, TraceFormat, TraceReader, TraceRequest};
+pub use writer::{TraceWriter, WriteError};

@@ -2,16 +2,35 @@
 //! count them: every block a request covers is one access, a lookup that inserts the block on
 //! a miss, reads and writes alike. Block `b` covers bytes `b*4096 .. (b+1)*4096`; a request
 //! covers blocks `offset/4096 ..= (offset+len-1)/4096`.
+//!
+//! LRU and FIFO keep an intrusive doubly-linked list over preallocated nodes (O(1) per
+//! access); LFU keeps an ordered set of (count, last access, slot) and evicts the least
+//! frequently used block, the least recently used among equals (O(log n) per access).
+//! Counts are kept for cached blocks only (in-cache LFU, as libCacheSim's `LFU`).
 
 use sce_core::hotness::IntMap;
+use std::collections::BTreeSet;
 
-/// LRU or FIFO.
+/// LRU, FIFO or LFU.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum ReferencePolicy {
     /// Least recently used.
     Lru,
     /// First in, first out.
     Fifo,
+    /// Least frequently used (ties: least recently used).
+    Lfu,
+}
+
+/// What one access did.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Access {
+    /// The block was cached.
+    pub hit: bool,
+    /// The slot that holds the block now.
+    pub slot: u32,
+    /// The block evicted to make room, and the slot it had (the new block's slot).
+    pub evicted: Option<u64>,
 }
 
 const NIL: u32 = u32::MAX;
@@ -26,6 +45,10 @@ pub struct BlockCache {
     head: u32,
     tail: u32,
     capacity: usize,
+    free: Vec<u32>,
+    lfu: BTreeSet<(u32, u64, u32)>,
+    counts: Vec<(u32, u64)>,
+    tick: u64,
     /// Block accesses.
     pub accesses: u64,
     /// Misses.
@@ -47,6 +70,10 @@ impl BlockCache {
             head: NIL,
             tail: NIL,
             capacity,
+            free: Vec::new(),
+            lfu: BTreeSet::new(),
+            counts: Vec::new(),
+            tick: 0,
             accesses: 0,
             misses: 0,
         }
@@ -80,6 +107,10 @@ impl BlockCache {
     /// One access to block `b`; true on a hit.
     #[inline]
     pub fn access(&mut self, b: u64) -> bool {
+        if self.policy == ReferencePolicy::Lfu {
+            return self.access_detailed(b).hit;
+        }
+        // The LRU/FIFO fast path: the benchmark's inner loop.
         self.accesses += 1;
         if let Some(&i) = self.index.get(&b) {
             if self.policy == ReferencePolicy::Lru && self.head != i {
@@ -89,21 +120,112 @@ impl BlockCache {
             return true;
         }
         self.misses += 1;
-        let i = if self.keys.len() < self.capacity {
+        self.insert_missed(b);
+        false
+    }
+
+    fn insert_missed(&mut self, b: u64) -> (u32, Option<u64>) {
+        let (i, evicted) = if let Some(i) = self.free.pop() {
+            self.keys[i as usize] = b;
+            (i, None)
+        } else if self.keys.len() < self.capacity {
             self.keys.push(b);
             self.prev.push(NIL);
             self.next.push(NIL);
-            (self.keys.len() - 1) as u32
+            if self.policy == ReferencePolicy::Lfu {
+                self.counts.push((0, 0));
+            }
+            ((self.keys.len() - 1) as u32, None)
         } else {
-            let v = self.tail;
-            self.unlink(v);
-            self.index.remove(&self.keys[v as usize]);
+            let v = if self.policy == ReferencePolicy::Lfu {
+                let first = self.lfu.pop_first().expect("a full cache has entries");
+                first.2
+            } else {
+                let v = self.tail;
+                self.unlink(v);
+                v
+            };
+            let old = self.keys[v as usize];
+            self.index.remove(&old);
             self.keys[v as usize] = b;
-            v
+            (v, Some(old))
         };
         self.index.insert(b, i);
-        self.push_front(i);
-        false
+        if self.policy == ReferencePolicy::Lfu {
+            self.tick += 1;
+            self.counts[i as usize] = (1, self.tick);
+            self.lfu.insert((1, self.tick, i));
+        } else {
+            self.push_front(i);
+        }
+        (i, evicted)
+    }
+
+    /// One access to block `b`, saying which slot holds it and what it evicted.
+    pub fn access_detailed(&mut self, b: u64) -> Access {
+        self.accesses += 1;
+        if let Some(&i) = self.index.get(&b) {
+            match self.policy {
+                ReferencePolicy::Lru if self.head != i => {
+                    self.unlink(i);
+                    self.push_front(i);
+                }
+                ReferencePolicy::Lfu => {
+                    let (c, t) = self.counts[i as usize];
+                    self.lfu.remove(&(c, t, i));
+                    self.tick += 1;
+                    let e = (c.saturating_add(1), self.tick);
+                    self.counts[i as usize] = e;
+                    self.lfu.insert((e.0, e.1, i));
+                }
+                _ => {}
+            }
+            return Access {
+                hit: true,
+                slot: i,
+                evicted: None,
+            };
+        }
+        self.misses += 1;
+        let (slot, evicted) = self.insert_missed(b);
+        Access {
+            hit: false,
+            slot,
+            evicted,
+        }
+    }
+
+    /// True if block `b` is cached (no access is counted, nothing moves).
+    pub fn contains(&self, b: u64) -> bool {
+        self.index.contains_key(&b)
+    }
+
+    /// Drops block `b` (another host wrote it). Returns the slot it had.
+    pub fn remove(&mut self, b: u64) -> Option<u32> {
+        let i = self.index.remove(&b)?;
+        if self.policy == ReferencePolicy::Lfu {
+            let (c, t) = self.counts[i as usize];
+            self.lfu.remove(&(c, t, i));
+        } else {
+            self.unlink(i);
+        }
+        self.free.push(i);
+        Some(i)
+    }
+
+    /// The cached blocks and their slots, in no particular order.
+    pub fn cached(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.index.iter().map(|(&b, &s)| (b, s))
+    }
+
+    /// Blocks cached now.
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// True if no block is cached.
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
     }
 
     /// Accesses every block of a request.
@@ -150,5 +272,30 @@ mod tests {
         );
         c.request(8192, 0);
         assert_eq!(c.accesses, 2);
+    }
+
+    #[test]
+    fn lfu_keeps_the_frequent_and_remove_frees_a_slot() {
+        let mut c = BlockCache::new(ReferencePolicy::Lfu, 2);
+        for b in [1, 1, 1, 2, 3, 1, 3, 4, 3] {
+            c.access(b);
+        }
+        // 1 (count 4) stays throughout; 2 is evicted by 3, 3 (count 2) by 4, then 3 misses.
+        assert_eq!((c.accesses, c.misses), (9, 5));
+        assert!(c.contains(1) && c.contains(3) && !c.contains(4));
+        let mut l = BlockCache::new(ReferencePolicy::Lru, 2);
+        l.access(1);
+        l.access(2);
+        assert!(l.remove(1).is_some());
+        assert!(l.remove(1).is_none());
+        let a = l.access_detailed(3);
+        assert_eq!(
+            (a.hit, a.evicted),
+            (false, None),
+            "the freed slot is reused"
+        );
+        let a = l.access_detailed(4);
+        assert_eq!(a.evicted, Some(2));
+        assert_eq!(l.len(), 2);
     }
 }

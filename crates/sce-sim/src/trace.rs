@@ -1,7 +1,10 @@
 //! Block trace readers. Every format streams into one request type with bounded memory;
 //! a malformed record is an error naming its line (or record) number, or, with `skip_bad`,
-//! is counted and skipped. Gzip input (`.gz`) is read directly.
+//! is counted and skipped. Gzip, bzip2 and xz input is recognised by its magic bytes and
+//! read directly.
 
+use crate::binary;
+use crate::csv::CsvSpec;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
@@ -31,7 +34,7 @@ pub struct TraceRequest {
 }
 
 /// The supported formats.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TraceFormat {
     /// VMware vscsi v1 binary: 32-byte little-endian records.
     Vscsi,
@@ -43,7 +46,14 @@ pub enum TraceFormat {
     Tencent,
     /// DiskSim ASCII: `time_ns device lba_sectors size_sectors type(1=read,0=write)`.
     DiskSim,
+    /// Generic CSV described by a column spec (see [`crate::csv`]).
+    Csv(CsvSpec),
+    /// sce's own compact binary format (see [`crate::binary`]).
+    Sce,
 }
+
+/// The format names, for help and error messages.
+pub const FORMAT_NAMES: &str = "vscsi, msr, systor, tencent, disksim, sce, csv or csv:SPEC";
 
 impl std::str::FromStr for TraceFormat {
     type Err = String;
@@ -54,12 +64,60 @@ impl std::str::FromStr for TraceFormat {
             "systor" => TraceFormat::Systor,
             "tencent" => TraceFormat::Tencent,
             "disksim" => TraceFormat::DiskSim,
-            _ => {
-                return Err(format!(
-                    "unknown trace format {s:?} (expected vscsi, msr, systor, tencent or disksim)"
-                ))
-            }
+            "sce" => TraceFormat::Sce,
+            "csv" => TraceFormat::Csv(CsvSpec::default()),
+            _ => match s.strip_prefix("csv:") {
+                Some(spec) => TraceFormat::Csv(spec.parse()?),
+                None => {
+                    return Err(format!(
+                        "unknown trace format {s:?} (expected {FORMAT_NAMES})"
+                    ))
+                }
+            },
         })
+    }
+}
+
+impl std::fmt::Display for TraceFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TraceFormat::Vscsi => f.write_str("vscsi"),
+            TraceFormat::Msr => f.write_str("msr"),
+            TraceFormat::Systor => f.write_str("systor"),
+            TraceFormat::Tencent => f.write_str("tencent"),
+            TraceFormat::DiskSim => f.write_str("disksim"),
+            TraceFormat::Sce => f.write_str("sce"),
+            TraceFormat::Csv(s) => s.fmt(f),
+        }
+    }
+}
+
+/// How a trace file is compressed, from its first bytes.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Compression {
+    /// Not compressed (or not in a way we recognise).
+    None,
+    /// gzip (`1f 8b`).
+    Gzip,
+    /// bzip2 (`BZh`).
+    Bzip2,
+    /// xz (`fd 37 7a 58 5a 00`).
+    Xz,
+}
+
+impl Compression {
+    /// Recognises a compressed stream by its magic bytes.
+    pub fn detect(head: &[u8]) -> Compression {
+        if head.starts_with(&[0x1f, 0x8b]) {
+            Compression::Gzip
+        } else if head.starts_with(b"BZh") && head.get(3).is_some_and(|d| (b'1'..=b'9').contains(d))
+        {
+            Compression::Bzip2
+        } else if head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0]) {
+            Compression::Xz
+        } else {
+            Compression::None
+        }
     }
 }
 
@@ -102,6 +160,10 @@ pub struct TraceReader {
     skipped: u64,
     seen: u64,
     line: Vec<u8>,
+    /// Records the sce header announces (`binary::UNKNOWN_COUNT` if it does not).
+    announced: u64,
+    /// True once the sce header has been read.
+    header_read: bool,
 }
 
 fn cmd_kind(cmd: u16) -> Option<IoKind> {
@@ -127,7 +189,7 @@ fn seconds_to_ns(s: Option<&str>, what: &str) -> Result<u64, String> {
 }
 
 impl TraceReader {
-    /// Opens a trace. Gzip is detected by its magic bytes.
+    /// Opens a trace. Gzip, bzip2 and xz are detected by their magic bytes.
     pub fn open(
         path: &Path,
         format: TraceFormat,
@@ -139,16 +201,18 @@ impl TraceReader {
             source,
         };
         let mut f = BufReader::with_capacity(1 << 20, File::open(path).map_err(io)?);
-        let gz = f.fill_buf().map_err(io)?.starts_with(&[0x1f, 0x8b]);
-        let input: Box<dyn BufRead + Send> = if gz {
-            Box::new(BufReader::with_capacity(
-                1 << 20,
-                flate2::read::MultiGzDecoder::new(f),
-            ))
-        } else {
-            Box::new(f)
+        let buffered = |r: Box<dyn Read + Send>| -> Box<dyn BufRead + Send> {
+            Box::new(BufReader::with_capacity(1 << 20, r))
+        };
+        let input: Box<dyn BufRead + Send> = match Compression::detect(f.fill_buf().map_err(io)?) {
+            Compression::None => Box::new(f),
+            Compression::Gzip => buffered(Box::new(flate2::read::MultiGzDecoder::new(f))),
+            Compression::Bzip2 => buffered(Box::new(bzip2::bufread::MultiBzDecoder::new(f))),
+            Compression::Xz => buffered(Box::new(xz2::bufread::XzDecoder::new_multi_decoder(f))),
         };
         Ok(TraceReader {
+            announced: binary::UNKNOWN_COUNT,
+            header_read: false,
             path: p,
             format,
             input,
@@ -179,6 +243,7 @@ impl TraceReader {
         loop {
             let r = match self.format {
                 TraceFormat::Vscsi => self.next_vscsi(),
+                TraceFormat::Sce => self.next_sce(),
                 _ => self.next_text(),
             };
             match r {
@@ -196,22 +261,93 @@ impl TraceReader {
         }
     }
 
-    fn next_vscsi(&mut self) -> Result<Option<TraceRequest>, TraceError> {
-        let mut rec = [0u8; 32];
+    /// Reads up to `buf.len()` bytes; fewer only at the end of the input.
+    fn read_full(&mut self, buf: &mut [u8]) -> Result<usize, TraceError> {
         let mut got = 0;
-        while got < 32 {
-            let n = self
-                .input
-                .read(&mut rec[got..])
-                .map_err(|source| TraceError::Io {
-                    path: self.path.clone(),
-                    source,
-                })?;
+        while got < buf.len() {
+            let n = match self.input.read(&mut buf[got..]) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(source) => {
+                    return Err(TraceError::Io {
+                        path: self.path.clone(),
+                        source,
+                    })
+                }
+            };
             if n == 0 {
                 break;
             }
             got += n;
         }
+        Ok(got)
+    }
+
+    fn next_sce(&mut self) -> Result<Option<TraceRequest>, TraceError> {
+        if !self.header_read {
+            let mut h = [0u8; binary::HEADER_SIZE];
+            let got = self.read_full(&mut h)?;
+            if got == 0 {
+                return Ok(None);
+            }
+            let bad = |reason: String| TraceError::Bad {
+                path: self.path.clone(),
+                unit: "header",
+                at: 1,
+                reason,
+            };
+            if got < h.len() {
+                return Err(bad(format!(
+                    "truncated: {got} of {} bytes",
+                    binary::HEADER_SIZE
+                )));
+            }
+            self.announced = binary::decode_header(&h).map_err(bad)?;
+            self.header_read = true;
+        }
+        let mut rec = [0u8; binary::RECORD_SIZE];
+        let got = self.read_full(&mut rec)?;
+        if got == 0 {
+            if self.announced != binary::UNKNOWN_COUNT && self.position != self.announced {
+                self.position += 1;
+                let e = self.bad(
+                    "record",
+                    format!(
+                        "missing: the header announces {} records, the file ends after {}",
+                        self.announced,
+                        self.position - 1
+                    ),
+                );
+                return if self.skip_bad { Ok(None) } else { Err(e) };
+            }
+            return Ok(None);
+        }
+        self.position += 1;
+        if got < rec.len() {
+            let e = self.bad(
+                "record",
+                format!("truncated: {got} of {} bytes", binary::RECORD_SIZE),
+            );
+            return if self.skip_bad { Ok(None) } else { Err(e) };
+        }
+        if self.position > self.announced {
+            let e = self.bad(
+                "record",
+                format!(
+                    "unexpected: the header announces {} records",
+                    self.announced
+                ),
+            );
+            return if self.skip_bad { Ok(None) } else { Err(e) };
+        }
+        binary::decode_record(&rec)
+            .map(Some)
+            .map_err(|reason| self.bad("record", reason))
+    }
+
+    fn next_vscsi(&mut self) -> Result<Option<TraceRequest>, TraceError> {
+        let mut rec = [0u8; 32];
+        let got = self.read_full(&mut rec)?;
         if got == 0 {
             return Ok(None);
         }
@@ -268,12 +404,21 @@ impl TraceReader {
             {
                 continue;
             }
-            let parsed = match self.format {
+            let parsed = match &self.format {
                 TraceFormat::Msr => parse_msr(t),
                 TraceFormat::Systor => parse_systor(t),
                 TraceFormat::Tencent => parse_tencent(t),
                 TraceFormat::DiskSim => parse_disksim(t),
-                TraceFormat::Vscsi => unreachable!("binary"),
+                TraceFormat::Csv(spec) => {
+                    if self.position <= spec.header {
+                        continue;
+                    }
+                    let mut scratch = Vec::new();
+                    spec.parse(t, &mut scratch)
+                }
+                TraceFormat::Vscsi | TraceFormat::Sce => {
+                    return Err(self.bad("line", "binary format read as text".into()))
+                }
             };
             return parsed.map(Some).map_err(|reason| self.bad("line", reason));
         }

@@ -131,7 +131,7 @@ fn malformed_input_names_its_position() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("empty"), "{e}");
-    assert!("csv"
+    assert!("parquet"
         .parse::<TraceFormat>()
         .unwrap_err()
         .contains("unknown trace format"));
