@@ -1,0 +1,697 @@
+//! What sits around a flash cache in a simulation (Holland et al.'s system model):
+//! - [`VolumeLayout`]: the volumes of a trace are separate address spaces, laid side by side
+//!   in the one source address space a cache sees;
+//! - [`RamCache`]: an LRU page cache in RAM above the flash cache, with Holland's write
+//!   policies towards it (synchronous, asynchronous, periodic, none);
+//! - [`Stack`]: one or several hosts, each with its RAM cache and flash cache, over one
+//!   shared source; a write by one host invalidates the other hosts' copies (the global-
+//!   knowledge scheme of Holland's simulator), and the invalidations are counted.
+//!
+//! The stack also keeps the read hit ratio per interval of trace time (the warm-up curve).
+
+use crate::engine::{EngineResult, EngineSim};
+use crate::reference::BlockCache;
+use crate::trace::{IoKind, TraceRequest};
+use std::collections::BTreeMap;
+
+const PAGE: u64 = 4096;
+
+/// Lays the volumes of a trace side by side: each volume gets its own range of the source
+/// address space, `align`-aligned, in volume-number order.
+#[derive(Clone, Debug)]
+pub struct VolumeLayout {
+    align: u64,
+    ends: BTreeMap<u32, u64>,
+    bases: BTreeMap<u32, u64>,
+    size: u64,
+}
+
+impl VolumeLayout {
+    /// An empty layout whose volumes start at multiples of `align` (a power of two).
+    pub fn new(align: u64) -> Self {
+        VolumeLayout {
+            align: align.max(1).next_power_of_two(),
+            ends: BTreeMap::new(),
+            bases: BTreeMap::new(),
+            size: 0,
+        }
+    }
+
+    /// Notes that `volume` is addressed up to byte `end` (exclusive).
+    pub fn observe(&mut self, volume: u32, end: u64) {
+        let e = self.ends.entry(volume).or_insert(0);
+        *e = (*e).max(end);
+    }
+
+    /// Fixes the bases once every request has been observed.
+    pub fn finish(&mut self) {
+        let mut base = 0u64;
+        self.bases.clear();
+        for (&v, &end) in &self.ends {
+            self.bases.insert(v, base);
+            let span = end.max(1).div_ceil(self.align).saturating_mul(self.align);
+            base = base.saturating_add(span);
+        }
+        self.size = base.max(self.align);
+    }
+
+    /// Where byte `offset` of `volume` is in the source address space (None for a volume
+    /// that was never observed).
+    pub fn place(&self, volume: u32, offset: u64) -> Option<u64> {
+        self.bases.get(&volume).map(|b| b.saturating_add(offset))
+    }
+
+    /// Bytes of the source address space.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Number of volumes.
+    pub fn volumes(&self) -> usize {
+        self.ends.len()
+    }
+}
+
+/// When the RAM cache writes modified pages down to the flash cache (Holland's four).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum RamPolicy {
+    /// Synchronous write-through: the write goes down at once (the application waits).
+    Sync,
+    /// Asynchronous write-through: the write goes down at once, the application does not
+    /// wait. In a trace replay, which has no application to block, the flash cache sees
+    /// the same stream as with `Sync`.
+    Async,
+    /// Every so many nanoseconds of trace time, all modified pages go down (in address
+    /// order, coalesced into runs); a modified page evicted earlier goes down then.
+    Periodic(u64),
+    /// Modified pages go down only when evicted (and at the end of the trace).
+    None,
+}
+
+impl std::str::FromStr for RamPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "sync" => RamPolicy::Sync,
+            "async" => RamPolicy::Async,
+            "none" => RamPolicy::None,
+            _ => match s.strip_prefix("periodic:") {
+                Some(secs) => {
+                    let v: f64 = secs
+                        .parse()
+                        .map_err(|_| format!("ram policy {s:?}: {secs:?} is not seconds"))?;
+                    if !(v.is_finite() && v > 0.0) {
+                        return Err(format!("ram policy {s:?}: the period must be > 0"));
+                    }
+                    RamPolicy::Periodic((v * 1e9) as u64)
+                }
+                None => {
+                    return Err(format!(
+                        "unknown ram policy {s:?} (sync, async, periodic:SECS or none)"
+                    ))
+                }
+            },
+        })
+    }
+}
+
+/// A flash cache as the stack sees it: a reference policy over blocks or the engine.
+pub enum Flash {
+    /// A reference policy.
+    Reference(Box<BlockCache>),
+    /// The sce-core state machine in virtual time.
+    Engine(Box<EngineSim>),
+}
+
+impl Flash {
+    /// A read; returns (pages hit, pages).
+    fn read(&mut self, t: u64, offset: u64, len: u64) -> (u64, u64) {
+        match self {
+            Flash::Reference(c) => {
+                let (a0, m0) = (c.accesses, c.misses);
+                c.request(offset, len);
+                let pages = c.accesses - a0;
+                (pages - (c.misses - m0), pages)
+            }
+            Flash::Engine(e) => {
+                let (h0, m0) = e.read_pages();
+                e.request(&TraceRequest {
+                    time_ns: t,
+                    kind: IoKind::Read,
+                    volume: 0,
+                    offset,
+                    len,
+                });
+                let (h1, m1) = e.read_pages();
+                (h1 - h0, (h1 - h0) + (m1 - m0))
+            }
+        }
+    }
+
+    fn write(&mut self, t: u64, offset: u64, len: u64) {
+        match self {
+            Flash::Reference(c) => c.request(offset, len),
+            Flash::Engine(e) => e.request(&TraceRequest {
+                time_ns: t,
+                kind: IoKind::Write,
+                volume: 0,
+                offset,
+                len,
+            }),
+        }
+    }
+
+    fn invalidate(&mut self, offset: u64, len: u64) -> bool {
+        match self {
+            Flash::Reference(c) => {
+                let mut held = false;
+                if len > 0 {
+                    for b in offset / PAGE..=(offset + len - 1) / PAGE {
+                        held |= c.remove(b).is_some();
+                    }
+                }
+                held
+            }
+            Flash::Engine(e) => e.invalidate(offset, len),
+        }
+    }
+}
+
+/// An LRU cache of 4 KiB pages in RAM with a write policy towards the flash cache below.
+pub struct RamCache {
+    pages: BlockCache,
+    dirty: Vec<bool>,
+    policy: RamPolicy,
+    next_flush: Option<u64>,
+    /// Read pages served from RAM.
+    pub read_hits: u64,
+    /// Pages written down to the flash cache.
+    pub pages_written_down: u64,
+}
+
+impl RamCache {
+    /// A RAM cache of `size` bytes (at least one page) with `policy`.
+    pub fn new(size: u64, policy: RamPolicy) -> Self {
+        let n = (size / PAGE).max(1) as usize;
+        RamCache {
+            pages: BlockCache::new(crate::ReferencePolicy::Lru, n),
+            dirty: vec![false; n],
+            policy,
+            next_flush: None,
+            read_hits: 0,
+            pages_written_down: 0,
+        }
+    }
+
+    /// A RAM cache with another replacement policy (LFU for the analytic model).
+    pub fn with_policy(size: u64, policy: RamPolicy, repl: crate::ReferencePolicy) -> Self {
+        let mut r = RamCache::new(size, policy);
+        r.pages = BlockCache::new(repl, r.dirty.len());
+        r
+    }
+
+    fn write_down(&mut self, flash: &mut Flash, t: u64, first: u64, n: u64) {
+        self.pages_written_down += n;
+        flash.write(t, first * PAGE, n * PAGE);
+    }
+
+    /// Inserts (or touches) page `b`; a modified page it evicts goes down first.
+    fn touch(&mut self, b: u64, t: u64, flash: &mut Flash) -> (bool, u32) {
+        let a = self.pages.access_detailed(b);
+        if let Some(old) = a.evicted {
+            if std::mem::take(&mut self.dirty[a.slot as usize]) {
+                self.write_down(flash, t, old, 1);
+            }
+        }
+        (a.hit, a.slot)
+    }
+
+    /// Runs the periodic flushes due by `t`.
+    fn advance(&mut self, t: u64, flash: &mut Flash) {
+        let RamPolicy::Periodic(p) = self.policy else {
+            return;
+        };
+        let next = *self.next_flush.get_or_insert(t.saturating_add(p));
+        if next <= t {
+            self.flush(next, flash);
+            let periods = (t - next) / p.max(1) + 1;
+            self.next_flush = Some(next.saturating_add(periods.saturating_mul(p)));
+        }
+    }
+
+    /// Writes every modified page down, in address order, coalesced into runs.
+    fn flush(&mut self, t: u64, flash: &mut Flash) {
+        let mut blocks: Vec<u64> = Vec::new();
+        for (b, slot) in self.pages.cached() {
+            if std::mem::take(&mut self.dirty[slot as usize]) {
+                blocks.push(b);
+            }
+        }
+        blocks.sort_unstable();
+        let mut i = 0;
+        while i < blocks.len() {
+            let mut j = i + 1;
+            while j < blocks.len() && blocks[j] == blocks[j - 1] + 1 {
+                j += 1;
+            }
+            self.write_down(flash, t, blocks[i], (j - i) as u64);
+            i = j;
+        }
+    }
+
+    fn write(&mut self, t: u64, offset: u64, len: u64, flash: &mut Flash) {
+        if len == 0 {
+            return;
+        }
+        let through = matches!(self.policy, RamPolicy::Sync | RamPolicy::Async);
+        for b in offset / PAGE..=(offset + len - 1) / PAGE {
+            let (_, slot) = self.touch(b, t, flash);
+            self.dirty[slot as usize] = !through;
+        }
+        if through {
+            self.pages_written_down += (offset + len - 1) / PAGE - offset / PAGE + 1;
+            flash.write(t, offset, len);
+        }
+    }
+
+    fn invalidate(&mut self, offset: u64, len: u64) -> bool {
+        let mut held = false;
+        if len > 0 {
+            for b in offset / PAGE..=(offset + len - 1) / PAGE {
+                if let Some(slot) = self.pages.remove(b) {
+                    self.dirty[slot as usize] = false;
+                    held = true;
+                }
+            }
+        }
+        held
+    }
+}
+
+/// One host: an optional RAM cache above a flash cache.
+pub struct Host {
+    /// The RAM cache, if any.
+    pub ram: Option<RamCache>,
+    /// The flash cache.
+    pub flash: Flash,
+    read_pages: u64,
+    read_hits: u64,
+    ram_hits: u64,
+    flash_read_pages: u64,
+    flash_read_hits: u64,
+}
+
+impl Host {
+    /// A host with a flash cache and, optionally, a RAM cache above it.
+    pub fn new(flash: Flash, ram: Option<RamCache>) -> Self {
+        Host {
+            ram,
+            flash,
+            read_pages: 0,
+            read_hits: 0,
+            ram_hits: 0,
+            flash_read_pages: 0,
+            flash_read_hits: 0,
+        }
+    }
+
+    fn read(&mut self, t: u64, offset: u64, len: u64) {
+        match &mut self.ram {
+            Some(ram) => {
+                let h0 = ram.read_hits;
+                let (f0, fp0) = (self.flash_read_hits, self.flash_read_pages);
+                let flash = &mut self.flash;
+                let mut flash_pages = 0;
+                let mut flash_hits = 0;
+                // Count what reaches the flash cache through a counting shim.
+                let (_, pages) = {
+                    let mut shim = |f: &mut Flash, tt: u64, o: u64, l: u64| {
+                        let (h, p) = f.read(tt, o, l);
+                        flash_hits += h;
+                        flash_pages += p;
+                    };
+                    ram_read(ram, t, offset, len, flash, &mut shim)
+                };
+                let ram_hits = ram.read_hits - h0;
+                self.ram_hits += ram_hits;
+                self.flash_read_hits = f0 + flash_hits;
+                self.flash_read_pages = fp0 + flash_pages;
+                self.read_pages += pages;
+                self.read_hits += ram_hits + flash_hits;
+            }
+            None => {
+                let (h, p) = self.flash.read(t, offset, len);
+                self.read_pages += p;
+                self.read_hits += h;
+                self.flash_read_pages += p;
+                self.flash_read_hits += h;
+            }
+        }
+    }
+
+    fn write(&mut self, t: u64, offset: u64, len: u64) {
+        match &mut self.ram {
+            Some(ram) => ram.write(t, offset, len, &mut self.flash),
+            None => self.flash.write(t, offset, len),
+        }
+    }
+
+    fn invalidate(&mut self, offset: u64, len: u64) -> bool {
+        let ram = self.ram.as_mut().is_some_and(|r| r.invalidate(offset, len));
+        let flash = self.flash.invalidate(offset, len);
+        ram || flash
+    }
+}
+
+/// A RAM-cache read that reports flash reads through `down` (so the host can count them).
+fn ram_read(
+    ram: &mut RamCache,
+    t: u64,
+    offset: u64,
+    len: u64,
+    flash: &mut Flash,
+    down: &mut dyn FnMut(&mut Flash, u64, u64, u64),
+) -> (u64, u64) {
+    if len == 0 {
+        return (0, 0);
+    }
+    let mut pages = 0;
+    let mut run: Option<(u64, u64)> = None;
+    for b in offset / PAGE..=(offset + len - 1) / PAGE {
+        pages += 1;
+        let (hit, _) = ram.touch(b, t, flash);
+        if hit {
+            ram.read_hits += 1;
+            if let Some((first, n)) = run.take() {
+                down(flash, t, first * PAGE, n * PAGE);
+            }
+        } else {
+            run = match run {
+                Some((first, n)) => Some((first, n + 1)),
+                None => Some((b, 1)),
+            };
+        }
+    }
+    if let Some((first, n)) = run.take() {
+        down(flash, t, first * PAGE, n * PAGE);
+    }
+    (0, pages)
+}
+
+/// Results of a stack over a trace.
+#[derive(Clone, Debug, Default)]
+pub struct StackResult {
+    /// Read pages (4 KiB) requested by the application, all hosts.
+    pub read_pages: u64,
+    /// Read pages served from RAM or flash.
+    pub read_hits: u64,
+    /// Read pages served from RAM.
+    pub ram_hits: u64,
+    /// Read pages that reached the flash caches (RAM misses).
+    pub flash_read_pages: u64,
+    /// Of those, pages served from flash.
+    pub flash_read_hits: u64,
+    /// Pages the RAM caches wrote down to the flash caches.
+    pub ram_pages_written_down: u64,
+    /// Write requests.
+    pub writes: u64,
+    /// Writes that found a copy of their pages in another host's cache.
+    pub writes_invalidating: u64,
+    /// Other hosts' caches that held a copy, summed over writes.
+    pub invalidations: u64,
+    /// Read hit ratio per interval: (end of interval, trace seconds; ratio or NaN).
+    pub intervals: Vec<(f64, f64)>,
+    /// Trace seconds until the interval read hit ratio first reached 90% of its final
+    /// value.
+    pub warmup_seconds: Option<f64>,
+    /// Engine results, one per host (engine policies only).
+    pub engines: Vec<EngineResult>,
+    /// Block accesses and misses summed over hosts (reference policies only).
+    pub reference: Option<(u64, u64)>,
+}
+
+impl StackResult {
+    /// Read hit ratio of the whole stack (RAM and flash), `h`.
+    pub fn read_hit_ratio(&self) -> f64 {
+        ratio(self.read_hits, self.read_pages)
+    }
+    /// Read hit ratio of the RAM layer, `h1`.
+    pub fn ram_hit_ratio(&self) -> f64 {
+        ratio(self.ram_hits, self.read_pages)
+    }
+    /// Hit ratio of the flash layer on the reads that reach it, `h2`.
+    pub fn flash_hit_ratio(&self) -> f64 {
+        ratio(self.flash_read_hits, self.flash_read_pages)
+    }
+    /// Invalidations per write (Holland's Figure 4 counts writes that invalidate).
+    pub fn invalidations_per_write(&self) -> f64 {
+        ratio(self.invalidations, self.writes)
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+/// The first interval whose ratio reaches 90% of the last interval's.
+pub fn warmup(intervals: &[(f64, f64)]) -> Option<f64> {
+    let last = intervals.iter().rev().find(|x| !x.1.is_nan())?.1;
+    intervals
+        .iter()
+        .find(|(_, r)| !r.is_nan() && *r >= 0.9 * last)
+        .map(|(t, _)| *t)
+}
+
+/// One or several hosts over one shared source, fed a trace.
+pub struct Stack {
+    hosts: Vec<Host>,
+    origin: Option<u64>,
+    interval_ns: u64,
+    next_interval: u64,
+    last: (u64, u64),
+    now: u64,
+    res: StackResult,
+}
+
+impl Stack {
+    /// A stack of `hosts` (at least one), with intervals of `interval_secs` of trace time.
+    pub fn new(hosts: Vec<Host>, interval_secs: f64) -> Self {
+        let interval_ns = (interval_secs * 1e9).max(1.0) as u64;
+        Stack {
+            hosts,
+            origin: None,
+            interval_ns,
+            next_interval: interval_ns,
+            last: (0, 0),
+            now: 0,
+            res: StackResult::default(),
+        }
+    }
+
+    fn totals(&self) -> (u64, u64) {
+        self.hosts
+            .iter()
+            .fold((0, 0), |a, h| (a.0 + h.read_hits, a.1 + h.read_pages))
+    }
+
+    fn close_intervals(&mut self, upto: u64) {
+        while self.next_interval <= upto {
+            let (h, p) = self.totals();
+            let (dh, dp) = (h - self.last.0, p - self.last.1);
+            self.last = (h, p);
+            let r = if dp == 0 {
+                f64::NAN
+            } else {
+                dh as f64 / dp as f64
+            };
+            self.res
+                .intervals
+                .push((self.next_interval as f64 / 1e9, r));
+            self.next_interval += self.interval_ns;
+        }
+    }
+
+    /// Feeds one request of `host` at source byte `offset` (already placed by a
+    /// [`VolumeLayout`] or shared). Requests come in time order.
+    pub fn request(&mut self, host: usize, time_ns: u64, kind: IoKind, offset: u64, len: u64) {
+        let origin = *self.origin.get_or_insert_with(|| {
+            for h in &mut self.hosts {
+                if let Flash::Engine(e) = &mut h.flash {
+                    e.set_origin(time_ns);
+                }
+            }
+            time_ns
+        });
+        let rel = time_ns.saturating_sub(origin).max(self.now);
+        self.now = rel;
+        self.close_intervals(rel);
+        let t = origin + rel;
+        for h in &mut self.hosts {
+            if let Some(ram) = &mut h.ram {
+                ram.advance(t, &mut h.flash);
+            }
+        }
+        let n = self.hosts.len();
+        let Some(me) = self.hosts.get_mut(host % n.max(1)) else {
+            return;
+        };
+        match kind {
+            IoKind::Read => me.read(t, offset, len),
+            IoKind::Write => {
+                me.write(t, offset, len);
+                self.res.writes += 1;
+                let mut found = 0;
+                for (i, h) in self.hosts.iter_mut().enumerate() {
+                    if i != host % n && h.invalidate(offset, len) {
+                        found += 1;
+                    }
+                }
+                self.res.invalidations += found;
+                self.res.writes_invalidating += (found > 0) as u64;
+            }
+        }
+    }
+
+    /// Writes down what the RAM caches still hold modified, lets in-flight I/O finish and
+    /// returns the results.
+    pub fn finish(mut self) -> StackResult {
+        let t = self.origin.unwrap_or(0) + self.now;
+        let (h, p) = self.totals();
+        let (dh, dp) = (h - self.last.0, p - self.last.1);
+        if dp > 0 {
+            self.res
+                .intervals
+                .push((self.now as f64 / 1e9, dh as f64 / dp as f64));
+        }
+        self.res.warmup_seconds = warmup(&self.res.intervals);
+        let mut reference = None;
+        for mut host in self.hosts {
+            if let Some(ram) = &mut host.ram {
+                if ram.policy != RamPolicy::Sync && ram.policy != RamPolicy::Async {
+                    ram.flush(t, &mut host.flash);
+                }
+                self.res.ram_pages_written_down += ram.pages_written_down;
+            }
+            self.res.read_pages += host.read_pages;
+            self.res.read_hits += host.read_hits;
+            self.res.ram_hits += host.ram_hits;
+            self.res.flash_read_pages += host.flash_read_pages;
+            self.res.flash_read_hits += host.flash_read_hits;
+            match host.flash {
+                Flash::Reference(c) => {
+                    let (a, m) = reference.unwrap_or((0, 0));
+                    reference = Some((a + c.accesses, m + c.misses));
+                }
+                Flash::Engine(e) => self.res.engines.push(e.finish()),
+            }
+        }
+        self.res.reference = reference;
+        self.res
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ReferencePolicy;
+
+    #[test]
+    fn volumes_are_separate_address_spaces() {
+        let mut l = VolumeLayout::new(1 << 20);
+        l.observe(7, 10);
+        l.observe(3, (5 << 20) + 1);
+        l.observe(7, 3 << 20);
+        l.finish();
+        assert_eq!(l.place(3, 0), Some(0));
+        assert_eq!(
+            l.place(7, 0),
+            Some(6 << 20),
+            "volume 3 spans 6 MiB, aligned"
+        );
+        assert_eq!(l.place(9, 0), None);
+        assert_eq!(l.size(), 9 << 20);
+        assert_eq!(l.volumes(), 2);
+    }
+
+    fn lru(blocks: usize) -> Flash {
+        Flash::Reference(Box::new(BlockCache::new(ReferencePolicy::Lru, blocks)))
+    }
+
+    #[test]
+    fn a_write_invalidates_the_other_hosts_copies() {
+        let mut s = Stack::new(vec![Host::new(lru(8), None), Host::new(lru(8), None)], 1.0);
+        s.request(0, 0, IoKind::Read, 0, 8192);
+        s.request(1, 1, IoKind::Read, 0, 4096);
+        // Host 1 writes a block host 0 holds: one invalidation.
+        s.request(1, 2, IoKind::Write, 4096, 4096);
+        // Host 0 rereads: page 0 hits, page 1 was invalidated and misses.
+        s.request(0, 3, IoKind::Read, 0, 8192);
+        // A write to a block nobody else holds invalidates nothing.
+        s.request(0, 4, IoKind::Write, 1 << 20, 4096);
+        let r = s.finish();
+        assert_eq!(
+            (r.writes, r.writes_invalidating, r.invalidations),
+            (2, 1, 1)
+        );
+        assert_eq!((r.read_hits, r.read_pages), (1, 5));
+        assert_eq!(r.invalidations_per_write(), 0.5);
+    }
+
+    #[test]
+    fn ram_policies_decide_when_writes_reach_flash() {
+        for (policy, after_write, at_end) in [
+            (RamPolicy::Sync, 1, 1),
+            (RamPolicy::Async, 1, 1),
+            (RamPolicy::None, 0, 1),
+            (RamPolicy::Periodic(10_000_000_000), 0, 1),
+        ] {
+            let mut s = Stack::new(
+                vec![Host::new(lru(64), Some(RamCache::new(4 * PAGE, policy)))],
+                1.0,
+            );
+            s.request(0, 0, IoKind::Write, 0, 4096);
+            s.request(0, 1_000, IoKind::Write, 0, 4096);
+            let down = s.hosts[0].ram.as_ref().unwrap().pages_written_down;
+            assert_eq!(
+                down,
+                after_write * 2,
+                "{policy:?}: write-through sends both writes"
+            );
+            // The period passes: a periodic RAM cache writes the page down once.
+            s.request(0, 11_000_000_000, IoKind::Read, 1 << 20, 4096);
+            let r = s.finish();
+            let want = if after_write == 1 { 2 } else { at_end };
+            assert_eq!(r.ram_pages_written_down, want, "{policy:?}");
+        }
+        // A modified page evicted from RAM goes down at once.
+        let mut s = Stack::new(
+            vec![Host::new(
+                lru(64),
+                Some(RamCache::new(PAGE, RamPolicy::None)),
+            )],
+            1.0,
+        );
+        s.request(0, 0, IoKind::Write, 0, 4096);
+        s.request(0, 1, IoKind::Read, 8192, 4096);
+        assert_eq!(s.hosts[0].ram.as_ref().unwrap().pages_written_down, 1);
+        // RAM hits are not seen by the flash layer.
+        s.request(0, 2, IoKind::Read, 8192, 4096);
+        let r = s.finish();
+        assert_eq!((r.read_pages, r.ram_hits, r.flash_read_pages), (2, 1, 1));
+        assert_eq!(r.flash_read_hits, 0);
+    }
+
+    #[test]
+    fn ram_policy_parses() {
+        assert_eq!(
+            "periodic:30".parse(),
+            Ok(RamPolicy::Periodic(30_000_000_000))
+        );
+        assert!("periodic:0".parse::<RamPolicy>().is_err());
+        assert!("sometimes".parse::<RamPolicy>().is_err());
+    }
+}
