@@ -3,8 +3,10 @@
 mod alloc;
 mod demo;
 mod footprint;
+mod gen;
 mod serve;
 mod sim;
+mod trace_cmd;
 mod units;
 
 use anyhow::Result;
@@ -35,8 +37,14 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Show the counters of a running `sce serve` (from its --metrics endpoint).
     Stats(serve::StatsArgs),
-    /// Simulate caches on a block trace (reference policies lru and fifo for now).
+    /// Simulate caches on a block trace: the engine's own policies in virtual time, and the
+    /// reference lru, fifo and lfu.
     Sim(sim::SimArgs),
+    /// Generate a synthetic block trace (oltp, zipf, scan, phase, shared) from a seed.
+    Gen(gen::GenArgs),
+    /// Tools for trace files: convert between formats.
+    #[command(subcommand)]
+    Trace(trace_cmd::TraceCommand),
     /// Measure the memory the cache metadata takes for a geometry (counted by the allocator).
     Footprint(FootprintArgs),
 }
@@ -77,6 +85,8 @@ fn main() {
         }
         Command::Stats(a) => serve::stats(a),
         Command::Sim(a) => sim::sim(a),
+        Command::Gen(a) => gen::gen(a),
+        Command::Trace(c) => trace_cmd::trace(c),
         Command::Footprint(a) => (|| {
             let cfg = CoreConfig {
                 fragment_size: a.fragment_size,

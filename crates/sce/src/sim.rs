@@ -1,34 +1,42 @@
-//! `sce sim`: trace-driven simulation. The reference policies (`lru`, `fifo` over 4 KiB
-//! blocks, every block access a lookup that inserts on a miss) stream the trace once
-//! together. The engine policies (`sce`, `flashcache-like`, `always`, `nhit:K`) run the
-//! sce-core state machine in virtual time over modelled devices, one thread and one streaming
-//! pass each.
+//! `sce sim`: trace-driven simulation. A first streaming pass lays out the volumes of the
+//! trace (each its own address space) and counts the requests; then every policy streams
+//! the trace again in its own thread (as many at once as there are cores): the reference
+//! policies (`lru`, `fifo`, `lfu` over 4 KiB blocks, every block access a lookup that
+//! inserts on a miss) and the engine policies (`sce`, `flashcache-like`, `always`,
+//! `nhit:K`), which run the sce-core state machine in virtual time over modelled devices.
+//! Each policy runs inside a [`Stack`]: one or several hosts, optionally with a RAM cache
+//! above the flash cache.
 
 use crate::alloc::live_bytes;
-use crate::units::{format_size, parse_size};
-use anyhow::{bail, Result};
+use crate::units::{format_size, parse_duration, parse_size};
+use anyhow::{bail, Context, Result};
 use sce_core::{Admission, CacheCore, CoreConfig, WriteMode};
+use sce_sim::layers::{Flash, Host, RamCache, RamPolicy, Stack, StackResult, VolumeLayout};
 use sce_sim::{
-    BlockCache, DeviceModel, EngineSim, IoKind, ReferencePolicy, TraceFormat, TraceReader,
+    BlockCache, DeviceModel, EngineResult, EngineSim, IoKind, ReferencePolicy, TraceFormat,
+    TraceReader,
 };
 use serde::Serialize;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::time::{Duration, Instant};
 
 /// Options of `sce sim`.
 #[derive(clap::Args, Debug)]
+#[command(after_long_help = SIM_HELP)]
 pub struct SimArgs {
-    /// The trace file (gzip is read directly).
+    /// The trace file (gzip, bzip2 and xz are read directly).
     #[arg(long)]
     pub trace: PathBuf,
-    /// Its format: vscsi, msr, systor, tencent or disksim.
+    /// Its format: vscsi, msr, systor, tencent, disksim, sce, csv or csv:SPEC (see below).
     #[arg(long)]
     pub format: TraceFormat,
     /// Cache size (4 KiB blocks of it for the reference policies).
     #[arg(long, value_parser = parse_size)]
     pub cache_size: u64,
     /// Policies to run side by side (repeatable or comma-separated): the engine's sce,
-    /// flashcache-like, always, nhit:K; the reference lru, fifo.
+    /// flashcache-like, always, nhit:K; the reference lru, fifo, lfu.
     #[arg(long, value_delimiter = ',', default_value = "sce")]
     pub policy: Vec<String>,
     /// Fragment size of the engine policies (flashcache-like always uses 4KiB).
@@ -46,44 +54,98 @@ pub struct SimArgs {
     /// Count and skip malformed records instead of failing.
     #[arg(long)]
     pub skip_bad: bool,
+    /// Hosts sharing one volume: the volume field of the trace is the host id (modulo N);
+    /// each host has its own caches, and a write by one invalidates the others' copies.
+    #[arg(long, default_value_t = 1)]
+    pub hosts: u32,
+    /// A RAM cache (LRU, 4 KiB pages) of this size above each flash cache.
+    #[arg(long, value_parser = parse_size)]
+    pub ram_size: Option<u64>,
+    /// When the RAM cache writes down to flash: sync, async, periodic:SECS or none.
+    #[arg(long, default_value = "async")]
+    pub ram_policy: RamPolicy,
+    /// Device models: ssd=MODEL,source=MODEL, where MODEL is mercury-ssd, disk, or
+    /// READ_LAT/WRITE_LAT/READ_BW/WRITE_BW/CHANNELS such as 240us/225us/110MB/39MB/8.
+    #[arg(long, default_value = "ssd=mercury-ssd,source=disk")]
+    pub device_model: String,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Write an SVG plot of the read hit ratio over time, one line per policy.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Policies simulated at once (default: the number of cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
 }
+
+const SIM_HELP: &str = "\
+Generic CSV: --format csv:KEY=VALUE,... with keys (defaults in brackets)
+  time=COL [0] op=COL [1] volume=COL|none [2] offset=COL [3] len=COL [4]   (columns from 0)
+  unit=byte|sector|4k [byte]   time_unit=s|ms|us|100ns|ns [ns]   header=N [0] lines to skip
+  sep=comma|tab|space|semicolon|pipe [comma]   read=TOKEN write=TOKEN  (default r/read, w/write)
+  e.g. Tencent CBS: csv:time=0,offset=1,len=2,op=3,volume=4,unit=sector,time_unit=s,read=0,write=1
+Lines that are empty or start with # are skipped; `csv` alone reads what `sce trace convert
+--out-format csv` writes.
+
+Output per policy: read hit ratio (4 KiB pages of reads, RAM and flash), hit ratio of all
+block accesses (reference policies, comparable to libCacheSim), warm-up seconds (until the
+interval read hit ratio first reaches 90% of its final value), cache bytes written (and per
+request), source bytes, modelled mean/p99 read latency (engine), metadata bytes (allocated
+when the cache is built), and with --hosts the invalidations per write.";
 
 /// The result of one policy.
 #[derive(Serialize, Debug, Default)]
 pub struct PolicyResult {
     /// Policy name.
     pub policy: String,
-    /// Read pages hit over read pages (engine policies).
-    pub read_hit_ratio: Option<f64>,
-    /// Block accesses hit over block accesses (reference policies).
+    /// Read pages hit (RAM or flash) over read pages.
+    pub read_hit_ratio: f64,
+    /// Block accesses hit over block accesses at the flash layer (reference policies).
     pub hit_ratio: Option<f64>,
-    /// Block misses over block accesses (reference policies).
+    /// Block misses over block accesses at the flash layer (reference policies).
     pub miss_ratio: Option<f64>,
-    /// Block accesses (reference policies).
+    /// Block accesses at the flash layer (reference policies).
     pub accesses: Option<u64>,
+    /// Read pages served by the RAM cache over read pages (with --ram-size).
+    pub ram_hit_ratio: Option<f64>,
+    /// Read pages served by flash over the read pages that reach it (with --ram-size).
+    pub flash_hit_ratio: Option<f64>,
     /// Trace seconds until the interval read hit ratio first reached 90% of its final value.
     pub warmup_seconds: Option<f64>,
-    /// Bytes written to the cache device.
+    /// Bytes written to the cache devices (engine policies).
     pub cache_bytes_written: Option<u64>,
-    /// Bytes written to the cache device per request.
+    /// Bytes written to the cache devices per trace request.
     pub cache_bytes_written_per_request: Option<f64>,
     /// Bytes read from the source.
     pub source_bytes_read: Option<u64>,
     /// Bytes written to the source.
     pub source_bytes_written: Option<u64>,
-    /// Modelled mean read latency, seconds.
+    /// Modelled mean read latency at the flash layer, seconds (engine policies).
     pub mean_read_latency: Option<f64>,
-    /// Modelled p99 read latency, seconds.
+    /// Modelled p99 read latency at the flash layer, seconds (worst host).
     pub p99_read_latency: Option<f64>,
-    /// Metadata bytes of the core, counted by the allocator.
-    pub metadata_bytes: Option<u64>,
-    /// Warm-up curve: (trace seconds, interval read hit ratio).
-    pub intervals: Vec<(f64, f64)>,
+    /// Fragments populated (engine policies).
+    pub fragments_populated: Option<u64>,
+    /// Metadata bytes of one host's flash cache, counted by the allocator when built.
+    pub metadata_bytes: u64,
+    /// Write requests.
+    pub writes: u64,
+    /// Other hosts' caches holding a copy, per write (with --hosts).
+    pub invalidations_per_write: Option<f64>,
+    /// Fraction of writes that invalidated a copy on another host (Holland's Figure 4).
+    pub writes_invalidating: Option<f64>,
+    /// Seconds this policy took to simulate (including parsing the trace).
+    pub seconds: f64,
+    /// Trace requests per second of simulation.
+    pub requests_per_second: f64,
+    /// Block accesses per second (reference policies).
+    pub accesses_per_second: Option<f64>,
+    /// Warm-up curve: (trace seconds, interval read hit ratio; null if no read).
+    pub intervals: Vec<(f64, Option<f64>)>,
 }
 
+#[derive(Clone)]
 enum Kind {
     Reference(ReferencePolicy),
     Engine(CoreConfig),
@@ -99,33 +161,218 @@ fn policy(p: &str, a: &SimArgs) -> Result<Kind> {
     Ok(match p {
         "lru" => Kind::Reference(ReferencePolicy::Lru),
         "fifo" => Kind::Reference(ReferencePolicy::Fifo),
+        "lfu" => Kind::Reference(ReferencePolicy::Lfu),
         "sce" => Kind::Engine(engine(Admission::Sce)),
         "always" => Kind::Engine(engine(Admission::Always)),
         "flashcache-like" => Kind::Engine(CoreConfig::flashcache_like()),
         _ => match p.parse::<Admission>() {
             Ok(adm @ Admission::NHit(_)) => Kind::Engine(engine(adm)),
-            _ => bail!("unknown policy {p:?} (sce, flashcache-like, always, nhit:K, lru, fifo)"),
+            _ => {
+                bail!("unknown policy {p:?} (sce, flashcache-like, always, nhit:K, lru, fifo, lfu)")
+            }
         },
     })
 }
 
-fn run_engine(a: &SimArgs, cfg: CoreConfig, source_size: u64) -> Result<sce_sim::EngineResult> {
-    let mut sim = EngineSim::new(
-        cfg,
-        source_size,
-        a.cache_size,
-        DeviceModel::mercury_ssd(),
-        DeviceModel::disk(),
-        a.interval,
-    )?;
-    let mut reader = TraceReader::open(&a.trace, a.format, a.skip_bad)?;
+/// Parses `ssd=MODEL,source=MODEL` (either may be left out).
+pub fn parse_device_models(s: &str) -> Result<(DeviceModel, DeviceModel), String> {
+    let (mut ssd, mut source) = (DeviceModel::mercury_ssd(), DeviceModel::disk());
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| format!("device model {part:?}: expected ssd=MODEL or source=MODEL"))?;
+        let m = match v {
+            "mercury-ssd" => DeviceModel::mercury_ssd(),
+            "disk" => DeviceModel::disk(),
+            _ => {
+                let f: Vec<&str> = v.split('/').collect();
+                if f.len() != 5 {
+                    return Err(format!(
+                        "device model {v:?}: expected mercury-ssd, disk or \
+                         READ_LAT/WRITE_LAT/READ_BW/WRITE_BW/CHANNELS (240us/225us/110MB/39MB/8)"
+                    ));
+                }
+                let lat = |x: &str| parse_duration(x).map(|d| d.as_nanos() as u64);
+                let bw = |x: &str| {
+                    parse_size(x).and_then(|b| {
+                        if b == 0 {
+                            Err(format!("bandwidth {x:?} must be > 0"))
+                        } else {
+                            Ok(b)
+                        }
+                    })
+                };
+                let channels: usize = f[4]
+                    .parse()
+                    .ok()
+                    .filter(|&c| c > 0 && c <= 4096)
+                    .ok_or_else(|| format!("channels {:?}: expected 1..=4096", f[4]))?;
+                DeviceModel {
+                    read_ns: lat(f[0])?,
+                    write_ns: lat(f[1])?,
+                    read_bw: bw(f[2])?,
+                    write_bw: bw(f[3])?,
+                    channels,
+                }
+            }
+        };
+        match k {
+            "ssd" | "cache" => ssd = m,
+            "source" => source = m,
+            _ => {
+                return Err(format!(
+                    "device model {part:?}: unknown device {k:?} (ssd, source)"
+                ))
+            }
+        }
+    }
+    Ok((ssd, source))
+}
+
+/// What the first pass learns about the trace.
+struct Survey {
+    layout: VolumeLayout,
+    requests: u64,
+    skipped: u64,
+}
+
+fn survey(a: &SimArgs) -> Result<Survey> {
+    let mut layout = VolumeLayout::new(64 << 20);
+    let mut reader = TraceReader::open(&a.trace, a.format.clone(), a.skip_bad)?;
+    let mut requests = 0;
     while let Some(r) = reader.next_request()? {
         if a.reads_only && r.kind != IoKind::Read {
             continue;
         }
-        sim.request(&r);
+        requests += 1;
+        let vol = if a.hosts > 1 { 0 } else { r.volume };
+        layout.observe(vol, r.offset.saturating_add(r.len));
     }
-    Ok(sim.finish())
+    layout.finish();
+    Ok(Survey {
+        layout,
+        requests,
+        skipped: reader.skipped(),
+    })
+}
+
+struct Job<'a> {
+    name: String,
+    kind: Kind,
+    args: &'a SimArgs,
+    devices: &'a (DeviceModel, DeviceModel),
+    layout: &'a VolumeLayout,
+    progress: &'a AtomicU64,
+}
+
+fn build_stack(job: &Job) -> Result<Stack> {
+    let a = job.args;
+    let mut hosts = Vec::new();
+    for _ in 0..a.hosts.max(1) {
+        let flash = match &job.kind {
+            Kind::Reference(p) => Flash::Reference(Box::new(BlockCache::new(
+                *p,
+                (a.cache_size / 4096) as usize,
+            ))),
+            Kind::Engine(cfg) => Flash::Engine(Box::new(EngineSim::new(
+                cfg.clone(),
+                job.layout.size(),
+                a.cache_size,
+                job.devices.0.clone(),
+                job.devices.1.clone(),
+                a.interval,
+            )?)),
+        };
+        let ram = a.ram_size.map(|s| RamCache::new(s, a.ram_policy));
+        hosts.push(Host::new(flash, ram));
+    }
+    Ok(Stack::new(hosts, a.interval))
+}
+
+fn run(job: &Job) -> Result<(StackResult, f64)> {
+    let a = job.args;
+    let t0 = Instant::now();
+    let mut stack = build_stack(job)?;
+    let mut reader = TraceReader::open(&a.trace, a.format.clone(), a.skip_bad)?;
+    let mut n = 0u64;
+    while let Some(r) = reader.next_request()? {
+        if a.reads_only && r.kind != IoKind::Read {
+            continue;
+        }
+        let (host, vol) = if a.hosts > 1 {
+            (r.volume as usize, 0)
+        } else {
+            (0, r.volume)
+        };
+        let Some(off) = job.layout.place(vol, r.offset) else {
+            bail!("the trace changed between the two passes (volume {vol})");
+        };
+        stack.request(host, r.time_ns, r.kind, off, r.len);
+        n += 1;
+        if n.is_multiple_of(4096) {
+            job.progress.fetch_add(4096, Relaxed);
+        }
+    }
+    job.progress.fetch_add(n % 4096, Relaxed);
+    Ok((stack.finish(), t0.elapsed().as_secs_f64()))
+}
+
+fn aggregate_engines(es: &[EngineResult]) -> EngineResult {
+    let mut out = EngineResult::default();
+    let reqs: u64 = es.iter().map(|e| e.requests).sum();
+    for e in es {
+        out.cache_bytes_written += e.cache_bytes_written;
+        out.source_bytes_read += e.source_bytes_read;
+        out.source_bytes_written += e.source_bytes_written;
+        out.requests += e.requests;
+        out.fragments_populated += e.fragments_populated;
+        out.fragments_evicted += e.fragments_evicted;
+        out.mean_read_latency += e.mean_read_latency * e.requests as f64 / reqs.max(1) as f64;
+        out.p99_read_latency = out.p99_read_latency.max(e.p99_read_latency);
+    }
+    out
+}
+
+fn metadata_bytes(kind: &Kind, a: &SimArgs, source_size: u64) -> Result<u64> {
+    let before = live_bytes();
+    let bytes = match kind {
+        Kind::Engine(cfg) => {
+            let core = CacheCore::new(cfg.clone(), source_size, a.cache_size)?;
+            let b = live_bytes().saturating_sub(before);
+            drop(core);
+            b
+        }
+        Kind::Reference(p) => {
+            let c = BlockCache::new(*p, (a.cache_size / 4096) as usize);
+            let b = live_bytes().saturating_sub(before);
+            drop(c);
+            b
+        }
+    };
+    Ok(bytes as u64)
+}
+
+fn progress_bar(done: &AtomicBool, progress: &AtomicU64, total: u64) {
+    let t0 = Instant::now();
+    let mut err = std::io::stderr();
+    while !done.load(Relaxed) {
+        std::thread::sleep(Duration::from_millis(250));
+        let p = progress.load(Relaxed).min(total);
+        let frac = p as f64 / total.max(1) as f64;
+        let width = 30;
+        let filled = (frac * width as f64) as usize;
+        let _ = write!(
+            err,
+            "\r[{}{}] {:5.1}% {:.0}s ",
+            "#".repeat(filled),
+            " ".repeat(width - filled),
+            frac * 100.0,
+            t0.elapsed().as_secs_f64()
+        );
+        let _ = err.flush();
+    }
+    let _ = write!(err, "\r{}\r", " ".repeat(50));
+    let _ = err.flush();
 }
 
 /// Runs the simulation.
@@ -140,165 +387,332 @@ pub fn sim(a: SimArgs) -> Result<()> {
             a.cache_size
         );
     }
-    let engines: Vec<_> = kinds
-        .iter()
-        .filter_map(|(n, k)| {
-            if let Kind::Engine(c) = k {
-                Some((n.clone(), c.clone()))
-            } else {
-                None
-            }
-        })
-        .collect();
-    // The engine needs the size of the address space: one streaming pass finds it.
-    let mut source_size = 0u64;
-    let mut requests = 0u64;
-    let mut reader = TraceReader::open(&a.trace, a.format, a.skip_bad)?;
-    let t0 = Instant::now();
-    let mut refs: Vec<(String, BlockCache)> = kinds
-        .iter()
-        .filter_map(|(n, k)| {
-            if let Kind::Reference(p) = k {
-                Some((
-                    n.clone(),
-                    BlockCache::new(*p, (a.cache_size / 4096) as usize),
-                ))
-            } else {
-                None
-            }
-        })
-        .collect();
-    while let Some(r) = reader.next_request()? {
-        if a.reads_only && r.kind != IoKind::Read {
-            continue;
-        }
-        requests += 1;
-        source_size = source_size.max(r.offset.saturating_add(r.len));
-        for (_, c) in &mut refs {
-            c.request(r.offset, r.len);
-        }
+    if a.hosts == 0 {
+        bail!("invalid --hosts 0: at least one host");
     }
-    let ref_secs = t0.elapsed().as_secs_f64();
-    let source_size = source_size.div_ceil(1 << 20).max(1) * (1 << 20);
+    if !(a.interval.is_finite() && a.interval > 0.0) {
+        bail!("invalid --interval {}: must be > 0 seconds", a.interval);
+    }
+    let devices = parse_device_models(&a.device_model)
+        .map_err(|e| anyhow::anyhow!("invalid --device-model: {e}"))?;
+    let s = survey(&a)?;
     let mut metadata = Vec::new();
-    for (_, cfg) in &engines {
-        let before = live_bytes();
-        let core = CacheCore::new(cfg.clone(), source_size, a.cache_size)?;
-        metadata.push((live_bytes() - before) as u64);
-        drop(core);
+    for (_, k) in &kinds {
+        metadata.push(metadata_bytes(k, &a, s.layout.size())?);
     }
-    let t1 = Instant::now();
-    let engine_results: Vec<Result<sce_sim::EngineResult>> = std::thread::scope(|s| {
-        let hs: Vec<_> = engines
-            .iter()
-            .map(|(_, cfg)| s.spawn(|| run_engine(&a, cfg.clone(), source_size)))
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a simulation thread panicked")))
+    let progress = AtomicU64::new(0);
+    let jobs: Vec<Job> = kinds
+        .iter()
+        .map(|(n, k)| Job {
+            name: n.clone(),
+            kind: k.clone(),
+            args: &a,
+            devices: &devices,
+            layout: &s.layout,
+            progress: &progress,
+        })
+        .collect();
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .clamp(1, jobs.len().max(1));
+    let next = AtomicUsize::new(0);
+    let done = AtomicBool::new(false);
+    let show_progress = std::io::stderr().is_terminal() && !a.json;
+    let mut outcomes: Vec<Option<Result<(StackResult, f64)>>> =
+        (0..jobs.len()).map(|_| None).collect();
+    std::thread::scope(|sc| {
+        if show_progress {
+            let total = s.requests * jobs.len() as u64;
+            let (done, progress) = (&done, &progress);
+            sc.spawn(move || progress_bar(done, progress, total));
+        }
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                sc.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Relaxed);
+                        let Some(job) = jobs.get(i) else { break };
+                        mine.push((i, run(job)));
+                    }
+                    mine
+                })
             })
-            .collect()
-    });
-    let engine_secs = t1.elapsed().as_secs_f64();
-    let mut results = Vec::new();
-    let mut ei = 0;
-    for (name, k) in &kinds {
-        match k {
-            Kind::Reference(_) => {
-                let c = &refs.iter().find(|(n, _)| n == name).expect("built").1;
-                results.push(PolicyResult {
-                    policy: name.clone(),
-                    hit_ratio: Some(1.0 - c.miss_ratio()),
-                    miss_ratio: Some(c.miss_ratio()),
-                    accesses: Some(c.accesses),
-                    ..PolicyResult::default()
-                });
-            }
-            Kind::Engine(_) => {
-                let r = engine_results[ei]
-                    .as_ref()
-                    .map_err(|e| anyhow::anyhow!("{name}: {e:#}"))?;
-                results.push(PolicyResult {
-                    policy: name.clone(),
-                    read_hit_ratio: Some(r.read_hit_ratio),
-                    warmup_seconds: r.warmup_seconds,
-                    cache_bytes_written: Some(r.cache_bytes_written),
-                    cache_bytes_written_per_request: Some(
-                        r.cache_bytes_written as f64 / r.requests.max(1) as f64,
-                    ),
-                    source_bytes_read: Some(r.source_bytes_read),
-                    source_bytes_written: Some(r.source_bytes_written),
-                    mean_read_latency: Some(r.mean_read_latency),
-                    p99_read_latency: Some(r.p99_read_latency),
-                    metadata_bytes: Some(metadata[ei]),
-                    intervals: r.intervals.clone(),
-                    ..PolicyResult::default()
-                });
-                ei += 1;
+            .collect();
+        for w in workers {
+            match w.join() {
+                Ok(v) => {
+                    for (i, r) in v {
+                        outcomes[i] = Some(r);
+                    }
+                }
+                Err(_) => {
+                    done.store(true, Relaxed);
+                    outcomes.push(Some(Err(anyhow::anyhow!("a simulation thread panicked"))));
+                }
             }
         }
+        done.store(true, Relaxed);
+    });
+    let mut results = Vec::new();
+    for (i, o) in outcomes.into_iter().enumerate() {
+        let name = jobs.get(i).map_or("?", |j| j.name.as_str());
+        let (r, secs) = o
+            .context("a policy was not simulated")?
+            .with_context(|| format!("policy {name}"))?;
+        results.push(result(name, &r, secs, metadata[i], &a, s.requests));
     }
-    let accesses: u64 = refs.iter().map(|(_, c)| c.accesses).sum();
+    if let Some(p) = &a.plot {
+        std::fs::write(p, plot_svg(&results, &a))
+            .with_context(|| format!("writing the plot {}", p.display()))?;
+    }
     if a.json {
         let v = serde_json::json!({
-            "trace": a.trace, "cache_size": a.cache_size, "reads_only": a.reads_only,
-            "requests": requests, "skipped": reader.skipped(), "source_size": source_size,
-            "reference_seconds": ref_secs, "engine_seconds": engine_secs,
-            "reference_accesses_per_second": accesses as f64 / ref_secs.max(1e-9),
-            "policies": results,
+            "trace": a.trace, "format": a.format.to_string(), "cache_size": a.cache_size,
+            "reads_only": a.reads_only, "requests": s.requests, "skipped": s.skipped,
+            "volumes": s.layout.volumes(), "source_size": s.layout.size(), "hosts": a.hosts,
+            "ram_size": a.ram_size, "ram_policy": a.ram_size.map(|_| format!("{:?}", a.ram_policy)),
+            "ssd_model": format!("{:?}", devices.0), "source_model": format!("{:?}", devices.1),
+            "threads": threads, "policies": results,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
+    print_table(&a, &s, &results);
+    Ok(())
+}
+
+fn result(
+    name: &str,
+    r: &StackResult,
+    secs: f64,
+    metadata: u64,
+    a: &SimArgs,
+    requests: u64,
+) -> PolicyResult {
+    let mut out = PolicyResult {
+        policy: name.to_string(),
+        read_hit_ratio: r.read_hit_ratio(),
+        warmup_seconds: r.warmup_seconds,
+        metadata_bytes: metadata,
+        writes: r.writes,
+        seconds: secs,
+        requests_per_second: requests as f64 / secs.max(1e-9),
+        intervals: r
+            .intervals
+            .iter()
+            .map(|&(t, h)| (t, (!h.is_nan()).then_some(h)))
+            .collect(),
+        ..PolicyResult::default()
+    };
+    if a.ram_size.is_some() {
+        out.ram_hit_ratio = Some(r.ram_hit_ratio());
+        out.flash_hit_ratio = Some(r.flash_hit_ratio());
+    }
+    if a.hosts > 1 {
+        out.invalidations_per_write = Some(r.invalidations_per_write());
+        out.writes_invalidating = Some(r.writes_invalidating as f64 / r.writes.max(1) as f64);
+    }
+    if let Some((acc, miss)) = r.reference {
+        let m = if acc == 0 {
+            0.0
+        } else {
+            miss as f64 / acc as f64
+        };
+        out.hit_ratio = Some(1.0 - m);
+        out.miss_ratio = Some(m);
+        out.accesses = Some(acc);
+        out.accesses_per_second = Some(acc as f64 / secs.max(1e-9));
+    }
+    if !r.engines.is_empty() {
+        let e = aggregate_engines(&r.engines);
+        out.cache_bytes_written = Some(e.cache_bytes_written);
+        out.cache_bytes_written_per_request =
+            Some(e.cache_bytes_written as f64 / requests.max(1) as f64);
+        out.source_bytes_read = Some(e.source_bytes_read);
+        out.source_bytes_written = Some(e.source_bytes_written);
+        out.mean_read_latency = Some(e.mean_read_latency);
+        out.p99_read_latency = Some(e.p99_read_latency);
+        out.fragments_populated = Some(e.fragments_populated);
+    }
+    out
+}
+
+fn print_table(a: &SimArgs, s: &Survey, results: &[PolicyResult]) {
     println!(
-        "{}: {requests} requests{}, cache {}{}",
+        "{}: {} requests{}, {} volume(s), cache {}{}{}{}",
         a.trace.display(),
-        if reader.skipped() > 0 {
-            format!(" ({} malformed skipped)", reader.skipped())
+        s.requests,
+        if s.skipped > 0 {
+            format!(" ({} malformed skipped)", s.skipped)
         } else {
             String::new()
         },
+        s.layout.volumes(),
         format_size(a.cache_size),
-        if a.reads_only { ", reads only" } else { "" }
+        if a.reads_only { ", reads only" } else { "" },
+        a.ram_size.map_or(String::new(), |r| format!(
+            ", RAM {} {:?}",
+            format_size(r),
+            a.ram_policy
+        )),
+        if a.hosts > 1 {
+            format!(", {} hosts", a.hosts)
+        } else {
+            String::new()
+        },
     );
     let f = |x: Option<f64>, p: usize| x.map_or("-".to_string(), |v| format!("{v:.p$}"));
     println!(
-        "{:<16} {:>9} {:>9} {:>9} {:>10} {:>12} {:>10} {:>10} {:>10}",
+        "{:<16} {:>8} {:>8} {:>9} {:>10} {:>11} {:>8} {:>8} {:>10} {:>7}",
         "policy",
         "read hit",
         "hit",
         "warm-up s",
         "cache wr",
-        "wr/request",
+        "wr/req KiB",
         "mean ms",
         "p99 ms",
-        "metadata"
+        "metadata",
+        "sim s"
     );
-    for r in &results {
+    for r in results {
         println!(
-            "{:<16} {:>9} {:>9} {:>9} {:>10} {:>12} {:>10} {:>10} {:>10}",
+            "{:<16} {:>8.4} {:>8} {:>9} {:>10} {:>11} {:>8} {:>8} {:>10} {:>7.1}",
             r.policy,
-            f(r.read_hit_ratio, 4),
+            r.read_hit_ratio,
             f(r.hit_ratio, 4),
             f(r.warmup_seconds, 0),
             r.cache_bytes_written.map_or("-".into(), format_size),
-            f(r.cache_bytes_written_per_request.map(|b| b / 1024.0), 1)
-                + if r.cache_bytes_written_per_request.is_some() {
-                    " KiB"
-                } else {
-                    ""
-                },
+            f(r.cache_bytes_written_per_request.map(|b| b / 1024.0), 1),
             f(r.mean_read_latency.map(|s| s * 1e3), 3),
             f(r.p99_read_latency.map(|s| s * 1e3), 3),
-            r.metadata_bytes.map_or("-".into(), format_size),
+            format_size(r.metadata_bytes),
+            r.seconds,
         );
     }
-    if !refs.is_empty() {
-        println!(
-            "reference policies: {:.1} M block accesses/s (parsing included)",
-            accesses as f64 / ref_secs.max(1e-9) / 1e6
+    for r in results {
+        if let (Some(h1), Some(h2)) = (r.ram_hit_ratio, r.flash_hit_ratio) {
+            println!(
+                "{}: RAM hit ratio h1 {h1:.4}, flash hit ratio on RAM misses h2 {h2:.4}",
+                r.policy
+            );
+        }
+        if let (Some(ipw), Some(wi)) = (r.invalidations_per_write, r.writes_invalidating) {
+            println!(
+                "{}: {} writes, {:.1}% invalidated another host's copy, {ipw:.3} invalidations per write",
+                r.policy,
+                r.writes,
+                wi * 100.0
+            );
+        }
+        if let Some(aps) = r.accesses_per_second {
+            println!(
+                "{}: {:.2} M block accesses/s (parsing included, one thread)",
+                r.policy,
+                aps / 1e6
+            );
+        }
+    }
+}
+
+/// An SVG line plot of the interval read hit ratio over trace time, one line per policy.
+pub fn plot_svg(results: &[PolicyResult], a: &SimArgs) -> String {
+    const W: f64 = 800.0;
+    const H: f64 = 450.0;
+    const L: f64 = 60.0;
+    const R: f64 = 170.0;
+    const T: f64 = 40.0;
+    const B: f64 = 50.0;
+    const COLOURS: [&str; 8] = [
+        "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+    ];
+    let tmax = results
+        .iter()
+        .flat_map(|r| r.intervals.iter().map(|x| x.0))
+        .fold(0.0f64, f64::max)
+        .max(1e-9);
+    let x = |t: f64| L + t / tmax * (W - L - R);
+    let y = |h: f64| T + (1.0 - h) * (H - T - B);
+    let esc = |s: &str| {
+        s.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+    };
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" \
+         font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"14\">{} \u{2014} cache {}</text>\n",
+        (W - R + L) / 2.0,
+        esc(&a.trace.file_name().map_or(String::new(), |f| f.to_string_lossy().into_owned())),
+        format_size(a.cache_size)
+    );
+    for i in 0..=10 {
+        let h = i as f64 / 10.0;
+        s += &format!(
+            "<line x1=\"{L}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\
+             <text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{h:.1}</text>\n",
+            W - R,
+            L - 6.0,
+            y(h) + 4.0,
+            y = y(h)
         );
     }
-    Ok(())
+    for i in 0..=5 {
+        let t = tmax * i as f64 / 5.0;
+        s += &format!(
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{:.0}</text>\n",
+            x(t),
+            H - B + 18.0,
+            t
+        );
+    }
+    s += &format!(
+        "<line x1=\"{L}\" x2=\"{L}\" y1=\"{T}\" y2=\"{}\" stroke=\"black\"/>\
+         <line x1=\"{L}\" x2=\"{}\" y1=\"{}\" y2=\"{}\" stroke=\"black\"/>\n\
+         <text x=\"{}\" y=\"{}\" text-anchor=\"middle\">trace time (s)</text>\n\
+         <text x=\"16\" y=\"{}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {})\">read hit ratio per {} s interval</text>\n",
+        H - B,
+        W - R,
+        H - B,
+        H - B,
+        (W - R + L) / 2.0,
+        H - 12.0,
+        (H - B + T) / 2.0,
+        (H - B + T) / 2.0,
+        a.interval
+    );
+    for (i, r) in results.iter().enumerate() {
+        let c = COLOURS[i % COLOURS.len()];
+        // A gap (an interval with no read) breaks the line.
+        let mut segs: Vec<Vec<(f64, f64)>> = vec![Vec::new()];
+        for &(t, h) in &r.intervals {
+            match h {
+                Some(h) => segs.last_mut().expect("one").push((x(t), y(h))),
+                None => segs.push(Vec::new()),
+            }
+        }
+        for seg in segs.iter().filter(|s| !s.is_empty()) {
+            let pts: Vec<String> = seg.iter().map(|(a, b)| format!("{a:.1},{b:.1}")).collect();
+            s += &format!(
+                "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"1.5\" points=\"{}\"/>\n",
+                pts.join(" ")
+            );
+        }
+        let ly = T + 10.0 + 20.0 * i as f64;
+        s += &format!(
+            "<line x1=\"{}\" x2=\"{}\" y1=\"{ly}\" y2=\"{ly}\" stroke=\"{c}\" stroke-width=\"3\"/>\
+             <text x=\"{}\" y=\"{}\">{} ({:.3})</text>\n",
+            W - R + 10.0,
+            W - R + 30.0,
+            W - R + 36.0,
+            ly + 4.0,
+            esc(&r.policy),
+            r.read_hit_ratio
+        );
+    }
+    s += "</svg>\n";
+    s
 }
