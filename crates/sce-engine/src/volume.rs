@@ -682,7 +682,17 @@ fn population_worker(s: &Shared, index: u32) {
     let fsize = s.core.write().geometry().fragment_size() as usize;
     let mut buf: Option<AlignedBuf> = None;
     loop {
-        let st = s.core.write().throttle(s.now());
+        let st = {
+            let mut core = s.core.write();
+            if index == 0 {
+                // Reads batch their accounting per shard; a slow trickle of reads would
+                // otherwise never reach the hotness window and the miss rate.
+                for shard in s.logs.iter() {
+                    core.apply_access_log(&mut shard.0.lock());
+                }
+            }
+            core.throttle(s.now())
+        };
         if index == 0 {
             s.counters
                 .active_workers

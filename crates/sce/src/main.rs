@@ -3,6 +3,7 @@
 mod alloc;
 mod demo;
 mod footprint;
+mod format;
 mod gen;
 mod serve;
 mod sim;
@@ -45,6 +46,11 @@ enum Command {
     /// Tools for trace files: convert between formats.
     #[command(subcommand)]
     Trace(trace_cmd::TraceCommand),
+    /// Create a persistent cache device for a source (`sce serve` also formats a blank one).
+    Format(format::FormatArgs),
+    /// Check a cache device like fsck: superblock, metadata units, intents, and optionally
+    /// every cached page against its checksum. Exits 1 if it finds damage.
+    Check(format::CheckArgs),
     /// Measure the memory the cache metadata takes for a geometry (counted by the allocator).
     Footprint(FootprintArgs),
 }
@@ -87,6 +93,8 @@ fn main() {
         Command::Sim(a) => sim::sim(a),
         Command::Gen(a) => gen::gen(a),
         Command::Trace(c) => trace_cmd::trace(c),
+        Command::Format(a) => format::format(a),
+        Command::Check(a) => format::check(a),
         Command::Footprint(a) => (|| {
             let cfg = CoreConfig {
                 fragment_size: a.fragment_size,

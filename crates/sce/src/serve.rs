@@ -9,7 +9,7 @@
 use crate::units::parse_size;
 use anyhow::{anyhow, bail, Context, Result};
 use sce_core::{Admission, CoreConfig, EvictionKind, WriteMode};
-use sce_engine::{CacheVolume, EngineConfig};
+use sce_engine::{CacheVolume, EngineConfig, PersistConfig, PersistStats};
 use sce_io::{BlockDevice, DirectMode, FileDevice, FileOptions};
 use sce_nbd::{listen, Export, ListenAddr, NbdClient, NbdUri, Server};
 use serde::Deserialize;
@@ -72,6 +72,33 @@ pub struct ServeArgs {
     /// Connections to an NBD source (if it allows several).
     #[arg(long, default_value_t = 4)]
     pub source_connections: usize,
+    /// Do not keep the cache contents across restarts: the cache device holds data only and
+    /// starts cold every time.
+    #[arg(long)]
+    pub no_persist: bool,
+    /// Reformat the cache device if it belongs to another source, has another fragment size
+    /// or format version, is corrupt, or was disabled after errors. Its contents are lost.
+    #[arg(long)]
+    pub reformat: bool,
+    /// Invalidate everything the cache device holds for this source, at start.
+    #[arg(long)]
+    pub forget_volume: bool,
+    /// The source's name in the cache device's volume table (default: the source's
+    /// canonical path, or its URI).
+    #[arg(long)]
+    pub source_name: Option<String>,
+    /// Host directory for failure markers of cache devices that failed and could not record
+    /// it themselves.
+    #[arg(long, default_value = "/var/lib/sce")]
+    pub state_dir: PathBuf,
+    /// Cache-device errors (I/O errors, checksum mismatches) after which the cache disables
+    /// itself and passes I/O through to the source.
+    #[arg(long, default_value_t = 16)]
+    pub error_limit: u64,
+    /// How often changed slot records are written and quiet write intents cleared. Shorter:
+    /// more of the cache survives a crash, more metadata writes.
+    #[arg(long, default_value = "1s", value_parser = crate::units::parse_duration)]
+    pub metadata_interval: Duration,
 }
 
 /// One export as declared.
@@ -90,6 +117,9 @@ struct ExportSpec {
     target_missrate: Option<f64>,
     #[serde(default)]
     read_only: bool,
+    /// Keep the cache contents across restarts (default true).
+    persist: Option<bool>,
+    source_name: Option<String>,
 }
 
 /// The TOML file.
@@ -191,26 +221,72 @@ fn build(spec: &ExportSpec, a: &ServeArgs) -> Result<Built> {
         );
     }
     let direct = direct_mode(a);
-    let cache = FileDevice::open(
-        cache_path,
-        &FileOptions {
-            direct,
-            create_size: cache_size,
-            read_only: false,
-        },
-    )
-    .with_context(|| format!("export {n:?}: cache"))?;
+    let cache: Arc<dyn BlockDevice> = Arc::new(
+        FileDevice::open(
+            cache_path,
+            &FileOptions {
+                direct,
+                create_size: cache_size,
+                read_only: false,
+            },
+        )
+        .with_context(|| format!("export {n:?}: cache"))?,
+    );
+    let persist = (spec.persist.unwrap_or(true) && !a.no_persist).then(|| {
+        let name = spec
+            .source_name
+            .clone()
+            .unwrap_or_else(|| source_identity(&spec.source));
+        PersistConfig {
+            reformat: a.reformat,
+            forget_volume: a.forget_volume,
+            state_dir: Some(a.state_dir.clone()),
+            flush_interval: a.metadata_interval,
+            ..PersistConfig::new(name)
+        }
+    });
+    if let Some(p) = &persist {
+        if p.volume_name.len() > sce_store::superblock::MAX_NAME {
+            bail!(
+                "export {n:?}: the source name is longer than {} bytes; give a shorter one with --source-name",
+                sce_store::superblock::MAX_NAME
+            );
+        }
+        // A formatted device brings its fragment size unless one is asked for.
+        if spec.fragment_size.is_none() {
+            if let Ok(sb) = sce_store::read_superblock(&*cache) {
+                core.fragment_size = sb.layout.fragment_size;
+            }
+        }
+    }
+    let persistent = persist.is_some();
     let volume = Arc::new(
         CacheVolume::open(
             source,
-            Arc::new(cache),
+            cache,
             EngineConfig {
                 core,
+                persist,
+                error_limit: a.error_limit,
                 ..EngineConfig::default()
             },
         )
         .with_context(|| format!("export {n:?}"))?,
     );
+    if let Some(p) = volume.persist_stats() {
+        tracing::info!(
+            export = %n,
+            formatted = p.formatted_now,
+            previous_shutdown_clean = p.previous_shutdown_clean,
+            fragments_restored = p.fragments_restored,
+            dropped_by_intent = p.fragments_dropped_intent,
+            dropped_bad_metadata = p.fragments_dropped_bad_metadata,
+            load_ms = p.load_millis,
+            "cache device loaded"
+        );
+    } else if !persistent {
+        tracing::info!(export = %n, "cache is not persistent: starting cold");
+    }
     let v = volume.clone();
     Ok(Built {
         export: Export {
@@ -222,6 +298,40 @@ fn build(spec: &ExportSpec, a: &ServeArgs) -> Result<Built> {
         },
         volume: Some(volume),
     })
+}
+
+/// The name a source gets in the volume table: its canonical path, or the URI as given.
+fn source_identity(source: &str) -> String {
+    if source.contains("://") {
+        return source.to_string();
+    }
+    std::fs::canonicalize(source)
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| source.to_string())
+}
+
+/// The persistence fields exported as metrics and in /stats: (name, value, is a counter).
+fn persist_fields(p: &PersistStats) -> [(&'static str, u64, bool); 10] {
+    [
+        ("persist_format_version", p.format_version as u64, false),
+        (
+            "persist_previous_shutdown_clean",
+            p.previous_shutdown_clean as u64,
+            false,
+        ),
+        ("persist_last_clean_shutdown", p.last_clean_shutdown, false),
+        ("persist_fragments_restored", p.fragments_restored, false),
+        ("persist_dirty_intents", p.dirty_intents, false),
+        ("persist_intent_syncs", p.intent_syncs, true),
+        ("persist_units_written", p.units_written, true),
+        (
+            "persist_metadata_bytes_written",
+            p.metadata_bytes_written,
+            true,
+        ),
+        ("persist_metadata_errors", p.metadata_errors, true),
+        ("persist_load_millis", p.load_millis, false),
+    ]
 }
 
 /// Prometheus text of every export's counters and the server's.
@@ -272,6 +382,30 @@ fn prometheus(server: &Server, volumes: &[(String, Option<Arc<CacheVolume>>)]) -
             }
         }
     }
+    let persisted: Vec<_> = volumes
+        .iter()
+        .filter_map(|(n, v)| v.as_ref().and_then(|v| v.persist_stats()).map(|p| (n, p)))
+        .collect();
+    if let Some((_, first)) = persisted.first() {
+        for (i, (field, _, counter)) in persist_fields(first).iter().enumerate() {
+            let name = if *counter {
+                format!("sce_{field}_total")
+            } else {
+                format!("sce_{field}")
+            };
+            out += &format!(
+                "# TYPE {name} {}\n",
+                if *counter { "counter" } else { "gauge" }
+            );
+            for (export, p) in &persisted {
+                out += &format!(
+                    "{name}{{export=\"{}\"}} {}\n",
+                    export.replace('"', "\\\""),
+                    persist_fields(p)[i].1
+                );
+            }
+        }
+    }
     out
 }
 
@@ -286,10 +420,24 @@ fn stats_json(
         m.insert("cached".into(), v.is_some().into());
         if let Some(v) = v {
             let st = v.stats();
+            let state = if v.is_passthrough() {
+                "passthrough"
+            } else {
+                "active"
+            };
+            m.insert("state".into(), state.into());
             for (f, val, _) in st.fields() {
                 m.insert(f.into(), val.into());
             }
             m.insert("read_hit_ratio".into(), st.read_hit_ratio().into());
+            if let Some(p) = v.persist_stats() {
+                for (f, val, _) in persist_fields(&p) {
+                    m.insert(f.into(), val.into());
+                }
+                m.insert("persist_uuid".into(), p.uuid.clone().into());
+            } else {
+                m.insert("persist_format_version".into(), serde_json::Value::Null);
+            }
         }
         exports.insert(name.clone(), m.into());
     }
@@ -368,6 +516,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             eviction: a.eviction.map(|m| m.to_string()),
             target_missrate: a.target_missrate,
             read_only: a.read_only,
+            persist: None,
+            source_name: a.source_name.clone(),
         });
     } else if a.cache.is_some() {
         bail!("--cache needs --source");
@@ -427,8 +577,20 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         std::thread::sleep(Duration::from_millis(10));
     }
     server.flush_all().context("flushing the exports")?;
-    // No wait for AWT copies or populations: they only write the cache, and every
-    // acknowledged write is already on the (flushed) source.
+    // Every acknowledged write is on the (flushed) source. Persistent caches now write their
+    // records and mark their devices clean, so the next start is warm.
+    for (name, v) in volumes.iter() {
+        let Some(v) = v else { continue };
+        let persistent = v.persist_stats().is_some();
+        let clean = v.shutdown();
+        if persistent {
+            if clean {
+                tracing::info!(export = %name, "cache device left clean");
+            } else {
+                tracing::warn!(export = %name, "cache device not left clean: the next start recovers as after a crash");
+            }
+        }
+    }
     eprintln!("sce serve: stopped cleanly");
     Ok(())
 }

@@ -1,0 +1,235 @@
+//! `sce format` creates a persistent cache device; `sce check` verifies one, like fsck.
+
+use crate::units::{format_size, parse_size};
+use anyhow::{bail, Context, Result};
+use sce_io::{BlockDevice, DirectMode, FileDevice, FileOptions};
+use sce_store::{CheckReport, DeviceState, FormatOptions, Volume};
+use std::path::PathBuf;
+
+/// Options of `sce format`.
+#[derive(clap::Args, Debug)]
+pub struct FormatArgs {
+    /// The cache device (file or block device) to format.
+    pub cache: PathBuf,
+    /// The source it will cache: a file, a block device, or an NBD URI. Its name and size go
+    /// into the volume table; `sce serve` refuses the device for any other source.
+    #[arg(long)]
+    pub source: String,
+    /// The source's size, if it cannot be read here (an NBD URI not reachable now).
+    #[arg(long, value_parser = parse_size)]
+    pub source_size: Option<u64>,
+    /// The source's name in the volume table (default: its canonical path, or its URI).
+    #[arg(long)]
+    pub source_name: Option<String>,
+    /// Fragment size: a power of two from 4KiB to 64MiB.
+    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
+    pub fragment_size: u64,
+    /// Create the cache file with this size if it does not exist.
+    #[arg(long, value_parser = parse_size)]
+    pub cache_size: Option<u64>,
+    /// Format even if the device already holds an sce cache (its contents are lost).
+    #[arg(long)]
+    pub force: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn source_size(a: &FormatArgs) -> Result<u64> {
+    if let Some(s) = a.source_size {
+        return Ok(s);
+    }
+    if a.source.contains("://") {
+        let uri: sce_nbd::NbdUri = a.source.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+        return Ok(sce_nbd::NbdClient::connect(&uri, 1)
+            .with_context(|| format!("source {} (give --source-size if it is down)", a.source))?
+            .size());
+    }
+    let d = FileDevice::open(
+        std::path::Path::new(&a.source),
+        &FileOptions {
+            direct: DirectMode::Off,
+            create_size: None,
+            read_only: true,
+        },
+    )
+    .with_context(|| format!("source {}", a.source))?;
+    Ok(d.size())
+}
+
+/// Runs `sce format`.
+pub fn format(a: FormatArgs) -> Result<()> {
+    let size = source_size(&a)?;
+    let name = a.source_name.clone().unwrap_or_else(|| {
+        if a.source.contains("://") {
+            a.source.clone()
+        } else {
+            std::fs::canonicalize(&a.source)
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|_| a.source.clone())
+        }
+    });
+    let dev = FileDevice::open(
+        &a.cache,
+        &FileOptions {
+            direct: DirectMode::Preferred,
+            create_size: a.cache_size,
+            read_only: false,
+        },
+    )
+    .with_context(|| format!("cache device {}", a.cache.display()))?;
+    match sce_store::read_superblock(&dev) {
+        Ok(sb) if !a.force => bail!(
+            "{} already holds an sce cache (UUID {}, for {}); pass --force to format it anyway",
+            a.cache.display(),
+            sce_store::uuid_string(&sb.uuid),
+            sb.volumes
+                .iter()
+                .map(|v| v.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        _ => {}
+    }
+    let sb = sce_store::format(
+        &dev,
+        &FormatOptions {
+            fragment_size: a.fragment_size,
+            volume: Volume {
+                id: 1,
+                generation: 1,
+                source_size: size,
+                name,
+            },
+            size: None,
+        },
+    )?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&sb)?);
+    } else {
+        let l = &sb.layout;
+        println!(
+            "formatted {}: UUID {}, format version {}",
+            a.cache.display(),
+            sce_store::uuid_string(&sb.uuid),
+            sb.version
+        );
+        println!(
+            "  {} slots of {} ({} of data), {} of metadata",
+            l.slots,
+            format_size(l.fragment_size),
+            format_size(l.data_bytes()),
+            format_size(l.metadata_bytes())
+        );
+        println!(
+            "  caches {} ({})",
+            sb.volumes[0].name,
+            format_size(sb.volumes[0].source_size)
+        );
+    }
+    Ok(())
+}
+
+/// Options of `sce check`.
+#[derive(clap::Args, Debug)]
+pub struct CheckArgs {
+    /// The cache device to check. It is only read.
+    pub cache: PathBuf,
+    /// Also read every valid cached page and verify it against its checksum.
+    #[arg(long)]
+    pub verify_data: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `sce check`. Exits 1 if it found damage.
+pub fn check(a: CheckArgs) -> Result<()> {
+    let dev = FileDevice::open(
+        &a.cache,
+        &FileOptions {
+            direct: DirectMode::Preferred,
+            create_size: None,
+            read_only: true,
+        },
+    )
+    .with_context(|| format!("cache device {}", a.cache.display()))?;
+    let r = sce_store::check(&dev, a.verify_data)
+        .with_context(|| format!("checking {}", a.cache.display()))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print_check(&r, a.verify_data);
+    }
+    if r.damaged() {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+fn print_check(r: &CheckReport, verified: bool) {
+    let sb = &r.superblock;
+    let l = &sb.layout;
+    let when = |t: u64| {
+        if t == 0 {
+            "never".to_string()
+        } else {
+            format!("{t} (unix seconds)")
+        }
+    };
+    println!(
+        "sce cache device, format version {}, UUID {}",
+        sb.version,
+        sce_store::uuid_string(&sb.uuid)
+    );
+    println!(
+        "  state {}, last clean shutdown {}, {} clean shutdowns, {} unclean starts",
+        match sb.state {
+            DeviceState::Clean => "clean",
+            DeviceState::Open => "open (in use, or not shut down cleanly)",
+            DeviceState::Failed => "FAILED (disabled after device errors)",
+        },
+        when(sb.last_clean_shutdown),
+        sb.clean_shutdowns,
+        sb.unclean_starts
+    );
+    println!(
+        "  {} slots of {}, {} units of {} slots, {} of metadata",
+        l.slots,
+        format_size(l.fragment_size),
+        l.units,
+        l.slots_per_unit,
+        format_size(r.metadata_bytes)
+    );
+    for (name, s) in &r.volumes {
+        println!("  volume {name}:");
+        println!(
+            "    units: {} ok, {} never written, {} corrupt, {} misplaced, {} of another device",
+            s.units_ok, s.units_blank, s.units_corrupt, s.units_misplaced, s.units_foreign
+        );
+        println!(
+            "    fragments: {} loadable ({} pages), {} under a write intent, {} stale, {} out of range, up to {} in rejected units",
+            s.slots_valid,
+            s.pages_valid,
+            s.slots_dropped_intent,
+            s.slots_stale,
+            s.slots_out_of_range,
+            s.slots_in_bad_units
+        );
+        println!("    write intents set: {}", s.intents_set);
+    }
+    if verified {
+        println!(
+            "  data: {} pages checked, {} bad",
+            r.data_pages_checked, r.data_pages_bad
+        );
+    }
+    println!(
+        "{}",
+        if r.damaged() {
+            "damage found: the affected fragments are dropped at the next start (never served)"
+        } else {
+            "no damage found"
+        }
+    );
+}
