@@ -1,0 +1,133 @@
+//! Pins the on-device format: the version, a golden superblock, the layout arithmetic; and
+//! checks that damaged superblocks give clear errors, never a panic.
+
+use sce_io::{AlignedBuf, BlockDevice, MemDevice};
+use sce_store::superblock::MAGIC;
+use sce_store::{
+    read_superblock, DeviceState, Layout, StoreError, Superblock, Volume, FORMAT_VERSION,
+};
+
+fn golden() -> Superblock {
+    Superblock {
+        version: FORMAT_VERSION,
+        seq: 7,
+        uuid: *b"0123456789abcdef",
+        layout: Layout::compute(1 << 30, 1 << 20).unwrap(),
+        state: DeviceState::Clean,
+        created: 1_700_000_000,
+        last_clean_shutdown: 1_700_000_100,
+        last_open: 1_700_000_050,
+        clean_shutdowns: 3,
+        unclean_starts: 1,
+        volumes: vec![Volume {
+            id: 1,
+            generation: 2,
+            source_size: 100 << 30,
+            name: "/dev/mapper/san-lun7".into(),
+        }],
+    }
+}
+
+#[test]
+fn format_version_and_golden_superblock() {
+    assert_eq!(
+        FORMAT_VERSION, 1,
+        "a format change must bump the version and the golden image"
+    );
+    let img = golden().encode();
+    assert_eq!(img.len(), 4096);
+    assert_eq!(&img[0..8], &MAGIC);
+    assert_eq!(&img[8..12], &1u32.to_le_bytes());
+    // The whole image, pinned by its CRC-32C: any change to the encoding shows here.
+    assert_eq!(
+        crc32c::crc32c(&img),
+        0x74fe_9844,
+        "the superblock encoding changed: bump FORMAT_VERSION and update docs/FORMAT.md"
+    );
+    assert_eq!(Superblock::decode(&img).unwrap(), golden());
+}
+
+#[test]
+fn layout_arithmetic_is_pinned() {
+    let l = Layout::compute(1 << 30, 1 << 20).unwrap();
+    assert_eq!(
+        (l.entry_size, l.unit_size, l.slots_per_unit),
+        (1072, 4096, 3)
+    );
+    assert_eq!((l.slots, l.units, l.intent_blocks), (1022, 341, 1));
+    assert_eq!((l.meta_offset, l.data_offset), (12288, 2 << 20));
+    assert!(l.data_offset + l.data_bytes() <= 1 << 30);
+    let s = Layout::compute(1 << 30, 4096).unwrap();
+    assert_eq!((s.entry_size, s.slots_per_unit), (28, 144));
+    assert!(s.data_offset + s.data_bytes() <= 1 << 30);
+    assert!(Layout::compute(1 << 20, 1 << 20).is_err());
+    assert!(Layout::compute(1 << 30, 3000).is_err());
+}
+
+fn device_with(sb: &Superblock) -> MemDevice {
+    let d = MemDevice::new(1 << 30);
+    let mut b = AlignedBuf::new(4096);
+    for seq in [sb.seq, sb.seq + 1] {
+        let mut s = sb.clone();
+        s.seq = seq;
+        b.copy_from_slice(&s.encode());
+        d.write_at(Superblock::copy_offset(seq), &b).unwrap();
+    }
+    d
+}
+
+#[test]
+fn every_damaged_byte_gives_an_error_or_the_other_copy_never_a_panic() {
+    let sb = golden();
+    let d = device_with(&sb);
+    assert_eq!(read_superblock(&d).unwrap().seq, 8);
+    let mut b = AlignedBuf::new(8192);
+    d.read_at(0, &mut b).unwrap();
+    let clean = b.to_vec();
+    for i in 0..8192 {
+        for flip in [0x01u8, 0x80, 0xff] {
+            b.copy_from_slice(&clean);
+            b[i] ^= flip;
+            // One copy damaged: the other one serves.
+            d.write_at(0, &b).unwrap();
+            let got = read_superblock(&d).unwrap();
+            assert!(got.seq == 7 || got.seq == 8);
+            // Both damaged at the same byte: a clear error.
+            let j = (i + 4096) % 8192;
+            b[j] ^= flip;
+            d.write_at(0, &b).unwrap();
+            if let Err(e) = read_superblock(&d) {
+                let m = e.to_string();
+                assert!(
+                    m.contains("corrupt") || m.contains("not an sce") || m.contains("version"),
+                    "{m}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn newer_version_foreign_and_blank_devices_are_named() {
+    let mut sb = golden();
+    sb.version = 2;
+    let d = device_with(&sb);
+    let e = read_superblock(&d).unwrap_err();
+    assert!(matches!(e, StoreError::Version(2)), "{e}");
+    assert!(e.to_string().contains("newer than this sce's 1"), "{e}");
+    let blank = MemDevice::new(1 << 20);
+    assert!(matches!(
+        read_superblock(&blank),
+        Err(StoreError::NotFormatted)
+    ));
+    let tiny = MemDevice::new(4096);
+    assert!(matches!(
+        read_superblock(&tiny),
+        Err(StoreError::NotFormatted)
+    ));
+    let sb = golden();
+    let e = sce_store::find_volume(&sb, "/dev/other", 100 << 30).unwrap_err();
+    assert!(e.to_string().contains("another source"), "{e}");
+    let e = sce_store::find_volume(&sb, "/dev/mapper/san-lun7", 1 << 30).unwrap_err();
+    assert!(e.to_string().contains("another source"), "{e}");
+}
