@@ -1,0 +1,260 @@
+//! Benchmarks of the persistent cache, each comparing configurations in one run:
+//!
+//! 1. **Write latency with persistence off and on**: 4 KiB writes to cached fragments, on an
+//!    O_DIRECT cache file, with an in-memory source (the overhead alone) and with a 2 ms
+//!    source (a SAN-like volume). "hot" rewrites a few fragments (their intents stay set);
+//!    "spread" writes a different fragment each time (each first write waits for an intent).
+//! 2. **Start-up time of a 1 TiB cache device with every slot in use** (a sparse file whose
+//!    metadata units are all written).
+//!
+//! Run: `cargo bench -p sce-engine --bench persist` (files go to $TMPDIR, about 1.5 GiB for
+//! the start-up part; `cargo test --benches` runs a quick version without it).
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use sce_core::CoreConfig;
+use sce_engine::{CacheVolume, EngineConfig, PersistConfig};
+use sce_io::{
+    AlignedBuf, BlockDevice, DirectMode, FileDevice, FileOptions, LatencyConfig, LatencyDevice,
+    MemDevice,
+};
+use sce_store::unit::{EntryIn, UnitBuilder};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+
+struct Lat {
+    mean: f64,
+    p50: f64,
+    p99: f64,
+}
+
+fn lat(mut v: Vec<Duration>) -> Lat {
+    v.sort_unstable();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    Lat {
+        mean: v.iter().map(|&d| us(d)).sum::<f64>() / v.len() as f64,
+        p50: us(v[v.len() / 2]),
+        p99: us(v[v.len() * 99 / 100]),
+    }
+}
+
+fn cache_file(dir: &std::path::Path, name: &str, size: u64) -> Arc<dyn BlockDevice> {
+    let p = dir.join(name);
+    let _ = std::fs::remove_file(&p);
+    Arc::new(
+        FileDevice::open(
+            &p,
+            &FileOptions {
+                direct: DirectMode::Preferred,
+                create_size: Some(size),
+                read_only: false,
+            },
+        )
+        .expect("cache file"),
+    )
+}
+
+/// Write latencies on a warmed volume: `hot` rewrites 4 fragments, else every write goes to
+/// the next of 48 fragments.
+fn writes(
+    source: Arc<dyn BlockDevice>,
+    cache: Arc<dyn BlockDevice>,
+    persist: bool,
+    hot: bool,
+    n: usize,
+) -> Lat {
+    let cfg = EngineConfig {
+        core: CoreConfig::default(),
+        background_population: false,
+        persist: persist.then(|| PersistConfig {
+            reformat: true,
+            ..PersistConfig::new("bench")
+        }),
+        ..EngineConfig::default()
+    };
+    let vol = CacheVolume::open(source, cache, cfg).expect("open");
+    let mut buf = AlignedBuf::new(MIB as usize);
+    for f in 0..48 {
+        vol.read_at(f * MIB, &mut buf).unwrap();
+    }
+    vol.populate_now(100);
+    vol.flush_metadata();
+    vol.flush_metadata();
+    let mut rng = SmallRng::seed_from_u64(1);
+    let mut out = Vec::with_capacity(n);
+    let mut data = AlignedBuf::new(4096);
+    for i in 0..n {
+        rng.fill(&mut data[..]);
+        let f = if hot { i as u64 % 4 } else { i as u64 % 48 };
+        let off = f * MIB + rng.gen_range(0..256) * 4096;
+        let t = Instant::now();
+        vol.write_at(off, &data).unwrap();
+        out.push(t.elapsed());
+        if !hot && i % 48 == 47 {
+            // Let the flusher clear the intents, so the next round pays them again.
+            vol.quiesce();
+            vol.flush_metadata();
+            vol.flush_metadata();
+        }
+    }
+    lat(out)
+}
+
+fn latency_part(dir: &std::path::Path, n: usize) {
+    println!(
+        "write latency, 4 KiB writes to cached fragments, O_DIRECT cache file (microseconds):"
+    );
+    println!(
+        "{:<22} {:<7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}",
+        "source",
+        "pattern",
+        "off mean",
+        "off p50",
+        "off p99",
+        "on mean",
+        "on p50",
+        "on p99",
+        "on/off"
+    );
+    for (sname, slow) in [("memory", false), ("2 ms, 64 in flight", true)] {
+        for hot in [true, false] {
+            let mut res = Vec::new();
+            for persist in [false, true] {
+                let mem: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(256 * MIB));
+                let source: Arc<dyn BlockDevice> = if slow {
+                    Arc::new(LatencyDevice::new(
+                        mem,
+                        LatencyConfig::disk(Duration::from_millis(2), 64),
+                    ))
+                } else {
+                    mem
+                };
+                let cache = cache_file(dir, "sce-bench-lat.img", 96 * MIB);
+                res.push(writes(source, cache, persist, hot, n));
+            }
+            println!(
+                "{:<22} {:<7} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>8.2}",
+                sname,
+                if hot { "hot" } else { "spread" },
+                res[0].mean,
+                res[0].p50,
+                res[0].p99,
+                res[1].mean,
+                res[1].p50,
+                res[1].p99,
+                res[1].mean / res[0].mean
+            );
+        }
+    }
+    let _ = std::fs::remove_file(dir.join("sce-bench-lat.img"));
+}
+
+fn startup_part(dir: &std::path::Path, cache_size: u64) {
+    let path = dir.join("sce-bench-startup.img");
+    let _ = std::fs::remove_file(&path);
+    let cache = cache_file(dir, "sce-bench-startup.img", cache_size);
+    let source_size = 4 * cache_size;
+    let sb = sce_store::format(
+        &*cache,
+        &sce_store::FormatOptions {
+            fragment_size: MIB,
+            volume: sce_store::Volume {
+                id: 1,
+                generation: 1,
+                source_size,
+                name: "bench-source".into(),
+            },
+            size: None,
+        },
+    )
+    .expect("format");
+    let l = sb.layout;
+    // Every slot holds a fragment with every page valid; the data is the sparse file's zeros,
+    // so the checksums are those of a zero page.
+    let zero = sce_store::page_crc(&[0u8; 4096]);
+    let bitmap = vec![u64::MAX; l.bitmap_words()];
+    let t = Instant::now();
+    let per = (8 * MIB / l.unit_size as u64) as u32;
+    let mut buf = AlignedBuf::new((per * l.unit_size) as usize);
+    let mut u = 0;
+    while u < l.units {
+        let n = per.min(l.units - u);
+        for k in 0..n {
+            let mut b = UnitBuilder::new(&l, &sb.uuid, u + k, 1);
+            let (first, end) = l.unit_slots(u + k);
+            for s in first..end {
+                b.set(
+                    s - first,
+                    &EntryIn {
+                        frag: s as u64 * 3,
+                        volume: 1,
+                        generation: 1,
+                        bitmap: &bitmap,
+                    },
+                    |_| zero,
+                );
+            }
+            let img = b.finish();
+            buf[(k * l.unit_size) as usize..((k + 1) * l.unit_size) as usize].copy_from_slice(&img);
+        }
+        cache
+            .write_at(l.unit_offset(u), &buf[..(n * l.unit_size) as usize])
+            .expect("write units");
+        u += n;
+    }
+    cache.flush().unwrap();
+    println!(
+        "start-up: {} cache device, {} slots of 1 MiB all in use, {} of metadata written in {:.1} s",
+        human(cache_size),
+        l.slots,
+        human(l.metadata_bytes()),
+        t.elapsed().as_secs_f64()
+    );
+    let source: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(source_size));
+    for run in 0..2 {
+        let t = Instant::now();
+        let vol = CacheVolume::open(
+            source.clone(),
+            cache.clone(),
+            EngineConfig {
+                background_population: false,
+                persist: Some(PersistConfig::new("bench-source")),
+                ..EngineConfig::default()
+            },
+        )
+        .expect("open");
+        let open = t.elapsed();
+        let p = vol.persist_stats().unwrap();
+        println!(
+            "  open #{}: {:.2} s in all ({} ms reading and checking metadata), {} fragments restored",
+            run + 1,
+            open.as_secs_f64(),
+            p.load_millis,
+            p.fragments_restored
+        );
+        assert_eq!(p.fragments_restored, l.slots as u64);
+        let t = Instant::now();
+        drop(vol);
+        println!("  clean shutdown: {:.2} s", t.elapsed().as_secs_f64());
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+fn human(n: u64) -> String {
+    if n >= 1 << 40 {
+        format!("{:.0} TiB", n as f64 / (1u64 << 40) as f64)
+    } else if n >= 1 << 30 {
+        format!("{:.2} GiB", n as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{:.0} MiB", n as f64 / (1u64 << 20) as f64)
+    }
+}
+
+fn main() {
+    let quick = !std::env::args().any(|a| a == "--bench");
+    let dir = std::env::temp_dir();
+    latency_part(&dir, if quick { 96 } else { 2000 });
+    startup_part(&dir, if quick { 4 << 30 } else { 1 << 40 });
+}
