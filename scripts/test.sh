@@ -13,6 +13,10 @@ if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 
   apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
+# The independent reference simulator for the sim cross-check (crates/sce/tests/sim.rs).
+python3 -c 'import libcachesim' 2>/dev/null || python3 -m pip install -q libcachesim==0.3.5 \
+  || echo "WARNING: pip could not install libcachesim==0.3.5; the cross-check will be skipped" >&2
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # --all-targets also runs the benchmarks once, briefly, as tests.

@@ -243,18 +243,8 @@ impl CsvSpec {
                 .map_err(|_| format!("field {what}: {s:?} is not a number"))
         };
         let t = get(self.time, "time")?;
-        let time_ns = match t.parse::<u64>() {
-            Ok(v) => v.saturating_mul(self.time_unit_ns),
-            Err(_) => {
-                let v: f64 = t
-                    .parse()
-                    .map_err(|_| format!("field time: {t:?} is not a number"))?;
-                if !(v.is_finite() && v >= 0.0) {
-                    return Err(format!("field time: {t:?} is not a valid time"));
-                }
-                (v * self.time_unit_ns as f64) as u64
-            }
-        };
+        let time_ns = crate::trace::decimal_to_ns(t, self.time_unit_ns)
+            .ok_or_else(|| format!("field time: {t:?} is not a number"))?;
         let kind = self.kind(get(self.op, "op")?)?;
         let volume = match self.volume {
             None => 0,

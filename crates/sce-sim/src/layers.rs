@@ -515,6 +515,20 @@ impl Stack {
         }
     }
 
+    /// Zeroes the hit counters of every host (not the caches' contents nor the warm-up
+    /// curve): what follows is measured on warm caches, as Holland's first half of a trace
+    /// warms the caches for the second.
+    pub fn reset_counters(&mut self) {
+        for h in &mut self.hosts {
+            h.read_pages = 0;
+            h.read_hits = 0;
+            h.ram_hits = 0;
+            h.flash_read_pages = 0;
+            h.flash_read_hits = 0;
+        }
+        self.last = (0, 0);
+    }
+
     /// Feeds one request of `host` at source byte `offset` (already placed by a
     /// [`VolumeLayout`] or shared). Requests come in time order.
     pub fn request(&mut self, host: usize, time_ns: u64, kind: IoKind, offset: u64, len: u64) {

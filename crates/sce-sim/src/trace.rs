@@ -181,11 +181,29 @@ fn num<T: std::str::FromStr>(s: Option<&str>, what: &str) -> Result<T, String> {
 }
 
 fn seconds_to_ns(s: Option<&str>, what: &str) -> Result<u64, String> {
-    let v: f64 = num(s, what)?;
-    if !(v.is_finite() && v >= 0.0) {
-        return Err(format!("field {what}: {v} is not a valid time"));
+    let s = s.ok_or_else(|| format!("missing field {what}"))?.trim();
+    decimal_to_ns(s, 1_000_000_000)
+        .ok_or_else(|| format!("field {what}: {s:?} is not a valid time"))
+}
+
+/// A non-negative decimal number of `unit_ns` units, in nanoseconds: exact for plain
+/// decimals (`12.000000001`), through floating point for other notations (`1e3`).
+pub(crate) fn decimal_to_ns(s: &str, unit_ns: u64) -> Option<u64> {
+    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
+    let digits = |x: &str| x.bytes().all(|b| b.is_ascii_digit());
+    if !int.is_empty() && digits(int) && digits(frac) && frac.len() <= 18 {
+        let i: u128 = int.parse().ok()?;
+        let f: u128 = if frac.is_empty() {
+            0
+        } else {
+            frac.parse().ok()?
+        };
+        let ns = i * unit_ns as u128 + f * unit_ns as u128 / 10u128.pow(frac.len() as u32);
+        return u64::try_from(ns).ok();
     }
-    Ok((v * 1e9) as u64)
+    let v: f64 = s.parse().ok()?;
+    (v.is_finite() && v >= 0.0 && v * (unit_ns as f64) < u64::MAX as f64)
+        .then_some((v * unit_ns as f64) as u64)
 }
 
 impl TraceReader {

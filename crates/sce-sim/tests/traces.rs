@@ -149,3 +149,49 @@ fn malformed_input_names_its_position() {
         .to_string();
     assert!(e.contains("line 1"), "{e}");
 }
+
+/// gzip, bzip2 and xz input is recognised by its magic bytes, whatever the file is called.
+#[test]
+fn compressed_input_is_read_directly() {
+    use std::io::Write;
+    let d = tempfile::tempdir().unwrap();
+    let mut body = String::new();
+    for i in 0..5000u64 {
+        body += &format!("{},{},{},{},{}\n", i, i * 8, 16, i % 2, i % 3);
+    }
+    let plain = write(&d, "plain", body.as_bytes());
+    let want = TraceReader::open(&plain, TraceFormat::Tencent, false)
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    assert_eq!(want.len(), 5000);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(body.as_bytes()).unwrap();
+    let mut bz = bzip2::write::BzEncoder::new(Vec::new(), bzip2::Compression::default());
+    bz.write_all(body.as_bytes()).unwrap();
+    let mut xz = xz2::write::XzEncoder::new(Vec::new(), 6);
+    xz.write_all(body.as_bytes()).unwrap();
+    for (name, bytes, kind) in [
+        ("a.dat", gz.finish().unwrap(), Compression::Gzip),
+        ("b.dat", bz.finish().unwrap(), Compression::Bzip2),
+        ("c.dat", xz.finish().unwrap(), Compression::Xz),
+    ] {
+        assert_eq!(Compression::detect(&bytes), kind);
+        let p = write(&d, name, &bytes);
+        let got = TraceReader::open(&p, TraceFormat::Tencent, false)
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        assert_eq!(got, want, "{kind:?}");
+        // A corrupt stream is an error, not a panic.
+        let mut bad = bytes.clone();
+        let n = bad.len();
+        bad[n / 2..].iter_mut().for_each(|b| *b = !*b);
+        let p = write(&d, "bad", &bad);
+        let r: Result<Vec<_>, _> = TraceReader::open(&p, TraceFormat::Tencent, false)
+            .unwrap()
+            .collect();
+        assert!(r.is_err(), "{kind:?}");
+    }
+    assert_eq!(Compression::detect(body.as_bytes()), Compression::None);
+}

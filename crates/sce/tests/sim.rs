@@ -1,0 +1,494 @@
+//! `sce sim`, `sce gen` and `sce trace convert` as a user runs them: the reference policies
+//! against libCacheSim (the PyPI package, computed here, not copied), bad input, generator
+//! reproducibility, format round trips, separate volumes, and shared volumes over hosts.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn sce(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sce"))
+        .args(args)
+        .output()
+        .expect("run sce")
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = sce(args);
+    assert!(
+        o.status.success(),
+        "sce {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).expect("utf-8")
+}
+
+/// Runs sce expecting a clean failure; returns stderr.
+fn fails(args: &[&str]) -> String {
+    let o = sce(args);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "sce {args:?} should fail");
+    assert!(
+        !err.contains("panicked") && o.status.code().is_some(),
+        "sce {args:?} must not panic: {err}"
+    );
+    err
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&ok(args)).expect("json")
+}
+
+fn policy<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    v["policies"]
+        .as_array()
+        .expect("policies")
+        .iter()
+        .find(|x| x["policy"] == name)
+        .expect("policy in output")
+}
+
+/// libCacheSim's Python package, installed if missing. None (and a loud message) only if
+/// it cannot be installed.
+fn libcachesim() -> Option<&'static str> {
+    let have = || {
+        Command::new("python3")
+            .args([
+                "-c",
+                "import libcachesim; assert libcachesim.__version__ == '0.3.5'",
+            ])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !have() {
+        let _ = Command::new("python3")
+            .args(["-m", "pip", "install", "-q", "libcachesim==0.3.5"])
+            .status();
+    }
+    if have() {
+        Some("python3")
+    } else {
+        eprintln!(
+            "\n\n*** SKIPPED: the libCacheSim cross-check needs `pip install libcachesim==0.3.5`, \
+             which failed here. scripts/test.sh installs it. ***\n\n"
+        );
+        None
+    }
+}
+
+const LIBCACHESIM: &str = r#"
+import sys, libcachesim as lcs
+path, blocks_per_size = sys.argv[1], [int(x) for x in sys.argv[2:]]
+blocks = []
+for line in open(path):
+    if line.startswith('#'):
+        continue
+    t, op, vol, off, ln = line.strip().split(',')
+    off, ln = int(off), int(ln)
+    if ln > 0:
+        blocks.extend(range(off // 4096, (off + ln - 1) // 4096 + 1))
+for n in blocks_per_size:
+    for name, cls in (('lru', lcs.LRU), ('fifo', lcs.FIFO), ('lfu', lcs.LFU)):
+        c = cls(cache_size=n)
+        miss = sum(0 if c.get(lcs.Request(obj_size=1, obj_id=b)) else 1 for b in blocks)
+        print(name, n, len(blocks), miss)
+"#;
+
+/// The reference policies agree with libCacheSim on a generated trace: accesses and misses
+/// counted exactly equal, at three sizes, for LRU, FIFO and LFU.
+#[test]
+fn reference_policies_match_libcachesim() {
+    let Some(py) = libcachesim() else { return };
+    let d = tempfile::tempdir().unwrap();
+    let trace = d.path().join("z.csv");
+    ok(&[
+        "gen",
+        "zipf",
+        "--requests",
+        "20000",
+        "--size",
+        "256MiB",
+        "--skew",
+        "0.8",
+        "--read-fraction",
+        "0.7",
+        "--request-size",
+        "16KiB",
+        "--seed",
+        "3",
+        "--out",
+        p(&trace),
+        "--out-format",
+        "csv",
+    ]);
+    let sizes = [512u64, 2048, 8192];
+    let mut args: Vec<String> = vec!["-c".into(), LIBCACHESIM.into(), p(&trace).into()];
+    args.extend(sizes.iter().map(|s| s.to_string()));
+    let out = Command::new(py).args(&args).output().expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = String::from_utf8(out.stdout).unwrap();
+    let mut checked = 0;
+    for blocks in sizes {
+        let size = format!("{}", blocks * 4096);
+        let v = json(&[
+            "sim",
+            "--trace",
+            p(&trace),
+            "--format",
+            "csv",
+            "--cache-size",
+            &size,
+            "--policy",
+            "lru,fifo,lfu",
+            "--json",
+        ]);
+        for name in ["lru", "fifo", "lfu"] {
+            let line = lines
+                .lines()
+                .find(|l| l.starts_with(&format!("{name} {blocks} ")))
+                .expect("a libCacheSim line");
+            let f: Vec<u64> = line
+                .split_whitespace()
+                .skip(2)
+                .map(|x| x.parse().unwrap())
+                .collect();
+            let r = policy(&v, name);
+            let acc = r["accesses"].as_u64().unwrap();
+            let mr = r["miss_ratio"].as_f64().unwrap();
+            assert_eq!(acc, f[0], "{name} {blocks}: block accesses");
+            assert_eq!(
+                (mr * acc as f64).round() as u64,
+                f[1],
+                "{name} at {blocks} blocks: sce {mr}, libCacheSim {}",
+                f[1] as f64 / f[0] as f64
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 9);
+}
+
+fn write(dir: &Path, name: &str, body: &[u8]) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+/// Bad input gives a one-line error naming the position, and never a panic.
+#[test]
+fn bad_input_is_a_one_line_error_with_its_position() {
+    let d = tempfile::tempdir().unwrap();
+    let csv = write(
+        d.path(),
+        "t.csv",
+        b"0,R,0,0,4096\n1,R,0,4096,4096\n2,R,0,x,4096\n",
+    );
+    let sim = |trace: &Path, format: &str| {
+        fails(&[
+            "sim",
+            "--trace",
+            p(trace),
+            "--format",
+            format,
+            "--cache-size",
+            "1MiB",
+            "--policy",
+            "lru,sce",
+        ])
+    };
+    let one_line = |e: &str| {
+        assert_eq!(e.trim_end().lines().count(), 1, "one line: {e}");
+    };
+    // A non-numeric field.
+    let e = sim(&csv, "csv");
+    one_line(&e);
+    assert!(
+        e.contains("line 3") && e.contains("offset") && e.contains("not a number"),
+        "{e}"
+    );
+    // A wrong format flag: clap names the value and lists the formats.
+    let e = sim(&csv, "parquet");
+    assert!(
+        e.lines()
+            .next()
+            .unwrap()
+            .contains("unknown trace format \"parquet\""),
+        "{e}"
+    );
+    let e = sim(&csv, "csv:time=0,op=0");
+    assert!(e.contains("two fields share a column"), "{e}");
+    // A text trace read as binary, and a binary one read as text.
+    let e = sim(&csv, "sce");
+    one_line(&e);
+    assert!(e.contains("header 1") && e.contains("magic"), "{e}");
+    // An empty file.
+    let empty = write(d.path(), "empty", b"");
+    for f in ["csv", "sce", "vscsi", "msr"] {
+        let e = sim(&empty, f);
+        one_line(&e);
+        assert!(e.contains("empty"), "{f}: {e}");
+    }
+    // A truncated binary record.
+    let good = d.path().join("g.sce");
+    ok(&[
+        "gen",
+        "oltp",
+        "--requests",
+        "10",
+        "--out",
+        p(&good),
+        "--size",
+        "64MiB",
+    ]);
+    let mut bytes = std::fs::read(&good).unwrap();
+    assert_eq!(bytes.len(), 32 + 10 * 32);
+    bytes.truncate(bytes.len() - 5);
+    let cut = write(d.path(), "cut.sce", &bytes);
+    let e = sim(&cut, "sce");
+    one_line(&e);
+    assert!(e.contains("record 10") && e.contains("truncated"), "{e}");
+    // A whole record missing: the header's count catches it.
+    bytes.truncate(32 + 8 * 32);
+    let short = write(d.path(), "short.sce", &bytes);
+    let e = sim(&short, "sce");
+    assert!(e.contains("record 9") && e.contains("announces 10"), "{e}");
+    let e = sim(&good, "vscsi");
+    one_line(&e);
+    assert!(e.contains("record 1"), "{e}");
+    // --skip-bad counts and goes on.
+    let out = ok(&[
+        "sim",
+        "--trace",
+        p(&csv),
+        "--format",
+        "csv",
+        "--cache-size",
+        "1MiB",
+        "--policy",
+        "lru",
+        "--skip-bad",
+    ]);
+    assert!(out.contains("2 requests (1 malformed skipped)"), "{out}");
+    // Bad options.
+    let e = fails(&[
+        "sim",
+        "--trace",
+        p(&good),
+        "--format",
+        "sce",
+        "--cache-size",
+        "1MiB",
+        "--device-model",
+        "ssd=fast",
+    ]);
+    assert!(e.contains("--device-model"), "{e}");
+    let e = fails(&[
+        "gen",
+        "zipf",
+        "--read-fraction",
+        "2",
+        "--out",
+        p(&d.path().join("x")),
+    ]);
+    one_line(&e);
+    assert!(e.contains("read fraction"), "{e}");
+}
+
+/// The same seed gives the same trace, byte for byte; another seed another trace; and a
+/// trace converted to another format and back is the same trace.
+#[test]
+fn gen_is_reproducible_and_formats_round_trip() {
+    let d = tempfile::tempdir().unwrap();
+    let gen = |seed: &str, name: &str, workload: &str| {
+        let out = d.path().join(name);
+        ok(&[
+            "gen",
+            workload,
+            "--requests",
+            "3000",
+            "--size",
+            "1GiB",
+            "--seed",
+            seed,
+            "--out",
+            p(&out),
+        ]);
+        std::fs::read(out).unwrap()
+    };
+    for w in ["oltp", "zipf", "scan", "phase", "shared"] {
+        let a = gen("5", "a.sce", w);
+        assert_eq!(a, gen("5", "b.sce", w), "{w}: same seed, same bytes");
+        assert_ne!(a, gen("6", "c.sce", w), "{w}: another seed");
+    }
+    let src = d.path().join("a.sce");
+    gen("9", "a.sce", "shared");
+    for fmt in [
+        "csv",
+        "msr",
+        "systor",
+        "tencent",
+        "disksim",
+        "csv:time=2,op=0,offset=1,len=3,volume=4,unit=sector,time_unit=us,sep=tab",
+    ] {
+        let mid = d.path().join("mid");
+        let back = d.path().join("back.sce");
+        ok(&[
+            "trace",
+            "convert",
+            "--in",
+            p(&src),
+            "--format",
+            "sce",
+            "--out",
+            p(&mid),
+            "--out-format",
+            fmt,
+        ]);
+        ok(&[
+            "trace",
+            "convert",
+            "--in",
+            p(&mid),
+            "--format",
+            fmt,
+            "--out",
+            p(&back),
+        ]);
+        let (a, b) = (std::fs::read(&src).unwrap(), std::fs::read(&back).unwrap());
+        if ["csv", "systor"].contains(&fmt) {
+            assert_eq!(a, b, "{fmt}: lossless");
+        } else {
+            // The other formats keep coarser clocks: offsets, lengths, ops and volumes agree.
+            assert_eq!(a.len(), b.len(), "{fmt}");
+            for (x, y) in a[32..].chunks(32).zip(b[32..].chunks(32)) {
+                assert_eq!(x[8..], y[8..], "{fmt}");
+            }
+        }
+    }
+    // vscsi has no volume: converting a shared trace is refused, naming the request.
+    let e = fails(&[
+        "trace",
+        "convert",
+        "--in",
+        p(&src),
+        "--format",
+        "sce",
+        "--out",
+        p(&d.path().join("v")),
+        "--out-format",
+        "vscsi",
+    ]);
+    assert!(e.contains("request") && e.contains("volume"), "{e}");
+}
+
+/// Two volumes with the same offsets are two address spaces, not one.
+#[test]
+fn volumes_are_separate() {
+    let d = tempfile::tempdir().unwrap();
+    let mut body = String::new();
+    for vol in 0..2 {
+        for i in 0..16u64 {
+            body += &format!("{},R,{vol},{},4096\n", (vol * 16 + i) * 1000, i * 4096);
+        }
+    }
+    let t = write(d.path(), "v.csv", body.as_bytes());
+    let v = json(&[
+        "sim",
+        "--trace",
+        p(&t),
+        "--format",
+        "csv",
+        "--cache-size",
+        "4MiB",
+        "--policy",
+        "lru,always",
+        "--json",
+    ]);
+    assert_eq!(v["volumes"], 2);
+    assert_eq!(policy(&v, "lru")["miss_ratio"], 1.0, "{v}");
+    assert_eq!(policy(&v, "always")["read_hit_ratio"], 0.0, "{v}");
+}
+
+/// Hosts over a shared volume invalidate each other's copies; one host has nobody to
+/// invalidate. With a RAM layer, h2 is reported and consistent with h and h1.
+#[test]
+fn shared_hosts_and_ram_layer() {
+    let d = tempfile::tempdir().unwrap();
+    let t = d.path().join("s.sce");
+    ok(&[
+        "gen",
+        "shared",
+        "--requests",
+        "20000",
+        "--size",
+        "64MiB",
+        "--hosts",
+        "2",
+        "--out",
+        p(&t),
+    ]);
+    let plot = d.path().join("p.svg");
+    let v = json(&[
+        "sim",
+        "--trace",
+        p(&t),
+        "--format",
+        "sce",
+        "--cache-size",
+        "128MiB",
+        "--policy",
+        "lru,sce",
+        "--hosts",
+        "2",
+        "--interval",
+        "2",
+        "--plot",
+        p(&plot),
+        "--json",
+    ]);
+    for name in ["lru", "sce"] {
+        let r = policy(&v, name);
+        let ipw = r["invalidations_per_write"].as_f64().unwrap();
+        assert!(ipw > 0.2 && ipw <= 1.0, "{name}: {ipw}");
+        assert!(r["writes"].as_u64().unwrap() > 5000);
+    }
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.starts_with("<svg") && svg.matches("<polyline").count() >= 2);
+    let v = json(&[
+        "sim",
+        "--trace",
+        p(&t),
+        "--format",
+        "sce",
+        "--cache-size",
+        "128MiB",
+        "--policy",
+        "lru",
+        "--hosts",
+        "1",
+        "--ram-size",
+        "8MiB",
+        "--ram-policy",
+        "periodic:5",
+        "--json",
+    ]);
+    let r = policy(&v, "lru");
+    assert!(r["invalidations_per_write"].is_null());
+    let (h, h1, h2) = (
+        r["read_hit_ratio"].as_f64().unwrap(),
+        r["ram_hit_ratio"].as_f64().unwrap(),
+        r["flash_hit_ratio"].as_f64().unwrap(),
+    );
+    assert!(h1 > 0.0 && h1 < h, "{h1} {h}");
+    assert!(
+        ((h - h1) / (1.0 - h1) - h2).abs() < 1e-9,
+        "h2 = (h-h1)/(1-h1)"
+    );
+}
