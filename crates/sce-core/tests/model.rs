@@ -90,6 +90,8 @@ fn config() -> impl Strategy<Value = (CoreConfig, u64, u64)> {
                     eviction,
                     awt_budget,
                     hot_window: 4,
+                    // A third of the cases run as a checksumming driver does.
+                    revalidate_partial_pages: src_frags % 3 != 0,
                     ..CoreConfig::default()
                 };
                 // Source sizes that are not a multiple of the page or fragment size on purpose.
