@@ -428,6 +428,8 @@ pub struct StackResult {
     pub engines: Vec<EngineResult>,
     /// Block accesses and misses summed over hosts (reference policies only).
     pub reference: Option<(u64, u64)>,
+    /// Memory of the largest host's reference cache at the end, bytes.
+    pub reference_bytes: u64,
 }
 
 impl StackResult {
@@ -597,6 +599,7 @@ impl Stack {
             self.res.flash_read_hits += host.flash_read_hits;
             match host.flash {
                 Flash::Reference(c) => {
+                    self.res.reference_bytes = self.res.reference_bytes.max(c.memory_bytes());
                     let (a, m) = reference.unwrap_or((0, 0));
                     reference = Some((a + c.accesses, m + c.misses));
                 }

@@ -56,17 +56,23 @@ pub struct BlockCache {
 }
 
 impl BlockCache {
-    /// A cache of `capacity_blocks` 4 KiB blocks (at least 1).
+    /// The most blocks a cache can hold (slots are 32-bit).
+    pub const MAX_BLOCKS: usize = (u32::MAX - 1) as usize;
+
+    /// A cache of `capacity_blocks` 4 KiB blocks (at least 1, at most [`Self::MAX_BLOCKS`]).
+    /// Memory is reserved up to a million blocks at once and grows with the contents, so a
+    /// cache larger than the trace costs only what the trace fills.
     pub fn new(policy: ReferencePolicy, capacity_blocks: usize) -> Self {
-        let capacity = capacity_blocks.max(1);
+        let capacity = capacity_blocks.clamp(1, Self::MAX_BLOCKS);
+        let reserve = capacity.min(1 << 20);
         let mut index = IntMap::default();
-        index.reserve(capacity);
+        index.reserve(reserve);
         BlockCache {
             policy,
             index,
-            keys: Vec::with_capacity(capacity),
-            prev: Vec::with_capacity(capacity),
-            next: Vec::with_capacity(capacity),
+            keys: Vec::with_capacity(reserve),
+            prev: Vec::with_capacity(reserve),
+            next: Vec::with_capacity(reserve),
             head: NIL,
             tail: NIL,
             capacity,
@@ -77,6 +83,16 @@ impl BlockCache {
             accesses: 0,
             misses: 0,
         }
+    }
+
+    /// Bytes of memory the cache's structures take now (capacity of the index, the node
+    /// arrays and the LFU order; the allocator's own overhead excluded).
+    pub fn memory_bytes(&self) -> u64 {
+        let index = self.index.capacity() * (std::mem::size_of::<(u64, u32)>() + 1);
+        let nodes = self.keys.capacity() * 8 + (self.prev.capacity() + self.next.capacity()) * 4;
+        let lfu = self.counts.capacity() * std::mem::size_of::<(u32, u64)>()
+            + self.lfu.len() * (std::mem::size_of::<(u32, u64, u32)>() + 8);
+        (index + nodes + lfu + self.free.capacity() * 4) as u64
     }
 
     fn unlink(&mut self, i: u32) {

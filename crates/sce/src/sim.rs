@@ -22,6 +22,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+/// The most cache slots an engine policy may have here (about 6 GiB of core metadata).
+const MAX_ENGINE_SLOTS: u64 = 1 << 27;
+
 /// Options of `sce sim`.
 #[derive(clap::Args, Debug)]
 #[command(after_long_help = SIM_HELP)]
@@ -91,8 +94,8 @@ Lines that are empty or start with # are skipped; `csv` alone reads what `sce tr
 Output per policy: read hit ratio (4 KiB pages of reads, RAM and flash), hit ratio of all
 block accesses (reference policies, comparable to libCacheSim), warm-up seconds (until the
 interval read hit ratio first reaches 90% of its final value), cache bytes written (and per
-request), source bytes, modelled mean/p99 read latency (engine), metadata bytes (allocated
-when the cache is built), and with --hosts the invalidations per write.";
+request), source bytes, modelled mean/p99 read latency (engine), metadata bytes (engine: allocated
+when the core is built; reference: its structures at the end), and with --hosts the invalidations per write.";
 
 /// The result of one policy.
 #[derive(Serialize, Debug, Default)]
@@ -127,7 +130,8 @@ pub struct PolicyResult {
     pub p99_read_latency: Option<f64>,
     /// Fragments populated (engine policies).
     pub fragments_populated: Option<u64>,
-    /// Metadata bytes of one host's flash cache, counted by the allocator when built.
+    /// Metadata bytes of one host's flash cache: for the engine, counted by the allocator
+    /// when the core is built; for the reference policies, their structures at the end.
     pub metadata_bytes: u64,
     /// Write requests.
     pub writes: u64,
@@ -333,22 +337,12 @@ fn aggregate_engines(es: &[EngineResult]) -> EngineResult {
     out
 }
 
-fn metadata_bytes(kind: &Kind, a: &SimArgs, source_size: u64) -> Result<u64> {
+/// Metadata of an engine policy's core, counted by the allocator as it is built.
+fn engine_metadata_bytes(cfg: &CoreConfig, a: &SimArgs, source_size: u64) -> Result<u64> {
     let before = live_bytes();
-    let bytes = match kind {
-        Kind::Engine(cfg) => {
-            let core = CacheCore::new(cfg.clone(), source_size, a.cache_size)?;
-            let b = live_bytes().saturating_sub(before);
-            drop(core);
-            b
-        }
-        Kind::Reference(p) => {
-            let c = BlockCache::new(*p, (a.cache_size / 4096) as usize);
-            let b = live_bytes().saturating_sub(before);
-            drop(c);
-            b
-        }
-    };
+    let core = CacheCore::new(cfg.clone(), source_size, a.cache_size)?;
+    let bytes = live_bytes().saturating_sub(before);
+    drop(core);
     Ok(bytes as u64)
 }
 
@@ -390,15 +384,41 @@ pub fn sim(a: SimArgs) -> Result<()> {
     if a.hosts == 0 {
         bail!("invalid --hosts 0: at least one host");
     }
+    if kinds.iter().any(|(_, k)| matches!(k, Kind::Reference(_)))
+        && a.cache_size / 4096 > BlockCache::MAX_BLOCKS as u64
+    {
+        bail!(
+            "invalid --cache-size {}: the reference policies hold at most {} blocks of 4 KiB",
+            format_size(a.cache_size),
+            BlockCache::MAX_BLOCKS
+        );
+    }
     if !(a.interval.is_finite() && a.interval > 0.0) {
         bail!("invalid --interval {}: must be > 0 seconds", a.interval);
+    }
+    for (name, k) in &kinds {
+        if let Kind::Engine(cfg) = k {
+            let slots = a.cache_size / cfg.fragment_size.max(1);
+            if slots > MAX_ENGINE_SLOTS {
+                bail!(
+                    "invalid --cache-size {} for {name}: {slots} fragments of {} (the simulator \
+                     takes at most {MAX_ENGINE_SLOTS}; use a larger --fragment-size)",
+                    format_size(a.cache_size),
+                    format_size(cfg.fragment_size)
+                );
+            }
+        }
     }
     let devices = parse_device_models(&a.device_model)
         .map_err(|e| anyhow::anyhow!("invalid --device-model: {e}"))?;
     let s = survey(&a)?;
     let mut metadata = Vec::new();
     for (_, k) in &kinds {
-        metadata.push(metadata_bytes(k, &a, s.layout.size())?);
+        metadata.push(match k {
+            Kind::Engine(cfg) => Some(engine_metadata_bytes(cfg, &a, s.layout.size())?),
+            // Reference caches grow with what they hold: measured at the end of the run.
+            Kind::Reference(_) => None,
+        });
     }
     let progress = AtomicU64::new(0);
     let jobs: Vec<Job> = kinds
@@ -487,7 +507,7 @@ fn result(
     name: &str,
     r: &StackResult,
     secs: f64,
-    metadata: u64,
+    metadata: Option<u64>,
     a: &SimArgs,
     requests: u64,
 ) -> PolicyResult {
@@ -495,7 +515,7 @@ fn result(
         policy: name.to_string(),
         read_hit_ratio: r.read_hit_ratio(),
         warmup_seconds: r.warmup_seconds,
-        metadata_bytes: metadata,
+        metadata_bytes: metadata.unwrap_or(r.reference_bytes),
         writes: r.writes,
         seconds: secs,
         requests_per_second: requests as f64 / secs.max(1e-9),
