@@ -40,19 +40,13 @@ fn run(vol: &Arc<CacheVolume>, threads: usize, dur: Duration) -> f64 {
     ops as f64 / t0.elapsed().as_secs_f64()
 }
 
-fn main() {
-    // `cargo bench` passes --bench; `cargo test --benches` passes nothing: keep that run short.
-    let quick = !std::env::args().any(|a| a == "--bench");
-    let dur = if quick {
-        Duration::from_millis(200)
-    } else {
-        Duration::from_secs(3)
-    };
+fn warm_volume(verify: bool) -> Arc<CacheVolume> {
     let source: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 30));
     let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(256 << 20));
     let cfg = EngineConfig {
         core: CoreConfig::default(),
         background_population: false,
+        verify,
         ..EngineConfig::default()
     };
     let vol = Arc::new(CacheVolume::open(source, cache, cfg).expect("open"));
@@ -71,24 +65,46 @@ fn main() {
         }
         populated += n;
     }
-    let before = vol.stats();
-    let one = run(&vol, 1, dur);
-    let two = run(&vol, 2, dur);
-    let d = vol.stats().delta(&before);
-    assert_eq!(
-        d.read_pages_missed, 0,
-        "the benchmark must measure hits only"
-    );
+    vol
+}
+
+fn main() {
+    // `cargo bench` passes --bench; `cargo test --benches` passes nothing: keep that run short.
+    let quick = !std::env::args().any(|a| a == "--bench");
+    let dur = if quick {
+        Duration::from_millis(200)
+    } else {
+        Duration::from_secs(3)
+    };
+    let mut results = Vec::new();
+    for verify in [true, false] {
+        let vol = warm_volume(verify);
+        let before = vol.stats();
+        let one = run(&vol, 1, dur);
+        let two = run(&vol, 2, dur);
+        let d = vol.stats().delta(&before);
+        assert_eq!(
+            d.read_pages_missed, 0,
+            "the benchmark must measure hits only"
+        );
+        println!(
+            "hit path, 4 KiB reads, memory devices, {} MiB working set, all hits ({} reads), checksums {}",
+            WORKING_SET >> 20,
+            d.read_requests,
+            if verify { "verified" } else { "off" }
+        );
+        println!("  1 thread : {:>12.0} ops/s", one);
+        println!(
+            "  2 threads: {:>12.0} ops/s  ({:.0} per thread)",
+            two,
+            two / 2.0
+        );
+        println!("  ratio 2 threads / 1 thread: {:.2}", two / one);
+        results.push((verify, one, two));
+    }
     println!(
-        "hit path, 4 KiB reads, memory devices, {} MiB working set, all hits ({} reads)",
-        WORKING_SET >> 20,
-        d.read_requests
+        "per-page checksum verification costs: 1 thread {:.2}x, 2 threads {:.2}x the ops/s without",
+        results[0].1 / results[1].1,
+        results[0].2 / results[1].2
     );
-    println!("  1 thread : {:>12.0} ops/s", one);
-    println!(
-        "  2 threads: {:>12.0} ops/s  ({:.0} per thread)",
-        two,
-        two / 2.0
-    );
-    println!("  ratio 2 threads / 1 thread: {:.2}", two / one);
 }

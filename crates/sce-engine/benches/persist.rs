@@ -173,7 +173,7 @@ fn startup_part(dir: &std::path::Path, cache_size: u64) {
     let l = sb.layout;
     // Every slot holds a fragment with every page valid; the data is the sparse file's zeros,
     // so the checksums are those of a zero page.
-    let zero = sce_store::page_crc(&[0u8; 4096]);
+    let zero = sce_store::page_checksum(&[0u8; 4096]);
     let bitmap = vec![u64::MAX; l.bitmap_words()];
     let t = Instant::now();
     let per = (8 * MIB / l.unit_size as u64) as u32;

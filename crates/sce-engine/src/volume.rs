@@ -16,7 +16,7 @@ use sce_core::{
     RequestError, RunTarget, SourceOffset, WriteId, WriteKind, WritePlan,
 };
 use sce_io::{check_range, AlignedBuf, BlockDevice, IoError, Op, SliceDevice};
-use sce_store::{page_crc, CrcTable};
+use sce_store::{page_checksum, CrcTable};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -497,7 +497,7 @@ impl Shared {
             crcs.set(
                 (c >> self.fshift) as u32,
                 ((c & ((1 << self.fshift) - 1)) / ps) as u32,
-                page_crc(bytes),
+                page_checksum(bytes),
             );
             sp += ps;
         }
@@ -557,7 +557,7 @@ impl Shared {
             );
             let want = crcs.get(slot, p);
             let end = (k + plen).min(bytes.len() as u64);
-            if page_crc(&bytes[k as usize..end as usize]) != want {
+            if page_checksum(&bytes[k as usize..end as usize]) != want {
                 // A write may have replaced the page since the read was planned: only a page
                 // that is still valid with the same checksum is a device error.
                 let genuine = {
