@@ -180,11 +180,17 @@ fn sim_lru_reads_only_matches_the_reference() {
         "--trace",
         trace.to_str().unwrap(),
         "--format",
-        "csv",
+        "parquet",
         "--cache-size",
         "1GiB",
     ]);
+    // An unknown format is a usage error (clap's exit code 2) that names the known ones.
     assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("vscsi"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = sce(&[
         "sim",
         "--trace",
