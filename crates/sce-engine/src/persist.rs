@@ -147,6 +147,8 @@ struct State {
     redo: Vec<u32>,
     /// Units to rewrite next round.
     units: BTreeSet<u32>,
+    /// A unit write went wrong: scan every unit next round for one it may have hit.
+    scrub: bool,
 }
 
 impl State {
@@ -322,6 +324,7 @@ impl Persist {
             epoch_seen: vec![0; slots],
             redo: Vec::new(),
             units: loaded.rewrite_units.iter().copied().collect(),
+            scrub: false,
         };
         Ok(Opened {
             persist: Persist {
@@ -478,6 +481,9 @@ impl Persist {
     pub(crate) fn round(&self, shared: &Shared, force: bool) -> u64 {
         self.counters.flush_rounds.fetch_add(1, Relaxed);
         let l = self.layout;
+        if std::mem::take(&mut self.st.lock().scrub) {
+            self.scrub();
+        }
         let words = l.bitmap_words();
         let (vol_id, generation) = {
             let sb = self.sb.lock();
@@ -618,6 +624,8 @@ impl Persist {
                 if !ok_units[k] {
                     errors += 1;
                     st.units.insert(*u);
+                    // A misdirected write damaged some other unit: find it next round.
+                    st.scrub = true;
                     continue;
                 }
                 for &(s, claimed) in slots {
@@ -650,6 +658,37 @@ impl Persist {
         }
         self.counters.metadata_errors.fetch_add(errors, Relaxed);
         errors
+    }
+
+    /// Reads every unit and queues the rejected ones (torn, misplaced, foreign) for rewriting.
+    /// Runs after a unit write went wrong, since a misdirected write lands on another unit.
+    fn scrub(&self) {
+        let l = self.layout;
+        let uuid = self.sb.lock().uuid;
+        let per = ((8 << 20) / l.unit_size).max(1);
+        let mut buf = AlignedBuf::new((per * l.unit_size) as usize);
+        let mut bad = Vec::new();
+        let mut u = 0;
+        while u < l.units {
+            let n = per.min(l.units - u);
+            if self
+                .dev
+                .read_at(l.unit_offset(u), &mut buf[..(n * l.unit_size) as usize])
+                .is_err()
+            {
+                self.st.lock().scrub = true;
+                return;
+            }
+            for k in 0..n {
+                let img = &buf[(k * l.unit_size) as usize..((k + 1) * l.unit_size) as usize];
+                match sce_store::unit::decode_unit(&l, &uuid, u + k, img, |_, _| {}) {
+                    Ok(()) | Err(sce_store::unit::UnitError::Blank) => {}
+                    Err(_) => bad.push(u + k),
+                }
+            }
+            u += n;
+        }
+        self.st.lock().units.extend(bad);
     }
 
     /// True if every intent is clear and nothing is queued.

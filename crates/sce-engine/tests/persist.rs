@@ -653,16 +653,13 @@ fn lost_torn_and_misdirected_metadata_writes_are_caught_by_the_read_back() {
         // Once the device behaves, the next round rewrites the units.
         fault.control().clear();
         assert_eq!(vol.flush_metadata(), 0, "{name}");
+        // A failed read-back also scrubs every unit: the one a misdirected write hit is found
+        // and rewritten too.
+        assert_eq!(vol.flush_metadata(), 0, "{name}");
         drop(vol);
         let report = sce_store::check(&*cache_mem, true).unwrap();
         assert_eq!(report.data_pages_bad, 0);
-        if name == "misdirected" {
-            // The unit it overwrote is not known to the engine: it stays misplaced on the
-            // device, and its slots are dropped at the next start, never served.
-            assert_eq!(report.volumes[0].1.units_misplaced, 1, "{report:?}");
-        } else {
-            assert!(!report.damaged(), "{name}: {report:?}");
-        }
+        assert!(!report.damaged(), "{name}: {report:?}");
         let vol = CacheVolume::open(
             source.clone(),
             cache_mem.clone(),
