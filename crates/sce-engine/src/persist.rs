@@ -284,11 +284,6 @@ impl Persist {
                 sb = fmt(&*dev)?;
             }
         }
-        if formatted_now {
-            if let Some(m) = marker(&cfg, &sb.uuid) {
-                let _ = std::fs::remove_file(m);
-            }
-        }
         let vi = sce_store::find_volume(&sb, &cfg.volume_name, source_size)?;
         if cfg.forget_volume {
             sb.volumes[vi].generation = sb.volumes[vi].generation.wrapping_add(1);
@@ -485,14 +480,11 @@ impl Persist {
             self.scrub();
         }
         let words = l.bitmap_words();
-        let (vol_id, generation) = {
+        let (vol_id, generation, uuid) = {
             let sb = self.sb.lock();
-            (
-                sb.volumes[self.volume].id,
-                sb.volumes[self.volume].generation,
-            )
+            let v = &sb.volumes[self.volume];
+            (v.id, v.generation, sb.uuid)
         };
-        let uuid = self.sb.lock().uuid;
         // 1. Snapshot under the core lock.
         let mut images: Vec<UnitImage> = Vec::new();
         let mut clear: Vec<(u32, u32)> = Vec::new();

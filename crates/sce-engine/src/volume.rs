@@ -269,9 +269,7 @@ impl CacheVolume {
     /// A snapshot of the counters.
     pub fn stats(&self) -> VolumeStats {
         let mut core = self.shared.core.write();
-        for shard in self.shared.logs.iter() {
-            core.apply_access_log(&mut shard.0.lock());
-        }
+        self.shared.apply_logs(&mut core);
         self.shared
             .counters
             .snapshot(&core, self.shared.passthrough.load(Relaxed))
@@ -304,7 +302,7 @@ impl CacheVolume {
     /// ignoring the throttle. Returns the number of fragments populated.
     pub fn populate_now(&self, max: usize) -> usize {
         // Reads not yet accounted count as accesses for the pick.
-        self.stats();
+        self.shared.apply_logs(&mut self.shared.core.write());
         let mut buf = AlignedBuf::new(self.shared.core.write().geometry().fragment_size() as usize);
         let mut n = 0;
         while n < max {
@@ -480,6 +478,28 @@ impl Shared {
         self.core.write().drop_all();
     }
 
+    /// Applies every shard's deferred read accounting to the core.
+    fn apply_logs(&self, core: &mut CacheCore) {
+        for shard in self.logs.iter() {
+            core.apply_access_log(&mut shard.0.lock());
+        }
+    }
+
+    /// Splits a cache (or source) offset into its slot (or fragment) number and the page
+    /// within it.
+    fn slot_page(&self, off: u64) -> (u64, u32) {
+        (
+            off >> self.fshift,
+            ((off & ((1 << self.fshift) - 1)) / sce_core::PAGE_SIZE) as u32,
+        )
+    }
+
+    /// Counts a failed cache read towards the error limit.
+    fn cache_read_failed(&self, e: &IoError) {
+        self.counters.cache_read_errors.fetch_add(1, Relaxed);
+        self.device_errors(1, &format!("read error: {e}"));
+    }
+
     /// Stores the checksums of the whole pages of a cache write of `data` at source offset
     /// `src` and cache offset `cache` (the same position within their pages).
     fn record_crcs(&self, src: u64, cache: u64, data: &[u8]) {
@@ -492,13 +512,9 @@ impl Shared {
             if pe > end {
                 break;
             }
-            let c = cache + (sp - src);
+            let (slot, p) = self.slot_page(cache + (sp - src));
             let bytes = &data[(sp - src) as usize..(pe - src) as usize];
-            crcs.set(
-                (c >> self.fshift) as u32,
-                ((c & ((1 << self.fshift) - 1)) / ps) as u32,
-                page_checksum(bytes),
-            );
+            crcs.set(slot as u32, p, page_checksum(bytes));
             sp += ps;
         }
     }
@@ -508,14 +524,11 @@ impl Shared {
     /// source instead).
     fn read_cache_run(&self, c: u64, src: u64, dst: &mut [u8]) -> bool {
         let Some(crcs) = &self.crcs else {
-            return match self.cache.read_at(c, dst) {
-                Ok(()) => true,
-                Err(e) => {
-                    self.counters.cache_read_errors.fetch_add(1, Relaxed);
-                    self.device_errors(1, &format!("read error: {e}"));
-                    false
-                }
-            };
+            let r = self.cache.read_at(c, dst);
+            if let Err(e) = &r {
+                self.cache_read_failed(e);
+            }
+            return r.is_ok();
         };
         let ps = sce_core::PAGE_SIZE;
         let head = src % ps;
@@ -533,13 +546,11 @@ impl Shared {
             r
         };
         if let Err(e) = r {
-            self.counters.cache_read_errors.fetch_add(1, Relaxed);
-            self.device_errors(1, &format!("read error: {e}"));
+            self.cache_read_failed(&e);
             // Drop the pages: the device may keep failing there.
-            let f = sce_core::FragNo(src >> self.fshift);
-            let p0 = ((src & ((1 << self.fshift) - 1)) / ps) as u32;
+            let (f, p0) = self.slot_page(src);
             let p1 = p0 + (head + len).div_ceil(ps) as u32;
-            self.core.write().invalidate(f, p0, p1);
+            self.core.write().invalidate(sce_core::FragNo(f), p0, p1);
             return false;
         }
         let (bytes, c0, src0): (&[u8], u64, u64) = match &tmp {
@@ -550,11 +561,8 @@ impl Shared {
         while k < bytes.len() as u64 && src0 + k < self.source_size {
             let sp = src0 + k;
             let plen = ps.min(self.source_size - sp);
-            let pc = c0 + k;
-            let (slot, p) = (
-                (pc >> self.fshift) as u32,
-                ((pc & ((1 << self.fshift) - 1)) / ps) as u32,
-            );
+            let (slot, p) = self.slot_page(c0 + k);
+            let slot = slot as u32;
             let want = crcs.get(slot, p);
             let end = (k + plen).min(bytes.len() as u64);
             if page_checksum(&bytes[k as usize..end as usize]) != want {
@@ -687,9 +695,7 @@ fn population_worker(s: &Shared, index: u32) {
             if index == 0 {
                 // Reads batch their accounting per shard; a slow trickle of reads would
                 // otherwise never reach the hotness window and the miss rate.
-                for shard in s.logs.iter() {
-                    core.apply_access_log(&mut shard.0.lock());
-                }
+                s.apply_logs(&mut core);
             }
             core.throttle(s.now())
         };
