@@ -334,6 +334,32 @@ fn persist_fields(p: &PersistStats) -> [(&'static str, u64, bool); 10] {
     ]
 }
 
+/// A named value for the exporters: (name, value, is a counter).
+type Field = (&'static str, u64, bool);
+
+/// Appends one Prometheus family per field, with a sample per export. Every export lists
+/// the same fields, as (name, value, is a counter), in the same order.
+fn export_families(out: &mut String, rows: &[(&str, Vec<Field>)]) {
+    let Some((_, first)) = rows.first() else {
+        return;
+    };
+    for (i, &(field, _, counter)) in first.iter().enumerate() {
+        let (name, kind) = if counter {
+            (format!("sce_{field}_total"), "counter")
+        } else {
+            (format!("sce_{field}"), "gauge")
+        };
+        *out += &format!("# TYPE {name} {kind}\n");
+        for (export, fields) in rows {
+            *out += &format!(
+                "{name}{{export=\"{}\"}} {}\n",
+                export.replace('"', "\\\""),
+                fields[i].1
+            );
+        }
+    }
+}
+
 /// Prometheus text of every export's counters and the server's.
 fn prometheus(server: &Server, volumes: &[(String, Option<Arc<CacheVolume>>)]) -> String {
     let mut out = String::new();
@@ -358,54 +384,20 @@ fn prometheus(server: &Server, volumes: &[(String, Option<Arc<CacheVolume>>)]) -
         };
         out += &format!("# TYPE {name} {kind}\n{name} {v}\n");
     }
-    let snaps: Vec<_> = volumes
+    let cached: Vec<(&str, &CacheVolume)> = volumes
         .iter()
-        .filter_map(|(n, v)| v.as_ref().map(|v| (n, v.stats())))
+        .filter_map(|(n, v)| v.as_deref().map(|v| (n.as_str(), v)))
         .collect();
-    if let Some((_, first)) = snaps.first() {
-        for (i, (field, _, counter)) in first.fields().iter().enumerate() {
-            let name = if *counter {
-                format!("sce_{field}_total")
-            } else {
-                format!("sce_{field}")
-            };
-            out += &format!(
-                "# TYPE {name} {}\n",
-                if *counter { "counter" } else { "gauge" }
-            );
-            for (export, st) in &snaps {
-                out += &format!(
-                    "{name}{{export=\"{}\"}} {}\n",
-                    export.replace('"', "\\\""),
-                    st.fields()[i].1
-                );
-            }
-        }
-    }
-    let persisted: Vec<_> = volumes
+    let counters: Vec<_> = cached
         .iter()
-        .filter_map(|(n, v)| v.as_ref().and_then(|v| v.persist_stats()).map(|p| (n, p)))
+        .map(|&(n, v)| (n, v.stats().fields().to_vec()))
         .collect();
-    if let Some((_, first)) = persisted.first() {
-        for (i, (field, _, counter)) in persist_fields(first).iter().enumerate() {
-            let name = if *counter {
-                format!("sce_{field}_total")
-            } else {
-                format!("sce_{field}")
-            };
-            out += &format!(
-                "# TYPE {name} {}\n",
-                if *counter { "counter" } else { "gauge" }
-            );
-            for (export, p) in &persisted {
-                out += &format!(
-                    "{name}{{export=\"{}\"}} {}\n",
-                    export.replace('"', "\\\""),
-                    persist_fields(p)[i].1
-                );
-            }
-        }
-    }
+    export_families(&mut out, &counters);
+    let persisted: Vec<_> = cached
+        .iter()
+        .filter_map(|&(n, v)| v.persist_stats().map(|p| (n, persist_fields(&p).to_vec())))
+        .collect();
+    export_families(&mut out, &persisted);
     out
 }
 
