@@ -106,9 +106,11 @@ fn err(field: &'static str, reason: impl Into<String>) -> GenError {
     }
 }
 
-/// Maps Zipf ranks to item numbers (see the module documentation).
+/// Maps Zipf ranks to item numbers (see the module documentation): items of consecutive
+/// rank form clusters (extents), and clusters are spread over the volume by a bijective
+/// multiplicative permutation.
 #[derive(Clone, Debug)]
-struct Placement {
+pub struct Placement {
     items: u64,
     per_cluster: u64,
     clusters: u64,
@@ -116,7 +118,8 @@ struct Placement {
 }
 
 impl Placement {
-    fn new(items: u64, per_cluster: u64) -> Self {
+    /// A placement of `items` items in clusters of `per_cluster` (clamped to 1..=items).
+    pub fn new(items: u64, per_cluster: u64) -> Self {
         let per_cluster = per_cluster.clamp(1, items);
         let clusters = items / per_cluster;
         let gcd = |mut a: u64, mut b: u64| {
@@ -138,7 +141,7 @@ impl Placement {
     }
 
     /// The item of `rank` (0-based) when the hot set is shifted by `shift` clusters.
-    fn item(&self, rank: u64, shift: u64) -> u64 {
+    pub fn item(&self, rank: u64, shift: u64) -> u64 {
         let c = rank / self.per_cluster;
         if c >= self.clusters {
             return rank % self.items;

@@ -158,46 +158,6 @@ pub struct DemoReport {
     pub speedup: f64,
 }
 
-/// Maps a Zipf rank to a block index: blocks of consecutive rank form clusters (extents),
-/// and clusters are spread over the volume by a bijective multiplicative permutation.
-struct Layout {
-    blocks: u64,
-    per_cluster: u64,
-    clusters: u64,
-    mult: u64,
-}
-
-impl Layout {
-    fn new(blocks: u64, block_size: u64, cluster_size: u64) -> Self {
-        let per_cluster = (cluster_size / block_size).max(1).min(blocks);
-        let clusters = blocks / per_cluster;
-        let gcd = |mut a: u64, mut b: u64| {
-            while b != 0 {
-                (a, b) = (b, a % b);
-            }
-            a
-        };
-        let mut mult = ((clusters as f64 * 0.618_033_988_75) as u64) | 1;
-        while gcd(mult, clusters) != 1 {
-            mult += 2;
-        }
-        Layout {
-            blocks,
-            per_cluster,
-            clusters,
-            mult,
-        }
-    }
-    fn block(&self, rank: u64) -> u64 {
-        let c = rank / self.per_cluster;
-        if c >= self.clusters {
-            return rank % self.blocks;
-        }
-        let pc = (c as u128 * self.mult as u128 % self.clusters as u128) as u64;
-        pc * self.per_cluster + rank % self.per_cluster
-    }
-}
-
 fn run(
     name: &str,
     dev: Arc<dyn BlockDevice>,
@@ -206,7 +166,10 @@ fn run(
     stop_all: &AtomicBool,
 ) -> Result<RunResult> {
     let blocks = dev.size() / a.block_size;
-    let layout = Arc::new(Layout::new(blocks, a.block_size, a.cluster_size));
+    let layout = Arc::new(sce_sim::gen::Placement::new(
+        blocks,
+        a.cluster_size / a.block_size,
+    ));
     let stop = Arc::new(AtomicBool::new(false));
     let ops = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -230,7 +193,7 @@ fn run(
                     Some(d) => d.sample(&mut rng) as u64 - 1,
                     None => rng.gen_range(0..blocks),
                 };
-                let off = layout.block(rank) * bs;
+                let off = layout.item(rank, 0) * bs;
                 let t0 = Instant::now();
                 let r = if rng.gen_range(0..100) < read_pct {
                     dev.read_at(off, &mut buf)
