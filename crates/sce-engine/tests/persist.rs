@@ -151,25 +151,40 @@ fn foreign_and_damaged_devices_are_refused_clearly() {
     assert!(v.persist_stats().unwrap().formatted_now);
 }
 
-/// A cache device that can crash: unflushed writes are kept in an undo log, and `crash`
-/// freezes the device and undoes a random subset of them (a volatile write cache losing
-/// its content at power loss). After the crash every write and flush fails.
+/// Unflushed writes: where, and what was there before.
+type UndoLog = Vec<(u64, Vec<u8>)>;
+
+/// A device of a machine that can crash. After the crash every write, discard and flush
+/// fails. A *volatile* device (the cache) keeps its unflushed writes in an undo log, and
+/// `crash` undoes a random subset of them (a volatile write cache losing its content at power
+/// loss); a durable one (the source, the system of record) keeps every acknowledged write.
 struct CrashDevice {
     inner: Arc<MemDevice>,
-    undo: Mutex<Vec<(u64, Vec<u8>)>>,
+    undo: Option<Mutex<UndoLog>>,
     frozen: Arc<AtomicBool>,
 }
 
 impl CrashDevice {
-    fn new(inner: Arc<MemDevice>, frozen: Arc<AtomicBool>) -> Self {
+    fn volatile(inner: Arc<MemDevice>, frozen: Arc<AtomicBool>) -> Self {
         CrashDevice {
             inner,
-            undo: Mutex::new(Vec::new()),
+            undo: Some(Mutex::new(Vec::new())),
+            frozen,
+        }
+    }
+    fn durable(inner: Arc<MemDevice>, frozen: Arc<AtomicBool>) -> Self {
+        CrashDevice {
+            inner,
+            undo: None,
             frozen,
         }
     }
     fn crash(&self, rng: &mut SmallRng) -> usize {
-        let mut undo = self.undo.lock();
+        let mut undo = self
+            .undo
+            .as_ref()
+            .expect("only a volatile device loses writes")
+            .lock();
         self.frozen.store(true, SeqCst);
         let mut lost = 0;
         for (off, old) in undo.drain(..).rev() {
@@ -179,6 +194,16 @@ impl CrashDevice {
             }
         }
         lost
+    }
+    fn alive(&self, op: Op) -> Result<(), IoError> {
+        if self.frozen.load(SeqCst) {
+            return Err(IoError::Injected {
+                op,
+                offset: 0,
+                len: 0,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -193,75 +218,29 @@ impl BlockDevice for CrashDevice {
         self.inner.read_at(offset, buf)
     }
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), IoError> {
-        let mut undo = self.undo.lock();
-        if self.frozen.load(SeqCst) {
-            return Err(IoError::Injected {
-                op: Op::Write,
-                offset: 0,
-                len: 0,
-            });
-        }
+        let Some(undo) = &self.undo else {
+            self.alive(Op::Write)?;
+            return self.inner.write_at(offset, buf);
+        };
+        // Held across the check and the write, so a crash sees the write whole or not at all.
+        let mut undo = undo.lock();
+        self.alive(Op::Write)?;
         let mut old = vec![0u8; buf.len()];
         self.inner.read_at(offset, &mut old)?;
         undo.push((offset, old));
         self.inner.write_at(offset, buf)
     }
     fn flush(&self) -> Result<(), IoError> {
-        let mut undo = self.undo.lock();
-        if self.frozen.load(SeqCst) {
-            return Err(IoError::Injected {
-                op: Op::Flush,
-                offset: 0,
-                len: 0,
-            });
-        }
+        let Some(undo) = &self.undo else {
+            return self.alive(Op::Flush);
+        };
+        let mut undo = undo.lock();
+        self.alive(Op::Flush)?;
         undo.clear();
         Ok(())
     }
     fn discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
         self.write_at(offset, &vec![0u8; len as usize])
-    }
-}
-
-/// A source that stops taking writes when the machine "crashes" (its acknowledged writes are
-/// durable: it is the system of record).
-struct StoppableSource {
-    inner: Arc<MemDevice>,
-    frozen: Arc<AtomicBool>,
-}
-
-impl BlockDevice for StoppableSource {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), IoError> {
-        if self.frozen.load(SeqCst) {
-            return Err(IoError::Injected {
-                op: Op::Write,
-                offset: 0,
-                len: 0,
-            });
-        }
-        self.inner.write_at(offset, buf)
-    }
-    fn flush(&self) -> Result<(), IoError> {
-        Ok(())
-    }
-    fn discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
-        if self.frozen.load(SeqCst) {
-            return Err(IoError::Injected {
-                op: Op::Discard,
-                offset: 0,
-                len: 0,
-            });
-        }
-        self.inner.discard(offset, len)
     }
 }
 
@@ -273,11 +252,9 @@ fn crash_iterations(iterations: u32, mode: WriteMode, admission: Admission, seed
     let mut syncs = 0;
     for it in 0..iterations {
         let frozen = Arc::new(AtomicBool::new(false));
-        let cache = Arc::new(CrashDevice::new(cache_mem.clone(), frozen.clone()));
-        let source: Arc<dyn BlockDevice> = Arc::new(StoppableSource {
-            inner: source_mem.clone(),
-            frozen: frozen.clone(),
-        });
+        let cache = Arc::new(CrashDevice::volatile(cache_mem.clone(), frozen.clone()));
+        let source: Arc<dyn BlockDevice> =
+            Arc::new(CrashDevice::durable(source_mem.clone(), frozen.clone()));
         let mut cfg = config(64 * KIB, true, 2);
         cfg.core.write_mode = mode;
         cfg.core.admission = admission;

@@ -2,6 +2,9 @@
 //! nbdkit as a remote source, a real ext4 filesystem through nbdfuse and a loop device,
 //! and SIGTERM under load. A client that is not installed is skipped with a message.
 
+mod common;
+
+use common::wait_for;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,18 +27,6 @@ fn run(cmd: &mut Command) -> String {
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{cmd:?} failed:\n{s}");
     s
-}
-
-fn wait_for(path: &Path) {
-    let t0 = Instant::now();
-    while !path.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "{} never appeared",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A child process killed on drop.
