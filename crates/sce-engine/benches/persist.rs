@@ -50,6 +50,7 @@ fn cache_file(dir: &std::path::Path, name: &str, size: u64) -> Arc<dyn BlockDevi
                 direct: DirectMode::Preferred,
                 create_size: Some(size),
                 read_only: false,
+                ..Default::default()
             },
         )
         .expect("cache file"),

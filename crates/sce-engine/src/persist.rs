@@ -57,6 +57,10 @@ pub struct PersistConfig {
     /// of that device refuses it (its records may be stale: source writes went on without
     /// their intents). None: no marker.
     pub state_dir: Option<std::path::PathBuf>,
+    /// An operator's version string for the source's content (`--source-generation`),
+    /// appended to the source's own identity: bumping it invalidates what the device holds
+    /// for the volume. The only way to tell sce that an NBD export changed while it was down.
+    pub source_generation: Option<String>,
 }
 
 impl PersistConfig {
@@ -69,6 +73,7 @@ impl PersistConfig {
             flush_interval: Duration::from_secs(1),
             verify_metadata: true,
             state_dir: None,
+            source_generation: None,
         }
     }
 }
@@ -88,6 +93,9 @@ pub struct PersistStats {
     pub formatted_now: bool,
     /// Fragments restored at start.
     pub fragments_restored: u64,
+    /// Why the volume was invalidated at start ("" if it was not): the source's identity
+    /// changed or is unknown, the device was rolled back to an older copy, or asked to.
+    pub invalidated_because: String,
     /// Fragments dropped at start because their intent bit was set.
     pub fragments_dropped_intent: u64,
     /// Fragments dropped at start because their metadata unit was rejected (upper bound).
@@ -191,6 +199,8 @@ pub(crate) struct Persist {
     pub(crate) cfg: PersistConfig,
     counters: Counters,
     loaded: PersistStats,
+    /// The source writes completed when the source's identity was last recorded.
+    identity_writes: AtomicU64,
 }
 
 /// What `open` hands back to the volume.
@@ -221,14 +231,21 @@ impl Persist {
         cfg: PersistConfig,
         fragment_size: u64,
         source_size: u64,
+        source_identity: Option<String>,
     ) -> Result<Opened, sce_store::StoreError> {
         use sce_store::StoreError;
         let started = std::time::Instant::now();
+        let identity = full_identity(source_identity, &cfg);
+        let identity_hash = identity.as_deref().map_or(
+            [0; sce_store::superblock::IDENTITY_BYTES],
+            sce_store::identity_hash,
+        );
         let volume = sce_store::Volume {
             id: 1,
             generation: 1,
             source_size,
             name: cfg.volume_name.clone(),
+            identity: identity_hash,
         };
         let fmt = |dev: &dyn BlockDevice| {
             sce_store::format(
@@ -285,10 +302,53 @@ impl Persist {
             }
         }
         let vi = sce_store::find_volume(&sb, &cfg.volume_name, source_size)?;
+        // Never stale across a restart: what the device holds for this volume is dropped
+        // (one generation bump) unless the source is provably the one it cached, unchanged,
+        // and the device is the newest copy this host wrote.
+        let mut why = Vec::new();
         if cfg.forget_volume {
-            sb.volumes[vi].generation = sb.volumes[vi].generation.wrapping_add(1);
-            sb.seq += 1;
+            why.push("asked to forget the volume".to_string());
+        }
+        if !formatted_now {
+            match &identity {
+                None => why.push("the source cannot be identified".into()),
+                Some(_)
+                    if sb.volumes[vi].identity == [0; sce_store::superblock::IDENTITY_BYTES] =>
+                {
+                    why.push("no identity of the source was recorded yet (`sce format`)".into())
+                }
+                Some(_) if sb.volumes[vi].identity != identity_hash => why.push(format!(
+                    "the source changed since the cache last recorded it (now {})",
+                    identity.as_deref().unwrap_or("")
+                )),
+                Some(_) => {}
+            }
+            if let Some(seen) = state_seq(&cfg, &sb.uuid) {
+                if seen > sb.seq {
+                    why.push(format!(
+                        "the cache device is an older copy: its superblock sequence is {}, this host wrote {seen}",
+                        sb.seq
+                    ));
+                }
+            }
+        }
+        if !why.is_empty() || sb.volumes[vi].identity != identity_hash {
+            if !why.is_empty() {
+                sb.volumes[vi].generation = sb.volumes[vi].generation.wrapping_add(1);
+                if sb.volumes[vi].identity == [0; sce_store::superblock::IDENTITY_BYTES] {
+                    tracing::info!(volume = %cfg.volume_name, "{}", why.join("; "));
+                } else {
+                    tracing::warn!(
+                        volume = %cfg.volume_name,
+                        "dropping everything cached for the volume: {}",
+                        why.join("; ")
+                    );
+                }
+            }
+            sb.volumes[vi].identity = identity_hash;
+            sb.seq = sb.seq.max(state_seq(&cfg, &sb.uuid).unwrap_or(0)) + 1;
             sce_store::write_superblock(&*dev, &sb)?;
+            record_state_seq(&cfg, &sb.uuid, sb.seq);
         }
         let frags = source_size.div_ceil(fragment_size);
         let loaded = sce_store::load(&*dev, sb.clone(), vi, frags)?;
@@ -301,6 +361,7 @@ impl Persist {
             last_clean_shutdown: sb.last_clean_shutdown,
             formatted_now,
             fragments_restored: 0,
+            invalidated_because: why.join("; "),
             fragments_dropped_intent: r.slots_dropped_intent,
             fragments_dropped_bad_metadata: r.slots_in_bad_units,
             units_rejected: (r.units_corrupt + r.units_misplaced + r.units_foreign) as u64,
@@ -333,6 +394,7 @@ impl Persist {
                 cfg,
                 counters: Counters::default(),
                 loaded: stats,
+                identity_writes: AtomicU64::new(u64::MAX),
             },
             loaded,
         })
@@ -377,12 +439,50 @@ impl Persist {
         self.write_sb(&mut sb)
     }
 
+    /// Writes the superblock with the next sequence number, then records that number in the
+    /// state directory (so that a later start recognises an older copy of the device).
     fn write_sb(&self, sb: &mut Superblock) -> Result<(), IoError> {
         sb.seq = self.seq.fetch_add(1, Relaxed);
         self.counters
             .metadata_bytes_written
             .fetch_add(BLOCK, Relaxed);
-        sce_store::write_superblock(&*self.dev, sb)
+        sce_store::write_superblock(&*self.dev, sb)?;
+        record_state_seq(&self.cfg, &sb.uuid, sb.seq);
+        Ok(())
+    }
+
+    /// The volume's id in the table (it seeds the page checksums).
+    pub(crate) fn volume_id(&self) -> u16 {
+        self.sb.lock().volumes[self.volume].id
+    }
+
+    /// Records the source's current identity in the superblock if it differs from the
+    /// stored one. The caller guarantees that `writes_done` source writes have completed and
+    /// none was in flight when `identity` was taken, so the identity reflects every write
+    /// this cache made: after a crash, a source whose identity still matches was not changed
+    /// by anyone since. Cheap when nothing changed.
+    pub(crate) fn record_identity(
+        &self,
+        identity: Option<String>,
+        writes_done: u64,
+    ) -> Result<(), IoError> {
+        if self.identity_writes.load(Relaxed) == writes_done {
+            return Ok(());
+        }
+        let Some(id) = full_identity(identity, &self.cfg) else {
+            return Ok(());
+        };
+        let h = sce_store::identity_hash(&id);
+        let mut sb = self.sb.lock();
+        if sb.state == sce_store::DeviceState::Failed {
+            return Ok(());
+        }
+        if sb.volumes[self.volume].identity != h {
+            sb.volumes[self.volume].identity = h;
+            self.write_sb(&mut sb)?;
+        }
+        self.identity_writes.store(writes_done, Relaxed);
+        Ok(())
     }
 
     /// Under the core lock, before a write's source write and cache copies are sent: the
@@ -692,7 +792,7 @@ impl Persist {
     /// Clean shutdown (nothing in flight): writes every record, clears every intent and marks
     /// the device clean. Returns false if it could not (the device stays "open" and the next
     /// start recovers as after a crash).
-    pub(crate) fn close(&self, shared: &Shared) -> bool {
+    pub(crate) fn close(&self, shared: &Shared, identity: Option<String>) -> bool {
         for _ in 0..4 {
             if self.round(shared, true) > 0 {
                 return false;
@@ -707,6 +807,9 @@ impl Persist {
         let mut sb = self.sb.lock();
         if sb.state == sce_store::DeviceState::Failed {
             return false;
+        }
+        if let Some(id) = full_identity(identity, &self.cfg) {
+            sb.volumes[self.volume].identity = sce_store::identity_hash(&id);
         }
         sb.state = sce_store::DeviceState::Clean;
         sb.last_clean_shutdown = sce_store::unix_now();
@@ -761,6 +864,54 @@ impl Persist {
             flush_rounds: c.flush_rounds.load(Relaxed),
             ..self.loaded.clone()
         }
+    }
+}
+
+/// The source's identity with the operator's generation string, if any.
+fn full_identity(source: Option<String>, cfg: &PersistConfig) -> Option<String> {
+    let id = source?;
+    Some(match &cfg.source_generation {
+        Some(g) => format!("{id}:generation={g}"),
+        None => id,
+    })
+}
+
+/// The state file that remembers the newest superblock sequence this host wrote to device
+/// `uuid`.
+fn state_file(cfg: &PersistConfig, uuid: &[u8; 16]) -> Option<std::path::PathBuf> {
+    cfg.state_dir
+        .as_ref()
+        .map(|d| d.join(format!("seq-{}", sce_store::uuid_string(uuid))))
+}
+
+/// The newest superblock sequence this host recorded for device `uuid`, if any.
+fn state_seq(cfg: &PersistConfig, uuid: &[u8; 16]) -> Option<u64> {
+    let text = std::fs::read_to_string(state_file(cfg, uuid)?).ok()?;
+    text.trim().parse().ok()
+}
+
+/// Records `seq` as the newest superblock sequence of device `uuid` (write, fsync, rename).
+/// Best effort: a failure only weakens the detection of a rolled-back device, and is logged.
+fn record_state_seq(cfg: &PersistConfig, uuid: &[u8; 16], seq: u64) {
+    let Some(path) = state_file(cfg, uuid) else {
+        return;
+    };
+    let write = || -> std::io::Result<()> {
+        use std::io::Write;
+        if let Some(d) = path.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        let tmp = path.with_extension("tmp");
+        let mut f = std::fs::File::create(&tmp)?;
+        writeln!(f, "{seq}")?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    };
+    if let Err(e) = write() {
+        tracing::warn!(
+            "cannot record the superblock sequence in {}: {e}",
+            path.display()
+        );
     }
 }
 

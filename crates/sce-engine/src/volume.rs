@@ -16,9 +16,9 @@ use sce_core::{
     RequestError, RunTarget, SourceOffset, WriteId, WriteKind, WritePlan,
 };
 use sce_io::{check_range, AlignedBuf, BlockDevice, IoError, Op, SliceDevice};
-use sce_store::{page_checksum, CrcTable};
+use sce_store::{page_checksum, page_seed, CrcTable};
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -97,6 +97,12 @@ pub(crate) struct Shared {
     sleep_lock: Mutex<()>,
     wake: Condvar,
     lbs: u32,
+    /// The volume id that seeds page checksums (the volume table's, or 1).
+    vol_id: u16,
+    /// Source writes and discards started, and completed (successfully or not): the flusher
+    /// records the source's identity only when the two are equal.
+    source_writes_started: AtomicU64,
+    source_writes_done: AtomicU64,
 }
 
 /// A cached volume. Thread-safe: share it with `Arc` and call it from any number of threads.
@@ -114,8 +120,17 @@ impl std::fmt::Debug for CacheVolume {
     }
 }
 
+/// A read's plan and the checksums its cached pages had when it was planned.
+#[derive(Default)]
+struct PlannedRead {
+    plan: ReadPlan,
+    /// For each `RunTarget::Cache` run, in order: the expected checksum of every page the run
+    /// touches, taken under the core lock that made the pages hits.
+    want: Vec<u32>,
+}
+
 thread_local! {
-    static PLAN: RefCell<ReadPlan> = RefCell::new(ReadPlan::new());
+    static PLAN: RefCell<PlannedRead> = RefCell::new(PlannedRead::default());
     static SHARD: usize = NEXT_SHARD.fetch_add(1, Relaxed) % LOG_SHARDS;
 }
 
@@ -174,6 +189,7 @@ impl CacheVolume {
         if verify {
             core_cfg.revalidate_partial_pages = false;
         }
+        let mut vol_id = 1;
         let (core, crcs, persist, cache) = match config.persist.clone() {
             None => {
                 let core = CacheCore::new(core_cfg, source.size(), cache.size())?;
@@ -182,10 +198,16 @@ impl CacheVolume {
                 (core, crcs, None, cache)
             }
             Some(pc) => {
-                let opened =
-                    Persist::open(cache.clone(), pc, core_cfg.fragment_size, source.size())?;
+                let opened = Persist::open(
+                    cache.clone(),
+                    pc,
+                    core_cfg.fragment_size,
+                    source.size(),
+                    source.identity(),
+                )?;
                 let mut persist = opened.persist;
                 let loaded = opened.loaded;
+                vol_id = persist.volume_id();
                 let l = persist.layout;
                 let data: Arc<dyn BlockDevice> =
                     Arc::new(SliceDevice::new(cache, l.data_offset, l.data_bytes())?);
@@ -227,6 +249,9 @@ impl CacheVolume {
             sleep_lock: Mutex::new(()),
             wake: Condvar::new(),
             lbs,
+            vol_id,
+            source_writes_started: AtomicU64::new(0),
+            source_writes_done: AtomicU64::new(0),
         });
         let (tx, rx) = crossbeam_channel::unbounded::<AwtJob>();
         let mut threads = Vec::new();
@@ -514,22 +539,56 @@ impl Shared {
             }
             let (slot, p) = self.slot_page(cache + (sp - src));
             let bytes = &data[(sp - src) as usize..(pe - src) as usize];
-            crcs.set(slot as u32, p, page_checksum(bytes));
+            crcs.set(slot as u32, p, page_checksum(bytes, self.seed(sp)));
             sp += ps;
         }
     }
 
+    /// The pages a cache run of `len` bytes at cache offset `c` touches.
+    fn run_pages(&self, c: u64, len: u64) -> usize {
+        let ps = sce_core::PAGE_SIZE;
+        ((c + len).div_ceil(ps) - c / ps) as usize
+    }
+
+    /// Appends to `want` the checksum of every page of every cache run of `plan`. The caller
+    /// holds the core lock (read or write) under which the plan was made: a page that is
+    /// valid under it has its final checksum recorded (writers record a page's checksum
+    /// before the core marks it valid, and invalidate it before they change it).
+    fn expected_crcs(&self, plan: &ReadPlan, want: &mut Vec<u32>) {
+        want.clear();
+        let Some(crcs) = &self.crcs else { return };
+        let ps = sce_core::PAGE_SIZE;
+        for run in &plan.runs {
+            if let RunTarget::Cache(c) = run.target {
+                let mut at = c.0 / ps * ps;
+                while at < c.0 + run.len {
+                    let (slot, p) = self.slot_page(at);
+                    want.push(crcs.get(slot as u32, p));
+                    at += ps;
+                }
+            }
+        }
+    }
+
+    /// The checksum seed of the page at source offset `src` (page-aligned).
+    fn seed(&self, src: u64) -> u64 {
+        page_seed(self.vol_id, src / sce_core::PAGE_SIZE)
+    }
+
     /// Reads a run of cached data at cache offset `c` (source offset `src`) into `dst` and
-    /// verifies it. False if the cache could not supply correct data (the caller reads the
-    /// source instead).
-    fn read_cache_run(&self, c: u64, src: u64, dst: &mut [u8]) -> bool {
-        let Some(crcs) = &self.crcs else {
+    /// verifies each page against `want` (the checksums taken when the read was planned).
+    /// False if the cache could not supply correct data (the caller reads the source
+    /// instead). A mismatch is a device error only if the page is still valid with the same
+    /// checksum and a re-read, under the core lock so that no write can start on the page,
+    /// still mismatches; otherwise a write replaced the page since the read was planned.
+    fn read_cache_run(&self, c: u64, src: u64, dst: &mut [u8], want: &[u32]) -> bool {
+        if self.crcs.is_none() {
             let r = self.cache.read_at(c, dst);
             if let Err(e) = &r {
                 self.cache_read_failed(e);
             }
             return r.is_ok();
-        };
+        }
         let ps = sce_core::PAGE_SIZE;
         let head = src % ps;
         let len = dst.len() as u64;
@@ -558,22 +617,16 @@ impl Shared {
             None => (&*dst, c, src),
         };
         let mut k = 0u64;
+        let mut i = 0;
         while k < bytes.len() as u64 && src0 + k < self.source_size {
             let sp = src0 + k;
             let plen = ps.min(self.source_size - sp);
-            let (slot, p) = self.slot_page(c0 + k);
-            let slot = slot as u32;
-            let want = crcs.get(slot, p);
             let end = (k + plen).min(bytes.len() as u64);
-            if page_checksum(&bytes[k as usize..end as usize]) != want {
-                // A write may have replaced the page since the read was planned: only a page
-                // that is still valid with the same checksum is a device error.
-                let genuine = {
-                    let core = self.core.read();
-                    core.is_cached(SourceOffset(sp)) && crcs.get(slot, p) == want
-                };
-                if genuine {
+            let expect = want[i];
+            if page_checksum(&bytes[k as usize..end as usize], self.seed(sp)) != expect {
+                if self.genuine_mismatch(c0 + k, sp, plen, expect) {
                     self.counters.cache_checksum_errors.fetch_add(1, Relaxed);
+                    let (_, p) = self.slot_page(c0 + k);
                     self.core
                         .write()
                         .invalidate(sce_core::FragNo(sp >> self.fshift), p, p + 1);
@@ -582,11 +635,38 @@ impl Shared {
                 return false;
             }
             k += ps;
+            i += 1;
         }
         if let Some(b) = tmp {
             dst.copy_from_slice(&b[head as usize..(head + len) as usize]);
         }
         true
+    }
+
+    /// After a checksum mismatch on the page at cache offset `c` (source offset `sp`, `plen`
+    /// bytes): true if the page is still valid with checksum `expect` and a re-read still
+    /// mismatches. The re-read runs under the core's read lock, so no write can invalidate
+    /// and rewrite the page meanwhile (writers take the write lock first); this holds the
+    /// lock across one 4 KiB read, on this error path only.
+    fn genuine_mismatch(&self, c: u64, sp: u64, plen: u64, expect: u32) -> bool {
+        let Some(crcs) = &self.crcs else { return false };
+        let (slot, p) = self.slot_page(c);
+        let core = self.core.read();
+        let still = core.is_cached(SourceOffset(sp))
+            && core
+                .exists(sce_core::FragNo(sp >> self.fshift))
+                .map(|x| x.0 .0)
+                == Some(slot as u32)
+            && crcs.get(slot as u32, p) == expect;
+        if !still {
+            return false;
+        }
+        let mut page = AlignedBuf::new(sce_core::PAGE_SIZE as usize);
+        match self.cache.read_at(c, &mut page) {
+            Ok(()) => page_checksum(&page[..plen as usize], self.seed(sp)) != expect,
+            // A read error is a device error in its own right.
+            Err(_) => true,
+        }
     }
 
     /// Writes a write's cache copies (`data` is the whole request buffer, at source offset
@@ -613,7 +693,9 @@ impl Shared {
 
     /// Writes to the source, counting the bytes that made it.
     fn source_write(&self, offset: u64, data: &[u8]) -> Result<(), IoError> {
+        self.source_writes_started.fetch_add(1, SeqCst);
         let r = self.source.write_at(offset, data);
+        self.source_writes_done.fetch_add(1, SeqCst);
         if r.is_ok() {
             self.counters
                 .source_bytes_written
@@ -739,28 +821,36 @@ impl BlockDevice for CacheVolume {
             return r;
         }
         PLAN.with(|cell| {
-            let mut plan = cell.borrow_mut();
+            let mut planned = cell.borrow_mut();
+            let PlannedRead { plan, want } = &mut *planned;
             let err = |e| request_error(Op::Read, e, offset, len, s.source.size(), s.lbs);
             // Shared path: plan under the read lock, defer the accounting to a log shard.
             let shared = {
                 let core = s.core.read();
-                core.plan_read(SourceOffset(offset), len, &mut plan)
+                core.plan_read(SourceOffset(offset), len, plan)
                     .map_err(err)?;
+                s.expected_crcs(plan, want);
                 !plan.needs_commit()
             };
             if shared {
+                // Lock order: a log shard is a leaf lock. A full batch is taken out of the
+                // shard and the shard released before the core lock is taken.
                 let shard = &s.logs[SHARD.with(|i| *i)];
-                let mut log = shard.0.lock();
-                log.record(&plan);
-                if log.requests() >= LOG_BATCH {
-                    s.core.write().apply_access_log(&mut log);
+                let full = {
+                    let mut log = shard.0.lock();
+                    log.record(plan);
+                    (log.requests() >= LOG_BATCH).then(|| std::mem::take(&mut *log))
+                };
+                if let Some(mut batch) = full {
+                    s.core.write().apply_access_log(&mut batch);
                 }
             } else {
                 // An inline fill is wanted (admission `always`): redo it exclusively.
                 plan.release_pins(&s.pins);
                 let mut core = s.core.write();
-                core.begin_read(SourceOffset(offset), len, &mut plan)
+                core.begin_read(SourceOffset(offset), len, plan)
                     .map_err(err)?;
+                s.expected_crcs(plan, want);
                 if let Some(p) = &s.persist {
                     // Inline fills go to freshly allocated slots: guard them as populations.
                     let mut t = Vec::new();
@@ -777,12 +867,16 @@ impl BlockDevice for CacheVolume {
             }
             let mut result = Ok(());
             let (mut from_source, mut from_cache) = (0, 0);
+            let mut w = 0;
             for run in &plan.runs {
                 let dst = &mut buf[run.buf_offset as usize..(run.buf_offset + run.len) as usize];
                 let src_off = offset + run.buf_offset;
                 match run.target {
                     RunTarget::Cache(c) => {
-                        if s.read_cache_run(c.0, src_off, dst) {
+                        let n = s.run_pages(c.0, run.len);
+                        let expect = &want[w..w + n];
+                        w += n;
+                        if s.read_cache_run(c.0, src_off, dst, expect) {
                             from_cache += run.len;
                         } else {
                             // Unreadable or bad cached data: serve the run from the source.
@@ -825,7 +919,7 @@ impl BlockDevice for CacheVolume {
                 for (pop, ok) in fill_ok {
                     let _ = core.complete_population(pop, ok);
                 }
-                core.end_read(&mut plan);
+                core.end_read(plan);
             }
             result
         })
@@ -869,7 +963,9 @@ impl CacheVolume {
         }
         let (plan, tickets) = s.begin_write(offset, len, WriteKind::Discard)?;
         s.wait_intents(&tickets);
+        s.source_writes_started.fetch_add(1, SeqCst);
         let result = s.source.discard(offset, len);
+        s.source_writes_done.fetch_add(1, SeqCst);
         let _ = s.core.write().write_source_done(plan.id, result.is_ok());
         result
     }
@@ -898,7 +994,7 @@ impl CacheVolume {
         match &s.persist {
             Some(p) if !s.passthrough.load(Relaxed) => {
                 self.quiesce();
-                p.close(s)
+                p.close(s, s.source.identity())
             }
             _ => false,
         }
@@ -920,7 +1016,19 @@ fn flusher(s: &Shared) {
         if s.passthrough.load(Relaxed) {
             continue;
         }
-        let errors = p.round(s, false);
+        let mut errors = p.round(s, false);
+        // Record the source's identity once its writes have settled (our own writes change
+        // a file's modification time), so that a start after a crash can tell whether anyone
+        // else changed it since.
+        let done = s.source_writes_done.load(SeqCst);
+        if s.source_writes_started.load(SeqCst) == done {
+            let identity = s.source.identity();
+            if s.source_writes_started.load(SeqCst) == done
+                && p.record_identity(identity, done).is_err()
+            {
+                errors += 1;
+            }
+        }
         if errors > 0 {
             s.device_errors(errors, "metadata write failed or read back wrong");
         }

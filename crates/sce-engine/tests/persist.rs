@@ -208,6 +208,10 @@ impl CrashDevice {
 }
 
 impl BlockDevice for CrashDevice {
+    /// The memory device's: in this model nobody else writes the source between runs.
+    fn identity(&self) -> Option<String> {
+        self.inner.identity()
+    }
     fn size(&self) -> u64 {
         self.inner.size()
     }

@@ -48,6 +48,7 @@ fn setup(core: CoreConfig, source_size: u64, cache_size: u64) -> Setup {
         direct: DirectMode::Required,
         create_size: Some(n),
         read_only: false,
+        ..Default::default()
     };
     let source_file =
         Arc::new(FileDevice::open(&dir.path().join("source"), &opts(source_size)).expect("source"));

@@ -78,6 +78,14 @@ pub enum IoError {
         #[source]
         source: std::io::Error,
     },
+    /// The file or device is locked by another user (another sce serving it, for example).
+    #[error("{} is in use{holder}: another process holds it open exclusively", path.display())]
+    Busy {
+        /// The path.
+        path: PathBuf,
+        /// " by process PID" where it is known, else empty.
+        holder: String,
+    },
     /// The filesystem refused O_DIRECT.
     #[error(
         "the filesystem holding {} refused O_DIRECT (tmpfs does, for example); put the file on a \
@@ -121,6 +129,7 @@ impl IoError {
                 source.raw_os_error().unwrap_or(libc::EIO)
             }
             IoError::Injected { .. } => libc::EIO,
+            IoError::Busy { .. } => libc::EBUSY,
             IoError::Unsupported { .. } | IoError::DirectIoUnsupported { .. } => libc::EOPNOTSUPP,
         }
     }

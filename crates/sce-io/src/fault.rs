@@ -226,6 +226,9 @@ impl<D: BlockDevice> FaultDevice<D> {
 }
 
 impl<D: BlockDevice> BlockDevice for FaultDevice<D> {
+    fn identity(&self) -> Option<String> {
+        self.inner.identity()
+    }
     fn size(&self) -> u64 {
         self.inner.size()
     }

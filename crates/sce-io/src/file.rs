@@ -72,17 +72,34 @@ pub enum DirectMode {
     Off,
 }
 
-/// How to open a `FileDevice`. The default: O_DIRECT required, no creation, read-write.
+/// Whether to hold a lock on the opened file or device for the life of the `FileDevice`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum LockMode {
+    /// No lock.
+    #[default]
+    None,
+    /// A shared `flock`: other shared holders are allowed, an exclusive one is refused.
+    Shared,
+    /// An exclusive `flock` (and `O_EXCL` for a block device, which the kernel refuses while
+    /// the device is mounted or held exclusively by someone else).
+    Exclusive,
+}
+
+/// How to open a `FileDevice`. The default: O_DIRECT required, no creation, read-write, no
+/// lock.
 #[derive(Clone, Debug, Default)]
 pub struct FileOptions {
     /// O_DIRECT policy.
     pub direct: DirectMode,
-    /// For a regular file: create it if missing and set its length to this (sparse; an
-    /// existing file of another length is resized). Must be a positive multiple of 512 and
-    /// cannot be combined with `read_only`. Ignored for block devices, whose size is fixed.
+    /// For a regular file: create it if missing with this length (sparse). An existing file
+    /// must already have this length (an empty one is extended): a file is never truncated or
+    /// resized implicitly. Must be a positive multiple of 512 and cannot be combined with
+    /// `read_only`. Ignored for block devices, whose size is fixed.
     pub create_size: Option<u64>,
     /// Open read-only: writes and discards then fail with `IoError::Unsupported`.
     pub read_only: bool,
+    /// The lock to take (without waiting) and hold while the device is open.
+    pub lock: LockMode,
 }
 
 /// A regular file or a block device, used with positioned I/O from any number of threads.
@@ -95,6 +112,7 @@ pub struct FileDevice {
     direct: bool,
     block_device: bool,
     read_only: bool,
+    created: bool,
 }
 
 fn open_err(path: &Path, source: std::io::Error) -> IoError {
@@ -128,13 +146,24 @@ impl FileDevice {
         }
         let mut oo = OpenOptions::new();
         oo.read(true).write(!opts.read_only);
+        let mut created = false;
         if opts.create_size.is_some() {
-            oo.create(true);
+            // Create it here if it is missing, so that we know whether it is ours to remove.
+            match OpenOptions::new().write(true).create_new(true).open(path) {
+                Ok(_) => created = true,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(open_err(path, e)),
+            }
+        }
+        let exclusive_blockdev = opts.lock == LockMode::Exclusive
+            && std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
+        if exclusive_blockdev {
+            oo.custom_flags(libc::O_EXCL);
         }
         let try_direct = opts.direct != DirectMode::Off;
         let (file, direct) = if try_direct {
             let mut d = oo.clone();
-            d.custom_flags(libc::O_DIRECT);
+            d.custom_flags(libc::O_DIRECT | if exclusive_blockdev { libc::O_EXCL } else { 0 });
             match d.open(path) {
                 Ok(f) => (f, true),
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
@@ -150,6 +179,9 @@ impl FileDevice {
         } else {
             (oo.open(path).map_err(|e| open_err(path, e))?, false)
         };
+        if opts.lock != LockMode::None {
+            lock_file(&file, path, opts.lock)?;
+        }
         let meta = file.metadata().map_err(|e| open_err(path, e))?;
         let block_device = meta.file_type().is_block_device();
         let (size, lbs) = if block_device {
@@ -175,8 +207,14 @@ impl FileDevice {
             (size, lbs as u32)
         } else if meta.file_type().is_file() {
             if let Some(n) = opts.create_size {
-                if meta.len() != n {
+                if meta.len() == 0 {
                     file.set_len(n).map_err(|e| open_err(path, e))?;
+                } else if meta.len() != n {
+                    return Err(IoError::Invalid(format!(
+                        "{} exists with {} bytes, not {n}; refusing to resize it",
+                        path.display(),
+                        meta.len()
+                    )));
                 }
             }
             let lbs = if direct {
@@ -205,7 +243,32 @@ impl FileDevice {
             direct,
             block_device,
             read_only: opts.read_only,
+            created,
         })
+    }
+
+    /// True if this open created the file (it did not exist before).
+    pub fn created(&self) -> bool {
+        self.created
+    }
+
+    /// What identifies the content version of the file or device (see
+    /// `BlockDevice::identity`): for a regular file its device and inode numbers, size, and
+    /// modification and change times; for a block device its major:minor, size, and the
+    /// serial or WWN the kernel reports (for a loop device, its backing file's identity).
+    pub fn content_identity(&self) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        let m = self.file.metadata().ok()?;
+        if self.block_device {
+            let (maj, min) = (libc::major(m.rdev()), libc::minor(m.rdev()));
+            Some(format!(
+                "block:{maj}:{min}:size={}:{}",
+                self.size,
+                block_device_serial(maj, min)
+            ))
+        } else {
+            Some(file_identity(&m))
+        }
     }
 
     /// The path it was opened with.
@@ -263,7 +326,104 @@ impl FileDevice {
     }
 }
 
+/// The identity of a regular file from its metadata.
+fn file_identity(m: &std::fs::Metadata) -> String {
+    use std::os::unix::fs::MetadataExt;
+    format!(
+        "file:dev={}:ino={}:size={}:mtime={}.{:09}:ctime={}.{:09}",
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec()
+    )
+}
+
+/// What the kernel says identifies a block device's medium: its WWN or serial, or for a loop
+/// device its backing file (and that file's identity). Empty if nothing is known.
+fn block_device_serial(maj: u32, min: u32) -> String {
+    let sys = PathBuf::from(format!("/sys/dev/block/{maj}:{min}"));
+    let read = |p: PathBuf| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    };
+    // A partition's serial is its disk's; add the partition's start to tell them apart.
+    let (disk, start) = match read(sys.join("start")) {
+        Some(start) => (sys.join(".."), start),
+        None => (sys.clone(), "0".into()),
+    };
+    let mut parts = vec![format!("start={start}")];
+    for f in ["wwid", "device/wwid", "device/serial", "serial"] {
+        if let Some(v) = read(disk.join(f)) {
+            parts.push(format!("{f}={v}"));
+            break;
+        }
+    }
+    if let Some(b) = read(disk.join("loop/backing_file")) {
+        let id = std::fs::metadata(&b).map_or_else(|_| "gone".into(), |m| file_identity(&m));
+        parts.push(format!("loop={b}:{id}"));
+    }
+    parts.join(":")
+}
+
+/// Takes `mode` as an `flock` on `file` without waiting; the error names the path and, where
+/// /proc/locks tells, the process that holds it.
+fn lock_file(file: &File, path: &Path, mode: LockMode) -> Result<(), IoError> {
+    let op = match mode {
+        LockMode::None => return Ok(()),
+        LockMode::Shared => libc::LOCK_SH,
+        LockMode::Exclusive => libc::LOCK_EX,
+    };
+    // SAFETY: flock takes a valid open descriptor and flags; no memory is passed.
+    let r = unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+        return Err(open_err(path, e));
+    }
+    let holder = file
+        .metadata()
+        .ok()
+        .and_then(|m| lock_holder(&m))
+        .map_or_else(String::new, |pid| format!(" by process {pid}"));
+    Err(IoError::Busy {
+        path: path.to_path_buf(),
+        holder,
+    })
+}
+
+/// The pid of a process holding an `flock` on the inode of `m`, from /proc/locks.
+fn lock_holder(m: &std::fs::Metadata) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = m.dev();
+    let want = format!(
+        "{:02x}:{:02x}:{}",
+        libc::major(dev),
+        libc::minor(dev),
+        m.ino()
+    );
+    let me = std::process::id();
+    let text = std::fs::read_to_string("/proc/locks").ok()?;
+    text.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"
+        let (kind, pid, id) = (f.get(1)?, f.get(4)?, f.get(5)?);
+        let pid: u32 = pid.parse().ok()?;
+        (*kind == "FLOCK" && *id == want && pid != me).then_some(pid)
+    })
+}
+
 impl BlockDevice for FileDevice {
+    fn identity(&self) -> Option<String> {
+        self.content_identity()
+    }
+
     fn size(&self) -> u64 {
         self.size
     }

@@ -173,6 +173,9 @@ impl Drop for Slot<'_> {
 }
 
 impl<D: BlockDevice> BlockDevice for LatencyDevice<D> {
+    fn identity(&self) -> Option<String> {
+        self.inner.identity()
+    }
     fn size(&self) -> u64 {
         self.inner.size()
     }

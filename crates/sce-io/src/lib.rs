@@ -17,7 +17,7 @@ pub mod slice;
 pub use buf::{AlignedBuf, DIRECT_IO_ALIGN};
 pub use error::{check_range, IoError, Op};
 pub use fault::{FaultControl, FaultDevice};
-pub use file::{DirectMode, FileDevice, FileOptions};
+pub use file::{DirectMode, FileDevice, FileOptions, LockMode};
 pub use latency::{Delay, LatencyConfig, LatencyDevice};
 pub use mem::MemDevice;
 pub use slice::SliceDevice;
@@ -53,6 +53,15 @@ pub trait BlockDevice: Send + Sync {
     fn flush(&self) -> Result<(), IoError>;
     /// Discards a range. After success the range reads back as zeroes.
     fn discard(&self, offset: u64, len: u64) -> Result<(), IoError>;
+    /// A description of what identifies the device's content version, if the device knows
+    /// one: it MUST change whenever the content may have been changed by anyone else (a
+    /// file's inode, size and times; a block device's number and serial; an NBD export's
+    /// name and size). A persistent cache compares it across restarts and drops what it held
+    /// when it changed. None: the device cannot be identified (a cache then never trusts
+    /// what it held for it across a restart).
+    fn identity(&self) -> Option<String> {
+        None
+    }
 }
 
 macro_rules! forward {
@@ -75,6 +84,9 @@ macro_rules! forward {
             }
             fn discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
                 (**self).discard(offset, len)
+            }
+            fn identity(&self) -> Option<String> {
+                (**self).identity()
             }
         }
     };

@@ -17,7 +17,11 @@ pub struct MemDevice {
     chunks: Box<[Chunk]>,
     size: u64,
     lbs: u32,
+    id: u64,
 }
+
+/// Numbers memory devices, for their identity.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl MemDevice {
     /// A zeroed device of `size` bytes with 512-byte blocks. Panics with a clear message if
@@ -46,7 +50,13 @@ impl MemDevice {
             .map(|_| RwLock::new(None))
             .collect::<Vec<_>>()
             .into_boxed_slice();
-        Ok(MemDevice { chunks, size, lbs })
+        let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(MemDevice {
+            chunks,
+            size,
+            lbs,
+            id,
+        })
     }
 
     /// Visits the chunk pieces of `[offset, offset + len)`: (chunk index, offset in chunk,
@@ -92,6 +102,17 @@ impl std::fmt::Debug for MemDevice {
 }
 
 impl BlockDevice for MemDevice {
+    /// The device's number in this process: nobody but its users in this process can change
+    /// its content, and it does not outlive the process.
+    fn identity(&self) -> Option<String> {
+        Some(format!(
+            "memory:{}:{}:{}",
+            std::process::id(),
+            self.id,
+            self.size
+        ))
+    }
+
     fn size(&self) -> u64 {
         self.size
     }

@@ -39,6 +39,11 @@ impl SliceDevice {
 }
 
 impl BlockDevice for SliceDevice {
+    fn identity(&self) -> Option<String> {
+        self.inner
+            .identity()
+            .map(|i| format!("{i}:slice={}+{}", self.offset, self.len))
+    }
     fn size(&self) -> u64 {
         self.len
     }

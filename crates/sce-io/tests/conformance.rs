@@ -20,6 +20,7 @@ fn file_direct() {
         direct: DirectMode::Required,
         create_size: Some(SIZE),
         read_only: false,
+        ..Default::default()
     };
     let d = FileDevice::open(&dir.path().join("f"), &opts).unwrap();
     assert!(
@@ -36,6 +37,7 @@ fn file_buffered() {
         direct: DirectMode::Off,
         create_size: Some(SIZE),
         read_only: false,
+        ..Default::default()
     };
     let d = FileDevice::open(&dir.path().join("f"), &opts).unwrap();
     assert!(!d.is_direct());

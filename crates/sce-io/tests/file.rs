@@ -11,6 +11,7 @@ fn opts(direct: DirectMode, create_size: Option<u64>) -> FileOptions {
         direct,
         create_size,
         read_only: false,
+        ..Default::default()
     }
 }
 
@@ -77,6 +78,7 @@ fn direct_io_refusal_is_explained() {
         direct,
         create_size: None,
         read_only: true,
+        ..Default::default()
     };
     let e = FileDevice::open(p, &ro(DirectMode::Required)).unwrap_err();
     assert!(matches!(e, IoError::DirectIoUnsupported { .. }), "{e:?}");
@@ -160,6 +162,7 @@ fn bad_sizes_are_rejected_naming_the_path() {
             direct: DirectMode::Off,
             create_size: Some(1 << 20),
             read_only: true,
+            ..Default::default()
         },
     )
     .unwrap_err();
@@ -168,7 +171,7 @@ fn bad_sizes_are_rejected_naming_the_path() {
 }
 
 #[test]
-fn create_size_creates_sparse_and_resizes() {
+fn create_size_creates_sparse_and_never_resizes() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("dev");
     let d = FileDevice::open(&p, &opts(DirectMode::Required, Some(64 << 20))).unwrap();
@@ -180,12 +183,63 @@ fn create_size_creates_sparse_and_resizes() {
     assert_eq!(m.len(), 64 << 20);
     assert!(m.blocks() * 512 < 1 << 20, "sparse: {} blocks", m.blocks());
     d.write_at(0, &AlignedBuf::new(4096)).unwrap();
+    assert!(d.created());
     drop(d);
-    let d = FileDevice::open(&p, &opts(DirectMode::Required, Some(16 << 20))).unwrap();
-    assert_eq!(d.size(), 16 << 20, "an existing file is resized");
+    // An existing file of another size is refused, not truncated.
+    let e = FileDevice::open(&p, &opts(DirectMode::Required, Some(16 << 20))).unwrap_err();
+    assert!(e.to_string().contains("refusing to resize"), "{e}");
+    assert_eq!(std::fs::metadata(&p).unwrap().len(), 64 << 20);
+    let d = FileDevice::open(&p, &opts(DirectMode::Required, Some(64 << 20))).unwrap();
+    assert!(!d.created(), "it existed");
     drop(d);
     let d = FileDevice::open(&p, &opts(DirectMode::Required, None)).unwrap();
-    assert_eq!(d.size(), 16 << 20, "opened at its size");
+    assert_eq!(d.size(), 64 << 20, "opened at its size");
+}
+
+#[test]
+fn locks_are_exclusive_and_name_the_holder() {
+    use sce_io::LockMode;
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("dev");
+    let lock = |mode| FileOptions {
+        direct: DirectMode::Off,
+        create_size: Some(1 << 20),
+        read_only: false,
+        lock: mode,
+    };
+    let a = FileDevice::open(&p, &lock(LockMode::Exclusive)).unwrap();
+    // A second open in this process is refused too: flock belongs to the open file.
+    let e = FileDevice::open(&p, &lock(LockMode::Exclusive)).unwrap_err();
+    assert!(matches!(e, IoError::Busy { .. }), "{e}");
+    assert!(e.to_string().contains("in use"), "{e}");
+    let e = FileDevice::open(&p, &lock(LockMode::Shared)).unwrap_err();
+    assert!(matches!(e, IoError::Busy { .. }), "{e}");
+    drop(a);
+    let s1 = FileDevice::open(&p, &lock(LockMode::Shared)).unwrap();
+    let s2 = FileDevice::open(&p, &lock(LockMode::Shared)).unwrap();
+    assert!(FileDevice::open(&p, &lock(LockMode::Exclusive)).is_err());
+    drop((s1, s2));
+    FileDevice::open(&p, &lock(LockMode::Exclusive)).unwrap();
+}
+
+#[test]
+fn identity_changes_with_content_and_replacement() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("dev");
+    let d = FileDevice::open(&p, &opts(DirectMode::Off, Some(1 << 20))).unwrap();
+    let i0 = d.identity().unwrap();
+    assert_eq!(d.identity().unwrap(), i0, "stable while nothing changes");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    d.write_at(0, &[1u8; 512]).unwrap();
+    let i1 = d.identity().unwrap();
+    assert_ne!(i1, i0, "a write changes the modification time");
+    drop(d);
+    // Replaced at the same path with the same size.
+    let q = dir.path().join("new");
+    std::fs::write(&q, vec![0u8; 1 << 20]).unwrap();
+    std::fs::rename(&q, &p).unwrap();
+    let d = FileDevice::open(&p, &opts(DirectMode::Off, None)).unwrap();
+    assert_ne!(d.identity().unwrap(), i1);
 }
 
 #[test]
@@ -201,6 +255,7 @@ fn read_only_refuses_writes_and_discards() {
             direct: DirectMode::Required,
             create_size: None,
             read_only: true,
+            ..Default::default()
         },
     )
     .unwrap();

@@ -8,7 +8,7 @@ use crate::StoreError;
 /// First bytes of a superblock.
 pub const MAGIC: [u8; 8] = *b"SCECACHE";
 /// The on-device format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Volume table entries a superblock holds.
 pub const MAX_VOLUMES: usize = 16;
 /// Longest volume name, in bytes.
@@ -16,6 +16,10 @@ pub const MAX_NAME: usize = 110;
 
 const VOLUMES_AT: usize = 256;
 const VOLUME_ENTRY: usize = 128;
+/// Where the per-volume source identities start (16 bytes each, after the volume table).
+const IDENTITIES_AT: usize = VOLUMES_AT + 8 + MAX_VOLUMES * VOLUME_ENTRY;
+/// Bytes of a source identity.
+pub const IDENTITY_BYTES: usize = 16;
 
 /// What the superblock says about how the device was left.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -41,6 +45,16 @@ pub struct Volume {
     pub source_size: u64,
     /// The source's name (path or URI, as given to `sce serve`).
     pub name: String,
+    /// A 128-bit hash of what identified the source's content version when the device last
+    /// recorded it (file: device, inode, size, modification and change times; block device:
+    /// major:minor and serial; NBD: export and size, plus an operator's generation string).
+    /// All zero: unknown. A start that finds another identity invalidates the volume.
+    #[serde(serialize_with = "ser_hex")]
+    pub identity: [u8; IDENTITY_BYTES],
+}
+
+fn ser_hex<S: serde::Serializer>(u: &[u8; IDENTITY_BYTES], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&u.iter().map(|b| format!("{b:02x}")).collect::<String>())
 }
 
 /// The decoded superblock.
@@ -159,6 +173,8 @@ impl Superblock {
             let name = &v.name.as_bytes()[..v.name.len().min(MAX_NAME)];
             w.u16(at + 16, name.len() as u16);
             w.0[at + 18..at + 18 + name.len()].copy_from_slice(name);
+            let id_at = IDENTITIES_AT + i * IDENTITY_BYTES;
+            w.0[id_at..id_at + IDENTITY_BYTES].copy_from_slice(&v.identity);
         }
         let crc = crc32c::crc32c(&b);
         b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
@@ -187,6 +203,9 @@ impl Superblock {
             return Err(StoreError::Corrupt("superblock checksum mismatch".into()));
         }
         if version != FORMAT_VERSION {
+            if (1..FORMAT_VERSION).contains(&version) {
+                return Err(StoreError::OldVersion(version));
+            }
             return Err(StoreError::Corrupt(format!("format version {version}")));
         }
         let state = match rd32(b, 96) {
@@ -235,11 +254,15 @@ impl Superblock {
             }
             let name = String::from_utf8(b[at + 18..at + 18 + len].to_vec())
                 .map_err(|_| StoreError::Corrupt(format!("volume {i}: name is not UTF-8")))?;
+            let id_at = IDENTITIES_AT + i * IDENTITY_BYTES;
+            let mut identity = [0u8; IDENTITY_BYTES];
+            identity.copy_from_slice(&b[id_at..id_at + IDENTITY_BYTES]);
             volumes.push(Volume {
                 id: rd16(b, at),
                 generation: rd32(b, at + 4),
                 source_size: rd64(b, at + 8),
                 name,
+                identity,
             });
         }
         let mut uuid = [0u8; 16];

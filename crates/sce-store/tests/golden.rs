@@ -24,6 +24,7 @@ fn golden() -> Superblock {
             generation: 2,
             source_size: 100 << 30,
             name: "/dev/mapper/san-lun7".into(),
+            identity: *b"fedcba9876543210",
         }],
     }
 }
@@ -31,17 +32,17 @@ fn golden() -> Superblock {
 #[test]
 fn format_version_and_golden_superblock() {
     assert_eq!(
-        FORMAT_VERSION, 1,
+        FORMAT_VERSION, 2,
         "a format change must bump the version and the golden image"
     );
     let img = golden().encode();
     assert_eq!(img.len(), 4096);
     assert_eq!(&img[0..8], &MAGIC);
-    assert_eq!(&img[8..12], &1u32.to_le_bytes());
+    assert_eq!(&img[8..12], &2u32.to_le_bytes());
     // The whole image, pinned by its CRC-32C: any change to the encoding shows here.
     assert_eq!(
         crc32c::crc32c(&img),
-        0x74fe_9844,
+        0x8022_5016,
         "the superblock encoding changed: bump FORMAT_VERSION and update docs/FORMAT.md"
     );
     assert_eq!(Superblock::decode(&img).unwrap(), golden());
@@ -110,11 +111,17 @@ fn every_damaged_byte_gives_an_error_or_the_other_copy_never_a_panic() {
 #[test]
 fn newer_version_foreign_and_blank_devices_are_named() {
     let mut sb = golden();
-    sb.version = 2;
+    sb.version = 3;
     let d = device_with(&sb);
     let e = read_superblock(&d).unwrap_err();
-    assert!(matches!(e, StoreError::Version(2)), "{e}");
-    assert!(e.to_string().contains("newer than this sce's 1"), "{e}");
+    assert!(matches!(e, StoreError::Version(3)), "{e}");
+    assert!(e.to_string().contains("newer than this sce's 2"), "{e}");
+    // A version-1 device (per-page checksums not bound to their address) is named as older.
+    let mut old = golden();
+    old.version = 1;
+    let e = read_superblock(&device_with(&old)).unwrap_err();
+    assert!(matches!(e, StoreError::OldVersion(1)), "{e}");
+    assert!(e.to_string().contains("older than this sce's 2"), "{e}");
     let blank = MemDevice::new(1 << 20);
     assert!(matches!(
         read_superblock(&blank),
@@ -130,4 +137,58 @@ fn newer_version_foreign_and_blank_devices_are_named() {
     assert!(e.to_string().contains("another source"), "{e}");
     let e = sce_store::find_volume(&sb, "/dev/mapper/san-lun7", 1 << 30).unwrap_err();
     assert!(e.to_string().contains("another source"), "{e}");
+}
+
+#[test]
+fn page_checksums_are_bound_to_their_address() {
+    let page = [0x5au8; 4096];
+    let here = sce_store::page_checksum(&page, sce_store::page_seed(1, 10));
+    assert_ne!(
+        here,
+        sce_store::page_checksum(&page, sce_store::page_seed(1, 11)),
+        "the same bytes at the next page"
+    );
+    assert_ne!(
+        here,
+        sce_store::page_checksum(&page, sce_store::page_seed(2, 10)),
+        "the same page of another volume"
+    );
+    assert_eq!(
+        here,
+        sce_store::page_checksum(&page, sce_store::page_seed(1, 10))
+    );
+}
+
+#[test]
+fn a_stray_bit_in_the_intent_padding_is_refused_by_load_and_check() {
+    use sce_store::{format, FormatOptions};
+    let d = MemDevice::new(64 << 20);
+    let sb = format(
+        &d,
+        &FormatOptions {
+            fragment_size: 1 << 20,
+            volume: golden().volumes[0].clone(),
+            size: None,
+        },
+    )
+    .unwrap();
+    let l = sb.layout;
+    assert!(l.slots % 64 != 0, "the test needs padding in the last word");
+    sce_store::check(&d, true).unwrap();
+    // Set the first bit past the last slot.
+    let mut block = AlignedBuf::new(4096);
+    d.read_at(l.intent_offset, &mut block).unwrap();
+    let s = l.slots as usize;
+    block[s / 8] |= 1 << (s % 8);
+    d.write_at(l.intent_offset, &block).unwrap();
+    let e = sce_store::check(&d, true).unwrap_err();
+    assert!(e.to_string().contains("past its last slot"), "{e}");
+    let frags = golden().volumes[0].source_size.div_ceil(1 << 20);
+    let e = sce_store::load(&d, sb.clone(), 0, frags).unwrap_err();
+    assert!(matches!(e, StoreError::Corrupt(_)), "{e}");
+    // Past the last word too.
+    block[s / 8] &= !(1 << (s % 8));
+    block[4000] = 0x80;
+    d.write_at(l.intent_offset, &block).unwrap();
+    assert!(sce_store::check(&d, false).is_err());
 }
