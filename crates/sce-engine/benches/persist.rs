@@ -166,6 +166,7 @@ fn startup_part(dir: &std::path::Path, cache_size: u64) {
                 generation: 1,
                 source_size,
                 name: "bench-source".into(),
+                identity: [0; sce_store::superblock::IDENTITY_BYTES],
             },
             size: None,
         },
@@ -173,8 +174,9 @@ fn startup_part(dir: &std::path::Path, cache_size: u64) {
     .expect("format");
     let l = sb.layout;
     // Every slot holds a fragment with every page valid; the data is the sparse file's zeros,
-    // so the checksums are those of a zero page.
-    let zero = sce_store::page_checksum(&[0u8; 4096]);
+    // so the checksums are those of a zero page at each page's address.
+    let zero = [0u8; 4096];
+    let pages = l.pages_per_fragment as u64;
     let bitmap = vec![u64::MAX; l.bitmap_words()];
     let t = Instant::now();
     let per = (8 * MIB / l.unit_size as u64) as u32;
@@ -194,7 +196,10 @@ fn startup_part(dir: &std::path::Path, cache_size: u64) {
                         generation: 1,
                         bitmap: &bitmap,
                     },
-                    |_| zero,
+                    |p| {
+                        let page = s as u64 * 3 * pages + p as u64;
+                        sce_store::page_checksum(&zero, sce_store::page_seed(1, page))
+                    },
                 );
             }
             let img = b.finish();
