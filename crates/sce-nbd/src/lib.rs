@@ -7,5 +7,5 @@ pub mod client;
 pub mod proto;
 pub mod server;
 
-pub use client::{NbdClient, NbdUri};
+pub use client::{ClientOptions, NbdClient, NbdUri};
 pub use server::{listen, ConnError, Export, ListenAddr, Listener, Server, ServerStats};
