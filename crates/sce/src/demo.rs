@@ -375,6 +375,7 @@ pub fn demo(a: DemoArgs) -> Result<()> {
                 direct,
                 create_size: Some(a.source_size),
                 read_only: false,
+                ..Default::default()
             },
         )?;
         let cache_file = FileDevice::open(
@@ -383,6 +384,7 @@ pub fn demo(a: DemoArgs) -> Result<()> {
                 direct,
                 create_size: Some(a.cache_size),
                 read_only: false,
+                ..Default::default()
             },
         )?;
         let lat = LatencyConfig {

@@ -27,7 +27,8 @@ pub struct FormatArgs {
     /// Create the cache file with this size if it does not exist.
     #[arg(long, value_parser = parse_size)]
     pub cache_size: Option<u64>,
-    /// Format even if the device already holds an sce cache (its contents are lost).
+    /// Format even if the device already holds an sce cache, or data that is not an sce
+    /// cache (its contents are lost).
     #[arg(long)]
     pub force: bool,
     /// Print JSON.
@@ -51,6 +52,7 @@ fn source_size(a: &FormatArgs) -> Result<u64> {
             direct: DirectMode::Off,
             create_size: None,
             read_only: true,
+            ..Default::default()
         },
     )
     .with_context(|| format!("source {}", a.source))?;
@@ -69,15 +71,37 @@ pub fn format(a: FormatArgs) -> Result<()> {
                 .unwrap_or_else(|_| a.source.clone())
         }
     });
+    crate::ownership::refuse_overlaps(&[
+        crate::ownership::Claim {
+            export: String::new(),
+            role: "source",
+            path: a.source.clone(),
+        },
+        crate::ownership::Claim {
+            export: String::new(),
+            role: "cache",
+            path: a.cache.display().to_string(),
+        },
+    ])?;
     let dev = FileDevice::open(
         &a.cache,
         &FileOptions {
             direct: DirectMode::Preferred,
             create_size: a.cache_size,
             read_only: false,
+            lock: sce_io::LockMode::Exclusive,
         },
     )
     .with_context(|| format!("cache device {}", a.cache.display()))?;
+    if let crate::ownership::Contents::Foreign(what) = crate::ownership::contents(&dev)? {
+        if !a.force {
+            bail!(
+                "{} holds data that is not an sce cache ({what}); pass --force to format it \
+                 anyway (its contents are lost)",
+                a.cache.display()
+            );
+        }
+    }
     match sce_store::read_superblock(&dev) {
         Ok(sb) if !a.force => bail!(
             "{} already holds an sce cache (UUID {}, for {}); pass --force to format it anyway",
@@ -100,6 +124,7 @@ pub fn format(a: FormatArgs) -> Result<()> {
                 generation: 1,
                 source_size: size,
                 name,
+                identity: [0; sce_store::superblock::IDENTITY_BYTES],
             },
             size: None,
         },
@@ -151,6 +176,7 @@ pub fn check(a: CheckArgs) -> Result<()> {
             direct: DirectMode::Preferred,
             create_size: None,
             read_only: true,
+            ..Default::default()
         },
     )
     .with_context(|| format!("cache device {}", a.cache.display()))?;

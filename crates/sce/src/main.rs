@@ -5,8 +5,10 @@ mod demo;
 mod footprint;
 mod format;
 mod gen;
+mod ownership;
 mod serve;
 mod sim;
+mod sparse;
 mod trace_cmd;
 mod units;
 
@@ -51,7 +53,8 @@ enum Command {
     /// Check a cache device like fsck: superblock, metadata units, intents, and optionally
     /// every cached page against its checksum. Exits 1 if it finds damage.
     Check(format::CheckArgs),
-    /// Measure the memory the cache metadata takes for a geometry (counted by the allocator).
+    /// Measure the memory `sce serve` takes for a cached volume of a geometry: opens one over
+    /// devices that store nothing and counts what the allocator hands out, per part.
     Footprint(FootprintArgs),
 }
 
@@ -69,13 +72,43 @@ struct FootprintArgs {
     /// Eviction policy (its per-slot state counts too): clock, lru or fifo.
     #[arg(long, default_value = "clock")]
     eviction: EvictionKind,
+    /// Page checksums and verified reads: on (as `serve` runs) or off. Persistence keeps the
+    /// checksums whatever this says.
+    #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    verify: bool,
+    /// Measure `serve --no-persist`: no persistence state.
+    #[arg(long)]
+    no_persist: bool,
     /// Print JSON.
     #[arg(long)]
     json: bool,
 }
 
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{s:?}: expected on or off")),
+    }
+}
+
+/// Gives SIGPIPE back its default action, so that output to a closed pipe (`sce check | head`)
+/// ends the process quietly, as it does for any Unix tool, instead of a panic in `println!`.
+/// Not for `serve`: it writes to sockets, and a client that hangs up must not kill it (Rust
+/// ignores SIGPIPE for that reason; the write then fails with EPIPE).
+fn default_sigpipe() {
+    // SAFETY: signal(2) with SIG_DFL installs no handler of ours; it only changes how the
+    // kernel treats SIGPIPE for this process, before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        default_sigpipe();
+    }
     let r: Result<()> = match cli.command {
         Command::Demo(a) => demo::demo(a),
         Command::Serve(a) => {
@@ -96,12 +129,18 @@ fn main() {
         Command::Format(a) => format::format(a),
         Command::Check(a) => format::check(a),
         Command::Footprint(a) => (|| {
-            let cfg = CoreConfig {
-                fragment_size: a.fragment_size,
-                eviction: a.eviction,
-                ..CoreConfig::default()
+            let opts = footprint::Options {
+                core: CoreConfig {
+                    fragment_size: a.fragment_size,
+                    eviction: a.eviction,
+                    ..CoreConfig::default()
+                },
+                cache_size: a.cache_size,
+                source_size: a.source_size,
+                verify: a.verify,
+                persist: !a.no_persist,
             };
-            let f = footprint::measure(cfg, a.cache_size, a.source_size)?;
+            let f = footprint::measure(&opts)?;
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&f)?);
             } else {

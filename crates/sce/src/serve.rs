@@ -6,11 +6,12 @@
 //! every comparison). SIGTERM or SIGINT: stop accepting, answer or fail (ESHUTDOWN) what is
 //! in flight, flush every export, exit 0.
 
+use crate::ownership;
 use crate::units::parse_size;
 use anyhow::{anyhow, bail, Context, Result};
 use sce_core::{Admission, CoreConfig, EvictionKind, WriteMode};
 use sce_engine::{CacheVolume, EngineConfig, PersistConfig, PersistStats};
-use sce_io::{BlockDevice, DirectMode, FileDevice, FileOptions};
+use sce_io::{BlockDevice, DirectMode, FileDevice, FileOptions, LockMode};
 use sce_nbd::{listen, Export, ListenAddr, NbdClient, NbdUri, Server};
 use serde::Deserialize;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -36,9 +37,20 @@ pub struct ServeArgs {
     /// Export name ("" is the default export).
     #[arg(long, default_value = "")]
     pub export: String,
-    /// Create the cache file with this size if it does not exist (or resize a file to it).
+    /// Create the cache file with this size if it does not exist. An existing cache is never
+    /// resized: a different size is refused before anything is written.
     #[arg(long, value_parser = parse_size)]
     pub cache_size: Option<u64>,
+    /// Use a cache device that holds data which is not an sce cache (its contents are lost).
+    /// Without it such a device is refused.
+    #[arg(long)]
+    pub force: bool,
+    /// A version string for the source's content, recorded with the cache: change it
+    /// whenever the source was changed while sce was not running and sce cannot see it
+    /// (an NBD export, a block device written by another host). A different value drops
+    /// everything cached for the source at start.
+    #[arg(long)]
+    pub source_generation: Option<String>,
     /// Write mode: awt, write-around or write-through.
     #[arg(long)]
     pub mode: Option<WriteMode>,
@@ -97,8 +109,19 @@ pub struct ServeArgs {
     pub error_limit: u64,
     /// How often changed slot records are written and quiet write intents cleared. Shorter:
     /// more of the cache survives a crash, more metadata writes.
-    #[arg(long, default_value = "1s", value_parser = crate::units::parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = parse_metadata_interval)]
     pub metadata_interval: Duration,
+}
+
+/// `--metadata-interval`: at least 10 ms (0 would make the flusher spin).
+fn parse_metadata_interval(s: &str) -> Result<Duration, String> {
+    let d = crate::units::parse_duration(s)?;
+    if d < Duration::from_millis(10) {
+        return Err(format!(
+            "{s} is too short: the metadata interval must be at least 10ms"
+        ));
+    }
+    Ok(d)
 }
 
 /// One export as declared.
@@ -120,6 +143,7 @@ struct ExportSpec {
     /// Keep the cache contents across restarts (default true).
     persist: Option<bool>,
     source_name: Option<String>,
+    source_generation: Option<String>,
 }
 
 /// The TOML file.
@@ -165,12 +189,49 @@ fn open_source(spec: &ExportSpec, a: &ServeArgs) -> Result<Arc<dyn BlockDevice>>
         return Ok(Arc::new(NbdClient::connect(&uri, a.source_connections)?));
     }
     let direct = direct_mode(a);
+    // A local source is held locked while served: exclusively when it is cached or written
+    // (a second cache of it would never see this one's writes), shared when only read.
+    let lock = if spec.cache.is_none() && spec.read_only {
+        LockMode::Shared
+    } else {
+        LockMode::Exclusive
+    };
     let opts = FileOptions {
         direct,
         create_size: None,
         read_only: spec.read_only,
+        lock,
     };
     Ok(Arc::new(FileDevice::open(Path::new(&spec.source), &opts)?))
+}
+
+/// Opens the cache device, locked exclusively, refusing to resize an existing file. The
+/// flag says whether this open created the file (so that a failed start removes it).
+fn open_cache(
+    path: &Path,
+    size: Option<u64>,
+    direct: DirectMode,
+    export: &str,
+) -> Result<(Arc<FileDevice>, bool)> {
+    let opts = FileOptions {
+        direct,
+        create_size: size,
+        read_only: false,
+        lock: LockMode::Exclusive,
+    };
+    match FileDevice::open(path, &opts) {
+        Ok(d) => {
+            let created = d.created();
+            Ok((Arc::new(d), created))
+        }
+        Err(sce_io::IoError::Invalid(m)) if m.contains("refusing to resize") => bail!(
+            "export {export:?}: cache {}: {m}. sce never resizes a cache: omit --cache-size to \
+             use it at its size, or remove the file (or reformat it with `sce format --force`) \
+             to start over at another size",
+            path.display()
+        ),
+        Err(e) => Err(e).with_context(|| format!("export {export:?}: cache {}", path.display())),
+    }
 }
 
 fn build(spec: &ExportSpec, a: &ServeArgs) -> Result<Built> {
@@ -221,27 +282,71 @@ fn build(spec: &ExportSpec, a: &ServeArgs) -> Result<Built> {
         );
     }
     let direct = direct_mode(a);
-    let cache: Arc<dyn BlockDevice> = Arc::new(
-        FileDevice::open(
-            cache_path,
-            &FileOptions {
-                direct,
-                create_size: cache_size,
-                read_only: false,
-            },
-        )
-        .with_context(|| format!("export {n:?}: cache"))?,
-    );
-    let persist = (spec.persist.unwrap_or(true) && !a.no_persist).then(|| {
+    let (cache_dev, created) = open_cache(cache_path, cache_size, direct, n)?;
+    let built = build_cached(spec, a, core, source, cache_dev, cache_path);
+    if built.is_err() && created {
+        // Leave nothing behind: the file was ours, made by this start.
+        let _ = std::fs::remove_file(cache_path);
+    }
+    built
+}
+
+/// The rest of `build` once the cache device is open.
+fn build_cached(
+    spec: &ExportSpec,
+    a: &ServeArgs,
+    mut core: CoreConfig,
+    source: Arc<dyn BlockDevice>,
+    cache_dev: Arc<FileDevice>,
+    cache_path: &Path,
+) -> Result<Built> {
+    let n = &spec.name;
+    let persist_wanted = spec.persist.unwrap_or(true) && !a.no_persist;
+    // Never format or overwrite what is not ours.
+    let found = ownership::contents(&*cache_dev)
+        .with_context(|| format!("export {n:?}: reading cache {}", cache_path.display()))?;
+    if let ownership::Contents::Foreign(what) = &found {
+        if !a.force {
+            bail!(
+                "export {n:?}: cache {} holds data that is not an sce cache ({what}); refusing \
+                 to overwrite it. Pass --force if it really is meant to be the cache (its \
+                 contents are lost)",
+                cache_path.display()
+            );
+        }
+        tracing::warn!(export = %n, "--force: overwriting {}: {what}", cache_path.display());
+    }
+    let cache: Arc<dyn BlockDevice> = if persist_wanted {
+        cache_dev
+    } else {
+        // A non-persistent cache keeps a marker in its first 8 KiB, so that the next start
+        // knows the device is sce's to overwrite.
+        ownership::mark_volatile(&*cache_dev)?;
+        let size = cache_dev.size() - ownership::VOLATILE_HEADER;
+        Arc::new(sce_io::SliceDevice::new(
+            cache_dev,
+            ownership::VOLATILE_HEADER,
+            size,
+        )?)
+    };
+    let persist = persist_wanted.then(|| {
         let name = spec
             .source_name
             .clone()
             .unwrap_or_else(|| source_identity(&spec.source));
         PersistConfig {
-            reformat: a.reformat,
+            reformat: a.reformat
+                || matches!(
+                    found,
+                    ownership::Contents::Foreign(_) | ownership::Contents::VolatileCache
+                ),
             forget_volume: a.forget_volume,
             state_dir: Some(a.state_dir.clone()),
             flush_interval: a.metadata_interval,
+            source_generation: spec
+                .source_generation
+                .clone()
+                .or_else(|| a.source_generation.clone()),
             ..PersistConfig::new(name)
         }
     });
@@ -510,6 +615,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             read_only: a.read_only,
             persist: None,
             source_name: a.source_name.clone(),
+            source_generation: None,
         });
     } else if a.cache.is_some() {
         bail!("--cache needs --source");
@@ -529,6 +635,23 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     if listens.is_empty() {
         bail!("nowhere to listen: give --listen unix:PATH or tcp:HOST:PORT");
     }
+    // No export may use another's cache, or its own source, as a cache.
+    let mut claims = Vec::new();
+    for spec in &file.export {
+        claims.push(ownership::Claim {
+            export: spec.name.clone(),
+            role: "source",
+            path: spec.source.clone(),
+        });
+        if let Some(c) = &spec.cache {
+            claims.push(ownership::Claim {
+                export: spec.name.clone(),
+                role: "cache",
+                path: c.display().to_string(),
+            });
+        }
+    }
+    ownership::refuse_overlaps(&claims)?;
     let mut exports = Vec::new();
     let mut volumes = Vec::new();
     for spec in &file.export {

@@ -338,6 +338,18 @@ fn sigkill_crashes_never_serve_stale_or_torn_blocks() {
             }));
         }
         std::thread::sleep(Duration::from_millis(rng.gen_range(20..400)));
+        // Every fourth kill comes after the writers stopped and the server had a few
+        // metadata intervals to settle: the source's identity is then recorded again, so the
+        // cache may survive. After a kill amid writes to a file source the cache cannot tell
+        // its own last writes from someone else's, and drops everything: never stale.
+        let quiet = it % 4 == 3;
+        if quiet {
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            for h in handles.drain(..) {
+                h.join().expect("a load thread failed a live check");
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
         let st = s.export_stats();
         cached_at_kill += num(&st, "total_slots") - num(&st, "free_slots");
         intents_at_kill += num(&st, "persist_dirty_intents");
@@ -396,7 +408,7 @@ fn format_check_and_refusals() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("format version 1"), "{text}");
+    assert!(text.contains("format version 2"), "{text}");
     // Formatting again needs --force.
     let out = sce(&["format", caches, "--source", srcs]);
     assert!(!out.status.success());
@@ -405,14 +417,14 @@ fn format_check_and_refusals() {
     let out = sce(&["check", caches, "--json"]);
     assert!(out.status.success());
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(r["superblock"]["version"], 1);
+    assert_eq!(r["superblock"]["version"], 2);
     assert_eq!(r["superblock"]["layout"]["fragment_size"], 256 * 1024);
     // serve picks the device's fragment size up, and refuses another source.
     let s = Server::start(
         &["--source", srcs, "--cache", caches, "--allow-buffered"],
         &sock,
     );
-    assert_eq!(num(&s.export_stats(), "persist_format_version"), 1);
+    assert_eq!(num(&s.export_stats(), "persist_format_version"), 2);
     assert!(s.term().success());
     let out = Command::new(env!("CARGO_BIN_EXE_sce"))
         .args([
