@@ -8,4 +8,7 @@ pub mod proto;
 pub mod server;
 
 pub use client::{ClientOptions, NbdClient, NbdUri};
-pub use server::{listen, ConnError, Export, ListenAddr, Listener, Server, ServerStats};
+pub use server::{
+    listen, listen_with, ConnError, Export, ListenAddr, ListenOptions, Listener, Server,
+    ServerConfig, ServerStats,
+};

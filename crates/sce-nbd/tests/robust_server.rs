@@ -1,0 +1,401 @@
+//! The server against clients that misbehave on purpose (issue #10, items 8 and 14): floods
+//! of connections, clients that never read their replies, slow and stalled clients, and
+//! shutdown while such clients are connected; and the Unix socket rules (mode, live socket,
+//! stale socket, regular file).
+//!
+//! Timeouts here are hang guards only, never latency assertions: a guard is generous, and a
+//! test fails through it only if something never happens.
+
+use sce_io::{BlockDevice, MemDevice};
+use sce_nbd::proto;
+use sce_nbd::{
+    listen, listen_with, Export, ListenAddr, ListenOptions, Listener, NbdClient, NbdUri, Server,
+    ServerConfig,
+};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+/// Runs `f` on a thread and waits for it at most `secs`: a hang guard, not a deadline.
+fn within<T: Send + 'static>(what: &str, secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(v) => v,
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: still running after {secs} s"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: panicked"),
+    }
+}
+
+/// Polls `cond` until it holds, failing after `secs` (a hang guard).
+fn wait_until(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(Instant::now() < end, "{what}: not after {secs} s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    sock: PathBuf,
+    server: Arc<Server>,
+    _listener: Listener,
+}
+
+fn fixture(cfg: ServerConfig) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("nbd.sock");
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(64 << 20));
+    let server = Server::with_config(
+        vec![Export {
+            name: "vol".into(),
+            description: String::new(),
+            device: dev,
+            read_only: false,
+            prefetch: None,
+        }],
+        cfg,
+    );
+    let listener = listen(&server, &ListenAddr::Unix(sock.clone())).unwrap();
+    Fixture {
+        _dir: dir,
+        sock,
+        server,
+        _listener: listener,
+    }
+}
+
+fn uri(sock: &Path) -> NbdUri {
+    NbdUri::Unix {
+        socket: sock.to_path_buf(),
+        name: "vol".into(),
+    }
+}
+
+/// A healthy client does a write and a read-back (inside a hang guard).
+fn served(sock: &Path, at: u64) {
+    let sock = sock.to_path_buf();
+    within("a well-behaved client", 60, move || {
+        let c = NbdClient::connect(&uri(&sock), 1).expect("the server still accepts");
+        let pattern = [(at / 4096) as u8 ^ 0x5a; 4096];
+        c.write_at(at, &pattern).unwrap();
+        let mut b = [0u8; 4096];
+        c.read_at(at, &mut b).unwrap();
+        assert_eq!(b, pattern);
+    });
+}
+
+fn threads() -> usize {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+/// Handshake of a raw client; `None` if the server closed the connection instead.
+fn try_go(sock: &Path) -> Option<UnixStream> {
+    let mut s = UnixStream::connect(sock).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut h = [0u8; 18];
+    s.read_exact(&mut h).ok()?;
+    s.write_all(&(proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES).to_be_bytes())
+        .ok()?;
+    let mut d = 3u32.to_be_bytes().to_vec();
+    d.extend_from_slice(b"vol");
+    d.extend_from_slice(&0u16.to_be_bytes());
+    let mut o = proto::IHAVEOPT.to_be_bytes().to_vec();
+    o.extend_from_slice(&proto::OPT_GO.to_be_bytes());
+    o.extend_from_slice(&(d.len() as u32).to_be_bytes());
+    o.extend_from_slice(&d);
+    s.write_all(&o).ok()?;
+    loop {
+        let mut h = [0u8; 20];
+        s.read_exact(&mut h).ok()?;
+        let reply = u32::from_be_bytes(h[12..16].try_into().unwrap());
+        let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
+        let mut d = vec![0u8; len as usize];
+        s.read_exact(&mut d).ok()?;
+        match reply {
+            proto::REP_ACK => return Some(s),
+            proto::REP_INFO => {}
+            _ => return None,
+        }
+    }
+}
+
+fn request(s: &mut UnixStream, command: u16, cookie: u64, offset: u64, len: u32) {
+    let h = proto::encode_request(&proto::Request {
+        flags: 0,
+        command,
+        cookie,
+        offset,
+        len,
+    });
+    s.write_all(&h).unwrap();
+}
+
+/// True once the server has closed `s` (what it had sent before is read away).
+fn closed_by_server(s: &mut UnixStream) -> bool {
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut b = vec![0u8; 1 << 20];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+fn raise_nofile(want: u64) {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < want {
+            r.rlim_cur = want.min(r.rlim_max);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
+#[test]
+fn a_flood_of_connections_is_refused_and_threads_stay_bounded() {
+    raise_nofile(8192);
+    const LIMIT: usize = 32;
+    let f = fixture(ServerConfig {
+        max_connections: LIMIT,
+        workers: 4,
+        ..ServerConfig::default()
+    });
+    let keep = NbdClient::connect(&uri(&f.sock), 1).unwrap();
+    let mut held = Vec::new();
+    let mut refused = 0;
+    let mut peak_threads = 0;
+    for i in 0..2000u64 {
+        match try_go(&f.sock) {
+            Some(s) => held.push(s),
+            None => refused += 1,
+        }
+        if i % 100 == 0 {
+            peak_threads = peak_threads.max(threads());
+            let mut b = [0u8; 512];
+            keep.read_at(i * 512, &mut b)
+                .expect("the first client is served during the flood");
+        }
+    }
+    peak_threads = peak_threads.max(threads());
+    assert!(held.len() < LIMIT, "{} connections admitted", held.len());
+    assert!(refused > 2000 - LIMIT, "{refused} refused");
+    assert!(f.server.stats().refused_connections.load(Relaxed) >= refused as u64);
+    // Two threads per admitted connection, the workers, and what the test harness runs in
+    // parallel: far below one thread per flooding connection.
+    assert!(
+        peak_threads < 2 * LIMIT + 4 + 300,
+        "{peak_threads} threads for {LIMIT} connections"
+    );
+    let mut b = [0u8; 512];
+    keep.read_at(0, &mut b).unwrap();
+    drop(held);
+    wait_until("the flood's connections close", 60, || {
+        f.server.stats().open_connections.load(Relaxed) <= 1
+    });
+    served(&f.sock, 8192);
+}
+
+#[test]
+fn a_client_that_never_reads_replies_is_bounded_then_dropped() {
+    const BUDGET: u64 = 16 << 20;
+    let f = fixture(ServerConfig {
+        workers: 4,
+        inflight_bytes: 4 * BUDGET,
+        connection_inflight_bytes: BUDGET,
+        reply_timeout: Duration::from_secs(2),
+        ..ServerConfig::default()
+    });
+    let mut bad = try_go(&f.sock).unwrap();
+    // 200 reads of 4 MiB, 800 MiB of replies, none of them ever read.
+    for cookie in 0..200 {
+        request(&mut bad, proto::CMD_READ, cookie, 0, 4 << 20);
+    }
+    served(&f.sock, 0);
+    let stats = f.server.stats();
+    wait_until("the reply-write timeout drops the client", 60, || {
+        stats.reply_timeouts.load(Relaxed) >= 1
+    });
+    // The non-reader pins at most its connection's budget; the healthy client's 4 KiB come
+    // on top.
+    let peak = stats.inflight_bytes_peak.load(Relaxed);
+    assert!(
+        peak > 0 && peak <= BUDGET + (1 << 20),
+        "peak {peak} bytes in flight"
+    );
+    assert!(within("closed", 60, move || closed_by_server(&mut bad)));
+    wait_until("its budget is released", 60, || {
+        stats.inflight_bytes.load(Relaxed) == 0
+    });
+    served(&f.sock, 4096);
+}
+
+#[test]
+fn stalled_and_slow_clients_are_dropped_by_the_timeouts() {
+    let f = fixture(ServerConfig {
+        handshake_timeout: Duration::from_secs(1),
+        request_timeout: Duration::from_secs(1),
+        ..ServerConfig::default()
+    });
+    let stats = f.server.stats();
+    // Stuck in the handshake: reads the greeting, never answers.
+    let mut s = UnixStream::connect(&f.sock).unwrap();
+    let mut h = [0u8; 18];
+    s.read_exact(&mut h).unwrap();
+    assert!(within("handshake stall", 60, move || closed_by_server(
+        &mut s
+    )));
+    assert!(stats.handshake_timeouts.load(Relaxed) >= 1);
+    // Dribbles the handshake one byte at a time: each byte in time, the whole too slow.
+    let mut s = UnixStream::connect(&f.sock).unwrap();
+    s.read_exact(&mut h).unwrap();
+    let dribble = |mut s: UnixStream, bytes: Vec<u8>| {
+        within("slow client", 60, move || {
+            for b in bytes {
+                if s.write_all(&[b]).is_err() {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            closed_by_server(&mut s)
+        })
+    };
+    let mut opt = 3u32.to_be_bytes().to_vec();
+    opt.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+    opt.extend_from_slice(&[0u8; 200]);
+    assert!(dribble(s, opt), "a slow handshake is dropped");
+    assert!(stats.handshake_timeouts.load(Relaxed) >= 2);
+    // Stalls in the middle of a request header.
+    let mut s = try_go(&f.sock).unwrap();
+    s.write_all(&proto::REQUEST_MAGIC.to_be_bytes()).unwrap();
+    assert!(within("request stall", 60, move || closed_by_server(
+        &mut s
+    )));
+    assert!(stats.request_timeouts.load(Relaxed) >= 1);
+    // Sends a 64 KiB write one byte every 300 ms.
+    let s = try_go(&f.sock).unwrap();
+    let mut w = proto::encode_request(&proto::Request {
+        flags: 0,
+        command: proto::CMD_WRITE,
+        cookie: 1,
+        offset: 0,
+        len: 65536,
+    })
+    .to_vec();
+    w.extend_from_slice(&[1u8; 65536]);
+    assert!(dribble(s, w), "a slow request is dropped");
+    assert!(stats.request_timeouts.load(Relaxed) >= 2);
+    served(&f.sock, 0);
+}
+
+#[test]
+fn idle_connections_are_closed_only_when_configured() {
+    let f = fixture(ServerConfig {
+        idle_timeout: Some(Duration::from_secs(1)),
+        ..ServerConfig::default()
+    });
+    let mut s = try_go(&f.sock).unwrap();
+    request(&mut s, proto::CMD_FLUSH, 1, 0, 0);
+    assert!(within("idle", 60, move || closed_by_server(&mut s)));
+    assert!(f.server.stats().idle_timeouts.load(Relaxed) >= 1);
+    assert_eq!(ServerConfig::default().idle_timeout, None);
+}
+
+#[test]
+fn shutdown_with_a_client_that_never_reads_completes() {
+    let f = fixture(ServerConfig {
+        // Far longer than the hang guard: shutdown must not wait for it.
+        reply_timeout: Duration::from_secs(3600),
+        shutdown_grace: Duration::from_secs(1),
+        ..ServerConfig::default()
+    });
+    let mut bad = try_go(&f.sock).unwrap();
+    for cookie in 0..100 {
+        request(&mut bad, proto::CMD_READ, cookie, 0, 4 << 20);
+    }
+    // Let the server take the requests in (not a timing assumption: shutdown must complete
+    // whatever it has taken in by then).
+    std::thread::sleep(Duration::from_millis(500));
+    let server = f.server.clone();
+    within("shutdown", 60, move || {
+        server.shutdown();
+        while server.stats().open_connections.load(Relaxed) > 0 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    assert!(within("closed", 60, move || closed_by_server(&mut bad)));
+}
+
+fn mode(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn unix_sockets_are_0600_whatever_the_umask() {
+    // SAFETY: umask only sets the process's file creation mask.
+    let old = unsafe { libc::umask(0) };
+    let f = fixture(ServerConfig::default());
+    let dir = tempfile::tempdir().unwrap();
+    let group = dir.path().join("group.sock");
+    let l = listen_with(
+        &f.server,
+        &ListenAddr::Unix(group.clone()),
+        &ListenOptions { socket_mode: 0o660 },
+    )
+    .unwrap();
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    assert_eq!(mode(&f.sock), 0o600);
+    assert_eq!(mode(&group), 0o660);
+    served(&group, 0);
+    drop(l);
+}
+
+#[test]
+fn a_live_socket_is_never_taken_over() {
+    let f = fixture(ServerConfig::default());
+    let other = Server::new(vec![]);
+    let Err(e) = listen(&other, &ListenAddr::Unix(f.sock.clone())) else {
+        panic!("a second server took over a live socket");
+    };
+    assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+    assert!(e.to_string().contains(&f.sock.display().to_string()), "{e}");
+    served(&f.sock, 0);
+}
+
+#[test]
+fn a_stale_socket_is_replaced_and_a_regular_file_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let stale = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(stale.exists());
+    let f = fixture(ServerConfig::default());
+    let l = listen(&f.server, &ListenAddr::Unix(stale.clone())).expect("stale socket replaced");
+    served(&stale, 0);
+    drop(l);
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"keep me").unwrap();
+    let Err(e) = listen(&f.server, &ListenAddr::Unix(file.clone())) else {
+        panic!("listen replaced a regular file");
+    };
+    assert!(e.to_string().contains(&file.display().to_string()), "{e}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+}
