@@ -810,7 +810,11 @@ impl Server {
             std::thread::Builder::new()
                 .name("nbd-writer".into())
                 .spawn(move || write_replies(&shared, wr, &queue, &state))
-                .map_err(|e| ConnError::Refused(format!("cannot start a writer thread: {e}")))?
+                .map_err(|e| {
+                    let why = format!("cannot start a writer thread: {e}");
+                    self.refused(&why);
+                    ConnError::Refused(why)
+                })?
         };
         let session = Arc::new(Session {
             export,
@@ -884,6 +888,9 @@ impl Server {
                 return Ok(());
             };
             let payload = if req.command == proto::CMD_WRITE {
+                // The payload gets its own deadline: waiting for the budget is the server's
+                // doing, not the client's.
+                let deadline = Instant::now() + cfg.request_timeout;
                 if idle_mode {
                     rd.set_read_timeout_conn(Some(SLICE))?;
                     idle_mode = false;
@@ -1291,7 +1298,8 @@ fn bind_unix(path: &Path, mode: u32) -> io::Result<UnixListener> {
         std::process::id(),
         SEQ.fetch_add(1, Relaxed)
     ));
-    let l = UnixListener::bind(&tmp)?;
+    let l = UnixListener::bind(&tmp)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
     let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode & 0o777))
         .and_then(|()| std::fs::rename(&tmp, path));
     if let Err(e) = placed {
