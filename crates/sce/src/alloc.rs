@@ -1,7 +1,12 @@
 //! A counting global allocator: the `footprint` command measures the bytes its data
 //! structures really allocate, not a formula.
+//!
+//! [`uncounted`] runs a closure whose allocations (and deallocations) on the calling thread
+//! are left out of the count: the footprint's stand-in devices keep what is written to them
+//! that way, so that the count holds only what the cache itself allocates.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 /// Wraps the system allocator and counts live bytes.
@@ -9,13 +14,37 @@ pub struct Counting;
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 
+thread_local! {
+    /// Set while the thread runs an [`uncounted`] closure. Const-initialised and without a
+    /// destructor, so the allocator may read it at any time, even during thread exit.
+    static UNCOUNTED: Cell<bool> = const { Cell::new(false) };
+}
+
+fn counted() -> bool {
+    !UNCOUNTED.try_with(Cell::get).unwrap_or(false)
+}
+
+/// Runs `f` with its allocations and deallocations on this thread left out of
+/// [`live_bytes`]. The caller MUST free what `f` allocates inside an `uncounted` closure too
+/// (and MUST NOT free there what was allocated outside one), or the count drifts.
+pub fn uncounted<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            UNCOUNTED.with(|c| c.set(self.0));
+        }
+    }
+    let _reset = Reset(UNCOUNTED.with(|c| c.replace(true)));
+    f()
+}
+
 // SAFETY: every method forwards to `System` with the same arguments, which upholds the
 // `GlobalAlloc` contract; the counter has no effect on the memory handed out.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: same contract as ours, forwarded.
         let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
+        if !p.is_null() && counted() {
             LIVE.fetch_add(layout.size(), Relaxed);
         }
         p
@@ -23,20 +52,22 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: same contract as ours, forwarded.
         let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
+        if !p.is_null() && counted() {
             LIVE.fetch_add(layout.size(), Relaxed);
         }
         p
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size(), Relaxed);
+        if counted() {
+            LIVE.fetch_sub(layout.size(), Relaxed);
+        }
         // SAFETY: `ptr` was allocated by `System` with `layout` (we forward every allocation).
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: same contract as ours, forwarded.
         let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
+        if !p.is_null() && counted() {
             LIVE.fetch_sub(layout.size(), Relaxed);
             LIVE.fetch_add(new_size, Relaxed);
         }
@@ -44,7 +75,7 @@ unsafe impl GlobalAlloc for Counting {
     }
 }
 
-/// Bytes currently allocated by the whole process.
+/// Bytes currently allocated by the whole process (outside [`uncounted`] closures).
 pub fn live_bytes() -> usize {
     LIVE.load(Relaxed)
 }

@@ -1,12 +1,66 @@
-//! `sce footprint`: builds the metadata structures for a geometry and reports the bytes the
-//! counting allocator saw them allocate, per cached fragment and per source fragment.
+//! `sce footprint`: the memory `sce serve` takes for a cached volume of a given geometry and
+//! options, counted by the allocator, per part and in total.
+//!
+//! # Method
+//! It opens a real [`CacheVolume`] (the same `CacheVolume::open` `serve` calls, with the same
+//! engine settings) over two [`SparseDevice`]s of the requested sizes, which store nothing
+//! but the few metadata blocks written to them (and those outside the count), and counts
+//! the allocator's growth across the open: whatever the engine keeps for the volume is in
+//! that number, including structures added after this command was written. Only the split
+//! into parts is computed beside it:
+//!
+//! * **core**: a `CacheCore` of the same geometry built alone (slot table, eviction state,
+//!   hotness, the fragment map's directory);
+//! * **page checksums**: a `CrcTable` built alone for the volume's slots (kept with verify
+//!   on, and always with persistence);
+//! * **engine**: the rest of a plain open (no persistence, no verify): read-log shards,
+//!   queues, threads' bookkeeping;
+//! * **persistence**: what is left of the real open (mirror of the on-device records, owner
+//!   map, intents, epochs ...).
+//!
+//! Not in the totals: the fragment map's leaves, allocated as fragments are first cached
+//! (reported as the worst case, every leaf allocated), I/O buffers in flight (AWT copies,
+//! population buffers: they scale with the load, not the geometry), and thread stacks
+//! (reserved, not resident until used). Population is off while measuring (the workers would
+//! only add their lazily allocated buffers); their threads are counted.
 
 use crate::alloc::live_bytes;
+use crate::sparse::SparseDevice;
 use crate::units::format_size;
-use anyhow::Result;
+use anyhow::{Context, Result};
 use sce_core::map::FragmentMap;
 use sce_core::{CacheCore, CoreConfig};
+use sce_engine::{CacheVolume, EngineConfig, PersistConfig};
+use sce_io::BlockDevice;
 use serde::Serialize;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What to measure: the geometry and the options `serve` would run with.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The core's settings (fragment size, eviction ...).
+    pub core: CoreConfig,
+    /// Cache device size in bytes.
+    pub cache_size: u64,
+    /// Source size in bytes.
+    pub source_size: u64,
+    /// Keep page checksums and verify reads (`EngineConfig::verify`).
+    pub verify: bool,
+    /// Persistence on (`serve` without `--no-persist`).
+    pub persist: bool,
+}
+
+/// One part of the footprint.
+#[derive(Serialize, Debug, Clone)]
+pub struct Part {
+    /// Short name.
+    pub name: &'static str,
+    /// Bytes allocated.
+    pub bytes: u64,
+    /// What it holds.
+    pub what: &'static str,
+}
 
 /// The measured footprint.
 #[derive(Serialize, Debug)]
@@ -17,84 +71,266 @@ pub struct Footprint {
     pub source_size: u64,
     /// Fragment size in bytes.
     pub fragment_size: u64,
-    /// Cache slots.
+    /// Cache slots (with persistence, what fits beside the on-device metadata).
     pub cached_fragments: u64,
     /// Source fragments.
     pub source_fragments: u64,
     /// Bits per fragment-map entry.
     pub map_entry_bits: u32,
-    /// All metadata with every map leaf allocated (the worst case).
+    /// Page checksums kept (verify on, or persistence on).
+    pub verify: bool,
+    /// Persistence on.
+    pub persist: bool,
+    /// The parts of `bytes_at_open`; they add up to it.
+    pub parts: Vec<Part>,
+    /// Allocated by opening the volume, as measured: what `serve` holds once it listens.
+    pub bytes_at_open: u64,
+    /// The fragment map's leaves when every one is allocated (the worst case; they are
+    /// allocated as fragments are first cached).
+    pub map_leaves_worst_case: u64,
+    /// `bytes_at_open + map_leaves_worst_case`: what to budget for.
     pub bytes_total: u64,
-    /// Slot descriptors, eviction state and fixed structures, per cache slot.
+    /// Threads the volume runs (AWT writers, metadata flusher, population workers). Their
+    /// stacks are reserved address space, resident only as far as used; not in the totals.
+    pub threads: u64,
+    /// The core's slot descriptors, eviction state and fixed structures, per cache slot.
     pub bytes_per_cached_fragment: f64,
+    /// Everything but the fragment map, per cache slot.
+    pub bytes_per_cached_fragment_all: f64,
     /// The fragment map with every leaf allocated, per source fragment.
     pub bytes_per_source_fragment: f64,
-    /// The fragment map before any fragment is cached (leaves allocated on first touch).
+    /// The fragment map before any fragment is cached.
     pub map_bytes_untouched: u64,
-    /// What the SCE paper reports per cached 1 MiB fragment.
+    /// What the SCE paper reports per cached 1 MiB fragment (core metadata only).
     pub paper_bytes_per_cached_fragment: u64,
 }
 
-/// Measures the footprint of a cache of `cache_size` over `source_size`.
-pub fn measure(cfg: CoreConfig, cache_size: u64, source_size: u64) -> Result<Footprint> {
-    // The map alone, empty and then fully touched.
+/// Bytes `f` leaves allocated, and its result.
+fn growth<R>(f: impl FnOnce() -> R) -> (u64, R) {
     let before = live_bytes();
-    let slots = cache_size / cfg.fragment_size;
-    let frags = source_size.div_ceil(cfg.fragment_size);
-    let mut map = FragmentMap::new(frags, slots.min(u32::MAX as u64) as u32);
-    let map_untouched = live_bytes() - before;
-    map.touch_all();
-    let map_bytes = live_bytes() - before;
-    let bits = map.entry_bits();
-    drop(map);
+    let r = f();
+    (live_bytes().saturating_sub(before) as u64, r)
+}
 
-    let before = live_bytes();
-    let mut core = CacheCore::new(cfg.clone(), source_size, cache_size)?;
-    core.map_mut().touch_all();
-    let total = live_bytes() - before;
+/// Threads of this process (Linux), or 0 if unknown.
+fn threads() -> u64 {
+    std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count() as u64)
+}
+
+/// Opens a volume over sparse devices as `serve` would; returns the bytes it allocated and
+/// the threads it started.
+fn open(o: &Options, verify: bool, persist: bool) -> Result<(u64, u64)> {
+    let source: Arc<dyn BlockDevice> = Arc::new(SparseDevice::new(o.source_size)?);
+    let cache: Arc<dyn BlockDevice> = Arc::new(SparseDevice::new(o.cache_size)?);
+    let config = EngineConfig {
+        core: o.core.clone(),
+        background_population: false,
+        verify,
+        persist: persist.then(|| PersistConfig {
+            // The flusher has nothing to write; keep it asleep while we count.
+            flush_interval: Duration::from_secs(3600),
+            ..PersistConfig::new("footprint")
+        }),
+        ..EngineConfig::default()
+    };
+    let t0 = threads();
+    let (bytes, volume) = growth(|| CacheVolume::open(source, cache, config));
+    let volume = volume.context("opening a volume over sparse devices")?;
+    let started = threads().saturating_sub(t0);
+    volume.shutdown();
+    drop(volume);
+    Ok((bytes, started))
+}
+
+/// A core of the volume's geometry, measured alone.
+struct CoreSizes {
+    /// Bytes at open (the map's leaves not allocated yet).
+    at_open: u64,
+    /// Bytes with every map leaf allocated (with `touch`).
+    touched: u64,
+    /// Cache slots.
+    slots: u64,
+    /// The map alone, before and after every leaf is allocated (with `touch`).
+    map_untouched: u64,
+    map_touched: u64,
+    /// Bits per map entry.
+    map_bits: u32,
+}
+
+/// Measures a core of the volume's geometry alone (with dirty tracking for persistence), and
+/// with `touch` also with every map leaf allocated.
+fn core_sizes(o: &Options, data_size: u64, persist: bool, touch: bool) -> Result<CoreSizes> {
+    let (at_open, core) = growth(|| CacheCore::new(o.core.clone(), o.source_size, data_size));
+    let mut core = core?;
+    let (dirty, ()) = growth(|| {
+        if persist {
+            core.track_dirty();
+        }
+    });
+    let (leaves, ()) = growth(|| {
+        if touch {
+            core.map_mut().touch_all()
+        }
+    });
+    let slots = core.geometry().slots() as u64;
     drop(core);
-    let per_cached = (total - map_bytes) as f64 / slots as f64;
+    let frags = o.source_size.div_ceil(o.core.fragment_size);
+    let (map_untouched, mut map) =
+        growth(|| FragmentMap::new(frags, slots.min(u32::MAX as u64) as u32));
+    let (map_leaves, ()) = growth(|| {
+        if touch {
+            map.touch_all()
+        }
+    });
+    let map_bits = map.entry_bits();
+    drop(map);
+    Ok(CoreSizes {
+        at_open: at_open + dirty,
+        touched: at_open + dirty + leaves,
+        slots,
+        map_untouched,
+        map_touched: map_untouched + map_leaves,
+        map_bits,
+    })
+}
+
+/// Measures the footprint of `serve` for the options.
+pub fn measure(o: &Options) -> Result<Footprint> {
+    o.core.validate()?;
+    let checksums = o.verify || o.persist;
+    // The data area: with persistence, what the layout leaves beside the metadata.
+    let data_size = if o.persist {
+        sce_store::Layout::compute(o.cache_size - o.cache_size % 4096, o.core.fragment_size)?
+            .data_bytes()
+    } else {
+        o.cache_size
+    };
+    let core = core_sizes(o, data_size, o.persist, true)?;
+    let (plain, plain_threads) = open(o, false, false)?;
+    let plain_core = core_sizes(o, o.cache_size, false, false)?.at_open;
+    let engine = plain.saturating_sub(plain_core);
+    let (at_open, threads) = if checksums {
+        open(o, o.verify, o.persist)?
+    } else {
+        (plain, plain_threads)
+    };
+    let pages = (o.core.fragment_size / 4096) as u32;
+    let (crcs, table) = if checksums {
+        growth(|| sce_store::CrcTable::new(core.slots as u32, pages))
+    } else {
+        (0, sce_store::CrcTable::new(0, pages))
+    };
+    drop(table);
+    let mut parts = vec![Part {
+        name: "core",
+        bytes: core.at_open,
+        what: "slot descriptors, eviction state, hotness, fragment-map directory",
+    }];
+    if checksums {
+        parts.push(Part {
+            name: "page checksums",
+            bytes: crcs,
+            what: "4 bytes per 4 KiB page of every slot",
+        });
+    }
+    let rest = at_open.saturating_sub(core.at_open + crcs);
+    if o.persist {
+        let engine = engine.min(rest);
+        parts.push(Part {
+            name: "engine",
+            bytes: engine,
+            what: "read-log shards, queues, threads",
+        });
+        parts.push(Part {
+            name: "persistence",
+            bytes: rest - engine,
+            what: "record mirror, owner map, intents, epochs",
+        });
+    } else {
+        parts.push(Part {
+            name: "engine",
+            bytes: rest,
+            what: "read-log shards, queues, threads",
+        });
+    }
+    // What the parts do not explain (the core or table measured alone came out larger than
+    // in the volume) would show as a sum above the measured total; keep the total measured.
+    let map_leaves = core.touched - core.at_open;
+    let frags = o.source_size.div_ceil(o.core.fragment_size);
+    let slots = core.slots.max(1) as f64;
+    let bytes_total = at_open + map_leaves;
     Ok(Footprint {
-        cache_size,
-        source_size,
-        fragment_size: cfg.fragment_size,
-        cached_fragments: slots,
+        cache_size: o.cache_size,
+        source_size: o.source_size,
+        fragment_size: o.core.fragment_size,
+        cached_fragments: core.slots,
         source_fragments: frags,
-        map_entry_bits: bits,
-        bytes_total: total as u64,
-        bytes_per_cached_fragment: per_cached,
-        bytes_per_source_fragment: map_bytes as f64 / frags as f64,
-        map_bytes_untouched: map_untouched as u64,
+        map_entry_bits: core.map_bits,
+        verify: checksums,
+        persist: o.persist,
+        parts,
+        bytes_at_open: at_open,
+        map_leaves_worst_case: map_leaves,
+        bytes_total,
+        threads: threads + o.core.throttle.max_workers as u64,
+        bytes_per_cached_fragment: (core.touched - core.map_touched) as f64 / slots,
+        bytes_per_cached_fragment_all: (bytes_total - core.map_touched) as f64 / slots,
+        bytes_per_source_fragment: core.map_touched as f64 / frags.max(1) as f64,
+        map_bytes_untouched: core.map_untouched,
         paper_bytes_per_cached_fragment: 76,
     })
 }
 
 /// Prints a footprint for people.
 pub fn print(f: &Footprint) {
+    let on = |b: bool| if b { "on" } else { "off" };
     println!(
-        "geometry: {} cache over {} source, {} fragments",
+        "geometry: {} cache over {} source, {} fragments; checksums {}, persistence {}",
         format_size(f.cache_size),
         format_size(f.source_size),
-        format_size(f.fragment_size)
+        format_size(f.fragment_size),
+        on(f.verify),
+        on(f.persist)
     );
     println!("  cached fragments (slots): {}", f.cached_fragments);
     println!("  source fragments:         {}", f.source_fragments);
-    println!("allocated (counted by the allocator):");
+    println!("allocated by `sce serve` for this volume (counted by the allocator):");
+    for p in &f.parts {
+        println!("  {:<16} {:>12}   {}", p.name, format_size(p.bytes), p.what);
+    }
     println!(
-        "  total:                    {} ({} bytes)",
+        "  {:<16} {:>12}   ({} bytes)",
+        "at open",
+        format_size(f.bytes_at_open),
+        f.bytes_at_open
+    );
+    println!(
+        "  {:<16} {:>12}   every fragment-map leaf allocated, the worst case",
+        "+ map leaves",
+        format_size(f.map_leaves_worst_case)
+    );
+    println!(
+        "  {:<16} {:>12}   ({} bytes) to budget, plus I/O buffers in flight",
+        "total",
         format_size(f.bytes_total),
         f.bytes_total
     );
     println!(
-        "  per cached fragment:      {:.2} B   (SCE paper: {} B)",
-        f.bytes_per_cached_fragment, f.paper_bytes_per_cached_fragment
+        "  threads:          {} (stacks reserved, resident as used)",
+        f.threads
     );
     println!(
-        "  per source fragment:      {:.4} B   ({}-bit packed map entries)",
+        "per cached fragment:        {:.2} B core (SCE paper: {} B), {:.2} B all but the map",
+        f.bytes_per_cached_fragment,
+        f.paper_bytes_per_cached_fragment,
+        f.bytes_per_cached_fragment_all
+    );
+    println!(
+        "per source fragment:        {:.4} B   ({}-bit packed map entries)",
         f.bytes_per_source_fragment, f.map_entry_bits
     );
     println!(
-        "  map before first use:     {}",
+        "map before first use:       {}",
         format_size(f.map_bytes_untouched)
     );
 }

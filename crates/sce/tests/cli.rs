@@ -20,12 +20,17 @@ fn json(out: &std::process::Output) -> serde_json::Value {
 
 #[test]
 fn footprint_meets_the_memory_goals() {
+    // The core and the map alone: no page checksums, no persistence (the full footprint is
+    // tested in tests/footprint.rs).
     let v = json(&sce(&[
         "footprint",
         "--cache-size",
         "2TiB",
         "--source-size",
         "100TiB",
+        "--verify",
+        "off",
+        "--no-persist",
         "--json",
     ]));
     let per_cached = v["bytes_per_cached_fragment"].as_f64().unwrap();

@@ -93,6 +93,11 @@ impl Server {
         v["exports"][""].clone()
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
     /// Everything it logged so far.
     pub fn log(&self) -> String {
         self.log.lock().join("\n")

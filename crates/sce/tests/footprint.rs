@@ -1,0 +1,188 @@
+//! `sce footprint` against what `sce serve` really takes.
+//!
+//! # Method
+//! The footprint of a 64 GiB cache over a 256 GiB source, with `serve`'s defaults (page
+//! checksums on, persistence on), is compared with the resident memory a real `sce serve`
+//! gains by caching: two servers run one after the other on sparse files, the same way but
+//! for `--cache`; each one's resident set (`VmRSS` in `/proc/PID/status`) is read once it
+//! listens (it listens only after the volume is open), and the growth is cached minus
+//! baseline. Binary, libraries, NBD listener and metrics thread cancel out; what is left is
+//! the volume. The metadata flusher is put to sleep (`--metadata-interval 3600s`) so that no
+//! round runs while the numbers are read.
+//!
+//! Compared: the footprint's `bytes_at_open` (what the volume holds once open, without the
+//! fragment-map leaves that the first cached fragments allocate). RSS counts touched pages
+//! only; a zero-filled vector the engine does not touch at open (calloc'd, so it is fresh
+//! untouched memory) is allocated but not resident yet. The footprint counts it anyway: it
+//! becomes resident as the cache is used, and an operator must budget for it. For this
+//! geometry the untouched part is small (per-slot epochs, a few hundred KiB against about
+//! 70 MiB), so the two must agree within 10%; a footprint that missed a structure (the page
+//! checksums are 64 MiB of the 70) fails.
+
+mod common;
+
+use common::Server;
+use std::path::Path;
+use std::process::Command;
+
+fn footprint(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_sce"))
+        .arg("footprint")
+        .args(args)
+        .arg("--json")
+        .output()
+        .expect("run sce footprint");
+    assert!(
+        out.status.success(),
+        "sce footprint {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// A field of /proc/PID/status, in bytes.
+fn status_bytes(pid: u32, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
+    let line = s
+        .lines()
+        .find(|l| l.starts_with(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("bad line {line:?}"));
+    kib * 1024
+}
+
+fn sparse(path: &Path, size: u64) {
+    std::fs::File::create(path).unwrap().set_len(size).unwrap();
+}
+
+/// (VmRSS, RssAnon) of a server started with `args`, once it listens.
+fn serve_rss(args: &[&str], sock: &Path) -> (u64, u64) {
+    let s = Server::start(args, sock);
+    let rss = (
+        status_bytes(s.pid(), "VmRSS"),
+        status_bytes(s.pid(), "RssAnon"),
+    );
+    assert!(s.term().success());
+    rss
+}
+
+#[test]
+fn footprint_is_what_serve_takes() {
+    let f = footprint(&["--cache-size", "64GiB", "--source-size", "256GiB"]);
+    let at_open = f["bytes_at_open"].as_u64().expect("bytes_at_open");
+    let parts: u64 = f["parts"]
+        .as_array()
+        .expect("parts")
+        .iter()
+        .map(|p| p["bytes"].as_u64().expect("bytes"))
+        .sum();
+    assert_eq!(parts, at_open, "the parts add up to the total: {f}");
+
+    let d = tempfile::tempdir().unwrap();
+    let p = |name: &str| d.path().join(name);
+    sparse(&p("src-a"), 256 << 30);
+    sparse(&p("src-b"), 256 << 30);
+    std::fs::create_dir(p("state")).unwrap();
+    let s = |x: &str| p(x).to_str().unwrap().to_string();
+    let (src_a, src_b, cache, state) = (s("src-a"), s("src-b"), s("cache"), s("state"));
+    let common = ["--state-dir", &state, "--metadata-interval", "3600s"];
+
+    let base_args = [&["--source", &src_a][..], &common].concat();
+    let (base, base_anon) = serve_rss(&base_args, &p("a.sock"));
+    let cached_args = [
+        &[
+            "--source",
+            &src_b,
+            "--cache",
+            &cache,
+            "--cache-size",
+            "64GiB",
+            // Some temp directories refuse O_DIRECT; it changes no memory.
+            "--allow-buffered",
+        ][..],
+        &common,
+    ]
+    .concat();
+    let (cached, cached_anon) = serve_rss(&cached_args, &p("b.sock"));
+
+    let growth = cached.saturating_sub(base);
+    let anon = cached_anon.saturating_sub(base_anon);
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let msg = format!(
+        "footprint at open {:.1} MiB; serve's RSS grew {:.1} MiB ({:.1} -> {:.1}), \
+         anonymous {:.1} MiB; footprint: {f}",
+        mib(at_open),
+        mib(growth),
+        mib(base),
+        mib(cached),
+        mib(anon)
+    );
+    eprintln!("{msg}");
+    assert!(
+        growth.abs_diff(at_open) * 10 <= at_open,
+        "more than 10% apart: {msg}"
+    );
+}
+
+fn part(f: &serde_json::Value, name: &str) -> Option<u64> {
+    f["parts"]
+        .as_array()
+        .expect("parts")
+        .iter()
+        .find(|p| p["name"] == name)
+        .map(|p| p["bytes"].as_u64().expect("bytes"))
+}
+
+/// The flags change what is measured as they change what `serve` allocates: checksums are
+/// 4 bytes per 4 KiB page of every slot, kept with `--verify on` and always with
+/// persistence; persistence has its own part; the total adds the map's leaves.
+#[test]
+fn flags_change_the_parts_as_serve_allocates() {
+    let geo = ["--cache-size", "4GiB", "--source-size", "64GiB"];
+    let with = |extra: &[&str]| footprint(&[&geo[..], extra].concat());
+    let plain = with(&["--verify", "off", "--no-persist"]);
+    let verify = with(&["--no-persist"]);
+    let persist_only = with(&["--verify", "off"]);
+    let full = with(&[]);
+
+    assert_eq!(plain["cached_fragments"], 4096);
+    assert_eq!(part(&plain, "page checksums"), None, "{plain}");
+    assert_eq!(part(&plain, "persistence"), None, "{plain}");
+    assert_eq!(
+        part(&verify, "page checksums"),
+        Some(4096 * 256 * 4),
+        "{verify}"
+    );
+    assert_eq!(part(&verify, "persistence"), None, "{verify}");
+    for f in [&persist_only, &full] {
+        // Fewer slots: the metadata takes its share of the device.
+        let slots = f["cached_fragments"].as_u64().unwrap();
+        assert!(slots < 4096, "{f}");
+        assert_eq!(part(f, "page checksums"), Some(slots * 256 * 4), "{f}");
+        // At least a mirror word and two epochs per slot.
+        assert!(part(f, "persistence").unwrap() >= slots * 16, "{f}");
+        assert_eq!(f["verify"], true, "persistence keeps checksums: {f}");
+    }
+    for f in [&plain, &verify, &persist_only, &full] {
+        let at_open = f["bytes_at_open"].as_u64().unwrap();
+        let leaves = f["map_leaves_worst_case"].as_u64().unwrap();
+        assert_eq!(f["bytes_total"].as_u64(), Some(at_open + leaves), "{f}");
+        let parts: u64 = f["parts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["bytes"].as_u64().unwrap())
+            .sum();
+        assert_eq!(parts, at_open, "{f}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_sce"))
+        .args(["footprint", "--verify", "maybe"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("on or off"));
+}
