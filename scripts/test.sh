@@ -3,19 +3,37 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Real NBD clients and peers for the integration tests (Debian packages).
+# Under CI=true a missing requirement is an error here and in the tests (sce-testkit): a test
+# that skips in CI never runs.
+ci=false
+case "${CI:-}" in true|TRUE|True|1) ci=true ;; esac
+missing() {
+  if [ "$ci" = true ]; then echo "ERROR: $*" >&2; exit 1; fi
+  echo "WARNING: $*; the tests that need it will be skipped" >&2
+}
+
+# Real NBD clients and peers for the integration tests (Debian packages). The list matches
+# sce_testkit::TOOLS (crates/sce-testkit/tests/require.rs checks it).
+tools="qemu-io:qemu-utils qemu-img:qemu-utils nbdkit:nbdkit nbdinfo:libnbd-bin nbdcopy:libnbd-bin \
+       nbdfuse:nbdfuse fio:fio fusermount3:fuse3 losetup:mount mkfs.ext4:e2fsprogs \
+       python3:python3"
 need=()
-for pair in qemu-io:qemu-utils qemu-img:qemu-utils nbdkit:nbdkit nbdinfo:libnbd-bin nbdcopy:libnbd-bin \
-            nbdfuse:nbdfuse fio:fio fusermount3:fuse3 losetup:mount mkfs.ext4:e2fsprogs; do
+for pair in $tools; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
+python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+for pair in $tools; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || missing "${pair%%:*} is not installed (Debian package ${pair#*:})"
+done
 
 # The independent reference simulator for the sim cross-check (crates/sce/tests/sim.rs).
-python3 -c 'import libcachesim' 2>/dev/null || python3 -m pip install -q libcachesim==0.3.5 \
-  || echo "WARNING: pip could not install libcachesim==0.3.5; the cross-check will be skipped" >&2
+lcs_ok() { python3 -c 'import libcachesim; assert libcachesim.__version__ == "0.3.5"' 2>/dev/null; }
+lcs_ok || python3 -m pip install -q libcachesim==0.3.5 \
+  || python3 -m pip install -q --break-system-packages libcachesim==0.3.5 || true
+lcs_ok || missing "pip could not install libcachesim==0.3.5"
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings

@@ -1,6 +1,7 @@
 //! `sce serve` with real NBD clients: qemu-io, qemu-img, nbdcopy, fio (nbd engine, verify),
 //! nbdkit as a remote source, a real ext4 filesystem through nbdfuse and a loop device,
-//! and SIGTERM under load. A client that is not installed is skipped with a message.
+//! and SIGTERM under load. A client that is not installed is skipped with a message, or
+//! fails the test under `CI=true` (`sce_testkit`).
 
 mod common;
 
@@ -9,16 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// True if the client `tool` is installed. Missing: the test skips, saying so, or fails under
+/// `CI=true` naming the Debian package (see `sce_testkit`).
 fn have(tool: &str) -> bool {
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("SKIP: {tool} is not installed");
-    }
-    ok
+    sce_testkit::require_known_tool(tool)
 }
 
 fn run(cmd: &mut Command) -> String {
@@ -266,8 +261,10 @@ fn ext4_on_nbdfuse_and_a_loop_device() {
     if !have("nbdfuse") || !have("mkfs.ext4") || !have("losetup") {
         return;
     }
-    if !Path::new("/dev/fuse").exists() {
-        eprintln!("SKIP: /dev/fuse is missing: no FUSE here");
+    if !sce_testkit::require_device(
+        "/dev/fuse",
+        "load the fuse kernel module (in a container: --device /dev/fuse)",
+    ) {
         return;
     }
     let d = tempfile::tempdir().unwrap();
@@ -286,7 +283,7 @@ fn ext4_on_nbdfuse_and_a_loop_device() {
     let t0 = Instant::now();
     while std::fs::metadata(&fuse_file).map(|m| m.len()).unwrap_or(0) != 128 << 20 {
         if t0.elapsed() > Duration::from_secs(20) {
-            eprintln!("SKIP: nbdfuse could not mount here");
+            sce_testkit::require(false, "a working nbdfuse mount", "FUSE must work here");
             return;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -297,10 +294,11 @@ fn ext4_on_nbdfuse_and_a_loop_device() {
         .output()
         .unwrap();
     if !lo.status.success() {
-        eprintln!(
-            "SKIP: losetup failed: {}",
+        let why = format!(
+            "losetup failed: {}",
             String::from_utf8_lossy(&lo.stderr).trim()
         );
+        sce_testkit::require(false, "a loop device", &why);
         return;
     }
     let loopdev = String::from_utf8_lossy(&lo.stdout).trim().to_string();

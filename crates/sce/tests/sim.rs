@@ -51,32 +51,19 @@ fn policy<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
         .expect("policy in output")
 }
 
-/// libCacheSim's Python package, installed if missing. None (and a loud message) only if
-/// it cannot be installed.
+/// libCacheSim's Python package, installed with pip if missing. If it cannot be installed,
+/// the cross-check skips (saying so), or fails under `CI=true` (see `sce_testkit`).
 fn libcachesim() -> Option<&'static str> {
-    let have = || {
-        Command::new("python3")
-            .args([
-                "-c",
-                "import libcachesim; assert libcachesim.__version__ == '0.3.5'",
-            ])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if !have() {
+    let (module, version, pip) = sce_testkit::PYTHON_MODULES
+        .iter()
+        .find(|m| m.0 == "libcachesim")
+        .expect("libcachesim in sce_testkit::PYTHON_MODULES");
+    if !sce_testkit::python_has(module, *version) {
         let _ = Command::new("python3")
-            .args(["-m", "pip", "install", "-q", "libcachesim==0.3.5"])
+            .args(["-m", "pip", "install", "-q", pip])
             .status();
     }
-    if have() {
-        Some("python3")
-    } else {
-        eprintln!(
-            "\n\n*** SKIPPED: the libCacheSim cross-check needs `pip install libcachesim==0.3.5`, \
-             which failed here. scripts/test.sh installs it. ***\n\n"
-        );
-        None
-    }
+    sce_testkit::require_python_module(module, *version, pip).then_some("python3")
 }
 
 const LIBCACHESIM: &str = r#"
