@@ -29,10 +29,13 @@
 //!
 //! # Locks
 //!
-//! Three locks, never held together except as stated: `Server::conns` (the closers of open
-//! connections), `Server::workers` (how many workers run) and `Budget::used` (tickets). No
-//! lock is held across socket or device I/O, or while taking another lock. A writer owns the
-//! write half of its socket outright (no lock).
+//! Three locks, never nested, so there is no lock order to get wrong: `Server::conns` (the
+//! closers of open connections), `Server::workers` (how many workers run) and
+//! `Shared::used` (the server's in-flight bytes; the per-connection counters change only
+//! under it, and `Shared::freed` signals it). No lock is held across socket reads or writes
+//! or device I/O; `shutdown` calls the non-blocking `shutdown(2)` of each connection under
+//! `conns`, and `start_workers` spawns threads under `workers`. A writer owns the write half
+//! of its socket outright (no lock); replies reach it through a channel.
 //!
 //! # Timeouts
 //!
