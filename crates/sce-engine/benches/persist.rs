@@ -2,13 +2,18 @@
 //!
 //! 1. **Write latency with persistence off and on**: 4 KiB writes to cached fragments, on an
 //!    O_DIRECT cache file, with an in-memory source (the overhead alone) and with a 2 ms
-//!    source (a SAN-like volume). "hot" rewrites a few fragments (their intents stay set);
-//!    "spread" writes a different fragment each time (each first write waits for an intent).
+//!    source (a SAN-like volume). "oltp" is a database-like load: 4 threads, 87% reads and
+//!    13% writes of 4 KiB pages picked with a skew over 48 cached fragments, for a few
+//!    seconds, with the flusher clearing quiet intents as it runs; "hot" rewrites a few
+//!    fragments (their intents stay set); "spread" writes a different fragment each time with
+//!    no read before it and every intent cleared in between: the worst case, where each
+//!    write waits for an intent write and a flush of the cache device.
 //! 2. **Start-up time of a 1 TiB cache device with every slot in use** (a sparse file whose
 //!    metadata units are all written).
 //!
-//! Run: `cargo bench -p sce-engine --bench persist` (files go to $TMPDIR, about 1.5 GiB for
-//! the start-up part; `cargo test --benches` runs a quick version without it).
+//! Run: `cargo bench -p sce-engine --bench persist [-- latency|startup]` (files go to
+//! $TMPDIR, about 1.5 GiB for the start-up part; `cargo test --benches` runs a quick
+//! version).
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -25,6 +30,7 @@ use std::time::{Duration, Instant};
 const MIB: u64 = 1 << 20;
 
 struct Lat {
+    n: usize,
     mean: f64,
     p50: f64,
     p99: f64,
@@ -34,6 +40,7 @@ fn lat(mut v: Vec<Duration>) -> Lat {
     v.sort_unstable();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     Lat {
+        n: v.len(),
         mean: v.iter().map(|&d| us(d)).sum::<f64>() / v.len() as f64,
         p50: us(v[v.len() / 2]),
         p99: us(v[v.len() * 99 / 100]),
@@ -103,7 +110,125 @@ fn writes(
     lat(out)
 }
 
+/// Write latencies under a database-like mix: `threads` threads each doing, for `secs`
+/// seconds, 87% reads and 13% writes of skewed-random 4 KiB pages of 48 cached fragments.
+fn oltp(
+    source: Arc<dyn BlockDevice>,
+    cache: Arc<dyn BlockDevice>,
+    persist: bool,
+    threads: u64,
+    secs: f64,
+) -> (Lat, Option<sce_engine::PersistStats>) {
+    let cfg = EngineConfig {
+        core: CoreConfig::default(),
+        background_population: false,
+        persist: persist.then(|| PersistConfig {
+            reformat: true,
+            ..PersistConfig::new("bench")
+        }),
+        ..EngineConfig::default()
+    };
+    let vol = Arc::new(CacheVolume::open(source, cache, cfg).expect("open"));
+    let mut buf = AlignedBuf::new(MIB as usize);
+    for f in 0..48 {
+        vol.read_at(f * MIB, &mut buf).unwrap();
+    }
+    vol.populate_now(100);
+    vol.flush_metadata();
+    vol.flush_metadata();
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let vol = vol.clone();
+            std::thread::spawn(move || {
+                let mut rng = SmallRng::seed_from_u64(t + 1);
+                let mut data = AlignedBuf::new(4096);
+                let mut out = Vec::new();
+                while Instant::now() < deadline {
+                    // A skewed pick: u^3 puts most accesses on the first pages.
+                    let u: f64 = rng.gen();
+                    let page = ((u * u * u) * (48.0 * 256.0)) as u64;
+                    if rng.gen_bool(0.13) {
+                        rng.fill(&mut data[..]);
+                        let t0 = Instant::now();
+                        vol.write_at(page * 4096, &data).unwrap();
+                        out.push(t0.elapsed());
+                    } else {
+                        vol.read_at(page * 4096, &mut data).unwrap();
+                    }
+                }
+                out
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(h.join().unwrap());
+    }
+    (lat(all), vol.persist_stats())
+}
+
 fn latency_part(dir: &std::path::Path, n: usize) {
+    let secs = if n < 1000 { 1.0 } else { 8.0 };
+    println!(
+        "write latency, oltp: 4 threads, 87% reads / 13% writes of 4 KiB pages over 48 cached \
+         1 MiB fragments, {secs} s per configuration, O_DIRECT cache file (microseconds):"
+    );
+    println!(
+        "{:<22} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8}",
+        "source",
+        "writes",
+        "off mean",
+        "off p50",
+        "off p99",
+        "on mean",
+        "on p50",
+        "on p99",
+        "mean x",
+        "p99 x",
+        "syncs",
+        "presets"
+    );
+    for (sname, slow) in [("memory", false), ("2 ms, 64 in flight", true)] {
+        let mut res = Vec::new();
+        let mut writes_n = 0;
+        let mut stats = None;
+        for persist in [false, true] {
+            let mem: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(256 * MIB));
+            let source: Arc<dyn BlockDevice> = if slow {
+                Arc::new(LatencyDevice::new(
+                    mem,
+                    LatencyConfig::disk(Duration::from_millis(2), 64),
+                ))
+            } else {
+                mem
+            };
+            let cache = cache_file(dir, "sce-bench-lat.img", 96 * MIB);
+            let (l, p) = oltp(source, cache, persist, 4, secs);
+            writes_n = l.n;
+            if p.is_some() {
+                stats = p;
+            }
+            res.push(l);
+        }
+        let p = stats.unwrap_or_default();
+        println!(
+            "{:<22} {:>8} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8.2} {:>8.2} {:>8} {:>8}",
+            sname,
+            writes_n,
+            res[0].mean,
+            res[0].p50,
+            res[0].p99,
+            res[1].mean,
+            res[1].p50,
+            res[1].p99,
+            res[1].mean / res[0].mean,
+            res[1].p99 / res[0].p99,
+            p.intent_syncs,
+            p.intent_presets
+        );
+    }
+    println!();
     println!(
         "write latency, 4 KiB writes to cached fragments, O_DIRECT cache file (microseconds):"
     );
@@ -259,8 +384,22 @@ fn human(n: u64) -> String {
 }
 
 fn main() {
-    let quick = !std::env::args().any(|a| a == "--bench");
+    let args: Vec<String> = std::env::args().collect();
+    let quick = !args.iter().any(|a| a == "--bench");
+    // `cargo bench --bench persist -- latency` (or `startup`) runs one part.
+    let only = |part: &str| {
+        let named: Vec<&String> = args
+            .iter()
+            .skip(1)
+            .filter(|a| !a.starts_with("--"))
+            .collect();
+        named.is_empty() || named.iter().any(|a| *a == part)
+    };
     let dir = std::env::temp_dir();
-    latency_part(&dir, if quick { 96 } else { 2000 });
-    startup_part(&dir, if quick { 4 << 30 } else { 1 << 40 });
+    if only("latency") {
+        latency_part(&dir, if quick { 96 } else { 2000 });
+    }
+    if only("startup") {
+        startup_part(&dir, if quick { 4 << 30 } else { 1 << 40 });
+    }
 }

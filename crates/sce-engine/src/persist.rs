@@ -34,7 +34,7 @@ use sce_store::layout::{BLOCK, SLOTS_PER_INTENT_BLOCK};
 use sce_store::unit::{EntryIn, UnitBuilder, NO_FRAGMENT};
 use sce_store::{Layout, ScanReport, Superblock};
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,6 +61,10 @@ pub struct PersistConfig {
     /// appended to the source's own identity: bumping it invalidates what the device holds
     /// for the volume. The only way to tell sce that an NBD export changed while it was down.
     pub source_generation: Option<String>,
+    /// Flush rounds after a write during which the slot counts as "write-warm": a read of it
+    /// keeps (or sets ahead of time) its write intent, so the next write need not wait for
+    /// the cache device. The cost: a crash drops the write-warm slots that were read lately.
+    pub warm_rounds: u32,
 }
 
 impl PersistConfig {
@@ -74,6 +78,7 @@ impl PersistConfig {
             verify_metadata: true,
             state_dir: None,
             source_generation: None,
+            warm_rounds: 30,
         }
     }
 }
@@ -108,6 +113,8 @@ pub struct PersistStats {
     pub dirty_intents: u64,
     /// Synchronous intent writes (a write or population waited for them).
     pub intent_syncs: u64,
+    /// Intents set ahead of need, on reads of recently written slots.
+    pub intent_presets: u64,
     /// Metadata units written.
     pub units_written: u64,
     /// Metadata bytes written (units, intent blocks, superblocks).
@@ -121,6 +128,7 @@ pub struct PersistStats {
 #[derive(Debug, Default)]
 struct Counters {
     intent_syncs: AtomicU64,
+    intent_presets: AtomicU64,
     units_written: AtomicU64,
     metadata_bytes_written: AtomicU64,
     metadata_errors: AtomicU64,
@@ -157,6 +165,11 @@ struct State {
     units: BTreeSet<u32>,
     /// A unit write went wrong: scan every unit next round for one it may have hit.
     scrub: bool,
+    /// The intent bits, readable without this lock (kept equal to `intents`).
+    intent_bits: Arc<[AtomicU64]>,
+    /// Per slot: the version of its intent block that set its bit (the bit is durable once
+    /// the block is durable at that version).
+    set_version: Vec<u64>,
 }
 
 impl State {
@@ -171,18 +184,24 @@ impl State {
         } else {
             self.intents[w] &= !(1 << b);
         }
-        self.version[(s as u64 / SLOTS_PER_INTENT_BLOCK) as usize] += 1;
+        self.intent_bits[w].store(self.intents[w], Relaxed);
+        let block = (s as u64 / SLOTS_PER_INTENT_BLOCK) as usize;
+        self.version[block] += 1;
+        if on {
+            self.set_version[s as usize] = self.version[block];
+        }
     }
 
     /// A write touches slot `s`'s claims: bump its epoch, set its intent; the ticket to wait
-    /// for, if the intent is not durable yet.
+    /// for, if the intent is not durable yet. Only the version that set *this* bit matters:
+    /// other bits of the block changing since (presets, clears) do not make it wait.
     fn touch(&mut self, s: u32) -> Option<Ticket> {
         self.epoch[s as usize] = self.epoch[s as usize].wrapping_add(1);
         if !self.intent(s) {
             self.set_intent(s, true);
         }
         let block = (s as u64 / SLOTS_PER_INTENT_BLOCK) as u32;
-        let v = self.version[block as usize];
+        let v = self.set_version[s as usize];
         (self.durable[block as usize] < v).then_some(Ticket { block, version: v })
     }
 }
@@ -201,6 +220,15 @@ pub(crate) struct Persist {
     loaded: PersistStats,
     /// The source writes completed when the source's identity was last recorded.
     identity_writes: AtomicU64,
+    /// Flush rounds so far: the clock of `warm_until`.
+    round_no: AtomicU32,
+    /// Per slot: the round until which the slot counts as written recently ("write-warm"),
+    /// so that a read of it sets its intent ahead of the next write.
+    warm_until: Box<[AtomicU32]>,
+    /// Per slot: read since the last flush round while write-warm (keeps its intent set).
+    read_touch: Box<[AtomicU64]>,
+    /// The intent bits, readable without the state lock.
+    intent_bits: Arc<[AtomicU64]>,
 }
 
 /// What `open` hands back to the volume.
@@ -370,7 +398,12 @@ impl Persist {
         };
         let slots = layout.slots as usize;
         let blocks = layout.intent_blocks as usize;
+        let intent_bits: Arc<[AtomicU64]> =
+            loaded.intents.iter().map(|&w| AtomicU64::new(w)).collect();
+        let warm_rounds = cfg.warm_rounds;
         let st = State {
+            intent_bits: intent_bits.clone(),
+            set_version: vec![1; slots],
             mirror: vec![NO_FRAGMENT; slots],
             owner: IntMap::default(),
             intents: loaded.intents.clone(),
@@ -395,6 +428,12 @@ impl Persist {
                 counters: Counters::default(),
                 loaded: stats,
                 identity_writes: AtomicU64::new(u64::MAX),
+                round_no: AtomicU32::new(0),
+                // Every slot starts write-warm: the first reads after a start set the intents
+                // of the slots they hit ahead of the first writes.
+                warm_until: (0..slots).map(|_| AtomicU32::new(warm_rounds)).collect(),
+                read_touch: (0..slots.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+                intent_bits,
             },
             loaded,
         })
@@ -495,9 +534,14 @@ impl Persist {
     ) -> Vec<Ticket> {
         let mut st = self.st.lock();
         let mut t = Vec::new();
+        let warm = self
+            .round_no
+            .load(Relaxed)
+            .saturating_add(self.cfg.warm_rounds);
         for f in frags {
             if let Some(&s) = st.owner.get(&f) {
                 t.extend(st.touch(s));
+                self.warm_until[s as usize].store(warm, Relaxed);
             }
         }
         for (s, f) in copies {
@@ -519,6 +563,62 @@ impl Persist {
         } else {
             None
         }
+    }
+
+    /// A read hit slot `s`. If the slot was written in the last `warm_rounds` flush rounds,
+    /// its intent is kept set (or set now, ahead of the next write, which then need not wait
+    /// for the cache device). Returns true if an intent was set that the intent writer must
+    /// make durable (`write_pending`). Lock-free unless it sets the intent.
+    pub(crate) fn preset(&self, s: u32) -> bool {
+        let Some(warm) = self.warm_until.get(s as usize) else {
+            return false;
+        };
+        if warm.load(Relaxed) < self.round_no.load(Relaxed) {
+            return false;
+        }
+        let (w, b) = (s as usize / 64, 1u64 << (s % 64));
+        if self.read_touch[w].load(Relaxed) & b == 0 {
+            self.read_touch[w].fetch_or(b, Relaxed);
+        }
+        if self.intent_bits[w].load(Relaxed) & b != 0 {
+            return false;
+        }
+        let mut st = self.st.lock();
+        if st.intent(s) {
+            return false;
+        }
+        st.set_intent(s, true);
+        self.counters.intent_presets.fetch_add(1, Relaxed);
+        true
+    }
+
+    /// Slot `s` was just populated: it counts as write-warm for `warm_rounds` flush rounds,
+    /// so the first reads of it set its intent ahead of a first write.
+    pub(crate) fn warm(&self, s: u32) {
+        if let Some(w) = self.warm_until.get(s as usize) {
+            let until = self
+                .round_no
+                .load(Relaxed)
+                .saturating_add(self.cfg.warm_rounds);
+            w.fetch_max(until, Relaxed);
+        }
+    }
+
+    /// Writes every intent block whose in-memory content is newer than what is durable
+    /// (the intents set ahead of need), without anyone waiting for it. A write that needs
+    /// one of these intents meanwhile waits only for the rest of this write.
+    pub(crate) fn write_pending(&self) -> Result<(), IoError> {
+        let _io = self.intent_io.lock();
+        let blocks: Vec<u32> = {
+            let st = self.st.lock();
+            (0..st.version.len() as u32)
+                .filter(|&b| st.durable[b as usize] < st.version[b as usize])
+                .collect()
+        };
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        self.write_intent_blocks(&blocks)
     }
 
     /// Waits until the intent blocks of `tickets` are durable at their versions, writing
@@ -588,6 +688,9 @@ impl Persist {
         // 1. Snapshot under the core lock.
         let mut images: Vec<UnitImage> = Vec::new();
         let mut clear: Vec<(u32, u32)> = Vec::new();
+        self.round_no.fetch_add(1, Relaxed);
+        // Slots read while write-warm since the last round keep their intents.
+        let read: Vec<u64> = self.read_touch.iter().map(|w| w.swap(0, Relaxed)).collect();
         {
             let mut core = shared.core.write();
             let mut st = self.st.lock();
@@ -604,7 +707,8 @@ impl Persist {
                     let s = (w * 64) as u32 + bits.trailing_zeros();
                     bits &= bits - 1;
                     let e = st.epoch[s as usize];
-                    let quiet = force || e == st.epoch_seen[s as usize];
+                    let quiet =
+                        force || (e == st.epoch_seen[s as usize] && !sce_store::bit(&read, s));
                     st.epoch_seen[s as usize] = e;
                     if !quiet {
                         continue;
@@ -858,6 +962,7 @@ impl Persist {
                 .map(|w| w.count_ones() as u64)
                 .sum(),
             intent_syncs: c.intent_syncs.load(Relaxed),
+            intent_presets: c.intent_presets.load(Relaxed),
             units_written: c.units_written.load(Relaxed),
             metadata_bytes_written: c.metadata_bytes_written.load(Relaxed),
             metadata_errors: c.metadata_errors.load(Relaxed),

@@ -103,6 +103,9 @@ pub(crate) struct Shared {
     /// records the source's identity only when the two are equal.
     source_writes_started: AtomicU64,
     source_writes_done: AtomicU64,
+    /// Intents were set ahead of need: the intent writer has work (with `intent_wake`).
+    intent_pending: Mutex<bool>,
+    intent_wake: Condvar,
 }
 
 /// A cached volume. Thread-safe: share it with `Arc` and call it from any number of threads.
@@ -252,6 +255,8 @@ impl CacheVolume {
             vol_id,
             source_writes_started: AtomicU64::new(0),
             source_writes_done: AtomicU64::new(0),
+            intent_pending: Mutex::new(false),
+            intent_wake: Condvar::new(),
         });
         let (tx, rx) = crossbeam_channel::unbounded::<AwtJob>();
         let mut threads = Vec::new();
@@ -282,6 +287,13 @@ impl CacheVolume {
                     .name("sce-meta".into())
                     .spawn(move || flusher(&s))
                     .map_err(|e| IoError::Invalid(format!("cannot start metadata thread: {e}")))?,
+            );
+            let s = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("sce-intent".into())
+                    .spawn(move || intent_writer(&s))
+                    .map_err(|e| IoError::Invalid(format!("cannot start intent thread: {e}")))?,
             );
         }
         Ok(CacheVolume {
@@ -544,6 +556,27 @@ impl Shared {
         }
     }
 
+    /// Sets ahead of need the intents of recently written slots that this read hits, and
+    /// wakes the intent writer if any was set (see `Persist::preset`).
+    fn preset_intents(&self, plan: &ReadPlan) {
+        let Some(p) = &self.persist else { return };
+        let mut last = u32::MAX;
+        let mut any = false;
+        for run in &plan.runs {
+            if let RunTarget::Cache(c) = run.target {
+                let slot = (c.0 >> self.fshift) as u32;
+                if slot != last {
+                    any |= p.preset(slot);
+                    last = slot;
+                }
+            }
+        }
+        if any {
+            *self.intent_pending.lock() = true;
+            self.intent_wake.notify_one();
+        }
+    }
+
     /// The pages a cache run of `len` bytes at cache offset `c` touches.
     fn run_pages(&self, c: u64, len: u64) -> usize {
         let ps = sce_core::PAGE_SIZE;
@@ -766,6 +799,9 @@ fn run_population(s: &Shared, job: &PopulationJob, buf: &mut AlignedBuf) {
         }
     }
     let _ = s.core.write().complete_population(job.id, ok);
+    if let (true, Some(p)) = (ok, &s.persist) {
+        p.warm(job.slot.0);
+    }
 }
 
 fn population_worker(s: &Shared, index: u32) {
@@ -865,6 +901,7 @@ impl BlockDevice for CacheVolume {
                     }
                 }
             }
+            s.preset_intents(plan);
             let mut result = Ok(());
             let (mut from_source, mut from_cache) = (0, 0);
             let mut w = 0;
@@ -981,6 +1018,10 @@ impl CacheVolume {
             let _g = self.shared.sleep_lock.lock();
             self.shared.wake.notify_all();
         }
+        {
+            let _g = self.shared.intent_pending.lock();
+            self.shared.intent_wake.notify_all();
+        }
         // Closing the channel lets the AWT writers finish what is queued, then exit.
         self.awt_tx.lock().take();
         let threads: Vec<_> = self.threads.lock().drain(..).collect();
@@ -1004,6 +1045,29 @@ impl CacheVolume {
 impl Drop for CacheVolume {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// Makes the intents set ahead of need durable, in the background, as they come.
+fn intent_writer(s: &Shared) {
+    let Some(p) = &s.persist else { return };
+    loop {
+        {
+            let mut pending = s.intent_pending.lock();
+            while !*pending && !s.shutdown.load(Relaxed) {
+                s.intent_wake.wait(&mut pending);
+            }
+            if s.shutdown.load(Relaxed) {
+                return;
+            }
+            *pending = false;
+        }
+        if s.passthrough.load(Relaxed) {
+            continue;
+        }
+        if let Err(e) = p.write_pending() {
+            s.device_errors(1, &format!("intent write failed: {e}"));
+        }
     }
 }
 
