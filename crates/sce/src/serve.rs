@@ -416,7 +416,7 @@ fn source_identity(source: &str) -> String {
 }
 
 /// The persistence fields exported as metrics and in /stats: (name, value, is a counter).
-fn persist_fields(p: &PersistStats) -> [(&'static str, u64, bool); 10] {
+fn persist_fields(p: &PersistStats) -> [(&'static str, u64, bool); 11] {
     [
         ("persist_format_version", p.format_version as u64, false),
         (
@@ -428,6 +428,7 @@ fn persist_fields(p: &PersistStats) -> [(&'static str, u64, bool); 10] {
         ("persist_fragments_restored", p.fragments_restored, false),
         ("persist_dirty_intents", p.dirty_intents, false),
         ("persist_intent_syncs", p.intent_syncs, true),
+        ("persist_intent_presets", p.intent_presets, true),
         ("persist_units_written", p.units_written, true),
         (
             "persist_metadata_bytes_written",
