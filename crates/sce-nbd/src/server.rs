@@ -29,9 +29,9 @@
 //!
 //! # Locks
 //!
-//! Three locks, never nested, so there is no lock order to get wrong: `Server::conns` (the
-//! closers of open connections), `Server::workers` (how many workers run) and
-//! `Shared::used` (the server's in-flight bytes; the per-connection counters change only
+//! Four locks, never nested, so there is no lock order to get wrong: `Server::conns` (the
+//! closers of open connections), `Server::workers` (how many workers run),
+//! `Server::shutdown_sender` (taken once, by `shutdown`) and `Shared::used` (the server's in-flight bytes; the per-connection counters change only
 //! under it, and `Shared::freed` signals it). No lock is held across socket reads or writes
 //! or device I/O; `shutdown` calls the non-blocking `shutdown(2)` of each connection under
 //! `conns`, and `start_workers` spawns threads under `workers`. A writer owns the write half
@@ -46,7 +46,7 @@
 //! `idle_timeout` (none by default).
 
 use crate::proto::{self, errno, ProtoError, Request};
-use crossbeam_channel::{unbounded, Receiver, Sender};
+use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender};
 use parking_lot::{Condvar, Mutex};
 use sce_io::{AlignedBuf, BlockDevice, IoError};
 use std::io::{self, Read, Write};
@@ -255,6 +255,9 @@ struct Shared {
     stats: ServerStats,
     shutting_down: AtomicBool,
     shutdown_at: OnceLock<Instant>,
+    /// Never sent on: its sender is dropped at shutdown, which wakes every writer waiting
+    /// for a reply (they then watch the grace).
+    shutdown_signal: Receiver<()>,
     /// Payload bytes in flight over the server; `freed` is signalled when tickets drop.
     used: Mutex<u64>,
     freed: Condvar,
@@ -435,6 +438,8 @@ pub struct Server {
     /// Second (since the server started) of the last refusal logged.
     last_refusal_log: AtomicU64,
     started: Instant,
+    /// Dropped by `shutdown` (see `Shared::shutdown_signal`).
+    shutdown_sender: Mutex<Option<Sender<()>>>,
 }
 
 impl std::fmt::Debug for Server {
@@ -473,6 +478,7 @@ impl Server {
     /// with the first connection.
     pub fn with_config(exports: Vec<Export>, cfg: ServerConfig) -> Arc<Server> {
         let (jobs, job_queue) = unbounded();
+        let (shutdown_sender, shutdown_signal) = bounded(0);
         Arc::new(Server {
             exports,
             shared: Arc::new(Shared {
@@ -480,6 +486,7 @@ impl Server {
                 stats: ServerStats::default(),
                 shutting_down: AtomicBool::new(false),
                 shutdown_at: OnceLock::new(),
+                shutdown_signal,
                 used: Mutex::new(0),
                 freed: Condvar::new(),
             }),
@@ -490,6 +497,7 @@ impl Server {
             next_conn: AtomicU64::new(0),
             last_refusal_log: AtomicU64::new(u64::MAX),
             started: Instant::now(),
+            shutdown_sender: Mutex::new(Some(shutdown_sender)),
         })
     }
 
@@ -522,6 +530,7 @@ impl Server {
     pub fn shutdown(&self) {
         let _ = self.shared.shutdown_at.set(Instant::now());
         self.shared.shutting_down.store(true, Relaxed);
+        drop(self.shutdown_sender.lock().take());
         for (_, close) in self.conns.lock().iter() {
             close();
         }
@@ -984,7 +993,28 @@ fn work(shared: &Shared, queue: &Receiver<Job>) {
 fn write_replies<C: Conn>(shared: &Shared, mut wr: C, queue: &Receiver<Reply>, state: &ConnState) {
     let stats = &shared.stats;
     let mut broken = wr.set_write_timeout_conn(Some(SLICE)).is_err();
-    for reply in queue.iter() {
+    loop {
+        let next = if shared.shutting_down() {
+            // Replies of requests still running (a slow device) may not come in time: shut
+            // the socket down once the grace has run out, whatever is still to come.
+            match queue.recv_timeout(SLICE) {
+                Err(RecvTimeoutError::Timeout) => {
+                    if !broken && shared.past_grace() {
+                        broken = true;
+                        state.dead.store(true, Relaxed);
+                        wr.shutdown_conn();
+                    }
+                    continue;
+                }
+                r => r.ok(),
+            }
+        } else {
+            crossbeam_channel::select! {
+                recv(queue) -> r => r.ok(),
+                recv(shared.shutdown_signal) -> _ => continue,
+            }
+        };
+        let Some(reply) = next else { break };
         stats.requests.fetch_add(1, Relaxed);
         if reply.error != 0 {
             stats.request_errors.fetch_add(1, Relaxed);

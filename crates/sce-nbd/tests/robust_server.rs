@@ -343,6 +343,38 @@ fn shutdown_with_a_client_that_never_reads_completes() {
     assert!(within("closed", 60, move || closed_by_server(&mut bad)));
 }
 
+#[test]
+fn shutdown_closes_connections_whose_device_is_stuck() {
+    use sce_io::{LatencyConfig, LatencyDevice};
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("stuck.sock");
+    // Every I/O takes an hour.
+    let stuck: Arc<dyn BlockDevice> = Arc::new(LatencyDevice::new(
+        MemDevice::new(1 << 20),
+        LatencyConfig::disk(Duration::from_secs(3600), 4),
+    ));
+    let server = Server::with_config(
+        vec![Export {
+            name: "vol".into(),
+            description: String::new(),
+            device: stuck,
+            read_only: false,
+            prefetch: None,
+        }],
+        ServerConfig {
+            shutdown_grace: Duration::from_secs(1),
+            ..ServerConfig::default()
+        },
+    );
+    let _l = listen(&server, &ListenAddr::Unix(sock.clone())).unwrap();
+    let mut s = try_go(&sock).unwrap();
+    request(&mut s, proto::CMD_READ, 1, 0, 4096);
+    // Let the read reach the device (if it has not, it gets ESHUTDOWN: fine too).
+    std::thread::sleep(Duration::from_millis(300));
+    server.shutdown();
+    assert!(within("closed", 60, move || closed_by_server(&mut s)));
+}
+
 fn mode(p: &Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(p).unwrap().permissions().mode() & 0o777
