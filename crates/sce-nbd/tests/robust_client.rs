@@ -25,20 +25,10 @@ fn within<T: Send + 'static>(what: &str, secs: u64, f: impl FnOnce() -> T + Send
     }
 }
 
-/// True if `nbdkit` runs. Missing: a failure under `CI=true`, a skip elsewhere.
+/// True if `nbdkit` is installed. Missing: a failure under `CI=true` naming the Debian
+/// package, a skip (said on stderr) elsewhere.
 fn have_nbdkit() -> bool {
-    let ok = Command::new("nbdkit")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "nbdkit is not installed: install the Debian package `nbdkit`"
-        );
-        eprintln!("SKIP: nbdkit is not installed (Debian package `nbdkit`)");
-    }
-    ok
+    sce_testkit::require_known_tool("nbdkit")
 }
 
 /// An `nbdkit memory` source on a Unix socket, killed on drop.
