@@ -214,6 +214,10 @@ pub(crate) struct Persist {
     volume: usize,
     st: Mutex<State>,
     intent_io: Mutex<()>,
+    /// One flush round at a time (the flusher's, `flush_metadata`'s, `close`'s): two rounds
+    /// would write images of the same unit with different sequence numbers, and each one's
+    /// read-back would find the other's and count a metadata error.
+    round_lock: Mutex<()>,
     seq: AtomicU64,
     pub(crate) cfg: PersistConfig,
     counters: Counters,
@@ -424,6 +428,7 @@ impl Persist {
                 volume: vi,
                 st: Mutex::new(st),
                 intent_io: Mutex::new(()),
+                round_lock: Mutex::new(()),
                 cfg,
                 counters: Counters::default(),
                 loaded: stats,
@@ -674,6 +679,7 @@ impl Persist {
     /// every intent as quiet (clean shutdown, nothing in flight). Returns the number of
     /// metadata errors.
     pub(crate) fn round(&self, shared: &Shared, force: bool) -> u64 {
+        let _one_at_a_time = self.round_lock.lock();
         self.counters.flush_rounds.fetch_add(1, Relaxed);
         let l = self.layout;
         if std::mem::take(&mut self.st.lock().scrub) {

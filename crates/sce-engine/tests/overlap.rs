@@ -756,7 +756,6 @@ fn write_through_always_1mib_fragments() {
 /// read-back then finds the second one's image and counts a metadata error (in the flusher, a
 /// cache-device error towards the limit that disables the cache).
 #[test]
-#[ignore = "fails until two metadata rounds (flush_metadata and the flusher) cannot interleave"]
 fn flush_metadata_while_the_flusher_runs_meets_no_errors() {
     let errors = run_watched("flush_metadata and the flusher", BOUND, |progress| {
         let source = Arc::new(MemDevice::new(2 * MIB));

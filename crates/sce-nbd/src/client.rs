@@ -627,6 +627,11 @@ impl Drop for NbdClient {
 }
 
 impl BlockDevice for NbdClient {
+    /// The export's URI and size. An NBD export's content can change on its server without
+    /// either changing: a persistent cache adds the operator's `--source-generation`.
+    fn identity(&self) -> Option<String> {
+        Some(format!("nbd:{}:size={}", self.uri, self.size))
+    }
     fn size(&self) -> u64 {
         self.size
     }

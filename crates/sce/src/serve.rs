@@ -12,7 +12,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use sce_core::{Admission, CoreConfig, EvictionKind, WriteMode};
 use sce_engine::{CacheVolume, EngineConfig, PersistConfig, PersistStats};
 use sce_io::{BlockDevice, DirectMode, FileDevice, FileOptions, LockMode};
-use sce_nbd::{listen, Export, ListenAddr, NbdClient, NbdUri, Server};
+use sce_nbd::{listen_with, Export, ListenAddr, NbdClient, NbdUri, Server};
 use serde::Deserialize;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -111,6 +111,36 @@ pub struct ServeArgs {
     /// more of the cache survives a crash, more metadata writes.
     #[arg(long, default_value = "1s", value_parser = parse_metadata_interval)]
     pub metadata_interval: Duration,
+    /// NBD connections served at once; more are refused. Each costs two threads.
+    #[arg(long, default_value_t = 256)]
+    pub max_connections: usize,
+    /// Close a client connection idle this long between requests (0: never; NBD clients
+    /// such as qemu keep idle connections for hours).
+    #[arg(long, default_value = "0s", value_parser = crate::units::parse_duration)]
+    pub idle_timeout: Duration,
+    /// Longest time a client may take to send a request once it started, or to read a
+    /// reply: slower clients are disconnected.
+    #[arg(long, default_value = "60s", value_parser = crate::units::parse_duration)]
+    pub client_timeout: Duration,
+    /// Payload bytes held in flight for all clients together (write data received, read
+    /// replies not yet sent); clients wait beyond it.
+    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+    pub inflight_budget: u64,
+    /// Permission bits of Unix sockets, in octal, whatever the umask.
+    #[arg(long, default_value = "600", value_parser = parse_mode)]
+    pub socket_mode: u32,
+    /// An NBD source request that takes longer fails (EIO) and its connection is reopened;
+    /// while the source is unreachable requests fail at once, never hang.
+    #[arg(long, default_value = "60s", value_parser = crate::units::parse_duration)]
+    pub source_timeout: Duration,
+}
+
+/// `--socket-mode`: octal permission bits.
+fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("{s} is not an octal mode like 600 or 660"))
 }
 
 /// `--metadata-interval`: at least 10 ms (0 would make the flusher spin).
@@ -186,7 +216,15 @@ fn direct_mode(a: &ServeArgs) -> DirectMode {
 fn open_source(spec: &ExportSpec, a: &ServeArgs) -> Result<Arc<dyn BlockDevice>> {
     if spec.source.starts_with("nbd://") || spec.source.starts_with("nbd+unix://") {
         let uri: NbdUri = spec.source.parse().map_err(|e: String| anyhow!(e))?;
-        return Ok(Arc::new(NbdClient::connect(&uri, a.source_connections)?));
+        let opts = sce_nbd::ClientOptions {
+            request_timeout: a.source_timeout.max(Duration::from_millis(100)),
+            ..sce_nbd::ClientOptions::default()
+        };
+        return Ok(Arc::new(NbdClient::connect_with(
+            &uri,
+            a.source_connections,
+            opts,
+        )?));
     }
     let direct = direct_mode(a);
     // A local source is held locked while served: exclusively when it is cached or written
@@ -482,6 +520,28 @@ fn prometheus(server: &Server, volumes: &[(String, Option<Arc<CacheVolume>>)]) -
             "sce_nbd_protocol_errors_total",
             s.protocol_errors.load(Relaxed),
         ),
+        (
+            "sce_nbd_refused_connections_total",
+            s.refused_connections.load(Relaxed),
+        ),
+        (
+            "sce_nbd_handshake_timeouts_total",
+            s.handshake_timeouts.load(Relaxed),
+        ),
+        (
+            "sce_nbd_request_timeouts_total",
+            s.request_timeouts.load(Relaxed),
+        ),
+        ("sce_nbd_idle_timeouts_total", s.idle_timeouts.load(Relaxed)),
+        (
+            "sce_nbd_reply_timeouts_total",
+            s.reply_timeouts.load(Relaxed),
+        ),
+        ("sce_nbd_inflight_bytes", s.inflight_bytes.load(Relaxed)),
+        (
+            "sce_nbd_inflight_bytes_peak",
+            s.inflight_bytes_peak.load(Relaxed),
+        ),
     ] {
         let kind = if name.ends_with("_total") {
             "counter"
@@ -545,6 +605,12 @@ fn stats_json(
         "requests": s.requests.load(Relaxed),
         "request_errors": s.request_errors.load(Relaxed),
         "protocol_errors": s.protocol_errors.load(Relaxed),
+        "refused_connections": s.refused_connections.load(Relaxed),
+        "handshake_timeouts": s.handshake_timeouts.load(Relaxed),
+        "request_timeouts": s.request_timeouts.load(Relaxed),
+        "idle_timeouts": s.idle_timeouts.load(Relaxed),
+        "reply_timeouts": s.reply_timeouts.load(Relaxed),
+        "inflight_bytes": s.inflight_bytes.load(Relaxed),
         "exports": exports,
     })
 }
@@ -660,7 +726,17 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         volumes.push((spec.name.clone(), b.volume));
         exports.push(b.export);
     }
-    let server = Server::new(exports);
+    let server = Server::with_config(
+        exports,
+        sce_nbd::ServerConfig {
+            max_connections: a.max_connections.max(1),
+            idle_timeout: (!a.idle_timeout.is_zero()).then_some(a.idle_timeout),
+            request_timeout: a.client_timeout.max(Duration::from_millis(100)),
+            reply_timeout: a.client_timeout.max(Duration::from_millis(100)),
+            inflight_bytes: a.inflight_budget.max(1 << 20),
+            ..sce_nbd::ServerConfig::default()
+        },
+    );
     let volumes = Arc::new(volumes);
     let (tx, rx) = std::sync::mpsc::sync_channel::<()>(4);
     ctrlc::set_handler(move || {
@@ -669,7 +745,14 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     .context("installing the signal handler")?;
     let mut listeners = Vec::new();
     for l in &listens {
-        let h = listen(&server, l).with_context(|| format!("listening on {l:?}"))?;
+        let h = listen_with(
+            &server,
+            l,
+            &sce_nbd::ListenOptions {
+                socket_mode: a.socket_mode,
+            },
+        )
+        .with_context(|| format!("listening on {l:?}"))?;
         tracing::info!(address = %h.local, "listening");
         eprintln!("sce serve: listening on {}", h.local);
         listeners.push(h);
@@ -692,7 +775,13 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     while server.stats().open_connections.load(Relaxed) > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
-    server.flush_all().context("flushing the exports")?;
+    if let Err(e) = server.flush_all() {
+        // A source that is away (an NBD server down) cannot be flushed. Stop anyway, without
+        // marking the caches clean: the next start recovers them as after a crash.
+        tracing::error!("flushing the exports failed: {e}; caches are left as after a crash");
+        eprintln!("sce serve: stopped, but the sources could not be flushed: {e}");
+        return Err(anyhow!("flushing the exports: {e}"));
+    }
     // Every acknowledged write is on the (flushed) source. Persistent caches now write their
     // records and mark their devices clean, so the next start is warm.
     for (name, v) in volumes.iter() {

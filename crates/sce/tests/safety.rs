@@ -518,3 +518,117 @@ fn an_nbd_source_with_a_new_generation_is_never_served_stale() {
     nbdkit.kill().unwrap();
     let _ = nbdkit.wait();
 }
+
+#[test]
+fn a_live_socket_is_never_taken_over_and_sockets_are_private() {
+    let t = setup();
+    random_file(&t.src, 16 * MIB, 14);
+    // A permissive umask must not make the socket world-writable.
+    // SAFETY: umask only changes this process's file-creation mask.
+    let old = unsafe { libc::umask(0) };
+    let s = Server::start(&strs(&t.args()), &t.sock);
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&t.sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "socket mode {mode:o}");
+    // A second server (its own source and cache) on the same socket path is refused.
+    let other = t.src.with_extension("other");
+    random_file(&other, 16 * MIB, 15);
+    let err = serve_fails(
+        &[
+            "--source",
+            other.to_str().unwrap(),
+            "--cache",
+            t.cache.with_extension("other").to_str().unwrap(),
+            "--cache-size",
+            "64MiB",
+            "--allow-buffered",
+        ],
+        &t.sock,
+    );
+    assert!(
+        err.contains(t.sock.to_str().unwrap()),
+        "names the path: {err}"
+    );
+    // The first server still answers on it, with its own data.
+    assert!(read_all(&t.sock, 16 * MIB) == std::fs::read(&t.src).unwrap());
+    assert!(s.term().success());
+}
+
+/// Runs `f` on a thread and fails the test if it has not returned after `secs` (a hang
+/// guard, not a latency assertion).
+fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(v) => v,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what}: still waiting after {secs} s (hung)")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: failed"),
+    }
+}
+
+#[test]
+fn an_nbd_source_that_restarts_never_hangs_sce() {
+    if !sce_testkit::require_known_tool("nbdkit") {
+        return;
+    }
+    let t = setup();
+    let size = 16 * MIB;
+    let data = random_file(&t.src, size, 16);
+    let nbd_sock = t.src.with_extension("nbd.sock");
+    let start_nbdkit = |sock: &Path, file: &Path| {
+        let _ = std::fs::remove_file(sock);
+        let child = Command::new("nbdkit")
+            .args(["-f", "--exit-with-parent", "-U"])
+            .arg(sock)
+            .arg("file")
+            .arg(file)
+            .spawn()
+            .unwrap();
+        common::wait_for(sock);
+        child
+    };
+    let mut nbdkit = start_nbdkit(&nbd_sock, &t.src);
+    let mut args = t.args();
+    args[1] = format!("nbd+unix:///?socket={}", nbd_sock.display());
+    args.extend(["--source-timeout".into(), "5s".into()]);
+    let s = Server::start(&strs(&args), &t.sock);
+    assert!(read_all(&t.sock, size) == data);
+    // The source goes away: reads of what is not cached fail, every time, and never hang.
+    nbdkit.kill().unwrap();
+    nbdkit.wait().unwrap();
+    let sock = t.sock.clone();
+    let failures = within(120, "reads while the source is away", move || {
+        let c = client(&sock);
+        let mut buf = AlignedBuf::new(MIB as usize);
+        (0..8)
+            .filter(|i| c.read_at((i % 16) * MIB, &mut buf).is_err())
+            .count()
+    });
+    println!("{failures} of 8 reads failed while the source was away (the rest were hits)");
+    // It comes back at the same place: everything reads right again.
+    let mut nbdkit = start_nbdkit(&nbd_sock, &t.src);
+    let sock = t.sock.clone();
+    // Requests fail at once until the client's reconnection backoff (at most 5 s) lets it
+    // try again; then they succeed.
+    let got = within(120, "reads after the source came back", move || {
+        let c = client(&sock);
+        let mut buf = AlignedBuf::new(MIB as usize);
+        while c.read_at(9 * MIB, &mut buf).is_err() {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        drop(c);
+        read_all(&sock, size)
+    });
+    assert!(got == data, "wrong data after the source came back");
+    // Away again: SIGTERM still stops the server.
+    nbdkit.kill().unwrap();
+    nbdkit.wait().unwrap();
+    let st = within(120, "SIGTERM while the source is away", move || s.term());
+    println!("sce serve exited with {st} while its source was away");
+}
