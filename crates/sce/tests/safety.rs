@@ -24,16 +24,41 @@ fn sce(args: &[&str]) -> Output {
         .unwrap()
 }
 
-/// `sce serve ARGS --listen unix:SOCK`, expected to fail at start: its stderr.
+/// `sce serve ARGS --listen unix:SOCK`, expected to fail at start: its stderr. A server
+/// that starts instead is killed after 30 s and fails the test (a hang guard).
 fn serve_fails(args: &[&str], sock: &Path) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_sce"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sce"))
         .arg("serve")
         .args(args)
         .args(["--listen", &format!("unix:{}", sock.display())])
-        .output()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
-    assert!(!out.status.success(), "sce serve {args:?} started");
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    let mut err = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut err, &mut s);
+        s
+    });
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "sce serve {args:?} started and kept serving: {}",
+                reader.join().unwrap()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let err = reader.join().unwrap();
+    assert!(!status.success(), "sce serve {args:?} exited 0: {err}");
+    err
 }
 
 fn client(sock: &Path) -> NbdClient {
