@@ -173,7 +173,10 @@ fn a_stray_bit_in_the_intent_padding_is_refused_by_load_and_check() {
     )
     .unwrap();
     let l = sb.layout;
-    assert!(!l.slots.is_multiple_of(64), "the test needs padding in the last word");
+    assert!(
+        !l.slots.is_multiple_of(64),
+        "the test needs padding in the last word"
+    );
     sce_store::check(&d, true).unwrap();
     // Set the first bit past the last slot.
     let mut block = AlignedBuf::new(4096);
