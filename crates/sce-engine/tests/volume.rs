@@ -28,6 +28,26 @@ fn conformance_default_config() {
     sce_io::conformance::run_all(&v);
 }
 
+/// Without page checksums (`verify` off) cached reads take the unverified path.
+#[test]
+fn conformance_without_checksums() {
+    let src: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(16 << 20));
+    let cch: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(4 << 20));
+    let v = CacheVolume::open(
+        src,
+        cch,
+        EngineConfig {
+            verify: false,
+            ..EngineConfig::default()
+        },
+    )
+    .expect("open");
+    sce_io::conformance::run_all(&v);
+    v.populate_now(100);
+    sce_io::conformance::run_all(&v);
+    assert!(v.stats().read_pages_hit > 0, "no cached read was exercised");
+}
+
 #[test]
 fn conformance_flashcache_like() {
     let v = volume(CoreConfig::flashcache_like(), 16 << 20, 4 << 20);
