@@ -282,6 +282,9 @@ fn startup_part(dir: &std::path::Path, cache_size: u64) {
     let _ = std::fs::remove_file(&path);
     let cache = cache_file(dir, "sce-bench-startup.img", cache_size);
     let source_size = 4 * cache_size;
+    let source: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(source_size));
+    // The volume records the source's identity, as `sce serve` would have.
+    let identity = sce_store::identity_hash(&source.identity().expect("memory identity"));
     let sb = sce_store::format(
         &*cache,
         &sce_store::FormatOptions {
@@ -291,7 +294,7 @@ fn startup_part(dir: &std::path::Path, cache_size: u64) {
                 generation: 1,
                 source_size,
                 name: "bench-source".into(),
-                identity: [0; sce_store::superblock::IDENTITY_BYTES],
+                identity,
             },
             size: None,
         },
@@ -343,7 +346,6 @@ fn startup_part(dir: &std::path::Path, cache_size: u64) {
         human(l.metadata_bytes()),
         t.elapsed().as_secs_f64()
     );
-    let source: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(source_size));
     for run in 0..2 {
         let t = Instant::now();
         let vol = CacheVolume::open(
