@@ -380,7 +380,7 @@ impl Persist {
             sb.volumes[vi].identity = identity_hash;
             sb.seq = sb.seq.max(state_seq(&cfg, &sb.uuid).unwrap_or(0)) + 1;
             sce_store::write_superblock(&*dev, &sb)?;
-            record_state_seq(&cfg, &sb.uuid, sb.seq);
+            record_state_seq(&cfg, &sb.uuid, sb.seq, true);
         }
         let frags = source_size.div_ceil(fragment_size);
         let loaded = sce_store::load(&*dev, sb.clone(), vi, frags)?;
@@ -432,7 +432,8 @@ impl Persist {
                 cfg,
                 counters: Counters::default(),
                 loaded: stats,
-                identity_writes: AtomicU64::new(u64::MAX),
+                // The identity stored now is the source's as opened, before any write.
+                identity_writes: AtomicU64::new(0),
                 round_no: AtomicU32::new(0),
                 // Every slot starts write-warm: the first reads after a start set the intents
                 // of the slots they hit ahead of the first writes.
@@ -486,12 +487,18 @@ impl Persist {
     /// Writes the superblock with the next sequence number, then records that number in the
     /// state directory (so that a later start recognises an older copy of the device).
     fn write_sb(&self, sb: &mut Superblock) -> Result<(), IoError> {
+        self.write_sb_with(sb, true)
+    }
+
+    /// `write_sb`; `sync_state`: fsync the state file too (not on the intent path, where a
+    /// lost state-file update after a power failure only weakens the rollback check).
+    fn write_sb_with(&self, sb: &mut Superblock, sync_state: bool) -> Result<(), IoError> {
         sb.seq = self.seq.fetch_add(1, Relaxed);
         self.counters
             .metadata_bytes_written
             .fetch_add(BLOCK, Relaxed);
         sce_store::write_superblock(&*self.dev, sb)?;
-        record_state_seq(&self.cfg, &sb.uuid, sb.seq);
+        record_state_seq(&self.cfg, &sb.uuid, sb.seq, sync_state);
         Ok(())
     }
 
@@ -510,6 +517,8 @@ impl Persist {
         identity: Option<String>,
         writes_done: u64,
     ) -> Result<(), IoError> {
+        // No write of ours since the last record: nothing of ours to record, and a change
+        // would be someone else's (left for the next start to find).
         if self.identity_writes.load(Relaxed) == writes_done {
             return Ok(());
         }
@@ -665,7 +674,19 @@ impl Persist {
                 .fetch_add(BLOCK, Relaxed);
             done.push((b, v));
         }
-        self.dev.flush()?;
+        // The superblock goes with every intent write, with a new sequence number that the
+        // state directory records too: a copy of the device taken before this write (a file
+        // copy, a snapshot) then carries an older sequence, and a start that is handed that
+        // copy back after a crash recognises it, although the copy's intents and records are
+        // each sound. Its write flushes the intent blocks as well.
+        {
+            let mut sb = self.sb.lock();
+            if sb.state == sce_store::DeviceState::Failed {
+                self.dev.flush()?;
+            } else {
+                self.write_sb_with(&mut sb, false)?;
+            }
+        }
         let mut st = self.st.lock();
         for (b, v) in done {
             let d = &mut st.durable[b as usize];
@@ -902,7 +923,12 @@ impl Persist {
     /// Clean shutdown (nothing in flight): writes every record, clears every intent and marks
     /// the device clean. Returns false if it could not (the device stays "open" and the next
     /// start recovers as after a crash).
-    pub(crate) fn close(&self, shared: &Shared, identity: Option<String>) -> bool {
+    pub(crate) fn close(
+        &self,
+        shared: &Shared,
+        identity: Option<String>,
+        writes_done: u64,
+    ) -> bool {
         for _ in 0..4 {
             if self.round(shared, true) > 0 {
                 return false;
@@ -918,8 +944,13 @@ impl Persist {
         if sb.state == sce_store::DeviceState::Failed {
             return false;
         }
-        if let Some(id) = full_identity(identity, &self.cfg) {
-            sb.volumes[self.volume].identity = sce_store::identity_hash(&id);
+        // Only a change this cache's own writes can explain is recorded: if it made none since
+        // the identity was last recorded, a changed identity is someone else's doing, and is
+        // left for the next start to find.
+        if self.identity_writes.load(Relaxed) != writes_done {
+            if let Some(id) = full_identity(identity, &self.cfg) {
+                sb.volumes[self.volume].identity = sce_store::identity_hash(&id);
+            }
         }
         sb.state = sce_store::DeviceState::Clean;
         sb.last_clean_shutdown = sce_store::unix_now();
@@ -1003,7 +1034,7 @@ fn state_seq(cfg: &PersistConfig, uuid: &[u8; 16]) -> Option<u64> {
 
 /// Records `seq` as the newest superblock sequence of device `uuid` (write, fsync, rename).
 /// Best effort: a failure only weakens the detection of a rolled-back device, and is logged.
-fn record_state_seq(cfg: &PersistConfig, uuid: &[u8; 16], seq: u64) {
+fn record_state_seq(cfg: &PersistConfig, uuid: &[u8; 16], seq: u64, sync: bool) {
     let Some(path) = state_file(cfg, uuid) else {
         return;
     };
@@ -1015,7 +1046,9 @@ fn record_state_seq(cfg: &PersistConfig, uuid: &[u8; 16], seq: u64) {
         let tmp = path.with_extension("tmp");
         let mut f = std::fs::File::create(&tmp)?;
         writeln!(f, "{seq}")?;
-        f.sync_all()?;
+        if sync {
+            f.sync_all()?;
+        }
         std::fs::rename(&tmp, &path)
     };
     if let Err(e) = write() {

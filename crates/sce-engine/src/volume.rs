@@ -1036,7 +1036,7 @@ impl CacheVolume {
         match &s.persist {
             Some(p) if !s.passthrough.load(Relaxed) => {
                 self.quiesce();
-                p.close(s, s.source.identity())
+                p.close(s, s.source.identity(), s.source_writes_done.load(SeqCst))
             }
             _ => false,
         }

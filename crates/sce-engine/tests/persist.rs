@@ -718,3 +718,48 @@ fn a_relabelled_entry_is_caught_by_its_page_checksums() {
         CacheVolume::open(source.clone(), cache_mem.clone(), config(MIB, false, 1000)).unwrap();
     assert!(mismatches(&vol, &*source, 4096).is_empty());
 }
+
+/// A copy of the cache device taken while the cache runs (a file copy, a VM or LVM
+/// snapshot), handed back after a crash, must not be trusted: a write after the copy set an
+/// intent only on the live device. Found by review: the superblock sequence (and the state
+/// directory's record of it) did not move on intent writes, so the copy looked current.
+#[test]
+fn a_copy_taken_while_running_is_not_trusted_after_a_crash() {
+    let state = tempfile::tempdir().unwrap();
+    let source = random_source(8 * MIB, 61);
+    let cache_mem = Arc::new(MemDevice::new(8 * MIB));
+    let cfg = || {
+        let mut c = config(MIB, false, 1_000_000);
+        let p = c.persist.as_mut().unwrap();
+        p.state_dir = Some(state.path().to_path_buf());
+        p.warm_rounds = 0;
+        c
+    };
+    let vol = CacheVolume::open(source.clone(), cache_mem.clone(), cfg()).unwrap();
+    read_all(&vol, 0, 4 * MIB);
+    assert_eq!(vol.populate_now(100), 4);
+    for _ in 0..3 {
+        vol.flush_metadata();
+    }
+    // A crash-consistent copy of the running device.
+    let copy = Arc::new(MemDevice::new(8 * MIB));
+    let mut b = AlignedBuf::new(MIB as usize);
+    for at in (0..8 * MIB).step_by(MIB as usize) {
+        cache_mem.read_at(at, &mut b).unwrap();
+        copy.write_at(at, &b).unwrap();
+    }
+    // A write through the cache to a cached fragment, then a crash (no close).
+    let mut w = AlignedBuf::new(4096);
+    w.fill(0xab);
+    vol.write_at(0, &w).unwrap();
+    vol.quiesce();
+    std::mem::forget(vol);
+    // The copy comes back.
+    let vol = CacheVolume::open(source.clone(), copy.clone(), cfg()).unwrap();
+    let p = vol.persist_stats().unwrap();
+    assert!(p.invalidated_because.contains("older copy"), "{p:?}");
+    assert!(
+        mismatches(&vol, &*source, 4096).is_empty(),
+        "stale data: {p:?}"
+    );
+}

@@ -93,7 +93,9 @@ pub fn format(a: FormatArgs) -> Result<()> {
         },
     )
     .with_context(|| format!("cache device {}", a.cache.display()))?;
-    if let crate::ownership::Contents::Foreign(what) = crate::ownership::contents(&dev)? {
+    if let crate::ownership::Contents::Foreign(what) =
+        crate::ownership::contents_at(&dev, Some(&a.cache))?
+    {
         if !a.force {
             bail!(
                 "{} holds data that is not an sce cache ({what}); pass --force to format it \

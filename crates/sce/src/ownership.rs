@@ -26,6 +26,35 @@ pub enum Contents {
     Foreign(String),
 }
 
+/// True if the regular file at `path` holds data past its first `from` bytes (its
+/// allocated extents, as `SEEK_DATA` sees them). False for block devices and when unknown.
+fn file_data_after(path: Option<&Path>, from: u64) -> bool {
+    use std::os::unix::io::AsRawFd;
+    let Some(p) = path else { return false };
+    let Ok(f) = std::fs::File::open(p) else {
+        return false;
+    };
+    if !f.metadata().is_ok_and(|m| m.file_type().is_file()) {
+        return false;
+    }
+    // SAFETY: lseek on a descriptor we own; no memory is passed.
+    let r = unsafe { libc::lseek(f.as_raw_fd(), from as libc::off_t, libc::SEEK_DATA) };
+    r >= 0
+}
+
+/// Looks at the start of `dev` (at `path`, if it is a file) to tell whose it is. Reads at
+/// most 1 MiB; a regular file whose first MiB is zero counts as blank only if it holds no
+/// data past it either.
+pub fn contents_at(dev: &dyn BlockDevice, path: Option<&Path>) -> Result<Contents> {
+    let c = contents(dev)?;
+    if matches!(c, Contents::Blank) && file_data_after(path, 1 << 20) {
+        return Ok(Contents::Foreign(
+            "its first MiB is zero but it holds data further in".into(),
+        ));
+    }
+    Ok(c)
+}
+
 /// Looks at the start of `dev` to tell whose it is. Reads at most 1 MiB.
 pub fn contents(dev: &dyn BlockDevice) -> Result<Contents> {
     let n = dev.size().min(1 << 20);

@@ -341,7 +341,7 @@ fn build_cached(
     let n = &spec.name;
     let persist_wanted = spec.persist.unwrap_or(true) && !a.no_persist;
     // Never format or overwrite what is not ours.
-    let found = ownership::contents(&*cache_dev)
+    let found = ownership::contents_at(&*cache_dev, Some(cache_path))
         .with_context(|| format!("export {n:?}: reading cache {}", cache_path.display()))?;
     if let ownership::Contents::Foreign(what) = &found {
         if !a.force {
@@ -353,6 +353,14 @@ fn build_cached(
             );
         }
         tracing::warn!(export = %n, "--force: overwriting {}: {what}", cache_path.display());
+    }
+    if !persist_wanted && matches!(found, ownership::Contents::SceCache) && !a.force && !a.reformat
+    {
+        bail!(
+            "export {n:?}: cache {} holds a persistent sce cache; --no-persist would overwrite it. \
+             Pass --reformat (or --force) to use it as a cache that starts cold",
+            cache_path.display()
+        );
     }
     let cache: Arc<dyn BlockDevice> = if persist_wanted {
         cache_dev
@@ -719,6 +727,20 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         }
     }
     ownership::refuse_overlaps(&claims)?;
+    // Two caches of one NBD export would never see each other's writes.
+    let mut cached_uris: Vec<&str> = file
+        .export
+        .iter()
+        .filter(|e| e.cache.is_some() && e.source.contains("://"))
+        .map(|e| e.source.as_str())
+        .collect();
+    cached_uris.sort_unstable();
+    if let Some(w) = cached_uris.windows(2).find(|w| w[0] == w[1]) {
+        bail!(
+            "two exports cache the same source {}: neither cache would see the other's writes",
+            w[0]
+        );
+    }
     let mut exports = Vec::new();
     let mut volumes = Vec::new();
     for spec in &file.export {
@@ -780,7 +802,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         // marking the caches clean: the next start recovers them as after a crash.
         tracing::error!("flushing the exports failed: {e}; caches are left as after a crash");
         eprintln!("sce serve: stopped, but the sources could not be flushed: {e}");
-        return Err(anyhow!("flushing the exports: {e}"));
+        // Exit here: dropping the volumes would close them and mark their devices clean.
+        std::process::exit(1);
     }
     // Every acknowledged write is on the (flushed) source. Persistent caches now write their
     // records and mark their devices clean, so the next start is warm.

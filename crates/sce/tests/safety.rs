@@ -242,13 +242,55 @@ fn data_that_is_not_an_sce_cache_needs_force() {
     forced.push("--force");
     let s = Server::start(&forced, &t.sock);
     assert!(s.term().success());
-    // A cache file that was ours, persistent or not, is reused without --force.
-    let s = Server::start(&np, &t.sock);
+    // A persistent cache is not turned into a cold one without --reformat (or --force).
+    let err = serve_fails(&np, &t.sock);
+    assert!(err.contains("--reformat"), "{err}");
+    let mut np_reformat = np.clone();
+    np_reformat.push("--reformat");
+    let s = Server::start(&np_reformat, &t.sock);
     assert!(s.term().success());
+    // A cache file that was ours, persistent or not, is reused without --force.
     let s = Server::start(&np, &t.sock);
     assert!(s.term().success());
     let s = Server::start(&strs(&args), &t.sock);
     assert!(s.term().success());
+    // A file whose first MiB is zero but that holds data further in is not blank.
+    let zero_head = t.cache.with_extension("zerohead");
+    let mut data = vec![0u8; (64 * MIB) as usize];
+    SmallRng::seed_from_u64(5).fill(&mut data[(MIB as usize)..]);
+    std::fs::write(&zero_head, &data).unwrap();
+    let before = digest(&zero_head);
+    let mut zh = strs(&args);
+    let i = zh
+        .iter()
+        .position(|a| *a == t.cache.to_str().unwrap())
+        .unwrap();
+    zh[i] = zero_head.to_str().unwrap();
+    let err = serve_fails(&zh, &t.sock);
+    assert!(
+        err.contains("data further in") && err.contains("--force"),
+        "{err}"
+    );
+    assert_eq!(digest(&zero_head), before);
+}
+
+#[test]
+fn two_caches_of_one_nbd_export_are_refused() {
+    let t = setup();
+    let cfg = t.src.with_extension("toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[export]]\nname = \"a\"\nsource = \"nbd://127.0.0.1:1/lun\"\ncache = \"{}\"\ncache_size = \"64MiB\"\n\n\
+             [[export]]\nname = \"b\"\nsource = \"nbd://127.0.0.1:1/lun\"\ncache = \"{}\"\ncache_size = \"64MiB\"\n",
+            t.cache.display(),
+            t.cache.with_extension("b").display()
+        ),
+    )
+    .unwrap();
+    let err = serve_fails(&["--config", cfg.to_str().unwrap()], &t.sock);
+    assert!(err.contains("cache the same source"), "{err}");
+    assert!(!t.cache.exists());
 }
 
 #[test]
