@@ -47,6 +47,21 @@ fn lat(mut v: Vec<Duration>) -> Lat {
     }
 }
 
+/// A 256 MiB memory source (behind 2 ms of latency, 64 in flight, if `slow`) and a 96 MiB
+/// O_DIRECT cache file.
+fn devices(dir: &std::path::Path, slow: bool) -> (Arc<dyn BlockDevice>, Arc<dyn BlockDevice>) {
+    let mem: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(256 * MIB));
+    let source: Arc<dyn BlockDevice> = if slow {
+        Arc::new(LatencyDevice::new(
+            mem,
+            LatencyConfig::disk(Duration::from_millis(2), 64),
+        ))
+    } else {
+        mem
+    };
+    (source, cache_file(dir, "sce-bench-lat.img", 96 * MIB))
+}
+
 fn cache_file(dir: &std::path::Path, name: &str, size: u64) -> Arc<dyn BlockDevice> {
     let p = dir.join(name);
     let _ = std::fs::remove_file(&p);
@@ -197,16 +212,7 @@ fn latency_part(dir: &std::path::Path, n: usize) {
         let (mut syncs, mut presets) = (0, 0);
         for _ in 0..rounds {
             for persist in [false, true] {
-                let mem: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(256 * MIB));
-                let source: Arc<dyn BlockDevice> = if slow {
-                    Arc::new(LatencyDevice::new(
-                        mem,
-                        LatencyConfig::disk(Duration::from_millis(2), 64),
-                    ))
-                } else {
-                    mem
-                };
-                let cache = cache_file(dir, "sce-bench-lat.img", 96 * MIB);
+                let (source, cache) = devices(dir, slow);
                 let (v, p) = oltp(source, cache, persist, 4, secs / rounds as f64);
                 pooled[persist as usize].extend(v);
                 if let Some(p) = p {
@@ -254,16 +260,7 @@ fn latency_part(dir: &std::path::Path, n: usize) {
         for hot in [true, false] {
             let mut res = Vec::new();
             for persist in [false, true] {
-                let mem: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(256 * MIB));
-                let source: Arc<dyn BlockDevice> = if slow {
-                    Arc::new(LatencyDevice::new(
-                        mem,
-                        LatencyConfig::disk(Duration::from_millis(2), 64),
-                    ))
-                } else {
-                    mem
-                };
-                let cache = cache_file(dir, "sce-bench-lat.img", 96 * MIB);
+                let (source, cache) = devices(dir, slow);
                 res.push(writes(source, cache, persist, hot, n));
             }
             println!(
