@@ -9,21 +9,10 @@ use sce_io::BlockDevice;
 use sce_nbd::{ClientOptions, NbdClient, NbdUri};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Runs `f` on a thread and waits for it at most `secs`: a hang guard, not a deadline.
-fn within<T: Send + 'static>(what: &str, secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(v) => v,
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: still running after {secs} s"),
-        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: panicked"),
-    }
-}
+use sce_testkit::within;
 
 /// True if `nbdkit` is installed. Missing: a failure under `CI=true` naming the Debian
 /// package, a skip (said on stderr) elsewhere.

@@ -149,6 +149,27 @@ pub fn require_device(path: &str, install: &str) -> bool {
     )
 }
 
+/// Runs `f` on a thread and waits for it at most `secs` seconds: a hang guard for tests,
+/// never a latency assertion. Panics, naming `what`, if `f` is still running then or
+/// panicked.
+pub fn within<T: Send + 'static>(
+    what: &str,
+    secs: u64,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(secs)) {
+        Ok(v) => v,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what}: still running after {secs} s (hung)")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: panicked"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

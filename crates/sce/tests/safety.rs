@@ -11,6 +11,7 @@ use common::{num, Server};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 use sce_io::{AlignedBuf, BlockDevice};
 use sce_nbd::{NbdClient, NbdUri};
+use sce_testkit::within;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -623,22 +624,6 @@ fn a_live_socket_is_never_taken_over_and_sockets_are_private() {
     assert!(s.term().success());
 }
 
-/// Runs `f` on a thread and fails the test if it has not returned after `secs` (a hang
-/// guard, not a latency assertion).
-fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(v) => v,
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-            panic!("{what}: still waiting after {secs} s (hung)")
-        }
-        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: failed"),
-    }
-}
-
 #[test]
 fn an_nbd_source_that_restarts_never_hangs_sce() {
     if !sce_testkit::require_known_tool("nbdkit") {
@@ -670,7 +655,7 @@ fn an_nbd_source_that_restarts_never_hangs_sce() {
     nbdkit.kill().unwrap();
     nbdkit.wait().unwrap();
     let sock = t.sock.clone();
-    let failures = within(120, "reads while the source is away", move || {
+    let failures = within("reads while the source is away", 120, move || {
         let c = client(&sock);
         let mut buf = AlignedBuf::new(MIB as usize);
         (0..8)
@@ -683,7 +668,7 @@ fn an_nbd_source_that_restarts_never_hangs_sce() {
     let sock = t.sock.clone();
     // Requests fail at once until the client's reconnection backoff (at most 5 s) lets it
     // try again; then they succeed.
-    let got = within(120, "reads after the source came back", move || {
+    let got = within("reads after the source came back", 120, move || {
         let c = client(&sock);
         let mut buf = AlignedBuf::new(MIB as usize);
         while c.read_at(9 * MIB, &mut buf).is_err() {
@@ -696,6 +681,6 @@ fn an_nbd_source_that_restarts_never_hangs_sce() {
     // Away again: SIGTERM still stops the server.
     nbdkit.kill().unwrap();
     nbdkit.wait().unwrap();
-    let st = within(120, "SIGTERM while the source is away", move || s.term());
+    let st = within("SIGTERM while the source is away", 120, move || s.term());
     println!("sce serve exited with {st} while its source was away");
 }
