@@ -37,7 +37,11 @@ fn tmpfs_refuses_o_direct_or_skip() {
     match fs_type(shm).as_deref() {
         Some("tmpfs") => {}
         other => {
-            eprintln!("SKIP: /dev/shm is not a tmpfs mount here ({other:?}); tmpfs O_DIRECT refusal not tested");
+            sce_testkit::require(
+                false,
+                "a tmpfs mount at /dev/shm",
+                &format!("found {other:?}; a standard Linux system mounts one"),
+            );
             return;
         }
     }
@@ -52,11 +56,10 @@ fn tmpfs_refuses_o_direct_or_skip() {
             conformance::round_trips(&d);
         }
         Ok(d) => {
-            // tmpfs gained O_DIRECT support in Linux 6.6.
-            eprintln!(
-                "SKIP: tmpfs accepts O_DIRECT on this kernel, so its refusal cannot be tested \
-                 here (procfs and sysfs stand in: direct_io_refusal_is_explained)"
-            );
+            // tmpfs gained O_DIRECT support in Linux 6.6: then this checks that Required
+            // and Preferred use it (procfs and sysfs stand in for the refusal:
+            // direct_io_refusal_is_explained).
+            eprintln!("note: tmpfs accepts O_DIRECT on this kernel; its use is checked instead");
             assert!(d.is_direct());
             drop(d);
             let d = FileDevice::open(&path, &opts(DirectMode::Preferred, Some(8 << 20))).unwrap();
@@ -103,7 +106,11 @@ fn direct_io_refusal_is_explained() {
     .map(Path::new)
     .find(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0 && m.len() % 512 == 0));
     let Some(sys) = sysfs else {
-        eprintln!("SKIP: no readable sysfs attribute file; Preferred fallback on sysfs not tested");
+        sce_testkit::require(
+            false,
+            "a readable sysfs attribute file",
+            "mount sysfs at /sys",
+        );
         return;
     };
     match FileDevice::open(sys, &ro(DirectMode::Required)) {
@@ -303,11 +310,11 @@ fn block_device_through_a_loop_device() {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
     let has_losetup = Command::new("losetup").arg("--version").output().is_ok();
-    if !root || !has_losetup {
-        eprintln!(
-            "SKIP: a loop device needs root and losetup (root={root}, losetup={has_losetup}); \
-             block-device support not tested"
-        );
+    if !sce_testkit::require(
+        root && has_losetup,
+        "a loop device (root and losetup)",
+        &format!("run as root with the Debian package mount (root={root}, losetup={has_losetup})"),
+    ) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -322,9 +329,13 @@ fn block_device_through_a_loop_device() {
         .output()
         .unwrap();
     if !out.status.success() {
-        eprintln!(
-            "SKIP: losetup could not attach a loop device ({}); block-device support not tested",
-            String::from_utf8_lossy(&out.stderr).trim()
+        sce_testkit::require(
+            false,
+            "a loop device",
+            &format!(
+                "losetup could not attach one: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
         );
         return;
     }
