@@ -79,15 +79,13 @@ fn cache_file(dir: &std::path::Path, name: &str, size: u64) -> Arc<dyn BlockDevi
     )
 }
 
-/// Write latencies on a warmed volume: `hot` rewrites 4 fragments, else every write goes to
-/// the next of 48 fragments.
-fn writes(
+/// A volume (persistent or not) with 48 fragments cached and their records written, its
+/// quiet intents cleared.
+fn warm_volume(
     source: Arc<dyn BlockDevice>,
     cache: Arc<dyn BlockDevice>,
     persist: bool,
-    hot: bool,
-    n: usize,
-) -> Lat {
+) -> CacheVolume {
     let cfg = EngineConfig {
         core: CoreConfig::default(),
         background_population: false,
@@ -105,6 +103,19 @@ fn writes(
     vol.populate_now(100);
     vol.flush_metadata();
     vol.flush_metadata();
+    vol
+}
+
+/// Write latencies on a warmed volume: `hot` rewrites 4 fragments, else every write goes to
+/// the next of 48 fragments.
+fn writes(
+    source: Arc<dyn BlockDevice>,
+    cache: Arc<dyn BlockDevice>,
+    persist: bool,
+    hot: bool,
+    n: usize,
+) -> Lat {
+    let vol = warm_volume(source, cache, persist);
     let mut rng = SmallRng::seed_from_u64(1);
     let mut out = Vec::with_capacity(n);
     let mut data = AlignedBuf::new(4096);
@@ -134,23 +145,7 @@ fn oltp(
     threads: u64,
     secs: f64,
 ) -> (Vec<Duration>, Option<sce_engine::PersistStats>) {
-    let cfg = EngineConfig {
-        core: CoreConfig::default(),
-        background_population: false,
-        persist: persist.then(|| PersistConfig {
-            reformat: true,
-            ..PersistConfig::new("bench")
-        }),
-        ..EngineConfig::default()
-    };
-    let vol = Arc::new(CacheVolume::open(source, cache, cfg).expect("open"));
-    let mut buf = AlignedBuf::new(MIB as usize);
-    for f in 0..48 {
-        vol.read_at(f * MIB, &mut buf).unwrap();
-    }
-    vol.populate_now(100);
-    vol.flush_metadata();
-    vol.flush_metadata();
+    let vol = Arc::new(warm_volume(source, cache, persist));
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let handles: Vec<_> = (0..threads)
         .map(|t| {

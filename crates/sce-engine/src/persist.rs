@@ -338,6 +338,7 @@ impl Persist {
         // (one generation bump) unless the source is provably the one it cached, unchanged,
         // and the device is the newest copy this host wrote.
         let mut why = Vec::new();
+        let seen_seq = state_seq(&cfg, &sb.uuid);
         if cfg.forget_volume {
             why.push("asked to forget the volume".to_string());
         }
@@ -355,7 +356,7 @@ impl Persist {
                 )),
                 Some(_) => {}
             }
-            if let Some(seen) = state_seq(&cfg, &sb.uuid) {
+            if let Some(seen) = seen_seq {
                 if seen > sb.seq {
                     why.push(format!(
                         "the cache device is an older copy: its superblock sequence is {}, this host wrote {seen}",
@@ -378,7 +379,7 @@ impl Persist {
                 }
             }
             sb.volumes[vi].identity = identity_hash;
-            sb.seq = sb.seq.max(state_seq(&cfg, &sb.uuid).unwrap_or(0)) + 1;
+            sb.seq = sb.seq.max(seen_seq.unwrap_or(0)) + 1;
             sce_store::write_superblock(&*dev, &sb)?;
             record_state_seq(&cfg, &sb.uuid, sb.seq, true);
         }

@@ -593,11 +593,10 @@ impl Shared {
         let ps = sce_core::PAGE_SIZE;
         for run in &plan.runs {
             if let RunTarget::Cache(c) = run.target {
-                let mut at = c.0 / ps * ps;
-                while at < c.0 + run.len {
-                    let (slot, p) = self.slot_page(at);
+                let first = c.0 / ps;
+                for k in 0..self.run_pages(c.0, run.len) as u64 {
+                    let (slot, p) = self.slot_page((first + k) * ps);
                     want.push(crcs.get(slot as u32, p));
-                    at += ps;
                 }
             }
         }

@@ -252,25 +252,6 @@ impl FileDevice {
         self.created
     }
 
-    /// What identifies the content version of the file or device (see
-    /// `BlockDevice::identity`): for a regular file its device and inode numbers, size, and
-    /// modification and change times; for a block device its major:minor, size, and the
-    /// serial or WWN the kernel reports (for a loop device, its backing file's identity).
-    pub fn content_identity(&self) -> Option<String> {
-        use std::os::unix::fs::MetadataExt;
-        let m = self.file.metadata().ok()?;
-        if self.block_device {
-            let (maj, min) = (libc::major(m.rdev()), libc::minor(m.rdev()));
-            Some(format!(
-                "block:{maj}:{min}:size={}:{}",
-                self.size,
-                block_device_serial(maj, min)
-            ))
-        } else {
-            Some(file_identity(&m))
-        }
-    }
-
     /// The path it was opened with.
     pub fn path(&self) -> &Path {
         &self.path
@@ -420,8 +401,22 @@ fn lock_holder(m: &std::fs::Metadata) -> Option<u32> {
 }
 
 impl BlockDevice for FileDevice {
+    /// For a regular file: its device and inode numbers, size, and modification and change
+    /// times. For a block device: its major:minor, size, and the serial or WWN the kernel
+    /// reports (for a loop device, its backing file's identity).
     fn identity(&self) -> Option<String> {
-        self.content_identity()
+        use std::os::unix::fs::MetadataExt;
+        let m = self.file.metadata().ok()?;
+        if self.block_device {
+            let (maj, min) = (libc::major(m.rdev()), libc::minor(m.rdev()));
+            Some(format!(
+                "block:{maj}:{min}:size={}:{}",
+                self.size,
+                block_device_serial(maj, min)
+            ))
+        } else {
+            Some(file_identity(&m))
+        }
     }
 
     fn size(&self) -> u64 {

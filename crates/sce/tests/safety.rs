@@ -462,6 +462,20 @@ fn offline_change(
     st
 }
 
+/// `nbdkit file FILE` on the Unix socket `sock` (replacing a stale one), once it listens.
+fn nbdkit_file(sock: &Path, file: &Path) -> std::process::Child {
+    let _ = std::fs::remove_file(sock);
+    let child = Command::new("nbdkit")
+        .args(["-f", "--exit-with-parent", "-U"])
+        .arg(sock)
+        .arg("file")
+        .arg(file)
+        .spawn()
+        .unwrap();
+    common::wait_for(sock);
+    child
+}
+
 /// Overwrites 1 MiB in the middle of the source, as `dd conv=notrunc` would.
 fn overwrite_part(t: &Setup) {
     use std::os::unix::fs::FileExt;
@@ -546,18 +560,6 @@ fn an_nbd_source_with_a_new_generation_is_never_served_stale() {
     let size = 32 * MIB;
     random_file(&t.src, size, 13);
     let nbd_sock = t.src.with_extension("nbd.sock");
-    let start_nbdkit = || {
-        let _ = std::fs::remove_file(&nbd_sock);
-        let child = Command::new("nbdkit")
-            .args(["-f", "--exit-with-parent", "-U"])
-            .arg(&nbd_sock)
-            .arg("file")
-            .arg(&t.src)
-            .spawn()
-            .unwrap();
-        common::wait_for(&nbd_sock);
-        child
-    };
     let uri = format!("nbd+unix:///?socket={}", nbd_sock.display());
     let args = |generation: &str| -> Vec<String> {
         let mut a = t.args();
@@ -565,7 +567,7 @@ fn an_nbd_source_with_a_new_generation_is_never_served_stale() {
         a.extend(["--source-generation".into(), generation.into()]);
         a
     };
-    let mut nbdkit = start_nbdkit();
+    let mut nbdkit = nbdkit_file(&nbd_sock, &t.src);
     let s = Server::start(&strs(&args("1")), &t.sock);
     warm(&s, &t.sock, size);
     assert!(s.term().success());
@@ -573,7 +575,7 @@ fn an_nbd_source_with_a_new_generation_is_never_served_stale() {
     nbdkit.wait().unwrap();
     // The export changes while everything is down; the operator bumps the generation.
     overwrite_part(&t);
-    let mut nbdkit = start_nbdkit();
+    let mut nbdkit = nbdkit_file(&nbd_sock, &t.src);
     let s = Server::start(&strs(&args("2")), &t.sock);
     let got = read_all(&t.sock, size);
     assert!(got == std::fs::read(&t.src).unwrap(), "stale: {}", s.log());
@@ -633,19 +635,7 @@ fn an_nbd_source_that_restarts_never_hangs_sce() {
     let size = 16 * MIB;
     let data = random_file(&t.src, size, 16);
     let nbd_sock = t.src.with_extension("nbd.sock");
-    let start_nbdkit = |sock: &Path, file: &Path| {
-        let _ = std::fs::remove_file(sock);
-        let child = Command::new("nbdkit")
-            .args(["-f", "--exit-with-parent", "-U"])
-            .arg(sock)
-            .arg("file")
-            .arg(file)
-            .spawn()
-            .unwrap();
-        common::wait_for(sock);
-        child
-    };
-    let mut nbdkit = start_nbdkit(&nbd_sock, &t.src);
+    let mut nbdkit = nbdkit_file(&nbd_sock, &t.src);
     let mut args = t.args();
     args[1] = format!("nbd+unix:///?socket={}", nbd_sock.display());
     args.extend(["--source-timeout".into(), "5s".into()]);
@@ -664,7 +654,7 @@ fn an_nbd_source_that_restarts_never_hangs_sce() {
     });
     println!("{failures} of 8 reads failed while the source was away (the rest were hits)");
     // It comes back at the same place: everything reads right again.
-    let mut nbdkit = start_nbdkit(&nbd_sock, &t.src);
+    let mut nbdkit = nbdkit_file(&nbd_sock, &t.src);
     let sock = t.sock.clone();
     // Requests fail at once until the client's reconnection backoff (at most 5 s) lets it
     // try again; then they succeed.
