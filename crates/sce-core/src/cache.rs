@@ -34,6 +34,7 @@
 use crate::addr::{
     CacheOffset, FragNo, Nanos, SlotNo, SourceOffset, PAGE_SHIFT, PAGE_SIZE, SECTOR_SIZE,
 };
+use crate::admit::{Endurance, FreqSketch, PopBudget, Streams};
 use crate::bitmap::{self, PageSet};
 use crate::config::{Admission, ConfigError, CoreConfig, WriteMode};
 use crate::evict::Eviction;
@@ -131,9 +132,9 @@ pub struct ReadPlan {
     /// Pages served from the source.
     pub missed_pages: u64,
     pins: Vec<SlotNo>,
-    touched: Vec<FragNo>,
     fill_wanted: Vec<(FragNo, PageSet)>,
     offset: u64,
+    len: u64,
 }
 
 /// Accounting of reads planned with `CacheCore::plan_read` and not yet applied: which
@@ -141,7 +142,7 @@ pub struct ReadPlan {
 /// shard) and apply it in batches, so that read hits share the core without writing to it.
 #[derive(Debug, Default)]
 pub struct AccessLog {
-    fragments: Vec<FragNo>,
+    reads: Vec<(u64, u64)>,
     requests: u64,
     full_hits: u64,
     hit_pages: u64,
@@ -151,7 +152,7 @@ pub struct AccessLog {
 impl AccessLog {
     /// Records a planned read.
     pub fn record(&mut self, plan: &ReadPlan) {
-        self.fragments.extend_from_slice(&plan.touched);
+        self.reads.push((plan.offset, plan.len));
         self.requests += 1;
         self.full_hits += plan.full_hit as u64;
         self.hit_pages += plan.hit_pages;
@@ -187,7 +188,6 @@ impl ReadPlan {
         self.fills.clear();
         self.pops.clear();
         self.pins.clear();
-        self.touched.clear();
         self.fill_wanted.clear();
         self.full_hit = true;
         self.hit_pages = 0;
@@ -346,6 +346,10 @@ pub struct CacheCore {
     evict: Eviction,
     window: MruWindow,
     nhit: Option<NHitFilter>,
+    sketch: Option<FreqSketch>,
+    streams: Option<Streams>,
+    budget: PopBudget,
+    endurance: Option<Endurance>,
     missrate: MissRate,
     writes: Slab<WriteState>,
     pops: Slab<PopState>,
@@ -355,6 +359,9 @@ pub struct CacheCore {
 }
 
 impl CacheCore {
+    /// How often the adaptive population rate is re-decided (virtual or real time).
+    const BUDGET_EPOCH_NS: u64 = 2_000_000_000;
+
     /// Builds a core for a source of `source_size` bytes and a cache device of `cache_size`
     /// bytes. Errors name the field at fault.
     pub fn new(cfg: CoreConfig, source_size: u64, cache_size: u64) -> Result<Self, ConfigError> {
@@ -389,7 +396,22 @@ impl CacheCore {
             )),
             _ => None,
         };
+        let selective = cfg.admission == Admission::Sce;
+        let sketch = selective.then(|| FreqSketch::new((slots as usize).max(cfg.hot_window)));
+        let streams = (selective && cfg.sequential_cutoff > 0)
+            .then(|| Streams::new(cfg.sequential_cutoff, geo.fragment_shift()));
+        let budget = PopBudget::new(
+            if selective { cfg.population_rate } else { 0 },
+            cfg.population_min_rate,
+            cfg.population_adaptive,
+            Self::BUDGET_EPOCH_NS,
+        );
+        let endurance = cfg.max_cache_writes.map(Endurance::new);
         Ok(CacheCore {
+            sketch,
+            streams,
+            budget,
+            endurance,
             map: FragmentMap::new(geo.source_fragments(), geo.slots()),
             slots: SlotTable::new(geo.slots(), geo.bitmap_words()),
             evict: Eviction::new(cfg.eviction, geo.slots(), cfg.clock_ceiling),
@@ -555,6 +577,9 @@ impl CacheCore {
 
     /// The population throttle's view now (Algorithm 1).
     pub fn throttle(&mut self, now: Nanos) -> ThrottleState {
+        if let Some(e) = &mut self.endurance {
+            e.advance(now);
+        }
         let rate = self.missrate.rate(now, self.cfg.throttle.missrate_window);
         let free = 100.0 * self.slots.free_count() as f64 / self.geo.slots() as f64;
         throttle::decide(&self.cfg.throttle, rate, free)
@@ -576,13 +601,53 @@ impl CacheCore {
         (self.geo.fragment_start(f).0 + (p as u64 + 1) * PAGE_SIZE).min(self.geo.source_size())
     }
 
-    fn touch(&mut self, f: FragNo) {
-        self.window.touch(f);
-        if let Some(n) = &mut self.nhit {
-            if self.map.get(f).is_none() {
-                n.touch(f);
+    /// The 64ths of a fragment that pages `[lo, hi)` fall in.
+    fn parts_mask(&self, lo: u32, hi: u32) -> u64 {
+        let per = self.geo.pages_per_fragment().div_ceil(64).max(1);
+        let (a, b) = (lo / per, (hi.max(lo + 1) - 1) / per);
+        let upper = if b >= 63 {
+            u64::MAX
+        } else {
+            (1u64 << (b + 1)) - 1
+        };
+        upper & !((1u64 << a) - 1)
+    }
+
+    /// Accounts one request of `len` bytes at `offset` (a read or a write): per fragment it
+    /// covers, one touch of the hotness window, the sketch, the `nhit` counters and the
+    /// eviction policy. Under admission `sce`, a request that continues a stream inside the
+    /// fragment it last touched adds no touch, and a request of a sequential stream adds
+    /// nothing at all; returns true for those.
+    fn note_access(&mut self, offset: u64, len: u64) -> bool {
+        let verdict = match &mut self.streams {
+            Some(st) if len > 0 => st.observe(offset, len),
+            _ => Default::default(),
+        };
+        if verdict.sequential {
+            self.stats.sequential_requests += 1;
+            return true;
+        }
+        for (f, lo, hi, _, _) in fragments(self.geo, offset, len) {
+            let parts = self.parts_mask(lo, hi);
+            if verdict.same_fragment {
+                self.window.add_parts(f, parts);
+                continue;
+            }
+            self.window.touch_parts(f, parts);
+            if let Some(sk) = &mut self.sketch {
+                sk.add(f.0);
+            }
+            let slot = self.map.get(f);
+            if let Some(n) = &mut self.nhit {
+                if slot.is_none() {
+                    n.touch(f);
+                }
+            }
+            if let Some(s) = slot {
+                self.evict.accessed(s);
             }
         }
+        false
     }
 
     // ----- reads -----
@@ -615,9 +680,9 @@ impl CacheCore {
         self.check(offset.0, len)?;
         plan.clear();
         plan.offset = offset.0;
+        plan.len = len;
         let want_fills = self.cfg.admission == Admission::Always;
         for (f, lo, hi, a, b) in fragments(self.geo, offset.0, len) {
-            plan.touched.push(f);
             let fstart = self.geo.fragment_start(f).0;
             let slot = self.map.get(f);
             let mut pinned = false;
@@ -674,11 +739,12 @@ impl CacheCore {
     /// The mutating half of `begin_read`: accounting, and the inline fills of `always`.
     fn commit_read(&mut self, plan: &mut ReadPlan) {
         let offset = plan.offset;
-        for i in 0..plan.touched.len() {
-            self.access(plan.touched[i]);
-        }
+        self.note_access(offset, plan.len);
         self.account_read(1, plan.full_hit as u64, plan.hit_pages, plan.missed_pages);
         for (f, set) in std::mem::take(&mut plan.fill_wanted) {
+            if !self.endure(set.len() as u64 * PAGE_SIZE) {
+                continue;
+            }
             let Some(pop) = self.start_population(f, Some(&set)) else {
                 continue;
             };
@@ -700,12 +766,16 @@ impl CacheCore {
         }
     }
 
-    /// One access to fragment `f`: hotness window, `nhit` counters, eviction policy.
-    fn access(&mut self, f: FragNo) {
-        self.touch(f);
-        if let Some(s) = self.map.get(f) {
-            self.evict.accessed(s);
+    /// True if the endurance budget (if any) allows `bytes` more cache writes; counts them.
+    fn endure(&mut self, bytes: u64) -> bool {
+        if let Some(e) = &mut self.endurance {
+            if !e.take(bytes) {
+                self.stats.endurance_refusals += 1;
+                return false;
+            }
         }
+        self.stats.cache_bytes_planned += bytes;
+        true
     }
 
     fn account_read(&mut self, requests: u64, full_hits: u64, hits: u64, misses: u64) {
@@ -714,19 +784,21 @@ impl CacheCore {
         self.stats.read_pages_hit += hits;
         self.stats.read_pages_missed += misses;
         self.missrate.record(hits, misses);
+        self.budget.record_reads(hits, misses);
     }
 
     /// Applies the accounting of reads planned with `plan_read`, and empties the log.
     pub fn apply_access_log(&mut self, log: &mut AccessLog) {
-        for i in 0..log.fragments.len() {
-            self.access(log.fragments[i]);
+        for i in 0..log.reads.len() {
+            let (offset, len) = log.reads[i];
+            self.note_access(offset, len);
         }
         self.account_read(log.requests, log.full_hits, log.hit_pages, log.missed_pages);
         *log = AccessLog {
-            fragments: std::mem::take(&mut log.fragments),
+            reads: std::mem::take(&mut log.reads),
             ..AccessLog::default()
         };
-        log.fragments.clear();
+        log.reads.clear();
     }
 
     /// Releases the pins of a read. The caller guarantees that the plan's I/O is finished and
@@ -754,8 +826,10 @@ impl CacheCore {
     ) -> Result<WritePlan, RequestError> {
         self.check(offset.0, len)?;
         self.stats.write_requests += 1;
+        let sequential = self.note_access(offset.0, len);
         let mode = self.cfg.write_mode;
-        let copy_wanted = kind == WriteKind::Data && mode != WriteMode::WriteAround && len > 0;
+        let copy_wanted =
+            kind == WriteKind::Data && mode != WriteMode::WriteAround && len > 0 && !sequential;
         let over_budget = mode == WriteMode::Awt && self.awt_in_flight + len > self.cfg.awt_budget;
         let id = WriteId(self.writes.insert(WriteState {
             parts: Vec::new(),
@@ -769,7 +843,6 @@ impl CacheCore {
         let mut fell_back = false;
         let mut duplicate = false;
         for (f, lo, hi, a, b) in fragments(self.geo, offset.0, len) {
-            self.touch(f);
             self.stats.write_pages += (hi - lo) as u64;
             let fstart = self.geo.fragment_start(f).0;
             let head_partial = a > fstart + lo as u64 * PAGE_SIZE;
@@ -780,7 +853,6 @@ impl CacheCore {
             }
             let (mut vlo, mut vhi) = (lo, hi);
             if let Some(s) = slot {
-                self.evict.accessed(s);
                 let partial_ok = self.cfg.revalidate_partial_pages;
                 if head_partial && !(partial_ok && self.slots.is_valid(s, lo)) {
                     vlo = lo + 1;
@@ -832,6 +904,8 @@ impl CacheCore {
                     duplicate = true;
                 } else if over_budget {
                     fell_back = true;
+                } else if !self.endure(b - a) {
+                    // Over the endurance budget: the pages stay invalid (write-around).
                 } else if self.slots.pin(s) {
                     part.slot = Some(s);
                     budget += b - a;
@@ -1068,14 +1142,93 @@ impl CacheCore {
         if !self.throttle(now).may_populate {
             return None;
         }
+        if self.cfg.admission == Admission::Sce {
+            let full = self.slots.free_count() == 0;
+            self.budget.advance(now, full, self.geo.fragment_size());
+            if self.budget.exhausted() {
+                self.stats.population_budget_waits += 1;
+                return None;
+            }
+        }
         self.pick_population_unthrottled()
     }
 
+    /// The current population rate limit in bytes per second (0: unlimited).
+    pub fn population_rate(&self) -> u64 {
+        self.budget.rate()
+    }
+
+    /// Admission `sce`: the hottest candidate of the window, if it earns its place. Once the
+    /// cache is full a candidate needs two touches in the window, and a fragment not cached
+    /// must win a duel against the eviction victim in the frequency sketch.
+    fn pick_selective(&mut self) -> Option<PopulationJob> {
+        let full = self.slots.free_count() == 0;
+        let this = &*self;
+        let f = self
+            .window
+            .hottest_from(if full { 2 } else { 1 }, |f| this.worth_populating(f))?;
+        let hint = self.fill_hint(f);
+        let Some(fill) = self.fillable(f, hint.as_ref()) else {
+            self.window.reset(f);
+            return None;
+        };
+        if self.map.get(f).is_none() && self.slots.free_count() == 0 {
+            let victim = self.victim()?;
+            let heat = |core: &Self, g: FragNo| core.sketch.as_ref().map_or(0, |s| s.estimate(g.0));
+            let vf = self.slots.fragment(victim).expect("victims hold fragments");
+            if heat(self, f) < heat(self, vf).saturating_add(self.cfg.admission_margin) {
+                self.stats.admissions_rejected += 1;
+                self.window.reset(f);
+                return None;
+            }
+            self.evict_slot(victim);
+            self.slots.put_free(victim);
+        }
+        let bytes = fill.len() as u64 * PAGE_SIZE;
+        if !self.endure(bytes) {
+            return None;
+        }
+        self.budget.take(bytes);
+        let Some(id) = self.start_population(f, Some(&fill)) else {
+            self.window.reset(f);
+            return None;
+        };
+        Some(self.job(id))
+    }
+
+    /// With `partial_fill`, the pages of the 64ths of `f` touched since it was last picked;
+    /// the whole fragment if half of it or more was touched.
+    fn fill_hint(&self, f: FragNo) -> Option<PageSet> {
+        if !self.cfg.partial_fill {
+            return None;
+        }
+        let parts = self.window.parts(f);
+        if parts.count_ones() >= 32 || parts == 0 {
+            return None;
+        }
+        let per = self.geo.pages_per_fragment().div_ceil(64).max(1);
+        let mut set = PageSet::new(self.geo.pages_per_fragment());
+        let n = self.geo.fragment_pages(f);
+        for i in 0..64 {
+            if parts & (1 << i) != 0 {
+                let lo = (i * per).min(n);
+                let hi = ((i + 1) * per).min(n);
+                if lo < hi {
+                    set.insert_range(lo, hi);
+                }
+            }
+        }
+        Some(set)
+    }
+
     /// Like `pick_population` but ignores the throttle (for tests and explicit prefetch).
+    /// Under admission `sce` the candidate must still earn its place (but the population
+    /// budget is not consulted).
     pub fn pick_population_unthrottled(&mut self) -> Option<PopulationJob> {
         let f = match self.cfg.admission {
             Admission::Always => None,
-            Admission::Sce => {
+            Admission::Sce => return self.pick_selective(),
+            Admission::ScePaper => {
                 let this = &*self;
                 // Eligible: something to fill now. A hot cached fragment whose only invalid
                 // pages are under writes in flight (AWT copies) is not, or it would win every
@@ -1093,11 +1246,20 @@ impl CacheCore {
                 found
             }
         }?;
+        if let Some(e) = &self.endurance {
+            let pages = self.fillable(f, None).map_or(0, |p| p.len() as u64);
+            if e.written().saturating_add(pages * PAGE_SIZE) > e.allowance() {
+                self.stats.endurance_refusals += 1;
+                return None;
+            }
+        }
         let Some(id) = self.start_population(f, None) else {
             // No slot could be had (all pinned): try again next cycle.
             self.window.reset(f);
             return None;
         };
+        let pages = self.pops.get(id.0).map_or(0, |p| p.fill.len() as u64);
+        self.endure(pages * PAGE_SIZE);
         Some(self.job(id))
     }
 
@@ -1107,7 +1269,17 @@ impl CacheCore {
         if offset.0 >= self.geo.source_size() {
             return None;
         }
-        let id = self.start_population(self.geo.fragment_of(offset), None)?;
+        let f = self.geo.fragment_of(offset);
+        let pages = self.fillable(f, None).map_or(0, |p| p.len() as u64);
+        if let Some(e) = &self.endurance {
+            if e.written().saturating_add(pages * PAGE_SIZE) > e.allowance() {
+                self.stats.endurance_refusals += 1;
+                return None;
+            }
+        }
+        let id = self.start_population(f, None)?;
+        let pages = self.pops.get(id.0).map_or(0, |p| p.fill.len() as u64);
+        self.endure(pages * PAGE_SIZE);
         Some(self.job(id))
     }
 

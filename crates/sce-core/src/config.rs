@@ -7,10 +7,16 @@ use std::time::Duration;
 /// How fragments get into the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Admission {
-    /// SCE: background workers populate the hottest fragment of the MRU window, throttled by
-    /// Algorithm 1. Reads never wait for population.
+    /// SCE made flash-conscious (the default): background workers populate the hottest
+    /// fragment of the MRU window, throttled by Algorithm 1, but only a fragment touched at
+    /// least twice in the window once the cache is full, only by evicting a fragment colder
+    /// than it (by `admission_margin`, in a frequency sketch that outlives eviction), never
+    /// for sequential streams, and within the population budget. Reads never wait.
     #[default]
     Sce,
+    /// SCE's Algorithm 1 as the paper (and sce before issue 11) has it: the hottest fragment
+    /// of the window is populated whenever the throttle allows, evicting whatever CLOCK says.
+    ScePaper,
     /// Populate inline on every miss: a read miss writes the pages it read into the cache
     /// before completing, and a write to an uncached fragment allocates a slot (flashcache-like).
     Always,
@@ -23,11 +29,12 @@ impl std::str::FromStr for Admission {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "sce" => Ok(Admission::Sce),
+            "sce-paper" => Ok(Admission::ScePaper),
             "always" => Ok(Admission::Always),
             _ => match s.strip_prefix("nhit:").map(str::parse::<u32>) {
                 Some(Ok(k)) if k >= 1 => Ok(Admission::NHit(k)),
                 _ => Err(format!(
-                    "unknown admission {s:?} (expected sce, always or nhit:K with K >= 1)"
+                    "unknown admission {s:?} (expected sce, sce-paper, always or nhit:K with K >= 1)"
                 )),
             },
         }
@@ -38,6 +45,7 @@ impl std::fmt::Display for Admission {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Admission::Sce => f.write_str("sce"),
+            Admission::ScePaper => f.write_str("sce-paper"),
             Admission::Always => f.write_str("always"),
             Admission::NHit(k) => write!(f, "nhit:{k}"),
         }
@@ -148,6 +156,25 @@ pub struct CoreConfig {
     pub awt_budget: u64,
     /// Population throttle.
     pub throttle: ThrottleConfig,
+    /// Admission `sce`: a candidate that would evict must be hotter than the victim by at
+    /// least this many touches in the frequency sketch.
+    pub admission_margin: u32,
+    /// Admission `sce`: a run of at least this many sequential bytes is a stream whose
+    /// requests raise no heat and whose writes bypass the cache (0: no detection).
+    pub sequential_cutoff: u64,
+    /// Admission `sce`: population bytes per second at most (0: unlimited).
+    pub population_rate: u64,
+    /// Admission `sce`: adapt the population rate between `population_min_rate` and
+    /// `population_rate`, halving it while the hit ratio no longer improves.
+    pub population_adaptive: bool,
+    /// The floor of the adaptive population rate, bytes per second.
+    pub population_min_rate: u64,
+    /// Admission `sce`: populate only the 64ths of a fragment that were touched (the slot is
+    /// still allocated whole), instead of the whole fragment.
+    pub partial_fill: bool,
+    /// Bytes written to the cache device per day at most (population, fills and write
+    /// copies, any admission); once reached, the cache serves hits and admits nothing more.
+    pub max_cache_writes: Option<u64>,
     /// Whether a write that covers part of a page may re-validate that page (its other bytes
     /// being valid already). Off when the driver keeps per-page checksums: it cannot compute
     /// the checksum of a page it holds only part of.
@@ -165,6 +192,13 @@ impl Default for CoreConfig {
             hot_window: 100,
             awt_budget: 8 << 20,
             throttle: ThrottleConfig::default(),
+            admission_margin: 1,
+            sequential_cutoff: 4 << 20,
+            population_rate: 256 << 20,
+            population_adaptive: true,
+            population_min_rate: 1 << 20,
+            partial_fill: false,
+            max_cache_writes: None,
             revalidate_partial_pages: true,
         }
     }
@@ -208,6 +242,21 @@ impl CoreConfig {
             return Err(ConfigError::new(
                 "hot_window",
                 "must be between 1 and 65000".into(),
+            ));
+        }
+        if self.max_cache_writes == Some(0) {
+            return Err(ConfigError::new(
+                "max_cache_writes",
+                "must be positive (leave it out for no limit)".into(),
+            ));
+        }
+        if self.population_adaptive
+            && self.population_rate > 0
+            && self.population_min_rate > self.population_rate
+        {
+            return Err(ConfigError::new(
+                "population_min_rate",
+                "must not exceed population_rate".into(),
             ));
         }
         if let Admission::NHit(0) = self.admission {

@@ -42,6 +42,8 @@ const NIL: u16 = u16::MAX;
 struct Entry {
     frag: FragNo,
     count: u32,
+    /// Which 64ths of the fragment were touched since the count was last reset.
+    mask: u64,
     prev: u16,
     next: u16,
 }
@@ -109,9 +111,16 @@ impl MruWindow {
     /// Records an access to `f`: it becomes the most recent, and its count goes up.
     #[inline]
     pub fn touch(&mut self, f: FragNo) {
+        self.touch_parts(f, u64::MAX);
+    }
+
+    /// Records an access to the 64ths of `f` set in `mask`.
+    #[inline]
+    pub fn touch_parts(&mut self, f: FragNo, mask: u64) {
         if let Some(&i) = self.index.get(&f.0) {
             let e = &mut self.entries[i as usize];
             e.count = e.count.saturating_add(1);
+            e.mask |= mask;
             if self.head != i {
                 self.unlink(i);
                 self.push_front(i);
@@ -122,6 +131,7 @@ impl MruWindow {
             self.entries.push(Entry {
                 frag: f,
                 count: 1,
+                mask,
                 prev: NIL,
                 next: NIL,
             });
@@ -132,6 +142,7 @@ impl MruWindow {
             self.index.remove(&self.entries[i as usize].frag.0);
             self.entries[i as usize].frag = f;
             self.entries[i as usize].count = 1;
+            self.entries[i as usize].mask = mask;
             i
         };
         self.index.insert(f.0, i);
@@ -145,21 +156,47 @@ impl MruWindow {
             .map_or(0, |&i| self.entries[i as usize].count)
     }
 
+    /// Adds the 64ths in `mask` to what `f` touched, without counting an access (a request
+    /// that continues a stream in a fragment counted already).
+    pub fn add_parts(&mut self, f: FragNo, mask: u64) {
+        if let Some(&i) = self.index.get(&f.0) {
+            self.entries[i as usize].mask |= mask;
+        }
+    }
+
+    /// The 64ths of `f` touched since its count was last reset (0 if not in the window).
+    pub fn parts(&self, f: FragNo) -> u64 {
+        self.index
+            .get(&f.0)
+            .map_or(0, |&i| self.entries[i as usize].mask)
+    }
+
     /// Resets the count of `f` (after it was picked for population).
     pub fn reset(&mut self, f: FragNo) {
         if let Some(&i) = self.index.get(&f.0) {
             self.entries[i as usize].count = 0;
+            self.entries[i as usize].mask = 0;
         }
     }
 
     /// The fragment with the highest count (ties go to the more recent) among those for which
     /// `eligible` is true and whose count is at least 1.
-    pub fn hottest(&self, mut eligible: impl FnMut(FragNo) -> bool) -> Option<FragNo> {
+    pub fn hottest(&self, eligible: impl FnMut(FragNo) -> bool) -> Option<FragNo> {
+        self.hottest_from(1, eligible)
+    }
+
+    /// Like `hottest`, among fragments with a count of at least `min_count`.
+    pub fn hottest_from(
+        &self,
+        min_count: u32,
+        mut eligible: impl FnMut(FragNo) -> bool,
+    ) -> Option<FragNo> {
         let mut best: Option<(u32, FragNo)> = None;
         let mut i = self.head;
+        let min_count = min_count.max(1);
         while i != NIL {
             let e = self.entries[i as usize];
-            if e.count > 0 && best.is_none_or(|(c, _)| e.count > c) && eligible(e.frag) {
+            if e.count >= min_count && best.is_none_or(|(c, _)| e.count > c) && eligible(e.frag) {
                 best = Some((e.count, e.frag));
             }
             i = e.next;

@@ -3,11 +3,13 @@
 //! It holds the geometry (4 KiB pages, power-of-two fragments from 4 KiB to 64 MiB), the
 //! direct-mapped fragment table, slot descriptors with page-validity bitmaps, the eviction
 //! policies (generalized CLOCK, LRU, FIFO), the MRU hotness window, the admission policies
-//! (`sce`, `always`, `nhit:K`), Algorithm 1's population throttle and the write modes
+//! (`sce`, `sce-paper`, `always`, `nhit:K`), the frequency sketch, stream detector and
+//! budgets of flash-conscious admission ([`admit`]), Algorithm 1's population throttle and the write modes
 //! (`awt`, `write-around`, `write-through`). It does no I/O, starts no thread and reads no
 //! clock: drivers call it and perform the I/O it plans. See [`cache`] for the protocol.
 
 pub mod addr;
+pub mod admit;
 pub mod bitmap;
 pub mod cache;
 pub mod config;

@@ -44,4 +44,16 @@ pub struct CoreStats {
     pub pages_spoiled: u64,
     /// Pages invalidated because their cached copy was found bad.
     pub pages_invalidated: u64,
+    /// Candidates refused by the admission duel (not hotter than the fragment they would
+    /// evict).
+    pub admissions_rejected: u64,
+    /// Requests found to be part of a sequential stream (no heat, no admission, writes
+    /// bypass).
+    pub sequential_requests: u64,
+    /// Population picks deferred because the population budget was spent.
+    pub population_budget_waits: u64,
+    /// Cache writes (populations, fills, write copies) refused by the endurance budget.
+    pub endurance_refusals: u64,
+    /// Bytes the core planned to write to the cache device (populations, fills, copies).
+    pub cache_bytes_planned: u64,
 }

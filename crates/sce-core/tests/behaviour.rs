@@ -238,9 +238,13 @@ fn nhit_admits_on_the_kth_access() {
 }
 
 #[test]
-fn sce_picks_the_hottest_and_evicts_with_clock() {
+fn sce_paper_picks_the_hottest_and_evicts_with_clock() {
     // 2 slots, fragments 0..3 accessed with different heat.
-    let mut c = core(small(Admission::Sce, WriteMode::Awt), 256 * KIB, 32 * KIB);
+    let mut c = core(
+        small(Admission::ScePaper, WriteMode::Awt),
+        256 * KIB,
+        32 * KIB,
+    );
     for (f, n) in [(0u64, 1), (1, 5), (2, 3)] {
         for _ in 0..n {
             let mut p = read(&mut c, f * 16 * KIB, 4096);
@@ -373,4 +377,206 @@ fn awt_in_flight_on_a_hot_fragment_does_not_starve_population() {
     c.write_source_done(w.id, true).unwrap();
     c.write_cache_done(w.id, 0, true).unwrap();
     assert!(c.is_cached(SourceOffset(0)) && c.is_cached(SourceOffset(32 * KIB)));
+}
+
+/// Reads 4 KiB at `off` `n` times (each a separate request).
+fn touch(c: &mut CacheCore, off: u64, n: u32) {
+    for _ in 0..n {
+        let mut p = read(c, off, 4096);
+        c.end_read(&mut p);
+    }
+}
+
+/// Fragments of `small` configs, 64 KiB apart so that no two accesses look sequential.
+fn far(f: u64) -> u64 {
+    f * 64 * KIB
+}
+
+#[test]
+fn sce_fills_free_space_on_one_touch_then_admits_only_what_beats_the_victim() {
+    let mut c = core(small(Admission::Sce, WriteMode::Awt), 1024 * KIB, 32 * KIB);
+    touch(&mut c, far(0), 3);
+    touch(&mut c, far(1), 1);
+    assert_eq!(populate_all(&mut c), 2, "free space: one touch is enough");
+    assert_eq!(c.free_slots(), 0);
+    // Hits on far(0) raise its CLOCK counter: far(1) is the next victim.
+    touch(&mut c, far(0), 2);
+    // Full: a fragment touched once is not a candidate.
+    touch(&mut c, far(2), 1);
+    assert!(c.pick_population_unthrottled().is_none());
+    assert_eq!(c.stats().fragments_evicted, 0);
+    // Touched twice (sketch 2), it beats the victim far(1) (sketch 1) by the margin of 1.
+    touch(&mut c, far(2), 1);
+    let j = c
+        .pick_population_unthrottled()
+        .expect("hotter than the victim");
+    assert_eq!(j.frag, FragNo(far(2) / (16 * KIB)));
+    c.complete_population(j.id, true).unwrap();
+    assert_eq!(c.stats().fragments_evicted, 1);
+    assert!(c.exists(FragNo(far(1) / (16 * KIB))).is_none());
+    // far(3), touched twice, would evict far(2) (sketch 2): not hotter by the margin.
+    touch(&mut c, far(3), 2);
+    assert!(c.pick_population_unthrottled().is_none());
+    assert_eq!(c.stats().admissions_rejected, 1);
+    assert_eq!(
+        c.stats().fragments_evicted,
+        1,
+        "a refused candidate evicts nothing"
+    );
+    // The refusal resets its window count: two more touches are needed to try again, and
+    // its sketch heat (4 now) survives the refusal and wins.
+    touch(&mut c, far(3), 1);
+    assert!(c.pick_population_unthrottled().is_none());
+    touch(&mut c, far(3), 1);
+    let j = c
+        .pick_population_unthrottled()
+        .expect("heat kept across the refusal");
+    assert_eq!(j.frag, FragNo(far(3) / (16 * KIB)));
+    // sce-paper admits the once-touched fragment at once, by eviction.
+    let mut p = core(
+        small(Admission::ScePaper, WriteMode::Awt),
+        1024 * KIB,
+        32 * KIB,
+    );
+    touch(&mut p, far(0), 1);
+    touch(&mut p, far(1), 1);
+    populate_all(&mut p);
+    touch(&mut p, far(2), 1);
+    assert!(p.pick_population_unthrottled().is_some());
+    assert_eq!(p.stats().fragments_evicted, 1);
+}
+
+#[test]
+fn sce_streams_raise_no_heat_and_their_writes_bypass() {
+    let cfg = CoreConfig {
+        sequential_cutoff: 64 * KIB,
+        ..small(Admission::Sce, WriteMode::Awt)
+    };
+    let mut c = core(cfg, 1024 * KIB, 32 * KIB);
+    // A sweep of 4 KiB reads: 64 requests over 16 fragments. The run reaches the cutoff at
+    // the 16th request; before it each fragment counts once, not once per request.
+    for i in 0..64 {
+        touch(&mut c, i * 4 * KIB, 1);
+    }
+    assert_eq!(c.stats().sequential_requests, 64 - 15);
+    assert_eq!(
+        populate_all(&mut c),
+        2,
+        "free space takes once-touched fragments"
+    );
+    assert!(
+        c.pick_population_unthrottled().is_none(),
+        "no fragment of the sweep has two touches"
+    );
+    // A sequential write stream over a cached fragment copies nothing to the cache.
+    let cached = (0..16u64)
+        .find(|&f| c.exists(FragNo(f)).is_some())
+        .expect("one cached");
+    for i in 0..16 {
+        let w = c
+            .begin_write(SourceOffset(far(8) + i * 4 * KIB), 4 * KIB, WriteKind::Data)
+            .unwrap();
+        c.write_source_done(w.id, true).unwrap();
+        for cw in &w.cache_writes {
+            c.write_cache_done(w.id, cw.part, true).unwrap();
+        }
+    }
+    let start = cached * 16 * KIB;
+    let w = c
+        .begin_write(SourceOffset(far(8) + 64 * KIB), 4 * KIB, WriteKind::Data)
+        .unwrap();
+    assert!(w.cache_writes.is_empty(), "the stream is sequential by now");
+    c.write_source_done(w.id, true).unwrap();
+    // A random write to the cached fragment is copied (AWT).
+    let w = c
+        .begin_write(SourceOffset(start), 4 * KIB, WriteKind::Data)
+        .unwrap();
+    assert_eq!(w.cache_writes.len(), 1);
+}
+
+#[test]
+fn sce_partial_fill_populates_only_the_touched_part() {
+    let cfg = |partial_fill| CoreConfig {
+        fragment_size: 256 * KIB,
+        partial_fill,
+        ..small(Admission::Sce, WriteMode::Awt)
+    };
+    for (partial, want) in [(true, 8 * KIB), (false, 256 * KIB)] {
+        let mut c = core(cfg(partial), 4096 * KIB, 512 * KIB);
+        // Pages 0 and 1 of the first 64th (4 KiB each, 64ths of 256 KiB are 4 KiB).
+        touch(&mut c, 4 * KIB, 1);
+        touch(&mut c, 4 * KIB + 1024 * KIB, 1);
+        let mut p = read(&mut c, 0, 4096);
+        c.end_read(&mut p);
+        let j = c.pick_population_unthrottled().unwrap();
+        assert_eq!((j.frag, j.len), (FragNo(0), want), "partial {partial}");
+    }
+}
+
+#[test]
+fn sce_population_budget_defers_picks_until_time_passes() {
+    let cfg = CoreConfig {
+        population_rate: 32 * KIB,
+        population_adaptive: false,
+        ..small(Admission::Sce, WriteMode::Awt)
+    };
+    let mut c = core(cfg, 4096 * KIB, 128 * KIB);
+    for f in 0..6 {
+        touch(&mut c, far(f), 1);
+    }
+    let sec = 1_000_000_000;
+    let mut picked = 0;
+    for t in 0..40u64 {
+        // Keep the miss rate up for Algorithm 1's gate.
+        touch(&mut c, far(10 + t), 1);
+        while let Some(j) = c.pick_population(Nanos(t * sec / 4)) {
+            c.complete_population(j.id, true).unwrap();
+            picked += 1;
+        }
+        // 10 s at 32 KiB/s: at most 20 fragments of 16 KiB, plus one of debt.
+        assert!(picked <= 2 * (t / 4) + 2, "t {t}: {picked} picked");
+    }
+    assert!(picked >= 8, "the budget refills: {picked}");
+    assert!(c.stats().population_budget_waits > 0);
+}
+
+#[test]
+fn endurance_budget_caps_every_cache_write() {
+    for admission in [Admission::Sce, Admission::ScePaper, Admission::Always] {
+        let cfg = CoreConfig {
+            max_cache_writes: Some(48 * KIB),
+            ..small(admission, WriteMode::WriteThrough)
+        };
+        let mut c = core(cfg, 1024 * KIB, 256 * KIB);
+        let mut written = 0;
+        for f in 0..16 {
+            let mut p = read(&mut c, far(f), 8192);
+            written += p.fills.iter().map(|f| f.len).sum::<u64>();
+            for &pop in &p.pops.clone() {
+                c.complete_population(pop, true).unwrap();
+            }
+            c.end_read(&mut p);
+            while let Some(j) = c.pick_population_unthrottled() {
+                written += j.runs.iter().map(|r| r.1).sum::<u64>();
+                c.complete_population(j.id, true).unwrap();
+            }
+            let w = c
+                .begin_write(SourceOffset(far(f)), 4096, WriteKind::Data)
+                .unwrap();
+            written += w.cache_writes.iter().map(|w| w.len).sum::<u64>();
+            c.write_source_done(w.id, true).unwrap();
+            for cw in &w.cache_writes {
+                c.write_cache_done(w.id, cw.part, true).unwrap();
+            }
+        }
+        assert!(written <= 48 * KIB, "{admission}: {written}");
+        assert!(
+            written >= 32 * KIB,
+            "{admission}: the budget is used: {written}"
+        );
+        assert!(c.stats().endurance_refusals > 0, "{admission}");
+        // Hits are still served.
+        let cached = (0..16).find(|&f| c.is_cached(SourceOffset(far(f))));
+        assert!(cached.is_some(), "{admission}");
+    }
 }

@@ -65,6 +65,7 @@ fn config() -> impl Strategy<Value = (CoreConfig, u64, u64)> {
         2u64..7,
         prop_oneof![
             Just(Admission::Sce),
+            Just(Admission::ScePaper),
             Just(Admission::Always),
             Just(Admission::NHit(2))
         ],
@@ -92,6 +93,9 @@ fn config() -> impl Strategy<Value = (CoreConfig, u64, u64)> {
                     hot_window: 4,
                     // A third of the cases run as a checksumming driver does.
                     revalidate_partial_pages: src_frags % 3 != 0,
+                    // Admission `sce`: sometimes partial fills, and streams from two fragments.
+                    partial_fill: src_frags % 2 == 1,
+                    sequential_cutoff: if slots % 2 == 0 { 2 * fs } else { 0 },
                     ..CoreConfig::default()
                 };
                 // Source sizes that are not a multiple of the page or fragment size on purpose.
