@@ -7,6 +7,12 @@
 //! items; consecutive ranks share a cluster, and clusters are spread over the volume by a
 //! bijective multiplicative permutation, so hot data is neither at the start of the volume
 //! nor contiguous beyond a cluster.
+//!
+//! Scans: [`Workload::Scan`] mixes a sweep into every request at random; [`Workload::HotScan`]
+//! and [`Workload::MidScan`] instead run sequential read scans as bursts ([`ScanBurst`]): a
+//! second, evenly paced stream of requests merged by time with the Zipf stream. The Zipf
+//! requests of those two draw the same random numbers as [`Workload::Zipf`] with the same
+//! seed, so with the scan requests taken out they are the first requests of that trace.
 
 use crate::trace::{IoKind, TraceRequest};
 use rand::rngs::StdRng;
@@ -42,6 +48,36 @@ impl ZipfParams {
     }
 }
 
+/// One sequential read scan: `size` bytes read in `request`-byte requests at consecutive
+/// offsets (the last one shorter if `request` does not divide `size`), their start times
+/// evenly spaced over `duration` seconds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScanBurst {
+    /// Bytes the scan reads.
+    pub size: u64,
+    /// Bytes per scan request.
+    pub request: u64,
+    /// Seconds from the first scan request to the last one's start plus one spacing.
+    pub duration: f64,
+}
+
+impl ScanBurst {
+    /// Requests of one scan.
+    pub fn requests(&self) -> u64 {
+        self.size.div_ceil(self.request.max(1))
+    }
+
+    /// Seconds between two requests of the scan.
+    fn spacing(&self) -> f64 {
+        self.duration / self.requests().max(1) as f64
+    }
+
+    /// The length of request `j` of the scan.
+    fn len(&self, j: u64) -> u64 {
+        self.request.min(self.size - j * self.request)
+    }
+}
+
 /// What to generate.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Workload {
@@ -74,6 +110,31 @@ pub enum Workload {
         /// Number of hosts.
         hosts: u32,
     },
+    /// A Zipf workload with periodic sequential read scans over its volume (a nightly
+    /// backup, a report): a scan starts at every multiple of `every` seconds (the first at
+    /// `every`), in addition to the Zipf requests, and lasts `scan.duration` seconds. The
+    /// scans sweep the volume: each starts where the previous one ended, and the sweep
+    /// wraps to offset 0 where a request would pass the end of the volume.
+    HotScan {
+        /// The foreground workload (its `iops` is the Zipf stream's alone).
+        base: ZipfParams,
+        /// Each scan; `scan.size` at most the volume, `scan.duration` at most `every`.
+        scan: ScanBurst,
+        /// Seconds between the starts of two scans.
+        every: f64,
+    },
+    /// A Zipf workload for the whole run and exactly one sequential read scan, outside the
+    /// Zipf volume: the scan reads `[base.size, base.size + scan.size)` from its start, so
+    /// a request is a scan request exactly when its offset is at least `base.size`. The
+    /// scan is centred on the middle of the run's expected duration (the Zipf requests,
+    /// `requests - scan.requests()` of them, at `iops`) and interleaved by time with the
+    /// Zipf requests.
+    MidScan {
+        /// The foreground workload.
+        base: ZipfParams,
+        /// The scan.
+        scan: ScanBurst,
+    },
 }
 
 /// A generation run.
@@ -104,6 +165,19 @@ fn err(field: &'static str, reason: impl Into<String>) -> GenError {
         field,
         reason: reason.into(),
     }
+}
+
+fn check_scan(scan: &ScanBurst) -> Result<(), GenError> {
+    if scan.request == 0 || scan.request > u32::MAX as u64 {
+        return Err(err("scan request size", "must be 1 B ..= 4 GiB"));
+    }
+    if scan.size == 0 {
+        return Err(err("scan size", "must be > 0"));
+    }
+    if !(scan.duration.is_finite() && scan.duration >= 0.0) {
+        return Err(err("scan duration", "must be >= 0 seconds"));
+    }
+    Ok(())
 }
 
 /// Maps Zipf ranks to item numbers (see the module documentation): items of consecutive
@@ -163,6 +237,16 @@ pub struct Generator {
     emitted: u64,
     time_s: f64,
     sweep: u64,
+    /// Arrival time of the next Zipf request, once drawn (burst workloads).
+    zipf_next: Option<f64>,
+    /// Zipf requests emitted (burst workloads).
+    zipf_emitted: u64,
+    /// The scan to come or in progress (from 0; `MidScan` has only scan 0) and its next
+    /// request.
+    burst: u64,
+    burst_req: u64,
+    /// Start time of scan 0 of `MidScan`.
+    mid_start: f64,
 }
 
 impl Generator {
@@ -172,7 +256,9 @@ impl Generator {
             Workload::Zipf(b)
             | Workload::Scan { base: b, .. }
             | Workload::Phase { base: b, .. }
-            | Workload::Shared { base: b, .. } => b.clone(),
+            | Workload::Shared { base: b, .. }
+            | Workload::HotScan { base: b, .. }
+            | Workload::MidScan { base: b, .. } => b.clone(),
         };
         if base.request_size == 0 || base.request_size > u32::MAX as u64 {
             return Err(err("request size", "must be 1 B ..= 4 GiB"));
@@ -206,6 +292,40 @@ impl Generator {
                     ));
                 }
             }
+            Workload::HotScan { scan, every, .. } => {
+                check_scan(scan)?;
+                if !(every.is_finite() && *every > 0.0) {
+                    return Err(err("scan interval", "must be > 0 seconds"));
+                }
+                if scan.duration > *every {
+                    return Err(err(
+                        "scan duration",
+                        format!(
+                            "{} s is longer than the {every} s between scans",
+                            scan.duration
+                        ),
+                    ));
+                }
+                if scan.size > base.size {
+                    return Err(err("scan size", "must be at most the size of the volume"));
+                }
+            }
+            Workload::MidScan { scan, .. } => {
+                check_scan(scan)?;
+                if base.size.checked_add(scan.size).is_none() {
+                    return Err(err("scan size", "the volume and the scan pass 2^64 bytes"));
+                }
+                if scan.requests() > cfg.requests {
+                    return Err(err(
+                        "scan size",
+                        format!(
+                            "the scan takes {} requests, more than the {} of the trace",
+                            scan.requests(),
+                            cfg.requests
+                        ),
+                    ));
+                }
+            }
             Workload::Phase { phases: 0, .. } => return Err(err("phases", "must be >= 1")),
             Workload::Shared { hosts: 0, .. } => return Err(err("hosts", "must be >= 1")),
             _ => {}
@@ -217,6 +337,13 @@ impl Generator {
         };
         let gaps = Exp::new(cfg.iops).map_err(|e| err("iops", e.to_string()))?;
         let per_cluster = (base.cluster_size / base.request_size).max(1);
+        let mid_start = match &cfg.workload {
+            Workload::MidScan { scan, .. } => {
+                let run = (cfg.requests - scan.requests()) as f64 / cfg.iops;
+                ((run - scan.duration) / 2.0).max(0.0)
+            }
+            _ => 0.0,
+        };
         Ok(Generator {
             rng: StdRng::seed_from_u64(cfg.seed),
             place: Placement::new(items, per_cluster),
@@ -227,6 +354,11 @@ impl Generator {
             emitted: 0,
             time_s: 0.0,
             sweep: 0,
+            zipf_next: None,
+            zipf_emitted: 0,
+            burst: 0,
+            burst_req: 0,
+            mid_start,
             cfg,
         })
     }
@@ -237,6 +369,73 @@ impl Generator {
             None => self.rng.gen_range(0..self.items),
         }
     }
+
+    /// The next request of `HotScan` and `MidScan`: the earlier of the next Zipf arrival
+    /// and the next scan request (the scan on a tie).
+    fn next_burst(&mut self) -> TraceRequest {
+        let (scan, every) = match &self.cfg.workload {
+            Workload::HotScan { scan, every, .. } => (scan.clone(), Some(*every)),
+            Workload::MidScan { scan, .. } => (scan.clone(), None),
+            _ => unreachable!("only burst workloads"),
+        };
+        let n = scan.requests();
+        let scan_t = match every {
+            Some(every) => Some((self.burst + 1) as f64 * every),
+            None => (self.burst == 0).then_some(self.mid_start),
+        }
+        .map(|start| start + self.burst_req as f64 * scan.spacing());
+        let zipf_left = every.is_some() || self.zipf_emitted + n < self.cfg.requests;
+        let zipf_t = if zipf_left {
+            let (now, gaps, rng) = (self.time_s, &self.gaps, &mut self.rng);
+            Some(*self.zipf_next.get_or_insert_with(|| now + gaps.sample(rng)))
+        } else {
+            None
+        };
+        let scan_next = match (scan_t, zipf_t) {
+            (Some(s), Some(z)) => (s <= z).then_some(s),
+            (s, _) => s,
+        };
+        if let Some(t) = scan_next {
+            let j = self.burst_req;
+            let len = scan.len(j);
+            let offset = if every.is_some() {
+                if self.sweep + len > self.base.size {
+                    self.sweep = 0;
+                }
+                self.sweep += len;
+                self.sweep - len
+            } else {
+                self.base.size + j * scan.request
+            };
+            self.burst_req += 1;
+            if self.burst_req == n {
+                self.burst += 1;
+                self.burst_req = 0;
+            }
+            self.time_s = t;
+            return TraceRequest {
+                time_ns: (t * 1e9) as u64,
+                kind: IoKind::Read,
+                volume: 0,
+                offset,
+                len,
+            };
+        }
+        let t = zipf_t.expect("requests left but no stream has any");
+        self.zipf_next = None;
+        self.zipf_emitted += 1;
+        self.time_s = t;
+        // The same draws, in the same order, as a Zipf workload's request.
+        let read = self.rng.gen_bool(self.base.read_fraction);
+        let rank = self.rank();
+        TraceRequest {
+            time_ns: (t * 1e9) as u64,
+            kind: if read { IoKind::Read } else { IoKind::Write },
+            volume: 0,
+            offset: self.place.item(rank, 0) * self.base.request_size,
+            len: self.base.request_size,
+        }
+    }
 }
 
 impl Iterator for Generator {
@@ -245,6 +444,13 @@ impl Iterator for Generator {
     fn next(&mut self) -> Option<TraceRequest> {
         if self.emitted >= self.cfg.requests {
             return None;
+        }
+        if matches!(
+            self.cfg.workload,
+            Workload::HotScan { .. } | Workload::MidScan { .. }
+        ) {
+            self.emitted += 1;
+            return Some(self.next_burst());
         }
         self.time_s += self.gaps.sample(&mut self.rng);
         let time_ns = (self.time_s * 1e9) as u64;
@@ -380,6 +586,198 @@ mod tests {
             m.into_iter().max_by_key(|x| (x.1, x.0)).unwrap().0
         };
         assert_ne!(hottest(&phase[..10_000]), hottest(&phase[10_000..]));
+    }
+
+    const KIB: u64 = 1024;
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+
+    fn run(workload: Workload, requests: u64, seed: u64) -> Vec<TraceRequest> {
+        Generator::new(GenConfig {
+            workload,
+            requests,
+            iops: 1000.0,
+            seed,
+        })
+        .unwrap()
+        .collect()
+    }
+
+    fn hotscan(scan_size: u64) -> Workload {
+        Workload::HotScan {
+            base: ZipfParams::oltp(GIB),
+            scan: ScanBurst {
+                size: scan_size,
+                request: 256 * KIB,
+                duration: 5.0,
+            },
+            every: 20.0,
+        }
+    }
+
+    /// Takes the Zipf requests out: what is left must be the plain `oltp` trace's start.
+    fn assert_zipf_part_is_oltp(trace: &[TraceRequest], zipf: &[&TraceRequest], seed: u64) {
+        let oltp = run(
+            Workload::Zipf(ZipfParams::oltp(GIB)),
+            zipf.len() as u64,
+            seed,
+        );
+        assert_eq!(zipf.len(), oltp.len());
+        assert!(zipf.iter().zip(&oltp).all(|(a, b)| **a == *b));
+        assert!(trace.windows(2).all(|w| w[0].time_ns <= w[1].time_ns));
+    }
+
+    #[test]
+    fn hotscan_has_periodic_sequential_bursts() {
+        // 60,000 requests at 1000/s of Zipf: about 59 s, so scans start at 20 s and 40 s.
+        let t = run(hotscan(64 * MIB), 60_000, 3);
+        assert_eq!(t.len(), 60_000);
+        let (scan, zipf): (Vec<&TraceRequest>, Vec<_>) = t.iter().partition(|r| r.len == 256 * KIB);
+        assert_eq!(scan.len(), 2 * 256, "two scans of 64 MiB in 256 KiB");
+        assert!(zipf.iter().all(|r| r.len == 8192 && r.offset < GIB));
+        assert!(scan.iter().all(|r| r.kind == IoKind::Read));
+        // One sweep over the volume: the second scan continues where the first ended.
+        for (i, r) in scan.iter().enumerate() {
+            assert_eq!(r.offset, i as u64 * 256 * KIB, "scan request {i}");
+        }
+        // Scan k runs from 20k s for 5 s, evenly: request j at 20k + j * 5/256 s.
+        for (i, r) in scan.iter().enumerate() {
+            let (k, j) = (i as u64 / 256 + 1, i as u64 % 256);
+            let want = k as f64 * 20.0 + j as f64 * 5.0 / 256.0;
+            assert!((r.time_ns as f64 / 1e9 - want).abs() < 1e-6, "{i}: {r:?}");
+        }
+        // Interleaved: Zipf requests keep arriving during a scan.
+        let during = zipf
+            .iter()
+            .filter(|r| (20e9..25e9).contains(&(r.time_ns as f64)))
+            .count();
+        assert!((4000..6000).contains(&during), "{during}");
+        assert_zipf_part_is_oltp(&t, &zipf, 3);
+
+        // The sweep wraps where a request would pass the end of the volume.
+        let w = run(hotscan(GIB - 128 * KIB), 60_000, 3);
+        let scan: Vec<_> = w.iter().filter(|r| r.len >= 128 * KIB).collect();
+        assert_eq!(scan.len(), 2 * 4096);
+        assert_eq!(
+            scan[4095].len,
+            128 * KIB,
+            "the last request of a scan is shorter"
+        );
+        assert_eq!(scan[4095].offset, GIB - 256 * KIB);
+        // The second scan starts at GiB - 128 KiB, where 256 KiB does not fit: it wraps.
+        assert_eq!(scan[4096].offset, 0);
+        assert_eq!(scan[4097].offset, 256 * KIB);
+    }
+
+    #[test]
+    fn scanmid_has_one_scan_in_the_middle_outside_the_volume() {
+        let mid = |seed| {
+            run(
+                Workload::MidScan {
+                    base: ZipfParams::oltp(GIB),
+                    scan: ScanBurst {
+                        size: 128 * MIB,
+                        request: 256 * KIB,
+                        duration: 4.0,
+                    },
+                },
+                40_000,
+                seed,
+            )
+        };
+        let t = mid(5);
+        assert_eq!(t.len(), 40_000);
+        let at: Vec<usize> = (0..t.len()).filter(|&i| t[i].offset >= GIB).collect();
+        assert_eq!(at.len(), 512, "128 MiB in 256 KiB requests");
+        // The region rule and the size rule name the same requests.
+        assert!(t.iter().all(|r| (r.offset >= GIB) == (r.len >= 64 * KIB)));
+        for (j, &i) in at.iter().enumerate() {
+            let r = &t[i];
+            assert_eq!(r.kind, IoKind::Read);
+            assert_eq!((r.offset, r.len), (GIB + j as u64 * 256 * KIB, 256 * KIB));
+        }
+        // In the middle: the Zipf run is 39,488 requests, about 39.5 s; the scan is 4 s
+        // from 17.7 s; about as many Zipf requests before as after, ~4000 during.
+        let (first, last) = (at[0], at[511]);
+        let start = t[first].time_ns as f64 / 1e9;
+        assert!((start - (39.488 - 4.0) / 2.0).abs() < 1e-6, "{start}");
+        let before = first;
+        let after = t.len() - 1 - last;
+        let during = last - first + 1 - 512;
+        assert!(
+            before.abs_diff(after) < 1000,
+            "{before} before, {after} after"
+        );
+        assert!(
+            (3500..4500).contains(&during),
+            "{during} Zipf requests during the scan"
+        );
+        let zipf: Vec<_> = t.iter().filter(|r| r.offset < GIB).collect();
+        assert!(zipf.iter().all(|r| r.len == 8192));
+        assert_zipf_part_is_oltp(&t, &zipf, 5);
+        assert_eq!(t, mid(5), "same seed, same trace");
+        assert_ne!(t, mid(6));
+
+        // A size that 256 KiB does not divide: the last request carries the rest.
+        let odd = run(
+            Workload::MidScan {
+                base: ZipfParams::oltp(GIB),
+                scan: ScanBurst {
+                    size: MIB + 4 * KIB,
+                    request: 256 * KIB,
+                    duration: 1.0,
+                },
+            },
+            1000,
+            1,
+        );
+        let scan: Vec<_> = odd.iter().filter(|r| r.offset >= GIB).collect();
+        assert_eq!(
+            scan.iter().map(|r| r.len).collect::<Vec<_>>(),
+            [256 * KIB, 256 * KIB, 256 * KIB, 256 * KIB, 4 * KIB]
+        );
+        assert_eq!(odd.len(), 1000);
+    }
+
+    #[test]
+    fn bad_scans_are_rejected() {
+        let field = |w: Workload, requests| {
+            Generator::new(GenConfig {
+                workload: w,
+                requests,
+                iops: 1000.0,
+                seed: 1,
+            })
+            .err()
+            .map(|e| e.field)
+        };
+        let Workload::HotScan { base, scan, .. } = hotscan(64 * MIB) else {
+            unreachable!()
+        };
+        let hot = |scan: ScanBurst, every| Workload::HotScan {
+            base: base.clone(),
+            scan,
+            every,
+        };
+        assert_eq!(field(hot(scan.clone(), 20.0), 10), None);
+        assert_eq!(field(hot(scan.clone(), 4.0), 10), Some("scan duration"));
+        assert_eq!(field(hot(scan.clone(), 0.0), 10), Some("scan interval"));
+        let big = ScanBurst {
+            size: 2 * GIB,
+            ..scan.clone()
+        };
+        assert_eq!(field(hot(big, 20.0), 10), Some("scan size"));
+        let zero = ScanBurst {
+            request: 0,
+            ..scan.clone()
+        };
+        assert_eq!(field(hot(zero, 20.0), 10), Some("scan request size"));
+        let mid = Workload::MidScan {
+            base: base.clone(),
+            scan: scan.clone(),
+        };
+        assert_eq!(field(mid.clone(), 256), None);
+        assert_eq!(field(mid, 255), Some("scan size"), "256 scan requests");
     }
 
     #[test]
