@@ -39,7 +39,7 @@ pub struct SimArgs {
     #[arg(long, value_parser = parse_size)]
     pub cache_size: u64,
     /// Policies to run side by side (repeatable or comma-separated): the engine's sce,
-    /// flashcache-like, always, nhit:K; the reference lru, fifo, lfu.
+    /// flashcache-like, always, nhit:K; the reference lru, fifo, lfu, s3fifo, larc.
     #[arg(long, value_delimiter = ',', default_value = "sce")]
     pub policy: Vec<String>,
     /// Fragment size of the engine policies (flashcache-like always uses 4KiB).
@@ -90,6 +90,12 @@ Generic CSV: --format csv:KEY=VALUE,... with keys (defaults in brackets)
   e.g. Tencent CBS: csv:time=0,offset=1,len=2,op=3,volume=4,unit=sector,time_unit=s,read=0,write=1
 Lines that are empty or start with # are skipped; `csv` alone reads what `sce trace convert
 --out-format csv` writes.
+
+Reference policies, over 4 KiB blocks, every block of a request (read or write) one access:
+lru, fifo, lfu (in-cache counts) and s3fifo (S3-FIFO as libCacheSim's S3FIFO: small FIFO of
+10%, main FIFO of 90% with reinsertion, ghost of 90%, to main after 2 hits) write every missed
+block into the cache; larc (LARC) writes a block only on a miss that finds it in its adaptive
+ghost queue of recent misses. Their cache bytes written are 4 KiB per block written.
 
 Output per policy: read hit ratio (4 KiB pages of reads, RAM and flash), hit ratio of all
 block accesses (reference policies, comparable to libCacheSim), warm-up seconds (until the
@@ -166,13 +172,18 @@ fn policy(p: &str, a: &SimArgs) -> Result<Kind> {
         "lru" => Kind::Reference(ReferencePolicy::Lru),
         "fifo" => Kind::Reference(ReferencePolicy::Fifo),
         "lfu" => Kind::Reference(ReferencePolicy::Lfu),
+        "s3fifo" => Kind::Reference(ReferencePolicy::S3Fifo),
+        "larc" => Kind::Reference(ReferencePolicy::Larc),
         "sce" => Kind::Engine(engine(Admission::Sce)),
         "always" => Kind::Engine(engine(Admission::Always)),
         "flashcache-like" => Kind::Engine(CoreConfig::flashcache_like()),
         _ => match p.parse::<Admission>() {
             Ok(adm @ Admission::NHit(_)) => Kind::Engine(engine(adm)),
             _ => {
-                bail!("unknown policy {p:?} (sce, flashcache-like, always, nhit:K, lru, fifo, lfu)")
+                bail!(
+                    "unknown policy {p:?} (sce, flashcache-like, always, nhit:K, lru, fifo, lfu, \
+                     s3fifo, larc)"
+                )
             }
         },
     })
