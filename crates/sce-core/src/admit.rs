@@ -73,9 +73,9 @@ impl FreqSketch {
         let idx: [usize; 4] = std::array::from_fn(|r| self.index(key, r));
         let min = (0..4).map(|r| self.rows[r][idx[r]]).min().unwrap_or(0);
         if min < u8::MAX {
-            for r in 0..4 {
-                if self.rows[r][idx[r]] == min {
-                    self.rows[r][idx[r]] = min + 1;
+            for (row, &i) in self.rows.iter_mut().zip(&idx) {
+                if row[i] == min {
+                    row[i] = min + 1;
                 }
             }
         }
@@ -264,7 +264,13 @@ impl PopBudget {
         if !full {
             self.rate = self.max_rate;
         } else if let Some(prev) = self.prev_ratio {
-            let (up, down) = (ratio > prev + 0.005, ratio < prev - 0.02);
+            // A change counts only beyond the noise of two epochs' binomial estimates.
+            let n = (h + m) as f64;
+            let noise = 2.0 * (2.0 * ratio * (1.0 - ratio) / n).sqrt();
+            let (up, down) = (
+                ratio > prev + noise.max(0.005),
+                ratio < prev - noise.max(0.02),
+            );
             self.rate = if up || down {
                 (self.rate * 2.0).min(self.max_rate)
             } else {

@@ -623,7 +623,9 @@ impl CacheCore {
             Some(st) if len > 0 => st.observe(offset, len),
             _ => Default::default(),
         };
-        if verdict.sequential {
+        // A stream is bypassed only once the cache is full: free space is there to be
+        // filled, and data read or written in sequence is often read again.
+        if verdict.sequential && self.slots.free_count() == 0 {
             self.stats.sequential_requests += 1;
             return true;
         }
@@ -1164,9 +1166,15 @@ impl CacheCore {
     fn pick_selective(&mut self) -> Option<PopulationJob> {
         let full = self.slots.free_count() == 0;
         let this = &*self;
-        let f = self
-            .window
-            .hottest_from(if full { 2 } else { 1 }, |f| this.worth_populating(f))?;
+        let f = self.window.hottest_by(|f, n| {
+            // A fragment with a slot only needs filling, which evicts nothing. Another
+            // needs a second touch in the window once the cache is full.
+            let eligible = n >= 2 || !full || this.map.get(f).is_some();
+            eligible
+                && this.worth_populating(f)
+                && (!this.cfg.partial_fill
+                    || this.fillable(f, this.fill_hint(f).as_ref()).is_some())
+        })?;
         let hint = self.fill_hint(f);
         let Some(fill) = self.fillable(f, hint.as_ref()) else {
             self.window.reset(f);

@@ -181,22 +181,17 @@ impl MruWindow {
 
     /// The fragment with the highest count (ties go to the more recent) among those for which
     /// `eligible` is true and whose count is at least 1.
-    pub fn hottest(&self, eligible: impl FnMut(FragNo) -> bool) -> Option<FragNo> {
-        self.hottest_from(1, eligible)
+    pub fn hottest(&self, mut eligible: impl FnMut(FragNo) -> bool) -> Option<FragNo> {
+        self.hottest_by(|f, _| eligible(f))
     }
 
-    /// Like `hottest`, among fragments with a count of at least `min_count`.
-    pub fn hottest_from(
-        &self,
-        min_count: u32,
-        mut eligible: impl FnMut(FragNo) -> bool,
-    ) -> Option<FragNo> {
+    /// Like `hottest`, with `eligible` also given the fragment's count.
+    pub fn hottest_by(&self, mut eligible: impl FnMut(FragNo, u32) -> bool) -> Option<FragNo> {
         let mut best: Option<(u32, FragNo)> = None;
         let mut i = self.head;
-        let min_count = min_count.max(1);
         while i != NIL {
             let e = self.entries[i as usize];
-            if e.count >= min_count && best.is_none_or(|(c, _)| e.count > c) && eligible(e.frag) {
+            if e.count > 0 && best.is_none_or(|(c, _)| e.count > c) && eligible(e.frag, e.count) {
                 best = Some((e.count, e.frag));
             }
             i = e.next;
