@@ -1,0 +1,586 @@
+#!/usr/bin/env python3
+"""The policy matrix of docs/SIM-REPORT.md: every trace at several cache sizes, every policy.
+
+For each trace (the real ones in --traces, and generated ones) the script computes the 4 KiB
+working set (distinct 4 KiB blocks, per volume, that reads or writes touch: from
+`sce trace convert --out-format csv`), then runs, for each cache size (a percentage of that
+working set, rounded up to a multiple of 1 MiB and at least 2 MiB), one
+
+    sce sim --json --policy <POLICIES> --cache-size <SIZE> --interval <I>
+
+with I = the trace's duration / 40 (rounded up to whole ms and one more; at least 1 s).
+Per policy it reports:
+
+  read hit      read pages hit / read pages (4 KiB pages of reads), from `read_hit_ratio`
+  wr/req        cache bytes written per trace request (`cache_bytes_written_per_request`)
+  warm-up       seconds until the first interval whose read hit ratio reaches 90% of
+                flashcache-like's *final* interval read hit ratio (from `intervals`: the
+                last interval with a read, but not a last interval shorter than half the
+                others), counted from the start of the first interval
+                with a read (so a trace that begins with writes only is not charged for
+                them); "never" if no interval reaches it
+  mean, p99     modelled read latency (`mean_read_latency`, `p99_read_latency`), in ms
+  hits/MiB      read pages hit per MiB written to the cache: read hit pages
+                (`read_hits`, or read_hit_ratio x the read pages counted from the trace)
+                / (cache_bytes_written / 2^20)
+
+A value `sce sim` does not report for a policy is printed as "–".
+
+Goals, checked per cell (trace x size) for `sce` against `flashcache-like`:
+  (a) wr/req of sce <= 0.5 x flashcache-like's;
+  (b) read hit of sce >= flashcache-like's - 0.01;
+  (c) warm-up of sce <= half flashcache-like's, at the resolution of one interval: a warm-up
+      of one interval always meets it (flashcache-like's own may be one interval, and no
+      policy can do better than that at this resolution). Not checked when flashcache-like's
+      curve has a single interval with reads (a trace shorter than the 1 s minimum
+      interval, such as tpcc-small.trace): there is no warm-up to compare.
+
+Output: Markdown on stdout (a table per trace, a goal line per cell, a summary), progress
+on stderr, --json OUT for machine use, and --check to exit 1 if any goal is missed (exit
+2 if a run fails, or if nothing could be checked).
+
+Generated traces (`sce gen`, seed 1, 1000 requests/s; the volume and count are
+--gen-size, 4 GiB, and --gen-requests, 300,000 by default, about 300 s of trace time):
+  oltp     the SCE paper's TPC-E-like mix
+  zipf     reads only, 4 KiB, Zipf 1.0
+  phase    the oltp mix whose working set moves once, in the middle
+  hotscan  the oltp mix with a 512 MiB sequential read scan every 60 s, each read in 15 s
+
+Standard library only. Run from anywhere; see --help.
+"""
+
+import argparse
+import concurrent.futures
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+# The policies every cell runs. `sce` is the default admission, `sce-paper` the SCE paper's
+# Algorithm 1, `flashcache-like` the baseline of the goals, `larc`, `s3fifo` and `lru`
+# reference policies. Override with --policies (e.g. while some do not exist yet).
+POLICIES = "sce,sce-paper,flashcache-like,larc,s3fifo,lru"
+
+# The policy the goals are about, and the one they compare it with.
+SUBJECT = "sce"
+BASELINE = "flashcache-like"
+
+SIZES = [10, 25, 50, 100, 150]
+
+MIB = 1 << 20
+PAGE = 4096
+
+# Real traces: (name, file in --traces, format).
+REAL = [
+    ("cloudPhysicsIO.vscsi", "cloudPhysicsIO.vscsi", "vscsi"),
+    ("msr-cambridge1-sample.csv", "msr-cambridge1-sample.csv", "msr"),
+    ("systor17-traces-sample.csv.gz", "systor17-traces-sample.csv.gz", "systor"),
+    ("tpcc-small.trace", "tpcc-small.trace", "disksim"),
+    ("wsrch-small.trace", "wsrch-small.trace", "disksim"),
+]
+
+# Generated traces: name -> `sce gen` arguments (the volume size, count and seed are added).
+GENERATED = {
+    "oltp": ["oltp"],
+    "zipf": ["zipf"],
+    "phase": ["phase"],
+    "hotscan": [
+        "hotscan",
+        "--scan-every",
+        "60",
+        "--scan-duration",
+        "15",
+        "--scan-size",
+        "512MiB",
+    ],
+}
+
+DASH = "\u2013"
+
+_print_lock = threading.Lock()
+
+
+def log(msg):
+    with _print_lock:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def repo_root():
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def default_sce():
+    target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(repo_root(), "target")
+    return os.path.join(target, "release", "sce")
+
+
+def run(cmd, what):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{what} failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr.strip()}")
+    return p.stdout
+
+
+class Trace:
+    """One trace of the matrix and what the script learns about it from its CSV form."""
+
+    def __init__(self, name, path, fmt):
+        self.name, self.path, self.fmt = name, path, fmt
+        self.requests = 0
+        self.blocks = 0
+        self.read_pages = 0
+        self.duration = 0.0
+
+    @property
+    def interval(self):
+        # A little over a 40th, in whole ms: the 40th interval then ends after the last
+        # request, instead of leaving it alone in a 41st interval of its own.
+        return max(1.0, math.ceil(self.duration * 1000 / 40 + 1) / 1000)
+
+    def survey(self, sce, workdir):
+        csv = os.path.join(workdir, self.name + ".csv")
+        run(
+            [sce, "trace", "convert", "--in", self.path, "--format", self.fmt, "--out", csv,
+             "--out-format", "csv"],
+            f"converting {self.name}",
+        )
+        blocks = set()
+        t0 = t1 = None
+        with open(csv) as f:
+            for line in f:
+                if line.startswith("#") or not line.strip():
+                    continue
+                t, op, vol, off, ln = line.rstrip("\n").split(",")
+                t, off, ln = int(t), int(off), int(ln)
+                t0 = t if t0 is None else min(t0, t)
+                t1 = t if t1 is None else max(t1, t)
+                self.requests += 1
+                if ln <= 0:
+                    continue
+                first, last = off // PAGE, (off + ln - 1) // PAGE
+                vol = int(vol)
+                blocks.update((vol, b) for b in range(first, last + 1))
+                if op == "R":
+                    self.read_pages += last - first + 1
+        os.unlink(csv)
+        self.blocks = len(blocks)
+        self.duration = (t1 - t0) / 1e9 if t0 is not None else 0.0
+
+    def cache_size(self, pct):
+        want = self.blocks * PAGE * pct / 100.0
+        return max(2, math.ceil(want / MIB)) * MIB
+
+
+def generate(sce, name, args, workdir):
+    out = os.path.join(workdir, f"gen-{name}.sce")
+    run(
+        [sce, "gen", *GENERATED[name], "--size", args.gen_size, "--requests",
+         str(args.gen_requests), "--seed", "1", "--out", out],
+        f"sce gen {name}",
+    )
+    return out
+
+
+def warmup(intervals, target, interval):
+    """Seconds from the start of the first interval with a read to the end of the first
+    interval whose read hit ratio reaches `target`; None if none does."""
+    start = None
+    for t, h in intervals:
+        if h is None:
+            continue
+        if start is None:
+            start = max(0.0, t - interval)
+        if h >= target - 1e-12:
+            return t - start
+    return None
+
+
+def final_ratio(intervals, interval):
+    """The read hit ratio of the last interval with a read, passing over a last interval
+    shorter than half the others (the end of the trace, a few requests)."""
+    seen = [(t, h) for t, h in intervals if h is not None]
+    if len(seen) >= 2 and intervals and seen[-1][0] == intervals[-1][0]:
+        prev = intervals[-2][0] if len(intervals) >= 2 else 0.0
+        if seen[-1][0] - prev < interval / 2:
+            seen.pop()
+    return seen[-1][1] if seen else None
+
+
+def metrics(p, trace, target, interval):
+    hit = p.get("read_hit_ratio")
+    written = p.get("cache_bytes_written")
+    if p.get("read_hits") is not None:
+        hits = p["read_hits"]
+    else:
+        hits = round(hit * trace.read_pages) if hit is not None else None
+    return {
+        "read_hit_ratio": hit,
+        "cache_bytes_written": written,
+        "cache_bytes_written_per_request": p.get("cache_bytes_written_per_request"),
+        "warmup_seconds": warmup(p.get("intervals", []), target, interval)
+        if target is not None
+        else None,
+        "mean_read_latency": p.get("mean_read_latency"),
+        "p99_read_latency": p.get("p99_read_latency"),
+        "read_hits": hits,
+        "read_hits_per_mib_written": hits / (written / MIB)
+        if hits is not None and written
+        else None,
+    }
+
+
+def goals(cell, interval, read_intervals=2):
+    """The goals of `cell` (a dict of policy -> metrics): a dict with `checked`, `missed`
+    (a list of "(x) why") and `notes`. `read_intervals` is the number of intervals with a
+    read in the baseline's curve: with one, there is no warm-up to compare."""
+    s, b = cell.get(SUBJECT), cell.get(BASELINE)
+    if s is None or b is None:
+        return {"checked": False, "missed": [], "why": f"needs {SUBJECT} and {BASELINE}"}
+    missed = []
+    sw, bw = s["cache_bytes_written_per_request"], b["cache_bytes_written_per_request"]
+    if sw is None or bw is None:
+        missed.append("(a) wr/req not reported")
+    elif sw > 0.5 * bw:
+        missed.append(f"(a) wr/req {sw / 1024:.1f} KiB > 0.5 x {bw / 1024:.1f} KiB")
+    sh, bh = s["read_hit_ratio"], b["read_hit_ratio"]
+    if sh < bh - 0.01:
+        missed.append(f"(b) read hit {sh:.4f} < {bh:.4f} - 0.01")
+    st, bt = s["warmup_seconds"], b["warmup_seconds"]
+    notes = []
+    if read_intervals < 2:
+        notes.append("(c) not checked: one interval with reads")
+    elif bt is not None:
+        limit = max(0.5 * bt, interval)
+        if st is None:
+            missed.append(f"(c) warm-up never, limit {secs(limit)} s")
+        elif st > limit + 1e-9:
+            missed.append(f"(c) warm-up {secs(st)} s > {secs(limit)} s (half of {secs(bt)} s)")
+    return {"checked": True, "missed": missed, "notes": notes}
+
+
+def secs(x):
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def fmt(x, spec, scale=1.0):
+    return DASH if x is None else format(x * scale, spec)
+
+
+def fmt_warm(m, has_target):
+    if not has_target:
+        return DASH
+    w = m["warmup_seconds"]
+    return "never" if w is None else secs(w)
+
+
+def size_label(b):
+    return f"{b / MIB:.0f} MiB" if b < 1 << 30 else f"{b / (1 << 30):.2f} GiB"
+
+
+def goal_text(g):
+    if not g["checked"]:
+        return f"not checked ({g['why']})"
+    text = "met" if not g["missed"] else "MISSED (" + "; ".join(g["missed"]) + ")"
+    return text + "".join(f"; {n}" for n in g.get("notes", []))
+
+
+def markdown(traces, cells, policies, args):
+    out = []
+    w = out.append
+    w("# Policy matrix")
+    w("")
+    sizes = ", ".join(f"{p}%" for p in args.sizes)
+    w(f"`sce sim --json --policy {','.join(policies)}`, cache sizes {sizes} "
+      "of each trace's 4 KiB working set (rounded up to whole MiB, at least 2 MiB); interval "
+      "a little over duration / 40 (at least 1 s). Generated: `sce gen NAME --size "
+      f"{args.gen_size} --requests {args.gen_requests} --seed 1` (hotscan: "
+      f"`{' '.join(GENERATED['hotscan'][1:])}`).")
+    w("")
+    w("Columns: read hit ratio; cache bytes written per request (KiB); warm-up (s, to 90% of "
+      f"{BASELINE}'s final interval read hit ratio, from the first interval with a read); "
+      "modelled mean and p99 read latency (ms); read pages hit per MiB written to the cache. "
+      f"Goals for {SUBJECT} against {BASELINE}: (a) wr/req <= 0.5x, (b) read hit >= its - "
+      "0.01, (c) warm-up <= half its (one interval always meets it).")
+    for t in traces:
+        w("")
+        w(f"## {t.name}")
+        w("")
+        w(f"{t.requests:,} requests, {t.duration:,.0f} s, working set {t.blocks:,} blocks "
+          f"({size_label(t.blocks * PAGE)}), {t.read_pages:,} read pages, interval "
+          f"{t.interval:g} s.")
+        w("")
+        w("| cache | policy | read hit | wr/req KiB | warm-up s | mean ms | p99 ms | hits/MiB |")
+        w("|---|---|---|---|---|---|---|---|")
+        lines = []
+        for c in cells:
+            if c["trace"] != t.name:
+                continue
+            label = f"{c['pct']}% {size_label(c['cache_size'])}"
+            if c.get("error"):
+                w(f"| {label} | (failed) | | | | | | |")
+                lines.append(f"- {label}: FAILED ({c['error'].splitlines()[0]})")
+                continue
+            has_target = c["target"] is not None
+            first = True
+            for p in policies:
+                m = c["policies"].get(p)
+                if m is None:
+                    continue
+                w(f"| {label if first else ''} | {p} | {fmt(m['read_hit_ratio'], '.4f')} | "
+                  f"{fmt(m['cache_bytes_written_per_request'], '.1f', 1 / 1024)} | "
+                  f"{fmt_warm(m, has_target)} | {fmt(m['mean_read_latency'], '.3f', 1e3)} | "
+                  f"{fmt(m['p99_read_latency'], '.3f', 1e3)} | "
+                  f"{fmt(m['read_hits_per_mib_written'], '.1f')} |")
+                first = False
+            lines.append(f"- {label}: goals {goal_text(c['goals'])}")
+        w("")
+        out.extend(lines)
+    ok = [c for c in cells if c.get("goals", {}).get("checked")]
+    met = [c for c in ok if not c["goals"]["missed"]]
+    w("")
+    w("## Summary")
+    w("")
+    w(f"Goals met in {len(met)} of {len(ok)} checked cells.")
+    for g in "abc":
+        n = sum(1 for c in ok if any(m.startswith(f"({g})") for m in c["goals"]["missed"]))
+        w(f"- ({g}) missed in {n} cell(s)")
+    failed = [c for c in cells if c.get("error")]
+    if failed:
+        w(f"- {len(failed)} cell(s) failed to run")
+    return "\n".join(out) + "\n"
+
+
+def run_cell(sce, trace, pct, size, policies, done, total):
+    t0 = time.monotonic()
+    cmd = [sce, "sim", "--json", "--trace", trace.path, "--format", trace.fmt, "--cache-size",
+           str(size), "--policy", ",".join(policies), "--interval", f"{trace.interval:.3f}"]
+    try:
+        out = json.loads(run(cmd, f"sce sim on {trace.name} at {size_label(size)}"))
+        err = None
+    except (RuntimeError, ValueError) as e:
+        out, err = None, str(e)
+    with _print_lock:
+        done[0] += 1
+        print(f"[{done[0]}/{total}] {trace.name} {size_label(size)} ({pct}%): "
+              f"{'FAILED' if err else 'done'} in {time.monotonic() - t0:.1f} s",
+              file=sys.stderr, flush=True)
+    return out, err
+
+
+def self_test():
+    """Checks the arithmetic of the goals on made-up results (no sce needed). Not `assert`,
+    which `python3 -O` drops."""
+
+    def check(ok):
+        if not ok:
+            raise SystemExit(f"self-test failed at line {sys._getframe(1).f_lineno}")
+
+    t = Trace("t", "-", "sce")
+    t.blocks, t.read_pages, t.duration = 1000, 5000, 400.0
+    check(t.interval == 10.001)
+    check([t.cache_size(p) for p in (10, 50, 150)] == [2 * MIB, 2 * MIB, 6 * MIB])
+    t.blocks = 100_000
+    check(t.cache_size(10) == 40 * MIB)  # 39.06 MiB, rounded up
+    t.duration = 10.0
+    check(t.interval == 1.0)
+    # Intervals of 10 s; reads start in the third. A last interval of 1 s is passed over.
+    iv = [(10, None), (20, None), (30, 0.1), (40, 0.5), (50, 0.9), (60, 1.0), (61, 0.0)]
+    check(final_ratio(iv, 10) == 1.0)
+    check(final_ratio(iv[:-1], 10) == 1.0)
+    check(final_ratio([(10, None), (15, 0.3)], 10) == 0.3)
+    check(final_ratio([(10, None)], 10) is None)
+    check(warmup(iv, 0.9, 10) == 30)  # from 20, the start of the first interval with a read
+    check(warmup(iv, 0.1, 10) == 10)
+    check(warmup(iv, 1.1, 10) is None)
+
+    def m(hit, wpr, warm):
+        return {"read_hit_ratio": hit, "cache_bytes_written_per_request": wpr,
+                "warmup_seconds": warm}
+
+    def missed(s, b):
+        g = goals({SUBJECT: s, BASELINE: b}, 10)
+        check(g["checked"])
+        return "".join(x[1] for x in g["missed"])
+
+    check(missed(m(0.5, 100, 10), m(0.5, 200, 40)) == "")
+    check(missed(m(0.491, 100, 20), m(0.5, 200, 40)) == "")  # just within each bound
+    check(missed(m(0.489, 101, 21), m(0.5, 200, 40)) == "abc")  # just beyond each
+    check(missed(m(0.5, 0, None), m(0.5, 0, 40)) == "c")  # never warm
+    check(missed(m(0.5, 0, 10), m(0.5, 0, 10)) == "")  # one interval: as fast as can be
+    check(missed(m(0.5, 0, 20), m(0.5, 0, 10)) == "c")
+    check(missed(m(0.5, None, 10), m(0.5, 1, 10)) == "a")  # not reported: missed
+    check(missed(m(0.5, 1, None), m(0.5, 2, None)) == "")  # no baseline warm-up: no (c)
+    check(not goals({SUBJECT: m(1, 0, 1)}, 10)["checked"])
+    one = goals({SUBJECT: m(0.5, 0, None), BASELINE: m(0.5, 0, 10)}, 10, read_intervals=1)
+    check(one["missed"] == [] and one["notes"] != [])
+    print("self-test passed", file=sys.stderr)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(
+        description="Run the policy matrix of docs/SIM-REPORT.md (see the module docstring).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
+    ap.add_argument("--traces", default=os.path.join(repo_root(), "..", "shared", "traces"),
+                    help="directory of the real traces [<repo>/../shared/traces]")
+    ap.add_argument("--traces-subset", default=None,
+                    help="comma-separated trace names to run (real file names and "
+                         f"{', '.join(GENERATED)}) [all]")
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)),
+                    help="cache sizes in percent of the working set [%(default)s]")
+    ap.add_argument("--policies", default=POLICIES, help="policies to run [%(default)s]")
+    ap.add_argument("--sce", default=None,
+                    help="the sce binary [$CARGO_TARGET_DIR or <repo>/target, release/sce]")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="cells run at once (each sce sim uses several threads) [1]")
+    ap.add_argument("--gen-size", default="4GiB", help="volume of generated traces [4GiB]")
+    ap.add_argument("--gen-requests", type=int, default=300_000,
+                    help="requests of generated traces [300000]")
+    ap.add_argument("--workdir", default=None,
+                    help="where generated traces go [a temporary directory, removed]")
+    ap.add_argument("--json", metavar="OUT", default=None, help="also write the results as JSON")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 if a goal is missed in any cell (listing them)")
+    ap.add_argument("--self-test", action="store_true",
+                    help="check the goal arithmetic on made-up results, run nothing")
+    args = ap.parse_args(argv)
+    if args.self_test:
+        self_test()
+        return 0
+
+    sce = args.sce or default_sce()
+    if not os.access(sce, os.X_OK):
+        ap.error(f"no sce binary at {sce} (build it: cargo build --release -p sce, or --sce PATH)")
+    try:
+        args.sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--sizes {args.sizes!r}: expected percentages such as 10,50,150")
+    if not args.sizes or any(p <= 0 for p in args.sizes):
+        ap.error("--sizes: at least one percentage, each > 0")
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not policies:
+        ap.error("--policies: at least one")
+    names = [n for n, _, _ in REAL] + list(GENERATED)
+    subset = names
+    if args.traces_subset:
+        subset = [n.strip() for n in args.traces_subset.split(",") if n.strip()]
+        unknown = [n for n in subset if n not in names]
+        if unknown:
+            ap.error(f"unknown trace(s) {', '.join(unknown)}; known: {', '.join(names)}")
+    if args.jobs < 1:
+        ap.error("--jobs must be >= 1")
+
+    tmp = None
+    workdir = args.workdir
+    if workdir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="sim-matrix-")
+        workdir = tmp.name
+    os.makedirs(workdir, exist_ok=True)
+    t_start = time.monotonic()
+    try:
+        traces = []
+        for name in subset:
+            real = [r for r in REAL if r[0] == name]
+            if real:
+                path = os.path.join(args.traces, real[0][1])
+                if not os.path.exists(path):
+                    ap.error(f"trace {path} not found (--traces DIR)")
+                t = Trace(name, path, real[0][2])
+            else:
+                log(f"generating {name} ...")
+                t = Trace(name, generate(sce, name, args, workdir), "sce")
+            log(f"surveying {name} ...")
+            t.survey(sce, workdir)
+            log(f"  {t.requests} requests, {t.duration:.0f} s, working set {t.blocks} blocks, "
+                f"interval {t.interval:g} s")
+            traces.append(t)
+
+        # One run per distinct (trace, cache size): small traces round several sizes to 2 MiB.
+        jobs = {}
+        for t in traces:
+            for pct in args.sizes:
+                jobs.setdefault((t.name, t.cache_size(pct)), (t, pct))
+        done = [0]
+        results = {}
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as ex:
+            futs = {
+                ex.submit(run_cell, sce, t, pct, key[1], policies, done, len(jobs)): key
+                for key, (t, pct) in jobs.items()
+            }
+            for f in concurrent.futures.as_completed(futs):
+                results[futs[f]] = f.result()
+
+        cells = []
+        for t in traces:
+            for pct in args.sizes:
+                size = t.cache_size(pct)
+                out, err = results[(t.name, size)]
+                cell = {"trace": t.name, "pct": pct, "cache_size": size,
+                        "interval": t.interval}
+                if err:
+                    cell.update(error=err, target=None, policies={},
+                                goals={"checked": False, "missed": [], "why": "run failed"})
+                    cells.append(cell)
+                    continue
+                by_name = {p["policy"]: p for p in out["policies"]}
+                base = by_name.get(BASELINE)
+                final = final_ratio(base["intervals"], t.interval) if base else None
+                target = 0.9 * final if final is not None else None
+                cell["target"] = target
+                cell["baseline_final_interval_hit_ratio"] = final
+                cell["policies"] = {
+                    n: metrics(p, t, target, t.interval) for n, p in by_name.items()
+                }
+                reads = sum(1 for _, h in base["intervals"] if h is not None) if base else 0
+                cell["goals"] = goals(cell["policies"], t.interval, reads)
+                cells.append(cell)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+    sys.stdout.write(markdown(traces, cells, policies, args))
+    elapsed = time.monotonic() - t_start
+    log(f"matrix: {len(cells)} cells ({len(jobs)} runs) in {elapsed:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({
+                "sce": sce, "policies": policies, "sizes": args.sizes,
+                "subject": SUBJECT, "baseline": BASELINE,
+                "generated": {"size": args.gen_size, "requests": args.gen_requests,
+                              "args": GENERATED},
+                "traces": [{"name": t.name, "path": t.path, "format": t.fmt,
+                            "requests": t.requests, "duration": t.duration,
+                            "working_set_blocks": t.blocks, "read_pages": t.read_pages,
+                            "interval": t.interval} for t in traces],
+                "cells": cells,
+                "seconds": elapsed,
+            }, f, indent=1)
+
+    failed = [c for c in cells if c.get("error")]
+    if failed:
+        for c in failed:
+            log(f"FAILED: {c['trace']} {c['pct']}%: {c['error']}")
+        return 2
+    if args.check:
+        checked = [c for c in cells if c["goals"]["checked"]]
+        if not checked:
+            log(f"--check: no cell could be checked (the goals need {SUBJECT} and {BASELINE})")
+            return 2
+        missed = [c for c in checked if c["goals"]["missed"]]
+        if missed:
+            log(f"--check: goals missed in {len(missed)} of {len(checked)} cells:")
+            for c in missed:
+                log(f"  {c['trace']} {c['pct']}% ({size_label(c['cache_size'])}): "
+                    + "; ".join(c["goals"]["missed"]))
+            return 1
+        log(f"--check: goals met in all {len(checked)} cells")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
