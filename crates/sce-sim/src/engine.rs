@@ -6,10 +6,16 @@
 //! times come from a latency + bandwidth model with a number of parallel channels. The
 //! halves of an AWT write and population jobs complete as events later. Population workers
 //! wake as Algorithm 1 says (`throttle`), pick with `pick_population`, and sleep `period`.
+//!
+//! Every request gets a modelled latency: a read until its runs (and inline fills) are
+//! done, a write until it is acknowledged (AWT and write-around: the source write done;
+//! synchronous write-through: the source write and every cache copy done). Each device
+//! counts its busy time, from which a driver computes its utilization over the trace.
 
 use crate::trace::{IoKind, TraceRequest};
 use sce_core::{
-    CacheCore, CoreConfig, Nanos, PopId, ReadPlan, RunTarget, SourceOffset, WriteId, WriteKind,
+    CacheCore, CacheOffset, CoreConfig, Nanos, PopId, ReadPlan, RunTarget, SourceOffset, WriteId,
+    WriteKind,
 };
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -53,23 +59,27 @@ impl DeviceModel {
     }
 }
 
-/// The state of a modelled device: when each channel is next free.
+/// The state of a modelled device: when each channel is next free, and how long it has been
+/// busy. Both the engine and the reference policies of a [`crate::layers::Stack`] use it.
 #[derive(Debug)]
-struct Device {
+pub(crate) struct Device {
     model: DeviceModel,
     free_at: Vec<u64>,
+    /// Service time of every I/O issued so far, summed over the channels, nanoseconds.
+    busy_ns: u64,
 }
 
 impl Device {
-    fn new(model: DeviceModel) -> Self {
+    pub(crate) fn new(model: DeviceModel) -> Self {
         let n = model.channels.max(1);
         Device {
             model,
             free_at: vec![0; n],
+            busy_ns: 0,
         }
     }
     /// Issues an I/O at `now`; returns its completion time.
-    fn io(&mut self, now: u64, bytes: u64, write: bool) -> u64 {
+    pub(crate) fn io(&mut self, now: u64, bytes: u64, write: bool) -> u64 {
         let (lat, bw) = if write {
             (self.model.write_ns, self.model.write_bw)
         } else {
@@ -84,7 +94,14 @@ impl Device {
             .expect("channels >= 1");
         let done = free.max(now) + service;
         self.free_at[i] = done;
+        self.busy_ns = self.busy_ns.saturating_add(service);
         done
+    }
+    /// Busy time per channel so far: the summed service times over the channels. Over a span
+    /// of time, this divided by the span is the device's utilization (above 1, the I/O
+    /// offered in the span needs more time than the span: it queues).
+    pub(crate) fn busy_ns(&self) -> u64 {
+        self.busy_ns / self.free_at.len() as u64
     }
 }
 
@@ -142,36 +159,81 @@ pub struct EngineResult {
     pub mean_read_latency: f64,
     /// Modelled 99th percentile read latency, seconds (bucketed, within 9%).
     pub p99_read_latency: f64,
+    /// Modelled mean write latency, seconds: until the write is acknowledged (AWT and
+    /// write-around: the source write done; synchronous write-through: the source write and
+    /// every cache copy done).
+    pub mean_write_latency: f64,
+    /// Modelled 99th percentile write latency, seconds (bucketed, within 9%).
+    pub p99_write_latency: f64,
+    /// Every modelled read latency.
+    pub read_latency: LatencyHistogram,
+    /// Every modelled write latency.
+    pub write_latency: LatencyHistogram,
+    /// Busy time of the source model per channel (summed service times over channels), ns.
+    pub source_busy_ns: u64,
+    /// Busy time of the cache device model per channel, ns.
+    pub cache_busy_ns: u64,
     /// Fragments populated.
     pub fragments_populated: u64,
     /// Fragments evicted.
     pub fragments_evicted: u64,
 }
 
-/// Log-bucketed latency histogram: bounded memory on any trace length.
-struct Histogram {
+/// Log-bucketed latency histogram (8 buckets per octave of nanoseconds): bounded memory on
+/// any trace length; quantiles are the upper bound of their bucket, within 9%.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LatencyHistogram {
     buckets: Vec<u64>,
     sum: f64,
     n: u64,
 }
 
-impl Histogram {
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        LatencyHistogram::new()
+    }
+}
+
+impl LatencyHistogram {
     const PER_OCTAVE: f64 = 8.0;
-    fn new() -> Self {
-        Histogram {
+    /// An empty histogram.
+    pub fn new() -> Self {
+        LatencyHistogram {
             buckets: vec![0; 64 * 8 + 1],
             sum: 0.0,
             n: 0,
         }
     }
-    fn add(&mut self, ns: u64) {
+    /// Records one latency of `ns` nanoseconds.
+    pub fn record(&mut self, ns: u64) {
         let b = ((ns.max(1) as f64).log2() * Self::PER_OCTAVE) as usize;
         let last = self.buckets.len() - 1;
         self.buckets[b.min(last)] += 1;
         self.sum += ns as f64;
         self.n += 1;
     }
-    fn quantile(&self, q: f64) -> f64 {
+    /// Adds every latency `o` recorded.
+    pub fn merge(&mut self, o: &LatencyHistogram) {
+        for (a, b) in self.buckets.iter_mut().zip(&o.buckets) {
+            *a += b;
+        }
+        self.sum += o.sum;
+        self.n += o.n;
+    }
+    /// Latencies recorded.
+    pub fn count(&self) -> u64 {
+        self.n
+    }
+    /// Mean latency, seconds (0 if none was recorded).
+    pub fn mean(&self) -> f64 {
+        if self.n == 0 {
+            0.0
+        } else {
+            self.sum / self.n as f64 / 1e9
+        }
+    }
+    /// The `q` quantile, seconds: the upper bound of the bucket that holds it (0 if none).
+    pub fn quantile(&self, q: f64) -> f64 {
         let target = (self.n as f64 * q).ceil() as u64;
         let mut seen = 0;
         for (i, &c) in self.buckets.iter().enumerate() {
@@ -192,7 +254,8 @@ pub struct EngineSim {
     events: BinaryHeap<Reverse<Due>>,
     seq: u64,
     plan: ReadPlan,
-    lat: Histogram,
+    lat: LatencyHistogram,
+    wlat: LatencyHistogram,
     res: EngineResult,
     interval_ns: u64,
     next_interval: u64,
@@ -223,7 +286,8 @@ impl EngineSim {
             events: BinaryHeap::new(),
             seq: 0,
             plan: ReadPlan::new(),
-            lat: Histogram::new(),
+            lat: LatencyHistogram::new(),
+            wlat: LatencyHistogram::new(),
             res: EngineResult::default(),
             interval_ns,
             next_interval: interval_ns,
@@ -289,13 +353,7 @@ impl EngineSim {
                     let mut next = et + st.period.as_nanos() as u64;
                     if w < st.active_workers {
                         if let Some(job) = self.core.pick_population(Nanos(et)) {
-                            let read_done = self.source.io(et, job.len, false);
-                            self.res.source_bytes_read += job.len;
-                            let mut done = read_done;
-                            for &(_, l, _) in &job.runs {
-                                done = self.ssd.io(read_done, l, true);
-                                self.res.cache_bytes_written += l;
-                            }
+                            let done = self.population_io(et, job.len, &job.runs);
                             self.push(done, Event::PopDone(job.id));
                             next = done + st.period.as_nanos() as u64;
                         }
@@ -317,6 +375,35 @@ impl EngineSim {
             self.now = self.now.max(t);
             self.close_intervals(t);
         }
+    }
+
+    /// Models the I/O of a population job started at `now` (`PopulationJob::len` and
+    /// `runs`): the source span is read, then
+    /// each run is written to the cache device. Returns when the last of them completes: the
+    /// runs go to different channels, so a later run may complete before an earlier one.
+    fn population_io(&mut self, now: u64, len: u64, runs: &[(u64, u64, CacheOffset)]) -> u64 {
+        let read_done = self.source.io(now, len, false);
+        self.res.source_bytes_read += len;
+        let mut done = read_done;
+        for &(_, l, _) in runs {
+            done = done.max(self.ssd.io(read_done, l, true));
+            self.res.cache_bytes_written += l;
+        }
+        done
+    }
+
+    /// Runs what the simulation has due up to trace time `t` (population workers, completions)
+    /// without a request: a driver that samples [`Self::cache_bytes_written`] at a time calls
+    /// this first. Does nothing before the origin is set.
+    pub fn advance(&mut self, t: u64) {
+        if let Some(origin) = self.origin {
+            self.run_until(t.saturating_sub(origin));
+        }
+    }
+
+    /// Bytes written to the cache device so far (counted when each write is issued).
+    pub fn cache_bytes_written(&self) -> u64 {
+        self.res.cache_bytes_written
     }
 
     /// Sets the trace time that is time zero of the simulation, if no request has set it yet
@@ -374,12 +461,22 @@ impl EngineSim {
         held
     }
 
-    /// Feeds one trace request. Requests must come in time order (a request earlier than
-    /// the previous one is taken as happening at the same time).
-    pub fn request(&mut self, r: &TraceRequest) {
+    /// Feeds one trace request, issued at `r.time_ns`. Requests must come in time order (a
+    /// request earlier than the previous one is taken as happening at the same time).
+    ///
+    /// Returns the request's modelled completion, in the clock of `r.time_ns`: a read
+    /// completes when its runs (and inline fills) are done; a write when it is acknowledged
+    /// (AWT and write-around: the source write done; synchronous write-through: the source
+    /// write and every cache copy done). A request outside the volume completes at once.
+    pub fn request(&mut self, r: &TraceRequest) -> u64 {
         let origin = *self.origin.get_or_insert(r.time_ns);
         let t = r.time_ns.saturating_sub(origin).max(self.now);
         self.run_until(t);
+        origin + self.issue(r, t)
+    }
+
+    /// Plans and models request `r` at simulation time `t`; returns its completion time.
+    fn issue(&mut self, r: &TraceRequest, t: u64) -> u64 {
         let size = self.core.geometry().source_size();
         // Clip to the volume and round to sectors, as a block layer would have.
         let off = (r.offset / 512 * 512).min(size);
@@ -388,7 +485,7 @@ impl EngineSim {
             .saturating_mul(512)
             .min(size);
         if end <= off {
-            return;
+            return t;
         }
         let len = end - off;
         self.res.requests += 1;
@@ -399,7 +496,7 @@ impl EngineSim {
                     .begin_read(SourceOffset(off), len, &mut self.plan)
                     .is_err()
                 {
-                    return;
+                    return t;
                 }
                 let mut done = t;
                 let mut source_done = t;
@@ -424,23 +521,30 @@ impl EngineSim {
                     let _ = self.core.complete_population(p, true);
                 }
                 self.core.end_read(&mut self.plan);
-                self.lat.add(done - t);
+                self.lat.record(done - t);
+                done
             }
             IoKind::Write => {
                 let Ok(plan) = self
                     .core
                     .begin_write(SourceOffset(off), len, WriteKind::Data)
                 else {
-                    return;
+                    return t;
                 };
                 let sdone = self.source.io(t, len, true);
                 self.res.source_bytes_written += len;
                 self.push(sdone, Event::SourceDone(plan.id));
+                let mut ack = sdone;
                 for w in &plan.cache_writes {
                     let cdone = self.ssd.io(t, w.len, true);
                     self.res.cache_bytes_written += w.len;
                     self.push(cdone, Event::CacheDone(plan.id, w.part));
+                    if plan.synchronous {
+                        ack = ack.max(cdone);
+                    }
                 }
+                self.wlat.record(ack - t);
+                ack
             }
         }
     }
@@ -492,14 +596,96 @@ impl EngineSim {
                 .find(|(_, r)| !r.is_nan() && *r >= 0.9 * last)
                 .map(|(t, _)| *t);
         }
-        self.res.mean_read_latency = if self.lat.n == 0 {
-            0.0
-        } else {
-            self.lat.sum / self.lat.n as f64 / 1e9
-        };
+        self.res.mean_read_latency = self.lat.mean();
         self.res.p99_read_latency = self.lat.quantile(0.99);
+        self.res.mean_write_latency = self.wlat.mean();
+        self.res.p99_write_latency = self.wlat.quantile(0.99);
+        self.res.read_latency = std::mem::take(&mut self.lat);
+        self.res.write_latency = std::mem::take(&mut self.wlat);
+        self.res.source_busy_ns = self.source.busy_ns();
+        self.res.cache_busy_ns = self.ssd.busy_ns();
         self.res.fragments_populated = st.populations_completed;
         self.res.fragments_evicted = st.fragments_evicted;
         self.res
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sim(ssd: DeviceModel) -> EngineSim {
+        EngineSim::new(
+            CoreConfig::default(),
+            64 << 20,
+            16 << 20,
+            ssd,
+            DeviceModel::disk(),
+            1.0,
+        )
+        .expect("valid")
+    }
+
+    fn service(model: &DeviceModel, bytes: u64, write: bool) -> u64 {
+        let (lat, bw) = if write {
+            (model.write_ns, model.write_bw)
+        } else {
+            (model.read_ns, model.read_bw)
+        };
+        lat + bytes * 1_000_000_000 / bw
+    }
+
+    /// A population completes when the last of its cache writes does, not when the write of
+    /// its last run does: with several channels a long first run outlasts a short last one.
+    #[test]
+    fn a_population_completes_with_its_slowest_write() {
+        // A 1 MiB span of which the cache already holds one page, the second last: two runs.
+        let runs = [
+            (0, 1_040_384, CacheOffset(0)),
+            (1_044_480, 4096, CacheOffset(1_044_480)),
+        ];
+        let disk = DeviceModel::disk();
+        let read_done = service(&disk, 1 << 20, false);
+        let ssd = DeviceModel::mercury_ssd();
+        let (long, short) = (service(&ssd, 1_040_384, true), service(&ssd, 4096, true));
+        assert!(long > short);
+        // Eight channels: both runs start when the source read is done.
+        let mut s = sim(ssd.clone());
+        assert_eq!(s.population_io(0, 1 << 20, &runs), read_done + long);
+        assert_eq!(s.res.cache_bytes_written, (1 << 20) - 4096);
+        assert_eq!(s.res.source_bytes_read, 1 << 20);
+        // One channel: the runs queue, and the last is also the latest.
+        let mut s = sim(DeviceModel {
+            channels: 1,
+            ..ssd.clone()
+        });
+        assert_eq!(s.population_io(0, 1 << 20, &runs), read_done + long + short);
+        // The device's busy time is the service times over the channels.
+        assert_eq!(s.ssd.busy_ns(), long + short);
+        let mut s = sim(ssd);
+        s.population_io(0, 1 << 20, &runs);
+        assert_eq!(s.ssd.busy_ns(), (long + short) / 8);
+    }
+
+    #[test]
+    fn histogram_mean_quantiles_and_merge() {
+        let mut h = LatencyHistogram::new();
+        assert_eq!((h.count(), h.mean(), h.quantile(0.99)), (0, 0.0, 0.0));
+        for _ in 0..99 {
+            h.record(1_000_000);
+        }
+        h.record(1_000_000_000);
+        assert_eq!(h.count(), 100);
+        assert!((h.mean() - (99.0 * 1e-3 + 1.0) / 100.0).abs() < 1e-12);
+        // Quantiles are their bucket's upper bound: at most 2^(1/8) above the value.
+        let p99 = h.quantile(0.99);
+        assert!((1e-3..1e-3 * 1.091).contains(&p99), "{p99}");
+        let max = h.quantile(1.0);
+        assert!((1.0..1.091).contains(&max), "{max}");
+        let mut g = LatencyHistogram::new();
+        g.record(1_000_000_000);
+        g.merge(&h);
+        assert_eq!(g.count(), 101);
+        assert!(g.quantile(0.99) >= 1.0);
     }
 }
