@@ -11,7 +11,7 @@ use crate::alloc::live_bytes;
 use crate::units::{format_size, parse_duration, parse_size};
 use anyhow::{bail, Context, Result};
 use sce_core::{Admission, CacheCore, CoreConfig, WriteMode};
-use sce_sim::layers::{Flash, Host, RamCache, RamPolicy, Stack, StackResult, VolumeLayout};
+use sce_sim::layers::{Flash, Host, RamCache, RamPolicy, Replay, Stack, StackResult, VolumeLayout};
 use sce_sim::{
     BlockCache, DeviceModel, EngineResult, EngineSim, IoKind, ReferencePolicy, TraceFormat,
     TraceReader,
@@ -71,6 +71,11 @@ pub struct SimArgs {
     /// READ_LAT/WRITE_LAT/READ_BW/WRITE_BW/CHANNELS such as 240us/225us/110MB/39MB/8.
     #[arg(long, default_value = "ssd=mercury-ssd,source=disk")]
     pub device_model: String,
+    /// How the requests issue in virtual time: open (at their trace times) or closed:QD
+    /// (QD requests in flight, the next issuing when one completes; trace times ignored).
+    /// Default: open if the trace's timestamps are usable, else closed:32 (see below).
+    #[arg(long)]
+    pub replay: Option<Replay>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -91,6 +96,21 @@ Generic CSV: --format csv:KEY=VALUE,... with keys (defaults in brackets)
 Lines that are empty or start with # are skipped; `csv` alone reads what `sce trace convert
 --out-format csv` writes.
 
+Replay: --replay open issues each request at its trace time; a trace faster than the device
+models queues on them. --replay closed:QD keeps QD requests in flight and issues the next
+when one completes (reads when their data is read, writes when acknowledged), ignoring the
+trace times; intervals, warm-up and the population workers then run on that virtual clock.
+The default is open, unless the trace's timestamps are unusable (all equal, or more than a
+tenth of the requests earlier than the request before them): then closed:32. The output
+says which replay ran and why.
+
+Device models: every policy runs over them. Engine policies model the core's own I/O;
+reference policies read hits from the cache device, read misses from the source and write
+the inserted blocks to the cache device before the read completes (as inline fills), and
+send writes to the source and their blocks to the cache device, acknowledged when the source
+write completes. Writes of the engine are acknowledged when the source write completes (AWT,
+write-around) or when it and every cache copy complete (synchronous write-through).
+
 Reference policies, over 4 KiB blocks, every block of a request (read or write) one access:
 lru, fifo, lfu (in-cache counts) and s3fifo (S3-FIFO as libCacheSim's S3FIFO: small FIFO of
 10%, main FIFO of 90% with reinsertion, ghost of 90%, to main after 2 hits) write every missed
@@ -100,8 +120,14 @@ ghost queue of recent misses. Their cache bytes written are 4 KiB per block writ
 Output per policy: read hit ratio (4 KiB pages of reads, RAM and flash), hit ratio of all
 block accesses (reference policies, comparable to libCacheSim), warm-up seconds (until the
 interval read hit ratio first reaches 90% of its final value), cache bytes written (and per
-request), source bytes, modelled mean/p99 read latency (engine), metadata bytes (engine: allocated
-when the core is built; reference: its structures at the end), and with --hosts the invalidations per write.";
+request), source bytes, modelled mean/p99 read and write latency at the flash layer (a RAM
+hit costs nothing), source and cache device utilization (busy time per channel over the
+replay's duration: open loop the trace's span, closed loop until the last request completes;
+the most loaded host's; above 1 in an open-loop replay, a warning says the latencies are
+queueing), metadata bytes (engine: allocated when the core is built; reference: its
+structures at the end), and with --hosts the invalidations per write. JSON adds per interval
+the cache bytes written (interval_cache_bytes_written, parallel to intervals); --plot draws
+them, cumulated, under the hit ratio.";
 
 /// The result of one policy.
 #[derive(Serialize, Debug, Default)]
@@ -132,8 +158,20 @@ pub struct PolicyResult {
     pub source_bytes_written: Option<u64>,
     /// Modelled mean read latency at the flash layer, seconds (engine policies).
     pub mean_read_latency: Option<f64>,
-    /// Modelled p99 read latency at the flash layer, seconds (worst host).
+    /// Modelled p99 read latency at the flash layer, seconds (all hosts).
     pub p99_read_latency: Option<f64>,
+    /// Modelled mean write latency at the flash layer, until acknowledged, seconds.
+    pub mean_write_latency: Option<f64>,
+    /// Modelled p99 write latency at the flash layer, seconds (all hosts).
+    pub p99_write_latency: Option<f64>,
+    /// Busy time of the source model (service time per channel) over the duration of the
+    /// replay; the most loaded host's. Null if infinite (work in a zero-length replay).
+    pub source_utilization: Option<f64>,
+    /// The same for the cache device model.
+    pub cache_utilization: Option<f64>,
+    /// A device model's utilization is above 1 under open-loop replay: the trace offers more
+    /// than the model sustains, and the latencies are mostly queueing.
+    pub overloaded: bool,
     /// Fragments populated (engine policies).
     pub fragments_populated: Option<u64>,
     /// Metadata bytes of one host's flash cache: for the engine, counted by the allocator
@@ -153,6 +191,9 @@ pub struct PolicyResult {
     pub accesses_per_second: Option<f64>,
     /// Warm-up curve: (trace seconds, interval read hit ratio; null if no read).
     pub intervals: Vec<(f64, Option<f64>)>,
+    /// Cache bytes written in each interval of `intervals` (engine: its cache writes,
+    /// reference: 4 KiB per block inserted).
+    pub interval_cache_bytes_written: Vec<u64>,
 }
 
 #[derive(Clone)]
@@ -249,17 +290,61 @@ struct Survey {
     layout: VolumeLayout,
     requests: u64,
     skipped: u64,
+    /// Requests whose time is earlier than the request before them.
+    backwards: u64,
+    /// Earliest and latest request time.
+    times: Option<(u64, u64)>,
+}
+
+/// The queue depth of the closed-loop replay of traces without usable timestamps.
+const DEFAULT_QUEUE_DEPTH: u32 = 32;
+
+impl Survey {
+    /// Why the trace's timestamps cannot drive an open-loop replay, if they cannot: they are
+    /// all equal (all zero, say), or more than a tenth of the requests are earlier than the
+    /// request before them (the open loop would issue them at that earlier request's time).
+    fn unusable_timestamps(&self) -> Option<String> {
+        match self.times {
+            Some((lo, hi)) if lo == hi => Some("the trace's timestamps are all equal".into()),
+            Some(_) if self.backwards * 10 > self.requests => Some(format!(
+                "{} of the trace's {} requests are earlier than the request before them",
+                self.backwards, self.requests
+            )),
+            _ => None,
+        }
+    }
+
+    /// The replay `--replay` asks for, or the default: open if the timestamps are usable,
+    /// else closed:32; with a phrase that says why.
+    fn replay(&self, asked: Option<Replay>) -> (Replay, String) {
+        match (asked, self.unusable_timestamps()) {
+            (Some(r), _) => (r, "--replay".into()),
+            (None, None) => (Replay::Open, "default: the trace's timestamps".into()),
+            (None, Some(why)) => (
+                Replay::Closed(DEFAULT_QUEUE_DEPTH),
+                format!("default: {why}"),
+            ),
+        }
+    }
 }
 
 fn survey(a: &SimArgs) -> Result<Survey> {
     let mut layout = VolumeLayout::new(64 << 20);
     let mut reader = TraceReader::open(&a.trace, a.format.clone(), a.skip_bad)?;
     let mut requests = 0;
+    let mut backwards = 0;
+    let mut times: Option<(u64, u64)> = None;
+    let mut previous = None;
     while let Some(r) = reader.next_request()? {
         if a.reads_only && r.kind != IoKind::Read {
             continue;
         }
         requests += 1;
+        backwards += previous.is_some_and(|p| r.time_ns < p) as u64;
+        previous = Some(r.time_ns);
+        times = Some(times.map_or((r.time_ns, r.time_ns), |(lo, hi)| {
+            (lo.min(r.time_ns), hi.max(r.time_ns))
+        }));
         let vol = if a.hosts > 1 { 0 } else { r.volume };
         layout.observe(vol, r.offset.saturating_add(r.len));
     }
@@ -268,6 +353,8 @@ fn survey(a: &SimArgs) -> Result<Survey> {
         layout,
         requests,
         skipped: reader.skipped(),
+        backwards,
+        times,
     })
 }
 
@@ -277,6 +364,7 @@ struct Job<'a> {
     args: &'a SimArgs,
     devices: &'a (DeviceModel, DeviceModel),
     layout: &'a VolumeLayout,
+    replay: Replay,
     progress: &'a AtomicU64,
 }
 
@@ -299,9 +387,10 @@ fn build_stack(job: &Job) -> Result<Stack> {
             )?)),
         };
         let ram = a.ram_size.map(|s| RamCache::new(s, a.ram_policy));
-        hosts.push(Host::new(flash, ram));
+        hosts
+            .push(Host::new(flash, ram).with_devices(job.devices.0.clone(), job.devices.1.clone()));
     }
-    Ok(Stack::new(hosts, a.interval))
+    Ok(Stack::new(hosts, a.interval).with_replay(job.replay))
 }
 
 fn run(job: &Job) -> Result<(StackResult, f64)> {
@@ -334,7 +423,6 @@ fn run(job: &Job) -> Result<(StackResult, f64)> {
 
 fn aggregate_engines(es: &[EngineResult]) -> EngineResult {
     let mut out = EngineResult::default();
-    let reqs: u64 = es.iter().map(|e| e.requests).sum();
     for e in es {
         out.cache_bytes_written += e.cache_bytes_written;
         out.source_bytes_read += e.source_bytes_read;
@@ -342,8 +430,6 @@ fn aggregate_engines(es: &[EngineResult]) -> EngineResult {
         out.requests += e.requests;
         out.fragments_populated += e.fragments_populated;
         out.fragments_evicted += e.fragments_evicted;
-        out.mean_read_latency += e.mean_read_latency * e.requests as f64 / reqs.max(1) as f64;
-        out.p99_read_latency = out.p99_read_latency.max(e.p99_read_latency);
     }
     out
 }
@@ -423,6 +509,7 @@ pub fn sim(a: SimArgs) -> Result<()> {
     let devices = parse_device_models(&a.device_model)
         .map_err(|e| anyhow::anyhow!("invalid --device-model: {e}"))?;
     let s = survey(&a)?;
+    let (replay, replay_why) = s.replay(a.replay);
     let mut metadata = Vec::new();
     for (_, k) in &kinds {
         metadata.push(match k {
@@ -440,6 +527,7 @@ pub fn sim(a: SimArgs) -> Result<()> {
             args: &a,
             devices: &devices,
             layout: &s.layout,
+            replay,
             progress: &progress,
         })
         .collect();
@@ -495,9 +583,10 @@ pub fn sim(a: SimArgs) -> Result<()> {
         results.push(result(name, &r, secs, metadata[i], &a, s.requests));
     }
     if let Some(p) = &a.plot {
-        std::fs::write(p, plot_svg(&results, &a))
+        std::fs::write(p, plot_svg(&results, &a, replay))
             .with_context(|| format!("writing the plot {}", p.display()))?;
     }
+    let warnings: Vec<String> = results.iter().filter_map(overload_warning).collect();
     if a.json {
         let v = serde_json::json!({
             "trace": a.trace, "format": a.format.to_string(), "cache_size": a.cache_size,
@@ -505,13 +594,39 @@ pub fn sim(a: SimArgs) -> Result<()> {
             "volumes": s.layout.volumes(), "source_size": s.layout.size(), "hosts": a.hosts,
             "ram_size": a.ram_size, "ram_policy": a.ram_size.map(|_| format!("{:?}", a.ram_policy)),
             "ssd_model": format!("{:?}", devices.0), "source_model": format!("{:?}", devices.1),
-            "threads": threads, "policies": results,
+            "threads": threads, "replay": replay.to_string(), "replay_reason": replay_why,
+            "warnings": warnings, "policies": results,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    print_table(&a, &s, &results);
+    print_table(&a, &s, &results, (replay, &replay_why), &warnings);
     Ok(())
+}
+
+/// The warning line of a policy whose device models the trace overloads in an open-loop
+/// replay.
+fn overload_warning(r: &PolicyResult) -> Option<String> {
+    if !r.overloaded {
+        return None;
+    }
+    let over: Vec<(&str, f64)> = [
+        ("source", r.source_utilization),
+        ("cache device", r.cache_utilization),
+    ]
+    .into_iter()
+    .filter_map(|(name, u)| u.filter(|u| *u > 1.0).map(|u| (name, u)))
+    .collect();
+    let names: Vec<&str> = over.iter().map(|x| x.0).collect();
+    let utils: Vec<String> = over.iter().map(|x| format!("{:.1}", x.1)).collect();
+    Some(format!(
+        "warning: {}: the {} model{} overloaded by the trace's timestamps (utilization {}): \
+         latencies are queueing; consider --replay closed:QD",
+        r.policy,
+        names.join(" and "),
+        if over.len() > 1 { "s are" } else { " is" },
+        utils.join(" and "),
+    ))
 }
 
 fn result(
@@ -541,6 +656,21 @@ fn result(
         out.ram_hit_ratio = Some(r.ram_hit_ratio());
         out.flash_hit_ratio = Some(r.flash_hit_ratio());
     }
+    // Modelled latencies and load: every policy runs over the device models.
+    let (rl, wl) = (&r.read_latency, &r.write_latency);
+    if rl.count() > 0 {
+        out.mean_read_latency = Some(rl.mean());
+        out.p99_read_latency = Some(rl.quantile(0.99));
+    }
+    if wl.count() > 0 {
+        out.mean_write_latency = Some(wl.mean());
+        out.p99_write_latency = Some(wl.quantile(0.99));
+    }
+    out.source_utilization = Some(r.source_utilization);
+    out.cache_utilization = Some(r.cache_utilization);
+    out.overloaded =
+        r.replay == Replay::Open && (r.source_utilization > 1.0 || r.cache_utilization > 1.0);
+    out.interval_cache_bytes_written = r.interval_cache_bytes.clone();
     if a.hosts > 1 {
         out.invalidations_per_write = Some(r.invalidations_per_write());
         out.writes_invalidating = Some(r.writes_invalidating as f64 / r.writes.max(1) as f64);
@@ -563,14 +693,18 @@ fn result(
             Some(e.cache_bytes_written as f64 / requests.max(1) as f64);
         out.source_bytes_read = Some(e.source_bytes_read);
         out.source_bytes_written = Some(e.source_bytes_written);
-        out.mean_read_latency = Some(e.mean_read_latency);
-        out.p99_read_latency = Some(e.p99_read_latency);
         out.fragments_populated = Some(e.fragments_populated);
     }
     out
 }
 
-fn print_table(a: &SimArgs, s: &Survey, results: &[PolicyResult]) {
+fn print_table(
+    a: &SimArgs,
+    s: &Survey,
+    results: &[PolicyResult],
+    replay: (Replay, &str),
+    warnings: &[String],
+) {
     println!(
         "{}: {} requests{}, {} volume(s), cache {}{}{}{}",
         a.trace.display(),
@@ -594,23 +728,28 @@ fn print_table(a: &SimArgs, s: &Survey, results: &[PolicyResult]) {
             String::new()
         },
     );
+    println!("replay: {} ({})", replay.0, replay.1);
     let f = |x: Option<f64>, p: usize| x.map_or("-".to_string(), |v| format!("{v:.p$}"));
     println!(
-        "{:<16} {:>8} {:>8} {:>9} {:>10} {:>11} {:>8} {:>8} {:>10} {:>7}",
+        "{:<16} {:>8} {:>8} {:>9} {:>10} {:>10} {:>10} {:>9} {:>10} {:>9} {:>6} {:>6} {:>10} {:>7}",
         "policy",
         "read hit",
         "hit",
         "warm-up s",
         "cache wr",
         "wr/req KiB",
-        "mean ms",
-        "p99 ms",
+        "rd mean ms",
+        "rd p99 ms",
+        "wr mean ms",
+        "wr p99 ms",
+        "src %",
+        "ssd %",
         "metadata",
         "sim s"
     );
     for r in results {
         println!(
-            "{:<16} {:>8.4} {:>8} {:>9} {:>10} {:>11} {:>8} {:>8} {:>10} {:>7.1}",
+            "{:<16} {:>8.4} {:>8} {:>9} {:>10} {:>10} {:>10} {:>9} {:>10} {:>9} {:>6} {:>6} {:>10} {:>7.1}",
             r.policy,
             r.read_hit_ratio,
             f(r.hit_ratio, 4),
@@ -619,9 +758,16 @@ fn print_table(a: &SimArgs, s: &Survey, results: &[PolicyResult]) {
             f(r.cache_bytes_written_per_request.map(|b| b / 1024.0), 1),
             f(r.mean_read_latency.map(|s| s * 1e3), 3),
             f(r.p99_read_latency.map(|s| s * 1e3), 3),
+            f(r.mean_write_latency.map(|s| s * 1e3), 3),
+            f(r.p99_write_latency.map(|s| s * 1e3), 3),
+            f(r.source_utilization.map(|u| u * 100.0), 0),
+            f(r.cache_utilization.map(|u| u * 100.0), 0),
             format_size(r.metadata_bytes),
             r.seconds,
         );
+    }
+    for w in warnings {
+        println!("{w}");
     }
     for r in results {
         if let (Some(h1), Some(h2)) = (r.ram_hit_ratio, r.flash_hit_ratio) {
@@ -648,14 +794,18 @@ fn print_table(a: &SimArgs, s: &Survey, results: &[PolicyResult]) {
     }
 }
 
-/// An SVG line plot of the interval read hit ratio over trace time, one line per policy.
-pub fn plot_svg(results: &[PolicyResult], a: &SimArgs) -> String {
+/// An SVG plot of two panels over the replay's time, one line per policy: the interval read
+/// hit ratio above, the cumulative bytes written to the cache device below.
+pub fn plot_svg(results: &[PolicyResult], a: &SimArgs, replay: Replay) -> String {
     const W: f64 = 800.0;
-    const H: f64 = 450.0;
-    const L: f64 = 60.0;
+    const L: f64 = 80.0;
     const R: f64 = 170.0;
     const T: f64 = 40.0;
-    const B: f64 = 50.0;
+    // Height of a panel, and the gap between them (for the upper one's time labels).
+    const P: f64 = 300.0;
+    const GAP: f64 = 60.0;
+    const T2: f64 = T + P + GAP;
+    const H: f64 = T2 + P + 50.0;
     const COLOURS: [&str; 8] = [
         "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
     ];
@@ -664,8 +814,15 @@ pub fn plot_svg(results: &[PolicyResult], a: &SimArgs) -> String {
         .flat_map(|r| r.intervals.iter().map(|x| x.0))
         .fold(0.0f64, f64::max)
         .max(1e-9);
+    let bmax = results
+        .iter()
+        .map(|r| r.interval_cache_bytes_written.iter().sum::<u64>())
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64;
     let x = |t: f64| L + t / tmax * (W - L - R);
-    let y = |h: f64| T + (1.0 - h) * (H - T - B);
+    let y = |h: f64| T + (1.0 - h) * P;
+    let y2 = |b: f64| T2 + (1.0 - b / bmax) * P;
     let esc = |s: &str| {
         s.replace('&', "&amp;")
             .replace('<', "&lt;")
@@ -675,11 +832,12 @@ pub fn plot_svg(results: &[PolicyResult], a: &SimArgs) -> String {
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" \
          font-family=\"sans-serif\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"14\">{} \u{2014} cache {}</text>\n",
+         <text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"14\">{} \u{2014} cache {} \u{2014} replay {replay}</text>\n",
         (W - R + L) / 2.0,
         esc(&a.trace.file_name().map_or(String::new(), |f| f.to_string_lossy().into_owned())),
         format_size(a.cache_size)
     );
+    // Grid lines and value labels of both panels.
     for i in 0..=10 {
         let h = i as f64 / 10.0;
         s += &format!(
@@ -692,28 +850,53 @@ pub fn plot_svg(results: &[PolicyResult], a: &SimArgs) -> String {
         );
     }
     for i in 0..=5 {
-        let t = tmax * i as f64 / 5.0;
+        let b = bmax * i as f64 / 5.0;
         s += &format!(
-            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{:.0}</text>\n",
-            x(t),
-            H - B + 18.0,
-            t
+            "<line x1=\"{L}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\
+             <text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
+            W - R,
+            L - 6.0,
+            y2(b) + 4.0,
+            if i == 0 {
+                "0".to_string()
+            } else {
+                format_size(b as u64)
+            },
+            y = y2(b)
+        );
+    }
+    let time = if replay == Replay::Open {
+        "trace time (s)".to_string()
+    } else {
+        format!("virtual time (s), replay {replay}")
+    };
+    for (top, title) in [
+        (T, format!("read hit ratio per {} s interval", a.interval)),
+        (T2, "cache bytes written, cumulative".to_string()),
+    ] {
+        let bottom = top + P;
+        for i in 0..=5 {
+            let t = tmax * i as f64 / 5.0;
+            s += &format!(
+                "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{:.0}</text>\n",
+                x(t),
+                bottom + 18.0,
+                t
+            );
+        }
+        let mid = top + P / 2.0;
+        s += &format!(
+            "<line x1=\"{L}\" x2=\"{L}\" y1=\"{top}\" y2=\"{bottom}\" stroke=\"black\"/>\
+             <line x1=\"{L}\" x2=\"{}\" y1=\"{bottom}\" y2=\"{bottom}\" stroke=\"black\"/>\n\
+             <text x=\"16\" y=\"{mid}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {mid})\">{title}</text>\n",
+            W - R,
         );
     }
     s += &format!(
-        "<line x1=\"{L}\" x2=\"{L}\" y1=\"{T}\" y2=\"{}\" stroke=\"black\"/>\
-         <line x1=\"{L}\" x2=\"{}\" y1=\"{}\" y2=\"{}\" stroke=\"black\"/>\n\
-         <text x=\"{}\" y=\"{}\" text-anchor=\"middle\">trace time (s)</text>\n\
-         <text x=\"16\" y=\"{}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {})\">read hit ratio per {} s interval</text>\n",
-        H - B,
-        W - R,
-        H - B,
-        H - B,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
         (W - R + L) / 2.0,
         H - 12.0,
-        (H - B + T) / 2.0,
-        (H - B + T) / 2.0,
-        a.interval
+        esc(&time)
     );
     for (i, r) in results.iter().enumerate() {
         let c = COLOURS[i % COLOURS.len()];
@@ -725,6 +908,14 @@ pub fn plot_svg(results: &[PolicyResult], a: &SimArgs) -> String {
                 None => segs.push(Vec::new()),
             }
         }
+        // Bytes written accumulate from zero at time zero.
+        let mut total = 0u64;
+        let mut written = vec![(x(0.0), y2(0.0))];
+        for (&(t, _), &b) in r.intervals.iter().zip(&r.interval_cache_bytes_written) {
+            total += b;
+            written.push((x(t), y2(total as f64)));
+        }
+        segs.push(written);
         for seg in segs.iter().filter(|s| !s.is_empty()) {
             let pts: Vec<String> = seg.iter().map(|(a, b)| format!("{a:.1},{b:.1}")).collect();
             s += &format!(
@@ -732,17 +923,21 @@ pub fn plot_svg(results: &[PolicyResult], a: &SimArgs) -> String {
                 pts.join(" ")
             );
         }
-        let ly = T + 10.0 + 20.0 * i as f64;
-        s += &format!(
-            "<line x1=\"{}\" x2=\"{}\" y1=\"{ly}\" y2=\"{ly}\" stroke=\"{c}\" stroke-width=\"3\"/>\
-             <text x=\"{}\" y=\"{}\">{} ({:.3})</text>\n",
-            W - R + 10.0,
-            W - R + 30.0,
-            W - R + 36.0,
-            ly + 4.0,
-            esc(&r.policy),
-            r.read_hit_ratio
-        );
+        for (top, label) in [
+            (T, format!("{:.3}", r.read_hit_ratio)),
+            (T2, format_size(total)),
+        ] {
+            let ly = top + 10.0 + 20.0 * i as f64;
+            s += &format!(
+                "<line x1=\"{}\" x2=\"{}\" y1=\"{ly}\" y2=\"{ly}\" stroke=\"{c}\" stroke-width=\"3\"/>\
+                 <text x=\"{}\" y=\"{}\">{} ({label})</text>\n",
+                W - R + 10.0,
+                W - R + 30.0,
+                W - R + 36.0,
+                ly + 4.0,
+                esc(&r.policy),
+            );
+        }
     }
     s += "</svg>\n";
     s

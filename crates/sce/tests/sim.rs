@@ -573,3 +573,173 @@ fn shared_hosts_and_ram_layer() {
         "h2 = (h-h1)/(1-h1)"
     );
 }
+
+/// A trace faster than the device models is replayed open loop by default and says that the
+/// models are overloaded; `--replay closed:4` paces it to the models instead, without the
+/// warning, and changes no reference hit or miss. Traces whose timestamps are all equal are
+/// replayed closed:32 by default. Every policy gets modelled read and write latencies, and
+/// the cache bytes written per interval add up to the total.
+#[test]
+fn replay_modes_and_the_overload_warning() {
+    let d = tempfile::tempdir().unwrap();
+    let t = d.path().join("fast.sce");
+    // 5000 requests/s of 8 KiB, mostly misses: the disk model serves about 800 a second.
+    ok(&[
+        "gen",
+        "oltp",
+        "--requests",
+        "3000",
+        "--size",
+        "256MiB",
+        "--iops",
+        "5000",
+        "--seed",
+        "2",
+        "--out",
+        p(&t),
+    ]);
+    let sim = |extra: &[&str]| {
+        let mut args = vec![
+            "sim",
+            "--trace",
+            p(&t),
+            "--format",
+            "sce",
+            "--cache-size",
+            "16MiB",
+            "--policy",
+            "sce,lru",
+            "--interval",
+            "0.1",
+        ];
+        args.extend_from_slice(extra);
+        args.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let run_json = |extra: &[&str]| {
+        let mut a = sim(extra);
+        a.push("--json".into());
+        json(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let run_text = |extra: &[&str]| ok(&sim(extra).iter().map(String::as_str).collect::<Vec<_>>());
+
+    let text = run_text(&[]);
+    assert!(
+        text.contains("replay: open (default: the trace's timestamps)"),
+        "{text}"
+    );
+    for name in ["sce", "lru"] {
+        assert!(
+            text.contains(&format!(
+                "warning: {name}: the source model is overloaded by the trace's timestamps"
+            )),
+            "{text}"
+        );
+    }
+    assert!(text.contains("latencies are queueing; consider --replay closed:QD"));
+    let open = run_json(&[]);
+    assert_eq!(open["replay"], "open");
+    assert_eq!(open["warnings"].as_array().unwrap().len(), 2, "{open}");
+
+    let text = run_text(&["--replay", "closed:4"]);
+    assert!(text.contains("replay: closed:4 (--replay)"), "{text}");
+    assert!(!text.contains("overloaded"), "{text}");
+    let closed = run_json(&["--replay", "closed:4"]);
+    assert_eq!(closed["replay"], "closed:4");
+    assert!(closed["warnings"].as_array().unwrap().is_empty());
+
+    for name in ["sce", "lru"] {
+        let (o, c) = (policy(&open, name), policy(&closed, name));
+        let f = |v: &serde_json::Value, k: &str| {
+            v[k].as_f64()
+                .unwrap_or_else(|| panic!("{name}: {k} in {v}"))
+        };
+        assert_eq!(o["overloaded"], true);
+        assert_eq!(c["overloaded"], false);
+        assert!(f(o, "source_utilization") > 2.0, "{name}: {o}");
+        let cu = f(c, "source_utilization");
+        assert!(cu > 0.5 && cu <= 1.0, "{name}: {cu}");
+        // Open loop, the reads wait behind each other; closed, four in flight never queue
+        // on a four-channel disk for more than a few services.
+        let (om, cm) = (f(o, "mean_read_latency"), f(c, "mean_read_latency"));
+        assert!(om > 10.0 * cm, "{name}: open {om}, closed {cm}");
+        assert!(cm < 0.05, "{name}: {cm}");
+        for v in [o, c] {
+            let w = f(v, "mean_write_latency");
+            assert!(w > 0.0 && f(v, "p99_write_latency") >= w, "{name}: {v}");
+            assert!(f(v, "p99_read_latency") >= f(v, "mean_read_latency"));
+            let (iv, bytes) = (
+                v["intervals"].as_array().unwrap(),
+                v["interval_cache_bytes_written"].as_array().unwrap(),
+            );
+            assert_eq!(iv.len(), bytes.len(), "{name}");
+            // The warm-up curve keeps its shape: [seconds, ratio or null].
+            assert!(iv
+                .iter()
+                .all(|x| x[0].is_f64() && x.as_array().unwrap().len() == 2));
+            let sum: u64 = bytes.iter().map(|b| b.as_u64().unwrap()).sum();
+            if name == "sce" {
+                assert_eq!(sum, v["cache_bytes_written"].as_u64().unwrap(), "{name}");
+            } else {
+                let miss = (f(v, "miss_ratio") * v["accesses"].as_u64().unwrap() as f64).round();
+                assert_eq!(sum, miss as u64 * 4096, "lru: a block per insertion");
+            }
+        }
+    }
+    // Time does not change what a reference policy hits.
+    assert_eq!(
+        policy(&open, "lru")["miss_ratio"],
+        policy(&closed, "lru")["miss_ratio"]
+    );
+
+    // The plot has a second panel: cache bytes written over time.
+    let plot = d.path().join("p.svg");
+    run_json(&["--replay", "closed:4", "--plot", p(&plot)]);
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.contains("cache bytes written, cumulative") && svg.contains("closed:4"));
+    assert!(
+        svg.matches("<polyline").count() >= 4,
+        "two lines per policy"
+    );
+
+    // Timestamps all zero: nothing to replay open, so closed:32.
+    let mut body = String::new();
+    for i in 0..64u64 {
+        body += &format!("0,R,0,{},4096\n", i % 16 * 4096);
+    }
+    let flat = write(d.path(), "flat.csv", body.as_bytes());
+    let args = [
+        "sim",
+        "--trace",
+        p(&flat),
+        "--format",
+        "csv",
+        "--cache-size",
+        "1MiB",
+        "--policy",
+        "lru",
+    ];
+    let text = ok(&args);
+    assert!(
+        text.contains("replay: closed:32 (default: the trace's timestamps are all equal)"),
+        "{text}"
+    );
+    let mut a = args.to_vec();
+    a.push("--json");
+    let v = json(&a);
+    assert_eq!(v["replay"], "closed:32");
+    let lru = policy(&v, "lru");
+    assert_eq!(lru["overloaded"], false);
+    assert!(lru["source_utilization"].as_f64().unwrap() <= 1.0);
+    let e = fails(&[
+        "sim",
+        "--trace",
+        p(&flat),
+        "--format",
+        "csv",
+        "--cache-size",
+        "1MiB",
+        "--replay",
+        "closed:0",
+    ]);
+    assert!(e.contains("--replay") && e.contains("queue depth"), "{e}");
+}
