@@ -100,9 +100,9 @@ Replay: --replay open issues each request at its trace time; a trace faster than
 models queues on them. --replay closed:QD keeps QD requests in flight and issues the next
 when one completes (reads when their data is read, writes when acknowledged), ignoring the
 trace times; intervals, warm-up and the population workers then run on that virtual clock.
-The default is open, unless the trace's timestamps are unusable (all equal, or more than a
-tenth of the requests earlier than the request before them): then closed:32. The output
-says which replay ran and why.
+The default is open, unless the trace's timestamps are unusable (all equal, or a request
+earlier than an earlier request by more than a tenth of the trace's span): then closed:32.
+The output says which replay ran and why.
 
 Device models: every policy runs over them. Engine policies model the core's own I/O;
 reference policies read hits from the cache device, read misses from the source and write
@@ -292,6 +292,8 @@ struct Survey {
     skipped: u64,
     /// Requests whose time is earlier than the request before them.
     backwards: u64,
+    /// The most a request's time is earlier than an earlier request's, nanoseconds.
+    max_lag: u64,
     /// Earliest and latest request time.
     times: Option<(u64, u64)>,
 }
@@ -301,14 +303,20 @@ const DEFAULT_QUEUE_DEPTH: u32 = 32;
 
 impl Survey {
     /// Why the trace's timestamps cannot drive an open-loop replay, if they cannot: they are
-    /// all equal (all zero, say), or more than a tenth of the requests are earlier than the
-    /// request before them (the open loop would issue them at that earlier request's time).
+    /// all equal (all zero, say), or a request is earlier than an earlier request by more
+    /// than a tenth of the trace's span (shuffled times, or streams laid end to end; the
+    /// open loop issues a late request at the time reached, so it would move by that much).
+    /// Jitter is fine: requests logged in completion order a few milliseconds out of order.
     fn unusable_timestamps(&self) -> Option<String> {
         match self.times {
             Some((lo, hi)) if lo == hi => Some("the trace's timestamps are all equal".into()),
-            Some(_) if self.backwards * 10 > self.requests => Some(format!(
-                "{} of the trace's {} requests are earlier than the request before them",
-                self.backwards, self.requests
+            Some((lo, hi)) if self.max_lag > (hi - lo) / 10 => Some(format!(
+                "{} of the trace's {} requests are earlier than the request before them, \
+                 one by {:.3} s of a {:.3} s span",
+                self.backwards,
+                self.requests,
+                self.max_lag as f64 / 1e9,
+                (hi - lo) as f64 / 1e9
             )),
             _ => None,
         }
@@ -333,6 +341,7 @@ fn survey(a: &SimArgs) -> Result<Survey> {
     let mut reader = TraceReader::open(&a.trace, a.format.clone(), a.skip_bad)?;
     let mut requests = 0;
     let mut backwards = 0;
+    let mut max_lag = 0;
     let mut times: Option<(u64, u64)> = None;
     let mut previous = None;
     while let Some(r) = reader.next_request()? {
@@ -342,6 +351,9 @@ fn survey(a: &SimArgs) -> Result<Survey> {
         requests += 1;
         backwards += previous.is_some_and(|p| r.time_ns < p) as u64;
         previous = Some(r.time_ns);
+        if let Some((_, latest)) = times {
+            max_lag = max_lag.max(latest.saturating_sub(r.time_ns));
+        }
         times = Some(times.map_or((r.time_ns, r.time_ns), |(lo, hi)| {
             (lo.min(r.time_ns), hi.max(r.time_ns))
         }));
@@ -354,6 +366,7 @@ fn survey(a: &SimArgs) -> Result<Survey> {
         requests,
         skipped: reader.skipped(),
         backwards,
+        max_lag,
         times,
     })
 }

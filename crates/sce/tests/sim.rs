@@ -730,6 +730,44 @@ fn replay_modes_and_the_overload_warning() {
     let lru = policy(&v, "lru");
     assert_eq!(lru["overloaded"], false);
     assert!(lru["source_utilization"].as_f64().unwrap() <= 1.0);
+    // Two streams laid end to end: the second goes back to time zero, far more than a tenth
+    // of the span. Jitter (neighbours a little out of order, as in traces logged in
+    // completion order) is fine.
+    let replay_of = |name: &str, times: &[u64]| {
+        let body: String = times
+            .iter()
+            .enumerate()
+            .map(|(i, t)| format!("{t},R,0,{},4096\n", i as u64 % 16 * 4096))
+            .collect();
+        let f = write(d.path(), name, body.as_bytes());
+        let v = json(&[
+            "sim",
+            "--trace",
+            p(&f),
+            "--format",
+            "csv",
+            "--cache-size",
+            "1MiB",
+            "--policy",
+            "lru",
+            "--json",
+        ]);
+        (
+            v["replay"].as_str().unwrap().to_string(),
+            v["replay_reason"].as_str().unwrap().to_string(),
+        )
+    };
+    let ms = 1_000_000u64;
+    let spliced: Vec<u64> = (0..2).flat_map(|_| (0..50).map(|i| i * 10 * ms)).collect();
+    let (r, why) = replay_of("spliced.csv", &spliced);
+    assert_eq!(r, "closed:32", "{why}");
+    assert!(
+        why.contains("1 of the trace's 100 requests are earlier"),
+        "{why}"
+    );
+    // Neighbours swapped: half the requests are earlier than the one before, by 1% of the span.
+    let jitter: Vec<u64> = (0..100u64).map(|i| (i ^ 1) * 10 * ms).collect();
+    assert_eq!(replay_of("jitter.csv", &jitter).0, "open");
     let e = fails(&[
         "sim",
         "--trace",
