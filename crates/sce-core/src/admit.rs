@@ -268,7 +268,7 @@ impl PopBudget {
             let n = (h + m) as f64;
             let noise = 2.0 * (2.0 * ratio * (1.0 - ratio) / n).sqrt();
             let (up, down) = (
-                ratio > prev + noise.max(0.005),
+                ratio > prev + noise.max(0.01),
                 ratio < prev - noise.max(0.02),
             );
             self.rate = if up || down {

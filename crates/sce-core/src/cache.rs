@@ -360,7 +360,7 @@ pub struct CacheCore {
 
 impl CacheCore {
     /// How often the adaptive population rate is re-decided (virtual or real time).
-    const BUDGET_EPOCH_NS: u64 = 2_000_000_000;
+    const BUDGET_EPOCH_NS: u64 = 1_000_000_000;
 
     /// Builds a core for a source of `source_size` bytes and a cache device of `cache_size`
     /// bytes. Errors name the field at fault.

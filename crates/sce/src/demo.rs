@@ -34,9 +34,13 @@ pub struct DemoArgs {
     /// Write mode: awt, write-around or write-through.
     #[arg(long, default_value = "awt")]
     pub mode: WriteMode,
-    /// Admission: sce, always or nhit:K.
+    /// Admission: sce (flash-conscious, the default), sce-paper (the paper's Algorithm 1, as
+    /// sce did before), always or nhit:K.
     #[arg(long, default_value = "sce")]
     pub admission: Admission,
+    /// Options of admission sce and the endurance budget.
+    #[command(flatten)]
+    pub admission_opts: crate::policy_args::AdmissionArgs,
     /// Fragment size: a power of two from 4KiB to 64MiB.
     #[arg(long, default_value = "1MiB", value_parser = parse_size)]
     pub fragment_size: u64,
@@ -120,6 +124,10 @@ pub struct Interval {
     pub read_hit_ratio: Option<f64>,
     /// Bytes per second made valid by population in the interval (cache run only).
     pub population_bytes_per_sec: Option<f64>,
+    /// Bytes written to the cache device in the interval (cache run only).
+    pub cache_bytes_written: Option<u64>,
+    /// The same per second.
+    pub cache_bytes_per_sec: Option<f64>,
 }
 
 /// The result of one run.
@@ -141,6 +149,10 @@ pub struct RunResult {
     pub read_hit_ratio: Option<f64>,
     /// Bytes written to the cache device.
     pub cache_bytes_written: u64,
+    /// Bytes written to the cache device in the first half of the run (by interval ends).
+    pub cache_bytes_written_first_half: u64,
+    /// Bytes written to the cache device in the second half of the run.
+    pub cache_bytes_written_second_half: u64,
     /// Progress intervals.
     pub intervals: Vec<Interval>,
 }
@@ -228,12 +240,13 @@ fn run(
         let dt = now.duration_since(last_t).as_secs_f64().max(1e-9);
         let o = ops.load(Relaxed);
         let iops = (o - last_ops) as f64 / dt;
-        let (mut hit, mut pop) = (None, None);
+        let (mut hit, mut pop, mut written) = (None, None, None);
         if let (Some(v), Some(prev)) = (volume, &last_stats) {
             let s = v.stats();
             let d = s.delta(prev);
             hit = Some(d.read_hit_ratio());
             pop = Some(d.pages_populated as f64 * 4096.0 / dt);
+            written = Some(d.cache_bytes_written);
             last_stats = Some(s);
         }
         let iv = Interval {
@@ -241,6 +254,8 @@ fn run(
             iops,
             read_hit_ratio: hit,
             population_bytes_per_sec: pop,
+            cache_bytes_written: written,
+            cache_bytes_per_sec: written.map(|w| w as f64 / dt),
         };
         if !a.json {
             print_interval(name, &iv, last_stats.as_ref());
@@ -266,7 +281,18 @@ fn run(
         v.stats()
             .delta(first_stats.as_ref().expect("set with volume"))
     });
+    let half = a.seconds as f64 / 2.0;
+    let written = |second: bool| -> u64 {
+        intervals
+            .iter()
+            .filter(|iv| (iv.t > half + 0.05) == second)
+            .filter_map(|iv| iv.cache_bytes_written)
+            .sum()
+    };
+    let (first_half, second_half) = (written(false), written(true));
     Ok(RunResult {
+        cache_bytes_written_first_half: first_half,
+        cache_bytes_written_second_half: second_half,
         name: name.to_string(),
         ops: lat.len() as u64,
         errors: errors.load(Relaxed),
@@ -282,11 +308,12 @@ fn run(
 fn print_interval(name: &str, iv: &Interval, s: Option<&VolumeStats>) {
     match (iv.read_hit_ratio, iv.population_bytes_per_sec, s) {
         (Some(h), Some(p), Some(s)) => println!(
-            "[{name:>8}] t={:5.1}s  IOPS {:>8.0}  read hit {:5.1}%  populating {:>11}/s  slots used {:>6}/{}  workers {}",
+            "[{name:>8}] t={:5.1}s  IOPS {:>8.0}  read hit {:5.1}%  populating {:>11}/s  cache writes {:>11}/s  slots used {:>6}/{}  workers {}",
             iv.t,
             iv.iops,
             h * 100.0,
             format_size(p as u64),
+            format_size(iv.cache_bytes_per_sec.unwrap_or(0.0) as u64),
             s.total_slots - s.free_slots,
             s.total_slots,
             s.active_workers
@@ -309,6 +336,23 @@ fn print_summary(r: &RunResult) {
         format_size(r.cache_bytes_written),
         r.errors
     );
+    if r.read_hit_ratio.is_some() {
+        let first = r.cache_bytes_written_first_half;
+        println!(
+            "{:<9} cache writes in the first half {}, in the second half {} ({})",
+            "",
+            format_size(first),
+            format_size(r.cache_bytes_written_second_half),
+            if first > 0 {
+                format!(
+                    "{:.1}% of the first",
+                    100.0 * r.cache_bytes_written_second_half as f64 / first as f64
+                )
+            } else {
+                "nothing in the first".to_string()
+            }
+        );
+    }
 }
 
 /// Runs the demo.
@@ -345,6 +389,9 @@ pub fn demo(a: DemoArgs) -> Result<()> {
     core.throttle.period = a.period;
     core.awt_budget = a.awt_budget;
     core.hot_window = a.hot_window;
+    if !a.flashcache_like {
+        a.admission_opts.apply(&mut core, a.cache_size);
+    }
     core.validate().context("invalid cache configuration")?;
     if a.cache_size / core.fragment_size < 2 {
         bail!(
@@ -414,6 +461,14 @@ pub fn demo(a: DemoArgs) -> Result<()> {
             a.zipf,
             format_size(a.cluster_size)
         );
+        let cfg_line = if core.admission == Admission::Sce {
+            format!(
+                "{cfg_line}; {}",
+                crate::policy_args::AdmissionArgs::describe(&core)
+            )
+        } else {
+            cfg_line
+        };
         if !a.json {
             println!("sce demo: {cfg_line}");
             println!("files in {} (removed at the end)", dir.display());

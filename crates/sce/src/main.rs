@@ -6,6 +6,7 @@ mod footprint;
 mod format;
 mod gen;
 mod ownership;
+mod policy_args;
 mod serve;
 mod sim;
 mod sparse;

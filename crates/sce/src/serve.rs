@@ -54,9 +54,13 @@ pub struct ServeArgs {
     /// Write mode: awt, write-around or write-through.
     #[arg(long)]
     pub mode: Option<WriteMode>,
-    /// Admission: sce, always or nhit:K.
+    /// Admission: sce (flash-conscious, the default), sce-paper (the paper's Algorithm 1),
+    /// always or nhit:K.
     #[arg(long)]
     pub admission: Option<Admission>,
+    /// Options of admission sce and the endurance budget.
+    #[command(flatten)]
+    pub admission_opts: crate::policy_args::AdmissionArgs,
     /// Fragment size: a power of two from 4KiB to 64MiB.
     #[arg(long, value_parser = parse_size)]
     pub fragment_size: Option<u64>,
@@ -174,6 +178,19 @@ struct ExportSpec {
     persist: Option<bool>,
     source_name: Option<String>,
     source_generation: Option<String>,
+    /// Admission sce: auto, auto:SIZE, SIZE (per second) or unlimited.
+    population_rate: Option<String>,
+    /// Admission sce: bytes of a sequential run from which it is bypassed (0: never).
+    sequential_cutoff: Option<String>,
+    /// Admission sce: touches by which a candidate must beat its victim.
+    admission_margin: Option<u32>,
+    /// Admission sce: fill only the touched parts of a fragment.
+    partial_fill: Option<bool>,
+    /// Endurance budget: SIZE per day or N dwpd.
+    max_cache_writes: Option<String>,
+    /// The export comes from the command line (whose admission options apply to it).
+    #[serde(skip)]
+    from_cli: bool,
 }
 
 /// The TOML file.
@@ -292,6 +309,8 @@ fn build(spec: &ExportSpec, a: &ServeArgs) -> Result<Built> {
     if let Some(t) = spec.target_missrate {
         core.throttle.target_missrate = t;
     }
+    // Checked here, applied once the cache device's size is known (for N dwpd).
+    admission_opts(spec, a)?.apply(&mut core, 1 << 30);
     core.validate().map_err(|e| anyhow!("export {n:?}: {e}"))?;
     let source =
         open_source(spec, a).with_context(|| format!("export {n:?}: source {}", spec.source))?;
@@ -327,6 +346,26 @@ fn build(spec: &ExportSpec, a: &ServeArgs) -> Result<Built> {
         let _ = std::fs::remove_file(cache_path);
     }
     built
+}
+
+/// The admission options of an export: its TOML fields, or the command line's.
+fn admission_opts(spec: &ExportSpec, a: &ServeArgs) -> Result<crate::policy_args::AdmissionArgs> {
+    if spec.from_cli {
+        return Ok(a.admission_opts.clone());
+    }
+    let n = &spec.name;
+    Ok(crate::policy_args::AdmissionArgs {
+        population_rate: field(&spec.population_rate, "population_rate", n)?,
+        sequential_cutoff: spec
+            .sequential_cutoff
+            .as_deref()
+            .map(parse_size)
+            .transpose()
+            .map_err(|e| anyhow!("export {n:?}: sequential_cutoff: {e}"))?,
+        admission_margin: spec.admission_margin,
+        partial_fill: spec.partial_fill.unwrap_or(false),
+        max_cache_writes: field(&spec.max_cache_writes, "max_cache_writes", n)?,
+    })
 }
 
 /// The rest of `build` once the cache device is open.
@@ -410,6 +449,7 @@ fn build_cached(
             }
         }
     }
+    admission_opts(spec, a)?.apply(&mut core, cache.size());
     let persistent = persist.is_some();
     let volume = Arc::new(
         CacheVolume::open(
@@ -691,6 +731,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             persist: None,
             source_name: a.source_name.clone(),
             source_generation: None,
+            from_cli: true,
+            ..ExportSpec::default()
         });
     } else if a.cache.is_some() {
         bail!("--cache needs --source");

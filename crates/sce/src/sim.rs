@@ -85,6 +85,9 @@ pub struct SimArgs {
     /// Policies simulated at once (default: the number of cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Options of admission sce (and the endurance budget of every engine policy).
+    #[command(flatten)]
+    pub admission_opts: crate::policy_args::AdmissionArgs,
 }
 
 const SIM_HELP: &str = "\
@@ -203,11 +206,15 @@ enum Kind {
 }
 
 fn policy(p: &str, a: &SimArgs) -> Result<Kind> {
-    let engine = |admission| CoreConfig {
-        fragment_size: a.fragment_size,
-        admission,
-        write_mode: a.mode,
-        ..CoreConfig::default()
+    let engine = |admission| {
+        let mut cfg = CoreConfig {
+            fragment_size: a.fragment_size,
+            admission,
+            write_mode: a.mode,
+            ..CoreConfig::default()
+        };
+        a.admission_opts.apply(&mut cfg, a.cache_size);
+        cfg
     };
     Ok(match p {
         "lru" => Kind::Reference(ReferencePolicy::Lru),
@@ -216,8 +223,14 @@ fn policy(p: &str, a: &SimArgs) -> Result<Kind> {
         "s3fifo" => Kind::Reference(ReferencePolicy::S3Fifo),
         "larc" => Kind::Reference(ReferencePolicy::Larc),
         "sce" => Kind::Engine(engine(Admission::Sce)),
+        "sce-paper" => Kind::Engine(engine(Admission::ScePaper)),
         "always" => Kind::Engine(engine(Admission::Always)),
-        "flashcache-like" => Kind::Engine(CoreConfig::flashcache_like()),
+        "flashcache-like" => Kind::Engine({
+            // The baseline as it is, but under the same endurance budget if one is set.
+            let mut cfg = CoreConfig::flashcache_like();
+            cfg.max_cache_writes = engine(Admission::Always).max_cache_writes;
+            cfg
+        }),
         _ => match p.parse::<Admission>() {
             Ok(adm @ Admission::NHit(_)) => Kind::Engine(engine(adm)),
             _ => {
@@ -698,6 +711,10 @@ fn result(
         out.miss_ratio = Some(m);
         out.accesses = Some(acc);
         out.accesses_per_second = Some(acc as f64 / secs.max(1e-9));
+        // 4 KiB per block inserted, every interval's (LARC inserts only what it admits).
+        let written: u64 = r.interval_cache_bytes.iter().sum();
+        out.cache_bytes_written = Some(written);
+        out.cache_bytes_written_per_request = Some(written as f64 / requests.max(1) as f64);
     }
     if !r.engines.is_empty() {
         let e = aggregate_engines(&r.engines);
