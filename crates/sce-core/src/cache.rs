@@ -575,11 +575,18 @@ impl CacheCore {
         f
     }
 
-    /// The population throttle's view now (Algorithm 1).
-    pub fn throttle(&mut self, now: Nanos) -> ThrottleState {
+    /// Tells the core the time, for the endurance budget's allowance (which grows with it).
+    /// `throttle` and `pick_population` do this too; a driver without population workers
+    /// (admission `always`) calls it with its requests.
+    pub fn advance_clock(&mut self, now: Nanos) {
         if let Some(e) = &mut self.endurance {
             e.advance(now);
         }
+    }
+
+    /// The population throttle's view now (Algorithm 1).
+    pub fn throttle(&mut self, now: Nanos) -> ThrottleState {
+        self.advance_clock(now);
         let rate = self.missrate.rate(now, self.cfg.throttle.missrate_window);
         let free = 100.0 * self.slots.free_count() as f64 / self.geo.slots() as f64;
         throttle::decide(&self.cfg.throttle, rate, free)

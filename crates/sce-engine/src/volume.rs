@@ -455,6 +455,7 @@ impl Shared {
             Op::Discard
         };
         let mut core = self.core.write();
+        core.advance_clock(self.now());
         let plan = core
             .begin_write(SourceOffset(offset), len, kind)
             .map_err(|e| request_error(op, e, offset, len, self.source_size, self.lbs))?;
@@ -883,6 +884,7 @@ impl BlockDevice for CacheVolume {
                 // An inline fill is wanted (admission `always`): redo it exclusively.
                 plan.release_pins(&s.pins);
                 let mut core = s.core.write();
+                core.advance_clock(s.now());
                 core.begin_read(SourceOffset(offset), len, plan)
                     .map_err(err)?;
                 s.expected_crcs(plan, want);

@@ -477,6 +477,7 @@ impl EngineSim {
 
     /// Plans and models request `r` at simulation time `t`; returns its completion time.
     fn issue(&mut self, r: &TraceRequest, t: u64) -> u64 {
+        self.core.advance_clock(Nanos(t));
         let size = self.core.geometry().source_size();
         // Clip to the volume and round to sectors, as a block layer would have.
         let off = (r.offset / 512 * 512).min(size);
