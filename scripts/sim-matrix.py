@@ -52,6 +52,7 @@ Standard library only. Run from anywhere; see --help.
 import argparse
 import concurrent.futures
 import json
+import shlex
 import math
 import os
 import subprocess
@@ -354,10 +355,15 @@ def markdown(traces, cells, policies, args):
     return "\n".join(out) + "\n"
 
 
+# Extra options of every `sce sim` (--sim-args), e.g. "--partial-fill".
+SIM_ARGS = []
+
+
 def run_cell(sce, trace, pct, size, policies, done, total):
     t0 = time.monotonic()
     cmd = [sce, "sim", "--json", "--trace", trace.path, "--format", trace.fmt, "--cache-size",
            str(size), "--policy", ",".join(policies), "--interval", f"{trace.interval:.3f}"]
+    cmd += SIM_ARGS
     try:
         out = json.loads(run(cmd, f"sce sim on {trace.name} at {size_label(size)}"))
         err = None
@@ -436,6 +442,8 @@ def main(argv=None):
     ap.add_argument("--policies", default=POLICIES, help="policies to run [%(default)s]")
     ap.add_argument("--sce", default=None,
                     help="the sce binary [$CARGO_TARGET_DIR or <repo>/target, release/sce]")
+    ap.add_argument("--sim-args", default="",
+                    help="extra options for every sce sim, e.g. '--partial-fill' [none]")
     ap.add_argument("--jobs", type=int, default=1,
                     help="cells run at once (each sce sim uses several threads) [1]")
     ap.add_argument("--gen-size", default="4GiB", help="volume of generated traces [4GiB]")
@@ -449,6 +457,7 @@ def main(argv=None):
     ap.add_argument("--self-test", action="store_true",
                     help="check the goal arithmetic on made-up results, run nothing")
     args = ap.parse_args(argv)
+    SIM_ARGS[:] = shlex.split(args.sim_args)
     if args.self_test:
         self_test()
         return 0
