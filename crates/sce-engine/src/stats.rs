@@ -70,6 +70,16 @@ pub struct VolumeStats {
     pub awt_fallbacks: u64,
     /// Writes that skipped the cache copy because of a concurrent write to the same pages.
     pub awt_duplicates: u64,
+    /// Candidates refused by the admission duel (admission `sce`).
+    pub admissions_rejected: u64,
+    /// Requests found to be part of a sequential stream and bypassed (admission `sce`).
+    pub sequential_requests: u64,
+    /// Population picks deferred by the population budget (admission `sce`).
+    pub population_budget_waits: u64,
+    /// Cache writes refused by the endurance budget (`max_cache_writes`).
+    pub endurance_refusals: u64,
+    /// The population rate limit now, bytes per second (0: unlimited).
+    pub population_rate: u64,
     /// Population workers allowed by the throttle.
     pub active_workers: u64,
     /// Free cache slots.
@@ -81,7 +91,7 @@ pub struct VolumeStats {
 impl VolumeStats {
     /// Every counter by name, for exporters (Prometheus text, JSON). Gauges end in no
     /// `_total`; the caller decides the naming scheme.
-    pub fn fields(&self) -> [(&'static str, u64, bool); 24] {
+    pub fn fields(&self) -> [(&'static str, u64, bool); 29] {
         [
             ("read_requests", self.read_requests, true),
             ("read_requests_full_hit", self.read_requests_full_hit, true),
@@ -104,6 +114,15 @@ impl VolumeStats {
             ("awt_completed", self.awt_completed, true),
             ("awt_fallbacks", self.awt_fallbacks, true),
             ("awt_duplicates", self.awt_duplicates, true),
+            ("admissions_rejected", self.admissions_rejected, true),
+            ("sequential_requests", self.sequential_requests, true),
+            (
+                "population_budget_waits",
+                self.population_budget_waits,
+                true,
+            ),
+            ("endurance_refusals", self.endurance_refusals, true),
+            ("population_rate", self.population_rate, false),
             ("active_workers", self.active_workers, false),
             ("free_slots", self.free_slots, false),
             ("total_slots", self.total_slots, false),
@@ -144,6 +163,11 @@ impl VolumeStats {
             awt_completed: self.awt_completed - earlier.awt_completed,
             awt_fallbacks: self.awt_fallbacks - earlier.awt_fallbacks,
             awt_duplicates: self.awt_duplicates - earlier.awt_duplicates,
+            admissions_rejected: self.admissions_rejected - earlier.admissions_rejected,
+            sequential_requests: self.sequential_requests - earlier.sequential_requests,
+            population_budget_waits: self.population_budget_waits - earlier.population_budget_waits,
+            endurance_refusals: self.endurance_refusals - earlier.endurance_refusals,
+            population_rate: self.population_rate,
             active_workers: self.active_workers,
             free_slots: self.free_slots,
             total_slots: self.total_slots,
@@ -177,6 +201,11 @@ impl Counters {
             awt_completed: c.awt_completed,
             awt_fallbacks: c.awt_fallbacks,
             awt_duplicates: c.awt_duplicates,
+            admissions_rejected: c.admissions_rejected,
+            sequential_requests: c.sequential_requests,
+            population_budget_waits: c.population_budget_waits,
+            endurance_refusals: c.endurance_refusals,
+            population_rate: core.population_rate(),
             active_workers: self.active_workers.load(Relaxed),
             free_slots: core.free_slots() as u64,
             total_slots: core.geometry().slots() as u64,
