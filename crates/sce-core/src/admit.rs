@@ -9,7 +9,7 @@
 //!   continues a stream in the fragment the stream touched last is not a new touch, and once
 //!   a stream's run reaches the cutoff its requests neither raise heat nor get admitted.
 //! * [`PopBudget`]: a token bucket of population bytes per second. With a fixed rate it is a
-//!   plain limit; by default it adapts: it halves while the cache is full and the read hit
+//!   plain limit; by default it adapts: it is quartered each second while the cache is full and the read hit
 //!   ratio no longer improves, and doubles while it does (or when it falls, as it does when
 //!   the workload shifts).
 //! * [`Endurance`]: an optional cap on all bytes written to the cache device, in bytes per
@@ -274,7 +274,7 @@ impl PopBudget {
             self.rate = if up || down {
                 (self.rate * 2.0).min(self.max_rate)
             } else {
-                (self.rate / 2.0).max(self.min_rate)
+                (self.rate / 4.0).max(self.min_rate)
             };
         }
         self.prev_ratio = Some(ratio);
@@ -410,7 +410,7 @@ mod tests {
         // 4 MiB refilled, 1 MiB of debt: three fragments, then a fourth into debt.
         let n = (0..10).take_while(|_| b.take(1 << 20)).count();
         assert_eq!(n, 4);
-        // Adaptive: a full cache with a flat hit ratio halves the rate each epoch, to the floor.
+        // Adaptive: a full cache with a flat hit ratio quarters the rate each epoch, to the floor.
         let mut a = PopBudget::new(64 << 20, 1 << 20, true, sec);
         for e in 0..12u64 {
             a.record_reads(500, 500);

@@ -165,7 +165,7 @@ pub struct CoreConfig {
     /// Admission `sce`: population bytes per second at most (0: unlimited).
     pub population_rate: u64,
     /// Admission `sce`: adapt the population rate between `population_min_rate` and
-    /// `population_rate`, halving it while the hit ratio no longer improves.
+    /// `population_rate`, quartering it each second while the hit ratio no longer improves.
     pub population_adaptive: bool,
     /// The floor of the adaptive population rate, bytes per second.
     pub population_min_rate: u64,
