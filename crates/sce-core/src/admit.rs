@@ -9,9 +9,9 @@
 //!   continues a stream in the fragment the stream touched last is not a new touch, and once
 //!   a stream's run reaches the cutoff its requests neither raise heat nor get admitted.
 //! * [`PopBudget`]: a token bucket of population bytes per second. With a fixed rate it is a
-//!   plain limit; by default it adapts: it is quartered each second while the cache is full and the read hit
-//!   ratio no longer improves, and doubles while it does (or when it falls, as it does when
-//!   the workload shifts).
+//!   plain limit; by default it adapts: it is quartered each second while the cache is full
+//!   and the read hit ratio no longer improves, and doubles while it does (or when it falls,
+//!   as it does when the workload shifts).
 //! * [`Endurance`]: an optional cap on all bytes written to the cache device, in bytes per
 //!   day: the cumulative writes at time `t` since the first request stay within
 //!   `budget * max(1, t / 1 day)`.
