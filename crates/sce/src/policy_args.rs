@@ -97,8 +97,9 @@ pub struct AdmissionArgs {
     /// unlimited.
     #[arg(long, value_name = "RATE")]
     pub population_rate: Option<PopulationRate>,
-    /// Admission sce: sequential runs of at least this many bytes raise no heat, are not
-    /// admitted, and their writes bypass the cache (0 disables) [default: 4MiB].
+    /// Admission sce: once the cache is full, sequential runs of at least this many bytes
+    /// raise no heat, are not admitted, and their writes bypass the cache (0 disables)
+    /// [default: 4MiB].
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub sequential_cutoff: Option<u64>,
     /// Admission sce: a fragment that would evict must be hotter than its victim by this many

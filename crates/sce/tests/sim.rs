@@ -781,3 +781,68 @@ fn replay_modes_and_the_overload_warning() {
     ]);
     assert!(e.contains("--replay") && e.contains("queue depth"), "{e}");
 }
+
+/// The admission knobs reach the engine policies of `sce sim`: the default admission writes
+/// far less to the cache than the paper's algorithm on an OLTP trace with a small cache, and
+/// an endurance budget caps what every engine policy writes (the trace lasts less than a
+/// day, so the allowance is one day's budget).
+#[test]
+fn admission_options_reach_the_simulated_policies() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("oltp.sce");
+    ok(&[
+        "gen",
+        "oltp",
+        "--size",
+        "512MiB",
+        "--requests",
+        "30000",
+        "--seed",
+        "5",
+        "--out",
+        p(&t),
+    ]);
+    let base = [
+        "sim",
+        "--trace",
+        p(&t),
+        "--format",
+        "sce",
+        "--cache-size",
+        "32MiB",
+        "--json",
+        "--policy",
+        "sce,sce-paper,flashcache-like",
+    ];
+    let v = json(&base);
+    let written = |v: &serde_json::Value, n: &str| {
+        policy(v, n)["cache_bytes_written"]
+            .as_u64()
+            .expect("bytes written")
+    };
+    let (sce, paper) = (written(&v, "sce"), written(&v, "sce-paper"));
+    assert!(sce * 4 < paper, "sce {sce} against sce-paper {paper}");
+    let mut capped = base.to_vec();
+    capped.extend(["--max-cache-writes", "4MiB"]);
+    let v = json(&capped);
+    for n in ["sce", "sce-paper", "flashcache-like"] {
+        let w = written(&v, n);
+        assert!(
+            w <= (4 << 20) + (1 << 20),
+            "{n}: {w} bytes over a 4 MiB budget"
+        );
+        assert!(w >= 2 << 20, "{n}: the budget is used ({w})");
+    }
+    let e = fails(&[
+        "sim",
+        "--trace",
+        p(&t),
+        "--format",
+        "sce",
+        "--cache-size",
+        "32MiB",
+        "--population-rate",
+        "fast",
+    ]);
+    assert!(e.contains("population rate"), "{e}");
+}
