@@ -13,14 +13,11 @@
 //!   and the read hit ratio no longer improves, and doubles while it does (or when it falls,
 //!   as it does when the workload shifts).
 //! * [`Endurance`]: an optional cap on all bytes written to the cache device, in bytes per
-//!   day: the cumulative writes at time `t` since the first request stay within
-//!   `budget * max(1, t / 1 day)`.
+//!   day: the writes of any 24 hours (in hour buckets) stay within the budget.
 //!
 //! None of them reads a clock: the times come from the driver through `pick_population`.
 
 use crate::addr::Nanos;
-
-const DAY_NS: u128 = 86_400_000_000_000;
 
 /// A count-min sketch of 4 rows of 8-bit counters (saturating at 255), halved every
 /// `sample` increments.
@@ -133,8 +130,10 @@ impl Streams {
     /// Streams tracked at once.
     pub const N: usize = 16;
     /// A gap up to this many bytes ahead of a stream's end still continues it (read-ahead
-    /// windows and skipped blocks of a file).
-    pub const GAP: u64 = 64 << 10;
+    /// windows, skipped blocks of a file, and a request of the stream that another thread
+    /// planned first). A request behind the end is never a continuation: re-reading a block
+    /// is a re-reference.
+    pub const GAP: u64 = 256 << 10;
 
     /// A detector whose runs count as sequential from `cutoff` bytes (0: never), over
     /// fragments of `1 << fragment_shift` bytes.
@@ -300,46 +299,67 @@ impl PopBudget {
     }
 }
 
-/// A cap on the bytes written to the cache device.
+/// A cap on the bytes written to the cache device: at most `per_day` bytes in any 24 hours.
+/// Writes are counted in hour buckets, and the window is the current hour and the 24 before
+/// it, so that it covers every 24-hour span that ends now (it is conservative by up to an
+/// hour). Unused allowance does not carry over.
 #[derive(Debug)]
 pub struct Endurance {
     per_day: u64,
     start: Option<Nanos>,
-    now: Nanos,
+    hour: u64,
+    hours: [u64; Self::BUCKETS],
     written: u64,
 }
 
 impl Endurance {
+    const HOUR_NS: u64 = 3_600_000_000_000;
+    const BUCKETS: usize = 25;
+
     /// A cap of `per_day` bytes per day.
     pub fn new(per_day: u64) -> Self {
         Endurance {
             per_day,
             start: None,
-            now: Nanos(0),
+            hour: 0,
+            hours: [0; Self::BUCKETS],
             written: 0,
         }
     }
 
-    /// Notes the time (the allowance grows with it).
+    /// Notes the time: hours that have passed leave the window.
     pub fn advance(&mut self, now: Nanos) {
-        self.start.get_or_insert(now);
-        self.now = self.now.max(now);
+        let start = *self.start.get_or_insert(now);
+        let h = now.0.saturating_sub(start.0) / Self::HOUR_NS;
+        if h <= self.hour {
+            return;
+        }
+        if h - self.hour >= Self::BUCKETS as u64 {
+            self.hours = [0; Self::BUCKETS];
+        } else {
+            for k in self.hour + 1..=h {
+                self.hours[(k % Self::BUCKETS as u64) as usize] = 0;
+            }
+        }
+        self.hour = h;
     }
 
-    /// Bytes that may have been written by now.
-    pub fn allowance(&self) -> u64 {
-        let elapsed = self
-            .start
-            .map_or(0, |s| self.now.0.saturating_sub(s.0) as u128);
-        let a = (self.per_day as u128 * elapsed.max(DAY_NS)) / DAY_NS;
-        a.min(u64::MAX as u128) as u64
+    /// Bytes written in the window (this hour and the 24 before it).
+    pub fn in_window(&self) -> u64 {
+        self.hours.iter().sum()
+    }
+
+    /// True if `bytes` more may be written now.
+    pub fn allows(&self, bytes: u64) -> bool {
+        self.in_window().saturating_add(bytes) <= self.per_day
     }
 
     /// True if `bytes` more may be written; counts them if so.
     pub fn take(&mut self, bytes: u64) -> bool {
-        if self.written.saturating_add(bytes) > self.allowance() {
+        if !self.allows(bytes) {
             return false;
         }
+        self.hours[(self.hour % Self::BUCKETS as u64) as usize] += bytes;
         self.written += bytes;
         true
     }
@@ -428,15 +448,23 @@ mod tests {
     }
 
     #[test]
-    fn endurance_allowance_grows_after_the_first_day() {
+    fn endurance_counts_a_sliding_day() {
+        let hour = 3_600_000_000_000u64;
         let mut e = Endurance::new(1000);
         e.advance(Nanos(5));
         assert!(e.take(600));
         assert!(!e.take(401));
         assert!(e.take(400));
-        e.advance(Nanos(5 + 2 * DAY_NS as u64));
-        assert_eq!(e.allowance(), 2000);
+        // 24 hours later the first hour is still in the window; at 25 it leaves it.
+        e.advance(Nanos(5 + 24 * hour));
+        assert!(!e.take(1));
+        e.advance(Nanos(5 + 25 * hour));
         assert!(e.take(1000));
         assert!(!e.take(1));
+        // A long idle time does not bank allowance.
+        e.advance(Nanos(5 + 24 * 10 * hour));
+        assert!(e.take(1000));
+        assert!(!e.take(1));
+        assert_eq!(e.written(), 3000);
     }
 }

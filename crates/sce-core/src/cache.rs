@@ -34,7 +34,7 @@
 use crate::addr::{
     CacheOffset, FragNo, Nanos, SlotNo, SourceOffset, PAGE_SHIFT, PAGE_SIZE, SECTOR_SIZE,
 };
-use crate::admit::{Endurance, FreqSketch, PopBudget, Streams};
+use crate::admit::{Endurance, FreqSketch, PopBudget, StreamVerdict, Streams};
 use crate::bitmap::{self, PageSet};
 use crate::config::{Admission, ConfigError, CoreConfig, WriteMode};
 use crate::evict::Eviction;
@@ -135,6 +135,7 @@ pub struct ReadPlan {
     fill_wanted: Vec<(FragNo, PageSet)>,
     offset: u64,
     len: u64,
+    verdict: StreamVerdict,
 }
 
 /// Accounting of reads planned with `CacheCore::plan_read` and not yet applied: which
@@ -142,7 +143,7 @@ pub struct ReadPlan {
 /// shard) and apply it in batches, so that read hits share the core without writing to it.
 #[derive(Debug, Default)]
 pub struct AccessLog {
-    reads: Vec<(u64, u64)>,
+    reads: Vec<(u64, u64, StreamVerdict)>,
     requests: u64,
     full_hits: u64,
     hit_pages: u64,
@@ -152,7 +153,7 @@ pub struct AccessLog {
 impl AccessLog {
     /// Records a planned read.
     pub fn record(&mut self, plan: &ReadPlan) {
-        self.reads.push((plan.offset, plan.len));
+        self.reads.push((plan.offset, plan.len, plan.verdict));
         self.requests += 1;
         self.full_hits += plan.full_hit as u64;
         self.hit_pages += plan.hit_pages;
@@ -347,7 +348,9 @@ pub struct CacheCore {
     window: MruWindow,
     nhit: Option<NHitFilter>,
     sketch: Option<FreqSketch>,
-    streams: Option<Streams>,
+    /// The stream detector, a leaf lock: requests are classified when they are planned,
+    /// in the order they arrive, also under the engine's shared lock.
+    streams: Option<std::sync::Mutex<Streams>>,
     budget: PopBudget,
     endurance: Option<Endurance>,
     missrate: MissRate,
@@ -398,8 +401,9 @@ impl CacheCore {
         };
         let selective = cfg.admission == Admission::Sce;
         let sketch = selective.then(|| FreqSketch::new((slots as usize).max(cfg.hot_window)));
-        let streams = (selective && cfg.sequential_cutoff > 0)
-            .then(|| Streams::new(cfg.sequential_cutoff, geo.fragment_shift()));
+        let streams = (selective && cfg.sequential_cutoff > 0).then(|| {
+            std::sync::Mutex::new(Streams::new(cfg.sequential_cutoff, geo.fragment_shift()))
+        });
         let budget = PopBudget::new(
             if selective { cfg.population_rate } else { 0 },
             cfg.population_min_rate,
@@ -608,6 +612,18 @@ impl CacheCore {
         (self.geo.fragment_start(f).0 + (p as u64 + 1) * PAGE_SIZE).min(self.geo.source_size())
     }
 
+    /// Classifies a request with the stream detector (admission `sce`; otherwise never
+    /// sequential). Called once per request, when it is planned.
+    fn classify(&self, offset: u64, len: u64) -> StreamVerdict {
+        match &self.streams {
+            Some(st) if len > 0 => st
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .observe(offset, len),
+            _ => StreamVerdict::default(),
+        }
+    }
+
     /// The 64ths of a fragment that pages `[lo, hi)` fall in.
     fn parts_mask(&self, lo: u32, hi: u32) -> u64 {
         let per = self.geo.pages_per_fragment().div_ceil(64).max(1);
@@ -625,11 +641,7 @@ impl CacheCore {
     /// eviction policy. Under admission `sce`, a request that continues a stream inside the
     /// fragment it last touched adds no touch, and a request of a sequential stream adds
     /// nothing at all; returns true for those.
-    fn note_access(&mut self, offset: u64, len: u64) -> bool {
-        let verdict = match &mut self.streams {
-            Some(st) if len > 0 => st.observe(offset, len),
-            _ => Default::default(),
-        };
+    fn note_access(&mut self, offset: u64, len: u64, verdict: StreamVerdict) -> bool {
         // A stream is bypassed only once the cache is full: free space is there to be
         // filled, and data read or written in sequence is often read again.
         if verdict.sequential && self.slots.free_count() == 0 {
@@ -690,6 +702,7 @@ impl CacheCore {
         plan.clear();
         plan.offset = offset.0;
         plan.len = len;
+        plan.verdict = self.classify(offset.0, len);
         let want_fills = self.cfg.admission == Admission::Always;
         for (f, lo, hi, a, b) in fragments(self.geo, offset.0, len) {
             let fstart = self.geo.fragment_start(f).0;
@@ -748,7 +761,7 @@ impl CacheCore {
     /// The mutating half of `begin_read`: accounting, and the inline fills of `always`.
     fn commit_read(&mut self, plan: &mut ReadPlan) {
         let offset = plan.offset;
-        self.note_access(offset, plan.len);
+        self.note_access(offset, plan.len, plan.verdict);
         self.account_read(1, plan.full_hit as u64, plan.hit_pages, plan.missed_pages);
         for (f, set) in std::mem::take(&mut plan.fill_wanted) {
             if !self.endure(set.len() as u64 * PAGE_SIZE) {
@@ -775,6 +788,11 @@ impl CacheCore {
         }
     }
 
+    /// True if the endurance budget (if any) would allow `bytes` more cache writes now.
+    fn endurance_allows(&self, bytes: u64) -> bool {
+        self.endurance.as_ref().is_none_or(|e| e.allows(bytes))
+    }
+
     /// True if the endurance budget (if any) allows `bytes` more cache writes; counts them.
     fn endure(&mut self, bytes: u64) -> bool {
         if let Some(e) = &mut self.endurance {
@@ -799,8 +817,8 @@ impl CacheCore {
     /// Applies the accounting of reads planned with `plan_read`, and empties the log.
     pub fn apply_access_log(&mut self, log: &mut AccessLog) {
         for i in 0..log.reads.len() {
-            let (offset, len) = log.reads[i];
-            self.note_access(offset, len);
+            let (offset, len, verdict) = log.reads[i];
+            self.note_access(offset, len, verdict);
         }
         self.account_read(log.requests, log.full_hits, log.hit_pages, log.missed_pages);
         *log = AccessLog {
@@ -835,7 +853,8 @@ impl CacheCore {
     ) -> Result<WritePlan, RequestError> {
         self.check(offset.0, len)?;
         self.stats.write_requests += 1;
-        let sequential = self.note_access(offset.0, len);
+        let verdict = self.classify(offset.0, len);
+        let sequential = self.note_access(offset.0, len, verdict);
         let mode = self.cfg.write_mode;
         let copy_wanted =
             kind == WriteKind::Data && mode != WriteMode::WriteAround && len > 0 && !sequential;
@@ -857,7 +876,11 @@ impl CacheCore {
             let head_partial = a > fstart + lo as u64 * PAGE_SIZE;
             let tail_partial = b < self.page_end(f, hi - 1);
             let mut slot = self.map.get(f);
-            if slot.is_none() && copy_wanted && self.cfg.admission == Admission::Always {
+            if slot.is_none()
+                && copy_wanted
+                && self.cfg.admission == Admission::Always
+                && self.endurance_allows(b - a)
+            {
                 slot = self.allocate(f);
             }
             let (mut vlo, mut vhi) = (lo, hi);
@@ -1187,6 +1210,11 @@ impl CacheCore {
             self.window.reset(f);
             return None;
         };
+        let bytes = fill.len() as u64 * PAGE_SIZE;
+        if !self.endurance_allows(bytes) {
+            self.stats.endurance_refusals += 1;
+            return None;
+        }
         if self.map.get(f).is_none() && self.slots.free_count() == 0 {
             let victim = self.victim()?;
             let heat = |core: &Self, g: FragNo| core.sketch.as_ref().map_or(0, |s| s.estimate(g.0));
@@ -1199,10 +1227,7 @@ impl CacheCore {
             self.evict_slot(victim);
             self.slots.put_free(victim);
         }
-        let bytes = fill.len() as u64 * PAGE_SIZE;
-        if !self.endure(bytes) {
-            return None;
-        }
+        self.endure(bytes);
         self.budget.take(bytes);
         let Some(id) = self.start_population(f, Some(&fill)) else {
             self.window.reset(f);
@@ -1218,7 +1243,8 @@ impl CacheCore {
             return None;
         }
         let parts = self.window.parts(f);
-        if parts.count_ones() >= 32 || parts == 0 {
+        let parts_per_fragment = self.geo.pages_per_fragment().min(64);
+        if parts.count_ones() * 2 >= parts_per_fragment || parts == 0 {
             return None;
         }
         let per = self.geo.pages_per_fragment().div_ceil(64).max(1);
@@ -1263,7 +1289,7 @@ impl CacheCore {
         }?;
         if let Some(e) = &self.endurance {
             let pages = self.fillable(f, None).map_or(0, |p| p.len() as u64);
-            if e.written().saturating_add(pages * PAGE_SIZE) > e.allowance() {
+            if !e.allows(pages * PAGE_SIZE) {
                 self.stats.endurance_refusals += 1;
                 return None;
             }
@@ -1287,7 +1313,7 @@ impl CacheCore {
         let f = self.geo.fragment_of(offset);
         let pages = self.fillable(f, None).map_or(0, |p| p.len() as u64);
         if let Some(e) = &self.endurance {
-            if e.written().saturating_add(pages * PAGE_SIZE) > e.allowance() {
+            if !e.allows(pages * PAGE_SIZE) {
                 self.stats.endurance_refusals += 1;
                 return None;
             }

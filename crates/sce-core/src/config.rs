@@ -11,7 +11,8 @@ pub enum Admission {
     /// fragment of the MRU window, throttled by Algorithm 1, but only a fragment touched at
     /// least twice in the window once the cache is full, only by evicting a fragment colder
     /// than it (by `admission_margin`, in a frequency sketch that outlives eviction), never
-    /// for sequential streams, and within the population budget. Reads never wait.
+    /// for sequential streams once the cache is full, and within the population budget.
+    /// Reads never wait.
     #[default]
     Sce,
     /// SCE's Algorithm 1 as the paper (and sce before issue 11) has it: the hottest fragment
@@ -248,6 +249,12 @@ impl CoreConfig {
             return Err(ConfigError::new(
                 "max_cache_writes",
                 "must be positive (leave it out for no limit)".into(),
+            ));
+        }
+        if self.population_adaptive && self.population_rate > 0 && self.population_min_rate == 0 {
+            return Err(ConfigError::new(
+                "population_min_rate",
+                "must be positive when the rate adapts (a rate of 0 could never grow)".into(),
             ));
         }
         if self.population_adaptive
