@@ -99,6 +99,21 @@ const KNOWN_MISSES: &[(&str, u32, char, &str)] = &[
     ),
 ];
 
+/// How far the cells with known misses may drift before the test fails, so that a known
+/// miss cannot quietly get worse: (trace, percent, most cache bytes written per request over
+/// flashcache-like's, least read hit ratio minus flashcache-like's, most warm-up over
+/// flashcache-like's). Today's values with room for small changes: writes +10%, hit ratio
+/// -0.02, warm-up +50% (it is measured in whole intervals). Today (6cd41fd): cloudPhysics 50%
+/// 0.81 / -0.140 / 1.0, 150% 1.14 / -0.096 / 2.5; oltp 10% 0.61 / -0.014 / 1.0, 50% 1.06 /
+/// -0.020 / 0.86, 150% 1.80 / +0.038 / 0.21.
+const BOUNDS: &[(&str, u32, f64, f64, f64)] = &[
+    ("cloudPhysicsIO.vscsi", 50, 0.90, -0.16, 1.5),
+    ("cloudPhysicsIO.vscsi", 150, 1.25, -0.12, 3.75),
+    ("oltp", 10, 0.67, -0.035, 1.5),
+    ("oltp", 50, 1.17, -0.04, 1.3),
+    ("oltp", 150, 2.0, 0.018, 0.33),
+];
+
 /// cloudPhysicsIO.vscsi and the generated `oltp` trace of the full matrix (4 GiB, 300,000
 /// requests) at 10%, 50% and 150% of their 4 KiB working sets: the very cells of the full
 /// matrix. `sce` must meet (a) cache bytes written per request <= half of
@@ -168,9 +183,40 @@ fn the_default_policy_meets_its_goals_on_the_reduced_matrix() {
             }
         }
     }
+    for c in cells {
+        let trace = c["trace"].as_str().unwrap_or_default();
+        let pct = c["pct"].as_u64().unwrap_or_default() as u32;
+        let Some(&(_, _, max_wr, min_hit, max_warm)) =
+            BOUNDS.iter().find(|b| b.0 == trace && b.1 == pct)
+        else {
+            continue;
+        };
+        let (s, f) = (&c["policies"]["sce"], &c["policies"]["flashcache-like"]);
+        let num = |v: &serde_json::Value, k: &str| v[k].as_f64();
+        let wr = num(s, "cache_bytes_written_per_request").unwrap_or(f64::INFINITY)
+            / num(f, "cache_bytes_written_per_request").unwrap_or(0.0);
+        let hit = num(s, "read_hit_ratio").unwrap_or(0.0) - num(f, "read_hit_ratio").unwrap_or(1.0);
+        let warm = num(s, "warmup_seconds").unwrap_or(f64::INFINITY)
+            / num(f, "warmup_seconds").unwrap_or(f64::INFINITY);
+        if wr > max_wr {
+            unexpected.push(format!(
+                "{trace} {pct}%: writes {wr:.3}x flashcache-like's > {max_wr}"
+            ));
+        }
+        if hit < min_hit {
+            unexpected.push(format!(
+                "{trace} {pct}%: read hit {hit:+.4} against flashcache-like < {min_hit}"
+            ));
+        }
+        if !(warm <= max_warm) {
+            unexpected.push(format!(
+                "{trace} {pct}%: warm-up {warm:.2}x flashcache-like's > {max_warm}"
+            ));
+        }
+    }
     assert!(
         unexpected.is_empty(),
-        "new misses of the default policy's goals:\n{}\n{table}",
+        "new misses of the default policy's goals, or known misses grown worse:\n{}\n{table}",
         unexpected.join("\n")
     );
     let now_met: Vec<_> = KNOWN_MISSES
