@@ -52,6 +52,17 @@ use std::sync::Arc;
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct WriteId(u64);
 
+/// Why `start_population` started nothing.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum NoPop {
+    /// No page to fill (all valid, under writes, or a population in flight).
+    Nothing,
+    /// The endurance budget would be exceeded.
+    Endurance,
+    /// No slot could be allocated or pinned.
+    NoSlot,
+}
+
 /// Identifies an in-flight population (background or inline).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PopId(u64);
@@ -764,10 +775,7 @@ impl CacheCore {
         self.note_access(offset, plan.len, plan.verdict);
         self.account_read(1, plan.full_hit as u64, plan.hit_pages, plan.missed_pages);
         for (f, set) in std::mem::take(&mut plan.fill_wanted) {
-            if !self.endure(set.len() as u64 * PAGE_SIZE) {
-                continue;
-            }
-            let Some(pop) = self.start_population(f, Some(&set)) else {
+            let Ok(pop) = self.start_population(f, Some(&set)) else {
                 continue;
             };
             let fstart = self.geo.fragment_start(f).0;
@@ -1145,15 +1153,24 @@ impl CacheCore {
         }
     }
 
-    fn start_population(&mut self, f: FragNo, hint: Option<&PageSet>) -> Option<PopId> {
-        let fill = self.fillable(f, hint)?;
+    /// Starts a population of the pages of `f` that `fillable` gives, within the endurance
+    /// budget (checked before a slot is allocated, so that a refusal evicts nothing), and
+    /// counts its bytes against it.
+    fn start_population(&mut self, f: FragNo, hint: Option<&PageSet>) -> Result<PopId, NoPop> {
+        let fill = self.fillable(f, hint).ok_or(NoPop::Nothing)?;
+        let bytes = fill.len() as u64 * PAGE_SIZE;
+        if !self.endurance_allows(bytes) {
+            self.stats.endurance_refusals += 1;
+            return Err(NoPop::Endurance);
+        }
         let (slot, fresh_slot) = match self.map.get(f) {
             Some(s) => (s, false),
-            None => (self.allocate(f)?, true),
+            None => (self.allocate(f).ok_or(NoPop::NoSlot)?, true),
         };
         if !self.slots.pin(slot) {
-            return None;
+            return Err(NoPop::NoSlot);
         }
+        self.endure(bytes);
         let spoiled = PageSet::new(self.geo.pages_per_fragment());
         let id = PopId(self.pops.insert(PopState {
             frag: f,
@@ -1165,7 +1182,7 @@ impl CacheCore {
         self.activity.entry(f.0).or_default().pop = Some(id);
         self.window.reset(f);
         self.stats.populations_started += 1;
-        Some(id)
+        Ok(id)
     }
 
     /// Algorithm 1's promotion step: if the throttle allows it now, picks the hottest fragment
@@ -1227,9 +1244,8 @@ impl CacheCore {
             self.evict_slot(victim);
             self.slots.put_free(victim);
         }
-        self.endure(bytes);
         self.budget.take(bytes);
-        let Some(id) = self.start_population(f, Some(&fill)) else {
+        let Ok(id) = self.start_population(f, Some(&fill)) else {
             self.window.reset(f);
             return None;
         };
@@ -1287,21 +1303,16 @@ impl CacheCore {
                 found
             }
         }?;
-        if let Some(e) = &self.endurance {
-            let pages = self.fillable(f, None).map_or(0, |p| p.len() as u64);
-            if !e.allows(pages * PAGE_SIZE) {
-                self.stats.endurance_refusals += 1;
-                return None;
+        match self.start_population(f, None) {
+            Ok(id) => Some(self.job(id)),
+            // Over the endurance budget: the candidate keeps its heat.
+            Err(NoPop::Endurance) => None,
+            Err(_) => {
+                // No slot could be had (all pinned): try again next cycle.
+                self.window.reset(f);
+                None
             }
         }
-        let Some(id) = self.start_population(f, None) else {
-            // No slot could be had (all pinned): try again next cycle.
-            self.window.reset(f);
-            return None;
-        };
-        let pages = self.pops.get(id.0).map_or(0, |p| p.fill.len() as u64);
-        self.endure(pages * PAGE_SIZE);
-        Some(self.job(id))
     }
 
     /// Starts a population of the fragment holding `offset` (NBD CACHE, prefetch), ignoring
@@ -1310,17 +1321,9 @@ impl CacheCore {
         if offset.0 >= self.geo.source_size() {
             return None;
         }
-        let f = self.geo.fragment_of(offset);
-        let pages = self.fillable(f, None).map_or(0, |p| p.len() as u64);
-        if let Some(e) = &self.endurance {
-            if !e.allows(pages * PAGE_SIZE) {
-                self.stats.endurance_refusals += 1;
-                return None;
-            }
-        }
-        let id = self.start_population(f, None)?;
-        let pages = self.pops.get(id.0).map_or(0, |p| p.fill.len() as u64);
-        self.endure(pages * PAGE_SIZE);
+        let id = self
+            .start_population(self.geo.fragment_of(offset), None)
+            .ok()?;
         Some(self.job(id))
     }
 
