@@ -128,6 +128,19 @@ fn a_scan_four_times_the_cache_does_not_flush_the_hot_set() {
     );
 }
 
+/// The endurance test's simulation: a 2 GiB source, a 256 MiB cache.
+fn oltp_sim(cfg: CoreConfig) -> EngineSim {
+    EngineSim::new(
+        cfg,
+        2048 * MIB,
+        256 * MIB,
+        DeviceModel::mercury_ssd(),
+        DeviceModel::disk(),
+        60.0,
+    )
+    .unwrap()
+}
+
 /// With `max_cache_writes`, the bytes written to the cache device in any 24 hours never
 /// exceed the budget by more than one fragment, for every admission, while hits continue.
 #[test]
@@ -151,15 +164,7 @@ fn the_endurance_budget_holds_over_two_days() {
         let unlimited = if name == Admission::ScePaper {
             0
         } else {
-            let mut s = EngineSim::new(
-                cfg.clone(),
-                2048 * MIB,
-                256 * MIB,
-                DeviceModel::mercury_ssd(),
-                DeviceModel::disk(),
-                60.0,
-            )
-            .unwrap();
+            let mut s = oltp_sim(cfg.clone());
             for r in &t {
                 s.request(r);
             }
@@ -169,18 +174,10 @@ fn the_endurance_budget_holds_over_two_days() {
             name == Admission::ScePaper || unlimited > 3 * budget,
             "{name}: the budget binds ({unlimited})"
         );
-        let mut s = EngineSim::new(
-            CoreConfig {
-                max_cache_writes: Some(budget),
-                ..cfg
-            },
-            2048 * MIB,
-            256 * MIB,
-            DeviceModel::mercury_ssd(),
-            DeviceModel::disk(),
-            60.0,
-        )
-        .unwrap();
+        let mut s = oltp_sim(CoreConfig {
+            max_cache_writes: Some(budget),
+            ..cfg
+        });
         s.set_origin(0);
         let day = 86_400 * SEC;
         let mut worst = 0i128;
