@@ -107,7 +107,6 @@ impl TraceWriter {
             at,
             reason,
         };
-        use std::fmt::Write as _;
         self.line.clear();
         match &self.format {
             TraceFormat::Sce => {
@@ -115,77 +114,10 @@ impl TraceWriter {
                 self.out.write_all(&b).map_err(|e| self.io(e))?;
             }
             TraceFormat::Vscsi => {
-                if r.volume != 0 {
-                    return Err(unrep(format!(
-                        "vscsi has no volume field (volume {})",
-                        r.volume
-                    )));
-                }
-                let lbn = sectors("offset", r.offset).map_err(unrep)?;
-                let len = u32::try_from(r.len)
-                    .map_err(|_| unrep(format!("length {} does not fit in 32 bits", r.len)))?;
-                let mut b = [0u8; 32];
-                b[0..4].copy_from_slice(&(self.written as u32).to_le_bytes());
-                b[4..8].copy_from_slice(&len.to_le_bytes());
-                let cmd: u16 = if r.kind == IoKind::Read { 0x28 } else { 0x2a };
-                b[12..14].copy_from_slice(&cmd.to_le_bytes());
-                b[16..24].copy_from_slice(&lbn.to_le_bytes());
-                b[24..32].copy_from_slice(&(r.time_ns / 1000).to_le_bytes());
+                let b = vscsi_record(r, self.written as u32).map_err(unrep)?;
                 self.out.write_all(&b).map_err(|e| self.io(e))?;
             }
-            TraceFormat::Msr => {
-                let _ = writeln!(
-                    self.line,
-                    "{},sce,{},{},{},{},0",
-                    r.time_ns / 100,
-                    r.volume,
-                    if r.kind == IoKind::Read {
-                        "Read"
-                    } else {
-                        "Write"
-                    },
-                    r.offset,
-                    r.len
-                );
-            }
-            TraceFormat::Systor => {
-                let _ = writeln!(
-                    self.line,
-                    "{},0,{},{},{},{}",
-                    secs(r.time_ns),
-                    if r.kind == IoKind::Read { "R" } else { "W" },
-                    r.volume,
-                    r.offset,
-                    r.len
-                );
-            }
-            TraceFormat::Tencent => {
-                let off = sectors("offset", r.offset).map_err(unrep)?;
-                let len = sectors("length", r.len).map_err(unrep)?;
-                let _ = writeln!(
-                    self.line,
-                    "{},{off},{len},{},{}",
-                    secs(r.time_ns),
-                    if r.kind == IoKind::Read { 0 } else { 1 },
-                    r.volume
-                );
-            }
-            TraceFormat::DiskSim => {
-                let off = sectors("offset", r.offset).map_err(unrep)?;
-                let len = sectors("length", r.len).map_err(unrep)?;
-                let _ = writeln!(
-                    self.line,
-                    "{} {} {off} {len} {}",
-                    r.time_ns,
-                    r.volume,
-                    if r.kind == IoKind::Read { 1 } else { 0 }
-                );
-            }
-            TraceFormat::Csv(spec) => {
-                let l = spec.format(r).map_err(unrep)?;
-                self.line.push_str(&l);
-                self.line.push('\n');
-            }
+            text => text_line(text, r, &mut self.line).map_err(unrep)?,
         }
         if !self.line.is_empty() {
             self.out
@@ -215,4 +147,84 @@ impl TraceWriter {
         }
         Ok(self.written)
     }
+}
+
+/// The 32-byte vscsi record of `r`, the `index`-th of the file; or why it has none.
+fn vscsi_record(r: &TraceRequest, index: u32) -> Result<[u8; 32], String> {
+    if r.volume != 0 {
+        return Err(format!("vscsi has no volume field (volume {})", r.volume));
+    }
+    let lbn = sectors("offset", r.offset)?;
+    let len =
+        u32::try_from(r.len).map_err(|_| format!("length {} does not fit in 32 bits", r.len))?;
+    let mut b = [0u8; 32];
+    b[0..4].copy_from_slice(&index.to_le_bytes());
+    b[4..8].copy_from_slice(&len.to_le_bytes());
+    let cmd: u16 = if r.kind == IoKind::Read { 0x28 } else { 0x2a };
+    b[12..14].copy_from_slice(&cmd.to_le_bytes());
+    b[16..24].copy_from_slice(&lbn.to_le_bytes());
+    b[24..32].copy_from_slice(&(r.time_ns / 1000).to_le_bytes());
+    Ok(b)
+}
+
+/// Appends the line of `r` in the text format `format` to `line`; or says why it has none.
+fn text_line(format: &TraceFormat, r: &TraceRequest, line: &mut String) -> Result<(), String> {
+    use std::fmt::Write as _;
+    match format {
+        TraceFormat::Msr => {
+            let _ = writeln!(
+                line,
+                "{},sce,{},{},{},{},0",
+                r.time_ns / 100,
+                r.volume,
+                if r.kind == IoKind::Read {
+                    "Read"
+                } else {
+                    "Write"
+                },
+                r.offset,
+                r.len
+            );
+        }
+        TraceFormat::Systor => {
+            let _ = writeln!(
+                line,
+                "{},0,{},{},{},{}",
+                secs(r.time_ns),
+                if r.kind == IoKind::Read { "R" } else { "W" },
+                r.volume,
+                r.offset,
+                r.len
+            );
+        }
+        TraceFormat::Tencent => {
+            let off = sectors("offset", r.offset)?;
+            let len = sectors("length", r.len)?;
+            let _ = writeln!(
+                line,
+                "{},{off},{len},{},{}",
+                secs(r.time_ns),
+                if r.kind == IoKind::Read { 0 } else { 1 },
+                r.volume
+            );
+        }
+        TraceFormat::DiskSim => {
+            let off = sectors("offset", r.offset)?;
+            let len = sectors("length", r.len)?;
+            let _ = writeln!(
+                line,
+                "{} {} {off} {len} {}",
+                r.time_ns,
+                r.volume,
+                if r.kind == IoKind::Read { 1 } else { 0 }
+            );
+        }
+        TraceFormat::Csv(spec) => {
+            let l = spec.format(r)?;
+            line.push_str(&l);
+            line.push('\n');
+        }
+        TraceFormat::Sce | TraceFormat::Vscsi => unreachable!("binary formats have no line"),
+    }
+    Ok(())
 }

@@ -20,90 +20,12 @@ use sce_core::{
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-/// A device: per-I/O latency plus transfer time, with `channels` I/Os served at once.
-#[derive(Clone, Debug, PartialEq)]
-pub struct DeviceModel {
-    /// Latency of a read, nanoseconds.
-    pub read_ns: u64,
-    /// Read bandwidth, bytes per second.
-    pub read_bw: u64,
-    /// Latency of a write, nanoseconds.
-    pub write_ns: u64,
-    /// Write bandwidth, bytes per second.
-    pub write_bw: u64,
-    /// I/Os served at once.
-    pub channels: usize,
-}
+mod device;
+#[cfg(test)]
+mod tests;
 
-impl DeviceModel {
-    /// Mercury's Table I "SSD Y": random read 240 µs at 110 MB/s, random write 225 µs at
-    /// 39 MB/s; 8 channels.
-    pub fn mercury_ssd() -> Self {
-        DeviceModel {
-            read_ns: 240_000,
-            read_bw: 110_000_000,
-            write_ns: 225_000,
-            write_bw: 39_000_000,
-            channels: 8,
-        }
-    }
-    /// A disk-backed volume: 5 ms per I/O, 100 MB/s, 4 at once.
-    pub fn disk() -> Self {
-        DeviceModel {
-            read_ns: 5_000_000,
-            read_bw: 100_000_000,
-            write_ns: 5_000_000,
-            write_bw: 100_000_000,
-            channels: 4,
-        }
-    }
-}
-
-/// The state of a modelled device: when each channel is next free, and how long it has been
-/// busy. Both the engine and the reference policies of a [`crate::layers::Stack`] use it.
-#[derive(Debug)]
-pub(crate) struct Device {
-    model: DeviceModel,
-    free_at: Vec<u64>,
-    /// Service time of every I/O issued so far, summed over the channels, nanoseconds.
-    busy_ns: u64,
-}
-
-impl Device {
-    pub(crate) fn new(model: DeviceModel) -> Self {
-        let n = model.channels.max(1);
-        Device {
-            model,
-            free_at: vec![0; n],
-            busy_ns: 0,
-        }
-    }
-    /// Issues an I/O at `now`; returns its completion time.
-    pub(crate) fn io(&mut self, now: u64, bytes: u64, write: bool) -> u64 {
-        let (lat, bw) = if write {
-            (self.model.write_ns, self.model.write_bw)
-        } else {
-            (self.model.read_ns, self.model.read_bw)
-        };
-        let service = lat + bytes.saturating_mul(1_000_000_000) / bw.max(1);
-        let (i, &free) = self
-            .free_at
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, t)| **t)
-            .expect("channels >= 1");
-        let done = free.max(now) + service;
-        self.free_at[i] = done;
-        self.busy_ns = self.busy_ns.saturating_add(service);
-        done
-    }
-    /// Busy time per channel so far: the summed service times over the channels. Over a span
-    /// of time, this divided by the span is the device's utilization (above 1, the I/O
-    /// offered in the span needs more time than the span: it queues).
-    pub(crate) fn busy_ns(&self) -> u64 {
-        self.busy_ns / self.free_at.len() as u64
-    }
-}
+pub(crate) use device::Device;
+pub use device::{DeviceModel, LatencyHistogram};
 
 #[derive(Debug, Clone, Copy)]
 enum Event {
@@ -177,73 +99,6 @@ pub struct EngineResult {
     pub fragments_populated: u64,
     /// Fragments evicted.
     pub fragments_evicted: u64,
-}
-
-/// Log-bucketed latency histogram (8 buckets per octave of nanoseconds): bounded memory on
-/// any trace length; quantiles are the upper bound of their bucket, within 9%.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LatencyHistogram {
-    buckets: Vec<u64>,
-    sum: f64,
-    n: u64,
-}
-
-impl Default for LatencyHistogram {
-    fn default() -> Self {
-        LatencyHistogram::new()
-    }
-}
-
-impl LatencyHistogram {
-    const PER_OCTAVE: f64 = 8.0;
-    /// An empty histogram.
-    pub fn new() -> Self {
-        LatencyHistogram {
-            buckets: vec![0; 64 * 8 + 1],
-            sum: 0.0,
-            n: 0,
-        }
-    }
-    /// Records one latency of `ns` nanoseconds.
-    pub fn record(&mut self, ns: u64) {
-        let b = ((ns.max(1) as f64).log2() * Self::PER_OCTAVE) as usize;
-        let last = self.buckets.len() - 1;
-        self.buckets[b.min(last)] += 1;
-        self.sum += ns as f64;
-        self.n += 1;
-    }
-    /// Adds every latency `o` recorded.
-    pub fn merge(&mut self, o: &LatencyHistogram) {
-        for (a, b) in self.buckets.iter_mut().zip(&o.buckets) {
-            *a += b;
-        }
-        self.sum += o.sum;
-        self.n += o.n;
-    }
-    /// Latencies recorded.
-    pub fn count(&self) -> u64 {
-        self.n
-    }
-    /// Mean latency, seconds (0 if none was recorded).
-    pub fn mean(&self) -> f64 {
-        if self.n == 0 {
-            0.0
-        } else {
-            self.sum / self.n as f64 / 1e9
-        }
-    }
-    /// The `q` quantile, seconds: the upper bound of the bucket that holds it (0 if none).
-    pub fn quantile(&self, q: f64) -> f64 {
-        let target = (self.n as f64 * q).ceil() as u64;
-        let mut seen = 0;
-        for (i, &c) in self.buckets.iter().enumerate() {
-            seen += c;
-            if seen >= target && c > 0 {
-                return 2f64.powf((i as f64 + 1.0) / Self::PER_OCTAVE) / 1e9;
-            }
-        }
-        0.0
-    }
 }
 
 /// Simulates `cfg` with a cache of `cache_size` bytes over a source of `source_size` bytes.
@@ -608,85 +463,5 @@ impl EngineSim {
         self.res.fragments_populated = st.populations_completed;
         self.res.fragments_evicted = st.fragments_evicted;
         self.res
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sim(ssd: DeviceModel) -> EngineSim {
-        EngineSim::new(
-            CoreConfig::default(),
-            64 << 20,
-            16 << 20,
-            ssd,
-            DeviceModel::disk(),
-            1.0,
-        )
-        .expect("valid")
-    }
-
-    fn service(model: &DeviceModel, bytes: u64, write: bool) -> u64 {
-        let (lat, bw) = if write {
-            (model.write_ns, model.write_bw)
-        } else {
-            (model.read_ns, model.read_bw)
-        };
-        lat + bytes * 1_000_000_000 / bw
-    }
-
-    /// A population completes when the last of its cache writes does, not when the write of
-    /// its last run does: with several channels a long first run outlasts a short last one.
-    #[test]
-    fn a_population_completes_with_its_slowest_write() {
-        // A 1 MiB span of which the cache already holds one page, the second last: two runs.
-        let runs = [
-            (0, 1_040_384, CacheOffset(0)),
-            (1_044_480, 4096, CacheOffset(1_044_480)),
-        ];
-        let disk = DeviceModel::disk();
-        let read_done = service(&disk, 1 << 20, false);
-        let ssd = DeviceModel::mercury_ssd();
-        let (long, short) = (service(&ssd, 1_040_384, true), service(&ssd, 4096, true));
-        assert!(long > short);
-        // Eight channels: both runs start when the source read is done.
-        let mut s = sim(ssd.clone());
-        assert_eq!(s.population_io(0, 1 << 20, &runs), read_done + long);
-        assert_eq!(s.res.cache_bytes_written, (1 << 20) - 4096);
-        assert_eq!(s.res.source_bytes_read, 1 << 20);
-        // One channel: the runs queue, and the last is also the latest.
-        let mut s = sim(DeviceModel {
-            channels: 1,
-            ..ssd.clone()
-        });
-        assert_eq!(s.population_io(0, 1 << 20, &runs), read_done + long + short);
-        // The device's busy time is the service times over the channels.
-        assert_eq!(s.ssd.busy_ns(), long + short);
-        let mut s = sim(ssd);
-        s.population_io(0, 1 << 20, &runs);
-        assert_eq!(s.ssd.busy_ns(), (long + short) / 8);
-    }
-
-    #[test]
-    fn histogram_mean_quantiles_and_merge() {
-        let mut h = LatencyHistogram::new();
-        assert_eq!((h.count(), h.mean(), h.quantile(0.99)), (0, 0.0, 0.0));
-        for _ in 0..99 {
-            h.record(1_000_000);
-        }
-        h.record(1_000_000_000);
-        assert_eq!(h.count(), 100);
-        assert!((h.mean() - (99.0 * 1e-3 + 1.0) / 100.0).abs() < 1e-12);
-        // Quantiles are their bucket's upper bound: at most 2^(1/8) above the value.
-        let p99 = h.quantile(0.99);
-        assert!((1e-3..1e-3 * 1.091).contains(&p99), "{p99}");
-        let max = h.quantile(1.0);
-        assert!((1.0..1.091).contains(&max), "{max}");
-        let mut g = LatencyHistogram::new();
-        g.record(1_000_000_000);
-        g.merge(&h);
-        assert_eq!(g.count(), 101);
-        assert!(g.quantile(0.99) >= 1.0);
     }
 }
