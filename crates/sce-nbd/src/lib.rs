@@ -4,11 +4,14 @@
 //! pure parsers and encoders (fuzzed).
 
 pub mod client;
+mod conn;
 pub mod proto;
 pub mod server;
+pub mod uri;
 
-pub use client::{ClientOptions, NbdClient, NbdUri};
+pub use client::{ClientOptions, NbdClient};
 pub use server::{
     listen, listen_with, ConnError, Export, ListenAddr, ListenOptions, Listener, Server,
     ServerConfig, ServerStats,
 };
+pub use uri::NbdUri;

@@ -59,6 +59,7 @@ fn options() -> ClientOptions {
         request_timeout: Duration::from_secs(10),
         backoff_initial: Duration::from_millis(20),
         backoff_max: Duration::from_millis(500),
+        ..ClientOptions::default()
     }
 }
 

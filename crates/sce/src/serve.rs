@@ -85,9 +85,13 @@ pub struct ServeArgs {
     /// Use buffered I/O (the page cache) for files and devices instead of O_DIRECT.
     #[arg(long)]
     pub buffered: bool,
-    /// Connections to an NBD source (if it allows several).
+    /// Connections to an NBD source (if it allows several, CAN_MULTI_CONN; else 1).
     #[arg(long, default_value_t = 4)]
     pub source_connections: usize,
+    /// Requests in flight on each connection to an NBD source (pipelined, answered by
+    /// cookie). With the default 4 connections, up to 128 requests reach the source at once.
+    #[arg(long, default_value_t = 32)]
+    pub source_queue_depth: usize,
     /// Do not keep the cache contents across restarts: the cache device holds data only and
     /// starts cold every time.
     #[arg(long)]
@@ -235,6 +239,7 @@ fn open_source(spec: &ExportSpec, a: &ServeArgs) -> Result<Arc<dyn BlockDevice>>
         let uri: NbdUri = spec.source.parse().map_err(|e: String| anyhow!(e))?;
         let opts = sce_nbd::ClientOptions {
             request_timeout: a.source_timeout.max(Duration::from_millis(100)),
+            queue_depth: a.source_queue_depth.max(1),
             ..sce_nbd::ClientOptions::default()
         };
         return Ok(Arc::new(NbdClient::connect_with(
