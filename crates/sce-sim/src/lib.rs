@@ -10,14 +10,22 @@
 //!   modelled devices.
 //! - [`layers`]: what sits around a cache: separate volumes, a RAM cache above it, and
 //!   several hosts sharing a volume.
+//! - [`run`]: a whole simulation as `sce sim` runs it, every policy in its own thread, and
+//!   [`plot`] to draw what they come to;
+//! - [`load`]: the load `sce demo` runs on a real block device or cached volume;
+//! - [`units`]: sizes and durations as people write them.
 
 pub mod binary;
 pub mod csv;
 pub mod engine;
 pub mod gen;
 pub mod layers;
+pub mod load;
+pub mod plot;
 pub mod reference;
+pub mod run;
 pub mod trace;
+pub mod units;
 pub mod writer;
 
 pub use csv::CsvSpec;

@@ -1,23 +1,21 @@
 //! `sce demo`: a slow source (a sparse file behind the latency wrapper) and a cache file,
 //! an OLTP-like load run through the cached volume and then, for the same time, against the
-//! source alone; periodic progress lines and a side-by-side summary.
+//! source alone; periodic progress lines and a side-by-side summary. The load itself is
+//! [`sce_sim::load`]; this module sets up the devices and prints.
 
 use crate::units::{format_size, parse_duration, parse_size};
 use anyhow::{bail, Context, Result};
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
-use rand_distr::{Distribution, Zipf};
 use sce_core::{Admission, CoreConfig, EvictionKind, WriteMode};
 use sce_engine::{CacheVolume, EngineConfig, VolumeStats};
 use sce_io::{
-    AlignedBuf, BlockDevice, Delay, DirectMode, FileDevice, FileOptions, LatencyConfig,
-    LatencyDevice,
+    BlockDevice, Delay, DirectMode, FileDevice, FileOptions, LatencyConfig, LatencyDevice,
 };
+use sce_sim::load::{Interval, LoadConfig, RunResult};
 use serde::Serialize;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Options of `sce demo`.
 #[derive(clap::Args, Debug, Clone)]
@@ -113,50 +111,6 @@ pub struct DemoArgs {
     pub json: bool,
 }
 
-/// One progress interval.
-#[derive(Serialize, Debug, Clone)]
-pub struct Interval {
-    /// Seconds since the run started.
-    pub t: f64,
-    /// Requests per second in the interval.
-    pub iops: f64,
-    /// Read hit ratio over the interval's read pages (cache run only).
-    pub read_hit_ratio: Option<f64>,
-    /// Bytes per second made valid by population in the interval (cache run only).
-    pub population_bytes_per_sec: Option<f64>,
-    /// Bytes written to the cache device in the interval (cache run only).
-    pub cache_bytes_written: Option<u64>,
-    /// The same per second.
-    pub cache_bytes_per_sec: Option<f64>,
-}
-
-/// The result of one run.
-#[derive(Serialize, Debug, Clone)]
-pub struct RunResult {
-    /// "cache" or "no cache".
-    pub name: String,
-    /// Requests completed.
-    pub ops: u64,
-    /// Requests that failed.
-    pub errors: u64,
-    /// Requests per second.
-    pub iops: f64,
-    /// Mean latency in milliseconds.
-    pub mean_ms: f64,
-    /// 99th percentile latency in milliseconds.
-    pub p99_ms: f64,
-    /// Read hit ratio over all read pages of the run.
-    pub read_hit_ratio: Option<f64>,
-    /// Bytes written to the cache device.
-    pub cache_bytes_written: u64,
-    /// Bytes written to the cache device in the first half of the run (by interval ends).
-    pub cache_bytes_written_first_half: u64,
-    /// Bytes written to the cache device in the second half of the run.
-    pub cache_bytes_written_second_half: u64,
-    /// Progress intervals.
-    pub intervals: Vec<Interval>,
-}
-
 /// Everything `--json` prints.
 #[derive(Serialize, Debug)]
 pub struct DemoReport {
@@ -170,6 +124,21 @@ pub struct DemoReport {
     pub speedup: f64,
 }
 
+/// The load of the arguments.
+fn load(a: &DemoArgs) -> LoadConfig {
+    LoadConfig {
+        seconds: a.seconds,
+        depth: a.depth,
+        read_pct: a.read_pct,
+        block_size: a.block_size,
+        zipf: a.zipf,
+        cluster_size: a.cluster_size,
+        interval: a.interval,
+        seed: a.seed,
+    }
+}
+
+/// Runs the load on `dev`, printing the progress unless `--json`.
 fn run(
     name: &str,
     dev: Arc<dyn BlockDevice>,
@@ -177,132 +146,12 @@ fn run(
     a: &DemoArgs,
     stop_all: &AtomicBool,
 ) -> Result<RunResult> {
-    let blocks = dev.size() / a.block_size;
-    let layout = Arc::new(sce_sim::gen::Placement::new(
-        blocks,
-        a.cluster_size / a.block_size,
-    ));
-    let stop = Arc::new(AtomicBool::new(false));
-    let ops = Arc::new(AtomicU64::new(0));
-    let errors = Arc::new(AtomicU64::new(0));
-    let mut handles = Vec::new();
-    for t in 0..a.depth {
-        let (dev, layout, stop, ops, errors) = (
-            dev.clone(),
-            layout.clone(),
-            stop.clone(),
-            ops.clone(),
-            errors.clone(),
-        );
-        let (bs, read_pct, zipf, seed) = (a.block_size, a.read_pct, a.zipf, a.seed);
-        handles.push(std::thread::spawn(move || -> Vec<u32> {
-            let mut rng = SmallRng::seed_from_u64(seed.wrapping_mul(1000).wrapping_add(t as u64));
-            let dist = (zipf > 0.0).then(|| Zipf::new(blocks, zipf).expect("valid zipf"));
-            let mut buf = AlignedBuf::new(bs as usize);
-            let mut lat = Vec::with_capacity(1 << 16);
-            while !stop.load(Relaxed) {
-                let rank = match &dist {
-                    Some(d) => d.sample(&mut rng) as u64 - 1,
-                    None => rng.gen_range(0..blocks),
-                };
-                let off = layout.item(rank, 0) * bs;
-                let t0 = Instant::now();
-                let r = if rng.gen_range(0..100) < read_pct {
-                    dev.read_at(off, &mut buf)
-                } else {
-                    buf[..8].copy_from_slice(&off.to_le_bytes());
-                    dev.write_at(off, &buf)
-                };
-                lat.push(t0.elapsed().as_micros().min(u32::MAX as u128) as u32);
-                ops.fetch_add(1, Relaxed);
-                if r.is_err() {
-                    errors.fetch_add(1, Relaxed);
-                }
-            }
-            lat
-        }));
-    }
-    let start = Instant::now();
-    let total = Duration::from_secs(a.seconds);
-    let mut intervals = Vec::new();
-    let mut last_t = start;
-    let mut last_ops = 0;
-    let first_stats = volume.map(|v| v.stats());
-    let mut last_stats = first_stats.clone();
-    while start.elapsed() < total && !stop_all.load(Relaxed) {
-        let next = (last_t + a.interval).min(start + total);
-        while Instant::now() < next && !stop_all.load(Relaxed) {
-            std::thread::sleep(
-                Duration::from_millis(20).min(next.saturating_duration_since(Instant::now())),
-            );
-        }
-        let now = Instant::now();
-        let dt = now.duration_since(last_t).as_secs_f64().max(1e-9);
-        let o = ops.load(Relaxed);
-        let iops = (o - last_ops) as f64 / dt;
-        let (mut hit, mut pop, mut written) = (None, None, None);
-        if let (Some(v), Some(prev)) = (volume, &last_stats) {
-            let s = v.stats();
-            let d = s.delta(prev);
-            hit = Some(d.read_hit_ratio());
-            pop = Some(d.pages_populated as f64 * 4096.0 / dt);
-            written = Some(d.cache_bytes_written);
-            last_stats = Some(s);
-        }
-        let iv = Interval {
-            t: now.duration_since(start).as_secs_f64(),
-            iops,
-            read_hit_ratio: hit,
-            population_bytes_per_sec: pop,
-            cache_bytes_written: written,
-            cache_bytes_per_sec: written.map(|w| w as f64 / dt),
-        };
+    let mut on_interval = |iv: &Interval, s: Option<&VolumeStats>| {
         if !a.json {
-            print_interval(name, &iv, last_stats.as_ref());
+            print_interval(name, iv, s);
         }
-        intervals.push(iv);
-        last_t = now;
-        last_ops = o;
-    }
-    stop.store(true, Relaxed);
-    let elapsed = start.elapsed().as_secs_f64();
-    let mut lat: Vec<u32> = Vec::new();
-    for h in handles {
-        lat.extend(
-            h.join()
-                .map_err(|_| anyhow::anyhow!("a load thread panicked"))?,
-        );
-    }
-    lat.sort_unstable();
-    let n = lat.len().max(1);
-    let mean_ms = lat.iter().map(|&x| x as f64).sum::<f64>() / n as f64 / 1000.0;
-    let p99_ms = lat.get((n * 99 / 100).min(n - 1)).copied().unwrap_or(0) as f64 / 1000.0;
-    let final_stats: Option<VolumeStats> = volume.map(|v| {
-        v.stats()
-            .delta(first_stats.as_ref().expect("set with volume"))
-    });
-    let half = a.seconds as f64 / 2.0;
-    let written = |second: bool| -> u64 {
-        intervals
-            .iter()
-            .filter(|iv| (iv.t > half + 0.05) == second)
-            .filter_map(|iv| iv.cache_bytes_written)
-            .sum()
     };
-    let (first_half, second_half) = (written(false), written(true));
-    Ok(RunResult {
-        cache_bytes_written_first_half: first_half,
-        cache_bytes_written_second_half: second_half,
-        name: name.to_string(),
-        ops: lat.len() as u64,
-        errors: errors.load(Relaxed),
-        iops: lat.len() as f64 / elapsed,
-        mean_ms,
-        p99_ms,
-        read_hit_ratio: final_stats.as_ref().map(|s| s.read_hit_ratio()),
-        cache_bytes_written: final_stats.as_ref().map_or(0, |s| s.cache_bytes_written),
-        intervals,
-    })
+    sce_sim::load::run(name, dev, volume, &load(a), stop_all, &mut on_interval)
 }
 
 fn print_interval(name: &str, iv: &Interval, s: Option<&VolumeStats>) {
@@ -357,6 +206,23 @@ fn print_summary(r: &RunResult) {
 
 /// Runs the demo.
 pub fn demo(a: DemoArgs) -> Result<()> {
+    let core = core_config(&a)?;
+    let base = a.dir.clone().unwrap_or_else(std::env::temp_dir);
+    let dir = base.join(format!("sce-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let stop_all = Arc::new(AtomicBool::new(false));
+    {
+        let s = stop_all.clone();
+        let _ = ctrlc::set_handler(move || s.store(true, Relaxed));
+    }
+    let result = run_both(&a, &dir, core, &stop_all);
+    let _ = std::fs::remove_dir_all(&dir);
+    let report = result?;
+    print_report(&a, &report)
+}
+
+/// The cache configuration of the arguments, checked.
+fn core_config(a: &DemoArgs) -> Result<CoreConfig> {
     if a.block_size == 0 || !a.block_size.is_multiple_of(4096) {
         bail!(
             "invalid --block-size {}: must be a positive multiple of 4KiB",
@@ -401,111 +267,123 @@ pub fn demo(a: DemoArgs) -> Result<()> {
         );
     }
     core.throttle.missrate_window = Duration::from_secs(1);
+    Ok(core)
+}
 
-    let base = a.dir.clone().unwrap_or_else(std::env::temp_dir);
-    let dir = base.join(format!("sce-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let stop_all = Arc::new(AtomicBool::new(false));
-    {
-        let s = stop_all.clone();
-        let _ = ctrlc::set_handler(move || s.store(true, Relaxed));
+/// The source (a sparse file behind the latency wrapper) and the cache file, in `dir`.
+fn open_devices(a: &DemoArgs, dir: &Path) -> Result<(Arc<dyn BlockDevice>, Arc<dyn BlockDevice>)> {
+    let direct = if a.allow_buffered {
+        DirectMode::Preferred
+    } else {
+        DirectMode::Required
+    };
+    let src_file = FileDevice::open(
+        &dir.join("source.img"),
+        &FileOptions {
+            direct,
+            create_size: Some(a.source_size),
+            read_only: false,
+            ..Default::default()
+        },
+    )?;
+    let cache_file = FileDevice::open(
+        &dir.join("cache.img"),
+        &FileOptions {
+            direct,
+            create_size: Some(a.cache_size),
+            read_only: false,
+            ..Default::default()
+        },
+    )?;
+    let lat = LatencyConfig {
+        read: Delay::Fixed(a.source_latency),
+        write: Delay::Fixed(a.source_latency),
+        flush: Delay::Fixed(a.source_latency),
+        max_in_flight: a.source_depth.max(1),
+        bandwidth: (a.source_bandwidth > 0).then_some(a.source_bandwidth),
+        seed: a.seed,
+    };
+    let source: Arc<dyn BlockDevice> = Arc::new(LatencyDevice::new(src_file, lat));
+    let cache: Arc<dyn BlockDevice> = Arc::new(cache_file);
+    Ok((source, cache))
+}
+
+/// The line that says what runs.
+fn config_line(a: &DemoArgs, core: &CoreConfig) -> String {
+    let cfg_line = format!(
+        "source {} (latency {:?}, {} in flight, {}/s), cache {}, fragment {}, admission {}, mode {}, eviction {}; load: {} x {} {}% reads zipf {} in {} extents",
+        format_size(a.source_size),
+        a.source_latency,
+        a.source_depth,
+        if a.source_bandwidth > 0 { format_size(a.source_bandwidth) } else { "unlimited".into() },
+        format_size(a.cache_size),
+        format_size(core.fragment_size),
+        core.admission,
+        core.write_mode,
+        core.eviction,
+        a.depth,
+        format_size(a.block_size),
+        a.read_pct,
+        a.zipf,
+        format_size(a.cluster_size)
+    );
+    if core.admission == Admission::Sce {
+        format!(
+            "{cfg_line}; {}",
+            crate::policy_args::AdmissionArgs::describe(core)
+        )
+    } else {
+        cfg_line
     }
-    let result = (|| -> Result<DemoReport> {
-        let direct = if a.allow_buffered {
-            DirectMode::Preferred
-        } else {
-            DirectMode::Required
-        };
-        let src_file = FileDevice::open(
-            &dir.join("source.img"),
-            &FileOptions {
-                direct,
-                create_size: Some(a.source_size),
-                read_only: false,
-                ..Default::default()
-            },
-        )?;
-        let cache_file = FileDevice::open(
-            &dir.join("cache.img"),
-            &FileOptions {
-                direct,
-                create_size: Some(a.cache_size),
-                read_only: false,
-                ..Default::default()
-            },
-        )?;
-        let lat = LatencyConfig {
-            read: Delay::Fixed(a.source_latency),
-            write: Delay::Fixed(a.source_latency),
-            flush: Delay::Fixed(a.source_latency),
-            max_in_flight: a.source_depth.max(1),
-            bandwidth: (a.source_bandwidth > 0).then_some(a.source_bandwidth),
-            seed: a.seed,
-        };
-        let source: Arc<dyn BlockDevice> = Arc::new(LatencyDevice::new(src_file, lat));
-        let cache: Arc<dyn BlockDevice> = Arc::new(cache_file);
-        let cfg_line = format!(
-            "source {} (latency {:?}, {} in flight, {}/s), cache {}, fragment {}, admission {}, mode {}, eviction {}; load: {} x {} {}% reads zipf {} in {} extents",
-            format_size(a.source_size),
-            a.source_latency,
-            a.source_depth,
-            if a.source_bandwidth > 0 { format_size(a.source_bandwidth) } else { "unlimited".into() },
-            format_size(a.cache_size),
-            format_size(core.fragment_size),
-            core.admission,
-            core.write_mode,
-            core.eviction,
-            a.depth,
-            format_size(a.block_size),
-            a.read_pct,
-            a.zipf,
-            format_size(a.cluster_size)
-        );
-        let cfg_line = if core.admission == Admission::Sce {
-            format!(
-                "{cfg_line}; {}",
-                crate::policy_args::AdmissionArgs::describe(&core)
-            )
-        } else {
-            cfg_line
-        };
-        if !a.json {
-            println!("sce demo: {cfg_line}");
-            println!("files in {} (removed at the end)", dir.display());
-        }
-        let volume = Arc::new(CacheVolume::open(
-            source.clone(),
-            cache,
-            EngineConfig {
-                core,
-                ..EngineConfig::default()
-            },
-        )?);
-        let cached = run(
-            "cache",
-            volume.clone() as Arc<dyn BlockDevice>,
-            Some(&volume),
-            &a,
-            &stop_all,
-        )?;
-        drop(volume);
-        let plain = run("no cache", source, None, &a, &stop_all)?;
-        let speedup = if plain.iops > 0.0 {
-            cached.iops / plain.iops
-        } else {
-            0.0
-        };
-        Ok(DemoReport {
-            config: cfg_line,
-            cache: cached,
-            no_cache: plain,
-            speedup,
-        })
-    })();
-    let _ = std::fs::remove_dir_all(&dir);
-    let report = result?;
+}
+
+/// The cache run, then the no-cache run, over devices in `dir`.
+fn run_both(
+    a: &DemoArgs,
+    dir: &Path,
+    core: CoreConfig,
+    stop_all: &AtomicBool,
+) -> Result<DemoReport> {
+    let (source, cache) = open_devices(a, dir)?;
+    let cfg_line = config_line(a, &core);
+    if !a.json {
+        println!("sce demo: {cfg_line}");
+        println!("files in {} (removed at the end)", dir.display());
+    }
+    let volume = Arc::new(CacheVolume::open(
+        source.clone(),
+        cache,
+        EngineConfig {
+            core,
+            ..EngineConfig::default()
+        },
+    )?);
+    let cached = run(
+        "cache",
+        volume.clone() as Arc<dyn BlockDevice>,
+        Some(&volume),
+        a,
+        stop_all,
+    )?;
+    drop(volume);
+    let plain = run("no cache", source, None, a, stop_all)?;
+    let speedup = if plain.iops > 0.0 {
+        cached.iops / plain.iops
+    } else {
+        0.0
+    };
+    Ok(DemoReport {
+        config: cfg_line,
+        cache: cached,
+        no_cache: plain,
+        speedup,
+    })
+}
+
+/// Prints the report: JSON, or the summary of both runs and the speed-up.
+fn print_report(a: &DemoArgs, report: &DemoReport) -> Result<()> {
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        println!("{}", serde_json::to_string_pretty(report)?);
     } else {
         println!();
         print_summary(&report.cache);

@@ -1,0 +1,201 @@
+//! The SVG plot of `sce sim --plot`: two panels over the replay's time, one line per policy:
+//! the interval read hit ratio above, the cumulative bytes written to the cache device below.
+
+use crate::layers::Replay;
+use crate::run::{PolicyResult, SimConfig};
+use crate::units::format_size;
+
+const W: f64 = 800.0;
+const L: f64 = 80.0;
+const R: f64 = 170.0;
+const T: f64 = 40.0;
+// Height of a panel, and the gap between them (for the upper one's time labels).
+const P: f64 = 300.0;
+const GAP: f64 = 60.0;
+const T2: f64 = T + P + GAP;
+const H: f64 = T2 + P + 50.0;
+const COLOURS: [&str; 8] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+];
+
+/// The scales of the two panels.
+struct Frame {
+    /// The latest interval end, seconds.
+    tmax: f64,
+    /// The most bytes a policy wrote to the cache device.
+    bmax: f64,
+}
+
+impl Frame {
+    fn new(results: &[PolicyResult]) -> Frame {
+        let tmax = results
+            .iter()
+            .flat_map(|r| r.intervals.iter().map(|x| x.0))
+            .fold(0.0f64, f64::max)
+            .max(1e-9);
+        let bmax = results
+            .iter()
+            .map(|r| r.interval_cache_bytes_written.iter().sum::<u64>())
+            .max()
+            .unwrap_or(0)
+            .max(1) as f64;
+        Frame { tmax, bmax }
+    }
+
+    fn x(&self, t: f64) -> f64 {
+        L + t / self.tmax * (W - L - R)
+    }
+
+    fn y(&self, h: f64) -> f64 {
+        T + (1.0 - h) * P
+    }
+
+    fn y2(&self, b: f64) -> f64 {
+        T2 + (1.0 - b / self.bmax) * P
+    }
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// An SVG plot of two panels over the replay's time, one line per policy: the interval read
+/// hit ratio above, the cumulative bytes written to the cache device below.
+pub fn plot_svg(results: &[PolicyResult], a: &SimConfig, replay: Replay) -> String {
+    let f = Frame::new(results);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" \
+         font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"14\">{} \u{2014} cache {} \u{2014} replay {replay}</text>\n",
+        (W - R + L) / 2.0,
+        esc(&a.trace.file_name().map_or(String::new(), |f| f.to_string_lossy().into_owned())),
+        format_size(a.cache_size)
+    );
+    s += &grid(&f);
+    s += &axes(&f, a.interval, replay);
+    for (i, r) in results.iter().enumerate() {
+        s += &policy_lines(&f, i, r);
+    }
+    s += "</svg>\n";
+    s
+}
+
+/// Grid lines and value labels of both panels.
+fn grid(f: &Frame) -> String {
+    let mut s = String::new();
+    for i in 0..=10 {
+        let h = i as f64 / 10.0;
+        s += &format!(
+            "<line x1=\"{L}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\
+             <text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{h:.1}</text>\n",
+            W - R,
+            L - 6.0,
+            f.y(h) + 4.0,
+            y = f.y(h)
+        );
+    }
+    for i in 0..=5 {
+        let b = f.bmax * i as f64 / 5.0;
+        s += &format!(
+            "<line x1=\"{L}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\
+             <text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
+            W - R,
+            L - 6.0,
+            f.y2(b) + 4.0,
+            if i == 0 {
+                "0".to_string()
+            } else {
+                format_size(b as u64)
+            },
+            y = f.y2(b)
+        );
+    }
+    s
+}
+
+/// The axes of both panels, their time labels and titles, and the time axis' title.
+fn axes(f: &Frame, interval: f64, replay: Replay) -> String {
+    let mut s = String::new();
+    let time = if replay == Replay::Open {
+        "trace time (s)".to_string()
+    } else {
+        format!("virtual time (s), replay {replay}")
+    };
+    for (top, title) in [
+        (T, format!("read hit ratio per {interval} s interval")),
+        (T2, "cache bytes written, cumulative".to_string()),
+    ] {
+        let bottom = top + P;
+        for i in 0..=5 {
+            let t = f.tmax * i as f64 / 5.0;
+            s += &format!(
+                "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{:.0}</text>\n",
+                f.x(t),
+                bottom + 18.0,
+                t
+            );
+        }
+        let mid = top + P / 2.0;
+        s += &format!(
+            "<line x1=\"{L}\" x2=\"{L}\" y1=\"{top}\" y2=\"{bottom}\" stroke=\"black\"/>\
+             <line x1=\"{L}\" x2=\"{}\" y1=\"{bottom}\" y2=\"{bottom}\" stroke=\"black\"/>\n\
+             <text x=\"16\" y=\"{mid}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {mid})\">{title}</text>\n",
+            W - R,
+        );
+    }
+    s += &format!(
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
+        (W - R + L) / 2.0,
+        H - 12.0,
+        esc(&time)
+    );
+    s
+}
+
+/// The lines of the `i`-th policy in both panels, and its legend entries.
+fn policy_lines(f: &Frame, i: usize, r: &PolicyResult) -> String {
+    let mut s = String::new();
+    let c = COLOURS[i % COLOURS.len()];
+    // A gap (an interval with no read) breaks the line.
+    let mut segs: Vec<Vec<(f64, f64)>> = vec![Vec::new()];
+    for &(t, h) in &r.intervals {
+        match h {
+            Some(h) => segs.last_mut().expect("one").push((f.x(t), f.y(h))),
+            None => segs.push(Vec::new()),
+        }
+    }
+    // Bytes written accumulate from zero at time zero.
+    let mut total = 0u64;
+    let mut written = vec![(f.x(0.0), f.y2(0.0))];
+    for (&(t, _), &b) in r.intervals.iter().zip(&r.interval_cache_bytes_written) {
+        total += b;
+        written.push((f.x(t), f.y2(total as f64)));
+    }
+    segs.push(written);
+    for seg in segs.iter().filter(|s| !s.is_empty()) {
+        let pts: Vec<String> = seg.iter().map(|(a, b)| format!("{a:.1},{b:.1}")).collect();
+        s += &format!(
+            "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"1.5\" points=\"{}\"/>\n",
+            pts.join(" ")
+        );
+    }
+    for (top, label) in [
+        (T, format!("{:.3}", r.read_hit_ratio)),
+        (T2, format_size(total)),
+    ] {
+        let ly = top + 10.0 + 20.0 * i as f64;
+        s += &format!(
+            "<line x1=\"{}\" x2=\"{}\" y1=\"{ly}\" y2=\"{ly}\" stroke=\"{c}\" stroke-width=\"3\"/>\
+             <text x=\"{}\" y=\"{}\">{} ({label})</text>\n",
+            W - R + 10.0,
+            W - R + 30.0,
+            W - R + 36.0,
+            ly + 4.0,
+            esc(&r.policy),
+        );
+    }
+    s
+}

@@ -1,0 +1,185 @@
+//! What one policy's simulation comes to: [`PolicyResult`], assembled from the stack's
+//! counts, and the warning of an overloaded device model.
+
+use super::SimConfig;
+use crate::engine::EngineResult;
+use crate::layers::{Replay, StackResult};
+use serde::Serialize;
+
+/// The result of one policy.
+#[derive(Serialize, Debug, Default)]
+pub struct PolicyResult {
+    /// Policy name.
+    pub policy: String,
+    /// Read pages hit (RAM or flash) over read pages.
+    pub read_hit_ratio: f64,
+    /// Block accesses hit over block accesses at the flash layer (reference policies).
+    pub hit_ratio: Option<f64>,
+    /// Block misses over block accesses at the flash layer (reference policies).
+    pub miss_ratio: Option<f64>,
+    /// Block accesses at the flash layer (reference policies).
+    pub accesses: Option<u64>,
+    /// Read pages served by the RAM cache over read pages (with --ram-size).
+    pub ram_hit_ratio: Option<f64>,
+    /// Read pages served by flash over the read pages that reach it (with --ram-size).
+    pub flash_hit_ratio: Option<f64>,
+    /// Trace seconds until the interval read hit ratio first reached 90% of its final value.
+    pub warmup_seconds: Option<f64>,
+    /// Bytes written to the cache devices (engine policies).
+    pub cache_bytes_written: Option<u64>,
+    /// Bytes written to the cache devices per trace request.
+    pub cache_bytes_written_per_request: Option<f64>,
+    /// Bytes read from the source.
+    pub source_bytes_read: Option<u64>,
+    /// Bytes written to the source.
+    pub source_bytes_written: Option<u64>,
+    /// Modelled mean read latency at the flash layer, seconds (engine policies).
+    pub mean_read_latency: Option<f64>,
+    /// Modelled p99 read latency at the flash layer, seconds (all hosts).
+    pub p99_read_latency: Option<f64>,
+    /// Modelled mean write latency at the flash layer, until acknowledged, seconds.
+    pub mean_write_latency: Option<f64>,
+    /// Modelled p99 write latency at the flash layer, seconds (all hosts).
+    pub p99_write_latency: Option<f64>,
+    /// Busy time of the source model (service time per channel) over the duration of the
+    /// replay; the most loaded host's. Null if infinite (work in a zero-length replay).
+    pub source_utilization: Option<f64>,
+    /// The same for the cache device model.
+    pub cache_utilization: Option<f64>,
+    /// A device model's utilization is above 1 under open-loop replay: the trace offers more
+    /// than the model sustains, and the latencies are mostly queueing.
+    pub overloaded: bool,
+    /// Fragments populated (engine policies).
+    pub fragments_populated: Option<u64>,
+    /// Metadata bytes of one host's flash cache: for the engine, counted by the allocator
+    /// when the core is built; for the reference policies, their structures at the end.
+    pub metadata_bytes: u64,
+    /// Write requests.
+    pub writes: u64,
+    /// Other hosts' caches holding a copy, per write (with --hosts).
+    pub invalidations_per_write: Option<f64>,
+    /// Fraction of writes that invalidated a copy on another host (Holland's Figure 4).
+    pub writes_invalidating: Option<f64>,
+    /// Seconds this policy took to simulate (including parsing the trace).
+    pub seconds: f64,
+    /// Trace requests per second of simulation.
+    pub requests_per_second: f64,
+    /// Block accesses per second (reference policies).
+    pub accesses_per_second: Option<f64>,
+    /// Warm-up curve: (trace seconds, interval read hit ratio; null if no read).
+    pub intervals: Vec<(f64, Option<f64>)>,
+    /// Cache bytes written in each interval of `intervals` (engine: its cache writes,
+    /// reference: 4 KiB per block inserted).
+    pub interval_cache_bytes_written: Vec<u64>,
+}
+
+fn aggregate_engines(es: &[EngineResult]) -> EngineResult {
+    let mut out = EngineResult::default();
+    for e in es {
+        out.cache_bytes_written += e.cache_bytes_written;
+        out.source_bytes_read += e.source_bytes_read;
+        out.source_bytes_written += e.source_bytes_written;
+        out.requests += e.requests;
+        out.fragments_populated += e.fragments_populated;
+        out.fragments_evicted += e.fragments_evicted;
+    }
+    out
+}
+
+/// The warning line of a policy whose device models the trace overloads in an open-loop
+/// replay.
+pub fn overload_warning(r: &PolicyResult) -> Option<String> {
+    if !r.overloaded {
+        return None;
+    }
+    let over: Vec<(&str, f64)> = [
+        ("source", r.source_utilization),
+        ("cache device", r.cache_utilization),
+    ]
+    .into_iter()
+    .filter_map(|(name, u)| u.filter(|u| *u > 1.0).map(|u| (name, u)))
+    .collect();
+    let names: Vec<&str> = over.iter().map(|x| x.0).collect();
+    let utils: Vec<String> = over.iter().map(|x| format!("{:.1}", x.1)).collect();
+    Some(format!(
+        "warning: {}: the {} model{} overloaded by the trace's timestamps (utilization {}): \
+         latencies are queueing; consider --replay closed:QD",
+        r.policy,
+        names.join(" and "),
+        if over.len() > 1 { "s are" } else { " is" },
+        utils.join(" and "),
+    ))
+}
+
+pub(super) fn result(
+    name: &str,
+    r: &StackResult,
+    secs: f64,
+    metadata: Option<u64>,
+    a: &SimConfig,
+    requests: u64,
+) -> PolicyResult {
+    let mut out = PolicyResult {
+        policy: name.to_string(),
+        read_hit_ratio: r.read_hit_ratio(),
+        warmup_seconds: r.warmup_seconds,
+        metadata_bytes: metadata.unwrap_or(r.reference_bytes),
+        writes: r.writes,
+        seconds: secs,
+        requests_per_second: requests as f64 / secs.max(1e-9),
+        intervals: r
+            .intervals
+            .iter()
+            .map(|&(t, h)| (t, (!h.is_nan()).then_some(h)))
+            .collect(),
+        ..PolicyResult::default()
+    };
+    if a.ram_size.is_some() {
+        out.ram_hit_ratio = Some(r.ram_hit_ratio());
+        out.flash_hit_ratio = Some(r.flash_hit_ratio());
+    }
+    // Modelled latencies and load: every policy runs over the device models.
+    let (rl, wl) = (&r.read_latency, &r.write_latency);
+    if rl.count() > 0 {
+        out.mean_read_latency = Some(rl.mean());
+        out.p99_read_latency = Some(rl.quantile(0.99));
+    }
+    if wl.count() > 0 {
+        out.mean_write_latency = Some(wl.mean());
+        out.p99_write_latency = Some(wl.quantile(0.99));
+    }
+    out.source_utilization = Some(r.source_utilization);
+    out.cache_utilization = Some(r.cache_utilization);
+    out.overloaded =
+        r.replay == Replay::Open && (r.source_utilization > 1.0 || r.cache_utilization > 1.0);
+    out.interval_cache_bytes_written = r.interval_cache_bytes.clone();
+    if a.hosts > 1 {
+        out.invalidations_per_write = Some(r.invalidations_per_write());
+        out.writes_invalidating = Some(r.writes_invalidating as f64 / r.writes.max(1) as f64);
+    }
+    if let Some((acc, miss)) = r.reference {
+        let m = if acc == 0 {
+            0.0
+        } else {
+            miss as f64 / acc as f64
+        };
+        out.hit_ratio = Some(1.0 - m);
+        out.miss_ratio = Some(m);
+        out.accesses = Some(acc);
+        out.accesses_per_second = Some(acc as f64 / secs.max(1e-9));
+        // 4 KiB per block inserted, every interval's (LARC inserts only what it admits).
+        let written: u64 = r.interval_cache_bytes.iter().sum();
+        out.cache_bytes_written = Some(written);
+        out.cache_bytes_written_per_request = Some(written as f64 / requests.max(1) as f64);
+    }
+    if !r.engines.is_empty() {
+        let e = aggregate_engines(&r.engines);
+        out.cache_bytes_written = Some(e.cache_bytes_written);
+        out.cache_bytes_written_per_request =
+            Some(e.cache_bytes_written as f64 / requests.max(1) as f64);
+        out.source_bytes_read = Some(e.source_bytes_read);
+        out.source_bytes_written = Some(e.source_bytes_written);
+        out.fragments_populated = Some(e.fragments_populated);
+    }
+    out
+}
