@@ -221,38 +221,7 @@ pub fn measure(o: &Options) -> Result<Footprint> {
         (0, sce_store::CrcTable::new(0, pages))
     };
     drop(table);
-    let mut parts = vec![Part {
-        name: "core",
-        bytes: core.at_open,
-        what: "slot descriptors, eviction state, hotness, fragment-map directory",
-    }];
-    if checksums {
-        parts.push(Part {
-            name: "page checksums",
-            bytes: crcs,
-            what: "4 bytes per 4 KiB page of every slot",
-        });
-    }
-    let rest = at_open.saturating_sub(core.at_open + crcs);
-    if o.persist {
-        let engine = engine.min(rest);
-        parts.push(Part {
-            name: "engine",
-            bytes: engine,
-            what: "read-log shards, queues, threads",
-        });
-        parts.push(Part {
-            name: "persistence",
-            bytes: rest - engine,
-            what: "record mirror, owner map, intents, epochs",
-        });
-    } else {
-        parts.push(Part {
-            name: "engine",
-            bytes: rest,
-            what: "read-log shards, queues, threads",
-        });
-    }
+    let parts = parts(o, core.at_open, crcs, at_open, engine);
     // What the parts do not explain (the core or table measured alone came out larger than
     // in the volume) would show as a sum above the measured total; keep the total measured.
     let map_leaves = core.touched - core.at_open;
@@ -279,6 +248,45 @@ pub fn measure(o: &Options) -> Result<Footprint> {
         map_bytes_untouched: core.map_untouched,
         paper_bytes_per_cached_fragment: 76,
     })
+}
+
+/// The parts of the footprint: the core (`core` bytes), the page checksums (`crcs`), and
+/// what the volume adds to them (`at_open` in all, of which `engine` without persistence).
+fn parts(o: &Options, core: u64, crcs: u64, at_open: u64, engine: u64) -> Vec<Part> {
+    let checksums = o.verify || o.persist;
+    let mut parts = vec![Part {
+        name: "core",
+        bytes: core,
+        what: "slot descriptors, eviction state, hotness, fragment-map directory",
+    }];
+    if checksums {
+        parts.push(Part {
+            name: "page checksums",
+            bytes: crcs,
+            what: "4 bytes per 4 KiB page of every slot",
+        });
+    }
+    let rest = at_open.saturating_sub(core + crcs);
+    if o.persist {
+        let engine = engine.min(rest);
+        parts.push(Part {
+            name: "engine",
+            bytes: engine,
+            what: "read-log shards, queues, threads",
+        });
+        parts.push(Part {
+            name: "persistence",
+            bytes: rest - engine,
+            what: "record mirror, owner map, intents, epochs",
+        });
+    } else {
+        parts.push(Part {
+            name: "engine",
+            bytes: rest,
+            what: "read-log shards, queues, threads",
+        });
+    }
+    parts
 }
 
 /// Prints a footprint for people.

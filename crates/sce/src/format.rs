@@ -3,7 +3,7 @@
 use crate::units::{format_size, parse_size};
 use anyhow::{bail, Context, Result};
 use sce_io::{BlockDevice, DirectMode, FileDevice, FileOptions};
-use sce_store::{CheckReport, DeviceState, FormatOptions, Volume};
+use sce_store::{CheckReport, DeviceState, FormatOptions, Superblock, Volume};
 use std::path::PathBuf;
 
 /// Options of `sce format`.
@@ -62,7 +62,29 @@ fn source_size(a: &FormatArgs) -> Result<u64> {
 /// Runs `sce format`.
 pub fn format(a: FormatArgs) -> Result<()> {
     let size = source_size(&a)?;
-    let name = a.source_name.clone().unwrap_or_else(|| {
+    let name = source_name(&a);
+    let dev = open_blank_cache(&a)?;
+    let sb = sce_store::format(
+        &dev,
+        &FormatOptions {
+            fragment_size: a.fragment_size,
+            volume: Volume {
+                id: 1,
+                generation: 1,
+                source_size: size,
+                name,
+                identity: [0; sce_store::superblock::IDENTITY_BYTES],
+            },
+            size: None,
+        },
+    )?;
+    print_formatted(&a, &sb)
+}
+
+/// The name the superblock records for the source: `--source-name`, else the URI or the
+/// canonical path.
+fn source_name(a: &FormatArgs) -> String {
+    a.source_name.clone().unwrap_or_else(|| {
         if a.source.contains("://") {
             a.source.clone()
         } else {
@@ -70,7 +92,12 @@ pub fn format(a: FormatArgs) -> Result<()> {
                 .map(|p| p.display().to_string())
                 .unwrap_or_else(|_| a.source.clone())
         }
-    });
+    })
+}
+
+/// Opens the cache device, refusing one that overlaps the source or that holds data
+/// (another cache or anything else) unless `--force`.
+fn open_blank_cache(a: &FormatArgs) -> Result<FileDevice> {
     crate::ownership::refuse_overlaps(&[
         crate::ownership::Claim {
             export: String::new(),
@@ -117,22 +144,13 @@ pub fn format(a: FormatArgs) -> Result<()> {
         ),
         _ => {}
     }
-    let sb = sce_store::format(
-        &dev,
-        &FormatOptions {
-            fragment_size: a.fragment_size,
-            volume: Volume {
-                id: 1,
-                generation: 1,
-                source_size: size,
-                name,
-                identity: [0; sce_store::superblock::IDENTITY_BYTES],
-            },
-            size: None,
-        },
-    )?;
+    Ok(dev)
+}
+
+/// Prints what was formatted: the superblock as JSON, or a summary.
+fn print_formatted(a: &FormatArgs, sb: &Superblock) -> Result<()> {
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&sb)?);
+        println!("{}", serde_json::to_string_pretty(sb)?);
     } else {
         let l = &sb.layout;
         println!(
