@@ -269,7 +269,14 @@ impl CoreConfig {
         if let Admission::NHit(0) = self.admission {
             return Err(ConfigError::new("admission", "nhit:K needs K >= 1".into()));
         }
-        let t = &self.throttle;
+        self.throttle.validate()
+    }
+}
+
+impl ThrottleConfig {
+    /// Checks the throttle's fields (`throttle.*` in errors).
+    fn validate(&self) -> Result<(), ConfigError> {
+        let t = self;
         for (name, v) in [
             ("throttle.target_missrate", t.target_missrate),
             ("throttle.high_missrate", t.high_missrate),

@@ -1,0 +1,352 @@
+//! Population: picking (Algorithm 1, `sce`, `nhit:K`), starting and completing it.
+
+use super::plan::{PopId, PopulationJob, RequestError};
+use super::CacheCore;
+use crate::addr::{CacheOffset, FragNo, Nanos, SlotNo, SourceOffset, PAGE_SIZE};
+use crate::bitmap::{self, PageSet};
+use crate::config::Admission;
+use std::collections::VecDeque;
+
+/// Why `start_population` started nothing.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(super) enum NoPop {
+    /// No page to fill (all valid, under writes, or a population in flight).
+    Nothing,
+    /// The endurance budget would be exceeded.
+    Endurance,
+    /// No slot could be allocated or pinned.
+    NoSlot,
+}
+
+#[derive(Debug)]
+pub(super) struct PopState {
+    pub(super) frag: FragNo,
+    pub(super) slot: SlotNo,
+    pub(super) fill: PageSet,
+    pub(super) spoiled: PageSet,
+    pub(super) fresh_slot: bool,
+}
+
+/// Direct-mapped access counters for `nhit:K` admission.
+#[derive(Debug)]
+pub(super) struct NHitFilter {
+    pub(super) k: u32,
+    pub(super) tags: Box<[u64]>,
+    pub(super) counts: Box<[u32]>,
+    pub(super) queue: VecDeque<FragNo>,
+}
+
+impl NHitFilter {
+    const QUEUE_MAX: usize = 4096;
+
+    pub(super) fn new(k: u32, entries: usize) -> Self {
+        let n = entries.next_power_of_two();
+        NHitFilter {
+            k,
+            tags: vec![u64::MAX; n].into_boxed_slice(),
+            counts: vec![0; n].into_boxed_slice(),
+            queue: VecDeque::new(),
+        }
+    }
+
+    pub(super) fn touch(&mut self, f: FragNo) {
+        let i = (f.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20) as usize & (self.tags.len() - 1);
+        if self.tags[i] != f.0 {
+            self.tags[i] = f.0;
+            self.counts[i] = 0;
+        }
+        self.counts[i] = self.counts[i].saturating_add(1);
+        if self.counts[i] == self.k && self.queue.len() < Self::QUEUE_MAX {
+            self.queue.push_back(f);
+        }
+    }
+}
+
+impl CacheCore {
+    /// Pages of `f` a population could fill now: not valid, not under a write in flight,
+    /// restricted to `hint` if given. None if a population is already in flight on `f`.
+    pub(super) fn fillable(&self, f: FragNo, hint: Option<&PageSet>) -> Option<PageSet> {
+        let act = self.activity.get(&f.0);
+        if act.is_some_and(|a| a.pop.is_some()) {
+            return None;
+        }
+        let n = self.geo.fragment_pages(f);
+        let mut fill = match hint {
+            Some(h) => h.clone(),
+            None => {
+                let mut s = PageSet::new(self.geo.pages_per_fragment());
+                s.insert_range(0, n);
+                s
+            }
+        };
+        if let Some(s) = self.map.get(f) {
+            for (w, v) in fill.words_mut().iter_mut().zip(self.slots.bitmap(s)) {
+                *w &= !v;
+            }
+        }
+        if let Some(a) = act {
+            for w in &a.writes {
+                if let Some(ws) = self.writes.get(w.0) {
+                    for p in ws.parts.iter().filter(|p| p.frag == f) {
+                        fill.remove_range(p.lo, p.hi);
+                    }
+                }
+            }
+        }
+        (!fill.is_empty()).then_some(fill)
+    }
+
+    /// True if a population of `f` would fill at least one page now. Cheap unless writes
+    /// are in flight on `f`.
+    pub(super) fn worth_populating(&self, f: FragNo) -> bool {
+        if f.0 >= self.geo.source_fragments() {
+            return false;
+        }
+        match self.activity.get(&f.0) {
+            Some(a) if a.pop.is_some() => false,
+            Some(_) => self.fillable(f, None).is_some(),
+            None => match self.map.get(f) {
+                None => true,
+                Some(s) => !bitmap::all_set(self.slots.bitmap(s), 0, self.geo.fragment_pages(f)),
+            },
+        }
+    }
+
+    /// Starts a population of the pages of `f` that `fillable` gives, within the endurance
+    /// budget (checked before a slot is allocated, so that a refusal evicts nothing), and
+    /// counts its bytes against it.
+    pub(super) fn start_population(
+        &mut self,
+        f: FragNo,
+        hint: Option<&PageSet>,
+    ) -> Result<PopId, NoPop> {
+        let fill = self.fillable(f, hint).ok_or(NoPop::Nothing)?;
+        let bytes = fill.len() as u64 * PAGE_SIZE;
+        if !self.endurance_allows(bytes) {
+            self.stats.endurance_refusals += 1;
+            return Err(NoPop::Endurance);
+        }
+        let (slot, fresh_slot) = match self.map.get(f) {
+            Some(s) => (s, false),
+            None => (self.allocate(f).ok_or(NoPop::NoSlot)?, true),
+        };
+        if !self.slots.pin(slot) {
+            return Err(NoPop::NoSlot);
+        }
+        self.endure(bytes);
+        let spoiled = PageSet::new(self.geo.pages_per_fragment());
+        let id = PopId(self.pops.insert(PopState {
+            frag: f,
+            slot,
+            fill,
+            spoiled,
+            fresh_slot,
+        }));
+        self.activity.entry(f.0).or_default().pop = Some(id);
+        self.window.reset(f);
+        self.stats.populations_started += 1;
+        Ok(id)
+    }
+
+    /// Algorithm 1's promotion step: if the throttle allows it now, picks the hottest fragment
+    /// worth populating (SCE) or the next admitted one (`nhit:K`) and returns the job.
+    pub fn pick_population(&mut self, now: Nanos) -> Option<PopulationJob> {
+        if !self.throttle(now).may_populate {
+            return None;
+        }
+        if self.cfg.admission == Admission::Sce {
+            let full = self.slots.free_count() == 0;
+            self.budget.advance(now, full, self.geo.fragment_size());
+            if self.budget.exhausted() {
+                self.stats.population_budget_waits += 1;
+                return None;
+            }
+        }
+        self.pick_population_unthrottled()
+    }
+
+    /// The current population rate limit in bytes per second (0: unlimited).
+    pub fn population_rate(&self) -> u64 {
+        self.budget.rate()
+    }
+
+    /// Admission `sce`: the hottest candidate of the window, if it earns its place. Once the
+    /// cache is full a candidate needs two touches in the window, and a fragment not cached
+    /// must win a duel against the eviction victim in the frequency sketch.
+    pub(super) fn pick_selective(&mut self) -> Option<PopulationJob> {
+        let full = self.slots.free_count() == 0;
+        let this = &*self;
+        let f = self.window.hottest_by(|f, n| {
+            // A fragment with a slot only needs filling, which evicts nothing. Another
+            // needs a second touch in the window once the cache is full.
+            let eligible = n >= 2 || !full || this.map.get(f).is_some();
+            eligible
+                && this.worth_populating(f)
+                && (!this.cfg.partial_fill
+                    || this.fillable(f, this.fill_hint(f).as_ref()).is_some())
+        })?;
+        let hint = self.fill_hint(f);
+        let Some(fill) = self.fillable(f, hint.as_ref()) else {
+            self.window.reset(f);
+            return None;
+        };
+        let bytes = fill.len() as u64 * PAGE_SIZE;
+        if !self.endurance_allows(bytes) {
+            self.stats.endurance_refusals += 1;
+            return None;
+        }
+        if self.map.get(f).is_none() && self.slots.free_count() == 0 {
+            let victim = self.victim()?;
+            let heat = |core: &Self, g: FragNo| core.sketch.as_ref().map_or(0, |s| s.estimate(g.0));
+            let vf = self.slots.fragment(victim).expect("victims hold fragments");
+            if heat(self, f) < heat(self, vf).saturating_add(self.cfg.admission_margin) {
+                self.stats.admissions_rejected += 1;
+                self.window.reset(f);
+                return None;
+            }
+            self.evict_slot(victim);
+            self.slots.put_free(victim);
+        }
+        self.budget.take(bytes);
+        let Ok(id) = self.start_population(f, Some(&fill)) else {
+            self.window.reset(f);
+            return None;
+        };
+        Some(self.job(id))
+    }
+
+    /// With `partial_fill`, the pages of the 64ths of `f` touched since it was last picked;
+    /// the whole fragment if half of it or more was touched.
+    pub(super) fn fill_hint(&self, f: FragNo) -> Option<PageSet> {
+        if !self.cfg.partial_fill {
+            return None;
+        }
+        let parts = self.window.parts(f);
+        let parts_per_fragment = self.geo.pages_per_fragment().min(64);
+        if parts.count_ones() * 2 >= parts_per_fragment || parts == 0 {
+            return None;
+        }
+        let per = self.geo.pages_per_fragment().div_ceil(64).max(1);
+        let mut set = PageSet::new(self.geo.pages_per_fragment());
+        let n = self.geo.fragment_pages(f);
+        for i in 0..64 {
+            if parts & (1 << i) != 0 {
+                let lo = (i * per).min(n);
+                let hi = ((i + 1) * per).min(n);
+                if lo < hi {
+                    set.insert_range(lo, hi);
+                }
+            }
+        }
+        Some(set)
+    }
+
+    /// Like `pick_population` but ignores the throttle (for tests and explicit prefetch).
+    /// Under admission `sce` the candidate must still earn its place (but the population
+    /// budget is not consulted).
+    pub fn pick_population_unthrottled(&mut self) -> Option<PopulationJob> {
+        let f = match self.cfg.admission {
+            Admission::Always => None,
+            Admission::Sce => return self.pick_selective(),
+            Admission::ScePaper => {
+                let this = &*self;
+                // Eligible: something to fill now. A hot cached fragment whose only invalid
+                // pages are under writes in flight (AWT copies) is not, or it would win every
+                // pick and starve the rest.
+                self.window.hottest(|f| this.worth_populating(f))
+            }
+            Admission::NHit(_) => {
+                let mut found = None;
+                while let Some(f) = self.nhit.as_mut().and_then(|n| n.queue.pop_front()) {
+                    if self.worth_populating(f) {
+                        found = Some(f);
+                        break;
+                    }
+                }
+                found
+            }
+        }?;
+        match self.start_population(f, None) {
+            Ok(id) => Some(self.job(id)),
+            // Over the endurance budget: the candidate keeps its heat.
+            Err(NoPop::Endurance) => None,
+            Err(_) => {
+                // No slot could be had (all pinned): try again next cycle.
+                self.window.reset(f);
+                None
+            }
+        }
+    }
+
+    /// Starts a population of the fragment holding `offset` (NBD CACHE, prefetch), ignoring
+    /// the throttle. None if there is nothing to fill or no slot can be had.
+    pub fn prefetch(&mut self, offset: SourceOffset) -> Option<PopulationJob> {
+        if offset.0 >= self.geo.source_size() {
+            return None;
+        }
+        let id = self
+            .start_population(self.geo.fragment_of(offset), None)
+            .ok()?;
+        Some(self.job(id))
+    }
+
+    pub(super) fn job(&self, id: PopId) -> PopulationJob {
+        let st = self.pops.get(id.0).expect("live population");
+        let f = st.frag;
+        let fstart = self.geo.fragment_start(f).0;
+        let slot_off = self.geo.slot_offset(st.slot).0;
+        let runs: Vec<(u32, u32)> = st.fill.runs(self.geo.pages_per_fragment()).collect();
+        let span_lo = runs.first().map_or(0, |r| r.0);
+        let span_hi = runs.last().map_or(0, |r| r.1);
+        let source = fstart + span_lo as u64 * PAGE_SIZE;
+        let len = self.page_end(f, span_hi - 1) - source;
+        let runs = runs
+            .into_iter()
+            .map(|(a, b)| {
+                let sa = fstart + a as u64 * PAGE_SIZE;
+                let sb = self.page_end(f, b - 1);
+                (sa - source, sb - sa, CacheOffset(slot_off + (sa - fstart)))
+            })
+            .collect();
+        PopulationJob {
+            id,
+            frag: f,
+            slot: st.slot,
+            source: SourceOffset(source),
+            len,
+            runs,
+        }
+    }
+
+    /// Reports a population (background or inline fill): `ok` if the source read and every
+    /// cache write succeeded. Validates the filled pages that no write spoiled meanwhile.
+    pub fn complete_population(&mut self, id: PopId, ok: bool) -> Result<(), RequestError> {
+        let st = self.pops.remove(id.0).ok_or(RequestError::UnknownId)?;
+        let s = st.slot;
+        debug_assert_eq!(self.slots.fragment(s), Some(st.frag));
+        if ok {
+            let bm = self.slots.bitmap_mut(s);
+            let mut n = 0;
+            for (v, (fw, sw)) in bm
+                .iter_mut()
+                .zip(st.fill.words().iter().zip(st.spoiled.words()))
+            {
+                let add = fw & !sw;
+                n += add.count_ones();
+                *v |= add;
+            }
+            self.stats.pages_populated += n as u64;
+            self.stats.populations_completed += 1;
+        } else {
+            self.stats.populations_failed += 1;
+        }
+        self.slots.unpin(s);
+        self.forget_activity(st.frag, |a| a.pop = None);
+        let empty = !bitmap::any_set(self.slots.bitmap(s), 0, self.geo.pages_per_fragment());
+        if !ok && st.fresh_slot && empty && self.slots.pins(s) == 0 {
+            self.evict_slot(s);
+            self.slots.put_free(s);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,158 @@
+//! Reads: planning (shared or exclusive), accounting, inline fills, pins.
+
+use super::plan::{AccessLog, FillRun, ReadPlan, RequestError, RunTarget};
+use super::{fragments, CacheCore};
+use crate::addr::{CacheOffset, SourceOffset, PAGE_SIZE};
+use crate::bitmap::{self, PageSet};
+use crate::config::Admission;
+use crate::slots::PinTable;
+use std::sync::Arc;
+
+impl CacheCore {
+    /// Plans a read of `len` bytes at `offset`. The caller MUST perform every run, then (for
+    /// fills) write the fills and complete their populations, and finally call `end_read`.
+    pub fn begin_read(
+        &mut self,
+        offset: SourceOffset,
+        len: u64,
+        plan: &mut ReadPlan,
+    ) -> Result<(), RequestError> {
+        self.plan_read(offset, len, plan)?;
+        self.commit_read(plan);
+        Ok(())
+    }
+
+    /// The read-only half of `begin_read`, for drivers that share the core among threads
+    /// behind a read-write lock: plans the runs and takes the pins (atomically) without
+    /// changing anything else. If `plan.needs_commit()` (an inline fill is wanted), the
+    /// caller MUST release the pins and redo the read with `begin_read` under its exclusive
+    /// lock; otherwise it records the plan in an [`AccessLog`] that it applies later with
+    /// `apply_access_log`.
+    pub fn plan_read(
+        &self,
+        offset: SourceOffset,
+        len: u64,
+        plan: &mut ReadPlan,
+    ) -> Result<(), RequestError> {
+        self.check(offset.0, len)?;
+        plan.clear();
+        plan.offset = offset.0;
+        plan.len = len;
+        plan.verdict = self.classify(offset.0, len);
+        let want_fills = self.cfg.admission == Admission::Always;
+        for (f, lo, hi, a, b) in fragments(self.geo, offset.0, len) {
+            let fstart = self.geo.fragment_start(f).0;
+            let slot = self.map.get(f);
+            let mut pinned = false;
+            let mut missed_full = None::<PageSet>;
+            let mut p = lo;
+            while p < hi {
+                let valid = slot.is_some_and(|s| self.slots.is_valid(s, p));
+                let run_hi = match slot {
+                    Some(s) => bitmap::run_end(self.slots.bitmap(s), p, hi),
+                    None => hi,
+                };
+                let ra = a.max(fstart + p as u64 * PAGE_SIZE);
+                let rb = b.min(fstart + run_hi as u64 * PAGE_SIZE);
+                let buf_offset = ra - offset.0;
+                let mut hit = false;
+                if valid {
+                    let s = slot.expect("valid implies slot");
+                    if pinned || self.slots.pin(s) {
+                        if !pinned {
+                            plan.pins.push(s);
+                            pinned = true;
+                        }
+                        hit = true;
+                        let cache = self.geo.slot_offset(s).0 + (ra - fstart);
+                        plan.push(buf_offset, rb - ra, RunTarget::Cache(CacheOffset(cache)));
+                        plan.hit_pages += (run_hi - p) as u64;
+                    }
+                }
+                if !hit {
+                    plan.push(buf_offset, rb - ra, RunTarget::Source(SourceOffset(ra)));
+                    plan.missed_pages += (run_hi - p) as u64;
+                    plan.full_hit = false;
+                    if want_fills {
+                        // Pages of this run that the read covers entirely can be filled.
+                        let set = missed_full
+                            .get_or_insert_with(|| PageSet::new(self.geo.pages_per_fragment()));
+                        for q in p..run_hi {
+                            let qs = fstart + q as u64 * PAGE_SIZE;
+                            if qs >= a && self.page_end(f, q) <= b {
+                                set.insert_range(q, q + 1);
+                            }
+                        }
+                    }
+                }
+                p = run_hi;
+            }
+            if let Some(set) = missed_full.filter(|s| !s.is_empty()) {
+                plan.fill_wanted.push((f, set));
+            }
+        }
+        Ok(())
+    }
+
+    /// The mutating half of `begin_read`: accounting, and the inline fills of `always`.
+    pub(super) fn commit_read(&mut self, plan: &mut ReadPlan) {
+        let offset = plan.offset;
+        self.note_access(offset, plan.len, plan.verdict);
+        self.account_read(1, plan.full_hit as u64, plan.hit_pages, plan.missed_pages);
+        for (f, set) in std::mem::take(&mut plan.fill_wanted) {
+            let Ok(pop) = self.start_population(f, Some(&set)) else {
+                continue;
+            };
+            let fstart = self.geo.fragment_start(f).0;
+            let st = self.pops.get(pop.0).expect("just started");
+            let slot_off = self.geo.slot_offset(st.slot).0;
+            let runs: Vec<(u32, u32)> = st.fill.runs(self.geo.pages_per_fragment()).collect();
+            for (q0, q1) in runs {
+                let sa = fstart + q0 as u64 * PAGE_SIZE;
+                let sb = self.page_end(f, q1 - 1);
+                plan.fills.push(FillRun {
+                    pop,
+                    buf_offset: sa - offset,
+                    len: sb - sa,
+                    cache: CacheOffset(slot_off + (sa - fstart)),
+                });
+            }
+            plan.pops.push(pop);
+        }
+    }
+
+    pub(super) fn account_read(&mut self, requests: u64, full_hits: u64, hits: u64, misses: u64) {
+        self.stats.read_requests += requests;
+        self.stats.read_requests_full_hit += full_hits;
+        self.stats.read_pages_hit += hits;
+        self.stats.read_pages_missed += misses;
+        self.missrate.record(hits, misses);
+        self.budget.record_reads(hits, misses);
+    }
+
+    /// Applies the accounting of reads planned with `plan_read`, and empties the log.
+    pub fn apply_access_log(&mut self, log: &mut AccessLog) {
+        for i in 0..log.reads.len() {
+            let (offset, len, verdict) = log.reads[i];
+            self.note_access(offset, len, verdict);
+        }
+        self.account_read(log.requests, log.full_hits, log.hit_pages, log.missed_pages);
+        *log = AccessLog {
+            reads: std::mem::take(&mut log.reads),
+            ..AccessLog::default()
+        };
+        log.reads.clear();
+    }
+
+    /// Releases the pins of a read. The caller guarantees that the plan's I/O is finished and
+    /// its populations completed.
+    pub fn end_read(&mut self, plan: &mut ReadPlan) {
+        plan.release_pins(self.slots.pin_table());
+    }
+
+    /// The pin table, for drivers that release read pins without taking their lock
+    /// (`ReadPlan::release_pins`).
+    pub fn pin_table(&self) -> Arc<PinTable> {
+        self.slots.pin_table().clone()
+    }
+}

@@ -1,0 +1,295 @@
+//! Writes: invalidation, cache copies (AWT, write-through), duplicate-write tracking and
+//! completion.
+
+use super::plan::{CacheWrite, RequestError, WriteId, WriteKind, WritePlan};
+use super::{fragments, CacheCore};
+use crate::addr::{CacheOffset, FragNo, SlotNo, SourceOffset, PAGE_SIZE};
+use crate::bitmap::{self, PageSet};
+use crate::config::{Admission, WriteMode};
+
+#[derive(Debug)]
+pub(super) struct WritePart {
+    pub(super) frag: FragNo,
+    pub(super) lo: u32,
+    pub(super) hi: u32,
+    /// Pages that may be validated when the write completes: `[vlo, vhi)`.
+    pub(super) vlo: u32,
+    pub(super) vhi: u32,
+    pub(super) slot: Option<SlotNo>,
+    pub(super) cache_ok: Option<bool>,
+    pub(super) spoiled: Option<PageSet>,
+}
+
+#[derive(Debug)]
+pub(super) struct WriteState {
+    pub(super) parts: Vec<WritePart>,
+    pub(super) source_ok: Option<bool>,
+    pub(super) cache_pending: u32,
+    pub(super) budget: u64,
+}
+
+/// What `begin_write` gathers over the fragments of a write.
+#[derive(Default)]
+struct Planned {
+    copy_wanted: bool,
+    over_budget: bool,
+    parts: Vec<WritePart>,
+    cache_writes: Vec<CacheWrite>,
+    budget: u64,
+    fell_back: bool,
+    duplicate: bool,
+}
+
+impl CacheCore {
+    /// Starts a write (or discard) of `len` bytes at `offset`: invalidates the pages and plans
+    /// the cache copies. The caller MUST send the source write after this returns, then report
+    /// `write_source_done`, and `write_cache_done` for every listed cache copy.
+    pub fn begin_write(
+        &mut self,
+        offset: SourceOffset,
+        len: u64,
+        kind: WriteKind,
+    ) -> Result<WritePlan, RequestError> {
+        self.check(offset.0, len)?;
+        self.stats.write_requests += 1;
+        let verdict = self.classify(offset.0, len);
+        let sequential = self.note_access(offset.0, len, verdict);
+        let mode = self.cfg.write_mode;
+        let copy_wanted =
+            kind == WriteKind::Data && mode != WriteMode::WriteAround && len > 0 && !sequential;
+        let over_budget = mode == WriteMode::Awt && self.awt_in_flight + len > self.cfg.awt_budget;
+        let id = WriteId(self.writes.insert(WriteState {
+            parts: Vec::new(),
+            source_ok: None,
+            cache_pending: 0,
+            budget: 0,
+        }));
+        let mut w = Planned {
+            copy_wanted,
+            over_budget,
+            ..Planned::default()
+        };
+        for (f, lo, hi, a, b) in fragments(self.geo, offset.0, len) {
+            let (part, slot) = self.invalidate_part(f, (lo, hi), (a, b), copy_wanted);
+            let conflict = self.spoil_overlaps(id, f, lo, hi);
+            self.plan_copy(&mut w, part, slot, (a, b), offset.0, conflict);
+        }
+        if w.fell_back {
+            self.stats.awt_fallbacks += 1;
+        }
+        if w.duplicate {
+            self.stats.awt_duplicates += 1;
+        }
+        if !w.cache_writes.is_empty() {
+            self.stats.awt_started += 1;
+        }
+        if mode == WriteMode::Awt {
+            self.awt_in_flight += w.budget;
+        } else {
+            w.budget = 0;
+        }
+        let ws = self.writes.get_mut(id.0).expect("just inserted");
+        ws.parts = w.parts;
+        ws.cache_pending = w.cache_writes.len() as u32;
+        ws.budget = w.budget;
+        Ok(WritePlan {
+            id,
+            cache_writes: w.cache_writes,
+            synchronous: mode == WriteMode::WriteThrough,
+        })
+    }
+
+    /// Step 1 of `begin_write` for fragment `f` (pages `[lo, hi)`, bytes `[a, b)` of the
+    /// request): counts the pages, allocates a slot if admission `always` wants a copy,
+    /// invalidates the written pages and decides which of them may be re-validated (a
+    /// partial page only if `revalidate_partial_pages` and it was valid). Returns the part
+    /// and the fragment's slot, if any.
+    fn invalidate_part(
+        &mut self,
+        f: FragNo,
+        (lo, hi): (u32, u32),
+        (a, b): (u64, u64),
+        copy_wanted: bool,
+    ) -> (WritePart, Option<SlotNo>) {
+        self.stats.write_pages += (hi - lo) as u64;
+        let fstart = self.geo.fragment_start(f).0;
+        let head_partial = a > fstart + lo as u64 * PAGE_SIZE;
+        let tail_partial = b < self.page_end(f, hi - 1);
+        let mut slot = self.map.get(f);
+        if slot.is_none()
+            && copy_wanted
+            && self.cfg.admission == Admission::Always
+            && self.endurance_allows(b - a)
+        {
+            slot = self.allocate(f);
+        }
+        let (mut vlo, mut vhi) = (lo, hi);
+        if let Some(s) = slot {
+            let partial_ok = self.cfg.revalidate_partial_pages;
+            if head_partial && !(partial_ok && self.slots.is_valid(s, lo)) {
+                vlo = lo + 1;
+            }
+            if tail_partial && !(partial_ok && self.slots.is_valid(s, hi - 1)) {
+                vhi = hi - 1;
+            }
+            bitmap::clear_range(self.slots.bitmap_mut(s), lo, hi);
+        }
+        let part = WritePart {
+            frag: f,
+            lo,
+            hi,
+            vlo,
+            vhi,
+            slot: None,
+            cache_ok: None,
+            spoiled: None,
+        };
+        (part, slot)
+    }
+
+    /// Step 2, duplicate-write tracking: spoils the pages `[lo, hi)` of `f` in whatever else
+    /// is in flight on them (a population, other writes) and records write `id` on `f`.
+    /// Returns true if anything overlapped.
+    fn spoil_overlaps(&mut self, id: WriteId, f: FragNo, lo: u32, hi: u32) -> bool {
+        let mut conflict = false;
+        let act = self.activity.entry(f.0).or_default();
+        if let Some(pid) = act.pop {
+            if let Some(pop) = self.pops.get_mut(pid.0) {
+                if bitmap::any_set(pop.fill.words(), lo, hi) {
+                    conflict = true;
+                    let n = bitmap::count(pop.fill.words(), lo, hi);
+                    self.stats.pages_spoiled += n as u64;
+                    pop.spoiled.insert_range(lo, hi);
+                }
+            }
+        }
+        for &w in &act.writes {
+            if let Some(ws) = self.writes.get_mut(w.0) {
+                for part in ws.parts.iter_mut().filter(|p| p.frag == f) {
+                    let (ol, oh) = (part.lo.max(lo), part.hi.min(hi));
+                    if ol < oh {
+                        conflict = true;
+                        part.spoiled
+                            .get_or_insert_with(|| PageSet::new(self.geo.pages_per_fragment()))
+                            .insert_range(ol, oh);
+                    }
+                }
+            }
+        }
+        act.writes.push(id);
+        conflict
+    }
+
+    /// Step 3: plans the cache copy of a part (bytes `[a, b)` of a request at `offset`), if
+    /// one is wanted and allowed (no overlap, within the AWT and endurance budgets, the slot
+    /// pinned), and adds the part to `w`.
+    fn plan_copy(
+        &mut self,
+        w: &mut Planned,
+        mut part: WritePart,
+        slot: Option<SlotNo>,
+        (a, b): (u64, u64),
+        offset: u64,
+        conflict: bool,
+    ) {
+        let (copy_wanted, over_budget) = (w.copy_wanted, w.over_budget);
+        if let (true, Some(s)) = (copy_wanted, slot) {
+            if conflict {
+                w.duplicate = true;
+            } else if over_budget {
+                w.fell_back = true;
+            } else if !self.endure(b - a) {
+                // Over the endurance budget: the pages stay invalid (write-around).
+            } else if self.slots.pin(s) {
+                part.slot = Some(s);
+                w.budget += b - a;
+                let fstart = self.geo.fragment_start(part.frag).0;
+                w.cache_writes.push(CacheWrite {
+                    part: w.parts.len() as u32,
+                    buf_offset: a - offset,
+                    len: b - a,
+                    cache: CacheOffset(self.geo.slot_offset(s).0 + (a - fstart)),
+                });
+            }
+        }
+        w.parts.push(part);
+    }
+
+    /// Reports the source half of a write. A failed source write leaves the pages invalid.
+    pub fn write_source_done(&mut self, id: WriteId, ok: bool) -> Result<(), RequestError> {
+        let ws = self.writes.get_mut(id.0).ok_or(RequestError::UnknownId)?;
+        if ws.source_ok.is_some() {
+            return Err(RequestError::UnknownId);
+        }
+        ws.source_ok = Some(ok);
+        if !ok {
+            self.stats.source_write_failures += 1;
+        }
+        self.maybe_finish_write(id);
+        Ok(())
+    }
+
+    /// Reports the cache copy `part` of a write. A failed copy leaves the pages invalid.
+    pub fn write_cache_done(
+        &mut self,
+        id: WriteId,
+        part: u32,
+        ok: bool,
+    ) -> Result<(), RequestError> {
+        let ws = self.writes.get_mut(id.0).ok_or(RequestError::UnknownId)?;
+        let p = ws
+            .parts
+            .get_mut(part as usize)
+            .ok_or(RequestError::UnknownId)?;
+        if p.slot.is_none() || p.cache_ok.is_some() {
+            return Err(RequestError::UnknownId);
+        }
+        p.cache_ok = Some(ok);
+        ws.cache_pending -= 1;
+        if !ok {
+            self.stats.awt_cache_failures += 1;
+        }
+        self.maybe_finish_write(id);
+        Ok(())
+    }
+
+    pub(super) fn maybe_finish_write(&mut self, id: WriteId) {
+        let done = self
+            .writes
+            .get(id.0)
+            .is_some_and(|w| w.source_ok.is_some() && w.cache_pending == 0);
+        if !done {
+            return;
+        }
+        let ws = self.writes.remove(id.0).expect("checked");
+        let source_ok = ws.source_ok == Some(true);
+        let mut validated_any = false;
+        for part in ws.parts {
+            if let Some(s) = part.slot {
+                if source_ok && part.cache_ok == Some(true) && part.vlo < part.vhi {
+                    debug_assert_eq!(self.slots.fragment(s), Some(part.frag));
+                    let bm = self.slots.bitmap_mut(s);
+                    match &part.spoiled {
+                        None => bitmap::set_range(bm, part.vlo, part.vhi),
+                        Some(sp) => {
+                            for q in part.vlo..part.vhi {
+                                if !sp.contains(q) {
+                                    bitmap::set_range(bm, q, q + 1);
+                                }
+                            }
+                            self.stats.pages_spoiled +=
+                                bitmap::count(sp.words(), part.vlo, part.vhi) as u64;
+                        }
+                    }
+                    validated_any = true;
+                }
+                self.slots.unpin(s);
+            }
+            self.forget_activity(part.frag, |a| a.writes.retain(|w| *w != id));
+        }
+        if validated_any {
+            self.stats.awt_completed += 1;
+        }
+        self.awt_in_flight -= ws.budget;
+    }
+}
