@@ -1,0 +1,94 @@
+//! One request against its export's device.
+
+use super::*;
+
+pub(super) fn errno_of(e: &IoError, write: bool) -> u32 {
+    match e {
+        IoError::OutOfRange { .. } if write => errno::ENOSPC,
+        IoError::OutOfRange { .. } | IoError::Unaligned { .. } | IoError::Invalid(_) => {
+            errno::EINVAL
+        }
+        IoError::Unsupported { .. } | IoError::DirectIoUnsupported { .. } => errno::EINVAL,
+        IoError::Io { source, .. } => match source.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG) => errno::ENOSPC,
+            Some(libc::ENOMEM) => errno::ENOMEM,
+            _ => errno::EIO,
+        },
+        _ => errno::EIO,
+    }
+}
+
+/// Runs one request: Ok(data for reads), or the errno to reply with.
+pub(super) fn execute(
+    e: &Export,
+    req: &Request,
+    payload: Option<AlignedBuf>,
+) -> Result<Option<AlignedBuf>, u32> {
+    let dev = &e.device;
+    let size = dev.size();
+    let (off, len) = (req.offset, req.len as u64);
+    let in_range = off.checked_add(len).is_some_and(|end| end <= size);
+    let allowed_flags = match req.command {
+        proto::CMD_WRITE => proto::CMD_FLAG_FUA,
+        proto::CMD_WRITE_ZEROES => proto::CMD_FLAG_FUA | proto::CMD_FLAG_NO_HOLE,
+        proto::CMD_TRIM => proto::CMD_FLAG_FUA,
+        proto::CMD_READ | proto::CMD_FLUSH | proto::CMD_CACHE => 0,
+        _ => return Err(errno::EINVAL),
+    };
+    if req.flags & !allowed_flags != 0 {
+        return Err(errno::EINVAL);
+    }
+    let writes = matches!(
+        req.command,
+        proto::CMD_WRITE | proto::CMD_WRITE_ZEROES | proto::CMD_TRIM
+    );
+    if writes && e.read_only {
+        return Err(errno::EPERM);
+    }
+    if req.command != proto::CMD_FLUSH && !in_range {
+        return Err(if writes { errno::ENOSPC } else { errno::EINVAL });
+    }
+    let fua = |r: Result<(), IoError>| -> Result<Option<AlignedBuf>, u32> {
+        r.map_err(|x| errno_of(&x, true))?;
+        if req.flags & proto::CMD_FLAG_FUA != 0 {
+            dev.flush().map_err(|x| errno_of(&x, true))?;
+        }
+        Ok(None)
+    };
+    match req.command {
+        proto::CMD_READ => {
+            if req.len > proto::MAX_PAYLOAD {
+                return Err(errno::EINVAL);
+            }
+            let mut b = AlignedBuf::new(req.len as usize);
+            dev.read_at(off, &mut b).map_err(|x| errno_of(&x, false))?;
+            Ok(Some(b))
+        }
+        proto::CMD_WRITE => {
+            let b = payload.ok_or(errno::EINVAL)?;
+            fua(dev.write_at(off, &b))
+        }
+        proto::CMD_FLUSH => dev.flush().map(|()| None).map_err(|x| errno_of(&x, true)),
+        proto::CMD_TRIM => fua(dev.discard(off, len)),
+        proto::CMD_WRITE_ZEROES => {
+            if req.flags & proto::CMD_FLAG_NO_HOLE == 0 {
+                // Discard reads back as zeroes by the BlockDevice contract.
+                return fua(dev.discard(off, len));
+            }
+            let chunk = AlignedBuf::new((1usize << 20).min(len as usize));
+            let mut at = off;
+            while at < off + len {
+                let n = (chunk.len() as u64).min(off + len - at) as usize;
+                dev.write_at(at, &chunk[..n])
+                    .map_err(|x| errno_of(&x, true))?;
+                at += n as u64;
+            }
+            fua(Ok(()))
+        }
+        proto::CMD_CACHE => match &e.prefetch {
+            Some(p) => p(off, len).map(|()| None).map_err(|x| errno_of(&x, false)),
+            None => Ok(None),
+        },
+        _ => Err(errno::EINVAL),
+    }
+}

@@ -1,0 +1,158 @@
+//! Option haggling: from the greeting to the export the client chose.
+
+use super::*;
+
+/// What one option asks of the haggling loop.
+enum Next {
+    /// Read the next option.
+    More,
+    /// Transmission starts with this export.
+    Go(Export),
+    /// The client aborted.
+    Abort,
+}
+
+impl Server {
+    /// Option haggling. Returns the export chosen, or None if the client aborted.
+    pub(super) fn handshake<S: Read + Write>(
+        &self,
+        c: &mut S,
+    ) -> Result<Option<Export>, ConnError> {
+        let no_zeroes = greet(c)?;
+        loop {
+            let mut h = [0u8; 16];
+            c.read_exact(&mut h)?;
+            let oh = proto::parse_option_header(&h)?;
+            let mut data = vec![0u8; oh.len as usize];
+            c.read_exact(&mut data)?;
+            let opt = oh.option;
+            if self.is_shutting_down() && opt != proto::OPT_ABORT {
+                refuse(c, opt, proto::REP_ERR_SHUTDOWN, b"server is shutting down")?;
+                continue;
+            }
+            let next = match opt {
+                proto::OPT_EXPORT_NAME => self.export_name(c, &data, no_zeroes)?,
+                proto::OPT_ABORT => {
+                    let _ = c.write_all(&proto::option_reply(opt, proto::REP_ACK, &[]));
+                    Next::Abort
+                }
+                proto::OPT_LIST => self.list(c, &data)?,
+                proto::OPT_INFO | proto::OPT_GO => self.info(c, opt, &data)?,
+                _ => {
+                    refuse(c, opt, proto::REP_ERR_UNSUP, b"option not supported")?;
+                    Next::More
+                }
+            };
+            match next {
+                Next::More => {}
+                Next::Go(e) => return Ok(Some(e)),
+                Next::Abort => return Ok(None),
+            }
+        }
+    }
+
+    /// NBD_OPT_EXPORT_NAME: the old way into transmission, with no error reply.
+    fn export_name<S: Write>(
+        &self,
+        c: &mut S,
+        data: &[u8],
+        no_zeroes: bool,
+    ) -> Result<Next, ConnError> {
+        let name = proto::parse_export_name(data)?;
+        let Some(e) = self.find(&name) else {
+            // The protocol has no error reply here: the server closes.
+            return Err(ConnError::UnknownExport(name));
+        };
+        let mut v = e.device.size().to_be_bytes().to_vec();
+        v.extend_from_slice(&e.transmission_flags().to_be_bytes());
+        if !no_zeroes {
+            v.extend_from_slice(&[0u8; 124]);
+        }
+        c.write_all(&v)?;
+        Ok(Next::Go(e.clone()))
+    }
+
+    /// NBD_OPT_LIST: every export's name.
+    fn list<S: Write>(&self, c: &mut S, data: &[u8]) -> Result<Next, ConnError> {
+        let opt = proto::OPT_LIST;
+        if !data.is_empty() {
+            refuse(c, opt, proto::REP_ERR_INVALID, b"LIST takes no data")?;
+            return Ok(Next::More);
+        }
+        let mut out = Vec::new();
+        for e in &self.exports {
+            out.extend(proto::option_reply(
+                opt,
+                proto::REP_SERVER,
+                &proto::rep_server(&e.name),
+            ));
+        }
+        out.extend(proto::option_reply(opt, proto::REP_ACK, &[]));
+        c.write_all(&out)?;
+        Ok(Next::More)
+    }
+
+    /// NBD_OPT_INFO and NBD_OPT_GO: the export's size, flags, block sizes, and its name and
+    /// description if asked; GO then starts transmission.
+    fn info<S: Write>(&self, c: &mut S, opt: u32, data: &[u8]) -> Result<Next, ConnError> {
+        let req = match proto::parse_info_request(data) {
+            Ok(r) => r,
+            Err(e) => {
+                refuse(c, opt, proto::REP_ERR_INVALID, e.to_string().as_bytes())?;
+                return Ok(Next::More);
+            }
+        };
+        let Some(e) = self.find(&req.name) else {
+            let msg = format!("no export named {:?}", req.name);
+            refuse(c, opt, proto::REP_ERR_UNKNOWN, msg.as_bytes())?;
+            return Ok(Next::More);
+        };
+        let info = |data: &[u8]| proto::option_reply(opt, proto::REP_INFO, data);
+        let mut out = info(&proto::info_export(e.device.size(), e.transmission_flags()));
+        let min = e.device.logical_block_size().max(proto::MIN_BLOCK);
+        out.extend(info(&proto::info_block_size(
+            min,
+            proto::PREFERRED_BLOCK.max(min),
+            proto::MAX_PAYLOAD,
+        )));
+        if req.items.contains(&proto::INFO_NAME) {
+            out.extend(info(&proto::info_string(proto::INFO_NAME, &e.name)));
+        }
+        if req.items.contains(&proto::INFO_DESCRIPTION) && !e.description.is_empty() {
+            out.extend(info(&proto::info_string(
+                proto::INFO_DESCRIPTION,
+                &e.description,
+            )));
+        }
+        out.extend(proto::option_reply(opt, proto::REP_ACK, &[]));
+        c.write_all(&out)?;
+        Ok(if opt == proto::OPT_GO {
+            Next::Go(e.clone())
+        } else {
+            Next::More
+        })
+    }
+}
+
+/// Sends the greeting and reads the client's flags; returns whether the client asked for
+/// no zeroes after NBD_OPT_EXPORT_NAME.
+fn greet<S: Read + Write>(c: &mut S) -> Result<bool, ConnError> {
+    let mut hello = Vec::with_capacity(18);
+    hello.extend_from_slice(&proto::NBDMAGIC.to_be_bytes());
+    hello.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+    hello.extend_from_slice(&(proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES).to_be_bytes());
+    c.write_all(&hello)?;
+    let mut cf = [0u8; 4];
+    c.read_exact(&mut cf)?;
+    let client_flags = u32::from_be_bytes(cf);
+    if client_flags & !(proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES) != 0 {
+        return Err(ProtoError::BadMagic(client_flags as u64).into());
+    }
+    Ok(client_flags & proto::FLAG_C_NO_ZEROES != 0)
+}
+
+/// An error reply to option `opt`.
+fn refuse<S: Write>(c: &mut S, opt: u32, code: u32, msg: &[u8]) -> Result<(), ConnError> {
+    c.write_all(&proto::option_reply(opt, code, msg))?;
+    Ok(())
+}

@@ -1,0 +1,375 @@
+//! A connection in transmission: its shared state, the in-flight tickets, and the reader
+//! that turns the socket into jobs for the workers.
+
+use super::worker::write_replies;
+use super::*;
+
+/// What a connection's reader, writer and tickets share.
+#[derive(Default)]
+pub(super) struct ConnState {
+    /// The writer gave up (or the connection ended): stop reading, drop replies.
+    pub(super) dead: AtomicBool,
+    /// Writing a reply failed or the shutdown grace ran out: later replies are dropped.
+    pub(super) broken: AtomicBool,
+    pub(super) bytes: AtomicU64,
+    pub(super) requests: AtomicUsize,
+}
+
+/// A request's share of the in-flight budgets, from reading it to its reply being written.
+pub(super) struct Ticket {
+    pub(super) shared: Arc<Shared>,
+    pub(super) conn: Arc<ConnState>,
+    pub(super) bytes: u64,
+}
+
+impl Ticket {
+    /// Waits until `bytes` fit the server's and the connection's budgets (and the connection
+    /// has room for one more request). `None` if the connection died or the server is
+    /// shutting down meanwhile.
+    fn take(shared: &Arc<Shared>, conn: &Arc<ConnState>, bytes: u64) -> Option<Ticket> {
+        let cfg = &shared.cfg;
+        let mut used = shared.used.lock();
+        loop {
+            if conn.dead.load(Relaxed) || shared.shutting_down() {
+                return None;
+            }
+            let mine = conn.bytes.load(Relaxed);
+            let fits = (*used == 0 || *used + bytes <= cfg.inflight_bytes)
+                && (mine == 0 || mine + bytes <= cfg.connection_inflight_bytes)
+                && conn.requests.load(Relaxed) < cfg.connection_queue_depth.max(1);
+            if fits {
+                *used += bytes;
+                conn.bytes.fetch_add(bytes, Relaxed);
+                conn.requests.fetch_add(1, Relaxed);
+                shared.stats.inflight_bytes.store(*used, Relaxed);
+                shared.stats.inflight_bytes_peak.fetch_max(*used, Relaxed);
+                return Some(Ticket {
+                    shared: shared.clone(),
+                    conn: conn.clone(),
+                    bytes,
+                });
+            }
+            // Timed, so that a connection dying or a shutdown is noticed without a signal.
+            shared.freed.wait_for(&mut used, SLICE);
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut used = self.shared.used.lock();
+        *used -= self.bytes;
+        self.conn.bytes.fetch_sub(self.bytes, Relaxed);
+        self.conn.requests.fetch_sub(1, Relaxed);
+        self.shared.stats.inflight_bytes.store(*used, Relaxed);
+        drop(used);
+        self.shared.freed.notify_all();
+    }
+}
+
+/// A request on its way to a worker.
+pub(super) struct Job {
+    pub(super) conn: Arc<Session>,
+    pub(super) req: Request,
+    pub(super) payload: Option<AlignedBuf>,
+    pub(super) ticket: Ticket,
+}
+
+/// A reply on its way to the writer.
+pub(super) struct Reply {
+    pub(super) error: u32,
+    pub(super) cookie: u64,
+    pub(super) data: Option<AlignedBuf>,
+    pub(super) _ticket: Ticket,
+}
+
+/// One connection in transmission, as workers see it. The writer ends once every holder
+/// (the reader and the jobs in flight) has dropped it.
+pub(super) struct Session {
+    pub(super) export: Export,
+    /// What the writer thread is to write (replies that could not go out at once).
+    pub(super) replies: Sender<ToWriter>,
+    /// The write half of the socket.
+    pub(super) out: Arc<Out>,
+    pub(super) state: Arc<ConnState>,
+}
+
+/// The write half of a connection, and the rest of a reply that went out only in part. Its
+/// lock is taken by a worker only with `try_lock` and only for a non-blocking send; the
+/// writer thread takes it for blocking writes (bounded by `reply_timeout`).
+pub(super) type Out = Mutex<OutState>;
+
+pub(super) struct OutState {
+    pub(super) sock: Box<dyn WriteHalf>,
+    /// A reply partly sent: the bytes still to write come before any other reply.
+    pub(super) tail: Option<(Reply, usize)>,
+}
+
+/// Work for a connection's writer thread.
+pub(super) enum ToWriter {
+    /// A reply a worker could not send without waiting.
+    Reply(Reply),
+    /// A worker left a partly sent reply in `OutState::tail`.
+    Tail,
+}
+
+/// A socket's write half, as the replies need it.
+pub(super) trait WriteHalf: Write + Send {
+    fn fd(&self) -> RawFd;
+    fn shut(&self);
+}
+
+impl<C: Conn> WriteHalf for C {
+    fn fd(&self) -> RawFd {
+        self.raw_fd()
+    }
+    fn shut(&self) {
+        self.shutdown_conn()
+    }
+}
+
+/// A socket with a deadline: reads and writes fail with `TimedOut` once it has passed (or,
+/// with `shared`, once the shutdown grace has run out). The socket's timeouts must be set
+/// to [`SLICE`] so the loops get to look at the clock.
+pub(super) struct Deadlined<'a, C> {
+    pub(super) c: &'a mut C,
+    pub(super) deadline: Instant,
+    pub(super) shared: Option<&'a Shared>,
+}
+
+impl<C> Deadlined<'_, C> {
+    fn expired(&self) -> Option<io::Error> {
+        if Instant::now() >= self.deadline {
+            return Some(io::Error::new(io::ErrorKind::TimedOut, "deadline passed"));
+        }
+        if self.shared.is_some_and(|s| s.past_grace()) {
+            return Some(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "shutdown grace passed",
+            ));
+        }
+        None
+    }
+}
+
+pub(super) fn slice_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
+}
+
+impl<C: Read> Read for Deadlined<'_, C> {
+    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match self.c.read(b) {
+                Err(e) if slice_timeout(&e) => {
+                    if let Some(e) = self.expired() {
+                        return Err(e);
+                    }
+                }
+                r => return r,
+            }
+        }
+    }
+}
+
+impl<C: Write> Write for Deadlined<'_, C> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        loop {
+            match self.c.write(b) {
+                Err(e) if slice_timeout(&e) => {
+                    if let Some(e) = self.expired() {
+                        return Err(e);
+                    }
+                }
+                r => return r,
+            }
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        loop {
+            match self.c.write_vectored(bufs) {
+                Err(e) if slice_timeout(&e) => {
+                    if let Some(e) = self.expired() {
+                        return Err(e);
+                    }
+                }
+                r => return r,
+            }
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.c.flush()
+    }
+}
+
+impl Server {
+    /// Reads requests and queues them for the workers until the client disconnects, breaks
+    /// the protocol or times out, or the server shuts down; then waits for the writer to
+    /// answer what was queued.
+    pub(super) fn transmission<C: Conn>(
+        self: &Arc<Self>,
+        mut rd: C,
+        export: Export,
+    ) -> Result<(), ConnError> {
+        let wr = rd.try_clone_conn()?;
+        wr.set_write_timeout_conn(Some(SLICE))?;
+        let out: Arc<Out> = Arc::new(Mutex::new(OutState {
+            sock: Box::new(wr),
+            tail: None,
+        }));
+        let state = Arc::new(ConnState::default());
+        let (replies, queue) = unbounded::<ToWriter>();
+        let writer = {
+            let (shared, state, out) = (self.shared.clone(), state.clone(), out.clone());
+            std::thread::Builder::new()
+                .name("nbd-writer".into())
+                .spawn(move || write_replies(&shared, &out, &queue, &state))
+                .map_err(|e| {
+                    let why = format!("cannot start a writer thread: {e}");
+                    self.refused(&why);
+                    ConnError::Refused(why)
+                })?
+        };
+        let session = Arc::new(Session {
+            export,
+            replies,
+            out,
+            state: state.clone(),
+        });
+        let result = self.note(self.read_requests(&mut rd, &session));
+        // The writer ends once the jobs in flight have dropped their sessions too.
+        drop(session);
+        if result.is_err() {
+            state.dead.store(true, Relaxed);
+        }
+        let _ = writer.join();
+        state.dead.store(true, Relaxed);
+        rd.shutdown_conn();
+        result
+    }
+
+    pub(super) fn read_requests<C: Conn>(
+        &self,
+        rd: &mut C,
+        session: &Arc<Session>,
+    ) -> Result<(), ConnError> {
+        let cfg = &self.shared.cfg;
+        let idle = cfg.idle_timeout.filter(|t| !t.is_zero());
+        // Whether the socket's read timeout is `idle` (between requests) or SLICE.
+        let mut idle_mode = false;
+        loop {
+            let mut h = [0u8; proto::REQUEST_LEN];
+            if !idle_mode {
+                rd.set_read_timeout_conn(idle)?;
+                idle_mode = true;
+            }
+            let got = match rd.read(&mut h) {
+                // The client went away (or we shut the socket down): not an error.
+                Ok(0) => return Ok(()),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) if self.is_shutting_down() || session.state.dead.load(Relaxed) => {
+                    return Ok(())
+                }
+                Err(e) if slice_timeout(&e) => return Err(ConnError::Timeout(IDLE)),
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Ok(()),
+                Err(e) => return Err(e.into()),
+            };
+            if got < h.len() {
+                rd.set_read_timeout_conn(Some(SLICE))?;
+                idle_mode = false;
+                Deadlined {
+                    c: &mut *rd,
+                    deadline: Instant::now() + cfg.request_timeout,
+                    shared: None,
+                }
+                .read_exact(&mut h[got..])
+                .map_err(timed_out)?;
+            }
+            let req = proto::parse_request(&h)?;
+            if req.command == proto::CMD_DISC {
+                return Ok(());
+            }
+            let too_long = req.len > proto::MAX_PAYLOAD;
+            let bytes = match req.command {
+                proto::CMD_READ | proto::CMD_WRITE if !too_long => req.len as u64,
+                _ => 0,
+            };
+            // Waits while the budgets are used up: the client is not read meanwhile.
+            let Some(ticket) = Ticket::take(&self.shared, &session.state, bytes) else {
+                return Ok(());
+            };
+            let mut payload = None;
+            if req.command == proto::CMD_WRITE {
+                if idle_mode {
+                    rd.set_read_timeout_conn(Some(SLICE))?;
+                    idle_mode = false;
+                }
+                payload = self.read_payload(rd, &req)?;
+                if payload.is_none() {
+                    let _ = session.replies.send(ToWriter::Reply(Reply {
+                        error: errno::EINVAL,
+                        cookie: req.cookie,
+                        data: None,
+                        _ticket: ticket,
+                    }));
+                    continue;
+                }
+            }
+            let job = Job {
+                conn: session.clone(),
+                req,
+                payload,
+                ticket,
+            };
+            if self.jobs.send(job).is_err() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads a write's payload, with its own deadline (waiting for the budget is the
+    /// server's doing, not the client's). `None`: too big to accept but small enough to
+    /// skip, so it was read away and the write is to be refused.
+    fn read_payload<C: Conn>(
+        &self,
+        rd: &mut C,
+        req: &Request,
+    ) -> Result<Option<AlignedBuf>, ConnError> {
+        let mut timed = Deadlined {
+            c: &mut *rd,
+            deadline: Instant::now() + self.shared.cfg.request_timeout,
+            shared: None,
+        };
+        if req.len > proto::MAX_PAYLOAD {
+            if req.len > MAX_DISCARDED_PAYLOAD {
+                return Err(ProtoError::TooLong {
+                    what: "write payload",
+                    len: req.len as u64,
+                    max: MAX_DISCARDED_PAYLOAD as u64,
+                }
+                .into());
+            }
+            io::copy(&mut (&mut timed).take(req.len as u64), &mut io::sink()).map_err(timed_out)?;
+            return Ok(None);
+        }
+        let mut b = AlignedBuf::new(req.len as usize);
+        timed.read_exact(&mut b).map_err(timed_out)?;
+        Ok(Some(b))
+    }
+}
+
+/// What timed out, for [`ConnError::Timeout`] and the counters.
+/// A request that did not arrive whole in time is the client's timeout.
+fn timed_out(e: io::Error) -> ConnError {
+    match e.kind() {
+        io::ErrorKind::TimedOut => ConnError::Timeout(REQUEST),
+        _ => e.into(),
+    }
+}
+
+pub(super) const HANDSHAKE: &str = "in the handshake";
+pub(super) const REQUEST: &str = "receiving a request";
+pub(super) const IDLE: &str = "waiting for a request (idle)";
