@@ -122,6 +122,123 @@ fn open_err(path: &Path, source: std::io::Error) -> IoError {
     }
 }
 
+/// Refuses a size to create that cannot be one.
+fn check_create(path: &Path, opts: &FileOptions) -> Result<(), IoError> {
+    if let Some(n) = opts.create_size {
+        if opts.read_only {
+            return Err(IoError::Invalid(format!(
+                "{}: a size to create cannot be combined with read-only",
+                path.display()
+            )));
+        }
+        if n == 0 || !n.is_multiple_of(FILE_BLOCK_SIZE as u64) {
+            return Err(IoError::Invalid(format!(
+                "{}: size {n} to create is not a positive multiple of {FILE_BLOCK_SIZE}",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Opens (and with `create_size`, creates) the file, with O_DIRECT as `opts.direct` asks and
+/// O_EXCL for a block device held exclusively. Returns the file, whether it is O_DIRECT and
+/// whether this call created it.
+fn open_file(path: &Path, opts: &FileOptions) -> Result<(File, bool, bool), IoError> {
+    let mut oo = OpenOptions::new();
+    oo.read(true).write(!opts.read_only);
+    let mut created = false;
+    if opts.create_size.is_some() {
+        // Create it here if it is missing, so that we know whether it is ours to remove.
+        match OpenOptions::new().write(true).create_new(true).open(path) {
+            Ok(_) => created = true,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(open_err(path, e)),
+        }
+    }
+    let exclusive_blockdev = opts.lock == LockMode::Exclusive
+        && std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
+    if exclusive_blockdev {
+        oo.custom_flags(libc::O_EXCL);
+    }
+    if opts.direct == DirectMode::Off {
+        return Ok((
+            oo.open(path).map_err(|e| open_err(path, e))?,
+            false,
+            created,
+        ));
+    }
+    let mut d = oo.clone();
+    d.custom_flags(libc::O_DIRECT | if exclusive_blockdev { libc::O_EXCL } else { 0 });
+    match d.open(path) {
+        Ok(f) => Ok((f, true, created)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            if opts.direct == DirectMode::Required {
+                return Err(IoError::DirectIoUnsupported {
+                    path: path.to_path_buf(),
+                });
+            }
+            Ok((
+                oo.open(path).map_err(|e| open_err(path, e))?,
+                false,
+                created,
+            ))
+        }
+        Err(e) => Err(open_err(path, e)),
+    }
+}
+
+/// A block device's size and logical block size (512 if the kernel gives none that fits).
+fn block_device_geometry(file: &File, path: &Path) -> Result<(u64, u32), IoError> {
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which is valid.
+    let r = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64 as _, &mut size as *mut u64) };
+    if r != 0 {
+        return Err(open_err(path, std::io::Error::last_os_error()));
+    }
+    let mut lbs: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one int through the pointer, which is valid.
+    let r = unsafe {
+        libc::ioctl(
+            file.as_raw_fd(),
+            BLKSSZGET as _,
+            &mut lbs as *mut libc::c_int,
+        )
+    };
+    if r != 0 || lbs <= 0 || !(lbs as u32).is_power_of_two() {
+        lbs = 512;
+    }
+    Ok((size, lbs as u32))
+}
+
+/// A regular file's size (set to `create_size` when it was empty; a file of another size is
+/// never resized) and its block size (the O_DIRECT alignment, at least 4 KiB).
+fn file_geometry(
+    file: &File,
+    meta: &std::fs::Metadata,
+    path: &Path,
+    opts: &FileOptions,
+    direct: bool,
+) -> Result<(u64, u32), IoError> {
+    if let Some(n) = opts.create_size {
+        if meta.len() == 0 {
+            file.set_len(n).map_err(|e| open_err(path, e))?;
+        } else if meta.len() != n {
+            return Err(IoError::Invalid(format!(
+                "{} exists with {} bytes, not {n}; refusing to resize it",
+                path.display(),
+                meta.len()
+            )));
+        }
+    }
+    let lbs = if direct {
+        dio_offset_align(file).max(FILE_BLOCK_SIZE)
+    } else {
+        FILE_BLOCK_SIZE
+    };
+    Ok((file.metadata().map_err(|e| open_err(path, e))?.len(), lbs))
+}
+
 impl FileDevice {
     /// Opens the regular file or block device at `path` according to `opts`.
     ///
@@ -130,99 +247,17 @@ impl FileDevice {
     /// multiple of the logical block size or for a path that is neither a file nor a block
     /// device.
     pub fn open(path: &Path, opts: &FileOptions) -> Result<FileDevice, IoError> {
-        if let Some(n) = opts.create_size {
-            if opts.read_only {
-                return Err(IoError::Invalid(format!(
-                    "{}: a size to create cannot be combined with read-only",
-                    path.display()
-                )));
-            }
-            if n == 0 || !n.is_multiple_of(FILE_BLOCK_SIZE as u64) {
-                return Err(IoError::Invalid(format!(
-                    "{}: size {n} to create is not a positive multiple of {FILE_BLOCK_SIZE}",
-                    path.display()
-                )));
-            }
-        }
-        let mut oo = OpenOptions::new();
-        oo.read(true).write(!opts.read_only);
-        let mut created = false;
-        if opts.create_size.is_some() {
-            // Create it here if it is missing, so that we know whether it is ours to remove.
-            match OpenOptions::new().write(true).create_new(true).open(path) {
-                Ok(_) => created = true,
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(open_err(path, e)),
-            }
-        }
-        let exclusive_blockdev = opts.lock == LockMode::Exclusive
-            && std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
-        if exclusive_blockdev {
-            oo.custom_flags(libc::O_EXCL);
-        }
-        let try_direct = opts.direct != DirectMode::Off;
-        let (file, direct) = if try_direct {
-            let mut d = oo.clone();
-            d.custom_flags(libc::O_DIRECT | if exclusive_blockdev { libc::O_EXCL } else { 0 });
-            match d.open(path) {
-                Ok(f) => (f, true),
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    if opts.direct == DirectMode::Required {
-                        return Err(IoError::DirectIoUnsupported {
-                            path: path.to_path_buf(),
-                        });
-                    }
-                    (oo.open(path).map_err(|e| open_err(path, e))?, false)
-                }
-                Err(e) => return Err(open_err(path, e)),
-            }
-        } else {
-            (oo.open(path).map_err(|e| open_err(path, e))?, false)
-        };
+        check_create(path, opts)?;
+        let (file, direct, created) = open_file(path, opts)?;
         if opts.lock != LockMode::None {
             lock_file(&file, path, opts.lock)?;
         }
         let meta = file.metadata().map_err(|e| open_err(path, e))?;
         let block_device = meta.file_type().is_block_device();
         let (size, lbs) = if block_device {
-            let mut size: u64 = 0;
-            // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which is valid.
-            let r =
-                unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64 as _, &mut size as *mut u64) };
-            if r != 0 {
-                return Err(open_err(path, std::io::Error::last_os_error()));
-            }
-            let mut lbs: libc::c_int = 0;
-            // SAFETY: BLKSSZGET writes one int through the pointer, which is valid.
-            let r = unsafe {
-                libc::ioctl(
-                    file.as_raw_fd(),
-                    BLKSSZGET as _,
-                    &mut lbs as *mut libc::c_int,
-                )
-            };
-            if r != 0 || lbs <= 0 || !(lbs as u32).is_power_of_two() {
-                lbs = 512;
-            }
-            (size, lbs as u32)
+            block_device_geometry(&file, path)?
         } else if meta.file_type().is_file() {
-            if let Some(n) = opts.create_size {
-                if meta.len() == 0 {
-                    file.set_len(n).map_err(|e| open_err(path, e))?;
-                } else if meta.len() != n {
-                    return Err(IoError::Invalid(format!(
-                        "{} exists with {} bytes, not {n}; refusing to resize it",
-                        path.display(),
-                        meta.len()
-                    )));
-                }
-            }
-            let lbs = if direct {
-                dio_offset_align(&file).max(FILE_BLOCK_SIZE)
-            } else {
-                FILE_BLOCK_SIZE
-            };
-            (file.metadata().map_err(|e| open_err(path, e))?.len(), lbs)
+            file_geometry(&file, &meta, path, opts, direct)?
         } else {
             return Err(IoError::Invalid(format!(
                 "{} is neither a regular file nor a block device",

@@ -426,26 +426,7 @@ pub fn load(
         },
         |u, err| bad_units.push((u, err)),
     )?;
-    for (u, err) in bad_units {
-        {
-            let (first, end) = l.unit_slots(u);
-            match err {
-                UnitError::Blank => report.units_blank += 1,
-                UnitError::Misplaced(_) => report.units_misplaced += 1,
-                UnitError::Foreign => report.units_foreign += 1,
-                UnitError::Checksum | UnitError::NotAUnit => report.units_corrupt += 1,
-            }
-            if err != UnitError::Blank {
-                report.slots_in_bad_units += (end - first) as u64;
-                rewrite.insert(u);
-            }
-        }
-    }
-    report.units_ok = l.units
-        - report.units_blank
-        - report.units_corrupt
-        - report.units_misplaced
-        - report.units_foreign;
+    count_bad_units(&l, &bad_units, &mut report, &mut rewrite);
     Ok(Loaded {
         superblock: sb,
         volume,
@@ -457,6 +438,34 @@ pub fn load(
         rewrite_units: rewrite.into_iter().collect(),
         report,
     })
+}
+
+/// Counts the units that failed to load by why; every bad unit but a blank one is to be
+/// rewritten.
+fn count_bad_units(
+    l: &Layout,
+    bad_units: &[(u32, UnitError)],
+    report: &mut ScanReport,
+    rewrite: &mut std::collections::BTreeSet<u32>,
+) {
+    for &(u, ref err) in bad_units {
+        let (first, end) = l.unit_slots(u);
+        match err {
+            UnitError::Blank => report.units_blank += 1,
+            UnitError::Misplaced(_) => report.units_misplaced += 1,
+            UnitError::Foreign => report.units_foreign += 1,
+            UnitError::Checksum | UnitError::NotAUnit => report.units_corrupt += 1,
+        }
+        if *err != UnitError::Blank {
+            report.slots_in_bad_units += (end - first) as u64;
+            rewrite.insert(u);
+        }
+    }
+    report.units_ok = l.units
+        - report.units_blank
+        - report.units_corrupt
+        - report.units_misplaced
+        - report.units_foreign;
 }
 
 /// What `sce check` reports.

@@ -214,57 +214,8 @@ impl Superblock {
             2 => DeviceState::Failed,
             n => return Err(StoreError::Corrupt(format!("unknown device state {n}"))),
         };
-        let cache_size = rd64(b, 40);
-        let fragment_size = rd64(b, 48);
-        let expect = Layout::compute(cache_size, fragment_size)
-            .map_err(|e| StoreError::Corrupt(format!("superblock geometry: {e}")))?;
-        let layout = Layout {
-            cache_size,
-            fragment_size,
-            pages_per_fragment: rd32(b, 148),
-            slots: rd32(b, 56),
-            entry_size: rd32(b, 68),
-            unit_size: rd32(b, 64),
-            slots_per_unit: rd32(b, 60),
-            units: rd32(b, 100),
-            intent_offset: rd64(b, 72),
-            intent_blocks: rd32(b, 144),
-            meta_offset: rd64(b, 80),
-            data_offset: rd64(b, 88),
-        };
-        if layout != expect {
-            return Err(StoreError::Corrupt(format!(
-                "superblock geometry is inconsistent: stored {layout:?}, computed {expect:?}"
-            )));
-        }
-        let n = rd32(b, VOLUMES_AT) as usize;
-        if n > MAX_VOLUMES {
-            return Err(StoreError::Corrupt(format!(
-                "{n} volumes in the volume table"
-            )));
-        }
-        let mut volumes = Vec::with_capacity(n);
-        for i in 0..n {
-            let at = VOLUMES_AT + 8 + i * VOLUME_ENTRY;
-            let len = rd16(b, at + 16) as usize;
-            if len > MAX_NAME {
-                return Err(StoreError::Corrupt(format!(
-                    "volume {i}: name of {len} bytes"
-                )));
-            }
-            let name = String::from_utf8(b[at + 18..at + 18 + len].to_vec())
-                .map_err(|_| StoreError::Corrupt(format!("volume {i}: name is not UTF-8")))?;
-            let id_at = IDENTITIES_AT + i * IDENTITY_BYTES;
-            let mut identity = [0u8; IDENTITY_BYTES];
-            identity.copy_from_slice(&b[id_at..id_at + IDENTITY_BYTES]);
-            volumes.push(Volume {
-                id: rd16(b, at),
-                generation: rd32(b, at + 4),
-                source_size: rd64(b, at + 8),
-                name,
-                identity,
-            });
-        }
+        let layout = decode_layout(b)?;
+        let volumes = decode_volumes(b)?;
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&b[24..40]);
         Ok(Superblock {
@@ -286,4 +237,65 @@ impl Superblock {
     pub fn copy_offset(seq: u64) -> u64 {
         (seq % 2) * BLOCK
     }
+}
+
+/// The stored geometry, checked against the one computed from the sizes.
+fn decode_layout(b: &[u8]) -> Result<Layout, StoreError> {
+    let cache_size = rd64(b, 40);
+    let fragment_size = rd64(b, 48);
+    let expect = Layout::compute(cache_size, fragment_size)
+        .map_err(|e| StoreError::Corrupt(format!("superblock geometry: {e}")))?;
+    let layout = Layout {
+        cache_size,
+        fragment_size,
+        pages_per_fragment: rd32(b, 148),
+        slots: rd32(b, 56),
+        entry_size: rd32(b, 68),
+        unit_size: rd32(b, 64),
+        slots_per_unit: rd32(b, 60),
+        units: rd32(b, 100),
+        intent_offset: rd64(b, 72),
+        intent_blocks: rd32(b, 144),
+        meta_offset: rd64(b, 80),
+        data_offset: rd64(b, 88),
+    };
+    if layout != expect {
+        return Err(StoreError::Corrupt(format!(
+            "superblock geometry is inconsistent: stored {layout:?}, computed {expect:?}"
+        )));
+    }
+    Ok(layout)
+}
+
+/// The volume table.
+fn decode_volumes(b: &[u8]) -> Result<Vec<Volume>, StoreError> {
+    let n = rd32(b, VOLUMES_AT) as usize;
+    if n > MAX_VOLUMES {
+        return Err(StoreError::Corrupt(format!(
+            "{n} volumes in the volume table"
+        )));
+    }
+    let mut volumes = Vec::with_capacity(n);
+    for i in 0..n {
+        let at = VOLUMES_AT + 8 + i * VOLUME_ENTRY;
+        let len = rd16(b, at + 16) as usize;
+        if len > MAX_NAME {
+            return Err(StoreError::Corrupt(format!(
+                "volume {i}: name of {len} bytes"
+            )));
+        }
+        let name = String::from_utf8(b[at + 18..at + 18 + len].to_vec())
+            .map_err(|_| StoreError::Corrupt(format!("volume {i}: name is not UTF-8")))?;
+        let id_at = IDENTITIES_AT + i * IDENTITY_BYTES;
+        let mut identity = [0u8; IDENTITY_BYTES];
+        identity.copy_from_slice(&b[id_at..id_at + IDENTITY_BYTES]);
+        volumes.push(Volume {
+            id: rd16(b, at),
+            generation: rd32(b, at + 4),
+            source_size: rd64(b, at + 8),
+            name,
+            identity,
+        });
+    }
+    Ok(volumes)
 }
