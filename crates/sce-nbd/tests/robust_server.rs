@@ -9,165 +9,29 @@
 use sce_io::{BlockDevice, MemDevice};
 use sce_nbd::proto;
 use sce_nbd::{
-    listen, listen_with, Export, ListenAddr, ListenOptions, Listener, NbdClient, NbdUri, Server,
-    ServerConfig,
+    listen, listen_with, Export, ListenAddr, ListenOptions, NbdClient, Server, ServerConfig,
 };
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sce_testkit::within;
 
-/// Polls `cond` until it holds, failing after `secs` (a hang guard).
-fn wait_until(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
-    let end = Instant::now() + Duration::from_secs(secs);
-    while !cond() {
-        assert!(Instant::now() < end, "{what}: not after {secs} s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-struct Fixture {
-    _dir: tempfile::TempDir,
-    sock: PathBuf,
-    server: Arc<Server>,
-    _listener: Listener,
-}
-
-fn fixture(cfg: ServerConfig) -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("nbd.sock");
-    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(64 << 20));
-    let server = Server::with_config(
-        vec![Export {
-            name: "vol".into(),
-            description: String::new(),
-            device: dev,
-            read_only: false,
-            prefetch: None,
-        }],
-        cfg,
-    );
-    let listener = listen(&server, &ListenAddr::Unix(sock.clone())).unwrap();
-    Fixture {
-        _dir: dir,
-        sock,
-        server,
-        _listener: listener,
-    }
-}
-
-fn uri(sock: &Path) -> NbdUri {
-    NbdUri::Unix {
-        socket: sock.to_path_buf(),
-        name: "vol".into(),
-    }
-}
-
-/// A healthy client does a write and a read-back (inside a hang guard).
-fn served(sock: &Path, at: u64) {
-    let sock = sock.to_path_buf();
-    within("a well-behaved client", 60, move || {
-        let c = NbdClient::connect(&uri(&sock), 1).expect("the server still accepts");
-        let pattern = [(at / 4096) as u8 ^ 0x5a; 4096];
-        c.write_at(at, &pattern).unwrap();
-        let mut b = [0u8; 4096];
-        c.read_at(at, &mut b).unwrap();
-        assert_eq!(b, pattern);
-    });
-}
-
-fn threads() -> usize {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    s.lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap()
-}
-
-/// Handshake of a raw client; `None` if the server closed the connection instead.
-fn try_go(sock: &Path) -> Option<UnixStream> {
-    let mut s = UnixStream::connect(sock).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut h = [0u8; 18];
-    s.read_exact(&mut h).ok()?;
-    s.write_all(&(proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES).to_be_bytes())
-        .ok()?;
-    let mut d = 3u32.to_be_bytes().to_vec();
-    d.extend_from_slice(b"vol");
-    d.extend_from_slice(&0u16.to_be_bytes());
-    let mut o = proto::IHAVEOPT.to_be_bytes().to_vec();
-    o.extend_from_slice(&proto::OPT_GO.to_be_bytes());
-    o.extend_from_slice(&(d.len() as u32).to_be_bytes());
-    o.extend_from_slice(&d);
-    s.write_all(&o).ok()?;
-    loop {
-        let mut h = [0u8; 20];
-        s.read_exact(&mut h).ok()?;
-        let reply = u32::from_be_bytes(h[12..16].try_into().unwrap());
-        let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
-        let mut d = vec![0u8; len as usize];
-        s.read_exact(&mut d).ok()?;
-        match reply {
-            proto::REP_ACK => return Some(s),
-            proto::REP_INFO => {}
-            _ => return None,
-        }
-    }
-}
-
-fn request(s: &mut UnixStream, command: u16, cookie: u64, offset: u64, len: u32) {
-    let h = proto::encode_request(&proto::Request {
-        flags: 0,
-        command,
-        cookie,
-        offset,
-        len,
-    });
-    s.write_all(&h).unwrap();
-}
-
-/// True once the server has closed `s` (what it had sent before is read away).
-fn closed_by_server(s: &mut UnixStream) -> bool {
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut b = vec![0u8; 1 << 20];
-    loop {
-        match s.read(&mut b) {
-            Ok(0) => return true,
-            Ok(_) => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
-            Err(_) => return false,
-        }
-    }
-}
-
-fn raise_nofile(want: u64) {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < want {
-            r.rlim_cur = want.min(r.rlim_max);
-            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-        }
-    }
-}
+mod common;
+use common::*;
 
 #[test]
 fn a_flood_of_connections_is_refused_and_threads_stay_bounded() {
     raise_nofile(8192);
-    const LIMIT: usize = 32;
-    let f = fixture(ServerConfig {
-        max_connections: LIMIT,
-        workers: 4,
-        ..ServerConfig::default()
-    });
+    // The shipped limits: 256 connections, 32 workers.
+    let cfg = ServerConfig::default();
+    let (limit, workers) = (cfg.max_connections, cfg.workers);
+    let f = fixture(cfg);
     let keep = NbdClient::connect(&uri(&f.sock), 1).unwrap();
+    let (threads0, rss0) = (threads(), rss());
     let mut held = Vec::new();
     let mut refused = 0;
     let mut peak_threads = 0;
@@ -184,14 +48,22 @@ fn a_flood_of_connections_is_refused_and_threads_stay_bounded() {
         }
     }
     peak_threads = peak_threads.max(threads());
-    assert!(held.len() < LIMIT, "{} connections admitted", held.len());
-    assert!(refused > 2000 - LIMIT, "{refused} refused");
+    let rss1 = rss();
+    eprintln!(
+        "2000 idle connections opened: {} served, {refused} refused; threads {threads0} before, \
+         {peak_threads} at the peak; RSS {} MiB before, {} MiB with them open",
+        held.len(),
+        rss0 >> 20,
+        rss1 >> 20
+    );
+    assert!(held.len() < limit, "{} connections admitted", held.len());
+    assert!(refused > 2000 - limit, "{refused} refused");
     assert!(f.server.stats().refused_connections.load(Relaxed) >= refused as u64);
     // Two threads per admitted connection, the workers, and what the test harness runs in
     // parallel: far below one thread per flooding connection.
     assert!(
-        peak_threads < 2 * LIMIT + 4 + 300,
-        "{peak_threads} threads for {LIMIT} connections"
+        peak_threads < 2 * limit + workers + 300,
+        "{peak_threads} threads for {limit} connections"
     );
     let mut b = [0u8; 512];
     keep.read_at(0, &mut b).unwrap();
@@ -200,40 +72,6 @@ fn a_flood_of_connections_is_refused_and_threads_stay_bounded() {
         f.server.stats().open_connections.load(Relaxed) <= 1
     });
     served(&f.sock, 8192);
-}
-
-#[test]
-fn a_client_that_never_reads_replies_is_bounded_then_dropped() {
-    const BUDGET: u64 = 16 << 20;
-    let f = fixture(ServerConfig {
-        workers: 4,
-        inflight_bytes: 4 * BUDGET,
-        connection_inflight_bytes: BUDGET,
-        reply_timeout: Duration::from_secs(2),
-        ..ServerConfig::default()
-    });
-    let mut bad = try_go(&f.sock).unwrap();
-    // 200 reads of 4 MiB, 800 MiB of replies, none of them ever read.
-    for cookie in 0..200 {
-        request(&mut bad, proto::CMD_READ, cookie, 0, 4 << 20);
-    }
-    served(&f.sock, 0);
-    let stats = f.server.stats();
-    wait_until("the reply-write timeout drops the client", 60, || {
-        stats.reply_timeouts.load(Relaxed) >= 1
-    });
-    // The non-reader pins at most its connection's budget; the healthy client's 4 KiB come
-    // on top.
-    let peak = stats.inflight_bytes_peak.load(Relaxed);
-    assert!(
-        peak > 0 && peak <= BUDGET + (1 << 20),
-        "peak {peak} bytes in flight"
-    );
-    assert!(within("closed", 60, move || closed_by_server(&mut bad)));
-    wait_until("its budget is released", 60, || {
-        stats.inflight_bytes.load(Relaxed) == 0
-    });
-    served(&f.sock, 4096);
 }
 
 #[test]
