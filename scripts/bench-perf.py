@@ -11,7 +11,8 @@ the goals met or missed, and writes them as Markdown (--out, default: stdout onl
    warm" on the last 10 s.
 2. Serving a fully written local file, no cache, 4 KiB random reads at QD1, QD32 and QD128
    with 1 and 4 connections (4 fio jobs, each at the queue depth): sce serve (O_DIRECT),
-   nbdkit file cache=none, qemu-nbd --cache=none --aio=io_uring (threads if io_uring fails),
+   nbdkit file cache=none, qemu-nbd --cache=none --aio=io_uring --persistent (threads if
+   io_uring fails),
    and fio itself on the file (io_uring, O_DIRECT) as the physical limit. The servers of one
    cell run one after another, so drift of the device hits them alike; --repeat N runs every
    cell N times and reports the median.
@@ -266,7 +267,7 @@ def local(a, procs, sce, d, flash):
             p = procs.start(["nbdkit", "-f", "-U", sock, "file", f"file={flash}", "cache=none"])
         else:
             p = procs.start(["qemu-nbd", "-f", "raw", "--cache=none", f"--aio={qemu_aio}",
-                             "--shared=8", "-k", sock, flash])
+                             "--shared=8", "--persistent", "-k", sock, flash])
             time.sleep(0.5)
             if p.poll() is not None and qemu_aio == "io_uring":
                 log("qemu-nbd refused --aio=io_uring; using --aio=threads")
