@@ -98,13 +98,13 @@ fn source_name(a: &FormatArgs) -> String {
 /// Opens the cache device, refusing one that overlaps the source or that holds data
 /// (another cache or anything else) unless `--force`.
 fn open_blank_cache(a: &FormatArgs) -> Result<FileDevice> {
-    crate::ownership::refuse_overlaps(&[
-        crate::ownership::Claim {
+    sce_server::ownership::refuse_overlaps(&[
+        sce_server::ownership::Claim {
             export: String::new(),
             role: "source",
             path: a.source.clone(),
         },
-        crate::ownership::Claim {
+        sce_server::ownership::Claim {
             export: String::new(),
             role: "cache",
             path: a.cache.display().to_string(),
@@ -120,8 +120,8 @@ fn open_blank_cache(a: &FormatArgs) -> Result<FileDevice> {
         },
     )
     .with_context(|| format!("cache device {}", a.cache.display()))?;
-    if let crate::ownership::Contents::Foreign(what) =
-        crate::ownership::contents_at(&dev, Some(&a.cache))?
+    if let sce_server::ownership::Contents::Foreign(what) =
+        sce_server::ownership::contents_at(&dev, Some(&a.cache))?
     {
         if !a.force {
             bail!(

@@ -5,7 +5,6 @@ mod demo;
 mod footprint;
 mod format;
 mod gen;
-mod ownership;
 mod policy_args;
 mod serve;
 mod sim;

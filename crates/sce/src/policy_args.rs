@@ -1,93 +1,10 @@
-//! The options of flash-conscious admission, shared by `serve`, `demo` and `sim` so that the
-//! three run the same policy with the same knobs.
+//! The command-line flags of flash-conscious admission, shared by `serve`, `demo` and `sim`
+//! so that the three run the same policy with the same knobs. The options themselves, and
+//! how they change a `CoreConfig`, are `sce_server::admission`'s.
 
-use crate::units::{format_size, parse_size};
+use crate::units::parse_size;
 use sce_core::CoreConfig;
-
-/// How fast population may write, in bytes per second.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PopulationRate {
-    /// Adaptive between the floor and the ceiling of the core's defaults.
-    Auto,
-    /// Adaptive with this ceiling.
-    AutoUpTo(u64),
-    /// A fixed limit.
-    Fixed(u64),
-    /// No limit.
-    Unlimited,
-}
-
-impl std::str::FromStr for PopulationRate {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(PopulationRate::Auto),
-            "unlimited" => Ok(PopulationRate::Unlimited),
-            _ => {
-                let (auto, size) = match s.strip_prefix("auto:") {
-                    Some(rest) => (true, rest),
-                    None => (false, s),
-                };
-                let size = size.strip_suffix("/s").unwrap_or(size);
-                let n = parse_size(size).map_err(|e| {
-                    format!("population rate {s:?}: {e} (auto, auto:SIZE, SIZE or unlimited)")
-                })?;
-                if n == 0 {
-                    return Err(format!(
-                        "population rate {s:?} must be positive (use unlimited for no limit)"
-                    ));
-                }
-                Ok(if auto {
-                    PopulationRate::AutoUpTo(n)
-                } else {
-                    PopulationRate::Fixed(n)
-                })
-            }
-        }
-    }
-}
-
-/// An endurance budget: bytes per day, or drive writes per day of the cache device.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum WriteBudget {
-    /// Bytes per day.
-    Bytes(u64),
-    /// Drive writes per day (a multiple of the cache size).
-    Dwpd(f64),
-}
-
-impl std::str::FromStr for WriteBudget {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let s0 = s.trim();
-        if let Some(x) = s0.strip_suffix("dwpd").or_else(|| s0.strip_suffix("DWPD")) {
-            let v: f64 = x.trim().parse().map_err(|_| {
-                format!("write budget {s:?}: {x:?} is not a number of drive writes per day")
-            })?;
-            if !(v.is_finite() && v > 0.0) {
-                return Err(format!("write budget {s:?}: must be > 0"));
-            }
-            return Ok(WriteBudget::Dwpd(v));
-        }
-        let b = s0.strip_suffix("/day").unwrap_or(s0);
-        let n = parse_size(b)
-            .map_err(|e| format!("write budget {s:?}: {e} (SIZE per day, or N dwpd)"))?;
-        if n == 0 {
-            return Err(format!("write budget {s:?}: must be > 0"));
-        }
-        Ok(WriteBudget::Bytes(n))
-    }
-}
-
-impl WriteBudget {
-    /// Bytes per day for a cache device of `cache_size` bytes.
-    pub fn per_day(self, cache_size: u64) -> u64 {
-        match self {
-            WriteBudget::Bytes(n) => n,
-            WriteBudget::Dwpd(d) => ((cache_size as f64 * d) as u64).max(1),
-        }
-    }
-}
+use sce_server::admission::{AdmissionOptions, PopulationRate, WriteBudget};
 
 /// Options of admission `sce` (and the endurance budget, which holds for any admission).
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -118,96 +35,24 @@ pub struct AdmissionArgs {
 }
 
 impl AdmissionArgs {
+    /// The options the flags give.
+    pub fn options(&self) -> AdmissionOptions {
+        AdmissionOptions {
+            population_rate: self.population_rate,
+            sequential_cutoff: self.sequential_cutoff,
+            admission_margin: self.admission_margin,
+            partial_fill: self.partial_fill,
+            max_cache_writes: self.max_cache_writes,
+        }
+    }
+
     /// Applies the options to `cfg`, for a cache device of `cache_size` bytes.
     pub fn apply(&self, cfg: &mut CoreConfig, cache_size: u64) {
-        match self.population_rate {
-            None | Some(PopulationRate::Auto) => {}
-            Some(PopulationRate::AutoUpTo(n)) => {
-                cfg.population_rate = n;
-                cfg.population_adaptive = true;
-                cfg.population_min_rate = cfg.population_min_rate.min(n);
-            }
-            Some(PopulationRate::Fixed(n)) => {
-                cfg.population_rate = n;
-                cfg.population_adaptive = false;
-            }
-            Some(PopulationRate::Unlimited) => {
-                cfg.population_rate = 0;
-                cfg.population_adaptive = false;
-            }
-        }
-        if let Some(c) = self.sequential_cutoff {
-            cfg.sequential_cutoff = c;
-        }
-        if let Some(m) = self.admission_margin {
-            cfg.admission_margin = m;
-        }
-        if self.partial_fill {
-            cfg.partial_fill = true;
-        }
-        if let Some(b) = self.max_cache_writes {
-            cfg.max_cache_writes = Some(b.per_day(cache_size));
-        }
+        self.options().apply(cfg, cache_size);
     }
 
     /// A one-line description of the settings that differ from the defaults.
     pub fn describe(cfg: &CoreConfig) -> String {
-        let rate = match (cfg.population_rate, cfg.population_adaptive) {
-            (0, _) => "unlimited".to_string(),
-            (n, true) => format!("auto up to {}/s", format_size(n)),
-            (n, false) => format!("{}/s", format_size(n)),
-        };
-        let budget = cfg
-            .max_cache_writes
-            .map_or("none".to_string(), |b| format!("{}/day", format_size(b)));
-        format!(
-            "population rate {rate}, sequential cutoff {}, margin {}, partial fill {}, \
-             cache write budget {budget}",
-            format_size(cfg.sequential_cutoff),
-            cfg.admission_margin,
-            if cfg.partial_fill { "on" } else { "off" },
-        )
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rates_and_budgets_parse() {
-        assert_eq!("auto".parse(), Ok(PopulationRate::Auto));
-        assert_eq!("64MiB/s".parse(), Ok(PopulationRate::Fixed(64 << 20)));
-        assert_eq!("auto:32MiB".parse(), Ok(PopulationRate::AutoUpTo(32 << 20)));
-        assert!("0".parse::<PopulationRate>().is_err());
-        assert!("fast".parse::<PopulationRate>().is_err());
-        assert_eq!(
-            "200GiB".parse::<WriteBudget>().map(|b| b.per_day(0)),
-            Ok(200 << 30)
-        );
-        assert_eq!(
-            "0.5dwpd"
-                .parse::<WriteBudget>()
-                .map(|b| b.per_day(100 << 30)),
-            Ok(50 << 30)
-        );
-        assert!("0dwpd".parse::<WriteBudget>().is_err());
-        assert!("lots".parse::<WriteBudget>().is_err());
-        let mut cfg = CoreConfig::default();
-        AdmissionArgs {
-            population_rate: Some(PopulationRate::Unlimited),
-            sequential_cutoff: Some(0),
-            max_cache_writes: Some(WriteBudget::Dwpd(2.0)),
-            ..Default::default()
-        }
-        .apply(&mut cfg, 1 << 30);
-        assert_eq!(
-            (
-                cfg.population_rate,
-                cfg.sequential_cutoff,
-                cfg.max_cache_writes
-            ),
-            (0, 0, Some(2 << 30))
-        );
+        AdmissionOptions::describe(cfg)
     }
 }

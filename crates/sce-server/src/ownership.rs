@@ -96,11 +96,19 @@ pub fn mark_volatile(dev: &dyn BlockDevice) -> Result<()> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Storage {
     /// A regular file.
-    File { dev: u64, ino: u64 },
+    File {
+        /// The device of its filesystem.
+        dev: u64,
+        /// Its inode number.
+        ino: u64,
+    },
     /// A block device: its disk's major:minor, and the bytes of the disk it covers.
     Block {
+        /// The whole disk's major:minor.
         disk: (u32, u32),
+        /// The first byte of the disk it covers.
         start: u64,
+        /// The byte past the last it covers.
         end: u64,
     },
     /// A path that does not exist yet, by its canonical name.

@@ -1,0 +1,173 @@
+//! What a server serves and how: [`ServeConfig`], with the exports declared in a TOML file
+//! ([`ConfigFile`]) merged into those of the command line.
+//!
+//! An export's settings stay text, as the file gives them, until the export is built: every
+//! field is then checked, with the export's name and the field's in the error.
+
+use crate::admission::AdmissionOptions;
+use anyhow::{anyhow, bail, Context, Result};
+use sce_io::DirectMode;
+use sce_nbd::ListenAddr;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Everything `sce serve` is told: what to export, where to listen, and every setting.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// The exports, in the order they are built.
+    pub exports: Vec<ExportConfig>,
+    /// Where to listen (at least one place).
+    pub listen: Vec<ListenAddr>,
+    /// Serve counters over HTTP at HOST:PORT: /metrics (Prometheus text), /stats (JSON).
+    pub metrics: Option<String>,
+    /// O_DIRECT for files and devices: required, preferred (buffered where the filesystem
+    /// refuses it) or off.
+    pub direct: DirectMode,
+    /// Connections to an NBD source (if it allows several; else 1).
+    pub source_connections: usize,
+    /// Requests in flight on each connection to an NBD source.
+    pub source_queue_depth: usize,
+    /// An NBD source request that takes longer fails (EIO) and its connection is reopened.
+    pub source_timeout: Duration,
+    /// Keep cache contents across restarts (an export's `persist = false` still turns it off).
+    pub persist: bool,
+    /// Use a cache device that holds data which is not an sce cache (its contents are lost).
+    pub force: bool,
+    /// Reformat a cache device that belongs to another source, has another geometry or
+    /// format version, is corrupt or was disabled after errors.
+    pub reformat: bool,
+    /// Invalidate everything the cache device holds for the source, at start.
+    pub forget_volume: bool,
+    /// A version string of the sources' content, for exports that give none of their own.
+    pub source_generation: Option<String>,
+    /// Host directory for failure markers of cache devices.
+    pub state_dir: PathBuf,
+    /// Cache-device errors after which a cache disables itself.
+    pub error_limit: u64,
+    /// How often changed slot records are written and quiet write intents cleared.
+    pub metadata_interval: Duration,
+    /// NBD connections served at once; more are refused.
+    pub max_connections: usize,
+    /// Close a client connection idle this long between requests (zero: never).
+    pub idle_timeout: Duration,
+    /// Longest time a client may take to send a request once started, or to read a reply.
+    pub client_timeout: Duration,
+    /// Payload bytes held in flight for all clients together.
+    pub inflight_budget: u64,
+    /// Permission bits of Unix sockets.
+    pub socket_mode: u32,
+}
+
+/// One export as declared: a `[[export]]` table of the TOML file, or the command line's.
+#[derive(Deserialize, Debug, Clone, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ExportConfig {
+    /// The export's name ("" is the default export).
+    #[serde(default)]
+    pub name: String,
+    /// A file, a block device or an NBD URI.
+    pub source: String,
+    /// The cache device; without it the source is exported as it is.
+    pub cache: Option<PathBuf>,
+    /// Create the cache file with this size if it does not exist.
+    pub cache_size: Option<String>,
+    /// Write mode: awt, write-around or write-through.
+    pub mode: Option<String>,
+    /// Admission: sce, sce-paper, always or nhit:K.
+    pub admission: Option<String>,
+    /// Fragment size: a power of two from 4KiB to 64MiB.
+    pub fragment_size: Option<String>,
+    /// Eviction policy: clock, lru or fifo.
+    pub eviction: Option<String>,
+    /// Algorithm 1: populate only while the read miss rate is at least this.
+    pub target_missrate: Option<f64>,
+    /// Export read-only.
+    #[serde(default)]
+    pub read_only: bool,
+    /// Keep the cache contents across restarts (default true).
+    pub persist: Option<bool>,
+    /// The source's name in the cache device's volume table.
+    pub source_name: Option<String>,
+    /// A version string for the source's content, recorded with the cache.
+    pub source_generation: Option<String>,
+    /// Admission sce: auto, auto:SIZE, SIZE (per second) or unlimited.
+    pub population_rate: Option<String>,
+    /// Admission sce: bytes of a sequential run from which it is bypassed (0: never).
+    pub sequential_cutoff: Option<String>,
+    /// Admission sce: touches by which a candidate must beat its victim.
+    pub admission_margin: Option<u32>,
+    /// Admission sce: fill only the touched parts of a fragment.
+    pub partial_fill: Option<bool>,
+    /// Endurance budget: SIZE per day or N dwpd.
+    pub max_cache_writes: Option<String>,
+    /// Admission options already parsed (the command line's): when given, they replace the
+    /// five text fields above.
+    #[serde(skip)]
+    pub admission_options: Option<AdmissionOptions>,
+}
+
+/// The TOML file of `sce serve --config`.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// Where to listen: unix:PATH or tcp:HOST:PORT.
+    #[serde(default)]
+    pub listen: Vec<String>,
+    /// The metrics endpoint, unless the command line gives one.
+    pub metrics: Option<String>,
+    /// The exports.
+    #[serde(default)]
+    pub export: Vec<ExportConfig>,
+}
+
+impl ConfigFile {
+    /// Reads and parses the file at `path`.
+    pub fn load(path: &Path) -> Result<ConfigFile> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        toml::from_str(&text).map_err(|e| anyhow!("{}: {e}", path.display()))
+    }
+}
+
+impl ServeConfig {
+    /// Adds what `file` declares: its exports before this config's, its listeners after,
+    /// its metrics endpoint unless this config has one. Checks the exports first, then the
+    /// listeners' syntax.
+    pub fn merge_file(&mut self, file: ConfigFile) -> Result<()> {
+        let own = std::mem::replace(&mut self.exports, file.export);
+        self.exports.extend(own);
+        check_exports(&self.exports)?;
+        for l in &file.listen {
+            self.listen
+                .push(l.parse().map_err(|e: String| anyhow!("listen: {e}"))?);
+        }
+        if self.metrics.is_none() {
+            self.metrics = file.metrics;
+        }
+        Ok(())
+    }
+
+    /// Checks that there is something to serve, under distinct names, and somewhere to
+    /// listen.
+    pub fn check(&self) -> Result<()> {
+        check_exports(&self.exports)?;
+        if self.listen.is_empty() {
+            bail!("nowhere to listen: give --listen unix:PATH or tcp:HOST:PORT");
+        }
+        Ok(())
+    }
+}
+
+/// At least one export, no two with the same name.
+fn check_exports(exports: &[ExportConfig]) -> Result<()> {
+    if exports.is_empty() {
+        bail!("nothing to serve: give --source (and --cache), or --config with [[export]] tables");
+    }
+    let mut names: Vec<&str> = exports.iter().map(|e| e.name.as_str()).collect();
+    names.sort_unstable();
+    if names.windows(2).any(|w| w[0] == w[1]) {
+        bail!("two exports have the same name");
+    }
+    Ok(())
+}

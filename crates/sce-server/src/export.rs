@@ -1,0 +1,375 @@
+//! Export assembly: checks that no export uses another's device, opens each source (an NBD
+//! client, or a local file held locked) and cache device, and builds the cached volume and
+//! the `sce_nbd::Export` that serves it.
+
+use crate::admission::AdmissionOptions;
+use crate::config::{ExportConfig, ServeConfig};
+use crate::ownership::{self, Contents};
+use crate::LOG_TARGET;
+use anyhow::{anyhow, bail, Context, Result};
+use sce_core::{Admission, CoreConfig, EvictionKind, WriteMode};
+use sce_engine::{CacheVolume, EngineConfig, PersistConfig};
+use sce_io::{BlockDevice, DirectMode, FileDevice, FileOptions, LockMode};
+use sce_nbd::{Export, NbdClient, NbdUri};
+use sce_sim::units::parse_size;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// An export ready to serve, and its cached volume if it has a cache.
+pub struct Built {
+    /// What the NBD server serves.
+    pub export: Export,
+    /// The cached volume behind it (none for a source exported as it is).
+    pub volume: Option<Arc<CacheVolume>>,
+}
+
+/// Refuses exports that share storage: no export may use another's cache, or its own
+/// source, as a cache, and no two may cache the same NBD export.
+pub fn check_ownership(exports: &[ExportConfig]) -> Result<()> {
+    let mut claims = Vec::new();
+    for spec in exports {
+        claims.push(ownership::Claim {
+            export: spec.name.clone(),
+            role: "source",
+            path: spec.source.clone(),
+        });
+        if let Some(c) = &spec.cache {
+            claims.push(ownership::Claim {
+                export: spec.name.clone(),
+                role: "cache",
+                path: c.display().to_string(),
+            });
+        }
+    }
+    ownership::refuse_overlaps(&claims)?;
+    // Two caches of one NBD export would never see each other's writes.
+    let mut cached_uris: Vec<&str> = exports
+        .iter()
+        .filter(|e| e.cache.is_some() && e.source.contains("://"))
+        .map(|e| e.source.as_str())
+        .collect();
+    cached_uris.sort_unstable();
+    if let Some(w) = cached_uris.windows(2).find(|w| w[0] == w[1]) {
+        bail!(
+            "two exports cache the same source {}: neither cache would see the other's writes",
+            w[0]
+        );
+    }
+    Ok(())
+}
+
+/// Parses an optional text field of an export.
+fn field<T: std::str::FromStr<Err = String>>(
+    v: &Option<String>,
+    what: &str,
+    export: &str,
+) -> Result<Option<T>> {
+    v.as_deref()
+        .map(|s| {
+            s.parse::<T>()
+                .map_err(|e| anyhow!("export {export:?}: {what}: {e}"))
+        })
+        .transpose()
+}
+
+/// Parses an optional size field of an export.
+fn size_field(v: &Option<String>, what: &str, export: &str) -> Result<Option<u64>> {
+    v.as_deref()
+        .map(parse_size)
+        .transpose()
+        .map_err(|e| anyhow!("export {export:?}: {what}: {e}"))
+}
+
+fn open_source(spec: &ExportConfig, cfg: &ServeConfig) -> Result<Arc<dyn BlockDevice>> {
+    if spec.source.starts_with("nbd://") || spec.source.starts_with("nbd+unix://") {
+        let uri: NbdUri = spec.source.parse().map_err(|e: String| anyhow!(e))?;
+        let opts = sce_nbd::ClientOptions {
+            request_timeout: cfg.source_timeout.max(Duration::from_millis(100)),
+            queue_depth: cfg.source_queue_depth.max(1),
+            ..sce_nbd::ClientOptions::default()
+        };
+        return Ok(Arc::new(NbdClient::connect_with(
+            &uri,
+            cfg.source_connections,
+            opts,
+        )?));
+    }
+    // A local source is held locked while served: exclusively when it is cached or written
+    // (a second cache of it would never see this one's writes), shared when only read.
+    let lock = if spec.cache.is_none() && spec.read_only {
+        LockMode::Shared
+    } else {
+        LockMode::Exclusive
+    };
+    let opts = FileOptions {
+        direct: cfg.direct,
+        create_size: None,
+        read_only: spec.read_only,
+        lock,
+    };
+    Ok(Arc::new(FileDevice::open(Path::new(&spec.source), &opts)?))
+}
+
+/// Opens the cache device, locked exclusively, refusing to resize an existing file. The
+/// flag says whether this open created the file (so that a failed start removes it).
+fn open_cache(
+    path: &Path,
+    size: Option<u64>,
+    direct: DirectMode,
+    export: &str,
+) -> Result<(Arc<FileDevice>, bool)> {
+    let opts = FileOptions {
+        direct,
+        create_size: size,
+        read_only: false,
+        lock: LockMode::Exclusive,
+    };
+    match FileDevice::open(path, &opts) {
+        Ok(d) => {
+            let created = d.created();
+            Ok((Arc::new(d), created))
+        }
+        Err(sce_io::IoError::Invalid(m)) if m.contains("refusing to resize") => bail!(
+            "export {export:?}: cache {}: {m}. sce never resizes a cache: omit --cache-size to \
+             use it at its size, or remove the file (or reformat it with `sce format --force`) \
+             to start over at another size",
+            path.display()
+        ),
+        Err(e) => Err(e).with_context(|| format!("export {export:?}: cache {}", path.display())),
+    }
+}
+
+/// The core configuration an export declares, every field checked (whether or not the
+/// export has a cache). The admission options that depend on the cache's size are applied
+/// again once it is known.
+fn core_config(spec: &ExportConfig) -> Result<CoreConfig> {
+    let n = &spec.name;
+    let mut core = CoreConfig::default();
+    if let Some(m) = field::<WriteMode>(&spec.mode, "mode", n)? {
+        core.write_mode = m;
+    }
+    if let Some(m) = field::<Admission>(&spec.admission, "admission", n)? {
+        core.admission = m;
+    }
+    if let Some(e) = field::<EvictionKind>(&spec.eviction, "eviction", n)? {
+        core.eviction = e;
+    }
+    if let Some(f) = &spec.fragment_size {
+        core.fragment_size =
+            parse_size(f).map_err(|e| anyhow!("export {n:?}: fragment_size: {e}"))?;
+    }
+    if let Some(t) = spec.target_missrate {
+        core.throttle.target_missrate = t;
+    }
+    admission_options(spec)?.apply(&mut core, 1 << 30);
+    core.validate().map_err(|e| anyhow!("export {n:?}: {e}"))?;
+    Ok(core)
+}
+
+/// The admission options of an export: the parsed ones it carries, or its text fields.
+fn admission_options(spec: &ExportConfig) -> Result<AdmissionOptions> {
+    if let Some(o) = &spec.admission_options {
+        return Ok(o.clone());
+    }
+    let n = &spec.name;
+    Ok(AdmissionOptions {
+        population_rate: field(&spec.population_rate, "population_rate", n)?,
+        sequential_cutoff: size_field(&spec.sequential_cutoff, "sequential_cutoff", n)?,
+        admission_margin: spec.admission_margin,
+        partial_fill: spec.partial_fill.unwrap_or(false),
+        max_cache_writes: field(&spec.max_cache_writes, "max_cache_writes", n)?,
+    })
+}
+
+/// Builds one export: its source, and its cached volume if it has a cache. A cache file
+/// this start created is removed again if the build fails.
+pub fn build(spec: &ExportConfig, cfg: &ServeConfig) -> Result<Built> {
+    let n = &spec.name;
+    let core = core_config(spec)?;
+    let source =
+        open_source(spec, cfg).with_context(|| format!("export {n:?}: source {}", spec.source))?;
+    let Some(cache_path) = &spec.cache else {
+        return Ok(Built {
+            export: Export {
+                name: n.clone(),
+                description: format!("{} (no cache)", spec.source),
+                device: source,
+                read_only: spec.read_only,
+                prefetch: None,
+            },
+            volume: None,
+        });
+    };
+    let cache_size = size_field(&spec.cache_size, "cache_size", n)?;
+    if cache_size.is_none() && !cache_path.exists() {
+        bail!(
+            "export {n:?}: cache {} does not exist; give a cache size to create it",
+            cache_path.display()
+        );
+    }
+    let (cache_dev, created) = open_cache(cache_path, cache_size, cfg.direct, n)?;
+    let built = build_cached(spec, cfg, core, source, cache_dev, cache_path);
+    if built.is_err() && created {
+        // Leave nothing behind: the file was ours, made by this start.
+        let _ = std::fs::remove_file(cache_path);
+    }
+    built
+}
+
+/// The rest of `build` once the cache device is open.
+fn build_cached(
+    spec: &ExportConfig,
+    cfg: &ServeConfig,
+    mut core: CoreConfig,
+    source: Arc<dyn BlockDevice>,
+    cache_dev: Arc<FileDevice>,
+    cache_path: &Path,
+) -> Result<Built> {
+    let n = &spec.name;
+    let persist_wanted = spec.persist.unwrap_or(true) && cfg.persist;
+    let found = check_cache_contents(spec, cfg, &cache_dev, cache_path, persist_wanted)?;
+    let cache = cache_device(cache_dev, persist_wanted)?;
+    let persist = persist_wanted
+        .then(|| persist_config(spec, cfg, &found))
+        .transpose()?;
+    if persist.is_some() && spec.fragment_size.is_none() {
+        // A formatted device brings its fragment size unless one is asked for.
+        if let Ok(sb) = sce_store::read_superblock(&*cache) {
+            core.fragment_size = sb.layout.fragment_size;
+        }
+    }
+    admission_options(spec)?.apply(&mut core, cache.size());
+    let persistent = persist.is_some();
+    let engine = EngineConfig {
+        core,
+        persist,
+        error_limit: cfg.error_limit,
+        ..EngineConfig::default()
+    };
+    let volume = Arc::new(
+        CacheVolume::open(source, cache, engine).with_context(|| format!("export {n:?}"))?,
+    );
+    log_loaded(n, &volume, persistent);
+    let v = volume.clone();
+    Ok(Built {
+        export: Export {
+            name: n.clone(),
+            description: format!("{} cached on {}", spec.source, cache_path.display()),
+            device: volume.clone(),
+            read_only: spec.read_only,
+            prefetch: Some(Arc::new(move |o, l| v.prefetch(o, l))),
+        },
+        volume: Some(volume),
+    })
+}
+
+/// Never formats or overwrites what is not ours: looks at what the cache device holds and
+/// refuses foreign data (without `force`) and a persistent cache about to be used as a
+/// non-persistent one (without `force` or `reformat`).
+fn check_cache_contents(
+    spec: &ExportConfig,
+    cfg: &ServeConfig,
+    cache_dev: &FileDevice,
+    cache_path: &Path,
+    persist_wanted: bool,
+) -> Result<Contents> {
+    let n = &spec.name;
+    let found = ownership::contents_at(cache_dev, Some(cache_path))
+        .with_context(|| format!("export {n:?}: reading cache {}", cache_path.display()))?;
+    if let Contents::Foreign(what) = &found {
+        if !cfg.force {
+            bail!(
+                "export {n:?}: cache {} holds data that is not an sce cache ({what}); refusing \
+                 to overwrite it. Pass --force if it really is meant to be the cache (its \
+                 contents are lost)",
+                cache_path.display()
+            );
+        }
+        tracing::warn!(target: LOG_TARGET, export = %n, "--force: overwriting {}: {what}", cache_path.display());
+    }
+    if !persist_wanted && matches!(found, Contents::SceCache) && !cfg.force && !cfg.reformat {
+        bail!(
+            "export {n:?}: cache {} holds a persistent sce cache; --no-persist would overwrite it. \
+             Pass --reformat (or --force) to use it as a cache that starts cold",
+            cache_path.display()
+        );
+    }
+    Ok(found)
+}
+
+/// The device the cache uses: all of it when persistent; else all but a first 8 KiB that
+/// hold a marker, so that the next start knows the device is sce's to overwrite.
+fn cache_device(cache_dev: Arc<FileDevice>, persist: bool) -> Result<Arc<dyn BlockDevice>> {
+    if persist {
+        return Ok(cache_dev);
+    }
+    ownership::mark_volatile(&*cache_dev)?;
+    let size = cache_dev.size() - ownership::VOLATILE_HEADER;
+    Ok(Arc::new(sce_io::SliceDevice::new(
+        cache_dev,
+        ownership::VOLATILE_HEADER,
+        size,
+    )?))
+}
+
+/// How a persistent cache is kept: under the source's name, reformatted if it held
+/// something else.
+fn persist_config(
+    spec: &ExportConfig,
+    cfg: &ServeConfig,
+    found: &Contents,
+) -> Result<PersistConfig> {
+    let name = spec
+        .source_name
+        .clone()
+        .unwrap_or_else(|| source_identity(&spec.source));
+    let p = PersistConfig {
+        reformat: cfg.reformat || matches!(found, Contents::Foreign(_) | Contents::VolatileCache),
+        forget_volume: cfg.forget_volume,
+        state_dir: Some(cfg.state_dir.clone()),
+        flush_interval: cfg.metadata_interval,
+        source_generation: spec
+            .source_generation
+            .clone()
+            .or_else(|| cfg.source_generation.clone()),
+        ..PersistConfig::new(name)
+    };
+    if p.volume_name.len() > sce_store::superblock::MAX_NAME {
+        bail!(
+            "export {:?}: the source name is longer than {} bytes; give a shorter one with --source-name",
+            spec.name,
+            sce_store::superblock::MAX_NAME
+        );
+    }
+    Ok(p)
+}
+
+/// Logs how the cache device was found and loaded.
+fn log_loaded(n: &str, volume: &CacheVolume, persistent: bool) {
+    if let Some(p) = volume.persist_stats() {
+        tracing::info!(
+            target: LOG_TARGET,
+            export = %n,
+            formatted = p.formatted_now,
+            previous_shutdown_clean = p.previous_shutdown_clean,
+            fragments_restored = p.fragments_restored,
+            dropped_by_intent = p.fragments_dropped_intent,
+            dropped_bad_metadata = p.fragments_dropped_bad_metadata,
+            load_ms = p.load_millis,
+            "cache device loaded"
+        );
+    } else if !persistent {
+        tracing::info!(target: LOG_TARGET, export = %n, "cache is not persistent: starting cold");
+    }
+}
+
+/// The name a source gets in the volume table: its canonical path, or the URI as given.
+fn source_identity(source: &str) -> String {
+    if source.contains("://") {
+        return source.to_string();
+    }
+    std::fs::canonicalize(source)
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| source.to_string())
+}

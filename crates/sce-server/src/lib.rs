@@ -1,0 +1,24 @@
+//! The server of `sce serve` as a library: it turns a [`ServeConfig`] into cached volumes
+//! exported over NBD, serves their counters over HTTP, and shuts down in order on SIGTERM
+//! or SIGINT. The `sce` binary only parses arguments into a [`ServeConfig`] and prints.
+//!
+//! - [`config`]: what to serve and how, and the TOML file of `--config`.
+//! - [`export`]: opening sources and caches, the checks that keep sce off what is not its
+//!   own ([`ownership`]), and the cached volumes.
+//! - [`metrics`]: the HTTP endpoint, its Prometheus text and its JSON /stats document.
+//! - [`server`]: listeners, the signal hook and the shutdown sequence.
+//! - [`admission`]: the options of flash-conscious admission, shared with `demo` and `sim`.
+
+pub mod admission;
+pub mod config;
+pub mod export;
+pub mod metrics;
+pub mod ownership;
+pub mod server;
+
+pub use config::{ConfigFile, ExportConfig, ServeConfig};
+pub use server::{run, Event, Stopped};
+
+/// The target of this crate's log lines: that of the `sce serve` command they always came
+/// from, so that log filters (`SCE_LOG=sce::serve=debug`) and the lines read the same.
+const LOG_TARGET: &str = "sce::serve";

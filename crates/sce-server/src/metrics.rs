@@ -1,0 +1,239 @@
+//! The metrics endpoint: a small HTTP server that answers /metrics (Prometheus text) and
+//! /stats (a JSON document) with the server's counters and every export's, and the client
+//! of /stats (`sce stats`).
+
+use anyhow::{anyhow, Context, Result};
+use sce_engine::{CacheVolume, PersistStats};
+use sce_nbd::Server;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Every export's name and cached volume (none for a source exported as it is).
+pub type Volumes = Vec<(String, Option<Arc<CacheVolume>>)>;
+
+/// The persistence fields exported as metrics and in /stats: (name, value, is a counter).
+fn persist_fields(p: &PersistStats) -> [(&'static str, u64, bool); 11] {
+    [
+        ("persist_format_version", p.format_version as u64, false),
+        (
+            "persist_previous_shutdown_clean",
+            p.previous_shutdown_clean as u64,
+            false,
+        ),
+        ("persist_last_clean_shutdown", p.last_clean_shutdown, false),
+        ("persist_fragments_restored", p.fragments_restored, false),
+        ("persist_dirty_intents", p.dirty_intents, false),
+        ("persist_intent_syncs", p.intent_syncs, true),
+        ("persist_intent_presets", p.intent_presets, true),
+        ("persist_units_written", p.units_written, true),
+        (
+            "persist_metadata_bytes_written",
+            p.metadata_bytes_written,
+            true,
+        ),
+        ("persist_metadata_errors", p.metadata_errors, true),
+        ("persist_load_millis", p.load_millis, false),
+    ]
+}
+
+/// A named value for the exporters: (name, value, is a counter).
+type Field = (&'static str, u64, bool);
+
+/// Appends one Prometheus family per field, with a sample per export. Every export lists
+/// the same fields, as (name, value, is a counter), in the same order.
+fn export_families(out: &mut String, rows: &[(&str, Vec<Field>)]) {
+    let Some((_, first)) = rows.first() else {
+        return;
+    };
+    for (i, &(field, _, counter)) in first.iter().enumerate() {
+        let (name, kind) = if counter {
+            (format!("sce_{field}_total"), "counter")
+        } else {
+            (format!("sce_{field}"), "gauge")
+        };
+        *out += &format!("# TYPE {name} {kind}\n");
+        for (export, fields) in rows {
+            *out += &format!(
+                "{name}{{export=\"{}\"}} {}\n",
+                export.replace('"', "\\\""),
+                fields[i].1
+            );
+        }
+    }
+}
+
+/// Prometheus text of every export's counters and the server's.
+pub fn prometheus(server: &Server, volumes: &[(String, Option<Arc<CacheVolume>>)]) -> String {
+    let mut out = String::new();
+    let s = server.stats();
+    for (name, v) in [
+        ("sce_nbd_connections_total", s.connections.load(Relaxed)),
+        ("sce_nbd_open_connections", s.open_connections.load(Relaxed)),
+        ("sce_nbd_requests_total", s.requests.load(Relaxed)),
+        (
+            "sce_nbd_request_errors_total",
+            s.request_errors.load(Relaxed),
+        ),
+        (
+            "sce_nbd_protocol_errors_total",
+            s.protocol_errors.load(Relaxed),
+        ),
+        (
+            "sce_nbd_refused_connections_total",
+            s.refused_connections.load(Relaxed),
+        ),
+        (
+            "sce_nbd_handshake_timeouts_total",
+            s.handshake_timeouts.load(Relaxed),
+        ),
+        (
+            "sce_nbd_request_timeouts_total",
+            s.request_timeouts.load(Relaxed),
+        ),
+        ("sce_nbd_idle_timeouts_total", s.idle_timeouts.load(Relaxed)),
+        (
+            "sce_nbd_reply_timeouts_total",
+            s.reply_timeouts.load(Relaxed),
+        ),
+        ("sce_nbd_inflight_bytes", s.inflight_bytes.load(Relaxed)),
+        (
+            "sce_nbd_inflight_bytes_peak",
+            s.inflight_bytes_peak.load(Relaxed),
+        ),
+    ] {
+        let kind = if name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        out += &format!("# TYPE {name} {kind}\n{name} {v}\n");
+    }
+    let cached: Vec<(&str, &CacheVolume)> = volumes
+        .iter()
+        .filter_map(|(n, v)| v.as_deref().map(|v| (n.as_str(), v)))
+        .collect();
+    let counters: Vec<_> = cached
+        .iter()
+        .map(|&(n, v)| (n, v.stats().fields().to_vec()))
+        .collect();
+    export_families(&mut out, &counters);
+    let persisted: Vec<_> = cached
+        .iter()
+        .filter_map(|&(n, v)| v.persist_stats().map(|p| (n, persist_fields(&p).to_vec())))
+        .collect();
+    export_families(&mut out, &persisted);
+    out
+}
+
+/// The /stats document: the server's counters and every export's.
+pub fn stats_json(
+    server: &Server,
+    volumes: &[(String, Option<Arc<CacheVolume>>)],
+) -> serde_json::Value {
+    let s = server.stats();
+    let mut exports = serde_json::Map::new();
+    for (name, v) in volumes {
+        let mut m = serde_json::Map::new();
+        m.insert("cached".into(), v.is_some().into());
+        if let Some(v) = v {
+            let st = v.stats();
+            let state = if v.is_passthrough() {
+                "passthrough"
+            } else {
+                "active"
+            };
+            m.insert("state".into(), state.into());
+            for (f, val, _) in st.fields() {
+                m.insert(f.into(), val.into());
+            }
+            m.insert("read_hit_ratio".into(), st.read_hit_ratio().into());
+            if let Some(p) = v.persist_stats() {
+                for (f, val, _) in persist_fields(&p) {
+                    m.insert(f.into(), val.into());
+                }
+                m.insert("persist_uuid".into(), p.uuid.clone().into());
+            } else {
+                m.insert("persist_format_version".into(), serde_json::Value::Null);
+            }
+        }
+        exports.insert(name.clone(), m.into());
+    }
+    serde_json::json!({
+        "connections": s.connections.load(Relaxed),
+        "open_connections": s.open_connections.load(Relaxed),
+        "requests": s.requests.load(Relaxed),
+        "request_errors": s.request_errors.load(Relaxed),
+        "protocol_errors": s.protocol_errors.load(Relaxed),
+        "refused_connections": s.refused_connections.load(Relaxed),
+        "handshake_timeouts": s.handshake_timeouts.load(Relaxed),
+        "request_timeouts": s.request_timeouts.load(Relaxed),
+        "idle_timeouts": s.idle_timeouts.load(Relaxed),
+        "reply_timeouts": s.reply_timeouts.load(Relaxed),
+        "inflight_bytes": s.inflight_bytes.load(Relaxed),
+        "exports": exports,
+    })
+}
+
+/// Serves /metrics and /stats at `addr` (HOST:PORT) from a thread of its own, for as long as
+/// the process runs. Returns the address bound (with the port chosen if `addr` gave 0).
+pub fn metrics_server(addr: &str, server: Arc<Server>, volumes: Arc<Volumes>) -> Result<String> {
+    let l = TcpListener::bind(addr).with_context(|| format!("metrics endpoint {addr}"))?;
+    let local = l.local_addr()?.to_string();
+    std::thread::spawn(move || {
+        for conn in l.incoming().flatten() {
+            let (server, volumes) = (server.clone(), volumes.clone());
+            std::thread::spawn(move || answer(&conn, &server, &volumes));
+        }
+    });
+    Ok(local)
+}
+
+/// Answers one HTTP request on `conn`.
+fn answer(conn: &TcpStream, server: &Server, volumes: &Volumes) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut r = BufReader::new(conn);
+    let mut line = String::new();
+    if r.read_line(&mut line).is_err() {
+        return;
+    }
+    let path = line.split_whitespace().nth(1).unwrap_or("/");
+    let (status, ctype, body) = match path {
+        "/metrics" => (
+            "200 OK",
+            "text/plain; version=0.0.4",
+            prometheus(server, volumes),
+        ),
+        "/stats" => (
+            "200 OK",
+            "application/json",
+            stats_json(server, volumes).to_string(),
+        ),
+        _ => (
+            "404 Not Found",
+            "text/plain",
+            "try /metrics or /stats\n".into(),
+        ),
+    };
+    let mut w = conn;
+    let _ = write!(
+        w,
+        "HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+/// Fetches the /stats document of a running server's metrics endpoint (HOST:PORT).
+pub fn fetch_stats(addr: &str) -> Result<serde_json::Value> {
+    let mut c = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+    write!(c, "GET /stats HTTP/1.0\r\n\r\n")?;
+    let mut resp = String::new();
+    c.read_to_string(&mut resp)?;
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|x| x.1)
+        .ok_or_else(|| anyhow!("bad HTTP response"))?;
+    serde_json::from_str(body).context("bad stats document")
+}

@@ -1,0 +1,171 @@
+//! A server's life: build the exports, install the signal hook, listen, serve until SIGTERM
+//! or SIGINT, then shut down in order: stop accepting, drain what is in flight (or fail it
+//! with ESHUTDOWN), flush every export to its source, and persist the caches' records so
+//! that the next start is warm.
+
+use crate::config::ServeConfig;
+use crate::export;
+use crate::metrics::{metrics_server, Volumes};
+use crate::LOG_TARGET;
+use anyhow::{Context, Result};
+use sce_nbd::{listen_with, Listener, Server};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long the shutdown waits for open connections to finish.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a running server tells its caller, for it to print.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A listener is up at this address (`unix:PATH` or `HOST:PORT`).
+    Listening(String),
+    /// The metrics endpoint is up at this address (HOST:PORT).
+    Metrics(String),
+    /// A signal came: the shutdown begins.
+    ShuttingDown,
+}
+
+/// How a server stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stopped {
+    /// Every export was flushed and every cache shut down.
+    Clean,
+    /// The sources could not be flushed (the error says why). The caches were left as after
+    /// a crash, so that the next start recovers them: the process should exit now, and
+    /// nothing of the server was dropped (dropping would mark the caches clean).
+    Unflushed(String),
+}
+
+/// A server with its exports built, before it listens.
+struct Assembled {
+    server: Arc<Server>,
+    volumes: Arc<Volumes>,
+}
+
+/// A server that listens.
+struct Running {
+    assembled: Assembled,
+    listeners: Vec<Listener>,
+}
+
+/// Runs a server for `cfg` until SIGTERM or SIGINT, then shuts it down. `report` hears
+/// what the caller may want to print.
+pub fn run(cfg: ServeConfig, report: &mut dyn FnMut(Event)) -> Result<Stopped> {
+    cfg.check()?;
+    export::check_ownership(&cfg.exports)?;
+    let assembled = assemble(&cfg)?;
+    let stop = stop_on_signal()?;
+    let running = start(assembled, &cfg, report)?;
+    let _ = stop.recv();
+    tracing::info!(target: LOG_TARGET, "signal received: shutting down");
+    report(Event::ShuttingDown);
+    Ok(running.shut_down())
+}
+
+/// Builds every export, in order, and the NBD server over them.
+fn assemble(cfg: &ServeConfig) -> Result<Assembled> {
+    let mut exports = Vec::new();
+    let mut volumes = Vec::new();
+    for spec in &cfg.exports {
+        let b = export::build(spec, cfg)?;
+        volumes.push((spec.name.clone(), b.volume));
+        exports.push(b.export);
+    }
+    let server = Server::with_config(
+        exports,
+        sce_nbd::ServerConfig {
+            max_connections: cfg.max_connections.max(1),
+            idle_timeout: (!cfg.idle_timeout.is_zero()).then_some(cfg.idle_timeout),
+            request_timeout: cfg.client_timeout.max(Duration::from_millis(100)),
+            reply_timeout: cfg.client_timeout.max(Duration::from_millis(100)),
+            inflight_bytes: cfg.inflight_budget.max(1 << 20),
+            ..sce_nbd::ServerConfig::default()
+        },
+    );
+    Ok(Assembled {
+        server,
+        volumes: Arc::new(volumes),
+    })
+}
+
+/// Installs the hook of SIGTERM and SIGINT: the receiver hears of each.
+fn stop_on_signal() -> Result<Receiver<()>> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<()>(4);
+    ctrlc::set_handler(move || {
+        let _ = tx.send(());
+    })
+    .context("installing the signal handler")?;
+    Ok(rx)
+}
+
+/// Starts the listeners and the metrics endpoint.
+fn start(a: Assembled, cfg: &ServeConfig, report: &mut dyn FnMut(Event)) -> Result<Running> {
+    let mut listeners = Vec::new();
+    for l in &cfg.listen {
+        let opts = sce_nbd::ListenOptions {
+            socket_mode: cfg.socket_mode,
+        };
+        let h = listen_with(&a.server, l, &opts).with_context(|| format!("listening on {l:?}"))?;
+        tracing::info!(target: LOG_TARGET, address = %h.local, "listening");
+        report(Event::Listening(h.local.clone()));
+        listeners.push(h);
+    }
+    if let Some(m) = &cfg.metrics {
+        let local = metrics_server(m, a.server.clone(), a.volumes.clone())?;
+        report(Event::Metrics(local));
+    }
+    for e in a.server.exports() {
+        tracing::info!(target: LOG_TARGET, export = %e.name, size = e.device.size(), read_only = e.read_only, "serving");
+    }
+    Ok(Running {
+        assembled: a,
+        listeners,
+    })
+}
+
+impl Running {
+    /// Stops accepting, drains, flushes, and shuts the caches down.
+    fn shut_down(mut self) -> Stopped {
+        for l in &mut self.listeners {
+            l.stop();
+        }
+        let server = &self.assembled.server;
+        server.shutdown();
+        let deadline = Instant::now() + DRAIN_TIMEOUT;
+        while server.stats().open_connections.load(Relaxed) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if let Err(e) = server.flush_all() {
+            // A source that is away (an NBD server down) cannot be flushed. Stop anyway,
+            // without marking the caches clean: the next start recovers them as after a
+            // crash. Nothing is dropped: dropping the volumes would close them and mark
+            // their devices clean.
+            tracing::error!(target: LOG_TARGET, "flushing the exports failed: {e}; caches are left as after a crash");
+            let e = e.to_string();
+            std::mem::forget(self);
+            return Stopped::Unflushed(e);
+        }
+        persist_caches(&self.assembled.volumes);
+        Stopped::Clean
+    }
+}
+
+/// Every acknowledged write is on the (flushed) source. Persistent caches now write their
+/// records and mark their devices clean, so the next start is warm.
+fn persist_caches(volumes: &Volumes) {
+    for (name, v) in volumes.iter() {
+        let Some(v) = v else { continue };
+        let persistent = v.persist_stats().is_some();
+        let clean = v.shutdown();
+        if persistent {
+            if clean {
+                tracing::info!(target: LOG_TARGET, export = %name, "cache device left clean");
+            } else {
+                tracing::warn!(target: LOG_TARGET, export = %name, "cache device not left clean: the next start recovers as after a crash");
+            }
+        }
+    }
+}
