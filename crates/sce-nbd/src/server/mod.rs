@@ -8,8 +8,9 @@
 //! - One *accept* thread per [`Listener`]. It admits a connection if fewer than
 //!   [`ServerConfig::max_connections`] are open, and refuses it otherwise (a log line, the
 //!   socket closed, `ServerStats::refused_connections`).
-//! - Per admitted connection, a *reader* thread (handshake, then reading requests) and a
-//!   *writer* thread (replies that cannot go out at once). Neither runs device I/O.
+//! - Per admitted connection, a *reader* thread (handshake, then reading requests), and a
+//!   *writer* thread only from the first reply that could not go out at once (a client
+//!   that reads its replies promptly never gets one). Neither runs device I/O.
 //! - One pool of [`ServerConfig::workers`] *worker* threads per server, shared by every
 //!   connection, runs requests against the devices and sends each reply itself with one
 //!   non-blocking `sendmsg` of header and data, when the socket takes it at once and no
@@ -17,8 +18,10 @@
 //!   worker). A reply that would block, or only partly went out, is finished by the writer
 //!   of its connection, so a client that does not read its replies never holds a worker.
 //!
-//! So a server has at most `2 × max_connections + workers + listeners` threads. A thread
-//! that cannot be spawned refuses the connection; it never panics the process.
+//! So a server has at most `2 × max_connections + workers + listeners` threads, and in
+//! practice one per connection plus the workers. A reader thread that cannot be spawned
+//! refuses the connection; a writer that cannot be, leaves the blocking write to the worker;
+//! neither panics the process.
 //!
 //! # Memory
 //!

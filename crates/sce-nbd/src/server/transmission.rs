@@ -1,7 +1,7 @@
 //! A connection in transmission: its shared state, the in-flight tickets, and the reader
 //! that turns the socket into jobs for the workers.
 
-use super::worker::write_replies;
+use super::worker::{write_blocking, write_replies};
 use super::*;
 
 /// What a connection's reader, writer and tickets share.
@@ -87,11 +87,50 @@ pub(super) struct Reply {
 /// (the reader and the jobs in flight) has dropped it.
 pub(super) struct Session {
     pub(super) export: Export,
-    /// What the writer thread is to write (replies that could not go out at once).
-    pub(super) replies: Sender<ToWriter>,
+    /// The writer thread's queue, once a reply could not go out at once (the thread starts
+    /// then: most connections never need one). A leaf lock.
+    pub(super) writer: Mutex<Option<Sender<ToWriter>>>,
+    /// The writer thread, for the reader to join at the end.
+    pub(super) writer_thread: Arc<Mutex<Option<JoinHandle<()>>>>,
+    pub(super) shared: Arc<Shared>,
     /// The write half of the socket.
     pub(super) out: Arc<Out>,
     pub(super) state: Arc<ConnState>,
+}
+
+impl Session {
+    /// Hands work to the connection's writer thread, starting it on first need. If no thread
+    /// can be started, the caller writes (blocking, bounded by `reply_timeout`) itself.
+    pub(super) fn to_writer(&self, todo: ToWriter) {
+        let mut w = self.writer.lock();
+        if w.is_none() {
+            let (tx, queue) = unbounded::<ToWriter>();
+            let (shared, state, out) = (self.shared.clone(), self.state.clone(), self.out.clone());
+            match std::thread::Builder::new()
+                .name("nbd-writer".into())
+                .spawn(move || write_replies(&shared, &out, &queue, &state))
+            {
+                Ok(t) => {
+                    *self.writer_thread.lock() = Some(t);
+                    *w = Some(tx);
+                }
+                Err(e) => {
+                    drop(w);
+                    tracing::warn!("cannot start an NBD writer thread ({e}): writing in place");
+                    let reply = match todo {
+                        ToWriter::Reply(r) => Some(r),
+                        ToWriter::Tail => None,
+                    };
+                    write_blocking(&self.shared, &self.out, &self.state, reply);
+                    return;
+                }
+            }
+        }
+        if let Some(tx) = w.as_ref() {
+            // Fails only if the writer has gone; the ticket is released either way.
+            let _ = tx.send(todo);
+        }
+    }
 }
 
 /// The write half of a connection, and the rest of a reply that went out only in part. Its
@@ -220,34 +259,49 @@ impl Server {
             tail: None,
         }));
         let state = Arc::new(ConnState::default());
-        let (replies, queue) = unbounded::<ToWriter>();
-        let writer = {
-            let (shared, state, out) = (self.shared.clone(), state.clone(), out.clone());
-            std::thread::Builder::new()
-                .name("nbd-writer".into())
-                .spawn(move || write_replies(&shared, &out, &queue, &state))
-                .map_err(|e| {
-                    let why = format!("cannot start a writer thread: {e}");
-                    self.refused(&why);
-                    ConnError::Refused(why)
-                })?
-        };
+        let writer_thread = Arc::new(Mutex::new(None));
         let session = Arc::new(Session {
             export,
-            replies,
-            out,
+            writer: Mutex::new(None),
+            writer_thread: writer_thread.clone(),
+            shared: self.shared.clone(),
+            out: out.clone(),
             state: state.clone(),
         });
         let result = self.note(self.read_requests(&mut rd, &session));
-        // The writer ends once the jobs in flight have dropped their sessions too.
-        drop(session);
         if result.is_err() {
             state.dead.store(true, Relaxed);
         }
-        let _ = writer.join();
+        // A writer thread ends once the jobs in flight have dropped their sessions too.
+        drop(session);
+        if self.wait_answered(&state, &out) {
+            if let Some(t) = writer_thread.lock().take() {
+                let _ = t.join();
+            }
+        }
         state.dead.store(true, Relaxed);
+        out.lock().sock.shut();
         rd.shutdown_conn();
         result
+    }
+
+    /// After the last request was read: waits until every request in flight has been
+    /// answered (its ticket released). During a shutdown it waits at most until the grace
+    /// runs out, then shuts the socket down (a stuck device must not hold the connection
+    /// open) and returns false.
+    fn wait_answered(&self, state: &ConnState, out: &Out) -> bool {
+        let mut used = self.shared.used.lock();
+        while state.requests.load(Relaxed) > 0 {
+            if self.shared.shutting_down() && self.shared.past_grace() {
+                drop(used);
+                state.broken.store(true, Relaxed);
+                state.dead.store(true, Relaxed);
+                out.lock().sock.shut();
+                return false;
+            }
+            self.shared.freed.wait_for(&mut used, SLICE);
+        }
+        true
     }
 
     pub(super) fn read_requests<C: Conn>(
@@ -309,7 +363,7 @@ impl Server {
                 }
                 payload = self.read_payload(rd, &req)?;
                 if payload.is_none() {
-                    let _ = session.replies.send(ToWriter::Reply(Reply {
+                    session.to_writer(ToWriter::Reply(Reply {
                         error: errno::EINVAL,
                         cookie: req.cookie,
                         data: None,

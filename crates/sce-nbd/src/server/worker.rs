@@ -11,10 +11,9 @@ pub(super) fn work(shared: &Shared, queue: &Receiver<Job>) {
         let conn = job.conn.clone();
         let reply = run_job(shared, job);
         // The worker sends the reply itself when that needs no waiting (the common case: no
-        // hand-off to the writer thread); else the writer takes over. Sending to the writer
-        // fails only if it has gone; the ticket is released either way.
+        // hand-off to the writer thread); else the writer takes over.
         if let Some(todo) = send_now(shared, &conn.out, &conn.state, reply) {
-            let _ = conn.replies.send(todo);
+            conn.to_writer(todo);
         }
     }
 }
