@@ -24,8 +24,9 @@ pub mod throttle;
 
 pub use addr::{CacheOffset, FragNo, Nanos, SlotNo, SourceOffset, PAGE_SIZE, SECTOR_SIZE};
 pub use cache::{
-    AccessLog, CacheCore, CacheWrite, FillRun, PopId, PopulationJob, ReadPlan, ReadRun,
-    RequestError, RunTarget, WriteId, WriteKind, WritePlan,
+    AccessLog, CacheCopy, CacheCore, CacheWrite, FillRun, PinnedRead, PopId, Populating,
+    Population, PopulationJob, ReadPlan, ReadRun, RequestError, RunTarget, SourceWrite, WriteId,
+    WriteKind, WritePlan, WriteTxn,
 };
 pub use config::{Admission, ConfigError, CoreConfig, ThrottleConfig, WriteMode};
 pub use evict::EvictionKind;

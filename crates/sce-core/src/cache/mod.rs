@@ -19,6 +19,12 @@
 //!   Algorithm 1) returns a [`PopulationJob`]: read a span of the source, write the listed
 //!   runs to the slot, report with [`CacheCore::complete_population`].
 //!
+//! * **Guards.** Drivers use the typed guards of [`guard`](self::PinnedRead) on top of these
+//!   calls: a [`PinnedRead`] owns its pins and releases them when dropped; a [`WriteTxn`]
+//!   splits into a [`SourceWrite`] and [`CacheCopy`] tokens and a [`Population`] holds a
+//!   [`Populating`] token, each completed by a method that consumes it (a token dropped
+//!   uncompleted fails a debug assertion).
+//!
 //! # The invariant
 //! A page is marked valid only if its slot content equals the source content and no source
 //! write to it is in flight. Ways it is kept:
@@ -32,11 +38,13 @@
 //! 4. Slots with pins (reads, populations or cache copies in flight) are never evicted.
 
 mod evict;
+mod guard;
 mod plan;
 mod population;
 mod read;
 mod write;
 
+pub use guard::{CacheCopy, PinnedRead, Populating, Population, SourceWrite, WriteTxn};
 pub use plan::{
     AccessLog, CacheWrite, FillRun, PopId, PopulationJob, ReadPlan, ReadRun, RequestError,
     RunTarget, WriteId, WriteKind, WritePlan,

@@ -13,12 +13,14 @@
 //! counts its busy time, from which a driver computes its utilization over the trace.
 
 use crate::trace::{IoKind, TraceRequest};
+use sce_core::slots::PinTable;
 use sce_core::{
-    CacheCore, CacheOffset, CoreConfig, Nanos, PopId, ReadPlan, RunTarget, SourceOffset, WriteId,
-    WriteKind,
+    CacheCopy, CacheCore, CacheOffset, CoreConfig, Nanos, PinnedRead, Populating, Population,
+    ReadPlan, RunTarget, SourceOffset, SourceWrite, WriteKind, WriteTxn,
 };
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::Arc;
 
 mod device;
 #[cfg(test)]
@@ -27,12 +29,13 @@ mod tests;
 pub(crate) use device::Device;
 pub use device::{DeviceModel, LatencyHistogram};
 
-#[derive(Debug, Clone, Copy)]
+/// An event; the completions carry the core's completion tokens (`sce_core::WriteTxn`).
+#[derive(Debug)]
 enum Event {
     Wake(u32),
-    PopDone(PopId),
-    SourceDone(WriteId),
-    CacheDone(WriteId, u32),
+    PopDone(Populating),
+    SourceDone(SourceWrite),
+    CacheDone(CacheCopy),
 }
 
 /// An event due at `t`; ties run in the order they were scheduled (`seq`).
@@ -104,6 +107,8 @@ pub struct EngineResult {
 /// Simulates `cfg` with a cache of `cache_size` bytes over a source of `source_size` bytes.
 pub struct EngineSim {
     core: CacheCore,
+    /// The core's pin table, which reads release their pins through.
+    pins: Arc<PinTable>,
     ssd: Device,
     source: Device,
     events: BinaryHeap<Reverse<Due>>,
@@ -135,6 +140,7 @@ impl EngineSim {
         let core = CacheCore::new(cfg, source_size, cache_size)?;
         let interval_ns = (interval_secs * 1e9).max(1.0) as u64;
         let mut s = EngineSim {
+            pins: core.pin_table(),
             core,
             ssd: Device::new(ssd),
             source: Device::new(source),
@@ -196,8 +202,10 @@ impl EngineSim {
             if d.t > t {
                 break;
             }
-            let (et, e) = (d.t, d.e);
-            self.events.pop();
+            let et = d.t;
+            let Some(Reverse(Due { e, .. })) = self.events.pop() else {
+                break;
+            };
             self.now = et;
             if intervals {
                 self.close_intervals(et);
@@ -208,22 +216,17 @@ impl EngineSim {
                     let mut next = et + st.period.as_nanos() as u64;
                     if w < st.active_workers {
                         if let Some(job) = self.core.pick_population(Nanos(et)) {
+                            let job = Population::new(job);
                             let done = self.population_io(et, job.len, &job.runs);
-                            self.push(done, Event::PopDone(job.id));
+                            self.push(done, Event::PopDone(job.into_token()));
                             next = done + st.period.as_nanos() as u64;
                         }
                     }
                     self.push(next, Event::Wake(w));
                 }
-                Event::PopDone(id) => {
-                    let _ = self.core.complete_population(id, true);
-                }
-                Event::SourceDone(id) => {
-                    let _ = self.core.write_source_done(id, true);
-                }
-                Event::CacheDone(id, part) => {
-                    let _ = self.core.write_cache_done(id, part, true);
-                }
+                Event::PopDone(pop) => pop.complete(&mut self.core, true),
+                Event::SourceDone(source) => source.done(&mut self.core, true),
+                Event::CacheDone(copy) => copy.done(&mut self.core, true),
             }
         }
         if intervals {
@@ -306,11 +309,16 @@ impl EngineSim {
         }
         if mapped {
             let (o, l) = (off / 512 * 512, end.div_ceil(512) * 512 - off / 512 * 512);
-            if let Ok(plan) =
-                self.core
-                    .begin_write(SourceOffset(o), l.min(size - o), WriteKind::Discard)
+            let at = SourceOffset(o);
+            if let Ok(txn) =
+                WriteTxn::begin(&mut self.core, at, l.min(size - o), WriteKind::Discard)
             {
-                let _ = self.core.write_source_done(plan.id, true);
+                let (source, copies) = txn.into_parts();
+                // A discard plans no cache copy.
+                for copy in copies {
+                    copy.done(&mut self.core, false);
+                }
+                source.done(&mut self.core, true);
             }
         }
         held
@@ -347,16 +355,18 @@ impl EngineSim {
         self.res.requests += 1;
         match r.kind {
             IoKind::Read => {
-                if self
-                    .core
-                    .begin_read(SourceOffset(off), len, &mut self.plan)
-                    .is_err()
-                {
+                let Ok(mut read) = PinnedRead::begin(
+                    &mut self.core,
+                    &self.pins,
+                    SourceOffset(off),
+                    len,
+                    &mut self.plan,
+                ) else {
                     return t;
-                }
+                };
                 let mut done = t;
                 let mut source_done = t;
-                for run in &self.plan.runs {
+                for run in &read.runs {
                     let d = match run.target {
                         RunTarget::Cache(_) => self.ssd.io(t, run.len, false),
                         RunTarget::Source(_) => {
@@ -369,33 +379,35 @@ impl EngineSim {
                     done = done.max(d);
                 }
                 // Inline fills (admission `always`) are written before the read completes.
-                for f in &self.plan.fills {
+                for f in &read.fills {
                     done = done.max(self.ssd.io(source_done, f.len, true));
                     self.res.cache_bytes_written += f.len;
                 }
-                for &p in &self.plan.pops.clone() {
-                    let _ = self.core.complete_population(p, true);
+                for pop in read.take_populations() {
+                    pop.complete(&mut self.core, true);
                 }
-                self.core.end_read(&mut self.plan);
+                drop(read);
                 self.lat.record(done - t);
                 done
             }
             IoKind::Write => {
-                let Ok(plan) = self
-                    .core
-                    .begin_write(SourceOffset(off), len, WriteKind::Data)
+                let Ok(txn) =
+                    WriteTxn::begin(&mut self.core, SourceOffset(off), len, WriteKind::Data)
                 else {
                     return t;
                 };
+                let synchronous = txn.synchronous();
+                let (source, copies) = txn.into_parts();
                 let sdone = self.source.io(t, len, true);
                 self.res.source_bytes_written += len;
-                self.push(sdone, Event::SourceDone(plan.id));
+                self.push(sdone, Event::SourceDone(source));
                 let mut ack = sdone;
-                for w in &plan.cache_writes {
-                    let cdone = self.ssd.io(t, w.len, true);
-                    self.res.cache_bytes_written += w.len;
-                    self.push(cdone, Event::CacheDone(plan.id, w.part));
-                    if plan.synchronous {
+                for copy in copies {
+                    let l = copy.write().len;
+                    let cdone = self.ssd.io(t, l, true);
+                    self.res.cache_bytes_written += l;
+                    self.push(cdone, Event::CacheDone(copy));
+                    if synchronous {
                         ack = ack.max(cdone);
                     }
                 }
@@ -462,6 +474,21 @@ impl EngineSim {
         self.res.cache_busy_ns = self.ssd.busy_ns();
         self.res.fragments_populated = st.populations_completed;
         self.res.fragments_evicted = st.fragments_evicted;
-        self.res
+        std::mem::take(&mut self.res)
+    }
+}
+
+impl Drop for EngineSim {
+    /// A simulation dropped before `finish` (or with events left) completes what is in
+    /// flight as failed, so that no completion token is dropped uncompleted.
+    fn drop(&mut self) {
+        for Reverse(d) in std::mem::take(&mut self.events).into_vec() {
+            match d.e {
+                Event::Wake(_) => {}
+                Event::PopDone(pop) => pop.complete(&mut self.core, false),
+                Event::SourceDone(source) => source.done(&mut self.core, false),
+                Event::CacheDone(copy) => copy.done(&mut self.core, false),
+            }
+        }
     }
 }
