@@ -4,9 +4,17 @@
 //! at once, with background population workers (Algorithm 1), AWT writer threads and
 //! counters ([`VolumeStats`]).
 
+mod awt;
+mod flusher;
+mod health;
 pub mod persist;
+mod population;
+mod read;
+mod shared;
 pub mod stats;
+mod verify;
 pub mod volume;
+mod write;
 
 pub use persist::{PersistConfig, PersistStats};
 pub use stats::VolumeStats;

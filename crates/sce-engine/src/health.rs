@@ -1,0 +1,69 @@
+//! Health: device errors counted against the error limit, and passthrough (the cache
+//! disables itself and I/O goes to the source) when they reach it or when a write intent
+//! cannot be made durable.
+
+use crate::persist::Ticket;
+use crate::shared::Shared;
+use sce_io::IoError;
+use std::sync::atomic::Ordering::Relaxed;
+
+impl Shared {
+    /// Waits for intents to be durable. False if they could not be written: the cache device
+    /// failed, and the cache is disabled (so nothing it holds is served or trusted again).
+    pub(crate) fn wait_intents(&self, tickets: &[Ticket]) -> bool {
+        let Some(p) = &self.persist else { return true };
+        match p.sync(tickets) {
+            Ok(()) => true,
+            Err(e) => {
+                self.disable(&format!("cannot write the write-intent bitmap: {e}"));
+                false
+            }
+        }
+    }
+
+    /// Counts `n` cache-device errors; disables the cache once they reach the limit.
+    pub(crate) fn device_errors(&self, n: u64, what: &str) {
+        let total = self.errors.fetch_add(n, Relaxed) + n;
+        if total >= self.error_limit {
+            self.disable(&format!("{total} cache device errors, the last: {what}"));
+        }
+    }
+
+    /// Disables the cache: from now on I/O passes through to the source.
+    pub(crate) fn disable(&self, why: &str) {
+        if self.passthrough.swap(true, Relaxed) {
+            return;
+        }
+        tracing::error!("cache disabled, passing I/O through to the source: {why}");
+        if let Some(p) = &self.persist {
+            if let Err(e) = p.fail() {
+                tracing::error!(
+                    "could not mark the cache device failed ({e}); reformat it before reusing it"
+                );
+            }
+        }
+        self.core.write().drop_all();
+    }
+
+    /// Counts a failed cache read towards the error limit.
+    pub(crate) fn cache_read_failed(&self, e: &IoError) {
+        self.counters.cache_read_errors.fetch_add(1, Relaxed);
+        self.device_errors(1, &format!("read error: {e}"));
+    }
+
+    pub(crate) fn cache_write(&self, offset: u64, data: &[u8]) -> bool {
+        match self.cache.write_at(offset, data) {
+            Ok(()) => {
+                self.counters
+                    .cache_bytes_written
+                    .fetch_add(data.len() as u64, Relaxed);
+                true
+            }
+            Err(e) => {
+                self.counters.cache_write_errors.fetch_add(1, Relaxed);
+                self.device_errors(1, &format!("write error: {e}"));
+                false
+            }
+        }
+    }
+}

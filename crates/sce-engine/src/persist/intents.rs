@@ -1,0 +1,246 @@
+//! Write intents: which slots need their bit durably set before a write, setting bits
+//! ahead of need on reads of recently written slots, and writing the intent blocks (group
+//! commit).
+
+use super::{Persist, Ticket};
+use sce_core::hotness::IntMap;
+use sce_io::{AlignedBuf, BlockDevice, IoError};
+use sce_store::layout::{BLOCK, SLOTS_PER_INTENT_BLOCK};
+use sce_store::unit::NO_FRAGMENT;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+pub(super) struct State {
+    /// Per slot: the fragment its on-device record may claim, or NO_FRAGMENT.
+    pub(super) mirror: Vec<u64>,
+    /// Fragment -> the slot whose record may claim it.
+    pub(super) owner: IntMap<u64, u32>,
+    /// The intent bitmap as wanted (one bit per slot).
+    pub(super) intents: Vec<u64>,
+    /// Per intent block: version of the in-memory content, and version known durable.
+    pub(super) version: Vec<u64>,
+    pub(super) durable: Vec<u64>,
+    /// Per slot: bumped by every write that touches its claims.
+    pub(super) epoch: Vec<u32>,
+    /// Per slot: the epoch seen by the previous flush round.
+    pub(super) epoch_seen: Vec<u32>,
+    /// Slots whose record must be written next round.
+    pub(super) redo: Vec<u32>,
+    /// Units to rewrite next round.
+    pub(super) units: BTreeSet<u32>,
+    /// A unit write went wrong: scan every unit next round for one it may have hit.
+    pub(super) scrub: bool,
+    /// The intent bits, readable without this lock (kept equal to `intents`).
+    pub(super) intent_bits: Arc<[AtomicU64]>,
+    /// Per slot: the version of its intent block that set its bit (the bit is durable once
+    /// the block is durable at that version).
+    pub(super) set_version: Vec<u64>,
+}
+
+impl State {
+    pub(super) fn intent(&self, s: u32) -> bool {
+        sce_store::bit(&self.intents, s)
+    }
+
+    pub(super) fn set_intent(&mut self, s: u32, on: bool) {
+        let (w, b) = (s as usize / 64, s % 64);
+        if on {
+            self.intents[w] |= 1 << b;
+        } else {
+            self.intents[w] &= !(1 << b);
+        }
+        self.intent_bits[w].store(self.intents[w], Relaxed);
+        let block = (s as u64 / SLOTS_PER_INTENT_BLOCK) as usize;
+        self.version[block] += 1;
+        if on {
+            self.set_version[s as usize] = self.version[block];
+        }
+    }
+
+    /// A write touches slot `s`'s claims: bump its epoch, set its intent; the ticket to wait
+    /// for, if the intent is not durable yet. Only the version that set *this* bit matters:
+    /// other bits of the block changing since (presets, clears) do not make it wait.
+    pub(super) fn touch(&mut self, s: u32) -> Option<Ticket> {
+        self.epoch[s as usize] = self.epoch[s as usize].wrapping_add(1);
+        if !self.intent(s) {
+            self.set_intent(s, true);
+        }
+        let block = (s as u64 / SLOTS_PER_INTENT_BLOCK) as u32;
+        let v = self.set_version[s as usize];
+        (self.durable[block as usize] < v).then_some(Ticket { block, version: v })
+    }
+}
+
+fn block_image(intents: &[u64], block: u32) -> AlignedBuf {
+    let mut buf = AlignedBuf::new(BLOCK as usize);
+    let first = block as usize * (BLOCK as usize / 8);
+    for (i, w) in intents
+        .iter()
+        .skip(first)
+        .take(BLOCK as usize / 8)
+        .enumerate()
+    {
+        buf[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+    }
+    buf
+}
+
+impl Persist {
+    /// Under the core lock, before a write's source write and cache copies are sent: the
+    /// intents it needs. `frags` are the fragments written, `copies` the slots its cache
+    /// copies go to, with the fragment each holds.
+    pub(crate) fn guard_write(
+        &self,
+        frags: impl Iterator<Item = u64>,
+        copies: impl Iterator<Item = (u32, u64)>,
+    ) -> Vec<Ticket> {
+        let mut st = self.st.lock();
+        let mut t = Vec::new();
+        let warm = self
+            .round_no
+            .load(Relaxed)
+            .saturating_add(self.cfg.warm_rounds);
+        for f in frags {
+            if let Some(&s) = st.owner.get(&f) {
+                t.extend(st.touch(s));
+                self.warm_until[s as usize].store(warm, Relaxed);
+            }
+        }
+        for (s, f) in copies {
+            let m = st.mirror[s as usize];
+            if m != NO_FRAGMENT && m != f {
+                t.extend(st.touch(s));
+            }
+        }
+        t
+    }
+
+    /// Under the core lock, before data for fragment `f` is written into slot `s`
+    /// (population, inline fill).
+    pub(crate) fn guard_slot(&self, s: u32, f: u64) -> Option<Ticket> {
+        let mut st = self.st.lock();
+        let m = st.mirror[s as usize];
+        if m != NO_FRAGMENT && m != f {
+            st.touch(s)
+        } else {
+            None
+        }
+    }
+
+    /// A read hit slot `s`. If the slot was written in the last `warm_rounds` flush rounds,
+    /// its intent is kept set (or set now, ahead of the next write, which then need not wait
+    /// for the cache device). Returns true if an intent was set that the intent writer must
+    /// make durable (`write_pending`). Lock-free unless it sets the intent.
+    pub(crate) fn preset(&self, s: u32) -> bool {
+        let Some(warm) = self.warm_until.get(s as usize) else {
+            return false;
+        };
+        if warm.load(Relaxed) < self.round_no.load(Relaxed) {
+            return false;
+        }
+        let (w, b) = (s as usize / 64, 1u64 << (s % 64));
+        if self.read_touch[w].load(Relaxed) & b == 0 {
+            self.read_touch[w].fetch_or(b, Relaxed);
+        }
+        if self.intent_bits[w].load(Relaxed) & b != 0 {
+            return false;
+        }
+        let mut st = self.st.lock();
+        if st.intent(s) {
+            return false;
+        }
+        st.set_intent(s, true);
+        self.counters.intent_presets.fetch_add(1, Relaxed);
+        true
+    }
+
+    /// Slot `s` was just populated: it counts as write-warm for `warm_rounds` flush rounds,
+    /// so the first reads of it set its intent ahead of a first write.
+    pub(crate) fn warm(&self, s: u32) {
+        if let Some(w) = self.warm_until.get(s as usize) {
+            let until = self
+                .round_no
+                .load(Relaxed)
+                .saturating_add(self.cfg.warm_rounds);
+            w.fetch_max(until, Relaxed);
+        }
+    }
+
+    /// Writes every intent block whose in-memory content is newer than what is durable
+    /// (the intents set ahead of need), without anyone waiting for it. A write that needs
+    /// one of these intents meanwhile waits only for the rest of this write.
+    pub(crate) fn write_pending(&self) -> Result<(), IoError> {
+        let _io = self.intent_io.lock();
+        let blocks: Vec<u32> = {
+            let st = self.st.lock();
+            (0..st.version.len() as u32)
+                .filter(|&b| st.durable[b as usize] < st.version[b as usize])
+                .collect()
+        };
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        self.write_intent_blocks(&blocks)
+    }
+
+    /// Waits until the intent blocks of `tickets` are durable at their versions, writing
+    /// them if needed. Concurrent callers share writes (group commit).
+    pub(crate) fn sync(&self, tickets: &[Ticket]) -> Result<(), IoError> {
+        if tickets.is_empty() {
+            return Ok(());
+        }
+        let _io = self.intent_io.lock();
+        let mut blocks: Vec<u32> = {
+            let st = self.st.lock();
+            tickets
+                .iter()
+                .filter(|t| st.durable[t.block as usize] < t.version)
+                .map(|t| t.block)
+                .collect()
+        };
+        blocks.sort_unstable();
+        blocks.dedup();
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        self.counters.intent_syncs.fetch_add(1, Relaxed);
+        self.write_intent_blocks(&blocks)
+    }
+
+    /// Writes the current content of intent blocks (caller holds `intent_io`), then flushes.
+    pub(super) fn write_intent_blocks(&self, blocks: &[u32]) -> Result<(), IoError> {
+        let mut done = Vec::new();
+        for &b in blocks {
+            let (img, v) = {
+                let st = self.st.lock();
+                (block_image(&st.intents, b), st.version[b as usize])
+            };
+            self.dev
+                .write_at(self.layout.intent_offset + b as u64 * BLOCK, &img)?;
+            self.counters
+                .metadata_bytes_written
+                .fetch_add(BLOCK, Relaxed);
+            done.push((b, v));
+        }
+        // The superblock goes with every intent write, with a new sequence number that the
+        // state directory records too: a copy of the device taken before this write (a file
+        // copy, a snapshot) then carries an older sequence, and a start that is handed that
+        // copy back after a crash recognises it, although the copy's intents and records are
+        // each sound. Its write flushes the intent blocks as well.
+        {
+            let mut sb = self.sb.lock();
+            if sb.state == sce_store::DeviceState::Failed {
+                self.dev.flush()?;
+            } else {
+                self.write_sb_with(&mut sb, false)?;
+            }
+        }
+        let mut st = self.st.lock();
+        for (b, v) in done {
+            let d = &mut st.durable[b as usize];
+            *d = (*d).max(v);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,344 @@
+//! Persistence of the cache contents on the cache device (format: `sce-store`,
+//! `docs/FORMAT.md`), with the ordering that keeps a restarted cache from ever serving stale
+//! data.
+//!
+//! # The rule
+//! A slot's on-device record may claim pages of a fragment (its *claims*). Claims are only
+//! trusted at load if the slot's write-intent bit is clear. So:
+//!
+//! * **Before a source write to fragment F** is sent, the slot whose possible on-device
+//!   claims name F (`owner[F]`) must have its intent bit durably set.
+//! * **Before data is written into slot S for fragment G** (population, inline fill, a write's
+//!   cache copy), if S's possible claims name another fragment, S's intent bit must be durably
+//!   set.
+//! * **A bit is cleared** only by the flusher, after it rewrote S's record from the in-memory
+//!   state, flushed it, read it back, and saw no write touch S since it took the snapshot
+//!   (per-slot epochs) and for a whole flush period before (so hot fragments keep their bit
+//!   and repeated writes cost no synchronous I/O, like md's write-intent bitmap).
+//!
+//! "Possible claims" (`mirror`, `owner`) are an over-approximation of what the device may
+//! hold: the flusher adds a snapshot's claims before writing it and removes old ones only once
+//! the new record is durable. Each slot's possible claims name at most one fragment, and each
+//! fragment is claimed by at most one slot: a snapshot that would break this is written as an
+//! empty record and retried next round.
+//!
+//! Records claim only pages whose data was flushed: the flusher flushes the cache device
+//! after taking its snapshot and before writing records.
+
+mod intents;
+mod open;
+mod round;
+
+use intents::State;
+use parking_lot::Mutex;
+use sce_io::{BlockDevice, IoError};
+use sce_store::layout::BLOCK;
+use sce_store::{Layout, Superblock};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Settings of a persistent cache.
+#[derive(Clone, Debug)]
+pub struct PersistConfig {
+    /// The source's name in the volume table (its path or URI). A device that holds another
+    /// name, or the same name with another size, is refused unless `reformat`.
+    pub volume_name: String,
+    /// Reformat a device that is foreign, corrupt, of another version or geometry, or failed.
+    pub reformat: bool,
+    /// Invalidate this volume's cached fragments at start (bumps its generation).
+    pub forget_volume: bool,
+    /// How often the flusher writes changed records and clears quiet intents.
+    pub flush_interval: Duration,
+    /// Read back every metadata unit after writing it (catches lost and misdirected writes).
+    pub verify_metadata: bool,
+    /// A host directory for the failure marker: if the cache device fails so badly that it
+    /// cannot even be marked failed, a file `failed-<uuid>` is written here, and a later open
+    /// of that device refuses it (its records may be stale: source writes went on without
+    /// their intents). None: no marker.
+    pub state_dir: Option<std::path::PathBuf>,
+    /// An operator's version string for the source's content (`--source-generation`),
+    /// appended to the source's own identity: bumping it invalidates what the device holds
+    /// for the volume. The only way to tell sce that an NBD export changed while it was down.
+    pub source_generation: Option<String>,
+    /// Flush rounds after a write during which the slot counts as "write-warm": a read of it
+    /// keeps (or sets ahead of time) its write intent, so the next write need not wait for
+    /// the cache device. The cost: a crash drops the write-warm slots that were read lately.
+    pub warm_rounds: u32,
+}
+
+impl PersistConfig {
+    /// Defaults for a source named `name`.
+    pub fn new(name: impl Into<String>) -> Self {
+        PersistConfig {
+            volume_name: name.into(),
+            reformat: false,
+            forget_volume: false,
+            flush_interval: Duration::from_secs(1),
+            verify_metadata: true,
+            state_dir: None,
+            source_generation: None,
+            warm_rounds: 30,
+        }
+    }
+}
+
+/// What loading found, and the persistence counters.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PersistStats {
+    /// Format version of the device.
+    pub format_version: u32,
+    /// The device UUID.
+    pub uuid: String,
+    /// True if the previous run shut down cleanly.
+    pub previous_shutdown_clean: bool,
+    /// Unix seconds of the last clean shutdown (0: never).
+    pub last_clean_shutdown: u64,
+    /// True if the device was formatted by this open.
+    pub formatted_now: bool,
+    /// Fragments restored at start.
+    pub fragments_restored: u64,
+    /// Why the volume was invalidated at start ("" if it was not): the source's identity
+    /// changed or is unknown, the device was rolled back to an older copy, or asked to.
+    pub invalidated_because: String,
+    /// Fragments dropped at start because their intent bit was set.
+    pub fragments_dropped_intent: u64,
+    /// Fragments dropped at start because their metadata unit was rejected (upper bound).
+    pub fragments_dropped_bad_metadata: u64,
+    /// Metadata units rejected at start.
+    pub units_rejected: u64,
+    /// Milliseconds the start-up load took.
+    pub load_millis: u64,
+    /// Intent bits set now (fragments whose cached copy would be dropped after a crash).
+    pub dirty_intents: u64,
+    /// Synchronous intent writes (a write or population waited for them).
+    pub intent_syncs: u64,
+    /// Intents set ahead of need, on reads of recently written slots.
+    pub intent_presets: u64,
+    /// Metadata units written.
+    pub units_written: u64,
+    /// Metadata bytes written (units, intent blocks, superblocks).
+    pub metadata_bytes_written: u64,
+    /// Metadata write or read-back failures.
+    pub metadata_errors: u64,
+    /// Flush rounds.
+    pub flush_rounds: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    intent_syncs: AtomicU64,
+    intent_presets: AtomicU64,
+    units_written: AtomicU64,
+    metadata_bytes_written: AtomicU64,
+    metadata_errors: AtomicU64,
+    flush_rounds: AtomicU64,
+}
+
+/// A unit's index, its image, and its slots with whether each record claims pages.
+type UnitImage = (u32, Vec<u8>, Vec<(u32, bool)>);
+
+/// A request to wait until intent block `block` is durable at `version`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ticket {
+    block: u32,
+    version: u64,
+}
+
+/// The persistent side of a cached volume.
+pub(crate) struct Persist {
+    dev: Arc<dyn BlockDevice>,
+    pub(crate) layout: Layout,
+    sb: Mutex<Superblock>,
+    volume: usize,
+    st: Mutex<State>,
+    intent_io: Mutex<()>,
+    /// One flush round at a time (the flusher's, `flush_metadata`'s, `close`'s): two rounds
+    /// would write images of the same unit with different sequence numbers, and each one's
+    /// read-back would find the other's and count a metadata error.
+    round_lock: Mutex<()>,
+    seq: AtomicU64,
+    pub(crate) cfg: PersistConfig,
+    counters: Counters,
+    loaded: PersistStats,
+    /// The source writes completed when the source's identity was last recorded.
+    identity_writes: AtomicU64,
+    /// Flush rounds so far: the clock of `warm_until`.
+    round_no: AtomicU32,
+    /// Per slot: the round until which the slot counts as written recently ("write-warm"),
+    /// so that a read of it sets its intent ahead of the next write.
+    warm_until: Box<[AtomicU32]>,
+    /// Per slot: read since the last flush round while write-warm (keeps its intent set).
+    read_touch: Box<[AtomicU64]>,
+    /// The intent bits, readable without the state lock.
+    intent_bits: Arc<[AtomicU64]>,
+}
+
+/// What `open` hands back to the volume.
+pub(crate) struct Opened {
+    pub persist: Persist,
+    pub loaded: sce_store::Loaded,
+}
+
+impl Persist {
+    /// Writes the superblock with the next sequence number, then records that number in the
+    /// state directory (so that a later start recognises an older copy of the device).
+    fn write_sb(&self, sb: &mut Superblock) -> Result<(), IoError> {
+        self.write_sb_with(sb, true)
+    }
+
+    /// `write_sb`; `sync_state`: fsync the state file too (not on the intent path, where a
+    /// lost state-file update after a power failure only weakens the rollback check).
+    fn write_sb_with(&self, sb: &mut Superblock, sync_state: bool) -> Result<(), IoError> {
+        sb.seq = self.seq.fetch_add(1, Relaxed);
+        self.counters
+            .metadata_bytes_written
+            .fetch_add(BLOCK, Relaxed);
+        sce_store::write_superblock(&*self.dev, sb)?;
+        record_state_seq(&self.cfg, &sb.uuid, sb.seq, sync_state);
+        Ok(())
+    }
+
+    /// The volume's id in the table (it seeds the page checksums).
+    pub(crate) fn volume_id(&self) -> u16 {
+        self.sb.lock().volumes[self.volume].id
+    }
+
+    /// Records the source's current identity in the superblock if it differs from the
+    /// stored one. The caller guarantees that `writes_done` source writes have completed and
+    /// none was in flight when `identity` was taken, so the identity reflects every write
+    /// this cache made: after a crash, a source whose identity still matches was not changed
+    /// by anyone since. Cheap when nothing changed.
+    pub(crate) fn record_identity(
+        &self,
+        identity: Option<String>,
+        writes_done: u64,
+    ) -> Result<(), IoError> {
+        // No write of ours since the last record: nothing of ours to record, and a change
+        // would be someone else's (left for the next start to find).
+        if self.identity_writes.load(Relaxed) == writes_done {
+            return Ok(());
+        }
+        let Some(id) = full_identity(identity, &self.cfg) else {
+            return Ok(());
+        };
+        let h = sce_store::identity_hash(&id);
+        let mut sb = self.sb.lock();
+        if sb.state == sce_store::DeviceState::Failed {
+            return Ok(());
+        }
+        if sb.volumes[self.volume].identity != h {
+            sb.volumes[self.volume].identity = h;
+            self.write_sb(&mut sb)?;
+        }
+        self.identity_writes.store(writes_done, Relaxed);
+        Ok(())
+    }
+
+    /// The cache device failed: invalidate every record at once (bump the generation) and
+    /// mark the device failed, so no later start trusts it.
+    pub(crate) fn fail(&self) -> Result<(), IoError> {
+        let mut sb = self.sb.lock();
+        let v = &mut sb.volumes[self.volume];
+        v.generation = v.generation.wrapping_add(1);
+        sb.state = sce_store::DeviceState::Failed;
+        let r = self.write_sb(&mut sb);
+        if r.is_err() {
+            if let Some(m) = marker(&self.cfg, &sb.uuid) {
+                let text = format!(
+                    "sce: cache device {} failed and could not be marked failed; reformat it before reuse\n",
+                    sce_store::uuid_string(&sb.uuid)
+                );
+                let written = m
+                    .parent()
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|()| std::fs::write(&m, text));
+                if let Err(e) = written {
+                    tracing::error!("cannot write the failure marker {}: {e}", m.display());
+                } else {
+                    tracing::error!("wrote the failure marker {}", m.display());
+                    return Ok(());
+                }
+            }
+        }
+        r
+    }
+
+    /// A snapshot of the counters.
+    pub(crate) fn stats(&self) -> PersistStats {
+        let c = &self.counters;
+        PersistStats {
+            dirty_intents: self
+                .st
+                .lock()
+                .intents
+                .iter()
+                .map(|w| w.count_ones() as u64)
+                .sum(),
+            intent_syncs: c.intent_syncs.load(Relaxed),
+            intent_presets: c.intent_presets.load(Relaxed),
+            units_written: c.units_written.load(Relaxed),
+            metadata_bytes_written: c.metadata_bytes_written.load(Relaxed),
+            metadata_errors: c.metadata_errors.load(Relaxed),
+            flush_rounds: c.flush_rounds.load(Relaxed),
+            ..self.loaded.clone()
+        }
+    }
+}
+
+/// The source's identity with the operator's generation string, if any.
+fn full_identity(source: Option<String>, cfg: &PersistConfig) -> Option<String> {
+    let id = source?;
+    Some(match &cfg.source_generation {
+        Some(g) => format!("{id}:generation={g}"),
+        None => id,
+    })
+}
+
+/// The state file that remembers the newest superblock sequence this host wrote to device
+/// `uuid`.
+fn state_file(cfg: &PersistConfig, uuid: &[u8; 16]) -> Option<std::path::PathBuf> {
+    cfg.state_dir
+        .as_ref()
+        .map(|d| d.join(format!("seq-{}", sce_store::uuid_string(uuid))))
+}
+
+/// The newest superblock sequence this host recorded for device `uuid`, if any.
+fn state_seq(cfg: &PersistConfig, uuid: &[u8; 16]) -> Option<u64> {
+    let text = std::fs::read_to_string(state_file(cfg, uuid)?).ok()?;
+    text.trim().parse().ok()
+}
+
+/// Records `seq` as the newest superblock sequence of device `uuid` (write, fsync, rename).
+/// Best effort: a failure only weakens the detection of a rolled-back device, and is logged.
+fn record_state_seq(cfg: &PersistConfig, uuid: &[u8; 16], seq: u64, sync: bool) {
+    let Some(path) = state_file(cfg, uuid) else {
+        return;
+    };
+    let write = || -> std::io::Result<()> {
+        use std::io::Write;
+        if let Some(d) = path.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        let tmp = path.with_extension("tmp");
+        let mut f = std::fs::File::create(&tmp)?;
+        writeln!(f, "{seq}")?;
+        if sync {
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, &path)
+    };
+    if let Err(e) = write() {
+        tracing::warn!(
+            "cannot record the superblock sequence in {}: {e}",
+            path.display()
+        );
+    }
+}
+
+/// The failure marker file of device `uuid`, if a state directory is configured.
+fn marker(cfg: &PersistConfig, uuid: &[u8; 16]) -> Option<std::path::PathBuf> {
+    cfg.state_dir
+        .as_ref()
+        .map(|d| d.join(format!("failed-{}", sce_store::uuid_string(uuid))))
+}

@@ -1,0 +1,292 @@
+//! Opening the store: read or format the superblock, decide whether what the device
+//! holds for the volume can be trusted, load it, and start.
+
+use super::intents::State;
+use super::{
+    full_identity, marker, record_state_seq, state_seq, Counters, Opened, Persist, PersistConfig,
+    PersistStats,
+};
+use parking_lot::Mutex;
+use sce_core::hotness::IntMap;
+use sce_core::{CacheCore, FragNo, SlotNo};
+use sce_io::{BlockDevice, IoError};
+use sce_store::unit::NO_FRAGMENT;
+use sce_store::{ScanReport, StoreError, Superblock};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::Arc;
+
+impl Persist {
+    /// Opens (or formats) the persistent store on `dev` for a source of `source_size` bytes
+    /// and loads its contents. Does not touch the core.
+    pub(crate) fn open(
+        dev: Arc<dyn BlockDevice>,
+        cfg: PersistConfig,
+        fragment_size: u64,
+        source_size: u64,
+        source_identity: Option<String>,
+    ) -> Result<Opened, StoreError> {
+        let started = std::time::Instant::now();
+        let identity = full_identity(source_identity, &cfg);
+        let identity_hash = identity.as_deref().map_or(
+            [0; sce_store::superblock::IDENTITY_BYTES],
+            sce_store::identity_hash,
+        );
+        let (mut sb, formatted_now) =
+            Self::superblock(&dev, &cfg, fragment_size, source_size, identity_hash)?;
+        let vi = sce_store::find_volume(&sb, &cfg.volume_name, source_size)?;
+        let why = Self::trust(&dev, &cfg, &mut sb, vi, identity.as_deref(), formatted_now)?;
+        let frags = source_size.div_ceil(fragment_size);
+        let loaded = sce_store::load(&*dev, sb.clone(), vi, frags)?;
+        let layout = sb.layout;
+        let r: &ScanReport = &loaded.report;
+        let stats = PersistStats {
+            format_version: sb.version,
+            uuid: sce_store::uuid_string(&sb.uuid),
+            previous_shutdown_clean: sb.state == sce_store::DeviceState::Clean,
+            last_clean_shutdown: sb.last_clean_shutdown,
+            formatted_now,
+            fragments_restored: 0,
+            invalidated_because: why.join("; "),
+            fragments_dropped_intent: r.slots_dropped_intent,
+            fragments_dropped_bad_metadata: r.slots_in_bad_units,
+            units_rejected: (r.units_corrupt + r.units_misplaced + r.units_foreign) as u64,
+            load_millis: started.elapsed().as_millis() as u64,
+            ..PersistStats::default()
+        };
+        let slots = layout.slots as usize;
+        let blocks = layout.intent_blocks as usize;
+        let intent_bits: Arc<[AtomicU64]> =
+            loaded.intents.iter().map(|&w| AtomicU64::new(w)).collect();
+        let warm_rounds = cfg.warm_rounds;
+        let st = State::loaded(&loaded, intent_bits.clone(), slots, blocks);
+        Ok(Opened {
+            persist: Persist {
+                dev,
+                layout,
+                seq: AtomicU64::new(sb.seq + 1),
+                sb: Mutex::new(sb),
+                volume: vi,
+                st: Mutex::new(st),
+                intent_io: Mutex::new(()),
+                round_lock: Mutex::new(()),
+                cfg,
+                counters: Counters::default(),
+                loaded: stats,
+                // The identity stored now is the source's as opened, before any write.
+                identity_writes: AtomicU64::new(0),
+                round_no: AtomicU32::new(0),
+                // Every slot starts write-warm: the first reads after a start set the intents
+                // of the slots they hit ahead of the first writes.
+                warm_until: (0..slots).map(|_| AtomicU32::new(warm_rounds)).collect(),
+                read_touch: (0..slots.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+                intent_bits,
+            },
+            loaded,
+        })
+    }
+
+    /// Reads the superblock of `dev`, or formats the device if it is blank, or (with
+    /// `reformat`) foreign, corrupt, of another geometry, failed or marked failed. Returns it
+    /// and whether it was formatted now.
+    fn superblock(
+        dev: &Arc<dyn BlockDevice>,
+        cfg: &PersistConfig,
+        fragment_size: u64,
+        source_size: u64,
+        identity_hash: [u8; sce_store::superblock::IDENTITY_BYTES],
+    ) -> Result<(Superblock, bool), StoreError> {
+        let volume = sce_store::Volume {
+            id: 1,
+            generation: 1,
+            source_size,
+            name: cfg.volume_name.clone(),
+            identity: identity_hash,
+        };
+        let fmt = |dev: &dyn BlockDevice| {
+            sce_store::format(
+                dev,
+                &sce_store::FormatOptions {
+                    fragment_size,
+                    volume: volume.clone(),
+                    size: None,
+                },
+            )
+        };
+        let mut formatted_now = false;
+        let sb = match sce_store::read_superblock(&**dev) {
+            Ok(sb) => {
+                let usable = sb.state != sce_store::DeviceState::Failed
+                    && sb.layout.fragment_size == fragment_size
+                    && sce_store::find_volume(&sb, &cfg.volume_name, source_size).is_ok();
+                if usable {
+                    sb
+                } else if cfg.reformat {
+                    formatted_now = true;
+                    fmt(&**dev)?
+                } else if sb.state == sce_store::DeviceState::Failed {
+                    return Err(StoreError::Failed);
+                } else if sb.layout.fragment_size != fragment_size {
+                    return Err(StoreError::Geometry(format!(
+                        "the cache device is formatted with {}-byte fragments, not {fragment_size}; pass --reformat to change it",
+                        sb.layout.fragment_size
+                    )));
+                } else {
+                    sce_store::find_volume(&sb, &cfg.volume_name, source_size)?;
+                    sb
+                }
+            }
+            Err(StoreError::NotFormatted) => {
+                formatted_now = true;
+                fmt(&**dev)?
+            }
+            Err(e) if cfg.reformat && !matches!(e, StoreError::Io(_)) => {
+                formatted_now = true;
+                fmt(&**dev)?
+            }
+            Err(e) => return Err(e),
+        };
+        let mut sb = sb;
+        if let Some(m) = marker(cfg, &sb.uuid) {
+            if m.exists() {
+                if !cfg.reformat {
+                    return Err(StoreError::Failed);
+                }
+                let _ = std::fs::remove_file(&m);
+                formatted_now = true;
+                sb = fmt(&**dev)?;
+            }
+        }
+        Ok((sb, formatted_now))
+    }
+
+    /// Never stale across a restart: what the device holds for volume `vi` is dropped (one
+    /// generation bump) unless the source is provably the one it cached, unchanged, and the
+    /// device is the newest copy this host wrote. Records the source's identity (`identity`,
+    /// with the generation string) and a new sequence if either changed. Returns why the
+    /// volume was dropped (empty if it was not).
+    fn trust(
+        dev: &Arc<dyn BlockDevice>,
+        cfg: &PersistConfig,
+        sb: &mut Superblock,
+        vi: usize,
+        identity: Option<&str>,
+        formatted_now: bool,
+    ) -> Result<Vec<String>, StoreError> {
+        let identity_hash = identity.map_or(
+            [0; sce_store::superblock::IDENTITY_BYTES],
+            sce_store::identity_hash,
+        );
+        let mut why = Vec::new();
+        let seen_seq = state_seq(cfg, &sb.uuid);
+        if cfg.forget_volume {
+            why.push("asked to forget the volume".to_string());
+        }
+        if !formatted_now {
+            match &identity {
+                None => why.push("the source cannot be identified".into()),
+                Some(_)
+                    if sb.volumes[vi].identity == [0; sce_store::superblock::IDENTITY_BYTES] =>
+                {
+                    why.push("no identity of the source was recorded yet (`sce format`)".into())
+                }
+                Some(_) if sb.volumes[vi].identity != identity_hash => why.push(format!(
+                    "the source changed since the cache last recorded it (now {})",
+                    identity.unwrap_or("")
+                )),
+                Some(_) => {}
+            }
+            if let Some(seen) = seen_seq {
+                if seen > sb.seq {
+                    why.push(format!(
+                        "the cache device is an older copy: its superblock sequence is {}, this host wrote {seen}",
+                        sb.seq
+                    ));
+                }
+            }
+        }
+        if !why.is_empty() || sb.volumes[vi].identity != identity_hash {
+            if !why.is_empty() {
+                sb.volumes[vi].generation = sb.volumes[vi].generation.wrapping_add(1);
+                if sb.volumes[vi].identity == [0; sce_store::superblock::IDENTITY_BYTES] {
+                    tracing::info!(volume = %cfg.volume_name, "{}", why.join("; "));
+                } else {
+                    tracing::warn!(
+                        volume = %cfg.volume_name,
+                        "dropping everything cached for the volume: {}",
+                        why.join("; ")
+                    );
+                }
+            }
+            sb.volumes[vi].identity = identity_hash;
+            sb.seq = sb.seq.max(seen_seq.unwrap_or(0)) + 1;
+            sce_store::write_superblock(&**dev, sb)?;
+            record_state_seq(cfg, &sb.uuid, sb.seq, true);
+        }
+        Ok(why)
+    }
+
+    /// After the core restored what it could: records the claims of restored slots, puts an
+    /// intent on every slot whose record claims something that was not restored, and marks
+    /// the device open. Must run before the volume serves anything.
+    pub(crate) fn start(
+        &mut self,
+        core: &CacheCore,
+        loaded: &sce_store::Loaded,
+    ) -> Result<(), IoError> {
+        let mut tickets = Vec::new();
+        let mut restored = 0;
+        {
+            let st = self.st.get_mut();
+            for &(s, f) in &loaded.entries {
+                if core.slot_state(SlotNo(s)).0 == Some(FragNo(f)) {
+                    st.mirror[s as usize] = f;
+                    st.owner.insert(f, s);
+                    restored += 1;
+                } else {
+                    // A duplicate claim: it must not survive a crash unguarded.
+                    tickets.extend(st.touch(s));
+                    st.units.insert(self.layout.unit_of(s).0);
+                }
+            }
+            for &s in &loaded.unloaded_claims {
+                tickets.extend(st.touch(s));
+                st.units.insert(self.layout.unit_of(s).0);
+            }
+        }
+        self.loaded.fragments_restored = restored;
+        self.sync(&tickets)?;
+        let mut sb = self.sb.lock();
+        if sb.state != sce_store::DeviceState::Clean {
+            sb.unclean_starts += 1;
+        }
+        sb.state = sce_store::DeviceState::Open;
+        sb.last_open = sce_store::unix_now();
+        self.write_sb(&mut sb)
+    }
+}
+
+impl State {
+    /// The state of a store just loaded: no possible claims yet (`Persist::start` records
+    /// the restored ones), the intents as found, every block durable at version 1.
+    fn loaded(
+        loaded: &sce_store::Loaded,
+        intent_bits: Arc<[AtomicU64]>,
+        slots: usize,
+        blocks: usize,
+    ) -> Self {
+        State {
+            intent_bits,
+            set_version: vec![1; slots],
+            mirror: vec![NO_FRAGMENT; slots],
+            owner: IntMap::default(),
+            intents: loaded.intents.clone(),
+            version: vec![1; blocks],
+            durable: vec![1; blocks],
+            epoch: vec![0; slots],
+            epoch_seen: vec![0; slots],
+            redo: Vec::new(),
+            units: loaded.rewrite_units.iter().copied().collect(),
+            scrub: false,
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! Flush rounds: snapshot the changed records under the core lock, flush the data they
+//! vouch for, write and read back the units, then forget stale claims and clear quiet
+//! intents; the scrub after a bad unit write, and the clean close.
+
+use super::intents::State;
+use super::{full_identity, Persist, UnitImage};
+use parking_lot::RwLock;
+use sce_core::{CacheCore, FragNo, SlotNo};
+use sce_io::{AlignedBuf, BlockDevice};
+use sce_store::layout::SLOTS_PER_INTENT_BLOCK;
+use sce_store::unit::{EntryIn, UnitBuilder, NO_FRAGMENT};
+use sce_store::CrcTable;
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Quiet intents to clear: each slot with the epoch it had when the round took it.
+type Quiet = Vec<(u32, u32)>;
+
+/// What every record of a round carries: the volume's id and generation, the device's uuid.
+struct Record {
+    volume: u16,
+    generation: u32,
+    uuid: [u8; 16],
+}
+
+impl Persist {
+    /// One flush round: snapshots changed slots and quiet intents, flushes the data, writes
+    /// and verifies the records, then clears the intents that stayed quiet. `force` treats
+    /// every intent as quiet (clean shutdown, nothing in flight). Returns the number of
+    /// metadata errors. `core` is the volume's core lock (taken once, for the snapshot) and
+    /// `crcs` its page checksums.
+    pub(crate) fn round(&self, core: &RwLock<CacheCore>, crcs: &CrcTable, force: bool) -> u64 {
+        let _one_at_a_time = self.round_lock.lock();
+        self.counters.flush_rounds.fetch_add(1, Relaxed);
+        if std::mem::take(&mut self.st.lock().scrub) {
+            self.scrub();
+        }
+        let record = {
+            let sb = self.sb.lock();
+            let v = &sb.volumes[self.volume];
+            Record {
+                volume: v.id,
+                generation: v.generation,
+                uuid: sb.uuid,
+            }
+        };
+        self.round_no.fetch_add(1, Relaxed);
+        // Slots read while write-warm since the last round keep their intents.
+        let read: Vec<u64> = self.read_touch.iter().map(|w| w.swap(0, Relaxed)).collect();
+        // 1. Snapshot under the core lock.
+        let snap = self.snapshot(&mut core.write(), crcs, &record, force, &read);
+        let Some((images, clear)) = snap else {
+            return 0;
+        };
+        // 2. Make the data the records vouch for durable.
+        if self.dev.flush().is_err() {
+            let mut st = self.st.lock();
+            st.units.extend(images.iter().map(|i| i.0));
+            self.counters.metadata_errors.fetch_add(1, Relaxed);
+            return 1;
+        }
+        // 3. Write the units, adjacent ones in one request; 4. read them back.
+        let ok_units = self.write_units(&images);
+        // 5. Forget claims the device no longer holds; clear intents that stayed quiet.
+        let (mut errors, blocks) = self.settle(&images, &ok_units, clear);
+        if !blocks.is_empty() {
+            let _io = self.intent_io.lock();
+            if self.write_intent_blocks(&blocks).is_err() {
+                errors += 1;
+            }
+        }
+        self.counters.metadata_errors.fetch_add(errors, Relaxed);
+        errors
+    }
+
+    /// Step 1 of a round, under the core lock (the caller's) and the state lock: the images
+    /// of every unit to write (changed slots, queued units, the units of quiet intents) and
+    /// the quiet intents to clear, with the epoch each had. None if nothing is to be written.
+    fn snapshot(
+        &self,
+        core: &mut CacheCore,
+        crcs: &CrcTable,
+        record: &Record,
+        force: bool,
+        read: &[u64],
+    ) -> Option<(Vec<UnitImage>, Quiet)> {
+        let l = self.layout;
+        let mut st = self.st.lock();
+        let mut units: BTreeSet<u32> = std::mem::take(&mut st.units);
+        for s in core.take_dirty() {
+            units.insert(l.unit_of(s.0).0);
+        }
+        for s in std::mem::take(&mut st.redo) {
+            units.insert(l.unit_of(s).0);
+        }
+        let clear = Self::quiet_intents(&mut st, core, force, read);
+        units.extend(clear.iter().map(|&(s, _)| l.unit_of(s).0));
+        if units.is_empty() {
+            return None;
+        }
+        let seq = self.seq.fetch_add(1, Relaxed);
+        let images = units
+            .into_iter()
+            .map(|u| self.unit_image(&mut st, core, crcs, record, u, seq))
+            .collect();
+        Some((images, clear))
+    }
+
+    /// The intents that stayed quiet since the last round (no write touched their slot, no
+    /// read while write-warm, or `force`) and whose fragments have nothing in flight: each
+    /// slot with its epoch now. Records the epochs seen.
+    fn quiet_intents(st: &mut State, core: &CacheCore, force: bool, read: &[u64]) -> Quiet {
+        let mut clear = Vec::new();
+        for w in 0..st.intents.len() {
+            let mut bits = st.intents[w];
+            while bits != 0 {
+                let s = (w * 64) as u32 + bits.trailing_zeros();
+                bits &= bits - 1;
+                let e = st.epoch[s as usize];
+                let quiet = force || (e == st.epoch_seen[s as usize] && !sce_store::bit(read, s));
+                st.epoch_seen[s as usize] = e;
+                if !quiet {
+                    continue;
+                }
+                let (x, _) = core.slot_state(SlotNo(s));
+                let m = st.mirror[s as usize];
+                if x.is_some_and(|x| core.fragment_busy(x))
+                    || (m != NO_FRAGMENT && core.fragment_busy(FragNo(m)))
+                {
+                    continue;
+                }
+                clear.push((s, e));
+            }
+        }
+        clear
+    }
+
+    /// The image of unit `u` with sequence `seq`: a record per slot whose claim keeps every
+    /// slot's possible claims to one fragment and every fragment's to one slot (the others
+    /// are written empty and redone next round). Adds the claims to the possible claims.
+    fn unit_image(
+        &self,
+        st: &mut State,
+        core: &CacheCore,
+        crcs: &CrcTable,
+        record: &Record,
+        u: u32,
+        seq: u64,
+    ) -> UnitImage {
+        let l = self.layout;
+        let words = l.bitmap_words();
+        let mut b = UnitBuilder::new(&l, &record.uuid, u, seq);
+        let mut slots = Vec::new();
+        let (first, end) = l.unit_slots(u);
+        for s in first..end {
+            let (x, bits) = core.slot_state(SlotNo(s));
+            let claim = x.filter(|_| bits.iter().any(|&w| w != 0));
+            let m = st.mirror[s as usize];
+            let ok = claim.filter(|x| {
+                (m == NO_FRAGMENT || m == x.0) && st.owner.get(&x.0).is_none_or(|&o| o == s)
+            });
+            if claim.is_some() && ok.is_none() {
+                st.redo.push(s);
+            }
+            if let Some(x) = ok {
+                let entry = EntryIn {
+                    frag: x.0,
+                    volume: record.volume,
+                    generation: record.generation,
+                    bitmap: &bits[..words],
+                };
+                b.set(s - first, &entry, |p| crcs.get(s, p));
+                st.mirror[s as usize] = x.0;
+                st.owner.insert(x.0, s);
+            }
+            slots.push((s, ok.is_some()));
+        }
+        (u, b.finish(), slots)
+    }
+
+    /// Steps 3 and 4: writes the units, adjacent ones in one request, flushes, and reads
+    /// them back (`verify_metadata`). Per image: true if it is durable as written.
+    fn write_units(&self, images: &[UnitImage]) -> Vec<bool> {
+        let l = self.layout;
+        let mut ok_units = vec![true; images.len()];
+        let mut i = 0;
+        while i < images.len() {
+            let mut j = i + 1;
+            while j < images.len() && images[j].0 == images[j - 1].0 + 1 && j - i < 256 {
+                j += 1;
+            }
+            let us = l.unit_size as usize;
+            let mut buf = AlignedBuf::new((j - i) * us);
+            for (k, img) in images[i..j].iter().enumerate() {
+                buf[k * us..(k + 1) * us].copy_from_slice(&img.1);
+            }
+            let at = l.unit_offset(images[i].0);
+            let ok = self.dev.write_at(at, &buf).is_ok();
+            self.counters
+                .metadata_bytes_written
+                .fetch_add(buf.len() as u64, Relaxed);
+            self.counters
+                .units_written
+                .fetch_add((j - i) as u64, Relaxed);
+            if !ok {
+                ok_units[i..j].fill(false);
+            }
+            i = j;
+        }
+        if self.dev.flush().is_err() {
+            ok_units.fill(false);
+        }
+        if self.cfg.verify_metadata {
+            let us = l.unit_size as usize;
+            let mut back = AlignedBuf::new(us);
+            for (k, img) in images.iter().enumerate() {
+                if ok_units[k]
+                    && (self.dev.read_at(l.unit_offset(img.0), &mut back).is_err()
+                        || back[..] != img.1[..])
+                {
+                    ok_units[k] = false;
+                }
+            }
+        }
+        ok_units
+    }
+
+    /// Step 5, under the state lock: forgets the claims the device no longer holds, queues
+    /// the units that failed (and a scrub), and clears the intents that stayed quiet through
+    /// the round. Returns the errors and the intent blocks to write.
+    fn settle(&self, images: &[UnitImage], ok_units: &[bool], clear: Quiet) -> (u64, Vec<u32>) {
+        let l = self.layout;
+        let mut errors = 0;
+        let mut blocks = Vec::new();
+        let mut st = self.st.lock();
+        for (k, (u, _, slots)) in images.iter().enumerate() {
+            if !ok_units[k] {
+                errors += 1;
+                st.units.insert(*u);
+                // A misdirected write damaged some other unit: find it next round.
+                st.scrub = true;
+                continue;
+            }
+            for &(s, claimed) in slots {
+                let m = st.mirror[s as usize];
+                if !claimed && m != NO_FRAGMENT {
+                    if st.owner.get(&m) == Some(&s) {
+                        st.owner.remove(&m);
+                    }
+                    st.mirror[s as usize] = NO_FRAGMENT;
+                }
+            }
+        }
+        for (s, e) in clear {
+            let k = images
+                .binary_search_by_key(&l.unit_of(s).0, |i| i.0)
+                .expect("unit snapshotted");
+            if ok_units[k] && st.epoch[s as usize] == e && st.intent(s) {
+                st.set_intent(s, false);
+                blocks.push((s as u64 / SLOTS_PER_INTENT_BLOCK) as u32);
+            }
+        }
+        drop(st);
+        blocks.sort_unstable();
+        blocks.dedup();
+        (errors, blocks)
+    }
+
+    /// Reads every unit and queues the rejected ones (torn, misplaced, foreign) for rewriting.
+    /// Runs after a unit write went wrong, since a misdirected write lands on another unit.
+    pub(super) fn scrub(&self) {
+        let l = self.layout;
+        let uuid = self.sb.lock().uuid;
+        let per = ((8 << 20) / l.unit_size).max(1);
+        let mut buf = AlignedBuf::new((per * l.unit_size) as usize);
+        let mut bad = Vec::new();
+        let mut u = 0;
+        while u < l.units {
+            let n = per.min(l.units - u);
+            if self
+                .dev
+                .read_at(l.unit_offset(u), &mut buf[..(n * l.unit_size) as usize])
+                .is_err()
+            {
+                self.st.lock().scrub = true;
+                return;
+            }
+            for k in 0..n {
+                let img = &buf[(k * l.unit_size) as usize..((k + 1) * l.unit_size) as usize];
+                match sce_store::unit::decode_unit(&l, &uuid, u + k, img, |_, _| {}) {
+                    Ok(()) | Err(sce_store::unit::UnitError::Blank) => {}
+                    Err(_) => bad.push(u + k),
+                }
+            }
+            u += n;
+        }
+        self.st.lock().units.extend(bad);
+    }
+
+    /// True if every intent is clear and nothing is queued.
+    pub(super) fn settled(&self) -> bool {
+        let st = self.st.lock();
+        st.redo.is_empty() && st.units.is_empty() && st.intents.iter().all(|&w| w == 0)
+    }
+
+    /// Clean shutdown (nothing in flight): writes every record, clears every intent and marks
+    /// the device clean. Returns false if it could not (the device stays "open" and the next
+    /// start recovers as after a crash).
+    pub(crate) fn close(
+        &self,
+        core: &RwLock<CacheCore>,
+        crcs: &CrcTable,
+        identity: Option<String>,
+        writes_done: u64,
+    ) -> bool {
+        for _ in 0..4 {
+            if self.round(core, crcs, true) > 0 {
+                return false;
+            }
+            if self.settled() {
+                break;
+            }
+        }
+        if !self.settled() {
+            return false;
+        }
+        let mut sb = self.sb.lock();
+        if sb.state == sce_store::DeviceState::Failed {
+            return false;
+        }
+        // Only a change this cache's own writes can explain is recorded: if it made none since
+        // the identity was last recorded, a changed identity is someone else's doing, and is
+        // left for the next start to find.
+        if self.identity_writes.load(Relaxed) != writes_done {
+            if let Some(id) = full_identity(identity, &self.cfg) {
+                sb.volumes[self.volume].identity = sce_store::identity_hash(&id);
+            }
+        }
+        sb.state = sce_store::DeviceState::Clean;
+        sb.last_clean_shutdown = sce_store::unix_now();
+        sb.clean_shutdowns += 1;
+        self.write_sb(&mut sb).is_ok()
+    }
+}

@@ -1,0 +1,213 @@
+//! The read path: plan under the core's shared lock (its accounting deferred to a log
+//! shard), or under the exclusive lock when admission `always` wants inline fills; run the
+//! planned I/O on the caller's thread, cached runs verified against their checksums; write
+//! the inline fills; release the pins (the read's [`PinnedRead`] guard does, when dropped).
+
+use crate::shared::{request_error, Shared, LOG_BATCH, LOG_SHARDS};
+use sce_core::{PinnedRead, Populating, ReadPlan, RunTarget, SourceOffset};
+use sce_io::{BlockDevice, IoError, Op};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+/// A read's plan and the checksums its cached pages had when it was planned.
+#[derive(Default)]
+struct PlannedRead {
+    plan: ReadPlan,
+    /// For each `RunTarget::Cache` run, in order: the expected checksum of every page the run
+    /// touches, taken under the core lock that made the pages hits.
+    want: Vec<u32>,
+}
+
+thread_local! {
+    static PLAN: RefCell<PlannedRead> = RefCell::new(PlannedRead::default());
+    static SHARD: usize = NEXT_SHARD.fetch_add(1, Relaxed) % LOG_SHARDS;
+}
+
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+
+impl Shared {
+    /// Reads `buf.len()` bytes at `offset` (a range the caller checked) through the cache.
+    pub(crate) fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
+        let len = buf.len() as u64;
+        if self.passthrough.load(Relaxed) {
+            let r = self.source.read_at(offset, buf);
+            if r.is_ok() {
+                self.counters.source_bytes_read.fetch_add(len, Relaxed);
+            }
+            return r;
+        }
+        PLAN.with(|cell| {
+            let mut planned = cell.borrow_mut();
+            let PlannedRead { plan, want } = &mut *planned;
+            let mut read = self.plan(offset, len, plan, want)?;
+            self.preset_intents(&read);
+            let result = self.read_runs(offset, buf, &read, want);
+            let pops = read.take_populations();
+            if !pops.is_empty() {
+                self.write_fills(offset, buf, &read, pops, result.is_ok());
+            }
+            // Dropping the read releases its pins, without the core lock.
+            drop(read);
+            result
+        })
+    }
+
+    /// Plans a read and takes the expected checksums of its cached pages with it: under the
+    /// shared lock, its accounting deferred to a log shard; or, if it wants inline fills,
+    /// again under the exclusive lock, the fills' slots guarded by write intents (a fill
+    /// whose intents cannot be written is dropped).
+    fn plan<'p>(
+        &'p self,
+        offset: u64,
+        len: u64,
+        plan: &'p mut ReadPlan,
+        want: &mut Vec<u32>,
+    ) -> Result<PinnedRead<'p>, IoError> {
+        let err = |e| request_error(Op::Read, e, offset, len, self.source.size(), self.lbs);
+        let mut read = {
+            let core = self.core.read();
+            let read = PinnedRead::plan(&core, &self.pins, SourceOffset(offset), len, plan)
+                .map_err(err)?;
+            self.expected_crcs(&read, want);
+            read
+        };
+        if !read.needs_commit() {
+            self.log_read(&read);
+            return Ok(read);
+        }
+        // An inline fill is wanted (admission `always`): redo it exclusively.
+        let mut core = self.core.write();
+        core.advance_clock(self.now());
+        read.commit(&mut core).map_err(err)?;
+        self.expected_crcs(&read, want);
+        if let Some(p) = &self.persist {
+            // Inline fills go to freshly allocated slots: guard them as populations.
+            let mut t = Vec::new();
+            for f in &read.fills {
+                let slot = (f.cache.0 >> self.fshift) as u32;
+                let frag = (offset + f.buf_offset) >> self.fshift;
+                t.extend(p.guard_slot(slot, frag));
+            }
+            drop(core);
+            if !self.wait_intents(&t) {
+                read.clear_fills();
+            }
+        }
+        Ok(read)
+    }
+
+    /// Records a read planned under the shared lock in this thread's log shard, and applies
+    /// the shard's batch to the core once it is full.
+    fn log_read(&self, plan: &ReadPlan) {
+        // Lock order: a log shard is a leaf lock. A full batch is taken out of the shard and
+        // the shard released before the core lock is taken.
+        let shard = &self.logs[SHARD.with(|i| *i)];
+        let full = {
+            let mut log = shard.0.lock();
+            log.record(plan);
+            (log.requests() >= LOG_BATCH).then(|| std::mem::take(&mut *log))
+        };
+        if let Some(mut batch) = full {
+            self.core.write().apply_access_log(&mut batch);
+        }
+    }
+
+    /// Runs a read's I/O into `buf` (the request at `offset`): cached runs verified against
+    /// `want` and served from the source when the cache cannot supply correct data, the
+    /// others from the source.
+    fn read_runs(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        plan: &ReadPlan,
+        want: &[u32],
+    ) -> Result<(), IoError> {
+        let mut result = Ok(());
+        let (mut from_source, mut from_cache) = (0, 0);
+        let mut w = 0;
+        for run in &plan.runs {
+            let dst = &mut buf[run.buf_offset as usize..(run.buf_offset + run.len) as usize];
+            let src_off = offset + run.buf_offset;
+            match run.target {
+                RunTarget::Cache(c) => {
+                    // Without checksums (`verify` off) `want` is empty.
+                    let n = self.run_pages(c.0, run.len);
+                    let expect = want.get(w..w + n).unwrap_or(&[]);
+                    w += n;
+                    if self.read_cache_run(c.0, src_off, dst, expect) {
+                        from_cache += run.len;
+                    } else {
+                        // Unreadable or bad cached data: serve the run from the source.
+                        match self.source.read_at(src_off, dst) {
+                            Ok(()) => from_source += run.len,
+                            Err(e) => result = Err(e),
+                        }
+                    }
+                }
+                RunTarget::Source(so) => match self.source.read_at(so.0, dst) {
+                    Ok(()) => from_source += run.len,
+                    Err(e) => result = Err(e),
+                },
+            }
+        }
+        self.counters
+            .source_bytes_read
+            .fetch_add(from_source, Relaxed);
+        self.counters
+            .cache_bytes_read
+            .fetch_add(from_cache, Relaxed);
+        result
+    }
+
+    /// Writes a read's inline fills (admission `always`) from the data it read into `buf`
+    /// and completes their populations: failed if the read failed, if a population has no
+    /// fill left, or if a fill could not be written.
+    fn write_fills(
+        &self,
+        offset: u64,
+        buf: &[u8],
+        plan: &ReadPlan,
+        pops: Vec<Populating>,
+        read_ok: bool,
+    ) {
+        let mut done = Vec::with_capacity(pops.len());
+        for pop in pops {
+            let mut ok = read_ok;
+            if ok {
+                let fills = plan.fills.iter().filter(|f| f.pop == pop.id());
+                ok &= fills.clone().next().is_some();
+                for f in fills {
+                    let piece = &buf[f.buf_offset as usize..(f.buf_offset + f.len) as usize];
+                    self.record_crcs(offset + f.buf_offset, f.cache.0, piece);
+                    ok &= self.cache_write(f.cache.0, piece);
+                }
+            }
+            done.push((pop, ok));
+        }
+        let mut core = self.core.write();
+        for (pop, ok) in done {
+            pop.complete(&mut core, ok);
+        }
+    }
+
+    /// Sets ahead of need the intents of recently written slots that this read hits, and
+    /// wakes the intent writer if any was set (see `Persist::preset`).
+    fn preset_intents(&self, plan: &ReadPlan) {
+        let Some(p) = &self.persist else { return };
+        let mut last = u32::MAX;
+        let mut any = false;
+        for run in &plan.runs {
+            if let RunTarget::Cache(c) = run.target {
+                let slot = (c.0 >> self.fshift) as u32;
+                if slot != last {
+                    any |= p.preset(slot);
+                    last = slot;
+                }
+            }
+        }
+        if any {
+            *self.intent_pending.lock() = true;
+            self.intent_wake.notify_one();
+        }
+    }
+}

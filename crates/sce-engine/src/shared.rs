@@ -1,0 +1,130 @@
+//! The state every thread of a cached volume shares: the devices, the core behind its lock,
+//! the checksums, the persistent store, the read accounting shards and the counters. The
+//! roles (`read`, `write`, `awt`, `population`, `flusher`, `health`, `verify`) add their
+//! methods to [`Shared`] in their own files; this one holds only what all of them use.
+
+use crate::persist::Persist;
+use crate::stats::Counters;
+use parking_lot::{Condvar, Mutex, RwLock};
+use sce_core::slots::PinTable;
+use sce_core::{AccessLog, CacheCore, Nanos, RequestError};
+use sce_io::{BlockDevice, IoError, Op};
+use sce_store::CrcTable;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Shards of deferred read accounting.
+pub(crate) const LOG_SHARDS: usize = 32;
+/// Reads a shard records before it applies its log to the core.
+pub(crate) const LOG_BATCH: u64 = 64;
+
+/// One shard of deferred read accounting, on its own cache lines so that threads on
+/// different shards do not share them.
+#[derive(Default)]
+#[repr(align(128))]
+pub(crate) struct LogShard(pub(crate) Mutex<AccessLog>);
+
+/// What the threads of one cached volume share.
+pub(crate) struct Shared {
+    pub(crate) source: Arc<dyn BlockDevice>,
+    pub(crate) cache: Arc<dyn BlockDevice>,
+    /// The core (lock order 2, see docs/ARCHITECTURE.md).
+    pub(crate) core: RwLock<CacheCore>,
+    pub(crate) crcs: Option<CrcTable>,
+    pub(crate) persist: Option<Persist>,
+    pub(crate) errors: AtomicU64,
+    pub(crate) error_limit: u64,
+    pub(crate) passthrough: AtomicBool,
+    pub(crate) source_size: u64,
+    pub(crate) fshift: u32,
+    pub(crate) logs: Box<[LogShard]>,
+    pub(crate) pins: Arc<PinTable>,
+    pub(crate) counters: Counters,
+    pub(crate) epoch: Instant,
+    pub(crate) shutdown: AtomicBool,
+    pub(crate) sleep_lock: Mutex<()>,
+    pub(crate) wake: Condvar,
+    pub(crate) lbs: u32,
+    /// The volume id that seeds page checksums (the volume table's, or 1).
+    pub(crate) vol_id: u16,
+    /// Source writes and discards started, and completed (successfully or not): the flusher
+    /// records the source's identity only when the two are equal.
+    pub(crate) source_writes_started: AtomicU64,
+    pub(crate) source_writes_done: AtomicU64,
+    /// Intents were set ahead of need: the intent writer has work (with `intent_wake`).
+    pub(crate) intent_pending: Mutex<bool>,
+    pub(crate) intent_wake: Condvar,
+}
+
+/// The `IoError` for a request the core refused.
+pub(crate) fn request_error(
+    op: Op,
+    e: RequestError,
+    offset: u64,
+    len: u64,
+    size: u64,
+    lbs: u32,
+) -> IoError {
+    match e {
+        RequestError::OutOfRange { .. } => IoError::OutOfRange {
+            op,
+            offset,
+            len,
+            size,
+        },
+        RequestError::Unaligned { .. } => IoError::Unaligned {
+            op,
+            offset,
+            len,
+            align: lbs,
+        },
+        RequestError::UnknownId => IoError::Invalid("internal: unknown operation id".into()),
+    }
+}
+
+impl Shared {
+    /// The engine's clock, for the core.
+    pub(crate) fn now(&self) -> Nanos {
+        Nanos::from_duration(self.epoch.elapsed())
+    }
+
+    /// Applies every shard's deferred read accounting to the core.
+    pub(crate) fn apply_logs(&self, core: &mut CacheCore) {
+        for shard in self.logs.iter() {
+            core.apply_access_log(&mut shard.0.lock());
+        }
+    }
+
+    /// Splits a cache (or source) offset into its slot (or fragment) number and the page
+    /// within it.
+    pub(crate) fn slot_page(&self, off: u64) -> (u64, u32) {
+        (
+            off >> self.fshift,
+            ((off & ((1 << self.fshift) - 1)) / sce_core::PAGE_SIZE) as u32,
+        )
+    }
+
+    /// Writes to the source, counting the bytes that made it.
+    pub(crate) fn source_write(&self, offset: u64, data: &[u8]) -> Result<(), IoError> {
+        self.source_writes_started.fetch_add(1, SeqCst);
+        let r = self.source.write_at(offset, data);
+        self.source_writes_done.fetch_add(1, SeqCst);
+        if r.is_ok() {
+            self.counters
+                .source_bytes_written
+                .fetch_add(data.len() as u64, Relaxed);
+        }
+        r
+    }
+
+    /// Sleeps up to `d`, waking early on shutdown. Returns false if shutting down.
+    pub(crate) fn sleep(&self, d: Duration) -> bool {
+        let mut g = self.sleep_lock.lock();
+        if self.shutdown.load(Relaxed) {
+            return false;
+        }
+        self.wake.wait_for(&mut g, d);
+        !self.shutdown.load(Relaxed)
+    }
+}
