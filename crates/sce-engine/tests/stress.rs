@@ -2,8 +2,12 @@
 //! verifiable patterns through a `CacheVolume` and read them back while population and
 //! eviction run (the cache is much smaller than the data). Every read is checked against
 //! what the thread knows it wrote; at the end the whole volume and the source file itself
-//! are checked. Bounded by operation count, never by time.
+//! are checked. Bounded by operation count, never by time. Each load runs under the
+//! deadlock detector and stall guard of `common/watchdog.rs`.
 
+mod common;
+
+use common::watchdog::{run_watched, Progress};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use sce_core::{Admission, CoreConfig, EvictionKind, WriteMode};
@@ -12,11 +16,14 @@ use sce_io::{
     AlignedBuf, BlockDevice, Delay, DirectMode, FileDevice, FileOptions, LatencyConfig,
     LatencyDevice,
 };
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
 const REGION: u64 = 64 << 10;
 const SECTOR: u64 = 512;
+/// Hang guard only: a load takes seconds.
+const BOUND: Duration = Duration::from_secs(600);
 
 /// The content of sector `s` after version `v` of it was written: a stamp of both.
 fn stamp(buf: &mut [u8], first_sector: u64, versions: &[u32]) {
@@ -91,7 +98,15 @@ fn setup(core: CoreConfig, source_size: u64, cache_size: u64) -> Setup {
     }
 }
 
+/// Runs `stress_load` under the watchdog: a lock-order cycle or a hang fails the test.
 fn stress(core: CoreConfig, threads: u64, ops: usize) {
+    let what = format!("stress: {threads} threads, {ops} operations each");
+    run_watched(&what, BOUND, move |progress| {
+        stress_load(core, threads, ops, progress)
+    });
+}
+
+fn stress_load(core: CoreConfig, threads: u64, ops: usize, progress: Progress) {
     let source_size = 32 << 20;
     let cache_size = (8 << 20).max(2 * core.fragment_size);
     let s = setup(core, source_size, cache_size);
@@ -100,6 +115,7 @@ fn stress(core: CoreConfig, threads: u64, ops: usize) {
     let mut handles = Vec::new();
     for t in 0..threads {
         let vol = s.volume.clone();
+        let progress = progress.clone();
         handles.push(std::thread::spawn(
             move || -> (u64, Vec<(u64, Vec<u32>)>) {
                 let mut rng = SmallRng::seed_from_u64(t + 100);
@@ -144,6 +160,7 @@ fn stress(core: CoreConfig, threads: u64, ops: usize) {
                         }
                         checked += n as u64;
                     }
+                    progress.fetch_add(1, Relaxed);
                 }
                 (checked, mine.into_iter().zip(versions).collect())
             },
