@@ -12,6 +12,7 @@ pub mod fault;
 pub mod file;
 pub mod latency;
 pub mod mem;
+pub mod pool;
 pub mod slice;
 
 pub use buf::{AlignedBuf, DIRECT_IO_ALIGN};
@@ -20,6 +21,7 @@ pub use fault::{FaultControl, FaultDevice};
 pub use file::{DirectMode, FileDevice, FileOptions, LockMode};
 pub use latency::{Delay, LatencyConfig, LatencyDevice};
 pub use mem::MemDevice;
+pub use pool::{BufPool, PooledBuf};
 pub use slice::SliceDevice;
 
 use std::sync::Arc;

@@ -22,8 +22,9 @@ pub(super) fn errno_of(e: &IoError, write: bool) -> u32 {
 pub(super) fn execute(
     e: &Export,
     req: &Request,
-    payload: Option<AlignedBuf>,
-) -> Result<Option<AlignedBuf>, u32> {
+    payload: Option<PooledBuf>,
+    pool: &Arc<BufPool>,
+) -> Result<Option<PooledBuf>, u32> {
     let dev = &e.device;
     let size = dev.size();
     let (off, len) = (req.offset, req.len as u64);
@@ -48,7 +49,7 @@ pub(super) fn execute(
     if req.command != proto::CMD_FLUSH && !in_range {
         return Err(if writes { errno::ENOSPC } else { errno::EINVAL });
     }
-    let fua = |r: Result<(), IoError>| -> Result<Option<AlignedBuf>, u32> {
+    let fua = |r: Result<(), IoError>| -> Result<Option<PooledBuf>, u32> {
         r.map_err(|x| errno_of(&x, true))?;
         if req.flags & proto::CMD_FLAG_FUA != 0 {
             dev.flush().map_err(|x| errno_of(&x, true))?;
@@ -60,7 +61,8 @@ pub(super) fn execute(
             if req.len > proto::MAX_PAYLOAD {
                 return Err(errno::EINVAL);
             }
-            let mut b = AlignedBuf::new(req.len as usize);
+            // Filled whole by the read, or not sent (an error reply has no data).
+            let mut b = pool.take(req.len as usize);
             dev.read_at(off, &mut b).map_err(|x| errno_of(&x, false))?;
             Ok(Some(b))
         }

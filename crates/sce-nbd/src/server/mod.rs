@@ -69,7 +69,7 @@ use worker::work;
 use crate::proto::{self, errno, ProtoError, Request};
 use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender};
 use parking_lot::{Condvar, Mutex};
-use sce_io::{AlignedBuf, BlockDevice, IoError};
+use sce_io::{AlignedBuf, BlockDevice, BufPool, IoError, PooledBuf};
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
@@ -269,6 +269,9 @@ pub enum ConnError {
 /// Largest write payload read and discarded before refusing it; beyond, disconnect.
 const MAX_DISCARDED_PAYLOAD: u32 = 256 << 20;
 
+/// Idle buffers the server keeps for reuse, at most.
+const POOL_BYTES: u64 = 64 << 20;
+
 /// The socket timeout while a deadline runs: how often I/O loops look at their deadline.
 const SLICE: Duration = Duration::from_millis(100);
 
@@ -287,6 +290,9 @@ struct Shared {
     /// Payload bytes in flight over the server; `freed` is signalled when tickets drop.
     used: Mutex<u64>,
     freed: Condvar,
+    /// Buffers of read replies and write payloads, reused between requests (a leaf lock
+    /// per size class, taken only to pop or push one buffer).
+    pool: Arc<BufPool>,
 }
 
 impl Shared {
@@ -350,6 +356,7 @@ impl Server {
                 shutdown_signal,
                 used: Mutex::new(0),
                 freed: Condvar::new(),
+                pool: BufPool::new(POOL_BYTES),
             }),
             jobs,
             job_queue,

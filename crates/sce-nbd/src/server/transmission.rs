@@ -71,7 +71,7 @@ impl Drop for Ticket {
 pub(super) struct Job {
     pub(super) conn: Arc<Session>,
     pub(super) req: Request,
-    pub(super) payload: Option<AlignedBuf>,
+    pub(super) payload: Option<PooledBuf>,
     pub(super) ticket: Ticket,
 }
 
@@ -79,7 +79,7 @@ pub(super) struct Job {
 pub(super) struct Reply {
     pub(super) error: u32,
     pub(super) cookie: u64,
-    pub(super) data: Option<AlignedBuf>,
+    pub(super) data: Option<PooledBuf>,
     pub(super) _ticket: Ticket,
 }
 
@@ -391,7 +391,7 @@ impl Server {
         &self,
         rd: &mut C,
         req: &Request,
-    ) -> Result<Option<AlignedBuf>, ConnError> {
+    ) -> Result<Option<PooledBuf>, ConnError> {
         let mut timed = Deadlined {
             c: &mut *rd,
             deadline: Instant::now() + self.shared.cfg.request_timeout,
@@ -409,7 +409,7 @@ impl Server {
             io::copy(&mut (&mut timed).take(req.len as u64), &mut io::sink()).map_err(timed_out)?;
             return Ok(None);
         }
-        let mut b = AlignedBuf::new(req.len as usize);
+        let mut b = self.shared.pool.take(req.len as usize);
         timed.read_exact(&mut b).map_err(timed_out)?;
         Ok(Some(b))
     }

@@ -32,7 +32,7 @@ pub(super) fn run_job(shared: &Shared, job: Job) -> Reply {
         // Nobody will read the reply.
         Err(errno::EIO)
     } else {
-        execute(&conn.export, &req, payload)
+        execute(&conn.export, &req, payload, &shared.pool)
     };
     let (error, data) = match r {
         Ok(data) => (0, data),
