@@ -171,3 +171,83 @@ fn check_exports(exports: &[ExportConfig]) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(exports: &[&str], listen: &[&str], metrics: Option<&str>) -> ServeConfig {
+        ServeConfig {
+            exports: exports
+                .iter()
+                .map(|n| ExportConfig {
+                    name: n.to_string(),
+                    source: format!("/srv/{n}.img"),
+                    ..ExportConfig::default()
+                })
+                .collect(),
+            listen: listen.iter().map(|l| l.parse().unwrap()).collect(),
+            metrics: metrics.map(str::to_string),
+            direct: DirectMode::Required,
+            source_connections: 4,
+            source_queue_depth: 32,
+            source_timeout: Duration::from_secs(60),
+            persist: true,
+            force: false,
+            reformat: false,
+            forget_volume: false,
+            source_generation: None,
+            state_dir: "/var/lib/sce".into(),
+            error_limit: 16,
+            metadata_interval: Duration::from_secs(1),
+            max_connections: 256,
+            idle_timeout: Duration::ZERO,
+            client_timeout: Duration::from_secs(60),
+            inflight_budget: 256 << 20,
+            socket_mode: 0o600,
+        }
+    }
+
+    fn file(text: &str) -> ConfigFile {
+        toml::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn the_file_comes_first_for_exports_and_second_for_listeners() {
+        let mut c = cli(&["cli"], &["unix:/run/a.sock"], Some("127.0.0.1:1"));
+        let f = file(
+            "listen = [\"tcp:127.0.0.1:10809\"]\nmetrics = \"127.0.0.1:2\"\n\
+             [[export]]\nname = \"lun0\"\nsource = \"/srv/lun0.img\"\ncache_size = \"1GiB\"\n",
+        );
+        c.merge_file(f).unwrap();
+        let names: Vec<_> = c.exports.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["lun0", "cli"]);
+        assert_eq!(c.exports[0].cache_size.as_deref(), Some("1GiB"));
+        assert_eq!(c.listen.len(), 2);
+        assert_eq!(c.metrics.as_deref(), Some("127.0.0.1:1"));
+        c.check().unwrap();
+
+        let mut c = cli(&["cli"], &[], None);
+        c.merge_file(file("metrics = \"127.0.0.1:2\"")).unwrap();
+        assert_eq!(c.metrics.as_deref(), Some("127.0.0.1:2"));
+        let e = c.check().unwrap_err().to_string();
+        assert!(e.contains("nowhere to listen"), "{e}");
+    }
+
+    #[test]
+    fn empty_duplicate_and_unknown_declarations_are_refused() {
+        let mut c = cli(&[], &["unix:/run/a.sock"], None);
+        let e = c.merge_file(ConfigFile::default()).unwrap_err();
+        assert!(e.to_string().contains("nothing to serve"), "{e}");
+        let mut c = cli(&["x"], &[], None);
+        let e = c
+            .merge_file(file("[[export]]\nname = \"x\"\nsource = \"/srv/y\"\n"))
+            .unwrap_err();
+        assert!(e.to_string().contains("same name"), "{e}");
+        let mut c = cli(&["x"], &[], None);
+        let e = c.merge_file(file("listen = [\"udp:1\"]")).unwrap_err();
+        assert!(e.to_string().starts_with("listen: "), "{e}");
+        let bad = toml::from_str::<ConfigFile>("[[export]]\nsource = \"/a\"\ncolour = 1\n");
+        assert!(bad.is_err());
+    }
+}
