@@ -74,21 +74,28 @@ fn main() {
     let dur = if quick {
         Duration::from_millis(200)
     } else {
-        Duration::from_secs(3)
+        Duration::from_secs(1)
     };
+    // The machines are shared and noisy: alternate 1 and 2 threads for several rounds and
+    // report the medians.
+    let rounds = if quick { 1 } else { 5 };
     let mut results = Vec::new();
     for verify in [true, false] {
         let vol = warm_volume(verify);
         let before = vol.stats();
-        let one = run(&vol, 1, dur);
-        let two = run(&vol, 2, dur);
+        let (mut ones, mut twos) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            ones.push(run(&vol, 1, dur));
+            twos.push(run(&vol, 2, dur));
+        }
         let d = vol.stats().delta(&before);
         assert_eq!(
             d.read_pages_missed, 0,
             "the benchmark must measure hits only"
         );
+        let (one, two) = (median(&mut ones), median(&mut twos));
         println!(
-            "hit path, 4 KiB reads, memory devices, {} MiB working set, all hits ({} reads), checksums {}",
+            "hit path, 4 KiB reads, memory devices, {} MiB working set, all hits ({} reads), checksums {}, median of {rounds}",
             WORKING_SET >> 20,
             d.read_requests,
             if verify { "verified" } else { "off" }
@@ -107,4 +114,9 @@ fn main() {
         results[0].1 / results[1].1,
         results[0].2 / results[1].2
     );
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
 }

@@ -5,6 +5,7 @@
 //! counters ([`VolumeStats`]).
 
 mod awt;
+mod brlock;
 mod flusher;
 mod health;
 pub mod persist;

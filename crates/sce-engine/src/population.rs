@@ -23,7 +23,7 @@ pub(crate) fn run_population(s: &Shared, job: Population, buf: &mut AlignedBuf) 
     let span = &mut buf[..job.len as usize];
     let mut ok = match s.source.read_at(job.source.0, span) {
         Ok(()) => {
-            s.counters.source_bytes_read.fetch_add(job.len, Relaxed);
+            s.counters.source_bytes_read.add(job.len);
             true
         }
         Err(_) => false,

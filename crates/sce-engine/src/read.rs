@@ -3,7 +3,7 @@
 //! planned I/O on the caller's thread, cached runs verified against their checksums; write
 //! the inline fills; release the pins (the read's [`PinnedRead`] guard does, when dropped).
 
-use crate::shared::{request_error, Shared, LOG_BATCH, LOG_SHARDS};
+use crate::shared::{request_error, Shared, LOG_BATCH, LOG_CAP, LOG_SHARDS};
 use sce_core::{PinnedRead, Populating, ReadPlan, RunTarget, SourceOffset};
 use sce_io::{BlockDevice, IoError, Op};
 use std::cell::RefCell;
@@ -32,7 +32,7 @@ impl Shared {
         if self.passthrough.load(Relaxed) {
             let r = self.source.read_at(offset, buf);
             if r.is_ok() {
-                self.counters.source_bytes_read.fetch_add(len, Relaxed);
+                self.counters.source_bytes_read.add(len);
             }
             return r;
         }
@@ -97,18 +97,27 @@ impl Shared {
     }
 
     /// Records a read planned under the shared lock in this thread's log shard, and applies
-    /// the shard's batch to the core once it is full.
+    /// the shard's log to the core once it holds `LOG_BATCH` reads and the exclusive lock is
+    /// free at once, or once it holds `LOG_CAP` reads whatever it costs.
     fn log_read(&self, plan: &ReadPlan) {
-        // Lock order: a log shard is a leaf lock. A full batch is taken out of the shard and
-        // the shard released before the core lock is taken.
+        // Lock order: a log shard is a leaf lock, released before the core lock is taken;
+        // the log is then taken out of the shard under the core lock (core, then leaf).
         let shard = &self.logs[SHARD.with(|i| *i)];
-        let full = {
+        let pending = {
             let mut log = shard.0.lock();
             log.record(plan);
-            (log.requests() >= LOG_BATCH).then(|| std::mem::take(&mut *log))
+            log.requests()
         };
-        if let Some(mut batch) = full {
-            self.core.write().apply_access_log(&mut batch);
+        if pending < LOG_BATCH {
+            return;
+        }
+        let core = if pending < LOG_CAP {
+            self.core.try_write()
+        } else {
+            Some(self.core.write())
+        };
+        if let Some(mut core) = core {
+            core.apply_access_log(&mut shard.0.lock());
         }
     }
 
@@ -150,12 +159,13 @@ impl Shared {
                 },
             }
         }
-        self.counters
-            .source_bytes_read
-            .fetch_add(from_source, Relaxed);
-        self.counters
-            .cache_bytes_read
-            .fetch_add(from_cache, Relaxed);
+        // Shared counters: a hit leaves the source's alone (no write to a shared line).
+        if from_source > 0 {
+            self.counters.source_bytes_read.add(from_source);
+        }
+        if from_cache > 0 {
+            self.counters.cache_bytes_read.add(from_cache);
+        }
         result
     }
 

@@ -3,9 +3,10 @@
 //! roles (`read`, `write`, `awt`, `population`, `flusher`, `health`, `verify`) add their
 //! methods to [`Shared`] in their own files; this one holds only what all of them use.
 
+use crate::brlock::BrLock;
 use crate::persist::Persist;
 use crate::stats::Counters;
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Condvar, Mutex};
 use sce_core::slots::PinTable;
 use sce_core::{AccessLog, CacheCore, Nanos, RequestError};
 use sce_io::{BlockDevice, IoError, Op};
@@ -16,8 +17,11 @@ use std::time::{Duration, Instant};
 
 /// Shards of deferred read accounting.
 pub(crate) const LOG_SHARDS: usize = 32;
-/// Reads a shard records before it applies its log to the core.
-pub(crate) const LOG_BATCH: u64 = 64;
+/// Reads a shard records before it applies its log to the core, if the core's exclusive
+/// lock is free at once.
+pub(crate) const LOG_BATCH: u64 = 256;
+/// Reads a shard records before it applies its log whatever the wait.
+pub(crate) const LOG_CAP: u64 = 1024;
 
 /// One shard of deferred read accounting, on its own cache lines so that threads on
 /// different shards do not share them.
@@ -29,8 +33,9 @@ pub(crate) struct LogShard(pub(crate) Mutex<AccessLog>);
 pub(crate) struct Shared {
     pub(crate) source: Arc<dyn BlockDevice>,
     pub(crate) cache: Arc<dyn BlockDevice>,
-    /// The core (lock order 2, see docs/ARCHITECTURE.md).
-    pub(crate) core: RwLock<CacheCore>,
+    /// The core (lock order 2, see docs/ARCHITECTURE.md), behind a big-reader lock: a
+    /// hit takes only its thread's reader shard.
+    pub(crate) core: BrLock<CacheCore>,
     pub(crate) crcs: Option<CrcTable>,
     pub(crate) persist: Option<Persist>,
     pub(crate) errors: AtomicU64,

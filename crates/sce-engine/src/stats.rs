@@ -4,15 +4,41 @@
 use sce_core::CacheCore;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+/// A counter that every thread adds to on a cache line of its own (one of 16, chosen once
+/// per thread), summed when read: a hit on one core does not invalidate another core's line.
+#[derive(Debug, Default)]
+pub struct ShardedCounter([PaddedU64; 16]);
+
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct PaddedU64(AtomicU64);
+
+static NEXT_COUNTER_SHARD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+thread_local! {
+    static COUNTER_SHARD: usize = NEXT_COUNTER_SHARD.fetch_add(1, Relaxed) % 16;
+}
+
+impl ShardedCounter {
+    /// Adds `n` on this thread's shard.
+    pub fn add(&self, n: u64) {
+        self.0[COUNTER_SHARD.with(|i| *i)].0.fetch_add(n, Relaxed);
+    }
+    /// The total.
+    pub fn sum(&self) -> u64 {
+        self.0.iter().map(|c| c.0.load(Relaxed)).sum()
+    }
+}
+
 /// Counters updated by the engine's threads.
 #[derive(Debug, Default)]
 pub struct Counters {
     /// Bytes read from the source.
-    pub source_bytes_read: AtomicU64,
+    pub source_bytes_read: ShardedCounter,
     /// Bytes written to the source.
     pub source_bytes_written: AtomicU64,
-    /// Bytes read from the cache device.
-    pub cache_bytes_read: AtomicU64,
+    /// Bytes read from the cache device (every hit adds to it: sharded per thread).
+    pub cache_bytes_read: ShardedCounter,
     /// Bytes written to the cache device.
     pub cache_bytes_written: AtomicU64,
     /// Failed reads of the cache device (served from the source instead).
@@ -185,9 +211,9 @@ impl Counters {
             read_pages_hit: c.read_pages_hit,
             read_pages_missed: c.read_pages_missed,
             write_requests: c.write_requests,
-            source_bytes_read: self.source_bytes_read.load(Relaxed),
+            source_bytes_read: self.source_bytes_read.sum(),
             source_bytes_written: self.source_bytes_written.load(Relaxed),
-            cache_bytes_read: self.cache_bytes_read.load(Relaxed),
+            cache_bytes_read: self.cache_bytes_read.sum(),
             cache_bytes_written: self.cache_bytes_written.load(Relaxed),
             cache_read_errors: self.cache_read_errors.load(Relaxed),
             cache_write_errors: self.cache_write_errors.load(Relaxed),

@@ -11,12 +11,13 @@
 //! `verify`, over the state they share (`shared`).
 
 use crate::awt::{awt_writer, AwtJob, AwtQueue};
+use crate::brlock::BrLock;
 use crate::flusher::{flusher, intent_writer};
 use crate::persist::{Persist, PersistConfig, PersistStats};
 use crate::population::population_worker;
 use crate::shared::{LogShard, Shared, LOG_SHARDS};
 use crate::stats::{Counters, VolumeStats};
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Condvar, Mutex};
 use sce_core::{CacheCore, ConfigError, CoreConfig};
 use sce_io::{check_range, BlockDevice, IoError, Op, SliceDevice};
 use sce_store::CrcTable;
@@ -219,7 +220,7 @@ impl CacheVolume {
             pins: core.pin_table(),
             source_size,
             fshift: core.geometry().fragment_shift(),
-            core: RwLock::new(core),
+            core: BrLock::new(core),
             crcs,
             persist,
             errors: AtomicU64::new(0),
@@ -247,13 +248,24 @@ impl CacheVolume {
         })
     }
 
-    /// A snapshot of the counters.
+    /// A snapshot of the counters. It takes only the core's shared lock (a metrics scrape
+    /// never stalls I/O): the read accounting still waiting in the log shards is added to
+    /// the core's counts, not applied.
     pub fn stats(&self) -> VolumeStats {
-        let mut core = self.shared.core.write();
-        self.shared.apply_logs(&mut core);
-        self.shared
+        let core = self.shared.core.read();
+        let mut v = self
+            .shared
             .counters
-            .snapshot(&core, self.shared.passthrough.load(Relaxed))
+            .snapshot(&core, self.shared.passthrough.load(Relaxed));
+        // Lock order: core, then a leaf.
+        for shard in self.shared.logs.iter() {
+            let [requests, full, hit, missed] = shard.0.lock().pending_counts();
+            v.read_requests += requests;
+            v.read_requests_full_hit += full;
+            v.read_pages_hit += hit;
+            v.read_pages_missed += missed;
+        }
+        v
     }
 
     /// The persistent store's state and counters (None without persistence).
@@ -273,7 +285,7 @@ impl CacheVolume {
 
     /// The core's configuration.
     pub fn config(&self) -> CoreConfig {
-        self.shared.core.write().config().clone()
+        self.shared.core.read().config().clone()
     }
 
     /// Runs population on the calling thread until nothing more is picked or `max` jobs ran,
@@ -290,7 +302,7 @@ impl CacheVolume {
     /// Waits until no AWT copy is in flight (for tests and orderly shutdown).
     pub fn quiesce(&self) {
         loop {
-            let (w, p) = self.shared.core.write().operations_in_flight();
+            let (w, p) = self.shared.core.read().operations_in_flight();
             if w == 0 && p == 0 {
                 return;
             }

@@ -310,13 +310,17 @@ impl CacheCore {
     }
 
     /// Classifies a request with the stream detector (admission `sce`; otherwise never
-    /// sequential). Called once per request, when it is planned.
+    /// sequential). Called once per request, when it is planned. Readers on other threads
+    /// never wait for the detector: a request that finds it busy goes unobserved and counts
+    /// as random (a stream skips it within `Streams::GAP`), so the hit path has no lock that
+    /// blocks. A single-threaded driver (the simulator) always gets it.
     fn classify(&self, offset: u64, len: u64) -> StreamVerdict {
         match &self.streams {
-            Some(st) if len > 0 => st
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .observe(offset, len),
+            Some(st) if len > 0 => match st.try_lock() {
+                Ok(mut g) => g.observe(offset, len),
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().observe(offset, len),
+                Err(std::sync::TryLockError::WouldBlock) => StreamVerdict::default(),
+            },
             _ => StreamVerdict::default(),
         }
     }

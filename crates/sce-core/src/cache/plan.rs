@@ -120,6 +120,16 @@ impl AccessLog {
     pub fn requests(&self) -> u64 {
         self.requests
     }
+    /// What the log adds to the core's read counters once applied: requests, full hits, hit
+    /// pages, missed pages (for exact counters without applying it).
+    pub fn pending_counts(&self) -> [u64; 4] {
+        [
+            self.requests,
+            self.full_hits,
+            self.hit_pages,
+            self.missed_pages,
+        ]
+    }
 }
 
 impl ReadPlan {

@@ -4,7 +4,7 @@
 
 use super::intents::State;
 use super::{full_identity, Persist, UnitImage};
-use parking_lot::RwLock;
+use crate::brlock::BrLock;
 use sce_core::{CacheCore, FragNo, SlotNo};
 use sce_io::{AlignedBuf, BlockDevice};
 use sce_store::layout::SLOTS_PER_INTENT_BLOCK;
@@ -29,7 +29,7 @@ impl Persist {
     /// every intent as quiet (clean shutdown, nothing in flight). Returns the number of
     /// metadata errors. `core` is the volume's core lock (taken once, for the snapshot) and
     /// `crcs` its page checksums.
-    pub(crate) fn round(&self, core: &RwLock<CacheCore>, crcs: &CrcTable, force: bool) -> u64 {
+    pub(crate) fn round(&self, core: &BrLock<CacheCore>, crcs: &CrcTable, force: bool) -> u64 {
         let _one_at_a_time = self.round_lock.lock();
         self.counters.flush_rounds.fetch_add(1, Relaxed);
         if std::mem::take(&mut self.st.lock().scrub) {
@@ -308,7 +308,7 @@ impl Persist {
     /// start recovers as after a crash).
     pub(crate) fn close(
         &self,
-        core: &RwLock<CacheCore>,
+        core: &BrLock<CacheCore>,
         crcs: &CrcTable,
         identity: Option<String>,
         writes_done: u64,
