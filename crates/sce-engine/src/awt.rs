@@ -7,13 +7,29 @@ use crate::shared::Shared;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use sce_core::CacheCopy;
-use sce_io::AlignedBuf;
+use sce_io::{AlignedBuf, SharedBytes};
 use std::sync::Arc;
+
+/// A write's data: borrowed from the caller (AWT copies it), or given away with
+/// `write_shared` (AWT keeps a reference to it until its cache copy is written).
+pub(crate) enum Payload<'a> {
+    Borrowed(&'a [u8]),
+    Shared(SharedBytes),
+}
+
+impl Payload<'_> {
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match self {
+            Payload::Borrowed(d) => d,
+            Payload::Shared(d) => d,
+        }
+    }
+}
 
 /// A write's cache copies, queued for the AWT writers.
 pub(crate) struct AwtJob {
     offset: u64,
-    data: Arc<AlignedBuf>,
+    data: SharedBytes,
     copies: Vec<CacheCopy>,
 }
 
@@ -35,14 +51,22 @@ impl AwtQueue {
         self.tx.lock().take();
     }
 
-    /// Queues the cache `copies` of a write of `data` at source offset `offset`. If the
-    /// writers are gone (the volume is closing), the copies fail and their pages stay invalid.
-    pub(crate) fn send(&self, s: &Shared, offset: u64, data: &[u8], copies: Vec<CacheCopy>) {
-        let mut copy = AlignedBuf::new(data.len());
-        copy.copy_from_slice(data);
+    /// Queues the cache `copies` of a write of `data` at source offset `offset`: the
+    /// client's own buffer when it gave it away (`write_shared`), else a copy. If the
+    /// writers are gone (the volume is closing), the copies fail and their pages stay
+    /// invalid.
+    pub(crate) fn send(&self, s: &Shared, offset: u64, data: &Payload, copies: Vec<CacheCopy>) {
+        let data: SharedBytes = match data {
+            Payload::Shared(d) => d.clone(),
+            Payload::Borrowed(d) => {
+                let mut copy = AlignedBuf::new(d.len());
+                copy.copy_from_slice(d);
+                Arc::new(copy)
+            }
+        };
         let job = AwtJob {
             offset,
-            data: Arc::new(copy),
+            data,
             copies,
         };
         let unsent = match self.tx.lock().as_ref() {

@@ -10,7 +10,7 @@
 //! files: `read`, `write`, `awt`, `population`, `flusher` (with `persist`), `health` and
 //! `verify`, over the state they share (`shared`).
 
-use crate::awt::{awt_writer, AwtJob, AwtQueue};
+use crate::awt::{awt_writer, AwtJob, AwtQueue, Payload};
 use crate::brlock::BrLock;
 use crate::flusher::{flusher, intent_writer};
 use crate::persist::{Persist, PersistConfig, PersistStats};
@@ -19,7 +19,7 @@ use crate::shared::{LogShard, Shared, LOG_SHARDS};
 use crate::stats::{Counters, VolumeStats};
 use parking_lot::{Condvar, Mutex};
 use sce_core::{CacheCore, ConfigError, CoreConfig};
-use sce_io::{check_range, BlockDevice, IoError, Op, SliceDevice};
+use sce_io::{check_range, BlockDevice, IoError, Op, SharedBytes, SliceDevice};
 use sce_store::CrcTable;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -365,7 +365,13 @@ impl BlockDevice for CacheVolume {
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), IoError> {
         let s = &self.shared;
         check_range(Op::Write, offset, buf.len() as u64, s.source.size(), s.lbs)?;
-        s.write(&self.awt, offset, buf)
+        s.write(&self.awt, offset, Payload::Borrowed(buf))
+    }
+
+    fn write_shared(&self, offset: u64, data: SharedBytes) -> Result<(), IoError> {
+        let s = &self.shared;
+        check_range(Op::Write, offset, data.len() as u64, s.source.size(), s.lbs)?;
+        s.write(&self.awt, offset, Payload::Shared(data))
     }
 
     fn flush(&self) -> Result<(), IoError> {

@@ -4,7 +4,7 @@
 //! write-through mode, through the AWT writers otherwise. Every half is completed through
 //! the write's [`WriteTxn`] tokens.
 
-use crate::awt::AwtQueue;
+use crate::awt::{AwtQueue, Payload};
 use crate::persist::Ticket;
 use crate::shared::{request_error, Shared};
 use sce_core::{SourceOffset, WriteKind, WriteTxn};
@@ -12,9 +12,15 @@ use sce_io::{IoError, Op};
 use std::sync::atomic::{Ordering::Relaxed, Ordering::SeqCst};
 
 impl Shared {
-    /// Writes `data` at `offset` (a range the caller checked) through the cache; AWT copies
-    /// go to `awt`.
-    pub(crate) fn write(&self, awt: &AwtQueue, offset: u64, data: &[u8]) -> Result<(), IoError> {
+    /// Writes `payload` at `offset` (a range the caller checked) through the cache; AWT
+    /// copies go to `awt`.
+    pub(crate) fn write(
+        &self,
+        awt: &AwtQueue,
+        offset: u64,
+        payload: Payload,
+    ) -> Result<(), IoError> {
+        let data = payload.bytes();
         let len = data.len() as u64;
         if self.passthrough.load(Relaxed) {
             return self.source_write(offset, data);
@@ -38,7 +44,7 @@ impl Shared {
         }
         if !copies.is_empty() {
             // AWT: hand a copy to the writers before the source write, so both run in parallel.
-            awt.send(self, offset, data, copies);
+            awt.send(self, offset, &payload, copies);
         }
         let result = self.source_write(offset, data);
         source.done(&mut self.core.write(), result.is_ok());

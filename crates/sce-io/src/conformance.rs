@@ -42,6 +42,29 @@ pub fn run_all(dev: &dyn BlockDevice) {
     odd_memory_addresses(dev);
     discard_zeroes(dev);
     concurrent_writers(dev);
+    shared_writes(dev);
+}
+
+/// `write_shared` writes what `write_at` would, read back at once (a device that keeps the
+/// buffer for a later copy, the cached volume's AWT, must serve the write's data anyway).
+pub fn shared_writes(dev: &dyn BlockDevice) {
+    let lbs = dev.logical_block_size() as usize;
+    let len = (64 << 10).max(lbs);
+    for (i, offset) in [0u64, 1 << 20, 3 << 20].into_iter().enumerate() {
+        let data = pattern(100 + i as u64, len);
+        let expect = data.to_vec();
+        dev.write_shared(offset, std::sync::Arc::new(data))
+            .unwrap_or_else(|e| panic!("shared_writes: write {len}@{offset}: {e}"));
+        let mut back = AlignedBuf::new(len);
+        dev.read_at(offset, &mut back)
+            .unwrap_or_else(|e| panic!("shared_writes: read {len}@{offset}: {e}"));
+        assert!(
+            back[..] == expect[..],
+            "shared_writes: data read back at {offset} differs from what was written"
+        );
+    }
+    dev.flush()
+        .unwrap_or_else(|e| panic!("shared_writes: flush: {e}"));
 }
 
 /// Size and block size are sane.

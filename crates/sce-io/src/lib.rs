@@ -64,7 +64,17 @@ pub trait BlockDevice: Send + Sync {
     fn identity(&self) -> Option<String> {
         None
     }
+    /// Writes a buffer the caller gives away, at `offset`: the same as `write_at`, but a
+    /// device that keeps the data after returning (a cache's asynchronous copy) may hold on
+    /// to `data` instead of copying it. The default writes it with `write_at`.
+    fn write_shared(&self, offset: u64, data: SharedBytes) -> Result<(), IoError> {
+        self.write_at(offset, &data)
+    }
 }
+
+/// Bytes shared between threads without copying: a write's payload handed to
+/// [`BlockDevice::write_shared`] (an NBD server's pooled buffer, an `AlignedBuf`, a `Vec`).
+pub type SharedBytes = Arc<dyn std::ops::Deref<Target = [u8]> + Send + Sync>;
 
 macro_rules! forward {
     ($ptr:ident) => {
@@ -89,6 +99,9 @@ macro_rules! forward {
             }
             fn identity(&self) -> Option<String> {
                 (**self).identity()
+            }
+            fn write_shared(&self, offset: u64, data: SharedBytes) -> Result<(), IoError> {
+                (**self).write_shared(offset, data)
             }
         }
     };

@@ -67,8 +67,10 @@ pub(super) fn execute(
             Ok(Some(b))
         }
         proto::CMD_WRITE => {
+            // The payload is given away: a cache's asynchronous copy keeps it (no second
+            // copy), and it goes back to the pool when the last holder drops it.
             let b = payload.ok_or(errno::EINVAL)?;
-            fua(dev.write_at(off, &b))
+            fua(dev.write_shared(off, Arc::new(b)))
         }
         proto::CMD_FLUSH => dev.flush().map(|()| None).map_err(|x| errno_of(&x, true)),
         proto::CMD_TRIM => fua(dev.discard(off, len)),
