@@ -13,9 +13,10 @@ the goals met or missed, and writes them as Markdown (--out, default: stdout onl
    with 1 and 4 connections (4 fio jobs, each at the queue depth): sce serve (O_DIRECT),
    nbdkit file cache=none, qemu-nbd --cache=none --aio=io_uring --persistent (threads if
    io_uring fails),
-   and fio itself on the file (io_uring, O_DIRECT) as the physical limit. The servers of one
-   cell run one after another, so drift of the device hits them alike; --repeat N runs every
-   cell N times and reports the median.
+   and fio itself on the file (io_uring, O_DIRECT) as the physical limit. The servers serve
+   the file read-only at the same time and the four runs of a cell follow each other, so
+   drift of the machine hits them alike; --repeat N runs every cell N times (the order
+   rotating) and reports the median.
 3. A warm 100%-hit 4 KiB random-read load through the cache (QD32; the cache, 1200 MiB, holds
    the whole 1 GiB source) against the same server exporting a copy of its cache file
    plainly, alternated --hit-rounds times (8), medians.
@@ -172,8 +173,7 @@ def oltp(a, procs, sce, d, flash):
         ("nbdkit cache filter", "kit", []),
         ("all-flash (sce serve of a local file)", "flash", []),
     ]
-    rows = []
-    for label, kind, extra in configs:
+    def run_config(label, kind, extra):
         log(f"== OLTP: {label}, {secs} s")
         src_sock = os.path.join(d, "src.sock")
         if os.path.exists(src_sock):
@@ -207,21 +207,39 @@ def oltp(a, procs, sce, d, flash):
             e = http_json(addr)["exports"][""]
             h, m = e["read_pages_hit"], e["read_pages_missed"]
             hit = h / max(h + m, 1)
-        rows.append(dict(label=label, kind=kind, iops=iops(j), p99=p99_ms(j), series=series,
-                         hit=hit))
+        row = dict(label=label, kind=kind, iops=iops(j), p99=p99_ms(j), series=series, hit=hit)
         if server:
             procs.stop(server)
         procs.stop(src)
         for f in os.listdir(d):
             if f.endswith(".cache"):
                 os.unlink(os.path.join(d, f))
+            elif f.endswith(".state"):
+                shutil.rmtree(os.path.join(d, f), ignore_errors=True)
+        return row
+
+    # The machine's speed drifts by 2x within minutes: every configuration runs `rounds`
+    # times, the configurations alternating, and each reports its median run by IOPS (of
+    # two, the better).
+    runs = {c[0]: [] for c in configs}
+    for _ in range(a.oltp_rounds):
+        for label, kind, extra in configs:
+            runs[label].append(run_config(label, kind, extra))
+    rows = []
+    for label, _, _ in configs:
+        rs = sorted(runs[label], key=lambda r: r["iops"])
+        row = dict(rs[len(rs) // 2])
+        row["runs"] = [r["iops"] for r in runs[label]]
+        rows.append(row)
     src_iops = rows[0]["iops"]
     out = ["## 1. OLTP over a 2 ms NBD source", "",
-           f"fio nbd, 8 KiB, 87% reads, Zipf 1.1 over 2 GiB, QD16, {secs} s; cache 1 GiB; source "
-           "`nbdkit --filter=delay memory 2G rdelay=2ms wdelay=2ms -t 64`.", "",
+           f"fio nbd, 8 KiB, 87% reads, Zipf 1.1 over 2 GiB, QD16, {secs} s per run, each "
+           f"configuration {a.oltp_rounds} times in alternation from a fresh source and a cold "
+           "cache, the median run shown (all runs' IOPS in the last column); cache 1 GiB; "
+           "source `nbdkit --filter=delay memory 2G rdelay=2ms wdelay=2ms -t 64`.", "",
            "| configuration | IOPS | × source alone | read p99 (ms) | min 1 s IOPS from 10 s | "
-           "last 10 s IOPS | read hit ratio |",
-           "|---|---:|---:|---:|---:|---:|---:|"]
+           "last 10 s IOPS | read hit ratio | runs (IOPS) |",
+           "|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         s = r["series"] or [0]
         after10 = min(s[10:-1] or s)
@@ -229,7 +247,8 @@ def oltp(a, procs, sce, d, flash):
         r["min_after10"], r["last10"] = after10, last10
         hit = f"{r['hit']:.3f}" if r["hit"] is not None else "—"
         out.append(f"| {r['label']} | {fmt(r['iops'])} | {r['iops'] / src_iops:.2f}x | "
-                   f"{r['p99']:.1f} | {fmt(after10)} | {fmt(last10)} | {hit} |")
+                   f"{r['p99']:.1f} | {fmt(after10)} | {fmt(last10)} | {hit} | "
+                   f"{', '.join(fmt(x) for x in r['runs'])} |")
     sce = rows[1]
     g1 = sce["min_after10"] >= src_iops
     g2 = sce["last10"] >= 5 * src_iops
@@ -261,14 +280,17 @@ def local(a, procs, sce, d, flash):
         sock = os.path.join(d, f"{s}.sock")
         if os.path.exists(sock):
             os.unlink(sock)
+        # All three serve the file read-only at the same time (sce takes a shared lock, qemu
+        # a shared one of its own), so that the runs of one cell follow each other closely.
         if s == "sce":
-            p, sock, _ = sce_serve(procs, sce, d, "local", ["--source", flash])
+            p, sock, _ = sce_serve(procs, sce, d, "local", ["--source", flash, "--read-only"])
             return p, sock
         if s == "nbdkit":
-            p = procs.start(["nbdkit", "-f", "-U", sock, "file", f"file={flash}", "cache=none"])
+            p = procs.start(["nbdkit", "-f", "-r", "-U", sock, "file", f"file={flash}",
+                             "cache=none"])
         else:
             p = procs.start(["qemu-nbd", "-f", "raw", "--cache=none", f"--aio={qemu_aio}",
-                             "--shared=8", "--persistent", "-k", sock, flash])
+                             "--shared=8", "--persistent", "-r", "-k", sock, flash])
             time.sleep(0.5)
             if p.poll() is not None and qemu_aio == "io_uring":
                 log("qemu-nbd refused --aio=io_uring; using --aio=threads")
@@ -277,26 +299,32 @@ def local(a, procs, sce, d, flash):
         wait_sock(sock, p, s)
         return p, sock
 
+    running = {s: start(s) for s in servers if s != "fio-direct"}
+    # The machine's speed drifts by 2x within minutes: the four runs of a cell follow each
+    # other, in an order that rotates from one repetition to the next.
     for rep in range(a.repeat):
-        for s in servers:
-            p, sock = (None, None) if s == "fio-direct" else start(s)
-            for qd, n in cells:
+        for qd, n in cells:
+            order = servers[rep % 4:] + servers[:rep % 4]
+            for s in order:
                 log(f"== local file: {s}, QD{qd} x {n} connection(s), run {rep + 1}")
                 base = ["--name=rr", "--rw=randread", "--bs=4k", f"--iodepth={qd}",
                         f"--numjobs={n}", "--size=2g", "--time_based", f"--runtime={secs}",
                         "--randseed=7"]
                 if s == "fio-direct":
-                    args = base + ["--ioengine=io_uring", "--direct=1", f"--filename={flash}"]
+                    args = base + ["--ioengine=io_uring", "--direct=1", "--readonly",
+                                   f"--filename={flash}"]
                 else:
-                    args = base + ["--ioengine=nbd", f"--uri={uri(sock)}"]
+                    args = base + ["--ioengine=nbd", f"--uri={uri(running[s][1])}"]
                 j, _ = fio(args)
                 res[(qd, n)][s].append(iops(j))
-            if p:
-                procs.stop(p)
+    for p, _ in running.values():
+        procs.stop(p)
     med = {c: {s: statistics.median(v) for s, v in res[c].items()} for c in cells}
     out = ["## 2. Serving a fully written local file, no cache", "",
            f"fio, 4 KiB random reads over 2 GiB, {secs} s per run, median of {a.repeat} run(s); "
-           f"n connections = n fio jobs, each at the queue depth. qemu-nbd --aio={qemu_aio}.", "",
+           f"n connections = n fio jobs, each at the queue depth. The three servers serve the "
+           f"file read-only at once and the four runs of a cell follow each other (order "
+           f"rotating per repetition). qemu-nbd --aio={qemu_aio}.", "",
            "| QD × connections | sce | nbdkit | qemu-nbd | fio on the file | sce / faster of "
            "nbdkit, qemu-nbd | sce / fio |", "|---|---:|---:|---:|---:|---:|---:|"]
     misses = []
@@ -386,10 +414,11 @@ def main():
     ap.add_argument("--out", help="also write the Markdown tables here")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--hit-rounds", type=int, default=8)
+    ap.add_argument("--oltp-rounds", type=int, default=2)
     ap.add_argument("--oltp-seconds", type=int)
     ap.add_argument("--local-seconds", type=int)
     a = ap.parse_args()
-    a.oltp_seconds = a.oltp_seconds or (20 if a.quick else 60)
+    a.oltp_seconds = a.oltp_seconds or (20 if a.quick else 40)
     a.local_seconds = a.local_seconds or (3 if a.quick else 10)
     for tool in ("fio", "nbdkit", "qemu-nbd"):
         if not shutil.which(tool):
