@@ -12,10 +12,10 @@
 //! takes them all in index order, a reader takes one, and nobody holds a shard while taking
 //! another lock of order 2 or above it.
 
+use crate::shard::thread_index;
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 /// Reader shards. More than the cores of the machines sce runs on, so that threads rarely
 /// share one; a writer takes them all.
@@ -38,12 +38,6 @@ unsafe impl<T: Send> Send for BrLock<T> {}
 // SAFETY: as above.
 unsafe impl<T: Send + Sync> Sync for BrLock<T> {}
 
-static NEXT: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    static MINE: usize = NEXT.fetch_add(1, Relaxed) % SHARDS;
-}
-
 impl<T> BrLock<T> {
     pub(crate) fn new(value: T) -> Self {
         BrLock {
@@ -54,7 +48,7 @@ impl<T> BrLock<T> {
 
     /// Shared access, through this thread's reader shard.
     pub(crate) fn read(&self) -> BrReadGuard<'_, T> {
-        let guard = self.shards[MINE.with(|m| *m)].0.read();
+        let guard = self.shards[thread_index() % SHARDS].0.read();
         BrReadGuard {
             _guard: guard,
             value: &self.value,
@@ -70,15 +64,16 @@ impl<T> BrLock<T> {
         }
     }
 
-    /// Exclusive access if no thread holds or waits for any shard now; never blocks.
+    /// Exclusive access if no thread holds or waits for any shard now; never blocks (and
+    /// allocates nothing: it is tried on the read path).
     pub(crate) fn try_write(&self) -> Option<BrWriteGuard<'_, T>> {
-        let mut got: Vec<RwLockWriteGuard<'_, ()>> = Vec::with_capacity(SHARDS);
-        for s in &self.shards {
-            got.push(s.0.try_write()?);
+        let mut got: [Option<RwLockWriteGuard<'_, ()>>; SHARDS] = Default::default();
+        for (slot, s) in got.iter_mut().zip(&self.shards) {
+            // On failure the shards taken so far are released as `got` drops.
+            *slot = Some(s.0.try_write()?);
         }
-        let guards: [RwLockWriteGuard<'_, ()>; SHARDS] = got.try_into().ok()?;
         Some(BrWriteGuard {
-            _guards: guards,
+            _guards: got.map(|g| g.expect("every shard was taken")),
             value: &self.value,
         })
     }

@@ -11,6 +11,7 @@ mod health;
 pub mod persist;
 mod population;
 mod read;
+mod shard;
 mod shared;
 pub mod stats;
 mod verify;

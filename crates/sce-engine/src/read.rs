@@ -3,11 +3,12 @@
 //! planned I/O on the caller's thread, cached runs verified against their checksums; write
 //! the inline fills; release the pins (the read's [`PinnedRead`] guard does, when dropped).
 
+use crate::shard::thread_index;
 use crate::shared::{request_error, Shared, LOG_BATCH, LOG_CAP, LOG_SHARDS};
 use sce_core::{PinnedRead, Populating, ReadPlan, RunTarget, SourceOffset};
 use sce_io::{BlockDevice, IoError, Op};
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 
 /// A read's plan and the checksums its cached pages had when it was planned.
 #[derive(Default)]
@@ -20,10 +21,7 @@ struct PlannedRead {
 
 thread_local! {
     static PLAN: RefCell<PlannedRead> = RefCell::new(PlannedRead::default());
-    static SHARD: usize = NEXT_SHARD.fetch_add(1, Relaxed) % LOG_SHARDS;
 }
-
-static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
 
 impl Shared {
     /// Reads `buf.len()` bytes at `offset` (a range the caller checked) through the cache.
@@ -102,7 +100,7 @@ impl Shared {
     fn log_read(&self, plan: &ReadPlan) {
         // Lock order: a log shard is a leaf lock, released before the core lock is taken;
         // the log is then taken out of the shard under the core lock (core, then leaf).
-        let shard = &self.logs[SHARD.with(|i| *i)];
+        let shard = &self.logs[thread_index() % LOG_SHARDS];
         let pending = {
             let mut log = shard.0.lock();
             log.record(plan);

@@ -13,16 +13,12 @@ pub struct ShardedCounter([PaddedU64; 16]);
 #[repr(align(128))]
 struct PaddedU64(AtomicU64);
 
-static NEXT_COUNTER_SHARD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-thread_local! {
-    static COUNTER_SHARD: usize = NEXT_COUNTER_SHARD.fetch_add(1, Relaxed) % 16;
-}
-
 impl ShardedCounter {
     /// Adds `n` on this thread's shard.
     pub fn add(&self, n: u64) {
-        self.0[COUNTER_SHARD.with(|i| *i)].0.fetch_add(n, Relaxed);
+        self.0[crate::shard::thread_index() % 16]
+            .0
+            .fetch_add(n, Relaxed);
     }
     /// The total.
     pub fn sum(&self) -> u64 {
