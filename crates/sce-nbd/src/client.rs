@@ -191,12 +191,6 @@ impl NbdClient {
         self.pool.lock().conns.len()
     }
 
-    /// Requests in flight to the source now, over all connections.
-    pub fn in_flight(&self) -> usize {
-        let p = self.pool.lock();
-        p.conns.iter().map(|c| c.inflight.load(Relaxed)).sum()
-    }
-
     /// Takes room on a connection: opens one if the pool has room for another and no
     /// backoff is running, else the least loaded open one with room, else waits for room
     /// until `deadline`.

@@ -27,10 +27,11 @@ pub(crate) enum Stream {
 }
 
 impl Stream {
-    fn set_read_timeout(&self, t: Duration) -> io::Result<()> {
+    /// `None`: reads block for ever.
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match self {
-            Stream::Tcp(s) => s.set_read_timeout(Some(t)),
-            Stream::Unix(s) => s.set_read_timeout(Some(t)),
+            Stream::Tcp(s) => s.set_read_timeout(t),
+            Stream::Unix(s) => s.set_read_timeout(t),
         }
     }
     fn set_write_timeout(&self, t: Duration) -> io::Result<()> {
@@ -66,7 +67,7 @@ impl Stream {
     fn read_by(&mut self, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
         let mut done = 0;
         while done < buf.len() {
-            self.set_read_timeout(remaining(deadline)?)?;
+            self.set_read_timeout(Some(remaining(deadline)?))?;
             let r = match self {
                 Stream::Tcp(s) => s.read(&mut buf[done..]),
                 Stream::Unix(s) => s.read(&mut buf[done..]),
@@ -270,10 +271,7 @@ impl Conn {
             why: Mutex::new(String::new()),
             shut: stream.try_clone()?,
         });
-        match &rd {
-            Stream::Tcp(s) => s.set_read_timeout(None)?,
-            Stream::Unix(s) => s.set_read_timeout(None)?,
-        }
+        rd.set_read_timeout(None)?;
         let sh = shared.clone();
         let reader = std::thread::Builder::new()
             .name("sce-nbd-client".into())

@@ -15,6 +15,16 @@ pub(super) struct ConnState {
     pub(super) requests: AtomicUsize,
 }
 
+impl ConnState {
+    /// Gives the connection up: later replies are dropped, the reader stops, and the socket
+    /// (`sock`, the write half under its lock) is shut down.
+    pub(super) fn break_off(&self, sock: &dyn WriteHalf) {
+        self.broken.store(true, Relaxed);
+        self.dead.store(true, Relaxed);
+        sock.shut();
+    }
+}
+
 /// A request's share of the in-flight budgets, from reading it to its reply being written.
 pub(super) struct Ticket {
     pub(super) shared: Arc<Shared>,
@@ -198,10 +208,12 @@ pub(super) fn slice_timeout(e: &io::Error) -> bool {
     )
 }
 
-impl<C: Read> Read for Deadlined<'_, C> {
-    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+impl<C> Deadlined<'_, C> {
+    /// Runs `op` on the socket again each time its slice timeout fires, until it completes
+    /// or the deadline (or the shutdown grace) has passed.
+    fn retry<T>(&mut self, mut op: impl FnMut(&mut C) -> io::Result<T>) -> io::Result<T> {
         loop {
-            match self.c.read(b) {
+            match op(self.c) {
                 Err(e) if slice_timeout(&e) => {
                     if let Some(e) = self.expired() {
                         return Err(e);
@@ -213,30 +225,18 @@ impl<C: Read> Read for Deadlined<'_, C> {
     }
 }
 
+impl<C: Read> Read for Deadlined<'_, C> {
+    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+        self.retry(|c| c.read(b))
+    }
+}
+
 impl<C: Write> Write for Deadlined<'_, C> {
     fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-        loop {
-            match self.c.write(b) {
-                Err(e) if slice_timeout(&e) => {
-                    if let Some(e) = self.expired() {
-                        return Err(e);
-                    }
-                }
-                r => return r,
-            }
-        }
+        self.retry(|c| c.write(b))
     }
     fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        loop {
-            match self.c.write_vectored(bufs) {
-                Err(e) if slice_timeout(&e) => {
-                    if let Some(e) = self.expired() {
-                        return Err(e);
-                    }
-                }
-                r => return r,
-            }
-        }
+        self.retry(|c| c.write_vectored(bufs))
     }
     fn flush(&mut self) -> io::Result<()> {
         self.c.flush()
@@ -294,9 +294,7 @@ impl Server {
         while state.requests.load(Relaxed) > 0 {
             if self.shared.shutting_down() && self.shared.past_grace() {
                 drop(used);
-                state.broken.store(true, Relaxed);
-                state.dead.store(true, Relaxed);
-                out.lock().sock.shut();
+                state.break_off(&*out.lock().sock);
                 return false;
             }
             self.shared.freed.wait_for(&mut used, SLICE);

@@ -18,8 +18,8 @@ pub(super) fn work(shared: &Shared, queue: &Receiver<Job>) {
     }
 }
 
-/// Runs one request (on a worker, or on the reader for a lone request) into its reply.
-pub(super) fn run_job(shared: &Shared, job: Job) -> Reply {
+/// Runs one request into its reply.
+fn run_job(shared: &Shared, job: Job) -> Reply {
     let Job {
         conn,
         req,
@@ -62,9 +62,7 @@ pub(super) fn write_replies(
             match queue.recv_timeout(SLICE) {
                 Err(RecvTimeoutError::Timeout) => {
                     if !state.broken.load(Relaxed) && shared.past_grace() {
-                        state.broken.store(true, Relaxed);
-                        state.dead.store(true, Relaxed);
-                        out.lock().sock.shut();
+                        state.break_off(&*out.lock().sock);
                     }
                     continue;
                 }
@@ -89,7 +87,7 @@ pub(super) fn write_replies(
 }
 
 /// The bytes of a reply on the wire: its header, and its data if it succeeded.
-pub(super) fn wire(reply: &Reply) -> ([u8; proto::REPLY_LEN], &[u8]) {
+fn wire(reply: &Reply) -> ([u8; proto::REPLY_LEN], &[u8]) {
     let h = proto::simple_reply(reply.error, reply.cookie);
     match &reply.data {
         Some(d) if reply.error == 0 => (h, d),
@@ -98,7 +96,7 @@ pub(super) fn wire(reply: &Reply) -> ([u8; proto::REPLY_LEN], &[u8]) {
 }
 
 /// Counts a reply as served (written, or dropped with a broken connection).
-pub(super) fn count(shared: &Shared, reply: &Reply) {
+fn count(shared: &Shared, reply: &Reply) {
     shared.stats.requests.fetch_add(1, Relaxed);
     if reply.error != 0 {
         shared.stats.request_errors.fetch_add(1, Relaxed);
@@ -110,12 +108,7 @@ pub(super) fn count(shared: &Shared, reply: &Reply) {
 /// the lock was busy, a partly sent reply was pending or nothing could be sent; `Tail` when
 /// only part went out (the rest is left in `OutState::tail`, which keeps the lock's next
 /// holders from interleaving another reply into it).
-pub(super) fn send_now(
-    shared: &Shared,
-    out: &Out,
-    state: &ConnState,
-    reply: Reply,
-) -> Option<ToWriter> {
+fn send_now(shared: &Shared, out: &Out, state: &ConnState, reply: Reply) -> Option<ToWriter> {
     if state.broken.load(Relaxed) {
         count(shared, &reply);
         return None;
@@ -141,9 +134,7 @@ pub(super) fn send_now(
         Err(_) => {
             // The client is gone: stop the reader too, drop what is left.
             count(shared, &reply);
-            state.broken.store(true, Relaxed);
-            state.dead.store(true, Relaxed);
-            o.sock.shut();
+            state.break_off(&*o.sock);
             None
         }
     }
@@ -151,7 +142,7 @@ pub(super) fn send_now(
 
 /// One `sendmsg(MSG_DONTWAIT)` of `a` then `b`: the bytes sent, 0 if the socket buffer is
 /// full (or a signal came first).
-pub(super) fn send_nowait(fd: RawFd, a: &[u8], b: &[u8]) -> io::Result<usize> {
+fn send_nowait(fd: RawFd, a: &[u8], b: &[u8]) -> io::Result<usize> {
     let mut iov = [
         libc::iovec {
             iov_base: a.as_ptr() as *mut libc::c_void,
@@ -211,18 +202,13 @@ pub(super) fn write_blocking(shared: &Shared, out: &Out, state: &ConnState, repl
                     shared.cfg.reply_timeout
                 );
             }
-            state.broken.store(true, Relaxed);
-            state.dead.store(true, Relaxed);
-            o.sock.shut();
+            state.break_off(&*o.sock);
         }
     }
 }
 
 /// Writes `a` then `b` with as few system calls as the socket allows (one, usually).
-pub(super) fn write_two(w: &mut impl Write, a: &[u8], b: &[u8]) -> io::Result<()> {
-    if a.is_empty() {
-        return w.write_all(b);
-    }
+fn write_two(w: &mut impl Write, a: &[u8], b: &[u8]) -> io::Result<()> {
     let (mut a, mut b) = (a, b);
     while !a.is_empty() {
         let n = w.write_vectored(&[io::IoSlice::new(a), io::IoSlice::new(b)])?;
