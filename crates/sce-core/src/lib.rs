@@ -17,6 +17,7 @@ pub mod evict;
 pub mod geometry;
 pub mod hotness;
 pub mod map;
+pub mod shards;
 mod slab;
 pub mod slots;
 pub mod stats;
@@ -31,5 +32,6 @@ pub use cache::{
 pub use config::{Admission, ConfigError, CoreConfig, ThrottleConfig, WriteMode};
 pub use evict::EvictionKind;
 pub use geometry::Geometry;
+pub use shards::{Piece, ShardMap};
 pub use stats::CoreStats;
 pub use throttle::ThrottleState;

@@ -3,6 +3,12 @@
 //! volume. Every read must return, byte for byte, either the newest acknowledged data or the
 //! data of a write still in flight over that byte.
 //!
+//! The volume is cut into 1 to 4 shards ([`ShardMap`]), each a core of its own: requests are
+//! split into per-fragment pieces that go to their shard's core, whose plans are translated
+//! back to global addresses, as the engine does. One shard is the unsharded core itself.
+//! Some reads evict whatever their shard lets them while holding their pins: a pinned slot
+//! must keep its fragment.
+//!
 //! The harness plays the engine's part, but delivers every I/O completion as its own step, in
 //! any order: source writes land, are acknowledged later; AWT cache copies complete before or
 //! after them; populations read the source, then write the cache, at arbitrary points in
@@ -18,6 +24,7 @@ enum Op {
     Read {
         off: u32,
         len: u32,
+        evict: bool,
     },
     Write {
         off: u32,
@@ -43,7 +50,7 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     // Offsets and lengths are in 512-byte sectors, scaled to the volume at run time.
     prop_oneof![
-        6 => (any::<u32>(), 1u32..40).prop_map(|(off, len)| Op::Read { off, len }),
+        6 => (any::<u32>(), 1u32..40, prop::bool::weighted(0.1)).prop_map(|(off, len, evict)| Op::Read { off, len, evict }),
         4 => (any::<u32>(), 1u32..40, prop::bool::weighted(0.1), prop::bool::weighted(0.1))
             .prop_map(|(off, len, fail_source, fail_cache)| Op::Write { off, len, fail_source, fail_cache }),
         1 => (any::<u32>(), 1u32..24).prop_map(|(off, len)| Op::Discard { off, len }),
@@ -59,10 +66,15 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn config() -> impl Strategy<Value = (CoreConfig, u64, u64)> {
+fn config() -> impl Strategy<Value = ((CoreConfig, u64, u64), usize)> {
+    let shards = prop_oneof![2 => Just(1usize), 1 => Just(2), 1 => Just(3), 1 => Just(4)];
+    (shape(), shards)
+}
+
+fn shape() -> impl Strategy<Value = (CoreConfig, u64, u64)> {
     (
         prop_oneof![Just(4096u64), Just(8192), Just(16384)],
-        2u64..7,
+        2u64..10,
         prop_oneof![
             Just(Admission::Sce),
             Just(Admission::ScePaper),
@@ -112,8 +124,12 @@ enum SourceState {
     Acked,
 }
 
+/// A write in flight: one part per piece, each a write of its shard's core.
 struct PendingWrite {
-    plan: WritePlan,
+    /// (shard, plan, offset of the piece within the request).
+    parts: Vec<(usize, WritePlan, u64)>,
+    /// Every cache copy: (part, copy within the part).
+    copies: Vec<(usize, usize)>,
     off: usize,
     data: Vec<u8>,
     fail_source: bool,
@@ -123,12 +139,14 @@ struct PendingWrite {
 }
 
 struct PendingPop {
+    shard: usize,
     job: PopulationJob,
     data: Option<Result<Vec<u8>, ()>>,
 }
 
 struct Harness {
-    core: CacheCore,
+    map: ShardMap,
+    cores: Vec<CacheCore>,
     source: Vec<u8>,
     cache: Vec<u8>,
     acked: Vec<u8>,
@@ -136,16 +154,21 @@ struct Harness {
     pops: Vec<PendingPop>,
     seq: u8,
     plan: ReadPlan,
+    /// The shard the next population pick or eviction goes to (visited in turn).
+    turn: usize,
 }
 
 impl Harness {
-    fn new(cfg: CoreConfig, source_size: u64, cache_size: u64) -> Self {
+    fn new(cfg: CoreConfig, source_size: u64, cache_size: u64, shards: usize) -> Self {
         let mut source = vec![0u8; source_size as usize];
         for (i, b) in source.iter_mut().enumerate() {
             *b = (i / 512) as u8 ^ 0x5a;
         }
+        let slots = (cache_size / cfg.fragment_size) as u32;
+        let map = ShardMap::new(shards, cfg.fragment_size, source_size, slots);
         Harness {
-            core: CacheCore::new(cfg, source_size, cache_size).expect("valid config"),
+            cores: map.build(&cfg).expect("valid config"),
+            map,
             acked: source.clone(),
             source,
             cache: vec![0xEE; cache_size as usize],
@@ -153,7 +176,13 @@ impl Harness {
             pops: Vec::new(),
             seq: 0,
             plan: ReadPlan::new(),
+            turn: 0,
         }
+    }
+
+    fn next_shard(&mut self) -> usize {
+        self.turn = (self.turn + 1) % self.cores.len();
+        self.turn
     }
 
     fn range(&self, off: u32, len: u32) -> (u64, u64) {
@@ -163,28 +192,89 @@ impl Harness {
         (off * 512, len * 512)
     }
 
-    fn read(&mut self, off: u32, len: u32) -> Result<(), TestCaseError> {
+    fn read(&mut self, off: u32, len: u32, evict: bool) -> Result<(), TestCaseError> {
         let (off, len) = self.range(off, len);
-        self.core
-            .begin_read(SourceOffset(off), len, &mut self.plan)
-            .expect("in range");
         let mut buf = vec![0u8; len as usize];
-        let mut covered = 0;
-        for r in &self.plan.runs {
-            prop_assert_eq!(r.buf_offset, covered, "runs must tile the request");
-            covered += r.len;
-            let dst = &mut buf[r.buf_offset as usize..(r.buf_offset + r.len) as usize];
-            match r.target {
-                RunTarget::Source(s) => {
-                    dst.copy_from_slice(&self.source[s.0 as usize..(s.0 + r.len) as usize])
-                }
-                RunTarget::Cache(c) => {
-                    dst.copy_from_slice(&self.cache[c.0 as usize..(c.0 + r.len) as usize])
+        let pieces: Vec<Piece> = self.map.pieces(off, len).collect();
+        for p in pieces {
+            let k = p.shard;
+            self.cores[k]
+                .begin_read(SourceOffset(p.local), p.len, &mut self.plan)
+                .expect("in range");
+            self.map.globalize_plan(k, &mut self.plan);
+            if evict {
+                self.evict_under_pins(&p)?;
+            }
+            let mut covered = 0;
+            for r in &self.plan.runs {
+                prop_assert_eq!(r.buf_offset, covered, "runs must tile the piece");
+                covered += r.len;
+                let at = (p.buf_offset + r.buf_offset) as usize;
+                let dst = &mut buf[at..at + r.len as usize];
+                match r.target {
+                    RunTarget::Source(s) => {
+                        dst.copy_from_slice(&self.source[s.0 as usize..(s.0 + r.len) as usize])
+                    }
+                    RunTarget::Cache(c) => {
+                        dst.copy_from_slice(&self.cache[c.0 as usize..(c.0 + r.len) as usize])
+                    }
                 }
             }
+            prop_assert_eq!(covered, p.len);
+            self.check_fresh(off, &buf, p.buf_offset, p.len)?;
+            // Inline fills, then the pins go.
+            for f in &self.plan.fills {
+                let at = (p.buf_offset + f.buf_offset) as usize;
+                let src = &buf[at..at + f.len as usize];
+                self.cache[f.cache.0 as usize..(f.cache.0 + f.len) as usize].copy_from_slice(src);
+            }
+            for id in self.plan.pops.clone() {
+                self.cores[k]
+                    .complete_population(id, true)
+                    .expect("live pop");
+            }
+            self.cores[k].end_read(&mut self.plan);
         }
-        prop_assert_eq!(covered, len);
-        for (i, &got) in buf.iter().enumerate() {
+        Ok(())
+    }
+
+    /// While a read piece holds its pins: evicts everything its shard lets go; every slot
+    /// the piece reads from must keep its fragment.
+    fn evict_under_pins(&mut self, p: &Piece) -> Result<(), TestCaseError> {
+        let k = p.shard;
+        let fsize = self.frag_size();
+        let held: Vec<(SlotNo, Option<FragNo>)> = self
+            .plan
+            .runs
+            .iter()
+            .filter_map(|r| match r.target {
+                RunTarget::Cache(c) => {
+                    let (_, s) = self.map.slot_to_local(SlotNo((c.0 / fsize) as u32));
+                    Some((s, self.cores[k].slot_state(s).0))
+                }
+                RunTarget::Source(_) => None,
+            })
+            .collect();
+        let (_, lf) = self.map.frag_to_local(FragNo(p.offset / fsize));
+        self.cores[k].evict_fragment(lf);
+        for _ in 0..self.map.slots(k) {
+            self.cores[k].evict_one();
+        }
+        for (s, f) in held {
+            prop_assert_eq!(self.cores[k].slot_state(s).0, f, "pinned slot evicted");
+        }
+        Ok(())
+    }
+
+    fn frag_size(&self) -> u64 {
+        self.cores[0].geometry().fragment_size()
+    }
+
+    /// Every byte of `buf[a..a + n]` (a read at `off`) is the acknowledged data or that of a
+    /// write in flight over it.
+    fn check_fresh(&self, off: u64, buf: &[u8], a: u64, n: u64) -> Result<(), TestCaseError> {
+        for i in a as usize..(a + n) as usize {
+            let got = buf[i];
             let at = off as usize + i;
             let ok = got == self.acked[at]
                 || self.writes.iter().any(|w| {
@@ -198,21 +288,12 @@ impl Harness {
                 "stale byte at {} (read {}+{}): got {:#x}, acknowledged {:#x}, runs {:?}",
                 at,
                 off,
-                len,
+                buf.len(),
                 got,
                 self.acked[at],
                 self.plan.runs
             );
         }
-        // Inline fills, then the pins go.
-        for f in &self.plan.fills {
-            let src = &buf[f.buf_offset as usize..(f.buf_offset + f.len) as usize];
-            self.cache[f.cache.0 as usize..(f.cache.0 + f.len) as usize].copy_from_slice(src);
-        }
-        for p in self.plan.pops.clone() {
-            self.core.complete_population(p, true).expect("live pop");
-        }
-        self.core.end_read(&mut self.plan);
         Ok(())
     }
 
@@ -226,13 +307,20 @@ impl Harness {
                 .collect(),
             WriteKind::Discard => vec![0; len as usize],
         };
-        let plan = self
-            .core
-            .begin_write(SourceOffset(off), len, kind)
-            .expect("in range");
-        let n = plan.cache_writes.len();
+        let mut parts = Vec::new();
+        let mut copies = Vec::new();
+        let pieces: Vec<Piece> = self.map.pieces(off, len).collect();
+        for p in pieces {
+            let plan = self.cores[p.shard]
+                .begin_write(SourceOffset(p.local), p.len, kind)
+                .expect("in range");
+            copies.extend((0..plan.cache_writes.len()).map(|c| (parts.len(), c)));
+            parts.push((p.shard, plan, p.buf_offset));
+        }
+        let n = copies.len();
         self.writes.push(PendingWrite {
-            plan,
+            parts,
+            copies,
             off: off as usize,
             data,
             fail_source,
@@ -269,8 +357,12 @@ impl Harness {
         let (off, len) = (w.off, w.data.len());
         self.acked[off..off + len].copy_from_slice(&self.source[off..off + len]);
         w.source = SourceState::Acked;
-        let (id, ok) = (w.plan.id, !w.fail_source);
-        self.core.write_source_done(id, ok).expect("live write");
+        let ok = !w.fail_source;
+        for (shard, plan, _) in &w.parts {
+            self.cores[*shard]
+                .write_source_done(plan.id, ok)
+                .expect("live write");
+        }
         self.retire(k);
     }
 
@@ -295,20 +387,125 @@ impl Harness {
             .filter(|&c| !w.copies_done[c])
             .collect();
         let c = open[j as usize % open.len()];
-        let cw = w.plan.cache_writes[c];
-        let dst = &mut self.cache[cw.cache.0 as usize..(cw.cache.0 + cw.len) as usize];
+        let (part, copy) = w.copies[c];
+        let (shard, plan, boff) = &w.parts[part];
+        let cw = plan.cache_writes[copy];
+        let at = self.map.cache_to_global(*shard, cw.cache).0 as usize;
+        let dst = &mut self.cache[at..at + cw.len as usize];
         if w.fail_cache {
             dst.iter_mut().for_each(|b| *b = 0xBD);
         } else {
-            dst.copy_from_slice(&w.data[cw.buf_offset as usize..(cw.buf_offset + cw.len) as usize]);
+            let from = (boff + cw.buf_offset) as usize;
+            dst.copy_from_slice(&w.data[from..from + cw.len as usize]);
         }
         w.copies_done[c] = true;
-        let id = w.plan.id;
         let ok = !w.fail_cache;
-        self.core
-            .write_cache_done(id, cw.part, ok)
+        self.cores[*shard]
+            .write_cache_done(plan.id, cw.part, ok)
             .expect("live copy");
         self.retire(k);
+        Ok(())
+    }
+
+    fn pick(&mut self) {
+        let k = self.next_shard();
+        if let Some(job) = self.cores[k].pick_population_unthrottled() {
+            self.pops.push(PendingPop {
+                shard: k,
+                job,
+                data: None,
+            });
+        }
+    }
+
+    fn prefetch(&mut self, o: u32) {
+        let off = (o as u64 % (self.source.len() as u64 / 512)) * 512;
+        let (k, local) = self.map.source_to_local(SourceOffset(off));
+        if let Some(job) = self.cores[k].prefetch(local) {
+            self.pops.push(PendingPop {
+                shard: k,
+                job,
+                data: None,
+            });
+        }
+    }
+
+    fn pop_read_source(&mut self, i: u16, fail: bool) {
+        let idle: Vec<usize> = (0..self.pops.len())
+            .filter(|&k| self.pops[k].data.is_none())
+            .collect();
+        if idle.is_empty() {
+            return;
+        }
+        let p = &self.pops[idle[i as usize % idle.len()]];
+        let at = self.map.source_to_global(p.shard, p.job.source).0 as usize;
+        let span = self.source[at..at + p.job.len as usize].to_vec();
+        let p = &mut self.pops[idle[i as usize % idle.len()]];
+        p.data = Some(if fail { Err(()) } else { Ok(span) });
+    }
+
+    fn pop_write_cache(&mut self, i: u16, fail: bool) {
+        let read: Vec<usize> = (0..self.pops.len())
+            .filter(|&k| self.pops[k].data.is_some())
+            .collect();
+        if read.is_empty() {
+            return;
+        }
+        let p = self.pops.remove(read[i as usize % read.len()]);
+        let ok = match (&p.data, fail) {
+            (Some(Ok(span)), false) => {
+                for &(o, l, c) in &p.job.runs {
+                    let at = self.map.cache_to_global(p.shard, c).0 as usize;
+                    self.cache[at..at + l as usize]
+                        .copy_from_slice(&span[o as usize..(o + l) as usize]);
+                }
+                true
+            }
+            (Some(Ok(_)), true) => {
+                // A failed cache write may have landed partly: garbage.
+                for &(_, l, c) in &p.job.runs {
+                    let at = self.map.cache_to_global(p.shard, c).0 as usize;
+                    self.cache[at..at + l as usize]
+                        .iter_mut()
+                        .for_each(|b| *b = 0xC3);
+                }
+                false
+            }
+            _ => false,
+        };
+        self.cores[p.shard]
+            .complete_population(p.job.id, ok)
+            .expect("live pop");
+    }
+
+    fn evict_fragment(&mut self, f: u32) {
+        let n = (self.source.len() as u64).div_ceil(self.frag_size());
+        let (k, lf) = self.map.frag_to_local(FragNo(f as u64 % n));
+        self.cores[k].evict_fragment(lf);
+    }
+
+    /// Completes everything in flight (populations failed, writes landed and acknowledged,
+    /// copies written); nothing may be left in any shard.
+    fn drain(&mut self) -> Result<(), TestCaseError> {
+        while !self.pops.is_empty() {
+            let p = self.pops.remove(0);
+            self.cores[p.shard]
+                .complete_population(p.job.id, false)
+                .expect("live pop");
+        }
+        while self.writes.iter().any(|w| w.source == SourceState::Pending) {
+            self.source_land(0);
+        }
+        while self.writes.iter().any(|w| w.source == SourceState::Landed) {
+            self.source_ack(0);
+        }
+        while self.writes.iter().any(|w| w.copies_done.iter().any(|d| !d)) {
+            self.cache_copy(0, 0)?;
+        }
+        for c in &self.cores {
+            prop_assert_eq!(c.operations_in_flight(), (0, 0));
+            prop_assert_eq!(c.awt_bytes_in_flight(), 0);
+        }
         Ok(())
     }
 }
@@ -321,87 +518,31 @@ proptest! {
     })]
 
     #[test]
-    fn reads_never_return_stale_data((cfg, source_size, cache_size) in config(), ops in prop::collection::vec(op(), 1..80)) {
-        let mut h = Harness::new(cfg, source_size, cache_size);
+    fn reads_never_return_stale_data(((cfg, source_size, cache_size), shards) in config(), ops in prop::collection::vec(op(), 1..80)) {
+        let mut h = Harness::new(cfg, source_size, cache_size, shards);
         for op in ops {
             match op {
-                Op::Read { off, len } => h.read(off, len)?,
+                Op::Read { off, len, evict } => h.read(off, len, evict)?,
                 Op::Write { off, len, fail_source, fail_cache } => h.write(off, len, WriteKind::Data, fail_source, fail_cache),
                 Op::Discard { off, len } => h.write(off, len, WriteKind::Discard, false, false),
                 Op::SourceLand(i) => h.source_land(i),
                 Op::SourceAck(i) => h.source_ack(i),
                 Op::CacheCopy(i, j) => h.cache_copy(i, j)?,
-                Op::PickPopulation => {
-                    if let Some(job) = h.core.pick_population_unthrottled() {
-                        h.pops.push(PendingPop { job, data: None });
-                    }
-                }
-                Op::Prefetch(o) => {
-                    let off = (o as u64 % (source_size / 512)) * 512;
-                    if let Some(job) = h.core.prefetch(SourceOffset(off)) {
-                        h.pops.push(PendingPop { job, data: None });
-                    }
-                }
-                Op::PopReadSource(i, fail) => {
-                    let idle: Vec<usize> = (0..h.pops.len()).filter(|&k| h.pops[k].data.is_none()).collect();
-                    if !idle.is_empty() {
-                        let k = idle[i as usize % idle.len()];
-                        let j = &h.pops[k].job;
-                        let span = h.source[j.source.0 as usize..(j.source.0 + j.len) as usize].to_vec();
-                        h.pops[k].data = Some(if fail { Err(()) } else { Ok(span) });
-                    }
-                }
-                Op::PopWriteCache(i, fail) => {
-                    let read: Vec<usize> = (0..h.pops.len()).filter(|&k| h.pops[k].data.is_some()).collect();
-                    if !read.is_empty() {
-                        let k = read[i as usize % read.len()];
-                        let p = h.pops.remove(k);
-                        let ok = match (&p.data, fail) {
-                            (Some(Ok(span)), false) => {
-                                for &(o, l, c) in &p.job.runs {
-                                    h.cache[c.0 as usize..(c.0 + l) as usize].copy_from_slice(&span[o as usize..(o + l) as usize]);
-                                }
-                                true
-                            }
-                            (Some(Ok(_)), true) => {
-                                // A failed cache write may have landed partly: garbage.
-                                for &(_, l, c) in &p.job.runs {
-                                    h.cache[c.0 as usize..(c.0 + l) as usize].iter_mut().for_each(|b| *b = 0xC3);
-                                }
-                                false
-                            }
-                            _ => false,
-                        };
-                        h.core.complete_population(p.job.id, ok).expect("live pop");
-                    }
-                }
+                Op::PickPopulation => h.pick(),
+                Op::Prefetch(o) => h.prefetch(o),
+                Op::PopReadSource(i, fail) => h.pop_read_source(i, fail),
+                Op::PopWriteCache(i, fail) => h.pop_write_cache(i, fail),
                 Op::EvictOne => {
-                    h.core.evict_one();
+                    let k = h.next_shard();
+                    h.cores[k].evict_one();
                 }
-                Op::EvictFragment(f) => {
-                    let n = source_size.div_ceil(h.core.geometry().fragment_size());
-                    h.core.evict_fragment(FragNo(f as u64 % n));
-                }
+                Op::EvictFragment(f) => h.evict_fragment(f),
             }
         }
         // Drain everything in flight, then every byte must read back as acknowledged.
-        while !h.pops.is_empty() {
-            let p = h.pops.remove(0);
-            h.core.complete_population(p.job.id, false).expect("live pop");
-        }
-        while h.writes.iter().any(|w| w.source == SourceState::Pending) {
-            h.source_land(0);
-        }
-        while h.writes.iter().any(|w| w.source == SourceState::Landed) {
-            h.source_ack(0);
-        }
-        while h.writes.iter().any(|w| w.copies_done.iter().any(|d| !d)) {
-            h.cache_copy(0, 0)?;
-        }
-        prop_assert_eq!(h.core.operations_in_flight(), (0, 0));
-        prop_assert_eq!(h.core.awt_bytes_in_flight(), 0);
+        h.drain()?;
         let sectors = (source_size / 512) as u32;
-        h.read(0, sectors)?;
+        h.read(0, sectors, false)?;
         prop_assert_eq!(&h.acked, &h.source);
     }
 }

@@ -23,6 +23,7 @@
 use super::plan::{CacheWrite, PopId, PopulationJob, ReadPlan, RequestError, WriteId, WriteKind};
 use super::CacheCore;
 use crate::addr::SourceOffset;
+use crate::shards::ShardMap;
 use crate::slots::PinTable;
 
 /// Asserts (in debug builds) that a completion token was completed before it was dropped.
@@ -91,6 +92,12 @@ impl<'a> PinnedRead<'a> {
             .drain(..)
             .map(|id| Populating { id })
             .collect()
+    }
+
+    /// Rewrites the plan's runs and fills to global addresses: it was made by shard `shard`
+    /// of `map` (see [`ShardMap::globalize_plan`]). Its pins stay the shard's.
+    pub fn globalize(&mut self, map: &ShardMap, shard: usize) {
+        map.globalize_plan(shard, self.plan);
     }
 
     /// Drops the inline fills: their populations are then completed as failed (the fills'
