@@ -307,6 +307,11 @@ impl FileDevice {
         self.read_only
     }
 
+    /// The open file, for the I/O queues.
+    pub(crate) fn file(&self) -> &File {
+        &self.file
+    }
+
     fn check_writable(&self, op: Op) -> Result<(), IoError> {
         if self.read_only {
             return Err(IoError::Unsupported { op });
@@ -563,6 +568,12 @@ fn dio_offset_align(file: &File) -> u32 {
         a
     } else {
         0
+    }
+}
+
+impl std::os::fd::AsRawFd for FileDevice {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.file.as_raw_fd()
     }
 }
 

@@ -13,6 +13,7 @@ pub mod file;
 pub mod latency;
 pub mod mem;
 pub mod pool;
+pub mod queue;
 pub mod slice;
 
 pub use buf::{AlignedBuf, DIRECT_IO_ALIGN};
@@ -22,6 +23,7 @@ pub use file::{DirectMode, FileDevice, FileOptions, LockMode};
 pub use latency::{Delay, LatencyConfig, LatencyDevice};
 pub use mem::MemDevice;
 pub use pool::{BufPool, PooledBuf};
+pub use queue::{open_queue, Backend, IoDone, IoOp, IoQueue, OnDone, ThreadQueue, UringQueue};
 pub use slice::SliceDevice;
 
 use std::sync::Arc;

@@ -76,6 +76,7 @@ fn setup(need: usize, depth: usize) -> Setup {
         device: gate.clone(),
         read_only: false,
         prefetch: None,
+        io: None,
     }]);
     let listener = listen(&server, &ListenAddr::Unix(sock.clone())).unwrap();
     let uri = NbdUri::Unix {

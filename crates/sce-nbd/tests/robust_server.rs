@@ -188,6 +188,7 @@ fn shutdown_closes_connections_whose_device_is_stuck() {
             device: stuck,
             read_only: false,
             prefetch: None,
+            io: None,
         }],
         ServerConfig {
             shutdown_grace: Duration::from_secs(1),

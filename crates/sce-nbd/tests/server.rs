@@ -1,12 +1,14 @@
 //! The NBD server and client against each other, against hostile input, and against real
 //! clients (qemu-io, qemu-img, nbdinfo) when they are installed.
 
-use sce_io::{conformance, BlockDevice, MemDevice};
+use sce_io::{
+    conformance, open_queue, Backend, BlockDevice, DirectMode, FileDevice, FileOptions, MemDevice,
+};
 use sce_nbd::proto::{self, errno};
 use sce_nbd::{listen, Export, ListenAddr, Listener, NbdClient, NbdUri, Server};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
@@ -17,27 +19,51 @@ struct Fixture {
     _listener: Listener,
 }
 
+/// What the exports of a fixture are: memory devices run by the workers, or O_DIRECT
+/// files with an I/O queue (reads, writes and flushes answered from the queue).
+#[derive(Clone, Copy, Debug)]
+enum Backing {
+    Mem,
+    File(Backend),
+}
+
 fn fixture(size: u64) -> Fixture {
+    fixture_on(size, Backing::Mem)
+}
+
+fn device(dir: &Path, name: &str, size: u64, backing: Backing) -> Export {
+    let (device, io): (Arc<dyn BlockDevice>, _) = match backing {
+        Backing::Mem => (Arc::new(MemDevice::new(size)), None),
+        Backing::File(backend) => {
+            let opts = FileOptions {
+                direct: DirectMode::Required,
+                create_size: Some(size),
+                ..Default::default()
+            };
+            let f = Arc::new(FileDevice::open(&dir.join(name), &opts).unwrap());
+            let q = open_queue(f.clone(), backend, 64).unwrap();
+            assert_eq!(q.backend(), backend, "this machine has io_uring");
+            (f, Some(q))
+        }
+    };
+    Export {
+        name: name.into(),
+        description: String::new(),
+        device,
+        read_only: false,
+        prefetch: None,
+        io,
+    }
+}
+
+fn fixture_on(size: u64, backing: Backing) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("nbd.sock");
-    let rw: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(size));
-    let ro: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 20));
-    let server = Server::new(vec![
-        Export {
-            name: "vol".into(),
-            description: "test volume".into(),
-            device: rw,
-            read_only: false,
-            prefetch: None,
-        },
-        Export {
-            name: "ro".into(),
-            description: String::new(),
-            device: ro,
-            read_only: true,
-            prefetch: None,
-        },
-    ]);
+    let mut vol = device(dir.path(), "vol", size, backing);
+    vol.description = "test volume".into();
+    let mut ro = device(dir.path(), "ro", 1 << 20, backing);
+    ro.read_only = true;
+    let server = Server::new(vec![vol, ro]);
     let listener = listen(&server, &ListenAddr::Unix(sock.clone())).unwrap();
     Fixture {
         _dir: dir,
@@ -45,6 +71,14 @@ fn fixture(size: u64) -> Fixture {
         server,
         _listener: listener,
     }
+}
+
+/// Requests answered through an I/O queue so far.
+fn queued(f: &Fixture) -> u64 {
+    f.server
+        .stats()
+        .queued_requests
+        .load(std::sync::atomic::Ordering::Relaxed)
 }
 
 fn uri(f: &Fixture, name: &str) -> NbdUri {
@@ -56,7 +90,24 @@ fn uri(f: &Fixture, name: &str) -> NbdUri {
 
 #[test]
 fn client_passes_the_conformance_suite_through_the_server() {
-    let f = fixture(16 << 20);
+    conformance_through(Backing::Mem);
+}
+
+#[test]
+fn io_uring_and_thread_queues_pass_the_conformance_suite_through_the_server() {
+    for backend in [Backend::IoUring, Backend::Threads] {
+        let f = conformance_through(Backing::File(backend));
+        assert!(
+            queued(&f) > 100,
+            "{backend}: the queue answered {}",
+            queued(&f)
+        );
+    }
+    assert_eq!(queued(&conformance_through(Backing::Mem)), 0);
+}
+
+fn conformance_through(backing: Backing) -> Fixture {
+    let f = fixture_on(16 << 20, backing);
     let c = NbdClient::connect(&uri(&f, "vol"), 4).unwrap();
     assert_eq!(c.size(), 16 << 20);
     assert!(c.flags() & proto::TFLAG_CAN_MULTI_CONN != 0);
@@ -68,6 +119,7 @@ fn client_passes_the_conformance_suite_through_the_server() {
             .load(std::sync::atomic::Ordering::Relaxed)
             > 100
     );
+    f
 }
 
 #[test]
@@ -86,6 +138,7 @@ fn cached_volume_served_over_nbd_passes_the_suite() {
         device: vol,
         read_only: false,
         prefetch: Some(Arc::new(move |o, l| v2.prefetch(o, l))),
+        io: None,
     }]);
     let _l = listen(&server, &ListenAddr::Unix(sock.clone())).unwrap();
     let c = NbdClient::connect(
@@ -240,7 +293,17 @@ fn hostile_handshakes_end_only_their_connection() {
 
 #[test]
 fn hostile_requests_get_the_specified_errors() {
-    let f = fixture(8 << 20);
+    hostile_requests(Backing::Mem);
+}
+
+#[test]
+fn hostile_requests_get_the_specified_errors_from_io_uring() {
+    let f = hostile_requests(Backing::File(Backend::IoUring));
+    assert!(queued(&f) > 5, "{}", queued(&f));
+}
+
+fn hostile_requests(backing: Backing) -> Fixture {
+    let f = fixture_on(8 << 20, backing);
     let size = 8u64 << 20;
     let mut r = Raw::go(&f.sock, "vol");
     // Past the end: EINVAL for reads, ENOSPC for writes.
@@ -318,6 +381,7 @@ fn hostile_requests_get_the_specified_errors() {
     g.0.read_exact(&mut b).unwrap();
     assert!(g.closed());
     still_serving(&f);
+    f
 }
 
 #[test]
@@ -352,10 +416,19 @@ fn run(cmd: &mut Command) -> String {
 
 #[test]
 fn qemu_io_writes_and_reads_patterns() {
+    qemu_io_patterns(Backing::Mem);
+}
+
+#[test]
+fn qemu_io_writes_and_reads_patterns_through_io_uring() {
+    qemu_io_patterns(Backing::File(Backend::IoUring));
+}
+
+fn qemu_io_patterns(backing: Backing) {
     if !tool("qemu-io") {
         return;
     }
-    let f = fixture(64 << 20);
+    let f = fixture_on(64 << 20, backing);
     let u = format!("nbd+unix:///vol?socket={}", f.sock.display());
     let out = run(Command::new("qemu-io").args(["-f", "raw", &u]).args([
         "-c",
@@ -446,6 +519,7 @@ fn tcp_listener_and_nbd_uri() {
         device: dev,
         read_only: false,
         prefetch: None,
+        io: None,
     }]);
     let l = listen(&server, &ListenAddr::Tcp("127.0.0.1:0".into())).unwrap();
     let addr = l.local.strip_prefix("tcp:").unwrap().to_string();
@@ -470,6 +544,7 @@ fn queued_requests_get_eshutdown() {
         device: slow,
         read_only: false,
         prefetch: None,
+        io: None,
     }]);
     let _l = listen(&server, &ListenAddr::Unix(sock.clone())).unwrap();
     let mut r = Raw::go(&sock, "");

@@ -28,6 +28,9 @@ pub struct ServeConfig {
     pub source_connections: usize,
     /// Requests in flight on each connection to an NBD source.
     pub source_queue_depth: usize,
+    /// How an export of a local file or block device without a cache does its I/O: io_uring,
+    /// a pool of threads, or io_uring where it works (`auto`).
+    pub io_backend: sce_io::Backend,
     /// An NBD source request that takes longer fails (EIO) and its connection is reopened.
     pub source_timeout: Duration,
     /// Keep cache contents across restarts (an export's `persist = false` still turns it off).
@@ -191,6 +194,7 @@ mod tests {
             direct: DirectMode::Required,
             source_connections: 4,
             source_queue_depth: 32,
+            io_backend: sce_io::Backend::Auto,
             source_timeout: Duration::from_secs(60),
             persist: true,
             force: false,

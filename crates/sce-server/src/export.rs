@@ -81,7 +81,12 @@ fn size_field(v: &Option<String>, what: &str, export: &str) -> Result<Option<u64
         .map_err(|e| anyhow!("export {export:?}: {what}: {e}"))
 }
 
-fn open_source(spec: &ExportConfig, cfg: &ServeConfig) -> Result<Arc<dyn BlockDevice>> {
+/// Opens an export's source: an NBD client, or a local file or device (also returned as
+/// such, for its I/O queue).
+fn open_source(
+    spec: &ExportConfig,
+    cfg: &ServeConfig,
+) -> Result<(Arc<dyn BlockDevice>, Option<Arc<FileDevice>>)> {
     if spec.source.starts_with("nbd://") || spec.source.starts_with("nbd+unix://") {
         let uri: NbdUri = spec.source.parse().map_err(|e: String| anyhow!(e))?;
         let opts = sce_nbd::ClientOptions {
@@ -89,11 +94,8 @@ fn open_source(spec: &ExportConfig, cfg: &ServeConfig) -> Result<Arc<dyn BlockDe
             queue_depth: cfg.source_queue_depth.max(1),
             ..sce_nbd::ClientOptions::default()
         };
-        return Ok(Arc::new(NbdClient::connect_with(
-            &uri,
-            cfg.source_connections,
-            opts,
-        )?));
+        let client = NbdClient::connect_with(&uri, cfg.source_connections, opts)?;
+        return Ok((Arc::new(client), None));
     }
     // A local source is held locked while served: exclusively when it is cached or written
     // (a second cache of it would never see this one's writes), shared when only read.
@@ -108,7 +110,8 @@ fn open_source(spec: &ExportConfig, cfg: &ServeConfig) -> Result<Arc<dyn BlockDe
         read_only: spec.read_only,
         lock,
     };
-    Ok(Arc::new(FileDevice::open(Path::new(&spec.source), &opts)?))
+    let f = Arc::new(FileDevice::open(Path::new(&spec.source), &opts)?);
+    Ok((f.clone(), Some(f)))
 }
 
 /// Opens the cache device, locked exclusively, refusing to resize an existing file. The
@@ -187,9 +190,17 @@ fn admission_options(spec: &ExportConfig) -> Result<AdmissionOptions> {
 pub fn build(spec: &ExportConfig, cfg: &ServeConfig) -> Result<Built> {
     let n = &spec.name;
     let core = core_config(spec)?;
-    let source =
+    let (source, local) =
         open_source(spec, cfg).with_context(|| format!("export {n:?}: source {}", spec.source))?;
     let Some(cache_path) = &spec.cache else {
+        // A local file or device served plainly: through an I/O queue (io_uring).
+        let io = local
+            .map(|f| sce_io::open_queue(f, cfg.io_backend, sce_io::queue::DEFAULT_DEPTH))
+            .transpose()
+            .with_context(|| format!("export {n:?}: I/O backend {}", cfg.io_backend))?;
+        if let Some(q) = &io {
+            tracing::info!("export {n:?}: {} I/O on {}", q.backend(), spec.source);
+        }
         return Ok(Built {
             export: Export {
                 name: n.clone(),
@@ -197,6 +208,7 @@ pub fn build(spec: &ExportConfig, cfg: &ServeConfig) -> Result<Built> {
                 device: source,
                 read_only: spec.read_only,
                 prefetch: None,
+                io,
             },
             volume: None,
         });
@@ -259,6 +271,7 @@ fn build_cached(
             device: volume.clone(),
             read_only: spec.read_only,
             prefetch: Some(Arc::new(move |o, l| v.prefetch(o, l))),
+            io: None,
         },
         volume: Some(volume),
     })

@@ -87,6 +87,12 @@ pub struct ServeArgs {
     /// cookie). With the default 4 connections, up to 128 requests reach the source at once.
     #[arg(long, default_value_t = 32)]
     pub source_queue_depth: usize,
+    /// How an export of a local file or block device without a cache does its I/O:
+    /// io_uring (many requests in flight from one thread, replies sent as they complete),
+    /// threads (a pool of 32 doing blocking I/O), or auto (io_uring where a probe read
+    /// through it works, else threads). Cached exports run through the cache engine.
+    #[arg(long, default_value_t = sce_io::Backend::Auto, value_parser = parse_backend)]
+    pub io_backend: sce_io::Backend,
     /// Do not keep the cache contents across restarts: the cache device holds data only and
     /// starts cold every time.
     #[arg(long)]
@@ -204,6 +210,7 @@ impl ServeArgs {
             direct: self.direct_mode(),
             source_connections: self.source_connections,
             source_queue_depth: self.source_queue_depth,
+            io_backend: self.io_backend,
             source_timeout: self.source_timeout,
             persist: !self.no_persist,
             force: self.force,
@@ -286,4 +293,8 @@ pub fn stats(a: StatsArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn parse_backend(s: &str) -> Result<sce_io::Backend, String> {
+    s.parse()
 }

@@ -18,15 +18,10 @@ pub(super) fn errno_of(e: &IoError, write: bool) -> u32 {
     }
 }
 
-/// Runs one request: Ok(data for reads), or the errno to reply with.
-pub(super) fn execute(
-    e: &Export,
-    req: &Request,
-    payload: Option<PooledBuf>,
-    pool: &Arc<BufPool>,
-) -> Result<Option<PooledBuf>, u32> {
-    let dev = &e.device;
-    let size = dev.size();
+/// Checks a request against its export before it runs: flags, writes to a read-only
+/// export, range and size. The errno to reply with, if it may not run.
+pub(super) fn check(e: &Export, req: &Request) -> Result<(), u32> {
+    let size = e.device.size();
     let (off, len) = (req.offset, req.len as u64);
     let in_range = off.checked_add(len).is_some_and(|end| end <= size);
     let allowed_flags = match req.command {
@@ -49,6 +44,22 @@ pub(super) fn execute(
     if req.command != proto::CMD_FLUSH && !in_range {
         return Err(if writes { errno::ENOSPC } else { errno::EINVAL });
     }
+    if req.command == proto::CMD_READ && req.len > proto::MAX_PAYLOAD {
+        return Err(errno::EINVAL);
+    }
+    Ok(())
+}
+
+/// Runs one request: Ok(data for reads), or the errno to reply with.
+pub(super) fn execute(
+    e: &Export,
+    req: &Request,
+    payload: Option<PooledBuf>,
+    pool: &Arc<BufPool>,
+) -> Result<Option<PooledBuf>, u32> {
+    check(e, req)?;
+    let dev = &e.device;
+    let (off, len) = (req.offset, req.len as u64);
     let fua = |r: Result<(), IoError>| -> Result<Option<PooledBuf>, u32> {
         r.map_err(|x| errno_of(&x, true))?;
         if req.flags & proto::CMD_FLAG_FUA != 0 {
@@ -58,9 +69,6 @@ pub(super) fn execute(
     };
     match req.command {
         proto::CMD_READ => {
-            if req.len > proto::MAX_PAYLOAD {
-                return Err(errno::EINVAL);
-            }
             // Filled whole by the read, or not sent (an error reply has no data).
             let mut b = pool.take(req.len as usize);
             dev.read_at(off, &mut b).map_err(|x| errno_of(&x, false))?;

@@ -17,6 +17,11 @@
 //!   other reply is being written (the common case: one hand-off per request, reader to
 //!   worker). A reply that would block, or only partly went out, is finished by the writer
 //!   of its connection, so a client that does not read its replies never holds a worker.
+//! - An export with an I/O queue ([`Export::io`]: io_uring on a local file or device) takes
+//!   reads, writes and flushes straight from the reader: it submits them with their pooled
+//!   buffer, and the queue's completion thread sends the reply the same way a worker does.
+//!   No worker and no hand-off on the way in; the device sees as many requests in flight
+//!   as the clients send. Trims, write-zeroes and cache requests still go to the workers.
 //!
 //! So a server has at most `2 × max_connections + workers + listeners` threads, and in
 //! practice one per connection plus the workers. A reader thread that cannot be spawned
@@ -45,7 +50,9 @@
 //! The write half of a connection sits behind its own mutex (`Session::out`), a leaf: a
 //! worker only `try_lock`s it for one non-blocking send (and leaves a partly sent reply in
 //! it for the writer), the writer locks it for its blocking writes, which `reply_timeout`
-//! bounds. Nothing else is taken while it is held.
+//! bounds. Nothing else is taken while it is held. An I/O queue's own lock (its table of
+//! operations in flight) is a leaf too, held to push one entry and enter the kernel; its
+//! callbacks run with no lock held.
 //!
 //! # Timeouts
 //!
@@ -58,6 +65,7 @@
 mod exec;
 mod handshake;
 mod listen;
+mod queued;
 mod transmission;
 mod worker;
 
@@ -96,6 +104,10 @@ pub struct Export {
     pub read_only: bool,
     /// What NBD_CMD_CACHE does; `None` acknowledges it without doing anything.
     pub prefetch: Option<PrefetchFn>,
+    /// An owned-buffer queue on `device` (io_uring on a local file or block device): reads,
+    /// writes and flushes are submitted to it by the connection's reader and answered from
+    /// its completions, without the workers. `None`: the workers run everything.
+    pub io: Option<Arc<dyn sce_io::IoQueue>>,
 }
 
 impl std::fmt::Debug for Export {
@@ -103,6 +115,7 @@ impl std::fmt::Debug for Export {
         f.debug_struct("Export")
             .field("name", &self.name)
             .field("read_only", &self.read_only)
+            .field("io", &self.io.as_ref().map(|q| q.backend()))
             .finish()
     }
 }
@@ -176,6 +189,9 @@ pub struct ServerStats {
     pub requests: AtomicU64,
     /// Requests that got an error reply.
     pub request_errors: AtomicU64,
+    /// Requests submitted to an export's I/O queue (io_uring) by the reader, without a
+    /// worker.
+    pub queued_requests: AtomicU64,
     /// Connections ended because of a protocol violation.
     pub protocol_errors: AtomicU64,
     /// Connections refused: over `max_connections`, or no thread could be started for them.

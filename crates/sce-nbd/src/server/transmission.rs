@@ -376,6 +376,10 @@ impl Server {
                 payload,
                 ticket,
             };
+            // An export with an I/O queue takes reads, writes and flushes from this thread.
+            let Err(job) = super::queued::submit(&self.shared, job) else {
+                continue;
+            };
             if self.jobs.send(job).is_err() {
                 return Ok(());
             }

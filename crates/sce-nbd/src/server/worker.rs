@@ -2,47 +2,64 @@
 //! else from the connection's writer thread.
 
 use super::exec::execute;
-use super::transmission::{ConnState, Out, Reply, ToWriter};
+use super::transmission::{ConnState, Out, Reply, Session, Ticket, ToWriter};
 use super::*;
 
 /// A worker: runs jobs of any connection until the server is dropped.
 pub(super) fn work(shared: &Shared, queue: &Receiver<Job>) {
     for job in queue.iter() {
         let conn = job.conn.clone();
-        let reply = run_job(shared, job);
-        // The worker sends the reply itself when that needs no waiting (the common case: no
-        // hand-off to the writer thread); else the writer takes over.
-        if let Some(todo) = send_now(shared, &conn.out, &conn.state, reply) {
-            conn.to_writer(todo);
-        }
+        let cookie = job.req.cookie;
+        let (result, ticket) = run_job(shared, job);
+        answer(&conn, cookie, result, ticket);
     }
 }
 
-/// Runs one request into its reply.
-fn run_job(shared: &Shared, job: Job) -> Reply {
+/// Whether a request may still run: not during a shutdown, nor for a connection that died
+/// (nobody would read the reply).
+pub(super) fn may_run(shared: &Shared, conn: &Session) -> Result<(), u32> {
+    if shared.shutting_down() {
+        Err(errno::ESHUTDOWN)
+    } else if conn.state.dead.load(Relaxed) {
+        Err(errno::EIO)
+    } else {
+        Ok(())
+    }
+}
+
+/// Runs one request into its result.
+fn run_job(shared: &Shared, job: Job) -> (Result<Option<PooledBuf>, u32>, Ticket) {
     let Job {
         conn,
         req,
         payload,
         ticket,
     } = job;
-    let r = if shared.shutting_down() {
-        Err(errno::ESHUTDOWN)
-    } else if conn.state.dead.load(Relaxed) {
-        // Nobody will read the reply.
-        Err(errno::EIO)
-    } else {
-        execute(&conn.export, &req, payload, &shared.pool)
-    };
-    let (error, data) = match r {
+    let r =
+        may_run(shared, &conn).and_then(|()| execute(&conn.export, &req, payload, &shared.pool));
+    (r, ticket)
+}
+
+/// Sends a request's reply: at once from this thread when that needs no waiting (the
+/// common case: no hand-off to the writer thread), else through the writer.
+pub(super) fn answer(
+    conn: &Session,
+    cookie: u64,
+    result: Result<Option<PooledBuf>, u32>,
+    ticket: Ticket,
+) {
+    let (error, data) = match result {
         Ok(data) => (0, data),
         Err(code) => (code, None),
     };
-    Reply {
+    let reply = Reply {
         error,
-        cookie: req.cookie,
+        cookie,
         data,
         _ticket: ticket,
+    };
+    if let Some(todo) = send_now(&conn.shared, &conn.out, &conn.state, reply) {
+        conn.to_writer(todo);
     }
 }
 

@@ -39,6 +39,7 @@ pub fn fixture(cfg: ServerConfig) -> Fixture {
             device: dev,
             read_only: false,
             prefetch: None,
+            io: None,
         }],
         cfg,
     );

@@ -1,0 +1,302 @@
+//! `UringQueue`: an [`IoQueue`] on io_uring, for a [`FileDevice`].
+//!
+//! Submitters push an entry under the queue's mutex and enter the kernel at once (one
+//! `io_uring_enter` per operation; the mutex is a leaf, held for the push and that call
+//! only). One completion thread per queue waits in `io_uring_enter(GETEVENTS)`, reaps
+//! every completion there is and runs the callbacks, outside the mutex.
+//!
+//! The buffers of operations in flight live in the queue's table of pending operations
+//! until their completion is reaped: the kernel's pointer into a buffer stays valid however
+//! the submitter's state changes, and nothing frees a buffer the kernel may still write.
+//!
+//! At most `depth` operations are in flight (the completion ring holds twice as many, so it
+//! never overflows); an operation beyond it runs as a blocking call on the submitting thread
+//! rather than wait, so a callback that submits (a write followed by its flush) can never
+//! deadlock against the completion thread it runs on.
+
+use super::{precheck, run_blocking, Backend, IoDone, IoOp, IoQueue, OnDone};
+use crate::{BlockDevice, FileDevice, IoError, Op};
+use io_uring::{opcode, types, IoUring};
+use parking_lot::Mutex;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Arc;
+
+/// The `user_data` of the no-op that wakes the completion thread at the end.
+const WAKE: u64 = u64::MAX;
+
+/// An operation in flight: what it was and who waits for it.
+struct InFlight {
+    op: IoOp,
+    done: OnDone,
+}
+
+/// The table of operations in flight, indexed by `user_data`.
+#[derive(Default)]
+struct Pending {
+    slots: Vec<Option<InFlight>>,
+    free: Vec<usize>,
+    count: usize,
+}
+
+impl Pending {
+    fn insert(&mut self, f: InFlight) -> usize {
+        self.count += 1;
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some(f);
+                i
+            }
+            None => {
+                self.slots.push(Some(f));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    fn take(&mut self, i: usize) -> Option<InFlight> {
+        let f = self.slots.get_mut(i)?.take()?;
+        self.free.push(i);
+        self.count -= 1;
+        Some(f)
+    }
+}
+
+struct Inner {
+    ring: IoUring,
+    dev: Arc<FileDevice>,
+    fd: RawFd,
+    depth: usize,
+    /// The pending table; also serialises use of the submission ring. A leaf lock.
+    pending: Mutex<Pending>,
+    /// No handle is left: the completion thread ends once nothing is pending.
+    closing: AtomicBool,
+}
+
+/// io_uring on a file or block device.
+pub struct UringQueue {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for UringQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UringQueue")
+            .field("path", &self.inner.dev.path())
+            .field("depth", &self.inner.depth)
+            .finish()
+    }
+}
+
+fn ring_err(op: Op, e: std::io::Error) -> IoError {
+    IoError::Io {
+        op,
+        offset: 0,
+        len: 0,
+        source: e,
+    }
+}
+
+impl UringQueue {
+    /// A queue of up to `depth` operations in flight on `dev`. Fails if io_uring cannot be
+    /// set up here, or a probe read of the device's first block through it fails or reads
+    /// other bytes than a blocking read does.
+    pub fn new(dev: Arc<FileDevice>, depth: u32) -> Result<UringQueue, IoError> {
+        let depth = depth.clamp(1, 4096);
+        let ring = IoUring::builder()
+            .setup_cqsize(depth * 2)
+            .build(depth)
+            .map_err(|e| ring_err(Op::Read, e))?;
+        let fd = dev.as_raw_fd();
+        let inner = Arc::new(Inner {
+            ring,
+            dev,
+            fd,
+            depth: depth as usize,
+            pending: Mutex::new(Pending::default()),
+            closing: AtomicBool::new(false),
+        });
+        probe(&inner)?;
+        let reaper = inner.clone();
+        std::thread::Builder::new()
+            .name("sce-uring".into())
+            .spawn(move || reap(&reaper))
+            .map_err(|e| ring_err(Op::Read, e))?;
+        Ok(UringQueue { inner })
+    }
+}
+
+/// Reads the device's first block through the ring (before the completion thread runs)
+/// and with a blocking read, and compares.
+fn probe(inner: &Inner) -> Result<(), IoError> {
+    let lbs = inner.dev.logical_block_size() as usize;
+    if inner.dev.size() < lbs as u64 {
+        return Ok(());
+    }
+    let mut a = crate::AlignedBuf::new(lbs);
+    let mut b = crate::AlignedBuf::new(lbs);
+    let entry = opcode::Read::new(types::Fd(inner.fd), a.as_mut_ptr(), lbs as u32)
+        .offset(0)
+        .build()
+        .user_data(0);
+    // SAFETY: nothing else uses the rings yet (the completion thread is not started); the
+    // buffer outlives the operation, which is waited for below.
+    unsafe {
+        inner
+            .ring
+            .submission_shared()
+            .push(&entry)
+            .map_err(|_| IoError::Invalid("io_uring: submission ring full".into()))?;
+    }
+    inner
+        .ring
+        .submit_and_wait(1)
+        .map_err(|e| ring_err(Op::Read, e))?;
+    // SAFETY: the only user of the completion ring at this point.
+    let res = unsafe { inner.ring.completion_shared() }
+        .next()
+        .map(|c| c.result())
+        .ok_or_else(|| IoError::Invalid("io_uring: no completion for the probe".into()))?;
+    if res < 0 {
+        return Err(ring_err(Op::Read, std::io::Error::from_raw_os_error(-res)));
+    }
+    inner.dev.read_at(0, &mut b)?;
+    if res as usize != lbs || a[..] != b[..] {
+        return Err(IoError::Invalid(format!(
+            "io_uring: the probe read {res} bytes unlike a blocking read"
+        )));
+    }
+    Ok(())
+}
+
+impl IoQueue for UringQueue {
+    fn submit(&self, op: IoOp, done: OnDone) {
+        let inner = &*self.inner;
+        let op = match precheck(&*inner.dev, op) {
+            Ok(op) => op,
+            Err(d) => return done(d),
+        };
+        if matches!(op, IoOp::Write { .. }) && inner.dev.is_read_only() {
+            return done(run_blocking(&*inner.dev, op));
+        }
+        let mut pending = inner.pending.lock();
+        if pending.count >= inner.depth || op.range().1 > u32::MAX as u64 {
+            drop(pending);
+            return done(run_blocking(&*inner.dev, op));
+        }
+        let key = pending.insert(InFlight { op, done });
+        let entry = match &mut pending.slots[key].as_mut().expect("just inserted").op {
+            IoOp::Read { offset, buf } => {
+                opcode::Read::new(types::Fd(inner.fd), buf.as_mut_ptr(), buf.len() as u32)
+                    .offset(*offset)
+                    .build()
+            }
+            IoOp::Write { offset, buf } => {
+                opcode::Write::new(types::Fd(inner.fd), buf.as_ptr(), buf.len() as u32)
+                    .offset(*offset)
+                    .build()
+            }
+            IoOp::Flush => opcode::Fsync::new(types::Fd(inner.fd))
+                .flags(types::FsyncFlags::DATASYNC)
+                .build(),
+        }
+        .user_data(key as u64);
+        // SAFETY: submission rings are only used under `pending`, which is held. The entry
+        // points into the buffer held in `pending` until the completion is reaped (an
+        // `AlignedBuf`'s heap block does not move when the table grows).
+        let pushed = unsafe { inner.ring.submission_shared().push(&entry) };
+        if pushed.is_err() {
+            // Cannot happen with at most `depth` in flight, each entered at once; keep the
+            // promise anyway.
+            let f = pending.take(key).expect("just inserted");
+            drop(pending);
+            return (f.done)(run_blocking(&*inner.dev, f.op));
+        }
+        // Enters the kernel; an error leaves the entry in the ring, which the completion
+        // thread's next enter submits.
+        let _ = inner.ring.submit();
+    }
+
+    fn backend(&self) -> Backend {
+        Backend::IoUring
+    }
+
+    fn device(&self) -> &dyn BlockDevice {
+        &*self.inner.dev
+    }
+}
+
+impl Drop for UringQueue {
+    fn drop(&mut self) {
+        let inner = &*self.inner;
+        inner.closing.store(true, SeqCst);
+        let _pending = inner.pending.lock();
+        let wake = opcode::Nop::new().build().user_data(WAKE);
+        // SAFETY: under `pending`, as every use of the submission ring.
+        let _ = unsafe { inner.ring.submission_shared().push(&wake) };
+        let _ = inner.ring.submit();
+    }
+}
+
+/// The completion thread: reaps completions and runs their callbacks until the last handle
+/// is gone and nothing is pending.
+fn reap(inner: &Inner) {
+    let mut done: Vec<(u64, i32)> = Vec::new();
+    loop {
+        if let Err(e) = inner.ring.submit_and_wait(1) {
+            if !matches!(
+                e.raw_os_error(),
+                Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+            ) {
+                eprintln!("sce-io: io_uring wait failed: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        // SAFETY: this thread is the only user of the completion ring once started.
+        done.extend(unsafe { inner.ring.completion_shared() }.map(|c| (c.user_data(), c.result())));
+        for (key, res) in done.drain(..) {
+            if key == WAKE {
+                continue;
+            }
+            let Some(f) = inner.pending.lock().take(key as usize) else {
+                continue;
+            };
+            let mut f = f;
+            let result = finish(inner, &mut f.op, res);
+            (f.done)(IoDone {
+                result,
+                buf: f.op.into_buf(),
+            });
+        }
+        if inner.closing.load(SeqCst) && inner.pending.lock().count == 0 {
+            return;
+        }
+    }
+}
+
+/// The result of a completed operation; a short read or write is finished with blocking
+/// calls (rare: the range was checked, so only a signal or an odd device stops it early).
+fn finish(inner: &Inner, op: &mut IoOp, res: i32) -> Result<(), IoError> {
+    let (offset, len) = op.range();
+    let kind = op.op();
+    let io_err = |e: std::io::Error| IoError::Io {
+        op: kind,
+        offset,
+        len,
+        source: e,
+    };
+    if res < 0 {
+        return Err(io_err(std::io::Error::from_raw_os_error(-res)));
+    }
+    let n = res as usize;
+    let file = inner.dev.file();
+    match op {
+        IoOp::Read { buf, .. } if n < buf.len() => file
+            .read_exact_at(&mut buf[n..], offset + n as u64)
+            .map_err(io_err),
+        IoOp::Write { buf, .. } if n < buf.len() => file
+            .write_all_at(&buf[n..], offset + n as u64)
+            .map_err(io_err),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,80 @@
+//! Requests of an export with an I/O queue ([`Export::io`], io_uring on a local file or
+//! block device): the reader submits reads, writes and flushes to the queue itself, and the
+//! queue's completion thread sends the reply. No worker is involved, so a connection keeps
+//! as many requests in flight on the device as it sends (up to its queue depth), with no
+//! hand-off between threads on the way in.
+//!
+//! Everything else (trims, write-zeroes, cache, an export without a queue) goes to the
+//! workers as before.
+
+use super::exec::{check, errno_of};
+use super::transmission::{Job, Session, Ticket};
+use super::worker::{answer, may_run};
+use super::*;
+use sce_io::{IoOp, IoQueue};
+
+/// Submits `job` to its export's queue, or gives it back for the workers.
+pub(super) fn submit(shared: &Shared, job: Job) -> Result<(), Job> {
+    let Some(q) = job.conn.export.io.clone() else {
+        return Err(job);
+    };
+    let read = match job.req.command {
+        proto::CMD_READ => true,
+        proto::CMD_WRITE | proto::CMD_FLUSH => false,
+        _ => return Err(job),
+    };
+    let Job {
+        conn,
+        req,
+        payload,
+        ticket,
+    } = job;
+    let cookie = req.cookie;
+    if let Err(code) = may_run(shared, &conn).and_then(|()| check(&conn.export, &req)) {
+        answer(&conn, cookie, Err(code), ticket);
+        return Ok(());
+    }
+    let op = match req.command {
+        proto::CMD_READ => IoOp::Read {
+            offset: req.offset,
+            buf: shared.pool.take(req.len as usize),
+        },
+        proto::CMD_WRITE => match payload {
+            Some(buf) => IoOp::Write {
+                offset: req.offset,
+                buf,
+            },
+            None => {
+                answer(&conn, cookie, Err(errno::EINVAL), ticket);
+                return Ok(());
+            }
+        },
+        _ => IoOp::Flush,
+    };
+    shared.stats.queued_requests.fetch_add(1, Relaxed);
+    let fua = req.command == proto::CMD_WRITE && req.flags & proto::CMD_FLAG_FUA != 0;
+    let q2 = q.clone();
+    q.submit(
+        op,
+        Box::new(move |done| match done.result {
+            Err(e) => answer(&conn, cookie, Err(errno_of(&e, !read)), ticket),
+            // FUA: the write is acknowledged once a flush after its completion is done.
+            Ok(()) if fua => flush_then_answer(&*q2, conn, cookie, ticket),
+            Ok(()) => {
+                let data = if read { done.buf } else { None };
+                answer(&conn, cookie, Ok(data), ticket)
+            }
+        }),
+    );
+    Ok(())
+}
+
+fn flush_then_answer(q: &dyn IoQueue, conn: Arc<Session>, cookie: u64, ticket: Ticket) {
+    q.submit(
+        IoOp::Flush,
+        Box::new(move |done| {
+            let r = done.result.map(|()| None).map_err(|e| errno_of(&e, true));
+            answer(&conn, cookie, r, ticket)
+        }),
+    );
+}
