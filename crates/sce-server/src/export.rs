@@ -81,12 +81,15 @@ fn size_field(v: &Option<String>, what: &str, export: &str) -> Result<Option<u64
         .map_err(|e| anyhow!("export {export:?}: {what}: {e}"))
 }
 
+/// A source as a device, and as a local file or device if it is one.
+type OpenedSource = (Arc<dyn BlockDevice>, Option<Arc<FileDevice>>);
+
 /// Opens an export's source: an NBD client, or a local file or device (also returned as
 /// such, for its I/O queue).
 fn open_source(
     spec: &ExportConfig,
     cfg: &ServeConfig,
-) -> Result<(Arc<dyn BlockDevice>, Option<Arc<FileDevice>>)> {
+) -> Result<OpenedSource> {
     if spec.source.starts_with("nbd://") || spec.source.starts_with("nbd+unix://") {
         let uri: NbdUri = spec.source.parse().map_err(|e: String| anyhow!(e))?;
         let opts = sce_nbd::ClientOptions {
