@@ -192,6 +192,9 @@ pub struct ServerStats {
     /// Requests submitted to an export's I/O queue (io_uring) by the reader, without a
     /// worker.
     pub queued_requests: AtomicU64,
+    /// Requests the reader ran itself: alone in flight on their connection, on an export
+    /// with an I/O queue (see [`ServerConfig::inline_when_idle`]).
+    pub inline_requests: AtomicU64,
     /// Connections ended because of a protocol violation.
     pub protocol_errors: AtomicU64,
     /// Connections refused: over `max_connections`, or no thread could be started for them.
@@ -243,6 +246,11 @@ pub struct ServerConfig {
     /// After [`Server::shutdown`], how long replies may still take to be written before the
     /// sockets are shut down regardless. Default 5 s.
     pub shutdown_grace: Duration,
+    /// On an export with an I/O queue (a local file or device), a read or write that is
+    /// alone in flight on its connection, with nothing more arriving, runs on the reader
+    /// itself: a client at queue depth 1 then costs one thread wake-up per request instead
+    /// of two. Default on.
+    pub inline_when_idle: bool,
 }
 
 impl Default for ServerConfig {
@@ -258,6 +266,7 @@ impl Default for ServerConfig {
             connection_inflight_bytes: 64 << 20,
             connection_queue_depth: 128,
             shutdown_grace: Duration::from_secs(5),
+            inline_when_idle: true,
         }
     }
 }

@@ -15,6 +15,15 @@ pub(super) fn work(shared: &Shared, queue: &Receiver<Job>) {
     }
 }
 
+/// Runs a request on the calling thread (the connection's reader) and answers it.
+pub(super) fn run_inline(shared: &Shared, job: Job) {
+    shared.stats.inline_requests.fetch_add(1, Relaxed);
+    let conn = job.conn.clone();
+    let cookie = job.req.cookie;
+    let (result, ticket) = run_job(shared, job);
+    answer(&conn, cookie, result, ticket);
+}
+
 /// Whether a request may still run: not during a shutdown, nor for a connection that died
 /// (nobody would read the reply).
 pub(super) fn may_run(shared: &Shared, conn: &Session) -> Result<(), u32> {
