@@ -106,6 +106,13 @@ pub type OnDone = Box<dyn FnOnce(IoDone) + Send>;
 pub trait IoQueue: Send + Sync {
     /// Submits `op`; `done` runs once it completed (possibly before `submit` returns).
     fn submit(&self, op: IoOp, done: OnDone);
+    /// Submits several operations at once (on io_uring: one system call, and one
+    /// notification of the device for the lot). The default submits them one by one.
+    fn submit_batch(&self, ops: Vec<(IoOp, OnDone)>) {
+        for (op, done) in ops {
+            self.submit(op, done);
+        }
+    }
     /// Which implementation this is.
     fn backend(&self) -> Backend;
     /// The device the queue works on.

@@ -169,52 +169,86 @@ fn probe(inner: &Inner) -> Result<(), IoError> {
     Ok(())
 }
 
+impl UringQueue {
+    /// Pushes every operation it can and enters the kernel once. What cannot go to the ring
+    /// (refused by the checks, a write to a read-only device, the ring at its depth) is
+    /// completed after the lock is released: at once, or with a blocking call.
+    fn submit_all(&self, ops: impl Iterator<Item = (IoOp, OnDone)>) {
+        let inner = &*self.inner;
+        let mut answered: Vec<(OnDone, IoDone)> = Vec::new();
+        let mut blocking: Vec<(IoOp, OnDone)> = Vec::new();
+        {
+            let mut pending = inner.pending.lock();
+            // SAFETY: submission rings are only used under `pending`, which is held.
+            let mut sq = unsafe { inner.ring.submission_shared() };
+            let mut pushed = 0;
+            for (op, done) in ops {
+                let op = match precheck(&*inner.dev, op) {
+                    Ok(op) => op,
+                    Err(d) => {
+                        answered.push((done, d));
+                        continue;
+                    }
+                };
+                let read_only = matches!(op, IoOp::Write { .. }) && inner.dev.is_read_only();
+                if read_only || pending.count >= inner.depth || op.range().1 > u32::MAX as u64 {
+                    blocking.push((op, done));
+                    continue;
+                }
+                let key = pending.insert(InFlight { op, done });
+                let entry = entry_for(inner.fd, key, &mut pending);
+                // SAFETY: the entry points into the buffer held in `pending` until the
+                // completion is reaped (an `AlignedBuf`'s heap block does not move when the
+                // table grows).
+                if unsafe { sq.push(&entry) }.is_err() {
+                    // Cannot happen with at most `depth` in flight, each entered at once;
+                    // keep the promise anyway.
+                    let f = pending.take(key).expect("just inserted");
+                    blocking.push((f.op, f.done));
+                    continue;
+                }
+                pushed += 1;
+            }
+            drop(sq);
+            if pushed > 0 {
+                // Enters the kernel; an error leaves the entries in the ring, which the
+                // completion thread's next enter submits.
+                let _ = inner.ring.submit();
+            }
+        }
+        for (done, d) in answered {
+            done(d);
+        }
+        for (op, done) in blocking {
+            done(run_blocking(&*inner.dev, op));
+        }
+    }
+}
+
+/// The ring entry for the pending operation `key`.
+fn entry_for(fd: RawFd, key: usize, pending: &mut Pending) -> io_uring::squeue::Entry {
+    let fd = types::Fd(fd);
+    match &mut pending.slots[key].as_mut().expect("pending").op {
+        IoOp::Read { offset, buf } => opcode::Read::new(fd, buf.as_mut_ptr(), buf.len() as u32)
+            .offset(*offset)
+            .build(),
+        IoOp::Write { offset, buf } => opcode::Write::new(fd, buf.as_ptr(), buf.len() as u32)
+            .offset(*offset)
+            .build(),
+        IoOp::Flush => opcode::Fsync::new(fd)
+            .flags(types::FsyncFlags::DATASYNC)
+            .build(),
+    }
+    .user_data(key as u64)
+}
+
 impl IoQueue for UringQueue {
     fn submit(&self, op: IoOp, done: OnDone) {
-        let inner = &*self.inner;
-        let op = match precheck(&*inner.dev, op) {
-            Ok(op) => op,
-            Err(d) => return done(d),
-        };
-        if matches!(op, IoOp::Write { .. }) && inner.dev.is_read_only() {
-            return done(run_blocking(&*inner.dev, op));
-        }
-        let mut pending = inner.pending.lock();
-        if pending.count >= inner.depth || op.range().1 > u32::MAX as u64 {
-            drop(pending);
-            return done(run_blocking(&*inner.dev, op));
-        }
-        let key = pending.insert(InFlight { op, done });
-        let entry = match &mut pending.slots[key].as_mut().expect("just inserted").op {
-            IoOp::Read { offset, buf } => {
-                opcode::Read::new(types::Fd(inner.fd), buf.as_mut_ptr(), buf.len() as u32)
-                    .offset(*offset)
-                    .build()
-            }
-            IoOp::Write { offset, buf } => {
-                opcode::Write::new(types::Fd(inner.fd), buf.as_ptr(), buf.len() as u32)
-                    .offset(*offset)
-                    .build()
-            }
-            IoOp::Flush => opcode::Fsync::new(types::Fd(inner.fd))
-                .flags(types::FsyncFlags::DATASYNC)
-                .build(),
-        }
-        .user_data(key as u64);
-        // SAFETY: submission rings are only used under `pending`, which is held. The entry
-        // points into the buffer held in `pending` until the completion is reaped (an
-        // `AlignedBuf`'s heap block does not move when the table grows).
-        let pushed = unsafe { inner.ring.submission_shared().push(&entry) };
-        if pushed.is_err() {
-            // Cannot happen with at most `depth` in flight, each entered at once; keep the
-            // promise anyway.
-            let f = pending.take(key).expect("just inserted");
-            drop(pending);
-            return (f.done)(run_blocking(&*inner.dev, f.op));
-        }
-        // Enters the kernel; an error leaves the entry in the ring, which the completion
-        // thread's next enter submits.
-        let _ = inner.ring.submit();
+        self.submit_all(std::iter::once((op, done)));
+    }
+
+    fn submit_batch(&self, ops: Vec<(IoOp, OnDone)>) {
+        self.submit_all(ops.into_iter());
     }
 
     fn backend(&self) -> Backend {

@@ -66,6 +66,7 @@ mod exec;
 mod handshake;
 mod listen;
 mod queued;
+mod reader;
 mod transmission;
 mod worker;
 

@@ -1,6 +1,6 @@
 //! Requests of an export with an I/O queue ([`Export::io`], io_uring on a local file or
-//! block device): the reader submits reads, writes and flushes to the queue itself, and the
-//! queue's completion thread sends the reply. No worker is involved, so a connection keeps
+//! block device): the reader submits reads, writes and flushes to the queue itself (in
+//! batches, when the client pipelines), and the queue's completion thread sends the reply. No worker is involved, so a connection keeps
 //! as many requests in flight on the device as it sends (up to its queue depth), with no
 //! hand-off between threads on the way in.
 //!
@@ -11,10 +11,35 @@ use super::exec::{check, errno_of};
 use super::transmission::{Job, Session, Ticket};
 use super::worker::{answer, may_run};
 use super::*;
-use sce_io::{IoOp, IoQueue};
+use sce_io::{IoOp, IoQueue, OnDone};
 
-/// Submits `job` to its export's queue, or gives it back for the workers.
-pub(super) fn submit(shared: &Shared, job: Job) -> Result<(), Job> {
+/// Operations prepared by a connection's reader and not yet submitted: submitted together
+/// (one system call for the lot on io_uring, and one doorbell for the device) when no
+/// further request is buffered, or before the reader could block.
+#[derive(Default)]
+pub(super) struct Batch {
+    ops: Vec<(IoOp, OnDone)>,
+}
+
+/// Most operations submitted at once.
+const BATCH_MAX: usize = 64;
+
+impl Batch {
+    /// Submits what is batched, to the queue of the connection's export.
+    pub(super) fn submit(&mut self, conn: &Session) {
+        if self.ops.is_empty() {
+            return;
+        }
+        match &conn.export.io {
+            Some(q) => q.submit_batch(std::mem::take(&mut self.ops)),
+            None => self.ops.clear(),
+        }
+    }
+}
+
+/// Prepares `job` for its export's queue and adds it to `batch` (or answers it at once if it
+/// may not run), or gives it back for the workers.
+pub(super) fn prepare(shared: &Shared, job: Job, batch: &mut Batch) -> Result<(), Job> {
     let Some(q) = job.conn.export.io.clone() else {
         return Err(job);
     };
@@ -54,7 +79,8 @@ pub(super) fn submit(shared: &Shared, job: Job) -> Result<(), Job> {
     shared.stats.queued_requests.fetch_add(1, Relaxed);
     let fua = req.command == proto::CMD_WRITE && req.flags & proto::CMD_FLAG_FUA != 0;
     let q2 = q.clone();
-    q.submit(
+    let session = conn.clone();
+    batch.ops.push((
         op,
         Box::new(move |done| match done.result {
             Err(e) => answer(&conn, cookie, Err(errno_of(&e, !read)), ticket),
@@ -65,7 +91,10 @@ pub(super) fn submit(shared: &Shared, job: Job) -> Result<(), Job> {
                 answer(&conn, cookie, Ok(data), ticket)
             }
         }),
-    );
+    ));
+    if batch.ops.len() >= BATCH_MAX {
+        batch.submit(&session);
+    }
     Ok(())
 }
 

@@ -36,32 +36,56 @@ impl Ticket {
     /// Waits until `bytes` fit the server's and the connection's budgets (and the connection
     /// has room for one more request). `None` if the connection died or the server is
     /// shutting down meanwhile.
-    fn take(shared: &Arc<Shared>, conn: &Arc<ConnState>, bytes: u64) -> Option<Ticket> {
-        let cfg = &shared.cfg;
+    pub(super) fn take(shared: &Arc<Shared>, conn: &Arc<ConnState>, bytes: u64) -> Option<Ticket> {
         let mut used = shared.used.lock();
         loop {
             if conn.dead.load(Relaxed) || shared.shutting_down() {
                 return None;
             }
-            let mine = conn.bytes.load(Relaxed);
-            let fits = (*used == 0 || *used + bytes <= cfg.inflight_bytes)
-                && (mine == 0 || mine + bytes <= cfg.connection_inflight_bytes)
-                && conn.requests.load(Relaxed) < cfg.connection_queue_depth.max(1);
-            if fits {
-                *used += bytes;
-                conn.bytes.fetch_add(bytes, Relaxed);
-                conn.requests.fetch_add(1, Relaxed);
-                shared.stats.inflight_bytes.store(*used, Relaxed);
-                shared.stats.inflight_bytes_peak.fetch_max(*used, Relaxed);
-                return Some(Ticket {
-                    shared: shared.clone(),
-                    conn: conn.clone(),
-                    bytes,
-                });
+            if let Some(t) = Self::fit(shared, conn, bytes, &mut used) {
+                return Some(t);
             }
             // Timed, so that a connection dying or a shutdown is noticed without a signal.
             shared.freed.wait_for(&mut used, SLICE);
         }
+    }
+
+    /// A ticket if `bytes` fit the budgets now, without waiting.
+    pub(super) fn try_take(
+        shared: &Arc<Shared>,
+        conn: &Arc<ConnState>,
+        bytes: u64,
+    ) -> Option<Ticket> {
+        if conn.dead.load(Relaxed) || shared.shutting_down() {
+            return None;
+        }
+        Self::fit(shared, conn, bytes, &mut shared.used.lock())
+    }
+
+    fn fit(
+        shared: &Arc<Shared>,
+        conn: &Arc<ConnState>,
+        bytes: u64,
+        used: &mut u64,
+    ) -> Option<Ticket> {
+        let cfg = &shared.cfg;
+        let mine = conn.bytes.load(Relaxed);
+        let fits = (*used == 0 || *used + bytes <= cfg.inflight_bytes)
+            && (mine == 0 || mine + bytes <= cfg.connection_inflight_bytes)
+            && conn.requests.load(Relaxed) < cfg.connection_queue_depth.max(1);
+        if !fits {
+            return None;
+        }
+        *used += bytes;
+        conn.bytes.fetch_add(bytes, Relaxed);
+        conn.requests.fetch_add(1, Relaxed);
+        shared.stats.inflight_bytes.store(*used, Relaxed);
+        shared.stats.inflight_bytes_peak.fetch_max(*used, Relaxed);
+        Some(Ticket {
+            shared: shared.clone(),
+            conn: conn.clone(),
+            bytes,
+        })
     }
 }
 
@@ -301,131 +325,11 @@ impl Server {
         }
         true
     }
-
-    pub(super) fn read_requests<C: Conn>(
-        &self,
-        rd: &mut C,
-        session: &Arc<Session>,
-    ) -> Result<(), ConnError> {
-        let cfg = &self.shared.cfg;
-        let idle = cfg.idle_timeout.filter(|t| !t.is_zero());
-        // Whether the socket's read timeout is `idle` (between requests) or SLICE.
-        let mut idle_mode = false;
-        loop {
-            let mut h = [0u8; proto::REQUEST_LEN];
-            if !idle_mode {
-                rd.set_read_timeout_conn(idle)?;
-                idle_mode = true;
-            }
-            let got = match rd.read(&mut h) {
-                // The client went away (or we shut the socket down): not an error.
-                Ok(0) => return Ok(()),
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) if self.is_shutting_down() || session.state.dead.load(Relaxed) => {
-                    return Ok(())
-                }
-                Err(e) if slice_timeout(&e) => return Err(ConnError::Timeout(IDLE)),
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Ok(()),
-                Err(e) => return Err(e.into()),
-            };
-            if got < h.len() {
-                rd.set_read_timeout_conn(Some(SLICE))?;
-                idle_mode = false;
-                Deadlined {
-                    c: &mut *rd,
-                    deadline: Instant::now() + cfg.request_timeout,
-                    shared: None,
-                }
-                .read_exact(&mut h[got..])
-                .map_err(timed_out)?;
-            }
-            let req = proto::parse_request(&h)?;
-            if req.command == proto::CMD_DISC {
-                return Ok(());
-            }
-            let too_long = req.len > proto::MAX_PAYLOAD;
-            let bytes = match req.command {
-                proto::CMD_READ | proto::CMD_WRITE if !too_long => req.len as u64,
-                _ => 0,
-            };
-            // Waits while the budgets are used up: the client is not read meanwhile.
-            let Some(ticket) = Ticket::take(&self.shared, &session.state, bytes) else {
-                return Ok(());
-            };
-            let mut payload = None;
-            if req.command == proto::CMD_WRITE {
-                if idle_mode {
-                    rd.set_read_timeout_conn(Some(SLICE))?;
-                    idle_mode = false;
-                }
-                payload = self.read_payload(rd, &req)?;
-                if payload.is_none() {
-                    session.to_writer(ToWriter::Reply(Reply {
-                        error: errno::EINVAL,
-                        cookie: req.cookie,
-                        data: None,
-                        _ticket: ticket,
-                    }));
-                    continue;
-                }
-            }
-            let job = Job {
-                conn: session.clone(),
-                req,
-                payload,
-                ticket,
-            };
-            // Alone in flight, with nothing more from the client yet: run it here, and
-            // save the hand-off to a worker (or to a queue's completion thread).
-            if cfg.inline_when_idle && inline_ok(&job, rd.raw_fd()) {
-                super::worker::run_inline(&self.shared, job);
-                continue;
-            }
-            // An export with an I/O queue takes reads, writes and flushes from this thread.
-            let Err(job) = super::queued::submit(&self.shared, job) else {
-                continue;
-            };
-            if self.jobs.send(job).is_err() {
-                return Ok(());
-            }
-        }
-    }
-
-    /// Reads a write's payload, with its own deadline (waiting for the budget is the
-    /// server's doing, not the client's). `None`: too big to accept but small enough to
-    /// skip, so it was read away and the write is to be refused.
-    fn read_payload<C: Conn>(
-        &self,
-        rd: &mut C,
-        req: &Request,
-    ) -> Result<Option<PooledBuf>, ConnError> {
-        let mut timed = Deadlined {
-            c: &mut *rd,
-            deadline: Instant::now() + self.shared.cfg.request_timeout,
-            shared: None,
-        };
-        if req.len > proto::MAX_PAYLOAD {
-            if req.len > MAX_DISCARDED_PAYLOAD {
-                return Err(ProtoError::TooLong {
-                    what: "write payload",
-                    len: req.len as u64,
-                    max: MAX_DISCARDED_PAYLOAD as u64,
-                }
-                .into());
-            }
-            io::copy(&mut (&mut timed).take(req.len as u64), &mut io::sink()).map_err(timed_out)?;
-            return Ok(None);
-        }
-        let mut b = self.shared.pool.take(req.len as usize);
-        timed.read_exact(&mut b).map_err(timed_out)?;
-        Ok(Some(b))
-    }
 }
 
 /// What timed out, for [`ConnError::Timeout`] and the counters.
 /// A request that did not arrive whole in time is the client's timeout.
-fn timed_out(e: io::Error) -> ConnError {
+pub(super) fn timed_out(e: io::Error) -> ConnError {
     match e.kind() {
         io::ErrorKind::TimedOut => ConnError::Timeout(REQUEST),
         _ => e.into(),
@@ -435,30 +339,3 @@ fn timed_out(e: io::Error) -> ConnError {
 pub(super) const HANDSHAKE: &str = "in the handshake";
 pub(super) const REQUEST: &str = "receiving a request";
 pub(super) const IDLE: &str = "waiting for a request (idle)";
-
-/// Whether the reader runs a request itself: a read or write of a local export (one with
-/// an I/O queue, whose I/O takes microseconds, not a remote source's milliseconds), the only
-/// request of its connection in flight, with no further request already arriving. That is a
-/// client at queue depth 1, waiting for this reply before it sends anything: running the
-/// request here saves a wake-up of another thread, and delays nobody.
-fn inline_ok(job: &Job, fd: RawFd) -> bool {
-    job.conn.export.io.is_some()
-        && matches!(job.req.command, proto::CMD_READ | proto::CMD_WRITE)
-        && job.conn.state.requests.load(Relaxed) == 1
-        && !readable(fd)
-}
-
-/// True if the socket has bytes to read now.
-fn readable(fd: RawFd) -> bool {
-    let mut b = 0u8;
-    // SAFETY: a one-byte peek into a valid local buffer on the connection's socket.
-    let n = unsafe {
-        libc::recv(
-            fd,
-            &mut b as *mut u8 as *mut libc::c_void,
-            1,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
-    };
-    n != -1 || io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock
-}
