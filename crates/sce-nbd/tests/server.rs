@@ -621,7 +621,7 @@ fn pipelined_requests_sent_at_once_are_all_answered_through_io_uring() {
     let mut wire = enc(proto::CMD_WRITE, 1000, 1 << 20, payload.len() as u32).to_vec();
     wire.extend_from_slice(&payload);
     for i in 0..64u64 {
-        wire.extend_from_slice(&enc(proto::CMD_READ, i, 4 << 20 | i * 4096, 4096));
+        wire.extend_from_slice(&enc(proto::CMD_READ, i, (4 << 20) + i * 4096, 4096));
     }
     r.0.write_all(&wire).unwrap();
     let mut seen = std::collections::BTreeSet::new();
