@@ -121,8 +121,16 @@ impl ShardMap {
         c
     }
 
-    /// Builds every shard's core for `cfg`.
-    pub fn build(&self, cfg: &CoreConfig) -> Result<Vec<CacheCore>, ConfigError> {
+    /// Builds every shard's core for `cfg` and a cache of `cache_size` bytes (with one
+    /// shard, exactly `CacheCore::new(cfg, source_size, cache_size)`).
+    pub fn build(&self, cfg: &CoreConfig, cache_size: u64) -> Result<Vec<CacheCore>, ConfigError> {
+        if self.n == 1 {
+            return Ok(vec![CacheCore::new(
+                cfg.clone(),
+                self.source_size,
+                cache_size,
+            )?]);
+        }
         let c = self.shard_config(cfg);
         (0..self.shards())
             .map(|k| {

@@ -167,7 +167,7 @@ impl Harness {
         let slots = (cache_size / cfg.fragment_size) as u32;
         let map = ShardMap::new(shards, cfg.fragment_size, source_size, slots);
         Harness {
-            cores: map.build(&cfg).expect("valid config"),
+            cores: map.build(&cfg, cache_size).expect("valid config"),
             map,
             acked: source.clone(),
             source,

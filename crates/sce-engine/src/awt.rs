@@ -26,11 +26,20 @@ impl Payload<'_> {
     }
 }
 
+/// The cache copies of one piece of a write (one core shard's): `len` bytes at `start` in
+/// the write's data, at global source offset `offset`.
+pub(crate) struct CopyPiece {
+    pub(crate) shard: usize,
+    pub(crate) offset: u64,
+    pub(crate) start: usize,
+    pub(crate) len: usize,
+    pub(crate) copies: Vec<CacheCopy>,
+}
+
 /// A write's cache copies, queued for the AWT writers.
 pub(crate) struct AwtJob {
-    offset: u64,
     data: SharedBytes,
-    copies: Vec<CacheCopy>,
+    pieces: Vec<CopyPiece>,
 }
 
 /// The AWT writers' queue (a leaf lock: `awt_tx` in the lock order).
@@ -51,11 +60,10 @@ impl AwtQueue {
         self.tx.lock().take();
     }
 
-    /// Queues the cache `copies` of a write of `data` at source offset `offset`: the
-    /// client's own buffer when it gave it away (`write_shared`), else a copy. If the
-    /// writers are gone (the volume is closing), the copies fail and their pages stay
-    /// invalid.
-    pub(crate) fn send(&self, s: &Shared, offset: u64, data: &Payload, copies: Vec<CacheCopy>) {
+    /// Queues the cache copies of a write of `data`, piece by piece: the client's own
+    /// buffer when it gave it away (`write_shared`), else a copy. If the writers are gone
+    /// (the volume is closing), the copies fail and their pages stay invalid.
+    pub(crate) fn send(&self, s: &Shared, data: &Payload, pieces: Vec<CopyPiece>) {
         let data: SharedBytes = match data {
             Payload::Shared(d) => d.clone(),
             Payload::Borrowed(d) => {
@@ -64,20 +72,13 @@ impl AwtQueue {
                 Arc::new(copy)
             }
         };
-        let job = AwtJob {
-            offset,
-            data,
-            copies,
-        };
+        let job = AwtJob { data, pieces };
         let unsent = match self.tx.lock().as_ref() {
             Some(tx) => tx.send(job).err().map(|e| e.0),
             None => Some(job),
         };
         if let Some(job) = unsent {
-            let mut core = s.core.write();
-            for copy in job.copies {
-                copy.done(&mut core, false);
-            }
+            s.fail_copies(job.pieces);
         }
     }
 }
@@ -85,28 +86,42 @@ impl AwtQueue {
 /// An AWT writer thread: writes the queued copies until the queue is closed and empty.
 pub(crate) fn awt_writer(s: &Shared, rx: Receiver<AwtJob>) {
     for job in rx.iter() {
-        s.copy_to_cache(job.offset, job.copies, &job.data);
+        for p in job.pieces {
+            let piece = &job.data[p.start..p.start + p.len];
+            s.copy_to_cache(p.shard, p.offset, p.copies, piece);
+        }
     }
 }
 
 impl Shared {
-    /// Writes a write's cache copies (`data` is the whole request buffer, at source offset
-    /// `offset`) and completes each; a failed copy is reported as failed, so its pages stay
-    /// invalid.
-    pub(crate) fn copy_to_cache(&self, offset: u64, copies: Vec<CacheCopy>, data: &[u8]) {
+    /// Writes the cache copies of a piece of a write planned by core shard `k` (`data` is
+    /// the piece's buffer, at global source offset `offset`) and completes each; a failed
+    /// copy is reported as failed, so its pages stay invalid.
+    pub(crate) fn copy_to_cache(&self, k: usize, offset: u64, copies: Vec<CacheCopy>, data: &[u8]) {
         let results: Vec<(CacheCopy, bool)> = copies
             .into_iter()
             .map(|copy| {
                 let w = *copy.write();
                 let piece = &data[w.buf_offset as usize..(w.buf_offset + w.len) as usize];
-                self.record_crcs(offset + w.buf_offset, w.cache.0, piece);
-                let ok = self.cache_write(w.cache.0, piece);
+                let cache = self.map.cache_to_global(k, w.cache).0;
+                self.record_crcs(offset + w.buf_offset, cache, piece);
+                let ok = self.cache_write(cache, piece);
                 (copy, ok)
             })
             .collect();
-        let mut core = self.core.write();
+        let mut core = self.cores[k].write();
         for (copy, ok) in results {
             copy.done(&mut core, ok);
+        }
+    }
+
+    /// Completes the copies of write pieces as failed, one core shard lock at a time.
+    pub(crate) fn fail_copies(&self, pieces: Vec<CopyPiece>) {
+        for p in pieces {
+            let mut core = self.cores[p.shard].write();
+            for copy in p.copies {
+                copy.done(&mut core, false);
+            }
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The persistence threads: the metadata flusher (a flush round every `flush_interval`, then
 //! the source's identity once its writes settled) and the intent writer (makes the intents
 //! set ahead of need durable, in the background). The rounds themselves are
-//! `persist::round`'s; this file hands them the core lock and the checksums.
+//! `persist::round`'s; this file hands them the core shards' locks, the shard map and the
+//! checksums.
 
 use crate::shared::Shared;
 use sce_store::CrcTable;
@@ -17,7 +18,7 @@ impl Shared {
     /// persistence).
     pub(crate) fn flush_metadata(&self) -> u64 {
         match &self.persist {
-            Some(p) => p.round(&self.core, self.persisted_crcs(), false),
+            Some(p) => p.round((&self.cores, &self.map), self.persisted_crcs(), false),
             None => 0,
         }
     }
@@ -27,7 +28,7 @@ impl Shared {
     pub(crate) fn close_store(&self) -> bool {
         match &self.persist {
             Some(p) => p.close(
-                &self.core,
+                (&self.cores, &self.map),
                 self.persisted_crcs(),
                 self.source.identity(),
                 self.source_writes_done.load(SeqCst),

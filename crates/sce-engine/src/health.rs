@@ -42,7 +42,9 @@ impl Shared {
                 );
             }
         }
-        self.core.write().drop_all();
+        for core in self.cores.iter() {
+            core.write().drop_all();
+        }
     }
 
     /// Counts a failed cache read towards the error limit.

@@ -10,18 +10,22 @@ use sce_core::{Population, SourceOffset};
 use sce_io::{AlignedBuf, BlockDevice, IoError, Op};
 use std::sync::atomic::Ordering::Relaxed;
 
-/// Performs a population job with `buf` (at least a fragment long) and completes it.
-pub(crate) fn run_population(s: &Shared, job: Population, buf: &mut AlignedBuf) {
+/// Performs a population job of core shard `k` with `buf` (at least a fragment long) and
+/// completes it.
+pub(crate) fn run_population(s: &Shared, k: usize, job: Population, buf: &mut AlignedBuf) {
+    let slot = s.map.slot_to_global(k, job.slot).0;
     if let Some(p) = &s.persist {
         // Data of another fragment may still be claimed by this slot's record.
-        let t: Vec<Ticket> = p.guard_slot(job.slot.0, job.frag.0).into_iter().collect();
+        let frag = s.map.frag_to_global(k, job.frag).0;
+        let t: Vec<Ticket> = p.guard_slot(slot, frag).into_iter().collect();
         if !s.wait_intents(&t) {
-            job.complete(&mut s.core.write(), false);
+            job.complete(&mut s.cores[k].write(), false);
             return;
         }
     }
+    let source = s.map.source_to_global(k, job.source).0;
     let span = &mut buf[..job.len as usize];
-    let mut ok = match s.source.read_at(job.source.0, span) {
+    let mut ok = match s.source.read_at(source, span) {
         Ok(()) => {
             s.counters.source_bytes_read.add(job.len);
             true
@@ -30,34 +34,42 @@ pub(crate) fn run_population(s: &Shared, job: Population, buf: &mut AlignedBuf) 
     };
     if ok {
         for &(o, l, c) in &job.runs {
-            s.record_crcs(job.source.0 + o, c.0, &buf[o as usize..(o + l) as usize]);
+            let c = s.map.cache_to_global(k, c).0;
+            s.record_crcs(source + o, c, &buf[o as usize..(o + l) as usize]);
         }
         for &(o, l, c) in &job.runs {
-            ok &= s.cache_write(c.0, &buf[o as usize..(o + l) as usize]);
+            let c = s.map.cache_to_global(k, c).0;
+            ok &= s.cache_write(c, &buf[o as usize..(o + l) as usize]);
             if !ok {
                 break;
             }
         }
     }
-    let slot = job.slot.0;
-    job.complete(&mut s.core.write(), ok);
+    job.complete(&mut s.cores[k].write(), ok);
     if let (true, Some(p)) = (ok, &s.persist) {
         p.warm(slot);
     }
 }
 
-/// Population worker `index`: wakes as the throttle says and, if it may run, populates the
-/// fragment the core picks.
+/// Population worker `index`: visits the core shards in turn, one per wake-up (so the
+/// workers pick as often as with one shard, and each shard's throttle, Algorithm 1, sees
+/// its own miss rate and free space); wakes as the visited shard's throttle says and, if
+/// it may run, populates the fragment that shard picks. Worker 0 applies the visited
+/// shard's read logs.
 pub(crate) fn population_worker(s: &Shared, index: u32) {
-    let fsize = s.core.write().geometry().fragment_size() as usize;
+    let fsize = 1usize << s.fshift;
     let mut buf: Option<AlignedBuf> = None;
+    let shards = s.cores.len();
+    let mut turn = index as usize % shards;
     loop {
+        let k = turn;
+        turn = (turn + 1) % shards;
         let st = {
-            let mut core = s.core.write();
+            let mut core = s.cores[k].write();
             if index == 0 {
                 // Reads batch their accounting per shard; a slow trickle of reads would
                 // otherwise never reach the hotness window and the miss rate.
-                s.apply_logs(&mut core);
+                s.apply_logs(k, &mut core);
             }
             core.throttle(s.now())
         };
@@ -72,27 +84,35 @@ pub(crate) fn population_worker(s: &Shared, index: u32) {
         if index >= st.active_workers || s.passthrough.load(Relaxed) {
             continue;
         }
-        let job = s.core.write().pick_population(s.now());
+        let job = s.cores[k].write().pick_population(s.now());
         if let Some(job) = job {
             let b = buf.get_or_insert_with(|| AlignedBuf::new(fsize));
-            run_population(s, Population::new(job), b);
+            run_population(s, k, Population::new(job), b);
         }
     }
 }
 
 impl Shared {
-    /// Runs population on the calling thread until nothing more is picked or `max` jobs ran,
-    /// ignoring the throttle. Returns the number of fragments populated.
+    /// Runs population on the calling thread until nothing more is picked (in any shard) or
+    /// `max` jobs ran, ignoring the throttle; the shards are asked in turn. Returns the
+    /// number of fragments populated.
     pub(crate) fn populate_now(&self, max: usize) -> usize {
         // Reads not yet accounted count as accesses for the pick.
-        self.apply_logs(&mut self.core.write());
-        let mut buf = AlignedBuf::new(self.core.write().geometry().fragment_size() as usize);
-        let mut n = 0;
-        while n < max {
-            let job = self.core.write().pick_population_unthrottled();
-            let Some(job) = job else { break };
-            run_population(self, Population::new(job), &mut buf);
-            n += 1;
+        self.apply_all_logs();
+        let mut buf = AlignedBuf::new(1 << self.fshift);
+        let shards = self.cores.len();
+        let (mut n, mut k, mut idle) = (0, 0, 0);
+        while n < max && idle < shards {
+            let job = self.cores[k].write().pick_population_unthrottled();
+            match job {
+                Some(job) => {
+                    run_population(self, k, Population::new(job), &mut buf);
+                    n += 1;
+                    idle = 0;
+                }
+                None => idle += 1,
+            }
+            k = (k + 1) % shards;
         }
         n
     }
@@ -108,13 +128,14 @@ impl Shared {
                 size,
             });
         }
-        let fsize = self.core.write().geometry().fragment_size();
+        let fsize = 1u64 << self.fshift;
         let mut buf = AlignedBuf::new(fsize as usize);
         let mut at = offset - offset % fsize;
         while at < offset + len {
-            let job = self.core.write().prefetch(SourceOffset(at));
+            let (k, local) = self.map.source_to_local(SourceOffset(at));
+            let job = self.cores[k].write().prefetch(local);
             if let Some(job) = job {
-                run_population(self, Population::new(job), &mut buf);
+                run_population(self, k, Population::new(job), &mut buf);
             }
             at += fsize;
         }

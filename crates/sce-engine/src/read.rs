@@ -1,5 +1,7 @@
-//! The read path: plan under the core's shared lock (its accounting deferred to a log
-//! shard), or under the exclusive lock when admission `always` wants inline fills; run the
+//! The read path: a request is cut into pieces, one per core shard it touches (with one
+//! shard, the request itself), each read on its own: plan under its core shard's shared
+//! lock (its accounting deferred to a log shard), or under the shard's exclusive lock when
+//! admission `always` wants inline fills; run the
 //! planned I/O on the caller's thread, cached runs verified against their checksums; write
 //! the inline fills; release the pins (the read's [`PinnedRead`] guard does, when dropped).
 
@@ -34,49 +36,82 @@ impl Shared {
             }
             return r;
         }
+        if self.map.shards() == 1 {
+            return self.read_piece(0, offset, offset, buf).map(|_| ());
+        }
+        let (mut result, mut pieces, mut full) = (Ok(()), 0, 0);
+        for p in self.map.pieces(offset, len) {
+            let b = &mut buf[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
+            match self.read_piece(p.shard, p.offset, p.local, b) {
+                Ok(f) => {
+                    pieces += 1;
+                    full += f as u64;
+                }
+                Err(e) => result = Err(e),
+            }
+        }
+        self.counters.split_request(true, pieces, full);
+        result
+    }
+
+    /// Reads the piece at global offset `offset` (`local` on core shard `k`'s source) into
+    /// `buf`. Returns whether it was a full hit.
+    fn read_piece(
+        &self,
+        k: usize,
+        offset: u64,
+        local: u64,
+        buf: &mut [u8],
+    ) -> Result<bool, IoError> {
         PLAN.with(|cell| {
             let mut planned = cell.borrow_mut();
             let PlannedRead { plan, want } = &mut *planned;
-            let mut read = self.plan(offset, len, plan, want)?;
+            let mut read = self.plan(k, (offset, local), buf.len() as u64, plan, want)?;
             self.preset_intents(&read);
             let result = self.read_runs(offset, buf, &read, want);
             let pops = read.take_populations();
             if !pops.is_empty() {
-                self.write_fills(offset, buf, &read, pops, result.is_ok());
+                self.write_fills(k, offset, buf, &read, pops, result.is_ok());
             }
+            let full = read.full_hit;
             // Dropping the read releases its pins, without the core lock.
             drop(read);
-            result
+            result.map(|()| full)
         })
     }
 
-    /// Plans a read and takes the expected checksums of its cached pages with it: under the
-    /// shared lock, its accounting deferred to a log shard; or, if it wants inline fills,
-    /// again under the exclusive lock, the fills' slots guarded by write intents (a fill
-    /// whose intents cannot be written is dropped).
+    /// Plans a read of core shard `k` (`at`: its global and local offsets) and takes the
+    /// expected checksums of its cached pages with it: under the shared lock, its
+    /// accounting deferred to a log shard; or, if it wants inline fills, again under the
+    /// exclusive lock, the fills' slots guarded by write intents (a fill whose intents
+    /// cannot be written is dropped). The plan's addresses are global.
     fn plan<'p>(
         &'p self,
-        offset: u64,
+        k: usize,
+        at: (u64, u64),
         len: u64,
         plan: &'p mut ReadPlan,
         want: &mut Vec<u32>,
     ) -> Result<PinnedRead<'p>, IoError> {
+        let (offset, local) = at;
         let err = |e| request_error(Op::Read, e, offset, len, self.source.size(), self.lbs);
         let mut read = {
-            let core = self.core.read();
-            let read = PinnedRead::plan(&core, &self.pins, SourceOffset(offset), len, plan)
+            let core = self.cores[k].read();
+            let mut read = PinnedRead::plan(&core, &self.pins[k], SourceOffset(local), len, plan)
                 .map_err(err)?;
+            read.globalize(&self.map, k);
             self.expected_crcs(&read, want);
             read
         };
         if !read.needs_commit() {
-            self.log_read(&read);
+            self.log_read(k, &read);
             return Ok(read);
         }
         // An inline fill is wanted (admission `always`): redo it exclusively.
-        let mut core = self.core.write();
+        let mut core = self.cores[k].write();
         core.advance_clock(self.now());
         read.commit(&mut core).map_err(err)?;
+        read.globalize(&self.map, k);
         self.expected_crcs(&read, want);
         if let Some(p) = &self.persist {
             // Inline fills go to freshly allocated slots: guard them as populations.
@@ -94,13 +129,13 @@ impl Shared {
         Ok(read)
     }
 
-    /// Records a read planned under the shared lock in this thread's log shard, and applies
-    /// the shard's log to the core once it holds `LOG_BATCH` reads and the exclusive lock is
-    /// free at once, or once it holds `LOG_CAP` reads whatever it costs.
-    fn log_read(&self, plan: &ReadPlan) {
+    /// Records a read planned under core shard `k`'s shared lock in this thread's log shard
+    /// for it, and applies the log to the core shard once it holds `LOG_BATCH` reads and the
+    /// exclusive lock is free at once, or once it holds `LOG_CAP` reads whatever it costs.
+    fn log_read(&self, k: usize, plan: &ReadPlan) {
         // Lock order: a log shard is a leaf lock, released before the core lock is taken;
         // the log is then taken out of the shard under the core lock (core, then leaf).
-        let shard = &self.logs[thread_index() % LOG_SHARDS];
+        let shard = &self.logs_of(k)[thread_index() % LOG_SHARDS];
         let pending = {
             let mut log = shard.0.lock();
             log.record(plan);
@@ -110,9 +145,9 @@ impl Shared {
             return;
         }
         let core = if pending < LOG_CAP {
-            self.core.try_write()
+            self.cores[k].try_write()
         } else {
-            Some(self.core.write())
+            Some(self.cores[k].write())
         };
         if let Some(mut core) = core {
             core.apply_access_log(&mut shard.0.lock());
@@ -167,11 +202,12 @@ impl Shared {
         result
     }
 
-    /// Writes a read's inline fills (admission `always`) from the data it read into `buf`
+    /// Writes a read's inline fills (admission `always`, core shard `k`) from the data it read into `buf`
     /// and completes their populations: failed if the read failed, if a population has no
     /// fill left, or if a fill could not be written.
     fn write_fills(
         &self,
+        k: usize,
         offset: u64,
         buf: &[u8],
         plan: &ReadPlan,
@@ -192,7 +228,7 @@ impl Shared {
             }
             done.push((pop, ok));
         }
-        let mut core = self.core.write();
+        let mut core = self.cores[k].write();
         for (pop, ok) in done {
             pop.complete(&mut core, ok);
         }

@@ -1,5 +1,6 @@
-//! The state every thread of a cached volume shares: the devices, the core behind its lock,
-//! the checksums, the persistent store, the read accounting shards and the counters. The
+//! The state every thread of a cached volume shares: the devices, the core's shards behind
+//! their locks, the checksums, the persistent store, the read accounting shards and the
+//! counters. The
 //! roles (`read`, `write`, `awt`, `population`, `flusher`, `health`, `verify`) add their
 //! methods to [`Shared`] in their own files; this one holds only what all of them use.
 
@@ -8,7 +9,7 @@ use crate::persist::Persist;
 use crate::stats::Counters;
 use parking_lot::{Condvar, Mutex};
 use sce_core::slots::PinTable;
-use sce_core::{AccessLog, CacheCore, Nanos, RequestError};
+use sce_core::{AccessLog, CacheCore, CoreConfig, FragNo, Nanos, RequestError, ShardMap};
 use sce_io::{BlockDevice, IoError, Op};
 use sce_store::CrcTable;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
@@ -33,9 +34,14 @@ pub(crate) struct LogShard(pub(crate) Mutex<AccessLog>);
 pub(crate) struct Shared {
     pub(crate) source: Arc<dyn BlockDevice>,
     pub(crate) cache: Arc<dyn BlockDevice>,
-    /// The core (lock order 2, see docs/ARCHITECTURE.md), behind a big-reader lock: a
-    /// hit takes only its thread's reader shard.
-    pub(crate) core: BrLock<CacheCore>,
+    /// The core's shards (lock order 2, see docs/ARCHITECTURE.md: a thread holds at most
+    /// one of them), each behind a big-reader lock: a hit takes only its thread's reader
+    /// shard of its fragment's core shard.
+    pub(crate) cores: Box<[BrLock<CacheCore>]>,
+    /// Which core shard holds which fragments and slots.
+    pub(crate) map: ShardMap,
+    /// The volume's core configuration (each shard's is derived from it).
+    pub(crate) config: CoreConfig,
     pub(crate) crcs: Option<CrcTable>,
     pub(crate) persist: Option<Persist>,
     pub(crate) errors: AtomicU64,
@@ -43,8 +49,11 @@ pub(crate) struct Shared {
     pub(crate) passthrough: AtomicBool,
     pub(crate) source_size: u64,
     pub(crate) fshift: u32,
+    /// `LOG_SHARDS` read-log shards per core shard: core shard `k`, thread shard `t` at
+    /// `k * LOG_SHARDS + t`.
     pub(crate) logs: Box<[LogShard]>,
-    pub(crate) pins: Arc<PinTable>,
+    /// Each core shard's pin table.
+    pub(crate) pins: Box<[Arc<PinTable>]>,
     pub(crate) counters: Counters,
     pub(crate) epoch: Instant,
     pub(crate) shutdown: AtomicBool,
@@ -94,11 +103,28 @@ impl Shared {
         Nanos::from_duration(self.epoch.elapsed())
     }
 
-    /// Applies every shard's deferred read accounting to the core.
-    pub(crate) fn apply_logs(&self, core: &mut CacheCore) {
-        for shard in self.logs.iter() {
+    /// The read-log shards of core shard `k`.
+    pub(crate) fn logs_of(&self, k: usize) -> &[LogShard] {
+        &self.logs[k * LOG_SHARDS..(k + 1) * LOG_SHARDS]
+    }
+
+    /// Applies the deferred read accounting of core shard `k` (`core`, locked) to it.
+    pub(crate) fn apply_logs(&self, k: usize, core: &mut CacheCore) {
+        for shard in self.logs_of(k) {
             core.apply_access_log(&mut shard.0.lock());
         }
+    }
+
+    /// Applies every core shard's deferred read accounting, one core lock at a time.
+    pub(crate) fn apply_all_logs(&self) {
+        for (k, core) in self.cores.iter().enumerate() {
+            self.apply_logs(k, &mut core.write());
+        }
+    }
+
+    /// The core shard holding global fragment `f`, and `f`'s number there.
+    pub(crate) fn frag_shard(&self, f: u64) -> (usize, FragNo) {
+        self.map.frag_to_local(FragNo(f))
     }
 
     /// Splits a cache (or source) offset into its slot (or fragment) number and the page

@@ -45,6 +45,13 @@ pub struct Counters {
     pub cache_checksum_errors: AtomicU64,
     /// Population workers the throttle lets run.
     pub active_workers: AtomicU64,
+    /// Read requests cut into several pieces count once per piece in the core shards: the
+    /// pieces beyond the first, and the full-hit pieces beyond the request's own full hit,
+    /// subtracted when read.
+    pub(crate) extra_read_pieces: AtomicU64,
+    pub(crate) extra_full_hits: AtomicU64,
+    /// The same for writes and discards.
+    pub(crate) extra_write_pieces: AtomicU64,
 }
 
 /// A point-in-time view of a cached volume.
@@ -198,6 +205,29 @@ impl VolumeStats {
 }
 
 impl Counters {
+    /// A request cut into `pieces` pieces (`full` of them full hits, for a read) was
+    /// counted once per piece by the core shards: records the difference.
+    pub(crate) fn split_request(&self, read: bool, pieces: u64, full: u64) {
+        if pieces <= 1 {
+            return;
+        }
+        if read {
+            self.extra_read_pieces.fetch_add(pieces - 1, Relaxed);
+            self.extra_full_hits
+                .fetch_add(full - (full == pieces) as u64, Relaxed);
+        } else {
+            self.extra_write_pieces.fetch_add(pieces - 1, Relaxed);
+        }
+    }
+
+    /// Takes the pieces' extra counts out of a snapshot that summed the core shards.
+    pub(crate) fn unsplit(&self, v: &mut VolumeStats) {
+        let sub = |x: &mut u64, c: &AtomicU64| *x = x.saturating_sub(c.load(Relaxed));
+        sub(&mut v.read_requests, &self.extra_read_pieces);
+        sub(&mut v.read_requests_full_hit, &self.extra_full_hits);
+        sub(&mut v.write_requests, &self.extra_write_pieces);
+    }
+
     /// Joins these counters with the core's into a snapshot.
     pub fn snapshot(&self, core: &CacheCore, passthrough: bool) -> VolumeStats {
         let c = core.stats();
@@ -232,5 +262,32 @@ impl Counters {
             free_slots: core.free_slots() as u64,
             total_slots: core.geometry().slots() as u64,
         }
+    }
+}
+
+impl VolumeStats {
+    /// Adds another core shard's counts and gauges to a snapshot of the first.
+    pub(crate) fn add_core(&mut self, core: &CacheCore) {
+        let c = core.stats();
+        self.read_requests += c.read_requests;
+        self.read_requests_full_hit += c.read_requests_full_hit;
+        self.read_pages_hit += c.read_pages_hit;
+        self.read_pages_missed += c.read_pages_missed;
+        self.write_requests += c.write_requests;
+        self.fragments_populated += c.populations_completed;
+        self.populations_failed += c.populations_failed;
+        self.pages_populated += c.pages_populated;
+        self.fragments_evicted += c.fragments_evicted;
+        self.awt_started += c.awt_started;
+        self.awt_completed += c.awt_completed;
+        self.awt_fallbacks += c.awt_fallbacks;
+        self.awt_duplicates += c.awt_duplicates;
+        self.admissions_rejected += c.admissions_rejected;
+        self.sequential_requests += c.sequential_requests;
+        self.population_budget_waits += c.population_budget_waits;
+        self.endurance_refusals += c.endurance_refusals;
+        self.population_rate += core.population_rate();
+        self.free_slots += core.free_slots() as u64;
+        self.total_slots += core.geometry().slots() as u64;
     }
 }

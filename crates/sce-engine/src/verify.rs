@@ -92,7 +92,8 @@ impl Shared {
             // Drop the pages: the device may keep failing there.
             let (f, p0) = self.slot_page(src);
             let p1 = p0 + (head + len).div_ceil(ps) as u32;
-            self.core.write().invalidate(sce_core::FragNo(f), p0, p1);
+            let (k, f) = self.frag_shard(f);
+            self.cores[k].write().invalidate(f, p0, p1);
             return false;
         }
         let (bytes, c0, src0): (&[u8], u64, u64) = match &tmp {
@@ -110,9 +111,8 @@ impl Shared {
                 if self.genuine_mismatch(c0 + k, sp, plen, expect) {
                     self.counters.cache_checksum_errors.fetch_add(1, Relaxed);
                     let (_, p) = self.slot_page(c0 + k);
-                    self.core
-                        .write()
-                        .invalidate(sce_core::FragNo(sp >> self.fshift), p, p + 1);
+                    let (shard, f) = self.frag_shard(sp >> self.fshift);
+                    self.cores[shard].write().invalidate(f, p, p + 1);
                     self.device_errors(1, "checksum mismatch");
                 }
                 return false;
@@ -134,12 +134,11 @@ impl Shared {
     pub(crate) fn genuine_mismatch(&self, c: u64, sp: u64, plen: u64, expect: u32) -> bool {
         let Some(crcs) = &self.crcs else { return false };
         let (slot, p) = self.slot_page(c);
-        let core = self.core.read();
-        let still = core.is_cached(SourceOffset(sp))
-            && core
-                .exists(sce_core::FragNo(sp >> self.fshift))
-                .map(|x| x.0 .0)
-                == Some(slot as u32)
+        let (k, local) = self.map.source_to_local(SourceOffset(sp));
+        let (_, f) = self.frag_shard(sp >> self.fshift);
+        let core = self.cores[k].read();
+        let still = core.is_cached(local)
+            && core.exists(f).map(|x| self.map.slot_to_global(k, x.0).0) == Some(slot as u32)
             && crcs.get(slot as u32, p) == expect;
         if !still {
             return false;

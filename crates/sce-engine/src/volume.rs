@@ -1,7 +1,8 @@
 //! `CacheVolume`: a source volume cached on a cache device, itself a `BlockDevice`.
 //!
-//! The core (`sce-core`) sits behind one lock; the lock is held only to plan and to report
-//! completions, never across I/O. Reads run their planned I/O on the caller's thread. Writes
+//! The core (`sce-core`) is cut into shards by fragment (`ShardMap`), each behind a lock of
+//! its own; a lock is held only to plan and to report completions, never across I/O, and a
+//! thread holds at most one. Reads run their planned I/O on the caller's thread. Writes
 //! send the source write from the caller's thread and, in AWT mode, hand a copy of the data
 //! to the AWT writer threads first, so the two writes run in parallel and the caller returns
 //! when the source write is done. Background population workers follow Algorithm 1.
@@ -18,7 +19,7 @@ use crate::population::population_worker;
 use crate::shared::{LogShard, Shared, LOG_SHARDS};
 use crate::stats::{Counters, VolumeStats};
 use parking_lot::{Condvar, Mutex};
-use sce_core::{CacheCore, ConfigError, CoreConfig};
+use sce_core::{CacheCore, ConfigError, CoreConfig, FragNo, ShardMap, SlotNo};
 use sce_io::{check_range, BlockDevice, IoError, Op, SharedBytes, SliceDevice};
 use sce_store::CrcTable;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -45,6 +46,27 @@ pub struct EngineConfig {
     /// Keep the cache contents on the cache device across restarts (see `persist`). The
     /// cache device then holds the metadata as well as the data.
     pub persist: Option<PersistConfig>,
+    /// Shards of the core: fragment `f` belongs to shard `f % core_shards`, each shard has
+    /// its own slots, map, CLOCK and lock, so that writes and population on one shard do not
+    /// stop hits on the others. 0 (the default) picks [`AUTO_CORE_SHARDS`], fewer if the
+    /// cache holds fewer than [`MIN_SLOTS_PER_AUTO_SHARD`] slots per shard; 1 is the
+    /// unsharded core. Never more than half the slots (a shard needs two).
+    pub core_shards: usize,
+}
+
+/// Core shards of `core_shards: 0` on a large enough cache (see docs/ARCHITECTURE.md).
+pub const AUTO_CORE_SHARDS: usize = 4;
+/// `core_shards: 0` gives each automatic shard at least this many slots.
+pub const MIN_SLOTS_PER_AUTO_SHARD: u64 = 64;
+
+impl EngineConfig {
+    /// The shards asked for a cache of `slots` slots (`ShardMap` clamps them further).
+    fn shards_for(&self, slots: u64) -> usize {
+        match self.core_shards {
+            0 => (slots / MIN_SLOTS_PER_AUTO_SHARD).clamp(1, AUTO_CORE_SHARDS as u64) as usize,
+            n => n,
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -56,6 +78,7 @@ impl Default for EngineConfig {
             verify: true,
             error_limit: 16,
             persist: None,
+            core_shards: 0,
         }
     }
 }
@@ -89,18 +112,41 @@ impl std::fmt::Debug for CacheVolume {
     }
 }
 
-/// What `open_core` makes: the core, the checksums, the store, the data device (the cache
-/// device, or its data area with persistence) and the volume id seeding the checksums.
-type OpenedCore = (
-    CacheCore,
-    Option<CrcTable>,
-    Option<Persist>,
-    Arc<dyn BlockDevice>,
-    u16,
-);
+/// What `open_core` makes: the core shards and their map, the core configuration, the
+/// checksums, the store, the data device (the cache device, or its data area with
+/// persistence) and the volume id seeding the checksums.
+struct OpenedCore {
+    cores: Vec<CacheCore>,
+    map: ShardMap,
+    config: CoreConfig,
+    crcs: Option<CrcTable>,
+    persist: Option<Persist>,
+    data: Arc<dyn BlockDevice>,
+    vol_id: u16,
+}
 
-/// Builds the core and, with persistence, opens the store on `cache`, restores what it
-/// holds into the core and starts it.
+/// Cuts the core into shards for a cache of `cache_size` bytes and builds them.
+fn build_cores(
+    cfg: &CoreConfig,
+    config: &EngineConfig,
+    source_size: u64,
+    cache_size: u64,
+) -> Result<(Vec<CacheCore>, ShardMap), EngineError> {
+    let slots = cache_size / cfg.fragment_size.max(1);
+    let wanted = config.shards_for(slots);
+    // An invalid fragment size or slot count is reported by the core itself (one shard).
+    let ok = cfg.validate().is_ok() && slots < u32::MAX as u64;
+    let map = ShardMap::new(
+        if ok { wanted } else { 1 },
+        cfg.fragment_size,
+        source_size,
+        slots.min(u32::MAX as u64 - 1) as u32,
+    );
+    Ok((map.build(cfg, cache_size)?, map))
+}
+
+/// Builds the core shards and, with persistence, opens the store on `cache`, restores what
+/// it holds into them and starts it.
 fn open_core(
     source: &dyn BlockDevice,
     cache: Arc<dyn BlockDevice>,
@@ -112,10 +158,19 @@ fn open_core(
         core_cfg.revalidate_partial_pages = false;
     }
     let Some(pc) = config.persist.clone() else {
-        let core = CacheCore::new(core_cfg, source.size(), cache.size())?;
-        let g = core.geometry();
-        let crcs = verify.then(|| CrcTable::new(g.slots(), g.pages_per_fragment()));
-        return Ok((core, crcs, None, cache, 1));
+        let (cores, map) = build_cores(&core_cfg, config, source.size(), cache.size())?;
+        let slots = cores.iter().map(|c| c.geometry().slots()).sum();
+        let ppf = cores[0].geometry().pages_per_fragment();
+        let crcs = verify.then(|| CrcTable::new(slots, ppf));
+        return Ok(OpenedCore {
+            cores,
+            map,
+            config: core_cfg,
+            crcs,
+            persist: None,
+            data: cache,
+            vol_id: 1,
+        });
     };
     let opened = Persist::open(
         cache.clone(),
@@ -130,18 +185,44 @@ fn open_core(
     let l = persist.layout;
     let data: Arc<dyn BlockDevice> =
         Arc::new(SliceDevice::new(cache, l.data_offset, l.data_bytes())?);
-    let mut core = CacheCore::new(core_cfg, source.size(), data.size())?;
-    core.track_dirty();
-    let words = l.bitmap_words();
-    core.restore(loaded.entries.iter().enumerate().map(|(i, &(s, f))| {
-        (
-            sce_core::SlotNo(s),
-            sce_core::FragNo(f),
-            &loaded.bitmaps[i * words..(i + 1) * words],
-        )
-    }));
-    persist.start(&core, &loaded)?;
-    Ok((core, Some(loaded.crcs), Some(persist), data, vol_id))
+    let (mut cores, map) = build_cores(&core_cfg, config, source.size(), data.size())?;
+    restore(&mut cores, &map, &loaded, l.bitmap_words());
+    persist.start(
+        |s| {
+            let (k, local) = map.slot_to_local(SlotNo(s));
+            let f = cores[k].slot_state(local).0;
+            f.map(|f| map.frag_to_global(k, f).0)
+        },
+        &loaded,
+    )?;
+    Ok(OpenedCore {
+        cores,
+        map,
+        config: core_cfg,
+        crcs: Some(loaded.crcs),
+        persist: Some(persist),
+        data,
+        vol_id,
+    })
+}
+
+/// Restores what the store loaded into the core shards: each record goes to the shard that
+/// owns its (global) slot, and is dropped if its fragment belongs to another shard (the
+/// shard count changed): `Persist::start` then puts an intent on the slot, so the record is
+/// never trusted again.
+fn restore(cores: &mut [CacheCore], map: &ShardMap, loaded: &sce_store::Loaded, words: usize) {
+    let mut per: Vec<Vec<(SlotNo, FragNo, &[u64])>> = vec![Vec::new(); cores.len()];
+    for (i, &(s, f)) in loaded.entries.iter().enumerate() {
+        let (k, local) = map.slot_to_local(SlotNo(s));
+        let (kf, lf) = map.frag_to_local(FragNo(f));
+        if k == kf && local.0 < map.slots(k) {
+            per[k].push((local, lf, &loaded.bitmaps[i * words..(i + 1) * words]));
+        }
+    }
+    for (core, entries) in cores.iter_mut().zip(per) {
+        core.track_dirty();
+        core.restore(entries);
+    }
 }
 
 /// Starts a named thread running `f` on the shared state.
@@ -213,27 +294,32 @@ impl CacheVolume {
             .into());
         }
         let source_size = source.size();
-        let (core, crcs, persist, cache, vol_id) = open_core(&*source, cache, &config)?;
+        let o = open_core(&*source, cache, &config)?;
+        let shards = o.cores.len();
         let shared = Arc::new(Shared {
             source,
-            cache,
-            pins: core.pin_table(),
+            cache: o.data,
+            pins: o.cores.iter().map(|c| c.pin_table()).collect(),
             source_size,
-            fshift: core.geometry().fragment_shift(),
-            core: BrLock::new(core),
-            crcs,
-            persist,
+            fshift: o.cores[0].geometry().fragment_shift(),
+            cores: o.cores.into_iter().map(BrLock::new).collect(),
+            map: o.map,
+            config: o.config,
+            crcs: o.crcs,
+            persist: o.persist,
+            vol_id: o.vol_id,
             errors: AtomicU64::new(0),
             error_limit: config.error_limit.max(1),
             passthrough: AtomicBool::new(false),
-            logs: (0..LOG_SHARDS).map(|_| LogShard::default()).collect(),
+            logs: (0..LOG_SHARDS * shards)
+                .map(|_| LogShard::default())
+                .collect(),
             counters: Counters::default(),
             epoch: Instant::now(),
             shutdown: AtomicBool::new(false),
             sleep_lock: Mutex::new(()),
             wake: Condvar::new(),
             lbs,
-            vol_id,
             source_writes_started: AtomicU64::new(0),
             source_writes_done: AtomicU64::new(0),
             intent_pending: Mutex::new(false),
@@ -248,24 +334,44 @@ impl CacheVolume {
         })
     }
 
-    /// A snapshot of the counters. It takes only the core's shared lock (a metrics scrape
-    /// never stalls I/O): the read accounting still waiting in the log shards is added to
-    /// the core's counts, not applied.
+    /// A snapshot of the counters. It takes only the core shards' shared locks, one at a
+    /// time (a metrics scrape never stalls I/O): the read accounting still waiting in the
+    /// log shards is added to the cores' counts, not applied.
     pub fn stats(&self) -> VolumeStats {
-        let core = self.shared.core.read();
-        let mut v = self
-            .shared
-            .counters
-            .snapshot(&core, self.shared.passthrough.load(Relaxed));
-        // Lock order: core, then a leaf.
-        for shard in self.shared.logs.iter() {
-            let [requests, full, hit, missed] = shard.0.lock().pending_counts();
-            v.read_requests += requests;
-            v.read_requests_full_hit += full;
-            v.read_pages_hit += hit;
-            v.read_pages_missed += missed;
+        let s = &self.shared;
+        let mut v = VolumeStats::default();
+        for (k, lock) in s.cores.iter().enumerate() {
+            let core = lock.read();
+            if k == 0 {
+                v = s.counters.snapshot(&core, s.passthrough.load(Relaxed));
+            } else {
+                v.add_core(&core);
+            }
+            // Lock order: core, then a leaf.
+            for shard in s.logs_of(k) {
+                let [requests, full, hit, missed] = shard.0.lock().pending_counts();
+                v.read_requests += requests;
+                v.read_requests_full_hit += full;
+                v.read_pages_hit += hit;
+                v.read_pages_missed += missed;
+            }
         }
+        s.counters.unsplit(&mut v);
         v
+    }
+
+    /// The number of core shards.
+    pub fn core_shards(&self) -> usize {
+        self.shared.cores.len()
+    }
+
+    /// Runs `f` while this thread holds core shard `k`'s exclusive lock, as a write or a
+    /// population step on that shard would (tests: the other shards keep serving). `f`
+    /// must not use the volume's shard `k`, nor `stats`, which read every shard.
+    #[doc(hidden)]
+    pub fn with_core_shard_locked<R>(&self, k: usize, f: impl FnOnce() -> R) -> R {
+        let _exclusive = self.shared.cores[k].write();
+        f()
     }
 
     /// The persistent store's state and counters (None without persistence).
@@ -283,9 +389,9 @@ impl CacheVolume {
         self.shared.flush_metadata()
     }
 
-    /// The core's configuration.
+    /// The core's configuration (the volume's; each shard's is derived from it).
     pub fn config(&self) -> CoreConfig {
-        self.shared.core.read().config().clone()
+        self.shared.config.clone()
     }
 
     /// Runs population on the calling thread until nothing more is picked or `max` jobs ran,
@@ -302,8 +408,11 @@ impl CacheVolume {
     /// Waits until no AWT copy is in flight (for tests and orderly shutdown).
     pub fn quiesce(&self) {
         loop {
-            let (w, p) = self.shared.core.read().operations_in_flight();
-            if w == 0 && p == 0 {
+            let busy = self.shared.cores.iter().any(|c| {
+                let (w, p) = c.read().operations_in_flight();
+                w + p > 0
+            });
+            if !busy {
                 return;
             }
             std::thread::sleep(Duration::from_millis(1));

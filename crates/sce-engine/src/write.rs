@@ -4,16 +4,26 @@
 //! write-through mode, through the AWT writers otherwise. Every half is completed through
 //! the write's [`WriteTxn`] tokens.
 
-use crate::awt::{AwtQueue, Payload};
+use crate::awt::{AwtQueue, CopyPiece, Payload};
 use crate::persist::Ticket;
 use crate::shared::{request_error, Shared};
-use sce_core::{SourceOffset, WriteKind, WriteTxn};
+use sce_core::{SlotNo, SourceOffset, SourceWrite, WriteKind, WriteTxn};
 use sce_io::{IoError, Op};
 use std::sync::atomic::{Ordering::Relaxed, Ordering::SeqCst};
 
+/// One piece of a write in flight: its core shard, where it lies, its transaction.
+struct WritePiece {
+    shard: usize,
+    /// Global source offset, and the piece's place in the request's buffer.
+    offset: u64,
+    start: usize,
+    len: usize,
+    txn: WriteTxn,
+}
+
 impl Shared {
     /// Writes `payload` at `offset` (a range the caller checked) through the cache; AWT
-    /// copies go to `awt`.
+    /// copies go to `awt`. The source write is one, whatever the pieces.
     pub(crate) fn write(
         &self,
         awt: &AwtQueue,
@@ -25,29 +35,43 @@ impl Shared {
         if self.passthrough.load(Relaxed) {
             return self.source_write(offset, data);
         }
-        let (txn, tickets) = self.begin_write(offset, len, WriteKind::Data)?;
-        let synchronous = txn.synchronous();
-        let (source, mut copies) = txn.into_parts();
+        let (pieces, tickets) = self.begin_write(offset, len, WriteKind::Data)?;
+        let synchronous = pieces.iter().any(|p| p.txn.synchronous());
+        let mut sources = Vec::with_capacity(pieces.len());
+        let mut copies = Vec::new();
+        for p in pieces {
+            let (source, c) = p.txn.into_parts();
+            sources.push((p.shard, source));
+            if !c.is_empty() {
+                copies.push(CopyPiece {
+                    shard: p.shard,
+                    offset: p.offset,
+                    start: p.start,
+                    len: p.len,
+                    copies: c,
+                });
+            }
+        }
         if !self.wait_intents(&tickets) {
             // The intents could not be made durable; the cache is now disabled. Send no copy.
-            let mut core = self.core.write();
-            for copy in copies.drain(..) {
-                copy.done(&mut core, false);
-            }
+            self.fail_copies(std::mem::take(&mut copies));
         }
         if synchronous {
             // Write-through: the source, then the cache copies, before acknowledging.
             let result = self.source_write(offset, data);
-            self.copy_to_cache(offset, copies, data);
-            source.done(&mut self.core.write(), result.is_ok());
+            for c in copies {
+                let piece = &data[c.start..c.start + c.len];
+                self.copy_to_cache(c.shard, c.offset, c.copies, piece);
+            }
+            self.sources_done(sources, result.is_ok());
             return result;
         }
         if !copies.is_empty() {
             // AWT: hand a copy to the writers before the source write, so both run in parallel.
-            awt.send(self, offset, &payload, copies);
+            awt.send(self, &payload, copies);
         }
         let result = self.source_write(offset, data);
-        source.done(&mut self.core.write(), result.is_ok());
+        self.sources_done(sources, result.is_ok());
         result
     }
 
@@ -57,55 +81,94 @@ impl Shared {
         if self.passthrough.load(Relaxed) {
             return self.source.discard(offset, len);
         }
-        let (txn, tickets) = self.begin_write(offset, len, WriteKind::Discard)?;
+        let (pieces, tickets) = self.begin_write(offset, len, WriteKind::Discard)?;
         self.wait_intents(&tickets);
         self.source_writes_started.fetch_add(1, SeqCst);
         let result = self.source.discard(offset, len);
         self.source_writes_done.fetch_add(1, SeqCst);
-        let (source, copies) = txn.into_parts();
-        let mut core = self.core.write();
-        // A discard plans no cache copy.
-        for copy in copies {
-            copy.done(&mut core, false);
-        }
-        source.done(&mut core, result.is_ok());
+        self.abandon(pieces, result.is_ok());
         result
     }
 
-    /// Plans a write or discard and, with persistence, sets the intents it needs (under the
-    /// core lock); the caller waits for the tickets before sending anything.
+    /// Completes the source halves of a write's pieces, one core shard lock at a time.
+    fn sources_done(&self, sources: Vec<(usize, SourceWrite)>, ok: bool) {
+        for (k, source) in sources {
+            source.done(&mut self.cores[k].write(), ok);
+        }
+    }
+
+    /// Completes write pieces that send no cache copy: their copies failed, their source
+    /// halves `ok`; one core shard lock at a time.
+    fn abandon(&self, pieces: Vec<WritePiece>, ok: bool) {
+        for p in pieces {
+            let (source, copies) = p.txn.into_parts();
+            let mut core = self.cores[p.shard].write();
+            // A discard plans no cache copy.
+            for copy in copies {
+                copy.done(&mut core, false);
+            }
+            source.done(&mut core, ok);
+        }
+    }
+
+    /// Plans a write or discard, piece by piece (each under its core shard's lock, one at a
+    /// time) and, with persistence, sets the intents it needs (under the same lock); the
+    /// caller waits for the tickets before sending anything.
     fn begin_write(
         &self,
         offset: u64,
         len: u64,
         kind: WriteKind,
-    ) -> Result<(WriteTxn, Vec<Ticket>), IoError> {
+    ) -> Result<(Vec<WritePiece>, Vec<Ticket>), IoError> {
         let op = if kind == WriteKind::Data {
             Op::Write
         } else {
             Op::Discard
         };
-        let mut core = self.core.write();
-        core.advance_clock(self.now());
-        let txn = WriteTxn::begin(&mut core, SourceOffset(offset), len, kind)
-            .map_err(|e| request_error(op, e, offset, len, self.source_size, self.lbs))?;
-        let tickets = match &self.persist {
-            Some(p) if len > 0 => {
-                let first = offset >> self.fshift;
-                let last = (offset + len - 1) >> self.fshift;
-                let core = &*core;
+        let mut pieces = Vec::new();
+        let mut tickets = Vec::new();
+        for p in self.map.pieces(offset, len) {
+            let mut core = self.cores[p.shard].write();
+            core.advance_clock(self.now());
+            let txn = match WriteTxn::begin(&mut core, SourceOffset(p.local), p.len, kind) {
+                Ok(txn) => txn,
+                Err(e) => {
+                    drop(core);
+                    self.abandon(pieces, false);
+                    return Err(request_error(
+                        op,
+                        e,
+                        offset,
+                        len,
+                        self.source_size,
+                        self.lbs,
+                    ));
+                }
+            };
+            if let Some(persist) = self.persist.as_ref().filter(|_| p.len > 0) {
+                let first = p.offset >> self.fshift;
+                let last = (p.offset + p.len - 1) >> self.fshift;
+                let (core, map, k) = (&*core, &self.map, p.shard);
                 let fshift = self.fshift;
-                p.guard_write(
+                tickets.extend(persist.guard_write(
                     first..=last,
                     txn.copies().iter().map(move |c| {
-                        let slot = (c.write().cache.0 >> fshift) as u32;
-                        let f = core.slot_state(sce_core::SlotNo(slot)).0;
-                        (slot, f.map_or(u64::MAX, |f| f.0))
+                        let local = SlotNo((c.write().cache.0 >> fshift) as u32);
+                        let f = core.slot_state(local).0;
+                        let f = f.map_or(u64::MAX, |f| map.frag_to_global(k, f).0);
+                        (map.slot_to_global(k, local).0, f)
                     }),
-                )
+                ));
             }
-            _ => Vec::new(),
-        };
-        Ok((txn, tickets))
+            pieces.push(WritePiece {
+                shard: p.shard,
+                offset: p.offset,
+                start: p.buf_offset as usize,
+                len: p.len as usize,
+                txn,
+            });
+        }
+        self.counters.split_request(false, pieces.len() as u64, 0);
+        Ok((pieces, tickets))
     }
 }

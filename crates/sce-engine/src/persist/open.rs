@@ -8,7 +8,7 @@ use super::{
 };
 use parking_lot::Mutex;
 use sce_core::hotness::IntMap;
-use sce_core::{CacheCore, FragNo, SlotNo};
+
 use sce_io::{BlockDevice, IoError};
 use sce_store::unit::NO_FRAGMENT;
 use sce_store::{ScanReport, StoreError, Superblock};
@@ -225,12 +225,13 @@ impl Persist {
         Ok(why)
     }
 
-    /// After the core restored what it could: records the claims of restored slots, puts an
-    /// intent on every slot whose record claims something that was not restored, and marks
-    /// the device open. Must run before the volume serves anything.
+    /// After the core shards restored what they could (`holds(s)`: the global fragment
+    /// global slot `s` holds now): records the claims of restored slots, puts an intent on
+    /// every slot whose record claims something that was not restored, and marks the device
+    /// open. Must run before the volume serves anything.
     pub(crate) fn start(
         &mut self,
-        core: &CacheCore,
+        holds: impl Fn(u32) -> Option<u64>,
         loaded: &sce_store::Loaded,
     ) -> Result<(), IoError> {
         let mut tickets = Vec::new();
@@ -238,7 +239,7 @@ impl Persist {
         {
             let st = self.st.get_mut();
             for &(s, f) in &loaded.entries {
-                if core.slot_state(SlotNo(s)).0 == Some(FragNo(f)) {
+                if holds(s) == Some(f) {
                     st.mirror[s as usize] = f;
                     st.owner.insert(f, s);
                     restored += 1;

@@ -1,11 +1,12 @@
-//! Flush rounds: snapshot the changed records under the core lock, flush the data they
+//! Flush rounds: snapshot the changed records under the core shards' locks (one at a
+//! time, never two at once; slot numbers on the device are global), flush the data they
 //! vouch for, write and read back the units, then forget stale claims and clear quiet
 //! intents; the scrub after a bad unit write, and the clean close.
 
 use super::intents::State;
 use super::{full_identity, Persist, UnitImage};
 use crate::brlock::BrLock;
-use sce_core::{CacheCore, FragNo, SlotNo};
+use sce_core::{CacheCore, FragNo, ShardMap, SlotNo};
 use sce_io::{AlignedBuf, BlockDevice};
 use sce_store::layout::SLOTS_PER_INTENT_BLOCK;
 use sce_store::unit::{EntryIn, UnitBuilder, NO_FRAGMENT};
@@ -15,6 +16,9 @@ use std::sync::atomic::Ordering::Relaxed;
 
 /// Quiet intents to clear: each slot with the epoch it had when the round took it.
 type Quiet = Vec<(u32, u32)>;
+
+/// The core shards' locks and the map of which shard holds which slots and fragments.
+pub(crate) type Cores<'a> = (&'a [BrLock<CacheCore>], &'a ShardMap);
 
 /// What every record of a round carries: the volume's id and generation, the device's uuid.
 struct Record {
@@ -27,9 +31,9 @@ impl Persist {
     /// One flush round: snapshots changed slots and quiet intents, flushes the data, writes
     /// and verifies the records, then clears the intents that stayed quiet. `force` treats
     /// every intent as quiet (clean shutdown, nothing in flight). Returns the number of
-    /// metadata errors. `core` is the volume's core lock (taken once, for the snapshot) and
-    /// `crcs` its page checksums.
-    pub(crate) fn round(&self, core: &BrLock<CacheCore>, crcs: &CrcTable, force: bool) -> u64 {
+    /// metadata errors. `cores` are the volume's core shards (each locked twice, one at a
+    /// time, for the snapshot) and `crcs` its page checksums.
+    pub(crate) fn round(&self, cores: Cores, crcs: &CrcTable, force: bool) -> u64 {
         let _one_at_a_time = self.round_lock.lock();
         self.counters.flush_rounds.fetch_add(1, Relaxed);
         if std::mem::take(&mut self.st.lock().scrub) {
@@ -47,8 +51,8 @@ impl Persist {
         self.round_no.fetch_add(1, Relaxed);
         // Slots read while write-warm since the last round keep their intents.
         let read: Vec<u64> = self.read_touch.iter().map(|w| w.swap(0, Relaxed)).collect();
-        // 1. Snapshot under the core lock.
-        let snap = self.snapshot(&mut core.write(), crcs, &record, force, &read);
+        // 1. Snapshot under the core shards' locks.
+        let snap = self.snapshot(cores, crcs, &record, force, &read);
         let Some((images, clear)) = snap else {
             return 0;
         };
@@ -73,60 +77,82 @@ impl Persist {
         errors
     }
 
-    /// Step 1 of a round, under the core lock (the caller's) and the state lock: the images
-    /// of every unit to write (changed slots, queued units, the units of quiet intents) and
-    /// the quiet intents to clear, with the epoch each had. None if nothing is to be written.
+    /// Step 1 of a round: the images of every unit to write (changed slots, queued units,
+    /// the units of quiet intents) and the quiet intents to clear, with the epoch each had.
+    /// None if nothing is to be written. Two passes over the shards, each shard under its
+    /// own lock and the state lock (core, then state): the changed slots and quiet intents,
+    /// then the records. A slot that changes between the passes is dirty again and written
+    /// next round; a write that touches a quiet intent between them bumps its epoch, so the
+    /// intent is not cleared.
     fn snapshot(
         &self,
-        core: &mut CacheCore,
+        cores: Cores,
         crcs: &CrcTable,
         record: &Record,
         force: bool,
         read: &[u64],
     ) -> Option<(Vec<UnitImage>, Quiet)> {
         let l = self.layout;
-        let mut st = self.st.lock();
-        let mut units: BTreeSet<u32> = std::mem::take(&mut st.units);
-        for s in core.take_dirty() {
-            units.insert(l.unit_of(s.0).0);
+        let (locks, map) = cores;
+        let mut units: BTreeSet<u32> = {
+            let mut st = self.st.lock();
+            let mut units = std::mem::take(&mut st.units);
+            units.extend(std::mem::take(&mut st.redo).iter().map(|&s| l.unit_of(s).0));
+            units
+        };
+        let mut clear = Vec::new();
+        for (k, lock) in locks.iter().enumerate() {
+            let mut core = lock.write();
+            let mut st = self.st.lock();
+            for s in core.take_dirty() {
+                units.insert(l.unit_of(map.slot_to_global(k, s).0).0);
+            }
+            clear.extend(Self::quiet_intents(&mut st, &core, (k, map), force, read));
         }
-        for s in std::mem::take(&mut st.redo) {
-            units.insert(l.unit_of(s).0);
-        }
-        let clear = Self::quiet_intents(&mut st, core, force, read);
         units.extend(clear.iter().map(|&(s, _)| l.unit_of(s).0));
         if units.is_empty() {
             return None;
         }
         let seq = self.seq.fetch_add(1, Relaxed);
-        let images = units
-            .into_iter()
-            .map(|u| self.unit_image(&mut st, core, crcs, record, u, seq))
-            .collect();
+        let images = self.unit_images(cores, crcs, record, &units, seq);
         Some((images, clear))
     }
 
-    /// The intents that stayed quiet since the last round (no write touched their slot, no
-    /// read while write-warm, or `force`) and whose fragments have nothing in flight: each
-    /// slot with its epoch now. Records the epochs seen.
-    fn quiet_intents(st: &mut State, core: &CacheCore, force: bool, read: &[u64]) -> Quiet {
+    /// The intents of core shard `k`'s slots that stayed quiet since the last round (no
+    /// write touched their slot, no read while write-warm, or `force`) and whose fragments
+    /// have nothing in flight: each slot with its epoch now. Records the epochs seen.
+    fn quiet_intents(
+        st: &mut State,
+        core: &CacheCore,
+        (k, map): (usize, &ShardMap),
+        force: bool,
+        read: &[u64],
+    ) -> Quiet {
+        let (lo, hi) = (map.slot_base(k), map.slot_base(k) + map.slots(k));
         let mut clear = Vec::new();
-        for w in 0..st.intents.len() {
+        for w in lo as usize / 64..(hi as usize).div_ceil(64).min(st.intents.len()) {
             let mut bits = st.intents[w];
             while bits != 0 {
                 let s = (w * 64) as u32 + bits.trailing_zeros();
                 bits &= bits - 1;
+                if s < lo || s >= hi {
+                    continue;
+                }
                 let e = st.epoch[s as usize];
                 let quiet = force || (e == st.epoch_seen[s as usize] && !sce_store::bit(read, s));
                 st.epoch_seen[s as usize] = e;
                 if !quiet {
                     continue;
                 }
-                let (x, _) = core.slot_state(SlotNo(s));
+                let (x, _) = core.slot_state(map.slot_to_local(SlotNo(s)).1);
                 let m = st.mirror[s as usize];
-                if x.is_some_and(|x| core.fragment_busy(x))
-                    || (m != NO_FRAGMENT && core.fragment_busy(FragNo(m)))
-                {
+                // A slot's possible claims are always of its own shard's fragments; if one
+                // were not, it would count as busy (its intent stays).
+                let m_busy = m != NO_FRAGMENT && {
+                    let (km, lm) = map.frag_to_local(FragNo(m));
+                    km != k || core.fragment_busy(lm)
+                };
+                if x.is_some_and(|x| core.fragment_busy(x)) || m_busy {
                     continue;
                 }
                 clear.push((s, e));
@@ -135,47 +161,80 @@ impl Persist {
         clear
     }
 
-    /// The image of unit `u` with sequence `seq`: a record per slot whose claim keeps every
-    /// slot's possible claims to one fragment and every fragment's to one slot (the others
-    /// are written empty and redone next round). Adds the claims to the possible claims.
-    fn unit_image(
+    /// The images of `units` with sequence `seq`, their records taken shard by shard.
+    fn unit_images(
+        &self,
+        (locks, map): Cores,
+        crcs: &CrcTable,
+        record: &Record,
+        units: &BTreeSet<u32>,
+        seq: u64,
+    ) -> Vec<UnitImage> {
+        let l = self.layout;
+        let mut b: Vec<_> = units
+            .iter()
+            .map(|&u| (u, UnitBuilder::new(&l, &record.uuid, u, seq), Vec::new()))
+            .collect();
+        for (k, lock) in locks.iter().enumerate() {
+            let (lo, hi) = (map.slot_base(k), map.slot_base(k) + map.slots(k));
+            let core = lock.write();
+            let mut st = self.st.lock();
+            for (u, builder, slots) in b.iter_mut() {
+                let (first, end) = l.unit_slots(*u);
+                for s in first.max(lo)..end.min(hi) {
+                    let local = SlotNo(s - lo);
+                    let ok =
+                        self.slot_record(&mut st, &core, (k, map), crcs, record, builder, s, local);
+                    slots.push((s, ok));
+                }
+            }
+        }
+        b.into_iter()
+            .map(|(u, builder, slots)| (u, builder.finish(), slots))
+            .collect()
+    }
+
+    /// Sets global slot `s`'s record (shard `k`'s `local` slot) in its unit's builder: a
+    /// claim only if it keeps every slot's possible claims to one fragment and every
+    /// fragment's to one slot (otherwise it is written empty and redone next round). Adds
+    /// the claim to the possible claims; true if the record claims pages.
+    #[allow(clippy::too_many_arguments)]
+    fn slot_record(
         &self,
         st: &mut State,
         core: &CacheCore,
+        (k, map): (usize, &ShardMap),
         crcs: &CrcTable,
         record: &Record,
-        u: u32,
-        seq: u64,
-    ) -> UnitImage {
+        b: &mut UnitBuilder,
+        s: u32,
+        local: SlotNo,
+    ) -> bool {
         let l = self.layout;
         let words = l.bitmap_words();
-        let mut b = UnitBuilder::new(&l, &record.uuid, u, seq);
-        let mut slots = Vec::new();
-        let (first, end) = l.unit_slots(u);
-        for s in first..end {
-            let (x, bits) = core.slot_state(SlotNo(s));
-            let claim = x.filter(|_| bits.iter().any(|&w| w != 0));
-            let m = st.mirror[s as usize];
-            let ok = claim.filter(|x| {
-                (m == NO_FRAGMENT || m == x.0) && st.owner.get(&x.0).is_none_or(|&o| o == s)
-            });
-            if claim.is_some() && ok.is_none() {
-                st.redo.push(s);
-            }
-            if let Some(x) = ok {
-                let entry = EntryIn {
-                    frag: x.0,
-                    volume: record.volume,
-                    generation: record.generation,
-                    bitmap: &bits[..words],
-                };
-                b.set(s - first, &entry, |p| crcs.get(s, p));
-                st.mirror[s as usize] = x.0;
-                st.owner.insert(x.0, s);
-            }
-            slots.push((s, ok.is_some()));
+        let first = l.unit_slots(l.unit_of(s).0).0;
+        let (x, bits) = core.slot_state(local);
+        let x = x.map(|f| map.frag_to_global(k, f));
+        let claim = x.filter(|_| bits.iter().any(|&w| w != 0));
+        let m = st.mirror[s as usize];
+        let ok = claim.filter(|x| {
+            (m == NO_FRAGMENT || m == x.0) && st.owner.get(&x.0).is_none_or(|&o| o == s)
+        });
+        if claim.is_some() && ok.is_none() {
+            st.redo.push(s);
         }
-        (u, b.finish(), slots)
+        if let Some(x) = ok {
+            let entry = EntryIn {
+                frag: x.0,
+                volume: record.volume,
+                generation: record.generation,
+                bitmap: &bits[..words],
+            };
+            b.set(s - first, &entry, |p| crcs.get(s, p));
+            st.mirror[s as usize] = x.0;
+            st.owner.insert(x.0, s);
+        }
+        ok.is_some()
     }
 
     /// Steps 3 and 4: writes the units, adjacent ones in one request, flushes, and reads
@@ -308,13 +367,13 @@ impl Persist {
     /// start recovers as after a crash).
     pub(crate) fn close(
         &self,
-        core: &BrLock<CacheCore>,
+        cores: Cores,
         crcs: &CrcTable,
         identity: Option<String>,
         writes_done: u64,
     ) -> bool {
         for _ in 0..4 {
-            if self.round(core, crcs, true) > 0 {
+            if self.round(cores, crcs, true) > 0 {
                 return false;
             }
             if self.settled() {
