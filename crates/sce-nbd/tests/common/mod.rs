@@ -1,7 +1,7 @@
 //! Helpers of the server tests: a fixture, a raw client, and what the process uses.
 #![allow(dead_code)]
 
-use sce_io::{BlockDevice, MemDevice};
+use sce_io::{open_queue, Backend, BlockDevice, DirectMode, FileDevice, FileOptions, MemDevice};
 use sce_nbd::proto;
 use sce_nbd::{listen, Export, ListenAddr, Listener, NbdClient, NbdUri, Server, ServerConfig};
 use std::io::{Read, Write};
@@ -29,9 +29,28 @@ pub struct Fixture {
 }
 
 pub fn fixture(cfg: ServerConfig) -> Fixture {
+    fixture_on(cfg, None)
+}
+
+/// A fixture whose export is a 64 MiB memory device (`backend` None), or an O_DIRECT file
+/// served through an I/O queue of that backend.
+pub fn fixture_on(cfg: ServerConfig, backend: Option<Backend>) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("nbd.sock");
-    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(64 << 20));
+    let (dev, io): (Arc<dyn BlockDevice>, _) = match backend {
+        None => (Arc::new(MemDevice::new(64 << 20)), None),
+        Some(b) => {
+            let opts = FileOptions {
+                direct: DirectMode::Required,
+                create_size: Some(64 << 20),
+                ..Default::default()
+            };
+            let f = Arc::new(FileDevice::open(&dir.path().join("vol"), &opts).unwrap());
+            let q = open_queue(f.clone(), b, 64).unwrap();
+            assert_eq!(q.backend(), b);
+            (f, Some(q))
+        }
+    };
     let server = Server::with_config(
         vec![Export {
             name: "vol".into(),
@@ -39,7 +58,7 @@ pub fn fixture(cfg: ServerConfig) -> Fixture {
             device: dev,
             read_only: false,
             prefetch: None,
-            io: None,
+            io,
         }],
         cfg,
     );
