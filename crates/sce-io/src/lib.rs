@@ -23,7 +23,10 @@ pub use file::{DirectMode, FileDevice, FileOptions, LockMode};
 pub use latency::{Delay, LatencyConfig, LatencyDevice};
 pub use mem::MemDevice;
 pub use pool::{BufPool, PooledBuf};
-pub use queue::{open_queue, Backend, IoDone, IoOp, IoQueue, OnDone, ThreadQueue, UringQueue};
+pub use queue::{
+    open_queue, Backend, IoDone, IoOp, IoQueue, OnDone, QueuedReads, StartedRead, ThreadQueue,
+    UringQueue,
+};
 pub use slice::SliceDevice;
 
 use std::sync::Arc;

@@ -11,7 +11,7 @@ pub mod uri;
 
 pub use client::{ClientOptions, NbdClient};
 pub use server::{
-    listen, listen_with, ConnError, Export, ListenAddr, ListenOptions, Listener, Server,
+    listen, listen_with, ConnError, Export, ExportIo, ListenAddr, ListenOptions, Listener, Server,
     ServerConfig, ServerStats,
 };
 pub use uri::NbdUri;

@@ -5,7 +5,7 @@ use sce_io::{
     conformance, open_queue, Backend, BlockDevice, DirectMode, FileDevice, FileOptions, MemDevice,
 };
 use sce_nbd::proto::{self, errno};
-use sce_nbd::{listen, Export, ListenAddr, Listener, NbdClient, NbdUri, Server};
+use sce_nbd::{listen, Export, ExportIo, ListenAddr, Listener, NbdClient, NbdUri, Server};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -44,7 +44,7 @@ fn device(dir: &Path, name: &str, size: u64, backing: Backing) -> Export {
             let f = Arc::new(FileDevice::open(&dir.join(name), &opts).unwrap());
             let q = open_queue(f.clone(), backend, 64).unwrap();
             assert_eq!(q.backend(), backend, "this machine has io_uring");
-            (f, Some(q))
+            (f, Some(ExportIo::Queue(q)))
         }
     };
     Export {
@@ -655,4 +655,70 @@ fn pipelined_requests_sent_at_once_are_all_answered_through_io_uring() {
     }
     assert!(queued(&f) >= 100, "{}", queued(&f));
     still_serving(&f);
+}
+
+/// A device that serves the reads of its first half from a queue, as a cached volume
+/// serves its hits: those are started by the reader and answered from the completion;
+/// the rest, and every write, go to the workers.
+struct HalfQueued {
+    size: u64,
+    queue: Arc<dyn sce_io::IoQueue>,
+}
+
+impl sce_io::QueuedReads for HalfQueued {
+    fn start_read(&self, offset: u64, len: u64) -> Option<sce_io::StartedRead> {
+        if offset + len > self.size / 2 {
+            return None;
+        }
+        let q = self.queue.clone();
+        Some(Box::new(move |buf, done| {
+            q.submit(sce_io::IoOp::Read { offset, buf }, done)
+        }))
+    }
+}
+
+#[test]
+fn reads_a_device_can_start_are_answered_from_its_queue_and_the_rest_by_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("nbd.sock");
+    let size = 8u64 << 20;
+    let dev = Arc::new(MemDevice::new(size));
+    let queue: Arc<dyn sce_io::IoQueue> = Arc::new(sce_io::ThreadQueue::new(dev.clone(), 4));
+    let server = Server::new(vec![Export {
+        name: "vol".into(),
+        description: String::new(),
+        device: dev.clone(),
+        read_only: false,
+        prefetch: None,
+        io: Some(ExportIo::Reads(Arc::new(HalfQueued { size, queue }))),
+    }]);
+    let _l = listen(&server, &ListenAddr::Unix(sock.clone())).unwrap();
+    let c = NbdClient::connect(
+        &NbdUri::Unix {
+            socket: sock,
+            name: "vol".into(),
+        },
+        2,
+    )
+    .unwrap();
+    // Writes (workers) over both halves, then reads of every block: the first half's from
+    // the queue, the second half's from the workers.
+    let blocks = size / 65536;
+    for b in 0..blocks {
+        c.write_at(b * 65536, &[b as u8; 65536]).unwrap();
+    }
+    let n = || server.stats().queued_requests.load(Relaxed);
+    assert_eq!(n(), 0, "writes never go to the reads' queue");
+    let mut buf = vec![0u8; 65536];
+    for b in 0..blocks {
+        c.read_at(b * 65536, &mut buf).unwrap();
+        assert!(buf.iter().all(|&x| x == b as u8), "block {b}");
+    }
+    assert_eq!(n(), blocks / 2, "the first half's reads, and only they");
+    // Out of range is refused before the device is asked.
+    let mut r = Raw::go(&dir.path().join("nbd.sock"), "vol");
+    r.request(proto::CMD_READ, 0, 1, size - 512, 1024, &[]);
+    assert_eq!(r.reply(), (errno::EINVAL, 1));
+    assert_eq!(n(), blocks / 2);
+    conformance::run_all(&c);
 }

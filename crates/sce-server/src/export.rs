@@ -10,7 +10,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use sce_core::{Admission, CoreConfig, EvictionKind, WriteMode};
 use sce_engine::{CacheVolume, EngineConfig, PersistConfig};
 use sce_io::{BlockDevice, DirectMode, FileDevice, FileOptions, LockMode};
-use sce_nbd::{Export, NbdClient, NbdUri};
+use sce_nbd::{Export, ExportIo, NbdClient, NbdUri};
 use sce_sim::units::parse_size;
 use std::path::Path;
 use std::sync::Arc;
@@ -86,10 +86,7 @@ type OpenedSource = (Arc<dyn BlockDevice>, Option<Arc<FileDevice>>);
 
 /// Opens an export's source: an NBD client, or a local file or device (also returned as
 /// such, for its I/O queue).
-fn open_source(
-    spec: &ExportConfig,
-    cfg: &ServeConfig,
-) -> Result<OpenedSource> {
+fn open_source(spec: &ExportConfig, cfg: &ServeConfig) -> Result<OpenedSource> {
     if spec.source.starts_with("nbd://") || spec.source.starts_with("nbd+unix://") {
         let uri: NbdUri = spec.source.parse().map_err(|e: String| anyhow!(e))?;
         let opts = sce_nbd::ClientOptions {
@@ -200,8 +197,9 @@ pub fn build(spec: &ExportConfig, cfg: &ServeConfig) -> Result<Built> {
         let io = local
             .map(|f| sce_io::open_queue(f, cfg.io_backend, sce_io::queue::DEFAULT_DEPTH))
             .transpose()
+            .map(|q| q.map(ExportIo::Queue))
             .with_context(|| format!("export {n:?}: I/O backend {}", cfg.io_backend))?;
-        if let Some(q) = &io {
+        if let Some(q) = io.as_ref().and_then(|io| io.queue()) {
             tracing::info!("export {n:?}: {} I/O on {}", q.backend(), spec.source);
         }
         return Ok(Built {

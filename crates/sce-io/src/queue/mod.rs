@@ -119,6 +119,21 @@ pub trait IoQueue: Send + Sync {
     fn device(&self) -> &dyn BlockDevice;
 }
 
+/// A read started by [`QueuedReads::start_read`]: give it the buffer to fill and what to
+/// run when it completes.
+pub type StartedRead = Box<dyn FnOnce(PooledBuf, OnDone) + Send>;
+
+/// A device that can serve some reads without blocking the caller: a cached volume, whose
+/// hits are reads of its cache device through an [`IoQueue`], while its misses wait for a
+/// remote source and stay blocking calls.
+pub trait QueuedReads: Send + Sync {
+    /// Starts a read of `len` bytes at `offset` if it can complete without blocking the
+    /// caller (for a cache: every page a hit), or `None` for the caller to use the blocking
+    /// `read_at`. A started read must be given its buffer: it may hold resources (a
+    /// cache's pins) until it completes.
+    fn start_read(&self, offset: u64, len: u64) -> Option<StartedRead>;
+}
+
 /// An implementation of [`IoQueue`], or the choice of one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Backend {

@@ -105,10 +105,32 @@ pub struct Export {
     pub read_only: bool,
     /// What NBD_CMD_CACHE does; `None` acknowledges it without doing anything.
     pub prefetch: Option<PrefetchFn>,
-    /// An owned-buffer queue on `device` (io_uring on a local file or block device): reads,
-    /// writes and flushes are submitted to it by the connection's reader and answered from
-    /// its completions, without the workers. `None`: the workers run everything.
-    pub io: Option<Arc<dyn sce_io::IoQueue>>,
+    /// How requests reach `device` without the workers (`None`: the workers run
+    /// everything).
+    pub io: Option<ExportIo>,
+}
+
+/// The ways an export's requests can skip the workers.
+#[derive(Clone)]
+pub enum ExportIo {
+    /// An owned-buffer queue on the device itself (io_uring on a local file or block
+    /// device): reads, writes and flushes are submitted to it by the connection's reader
+    /// and answered from its completions.
+    Queue(Arc<dyn sce_io::IoQueue>),
+    /// A device that serves some reads from a queue (a cached volume's hits): those are
+    /// started by the reader and answered from their completions; every other request goes
+    /// to the workers.
+    Reads(Arc<dyn sce_io::QueuedReads>),
+}
+
+impl ExportIo {
+    /// The queue, for an export served through one.
+    pub fn queue(&self) -> Option<&Arc<dyn sce_io::IoQueue>> {
+        match self {
+            ExportIo::Queue(q) => Some(q),
+            ExportIo::Reads(_) => None,
+        }
+    }
 }
 
 impl std::fmt::Debug for Export {
@@ -116,7 +138,13 @@ impl std::fmt::Debug for Export {
         f.debug_struct("Export")
             .field("name", &self.name)
             .field("read_only", &self.read_only)
-            .field("io", &self.io.as_ref().map(|q| q.backend()))
+            .field(
+                "io",
+                &self.io.as_ref().map(|io| match io {
+                    ExportIo::Queue(q) => q.backend().name(),
+                    ExportIo::Reads(_) => "queued reads",
+                }),
+            )
             .finish()
     }
 }

@@ -11,7 +11,7 @@ use super::exec::{check, errno_of};
 use super::transmission::{Job, Session, Ticket};
 use super::worker::{answer, may_run};
 use super::*;
-use sce_io::{IoOp, IoQueue, OnDone};
+use sce_io::{IoOp, IoQueue, OnDone, QueuedReads};
 
 /// Operations prepared by a connection's reader and not yet submitted: submitted together
 /// (one system call for the lot on io_uring, and one doorbell for the device) when no
@@ -30,7 +30,7 @@ impl Batch {
         if self.ops.is_empty() {
             return;
         }
-        match &conn.export.io {
+        match conn.export.io.as_ref().and_then(|io| io.queue()) {
             Some(q) => q.submit_batch(std::mem::take(&mut self.ops)),
             None => self.ops.clear(),
         }
@@ -40,8 +40,13 @@ impl Batch {
 /// Prepares `job` for its export's queue and adds it to `batch` (or answers it at once if it
 /// may not run), or gives it back for the workers.
 pub(super) fn prepare(shared: &Shared, job: Job, batch: &mut Batch) -> Result<(), Job> {
-    let Some(q) = job.conn.export.io.clone() else {
-        return Err(job);
+    let q = match &job.conn.export.io {
+        Some(ExportIo::Queue(q)) => q.clone(),
+        Some(ExportIo::Reads(r)) if job.req.command == proto::CMD_READ => {
+            let r = r.clone();
+            return start_read(shared, &*r, job);
+        }
+        _ => return Err(job),
     };
     let read = match job.req.command {
         proto::CMD_READ => true,
@@ -106,4 +111,32 @@ fn flush_then_answer(q: &dyn IoQueue, conn: Arc<Session>, cookie: u64, ticket: T
             answer(&conn, cookie, r, ticket)
         }),
     );
+}
+
+/// A read of a device that serves some reads from a queue (a cached volume's hits): started
+/// here and answered from its completion, or given back for the workers.
+fn start_read(shared: &Shared, r: &dyn QueuedReads, job: Job) -> Result<(), Job> {
+    if let Err(code) = may_run(shared, &job.conn).and_then(|()| check(&job.conn.export, &job.req)) {
+        answer(&job.conn, job.req.cookie, Err(code), job.ticket);
+        return Ok(());
+    }
+    let Some(start) = r.start_read(job.req.offset, job.req.len as u64) else {
+        return Err(job);
+    };
+    shared.stats.queued_requests.fetch_add(1, Relaxed);
+    let Job {
+        conn, req, ticket, ..
+    } = job;
+    let cookie = req.cookie;
+    start(
+        shared.pool.take(req.len as usize),
+        Box::new(move |done| {
+            let r = match done.result {
+                Ok(()) => Ok(done.buf),
+                Err(e) => Err(errno_of(&e, false)),
+            };
+            answer(&conn, cookie, r, ticket)
+        }),
+    );
+    Ok(())
 }

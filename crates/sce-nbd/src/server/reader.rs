@@ -257,7 +257,11 @@ impl Server {
 /// client at queue depth 1, waiting for this reply before it sends anything: running the
 /// request here saves a wake-up of another thread, and delays nobody.
 fn inline_ok(job: &Job, fd: RawFd) -> bool {
-    job.conn.export.io.is_some()
+    job.conn
+        .export
+        .io
+        .as_ref()
+        .is_some_and(|io| io.queue().is_some())
         && matches!(job.req.command, proto::CMD_READ | proto::CMD_WRITE)
         && job.conn.state.requests.load(Relaxed) == 1
         && !readable(fd)

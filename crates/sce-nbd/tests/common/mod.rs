@@ -3,7 +3,9 @@
 
 use sce_io::{open_queue, Backend, BlockDevice, DirectMode, FileDevice, FileOptions, MemDevice};
 use sce_nbd::proto;
-use sce_nbd::{listen, Export, ListenAddr, Listener, NbdClient, NbdUri, Server, ServerConfig};
+use sce_nbd::{
+    listen, Export, ExportIo, ListenAddr, Listener, NbdClient, NbdUri, Server, ServerConfig,
+};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -48,7 +50,7 @@ pub fn fixture_on(cfg: ServerConfig, backend: Option<Backend>) -> Fixture {
             let f = Arc::new(FileDevice::open(&dir.path().join("vol"), &opts).unwrap());
             let q = open_queue(f.clone(), b, 64).unwrap();
             assert_eq!(q.backend(), b);
-            (f, Some(q))
+            (f, Some(ExportIo::Queue(q)))
         }
     };
     let server = Server::with_config(
