@@ -25,7 +25,7 @@ pub mod throttle;
 
 pub use addr::{CacheOffset, FragNo, Nanos, SlotNo, SourceOffset, PAGE_SIZE, SECTOR_SIZE};
 pub use cache::{
-    AccessLog, CacheCopy, CacheCore, CacheWrite, FillRun, PinnedRead, PopId, Populating,
+    AccessLog, CacheCopy, CacheCore, CacheWrite, FillRun, HeldRead, PinnedRead, PopId, Populating,
     Population, PopulationJob, ReadPlan, ReadRun, RequestError, RunTarget, SourceWrite, WriteId,
     WriteKind, WritePlan, WriteTxn,
 };

@@ -10,6 +10,7 @@ mod flusher;
 mod health;
 pub mod persist;
 mod population;
+mod queued;
 mod read;
 mod shard;
 mod shared;

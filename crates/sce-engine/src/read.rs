@@ -132,7 +132,7 @@ impl Shared {
     /// Records a read planned under core shard `k`'s shared lock in this thread's log shard
     /// for it, and applies the log to the core shard once it holds `LOG_BATCH` reads and the
     /// exclusive lock is free at once, or once it holds `LOG_CAP` reads whatever it costs.
-    fn log_read(&self, k: usize, plan: &ReadPlan) {
+    pub(crate) fn log_read(&self, k: usize, plan: &ReadPlan) {
         // Lock order: a log shard is a leaf lock, released before the core lock is taken;
         // the log is then taken out of the shard under the core lock (core, then leaf).
         let shard = &self.logs_of(k)[thread_index() % LOG_SHARDS];
@@ -236,7 +236,7 @@ impl Shared {
 
     /// Sets ahead of need the intents of recently written slots that this read hits, and
     /// wakes the intent writer if any was set (see `Persist::preset`).
-    fn preset_intents(&self, plan: &ReadPlan) {
+    pub(crate) fn preset_intents(&self, plan: &ReadPlan) {
         let Some(p) = &self.persist else { return };
         let mut last = u32::MAX;
         let mut any = false;

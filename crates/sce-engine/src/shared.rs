@@ -69,6 +69,9 @@ pub(crate) struct Shared {
     /// Intents were set ahead of need: the intent writer has work (with `intent_wake`).
     pub(crate) intent_pending: Mutex<bool>,
     pub(crate) intent_wake: Condvar,
+    /// The I/O queue hits are read through, once the server gave one
+    /// ([`crate::CacheVolume::serve_hits_from`]).
+    pub(crate) hits: std::sync::OnceLock<crate::queued::HitQueue>,
 }
 
 /// The `IoError` for a request the core refused.

@@ -4,7 +4,7 @@
 
 use crate::shared::Shared;
 use sce_core::{ReadPlan, RunTarget, SourceOffset};
-use sce_io::{AlignedBuf, BlockDevice};
+use sce_io::{AlignedBuf, BlockDevice, IoError};
 use sce_store::{page_checksum, page_seed};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -88,18 +88,42 @@ impl Shared {
             r
         };
         if let Err(e) = r {
-            self.cache_read_failed(&e);
-            // Drop the pages: the device may keep failing there.
-            let (f, p0) = self.slot_page(src);
-            let p1 = p0 + (head + len).div_ceil(ps) as u32;
-            let (k, f) = self.frag_shard(f);
-            self.cores[k].write().invalidate(f, p0, p1);
+            self.cache_run_failed(&e, src - head, head + len);
             return false;
         }
         let (bytes, c0, src0): (&[u8], u64, u64) = match &tmp {
             Some(b) => (&b[..], c - head, src - head),
             None => (&*dst, c, src),
         };
+        if !self.check_pages(c0, src0, bytes, want) {
+            return false;
+        }
+        if let Some(b) = tmp {
+            dst.copy_from_slice(&b[head as usize..(head + len) as usize]);
+        }
+        true
+    }
+
+    /// A read of the cached pages from source offset `src` (page-aligned, `span` bytes)
+    /// failed: counts the device error and drops the pages (the device may keep failing
+    /// there).
+    pub(crate) fn cache_run_failed(&self, e: &IoError, src: u64, span: u64) {
+        self.cache_read_failed(e);
+        let (f, p0) = self.slot_page(src);
+        let p1 = p0 + span.div_ceil(sce_core::PAGE_SIZE) as u32;
+        let (k, f) = self.frag_shard(f);
+        self.cores[k].write().invalidate(f, p0, p1);
+    }
+
+    /// Verifies whole pages read from the cache (`bytes`, read at cache offset `c0`, the
+    /// source's `src0`, both page-aligned) against their expected checksums `want`. A
+    /// genuine mismatch counts as a device error and drops the page. True if every page is
+    /// correct (always without checksums).
+    pub(crate) fn check_pages(&self, c0: u64, src0: u64, bytes: &[u8], want: &[u32]) -> bool {
+        if self.crcs.is_none() {
+            return true;
+        }
+        let ps = sce_core::PAGE_SIZE;
         let mut k = 0u64;
         let mut i = 0;
         while k < bytes.len() as u64 && src0 + k < self.source_size {
@@ -119,9 +143,6 @@ impl Shared {
             }
             k += ps;
             i += 1;
-        }
-        if let Some(b) = tmp {
-            dst.copy_from_slice(&b[head as usize..(head + len) as usize]);
         }
         true
     }

@@ -16,11 +16,15 @@ use crate::brlock::BrLock;
 use crate::flusher::{flusher, intent_writer};
 use crate::persist::{Persist, PersistConfig, PersistStats};
 use crate::population::population_worker;
+use crate::queued::HitQueue;
 use crate::shared::{LogShard, Shared, LOG_SHARDS};
 use crate::stats::{Counters, VolumeStats};
 use parking_lot::{Condvar, Mutex};
 use sce_core::{CacheCore, ConfigError, CoreConfig, FragNo, ShardMap, SlotNo};
-use sce_io::{check_range, BlockDevice, IoError, Op, SharedBytes, SliceDevice};
+use sce_io::{
+    check_range, BlockDevice, IoError, IoQueue, Op, QueuedReads, SharedBytes, SliceDevice,
+    StartedRead,
+};
 use sce_store::CrcTable;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -324,6 +328,7 @@ impl CacheVolume {
             source_writes_done: AtomicU64::new(0),
             intent_pending: Mutex::new(false),
             intent_wake: Condvar::new(),
+            hits: std::sync::OnceLock::new(),
         });
         let (tx, rx) = crossbeam_channel::unbounded::<AwtJob>();
         let threads = start_threads(&shared, &config, rx)?;
@@ -332,6 +337,26 @@ impl CacheVolume {
             awt: AwtQueue::new(tx),
             threads: Mutex::new(threads),
         })
+    }
+
+    /// Serves hits through `queue`, an owned-buffer queue (io_uring) on the cache device
+    /// this volume was opened with, or on a device it is a slice of, starting at `base`
+    /// there: a read whose every page is a hit is then started by
+    /// [`QueuedReads::start_read`] and completes on the queue's thread. Once per volume;
+    /// false if it already has one.
+    pub fn serve_hits_from(&self, queue: Arc<dyn IoQueue>, base: u64) -> bool {
+        let data = self
+            .shared
+            .persist
+            .as_ref()
+            .map_or(0, |p| p.layout.data_offset);
+        self.shared
+            .hits
+            .set(HitQueue {
+                queue,
+                base: base + data,
+            })
+            .is_ok()
     }
 
     /// A snapshot of the counters. It takes only the core shards' shared locks, one at a
@@ -453,6 +478,20 @@ impl CacheVolume {
 impl Drop for CacheVolume {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+impl QueuedReads for CacheVolume {
+    fn start_read(&self, offset: u64, len: u64) -> Option<StartedRead> {
+        check_range(
+            Op::Read,
+            offset,
+            len,
+            self.shared.source_size,
+            self.shared.lbs,
+        )
+        .ok()?;
+        self.shared.start_hit(offset, len)
     }
 }
 

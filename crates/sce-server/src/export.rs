@@ -242,7 +242,7 @@ fn build_cached(
     let n = &spec.name;
     let persist_wanted = spec.persist.unwrap_or(true) && cfg.persist;
     let found = check_cache_contents(spec, cfg, &cache_dev, cache_path, persist_wanted)?;
-    let cache = cache_device(cache_dev, persist_wanted)?;
+    let cache = cache_device(cache_dev.clone(), persist_wanted)?;
     let persist = persist_wanted
         .then(|| persist_config(spec, cfg, &found))
         .transpose()?;
@@ -264,6 +264,22 @@ fn build_cached(
         CacheVolume::open(source, cache, engine).with_context(|| format!("export {n:?}"))?,
     );
     log_loaded(n, &volume, persistent);
+    // Hits are read through an I/O queue on the cache device (io_uring), started by the
+    // connection's reader; the volume's data starts after the volatile header when it
+    // does not persist.
+    let hits = sce_io::open_queue(cache_dev, cfg.io_backend, sce_io::queue::DEFAULT_DEPTH)
+        .with_context(|| format!("export {n:?}: I/O backend {}", cfg.io_backend))?;
+    tracing::info!(
+        "export {n:?}: hits through {} on {}",
+        hits.backend(),
+        cache_path.display()
+    );
+    let base = if persistent {
+        0
+    } else {
+        ownership::VOLATILE_HEADER
+    };
+    volume.serve_hits_from(hits, base);
     let v = volume.clone();
     Ok(Built {
         export: Export {
@@ -272,7 +288,7 @@ fn build_cached(
             device: volume.clone(),
             read_only: spec.read_only,
             prefetch: Some(Arc::new(move |o, l| v.prefetch(o, l))),
-            io: None,
+            io: Some(ExportIo::Reads(volume.clone())),
         },
         volume: Some(volume),
     })

@@ -25,6 +25,7 @@ use super::CacheCore;
 use crate::addr::SourceOffset;
 use crate::shards::ShardMap;
 use crate::slots::PinTable;
+use std::sync::Arc;
 
 /// Asserts (in debug builds) that a completion token was completed before it was dropped.
 fn must_complete(what: &str) {
@@ -104,6 +105,49 @@ impl<'a> PinnedRead<'a> {
     /// slots could not be guarded).
     pub fn clear_fills(&mut self) {
         self.plan.fills.clear();
+    }
+}
+
+impl PinnedRead<'_> {
+    /// Keeps the read's pins beyond the borrow of its plan, for a read whose I/O completes
+    /// on another thread (a hit served through an I/O queue): the plan moves into the
+    /// returned [`HeldRead`], which releases the pins when dropped. `pins` must be the pin
+    /// table the read was planned with; a read with inline fills cannot be held.
+    pub fn hold(self, pins: Arc<PinTable>) -> HeldRead {
+        assert!(
+            std::ptr::eq(self.pins, &*pins),
+            "a read is held with the pin table it was planned with"
+        );
+        assert!(
+            self.plan.pops.is_empty(),
+            "a read with inline fills is completed where it was planned"
+        );
+        let plan = std::mem::take(&mut *self.plan);
+        // Its pins now belong to the held read, which releases them.
+        std::mem::forget(self);
+        HeldRead { plan, pins }
+    }
+}
+
+/// A planned read that owns its plan and its pins (see [`PinnedRead::hold`]): dropping it
+/// releases the pins. Keep it until the read's I/O is done.
+#[must_use = "dropping the read releases its pins: keep it until its I/O is done"]
+#[derive(Debug)]
+pub struct HeldRead {
+    plan: ReadPlan,
+    pins: Arc<PinTable>,
+}
+
+impl std::ops::Deref for HeldRead {
+    type Target = ReadPlan;
+    fn deref(&self) -> &ReadPlan {
+        &self.plan
+    }
+}
+
+impl Drop for HeldRead {
+    fn drop(&mut self) {
+        self.plan.release_pins(&self.pins);
     }
 }
 

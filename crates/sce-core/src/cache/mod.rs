@@ -44,7 +44,7 @@ mod population;
 mod read;
 mod write;
 
-pub use guard::{CacheCopy, PinnedRead, Populating, Population, SourceWrite, WriteTxn};
+pub use guard::{CacheCopy, HeldRead, PinnedRead, Populating, Population, SourceWrite, WriteTxn};
 pub use plan::{
     AccessLog, CacheWrite, FillRun, PopId, PopulationJob, ReadPlan, ReadRun, RequestError,
     RunTarget, WriteId, WriteKind, WritePlan,

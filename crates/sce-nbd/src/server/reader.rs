@@ -120,16 +120,8 @@ impl Server {
                 proto::CMD_READ | proto::CMD_WRITE if !too_long => req.len as u64,
                 _ => 0,
             };
-            let ticket = match Ticket::try_take(&self.shared, &session.state, bytes) {
-                Some(t) => t,
-                None => {
-                    // Waits while the budgets are used up: the client is not read meanwhile.
-                    batch.submit(session);
-                    match Ticket::take(&self.shared, &session.state, bytes) {
-                        Some(t) => t,
-                        None => return Ok(()),
-                    }
-                }
+            let Some(ticket) = self.ticket(session, bytes, batch) else {
+                return Ok(());
             };
             let mut payload = None;
             if req.command == proto::CMD_WRITE {
@@ -169,6 +161,16 @@ impl Server {
                 return Ok(());
             }
         }
+    }
+
+    /// A request's ticket: at once if the budgets allow, else after submitting the batch
+    /// (its requests hold tickets too) and waiting; the client is not read meanwhile.
+    /// `None` if the connection died or the server shuts down.
+    fn ticket(&self, session: &Arc<Session>, bytes: u64, batch: &mut Batch) -> Option<Ticket> {
+        Ticket::try_take(&self.shared, &session.state, bytes).or_else(|| {
+            batch.submit(session);
+            Ticket::take(&self.shared, &session.state, bytes)
+        })
     }
 
     /// The next request header: from the buffer, or read from the socket (waiting up to the

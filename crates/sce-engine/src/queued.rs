@@ -1,0 +1,90 @@
+//! Hits served through an owned-buffer I/O queue on the cache device (io_uring): a read
+//! whose every page is a hit, in one slot, is planned on the caller's thread (the NBD
+//! server's connection reader) and completes on the queue's thread, which verifies its
+//! checksums, counts it and releases its pins. No worker thread and no blocking call on
+//! the way. Every other read takes the blocking path (`read.rs`).
+
+use crate::shared::Shared;
+use sce_core::{PinnedRead, ReadPlan, RunTarget, SourceOffset};
+use sce_io::{IoDone, IoOp, IoQueue, OnDone, PooledBuf, StartedRead};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+/// The queue hits are read through, and where the cache device the volume was opened with
+/// starts on the queue's device.
+pub(crate) struct HitQueue {
+    pub(crate) queue: Arc<dyn IoQueue>,
+    pub(crate) base: u64,
+}
+
+impl Shared {
+    /// Starts the read of `len` bytes at `offset` (a range the caller checked) through the
+    /// hit queue, if it is a hit of whole pages in one slot; `None` for the blocking path.
+    /// Planning a read that turns out not to be such a hit leaves no trace (its plan is
+    /// dropped before it is logged, its pins released).
+    pub(crate) fn start_hit(self: &Arc<Self>, offset: u64, len: u64) -> Option<StartedRead> {
+        let hq = self.hits.get()?;
+        let ps = sce_core::PAGE_SIZE;
+        let whole_pages = offset.is_multiple_of(ps)
+            && ((offset + len).is_multiple_of(ps) || offset + len == self.source_size);
+        let one_fragment = len > 0 && offset >> self.fshift == (offset + len - 1) >> self.fshift;
+        if self.passthrough.load(Relaxed) || !whole_pages || !one_fragment {
+            return None;
+        }
+        let (k, local) = self.map.source_to_local(SourceOffset(offset));
+        let mut plan = ReadPlan::default();
+        let mut want = Vec::new();
+        let read = {
+            let core = self.cores[k].read();
+            let mut read = PinnedRead::plan(&core, &self.pins[k], local, len, &mut plan).ok()?;
+            if !read.full_hit || read.needs_commit() || read.runs.len() != 1 {
+                return None;
+            }
+            read.globalize(&self.map, k);
+            // Under the lock that made the pages hits (see `expected_crcs`).
+            self.expected_crcs(&read, &mut want);
+            read
+        };
+        // After the shared lock is released: applying the log may take the exclusive one.
+        self.log_read(k, &read);
+        let held = read.hold(self.pins[k].clone());
+        self.preset_intents(&held);
+        let RunTarget::Cache(c) = held.runs[0].target else {
+            return None;
+        };
+        let (shared, queue, at) = (self.clone(), hq.queue.clone(), hq.base + c.0);
+        Some(Box::new(move |buf: PooledBuf, done: OnDone| {
+            queue.submit(
+                IoOp::Read { offset: at, buf },
+                Box::new(move |d: IoDone| {
+                    let mut buf = d.buf.expect("a read gives its buffer back");
+                    let ok = match &d.result {
+                        Ok(()) => shared.check_pages(c.0, offset, &buf, &want),
+                        Err(e) => {
+                            shared.cache_run_failed(e, offset, len);
+                            false
+                        }
+                    };
+                    let result = if ok {
+                        shared.counters.cache_bytes_read.add(len);
+                        Ok(())
+                    } else {
+                        // Unreadable or bad cached data: serve it from the source, with a
+                        // blocking read on this thread (an error path).
+                        let r = sce_io::BlockDevice::read_at(&*shared.source, offset, &mut buf);
+                        if r.is_ok() {
+                            shared.counters.source_bytes_read.add(len);
+                        }
+                        r
+                    };
+                    // The pins are released only now that the slot was read.
+                    drop(held);
+                    done(IoDone {
+                        result,
+                        buf: Some(buf),
+                    });
+                }),
+            );
+        }))
+    }
+}
