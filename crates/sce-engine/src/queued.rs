@@ -52,39 +52,43 @@ impl Shared {
         let RunTarget::Cache(c) = held.runs[0].target else {
             return None;
         };
-        let (shared, queue, at) = (self.clone(), hq.queue.clone(), hq.base + c.0);
+        let (shared, at) = (self.clone(), hq.base + c.0);
         Some(Box::new(move |buf: PooledBuf, done: OnDone| {
-            queue.submit(
-                IoOp::Read { offset: at, buf },
-                Box::new(move |d: IoDone| {
-                    let mut buf = d.buf.expect("a read gives its buffer back");
-                    let ok = match &d.result {
-                        Ok(()) => shared.check_pages(c.0, offset, &buf, &want),
-                        Err(e) => {
-                            shared.cache_run_failed(e, offset, len);
-                            false
-                        }
-                    };
-                    let result = if ok {
-                        shared.counters.cache_bytes_read.add(len);
-                        Ok(())
-                    } else {
-                        // Unreadable or bad cached data: serve it from the source, with a
-                        // blocking read on this thread (an error path).
-                        let r = sce_io::BlockDevice::read_at(&*shared.source, offset, &mut buf);
-                        if r.is_ok() {
-                            shared.counters.source_bytes_read.add(len);
-                        }
-                        r
-                    };
-                    // The pins are released only now that the slot was read.
-                    drop(held);
-                    done(IoDone {
-                        result,
-                        buf: Some(buf),
-                    });
-                }),
-            );
+            let op = IoOp::Read { offset: at, buf };
+            let complete: OnDone = Box::new(move |d: IoDone| {
+                let mut buf = d.buf.expect("a read gives its buffer back");
+                let ok = match &d.result {
+                    Ok(()) => shared.check_pages(c.0, offset, &buf, &want),
+                    Err(e) => {
+                        shared.cache_run_failed(e, offset, len);
+                        false
+                    }
+                };
+                let result = if ok {
+                    shared.counters.cache_bytes_read.add(len);
+                    Ok(())
+                } else {
+                    // Unreadable or bad cached data: serve it from the source, with a
+                    // blocking read on this thread (an error path).
+                    let r = sce_io::BlockDevice::read_at(&*shared.source, offset, &mut buf);
+                    if r.is_ok() {
+                        shared.counters.source_bytes_read.add(len);
+                    }
+                    r
+                };
+                // The pins are released only now that the slot was read.
+                drop(held);
+                done(IoDone {
+                    result,
+                    buf: Some(buf),
+                });
+            });
+            (op, complete)
         }))
+    }
+
+    /// The queue hits are read through.
+    pub(crate) fn hit_queue(&self) -> Option<Arc<dyn IoQueue>> {
+        self.hits.get().map(|h| h.queue.clone())
     }
 }

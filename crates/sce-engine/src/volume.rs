@@ -493,6 +493,10 @@ impl QueuedReads for CacheVolume {
         .ok()?;
         self.shared.start_hit(offset, len)
     }
+
+    fn queue(&self) -> Option<Arc<dyn IoQueue>> {
+        self.shared.hit_queue()
+    }
 }
 
 impl BlockDevice for CacheVolume {

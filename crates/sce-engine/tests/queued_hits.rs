@@ -82,10 +82,11 @@ fn read(vol: &Arc<CacheVolume>, pool: &Arc<BufPool>, off: u64, len: u64) -> (Vec
     match vol.start_read(off, len) {
         Some(start) => {
             let (tx, rx) = channel::<IoDone>();
-            start(
+            let (op, done) = start(
                 pool.take(len as usize),
                 Box::new(move |d| tx.send(d).unwrap()),
             );
+            vol.queue().expect("a queue").submit(op, done);
             let d = rx.recv().expect("a started read completes");
             d.result.expect("queued read");
             (d.buf.expect("buffer back").to_vec(), true)
@@ -240,10 +241,11 @@ fn only_whole_page_hits_in_one_fragment_are_started() {
     let started = s.vol.start_read(0, PAGE).expect("a hit");
     // A started read holds its pins until its buffer comes back: give it one.
     let (tx, rx) = channel::<IoDone>();
-    started(
+    let (op, done) = started(
         pool.take(PAGE as usize),
         Box::new(move |d| tx.send(d).unwrap()),
     );
+    s.vol.queue().expect("a queue").submit(op, done);
     rx.recv().unwrap().result.unwrap();
     assert!(s.vol.start_read(512, PAGE).is_none(), "not page-aligned");
     assert!(

@@ -670,10 +670,12 @@ impl sce_io::QueuedReads for HalfQueued {
         if offset + len > self.size / 2 {
             return None;
         }
-        let q = self.queue.clone();
         Some(Box::new(move |buf, done| {
-            q.submit(sce_io::IoOp::Read { offset, buf }, done)
+            (sce_io::IoOp::Read { offset, buf }, done)
         }))
+    }
+    fn queue(&self) -> Option<Arc<dyn sce_io::IoQueue>> {
+        Some(self.queue.clone())
     }
 }
 

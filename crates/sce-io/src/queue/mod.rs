@@ -119,9 +119,10 @@ pub trait IoQueue: Send + Sync {
     fn device(&self) -> &dyn BlockDevice;
 }
 
-/// A read started by [`QueuedReads::start_read`]: give it the buffer to fill and what to
-/// run when it completes.
-pub type StartedRead = Box<dyn FnOnce(PooledBuf, OnDone) + Send>;
+/// A read started by [`QueuedReads::start_read`]: given the buffer to fill and what to run
+/// when it completes, it returns the operation and completion to submit to the device's
+/// queue ([`QueuedReads::queue`]), so that the caller can submit several together.
+pub type StartedRead = Box<dyn FnOnce(PooledBuf, OnDone) -> (IoOp, OnDone) + Send>;
 
 /// A device that can serve some reads without blocking the caller: a cached volume, whose
 /// hits are reads of its cache device through an [`IoQueue`], while its misses wait for a
@@ -129,9 +130,11 @@ pub type StartedRead = Box<dyn FnOnce(PooledBuf, OnDone) + Send>;
 pub trait QueuedReads: Send + Sync {
     /// Starts a read of `len` bytes at `offset` if it can complete without blocking the
     /// caller (for a cache: every page a hit), or `None` for the caller to use the blocking
-    /// `read_at`. A started read must be given its buffer: it may hold resources (a
-    /// cache's pins) until it completes.
+    /// `read_at`. A started read must be given its buffer and its operation submitted: it
+    /// may hold resources (a cache's pins) until it completes.
     fn start_read(&self, offset: u64, len: u64) -> Option<StartedRead>;
+    /// The queue started reads are submitted to (none until the device has one).
+    fn queue(&self) -> Option<Arc<dyn IoQueue>>;
 }
 
 /// An implementation of [`IoQueue`], or the choice of one.

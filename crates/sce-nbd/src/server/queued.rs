@@ -30,9 +30,25 @@ impl Batch {
         if self.ops.is_empty() {
             return;
         }
-        match conn.export.io.as_ref().and_then(|io| io.queue()) {
+        let q = match &conn.export.io {
+            Some(ExportIo::Queue(q)) => Some(q.clone()),
+            Some(ExportIo::Reads(r)) => r.queue(),
+            None => None,
+        };
+        match q {
             Some(q) => q.submit_batch(std::mem::take(&mut self.ops)),
-            None => self.ops.clear(),
+            // Cannot happen: only an export with a queue batches. Run them where they are.
+            None => {
+                for (op, done) in self.ops.drain(..) {
+                    done(sce_io::IoDone {
+                        result: Err(sce_io::IoError::Invalid(format!(
+                            "internal: no queue for a {:?}",
+                            op.op()
+                        ))),
+                        buf: None,
+                    });
+                }
+            }
         }
     }
 }
@@ -44,7 +60,7 @@ pub(super) fn prepare(shared: &Shared, job: Job, batch: &mut Batch) -> Result<()
         Some(ExportIo::Queue(q)) => q.clone(),
         Some(ExportIo::Reads(r)) if job.req.command == proto::CMD_READ => {
             let r = r.clone();
-            return start_read(shared, &*r, job);
+            return start_read(shared, &*r, job, batch);
         }
         _ => return Err(job),
     };
@@ -115,7 +131,12 @@ fn flush_then_answer(q: &dyn IoQueue, conn: Arc<Session>, cookie: u64, ticket: T
 
 /// A read of a device that serves some reads from a queue (a cached volume's hits): started
 /// here and answered from its completion, or given back for the workers.
-fn start_read(shared: &Shared, r: &dyn QueuedReads, job: Job) -> Result<(), Job> {
+fn start_read(
+    shared: &Shared,
+    r: &dyn QueuedReads,
+    job: Job,
+    batch: &mut Batch,
+) -> Result<(), Job> {
     if let Err(code) = may_run(shared, &job.conn).and_then(|()| check(&job.conn.export, &job.req)) {
         answer(&job.conn, job.req.cookie, Err(code), job.ticket);
         return Ok(());
@@ -128,7 +149,8 @@ fn start_read(shared: &Shared, r: &dyn QueuedReads, job: Job) -> Result<(), Job>
         conn, req, ticket, ..
     } = job;
     let cookie = req.cookie;
-    start(
+    let session = conn.clone();
+    batch.ops.push(start(
         shared.pool.take(req.len as usize),
         Box::new(move |done| {
             let r = match done.result {
@@ -137,6 +159,9 @@ fn start_read(shared: &Shared, r: &dyn QueuedReads, job: Job) -> Result<(), Job>
             };
             answer(&conn, cookie, r, ticket)
         }),
-    );
+    ));
+    if batch.ops.len() >= BATCH_MAX {
+        batch.submit(&session);
+    }
     Ok(())
 }
