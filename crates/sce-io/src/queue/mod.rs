@@ -113,6 +113,12 @@ pub trait IoQueue: Send + Sync {
             self.submit(op, done);
         }
     }
+    /// Runs `op` with a blocking call on this thread and then `done`: for a caller that has
+    /// nothing else to do meanwhile (a client at queue depth 1), which saves the wake-up
+    /// of the completion thread.
+    fn run_here(&self, op: IoOp, done: OnDone) {
+        done(run_blocking(self.device(), op));
+    }
     /// Which implementation this is.
     fn backend(&self) -> Backend;
     /// The device the queue works on.

@@ -55,12 +55,18 @@ impl Batch {
 
 /// Prepares `job` for its export's queue and adds it to `batch` (or answers it at once if it
 /// may not run), or gives it back for the workers.
-pub(super) fn prepare(shared: &Shared, job: Job, batch: &mut Batch) -> Result<(), Job> {
+/// `alone`: the request may run on the calling thread (see `reader::alone`).
+pub(super) fn prepare(
+    shared: &Shared,
+    job: Job,
+    batch: &mut Batch,
+    alone: bool,
+) -> Result<(), Job> {
     let q = match &job.conn.export.io {
         Some(ExportIo::Queue(q)) => q.clone(),
         Some(ExportIo::Reads(r)) if job.req.command == proto::CMD_READ => {
             let r = r.clone();
-            return start_read(shared, &*r, job, batch);
+            return start_read(shared, &*r, job, batch, alone);
         }
         _ => return Err(job),
     };
@@ -136,6 +142,7 @@ fn start_read(
     r: &dyn QueuedReads,
     job: Job,
     batch: &mut Batch,
+    alone: bool,
 ) -> Result<(), Job> {
     if let Err(code) = may_run(shared, &job.conn).and_then(|()| check(&job.conn.export, &job.req)) {
         answer(&job.conn, job.req.cookie, Err(code), job.ticket);
@@ -144,13 +151,12 @@ fn start_read(
     let Some(start) = r.start_read(job.req.offset, job.req.len as u64) else {
         return Err(job);
     };
-    shared.stats.queued_requests.fetch_add(1, Relaxed);
     let Job {
         conn, req, ticket, ..
     } = job;
     let cookie = req.cookie;
     let session = conn.clone();
-    batch.ops.push(start(
+    let (op, done) = start(
         shared.pool.take(req.len as usize),
         Box::new(move |done| {
             let r = match done.result {
@@ -159,7 +165,14 @@ fn start_read(
             };
             answer(&conn, cookie, r, ticket)
         }),
-    ));
+    );
+    if let (true, Some(q)) = (alone, r.queue()) {
+        shared.stats.inline_requests.fetch_add(1, Relaxed);
+        q.run_here(op, done);
+        return Ok(());
+    }
+    shared.stats.queued_requests.fetch_add(1, Relaxed);
+    batch.ops.push((op, done));
     if batch.ops.len() >= BATCH_MAX {
         batch.submit(&session);
     }

@@ -148,13 +148,22 @@ impl Server {
             };
             // Alone in flight, with nothing more from the client yet: run it here, and
             // save the hand-off to a worker (or to a queue's completion thread).
-            if cfg.inline_when_idle && inb.len() == 0 && inline_ok(&job, rd.raw_fd()) {
+            let alone = cfg.inline_when_idle && inb.len() == 0 && alone(&job, rd.raw_fd());
+            if alone
+                && job
+                    .conn
+                    .export
+                    .io
+                    .as_ref()
+                    .is_some_and(|io| io.queue().is_some())
+            {
                 super::worker::run_inline(&self.shared, job);
                 continue;
             }
             // An export with an I/O queue takes reads, writes and flushes from this thread,
-            // submitted together once no further request is buffered.
-            let Err(job) = queued::prepare(&self.shared, job, batch) else {
+            // submitted together once no further request is buffered (a cached volume, its
+            // hits; run here if alone).
+            let Err(job) = queued::prepare(&self.shared, job, batch, alone) else {
                 continue;
             };
             if self.jobs.send(job).is_err() {
@@ -253,17 +262,13 @@ impl Server {
     }
 }
 
-/// Whether the reader runs a request itself: a read or write of a local export (one with
-/// an I/O queue, whose I/O takes microseconds, not a remote source's milliseconds), the only
-/// request of its connection in flight, with no further request already arriving. That is a
-/// client at queue depth 1, waiting for this reply before it sends anything: running the
-/// request here saves a wake-up of another thread, and delays nobody.
-fn inline_ok(job: &Job, fd: RawFd) -> bool {
-    job.conn
-        .export
-        .io
-        .as_ref()
-        .is_some_and(|io| io.queue().is_some())
+/// Whether a request may run on the reader itself: a read or write of an export served
+/// through a queue (a local device, whose I/O takes microseconds; or a cached volume's hit),
+/// the only request of its connection in flight, with no further request already arriving.
+/// That is a client at queue depth 1, waiting for this reply before it sends anything:
+/// running the request here saves a wake-up of another thread, and delays nobody.
+fn alone(job: &Job, fd: RawFd) -> bool {
+    job.conn.export.io.is_some()
         && matches!(job.req.command, proto::CMD_READ | proto::CMD_WRITE)
         && job.conn.state.requests.load(Relaxed) == 1
         && !readable(fd)
