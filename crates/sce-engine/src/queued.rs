@@ -15,6 +15,7 @@ use std::sync::Arc;
 pub(crate) struct HitQueue {
     pub(crate) queue: Arc<dyn IoQueue>,
     pub(crate) base: u64,
+    slow: crossbeam_channel::Sender<SlowJob>,
 }
 
 impl Shared {
@@ -45,43 +46,51 @@ impl Shared {
             self.expected_crcs(&read, &mut want);
             read
         };
+        let RunTarget::Cache(c) = read.runs[0].target else {
+            return None;
+        };
         // After the shared lock is released: applying the log may take the exclusive one.
         self.log_read(k, &read);
         let held = read.hold(self.pins[k].clone());
         self.preset_intents(&held);
-        let RunTarget::Cache(c) = held.runs[0].target else {
-            return None;
-        };
         let (shared, at) = (self.clone(), hq.base + c.0);
         Some(Box::new(move |buf: PooledBuf, done: OnDone| {
             let op = IoOp::Read { offset: at, buf };
             let complete: OnDone = Box::new(move |d: IoDone| {
-                let mut buf = d.buf.expect("a read gives its buffer back");
-                let ok = match &d.result {
-                    Ok(()) => shared.check_pages(c.0, offset, &buf, &want),
-                    Err(e) => {
-                        shared.cache_run_failed(e, offset, len);
-                        false
-                    }
-                };
-                let result = if ok {
+                let buf = d.buf.expect("a read gives its buffer back");
+                if d.result.is_ok() && shared.pages_match(offset, &buf, &want) {
                     shared.counters.cache_bytes_read.add(len);
-                    Ok(())
-                } else {
-                    // Unreadable or bad cached data: serve it from the source, with a
-                    // blocking read on this thread (an error path).
-                    let r = sce_io::BlockDevice::read_at(&*shared.source, offset, &mut buf);
-                    if r.is_ok() {
-                        shared.counters.source_bytes_read.add(len);
+                    // The pins are released only now that the slot was read.
+                    drop(held);
+                    return done(IoDone {
+                        result: Ok(()),
+                        buf: Some(buf),
+                    });
+                }
+                // Unreadable, or not what was planned (a write since, or a bad device):
+                // finished on a slow-path thread, not on the queue's completion thread,
+                // which every other hit waits for.
+                let s = shared.clone();
+                let slow = move || {
+                    let mut buf = buf;
+                    match &d.result {
+                        Ok(()) => {
+                            // Counts and drops the page if the device is at fault.
+                            s.check_pages(c.0, offset, &buf, &want);
+                        }
+                        Err(e) => s.cache_run_failed(e, offset, len),
                     }
-                    r
+                    drop(held);
+                    let r = sce_io::BlockDevice::read_at(&*s.source, offset, &mut buf);
+                    if r.is_ok() {
+                        s.counters.source_bytes_read.add(len);
+                    }
+                    done(IoDone {
+                        result: r,
+                        buf: Some(buf),
+                    });
                 };
-                // The pins are released only now that the slot was read.
-                drop(held);
-                done(IoDone {
-                    result,
-                    buf: Some(buf),
-                });
+                shared.slow_path(Box::new(slow));
             });
             (op, complete)
         }))
@@ -90,5 +99,39 @@ impl Shared {
     /// The queue hits are read through.
     pub(crate) fn hit_queue(&self) -> Option<Arc<dyn IoQueue>> {
         self.hits.get().map(|h| h.queue.clone())
+    }
+
+    /// Runs `job` on a slow-path thread (on this one if there is none).
+    fn slow_path(&self, job: SlowJob) {
+        let job = match self.hits.get() {
+            Some(h) => match h.slow.send(job) {
+                Ok(()) => return,
+                Err(crossbeam_channel::SendError(job)) => job,
+            },
+            None => job,
+        };
+        job();
+    }
+}
+
+/// Work for a slow-path thread.
+pub(crate) type SlowJob = Box<dyn FnOnce() + Send>;
+
+/// Threads that finish the hits whose cached data could not be used (a source read each).
+const SLOW_THREADS: usize = 4;
+
+impl HitQueue {
+    /// The hit queue, with its slow-path threads (they end when it is dropped).
+    pub(crate) fn new(queue: Arc<dyn IoQueue>, base: u64) -> HitQueue {
+        let (slow, rx) = crossbeam_channel::unbounded::<SlowJob>();
+        for _ in 0..SLOW_THREADS {
+            let rx = rx.clone();
+            // A thread that cannot be started leaves the others (or, with none, the
+            // completion thread itself, see `slow_path`) to do the work.
+            let _ = std::thread::Builder::new()
+                .name("sce-hit-slow".into())
+                .spawn(move || rx.iter().for_each(|job| job()));
+        }
+        HitQueue { queue, base, slow }
     }
 }

@@ -115,6 +115,23 @@ impl Shared {
         self.cores[k].write().invalidate(f, p0, p1);
     }
 
+    /// True if whole pages read from the cache (`bytes`, at the source's `src0`,
+    /// page-aligned) match their expected checksums `want` (always without checksums). A
+    /// pure comparison: no lock, no I/O (see `check_pages` for what a mismatch means).
+    pub(crate) fn pages_match(&self, src0: u64, bytes: &[u8], want: &[u32]) -> bool {
+        if self.crcs.is_none() {
+            return true;
+        }
+        let ps = sce_core::PAGE_SIZE as usize;
+        bytes.chunks(ps).enumerate().all(|(i, page)| {
+            let sp = src0 + (i * ps) as u64;
+            sp >= self.source_size || {
+                let plen = page.len().min((self.source_size - sp) as usize);
+                want.get(i) == Some(&page_checksum(&page[..plen], self.seed(sp)))
+            }
+        })
+    }
+
     /// Verifies whole pages read from the cache (`bytes`, read at cache offset `c0`, the
     /// source's `src0`, both page-aligned) against their expected checksums `want`. A
     /// genuine mismatch counts as a device error and drops the page. True if every page is

@@ -352,10 +352,7 @@ impl CacheVolume {
             .map_or(0, |p| p.layout.data_offset);
         self.shared
             .hits
-            .set(HitQueue {
-                queue,
-                base: base + data,
-            })
+            .set(HitQueue::new(queue, base + data))
             .is_ok()
     }
 

@@ -258,3 +258,37 @@ fn only_whole_page_hits_in_one_fragment_are_started() {
     );
     assert_eq!(reads(), before + 1, "only the started read was counted");
 }
+
+/// Cached pages that went bad on the device (here: the whole cache file overwritten behind
+/// the volume's back) are caught by their checksums when a started read completes: the
+/// read returns the source's data, the error is counted, and the page is dropped, so the
+/// next read of it is not started from the cache.
+#[test]
+fn a_bad_page_read_through_the_queue_is_served_from_the_source() {
+    use std::os::unix::fs::FileExt;
+    let s = setup(false, Backend::IoUring, 1);
+    let pool = BufPool::new(1 << 20);
+    warm_first_fragment(&s, &pool);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(s._dir.path().join("cache"))
+        .unwrap();
+    f.write_all_at(&vec![0xAB; (48 * FRAG) as usize], 0)
+        .unwrap();
+    f.sync_all().unwrap();
+    let (got, queued) = read(&s.vol, &pool, 0, PAGE);
+    assert!(queued, "the volume still thinks page 0 is a hit");
+    assert!(
+        got.iter().all(|&x| x == 0),
+        "the source's zeroes, not the bad page"
+    );
+    let st = s.vol.stats();
+    assert_eq!(st.cache_checksum_errors, 1, "{st:?}");
+    assert_eq!(st.source_bytes_read % PAGE, 0);
+    assert!(
+        s.vol.start_read(0, PAGE).is_none(),
+        "the bad page was dropped"
+    );
+    let (got, _) = read(&s.vol, &pool, 0, PAGE);
+    assert!(got.iter().all(|&x| x == 0));
+}

@@ -292,3 +292,76 @@ fn auto_picks_io_uring_here_and_the_names_parse() {
     }
     assert!("aio".parse::<Backend>().is_err());
 }
+
+#[test]
+fn a_batch_completes_whole_and_a_callback_may_drop_the_last_handle_or_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = file(&dir, false);
+    for q in queues(&dev, 16) {
+        let backend = q.backend();
+        let pool = BufPool::new(1 << 20);
+        // A batch larger than the depth: some run as blocking calls, all complete once.
+        let (tx, rx) = channel::<u64>();
+        let ops = (0..40u64)
+            .map(|i| {
+                let tx = tx.clone();
+                let mut buf = pool.take(BLOCK);
+                buf.fill(i as u8 + 1);
+                let op = IoOp::Write {
+                    offset: i * BLOCK as u64,
+                    buf,
+                };
+                let done: sce_io::OnDone = Box::new(move |d| {
+                    d.result.unwrap();
+                    tx.send(i).unwrap()
+                });
+                (op, done)
+            })
+            .collect();
+        q.submit_batch(ops);
+        let mut got: Vec<u64> = (0..40).map(|_| rx.recv().unwrap()).collect();
+        got.sort();
+        assert_eq!(got, (0..40).collect::<Vec<_>>(), "{backend}");
+        // A callback that panics: reported, and the queue goes on.
+        q.submit(
+            IoOp::Read {
+                offset: 0,
+                buf: pool.take(BLOCK),
+            },
+            Box::new(|_| panic!("a callback that panics (on purpose)")),
+        );
+        let d = within("after a panicking callback", 60, {
+            let (q, pool) = (q.clone(), pool.clone());
+            move || {
+                run(
+                    &*q,
+                    IoOp::Read {
+                        offset: BLOCK as u64,
+                        buf: pool.take(BLOCK),
+                    },
+                )
+            }
+        });
+        assert!(d.buf.unwrap().iter().all(|&x| x == 2), "{backend}");
+        // The last handle dropped by a callback, on the queue's own thread.
+        let (tx, rx) = channel::<()>();
+        let holder = std::sync::Mutex::new(Some(q.clone()));
+        let holder = Arc::new(holder);
+        let h2 = holder.clone();
+        drop(q);
+        let q = holder.lock().unwrap().clone().unwrap();
+        q.submit(
+            IoOp::Flush,
+            Box::new(move |d| {
+                d.result.unwrap();
+                h2.lock().unwrap().take();
+                tx.send(()).unwrap();
+            }),
+        );
+        drop(q);
+        within("the last handle dropped in a callback", 60, move || {
+            rx.recv().unwrap()
+        });
+        assert!(holder.lock().unwrap().is_none());
+    }
+}

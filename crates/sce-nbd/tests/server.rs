@@ -728,3 +728,106 @@ fn reads_a_device_can_start_are_answered_from_its_queue_and_the_rest_by_workers(
     assert_eq!(n(), blocks / 2);
     conformance::run_all(&c);
 }
+
+/// A memory device that records the writes and flushes it receives, in order.
+struct Recorder {
+    dev: MemDevice,
+    log: std::sync::Mutex<Vec<&'static str>>,
+}
+
+impl BlockDevice for Recorder {
+    fn size(&self) -> u64 {
+        self.dev.size()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.dev.logical_block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), sce_io::IoError> {
+        self.dev.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), sce_io::IoError> {
+        self.log.lock().unwrap().push("write");
+        self.dev.write_at(offset, buf)
+    }
+    fn flush(&self) -> Result<(), sce_io::IoError> {
+        self.log.lock().unwrap().push("flush");
+        self.dev.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<(), sce_io::IoError> {
+        self.dev.discard(offset, len)
+    }
+}
+
+/// A FUA write is acknowledged only after a flush that follows its write, on the reader
+/// (alone in flight) and through the queue (pipelined); a plain write is not flushed.
+#[test]
+fn fua_writes_are_flushed_before_their_reply_on_every_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("nbd.sock");
+    let rec = Arc::new(Recorder {
+        dev: MemDevice::new(8 << 20),
+        log: std::sync::Mutex::new(Vec::new()),
+    });
+    let queue: Arc<dyn sce_io::IoQueue> = Arc::new(sce_io::ThreadQueue::new(rec.clone(), 4));
+    let server = Server::new(vec![Export {
+        name: "vol".into(),
+        description: String::new(),
+        device: rec.clone(),
+        read_only: false,
+        prefetch: None,
+        io: Some(ExportIo::Queue(queue)),
+    }]);
+    let _l = listen(&server, &ListenAddr::Unix(sock.clone())).unwrap();
+    let mut r = Raw::go(&sock, "vol");
+    let log = || rec.log.lock().unwrap().clone();
+    r.request(proto::CMD_WRITE, 0, 1, 0, 4096, &[1u8; 4096]);
+    assert_eq!(r.reply(), (0, 1));
+    assert_eq!(log(), ["write"], "a plain write is not flushed");
+    r.request(
+        proto::CMD_WRITE,
+        proto::CMD_FLAG_FUA,
+        2,
+        4096,
+        4096,
+        &[2u8; 4096],
+    );
+    assert_eq!(r.reply(), (0, 2));
+    assert_eq!(
+        log(),
+        ["write", "write", "flush"],
+        "alone in flight, on the reader"
+    );
+    // Pipelined: a FUA write and 8 reads in one send, through the queue.
+    let enc = |command, flags, cookie, offset, len| {
+        proto::encode_request(&proto::Request {
+            flags,
+            command,
+            cookie,
+            offset,
+            len,
+        })
+    };
+    let mut wire = enc(proto::CMD_WRITE, proto::CMD_FLAG_FUA, 3, 8192, 4096).to_vec();
+    wire.extend_from_slice(&[3u8; 4096]);
+    for c in 10..18u64 {
+        wire.extend_from_slice(&enc(proto::CMD_READ, 0, c, 0, 4096));
+    }
+    let queued_before = server.stats().queued_requests.load(Relaxed);
+    r.0.write_all(&wire).unwrap();
+    for _ in 0..9 {
+        let (err, cookie) = r.reply();
+        assert_eq!(err, 0);
+        if cookie == 3 {
+            let l = log();
+            assert_eq!(
+                &l[3..],
+                ["write", "flush"],
+                "flushed after its write: {l:?}"
+            );
+        } else {
+            let mut b = vec![0u8; 4096];
+            r.0.read_exact(&mut b).unwrap();
+        }
+    }
+    assert!(server.stats().queued_requests.load(Relaxed) > queued_before);
+}

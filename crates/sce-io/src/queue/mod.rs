@@ -81,7 +81,8 @@ impl IoOp {
         }
     }
 
-    fn into_buf(self) -> Option<PooledBuf> {
+    /// The buffer the operation carries (none for a flush).
+    pub fn into_buf(self) -> Option<PooledBuf> {
         match self {
             IoOp::Read { buf, .. } | IoOp::Write { buf, .. } => Some(buf),
             IoOp::Flush => None,

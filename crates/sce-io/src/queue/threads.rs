@@ -69,7 +69,11 @@ fn run<D: BlockDevice + ?Sized>(inner: &Inner<D>) {
             }
         };
         let Some((op, done)) = next else { return };
-        done(run_blocking(&inner.dev, op));
+        let d = run_blocking(&inner.dev, op);
+        // A callback that panics must not take a thread of the pool with it.
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || done(d))).is_err() {
+            eprintln!("sce-io: an I/O completion callback panicked; the queue goes on");
+        }
     }
 }
 

@@ -116,7 +116,11 @@ impl UringQueue {
             pending: Mutex::new(Pending::default()),
             closing: AtomicBool::new(false),
         });
-        probe(&inner)?;
+        if let Err(e) = probe(&inner) {
+            // The probe may still be in flight: never close the ring under it.
+            std::mem::forget(inner);
+            return Err(e);
+        }
         let reaper = inner.clone();
         std::thread::Builder::new()
             .name("sce-uring".into())
@@ -148,15 +152,23 @@ fn probe(inner: &Inner) -> Result<(), IoError> {
             .push(&entry)
             .map_err(|_| IoError::Invalid("io_uring: submission ring full".into()))?;
     }
-    inner
-        .ring
-        .submit_and_wait(1)
-        .map_err(|e| ring_err(Op::Read, e))?;
-    // SAFETY: the only user of the completion ring at this point.
-    let res = unsafe { inner.ring.completion_shared() }
-        .next()
-        .map(|c| c.result())
-        .ok_or_else(|| IoError::Invalid("io_uring: no completion for the probe".into()))?;
+    // The read is the kernel's until its completion is reaped: wait for it, and if that
+    // cannot be done, leak its buffer rather than free memory the kernel may still write
+    // (the caller then leaks the ring, see `UringQueue::new`).
+    let res = loop {
+        match inner.ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if retryable(&e) => {}
+            Err(e) => {
+                std::mem::forget(a);
+                return Err(ring_err(Op::Read, e));
+            }
+        }
+        // SAFETY: the only user of the completion ring at this point.
+        if let Some(c) = unsafe { inner.ring.completion_shared() }.next() {
+            break c.result();
+        }
+    };
     if res < 0 {
         return Err(ring_err(Op::Read, std::io::Error::from_raw_os_error(-res)));
     }
@@ -211,9 +223,15 @@ impl UringQueue {
             }
             drop(sq);
             if pushed > 0 {
-                // Enters the kernel; an error leaves the entries in the ring, which the
-                // completion thread's next enter submits.
-                let _ = inner.ring.submit();
+                // Enters the kernel. Should that keep failing, the entries stay in the ring
+                // and the completion thread's next enter (at most `REENTER` away) submits
+                // them.
+                for _ in 0..16 {
+                    match inner.ring.submit() {
+                        Err(e) if retryable(&e) => std::thread::yield_now(),
+                        _ => break,
+                    }
+                }
             }
         }
         for (done, d) in answered {
@@ -272,35 +290,73 @@ impl Drop for UringQueue {
     }
 }
 
+/// Errors of `io_uring_enter` worth trying again at once.
+fn retryable(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+    )
+}
+
+/// The completion thread's longest wait: it enters the kernel again at least this often, so
+/// entries whose submission failed are submitted without waiting for another operation.
+const REENTER: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Waits for at least one completion, or for `REENTER` (kernels without timed waits: no
+/// limit), submitting whatever is in the submission ring on the way.
+fn wait(inner: &Inner, timed: &mut bool) {
+    let r = if *timed {
+        let ts = types::Timespec::from(REENTER);
+        let args = types::SubmitArgs::new().timespec(&ts);
+        match inner.ring.submitter().submit_with_args(1, &args) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                *timed = false;
+                return;
+            }
+            r => r,
+        }
+    } else {
+        inner.ring.submit_and_wait(1)
+    };
+    match r {
+        Ok(_) => {}
+        Err(e) if retryable(&e) || e.raw_os_error() == Some(libc::ETIME) => {}
+        Err(e) => {
+            eprintln!("sce-io: io_uring wait failed: {e}");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
 /// The completion thread: reaps completions and runs their callbacks until the last handle
-/// is gone and nothing is pending.
+/// is gone and nothing is pending. A callback that panics is reported and does not stop the
+/// thread (the other operations in flight must still complete, and their buffers must not
+/// be freed under the kernel).
 fn reap(inner: &Inner) {
     let mut done: Vec<(u64, i32)> = Vec::new();
+    let mut timed = true;
     loop {
-        if let Err(e) = inner.ring.submit_and_wait(1) {
-            if !matches!(
-                e.raw_os_error(),
-                Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
-            ) {
-                eprintln!("sce-io: io_uring wait failed: {e}");
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-        }
+        wait(inner, &mut timed);
         // SAFETY: this thread is the only user of the completion ring once started.
         done.extend(unsafe { inner.ring.completion_shared() }.map(|c| (c.user_data(), c.result())));
         for (key, res) in done.drain(..) {
             if key == WAKE {
                 continue;
             }
-            let Some(f) = inner.pending.lock().take(key as usize) else {
+            let Some(mut f) = inner.pending.lock().take(key as usize) else {
                 continue;
             };
-            let mut f = f;
             let result = finish(inner, &mut f.op, res);
-            (f.done)(IoDone {
-                result,
-                buf: f.op.into_buf(),
+            let (op, callback) = (f.op, f.done);
+            let run = std::panic::AssertUnwindSafe(move || {
+                callback(IoDone {
+                    result,
+                    buf: op.into_buf(),
+                })
             });
+            if std::panic::catch_unwind(run).is_err() {
+                eprintln!("sce-io: an I/O completion callback panicked; the queue goes on");
+            }
         }
         if inner.closing.load(SeqCst) && inner.pending.lock().count == 0 {
             return;
@@ -309,7 +365,9 @@ fn reap(inner: &Inner) {
 }
 
 /// The result of a completed operation; a short read or write is finished with blocking
-/// calls (rare: the range was checked, so only a signal or an odd device stops it early).
+/// calls (rare: the range was checked, so only a signal or an odd device stops it early;
+/// on an O_DIRECT device a rest that is not block-aligned fails with EINVAL, reported as
+/// the operation's I/O error).
 fn finish(inner: &Inner, op: &mut IoOp, res: i32) -> Result<(), IoError> {
     let (offset, len) = op.range();
     let kind = op.op();

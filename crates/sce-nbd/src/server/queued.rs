@@ -40,12 +40,12 @@ impl Batch {
             // Cannot happen: only an export with a queue batches. Run them where they are.
             None => {
                 for (op, done) in self.ops.drain(..) {
+                    let what = op.op();
                     done(sce_io::IoDone {
                         result: Err(sce_io::IoError::Invalid(format!(
-                            "internal: no queue for a {:?}",
-                            op.op()
+                            "internal: no queue for a {what:?}"
                         ))),
-                        buf: None,
+                        buf: op.into_buf(),
                     });
                 }
             }
