@@ -87,6 +87,8 @@ pub const TOOLS: &[(&str, &str)] = &[
     ("fusermount3", "fuse3"),
     ("losetup", "mount"),
     ("mkfs.ext4", "e2fsprogs"),
+    // scripts/bench-db.py: PostgreSQL (server, pgbench, pg_amcheck) under /usr/lib/postgresql.
+    ("pgbench", "postgresql"),
 ];
 
 /// The Python modules sce's tests import: (module, version, pip requirement).
