@@ -74,6 +74,14 @@ pub fn prometheus(server: &Server, volumes: &[(String, Option<Arc<CacheVolume>>)
         ("sce_nbd_open_connections", s.open_connections.load(Relaxed)),
         ("sce_nbd_requests_total", s.requests.load(Relaxed)),
         (
+            "sce_nbd_queued_requests_total",
+            s.queued_requests.load(Relaxed),
+        ),
+        (
+            "sce_nbd_inline_requests_total",
+            s.inline_requests.load(Relaxed),
+        ),
+        (
             "sce_nbd_request_errors_total",
             s.request_errors.load(Relaxed),
         ),

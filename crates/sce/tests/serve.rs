@@ -580,3 +580,95 @@ fn metrics_endpoint_and_sce_stats() {
     drop(c);
     assert!(p.term().success());
 }
+
+/// Hits are read through io_uring on the cache file, at the data area's offset: after the
+/// metadata with persistence, after the volatile header without. A wrong offset would read
+/// other bytes, fail their checksums and be served from the source: so the test reads a
+/// random source through the cache until reads are hits, and wants the source's bytes,
+/// bytes read from the cache, and no checksum error, both ways.
+#[test]
+fn hits_read_through_io_uring_persistent_or_not() {
+    use rand::{RngCore, SeedableRng};
+    use sce_io::BlockDevice;
+    use std::io::{BufRead, Read as _, Write as _};
+    for extra in [&[][..], &["--no-persist"][..]] {
+        let d = tempfile::tempdir().unwrap();
+        let (src, cache, sock) = (
+            d.path().join("src"),
+            d.path().join("cache"),
+            d.path().join("s.sock"),
+        );
+        let mut data = vec![0u8; 8 << 20];
+        rand::rngs::SmallRng::seed_from_u64(5).fill_bytes(&mut data);
+        std::fs::write(&src, &data).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sce"))
+            .args(["serve", "--source", src.to_str().unwrap()])
+            .args(["--cache", cache.to_str().unwrap(), "--cache-size", "32MiB"])
+            .args(["--target-missrate", "0", "--metrics", "127.0.0.1:0"])
+            .args(["--state-dir", d.path().to_str().unwrap()])
+            .args(extra)
+            .arg("--listen")
+            .arg(format!("unix:{}", sock.display()))
+            .env("SCE_LOG", "warn")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let addr = loop {
+            let l = lines.next().expect("server output").unwrap();
+            if let Some(rest) = l.strip_prefix("sce serve: metrics on http://") {
+                break rest.trim_end_matches("/metrics").to_string();
+            }
+        };
+        let p = Proc(child);
+        let metric = |name: &str| -> u64 {
+            let mut s = std::net::TcpStream::connect(&addr).unwrap();
+            write!(s, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+            let mut text = String::new();
+            s.read_to_string(&mut text).unwrap();
+            let key = format!("{name}{{export=\"\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(key.as_str()))
+                .unwrap_or_else(|| panic!("no {name}: {text}"))
+                .parse()
+                .unwrap()
+        };
+        let c = sce_nbd::NbdClient::connect(
+            &sce_nbd::NbdUri::Unix {
+                socket: sock.clone(),
+                name: String::new(),
+            },
+            2,
+        )
+        .unwrap();
+        let mut b = vec![0u8; 4096];
+        let mut rounds = 0;
+        // Whole pages, one at a time: each is a hit through the queue once populated.
+        while metric("sce_cache_bytes_read_total") < 4 << 20 {
+            rounds += 1;
+            assert!(rounds < 200, "{extra:?}: the cache never served 4 MiB");
+            for at in (0..data.len()).step_by(4096) {
+                c.read_at(at as u64, &mut b).unwrap();
+                assert!(b == data[at..at + 4096], "{extra:?}: page at {at} differs");
+            }
+        }
+        assert_eq!(metric("sce_cache_checksum_errors_total"), 0, "{extra:?}");
+        // The hits were started by the reader (alone in flight: run there).
+        let key = |n: &str| format!("sce_nbd_{n}_requests_total");
+        let served = |n: &str| -> u64 {
+            let mut s = std::net::TcpStream::connect(&addr).unwrap();
+            write!(s, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+            let mut text = String::new();
+            s.read_to_string(&mut text).unwrap();
+            let k = format!("{} ", key(n));
+            text.lines()
+                .find_map(|l| l.strip_prefix(k.as_str()))
+                .unwrap_or_else(|| panic!("no {n}: {text}"))
+                .parse()
+                .unwrap()
+        };
+        assert!(served("queued") + served("inline") > 1000, "{extra:?}");
+        drop(c);
+        assert!(p.term().success());
+    }
+}
