@@ -1189,10 +1189,15 @@ def main():
     ctx.panels = []
     stack.push("stop every process started", ctx.procs.stop_all)
 
+    interrupted = []
+
     def on_signal(sig, _frame):
-        raise KeyboardInterrupt(f"signal {sig}")
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
+        # Only the first: a second Ctrl-C must not interrupt the cleanup the first started.
+        if not interrupted:
+            interrupted.append(sig)
+            raise KeyboardInterrupt(f"signal {sig}")
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     rows, kill, t_start = [], None, time.time()
     try:
         write_script(ctx)
