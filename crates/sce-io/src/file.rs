@@ -399,12 +399,22 @@ fn lock_file(file: &File, path: &Path, mode: LockMode) -> Result<(), IoError> {
         LockMode::Shared => libc::LOCK_SH,
         LockMode::Exclusive => libc::LOCK_EX,
     };
-    // SAFETY: flock takes a valid open descriptor and flags; no memory is passed.
-    let r = unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) };
-    if r == 0 {
-        return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
+    // A process killed with I/O in flight on io_uring keeps its file (and lock) until the
+    // kernel has torn its ring down, a moment after it died: try for up to 5 s.
+    let mut tries = 0;
+    let e = loop {
+        // SAFETY: flock takes a valid open descriptor and flags; no memory is passed.
+        let r = unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        tries += 1;
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) || tries >= 50 {
+            break e;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
     if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
         return Err(open_err(path, e));
     }

@@ -21,11 +21,8 @@
 //!   reads, writes and flushes straight from the reader: it submits them with their pooled
 //!   buffer, and the queue's completion thread sends the reply the same way a worker does.
 //!   No worker and no hand-off on the way in; the device sees as many requests in flight
-//!   as the clients send. Trims, write-zeroes and cache requests still go to the workers.
-//!   A cached volume ([`ExportIo::Reads`]) has its hits started the same way (read from its
-//!   cache device's queue); its misses and writes go to the workers.
-//! - A read or write alone in flight on an export with an I/O queue, with nothing more
-//!   arriving, runs on the reader itself ([`ServerConfig::inline_when_idle`]).
+//!   as the clients send; a cached volume ([`ExportIo::Reads`]) its hits. The rest goes to
+//!   the workers; a request alone in flight runs on the reader (`inline_when_idle`).
 //!
 //! So a server has at most `2 × max_connections + workers + listeners` threads, and in
 //! practice one per connection plus the workers. A reader thread that cannot be spawned
