@@ -37,9 +37,8 @@
 //! [`ServerConfig::connection_inflight_bytes`] per connection, and one of
 //! [`ServerConfig::connection_queue_depth`] requests per connection. A reader waits for its
 //! ticket before it reads on, so a client that stops reading its replies stops being read
-//! and pins at most its connection's share, until the reply timeout closes it. Outside the
-//! budgets, each connection holds a 64 KiB receive buffer (16 MiB at the default 256
-//! connections).
+//! and pins at most its connection's share, until the reply timeout closes it (plus a 64 KiB
+//! receive buffer per connection).
 //!
 //! # Locks
 //!
