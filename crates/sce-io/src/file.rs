@@ -1,4 +1,5 @@
 //! `FileDevice`: a regular file or a block device, opened with O_DIRECT by default.
+//! shape-rule: one device type (open, lock, identity, the trait) reads best in one file; its tests are a third of it.
 //!
 //! I/O is positioned (`pread`/`pwrite`), so any number of threads may use one device at once;
 //! there is no internal thread pool: the engine's own worker threads are the pool. A block
@@ -399,8 +400,7 @@ fn lock_file(file: &File, path: &Path, mode: LockMode) -> Result<(), IoError> {
         LockMode::Shared => libc::LOCK_SH,
         LockMode::Exclusive => libc::LOCK_EX,
     };
-    // A process killed with I/O in flight on io_uring keeps its file (and lock) until the
-    // kernel has torn its ring down, a moment after it died: try for up to 5 s.
+    // A killed process's io_uring holds its lock a moment after it died: try up to 5 s.
     let mut tries = 0;
     let e = loop {
         // SAFETY: flock takes a valid open descriptor and flags; no memory is passed.

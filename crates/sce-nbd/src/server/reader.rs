@@ -160,9 +160,7 @@ impl Server {
                 super::worker::run_inline(&self.shared, job);
                 continue;
             }
-            // An export with an I/O queue takes reads, writes and flushes from this thread,
-            // submitted together once no further request is buffered (a cached volume, its
-            // hits; run here if alone).
+            // Queued exports: batched here (a cached volume: its hits), or run if alone.
             let Err(job) = queued::prepare(&self.shared, job, batch, alone) else {
                 continue;
             };
