@@ -621,18 +621,20 @@ fn hits_read_through_io_uring_persistent_or_not() {
             }
         };
         let p = Proc(child);
-        let metric = |name: &str| -> u64 {
+        // The value of the metric line that starts with `key`.
+        let scrape = |key: &str| -> u64 {
             let mut s = std::net::TcpStream::connect(&addr).unwrap();
             write!(s, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
             let mut text = String::new();
             s.read_to_string(&mut text).unwrap();
-            let key = format!("{name}{{export=\"\"}} ");
+            let key = format!("{key} ");
             text.lines()
                 .find_map(|l| l.strip_prefix(key.as_str()))
-                .unwrap_or_else(|| panic!("no {name}: {text}"))
+                .unwrap_or_else(|| panic!("no {key}: {text}"))
                 .parse()
                 .unwrap()
         };
+        let metric = |name: &str| scrape(&format!("{name}{{export=\"\"}}"));
         let c = sce_nbd::NbdClient::connect(
             &sce_nbd::NbdUri::Unix {
                 socket: sock.clone(),
@@ -654,19 +656,7 @@ fn hits_read_through_io_uring_persistent_or_not() {
         }
         assert_eq!(metric("sce_cache_checksum_errors_total"), 0, "{extra:?}");
         // The hits were started by the reader (alone in flight: run there).
-        let key = |n: &str| format!("sce_nbd_{n}_requests_total");
-        let served = |n: &str| -> u64 {
-            let mut s = std::net::TcpStream::connect(&addr).unwrap();
-            write!(s, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-            let mut text = String::new();
-            s.read_to_string(&mut text).unwrap();
-            let k = format!("{} ", key(n));
-            text.lines()
-                .find_map(|l| l.strip_prefix(k.as_str()))
-                .unwrap_or_else(|| panic!("no {n}: {text}"))
-                .parse()
-                .unwrap()
-        };
+        let served = |n: &str| scrape(&format!("sce_nbd_{n}_requests_total"));
         assert!(served("queued") + served("inline") > 1000, "{extra:?}");
         drop(c);
         assert!(p.term().success());
