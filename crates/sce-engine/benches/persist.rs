@@ -17,7 +17,7 @@
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use sce_core::CoreConfig;
+use sce_core::{CoreConfig, FragNo, ShardMap, SlotNo};
 use sce_engine::{CacheVolume, EngineConfig, PersistConfig};
 use sce_io::{
     AlignedBuf, BlockDevice, DirectMode, FileDevice, FileOptions, LatencyConfig, LatencyDevice,
@@ -275,6 +275,9 @@ fn latency_part(dir: &std::path::Path, n: usize) {
     let _ = std::fs::remove_file(dir.join("sce-bench-lat.img"));
 }
 
+/// The core shards of the start-up part's volume (and of the image it writes).
+const BENCH_SHARDS: usize = 4;
+
 fn startup_part(dir: &std::path::Path, cache_size: u64) {
     let path = dir.join("sce-bench-startup.img");
     let _ = std::fs::remove_file(&path);
@@ -300,7 +303,15 @@ fn startup_part(dir: &std::path::Path, cache_size: u64) {
     .expect("format");
     let l = sb.layout;
     // Every slot holds a fragment with every page valid; the data is the sparse file's zeros,
-    // so the checksums are those of a zero page at each page's address.
+    // so the checksums are those of a zero page at each page's address. A slot may hold only a
+    // fragment of the core shard that owns it, so the image is laid out with the shard map
+    // the volume will use (`BENCH_SHARDS`): local slot `j` of shard `k` holds the shard's
+    // local fragment `3 j`.
+    let map = ShardMap::new(BENCH_SHARDS, MIB, source_size, sb.layout.slots);
+    let frag_in = |s: u32| {
+        let (k, local) = map.slot_to_local(SlotNo(s));
+        map.frag_to_global(k, FragNo(local.0 as u64 * 3)).0
+    };
     let zero = [0u8; 4096];
     let pages = l.pages_per_fragment as u64;
     let bitmap = vec![u64::MAX; l.bitmap_words()];
@@ -317,13 +328,13 @@ fn startup_part(dir: &std::path::Path, cache_size: u64) {
                 b.set(
                     s - first,
                     &EntryIn {
-                        frag: s as u64 * 3,
+                        frag: frag_in(s),
                         volume: 1,
                         generation: 1,
                         bitmap: &bitmap,
                     },
                     |p| {
-                        let page = s as u64 * 3 * pages + p as u64;
+                        let page = frag_in(s) * pages + p as u64;
                         sce_store::page_checksum(&zero, sce_store::page_seed(1, page))
                     },
                 );
@@ -352,6 +363,7 @@ fn startup_part(dir: &std::path::Path, cache_size: u64) {
             EngineConfig {
                 background_population: false,
                 persist: Some(PersistConfig::new("bench-source")),
+                core_shards: BENCH_SHARDS,
                 ..EngineConfig::default()
             },
         )
