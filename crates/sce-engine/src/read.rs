@@ -1,9 +1,11 @@
 //! The read path: a request is cut into pieces, one per core shard it touches (with one
-//! shard, the request itself), each read on its own: plan under its core shard's shared
+//! shard, the request itself). Every piece is planned first: under its core shard's shared
 //! lock (its accounting deferred to a log shard), or under the shard's exclusive lock when
-//! admission `always` wants inline fills; run the
-//! planned I/O on the caller's thread, cached runs verified against their checksums; write
-//! the inline fills; release the pins (the read's [`PinnedRead`] guard does, when dropped).
+//! admission `always` wants inline fills. Then the planned I/O runs on the caller's thread:
+//! cached runs verified against their checksums, and source runs that follow each other
+//! across pieces merged into one source read (a request over several fragments costs one
+//! round trip to the source, not one per fragment). Then the inline fills are written, and
+//! the pins released (each piece's [`PinnedRead`] guard does, when dropped).
 
 use crate::shard::thread_index;
 use crate::shared::{request_error, Shared, LOG_BATCH, LOG_CAP, LOG_SHARDS};
@@ -21,9 +23,22 @@ struct PlannedRead {
     want: Vec<u32>,
 }
 
-thread_local! {
-    static PLAN: RefCell<PlannedRead> = RefCell::new(PlannedRead::default());
+/// One planned piece of a request: where it lies in the request's buffer, its plan (pins
+/// held) and its cached pages' expected checksums.
+struct PlannedPiece<'p> {
+    buf_offset: u64,
+    read: PinnedRead<'p>,
+    want: &'p [u32],
 }
+
+thread_local! {
+    /// The plans of this thread's reads, one per piece, reused from read to read.
+    static PLANS: RefCell<Vec<PlannedRead>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A source read being gathered from runs that follow each other in the source and in the
+/// request's buffer: (source offset, buffer offset, length).
+type SourceSpan = (u64, u64, u64);
 
 impl Shared {
     /// Reads `buf.len()` bytes at `offset` (a range the caller checked) through the cache.
@@ -36,48 +51,71 @@ impl Shared {
             }
             return r;
         }
-        if self.map.shards() == 1 {
-            return self.read_piece(0, offset, offset, buf).map(|_| ());
-        }
-        let (mut result, mut pieces, mut full) = (Ok(()), 0, 0);
-        for p in self.map.pieces(offset, len) {
-            let b = &mut buf[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
-            match self.read_piece(p.shard, p.offset, p.local, b) {
-                Ok(f) => {
-                    pieces += 1;
-                    full += f as u64;
-                }
-                Err(e) => result = Err(e),
+        PLANS.with(|cell| {
+            let mut plans = cell.borrow_mut();
+            let n = self.map.pieces(offset, len).count();
+            if plans.len() < n {
+                plans.resize_with(n, PlannedRead::default);
             }
-        }
-        self.counters.split_request(true, pieces, full);
-        result
+            if n == 1 {
+                // One piece (always, with one core shard): no gathering, no allocation.
+                let p = self.map.pieces(offset, len).next().expect("a piece");
+                let PlannedRead { plan, want } = &mut plans[0];
+                let read = self.plan(p.shard, (p.offset, p.local), p.len, plan, want)?;
+                let mut piece = PlannedPiece {
+                    buf_offset: 0,
+                    read,
+                    want,
+                };
+                self.preset_intents(&piece.read);
+                let result = self.read_runs(offset, buf, &[&piece]);
+                self.finish_piece(p.shard, p.offset, buf, &mut piece, result.is_ok());
+                return result;
+            }
+            let mut result = Ok(());
+            let mut pieces = Vec::with_capacity(n);
+            for (p, planned) in self.map.pieces(offset, len).zip(plans.iter_mut()) {
+                let PlannedRead { plan, want } = planned;
+                match self.plan(p.shard, (p.offset, p.local), p.len, plan, want) {
+                    Ok(read) => {
+                        self.preset_intents(&read);
+                        pieces.push((
+                            p,
+                            PlannedPiece {
+                                buf_offset: p.buf_offset,
+                                read,
+                                want,
+                            },
+                        ));
+                    }
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
+            if result.is_ok() {
+                let planned: Vec<&PlannedPiece> = pieces.iter().map(|(_, x)| x).collect();
+                result = self.read_runs(offset, buf, &planned);
+            }
+            let full = pieces.iter().filter(|(_, x)| x.read.full_hit).count() as u64;
+            self.counters.split_request(true, pieces.len() as u64, full);
+            for (p, mut x) in pieces {
+                let b = &buf[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
+                self.finish_piece(p.shard, p.offset, b, &mut x, result.is_ok());
+            }
+            result
+        })
     }
 
-    /// Reads the piece at global offset `offset` (`local` on core shard `k`'s source) into
-    /// `buf`. Returns whether it was a full hit.
-    fn read_piece(
-        &self,
-        k: usize,
-        offset: u64,
-        local: u64,
-        buf: &mut [u8],
-    ) -> Result<bool, IoError> {
-        PLAN.with(|cell| {
-            let mut planned = cell.borrow_mut();
-            let PlannedRead { plan, want } = &mut *planned;
-            let mut read = self.plan(k, (offset, local), buf.len() as u64, plan, want)?;
-            self.preset_intents(&read);
-            let result = self.read_runs(offset, buf, &read, want);
-            let pops = read.take_populations();
-            if !pops.is_empty() {
-                self.write_fills(k, offset, buf, &read, pops, result.is_ok());
-            }
-            let full = read.full_hit;
-            // Dropping the read releases its pins, without the core lock.
-            drop(read);
-            result.map(|()| full)
-        })
+    /// After a piece's I/O (`buf`: the piece's data, at global offset `offset` on core shard
+    /// `k`): writes its inline fills, if any, and completes their populations. Its pins are
+    /// released when the caller drops it.
+    fn finish_piece(&self, k: usize, offset: u64, buf: &[u8], x: &mut PlannedPiece, ok: bool) {
+        let pops = x.read.take_populations();
+        if !pops.is_empty() {
+            self.write_fills(k, offset, buf, &x.read, pops, ok);
+        }
     }
 
     /// Plans a read of core shard `k` (`at`: its global and local offsets) and takes the
@@ -154,43 +192,60 @@ impl Shared {
         }
     }
 
-    /// Runs a read's I/O into `buf` (the request at `offset`): cached runs verified against
-    /// `want` and served from the source when the cache cannot supply correct data, the
-    /// others from the source.
+    /// Runs the I/O of a request's planned pieces into `buf` (the request at `offset`):
+    /// cached runs verified against their checksums and served from the source when the
+    /// cache cannot supply correct data; source runs gathered into one source read while
+    /// they follow each other in the source and in the buffer.
     fn read_runs(
         &self,
         offset: u64,
         buf: &mut [u8],
-        plan: &ReadPlan,
-        want: &[u32],
+        pieces: &[&PlannedPiece],
     ) -> Result<(), IoError> {
         let mut result = Ok(());
         let (mut from_source, mut from_cache) = (0, 0);
-        let mut w = 0;
-        for run in &plan.runs {
-            let dst = &mut buf[run.buf_offset as usize..(run.buf_offset + run.len) as usize];
-            let src_off = offset + run.buf_offset;
-            match run.target {
-                RunTarget::Cache(c) => {
-                    // Without checksums (`verify` off) `want` is empty.
-                    let n = self.run_pages(c.0, run.len);
-                    let expect = want.get(w..w + n).unwrap_or(&[]);
-                    w += n;
-                    if self.read_cache_run(c.0, src_off, dst, expect) {
-                        from_cache += run.len;
-                    } else {
-                        // Unreadable or bad cached data: serve the run from the source.
-                        match self.source.read_at(src_off, dst) {
-                            Ok(()) => from_source += run.len,
-                            Err(e) => result = Err(e),
+        let mut span: Option<SourceSpan> = None;
+        let mut source_read = |span: SourceSpan, buf: &mut [u8], from_source: &mut u64| {
+            let (so, at, len) = span;
+            match self
+                .source
+                .read_at(so, &mut buf[at as usize..(at + len) as usize])
+            {
+                Ok(()) => *from_source += len,
+                Err(e) => result = Err(e),
+            }
+        };
+        for piece in pieces {
+            let mut w = 0;
+            for run in &piece.read.runs {
+                let at = piece.buf_offset + run.buf_offset;
+                match run.target {
+                    RunTarget::Cache(c) => {
+                        // Without checksums (`verify` off) `want` is empty.
+                        let n = self.run_pages(c.0, run.len);
+                        let expect = piece.want.get(w..w + n).unwrap_or(&[]);
+                        w += n;
+                        let dst = &mut buf[at as usize..(at + run.len) as usize];
+                        if self.read_cache_run(c.0, offset + at, dst, expect) {
+                            from_cache += run.len;
+                        } else {
+                            // Unreadable or bad cached data: serve the run from the source.
+                            source_read((offset + at, at, run.len), buf, &mut from_source);
                         }
                     }
+                    RunTarget::Source(so) => match &mut span {
+                        Some((s0, a0, l)) if *s0 + *l == so.0 && *a0 + *l == at => *l += run.len,
+                        _ => {
+                            if let Some(done) = span.replace((so.0, at, run.len)) {
+                                source_read(done, buf, &mut from_source);
+                            }
+                        }
+                    },
                 }
-                RunTarget::Source(so) => match self.source.read_at(so.0, dst) {
-                    Ok(()) => from_source += run.len,
-                    Err(e) => result = Err(e),
-                },
             }
+        }
+        if let Some(done) = span {
+            source_read(done, buf, &mut from_source);
         }
         // Shared counters: a hit leaves the source's alone (no write to a shared line).
         if from_source > 0 {

@@ -297,3 +297,101 @@ fn a_hit_completes_while_another_shard_is_locked() {
     );
     assert_eq!(after.write_requests - before.write_requests, 1);
 }
+
+/// A source that counts its reads.
+struct CountingSource {
+    inner: MemDevice,
+    reads: std::sync::atomic::AtomicU64,
+}
+
+impl BlockDevice for CountingSource {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.inner.logical_block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), sce_io::IoError> {
+        self.reads.fetch_add(1, Relaxed);
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), sce_io::IoError> {
+        self.inner.write_at(offset, buf)
+    }
+    fn flush(&self) -> Result<(), sce_io::IoError> {
+        self.inner.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<(), sce_io::IoError> {
+        self.inner.discard(offset, len)
+    }
+}
+
+/// A read over many fragments of several shards costs one source read where its misses
+/// follow each other, however many pieces it is cut into (4 KiB fragments, the
+/// flashcache-like geometry, cut a 128 KiB read into 32 pieces: read one by one, they cost
+/// 32 round trips to the source); a hit in the middle splits it in two, and the data is
+/// the source's.
+#[test]
+fn misses_across_pieces_are_one_source_read() {
+    let source = Arc::new(CountingSource {
+        inner: MemDevice::new(16 * MIB),
+        reads: Default::default(),
+    });
+    let mut data = AlignedBuf::new(MIB as usize);
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = (i % 253) as u8;
+    }
+    source.inner.write_at(0, &data).expect("source");
+    let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(8 * MIB));
+    let core = CoreConfig {
+        fragment_size: 4096,
+        ..CoreConfig::default()
+    };
+    let vol =
+        CacheVolume::open(source.clone(), cache.clone(), engine(core, 4, false)).expect("open");
+    assert_eq!(vol.core_shards(), 4);
+    let mut buf = AlignedBuf::new(128 << 10);
+    let reads = |vol: &CacheVolume, buf: &mut AlignedBuf, at: u64| {
+        let before = source.reads.load(Relaxed);
+        vol.read_at(at, buf).expect("read");
+        assert!(
+            buf[..] == data[at as usize..at as usize + buf.len()],
+            "the source's data"
+        );
+        source.reads.load(Relaxed) - before
+    };
+    assert_eq!(
+        reads(&vol, &mut buf, 64 << 10),
+        1,
+        "32 missed pieces, one source read"
+    );
+    // Cache one fragment in the middle: the misses on either side are two reads.
+    vol.prefetch((64 << 10) + 16 * 4096, 4096)
+        .expect("prefetch");
+    assert!(
+        vol.stats().fragments_populated >= 1,
+        "the fragment was cached"
+    );
+    assert_eq!(
+        reads(&vol, &mut buf, 64 << 10),
+        2,
+        "a hit between two runs of misses"
+    );
+    drop(vol);
+    // Inline fills (admission `always`, the flashcache-like baseline): one source read fills
+    // every piece, and the same read again is all hits.
+    let core = CoreConfig {
+        fragment_size: 4096,
+        admission: Admission::Always,
+        ..CoreConfig::default()
+    };
+    let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(8 * MIB));
+    let vol = CacheVolume::open(source.clone(), cache, engine(core, 4, false)).expect("open");
+    assert_eq!(
+        reads(&vol, &mut buf, 256 << 10),
+        1,
+        "32 inline-filled pieces, one read"
+    );
+    assert_eq!(reads(&vol, &mut buf, 256 << 10), 0, "then all hits");
+    assert_eq!(vol.stats().read_pages_hit, 32);
+}
