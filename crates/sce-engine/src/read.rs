@@ -7,6 +7,7 @@
 //! round trip to the source, not one per fragment). Then the inline fills are written, and
 //! the pins released (each piece's [`PinnedRead`] guard does, when dropped).
 
+use crate::persist::Ticket;
 use crate::shard::thread_index;
 use crate::shared::{request_error, Shared, LOG_BATCH, LOG_CAP, LOG_SHARDS};
 use sce_core::{PinnedRead, Populating, ReadPlan, RunTarget, SourceOffset};
@@ -57,16 +58,19 @@ impl Shared {
             if plans.len() < n {
                 plans.resize_with(n, PlannedRead::default);
             }
+            let mut tickets = Vec::new();
             if n == 1 {
                 // One piece (always, with one core shard): no gathering, no allocation.
                 let p = self.map.pieces(offset, len).next().expect("a piece");
                 let PlannedRead { plan, want } = &mut plans[0];
-                let read = self.plan(p.shard, (p.offset, p.local), p.len, plan, want)?;
+                let at = (p.offset, p.local);
+                let read = self.plan(p.shard, at, p.len, plan, want, &mut tickets)?;
                 let mut piece = PlannedPiece {
                     buf_offset: 0,
                     read,
                     want,
                 };
+                self.guard_fills(&tickets, std::slice::from_mut(&mut piece));
                 self.preset_intents(&piece.read);
                 let result = self.read_runs(offset, buf, &[&piece]);
                 self.finish_piece(p.shard, p.offset, buf, &mut piece, result.is_ok());
@@ -74,19 +78,20 @@ impl Shared {
             }
             let mut result = Ok(());
             let mut pieces = Vec::with_capacity(n);
+            let mut placed = Vec::with_capacity(n);
             for (p, planned) in self.map.pieces(offset, len).zip(plans.iter_mut()) {
                 let PlannedRead { plan, want } = planned;
-                match self.plan(p.shard, (p.offset, p.local), p.len, plan, want) {
+                let at = (p.offset, p.local);
+                match self.plan(p.shard, at, p.len, plan, want, &mut tickets) {
                     Ok(read) => {
                         self.preset_intents(&read);
-                        pieces.push((
-                            p,
-                            PlannedPiece {
-                                buf_offset: p.buf_offset,
-                                read,
-                                want,
-                            },
-                        ));
+                        placed.push(p);
+                        let buf_offset = p.buf_offset;
+                        pieces.push(PlannedPiece {
+                            buf_offset,
+                            read,
+                            want,
+                        });
                     }
                     Err(e) => {
                         result = Err(e);
@@ -94,18 +99,30 @@ impl Shared {
                     }
                 }
             }
+            // The fills' intents, all pieces' at once: one wait, not one per piece.
+            self.guard_fills(&tickets, &mut pieces);
             if result.is_ok() {
-                let planned: Vec<&PlannedPiece> = pieces.iter().map(|(_, x)| x).collect();
+                let planned: Vec<&PlannedPiece> = pieces.iter().collect();
                 result = self.read_runs(offset, buf, &planned);
             }
-            let full = pieces.iter().filter(|(_, x)| x.read.full_hit).count() as u64;
+            let full = pieces.iter().filter(|x| x.read.full_hit).count() as u64;
             self.counters.split_request(true, pieces.len() as u64, full);
-            for (p, mut x) in pieces {
+            for (p, mut x) in placed.into_iter().zip(pieces) {
                 let b = &buf[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
                 self.finish_piece(p.shard, p.offset, b, &mut x, result.is_ok());
             }
             result
         })
+    }
+
+    /// Waits until the intents that guard the pieces' inline fills are durable; if they
+    /// cannot be written, drops the fills (their populations then complete as failed).
+    fn guard_fills(&self, tickets: &[Ticket], pieces: &mut [PlannedPiece]) {
+        if !tickets.is_empty() && !self.wait_intents(tickets) {
+            for x in pieces {
+                x.read.clear_fills();
+            }
+        }
     }
 
     /// After a piece's I/O (`buf`: the piece's data, at global offset `offset` on core shard
@@ -121,8 +138,9 @@ impl Shared {
     /// Plans a read of core shard `k` (`at`: its global and local offsets) and takes the
     /// expected checksums of its cached pages with it: under the shared lock, its
     /// accounting deferred to a log shard; or, if it wants inline fills, again under the
-    /// exclusive lock, the fills' slots guarded by write intents (a fill whose intents
-    /// cannot be written is dropped). The plan's addresses are global.
+    /// exclusive lock, the fills' slots guarded by write intents (the caller waits for
+    /// `tickets`, which this adds to, before it writes the fills). The plan's addresses are
+    /// global.
     fn plan<'p>(
         &'p self,
         k: usize,
@@ -130,6 +148,7 @@ impl Shared {
         len: u64,
         plan: &'p mut ReadPlan,
         want: &mut Vec<u32>,
+        tickets: &mut Vec<Ticket>,
     ) -> Result<PinnedRead<'p>, IoError> {
         let (offset, local) = at;
         let err = |e| request_error(Op::Read, e, offset, len, self.source.size(), self.lbs);
@@ -153,15 +172,10 @@ impl Shared {
         self.expected_crcs(&read, want);
         if let Some(p) = &self.persist {
             // Inline fills go to freshly allocated slots: guard them as populations.
-            let mut t = Vec::new();
             for f in &read.fills {
                 let slot = (f.cache.0 >> self.fshift) as u32;
                 let frag = (offset + f.buf_offset) >> self.fshift;
-                t.extend(p.guard_slot(slot, frag));
-            }
-            drop(core);
-            if !self.wait_intents(&t) {
-                read.clear_fills();
+                tickets.extend(p.guard_slot(slot, frag));
             }
         }
         Ok(read)
