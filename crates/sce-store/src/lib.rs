@@ -3,6 +3,7 @@
 //! * [`layout`]: where the superblocks, the write-intent bitmap, the metadata units and the
 //!   data slots live.
 //! * [`superblock`]: the superblock (two alternating copies) and its volume table.
+//! * [`journal`]: the write journal, a ring naming the pages writes are about to change.
 //! * [`unit`]: metadata units holding per-slot records: fragment, volume generation,
 //!   page-validity bitmap and per-page CRC-32C checksums.
 //! * This module: formatting ([`format`]), loading ([`load`]), checking ([`check`]) and the
@@ -11,6 +12,7 @@
 //! The ordering rules that make the records safe to trust after a crash are the engine's
 //! (`sce-engine`'s `persist` module); this crate only reads and writes the structures.
 
+pub mod journal;
 pub mod layout;
 pub mod superblock;
 pub mod unit;
@@ -39,7 +41,7 @@ pub enum StoreError {
     #[error("the cache device belongs to another source ({0}); pass --reformat to reuse it for this one")]
     Foreign(String),
     /// Written by an older sce whose format this one does not read.
-    #[error("the cache device has format version {0}, older than this sce's {FORMAT_VERSION}; its contents cannot be verified by this version and it must be reformatted")]
+    #[error("the cache device has format version {0}, older than this sce's {FORMAT_VERSION}; this version cannot trust its contents: pass --reformat (or run `sce format --force`) to reformat it, which starts the cache cold")]
     OldVersion(u32),
     /// The device was disabled after errors.
     #[error("the cache device was disabled after device errors; pass --reformat to reuse it")]
@@ -71,7 +73,8 @@ pub struct FormatOptions {
 }
 
 /// Formats `dev`: a new UUID, a fresh superblock (both copies), an empty intent bitmap.
-/// Old metadata units are not erased: they carry the old UUID and are rejected as foreign.
+/// Old metadata units and journal blocks are not erased: they carry the old UUID and are
+/// rejected as foreign.
 pub fn format(dev: &dyn BlockDevice, opts: &FormatOptions) -> Result<Superblock, StoreError> {
     let size = opts.size.unwrap_or(dev.size()).min(dev.size());
     let layout = Layout::compute(size - size % BLOCK, opts.fragment_size)?;
@@ -103,6 +106,7 @@ pub fn format(dev: &dyn BlockDevice, opts: &FormatOptions) -> Result<Superblock,
         last_open: 0,
         clean_shutdowns: 0,
         unclean_starts: 0,
+        journal_tail: 0,
         volumes: vec![opts.volume.clone()],
     };
     // Write copy B (seq 1) and then A (seq 2), so both are valid and A wins.
@@ -242,8 +246,14 @@ pub struct ScanReport {
     pub slots_in_bad_units: u64,
     /// Write-intent bits set.
     pub intents_set: u64,
-    /// Valid pages in the loadable entries.
+    /// Valid pages in the loadable entries (after the journal's drops).
     pub pages_valid: u64,
+    /// Live write-journal blocks (sequence at or above the tail).
+    pub journal_blocks_live: u64,
+    /// Pages of loadable entries dropped because a live journal entry names them.
+    pub journal_pages_dropped: u64,
+    /// Loadable entries that lost pages to the journal.
+    pub journal_fragments_hit: u64,
 }
 
 impl ScanReport {
@@ -275,6 +285,11 @@ pub struct Loaded {
     pub rewrite_units: Vec<u32>,
     /// What the scan found.
     pub report: ScanReport,
+    /// The write journal as found.
+    pub journal: journal::JournalScan,
+    /// Loaded slots whose records lost pages to the journal (their on-device records still
+    /// claim them: the engine sets their intents before it resets the journal).
+    pub journal_slots: Vec<u32>,
 }
 
 /// Which volume of the table `name`/`size` is, or why it is none.
@@ -427,7 +442,8 @@ pub fn load(
         |u, err| bad_units.push((u, err)),
     )?;
     count_bad_units(&l, &bad_units, &mut report, &mut rewrite);
-    Ok(Loaded {
+    let journal = journal::scan_journal(dev, &sb)?;
+    let mut loaded = Loaded {
         superblock: sb,
         volume,
         entries,
@@ -437,7 +453,11 @@ pub fn load(
         unloaded_claims: unloaded,
         rewrite_units: rewrite.into_iter().collect(),
         report,
-    })
+        journal,
+        journal_slots: Vec::new(),
+    };
+    journal::apply(&mut loaded, v.id);
+    Ok(loaded)
 }
 
 /// Counts the units that failed to load by why; every bad unit but a blank one is to be

@@ -8,7 +8,7 @@ use crate::StoreError;
 /// First bytes of a superblock.
 pub const MAGIC: [u8; 8] = *b"SCECACHE";
 /// The on-device format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// Volume table entries a superblock holds.
 pub const MAX_VOLUMES: usize = 16;
 /// Longest volume name, in bytes.
@@ -81,6 +81,10 @@ pub struct Superblock {
     pub clean_shutdowns: u64,
     /// Starts that found the device not cleanly shut down.
     pub unclean_starts: u64,
+    /// The write journal's tail: journal blocks with a lower sequence number are no longer
+    /// needed (the records they vouch for were durable when it was written) and are ignored
+    /// at load.
+    pub journal_tail: u64,
     /// The volume table.
     pub volumes: Vec<Volume>,
 }
@@ -163,6 +167,9 @@ impl Superblock {
         w.u64(136, self.unclean_starts);
         w.u32(144, l.intent_blocks);
         w.u32(148, l.pages_per_fragment);
+        w.u64(152, l.journal_offset);
+        w.u32(160, l.journal_blocks);
+        w.u64(168, self.journal_tail);
         w.u32(VOLUMES_AT, self.volumes.len() as u32);
         for (i, v) in self.volumes.iter().enumerate().take(MAX_VOLUMES) {
             let at = VOLUMES_AT + 8 + i * VOLUME_ENTRY;
@@ -229,6 +236,7 @@ impl Superblock {
             last_open: rd64(b, 120),
             clean_shutdowns: rd64(b, 128),
             unclean_starts: rd64(b, 136),
+            journal_tail: rd64(b, 168),
             volumes,
         })
     }
@@ -256,6 +264,8 @@ fn decode_layout(b: &[u8]) -> Result<Layout, StoreError> {
         units: rd32(b, 100),
         intent_offset: rd64(b, 72),
         intent_blocks: rd32(b, 144),
+        journal_offset: rd64(b, 152),
+        journal_blocks: rd32(b, 160),
         meta_offset: rd64(b, 80),
         data_offset: rd64(b, 88),
     };

@@ -19,6 +19,7 @@ fn golden() -> Superblock {
         last_open: 1_700_000_050,
         clean_shutdowns: 3,
         unclean_starts: 1,
+        journal_tail: 77,
         volumes: vec![Volume {
             id: 1,
             generation: 2,
@@ -32,17 +33,17 @@ fn golden() -> Superblock {
 #[test]
 fn format_version_and_golden_superblock() {
     assert_eq!(
-        FORMAT_VERSION, 2,
+        FORMAT_VERSION, 3,
         "a format change must bump the version and the golden image"
     );
     let img = golden().encode();
     assert_eq!(img.len(), 4096);
     assert_eq!(&img[0..8], &MAGIC);
-    assert_eq!(&img[8..12], &2u32.to_le_bytes());
+    assert_eq!(&img[8..12], &3u32.to_le_bytes());
     // The whole image, pinned by its CRC-32C: any change to the encoding shows here.
     assert_eq!(
         crc32c::crc32c(&img),
-        0x8022_5016,
+        0xb6ea_75ad,
         "the superblock encoding changed: bump FORMAT_VERSION and update docs/FORMAT.md"
     );
     assert_eq!(Superblock::decode(&img).unwrap(), golden());
@@ -55,8 +56,14 @@ fn layout_arithmetic_is_pinned() {
         (l.entry_size, l.unit_size, l.slots_per_unit),
         (1072, 4096, 3)
     );
-    assert_eq!((l.slots, l.units, l.intent_blocks), (1022, 341, 1));
-    assert_eq!((l.meta_offset, l.data_offset), (12288, 2 << 20));
+    assert_eq!((l.slots, l.units, l.intent_blocks), (1018, 340, 1));
+    // The write journal: 1/256 of the device, at most 4 MiB, after the intent bitmap.
+    assert_eq!((l.journal_offset, l.journal_blocks), (12288, 1024));
+    assert_eq!((l.meta_offset, l.data_offset), (12288 + (4 << 20), 6 << 20));
+    let small = Layout::compute(64 << 20, 1 << 20).unwrap();
+    assert_eq!(small.journal_blocks, 64);
+    let tiny = Layout::compute(2 << 20, 64 << 10).unwrap();
+    assert_eq!(tiny.journal_blocks, 16);
     assert!(l.data_offset + l.data_bytes() <= 1 << 30);
     let s = Layout::compute(1 << 30, 4096).unwrap();
     assert_eq!((s.entry_size, s.slots_per_unit), (28, 144));
@@ -111,17 +118,22 @@ fn every_damaged_byte_gives_an_error_or_the_other_copy_never_a_panic() {
 #[test]
 fn newer_version_foreign_and_blank_devices_are_named() {
     let mut sb = golden();
-    sb.version = 3;
+    sb.version = 4;
     let d = device_with(&sb);
     let e = read_superblock(&d).unwrap_err();
-    assert!(matches!(e, StoreError::Version(3)), "{e}");
-    assert!(e.to_string().contains("newer than this sce's 2"), "{e}");
-    // A version-1 device (per-page checksums not bound to their address) is named as older.
-    let mut old = golden();
-    old.version = 1;
-    let e = read_superblock(&device_with(&old)).unwrap_err();
-    assert!(matches!(e, StoreError::OldVersion(1)), "{e}");
-    assert!(e.to_string().contains("older than this sce's 2"), "{e}");
+    assert!(matches!(e, StoreError::Version(4)), "{e}");
+    assert!(e.to_string().contains("newer than this sce's 3"), "{e}");
+    // Older devices (version 1: checksums not bound to their address; version 2: no write
+    // journal) are named as older, and the message says how to go on.
+    for v in [1, 2] {
+        let mut old = golden();
+        old.version = v;
+        let e = read_superblock(&device_with(&old)).unwrap_err();
+        assert!(matches!(e, StoreError::OldVersion(x) if x == v), "{e}");
+        let m = e.to_string();
+        assert!(m.contains("older than this sce's 3"), "{m}");
+        assert!(m.contains("--reformat"), "{m}");
+    }
     let blank = MemDevice::new(1 << 20);
     assert!(matches!(
         read_superblock(&blank),

@@ -1,0 +1,255 @@
+//! The write journal: a ring of 4 KiB blocks naming the pages that writes are about to
+//! change on the source (Mercury's persistent invalidation, at page granularity).
+//!
+//! Before a source write to pages that a slot's durable record may claim, the engine appends
+//! an entry (fragment, first page, page count) and waits until a block holding it is durable;
+//! concurrent writers share one block (group commit). At load, every entry of a live block
+//! (this device's, checksum right, sequence at or above the superblock's journal tail) drops
+//! exactly those pages from the loaded records. Each commit writes a fresh block at ring
+//! position `seq % ring`; a block is overwritten only once a flush round made durable the
+//! records its entries vouch for, so a torn write only loses entries whose source writes
+//! were never sent.
+//!
+//! Block layout (all little-endian):
+//!
+//! | at | type | field |
+//! |---|---|---|
+//! | 0 | u32 | magic `SCEJ` |
+//! | 4 | u32 | format version |
+//! | 8 | u32 | CRC-32C of the block with this field zero |
+//! | 12 | u32 | entries in the block |
+//! | 16 | [u8; 16] | device UUID |
+//! | 32 | u64 | sequence number |
+//! | 40 | u32 | the block's index in the ring |
+//! | 64 + 16*i | entry | fragment u64, volume id u16, reserved u16, first page u16, pages u16 |
+
+use crate::layout::{Layout, BLOCK};
+use crate::superblock::{rd16, rd32, rd64, FORMAT_VERSION};
+use crate::Superblock;
+use sce_io::{AlignedBuf, BlockDevice, IoError};
+
+/// First bytes of a journal block.
+pub const JOURNAL_MAGIC: u32 = u32::from_le_bytes(*b"SCEJ");
+/// Bytes of a journal block header.
+pub const JOURNAL_HEADER: usize = 64;
+/// Bytes of one journal entry.
+pub const JOURNAL_ENTRY: usize = 16;
+/// Entries one journal block holds (252).
+pub const ENTRIES_PER_BLOCK: usize = (BLOCK as usize - JOURNAL_HEADER) / JOURNAL_ENTRY;
+const CRC_AT: usize = 8;
+
+/// Pages of a fragment about to be written on the source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct JournalEntry {
+    /// The (global) fragment.
+    pub frag: u64,
+    /// The volume's id in the table.
+    pub volume: u16,
+    /// First page of the range within the fragment.
+    pub first: u16,
+    /// Pages in the range (at least 1).
+    pub pages: u16,
+}
+
+/// Why a journal block was not accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JournalError {
+    /// All zero: never written.
+    Blank,
+    /// Wrong magic, version or entry count: not a journal block, or garbage.
+    NotABlock,
+    /// The checksum does not match: torn or corrupted.
+    Checksum,
+    /// A sound block of another device.
+    Foreign,
+}
+
+/// The image of journal block `index` with sequence `seq` holding `entries` (at most
+/// [`ENTRIES_PER_BLOCK`]).
+pub fn encode_block(uuid: &[u8; 16], seq: u64, index: u32, entries: &[JournalEntry]) -> Vec<u8> {
+    assert!(
+        entries.len() <= ENTRIES_PER_BLOCK,
+        "a journal block overflows"
+    );
+    let mut b = vec![0u8; BLOCK as usize];
+    b[0..4].copy_from_slice(&JOURNAL_MAGIC.to_le_bytes());
+    b[4..8].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    b[12..16].copy_from_slice(&(entries.len() as u32).to_le_bytes());
+    b[16..32].copy_from_slice(uuid);
+    b[32..40].copy_from_slice(&seq.to_le_bytes());
+    b[40..44].copy_from_slice(&index.to_le_bytes());
+    for (i, e) in entries.iter().enumerate() {
+        let at = JOURNAL_HEADER + i * JOURNAL_ENTRY;
+        b[at..at + 8].copy_from_slice(&e.frag.to_le_bytes());
+        b[at + 8..at + 10].copy_from_slice(&e.volume.to_le_bytes());
+        b[at + 12..at + 14].copy_from_slice(&e.first.to_le_bytes());
+        b[at + 14..at + 16].copy_from_slice(&e.pages.to_le_bytes());
+    }
+    let crc = crc32c::crc32c(&b);
+    b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// A decoded journal block: its sequence number, the ring index it was written for, its
+/// entries.
+pub type DecodedBlock = (u64, u32, Vec<JournalEntry>);
+
+/// Decodes a journal block of device `uuid`. The ring index it names is returned, not
+/// checked: a sound block of this device found at another position (a misdirected write)
+/// still names pages that may have been written, and dropping them is always safe.
+pub fn decode_block(uuid: &[u8; 16], buf: &[u8]) -> Result<DecodedBlock, JournalError> {
+    let b = buf.get(..BLOCK as usize).ok_or(JournalError::NotABlock)?;
+    if b.iter().all(|&x| x == 0) {
+        return Err(JournalError::Blank);
+    }
+    let n = rd32(b, 12) as usize;
+    if rd32(b, 0) != JOURNAL_MAGIC || rd32(b, 4) != FORMAT_VERSION || n > ENTRIES_PER_BLOCK {
+        return Err(JournalError::NotABlock);
+    }
+    let mut h = crc32c::crc32c(&b[..CRC_AT]);
+    h = crc32c::crc32c_append(h, &[0; 4]);
+    h = crc32c::crc32c_append(h, &b[CRC_AT + 4..]);
+    if h != rd32(b, CRC_AT) {
+        return Err(JournalError::Checksum);
+    }
+    if b[16..32] != uuid[..] {
+        return Err(JournalError::Foreign);
+    }
+    let entries = (0..n)
+        .map(|i| {
+            let at = JOURNAL_HEADER + i * JOURNAL_ENTRY;
+            JournalEntry {
+                frag: rd64(b, at),
+                volume: rd16(b, at + 8),
+                first: rd16(b, at + 12),
+                pages: rd16(b, at + 14),
+            }
+        })
+        .collect();
+    Ok((rd64(b, 32), rd32(b, 40), entries))
+}
+
+/// What scanning the journal ring found.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct JournalScan {
+    /// Entries of the live blocks (sequence at or above the tail), in ring order.
+    #[serde(skip)]
+    pub entries: Vec<JournalEntry>,
+    /// Live blocks.
+    pub blocks_live: u32,
+    /// Sound blocks of this device below the tail (older laps, already covered by records).
+    pub blocks_old: u32,
+    /// Blocks never written.
+    pub blocks_blank: u32,
+    /// Torn or garbage blocks (ignored: their source writes were never sent).
+    pub blocks_bad: u32,
+    /// Sound blocks of another device (ignored).
+    pub blocks_foreign: u32,
+    /// The highest sequence number of any sound block of this device (None: none).
+    pub max_seq: Option<u64>,
+}
+
+impl JournalScan {
+    /// The first sequence number a restarted journal may use: above every block on the
+    /// device and at least the tail, so no block written before counts as live again.
+    pub fn next_seq(&self, tail: u64) -> u64 {
+        self.max_seq.map_or(tail, |m| (m + 1).max(tail))
+    }
+}
+
+/// Reads the whole journal ring of `sb`'s device and keeps the entries of its live blocks.
+pub fn scan_journal(dev: &dyn BlockDevice, sb: &Superblock) -> Result<JournalScan, IoError> {
+    let l: &Layout = &sb.layout;
+    let mut scan = JournalScan::default();
+    let per_chunk = 256u32;
+    let mut buf = AlignedBuf::new((per_chunk as u64 * BLOCK) as usize);
+    let mut b = 0;
+    while b < l.journal_blocks {
+        let n = per_chunk.min(l.journal_blocks - b);
+        let bytes = (n as u64 * BLOCK) as usize;
+        dev.read_at(l.journal_block_offset(b), &mut buf[..bytes])?;
+        for k in 0..n {
+            let img = &buf[(k as u64 * BLOCK) as usize..((k + 1) as u64 * BLOCK) as usize];
+            match decode_block(&sb.uuid, img) {
+                Ok((seq, _, entries)) => {
+                    scan.max_seq = Some(scan.max_seq.map_or(seq, |m| m.max(seq)));
+                    if seq >= sb.journal_tail {
+                        scan.blocks_live += 1;
+                        scan.entries.extend(entries);
+                    } else {
+                        scan.blocks_old += 1;
+                    }
+                }
+                Err(JournalError::Blank) => scan.blocks_blank += 1,
+                Err(JournalError::NotABlock | JournalError::Checksum) => scan.blocks_bad += 1,
+                Err(JournalError::Foreign) => scan.blocks_foreign += 1,
+            }
+        }
+        b += n;
+    }
+    Ok(scan)
+}
+
+/// Drops the pages named by the live journal entries of volume `volume` from the loaded
+/// records. A record left with pages is kept and its slot listed in `journal_slots` (its
+/// on-device record still claims the dropped pages: the engine guards it with a durable
+/// intent before it resets the journal); one left empty is not loaded, its slot joins
+/// `unloaded_claims` and its unit is rewritten.
+pub(crate) fn apply(loaded: &mut crate::Loaded, volume: u16) {
+    let l = loaded.superblock.layout;
+    let words = l.bitmap_words();
+    let mut by_frag: std::collections::HashMap<u64, Vec<usize>> = Default::default();
+    for (i, &(_, f)) in loaded.entries.iter().enumerate() {
+        by_frag.entry(f).or_default().push(i);
+    }
+    let mut hit = vec![false; loaded.entries.len()];
+    let mut dropped = 0u64;
+    for e in loaded.journal.entries.iter().filter(|e| e.volume == volume) {
+        let Some(idx) = by_frag.get(&e.frag) else {
+            continue;
+        };
+        let lo = e.first as u32;
+        let hi = (lo + e.pages as u32).min(l.pages_per_fragment);
+        for &i in idx {
+            let bm = &mut loaded.bitmaps[i * words..(i + 1) * words];
+            for p in lo..hi {
+                let (w, b) = (p as usize / 64, 1u64 << (p % 64));
+                if bm[w] & b != 0 {
+                    bm[w] &= !b;
+                    dropped += 1;
+                    hit[i] = true;
+                }
+            }
+        }
+    }
+    let r = &mut loaded.report;
+    r.journal_blocks_live = loaded.journal.blocks_live as u64;
+    r.journal_pages_dropped = dropped;
+    r.pages_valid -= dropped;
+    if dropped == 0 {
+        return;
+    }
+    let (mut entries, mut bitmaps) = (Vec::new(), Vec::new());
+    let mut rewrite: std::collections::BTreeSet<u32> =
+        loaded.rewrite_units.iter().copied().collect();
+    for (i, &(s, f)) in loaded.entries.iter().enumerate() {
+        let bm = &loaded.bitmaps[i * words..(i + 1) * words];
+        if hit[i] {
+            r.journal_fragments_hit += 1;
+        }
+        if hit[i] && bm.iter().all(|&w| w == 0) {
+            r.slots_valid -= 1;
+            loaded.unloaded_claims.push(s);
+            rewrite.insert(l.unit_of(s).0);
+            continue;
+        }
+        if hit[i] {
+            loaded.journal_slots.push(s);
+        }
+        entries.push((s, f));
+        bitmaps.extend_from_slice(bm);
+    }
+    loaded.entries = entries;
+    loaded.bitmaps = bitmaps;
+    loaded.rewrite_units = rewrite.into_iter().collect();
+}
