@@ -112,8 +112,10 @@ impl Shared {
     }
 
     /// Plans a write or discard, piece by piece (each under its core shard's lock, one at a
-    /// time) and, with persistence, sets the intents it needs (under the same lock); the
-    /// caller waits for the tickets before sending anything.
+    /// time) and, with persistence, sets the intents or appends the journal entries it needs
+    /// (under the same lock, right after the core invalidated the pages: a flush round that
+    /// notes the journal later snapshots the invalidation); the caller waits for the
+    /// tickets before sending anything.
     fn begin_write(
         &self,
         offset: u64,
@@ -146,12 +148,10 @@ impl Shared {
                 }
             };
             if let Some(persist) = self.persist.as_ref().filter(|_| p.len > 0) {
-                let first = p.offset >> self.fshift;
-                let last = (p.offset + p.len - 1) >> self.fshift;
                 let (core, map, k) = (&*core, &self.map, p.shard);
                 let fshift = self.fshift;
                 tickets.extend(persist.guard_write(
-                    first..=last,
+                    (p.offset, p.len),
                     txn.copies().iter().map(move |c| {
                         let local = SlotNo((c.write().cache.0 >> fshift) as u32);
                         let f = core.slot_state(local).0;

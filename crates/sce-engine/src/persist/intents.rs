@@ -1,10 +1,13 @@
-//! Write intents: which slots need their bit durably set before a write, setting bits
-//! ahead of need on reads of recently written slots, and writing the intent blocks (group
-//! commit).
+//! Write intents and journal entries: what a write needs durable before it is sent (its
+//! slots' intent bits, or journal entries naming its pages), setting bits ahead of need on
+//! reads of recently written slots (without the journal), and writing the intent and
+//! journal blocks (group commit).
 
+use super::journal::Journal;
 use super::{Persist, Ticket};
 use sce_core::hotness::IntMap;
 use sce_io::{AlignedBuf, BlockDevice, IoError};
+use sce_store::journal::JournalEntry;
 use sce_store::layout::{BLOCK, SLOTS_PER_INTENT_BLOCK};
 use sce_store::unit::NO_FRAGMENT;
 use std::collections::BTreeSet;
@@ -36,6 +39,8 @@ pub(super) struct State {
     /// Per slot: the version of its intent block that set its bit (the bit is durable once
     /// the block is durable at that version).
     pub(super) set_version: Vec<u64>,
+    /// The write journal's blocks in memory.
+    pub(super) journal: Journal,
 }
 
 impl State {
@@ -68,7 +73,15 @@ impl State {
         }
         let block = (s as u64 / SLOTS_PER_INTENT_BLOCK) as u32;
         let v = self.set_version[s as usize];
-        (self.durable[block as usize] < v).then_some(Ticket { block, version: v })
+        (self.durable[block as usize] < v).then_some(Ticket::Intent { block, version: v })
+    }
+
+    /// True if the ticket's block is durable.
+    fn done(&self, t: &Ticket) -> bool {
+        match *t {
+            Ticket::Intent { block, version } => self.durable[block as usize] >= version,
+            Ticket::Journal(seq) => self.journal.durable(seq),
+        }
     }
 }
 
@@ -87,25 +100,52 @@ fn block_image(intents: &[u64], block: u32) -> AlignedBuf {
 }
 
 impl Persist {
-    /// Under the core lock, before a write's source write and cache copies are sent: the
-    /// intents it needs. `frags` are the fragments written, `copies` the slots its cache
-    /// copies go to, with the fragment each holds.
+    /// Under the core lock, before a write's source write and cache copies are sent: what it
+    /// needs durable. `range` is the piece written (global offset, length), `copies` the
+    /// slots its cache copies go to, with the fragment each holds.
+    ///
+    /// With the journal, a fragment whose record may be claimed by a slot gets an entry
+    /// naming the pages written, and its slot's intent is left alone (even when set: an
+    /// intent that a write kept set would stay set while the slot is written, and a crash
+    /// would drop the slot whole; the entry protects the write whether or not the flusher
+    /// clears the bit meanwhile). A full ring falls back to the intent.
     pub(crate) fn guard_write(
         &self,
-        frags: impl Iterator<Item = u64>,
+        range: (u64, u64),
         copies: impl Iterator<Item = (u32, u64)>,
     ) -> Vec<Ticket> {
+        let (offset, len) = range;
+        let fsize = self.layout.fragment_size;
         let mut st = self.st.lock();
         let mut t = Vec::new();
         let warm = self
             .round_no
             .load(Relaxed)
             .saturating_add(self.cfg.warm_rounds);
-        for f in frags {
-            if let Some(&s) = st.owner.get(&f) {
-                t.extend(st.touch(s));
+        for f in offset / fsize..=(offset + len - 1) / fsize {
+            let Some(&s) = st.owner.get(&f) else {
+                continue;
+            };
+            if self.journal_on() {
+                let start = f * fsize;
+                let lo = offset.max(start) - start;
+                let hi = (offset + len).min(start + fsize) - start;
+                let e = JournalEntry {
+                    frag: f,
+                    volume: self.vol_id,
+                    first: (lo / sce_core::PAGE_SIZE) as u16,
+                    pages: (hi.div_ceil(sce_core::PAGE_SIZE) - lo / sce_core::PAGE_SIZE) as u16,
+                };
+                if let Some(ticket) = st.journal.append(e) {
+                    self.counters.journal_appends.fetch_add(1, Relaxed);
+                    t.push(ticket);
+                    continue;
+                }
+                self.counters.journal_full_fallbacks.fetch_add(1, Relaxed);
+            } else {
                 self.warm_until[s as usize].store(warm, Relaxed);
             }
+            t.extend(st.touch(s));
         }
         for (s, f) in copies {
             let m = st.mirror[s as usize];
@@ -133,6 +173,9 @@ impl Persist {
     /// for the cache device). Returns true if an intent was set that the intent writer must
     /// make durable (`write_pending`). Lock-free unless it sets the intent.
     pub(crate) fn preset(&self, s: u32) -> bool {
+        if self.journal_on() {
+            return false;
+        }
         let Some(warm) = self.warm_until.get(s as usize) else {
             return false;
         };
@@ -158,6 +201,9 @@ impl Persist {
     /// Slot `s` was just populated: it counts as write-warm for `warm_rounds` flush rounds,
     /// so the first reads of it set its intent ahead of a first write.
     pub(crate) fn warm(&self, s: u32) {
+        if self.journal_on() {
+            return;
+        }
         if let Some(w) = self.warm_until.get(s as usize) {
             let until = self
                 .round_no
@@ -184,8 +230,9 @@ impl Persist {
         self.write_intent_blocks(&blocks)
     }
 
-    /// Waits until the intent blocks of `tickets` are durable at their versions, writing
-    /// them if needed. Concurrent callers share writes (group commit).
+    /// Waits until the intent and journal blocks of `tickets` are durable, writing them if
+    /// needed. Concurrent callers share writes (group commit): whoever holds `intent_io`
+    /// writes every journal block pending by then, and the others find theirs durable.
     pub(crate) fn sync(&self, tickets: &[Ticket]) -> Result<(), IoError> {
         if tickets.is_empty() {
             return Ok(());
@@ -193,23 +240,39 @@ impl Persist {
         let _io = self.intent_io.lock();
         let mut blocks: Vec<u32> = {
             let st = self.st.lock();
+            if tickets.iter().all(|t| st.done(t)) {
+                return Ok(());
+            }
             tickets
                 .iter()
-                .filter(|t| st.durable[t.block as usize] < t.version)
-                .map(|t| t.block)
+                .filter_map(|t| match *t {
+                    Ticket::Intent { block, version } if st.durable[block as usize] < version => {
+                        Some(block)
+                    }
+                    _ => None,
+                })
                 .collect()
         };
         blocks.sort_unstable();
         blocks.dedup();
-        if blocks.is_empty() {
-            return Ok(());
+        if !blocks.is_empty() {
+            self.counters.intent_syncs.fetch_add(1, Relaxed);
         }
-        self.counters.intent_syncs.fetch_add(1, Relaxed);
-        self.write_intent_blocks(&blocks)
+        self.write_intent_blocks(&blocks)?;
+        // A journal block another writer took and failed to write is not durable: say so,
+        // rather than let the source write go ahead unguarded.
+        if !tickets.iter().all(|t| self.st.lock().done(t)) {
+            return Err(IoError::Invalid(
+                "a write journal block could not be written".into(),
+            ));
+        }
+        Ok(())
     }
 
-    /// Writes the current content of intent blocks (caller holds `intent_io`), then flushes.
+    /// Writes the journal blocks pending and the current content of intent blocks (caller
+    /// holds `intent_io`), then flushes (with the superblock).
     pub(super) fn write_intent_blocks(&self, blocks: &[u32]) -> Result<(), IoError> {
+        let journaled = self.write_journal()?;
         let mut done = Vec::new();
         for &b in blocks {
             let (img, v) = {
@@ -240,6 +303,9 @@ impl Persist {
         for (b, v) in done {
             let d = &mut st.durable[b as usize];
             *d = (*d).max(v);
+        }
+        if let Some(last) = journaled {
+            st.journal.written(last);
         }
         Ok(())
     }

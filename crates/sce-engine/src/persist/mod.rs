@@ -24,8 +24,17 @@
 //!
 //! Records claim only pages whose data was flushed: the flusher flushes the cache device
 //! after taking its snapshot and before writing records.
+//!
+//! # The write journal (`journal.rs`, on by default)
+//! With the journal, a source write to fragment F whose owner slot S has no intent set
+//! does not set S's intent: it appends an entry naming the exact pages to the write journal
+//! and waits until the entry is durable; a load drops just those pages. Intents remain for
+//! data written into a slot whose possible claims name another fragment, and for writes
+//! that find the journal ring full. Writes then no longer make slots sticky, and reads no
+//! longer set intents ahead of need (`warm_rounds` applies only without the journal).
 
 mod intents;
+mod journal;
 mod open;
 mod round;
 
@@ -64,7 +73,16 @@ pub struct PersistConfig {
     /// Flush rounds after a write during which the slot counts as "write-warm": a read of it
     /// keeps (or sets ahead of time) its write intent, so the next write need not wait for
     /// the cache device. The cost: a crash drops the write-warm slots that were read lately.
+    /// Only without the journal (with it, writes do not set intents).
     pub warm_rounds: u32,
+    /// Journal writes page by page (on by default): before a source write to a cached slot,
+    /// one group-committed write of a journal block to the cache device names the pages it
+    /// changes, and a crash drops only those pages. Off: the write sets its slot's intent,
+    /// and a crash drops every slot written lately, whole.
+    pub journal: bool,
+    /// Blocks of the on-device journal ring to use: 0 for all of them (the layout's), fewer
+    /// to make the ring fill up sooner (tests of the full-ring fallback).
+    pub journal_blocks: u32,
 }
 
 impl PersistConfig {
@@ -79,6 +97,8 @@ impl PersistConfig {
             state_dir: None,
             source_generation: None,
             warm_rounds: 30,
+            journal: true,
+            journal_blocks: 0,
         }
     }
 }
@@ -103,6 +123,13 @@ pub struct PersistStats {
     pub invalidated_because: String,
     /// Fragments dropped at start because their intent bit was set.
     pub fragments_dropped_intent: u64,
+    /// Pages of restored fragments dropped at start because the write journal names them.
+    pub journal_pages_dropped: u64,
+    /// Fragments that lost pages to the journal at start (restored with the rest, or
+    /// dropped if nothing was left).
+    pub journal_fragments_hit: u64,
+    /// Live journal blocks found at start.
+    pub journal_blocks_replayed: u64,
     /// Fragments dropped at start because their metadata unit was rejected (upper bound).
     pub fragments_dropped_bad_metadata: u64,
     /// Metadata units rejected at start.
@@ -123,10 +150,24 @@ pub struct PersistStats {
     pub metadata_errors: u64,
     /// Flush rounds.
     pub flush_rounds: u64,
+    /// Whether writes are journaled.
+    pub journal: bool,
+    /// Journal entries appended (pages ranges of writes to cached slots).
+    pub journal_appends: u64,
+    /// Journal blocks written (one per group commit).
+    pub journal_blocks: u64,
+    /// Journal bytes written.
+    pub journal_bytes: u64,
+    /// Writes that found the journal ring full and set their slot's intent instead.
+    pub journal_full_fallbacks: u64,
 }
 
 #[derive(Debug, Default)]
 struct Counters {
+    journal_appends: AtomicU64,
+    journal_blocks: AtomicU64,
+    journal_bytes: AtomicU64,
+    journal_full_fallbacks: AtomicU64,
     intent_syncs: AtomicU64,
     intent_presets: AtomicU64,
     units_written: AtomicU64,
@@ -138,19 +179,25 @@ struct Counters {
 /// A unit's index, its image, and its slots with whether each record claims pages.
 type UnitImage = (u32, Vec<u8>, Vec<(u32, bool)>);
 
-/// A request to wait until intent block `block` is durable at `version`.
+/// What a write or population waits for before it sends anything.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Ticket {
-    block: u32,
-    version: u64,
+pub(crate) enum Ticket {
+    /// Intent block `block` durable at `version`.
+    Intent { block: u32, version: u64 },
+    /// Journal block `seq` durable.
+    Journal(u64),
 }
 
 /// The persistent side of a cached volume.
 pub(crate) struct Persist {
     dev: Arc<dyn BlockDevice>,
     pub(crate) layout: Layout,
+    /// The device's UUID (journal blocks carry it).
+    uuid: [u8; 16],
     sb: Mutex<Superblock>,
     volume: usize,
+    /// The volume's id in the table (journal entries carry it).
+    vol_id: u16,
     st: Mutex<State>,
     intent_io: Mutex<()>,
     /// One flush round at a time (the flusher's, `flush_metadata`'s, `close`'s): two rounds
@@ -281,6 +328,11 @@ impl Persist {
             metadata_bytes_written: c.metadata_bytes_written.load(Relaxed),
             metadata_errors: c.metadata_errors.load(Relaxed),
             flush_rounds: c.flush_rounds.load(Relaxed),
+            journal: self.cfg.journal,
+            journal_appends: c.journal_appends.load(Relaxed),
+            journal_blocks: c.journal_blocks.load(Relaxed),
+            journal_bytes: c.journal_bytes.load(Relaxed),
+            journal_full_fallbacks: c.journal_full_fallbacks.load(Relaxed),
             ..self.loaded.clone()
         }
     }

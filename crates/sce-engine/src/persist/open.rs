@@ -48,6 +48,9 @@ impl Persist {
             fragments_restored: 0,
             invalidated_because: why.join("; "),
             fragments_dropped_intent: r.slots_dropped_intent,
+            journal_pages_dropped: r.journal_pages_dropped,
+            journal_fragments_hit: r.journal_fragments_hit,
+            journal_blocks_replayed: r.journal_blocks_live,
             fragments_dropped_bad_metadata: r.slots_in_bad_units,
             units_rejected: (r.units_corrupt + r.units_misplaced + r.units_foreign) as u64,
             load_millis: started.elapsed().as_millis() as u64,
@@ -58,11 +61,19 @@ impl Persist {
         let intent_bits: Arc<[AtomicU64]> =
             loaded.intents.iter().map(|&w| AtomicU64::new(w)).collect();
         let warm_rounds = cfg.warm_rounds;
-        let st = State::loaded(&loaded, intent_bits.clone(), slots, blocks);
+        let ring = match cfg.journal_blocks {
+            0 => layout.journal_blocks,
+            n => n.min(layout.journal_blocks),
+        };
+        let next = loaded.journal.next_seq(sb.journal_tail);
+        let journal = super::journal::Journal::new(ring as u64, next);
+        let st = State::loaded(&loaded, intent_bits.clone(), (slots, blocks), journal);
         Ok(Opened {
             persist: Persist {
                 dev,
                 layout,
+                uuid: sb.uuid,
+                vol_id: sb.volumes[vi].id,
                 seq: AtomicU64::new(sb.seq + 1),
                 sb: Mutex::new(sb),
                 volume: vi,
@@ -227,8 +238,10 @@ impl Persist {
 
     /// After the core shards restored what they could (`holds(s)`: the global fragment
     /// global slot `s` holds now): records the claims of restored slots, puts an intent on
-    /// every slot whose record claims something that was not restored, and marks the device
-    /// open. Must run before the volume serves anything.
+    /// every slot whose record claims something that was not restored or pages the journal
+    /// dropped, and marks the device open with the journal reset (its new tail above every
+    /// block found, written after those intents are durable). Must run before the volume
+    /// serves anything.
     pub(crate) fn start(
         &mut self,
         holds: impl Fn(u32) -> Option<u64>,
@@ -249,19 +262,23 @@ impl Persist {
                     st.units.insert(self.layout.unit_of(s).0);
                 }
             }
-            for &s in &loaded.unloaded_claims {
+            // Records that claim pages the journal dropped, like records not loaded: their
+            // intents must be durable before the journal is reset, and they are rewritten.
+            for &s in loaded.unloaded_claims.iter().chain(&loaded.journal_slots) {
                 tickets.extend(st.touch(s));
                 st.units.insert(self.layout.unit_of(s).0);
             }
         }
         self.loaded.fragments_restored = restored;
         self.sync(&tickets)?;
+        let tail = self.st.get_mut().journal.tail();
         let mut sb = self.sb.lock();
         if sb.state != sce_store::DeviceState::Clean {
             sb.unclean_starts += 1;
         }
         sb.state = sce_store::DeviceState::Open;
         sb.last_open = sce_store::unix_now();
+        sb.journal_tail = sb.journal_tail.max(tail);
         self.write_sb(&mut sb)
     }
 }
@@ -272,8 +289,8 @@ impl State {
     fn loaded(
         loaded: &sce_store::Loaded,
         intent_bits: Arc<[AtomicU64]>,
-        slots: usize,
-        blocks: usize,
+        (slots, blocks): (usize, usize),
+        journal: super::journal::Journal,
     ) -> Self {
         State {
             intent_bits,
@@ -288,6 +305,7 @@ impl State {
             redo: Vec::new(),
             units: loaded.rewrite_units.iter().copied().collect(),
             scrub: false,
+            journal,
         }
     }
 }

@@ -51,10 +51,14 @@ impl Persist {
         self.round_no.fetch_add(1, Relaxed);
         // Slots read while write-warm since the last round keep their intents.
         let read: Vec<u64> = self.read_touch.iter().map(|w| w.swap(0, Relaxed)).collect();
+        // The journal blocks this round's records will cover: noted before the snapshot.
+        let covered = self.st.lock().journal.covered();
         // 1. Snapshot under the core shards' locks.
         let snap = self.snapshot(cores, crcs, &record, force, &read);
         let Some((images, clear)) = snap else {
-            return 0;
+            // Nothing changed since the last round, whose records are durable (a failed
+            // unit would have been queued again): they cover the journal up to here.
+            return self.journal_covered(covered, 0);
         };
         // 2. Make the data the records vouch for durable.
         if self.dev.flush().is_err() {
@@ -74,7 +78,23 @@ impl Persist {
             }
         }
         self.counters.metadata_errors.fetch_add(errors, Relaxed);
-        errors
+        // 6. Every record taken since `covered` was noted is durable: move the journal's tail.
+        self.journal_covered(covered, errors)
+    }
+
+    /// The end of a round with `errors` metadata errors: if none, the journal blocks below
+    /// `covered` are no longer needed. Returns the errors, counting a failed tail write.
+    fn journal_covered(&self, covered: u64, errors: u64) -> u64 {
+        if errors > 0 {
+            return errors;
+        }
+        match self.advance_journal(covered) {
+            Ok(()) => 0,
+            Err(_) => {
+                self.counters.metadata_errors.fetch_add(1, Relaxed);
+                1
+            }
+        }
     }
 
     /// Step 1 of a round: the images of every unit to write (changed slots, queued units,
@@ -383,6 +403,8 @@ impl Persist {
         if !self.settled() {
             return false;
         }
+        // Every record is durable and nothing is in flight: no journal block is needed.
+        let next = self.st.lock().journal.take_pending_tail();
         let mut sb = self.sb.lock();
         if sb.state == sce_store::DeviceState::Failed {
             return false;
@@ -395,6 +417,7 @@ impl Persist {
                 sb.volumes[self.volume].identity = sce_store::identity_hash(&id);
             }
         }
+        sb.journal_tail = sb.journal_tail.max(next);
         sb.state = sce_store::DeviceState::Clean;
         sb.last_clean_shutdown = sce_store::unix_now();
         sb.clean_shutdowns += 1;

@@ -1,0 +1,179 @@
+//! The write journal (Mercury's persistent invalidation, page-granular): before a source
+//! write to pages that a slot's durable record may claim, the write appends an entry naming
+//! the pages and waits until a journal block holding it is durable. Concurrent writers share
+//! one block: the entries accumulate in the *open* block under the state lock, and whoever
+//! next holds `intent_io` seals and writes every pending block and flushes once (group
+//! commit, leader and followers; the followers find their block durable when they get the
+//! lock). At load the live entries drop exactly their pages (`sce_store::journal`).
+//!
+//! # The tail
+//! A flush round notes the open block's sequence number before its snapshot: every entry of
+//! a lower block was appended before the snapshot, under the core lock of the write that
+//! invalidated its pages in the core, so the invalidation made the slot dirty before the
+//! snapshot (or an earlier round already wrote a record taken after it). Once the round
+//! wrote its records without an error, those blocks are no longer needed: the ring may
+//! reuse them and the superblock records the new tail, below which a load ignores blocks.
+//! The open block itself stays needed (entries may join it after the note).
+//!
+//! # The ring
+//! Block `seq` lives at ring position `seq % ring`, and is written only if
+//! `seq < tail + ring`: a block is never overwritten while its entries may be needed, so a
+//! torn block only loses entries of writes that never reached the source. When the ring is
+//! full, a write falls back to its slot's write intent (`journal_full_fallbacks`).
+
+use super::{Persist, Ticket};
+use sce_io::{AlignedBuf, BlockDevice, IoError};
+use sce_store::journal::{encode_block, JournalEntry, ENTRIES_PER_BLOCK};
+use sce_store::layout::BLOCK;
+use std::sync::atomic::Ordering::Relaxed;
+
+/// The journal's in-memory state (part of the persistence state, under its lock).
+#[derive(Debug)]
+pub(super) struct Journal {
+    /// Ring blocks in use (at most the layout's).
+    ring: u64,
+    /// The open block: its sequence number and the entries appended to it so far.
+    open_seq: u64,
+    open: Vec<JournalEntry>,
+    /// Sealed blocks waiting to be written, in sequence order.
+    sealed: Vec<(u64, Vec<JournalEntry>)>,
+    /// Every block below this sequence number is durable (or was never needed).
+    durable: u64,
+    /// The lowest sequence number still needed: blocks below it may be overwritten.
+    tail: u64,
+}
+
+/// Blocks taken by a commit: (sequence number, entries).
+pub(super) type Pending = Vec<(u64, Vec<JournalEntry>)>;
+
+impl Journal {
+    /// A journal of `ring` blocks whose next block has sequence number `next`.
+    pub(super) fn new(ring: u64, next: u64) -> Self {
+        Journal {
+            ring: ring.max(1),
+            open_seq: next,
+            open: Vec::new(),
+            sealed: Vec::new(),
+            durable: next,
+            tail: next,
+        }
+    }
+
+    /// Appends `e`; the ticket to wait for, or None if the ring is full (the caller falls
+    /// back to the slot's write intent).
+    pub(super) fn append(&mut self, e: JournalEntry) -> Option<Ticket> {
+        if let Some(last) = self.open.last() {
+            // The same pages again (a rewrite before the commit): one entry covers both.
+            if *last == e {
+                return Some(Ticket::Journal(self.open_seq));
+            }
+        }
+        if self.open.len() == ENTRIES_PER_BLOCK {
+            self.sealed
+                .push((self.open_seq, std::mem::take(&mut self.open)));
+            self.open_seq += 1;
+        }
+        if self.open_seq >= self.tail + self.ring {
+            return None;
+        }
+        self.open.push(e);
+        Some(Ticket::Journal(self.open_seq))
+    }
+
+    /// True if block `seq` is durable.
+    pub(super) fn durable(&self, seq: u64) -> bool {
+        seq < self.durable
+    }
+
+    /// Seals the open block and takes every block waiting to be written.
+    pub(super) fn take_pending(&mut self) -> Pending {
+        if !self.open.is_empty() {
+            self.sealed
+                .push((self.open_seq, std::mem::take(&mut self.open)));
+            self.open_seq += 1;
+        }
+        std::mem::take(&mut self.sealed)
+    }
+
+    /// The blocks up to `last` were written and flushed.
+    pub(super) fn written(&mut self, last: u64) {
+        self.durable = self.durable.max(last + 1);
+    }
+
+    /// The tail a flush round starting now may establish: the open block's sequence number.
+    pub(super) fn covered(&self) -> u64 {
+        self.open_seq
+    }
+
+    /// A round made the records durable that cover every block below `tail`. Returns true
+    /// if the tail moved.
+    pub(super) fn advance(&mut self, tail: u64) -> bool {
+        let moved = tail > self.tail;
+        self.tail = self.tail.max(tail);
+        moved
+    }
+
+    /// At a clean close (every record durable, nothing in flight): forgets what was never
+    /// written and returns a tail above every block, so the next load replays none.
+    pub(super) fn take_pending_tail(&mut self) -> u64 {
+        self.take_pending();
+        self.tail = self.open_seq;
+        self.tail
+    }
+
+    /// The current tail.
+    pub(super) fn tail(&self) -> u64 {
+        self.tail
+    }
+
+    /// The ring position of block `seq`.
+    fn position(&self, seq: u64) -> u32 {
+        (seq % self.ring) as u32
+    }
+}
+
+impl Persist {
+    /// True if writes are journaled.
+    pub(super) fn journal_on(&self) -> bool {
+        self.cfg.journal
+    }
+
+    /// Writes the journal blocks waiting to be written (the caller holds `intent_io` and
+    /// flushes the device afterwards). Returns the last sequence number written, if any.
+    pub(super) fn write_journal(&self) -> Result<Option<u64>, IoError> {
+        let (pending, positions): (Pending, Vec<u32>) = {
+            let mut st = self.st.lock();
+            let p = st.journal.take_pending();
+            let pos = p.iter().map(|(seq, _)| st.journal.position(*seq)).collect();
+            (p, pos)
+        };
+        let Some(last) = pending.last().map(|b| b.0) else {
+            return Ok(None);
+        };
+        let uuid = self.uuid;
+        let mut buf = AlignedBuf::new(BLOCK as usize);
+        for ((seq, entries), at) in pending.iter().zip(positions) {
+            buf.copy_from_slice(&encode_block(&uuid, *seq, at, entries));
+            self.dev
+                .write_at(self.layout.journal_block_offset(at), &buf)?;
+            self.counters.journal_blocks.fetch_add(1, Relaxed);
+            self.counters.journal_bytes.fetch_add(BLOCK, Relaxed);
+        }
+        Ok(Some(last))
+    }
+
+    /// After a flush round that wrote every record it had to without an error: the blocks
+    /// below `covered` are no longer needed. Records the new tail in the superblock.
+    pub(super) fn advance_journal(&self, covered: u64) -> Result<(), IoError> {
+        if !self.journal_on() || !self.st.lock().journal.advance(covered) {
+            return Ok(());
+        }
+        let tail = self.st.lock().journal.tail();
+        let mut sb = self.sb.lock();
+        if sb.state == sce_store::DeviceState::Failed || sb.journal_tail >= tail {
+            return Ok(());
+        }
+        sb.journal_tail = tail;
+        self.write_sb_with(&mut sb, false)
+    }
+}
