@@ -13,7 +13,8 @@
 //!
 //! Run: `cargo bench -p sce-engine --bench persist [-- latency|startup]` (files go to
 //! $TMPDIR, about 1.5 GiB for the start-up part; `cargo test --benches` runs a quick
-//! version).
+//! version). "on" journals writes (`PersistConfig::journal`, the default);
+//! `SCE_BENCH_CRASH_JOURNAL=off` measures persistence without the write journal (intents).
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -28,6 +29,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
+
+/// Whether persistence journals writes in this run (`SCE_BENCH_CRASH_JOURNAL=off`: no).
+fn journal() -> bool {
+    std::env::var("SCE_BENCH_CRASH_JOURNAL").map_or(true, |v| v != "off")
+}
 
 struct Lat {
     n: usize,
@@ -91,6 +97,7 @@ fn warm_volume(
         background_population: false,
         persist: persist.then(|| PersistConfig {
             reformat: true,
+            journal: journal(),
             ..PersistConfig::new("bench")
         }),
         ..EngineConfig::default()
@@ -183,10 +190,11 @@ fn latency_part(dir: &std::path::Path, n: usize) {
     println!(
         "write latency, oltp: 4 threads, 87% reads / 13% writes of 4 KiB pages over 48 cached \
          1 MiB fragments, {secs} s per configuration in {rounds} alternating rounds, O_DIRECT \
-         cache file (microseconds; \"writes\": with persistence on):"
+         cache file (microseconds; \"writes\": with persistence on; crash journal {}):",
+        if journal() { "on" } else { "off" }
     );
     println!(
-        "{:<22} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8}",
+        "{:<22} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}",
         "source",
         "writes",
         "off mean",
@@ -198,13 +206,14 @@ fn latency_part(dir: &std::path::Path, n: usize) {
         "mean x",
         "p99 x",
         "syncs",
-        "presets"
+        "presets",
+        "jblocks"
     );
     for (sname, slow) in [("memory", false), ("2 ms, 64 in flight", true)] {
         // Off and on alternate in short rounds, and each side pools its rounds, so that a
         // burst of noise on this shared machine falls on both sides alike.
         let mut pooled: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
-        let (mut syncs, mut presets) = (0, 0);
+        let (mut syncs, mut presets, mut jblocks) = (0, 0, 0);
         for _ in 0..rounds {
             for persist in [false, true] {
                 let (source, cache) = devices(dir, slow);
@@ -213,6 +222,7 @@ fn latency_part(dir: &std::path::Path, n: usize) {
                 if let Some(p) = p {
                     syncs += p.intent_syncs;
                     presets += p.intent_presets;
+                    jblocks += p.journal_blocks;
                 }
             }
         }
@@ -220,7 +230,7 @@ fn latency_part(dir: &std::path::Path, n: usize) {
         let res = [lat(off), lat(on)];
         let writes_n = res[1].n;
         println!(
-            "{:<22} {:>8} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8.2} {:>8.2} {:>8} {:>8}",
+            "{:<22} {:>8} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8.2} {:>8.2} {:>8} {:>8} {:>8}",
             sname,
             writes_n,
             res[0].mean,
@@ -232,12 +242,14 @@ fn latency_part(dir: &std::path::Path, n: usize) {
             res[1].mean / res[0].mean,
             res[1].p99 / res[0].p99,
             syncs,
-            presets
+            presets,
+            jblocks
         );
     }
     println!();
     println!(
-        "write latency, 4 KiB writes to cached fragments, O_DIRECT cache file (microseconds):"
+        "write latency, 4 KiB writes to cached fragments, O_DIRECT cache file (microseconds; crash journal {}):",
+        if journal() { "on" } else { "off" }
     );
     println!(
         "{:<22} {:<7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}",

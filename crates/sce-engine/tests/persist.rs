@@ -248,12 +248,31 @@ impl BlockDevice for CrashDevice {
     }
 }
 
+/// How the crash iterations journal writes: on with the whole ring, off, or on with a ring
+/// of this many blocks (a tiny ring fills up and writes fall back to intents).
+#[derive(Clone, Copy, Debug)]
+enum Journal {
+    On,
+    Off,
+    Ring(u32),
+}
+
 fn crash_iterations(iterations: u32, mode: WriteMode, admission: Admission, seed: u64) {
+    crash_iterations_with(iterations, mode, admission, seed, Journal::On);
+}
+
+fn crash_iterations_with(
+    iterations: u32,
+    mode: WriteMode,
+    admission: Admission,
+    seed: u64,
+    journal: Journal,
+) {
     let source_mem = random_source(8 * MIB, seed);
     let cache_mem = Arc::new(MemDevice::new(3 * MIB));
     let mut rng = SmallRng::seed_from_u64(seed);
     let (mut cached_before, mut restored_after, mut lost_writes) = (0u64, 0u64, 0usize);
-    let mut syncs = 0;
+    let (mut syncs, mut appends, mut fallbacks, mut journal_drops) = (0, 0, 0, 0);
     for it in 0..iterations {
         let frozen = Arc::new(AtomicBool::new(false));
         let cache = Arc::new(CrashDevice::volatile(cache_mem.clone(), frozen.clone()));
@@ -263,9 +282,17 @@ fn crash_iterations(iterations: u32, mode: WriteMode, admission: Admission, seed
         cfg.core.write_mode = mode;
         cfg.core.admission = admission;
         cfg.core.throttle.period = Duration::from_millis(1);
+        let p = cfg.persist.as_mut().unwrap();
+        match journal {
+            Journal::On => {}
+            Journal::Off => p.journal = false,
+            Journal::Ring(n) => p.journal_blocks = n,
+        }
         let vol = CacheVolume::open(source.clone(), cache.clone(), cfg).expect("open");
         if it > 0 {
-            restored_after += vol.persist_stats().unwrap().fragments_restored;
+            let p = vol.persist_stats().unwrap();
+            restored_after += p.fragments_restored;
+            journal_drops += p.journal_pages_dropped;
         }
         // After the previous crash: every block reads as the source holds it.
         let bad = mismatches(&vol, &*source_mem, 4096);
@@ -312,15 +339,28 @@ fn crash_iterations(iterations: u32, mode: WriteMode, admission: Admission, seed
         if crash_at >= ops {
             lost_writes += cache.crash(&mut rng);
         }
-        syncs += vol.persist_stats().unwrap().intent_syncs;
+        let p = vol.persist_stats().unwrap();
+        syncs += p.intent_syncs;
+        appends += p.journal_appends;
+        fallbacks += p.journal_full_fallbacks;
         drop(vol);
     }
     println!(
-        "{iterations} crashes ({mode}, {admission}): {cached_before} fragments cached at the crashes, \
-         {restored_after} restored ({:.1}%), {lost_writes} unflushed cache writes lost, {syncs} intent syncs",
+        "{iterations} crashes ({mode}, {admission}, journal {journal:?}): {cached_before} fragments \
+         cached at the crashes, {restored_after} restored ({:.1}%), {lost_writes} unflushed cache \
+         writes lost, {syncs} intent syncs, {appends} journal entries, {fallbacks} full-ring \
+         fallbacks, {journal_drops} pages dropped by the journal",
         100.0 * restored_after as f64 / cached_before.max(1) as f64
     );
     assert!(restored_after > 0, "nothing ever survived a crash");
+    match journal {
+        Journal::Off => assert_eq!(appends, 0),
+        Journal::On if mode != WriteMode::WriteAround || admission != Admission::Sce => {
+            assert!(appends > 0, "no write was journaled")
+        }
+        Journal::On => {}
+        Journal::Ring(_) => assert!(fallbacks > 0, "the tiny ring never filled up"),
+    }
 }
 
 #[test]
@@ -336,6 +376,32 @@ fn crashes_never_expose_stale_data_write_through_always() {
 #[test]
 fn crashes_never_expose_stale_data_write_around() {
     crash_iterations(40, WriteMode::WriteAround, Admission::Sce, 13);
+}
+
+#[test]
+fn crashes_never_expose_stale_data_without_the_journal() {
+    crash_iterations_with(80, WriteMode::Awt, Admission::Sce, 14, Journal::Off);
+    crash_iterations_with(
+        30,
+        WriteMode::WriteThrough,
+        Admission::Always,
+        15,
+        Journal::Off,
+    );
+}
+
+#[test]
+fn crashes_never_expose_stale_data_with_a_full_journal_ring() {
+    // One block: every round frees at most one block, so most writes fall back to intents,
+    // and journaled and intent-guarded writes mix in every iteration.
+    crash_iterations_with(80, WriteMode::Awt, Admission::Sce, 16, Journal::Ring(1));
+    crash_iterations_with(
+        30,
+        WriteMode::WriteThrough,
+        Admission::Always,
+        17,
+        Journal::Ring(2),
+    );
 }
 
 /// The fixed scenario of the surprise-shutdown loop: writes, population with eviction,
