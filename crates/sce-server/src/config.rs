@@ -50,6 +50,11 @@ pub struct ServeConfig {
     pub error_limit: u64,
     /// How often changed slot records are written and quiet write intents cleared.
     pub metadata_interval: Duration,
+    /// Journal writes to cached pages on a persistent cache (an export's `crash_journal`
+    /// overrides it): a crash then drops only the pages being written, at the cost of one
+    /// group-committed cache-device write before each source write to a cached slot. Off:
+    /// a crash drops every recently written fragment whole.
+    pub crash_journal: bool,
     /// NBD connections served at once; more are refused.
     pub max_connections: usize,
     /// Close a client connection idle this long between requests (zero: never).
@@ -90,6 +95,9 @@ pub struct ExportConfig {
     pub read_only: bool,
     /// Keep the cache contents across restarts (default true).
     pub persist: Option<bool>,
+    /// Journal writes to cached pages, so a crash drops only them (default: the server's
+    /// `--crash-journal`, on).
+    pub crash_journal: Option<bool>,
     /// The source's name in the cache device's volume table.
     pub source_name: Option<String>,
     /// A version string for the source's content, recorded with the cache.
@@ -204,6 +212,7 @@ mod tests {
             state_dir: "/var/lib/sce".into(),
             error_limit: 16,
             metadata_interval: Duration::from_secs(1),
+            crash_journal: true,
             max_connections: 256,
             idle_timeout: Duration::ZERO,
             client_timeout: Duration::from_secs(60),

@@ -359,6 +359,7 @@ fn persist_config(
         forget_volume: cfg.forget_volume,
         state_dir: Some(cfg.state_dir.clone()),
         flush_interval: cfg.metadata_interval,
+        journal: spec.crash_journal.unwrap_or(cfg.crash_journal),
         source_generation: spec
             .source_generation
             .clone()
@@ -386,6 +387,10 @@ fn log_loaded(n: &str, volume: &CacheVolume, persistent: bool) {
             fragments_restored = p.fragments_restored,
             dropped_by_intent = p.fragments_dropped_intent,
             dropped_bad_metadata = p.fragments_dropped_bad_metadata,
+            crash_journal = p.journal,
+            journal_blocks_replayed = p.journal_blocks_replayed,
+            journal_fragments_hit = p.journal_fragments_hit,
+            journal_pages_dropped = p.journal_pages_dropped,
             load_ms = p.load_millis,
             "cache device loaded"
         );

@@ -15,7 +15,7 @@ use std::time::Duration;
 pub type Volumes = Vec<(String, Option<Arc<CacheVolume>>)>;
 
 /// The persistence fields exported as metrics and in /stats: (name, value, is a counter).
-fn persist_fields(p: &PersistStats) -> [(&'static str, u64, bool); 11] {
+fn persist_fields(p: &PersistStats) -> [(&'static str, u64, bool); 20] {
     [
         ("persist_format_version", p.format_version as u64, false),
         (
@@ -36,6 +36,35 @@ fn persist_fields(p: &PersistStats) -> [(&'static str, u64, bool); 11] {
         ),
         ("persist_metadata_errors", p.metadata_errors, true),
         ("persist_load_millis", p.load_millis, false),
+        (
+            "persist_fragments_dropped_intent",
+            p.fragments_dropped_intent,
+            false,
+        ),
+        ("persist_journal", p.journal as u64, false),
+        (
+            "persist_journal_blocks_replayed",
+            p.journal_blocks_replayed,
+            false,
+        ),
+        (
+            "persist_journal_fragments_hit",
+            p.journal_fragments_hit,
+            false,
+        ),
+        (
+            "persist_journal_pages_dropped",
+            p.journal_pages_dropped,
+            false,
+        ),
+        ("persist_journal_appends", p.journal_appends, true),
+        ("persist_journal_blocks", p.journal_blocks, true),
+        ("persist_journal_bytes", p.journal_bytes, true),
+        (
+            "persist_journal_full_fallbacks",
+            p.journal_full_fallbacks,
+            true,
+        ),
     ]
 }
 

@@ -263,6 +263,13 @@ fn print_check(r: &CheckReport, verified: bool) {
             s.slots_in_bad_units
         );
         println!("    write intents set: {}", s.intents_set);
+        println!(
+            "    write journal: {} live blocks of {}, {} pages they drop in {} fragments",
+            s.journal_blocks_live,
+            l.journal_blocks,
+            s.journal_pages_dropped,
+            s.journal_fragments_hit
+        );
     }
     if verified {
         println!(

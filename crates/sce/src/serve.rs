@@ -120,6 +120,15 @@ pub struct ServeArgs {
     /// more of the cache survives a crash, more metadata writes.
     #[arg(long, default_value = "1s", value_parser = parse_metadata_interval)]
     pub metadata_interval: Duration,
+    /// What a crash of sce serve costs a persistent cache. on: each write to a cached
+    /// fragment first names its pages in a journal on the cache device (one 4 KiB write and
+    /// a cache flush before the source write, shared by concurrent writes), and a crash drops
+    /// only the pages being written. off: a write marks its whole fragment (no cache-device
+    /// write for a fragment written lately), and a crash drops every fragment written in the
+    /// last seconds, whole: after a crash under a database load the cache restarts cold.
+    /// An export's `crash_journal` in the config file overrides it.
+    #[arg(long, default_value = "on", value_parser = parse_on_off, value_name = "on|off")]
+    pub crash_journal: bool,
     /// NBD connections served at once; more are refused. Each costs two threads.
     #[arg(long, default_value_t = 256)]
     pub max_connections: usize,
@@ -150,6 +159,15 @@ fn parse_mode(s: &str) -> Result<u32, String> {
         .ok()
         .filter(|m| *m <= 0o777)
         .ok_or_else(|| format!("{s} is not an octal mode like 600 or 660"))
+}
+
+/// `--crash-journal`: on or off.
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "true" | "yes" => Ok(true),
+        "off" | "false" | "no" => Ok(false),
+        _ => Err(format!("{s}: expected on or off")),
+    }
 }
 
 /// `--metadata-interval`: at least 10 ms (0 would make the flusher spin).
@@ -220,6 +238,7 @@ impl ServeArgs {
             state_dir: self.state_dir.clone(),
             error_limit: self.error_limit,
             metadata_interval: self.metadata_interval,
+            crash_journal: self.crash_journal,
             max_connections: self.max_connections,
             idle_timeout: self.idle_timeout,
             client_timeout: self.client_timeout,
