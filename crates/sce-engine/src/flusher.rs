@@ -38,7 +38,8 @@ impl Shared {
     }
 }
 
-/// Makes the intents set ahead of need durable, in the background, as they come.
+/// Makes the intents set ahead of need durable, in the background, as they come; runs a
+/// flush round early when the write journal's ring is half full.
 pub(crate) fn intent_writer(s: &Shared) {
     let Some(p) = &s.persist else { return };
     loop {
@@ -57,6 +58,13 @@ pub(crate) fn intent_writer(s: &Shared) {
         }
         if let Err(e) = p.write_pending() {
             s.device_errors(1, &format!("intent write failed: {e}"));
+        }
+        // The write journal's ring is half full: a round now frees its blocks.
+        if p.take_round_wanted() {
+            let errors = s.flush_metadata();
+            if errors > 0 {
+                s.device_errors(errors, "metadata write failed or read back wrong");
+            }
         }
     }
 }

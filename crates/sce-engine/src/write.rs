@@ -169,6 +169,12 @@ impl Shared {
             });
         }
         self.counters.split_request(false, pieces.len() as u64, 0);
+        if self.persist.as_ref().is_some_and(|p| p.round_wanted()) {
+            // The journal ring is half full: the intent writer runs a flush round now (no
+            // core lock is held here; `intent_pending` is a leaf).
+            *self.intent_pending.lock() = true;
+            self.intent_wake.notify_one();
+        }
         Ok((pieces, tickets))
     }
 }

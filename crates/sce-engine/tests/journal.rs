@@ -86,7 +86,8 @@ fn warm(source: &Arc<MemDevice>, cache: &Arc<MemDevice>, journal: bool) -> Cache
 }
 
 /// One 4 KiB write into every cached fragment (at a page that differs from fragment to
-/// fragment), then a crash: the stats of the restart on the crash image, and that volume.
+/// fragment; 16 journal blocks, under half the 64-block ring of a 64 MiB device, so no
+/// early flush round rewrites the records first), then a crash: the stats of the restart on the crash image, and that volume.
 fn write_every_fragment_and_crash(
     source: &Arc<MemDevice>,
     vol: &CacheVolume,
@@ -108,7 +109,7 @@ fn write_every_fragment_and_crash(
 #[test]
 fn a_crash_amid_writes_drops_only_the_written_pages() {
     let source = random_source(64 * MIB, 1);
-    let cache = Arc::new(MemDevice::new(24 * MIB));
+    let cache = Arc::new(MemDevice::new(64 * MIB));
     let vol = warm(&source, &cache, true);
     let (p, again) = write_every_fragment_and_crash(&source, &vol, &cache, true);
     println!("with the journal: {p:?}");
@@ -147,7 +148,7 @@ fn a_crash_amid_writes_drops_only_the_written_pages() {
 #[test]
 fn without_the_journal_a_crash_drops_the_written_fragments_whole() {
     let source = random_source(64 * MIB, 2);
-    let cache = Arc::new(MemDevice::new(24 * MIB));
+    let cache = Arc::new(MemDevice::new(64 * MIB));
     let vol = warm(&source, &cache, false);
     let (p, again) = write_every_fragment_and_crash(&source, &vol, &cache, false);
     println!("without the journal: {p:?}");
@@ -163,7 +164,7 @@ fn writes_to_a_slot_under_an_intent_do_not_keep_it_set() {
     // With the journal, an intent (here: set at start for a slot that lost pages) is cleared
     // by the flusher even while the slot keeps being written.
     let source = random_source(64 * MIB, 3);
-    let cache = Arc::new(MemDevice::new(24 * MIB));
+    let cache = Arc::new(MemDevice::new(64 * MIB));
     let vol = warm(&source, &cache, true);
     let (_, again) = write_every_fragment_and_crash(&source, &vol, &cache, true);
     let mut page = AlignedBuf::new(4096);
@@ -182,7 +183,7 @@ fn writes_to_a_slot_under_an_intent_do_not_keep_it_set() {
 #[test]
 fn torn_garbage_old_and_foreign_journal_blocks_are_ignored() {
     let source = random_source(64 * MIB, 4);
-    let cache = Arc::new(MemDevice::new(24 * MIB));
+    let cache = Arc::new(MemDevice::new(64 * MIB));
     {
         let vol = warm(&source, &cache, true);
         // Some journaled writes, so that the tail is past zero after the clean close.

@@ -127,7 +127,7 @@ pub struct ServeArgs {
     /// write for a fragment written lately), and a crash drops every fragment written in the
     /// last seconds, whole: after a crash under a database load the cache restarts cold.
     /// An export's `crash_journal` in the config file overrides it.
-    #[arg(long, default_value = "on", value_parser = parse_on_off, value_name = "on|off")]
+    #[arg(long, default_value = "on", value_parser = parse_on_off, value_name = "on|off", action = clap::ArgAction::Set)]
     pub crash_journal: bool,
     /// NBD connections served at once; more are refused. Each costs two threads.
     #[arg(long, default_value_t = 256)]

@@ -136,7 +136,11 @@ impl Persist {
                     first: (lo / sce_core::PAGE_SIZE) as u16,
                     pages: (hi.div_ceil(sce_core::PAGE_SIZE) - lo / sce_core::PAGE_SIZE) as u16,
                 };
-                if let Some(ticket) = st.journal.append(e) {
+                let ticket = st.journal.append(e);
+                if st.journal.half_full() {
+                    self.round_wanted.store(true, Relaxed);
+                }
+                if let Some(ticket) = ticket {
                     self.counters.journal_appends.fetch_add(1, Relaxed);
                     t.push(ticket);
                     continue;

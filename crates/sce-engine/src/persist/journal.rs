@@ -19,7 +19,9 @@
 //! Block `seq` lives at ring position `seq % ring`, and is written only if
 //! `seq < tail + ring`: a block is never overwritten while its entries may be needed, so a
 //! torn block only loses entries of writes that never reached the source. When the ring is
-//! full, a write falls back to its slot's write intent (`journal_full_fallbacks`).
+//! full, a write falls back to its slot's write intent (`journal_full_fallbacks`). Once half
+//! the ring is taken, the write asks for an early flush round (`round_wanted`), which the
+//! intent writer thread runs, so that the ring rarely fills up under a steady write load.
 
 use super::{Persist, Ticket};
 use sce_io::{AlignedBuf, BlockDevice, IoError};
@@ -80,6 +82,12 @@ impl Journal {
         Some(Ticket::Journal(self.open_seq))
     }
 
+    /// True once half the ring is taken: a flush round should run now rather than at its
+    /// interval, to free blocks before writes fall back to intents.
+    pub(super) fn half_full(&self) -> bool {
+        self.open_seq - self.tail >= self.ring.div_ceil(2)
+    }
+
     /// True if block `seq` is durable.
     pub(super) fn durable(&self, seq: u64) -> bool {
         seq < self.durable
@@ -136,6 +144,17 @@ impl Persist {
     /// True if writes are journaled.
     pub(super) fn journal_on(&self) -> bool {
         self.cfg.journal
+    }
+
+    /// True if the journal ring filled up to half (or overflowed) since the last round: the
+    /// caller should wake a thread to run a flush round early (`take_round_wanted`).
+    pub(crate) fn round_wanted(&self) -> bool {
+        self.round_wanted.load(Relaxed)
+    }
+
+    /// Clears and returns `round_wanted`.
+    pub(crate) fn take_round_wanted(&self) -> bool {
+        self.round_wanted.swap(false, Relaxed)
     }
 
     /// Writes the journal blocks waiting to be written (the caller holds `intent_io` and

@@ -219,6 +219,8 @@ pub(crate) struct Persist {
     read_touch: Box<[AtomicU64]>,
     /// The intent bits, readable without the state lock.
     intent_bits: Arc<[AtomicU64]>,
+    /// The journal ring is half full: a flush round should run early.
+    round_wanted: std::sync::atomic::AtomicBool,
 }
 
 /// What `open` hands back to the volume.

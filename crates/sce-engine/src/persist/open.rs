@@ -91,6 +91,7 @@ impl Persist {
                 warm_until: (0..slots).map(|_| AtomicU32::new(warm_rounds)).collect(),
                 read_touch: (0..slots.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
                 intent_bits,
+                round_wanted: Default::default(),
             },
             loaded,
         })
