@@ -55,7 +55,8 @@ pub(crate) fn run_population(s: &Shared, k: usize, job: Population, buf: &mut Al
 /// workers pick as often as with one shard, and each shard's throttle, Algorithm 1, sees
 /// its own miss rate and free space); wakes as the visited shard's throttle says and, if
 /// it may run, populates the fragment that shard picks. Worker 0 applies the visited
-/// shard's read logs.
+/// shard's read logs before it reads the throttle, and every worker that picks applies
+/// them right before it picks.
 pub(crate) fn population_worker(s: &Shared, index: u32) {
     let fsize = 1usize << s.fshift;
     let mut buf: Option<AlignedBuf> = None;
@@ -84,7 +85,13 @@ pub(crate) fn population_worker(s: &Shared, index: u32) {
         if index >= st.active_workers || s.passthrough.load(Relaxed) {
             continue;
         }
-        let job = s.cores[k].write().pick_population(s.now());
+        let job = {
+            let mut core = s.cores[k].write();
+            // The misses since the throttle was read: a batch of hits applied meanwhile has
+            // pushed those applied then out of the hotness window.
+            s.apply_logs(k, &mut core);
+            core.pick_population(s.now())
+        };
         if let Some(job) = job {
             let b = buf.get_or_insert_with(|| AlignedBuf::new(fsize));
             run_population(s, k, Population::new(job), b);

@@ -111,11 +111,13 @@ impl Shared {
         &self.logs[k * LOG_SHARDS..(k + 1) * LOG_SHARDS]
     }
 
-    /// Applies the deferred read accounting of core shard `k` (`core`, locked) to it.
+    /// Applies the deferred read accounting of core shard `k` (`core`, locked) to it: every
+    /// thread's log at once, so that the reads that missed, in any log, go to the front of
+    /// the hotness window (`CacheCore::apply_access_logs`). The log shards are leaf locks,
+    /// taken in index order, and nobody holds one while taking another.
     pub(crate) fn apply_logs(&self, k: usize, core: &mut CacheCore) {
-        for shard in self.logs_of(k) {
-            core.apply_access_log(&mut shard.0.lock());
-        }
+        let mut logs: Vec<_> = self.logs_of(k).iter().map(|s| s.0.lock()).collect();
+        core.apply_access_logs(&mut logs);
     }
 
     /// Applies every core shard's deferred read accounting, one core lock at a time.

@@ -98,9 +98,12 @@ pub struct ReadPlan {
 /// Accounting of reads planned with `CacheCore::plan_read` and not yet applied: which
 /// fragments were touched and how many pages hit or missed. Drivers keep one per thread (or
 /// shard) and apply it in batches, so that read hits share the core without writing to it.
+/// The reads that missed are kept apart from those that hit: they are applied last (see
+/// `CacheCore::apply_access_logs`).
 #[derive(Debug, Default)]
 pub struct AccessLog {
     pub(super) reads: Vec<(u64, u64, StreamVerdict)>,
+    pub(super) missed: Vec<(u64, u64, StreamVerdict)>,
     pub(super) requests: u64,
     pub(super) full_hits: u64,
     pub(super) hit_pages: u64,
@@ -110,7 +113,12 @@ pub struct AccessLog {
 impl AccessLog {
     /// Records a planned read.
     pub fn record(&mut self, plan: &ReadPlan) {
-        self.reads.push((plan.offset, plan.len, plan.verdict));
+        let read = (plan.offset, plan.len, plan.verdict);
+        if plan.missed_pages > 0 {
+            self.missed.push(read);
+        } else {
+            self.reads.push(read);
+        }
         self.requests += 1;
         self.full_hits += plan.full_hit as u64;
         self.hit_pages += plan.hit_pages;

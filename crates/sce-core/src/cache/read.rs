@@ -6,6 +6,7 @@ use crate::addr::{CacheOffset, SourceOffset, PAGE_SIZE};
 use crate::bitmap::{self, PageSet};
 use crate::config::Admission;
 use crate::slots::PinTable;
+use std::ops::DerefMut;
 use std::sync::Arc;
 
 impl CacheCore {
@@ -132,16 +133,37 @@ impl CacheCore {
 
     /// Applies the accounting of reads planned with `plan_read`, and empties the log.
     pub fn apply_access_log(&mut self, log: &mut AccessLog) {
-        for i in 0..log.reads.len() {
-            let (offset, len, verdict) = log.reads[i];
-            self.note_access(offset, len, verdict);
+        self.apply_access_logs(&mut [log]);
+    }
+
+    /// Applies several logs at once (a shard's, one per thread), and empties them: the reads
+    /// that hit first, then those that missed. The order of reads across logs is lost
+    /// anyway; this one keeps the fragments that missed, those population looks for, at the
+    /// front of the hotness window. Otherwise one thread's batch of hits, applied after
+    /// another's misses, pushes every one of them out of the window (the window holds a few
+    /// dozen fragments, a batch of hits hundreds), and population finds nothing to pick
+    /// while the misses go on.
+    pub fn apply_access_logs(&mut self, logs: &mut [impl DerefMut<Target = AccessLog>]) {
+        let [mut requests, mut full_hits, mut hits, mut misses] = [0u64; 4];
+        for log in logs.iter() {
+            for &(offset, len, verdict) in &log.reads {
+                self.note_access(offset, len, verdict);
+            }
         }
-        self.account_read(log.requests, log.full_hits, log.hit_pages, log.missed_pages);
-        *log = AccessLog {
-            reads: std::mem::take(&mut log.reads),
-            ..AccessLog::default()
-        };
-        log.reads.clear();
+        for log in logs.iter_mut() {
+            for &(offset, len, verdict) in &log.missed {
+                self.note_access(offset, len, verdict);
+            }
+            requests += log.requests;
+            full_hits += log.full_hits;
+            hits += log.hit_pages;
+            misses += log.missed_pages;
+            // Emptied, not replaced: the hit path records without allocating.
+            log.reads.clear();
+            log.missed.clear();
+            (log.requests, log.full_hits, log.hit_pages, log.missed_pages) = (0, 0, 0, 0);
+        }
+        self.account_read(requests, full_hits, hits, misses);
     }
 
     /// Releases the pins of a read. The caller guarantees that the plan's I/O is finished and
