@@ -12,7 +12,8 @@ The stack, bottom up:
 - the configuration under test on a Unix socket: nothing (no cache), `sce serve` caching the
   source on a cache file, nbdkit's cache filter, or `sce serve` of a local copy of the image
   (all-flash);
-- `nbdfuse` turns the export into a file, `losetup --direct-io=on` that file into a block
+- `nbdfuse -C 16` turns the export into a file (16 connections: about 8 requests in flight
+  where its default 4 allows 4; --fuse-connections), `losetup --direct-io=on` that file into a block
   device (no page cache below the filesystem), ext4 on it (made once, in the base image),
   mounted;
 - PostgreSQL (Debian's package, /usr/lib/postgresql/N) run as the `postgres` user with its
@@ -30,8 +31,8 @@ plot, one line per configuration), steady-state TPS (the mean over the last thir
 run), time to 90% of it (the first second from which the trailing 5 s mean reaches 90% of the
 steady TPS), read hit ratio over the last third (sce's /stats, sampled every second), mean and
 p99 transaction latency over the last third, bytes written to the cache device per
-transaction over the whole run (sce: cache_bytes_written + persist_metadata_bytes_written;
-nbdkit's cache filter: the write_bytes of its process, /proc/PID/io). After each
+transaction over the whole run (sce: cache_bytes_written + persist_metadata_bytes_written +
+persist_journal_bytes, also shown by cause; nbdkit's cache filter: the write_bytes of its process, /proc/PID/io). After each
 configuration the database must pass its consistency check: pgbench's invariant (the sum of
 the accounts' balances equals the sum of the history's deltas, tellers and branches sum to 0,
 no account lost) and pg_amcheck (heap and B-tree indexes).
@@ -46,8 +47,9 @@ with the first minute of the cold start.
 Usage: scripts/bench-db.py [--short | --full] [--sce BIN] [--out FILE] [--json FILE]
        [--plot FILE.svg] [--configs a,b,..] [--sizes large,small] [--seconds S] [--scale N]
        [--kill-test] [--keep-base DIR]
-Needs root, /dev/fuse, loop devices and the Debian packages nbdkit, libnbd-bin (nbdfuse),
-fuse3, mount, e2fsprogs and postgresql; refuses to start without them.
+Needs root, /dev/fuse, loop devices and the Debian packages nbdkit, nbdfuse, libnbd-bin,
+fuse3, mount, e2fsprogs and postgresql: installs those that are missing with apt-get (unless
+--no-install), and refuses to start, saying why, without any of them.
 """
 
 import argparse
@@ -104,7 +106,13 @@ CONFIGS = {
     "sce-4m": ("sce, 4 MiB fragments", "sce", ["--fragment-size", "4MiB"]),
     "sce-wt": ("sce, synchronous write-through", "sce", ["--mode", "write-through"]),
     "sce-wa": ("sce, write-around (no AWT)", "sce", ["--mode", "write-around"]),
+    # What persistence costs (Holland et al.): no crash journal, and no persistence at all.
+    "sce-nojournal": ("sce, --crash-journal off", "sce", ["--crash-journal", "off"]),
+    "sce-nopersist": ("sce, --no-persist", "sce", ["--no-persist"]),
 }
+# What sce writes to the cache device: data (populated pages and the copies of writes),
+# metadata records, and the write journal's blocks (/stats counters).
+WRITTEN = ("cache_bytes_written", "persist_metadata_bytes_written", "persist_journal_bytes")
 MAIN = ["nocache", "sce", "sce-paper", "flashcache", "kit", "flash"]
 CACHED = ("sce", "kit")
 
@@ -219,8 +227,32 @@ def fmt_size(n):
 # The machine: requirements, memory cgroup, PostgreSQL
 
 
+# The Debian packages the stack needs, by the command that tells whether each is there.
+PACKAGES = {"nbdkit": "nbdkit", "nbdfuse": "nbdfuse", "nbdcopy": "libnbd-bin",
+            "fusermount3": "fuse3", "losetup": "mount", "mkfs.ext4": "e2fsprogs",
+            "runuser": "util-linux", "pgbench": "postgresql"}
+
+
+def install_missing(a):
+    """Installs the Debian packages of the stack that are missing (as root, with apt-get),
+    unless --no-install; says what it installs."""
+    need = sorted({pkg for tool, pkg in PACKAGES.items() if not shutil.which(tool)}
+                  | (set() if pg_bindir(a) else {"postgresql"}))
+    if not need or a.no_install or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return
+    log(f"== installing {' '.join(need)} (apt-get; --no-install to refuse)")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq"] + need):
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            log(f"   {' '.join(cmd)} exited with {r.returncode}: {r.stderr.strip()[-500:]}")
+            return
+
+
 def preflight(a):
-    """Refuses to run, saying why, where the stack cannot be built (or cleaned up)."""
+    """Installs what is missing (install_missing), then refuses to run, saying why, where the
+    stack cannot be built (or cleaned up)."""
+    install_missing(a)
     why = []
     if os.geteuid() != 0:
         why.append("must run as root (losetup, mount, FUSE, drop_caches, running PostgreSQL "
@@ -431,7 +463,8 @@ def mount_stack(ctx, stack, target, cd, fsck=False):
     report may want to know (the loop device, whether direct I/O is on, e2fsck's verdict)."""
     fuse = os.path.join(cd, "nbd")
     open(fuse, "w").close()
-    p = ctx.procs.start(["nbdfuse", fuse, target], logf=os.path.join(cd, "nbdfuse.log"))
+    p = ctx.procs.start(["nbdfuse", "-C", str(ctx.a.fuse_connections), fuse, target],
+                        logf=os.path.join(cd, "nbdfuse.log"))
     stack.push("unmount nbdfuse", lambda: fuse_down(ctx, fuse, p))
     # At least the image's size: a --source-uri export may be larger (ext4 uses the image's).
     wait_for("nbdfuse", lambda: os.path.getsize(fuse) >= ctx.meta["image_size"], p)
@@ -542,6 +575,7 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.server, self.t0 = server, t0
         self.samples = []
+        self.first = self.last = None  # the first and last /stats of an sce server
         self.halt = threading.Event()
 
     def sample(self):
@@ -549,7 +583,10 @@ class Sampler(threading.Thread):
         try:
             if s.addr:
                 e = http_json(s.addr)["exports"][""]
-                w = e["cache_bytes_written"] + e.get("persist_metadata_bytes_written", 0)
+                w = sum(e.get(k, 0) for k in WRITTEN)
+                if self.first is None:
+                    self.first = e
+                self.last = e
                 self.samples.append((time.time() - self.t0, e["read_pages_hit"],
                                      e["read_pages_missed"], w))
             elif s.proc:
@@ -583,6 +620,18 @@ class Sampler(threading.Thread):
         if len(self.samples) < 2:
             return None
         return self.samples[-1][3] - self.samples[0][3]
+
+    def breakdown(self):
+        """What sce wrote to the cache device over the run, by cause (bytes), or None."""
+        if self.first is None or self.last is None:
+            return None
+        d = {k: self.last.get(k, 0) - self.first.get(k, 0) for k in WRITTEN}
+        populated = 4096 * (self.last.get("pages_populated", 0)
+                            - self.first.get("pages_populated", 0))
+        return {"populated": populated,
+                "write copies": max(0, d["cache_bytes_written"] - populated),
+                "journal": d["persist_journal_bytes"],
+                "metadata": d["persist_metadata_bytes_written"]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -732,6 +781,9 @@ def figures(b, secs, sampler):
         w = sampler.written()
         if w is not None and total:
             f["cache_bytes_per_tx"] = w / total
+        parts = sampler.breakdown()
+        if parts is not None and total:
+            f["cache_bytes_per_tx_by_cause"] = {k: v / total for k, v in parts.items()}
     return f
 
 
@@ -986,6 +1038,24 @@ def ratio(x, y):
     return f"{x / y:.2f}x" if x is not None and y else "—"
 
 
+def t_level(series, level):
+    """The first second from which the trailing 5 s mean of `series` reaches `level`, or None:
+    a warm-up measure that compares configurations against one common level, where t90
+    compares each with its own steady TPS (a cache that never warms reaches its own at once)."""
+    for i in range(len(series)):
+        w = series[max(0, i - 4):i + 1]
+        if level > 0 and statistics.mean(w) >= level:
+            return i + 1
+    return None
+
+
+def by_cause(r):
+    parts = r.get("cache_bytes_per_tx_by_cause")
+    if not parts:
+        return None
+    return f"{r['name']}: " + ", ".join(f"{k} {num(v)}" for k, v in parts.items())
+
+
 def report(ctx, rows, sizes, kill, argv):
     a, m = ctx.a, ctx.meta
     rev = run(["git", "rev-parse", "--short", "HEAD"], check=False, cwd=ROOT).stdout.strip()
@@ -1006,24 +1076,31 @@ def report(ctx, rows, sizes, kill, argv):
               f"`nbdkit --filter=fua --filter=delay file <copy of the base image> "
               f"rdelay={a.delay} wdelay={a.delay} fuamode=discard -t 64` (flushes "
               "acknowledged at once, as by a SAN's battery-backed cache)")
+           + f". The export reaches the loop device through `nbdfuse -C {a.fuse_connections}`"
            + f". {a.clients} pgbench clients, {a.seconds} s per configuration, {READS} SELECTs "
            f"of pgbench_accounts, one UPDATE of it and one INSERT into the history per "
            f"transaction, aids `{a.dist}`. Loop devices with "
            f"direct I/O: {'yes' if all(r.get('loop_dio') for r in rows if r.get('started')) else 'NOT everywhere'}.",
            "", "Steady TPS: the mean over the last third of the run; t90: the first second "
            "from which the trailing 5 s mean reaches 90% of it; hit ratio and latencies over "
-           "the last third; cache bytes written per transaction over the whole run (sce: "
-           "data and metadata written to the cache file; nbdkit's cache filter: write_bytes "
-           "of its process).", ""]
+           "the last third; t to sce's level: the first second from which the trailing 5 s "
+           "mean reaches 90% of sce's steady TPS with the same cache (one level for every "
+           "configuration, so that one that never warms up does not reach it at once); cache "
+           "bytes written per transaction over the whole run (sce: data, metadata and write "
+           "journal blocks written to the cache file; nbdkit's cache filter: write_bytes of "
+           "its process).", ""]
     goals = []
     for size, cache in sizes:
         fl, nc, fc = base_row("flash", size), base_row("nocache", size), by.get(("flashcache", size))
         out += [f"## Cache {fmt_size(cache)} ({size}: "
                 f"{'holds the database' if size == 'large' else format(cache / m['db_bytes'], '.0%') + ' of the database'})",
                 "", "| configuration | steady TPS | × no cache | × flashcache-like | × all-flash "
-                "| t90 (s) | read hit ratio | mean latency (ms) | p99 latency (ms) | cache bytes "
-                "written / tx | consistency |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                "| t90 (s) | t to sce's level (s) | read hit ratio | mean latency (ms) | p99 "
+                "latency (ms) | cache bytes written / tx | consistency |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         panel = []
+        sc = by.get(("sce", size))
+        level = 0.9 * sc["steady_tps"] if sc and sc.get("steady_tps") else None
         for name in a.configs:
             r = by.get((name, size)) or (by.get((name, first)) if CONFIGS[name][1] not in CACHED
                                           else None)
@@ -1032,12 +1109,18 @@ def report(ctx, rows, sizes, kill, argv):
             panel.append(r)
             st = r.get("steady_tps")
             ok = ("passed" if r["check_ok"] else f"**FAILED**: {r['error'] or r['check']}"[:200])
+            tl = t_level(r.get("series", []), level) if level else None
+            r.setdefault("t_sce_level", {})[size] = tl
+            tl_s = "—" if not level else num(tl) if tl else f"never in {len(r.get('series', []))}"
             out.append(f"| {r['label']} | {num(st)} | {ratio(st, nc and nc.get('steady_tps'))} | "
                        f"{ratio(st, fc and fc.get('steady_tps'))} | "
-                       f"{ratio(st, fl and fl.get('steady_tps'))} | {num(r.get('t90'))} | "
+                       f"{ratio(st, fl and fl.get('steady_tps'))} | {num(r.get('t90'))} | {tl_s} | "
                        f"{num(r.get('hit_last_third'), '.3f')} | {num(r.get('lat_mean_ms'), '.1f')} | "
                        f"{num(r.get('lat_p99_ms'), '.1f')} | {num(r.get('cache_bytes_per_tx'))} | {ok} |")
         ctx.panels.append((f"TPS over time, cache {fmt_size(cache)} ({size})", panel))
+        causes = [c for c in (by_cause(r) for r in panel) if c]
+        if causes:
+            out += ["", "Cache bytes written per transaction, by cause: " + "; ".join(causes) + "."]
         out += ["", "TPS per second: " + "; ".join(
             f"{r['name']}: " + " ".join(str(v) for v in r.get("series", [])) for r in panel), ""]
         goals += goal_lines(by, size, nc, fc, fl)
@@ -1078,12 +1161,19 @@ def goal_lines(by, size, nc, fc, fl):
                      f"{num(rw, '.2f')}x bytes: {met(r >= 3 and rw is not None and rw <= 0.5)}.")
         if s.get("t90") and fc.get("t90"):
             rt = s["t90"] / fc["t90"]
+            ls, lf = s.get("t_sce_level", {}).get(size), fc.get("t_sce_level", {}).get(size)
+            common = (f"; against one level (90% of sce's steady TPS): sce {num(ls)} s, "
+                      f"flashcache-like {f'{lf} s' if lf else 'never in ' + str(len(fc['series'])) + ' s'}")
             g.append(f"- Cache {size}: time to 90% of steady TPS ≤ 0.25x flashcache-like's: "
-                     f"{s['t90']} s against {fc['t90']} s, {rt:.2f}x: {met(rt <= 0.25)}.")
+                     f"{s['t90']} s against {fc['t90']} s, {rt:.2f}x: {met(rt <= 0.25)}{common}.")
     k = by.get(("kit", size))
     if k and k.get("steady_tps"):
         r = st / k["steady_tps"]
-        g.append(f"- Cache {size}: sce ≥ 10x nbdkit's cache filter: {r:.2f}x: {met(r >= 10)}.")
+        bound = (f" (all-flash, the most any cache can reach in this stack, is "
+                 f"{fl['steady_tps'] / k['steady_tps']:.2f}x it)" if fl and fl.get("steady_tps")
+                 else "")
+        g.append(f"- Cache {size}: sce ≥ 10x nbdkit's cache filter: {r:.2f}x{bound}: "
+                 f"{met(r >= 10)}.")
     if nc and nc.get("steady_tps"):
         ser = s["series"]
         lows = [statistics.mean(ser[i - 5:i]) for i in range(10, len(ser) + 1)] or [st]
@@ -1138,6 +1228,10 @@ def args():
     ap.add_argument("--clients", type=int)
     ap.add_argument("--dist", default="exponential:5", help="aids: uniform, exponential[:P], "
                     "gaussian[:P], zipfian[:S] (pgbench's random_* functions)")
+    ap.add_argument("--fuse-connections", type=int, default=16, help="nbdfuse's connections "
+                    "to each export (its -C, default 4 there: 4 requests in flight, where a "
+                    "kernel NBD client or iSCSI initiator keeps dozens; 16 gives about 8, the "
+                    "most its 10 FUSE threads allow)")
     ap.add_argument("--delay", default="2ms", help="the source's delay per request")
     ap.add_argument("--source-uri", help="an NBD export to use as the source instead (its "
                     "contents are overwritten with the base image before each configuration)")
@@ -1150,6 +1244,8 @@ def args():
                     "(full), or all but the accounts heap, which the invariant's sums read in "
                     "full (light, the default: through the flashcache-like configuration a "
                     "second full read of it takes minutes)")
+    ap.add_argument("--no-install", action="store_true", help="do not apt-get install the "
+                    "missing Debian packages (by default, as root, they are installed)")
     ap.add_argument("--keep-base", help="keep (and reuse) the base image in this directory")
     ap.add_argument("--pg-bin", help="PostgreSQL's bin directory (default: the newest "
                     "/usr/lib/postgresql/N/bin)")
