@@ -716,6 +716,26 @@ def write_script(ctx):
     os.chmod(ctx.script, 0o644)
 
 
+def loop_stat(loop):
+    """(read I/Os, read ms, write I/Os, write ms) of a block device so far (its sysfs stat),
+    or None."""
+    try:
+        f = open(f"/sys/block/{os.path.basename(loop)}/stat").read().split()
+        return int(f[0]), int(f[3]), int(f[4]), int(f[7])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def io_latency(before, after):
+    """Mean read and write latency (ms) at the block device between two loop_stat()s: what
+    the filesystem under PostgreSQL waited for, per request, whatever serves it."""
+    if not before or not after:
+        return {}
+    d = [b - a for a, b in zip(before, after)]
+    return {"dev_reads": d[0], "dev_read_ms": d[1] / d[0] if d[0] else None,
+            "dev_writes": d[2], "dev_write_ms": d[3] / d[2] if d[2] else None}
+
+
 def start_pgbench(ctx, pgs, secs, cd, tag):
     logdir = os.path.join(ctx.pgdir, f"{os.path.basename(cd)}-{tag}")
     os.makedirs(logdir)
@@ -849,10 +869,12 @@ def run_config(ctx, name, size_name, cache_size):
         pgs.psql("SELECT count(*) FROM pgbench_branches")
         res["served"] = True
         p, t0, logdir = start_pgbench(ctx, pgs, a.seconds, cd, "run")
+        dev0 = loop_stat(info["loop"])
         sampler = Sampler(srv, t0) if kind in CACHED else None
         if sampler:
             sampler.start()
         b = finish_pgbench(p, t0, logdir, a.seconds)
+        res.update(io_latency(dev0, loop_stat(info["loop"])))
         if sampler:
             sampler.stop()
         if b["rc"] != 0:
@@ -1083,7 +1105,8 @@ def report(ctx, rows, sizes, kill, argv):
            f"direct I/O: {'yes' if all(r.get('loop_dio') for r in rows if r.get('started')) else 'NOT everywhere'}.",
            "", "Steady TPS: the mean over the last third of the run; t90: the first second "
            "from which the trailing 5 s mean reaches 90% of it; hit ratio and latencies over "
-           "the last third; t to sce's level: the first second from which the trailing 5 s "
+           "the last third; device read / write: the mean latency of a read and of a write at the loop "
+           "device under ext4 over the run (its sysfs stat); t to sce's level: the first second from which the trailing 5 s "
            "mean reaches 90% of sce's steady TPS with the same cache (one level for every "
            "configuration, so that one that never warms up does not reach it at once); cache "
            "bytes written per transaction over the whole run (sce: data, metadata and write "
@@ -1096,8 +1119,9 @@ def report(ctx, rows, sizes, kill, argv):
                 f"{'holds the database' if size == 'large' else format(cache / m['db_bytes'], '.0%') + ' of the database'})",
                 "", "| configuration | steady TPS | × no cache | × flashcache-like | × all-flash "
                 "| t90 (s) | t to sce's level (s) | read hit ratio | mean latency (ms) | p99 "
-                "latency (ms) | cache bytes written / tx | consistency |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                "latency (ms) | device read / write (ms) | cache bytes written / tx | "
+                "consistency |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         panel = []
         sc = by.get(("sce", size))
         level = 0.9 * sc["steady_tps"] if sc and sc.get("steady_tps") else None
@@ -1116,7 +1140,8 @@ def report(ctx, rows, sizes, kill, argv):
                        f"{ratio(st, fc and fc.get('steady_tps'))} | "
                        f"{ratio(st, fl and fl.get('steady_tps'))} | {num(r.get('t90'))} | {tl_s} | "
                        f"{num(r.get('hit_last_third'), '.3f')} | {num(r.get('lat_mean_ms'), '.1f')} | "
-                       f"{num(r.get('lat_p99_ms'), '.1f')} | {num(r.get('cache_bytes_per_tx'))} | {ok} |")
+                       f"{num(r.get('lat_p99_ms'), '.1f')} | {num(r.get('dev_read_ms'), '.2f')} / "
+                       f"{num(r.get('dev_write_ms'), '.2f')} | {num(r.get('cache_bytes_per_tx'))} | {ok} |")
         ctx.panels.append((f"TPS over time, cache {fmt_size(cache)} ({size})", panel))
         causes = [c for c in (by_cause(r) for r in panel) if c]
         if causes:

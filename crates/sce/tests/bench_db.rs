@@ -118,7 +118,17 @@ fn every_configuration_serves_postgres_and_the_database_survives_a_sigkill() {
                     last.is_null() || last.as_f64().is_some_and(|h| (0.0..=1.0).contains(&h)),
                     "{what}: {last}"
                 );
-                assert!(field(c, "cache_bytes_per_tx", what).is_number(), "{what}");
+                // Every byte written to the cache file has its cause: populated pages, copies
+                // of writes, the write journal, metadata records.
+                let total = field(c, "cache_bytes_per_tx", what).as_f64().expect("bytes");
+                let parts = field(c, "cache_bytes_per_tx_by_cause", what);
+                let parts = parts.as_object().expect("causes");
+                let sum: f64 = parts.values().filter_map(|v| v.as_f64()).sum();
+                assert_eq!(parts.len(), 4, "{what}: {parts:?}");
+                assert!(
+                    total > 0.0 && (sum - total).abs() <= total * 1e-9 + 1.0,
+                    "{what}: the causes {parts:?} do not add up to {total} bytes per transaction"
+                );
             }
             // nbdkit's cache filter has no hit counters; its cache writes are counted.
             Some("kit") => assert!(field(c, "cache_bytes_per_tx", what).is_number(), "{what}"),

@@ -180,6 +180,26 @@ fn decode(idx: u64, data: &[u8]) -> Option<u64> {
     (i == idx && want[..] == data[..]).then_some(c)
 }
 
+/// Reads the whole volume through `c` and asserts every block reads as its last
+/// acknowledged write or the write that was in flight on it (`what` names the round).
+fn assert_never_stale(c: &NbdClient, m: &[BlockState], what: &str) {
+    let mut buf = AlignedBuf::new(MIB as usize);
+    for chunk in 0..(m.len() as u64 * BLOCK) / MIB {
+        c.read_at(chunk * MIB, &mut buf).unwrap();
+        for k in 0..MIB / BLOCK {
+            let b = chunk * MIB / BLOCK + k;
+            let got = decode(b, &buf[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize]);
+            let st = m[b as usize];
+            assert!(
+                got == Some(st.acked) || (got.is_some() && got == st.in_flight),
+                "{what}: block {b} reads {got:?}; acknowledged {}, in flight {:?}",
+                st.acked,
+                st.in_flight
+            );
+        }
+    }
+}
+
 /// Per block: the last acknowledged write counter, and one in flight (if any).
 #[derive(Clone, Copy, Default)]
 struct BlockState {
@@ -241,25 +261,12 @@ fn sigkill_crashes_never_serve_stale_or_torn_blocks() {
         }
         // After each restart every block reads back as its last acknowledged write or the
         // write that was in flight on it.
-        let mut buf = AlignedBuf::new(MIB as usize);
         let m = model.lock().clone();
-        for chunk in 0..size / MIB {
-            c.read_at(chunk * MIB, &mut buf).unwrap();
-            for k in 0..MIB / BLOCK {
-                let b = chunk * MIB / BLOCK + k;
-                let got = decode(b, &buf[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize]);
-                let st = m[b as usize];
-                assert!(
-                    got == Some(st.acked) || (got.is_some() && got == st.in_flight),
-                    "iteration {it}: block {b} reads {got:?}; acknowledged {}, in flight {:?}",
-                    st.acked,
-                    st.in_flight
-                );
-            }
-        }
+        assert_never_stale(&c, &m, &format!("iteration {it}"));
         // Re-read what landed so the model starts this round exact.
         {
             let mut m = model.lock();
+            let mut buf = AlignedBuf::new(MIB as usize);
             for chunk in 0..size / MIB {
                 c.read_at(chunk * MIB, &mut buf).unwrap();
                 for k in 0..MIB / BLOCK {
@@ -570,21 +577,7 @@ fn kill_amid_writes(d: &Path, nbd: &str, journal: &str, model: &[u64]) -> (u64, 
     let after = pass_hit_ratio(&s, &c, 0, hot);
     // Never stale: every block reads as its last acknowledged write or the one in flight.
     let m = model.lock().clone();
-    let mut buf = AlignedBuf::new(MIB as usize);
-    for chunk in 0..(m.len() as u64 * BLOCK) / MIB {
-        c.read_at(chunk * MIB, &mut buf).unwrap();
-        for k in 0..MIB / BLOCK {
-            let b = chunk * MIB / BLOCK + k;
-            let got = decode(b, &buf[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize]);
-            let st = m[b as usize];
-            assert!(
-                got == Some(st.acked) || (got.is_some() && got == st.in_flight),
-                "journal {journal}: block {b} reads {got:?}; acknowledged {}, in flight {:?}",
-                st.acked,
-                st.in_flight
-            );
-        }
-    }
+    assert_never_stale(&c, &m, &format!("journal {journal}"));
     println!(
         "crash journal {journal}: {cached} fragments cached at the SIGKILL amid writes, {restored} \
          restored, {dropped_pages} pages dropped by the journal; hit ratio of the first pass \
