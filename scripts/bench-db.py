@@ -228,7 +228,7 @@ def fmt_size(n):
 
 
 # The Debian packages the stack needs, by the command that tells whether each is there.
-PACKAGES = {"nbdkit": "nbdkit", "nbdfuse": "nbdfuse", "nbdcopy": "libnbd-bin",
+PACKAGES = {"nbdkit": "nbdkit", "nbdfuse": "libnbd-bin", "nbdcopy": "libnbd-bin",
             "fusermount3": "fuse3", "losetup": "mount", "mkfs.ext4": "e2fsprogs",
             "runuser": "util-linux", "pgbench": "postgresql"}
 
@@ -242,8 +242,14 @@ def install_missing(a):
         return
     log(f"== installing {' '.join(need)} (apt-get; --no-install to refuse)")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq"] + need):
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    keep = ["-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold"]
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq"] + keep + need):
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                               stdin=subprocess.DEVNULL, timeout=1200)
+        except subprocess.TimeoutExpired:
+            log(f"   {' '.join(cmd)} took over 20 minutes; stopped")
+            return
         if r.returncode != 0:
             log(f"   {' '.join(cmd)} exited with {r.returncode}: {r.stderr.strip()[-500:]}")
             return
@@ -584,11 +590,11 @@ class Sampler(threading.Thread):
             if s.addr:
                 e = http_json(s.addr)["exports"][""]
                 w = sum(e.get(k, 0) for k in WRITTEN)
+                self.samples.append((time.time() - self.t0, e["read_pages_hit"],
+                                     e["read_pages_missed"], w))
                 if self.first is None:
                     self.first = e
                 self.last = e
-                self.samples.append((time.time() - self.t0, e["read_pages_hit"],
-                                     e["read_pages_missed"], w))
             elif s.proc:
                 w = proc_write_bytes(s.proc.pid)
                 if w is not None:
@@ -623,13 +629,16 @@ class Sampler(threading.Thread):
 
     def breakdown(self):
         """What sce wrote to the cache device over the run, by cause (bytes), or None."""
-        if self.first is None or self.last is None:
+        if self.first is None or self.last is None or len(self.samples) < 2:
             return None
         d = {k: self.last.get(k, 0) - self.first.get(k, 0) for k in WRITTEN}
-        populated = 4096 * (self.last.get("pages_populated", 0)
-                            - self.first.get("pages_populated", 0))
+        # A population is counted when it completes, its bytes as they are written: one
+        # under way at the first sample may count more pages than bytes in the window.
+        populated = min(d["cache_bytes_written"],
+                        4096 * (self.last.get("pages_populated", 0)
+                                - self.first.get("pages_populated", 0)))
         return {"populated": populated,
-                "write copies": max(0, d["cache_bytes_written"] - populated),
+                "write copies": d["cache_bytes_written"] - populated,
                 "journal": d["persist_journal_bytes"],
                 "metadata": d["persist_metadata_bytes_written"]}
 
@@ -868,8 +877,8 @@ def run_config(ctx, name, size_name, cache_size):
         pgs.start(upper)
         pgs.psql("SELECT count(*) FROM pgbench_branches")
         res["served"] = True
-        p, t0, logdir = start_pgbench(ctx, pgs, a.seconds, cd, "run")
         dev0 = loop_stat(info["loop"])
+        p, t0, logdir = start_pgbench(ctx, pgs, a.seconds, cd, "run")
         sampler = Sampler(srv, t0) if kind in CACHED else None
         if sampler:
             sampler.start()
@@ -1003,7 +1012,8 @@ def kill_test(ctx, size_name, cache_size):
 
 COLORS = {"nocache": "#777777", "sce": "#d62728", "sce-paper": "#ff7f0e", "flashcache": "#1f77b4",
           "kit": "#9467bd", "flash": "#2ca02c", "sce-128k": "#8c564b", "sce-4m": "#e377c2",
-          "sce-wt": "#17becf", "sce-wa": "#bcbd22"}
+          "sce-wt": "#17becf", "sce-wa": "#bcbd22", "sce-nojournal": "#aec7e8",
+          "sce-nopersist": "#98df8a"}
 
 
 def svg_plot(panels, path):

@@ -120,7 +120,9 @@ fn every_configuration_serves_postgres_and_the_database_survives_a_sigkill() {
                 );
                 // Every byte written to the cache file has its cause: populated pages, copies
                 // of writes, the write journal, metadata records.
-                let total = field(c, "cache_bytes_per_tx", what).as_f64().expect("bytes");
+                let total = field(c, "cache_bytes_per_tx", what)
+                    .as_f64()
+                    .expect("bytes");
                 let parts = field(c, "cache_bytes_per_tx_by_cause", what);
                 let parts = parts.as_object().expect("causes");
                 let sum: f64 = parts.values().filter_map(|v| v.as_f64()).sum();
