@@ -53,7 +53,17 @@ impl std::fmt::Display for Admission {
     }
 }
 
-/// How writes reach the cache.
+/// How writes reach the cache, in the names operators know (casadm, lvmcache, bcache).
+///
+/// | name | old name | a write | a read |
+/// |---|---|---|---|
+/// | `writethrough` (default) | `awt` | source, then acknowledged; the cache copy follows asynchronously (SCE's AWT) | cache or source |
+/// | `writethrough-sync` (`writethrough` with `--awt off`) | `write-through` | source and cache, acknowledged when both are done | cache or source |
+/// | `writearound` | `write-around` | source only; cached pages invalidated | cache or source |
+/// | `passthrough` | | source only; cached pages invalidated | source only, nothing populated |
+///
+/// The cache never holds data the source does not: every mode can be switched to any other
+/// at any time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum WriteMode {
     /// Asynchronous write-through (SCE 3.3): acknowledge when the source write completes; the
@@ -64,17 +74,48 @@ pub enum WriteMode {
     WriteAround,
     /// Synchronous write-through: acknowledge when both writes complete.
     WriteThrough,
+    /// The cache is not used: reads and writes go to the source, writes invalidate what the
+    /// cache holds of their pages, nothing is populated. Cached data stays for later.
+    Passthrough,
+}
+
+impl WriteMode {
+    /// Every name a mode is parsed from, the operator's first.
+    pub const NAMES: &'static str =
+        "writethrough, writethrough-sync, writearound, passthrough (old names: awt, write-through, write-around)";
+
+    /// The mode with asynchronous write-through on or off: `writethrough` and
+    /// `writethrough-sync` are one mode with AWT on or off; the others have no such flavour.
+    pub fn with_awt(self, on: bool) -> WriteMode {
+        match (self, on) {
+            (WriteMode::Awt, false) => WriteMode::WriteThrough,
+            (WriteMode::WriteThrough, true) => WriteMode::Awt,
+            (m, _) => m,
+        }
+    }
+
+    /// True if reads are served from the cache (all modes but passthrough).
+    pub fn caches_reads(self) -> bool {
+        self != WriteMode::Passthrough
+    }
+
+    /// True if writes place copies in the cache (the two write-through flavours).
+    pub fn copies_writes(self) -> bool {
+        matches!(self, WriteMode::Awt | WriteMode::WriteThrough)
+    }
 }
 
 impl std::str::FromStr for WriteMode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
-            "awt" => Ok(WriteMode::Awt),
-            "write-around" => Ok(WriteMode::WriteAround),
-            "write-through" => Ok(WriteMode::WriteThrough),
+            "writethrough" | "awt" => Ok(WriteMode::Awt),
+            "writethrough-sync" | "write-through" => Ok(WriteMode::WriteThrough),
+            "writearound" | "write-around" => Ok(WriteMode::WriteAround),
+            "passthrough" | "pass-through" => Ok(WriteMode::Passthrough),
             _ => Err(format!(
-                "unknown write mode {s:?} (expected awt, write-around or write-through)"
+                "unknown mode {s:?} (expected {})",
+                WriteMode::NAMES
             )),
         }
     }
@@ -83,9 +124,10 @@ impl std::str::FromStr for WriteMode {
 impl std::fmt::Display for WriteMode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            WriteMode::Awt => "awt",
-            WriteMode::WriteAround => "write-around",
-            WriteMode::WriteThrough => "write-through",
+            WriteMode::Awt => "writethrough",
+            WriteMode::WriteAround => "writearound",
+            WriteMode::WriteThrough => "writethrough-sync",
+            WriteMode::Passthrough => "passthrough",
         })
     }
 }

@@ -58,6 +58,11 @@ impl<T> Slab<T> {
         Some(v)
     }
 
+    /// Every live value, mutably.
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.entries.iter_mut().filter_map(|e| e.1.as_mut())
+    }
+
     /// Number of live values.
     pub fn len(&self) -> usize {
         self.len

@@ -578,3 +578,72 @@ fn endurance_budget_caps_every_cache_write() {
         assert!(cached.is_some(), "{admission}");
     }
 }
+
+#[test]
+fn passthrough_bypasses_the_cache_and_keeps_it_for_later() {
+    let mut c = core(small(Admission::Sce, WriteMode::Awt), 256 * KIB, 64 * KIB);
+    warm(&mut c, 0);
+    let passthrough = Retune {
+        write_mode: Some(WriteMode::Passthrough),
+        ..Retune::default()
+    };
+    c.retune(&passthrough).unwrap();
+    // Reads go to the source, teach nothing, populate nothing.
+    let mut p = read(&mut c, 0, 8192);
+    assert_eq!(p.hit_pages, 0);
+    assert!(p
+        .runs
+        .iter()
+        .all(|r| matches!(r.target, RunTarget::Source(_))));
+    c.end_read(&mut p);
+    let mut p = read(&mut c, 32 * KIB, 4096);
+    c.end_read(&mut p);
+    assert!(c.pick_population_unthrottled().is_none());
+    // A write copies nothing and invalidates what the cache holds of its pages.
+    let w = c
+        .begin_write(SourceOffset(4096), 4096, WriteKind::Data)
+        .unwrap();
+    assert!(w.cache_writes.is_empty());
+    c.write_source_done(w.id, true).unwrap();
+    // Back to writethrough: the fragment is still there, but not the page written.
+    c.retune(&Retune {
+        write_mode: Some(WriteMode::Awt),
+        ..Retune::default()
+    })
+    .unwrap();
+    assert!(c.is_cached(SourceOffset(0)));
+    assert!(!c.is_cached(SourceOffset(4096)));
+    let mut p = read(&mut c, 0, 4096);
+    assert_eq!(p.hit_pages, 1);
+    c.end_read(&mut p);
+}
+
+#[test]
+fn retune_checks_and_names_the_modes() {
+    let mut c = core(small(Admission::Sce, WriteMode::Awt), 256 * KIB, 64 * KIB);
+    c.retune(&Retune {
+        admission: Some(Admission::NHit(2)),
+        population_rate: Some((0, true)),
+        ..Retune::default()
+    })
+    .unwrap();
+    assert_eq!(c.config().admission, Admission::NHit(2));
+    for (name, m) in [
+        ("writethrough", WriteMode::Awt),
+        ("awt", WriteMode::Awt),
+        ("writethrough-sync", WriteMode::WriteThrough),
+        ("write-through", WriteMode::WriteThrough),
+        ("writearound", WriteMode::WriteAround),
+        ("write-around", WriteMode::WriteAround),
+        ("passthrough", WriteMode::Passthrough),
+    ] {
+        assert_eq!(name.parse::<WriteMode>(), Ok(m));
+        assert_eq!(m.to_string().parse::<WriteMode>(), Ok(m), "round trip");
+    }
+    assert_eq!(WriteMode::Awt.with_awt(false), WriteMode::WriteThrough);
+    assert_eq!(
+        WriteMode::WriteAround.with_awt(false),
+        WriteMode::WriteAround
+    );
+    assert!("writeback".parse::<WriteMode>().is_err());
+}

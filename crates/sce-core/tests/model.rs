@@ -45,6 +45,21 @@ enum Op {
     PopWriteCache(u16, bool),
     EvictOne,
     EvictFragment(u32),
+    /// `sce ctl set`: a new write mode (and sometimes admission) on every shard, whatever
+    /// is in flight.
+    Retune(u8),
+    /// `sce ctl evict OFFSET LEN`, on every shard's pieces.
+    EvictRange {
+        off: u32,
+        len: u32,
+    },
+    /// The source changes behind the cache's back (bytes no write in flight touches), then
+    /// `sce ctl forget`: every read after must see the new bytes.
+    ForgetExternal {
+        off: u32,
+        len: u32,
+        byte: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -63,6 +78,9 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (any::<u16>(), prop::bool::weighted(0.1)).prop_map(|(i, f)| Op::PopWriteCache(i, f)),
         1 => Just(Op::EvictOne),
         1 => any::<u32>().prop_map(Op::EvictFragment),
+        1 => any::<u8>().prop_map(Op::Retune),
+        1 => (any::<u32>(), 1u32..40).prop_map(|(off, len)| Op::EvictRange { off, len }),
+        1 => (any::<u32>(), 1u32..40, any::<u8>()).prop_map(|(off, len, byte)| Op::ForgetExternal { off, len, byte }),
     ]
 }
 
@@ -84,7 +102,8 @@ fn shape() -> impl Strategy<Value = (CoreConfig, u64, u64)> {
         prop_oneof![
             Just(WriteMode::Awt),
             Just(WriteMode::WriteAround),
-            Just(WriteMode::WriteThrough)
+            Just(WriteMode::WriteThrough),
+            Just(WriteMode::Passthrough)
         ],
         prop_oneof![
             Just(EvictionKind::Clock),
@@ -537,6 +556,41 @@ proptest! {
                     h.cores[k].evict_one();
                 }
                 Op::EvictFragment(f) => h.evict_fragment(f),
+                Op::EvictRange { off, len } => {
+                    let (off, len) = h.range(off, len);
+                    let pieces: Vec<Piece> = h.map.pieces(off, len).collect();
+                    for p in pieces {
+                        h.cores[p.shard].evict_range(SourceOffset(p.local), p.len);
+                    }
+                    for (s, _) in h.cores.iter().map(|c| c.exists_range(SourceOffset(0), u64::MAX)).zip(0..) {
+                        prop_assert!(s.iter().all(|&(_, n)| n > 0));
+                    }
+                }
+                Op::ForgetExternal { off, len, byte } => {
+                    let (off, len) = h.range(off, len);
+                    let (a, b) = (off as usize, (off + len) as usize);
+                    let touched = h.writes.iter().any(|w| w.off < b && w.off + w.data.len() > a);
+                    if !touched {
+                        h.source[a..b].fill(byte);
+                        h.acked[a..b].fill(byte);
+                    }
+                    for c in &mut h.cores {
+                        c.forget();
+                    }
+                }
+                Op::Retune(x) => {
+                    let modes = [WriteMode::Awt, WriteMode::WriteAround, WriteMode::WriteThrough, WriteMode::Passthrough];
+                    let admissions = [Admission::Sce, Admission::ScePaper, Admission::Always, Admission::NHit(2)];
+                    let t = Retune {
+                        write_mode: Some(modes[x as usize % 4]),
+                        admission: (x & 0x10 != 0).then(|| admissions[(x as usize >> 2) % 4]),
+                        sequential_cutoff: (x & 0x20 != 0).then_some(0),
+                        population_rate: (x & 0x40 != 0).then_some((1 << 20, false)),
+                    };
+                    for c in &mut h.cores {
+                        c.retune(&t).expect("a valid retune");
+                    }
+                }
             }
         }
         // Drain everything in flight, then every byte must read back as acknowledged.

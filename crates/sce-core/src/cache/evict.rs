@@ -1,7 +1,8 @@
 //! Eviction: victims, freeing and allocating slots.
 
-use super::CacheCore;
-use crate::addr::{FragNo, SlotNo};
+use super::{fragments, CacheCore};
+use crate::addr::{FragNo, SlotNo, SourceOffset};
+use crate::bitmap::{self, PageSet};
 
 impl CacheCore {
     /// Drops every cached fragment that no operation pins (the volume was forgotten or the
@@ -29,6 +30,86 @@ impl CacheCore {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// FlashTier's `evict` over a range of the source: every page of `[offset, offset+len)`
+    /// the cache holds is dropped, and fragments left with no valid page give their slot
+    /// back unless pinned (a read or copy in flight; their pages are invalid all the same).
+    /// Returns the pages dropped.
+    pub fn evict_range(&mut self, offset: SourceOffset, len: u64) -> u64 {
+        let end = offset.0.saturating_add(len).min(self.geo.source_size());
+        if offset.0 >= end {
+            return 0;
+        }
+        let mut dropped = 0;
+        for (f, lo, hi, _, _) in fragments(self.geo, offset.0, end - offset.0) {
+            let Some(s) = self.map.get(f) else { continue };
+            dropped += bitmap::count(self.slots.bitmap(s), lo, hi) as u64;
+            bitmap::clear_range(self.slots.bitmap_mut(s), lo, hi);
+            self.spoil_in_flight(f, lo, hi);
+            let empty = !bitmap::any_set(self.slots.bitmap(s), 0, self.geo.pages_per_fragment());
+            if empty && self.slots.pins(s) == 0 {
+                self.evict_slot(s);
+                self.slots.put_free(s);
+            }
+        }
+        self.stats.pages_invalidated += dropped;
+        dropped
+    }
+
+    /// Forgets everything cached, at once (the source changed behind the cache's back):
+    /// every page is invalid, every unpinned slot is free, and what is in flight may
+    /// validate nothing it began before (populations read the old source, and a write's
+    /// partial pages would keep old bytes). Returns the fragments that were cached.
+    pub fn forget(&mut self) -> u64 {
+        let ppf = self.geo.pages_per_fragment();
+        for pop in self.pops.values_mut() {
+            pop.spoiled.insert_range(0, ppf);
+        }
+        for w in self.writes.values_mut() {
+            for part in &mut w.parts {
+                part.spoiled
+                    .get_or_insert_with(|| PageSet::new(ppf))
+                    .insert_range(part.lo, part.hi);
+            }
+        }
+        let mut n = 0;
+        for s in (0..self.geo.slots()).map(SlotNo) {
+            if self.slots.fragment(s).is_none() {
+                continue;
+            }
+            n += 1;
+            bitmap::clear_range(self.slots.bitmap_mut(s), 0, ppf);
+            if self.slots.pins(s) == 0 {
+                self.evict_slot(s);
+                self.slots.put_free(s);
+            }
+        }
+        n
+    }
+
+    /// Spoils pages `[lo, hi)` of fragment `f` for the population and writes in flight on it,
+    /// so that none of them validates those pages when it completes.
+    fn spoil_in_flight(&mut self, f: FragNo, lo: u32, hi: u32) {
+        let ppf = self.geo.pages_per_fragment();
+        let Some(act) = self.activity.get(&f.0) else {
+            return;
+        };
+        if let Some(pop) = act.pop.and_then(|p| self.pops.get_mut(p.0)) {
+            pop.spoiled.insert_range(lo, hi);
+        }
+        for &w in &act.writes {
+            if let Some(ws) = self.writes.get_mut(w.0) {
+                for part in ws.parts.iter_mut().filter(|p| p.frag == f) {
+                    let (ol, oh) = (part.lo.max(lo), part.hi.min(hi));
+                    if ol < oh {
+                        part.spoiled
+                            .get_or_insert_with(|| PageSet::new(ppf))
+                            .insert_range(ol, oh);
+                    }
+                }
+            }
         }
     }
 

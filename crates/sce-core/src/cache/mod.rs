@@ -53,7 +53,7 @@ pub use plan::{
 use crate::addr::{FragNo, Nanos, SlotNo, SourceOffset, PAGE_SHIFT, PAGE_SIZE, SECTOR_SIZE};
 use crate::admit::{Endurance, FreqSketch, PopBudget, StreamVerdict, Streams};
 use crate::bitmap;
-use crate::config::{Admission, ConfigError, CoreConfig};
+use crate::config::{Admission, ConfigError, CoreConfig, WriteMode};
 use crate::evict::Eviction;
 use crate::geometry::Geometry;
 use crate::hotness::{IntMap, MruWindow};
@@ -95,6 +95,57 @@ pub struct CacheCore {
     stats: CoreStats,
 }
 
+/// The admission policy's state, built from the configuration: rebuilt whole when a
+/// running cache is retuned.
+struct Policy {
+    nhit: Option<NHitFilter>,
+    sketch: Option<FreqSketch>,
+    streams: Option<std::sync::Mutex<Streams>>,
+    budget: PopBudget,
+}
+
+impl Policy {
+    fn new(cfg: &CoreConfig, geo: &Geometry) -> Policy {
+        let slots = geo.slots() as usize;
+        let nhit = match cfg.admission {
+            Admission::NHit(k) => Some(NHitFilter::new(k, (slots * 2).clamp(1024, 1 << 20))),
+            _ => None,
+        };
+        let selective = cfg.admission == Admission::Sce;
+        let sketch = selective.then(|| FreqSketch::new(slots.max(cfg.hot_window)));
+        let streams = (selective && cfg.sequential_cutoff > 0).then(|| {
+            std::sync::Mutex::new(Streams::new(cfg.sequential_cutoff, geo.fragment_shift()))
+        });
+        let budget = PopBudget::new(
+            if selective { cfg.population_rate } else { 0 },
+            cfg.population_min_rate,
+            cfg.population_adaptive,
+            CacheCore::BUDGET_EPOCH_NS,
+        );
+        Policy {
+            nhit,
+            sketch,
+            streams,
+            budget,
+        }
+    }
+}
+
+/// What a running cache lets an operator change (`sce ctl set`): each field given replaces
+/// the configuration's.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Retune {
+    /// The write mode.
+    pub write_mode: Option<WriteMode>,
+    /// The admission policy (its learnt state starts over).
+    pub admission: Option<Admission>,
+    /// Admission `sce`: the sequential cutoff in bytes (0: no detection).
+    pub sequential_cutoff: Option<u64>,
+    /// Admission `sce`: the population rate ceiling in bytes per second (0: unlimited), and
+    /// whether it adapts.
+    pub population_rate: Option<(u64, bool)>,
+}
+
 impl CacheCore {
     /// How often the adaptive population rate is re-decided (virtual or real time).
     const BUDGET_EPOCH_NS: u64 = 1_000_000_000;
@@ -126,24 +177,12 @@ impl CacheCore {
             ));
         }
         let geo = Geometry::new(cfg.fragment_size, source_size, slots as u32);
-        let nhit = match cfg.admission {
-            Admission::NHit(k) => Some(NHitFilter::new(
-                k,
-                (slots as usize * 2).clamp(1024, 1 << 20),
-            )),
-            _ => None,
-        };
-        let selective = cfg.admission == Admission::Sce;
-        let sketch = selective.then(|| FreqSketch::new((slots as usize).max(cfg.hot_window)));
-        let streams = (selective && cfg.sequential_cutoff > 0).then(|| {
-            std::sync::Mutex::new(Streams::new(cfg.sequential_cutoff, geo.fragment_shift()))
-        });
-        let budget = PopBudget::new(
-            if selective { cfg.population_rate } else { 0 },
-            cfg.population_min_rate,
-            cfg.population_adaptive,
-            Self::BUDGET_EPOCH_NS,
-        );
+        let Policy {
+            nhit,
+            sketch,
+            streams,
+            budget,
+        } = Policy::new(&cfg, &geo);
         let endurance = cfg.max_cache_writes.map(Endurance::new);
         Ok(CacheCore {
             sketch,
@@ -173,6 +212,39 @@ impl CacheCore {
     /// The configuration.
     pub fn config(&self) -> &CoreConfig {
         &self.cfg
+    }
+
+    /// Changes what a running cache may change (see [`Retune`]); the fragments it holds stay.
+    /// A change of admission, sequential cutoff or population rate starts the admission
+    /// state over (sketch, filters, streams, budget). Nothing is changed if the result
+    /// would not validate.
+    pub fn retune(&mut self, t: &Retune) -> Result<(), ConfigError> {
+        let mut cfg = self.cfg.clone();
+        if let Some(m) = t.write_mode {
+            cfg.write_mode = m;
+        }
+        if let Some(a) = t.admission {
+            cfg.admission = a;
+        }
+        if let Some(c) = t.sequential_cutoff {
+            cfg.sequential_cutoff = c;
+        }
+        if let Some((r, adaptive)) = t.population_rate {
+            cfg.population_rate = r;
+            cfg.population_adaptive = adaptive;
+        }
+        cfg.validate()?;
+        let policy_changed = cfg.admission != self.cfg.admission
+            || cfg.sequential_cutoff != self.cfg.sequential_cutoff
+            || cfg.population_rate != self.cfg.population_rate
+            || cfg.population_adaptive != self.cfg.population_adaptive;
+        self.cfg = cfg;
+        if policy_changed {
+            let p = Policy::new(&self.cfg, &self.geo);
+            (self.nhit, self.sketch, self.streams, self.budget) =
+                (p.nhit, p.sketch, p.streams, p.budget);
+        }
+        Ok(())
     }
     /// The counters.
     pub fn stats(&self) -> &CoreStats {
@@ -269,6 +341,28 @@ impl CacheCore {
         ))
     }
 
+    /// FlashTier's `exists` over a range: the fragments of `[offset, offset+len)` the cache
+    /// holds, each as (its source offset, valid pages within the range), in source order.
+    pub fn exists_range(&self, offset: SourceOffset, len: u64) -> Vec<(SourceOffset, u32)> {
+        let mut out = Vec::new();
+        if len == 0 {
+            return out;
+        }
+        let end = (offset.0.saturating_add(len)).min(self.geo.source_size());
+        if offset.0 >= end {
+            return out;
+        }
+        for (f, lo, hi, _, _) in fragments(self.geo, offset.0, end - offset.0) {
+            if let Some(s) = self.map.get(f) {
+                let n = bitmap::count(self.slots.bitmap(s), lo, hi);
+                if n > 0 {
+                    out.push((self.geo.fragment_start(f), n));
+                }
+            }
+        }
+        out
+    }
+
     /// True if byte `offset` of the source is in a valid cached page.
     pub fn is_cached(&self, offset: SourceOffset) -> bool {
         let f = self.geo.fragment_of(offset);
@@ -343,6 +437,10 @@ impl CacheCore {
     /// fragment it last touched adds no touch, and a request of a sequential stream adds
     /// nothing at all; returns true for those.
     fn note_access(&mut self, offset: u64, len: u64, verdict: StreamVerdict) -> bool {
+        if !self.cfg.write_mode.caches_reads() {
+            // Passthrough: nothing is learnt, so nothing is populated.
+            return false;
+        }
         // A stream is bypassed only once the cache is full: free space is there to be
         // filled, and data read or written in sequence is often read again.
         if verdict.sequential && self.slots.free_count() == 0 {

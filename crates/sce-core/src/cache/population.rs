@@ -151,7 +151,7 @@ impl CacheCore {
     /// Algorithm 1's promotion step: if the throttle allows it now, picks the hottest fragment
     /// worth populating (SCE) or the next admitted one (`nhit:K`) and returns the job.
     pub fn pick_population(&mut self, now: Nanos) -> Option<PopulationJob> {
-        if !self.throttle(now).may_populate {
+        if !self.cfg.write_mode.caches_reads() || !self.throttle(now).may_populate {
             return None;
         }
         if self.cfg.admission == Admission::Sce {
@@ -245,6 +245,9 @@ impl CacheCore {
     /// Under admission `sce` the candidate must still earn its place (but the population
     /// budget is not consulted).
     pub fn pick_population_unthrottled(&mut self) -> Option<PopulationJob> {
+        if !self.cfg.write_mode.caches_reads() {
+            return None;
+        }
         let f = match self.cfg.admission {
             Admission::Always => None,
             Admission::Sce => return self.pick_selective(),
@@ -279,9 +282,10 @@ impl CacheCore {
     }
 
     /// Starts a population of the fragment holding `offset` (NBD CACHE, prefetch), ignoring
-    /// the throttle. None if there is nothing to fill or no slot can be had.
+    /// the throttle. None if there is nothing to fill, no slot can be had, or the cache is in
+    /// passthrough.
     pub fn prefetch(&mut self, offset: SourceOffset) -> Option<PopulationJob> {
-        if offset.0 >= self.geo.source_size() {
+        if !self.cfg.write_mode.caches_reads() || offset.0 >= self.geo.source_size() {
             return None;
         }
         let id = self

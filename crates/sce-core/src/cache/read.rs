@@ -40,7 +40,9 @@ impl CacheCore {
         plan.offset = offset.0;
         plan.len = len;
         plan.verdict = self.classify(offset.0, len);
-        let want_fills = self.cfg.admission == Admission::Always;
+        // Passthrough: every run goes to the source, and nothing is filled.
+        let caching = self.cfg.write_mode.caches_reads();
+        let want_fills = caching && self.cfg.admission == Admission::Always;
         for (f, lo, hi, a, b) in fragments(self.geo, offset.0, len) {
             let fstart = self.geo.fragment_start(f).0;
             let slot = self.map.get(f);
@@ -48,7 +50,7 @@ impl CacheCore {
             let mut missed_full = None::<PageSet>;
             let mut p = lo;
             while p < hi {
-                let valid = slot.is_some_and(|s| self.slots.is_valid(s, p));
+                let valid = caching && slot.is_some_and(|s| self.slots.is_valid(s, p));
                 let run_hi = match slot {
                     Some(s) => bitmap::run_end(self.slots.bitmap(s), p, hi),
                     None => hi,

@@ -55,8 +55,7 @@ impl CacheCore {
         let verdict = self.classify(offset.0, len);
         let sequential = self.note_access(offset.0, len, verdict);
         let mode = self.cfg.write_mode;
-        let copy_wanted =
-            kind == WriteKind::Data && mode != WriteMode::WriteAround && len > 0 && !sequential;
+        let copy_wanted = kind == WriteKind::Data && mode.copies_writes() && len > 0 && !sequential;
         let over_budget = mode == WriteMode::Awt && self.awt_in_flight + len > self.cfg.awt_budget;
         let id = WriteId(self.writes.insert(WriteState {
             parts: Vec::new(),
