@@ -40,8 +40,10 @@ pub(crate) struct Shared {
     pub(crate) cores: Box<[BrLock<CacheCore>]>,
     /// Which core shard holds which fragments and slots.
     pub(crate) map: ShardMap,
-    /// The volume's core configuration (each shard's is derived from it).
-    pub(crate) config: CoreConfig,
+    /// The volume's core configuration (each shard's is derived from it), as last retuned.
+    /// Lock order -1 (outermost): `CacheVolume::retune` holds it while it takes each core
+    /// shard in turn, so that two retunes cannot leave the shards differing.
+    pub(crate) config: Mutex<CoreConfig>,
     pub(crate) crcs: Option<CrcTable>,
     pub(crate) persist: Option<Persist>,
     pub(crate) errors: AtomicU64,
