@@ -21,6 +21,9 @@ pub struct ServeConfig {
     pub listen: Vec<ListenAddr>,
     /// Serve counters over HTTP at HOST:PORT: /metrics (Prometheus text), /stats (JSON).
     pub metrics: Option<String>,
+    /// The admin socket `sce ctl` talks to (default: the first Unix listener's path with
+    /// `.ctl` added; none if there is no Unix listener and none is given).
+    pub admin: Option<PathBuf>,
     /// O_DIRECT for files and devices: required, preferred (buffered where the filesystem
     /// refuses it) or off.
     pub direct: DirectMode,
@@ -80,11 +83,26 @@ pub struct ExportConfig {
     pub cache: Option<PathBuf>,
     /// Create the cache file with this size if it does not exist.
     pub cache_size: Option<String>,
-    /// Write mode: awt, write-around or write-through.
+    /// Cache mode: writethrough, writethrough-sync, writearound or passthrough (old names:
+    /// awt, write-through, write-around).
     pub mode: Option<String>,
+    /// Asynchronous write-through on or off (writethrough's flavour).
+    pub awt: Option<bool>,
+    /// Fragments in the MRU hotness window that population picks from.
+    pub hot_window: Option<usize>,
+    /// Bytes of AWT copies in flight before writes fall back to write-around.
+    pub awt_budget: Option<String>,
+    /// Algorithm 1: sleep of a population worker between cycles.
+    pub period: Option<String>,
+    /// Algorithm 1: populate only while this percentage of slots is free, unless
+    /// `evict_for_population`.
+    pub min_free_pcnt: Option<f64>,
+    /// Algorithm 1: evict to populate (default true).
+    pub evict_for_population: Option<bool>,
     /// Admission: sce, sce-paper, always or nhit:K.
     pub admission: Option<String>,
-    /// Fragment size: a power of two from 4KiB to 64MiB.
+    /// Fragment size: a power of two from 4KiB to 64MiB (`chunk_size` is the same).
+    #[serde(alias = "chunk_size")]
     pub fragment_size: Option<String>,
     /// Eviction policy: clock, lru or fifo.
     pub eviction: Option<String>,
@@ -127,6 +145,8 @@ pub struct ConfigFile {
     pub listen: Vec<String>,
     /// The metrics endpoint, unless the command line gives one.
     pub metrics: Option<String>,
+    /// The admin socket for `sce ctl`, unless the command line gives one.
+    pub admin: Option<PathBuf>,
     /// The exports.
     #[serde(default)]
     pub export: Vec<ExportConfig>,
@@ -155,6 +175,9 @@ impl ServeConfig {
         }
         if self.metrics.is_none() {
             self.metrics = file.metrics;
+        }
+        if self.admin.is_none() {
+            self.admin = file.admin;
         }
         Ok(())
     }
@@ -199,6 +222,7 @@ mod tests {
                 .collect(),
             listen: listen.iter().map(|l| l.parse().unwrap()).collect(),
             metrics: metrics.map(str::to_string),
+            admin: None,
             direct: DirectMode::Required,
             source_connections: 4,
             source_queue_depth: 32,

@@ -165,6 +165,28 @@ fn core_config(spec: &ExportConfig) -> Result<CoreConfig> {
     if let Some(t) = spec.target_missrate {
         core.throttle.target_missrate = t;
     }
+    if let Some(on) = spec.awt {
+        core.write_mode = core.write_mode.with_awt(on);
+    }
+    if let Some(h) = spec.hot_window {
+        core.hot_window = h;
+    }
+    if let Some(b) = size_field(&spec.awt_budget, "awt_budget", n)? {
+        core.awt_budget = b;
+    }
+    if let Some(p) = &spec.period {
+        core.throttle.period =
+            sce_sim::units::parse_duration(p).map_err(|e| anyhow!("export {n:?}: period: {e}"))?;
+    }
+    if let Some(p) = spec.min_free_pcnt {
+        if !(0.0..=100.0).contains(&p) {
+            bail!("export {n:?}: min_free_pcnt: {p} is not a percentage (0 to 100)");
+        }
+        core.throttle.min_free_pcnt = p;
+    }
+    if let Some(e) = spec.evict_for_population {
+        core.throttle.allow_eviction = e;
+    }
     admission_options(spec)?.apply(&mut core, 1 << 30);
     core.validate().map_err(|e| anyhow!("export {n:?}: {e}"))?;
     Ok(core)
@@ -254,6 +276,16 @@ fn build_cached(
     }
     admission_options(spec)?.apply(&mut core, cache.size());
     let persistent = persist.is_some();
+    tracing::debug!(
+        target: LOG_TARGET,
+        export = %n,
+        mode = %core.write_mode,
+        admission = %core.admission,
+        fragment_size = core.fragment_size,
+        eviction = %core.eviction,
+        persistent,
+        "cache settings"
+    );
     let engine = EngineConfig {
         core,
         persist,

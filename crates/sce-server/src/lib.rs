@@ -7,8 +7,10 @@
 //!   own ([`ownership`]), and the cached volumes.
 //! - [`metrics`]: the HTTP endpoint, its Prometheus text and its JSON /stats document.
 //! - [`server`]: listeners, the signal hook and the shutdown sequence.
+//! - [`admin`]: the admin socket that `sce ctl` talks to.
 //! - [`admission`]: the options of flash-conscious admission, shared with `demo` and `sim`.
 
+pub mod admin;
 pub mod admission;
 pub mod config;
 pub mod export;

@@ -49,6 +49,8 @@ struct Assembled {
 struct Running {
     assembled: Assembled,
     listeners: Vec<Listener>,
+    /// Dropped first at shutdown: no control request runs while the exports are flushed.
+    admin: Option<crate::admin::Admin>,
 }
 
 /// Runs a server for `cfg` until SIGTERM or SIGINT, then shuts it down. `report` hears
@@ -109,26 +111,42 @@ fn start(a: Assembled, cfg: &ServeConfig, report: &mut dyn FnMut(Event)) -> Resu
             socket_mode: cfg.socket_mode,
         };
         let h = listen_with(&a.server, l, &opts).with_context(|| format!("listening on {l:?}"))?;
-        tracing::info!(target: LOG_TARGET, address = %h.local, "listening");
+        tracing::info!(target: LOG_TARGET, "listening on {}", h.local);
         report(Event::Listening(h.local.clone()));
         listeners.push(h);
     }
     if let Some(m) = &cfg.metrics {
         let local = metrics_server(m, a.server.clone(), a.volumes.clone())?;
+        tracing::info!(target: LOG_TARGET, "metrics on http://{local}/metrics");
         report(Event::Metrics(local));
     }
+    let admin_path = cfg.admin.clone().or_else(|| {
+        cfg.listen.iter().find_map(|l| match l {
+            sce_nbd::ListenAddr::Unix(p) => Some(crate::admin::default_path(p)),
+            _ => None,
+        })
+    });
+    let admin = match &admin_path {
+        Some(p) => Some(crate::admin::start(p, a.server.clone(), a.volumes.clone())?),
+        None => {
+            tracing::info!(target: LOG_TARGET, "no admin socket (no Unix listener; give --admin PATH for sce ctl)");
+            None
+        }
+    };
     for e in a.server.exports() {
         tracing::info!(target: LOG_TARGET, export = %e.name, size = e.device.size(), read_only = e.read_only, "serving");
     }
     Ok(Running {
         assembled: a,
         listeners,
+        admin,
     })
 }
 
 impl Running {
     /// Stops accepting, drains, flushes, and shuts the caches down.
     fn shut_down(mut self) -> Stopped {
+        drop(self.admin.take());
         for l in &mut self.listeners {
             l.stop();
         }

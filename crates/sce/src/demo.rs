@@ -29,8 +29,9 @@ pub struct DemoArgs {
     /// Size of the cache device.
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     pub cache_size: u64,
-    /// Write mode: awt, write-around or write-through.
-    #[arg(long, default_value = "awt")]
+    /// Cache mode: writethrough (asynchronous: --awt off for the synchronous flavour),
+    /// writearound or passthrough. The old names awt, write-through and write-around work too.
+    #[arg(long, default_value = "writethrough")]
     pub mode: WriteMode,
     /// Admission: sce (flash-conscious, the default), sce-paper (the paper's Algorithm 1, as
     /// sce did before), always or nhit:K.
@@ -48,23 +49,9 @@ pub struct DemoArgs {
     /// Algorithm 1: populate only while the read miss rate is at least this (0..=1).
     #[arg(long, default_value_t = 0.01)]
     pub target_missrate: f64,
-    /// Algorithm 1: populate only while this percentage of slots is free, unless eviction
-    /// for population is allowed.
-    #[arg(long, default_value_t = 0.0)]
-    pub min_free_pcnt: f64,
-    /// Algorithm 1: do not evict to populate (population stops when free space falls below
-    /// --min-free-pcnt).
-    #[arg(long)]
-    pub no_evict_for_population: bool,
-    /// Algorithm 1: sleep of a population worker between cycles.
-    #[arg(long, default_value = "20ms", value_parser = parse_duration)]
-    pub period: Duration,
-    /// Bytes of AWT copies in flight before writes fall back to write-around.
-    #[arg(long, default_value = "8MiB", value_parser = parse_size)]
-    pub awt_budget: u64,
-    /// Fragments in the MRU hotness window that population picks from.
-    #[arg(long, default_value_t = 100)]
-    pub hot_window: usize,
+    /// The engine's tuning knobs (as in serve and the TOML file).
+    #[command(flatten)]
+    pub tuning: crate::policy_args::TuningArgs,
     /// Use the flashcache-like baseline (4KiB fragments, always, write-through, LRU) instead
     /// of --mode/--admission/--fragment-size/--eviction.
     #[arg(long)]
@@ -250,11 +237,7 @@ fn core_config(a: &DemoArgs) -> Result<CoreConfig> {
         }
     };
     core.throttle.target_missrate = a.target_missrate;
-    core.throttle.min_free_pcnt = a.min_free_pcnt;
-    core.throttle.allow_eviction = !a.no_evict_for_population;
-    core.throttle.period = a.period;
-    core.awt_budget = a.awt_budget;
-    core.hot_window = a.hot_window;
+    a.tuning.apply(&mut core);
     if !a.flashcache_like {
         a.admission_opts.apply(&mut core, a.cache_size);
     }

@@ -50,7 +50,11 @@ scanmid: one scan, centred on the middle of the run's expected time (the OLTP re
 afterwards: a request is a scan request exactly when its offset is >= --size. (With the default
 --scan-request and a --scan-size that is a multiple of it, the scan requests are also exactly
 those of >= 64 KiB: 256 KiB against the OLTP's 8 KiB.) --scan-duration defaults to a tenth of
-the run. Set --scan-size to the multiple of the cache size under test, e.g. 4x.";
+the run. Set --scan-size to the multiple of the cache size under test, e.g. 4x.
+
+Examples:
+  sce gen oltp --seed 7 --out /tmp/oltp.sce
+  sce gen zipf --size 4GiB --skew 1.1 --out /tmp/zipf.csv --out-format csv";
 
 /// Options of `sce gen`.
 #[derive(clap::Args, Debug)]

@@ -1,10 +1,12 @@
 //! The `sce` command: a host-side flash cache for block volumes.
 
 mod alloc;
+mod ctl;
 mod demo;
 mod footprint;
 mod format;
 mod gen;
+mod logging;
 mod policy_args;
 mod serve;
 mod sim;
@@ -14,6 +16,7 @@ mod units;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use policy_args::parse_on_off;
 use sce_core::{CoreConfig, EvictionKind};
 use units::parse_size;
 
@@ -29,32 +32,73 @@ static ALLOC: alloc::Counting = alloc::Counting;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    log: logging::LogArgs,
 }
 
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Show the cache at work: an OLTP-like load on a slow emulated source, with and without
     /// the cache, side by side. Runs with no arguments.
+    #[command(after_help = "Examples:
+  sce demo
+  sce demo --seconds 30 --cache-size 512MiB --mode writearound
+  sce demo --flashcache-like
+  sce demo --json")]
     Demo(demo::DemoArgs),
     /// Export a volume over NBD, cached on a fast device (or as it is, without --cache).
+    #[command(after_help = "Examples:
+  sce serve --source /srv/lun0.img --cache /nvme/lun0.cache --cache-size 64GiB \\
+            --listen unix:/run/sce/lun0.sock --metrics 127.0.0.1:9100
+  sce serve --source nbd://filer:10809/lun0 --cache /nvme/lun0.cache --cache-size 64GiB \\
+            --listen unix:/run/sce/lun0.sock --source-generation 2026-11-24
+  sce serve --config /etc/sce/lun0.toml --log-format json
+  sce serve --source /srv/lun0.img --listen unix:/run/sce/plain.sock   # no cache: the baseline")]
     Serve(serve::ServeArgs),
+    /// Inspect and change a running `sce serve` through its admin socket: status, stats,
+    /// flush, exists, evict, prefetch, forget, set.
+    Ctl(ctl::CtlArgs),
     /// Show the counters of a running `sce serve` (from its --metrics endpoint).
+    #[command(after_help = "Examples:
+  sce stats --metrics 127.0.0.1:9100
+  sce stats --metrics http://127.0.0.1:9100/metrics --json
+  sce ctl -s /run/sce/lun0.sock stats --watch 2     # the same through the admin socket")]
     Stats(serve::StatsArgs),
     /// Simulate caches on a block trace: the engine's own policies in virtual time, and the
     /// reference lru, fifo and lfu.
+    #[command(after_help = "Examples:
+  sce sim --trace ../shared/traces/msr-cambridge1-sample.csv --format msr --cache-size 64MiB \\
+          --policy sce,flashcache-like,lru
+  sce gen oltp --seed 7 --out /tmp/oltp.sce && \\
+    sce sim --trace /tmp/oltp.sce --format sce --cache-size 256MiB --json")]
     Sim(sim::SimArgs),
     /// Generate a synthetic block trace (oltp, zipf, scan, phase, shared) from a seed.
+    #[command(after_help = "Examples:
+  sce gen oltp --seed 7 --out /tmp/oltp.sce
+  sce gen zipf --size 4GiB --skew 1.1 --out /tmp/zipf.csv --out-format csv")]
     Gen(gen::GenArgs),
     /// Tools for trace files: convert between formats.
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  sce trace convert --in msr.csv.gz --format msr --out msr.sce"
+    )]
     Trace(trace_cmd::TraceCommand),
     /// Create a persistent cache device for a source (`sce serve` also formats a blank one).
+    #[command(after_help = "Examples:
+  sce format --source /srv/lun0.img --cache-size 64GiB /nvme/lun0.cache
+  sce format --source nbd://filer/lun0 --fragment-size 256KiB /dev/nvme0n1p3")]
     Format(format::FormatArgs),
     /// Check a cache device like fsck: superblock, metadata units, intents, and optionally
     /// every cached page against its checksum. Exits 1 if it finds damage.
+    #[command(after_help = "Examples:
+  sce check /nvme/lun0.cache
+  sce check /nvme/lun0.cache --verify-data --json")]
     Check(format::CheckArgs),
     /// Measure the memory `sce serve` takes for a cached volume of a geometry: opens one over
     /// devices that store nothing and counts what the allocator hands out, per part.
+    #[command(after_help = "Examples:
+  sce footprint --cache-size 2TiB --source-size 100TiB
+  sce footprint --cache-size 64GiB --source-size 4TiB --fragment-size 256KiB --json")]
     Footprint(FootprintArgs),
 }
 
@@ -84,14 +128,6 @@ struct FootprintArgs {
     json: bool,
 }
 
-fn parse_on_off(s: &str) -> Result<bool, String> {
-    match s {
-        "on" => Ok(true),
-        "off" => Ok(false),
-        _ => Err(format!("{s:?}: expected on or off")),
-    }
-}
-
 /// Gives SIGPIPE back its default action, so that output to a closed pipe (`sce check | head`)
 /// ends the process quietly, as it does for any Unix tool, instead of a panic in `println!`.
 /// Not for `serve`: it writes to sockets, and a client that hangs up must not kill it (Rust
@@ -106,22 +142,18 @@ fn default_sigpipe() {
 
 fn main() {
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Serve(_)) {
+    let serving = matches!(cli.command, Command::Serve(_));
+    if !serving {
         default_sigpipe();
+    }
+    if let Err(e) = cli.log.init(if serving { "info" } else { "warn" }) {
+        eprintln!("sce: error: {e}");
+        std::process::exit(2);
     }
     let r: Result<()> = match cli.command {
         Command::Demo(a) => demo::demo(a),
-        Command::Serve(a) => {
-            let filter = tracing_subscriber::EnvFilter::try_from_env("SCE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-            let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-            tracing_subscriber::fmt()
-                .with_env_filter(filter)
-                .with_ansi(ansi)
-                .with_writer(std::io::stderr)
-                .init();
-            serve::serve(a)
-        }
+        Command::Serve(a) => serve::serve(a),
+        Command::Ctl(a) => ctl::ctl(a),
         Command::Stats(a) => serve::stats(a),
         Command::Sim(a) => sim::sim(a),
         Command::Gen(a) => gen::gen(a),

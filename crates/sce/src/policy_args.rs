@@ -56,3 +56,65 @@ impl AdmissionArgs {
         AdmissionOptions::describe(cfg)
     }
 }
+
+/// The tuning knobs of the cache engine, the same in `demo`, `serve` and (as an export's
+/// fields) the TOML file. Each left out keeps the engine's default.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct TuningArgs {
+    /// Asynchronous write-through: on (writes are acknowledged when the source has them, the
+    /// cache copy follows) or off (acknowledged when both have them: `writethrough-sync`).
+    /// Applies to --mode writethrough. [default: on]
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    pub awt: Option<bool>,
+    /// Fragments in the MRU hotness window that population picks from [default: 100].
+    #[arg(long, value_name = "N")]
+    pub hot_window: Option<usize>,
+    /// Bytes of AWT copies in flight before writes fall back to write-around
+    /// [default: 8MiB].
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub awt_budget: Option<u64>,
+    /// Algorithm 1: sleep of a population worker between cycles [default: 20ms].
+    #[arg(long, value_parser = crate::units::parse_duration, value_name = "DURATION")]
+    pub period: Option<std::time::Duration>,
+    /// Algorithm 1: populate only while this percentage of slots is free, unless eviction
+    /// for population is allowed [default: 0].
+    #[arg(long, value_name = "PERCENT")]
+    pub min_free_pcnt: Option<f64>,
+    /// Algorithm 1: do not evict to populate (population stops when free space falls below
+    /// --min-free-pcnt).
+    #[arg(long)]
+    pub no_evict_for_population: bool,
+}
+
+/// `on` or `off` (also true/false, yes/no).
+pub fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "true" | "yes" => Ok(true),
+        "off" | "false" | "no" => Ok(false),
+        _ => Err(format!("{s}: expected on or off")),
+    }
+}
+
+impl TuningArgs {
+    /// Applies the knobs given to `cfg` (`--awt` turns its write-through mode's flavour).
+    pub fn apply(&self, cfg: &mut CoreConfig) {
+        if let Some(on) = self.awt {
+            cfg.write_mode = cfg.write_mode.with_awt(on);
+        }
+        if let Some(n) = self.hot_window {
+            cfg.hot_window = n;
+        }
+        if let Some(b) = self.awt_budget {
+            cfg.awt_budget = b;
+        }
+        if let Some(p) = self.period {
+            cfg.throttle.period = p;
+        }
+        if let Some(p) = self.min_free_pcnt {
+            cfg.throttle.min_free_pcnt = p;
+        }
+        if self.no_evict_for_population {
+            cfg.throttle.allow_eviction = false;
+        }
+    }
+}

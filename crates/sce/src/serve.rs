@@ -7,12 +7,13 @@
 //! in flight, flush every export, exit 0. The server is `sce_server`'s: this module turns
 //! the flags (and the TOML file) into a `ServeConfig` and prints what the server reports.
 
+use crate::policy_args::parse_on_off;
 use crate::units::parse_size;
 use anyhow::{bail, Result};
 use sce_core::{Admission, EvictionKind, WriteMode};
 use sce_io::DirectMode;
 use sce_nbd::ListenAddr;
-use sce_server::{ConfigFile, Event, ExportConfig, ServeConfig, Stopped};
+use sce_server::{ConfigFile, ExportConfig, ServeConfig, Stopped};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -46,23 +47,31 @@ pub struct ServeArgs {
     /// everything cached for the source at start.
     #[arg(long)]
     pub source_generation: Option<String>,
-    /// Write mode: awt, write-around or write-through.
+    /// Cache mode: writethrough (asynchronous, as SCE's AWT; --awt off for the synchronous
+    /// flavour), writearound or passthrough. The old names awt, write-through and
+    /// write-around work too. Change it at run time with `sce ctl set EXPORT mode M`.
+    /// [default: writethrough]
     #[arg(long)]
     pub mode: Option<WriteMode>,
-    /// Admission: sce (flash-conscious, the default), sce-paper (the paper's Algorithm 1),
-    /// always or nhit:K.
+    /// The engine's tuning knobs (as in demo and the TOML file).
+    #[command(flatten)]
+    pub tuning: crate::policy_args::TuningArgs,
+    /// Admission: sce (flash-conscious), sce-paper (the paper's Algorithm 1), always or
+    /// nhit:K. [default: sce]
     #[arg(long)]
     pub admission: Option<Admission>,
     /// Options of admission sce and the endurance budget.
     #[command(flatten)]
     pub admission_opts: crate::policy_args::AdmissionArgs,
-    /// Fragment size: a power of two from 4KiB to 64MiB.
-    #[arg(long, value_parser = parse_size)]
+    /// Fragment size (the cache line, lvmcache's chunk): a power of two from 4KiB to 64MiB.
+    /// A formatted cache device keeps its own. [default: 1MiB]
+    #[arg(long, visible_alias = "chunk-size", value_parser = parse_size)]
     pub fragment_size: Option<u64>,
-    /// Eviction policy: clock, lru or fifo.
+    /// Eviction policy: clock, lru or fifo. [default: clock]
     #[arg(long)]
     pub eviction: Option<EvictionKind>,
     /// Algorithm 1: populate only while the read miss rate is at least this (0..=1).
+    /// [default: 0.01]
     #[arg(long)]
     pub target_missrate: Option<f64>,
     /// Export read-only.
@@ -74,6 +83,10 @@ pub struct ServeArgs {
     /// Serve counters over HTTP at HOST:PORT: /metrics (Prometheus text), /stats (JSON).
     #[arg(long)]
     pub metrics: Option<String>,
+    /// The admin socket `sce ctl` talks to (mode 0600). [default: the first --listen
+    /// unix:PATH with .ctl added, e.g. /run/sce/lun0.sock.ctl]
+    #[arg(long, value_name = "PATH")]
+    pub admin: Option<PathBuf>,
     /// Fall back to buffered I/O where the filesystem refuses O_DIRECT.
     #[arg(long)]
     pub allow_buffered: bool,
@@ -161,15 +174,6 @@ fn parse_mode(s: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("{s} is not an octal mode like 600 or 660"))
 }
 
-/// `--crash-journal`: on or off.
-fn parse_on_off(s: &str) -> Result<bool, String> {
-    match s {
-        "on" | "true" | "yes" => Ok(true),
-        "off" | "false" | "no" => Ok(false),
-        _ => Err(format!("{s}: expected on or off")),
-    }
-}
-
 /// `--metadata-interval`: at least 10 ms (0 would make the flusher spin).
 fn parse_metadata_interval(s: &str) -> Result<Duration, String> {
     let d = crate::units::parse_duration(s)?;
@@ -211,6 +215,12 @@ impl ServeArgs {
             read_only: self.read_only,
             source_name: self.source_name.clone(),
             admission_options: Some(self.admission_opts.options()),
+            awt: self.tuning.awt,
+            hot_window: self.tuning.hot_window,
+            awt_budget: self.tuning.awt_budget.map(|n| n.to_string()),
+            period: self.tuning.period.map(|d| format!("{}us", d.as_micros())),
+            min_free_pcnt: self.tuning.min_free_pcnt,
+            evict_for_population: self.tuning.no_evict_for_population.then_some(false),
             ..ExportConfig::default()
         }))
     }
@@ -225,6 +235,7 @@ impl ServeArgs {
             exports: self.export()?.into_iter().collect(),
             listen: self.listen.clone(),
             metrics: self.metrics.clone(),
+            admin: self.admin.clone(),
             direct: self.direct_mode(),
             source_connections: self.source_connections,
             source_queue_depth: self.source_queue_depth,
@@ -250,23 +261,17 @@ impl ServeArgs {
     }
 }
 
-/// Runs the server until SIGTERM or SIGINT.
+/// Runs the server until SIGTERM or SIGINT. The server logs what it does (listening,
+/// metrics, shutting down), each line once; this only ends the process as the stop asks.
 pub fn serve(a: ServeArgs) -> Result<()> {
-    let stopped = sce_server::run(a.config()?, &mut |e| match e {
-        Event::Listening(at) => eprintln!("sce serve: listening on {at}"),
-        Event::Metrics(at) => eprintln!("sce serve: metrics on http://{at}/metrics"),
-        Event::ShuttingDown => eprintln!("sce serve: shutting down"),
-    })?;
-    match stopped {
+    match sce_server::run(a.config()?, &mut |_| {})? {
         Stopped::Clean => {
-            eprintln!("sce serve: stopped cleanly");
+            tracing::info!(target: "sce::serve", "stopped cleanly");
             Ok(())
         }
-        Stopped::Unflushed(e) => {
-            eprintln!("sce serve: stopped, but the sources could not be flushed: {e}");
-            // Exit here, with the caches as after a crash: the next start recovers them.
-            std::process::exit(1);
-        }
+        // The server logged why. Exit here, with the caches as after a crash: the next
+        // start recovers them.
+        Stopped::Unflushed(_) => std::process::exit(1),
     }
 }
 

@@ -39,8 +39,9 @@ pub struct SimArgs {
     /// Fragment size of the engine policies (flashcache-like always uses 4KiB).
     #[arg(long, default_value = "1MiB", value_parser = parse_size)]
     pub fragment_size: u64,
-    /// Write mode of the engine policies (flashcache-like always uses write-through).
-    #[arg(long, default_value = "awt")]
+    /// Cache mode of the engine policies: writethrough (asynchronous), writethrough-sync,
+    /// writearound or passthrough (flashcache-like always uses writethrough-sync).
+    #[arg(long, default_value = "writethrough")]
     pub mode: WriteMode,
     /// Length of the intervals of the warm-up curve, in trace seconds.
     #[arg(long, default_value_t = 60.0)]
@@ -124,7 +125,13 @@ the most loaded host's; above 1 in an open-loop replay, a warning says the laten
 queueing), metadata bytes (engine: allocated when the core is built; reference: its
 structures at the end), and with --hosts the invalidations per write. JSON adds per interval
 the cache bytes written (interval_cache_bytes_written, parallel to intervals); --plot draws
-them, cumulated, under the hit ratio.";
+them, cumulated, under the hit ratio.
+
+Examples:
+  sce sim --trace ../shared/traces/msr-cambridge1-sample.csv --format msr --cache-size 64MiB \\
+          --policy sce,flashcache-like,lru
+  sce gen oltp --seed 7 --out /tmp/oltp.sce && \\
+    sce sim --trace /tmp/oltp.sce --format sce --cache-size 256MiB --json";
 
 /// The policy named `p`, with the engine options of `a`.
 fn policy(p: &str, a: &SimArgs) -> Result<PolicyKind> {

@@ -519,14 +519,14 @@ fn metrics_endpoint_and_sce_stats() {
         ])
         .arg("--listen")
         .arg(format!("unix:{}", sock.display()))
-        .env("SCE_LOG", "warn")
+        .env("SCE_LOG", "info")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
     let addr = loop {
         let l = lines.next().expect("server output").unwrap();
-        if let Some(rest) = l.strip_prefix("sce serve: metrics on http://") {
+        if let Some(rest) = l.split_once("metrics on http://").map(|x| x.1) {
             break rest.trim_end_matches("/metrics").to_string();
         }
     };
@@ -609,14 +609,14 @@ fn hits_read_through_io_uring_persistent_or_not() {
             .args(extra)
             .arg("--listen")
             .arg(format!("unix:{}", sock.display()))
-            .env("SCE_LOG", "warn")
+            .env("SCE_LOG", "info")
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
         let addr = loop {
             let l = lines.next().expect("server output").unwrap();
-            if let Some(rest) = l.strip_prefix("sce serve: metrics on http://") {
+            if let Some(rest) = l.split_once("metrics on http://").map(|x| x.1) {
                 break rest.trim_end_matches("/metrics").to_string();
             }
         };

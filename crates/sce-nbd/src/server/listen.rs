@@ -99,12 +99,15 @@ pub(super) fn spawn_conn<C: Conn>(server: &Arc<Server>, conn: C) {
         return;
     }
     let s = server.clone();
+    tracing::debug!(
+        open = server.shared.stats.open_connections.load(Relaxed),
+        "NBD connection accepted"
+    );
     let spawned = std::thread::Builder::new()
         .name("nbd-conn".into())
-        .spawn(move || {
-            if let Err(e) = s.serve_admitted(conn) {
-                tracing::info!("connection ended: {e}");
-            }
+        .spawn(move || match s.serve_admitted(conn) {
+            Ok(()) => tracing::debug!("NBD connection closed"),
+            Err(e) => tracing::info!("connection ended: {e}"),
         });
     if let Err(e) = spawned {
         // The closure, and the connection with it, is dropped: the socket closes.

@@ -1,0 +1,517 @@
+//! The control plane of a running server: an admin Unix socket (mode 0600) that answers
+//! `sce ctl`. One JSON request per line, one JSON reply per line:
+//!
+//! ```text
+//! -> {"verb":"set","export":"lun0","key":"mode","value":"passthrough"}
+//! <- {"ok":true,"result":{...}}          or {"ok":false,"error":"why"}
+//! ```
+//!
+//! Verbs: `status`, `stats`, `flush`, `exists`, `evict`, `prefetch`, `forget`, `set` (see
+//! [`Request`]). Requests naming an export that has no cache get an error saying so, but
+//! for `status`, `stats` and `flush`. A connection is served on a thread of its own, at most
+//! [`MAX_CLIENTS`] at once (more are told to wait and closed), and may send several
+//! requests; a client that sends nothing for [`IDLE`] is closed.
+
+use crate::metrics::{stats_json, Volumes};
+use crate::LOG_TARGET;
+use anyhow::{anyhow, bail, Context, Result};
+use parking_lot::Mutex;
+use sce_core::{Admission, Retune, WriteMode};
+use sce_engine::CacheVolume;
+use sce_nbd::Server;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Admin connections served at once.
+pub const MAX_CLIENTS: usize = 16;
+/// An admin connection that sends nothing for this long is closed.
+pub const IDLE: Duration = Duration::from_secs(300);
+/// The longest request line taken.
+const MAX_LINE: u64 = 64 << 10;
+/// Counter samples kept per export for the rates of `status` (one a second).
+const SAMPLES: usize = 11;
+
+/// A request, as sent by `sce ctl`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Request {
+    /// status, stats, flush, exists, evict, prefetch, forget or set.
+    pub verb: String,
+    /// The export (None: every export for status/stats/flush, else the only or default one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub export: Option<String>,
+    /// exists, evict, prefetch: the range's first byte.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    /// exists, evict, prefetch: the range's length in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub len: Option<u64>,
+    /// set: mode, admission, seq-cutoff or population-rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// set: the new value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+}
+
+/// One counter sample of an export: when, and (fragments populated, fragments evicted,
+/// pages hit, pages missed).
+type Sample = (Instant, [u64; 4]);
+
+/// What the admin thread needs of the server.
+struct Ctx {
+    server: Arc<Server>,
+    volumes: Arc<Volumes>,
+    started: Instant,
+    /// Per export: the last counter samples (time, fragments populated, fragments evicted,
+    /// pages hit, pages missed), newest last.
+    samples: Mutex<Vec<Vec<Sample>>>,
+}
+
+/// The admin socket of a running server; dropping it stops serving and removes the file.
+pub struct Admin {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Admin {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The admin socket next to a data socket: `PATH.ctl`.
+pub fn default_path(data_socket: &Path) -> PathBuf {
+    let mut s = data_socket.as_os_str().to_owned();
+    s.push(".ctl");
+    PathBuf::from(s)
+}
+
+/// Starts the admin socket at `path` (mode 0600). A socket file left by a server that is
+/// gone is replaced; one a live server answers on is refused.
+pub fn start(path: &Path, server: Arc<Server>, volumes: Arc<Volumes>) -> Result<Admin> {
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            bail!(
+                "admin socket {}: a server is listening on it already",
+                path.display()
+            );
+        }
+        let meta = std::fs::symlink_metadata(path)?;
+        if !std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) {
+            bail!(
+                "admin socket {}: the path exists and is not a socket; not replacing it",
+                path.display()
+            );
+        }
+        std::fs::remove_file(path)?;
+    }
+    let l = UnixListener::bind(path).with_context(|| format!("admin socket {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    l.set_nonblocking(true)?;
+    let n = volumes.len();
+    let ctx = Arc::new(Ctx {
+        server,
+        volumes,
+        started: Instant::now(),
+        samples: Mutex::new(vec![Vec::new(); n]),
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients = Arc::new(AtomicUsize::new(0));
+    let (c, st) = (ctx.clone(), stop.clone());
+    std::thread::Builder::new()
+        .name("sce-admin".into())
+        .spawn(move || accept_loop(&l, &c, &st, &clients))?;
+    let (c, st) = (ctx, stop.clone());
+    std::thread::Builder::new()
+        .name("sce-admin-sampler".into())
+        .spawn(move || {
+            while !st.load(Relaxed) {
+                c.sample();
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        })?;
+    tracing::info!(target: LOG_TARGET, "admin socket at {}", path.display());
+    Ok(Admin {
+        path: path.to_path_buf(),
+        stop,
+    })
+}
+
+fn accept_loop(l: &UnixListener, ctx: &Arc<Ctx>, stop: &AtomicBool, clients: &Arc<AtomicUsize>) {
+    while !stop.load(Relaxed) {
+        let conn = match l.accept() {
+            Ok((c, _)) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(target: LOG_TARGET, "admin socket: accept: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        let _ = conn.set_nonblocking(false);
+        if clients.fetch_add(1, Relaxed) >= MAX_CLIENTS {
+            clients.fetch_sub(1, Relaxed);
+            let mut c = conn;
+            let _ = writeln!(
+                c,
+                "{}",
+                json!({"ok": false, "error": format!("too many admin connections ({MAX_CLIENTS}); try again")})
+            );
+            continue;
+        }
+        let (ctx, clients) = (ctx.clone(), clients.clone());
+        let spawned = std::thread::Builder::new()
+            .name("sce-admin-conn".into())
+            .spawn(move || {
+                ctx.serve_conn(conn);
+                clients.fetch_sub(1, Relaxed);
+            });
+        if spawned.is_err() {
+            // The closure was dropped with the connection; give the place back.
+            tracing::warn!(target: LOG_TARGET, "admin socket: cannot start a thread");
+        }
+    }
+}
+
+impl Ctx {
+    fn serve_conn(&self, conn: UnixStream) {
+        let _ = conn.set_read_timeout(Some(IDLE));
+        let _ = conn.set_write_timeout(Some(Duration::from_secs(30)));
+        let mut r = BufReader::new(&conn);
+        loop {
+            let mut line = String::new();
+            match std::io::Read::take(&mut r, MAX_LINE).read_line(&mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            if !line.ends_with('\n') && line.len() as u64 >= MAX_LINE {
+                let _ = writeln!(
+                    &conn,
+                    "{}",
+                    json!({"ok": false, "error": "request too long"})
+                );
+                return;
+            }
+            let reply = match serde_json::from_str::<Request>(line.trim()) {
+                Ok(req) => match self.handle(&req) {
+                    Ok(v) => json!({"ok": true, "result": v}),
+                    Err(e) => json!({"ok": false, "error": format!("{e:#}")}),
+                },
+                Err(e) => json!({"ok": false, "error": format!("bad request: {e}")}),
+            };
+            if writeln!(&conn, "{reply}").is_err() {
+                return;
+            }
+        }
+    }
+
+    /// The export a request names, by index (None for "every export" where allowed).
+    fn export_index(&self, name: Option<&str>) -> Result<usize> {
+        match name {
+            Some(n) => self
+                .volumes
+                .iter()
+                .position(|(e, _)| e == n)
+                .ok_or_else(|| anyhow!("no export {n:?} (exports: {})", self.names())),
+            None if self.volumes.len() == 1 => Ok(0),
+            None => {
+                // The default export, "" if there is one.
+                self.volumes
+                    .iter()
+                    .position(|(e, _)| e.is_empty())
+                    .ok_or_else(|| anyhow!("name the export: {}", self.names()))
+            }
+        }
+    }
+
+    fn names(&self) -> String {
+        self.volumes
+            .iter()
+            .map(|(n, _)| format!("{n:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The cached volume a request names.
+    fn volume(&self, name: Option<&str>) -> Result<(&str, &CacheVolume)> {
+        let i = self.export_index(name)?;
+        let (n, v) = &self.volumes[i];
+        match v {
+            Some(v) => Ok((n, v)),
+            None => bail!("export {n:?} has no cache"),
+        }
+    }
+
+    /// The range a request names, checked against the export's size.
+    fn range(req: &Request, v: &CacheVolume) -> Result<(u64, u64)> {
+        let (Some(o), Some(l)) = (req.offset, req.len) else {
+            bail!("{} needs an offset and a length", req.verb);
+        };
+        let size = sce_io::BlockDevice::size(v);
+        if o.checked_add(l).is_none_or(|e| e > size) {
+            bail!(
+                "{}: the range {o}+{l} is out of range: the export has {size} bytes",
+                req.verb
+            );
+        }
+        Ok((o, l))
+    }
+
+    fn handle(&self, req: &Request) -> Result<Value> {
+        let name = req.export.as_deref();
+        match req.verb.as_str() {
+            "status" => Ok(self.status(name)?),
+            "stats" => {
+                let mut v = stats_json(&self.server, &self.volumes);
+                if let Some(n) = name {
+                    self.export_index(Some(n))?;
+                    if let Some(ex) = v["exports"].as_object_mut() {
+                        ex.retain(|k, _| k == n);
+                    }
+                }
+                Ok(v)
+            }
+            "flush" => {
+                let mut flushed = Vec::new();
+                for e in self.server.exports() {
+                    if name.is_some_and(|n| n != e.name) {
+                        continue;
+                    }
+                    e.device
+                        .flush()
+                        .with_context(|| format!("flushing export {:?}", e.name))?;
+                    flushed.push(e.name.clone());
+                }
+                if flushed.is_empty() {
+                    self.export_index(name)?;
+                }
+                Ok(json!({ "flushed": flushed }))
+            }
+            "exists" => {
+                let (n, v) = self.volume(name)?;
+                let (o, l) = Self::range(req, v)?;
+                let frags = v.exists(o, l)?;
+                let bytes: u64 = frags.iter().map(|f| f.1).sum();
+                Ok(json!({
+                    "export": n,
+                    "offset": o,
+                    "len": l,
+                    "cached_bytes": bytes.min(l),
+                    "fragments": frags.iter().map(|&(off, b)| json!({"offset": off, "cached_bytes": b})).collect::<Vec<_>>(),
+                }))
+            }
+            "evict" => {
+                let (n, v) = self.volume(name)?;
+                let (o, l) = Self::range(req, v)?;
+                let bytes = v.evict(o, l)?;
+                tracing::info!(target: LOG_TARGET, export = %n, offset = o, len = l, bytes, "ctl evict");
+                Ok(json!({"export": n, "offset": o, "len": l, "evicted_bytes": bytes}))
+            }
+            "prefetch" => {
+                let (n, v) = self.volume(name)?;
+                let (o, l) = Self::range(req, v)?;
+                let before: u64 = v.exists(o, l)?.iter().map(|f| f.1).sum();
+                v.prefetch(o, l)?;
+                let after: u64 = v.exists(o, l)?.iter().map(|f| f.1).sum();
+                Ok(json!({
+                    "export": n, "offset": o, "len": l,
+                    "cached_bytes": after.min(l),
+                    "fetched_bytes": after.saturating_sub(before),
+                }))
+            }
+            "forget" => {
+                let (n, v) = self.volume(name)?;
+                let (frags, errors) = v.forget();
+                tracing::warn!(target: LOG_TARGET, export = %n, fragments = frags, "ctl forget: everything cached was dropped");
+                if errors > 0 {
+                    bail!("forgot {frags} fragments, but {errors} metadata writes failed: a crash now may bring old records back; check the cache device");
+                }
+                Ok(json!({"export": n, "fragments_dropped": frags}))
+            }
+            "set" => {
+                let (n, v) = self.volume(name)?;
+                let (Some(key), Some(value)) = (req.key.as_deref(), req.value.as_deref()) else {
+                    bail!("set needs a key and a value");
+                };
+                let t = retune(key, value)?;
+                let cfg = v.retune(&t).map_err(|e| anyhow!("{e}"))?;
+                tracing::info!(target: LOG_TARGET, export = %n, key, value, "ctl set");
+                Ok(json!({
+                    "export": n,
+                    "mode": cfg.write_mode.to_string(),
+                    "admission": cfg.admission.to_string(),
+                    "sequential_cutoff_bytes": cfg.sequential_cutoff,
+                    "population_rate_bytes_per_second": cfg.population_rate,
+                    "population_rate_adaptive": cfg.population_adaptive,
+                }))
+            }
+            v => bail!(
+                "unknown verb {v:?} (status, stats, flush, exists, evict, prefetch, forget, set)"
+            ),
+        }
+    }
+
+    /// Records every export's counters, keeping the last [`SAMPLES`].
+    fn sample(&self) {
+        let now = Instant::now();
+        let mut all = self.samples.lock();
+        for (i, (_, v)) in self.volumes.iter().enumerate() {
+            let Some(v) = v else { continue };
+            let s = v.stats();
+            let row = [
+                s.fragments_populated,
+                s.fragments_evicted,
+                s.read_pages_hit,
+                s.read_pages_missed,
+            ];
+            let q = &mut all[i];
+            q.push((now, row));
+            if q.len() > SAMPLES {
+                q.remove(0);
+            }
+        }
+    }
+
+    /// Rates over the sampled window of export `i`: populations/s, evictions/s and the read
+    /// hit ratio of the window (None before two samples).
+    fn rates(&self, i: usize) -> Option<(f64, f64, f64, f64)> {
+        let all = self.samples.lock();
+        let q = &all[i];
+        let (first, last) = (q.first()?, q.last()?);
+        let dt = last.0.duration_since(first.0).as_secs_f64();
+        if dt <= 0.0 {
+            return None;
+        }
+        let d = |k: usize| last.1[k].saturating_sub(first.1[k]) as f64;
+        let reads = d(2) + d(3);
+        let ratio = if reads > 0.0 { d(2) / reads } else { 0.0 };
+        Some((d(0) / dt, d(1) / dt, ratio, dt))
+    }
+
+    fn status(&self, name: Option<&str>) -> Result<Value> {
+        let only = name.map(|n| self.export_index(Some(n))).transpose()?;
+        let mut exports = Vec::new();
+        for (i, e) in self.server.exports().iter().enumerate() {
+            if only.is_some_and(|o| o != i) {
+                continue;
+            }
+            let size = e.device.size();
+            let mut m = json!({
+                "name": e.name,
+                "size_bytes": size,
+                "read_only": e.read_only,
+            });
+            match self.volumes.get(i).and_then(|(_, v)| v.as_deref()) {
+                None => {
+                    m["cached"] = json!(false);
+                    m["state"] = json!("uncached");
+                }
+                Some(v) => {
+                    let s = v.stats();
+                    let cfg = v.config();
+                    let slot_bytes = cfg.fragment_size;
+                    let used = s.total_slots.saturating_sub(s.free_slots);
+                    m["cached"] = json!(true);
+                    m["state"] = json!(if v.is_passthrough() {
+                        "failed-passthrough"
+                    } else if cfg.write_mode == WriteMode::Passthrough {
+                        "passthrough"
+                    } else {
+                        "active"
+                    });
+                    m["mode"] = json!(cfg.write_mode.to_string());
+                    m["admission"] = json!(cfg.admission.to_string());
+                    m["fragment_size_bytes"] = json!(slot_bytes);
+                    m["cache_bytes"] = json!(s.total_slots * slot_bytes);
+                    m["occupancy_bytes"] = json!(used * slot_bytes);
+                    m["occupancy_ratio"] = json!(used as f64 / s.total_slots.max(1) as f64);
+                    m["read_hit_ratio"] = json!(s.read_hit_ratio());
+                    m["population_rate_limit_bytes_per_second"] = json!(s.population_rate);
+                    if let Some((pops, evs, ratio, window)) = self.rates(i) {
+                        m["populations_per_second"] = json!(pops);
+                        m["evictions_per_second"] = json!(evs);
+                        m["recent_read_hit_ratio"] = json!(ratio);
+                        m["rates_window_seconds"] = json!(window);
+                    }
+                    m["errors"] = json!({
+                        "cache_read": s.cache_read_errors,
+                        "cache_write": s.cache_write_errors,
+                        "cache_checksum": s.cache_checksum_errors,
+                    });
+                    m["persistent"] = json!(v.persist_stats().is_some());
+                }
+            }
+            exports.push(m);
+        }
+        let st = self.server.stats();
+        Ok(json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "uptime_seconds": self.started.elapsed().as_secs_f64(),
+            "open_connections": st.open_connections.load(Relaxed),
+            "exports": exports,
+        }))
+    }
+}
+
+/// What `set KEY VALUE` changes.
+pub fn retune(key: &str, value: &str) -> Result<Retune> {
+    let mut t = Retune::default();
+    match key {
+        "mode" => t.write_mode = Some(value.parse::<WriteMode>().map_err(|e| anyhow!(e))?),
+        "admission" => t.admission = Some(value.parse::<Admission>().map_err(|e| anyhow!(e))?),
+        "seq-cutoff" | "sequential-cutoff" => {
+            t.sequential_cutoff =
+                Some(sce_sim::units::parse_size(value).map_err(|e| anyhow!("seq-cutoff: {e}"))?)
+        }
+        "population-rate" => {
+            let r = value
+                .parse::<crate::admission::PopulationRate>()
+                .map_err(|e| anyhow!(e))?;
+            let d = sce_core::CoreConfig::default();
+            t.population_rate = Some(match r {
+                crate::admission::PopulationRate::Auto => (d.population_rate, true),
+                crate::admission::PopulationRate::AutoUpTo(n) => (n, true),
+                crate::admission::PopulationRate::Fixed(n) => (n, false),
+                crate::admission::PopulationRate::Unlimited => (0, false),
+            });
+        }
+        k => bail!("cannot set {k:?} at run time (mode, admission, seq-cutoff, population-rate)"),
+    }
+    Ok(t)
+}
+
+/// Sends one request to the admin socket at `path` and returns its result, or the server's
+/// error.
+pub fn call(path: &Path, req: &Request) -> Result<Value> {
+    let c = UnixStream::connect(path).with_context(|| {
+        format!(
+            "connecting to the admin socket {} (is sce serve running? its log names the socket)",
+            path.display()
+        )
+    })?;
+    writeln!(&c, "{}", serde_json::to_string(req)?)?;
+    let mut line = String::new();
+    BufReader::new(&c).read_line(&mut line)?;
+    let v: Value = serde_json::from_str(&line).context("bad reply from the admin socket")?;
+    if v["ok"] == json!(true) {
+        Ok(v["result"].clone())
+    } else {
+        bail!(
+            "{}",
+            v["error"]
+                .as_str()
+                .unwrap_or("the server refused the request")
+        )
+    }
+}

@@ -1,0 +1,425 @@
+//! `sce ctl`: inspect and change a running `sce serve` through its admin socket.
+
+use crate::units::{format_size, parse_size};
+use anyhow::{bail, Result};
+use sce_server::admin::{call, Request};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Options of `sce ctl`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Examples:
+  sce ctl -s /run/sce/lun0.sock status
+  sce ctl -s /run/sce/lun0.sock stats --watch 2
+  sce ctl -s /run/sce/lun0.sock set lun0 mode passthrough
+  sce ctl -s /run/sce/lun0.sock exists 0 64MiB --json
+  sce ctl -s /run/sce/lun0.sock evict 1GiB 256MiB
+  sce ctl -s /run/sce/lun0.sock prefetch 0 1GiB
+  SCE_CTL=/run/sce/lun0.sock.ctl sce ctl flush")]
+pub struct CtlArgs {
+    /// The server's admin socket, or its data socket (PATH.ctl is then used if it exists).
+    /// [default: $SCE_CTL]
+    #[arg(short = 's', long, env = "SCE_CTL", value_name = "PATH", global = true)]
+    pub socket: Option<PathBuf>,
+    /// Print the server's reply as JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub verb: Verb,
+}
+
+/// A control verb.
+#[derive(clap::Subcommand, Debug)]
+pub enum Verb {
+    /// Exports, state, mode, occupancy, hit ratio, population and eviction rates, errors.
+    Status {
+        /// Only this export.
+        export: Option<String>,
+    },
+    /// Every counter of the server and its exports.
+    Stats {
+        /// Only this export.
+        export: Option<String>,
+        /// Print again every this many seconds, with the rates since the last print.
+        #[arg(long, value_name = "SECONDS")]
+        watch: Option<f64>,
+        /// With --watch: stop after this many prints (0: until interrupted).
+        #[arg(long, default_value_t = 0)]
+        count: u64,
+    },
+    /// Make every acknowledged write durable on the source (NBD FLUSH of the export).
+    Flush {
+        /// Only this export.
+        export: Option<String>,
+    },
+    /// FlashTier's exists: what the cache holds of a range of the source.
+    Exists {
+        /// First byte (sizes take units: 1GiB).
+        #[arg(value_parser = parse_size)]
+        offset: u64,
+        /// Length in bytes.
+        #[arg(value_parser = parse_size)]
+        len: u64,
+        /// The export (default: the only or the default one).
+        #[arg(long)]
+        export: Option<String>,
+    },
+    /// FlashTier's evict: drop what the cache holds of a range (the source is untouched).
+    Evict {
+        /// First byte.
+        #[arg(value_parser = parse_size)]
+        offset: u64,
+        /// Length in bytes.
+        #[arg(value_parser = parse_size)]
+        len: u64,
+        /// The export (default: the only or the default one).
+        #[arg(long)]
+        export: Option<String>,
+    },
+    /// Read a range into the cache now (as NBD CACHE does).
+    Prefetch {
+        /// First byte.
+        #[arg(value_parser = parse_size)]
+        offset: u64,
+        /// Length in bytes.
+        #[arg(value_parser = parse_size)]
+        len: u64,
+        /// The export (default: the only or the default one).
+        #[arg(long)]
+        export: Option<String>,
+    },
+    /// Drop everything cached for an export (its source changed behind sce's back), and
+    /// write the records so that no crash brings it back.
+    Forget {
+        /// The export ("" for the default one).
+        export: String,
+    },
+    /// Change a setting of a running export: mode (writethrough, writethrough-sync,
+    /// writearound, passthrough), admission (sce, sce-paper, always, nhit:K), seq-cutoff
+    /// (SIZE, 0 for none) or population-rate (auto, auto:SIZE, SIZE, unlimited).
+    Set {
+        /// The export ("" for the default one).
+        export: String,
+        /// mode, admission, seq-cutoff or population-rate.
+        key: String,
+        /// The new value.
+        value: String,
+    },
+}
+
+/// The admin socket for `given`: itself, or `given.ctl` if that exists (a data socket).
+pub fn admin_socket(given: Option<&Path>) -> Result<PathBuf> {
+    let Some(p) = given else {
+        bail!("give the server's socket: sce ctl -s PATH (or set SCE_CTL)");
+    };
+    let ctl = sce_server::admin::default_path(p);
+    Ok(if ctl.exists() { ctl } else { p.to_path_buf() })
+}
+
+fn range_req(verb: &str, export: Option<String>, offset: u64, len: u64) -> Request {
+    Request {
+        verb: verb.into(),
+        export,
+        offset: Some(offset),
+        len: Some(len),
+        ..Request::default()
+    }
+}
+
+/// Runs `sce ctl`.
+pub fn ctl(a: CtlArgs) -> Result<()> {
+    let path = admin_socket(a.socket.as_deref())?;
+    let simple = |verb: &str, export: Option<String>| Request {
+        verb: verb.into(),
+        export,
+        ..Request::default()
+    };
+    let (req, render): (Request, fn(&Value)) = match a.verb {
+        Verb::Status { export } => (simple("status", export), print_status),
+        Verb::Stats {
+            export,
+            watch,
+            count,
+        } => {
+            let req = simple("stats", export);
+            return match watch {
+                Some(secs) => watch_stats(&path, &req, secs, count, a.json),
+                None => {
+                    let v = call(&path, &req)?;
+                    if a.json {
+                        println!("{}", serde_json::to_string_pretty(&v)?);
+                    } else {
+                        print_stats(&v, None);
+                    }
+                    Ok(())
+                }
+            };
+        }
+        Verb::Flush { export } => (simple("flush", export), |v| {
+            println!("flushed: {}", list(&v["flushed"]));
+        }),
+        Verb::Exists {
+            offset,
+            len,
+            export,
+        } => (range_req("exists", export, offset, len), |v| {
+            println!(
+                "{} of {} cached, in {} fragment(s)",
+                size(&v["cached_bytes"]),
+                size(&v["len"]),
+                v["fragments"].as_array().map_or(0, Vec::len)
+            );
+            for f in v["fragments"].as_array().into_iter().flatten() {
+                println!(
+                    "  fragment at {:>14}  {:>10} cached",
+                    f["offset"].as_u64().unwrap_or(0),
+                    size(&f["cached_bytes"])
+                );
+            }
+        }),
+        Verb::Evict {
+            offset,
+            len,
+            export,
+        } => (range_req("evict", export, offset, len), |v| {
+            println!("evicted {}", size(&v["evicted_bytes"]));
+        }),
+        Verb::Prefetch {
+            offset,
+            len,
+            export,
+        } => (range_req("prefetch", export, offset, len), |v| {
+            println!(
+                "fetched {}; {} of {} now cached",
+                size(&v["fetched_bytes"]),
+                size(&v["cached_bytes"]),
+                size(&v["len"])
+            );
+        }),
+        Verb::Forget { export } => (simple("forget", Some(export)), |v| {
+            println!(
+                "forgot {} fragment(s) of export {}",
+                v["fragments_dropped"], v["export"]
+            );
+        }),
+        Verb::Set { export, key, value } => (
+            Request {
+                verb: "set".into(),
+                export: Some(export),
+                key: Some(key),
+                value: Some(value),
+                ..Request::default()
+            },
+            |v| {
+                println!(
+                    "export {}: mode {}, admission {}, seq-cutoff {}, population rate {}{}",
+                    v["export"],
+                    v["mode"].as_str().unwrap_or("?"),
+                    v["admission"].as_str().unwrap_or("?"),
+                    size(&v["sequential_cutoff_bytes"]),
+                    match v["population_rate_bytes_per_second"].as_u64() {
+                        Some(0) => "unlimited".to_string(),
+                        Some(n) => format!("{}/s", format_size(n)),
+                        None => "?".into(),
+                    },
+                    if v["population_rate_adaptive"] == Value::Bool(true) {
+                        " (adaptive)"
+                    } else {
+                        ""
+                    }
+                );
+            },
+        ),
+    };
+    let v = call(&path, &req)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        render(&v);
+    }
+    Ok(())
+}
+
+fn size(v: &Value) -> String {
+    v.as_u64().map_or_else(|| "?".into(), format_size)
+}
+
+fn list(v: &Value) -> String {
+    let names: Vec<String> = v
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|n| format!("{n}"))
+        .collect();
+    if names.is_empty() {
+        "nothing".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+fn print_status(v: &Value) {
+    println!(
+        "sce {} up {:.0} s, {} open connection(s)",
+        v["version"].as_str().unwrap_or("?"),
+        v["uptime_seconds"].as_f64().unwrap_or(0.0),
+        v["open_connections"]
+    );
+    for e in v["exports"].as_array().into_iter().flatten() {
+        println!(
+            "export {}  {}  {}",
+            e["name"],
+            size(&e["size_bytes"]),
+            e["state"].as_str().unwrap_or("?")
+        );
+        if e["cached"] != Value::Bool(true) {
+            continue;
+        }
+        let pct = |x: &Value| format!("{:.1}%", x.as_f64().unwrap_or(0.0) * 100.0);
+        println!(
+            "  {:<12} {}  admission {}  fragment {}  {}",
+            "mode",
+            e["mode"].as_str().unwrap_or("?"),
+            e["admission"].as_str().unwrap_or("?"),
+            size(&e["fragment_size_bytes"]),
+            if e["persistent"] == Value::Bool(true) {
+                "persistent"
+            } else {
+                "not persistent"
+            }
+        );
+        println!(
+            "  {:<12} {} of {} ({})",
+            "occupancy",
+            size(&e["occupancy_bytes"]),
+            size(&e["cache_bytes"]),
+            pct(&e["occupancy_ratio"])
+        );
+        let recent = match e["recent_read_hit_ratio"].as_f64() {
+            Some(r) => format!(
+                ", last {:.0} s {:.1}%",
+                e["rates_window_seconds"].as_f64().unwrap_or(0.0),
+                r * 100.0
+            ),
+            None => String::new(),
+        };
+        println!(
+            "  {:<12} {}{recent}",
+            "read hits",
+            pct(&e["read_hit_ratio"])
+        );
+        println!(
+            "  {:<12} populations {:.1}/s, evictions {:.1}/s",
+            "rates",
+            e["populations_per_second"].as_f64().unwrap_or(0.0),
+            e["evictions_per_second"].as_f64().unwrap_or(0.0)
+        );
+        let er = &e["errors"];
+        println!(
+            "  {:<12} cache read {}, cache write {}, checksum {}",
+            "errors", er["cache_read"], er["cache_write"], er["cache_checksum"]
+        );
+    }
+}
+
+/// The counters `stats` shows per export, with how to render each.
+const SHOWN: [(&str, &str, Kind); 14] = [
+    ("read_requests", "read requests", Kind::Count),
+    ("write_requests", "write requests", Kind::Count),
+    ("read_hit_ratio", "read hit ratio", Kind::Ratio),
+    ("read_pages_hit", "pages hit", Kind::Count),
+    ("read_pages_missed", "pages missed", Kind::Count),
+    ("cache_bytes_read", "cache read", Kind::Bytes),
+    ("cache_bytes_written", "cache written", Kind::Bytes),
+    ("source_bytes_read", "source read", Kind::Bytes),
+    ("source_bytes_written", "source written", Kind::Bytes),
+    ("fragments_populated", "populated", Kind::Count),
+    ("fragments_evicted", "evicted", Kind::Count),
+    ("free_slots", "free slots", Kind::Count),
+    ("cache_checksum_errors", "checksum errors", Kind::Count),
+    ("cache_write_errors", "write errors", Kind::Count),
+];
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Count,
+    Bytes,
+    Ratio,
+}
+
+/// Prints a stats document in aligned columns; with `prev` (and the seconds between),
+/// also each counter's rate.
+pub fn print_stats(v: &Value, prev: Option<(&Value, f64)>) {
+    println!(
+        "{:<18} {:>14}",
+        "connections",
+        format!("{} ({} open)", v["connections"], v["open_connections"])
+    );
+    println!(
+        "{:<18} {:>14}",
+        "requests",
+        format!("{} ({} errors)", v["requests"], v["request_errors"])
+    );
+    for (name, e) in v["exports"].as_object().into_iter().flatten() {
+        println!("export {name:?}");
+        if e["cached"] != Value::Bool(true) {
+            println!("  not cached");
+            continue;
+        }
+        for (key, label, kind) in SHOWN {
+            let x = &e[key];
+            let shown = match kind {
+                Kind::Count => x.as_u64().map_or("-".into(), |n| n.to_string()),
+                Kind::Bytes => size(x),
+                Kind::Ratio => x
+                    .as_f64()
+                    .map_or("-".into(), |r| format!("{:.1}%", r * 100.0)),
+            };
+            let rate = prev.and_then(|(p, dt)| {
+                let before = p["exports"][name][key].as_u64()?;
+                let now = x.as_u64()?;
+                let r = now.saturating_sub(before) as f64 / dt.max(1e-9);
+                Some(match kind {
+                    Kind::Bytes => format!("{}/s", format_size(r as u64)),
+                    Kind::Count => format!("{r:.1}/s"),
+                    Kind::Ratio => return None,
+                })
+            });
+            match rate {
+                Some(r) => println!("  {label:<16} {shown:>14} {r:>14}"),
+                None => println!("  {label:<16} {shown:>14}"),
+            }
+        }
+    }
+}
+
+fn watch_stats(path: &Path, req: &Request, secs: f64, count: u64, json: bool) -> Result<()> {
+    if !(secs.is_finite() && secs > 0.0) {
+        bail!("--watch takes a positive number of seconds");
+    }
+    let mut prev: Option<(Value, std::time::Instant)> = None;
+    let mut n = 0;
+    loop {
+        let v = call(path, req)?;
+        let now = std::time::Instant::now();
+        if json {
+            println!("{}", serde_json::to_string(&v)?);
+        } else {
+            if n > 0 {
+                println!();
+            }
+            print_stats(
+                &v,
+                prev.as_ref()
+                    .map(|(p, t)| (p, now.duration_since(*t).as_secs_f64())),
+            );
+        }
+        prev = Some((v, now));
+        n += 1;
+        if count > 0 && n >= count {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_secs_f64(secs));
+    }
+}

@@ -1,0 +1,246 @@
+//! `sce ctl` against a live `sce serve`: every verb, under an fio verify load on another
+//! connection (zero verify errors), then each verb's effect on a quiet server, and bad input.
+//! fio missing: the test skips, or fails under `CI=true` (`sce_testkit`).
+
+mod common;
+
+use common::Server;
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+
+/// `sce ctl -s SOCK ARGS`: (success, stdout, stderr).
+fn ctl(sock: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sce"))
+        .arg("ctl")
+        .arg("-s")
+        .arg(sock)
+        .args(args)
+        .env_remove("SCE_CTL")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// `sce ctl -s SOCK --json ARGS`, which must succeed: its JSON.
+fn ctl_json(sock: &Path, args: &[&str]) -> serde_json::Value {
+    let mut a = vec!["--json"];
+    a.extend_from_slice(args);
+    let (ok, out, err) = ctl(sock, &a);
+    assert!(ok, "sce ctl {args:?} failed: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
+}
+
+fn cached_bytes(sock: &Path, off: &str, len: &str) -> u64 {
+    ctl_json(sock, &["exists", off, len])["cached_bytes"]
+        .as_u64()
+        .unwrap()
+}
+
+fn serve(d: &Path) -> (Server, std::path::PathBuf) {
+    let src = d.join("src");
+    std::fs::File::create(&src)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let sock = d.join("s.sock");
+    let s = Server::start(
+        &[
+            "--source",
+            src.to_str().unwrap(),
+            "--cache",
+            d.join("cache").to_str().unwrap(),
+            "--cache-size",
+            "16MiB",
+            "--fragment-size",
+            "256KiB",
+            "--state-dir",
+            d.to_str().unwrap(),
+        ],
+        &sock,
+    );
+    (s, sock)
+}
+
+#[test]
+fn every_verb_under_fio_verify_load() {
+    if !sce_testkit::require_known_tool("fio") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let (server, sock) = serve(d.path());
+    assert!(
+        d.path().join("s.sock.ctl").exists(),
+        "admin socket next to the data socket"
+    );
+    let done = Arc::new(AtomicBool::new(false));
+    let (dn, sk) = (done.clone(), sock.clone());
+    // The operator's hand: every verb, in turn, for as long as fio runs.
+    let operator = std::thread::spawn(move || {
+        let verbs: [&[&str]; 14] = [
+            &["status"],
+            &["stats"],
+            &["exists", "0", "64MiB"],
+            &["evict", "0", "64MiB"],
+            &["set", "", "mode", "writearound"],
+            &["prefetch", "0", "4MiB"],
+            &["set", "", "mode", "passthrough"],
+            &["evict", "1MiB", "3MiB"],
+            &["set", "", "mode", "writethrough-sync"],
+            &["set", "", "admission", "always"],
+            &["forget", ""],
+            &["set", "", "admission", "sce"],
+            &["set", "", "mode", "writethrough"],
+            &["flush"],
+        ];
+        let mut rounds = 0;
+        while !dn.load(Relaxed) {
+            for v in verbs {
+                let (ok, _, err) = ctl(&sk, v);
+                assert!(ok, "sce ctl {v:?}: {err}");
+            }
+            rounds += 1;
+        }
+        rounds
+    });
+    let u = format!("nbd+unix:///?socket={}", sock.display());
+    let mut fio_out = String::new();
+    for rw in ["randwrite", "randrw"] {
+        let out = Command::new("fio")
+            .current_dir(d.path())
+            .args([
+                "--name=v",
+                "--ioengine=nbd",
+                &format!("--uri={u}"),
+                &format!("--rw={rw}"),
+                "--bs=4k",
+                "--iodepth=16",
+                "--size=64M",
+                "--io_size=48M",
+                "--verify=crc32c",
+                "--verify_fatal=1",
+                "--randrepeat=0",
+                "--output-format=terse",
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "fio {rw} failed:\n{text}");
+        assert!(
+            !text.contains("verify: bad") && !text.contains("verify failed"),
+            "{text}"
+        );
+        fio_out += &text;
+    }
+    done.store(true, Relaxed);
+    let rounds = operator.join().unwrap();
+    assert!(rounds >= 1, "every verb ran at least once under load");
+    eprintln!("{rounds} rounds of every verb under fio verify");
+    let st = server.export_stats();
+    assert_eq!(common::num(&st, "cache_checksum_errors"), 0);
+    assert!(server.term().success());
+}
+
+#[test]
+fn each_verb_does_what_it_says() {
+    let d = tempfile::tempdir().unwrap();
+    let (server, sock) = serve(d.path());
+    // The data socket is taken for the admin socket next to it.
+    let st = ctl_json(&sock, &["status"]);
+    let e = &st["exports"][0];
+    assert_eq!(e["mode"], "writethrough");
+    assert_eq!(e["state"], "active");
+    assert_eq!(e["fragment_size_bytes"], 256 << 10);
+    // prefetch fills, exists sees it, evict drops it.
+    let p = ctl_json(&sock, &["prefetch", "1MiB", "2MiB"]);
+    assert_eq!(p["cached_bytes"], 2 << 20, "{p}");
+    assert_eq!(cached_bytes(&sock, "1MiB", "2MiB"), 2 << 20);
+    assert_eq!(cached_bytes(&sock, "8MiB", "1MiB"), 0);
+    let ev = ctl_json(&sock, &["evict", "1MiB", "1MiB"]);
+    assert_eq!(ev["evicted_bytes"], 1 << 20);
+    assert_eq!(cached_bytes(&sock, "1MiB", "2MiB"), 1 << 20);
+    // passthrough: prefetch fetches nothing, status says so; the cache stays for later.
+    ctl_json(&sock, &["set", "", "mode", "passthrough"]);
+    assert_eq!(
+        ctl_json(&sock, &["status"])["exports"][0]["state"],
+        "passthrough"
+    );
+    let p = ctl_json(&sock, &["prefetch", "8MiB", "1MiB"]);
+    assert_eq!(p["fetched_bytes"], 0, "{p}");
+    assert_eq!(cached_bytes(&sock, "2MiB", "1MiB"), 1 << 20);
+    ctl_json(&sock, &["set", "", "mode", "writethrough"]);
+    // set: every key, and the reply shows the settings in force.
+    let s = ctl_json(&sock, &["set", "", "admission", "nhit:2"]);
+    assert_eq!(s["admission"], "nhit:2");
+    let s = ctl_json(&sock, &["set", "", "seq-cutoff", "8MiB"]);
+    assert_eq!(s["sequential_cutoff_bytes"], 8 << 20);
+    let s = ctl_json(&sock, &["set", "", "population-rate", "64MiB"]);
+    assert_eq!(s["population_rate_bytes_per_second"], 64 << 20);
+    assert_eq!(s["population_rate_adaptive"], false);
+    // forget drops everything.
+    let f = ctl_json(&sock, &["forget", ""]);
+    assert!(f["fragments_dropped"].as_u64().unwrap() >= 4, "{f}");
+    assert_eq!(cached_bytes(&sock, "0", "64MiB"), 0);
+    // flush and stats.
+    assert_eq!(ctl_json(&sock, &["flush"])["flushed"][0], "");
+    let stats = ctl_json(&sock, &["stats", ""]);
+    assert!(
+        stats["exports"][""]["fragments_populated"]
+            .as_u64()
+            .unwrap()
+            >= 8
+    );
+    // Human output: aligned, with sizes in units.
+    let (ok, out, _) = ctl(&sock, &["status"]);
+    assert!(
+        ok && out.contains("occupancy") && out.contains("MiB"),
+        "{out}"
+    );
+    let (ok, out, _) = ctl(&sock, &["stats", "--watch", "0.2", "--count", "2"]);
+    assert!(ok, "{out}");
+    assert_eq!(out.matches("read hit ratio").count(), 2, "{out}");
+    assert!(out.contains("/s"), "the second print has rates: {out}");
+    // Bad input: a clear error, exit 1, and the server serves on.
+    for (args, says) in [
+        (&["set", "nope", "mode", "passthrough"][..], "no export"),
+        (&["set", "", "mode", "writeback"], "unknown mode"),
+        (&["set", "", "fragment-size", "1MiB"], "cannot set"),
+        (&["evict", "60MiB", "8MiB"], "out of range"),
+        (&["exists", "0", "65MiB"], "out of range"),
+    ] {
+        let (ok, _, err) = ctl(&sock, args);
+        assert!(!ok, "{args:?} succeeded");
+        assert!(err.to_lowercase().contains(says), "{args:?}: {err}");
+    }
+    let (ok, _, err) = ctl(&d.path().join("nothing.sock"), &["status"]);
+    assert!(!ok && err.contains("admin socket"), "{err}");
+    // Malformed requests on the socket itself.
+    use std::io::{BufRead, BufReader, Write};
+    let c = std::os::unix::net::UnixStream::connect(d.path().join("s.sock.ctl")).unwrap();
+    writeln!(&c, "this is not json").unwrap();
+    writeln!(&c, r#"{{"verb":"evict"}}"#).unwrap();
+    let mut r = BufReader::new(&c);
+    for want in ["bad request", "needs an offset"] {
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        assert!(
+            line.contains("\"ok\":false") && line.contains(want),
+            "{line}"
+        );
+    }
+    assert_eq!(
+        ctl_json(&sock, &["status"])["exports"][0]["state"],
+        "active"
+    );
+    assert!(server.term().success());
+    assert!(
+        !d.path().join("s.sock.ctl").exists(),
+        "the admin socket is removed at shutdown"
+    );
+}

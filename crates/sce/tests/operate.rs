@@ -1,0 +1,253 @@
+//! What an operator meets: logs (each line once, text or JSON, levels), mode names, help.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Runs `sce serve ARGS` over a fresh 64 MiB source with a 16 MiB cache in `d` until it
+/// listens, then stops it with SIGTERM. Returns its stderr lines
+/// and whether it exited 0.
+fn serve_and_stop(d: &Path, args: &[&str]) -> (Vec<String>, bool) {
+    let src = d.join("src");
+    std::fs::File::create(&src)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let sock = d.join("s.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sce"))
+        .arg("serve")
+        .args(["--source", src.to_str().unwrap()])
+        .args(["--cache", d.join("cache").to_str().unwrap()])
+        .args(["--cache-size", "16MiB", "--metrics", "127.0.0.1:0"])
+        .args(["--state-dir", d.to_str().unwrap()])
+        .arg("--listen")
+        .arg(format!("unix:{}", sock.display()))
+        .args(args)
+        .env_remove("SCE_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            all.push(l);
+        }
+        all
+    });
+    let t0 = Instant::now();
+    while !sock.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "sce serve never listened"
+        );
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("sce serve exited with {st}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let ok = child.wait().unwrap().success();
+    (reader.join().unwrap(), ok)
+}
+
+/// The messages a server logs from start to a clean stop, each once.
+const LIFE: [&str; 5] = [
+    "listening on unix:",
+    "metrics on http://127.0.0.1:",
+    "serving",
+    "signal received: shutting down",
+    "stopped cleanly",
+];
+
+#[test]
+fn every_log_line_appears_once_as_text() {
+    let d = tempfile::tempdir().unwrap();
+    let (lines, ok) = serve_and_stop(d.path(), &[]);
+    assert!(ok, "{lines:#?}");
+    for m in LIFE {
+        let n = lines.iter().filter(|l| l.contains(m)).count();
+        assert_eq!(n, 1, "{m:?} logged {n} times: {lines:#?}");
+    }
+    // Text lines: timestamp, level, target, message; nothing printed beside the log.
+    for l in &lines {
+        assert!(
+            l.contains(" INFO ") || l.contains(" WARN ") || l.contains(" ERROR "),
+            "not a log line at the default level (info): {l}"
+        );
+    }
+}
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let d = tempfile::tempdir().unwrap();
+    let (lines, ok) = serve_and_stop(d.path(), &["--log-format", "json", "-v"]);
+    assert!(ok, "{lines:#?}");
+    let objs: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    for m in LIFE {
+        let n = objs
+            .iter()
+            .filter(|o| {
+                o["fields"]["message"]
+                    .as_str()
+                    .is_some_and(|s| s.contains(m))
+            })
+            .count();
+        assert_eq!(n, 1, "{m:?} logged {n} times: {lines:#?}");
+    }
+    assert!(objs
+        .iter()
+        .all(|o| o["level"].is_string() && o["target"].is_string()));
+    // -v: one level more than info.
+    assert!(
+        objs.iter().any(|o| o["level"] == "DEBUG"),
+        "-v shows debug lines: {lines:#?}"
+    );
+}
+
+#[test]
+fn log_level_filters_and_rejects_nonsense() {
+    let d = tempfile::tempdir().unwrap();
+    let (lines, ok) = serve_and_stop(d.path(), &["--log-level", "warn"]);
+    assert!(ok);
+    assert!(
+        lines.iter().all(|l| !l.contains(" INFO ")),
+        "warn hides info: {lines:#?}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_sce"))
+        .args(["--log-level", "sce=what=ever", "footprint", "--json"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
+
+/// Every subcommand's help ends with examples; serve's shows its defaults and the mode
+/// names operators know.
+#[test]
+fn every_help_ends_with_examples() {
+    let help = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_sce"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for c in [
+        "demo",
+        "serve",
+        "ctl",
+        "stats",
+        "sim",
+        "gen",
+        "trace",
+        "format",
+        "check",
+        "footprint",
+    ] {
+        for flag in ["-h", "--help"] {
+            let h = help(&[c, flag]);
+            let tail = &h[h
+                .rfind("Examples:")
+                .unwrap_or_else(|| panic!("sce {c} {flag}: no examples\n{h}"))..];
+            assert!(
+                tail.lines()
+                    .skip(1)
+                    .all(|l| l.is_empty() || l.starts_with("  ")),
+                "sce {c} {flag}: the examples come last\n{tail}"
+            );
+        }
+    }
+    let serve = help(&["serve", "--help"]);
+    for want in [
+        "writethrough",
+        "writearound",
+        "passthrough",
+        "--awt",
+        "--hot-window",
+        "--chunk-size",
+        "[default: 256]",
+        "[default: writethrough]",
+        "--admin",
+        "--log-format",
+    ] {
+        assert!(serve.contains(want), "serve --help lacks {want:?}");
+    }
+}
+
+/// The mode names and the tuning knobs reach the running cache, from the flags and from
+/// the TOML file (the old names still work).
+#[test]
+fn mode_names_and_knobs_reach_the_cache() {
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("src");
+    std::fs::File::create(&src)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let toml = d.path().join("sce.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "admin = \"{}\"\n[[export]]\nname = \"a\"\nsource = \"{}\"\ncache = \"{}\"\ncache_size = \"16MiB\"\nmode = \"write-through\"\nchunk_size = \"128KiB\"\nhot_window = 7\nperiod = \"50ms\"\n\n[[export]]\nname = \"b\"\nsource = \"{}\"\ncache = \"{}\"\ncache_size = \"16MiB\"\nmode = \"writethrough\"\nawt = false\n",
+            d.path().join("admin.ctl").display(),
+            src.display(),
+            d.path().join("ca").display(),
+            d.path().join("src2").display(),
+            d.path().join("cb").display(),
+        ),
+    )
+    .unwrap();
+    std::fs::File::create(d.path().join("src2"))
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let sock = d.path().join("s.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sce"))
+        .args(["serve", "--config", toml.to_str().unwrap()])
+        .args(["--state-dir", d.path().to_str().unwrap()])
+        .arg("--listen")
+        .arg(format!("unix:{}", sock.display()))
+        .args(["--log-level", "warn"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let admin = d.path().join("admin.ctl");
+    let t0 = Instant::now();
+    while !admin.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no admin socket");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_sce"))
+        .args(["ctl", "--json", "-s", admin.to_str().unwrap(), "status"])
+        .output()
+        .unwrap();
+    // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ex = v["exports"].as_array().unwrap();
+    assert_eq!(ex[0]["name"], "a");
+    assert_eq!(
+        ex[0]["mode"], "writethrough-sync",
+        "the old name write-through"
+    );
+    assert_eq!(ex[0]["fragment_size_bytes"], 128 << 10, "chunk_size");
+    assert_eq!(
+        ex[1]["mode"], "writethrough-sync",
+        "writethrough with awt = false"
+    );
+}
