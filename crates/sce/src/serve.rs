@@ -278,45 +278,89 @@ pub fn serve(a: ServeArgs) -> Result<()> {
 /// Options of `sce stats`.
 #[derive(clap::Args, Debug)]
 pub struct StatsArgs {
-    /// The metrics endpoint of a running `sce serve` (HOST:PORT).
-    #[arg(long)]
-    pub metrics: String,
+    /// The metrics endpoint of a running `sce serve`: HOST:PORT or its URL
+    /// (http://HOST:PORT/metrics).
+    #[arg(long, value_name = "ADDR|URL", conflicts_with = "socket")]
+    pub metrics: Option<String>,
+    /// Or its admin socket (or data socket) [default: $SCE_CTL].
+    #[arg(short = 's', long, env = "SCE_CTL", value_name = "PATH")]
+    pub socket: Option<PathBuf>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Print again every this many seconds, with the rates since the last print.
+    #[arg(long, value_name = "SECONDS")]
+    pub watch: Option<f64>,
+    /// With --watch: stop after this many prints (0: until interrupted).
+    #[arg(long, default_value_t = 0)]
+    pub count: u64,
 }
 
-/// Prints a running server's counters.
+/// HOST:PORT of a metrics address or URL.
+fn metrics_addr(s: &str) -> String {
+    let rest = s
+        .strip_prefix("http://")
+        .unwrap_or(s)
+        .split('/')
+        .next()
+        .unwrap_or("");
+    rest.to_string()
+}
+
+/// Prints a running server's counters, from its metrics endpoint or its admin socket.
 pub fn stats(a: StatsArgs) -> Result<()> {
-    let v = sce_server::metrics::fetch_stats(&a.metrics)?;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
-    }
-    println!(
-        "connections {} (open {}), requests {} ({} errors), protocol errors {}",
-        v["connections"],
-        v["open_connections"],
-        v["requests"],
-        v["request_errors"],
-        v["protocol_errors"]
-    );
-    if let Some(ex) = v["exports"].as_object() {
-        for (name, e) in ex {
-            println!("export {name:?}:");
-            match e.as_object() {
-                Some(m) if m.get("cached") == Some(&serde_json::Value::Bool(true)) => {
-                    for (k, val) in m {
-                        if k != "cached" {
-                            println!("  {k:<24} {val}");
-                        }
-                    }
-                }
-                _ => println!("  not cached"),
+    let fetch = || -> Result<serde_json::Value> {
+        match (&a.metrics, &a.socket) {
+            (Some(m), _) => sce_server::metrics::fetch_stats(&metrics_addr(m)),
+            (None, Some(_)) => {
+                let path = crate::ctl::admin_socket(a.socket.as_deref())?;
+                sce_server::admin::call(
+                    &path,
+                    &sce_server::admin::Request {
+                        verb: "stats".into(),
+                        ..Default::default()
+                    },
+                )
             }
+            (None, None) => bail!(
+                "give the server: --metrics HOST:PORT (or its URL), or -s SOCKET (or set SCE_CTL)"
+            ),
+        }
+    };
+    if let Some(secs) = a.watch {
+        if !(secs.is_finite() && secs > 0.0) {
+            bail!("--watch takes a positive number of seconds");
         }
     }
-    Ok(())
+    let mut prev: Option<(serde_json::Value, std::time::Instant)> = None;
+    let mut n = 0;
+    loop {
+        let v = fetch()?;
+        let now = std::time::Instant::now();
+        if a.json {
+            match a.watch {
+                Some(_) => println!("{}", serde_json::to_string(&v)?),
+                None => println!("{}", serde_json::to_string_pretty(&v)?),
+            }
+        } else {
+            if n > 0 {
+                println!();
+            }
+            let since = prev
+                .as_ref()
+                .map(|(p, t)| (p, now.duration_since(*t).as_secs_f64()));
+            crate::ctl::print_stats(&v, since);
+        }
+        n += 1;
+        let Some(secs) = a.watch else {
+            return Ok(());
+        };
+        if a.count > 0 && n >= a.count {
+            return Ok(());
+        }
+        prev = Some((v, now));
+        std::thread::sleep(Duration::from_secs_f64(secs));
+    }
 }
 
 fn parse_backend(s: &str) -> Result<sce_io::Backend, String> {

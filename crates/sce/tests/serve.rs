@@ -572,9 +572,20 @@ fn metrics_endpoint_and_sce_stats() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["exports"]["m"]["read_requests"].as_u64(), Some(3));
     assert_eq!(v["exports"]["m"]["cached"].as_bool(), Some(true));
-    let human = run(Command::new(env!("CARGO_BIN_EXE_sce")).args(["stats", "--metrics", &addr]));
+    let url = format!("http://{addr}/metrics");
+    let human = run(Command::new(env!("CARGO_BIN_EXE_sce")).args(["stats", "--metrics", &url]));
     assert!(
-        human.contains("export \"m\"") && human.contains("read_pages_missed"),
+        human.contains("export \"m\"") && human.contains("pages missed"),
+        "{human}"
+    );
+    // Aligned: every counter's value ends in the same column.
+    let ends: Vec<usize> = human
+        .lines()
+        .filter(|l| l.starts_with("  ") && !l.contains("not cached"))
+        .map(|l| l.trim_end().len())
+        .collect();
+    assert!(
+        ends.len() > 5 && ends.iter().all(|&e| e == ends[0]),
         "{human}"
     );
     drop(c);
