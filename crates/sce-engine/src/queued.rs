@@ -56,10 +56,15 @@ impl Shared {
         let (shared, at) = (self.clone(), hq.base + c.0);
         Some(Box::new(move |buf: PooledBuf, done: OnDone| {
             let op = IoOp::Read { offset: at, buf };
+            let t0 = std::time::Instant::now();
+            shared.counters.latencies.in_flight.fetch_add(1, Relaxed);
             let complete: OnDone = Box::new(move |d: IoDone| {
                 let buf = d.buf.expect("a read gives its buffer back");
                 if d.result.is_ok() && shared.pages_match(offset, &buf, &want) {
                     shared.counters.cache_bytes_read.add(len);
+                    let lat = &shared.counters.latencies;
+                    lat.read_hit.record_since(t0);
+                    lat.in_flight.fetch_sub(1, Relaxed);
                     // The pins are released only now that the slot was read.
                     drop(held);
                     return done(IoDone {
@@ -85,6 +90,9 @@ impl Shared {
                     if r.is_ok() {
                         s.counters.source_bytes_read.add(len);
                     }
+                    let lat = &s.counters.latencies;
+                    lat.read_miss.record_since(t0);
+                    lat.in_flight.fetch_sub(1, Relaxed);
                     done(IoDone {
                         result: r,
                         buf: Some(buf),

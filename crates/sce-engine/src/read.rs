@@ -42,15 +42,29 @@ thread_local! {
 type SourceSpan = (u64, u64, u64);
 
 impl Shared {
-    /// Reads `buf.len()` bytes at `offset` (a range the caller checked) through the cache.
+    /// Reads `buf.len()` bytes at `offset` (a range the caller checked) through the cache,
+    /// timed into the hit or the miss histogram.
     pub(crate) fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
+        let lat = &self.counters.latencies;
+        let _in_flight = crate::stats::InFlight::new(&lat.in_flight);
+        let t0 = std::time::Instant::now();
+        let r = self.read_timed(offset, buf);
+        match r {
+            Ok(true) => lat.read_hit.record_since(t0),
+            _ => lat.read_miss.record_since(t0),
+        }
+        r.map(|_| ())
+    }
+
+    /// `read`'s work: true if every byte came from the cache.
+    fn read_timed(&self, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
         let len = buf.len() as u64;
         if self.passthrough.load(Relaxed) {
             let r = self.source.read_at(offset, buf);
             if r.is_ok() {
                 self.counters.source_bytes_read.add(len);
             }
-            return r;
+            return r.map(|_| false);
         }
         PLANS.with(|cell| {
             let mut plans = cell.borrow_mut();
@@ -73,8 +87,9 @@ impl Shared {
                 self.guard_fills(&tickets, std::slice::from_mut(&mut piece));
                 self.preset_intents(&piece.read);
                 let result = self.read_runs(offset, buf, &[&piece]);
+                let full = piece.read.full_hit;
                 self.finish_piece(p.shard, p.offset, buf, &mut piece, result.is_ok());
-                return result;
+                return result.map(|_| full);
             }
             let mut result = Ok(());
             let mut pieces = Vec::with_capacity(n);
@@ -107,11 +122,12 @@ impl Shared {
             }
             let full = pieces.iter().filter(|x| x.read.full_hit).count() as u64;
             self.counters.split_request(true, pieces.len() as u64, full);
+            let all_hit = full == pieces.len() as u64 && pieces.len() == n;
             for (p, mut x) in placed.into_iter().zip(pieces) {
                 let b = &buf[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
                 self.finish_piece(p.shard, p.offset, b, &mut x, result.is_ok());
             }
-            result
+            result.map(|_| all_hit)
         })
     }
 

@@ -52,6 +52,8 @@ pub struct Counters {
     pub(crate) extra_full_hits: AtomicU64,
     /// The same for writes and discards.
     pub(crate) extra_write_pieces: AtomicU64,
+    /// Latency histograms and the in-flight gauge.
+    pub latencies: Latencies,
 }
 
 /// A point-in-time view of a cached volume.
@@ -289,5 +291,134 @@ impl VolumeStats {
         self.population_rate += core.population_rate();
         self.free_slots += core.free_slots() as u64;
         self.total_slots += core.geometry().slots() as u64;
+    }
+}
+
+/// Upper bounds of the latency histograms' buckets, in nanoseconds: 50 µs to 10 s, about
+/// three per decade (the last bucket, +Inf, is implied).
+pub const LATENCY_BOUNDS_NS: [u64; 17] = [
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_500_000_000,
+    5_000_000_000,
+    10_000_000_000,
+];
+
+/// A latency histogram a request adds to with three relaxed atomic adds (its bucket, the
+/// count, the sum): no lock on the I/O path.
+#[derive(Debug, Default)]
+pub struct LatencyHistogram {
+    /// Requests per bucket (not cumulative), the last for beyond the last bound.
+    buckets: [AtomicU64; LATENCY_BOUNDS_NS.len() + 1],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+/// A point-in-time copy of a [`LatencyHistogram`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LatencySnapshot {
+    /// Requests per bucket, cumulative (Prometheus' `le`): entry `i` counts those that took
+    /// at most `LATENCY_BOUNDS_NS[i]`.
+    pub cumulative: Vec<u64>,
+    /// Requests in all.
+    pub count: u64,
+    /// Their total latency, in nanoseconds.
+    pub sum_ns: u64,
+}
+
+impl LatencyHistogram {
+    /// Records one request that took `ns` nanoseconds.
+    pub fn record_ns(&self, ns: u64) {
+        let i = LATENCY_BOUNDS_NS.partition_point(|&b| b < ns);
+        self.buckets[i].fetch_add(1, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+        self.sum_ns.fetch_add(ns, Relaxed);
+    }
+
+    /// Records one request that started at `t0`.
+    pub fn record_since(&self, t0: std::time::Instant) {
+        self.record_ns(t0.elapsed().as_nanos().min(u64::MAX as u128) as u64);
+    }
+
+    /// A copy, with cumulative buckets.
+    pub fn snapshot(&self) -> LatencySnapshot {
+        let mut acc = 0;
+        let cumulative = self.buckets[..LATENCY_BOUNDS_NS.len()]
+            .iter()
+            .map(|b| {
+                acc += b.load(Relaxed);
+                acc
+            })
+            .collect();
+        LatencySnapshot {
+            cumulative,
+            count: self.count.load(Relaxed),
+            sum_ns: self.sum_ns.load(Relaxed),
+        }
+    }
+}
+
+/// The latency histograms and the in-flight gauge of a cached volume: measured inside the
+/// engine, from the call of a read or write to its completion (the NBD server's queueing
+/// and the network are not in them).
+#[derive(Debug, Default)]
+pub struct Latencies {
+    /// Reads served entirely from the cache.
+    pub read_hit: LatencyHistogram,
+    /// Reads that went, in part or whole, to the source.
+    pub read_miss: LatencyHistogram,
+    /// Writes and discards, to their acknowledgement.
+    pub write: LatencyHistogram,
+    /// Requests being served now.
+    pub in_flight: AtomicU64,
+}
+
+/// Counts a request in flight for as long as it lives.
+pub(crate) struct InFlight<'a>(&'a AtomicU64);
+
+impl<'a> InFlight<'a> {
+    pub(crate) fn new(g: &'a AtomicU64) -> Self {
+        g.fetch_add(1, Relaxed);
+        InFlight(g)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod latency_tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_cumulative_and_bounds_inclusive() {
+        let h = LatencyHistogram::default();
+        h.record_ns(50_000); // exactly the first bound: in it
+        h.record_ns(50_001);
+        h.record_ns(3_000_000);
+        h.record_ns(20_000_000_000); // beyond the last bound: only in +Inf
+        let s = h.snapshot();
+        assert_eq!(s.count, 4);
+        assert_eq!(s.sum_ns, 50_000 + 50_001 + 3_000_000 + 20_000_000_000);
+        assert_eq!(s.cumulative[0], 1);
+        assert_eq!(s.cumulative[1], 2);
+        assert_eq!(s.cumulative[5], 2, "2.5 ms");
+        assert_eq!(s.cumulative[6], 3, "5 ms");
+        assert_eq!(*s.cumulative.last().unwrap(), 3);
     }
 }

@@ -462,6 +462,21 @@ impl CacheVolume {
         Ok(cfg.clone())
     }
 
+    /// Runs a write or discard, counted in flight and timed into the write histogram.
+    fn timed_write(&self, f: impl FnOnce() -> Result<(), IoError>) -> Result<(), IoError> {
+        let lat = &self.shared.counters.latencies;
+        let _in_flight = crate::stats::InFlight::new(&lat.in_flight);
+        let t0 = Instant::now();
+        let r = f();
+        lat.write.record_since(t0);
+        r
+    }
+
+    /// The latency histograms (read hit, read miss, write) and requests in flight.
+    pub fn latencies(&self) -> &crate::stats::Latencies {
+        &self.shared.counters.latencies
+    }
+
     /// Checks that `[offset, offset+len)` lies within the source.
     fn check_range(&self, op: sce_io::Op, offset: u64, len: u64) -> Result<(), IoError> {
         let size = self.shared.source_size;
@@ -635,13 +650,13 @@ impl BlockDevice for CacheVolume {
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), IoError> {
         let s = &self.shared;
         check_range(Op::Write, offset, buf.len() as u64, s.source.size(), s.lbs)?;
-        s.write(&self.awt, offset, Payload::Borrowed(buf))
+        self.timed_write(|| s.write(&self.awt, offset, Payload::Borrowed(buf)))
     }
 
     fn write_shared(&self, offset: u64, data: SharedBytes) -> Result<(), IoError> {
         let s = &self.shared;
         check_range(Op::Write, offset, data.len() as u64, s.source.size(), s.lbs)?;
-        s.write(&self.awt, offset, Payload::Shared(data))
+        self.timed_write(|| s.write(&self.awt, offset, Payload::Shared(data)))
     }
 
     fn flush(&self) -> Result<(), IoError> {
@@ -653,6 +668,6 @@ impl BlockDevice for CacheVolume {
     fn discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
         let s = &self.shared;
         check_range(Op::Discard, offset, len, s.source.size(), s.lbs)?;
-        s.discard(offset, len)
+        self.timed_write(|| s.discard(offset, len))
     }
 }
