@@ -13,9 +13,9 @@
 //! requests; a client that sends nothing for [`IDLE`] is closed.
 
 use crate::metrics::{stats_json, Volumes};
+use crate::rates::Rates;
 use crate::LOG_TARGET;
 use anyhow::{anyhow, bail, Context, Result};
-use parking_lot::Mutex;
 use sce_core::{Admission, Retune, WriteMode};
 use sce_engine::CacheVolume;
 use sce_nbd::Server;
@@ -35,8 +35,6 @@ pub const MAX_CLIENTS: usize = 16;
 pub const IDLE: Duration = Duration::from_secs(300);
 /// The longest request line taken.
 const MAX_LINE: u64 = 64 << 10;
-/// Counter samples kept per export for the rates of `status` (one a second).
-const SAMPLES: usize = 11;
 
 /// A request, as sent by `sce ctl`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -60,18 +58,12 @@ pub struct Request {
     pub value: Option<String>,
 }
 
-/// One counter sample of an export: when, and (fragments populated, fragments evicted,
-/// pages hit, pages missed).
-type Sample = (Instant, [u64; 4]);
-
 /// What the admin thread needs of the server.
 struct Ctx {
     server: Arc<Server>,
     volumes: Arc<Volumes>,
     started: Instant,
-    /// Per export: the last counter samples (time, fragments populated, fragments evicted,
-    /// pages hit, pages missed), newest last.
-    samples: Mutex<Vec<Vec<Sample>>>,
+    rates: Arc<Rates>,
 }
 
 /// The admin socket of a running server; dropping it stops serving and removes the file.
@@ -96,7 +88,12 @@ pub fn default_path(data_socket: &Path) -> PathBuf {
 
 /// Starts the admin socket at `path` (mode 0600). A socket file left by a server that is
 /// gone is replaced; one a live server answers on is refused.
-pub fn start(path: &Path, server: Arc<Server>, volumes: Arc<Volumes>) -> Result<Admin> {
+pub fn start(
+    path: &Path,
+    server: Arc<Server>,
+    volumes: Arc<Volumes>,
+    rates: Arc<Rates>,
+) -> Result<Admin> {
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
             bail!(
@@ -116,28 +113,18 @@ pub fn start(path: &Path, server: Arc<Server>, volumes: Arc<Volumes>) -> Result<
     let l = UnixListener::bind(path).with_context(|| format!("admin socket {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     l.set_nonblocking(true)?;
-    let n = volumes.len();
     let ctx = Arc::new(Ctx {
         server,
         volumes,
         started: Instant::now(),
-        samples: Mutex::new(vec![Vec::new(); n]),
+        rates,
     });
     let stop = Arc::new(AtomicBool::new(false));
     let clients = Arc::new(AtomicUsize::new(0));
-    let (c, st) = (ctx.clone(), stop.clone());
+    let st = stop.clone();
     std::thread::Builder::new()
         .name("sce-admin".into())
-        .spawn(move || accept_loop(&l, &c, &st, &clients))?;
-    let (c, st) = (ctx, stop.clone());
-    std::thread::Builder::new()
-        .name("sce-admin-sampler".into())
-        .spawn(move || {
-            while !st.load(Relaxed) {
-                c.sample();
-                std::thread::sleep(Duration::from_secs(1));
-            }
-        })?;
+        .spawn(move || accept_loop(&l, &ctx, &st, &clients))?;
     tracing::info!(target: LOG_TARGET, "admin socket at {}", path.display());
     Ok(Admin {
         path: path.to_path_buf(),
@@ -362,43 +349,6 @@ impl Ctx {
         }
     }
 
-    /// Records every export's counters, keeping the last [`SAMPLES`].
-    fn sample(&self) {
-        let now = Instant::now();
-        let mut all = self.samples.lock();
-        for (i, (_, v)) in self.volumes.iter().enumerate() {
-            let Some(v) = v else { continue };
-            let s = v.stats();
-            let row = [
-                s.fragments_populated,
-                s.fragments_evicted,
-                s.read_pages_hit,
-                s.read_pages_missed,
-            ];
-            let q = &mut all[i];
-            q.push((now, row));
-            if q.len() > SAMPLES {
-                q.remove(0);
-            }
-        }
-    }
-
-    /// Rates over the sampled window of export `i`: populations/s, evictions/s and the read
-    /// hit ratio of the window (None before two samples).
-    fn rates(&self, i: usize) -> Option<(f64, f64, f64, f64)> {
-        let all = self.samples.lock();
-        let q = &all[i];
-        let (first, last) = (q.first()?, q.last()?);
-        let dt = last.0.duration_since(first.0).as_secs_f64();
-        if dt <= 0.0 {
-            return None;
-        }
-        let d = |k: usize| last.1[k].saturating_sub(first.1[k]) as f64;
-        let reads = d(2) + d(3);
-        let ratio = if reads > 0.0 { d(2) / reads } else { 0.0 };
-        Some((d(0) / dt, d(1) / dt, ratio, dt))
-    }
-
     fn status(&self, name: Option<&str>) -> Result<Value> {
         let only = name.map(|n| self.export_index(Some(n))).transpose()?;
         let mut exports = Vec::new();
@@ -438,11 +388,12 @@ impl Ctx {
                     m["occupancy_ratio"] = json!(used as f64 / s.total_slots.max(1) as f64);
                     m["read_hit_ratio"] = json!(s.read_hit_ratio());
                     m["population_rate_limit_bytes_per_second"] = json!(s.population_rate);
-                    if let Some((pops, evs, ratio, window)) = self.rates(i) {
-                        m["populations_per_second"] = json!(pops);
-                        m["evictions_per_second"] = json!(evs);
-                        m["recent_read_hit_ratio"] = json!(ratio);
-                        m["rates_window_seconds"] = json!(window);
+                    if let Some(r) = self.rates.recent(i) {
+                        m["populations_per_second"] = json!(r.populations_per_second);
+                        m["population_bytes_per_second"] = json!(r.population_bytes_per_second);
+                        m["evictions_per_second"] = json!(r.evictions_per_second);
+                        m["recent_read_hit_ratio"] = json!(r.read_hit_ratio);
+                        m["rates_window_seconds"] = json!(r.window_seconds);
                     }
                     m["errors"] = json!({
                         "cache_read": s.cache_read_errors,

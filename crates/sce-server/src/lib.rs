@@ -16,6 +16,8 @@ pub mod config;
 pub mod export;
 pub mod metrics;
 pub mod ownership;
+pub mod prom;
+pub mod rates;
 pub mod server;
 
 pub use config::{ConfigFile, ExportConfig, ServeConfig};

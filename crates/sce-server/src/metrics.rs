@@ -2,6 +2,7 @@
 //! /stats (a JSON document) with the server's counters and every export's, and the client
 //! of /stats (`sce stats`).
 
+use crate::rates::Rates;
 use anyhow::{anyhow, Context, Result};
 use sce_engine::{CacheVolume, PersistStats};
 use sce_nbd::Server;
@@ -68,101 +69,9 @@ fn persist_fields(p: &PersistStats) -> [(&'static str, u64, bool); 20] {
     ]
 }
 
-/// A named value for the exporters: (name, value, is a counter).
-type Field = (&'static str, u64, bool);
-
-/// Appends one Prometheus family per field, with a sample per export. Every export lists
-/// the same fields, as (name, value, is a counter), in the same order.
-fn export_families(out: &mut String, rows: &[(&str, Vec<Field>)]) {
-    let Some((_, first)) = rows.first() else {
-        return;
-    };
-    for (i, &(field, _, counter)) in first.iter().enumerate() {
-        let (name, kind) = if counter {
-            (format!("sce_{field}_total"), "counter")
-        } else {
-            (format!("sce_{field}"), "gauge")
-        };
-        *out += &format!("# TYPE {name} {kind}\n");
-        for (export, fields) in rows {
-            *out += &format!(
-                "{name}{{export=\"{}\"}} {}\n",
-                export.replace('"', "\\\""),
-                fields[i].1
-            );
-        }
-    }
-}
-
-/// Prometheus text of every export's counters and the server's.
-pub fn prometheus(server: &Server, volumes: &[(String, Option<Arc<CacheVolume>>)]) -> String {
-    let mut out = String::new();
-    let s = server.stats();
-    for (name, v) in [
-        ("sce_nbd_connections_total", s.connections.load(Relaxed)),
-        ("sce_nbd_open_connections", s.open_connections.load(Relaxed)),
-        ("sce_nbd_requests_total", s.requests.load(Relaxed)),
-        (
-            "sce_nbd_queued_requests_total",
-            s.queued_requests.load(Relaxed),
-        ),
-        (
-            "sce_nbd_inline_requests_total",
-            s.inline_requests.load(Relaxed),
-        ),
-        (
-            "sce_nbd_request_errors_total",
-            s.request_errors.load(Relaxed),
-        ),
-        (
-            "sce_nbd_protocol_errors_total",
-            s.protocol_errors.load(Relaxed),
-        ),
-        (
-            "sce_nbd_refused_connections_total",
-            s.refused_connections.load(Relaxed),
-        ),
-        (
-            "sce_nbd_handshake_timeouts_total",
-            s.handshake_timeouts.load(Relaxed),
-        ),
-        (
-            "sce_nbd_request_timeouts_total",
-            s.request_timeouts.load(Relaxed),
-        ),
-        ("sce_nbd_idle_timeouts_total", s.idle_timeouts.load(Relaxed)),
-        (
-            "sce_nbd_reply_timeouts_total",
-            s.reply_timeouts.load(Relaxed),
-        ),
-        ("sce_nbd_inflight_bytes", s.inflight_bytes.load(Relaxed)),
-        (
-            "sce_nbd_inflight_bytes_peak",
-            s.inflight_bytes_peak.load(Relaxed),
-        ),
-    ] {
-        let kind = if name.ends_with("_total") {
-            "counter"
-        } else {
-            "gauge"
-        };
-        out += &format!("# TYPE {name} {kind}\n{name} {v}\n");
-    }
-    let cached: Vec<(&str, &CacheVolume)> = volumes
-        .iter()
-        .filter_map(|(n, v)| v.as_deref().map(|v| (n.as_str(), v)))
-        .collect();
-    let counters: Vec<_> = cached
-        .iter()
-        .map(|&(n, v)| (n, v.stats().fields().to_vec()))
-        .collect();
-    export_families(&mut out, &counters);
-    let persisted: Vec<_> = cached
-        .iter()
-        .filter_map(|&(n, v)| v.persist_stats().map(|p| (n, persist_fields(&p).to_vec())))
-        .collect();
-    export_families(&mut out, &persisted);
-    out
+/// Prometheus text of every export's counters and the server's (see [`crate::prom`]).
+pub fn prometheus(server: &Server, volumes: &Volumes, rates: Option<&Rates>) -> String {
+    crate::prom::exposition(server, volumes, rates)
 }
 
 /// The /stats document: the server's counters and every export's.
@@ -216,21 +125,28 @@ pub fn stats_json(
 
 /// Serves /metrics and /stats at `addr` (HOST:PORT) from a thread of its own, for as long as
 /// the process runs. Returns the address bound (with the port chosen if `addr` gave 0).
-pub fn metrics_server(addr: &str, server: Arc<Server>, volumes: Arc<Volumes>) -> Result<String> {
+pub fn metrics_server(
+    addr: &str,
+    server: Arc<Server>,
+    volumes: Arc<Volumes>,
+    rates: Arc<Rates>,
+) -> Result<String> {
     let l = TcpListener::bind(addr).with_context(|| format!("metrics endpoint {addr}"))?;
     let local = l.local_addr()?.to_string();
     std::thread::spawn(move || {
+        // One scrape at a time, answered on this thread: a scraper that stalls is cut off
+        // by the timeouts, and a flood of connections cannot start a thread each.
         for conn in l.incoming().flatten() {
-            let (server, volumes) = (server.clone(), volumes.clone());
-            std::thread::spawn(move || answer(&conn, &server, &volumes));
+            answer(&conn, &server, &volumes, &rates);
         }
     });
     Ok(local)
 }
 
 /// Answers one HTTP request on `conn`.
-fn answer(conn: &TcpStream, server: &Server, volumes: &Volumes) {
+fn answer(conn: &TcpStream, server: &Server, volumes: &Volumes, rates: &Rates) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = conn.set_write_timeout(Some(Duration::from_secs(5)));
     let mut r = BufReader::new(conn);
     let mut line = String::new();
     if r.read_line(&mut line).is_err() {
@@ -241,7 +157,7 @@ fn answer(conn: &TcpStream, server: &Server, volumes: &Volumes) {
         "/metrics" => (
             "200 OK",
             "text/plain; version=0.0.4",
-            prometheus(server, volumes),
+            prometheus(server, volumes, Some(rates)),
         ),
         "/stats" => (
             "200 OK",

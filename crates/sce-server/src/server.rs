@@ -51,6 +51,8 @@ struct Running {
     listeners: Vec<Listener>,
     /// Dropped first at shutdown: no control request runs while the exports are flushed.
     admin: Option<crate::admin::Admin>,
+    /// The rate sampler of `ctl status` and /metrics, stopped at shutdown.
+    rates: Arc<crate::rates::Rates>,
 }
 
 /// Runs a server for `cfg` until SIGTERM or SIGINT, then shuts it down. `report` hears
@@ -103,8 +105,38 @@ fn stop_on_signal() -> Result<Receiver<()>> {
     Ok(rx)
 }
 
-/// Starts the listeners and the metrics endpoint.
+/// Starts the admin socket, the metrics endpoint and the listeners, in that order: anything
+/// that can fail does before a client is served.
 fn start(a: Assembled, cfg: &ServeConfig, report: &mut dyn FnMut(Event)) -> Result<Running> {
+    let rates =
+        crate::rates::Rates::start(a.volumes.clone()).context("starting the rate sampler")?;
+    let admin_path = cfg.admin.clone().or_else(|| {
+        cfg.listen.iter().find_map(|l| match l {
+            sce_nbd::ListenAddr::Unix(p) => Some(crate::admin::default_path(p)),
+            _ => None,
+        })
+    });
+    let admin = match &admin_path {
+        Some(p) => Some(crate::admin::start(
+            p,
+            a.server.clone(),
+            a.volumes.clone(),
+            rates.clone(),
+        )?),
+        None => {
+            tracing::info!(target: LOG_TARGET, "no admin socket (no Unix listener; give --admin PATH for sce ctl)");
+            None
+        }
+    };
+    let mut metrics = None;
+    if let Some(m) = &cfg.metrics {
+        metrics = Some(metrics_server(
+            m,
+            a.server.clone(),
+            a.volumes.clone(),
+            rates.clone(),
+        )?);
+    }
     let mut listeners = Vec::new();
     for l in &cfg.listen {
         let opts = sce_nbd::ListenOptions {
@@ -115,24 +147,10 @@ fn start(a: Assembled, cfg: &ServeConfig, report: &mut dyn FnMut(Event)) -> Resu
         report(Event::Listening(h.local.clone()));
         listeners.push(h);
     }
-    if let Some(m) = &cfg.metrics {
-        let local = metrics_server(m, a.server.clone(), a.volumes.clone())?;
+    if let Some(local) = metrics {
         tracing::info!(target: LOG_TARGET, "metrics on http://{local}/metrics");
         report(Event::Metrics(local));
     }
-    let admin_path = cfg.admin.clone().or_else(|| {
-        cfg.listen.iter().find_map(|l| match l {
-            sce_nbd::ListenAddr::Unix(p) => Some(crate::admin::default_path(p)),
-            _ => None,
-        })
-    });
-    let admin = match &admin_path {
-        Some(p) => Some(crate::admin::start(p, a.server.clone(), a.volumes.clone())?),
-        None => {
-            tracing::info!(target: LOG_TARGET, "no admin socket (no Unix listener; give --admin PATH for sce ctl)");
-            None
-        }
-    };
     for e in a.server.exports() {
         tracing::info!(target: LOG_TARGET, export = %e.name, size = e.device.size(), read_only = e.read_only, "serving");
     }
@@ -140,6 +158,7 @@ fn start(a: Assembled, cfg: &ServeConfig, report: &mut dyn FnMut(Event)) -> Resu
         assembled: a,
         listeners,
         admin,
+        rates,
     })
 }
 
@@ -147,6 +166,7 @@ impl Running {
     /// Stops accepting, drains, flushes, and shuts the caches down.
     fn shut_down(mut self) -> Stopped {
         drop(self.admin.take());
+        self.rates.stop();
         for l in &mut self.listeners {
             l.stop();
         }

@@ -89,6 +89,8 @@ pub const TOOLS: &[(&str, &str)] = &[
     ("mkfs.ext4", "e2fsprogs"),
     // scripts/bench-db.py: PostgreSQL (server, pgbench, pg_amcheck) under /usr/lib/postgresql.
     ("pgbench", "postgresql"),
+    // /metrics is checked by Prometheus' own linter.
+    ("promtool", "prometheus"),
 ];
 
 /// The Python modules sce's tests import: (module, version, pip requirement).

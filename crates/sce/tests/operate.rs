@@ -251,3 +251,182 @@ fn mode_names_and_knobs_reach_the_cache() {
         "writethrough with awt = false"
     );
 }
+
+/// /metrics: every family has HELP and TYPE, counters end in `_total`, units are base units
+/// named in the metric, the latency histograms and the gauges an operator looks at are
+/// there, and Prometheus' own linter (`promtool check metrics`) finds nothing to say.
+#[test]
+fn metrics_pass_promtool_and_every_family_has_help_and_type() {
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("src");
+    std::fs::File::create(&src)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let sock = d.path().join("s.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sce"))
+        .args(["serve", "--source", src.to_str().unwrap()])
+        .args(["--cache", d.path().join("cache").to_str().unwrap()])
+        .args(["--cache-size", "16MiB", "--metrics", "127.0.0.1:0"])
+        .args(["--state-dir", d.path().to_str().unwrap()])
+        .arg("--listen")
+        .arg(format!("unix:{}", sock.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let l = lines.next().expect("server output").unwrap();
+        if let Some(rest) = l.split_once("metrics on http://") {
+            break rest.1.trim_end_matches("/metrics").to_string();
+        }
+    };
+    // Some reads and writes, so that the histograms have samples.
+    let c = sce_nbd::NbdClient::connect(
+        &sce_nbd::NbdUri::Unix {
+            socket: sock.clone(),
+            name: String::new(),
+        },
+        1,
+    )
+    .unwrap();
+    let mut b = vec![0u8; 65536];
+    for i in 0..8 {
+        sce_io::BlockDevice::read_at(&c, i * 65536, &mut b).unwrap();
+        sce_io::BlockDevice::write_at(&c, i * 65536, &b).unwrap();
+    }
+    drop(c);
+    let text = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(s, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut t = String::new();
+        s.read_to_string(&mut t).unwrap();
+        t.split_once("\r\n\r\n").unwrap().1.to_string()
+    };
+    // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+
+    let mut help = std::collections::HashSet::new();
+    let mut types = std::collections::HashMap::new();
+    for l in text.lines() {
+        if let Some(r) = l.strip_prefix("# HELP ") {
+            let (name, h) = r.split_once(' ').unwrap();
+            assert!(!h.trim().is_empty(), "{name} has an empty HELP");
+            assert!(help.insert(name.to_string()), "two HELP lines for {name}");
+        } else if let Some(r) = l.strip_prefix("# TYPE ") {
+            let (name, t) = r.split_once(' ').unwrap();
+            types.insert(name.to_string(), t.to_string());
+        }
+    }
+    let mut families = std::collections::HashSet::new();
+    for l in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let name = l.split(['{', ' ']).next().unwrap();
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| {
+                name.strip_suffix(s)
+                    .filter(|f| types.get(*f).is_some_and(|t| t == "histogram"))
+            })
+            .unwrap_or(name);
+        assert!(help.contains(family), "{family} has no HELP");
+        let t = types
+            .get(family)
+            .unwrap_or_else(|| panic!("{family} has no TYPE"));
+        assert_eq!(t == "counter", family.ends_with("_total"), "{family}: {t}");
+        for bad in ["_millis", "_ms", "_micros", "_kib", "_mib"] {
+            assert!(!family.contains(bad), "{family}: not a base unit");
+        }
+        families.insert(family.to_string());
+    }
+    assert!(
+        !text.contains("export=\"\""),
+        "the default export has a label value"
+    );
+    for f in [
+        "sce_build_info",
+        "sce_read_hit_duration_seconds",
+        "sce_read_miss_duration_seconds",
+        "sce_write_duration_seconds",
+        "sce_cache_occupied_bytes",
+        "sce_inflight_requests",
+        "sce_population_rate_limit_bytes_per_second",
+        "sce_read_hit_ratio",
+        "sce_persist_load_seconds",
+        "sce_nbd_open_connections",
+    ] {
+        assert!(families.contains(f), "no {f}");
+    }
+    let writes: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("sce_write_duration_seconds_count{export=\"default\"} "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(writes, 8, "every write timed");
+
+    if !sce_testkit::require_known_tool("promtool") {
+        return;
+    }
+    let mut p = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    p.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = p.wait_with_output().unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool: {said}"
+    );
+}
+
+/// The example Grafana dashboard asks only for metrics sce exports.
+#[test]
+fn the_grafana_dashboard_uses_only_metrics_that_exist() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../contrib/grafana-sce.json"
+    ))
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let src = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../sce-server/src/prom.rs"
+    ))
+    .unwrap();
+    let mut n = 0;
+    for p in v["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            let expr = t["expr"].as_str().unwrap();
+            for (i, _) in expr.match_indices("sce_") {
+                let name: String = expr[i..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                let family = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s))
+                    .filter(|f| f.ends_with("_seconds"))
+                    .unwrap_or(&name);
+                assert!(
+                    src.contains(&format!("\"{family}\"")),
+                    "the dashboard uses {name}, which sce does not export"
+                );
+                n += 1;
+            }
+        }
+    }
+    assert!(n >= 20, "{n} metric references");
+}

@@ -549,7 +549,7 @@ fn metrics_endpoint_and_sce_stats() {
     s.read_to_string(&mut text).unwrap();
     assert!(text.starts_with("HTTP/1.0 200"), "{text}");
     assert!(
-        text.contains("# TYPE sce_read_pages_missed_total counter"),
+        text.contains("# TYPE sce_read_missed_pages_total counter"),
         "{text}"
     );
     let value = |name: &str| -> u64 {
@@ -562,7 +562,7 @@ fn metrics_endpoint_and_sce_stats() {
     };
     // Population may land between the reads: pages hit plus missed is what is exact.
     assert_eq!(
-        value("sce_read_pages_missed_total") + value("sce_read_pages_hit_total"),
+        value("sce_read_missed_pages_total") + value("sce_read_hit_pages_total"),
         48,
         "{text}"
     );
@@ -645,7 +645,7 @@ fn hits_read_through_io_uring_persistent_or_not() {
                 .parse()
                 .unwrap()
         };
-        let metric = |name: &str| scrape(&format!("{name}{{export=\"\"}}"));
+        let metric = |name: &str| scrape(&format!("{name}{{export=\"default\"}}"));
         let c = sce_nbd::NbdClient::connect(
             &sce_nbd::NbdUri::Unix {
                 socket: sock.clone(),
@@ -657,7 +657,7 @@ fn hits_read_through_io_uring_persistent_or_not() {
         let mut b = vec![0u8; 4096];
         let mut rounds = 0;
         // Whole pages, one at a time: each is a hit through the queue once populated.
-        while metric("sce_cache_bytes_read_total") < 4 << 20 {
+        while metric("sce_cache_read_bytes_total") < 4 << 20 {
             rounds += 1;
             assert!(rounds < 200, "{extra:?}: the cache never served 4 MiB");
             for at in (0..data.len()).step_by(4096) {

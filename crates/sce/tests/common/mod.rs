@@ -84,7 +84,13 @@ impl Server {
 
     /// The /stats document of the default export.
     pub fn export_stats(&self) -> serde_json::Value {
-        let mut c = std::net::TcpStream::connect(&self.metrics).unwrap();
+        let mut c = std::net::TcpStream::connect(&self.metrics).unwrap_or_else(|e| {
+            panic!(
+                "metrics endpoint {}: {e}; the server logged:\n{}",
+                self.metrics,
+                self.log()
+            )
+        });
         write!(c, "GET /stats HTTP/1.0\r\n\r\n").unwrap();
         let mut resp = String::new();
         c.read_to_string(&mut resp).unwrap();

@@ -1,0 +1,109 @@
+//! Recent rates of every cached export, from counter samples taken once a second: what
+//! `sce ctl status` and the population-rate gauge of /metrics show. Counters only tell
+//! totals since start; an operator asks what the cache does now.
+
+use crate::metrics::Volumes;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Samples kept per export: ten seconds of them.
+const SAMPLES: usize = 11;
+
+/// One sample: when, and (fragments populated, fragments evicted, pages hit, pages missed,
+/// pages populated).
+type Sample = (Instant, [u64; 5]);
+
+/// What happened over the last seconds (up to ten) of an export.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Recent {
+    /// Fragments populated per second.
+    pub populations_per_second: f64,
+    /// Fragments evicted per second.
+    pub evictions_per_second: f64,
+    /// Bytes populated per second.
+    pub population_bytes_per_second: f64,
+    /// Read hit ratio over the window's pages (0 if nothing was read).
+    pub read_hit_ratio: f64,
+    /// The window's length.
+    pub window_seconds: f64,
+}
+
+/// The sampler of a server's exports; it stops when the last handle is dropped.
+pub struct Rates {
+    volumes: Arc<Volumes>,
+    samples: Mutex<Vec<Vec<Sample>>>,
+    stop: AtomicBool,
+}
+
+impl Rates {
+    /// Starts sampling `volumes` once a second on a thread of its own.
+    pub fn start(volumes: Arc<Volumes>) -> std::io::Result<Arc<Rates>> {
+        let n = volumes.len();
+        let r = Arc::new(Rates {
+            volumes,
+            samples: Mutex::new(vec![Vec::new(); n]),
+            stop: AtomicBool::new(false),
+        });
+        r.sample();
+        let weak = Arc::downgrade(&r);
+        std::thread::Builder::new()
+            .name("sce-rates".into())
+            .spawn(move || loop {
+                std::thread::sleep(Duration::from_secs(1));
+                match weak.upgrade() {
+                    Some(r) if !r.stop.load(Relaxed) => r.sample(),
+                    _ => return,
+                }
+            })?;
+        Ok(r)
+    }
+
+    /// Stops the sampler thread (it also stops once every handle is gone).
+    pub fn stop(&self) {
+        self.stop.store(true, Relaxed);
+    }
+
+    /// Records every export's counters, keeping the last [`SAMPLES`].
+    fn sample(&self) {
+        let now = Instant::now();
+        let mut all = self.samples.lock();
+        for (i, (_, v)) in self.volumes.iter().enumerate() {
+            let Some(v) = v else { continue };
+            let s = v.stats();
+            let row = [
+                s.fragments_populated,
+                s.fragments_evicted,
+                s.read_pages_hit,
+                s.read_pages_missed,
+                s.pages_populated,
+            ];
+            let q = &mut all[i];
+            q.push((now, row));
+            if q.len() > SAMPLES {
+                q.remove(0);
+            }
+        }
+    }
+
+    /// Export `i`'s rates over the sampled window (None before two samples).
+    pub fn recent(&self, i: usize) -> Option<Recent> {
+        let all = self.samples.lock();
+        let q = all.get(i)?;
+        let (first, last) = (q.first()?, q.last()?);
+        let dt = last.0.duration_since(first.0).as_secs_f64();
+        if dt <= 0.0 {
+            return None;
+        }
+        let d = |k: usize| last.1[k].saturating_sub(first.1[k]) as f64;
+        let reads = d(2) + d(3);
+        Some(Recent {
+            populations_per_second: d(0) / dt,
+            evictions_per_second: d(1) / dt,
+            population_bytes_per_second: d(4) * sce_core::PAGE_SIZE as f64 / dt,
+            read_hit_ratio: if reads > 0.0 { d(2) / reads } else { 0.0 },
+            window_seconds: dt,
+        })
+    }
+}
