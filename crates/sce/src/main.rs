@@ -7,6 +7,7 @@ mod footprint;
 mod format;
 mod gen;
 mod logging;
+mod packaging;
 mod policy_args;
 mod serve;
 mod sim;
@@ -100,6 +101,16 @@ enum Command {
   sce footprint --cache-size 2TiB --source-size 100TiB
   sce footprint --cache-size 64GiB --source-size 4TiB --fragment-size 256KiB --json")]
     Footprint(FootprintArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(after_help = "Examples:
+  sce completions bash > /etc/bash_completion.d/sce
+  sce completions zsh > /usr/local/share/zsh/site-functions/_sce")]
+    Completions(packaging::CompletionsArgs),
+    /// Write man pages generated from this command's definition.
+    #[command(after_help = "Examples:
+  sce man --out /usr/local/share/man/man1
+  sce man | man -l -")]
+    Man(packaging::ManArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -154,6 +165,8 @@ fn main() {
         Command::Demo(a) => demo::demo(a),
         Command::Serve(a) => serve::serve(a),
         Command::Ctl(a) => ctl::ctl(a),
+        Command::Completions(a) => packaging::completions(a),
+        Command::Man(a) => packaging::man(a),
         Command::Stats(a) => serve::stats(a),
         Command::Sim(a) => sim::sim(a),
         Command::Gen(a) => gen::gen(a),

@@ -151,6 +151,8 @@ fn every_help_ends_with_examples() {
         "format",
         "check",
         "footprint",
+        "completions",
+        "man",
     ] {
         for flag in ["-h", "--help"] {
             let h = help(&[c, flag]);
@@ -429,4 +431,76 @@ fn the_grafana_dashboard_uses_only_metrics_that_exist() {
         }
     }
     assert!(n >= 20, "{n} metric references");
+}
+
+/// Packaging: completions for every shell, man pages for sce and every subcommand, and the
+/// systemd unit's command line is one `sce serve` accepts.
+#[test]
+fn completions_man_pages_and_the_systemd_unit() {
+    let sce = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_sce"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let s = sce(&["completions", shell]);
+        assert!(s.contains("ctl") && s.contains("serve"), "{shell}");
+    }
+    let bash = sce(&["completions", "bash"]);
+    let st = Command::new("bash")
+        .args(["-n", "-c", &bash])
+        .status()
+        .unwrap();
+    assert!(st.success(), "the bash completion parses");
+    let d = tempfile::tempdir().unwrap();
+    let listed = sce(&["man", "--out", d.path().to_str().unwrap()]);
+    for page in [
+        "sce.1",
+        "sce-serve.1",
+        "sce-ctl.1",
+        "sce-stats.1",
+        "sce-sim.1",
+    ] {
+        let p = d.path().join(page);
+        assert!(listed.contains(page), "{listed}");
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(
+            text.starts_with(".ie") || text.contains(".TH"),
+            "{page} is roff"
+        );
+    }
+    let serve_page = std::fs::read_to_string(d.path().join("sce-serve.1")).unwrap();
+    assert!(serve_page.contains("admin"), "options are in the page");
+
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../contrib/sce@.service"
+    ))
+    .unwrap();
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart=/usr/bin/sce "))
+        .expect("an ExecStart of sce");
+    let help = sce(&["serve", "--help"]);
+    for flag in exec.split_whitespace().filter(|w| w.starts_with("--")) {
+        assert!(
+            help.contains(flag),
+            "the unit's {flag} is not a serve option"
+        );
+    }
+    for key in [
+        "KillSignal=SIGTERM",
+        "TimeoutStopSec=",
+        "RuntimeDirectory=sce",
+        "[Install]",
+    ] {
+        assert!(unit.contains(key), "the unit lacks {key}");
+    }
 }
