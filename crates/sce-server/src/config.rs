@@ -24,6 +24,8 @@ pub struct ServeConfig {
     /// The admin socket `sce ctl` talks to (default: the first Unix listener's path with
     /// `.ctl` added; none if there is no Unix listener and none is given).
     pub admin: Option<PathBuf>,
+    /// Listen on TCP addresses other than loopback without TLS or authentication.
+    pub insecure: bool,
     /// O_DIRECT for files and devices: required, preferred (buffered where the filesystem
     /// refuses it) or off.
     pub direct: DirectMode,
@@ -147,6 +149,9 @@ pub struct ConfigFile {
     pub metrics: Option<String>,
     /// The admin socket for `sce ctl`, unless the command line gives one.
     pub admin: Option<PathBuf>,
+    /// Allow TCP listeners on addresses other than loopback without TLS (as `--insecure`).
+    #[serde(default)]
+    pub insecure: bool,
     /// The exports.
     #[serde(default)]
     pub export: Vec<ExportConfig>,
@@ -179,6 +184,7 @@ impl ServeConfig {
         if self.admin.is_none() {
             self.admin = file.admin;
         }
+        self.insecure |= file.insecure;
         Ok(())
     }
 
@@ -189,8 +195,36 @@ impl ServeConfig {
         if self.listen.is_empty() {
             bail!("nowhere to listen: give --listen unix:PATH or tcp:HOST:PORT");
         }
+        for l in &self.listen {
+            if let ListenAddr::Tcp(hp) = l {
+                if !self.insecure && !is_loopback(hp)? {
+                    bail!(
+                        "refusing to listen on tcp:{hp}: it is not a loopback address, and the \
+                         connection would carry the volume's data in the clear, to anyone who \
+                         can reach it (sce has no TLS or authentication yet). Listen on \
+                         127.0.0.1 or a Unix socket, or pass --insecure on a network you trust"
+                    );
+                }
+                if self.insecure && !is_loopback(hp)? {
+                    tracing::warn!(
+                        "listening on tcp:{hp} without TLS or authentication (--insecure): \
+                         anyone who can reach it can read and write the volume"
+                    );
+                }
+            }
+        }
         Ok(())
     }
+}
+
+/// True if every address `host:port` resolves to is a loopback address.
+fn is_loopback(host_port: &str) -> Result<bool> {
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<_> = host_port
+        .to_socket_addrs()
+        .with_context(|| format!("tcp:{host_port}: not an address to listen on"))?
+        .collect();
+    Ok(!addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback()))
 }
 
 /// At least one export, no two with the same name.
@@ -223,6 +257,7 @@ mod tests {
             listen: listen.iter().map(|l| l.parse().unwrap()).collect(),
             metrics: metrics.map(str::to_string),
             admin: None,
+            insecure: false,
             direct: DirectMode::Required,
             source_connections: 4,
             source_queue_depth: 32,

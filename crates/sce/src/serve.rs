@@ -27,9 +27,14 @@ pub struct ServeArgs {
     /// The cache device (file or block device). Without it the source is exported as is.
     #[arg(long)]
     pub cache: Option<PathBuf>,
-    /// Where to listen: unix:PATH or tcp:HOST:PORT (repeatable).
+    /// Where to listen: unix:PATH or tcp:HOST:PORT (repeatable). A TCP address other than
+    /// loopback is refused without --insecure: NBD carries the volume in the clear.
     #[arg(long)]
     pub listen: Vec<ListenAddr>,
+    /// Allow TCP listeners on addresses other than loopback, without TLS or authentication
+    /// (a warning is logged).
+    #[arg(long)]
+    pub insecure: bool,
     /// Export name ("" is the default export).
     #[arg(long, default_value = "")]
     pub export: String,
@@ -236,6 +241,7 @@ impl ServeArgs {
             listen: self.listen.clone(),
             metrics: self.metrics.clone(),
             admin: self.admin.clone(),
+            insecure: self.insecure,
             direct: self.direct_mode(),
             source_connections: self.source_connections,
             source_queue_depth: self.source_queue_depth,

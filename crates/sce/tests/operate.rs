@@ -504,3 +504,63 @@ fn completions_man_pages_and_the_systemd_unit() {
         assert!(unit.contains(key), "the unit lacks {key}");
     }
 }
+
+/// A TCP listener on an address other than loopback carries the volume in the clear: it is
+/// refused with the reason unless --insecure, which logs a warning.
+#[test]
+fn a_non_loopback_tcp_listener_needs_insecure() {
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("src");
+    std::fs::File::create(&src)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sce"))
+        .args(["serve", "--source", src.to_str().unwrap()])
+        .args(["--listen", "tcp:0.0.0.0:0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("refusing to listen on tcp:0.0.0.0:0") && err.contains("--insecure"),
+        "{err}"
+    );
+    // With --insecure it serves, and says what it risks.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sce"))
+        .args(["serve", "--source", src.to_str().unwrap()])
+        .args(["--listen", "tcp:0.0.0.0:0", "--insecure"])
+        .args(["--admin", d.path().join("a.ctl").to_str().unwrap()])
+        .env_remove("SCE_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    loop {
+        let l = lines.next().expect("server output").unwrap();
+        seen.push(l.clone());
+        if l.contains("serving") && !l.contains("WARN") {
+            break;
+        }
+    }
+    // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let st = child.wait().unwrap();
+    seen.extend(lines.map_while(Result::ok));
+    assert!(st.success(), "{st}: {seen:#?}");
+    assert!(
+        seen.iter()
+            .any(|l| l.contains("WARN") && l.contains("without TLS")),
+        "{seen:#?}"
+    );
+    // Loopback needs nothing.
+    let out = Command::new(env!("CARGO_BIN_EXE_sce"))
+        .args(["serve", "--source", "/nonexistent/x"])
+        .args(["--listen", "tcp:127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("refusing to listen"));
+}
