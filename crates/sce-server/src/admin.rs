@@ -6,12 +6,13 @@
 //! <- {"ok":true,"result":{...}}          or {"ok":false,"error":"why"}
 //! ```
 //!
-//! Verbs: `status`, `stats`, `flush`, `exists`, `evict`, `prefetch`, `forget`, `set` (see
+//! Verbs: `status`, `stats`, `flush`, `exists`, `evict`, `prefetch`, `forget`, `set`, `detach`, `attach` (see
 //! [`Request`]). Requests naming an export that has no cache get an error saying so, but
 //! for `status`, `stats` and `flush`. A connection is served on a thread of its own, at most
 //! [`MAX_CLIENTS`] at once (more are told to wait and closed), and may send several
 //! requests; a client that sends nothing for [`IDLE`] is closed.
 
+use crate::attach::Attachable;
 use crate::metrics::{stats_json, Volumes};
 use crate::rates::Rates;
 use crate::LOG_TARGET;
@@ -64,6 +65,8 @@ struct Ctx {
     volumes: Arc<Volumes>,
     started: Instant,
     rates: Arc<Rates>,
+    /// Every export as declared (for the ownership checks of `attach`).
+    exports: Vec<crate::config::ExportConfig>,
 }
 
 /// The admin socket of a running server; dropping it stops serving and removes the file.
@@ -93,6 +96,7 @@ pub fn start(
     server: Arc<Server>,
     volumes: Arc<Volumes>,
     rates: Arc<Rates>,
+    exports: Vec<crate::config::ExportConfig>,
 ) -> Result<Admin> {
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
@@ -118,6 +122,7 @@ pub fn start(
         volumes,
         started: Instant::now(),
         rates,
+        exports,
     });
     let stop = Arc::new(AtomicBool::new(false));
     let clients = Arc::new(AtomicUsize::new(0));
@@ -230,12 +235,21 @@ impl Ctx {
             .join(", ")
     }
 
-    /// The cached volume a request names.
-    fn volume(&self, name: Option<&str>) -> Result<(&str, &CacheVolume)> {
+    /// The cached volume a request names, while its cache is attached.
+    fn volume(&self, name: Option<&str>) -> Result<(&str, Arc<CacheVolume>)> {
+        let (n, a) = self.attachable(name)?;
+        match a.volume() {
+            Some(v) => Ok((n, v)),
+            None => bail!("export {n:?} has its cache detached (sce ctl attach)"),
+        }
+    }
+
+    /// The export a request names, if it is a cached one.
+    fn attachable(&self, name: Option<&str>) -> Result<(&str, &Arc<Attachable>)> {
         let i = self.export_index(name)?;
         let (n, v) = &self.volumes[i];
         match v {
-            Some(v) => Ok((n, v)),
+            Some(a) => Ok((n, a)),
             None => bail!("export {n:?} has no cache"),
         }
     }
@@ -287,7 +301,7 @@ impl Ctx {
             }
             "exists" => {
                 let (n, v) = self.volume(name)?;
-                let (o, l) = Self::range(req, v)?;
+                let (o, l) = Self::range(req, &v)?;
                 let frags = v.exists(o, l)?;
                 let bytes: u64 = frags.iter().map(|f| f.1).sum();
                 Ok(json!({
@@ -300,14 +314,14 @@ impl Ctx {
             }
             "evict" => {
                 let (n, v) = self.volume(name)?;
-                let (o, l) = Self::range(req, v)?;
+                let (o, l) = Self::range(req, &v)?;
                 let bytes = v.evict(o, l)?;
                 tracing::info!(target: LOG_TARGET, export = %n, offset = o, len = l, bytes, "ctl evict");
                 Ok(json!({"export": n, "offset": o, "len": l, "evicted_bytes": bytes}))
             }
             "prefetch" => {
                 let (n, v) = self.volume(name)?;
-                let (o, l) = Self::range(req, v)?;
+                let (o, l) = Self::range(req, &v)?;
                 let before: u64 = v.exists(o, l)?.iter().map(|f| f.1).sum();
                 v.prefetch(o, l)?;
                 let after: u64 = v.exists(o, l)?.iter().map(|f| f.1).sum();
@@ -343,8 +357,37 @@ impl Ctx {
                     "population_rate_adaptive": cfg.population_adaptive,
                 }))
             }
+            "detach" => {
+                let (n, a) = self.attachable(name)?;
+                let (path, clean) = a.detach()?;
+                Ok(json!({"export": n, "cache": path.display().to_string(), "left_clean": clean}))
+            }
+            "attach" => {
+                let (n, a) = self.attachable(name)?;
+                let cache = req.value.as_deref().map(std::path::PathBuf::from);
+                // The other exports as they are now (their caches may have moved).
+                let others: Vec<_> = self
+                    .exports
+                    .iter()
+                    .map(|e| {
+                        let mut e = e.clone();
+                        if let Some((_, Some(att))) = self.volumes.iter().find(|(x, _)| *x == e.name) {
+                            e.cache = att.cache_path().or(e.cache);
+                        }
+                        e
+                    })
+                    .collect();
+                let r = a.attach(cache, &others)?;
+                Ok(json!({
+                    "export": n,
+                    "cache": r.cache.display().to_string(),
+                    "warm": r.forgot.is_none(),
+                    "fragments_restored": r.fragments_restored,
+                    "cold_because": r.forgot,
+                }))
+            }
             v => bail!(
-                "unknown verb {v:?} (status, stats, flush, exists, evict, prefetch, forget, set)"
+                "unknown verb {v:?} (status, stats, flush, exists, evict, prefetch, forget, set, detach, attach)"
             ),
         }
     }
@@ -362,12 +405,20 @@ impl Ctx {
                 "size_bytes": size,
                 "read_only": e.read_only,
             });
-            match self.volumes.get(i).and_then(|(_, v)| v.as_deref()) {
-                None => {
+            let att = self.volumes.get(i).and_then(|(_, v)| v.as_ref());
+            match (att, att.and_then(|a| a.volume())) {
+                (None, _) => {
                     m["cached"] = json!(false);
                     m["state"] = json!("uncached");
                 }
-                Some(v) => {
+                (Some(a), None) => {
+                    m["cached"] = json!(false);
+                    m["state"] = json!("detached");
+                    m["cache"] = json!(a.cache_path().map(|p| p.display().to_string()));
+                    m["writes_while_detached"] = json!(a.writes_while_detached());
+                }
+                (Some(a), Some(v)) => {
+                    m["cache"] = json!(a.cache_path().map(|p| p.display().to_string()));
                     let s = v.stats();
                     let cfg = v.config();
                     let slot_bytes = cfg.fragment_size;

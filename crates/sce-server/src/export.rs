@@ -3,6 +3,7 @@
 //! the `sce_nbd::Export` that serves it.
 
 use crate::admission::AdmissionOptions;
+use crate::attach::Attachable;
 use crate::config::{ExportConfig, ServeConfig};
 use crate::ownership::{self, Contents};
 use crate::LOG_TARGET;
@@ -20,8 +21,9 @@ use std::time::Duration;
 pub struct Built {
     /// What the NBD server serves.
     pub export: Export,
-    /// The cached volume behind it (none for a source exported as it is).
-    pub volume: Option<Arc<CacheVolume>>,
+    /// The cache in front of its source, which can be detached and attached (none for a
+    /// source exported as it is).
+    pub volume: Option<Arc<Attachable>>,
 }
 
 /// Refuses exports that share storage: no export may use another's cache, or its own
@@ -236,6 +238,32 @@ pub fn build(spec: &ExportConfig, cfg: &ServeConfig) -> Result<Built> {
             volume: None,
         });
     };
+    let volume = open_volume(spec, cfg, core, source.clone(), cache_path)?;
+    let att = Attachable::new(spec.clone(), cfg.clone(), source, volume);
+    let a = att.clone();
+    Ok(Built {
+        export: Export {
+            name: n.clone(),
+            description: format!("{} cached on {}", spec.source, cache_path.display()),
+            device: att.clone(),
+            read_only: spec.read_only,
+            prefetch: Some(Arc::new(move |o, l| a.prefetch(o, l))),
+            io: Some(ExportIo::Reads(att.clone())),
+        },
+        volume: Some(att),
+    })
+}
+
+/// Opens the cache device at `cache_path` (created with the spec's size if missing; a file
+/// this call created is removed again if it fails) and the cached volume over `source`.
+pub fn open_volume(
+    spec: &ExportConfig,
+    cfg: &ServeConfig,
+    core: CoreConfig,
+    source: Arc<dyn BlockDevice>,
+    cache_path: &Path,
+) -> Result<Arc<CacheVolume>> {
+    let n = &spec.name;
     let cache_size = size_field(&spec.cache_size, "cache_size", n)?;
     if cache_size.is_none() && !cache_path.exists() {
         bail!(
@@ -252,7 +280,12 @@ pub fn build(spec: &ExportConfig, cfg: &ServeConfig) -> Result<Built> {
     built
 }
 
-/// The rest of `build` once the cache device is open.
+/// The core configuration of an export, checked (for `attach`).
+pub fn core_of(spec: &ExportConfig) -> Result<CoreConfig> {
+    core_config(spec)
+}
+
+/// The rest of `open_volume` once the cache device is open.
 fn build_cached(
     spec: &ExportConfig,
     cfg: &ServeConfig,
@@ -260,7 +293,7 @@ fn build_cached(
     source: Arc<dyn BlockDevice>,
     cache_dev: Arc<FileDevice>,
     cache_path: &Path,
-) -> Result<Built> {
+) -> Result<Arc<CacheVolume>> {
     let n = &spec.name;
     let persist_wanted = spec.persist.unwrap_or(true) && cfg.persist;
     let found = check_cache_contents(spec, cfg, &cache_dev, cache_path, persist_wanted)?;
@@ -312,18 +345,7 @@ fn build_cached(
         ownership::VOLATILE_HEADER
     };
     volume.serve_hits_from(hits, base);
-    let v = volume.clone();
-    Ok(Built {
-        export: Export {
-            name: n.clone(),
-            description: format!("{} cached on {}", spec.source, cache_path.display()),
-            device: volume.clone(),
-            read_only: spec.read_only,
-            prefetch: Some(Arc::new(move |o, l| v.prefetch(o, l))),
-            io: Some(ExportIo::Reads(volume.clone())),
-        },
-        volume: Some(volume),
-    })
+    Ok(volume)
 }
 
 /// Never formats or overwrites what is not ours: looks at what the cache device holds and

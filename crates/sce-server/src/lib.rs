@@ -8,10 +8,12 @@
 //! - [`metrics`]: the HTTP endpoint, its Prometheus text and its JSON /stats document.
 //! - [`server`]: listeners, the signal hook and the shutdown sequence.
 //! - [`admin`]: the admin socket that `sce ctl` talks to.
+//! - [`attach`]: a cached export whose cache can be detached and attached while it serves.
 //! - [`admission`]: the options of flash-conscious admission, shared with `demo` and `sim`.
 
 pub mod admin;
 pub mod admission;
+pub mod attach;
 pub mod config;
 pub mod export;
 pub mod metrics;

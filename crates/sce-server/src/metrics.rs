@@ -4,7 +4,7 @@
 
 use crate::rates::Rates;
 use anyhow::{anyhow, Context, Result};
-use sce_engine::{CacheVolume, PersistStats};
+use sce_engine::PersistStats;
 use sce_nbd::Server;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -12,8 +12,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Every export's name and cached volume (none for a source exported as it is).
-pub type Volumes = Vec<(String, Option<Arc<CacheVolume>>)>;
+/// Every export's name and its cache, which may be detached (none for a source exported as
+/// it is).
+pub type Volumes = Vec<(String, Option<Arc<crate::attach::Attachable>>)>;
 
 /// The persistence fields exported as metrics and in /stats: (name, value, is a counter).
 fn persist_fields(p: &PersistStats) -> [(&'static str, u64, bool); 20] {
@@ -75,14 +76,12 @@ pub fn prometheus(server: &Server, volumes: &Volumes, rates: Option<&Rates>) -> 
 }
 
 /// The /stats document: the server's counters and every export's.
-pub fn stats_json(
-    server: &Server,
-    volumes: &[(String, Option<Arc<CacheVolume>>)],
-) -> serde_json::Value {
+pub fn stats_json(server: &Server, volumes: &Volumes) -> serde_json::Value {
     let s = server.stats();
     let mut exports = serde_json::Map::new();
     for (name, v) in volumes {
         let mut m = serde_json::Map::new();
+        let v = v.as_ref().and_then(|a| a.volume());
         m.insert("cached".into(), v.is_some().into());
         if let Some(v) = v {
             let st = v.stats();

@@ -558,14 +558,15 @@ pub fn exposition(server: &Server, volumes: &Volumes, rates: Option<&Rates>) -> 
     server_families(&mut f, server);
     for (i, (name, v)) in volumes.iter().enumerate() {
         let label = export_label(name);
+        let v = v.as_ref().and_then(|a| a.volume());
         f.gauge(
             "sce_export_cached",
-            "1 if the export is cached, 0 if its source is served as it is.",
+            "1 if the export has a cache attached now, 0 if it serves its source alone.",
             &[("export", label)],
             v.is_some() as u64 as f64,
         );
         if let Some(v) = v {
-            volume_families(&mut f, label, v, rates, i);
+            volume_families(&mut f, label, &v, rates, i);
         }
     }
     let mut out = Vec::new();

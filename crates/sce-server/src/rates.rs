@@ -70,7 +70,11 @@ impl Rates {
         let now = Instant::now();
         let mut all = self.samples.lock();
         for (i, (_, v)) in self.volumes.iter().enumerate() {
-            let Some(v) = v else { continue };
+            let Some(v) = v.as_ref().and_then(|a| a.volume()) else {
+                // Detached: its rates start over when a cache is attached again.
+                all[i].clear();
+                continue;
+            };
             let s = v.stats();
             let row = [
                 s.fragments_populated,

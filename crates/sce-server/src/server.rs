@@ -122,6 +122,7 @@ fn start(a: Assembled, cfg: &ServeConfig, report: &mut dyn FnMut(Event)) -> Resu
             a.server.clone(),
             a.volumes.clone(),
             rates.clone(),
+            cfg.exports.clone(),
         )?),
         None => {
             tracing::info!(target: LOG_TARGET, "no admin socket (no Unix listener; give --admin PATH for sce ctl)");
@@ -195,7 +196,9 @@ impl Running {
 /// records and mark their devices clean, so the next start is warm.
 fn persist_caches(volumes: &Volumes) {
     for (name, v) in volumes.iter() {
-        let Some(v) = v else { continue };
+        let Some(v) = v.as_ref().and_then(|a| a.volume()) else {
+            continue;
+        };
         let persistent = v.persist_stats().is_some();
         let clean = v.shutdown();
         if persistent {

@@ -16,6 +16,8 @@ use std::time::Duration;
   sce ctl -s /run/sce/lun0.sock exists 0 64MiB --json
   sce ctl -s /run/sce/lun0.sock evict 1GiB 256MiB
   sce ctl -s /run/sce/lun0.sock prefetch 0 1GiB
+  sce ctl -s /run/sce/lun0.sock detach lun0      # serve from the source; the SSD is free
+  sce ctl -s /run/sce/lun0.sock attach lun0      # warm again if nothing changed
   SCE_CTL=/run/sce/lun0.sock.ctl sce ctl flush")]
 pub struct CtlArgs {
     /// The server's admin socket, or its data socket (PATH.ctl is then used if it exists).
@@ -94,6 +96,20 @@ pub enum Verb {
     Forget {
         /// The export ("" for the default one).
         export: String,
+    },
+    /// Detach an export's cache: the export goes on serving from its source alone, and the
+    /// cache device is flushed, left clean and released (sce check can read it).
+    Detach {
+        /// The export ("" for the default one).
+        export: String,
+    },
+    /// Attach a cache device to an export again (the last one, or CACHE): warm if it still
+    /// matches the source and nothing was written while detached, else cold.
+    Attach {
+        /// The export ("" for the default one).
+        export: String,
+        /// The cache device (default: the one detached).
+        cache: Option<PathBuf>,
     },
     /// Change a setting of a running export: mode (writethrough, writethrough-sync,
     /// writearound, passthrough), admission (sce, sce-paper, always, nhit:K), seq-cutoff
@@ -203,6 +219,37 @@ pub fn ctl(a: CtlArgs) -> Result<()> {
                 v["fragments_dropped"], v["export"]
             );
         }),
+        Verb::Detach { export } => (simple("detach", Some(export)), |v| {
+            println!(
+                "detached {} from export {}{}",
+                v["cache"].as_str().unwrap_or("?"),
+                v["export"],
+                if v["left_clean"] == Value::Bool(true) {
+                    "; left clean"
+                } else {
+                    "; NOT left clean: the next attach recovers it as after a crash"
+                }
+            );
+        }),
+        Verb::Attach { export, cache } => (
+            Request {
+                verb: "attach".into(),
+                export: Some(export),
+                value: cache.map(|p| p.display().to_string()),
+                ..Request::default()
+            },
+            |v| {
+                let how = match v["cold_because"].as_str() {
+                    Some(why) => format!("cold: {why}"),
+                    None => format!("warm: {} fragment(s) restored", v["fragments_restored"]),
+                };
+                println!(
+                    "attached {} to export {}, {how}",
+                    v["cache"].as_str().unwrap_or("?"),
+                    v["export"]
+                );
+            },
+        ),
         Verb::Set { export, key, value } => (
             Request {
                 verb: "set".into(),

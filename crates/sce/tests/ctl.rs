@@ -82,10 +82,13 @@ fn every_verb_under_fio_verify_load() {
     let (dn, sk) = (done.clone(), sock.clone());
     // The operator's hand: every verb, in turn, for as long as fio runs.
     let operator = std::thread::spawn(move || {
-        let verbs: [&[&str]; 14] = [
+        let verbs: [&[&str]; 19] = [
             &["status"],
             &["stats"],
             &["exists", "0", "64MiB"],
+            &["detach", ""],
+            &["status"],
+            &["attach", ""],
             &["evict", "0", "64MiB"],
             &["set", "", "mode", "writearound"],
             &["prefetch", "0", "4MiB"],
@@ -96,6 +99,8 @@ fn every_verb_under_fio_verify_load() {
             &["forget", ""],
             &["set", "", "admission", "sce"],
             &["set", "", "mode", "writethrough"],
+            &["detach", ""],
+            &["attach", ""],
             &["flush"],
         ];
         let mut rounds = 0;
@@ -144,6 +149,84 @@ fn every_verb_under_fio_verify_load() {
     eprintln!("{rounds} rounds of every verb under fio verify");
     let st = server.export_stats();
     assert_eq!(common::num(&st, "cache_checksum_errors"), 0);
+    assert!(server.term().success());
+}
+
+/// Detach releases a clean cache device while the export serves on; attach brings it back
+/// warm (the first reads hit), or cold after writes it did not see, and then never serves
+/// the old bytes.
+#[test]
+fn detach_and_attach() {
+    let d = tempfile::tempdir().unwrap();
+    let (server, sock) = serve(d.path());
+    let cache = d.path().join("cache");
+    let p = ctl_json(&sock, &["prefetch", "0", "4MiB"]);
+    assert_eq!(p["cached_bytes"], 4 << 20);
+    let det = ctl_json(&sock, &["detach", ""]);
+    assert_eq!(det["left_clean"], true, "{det}");
+    assert_eq!(
+        ctl_json(&sock, &["status"])["exports"][0]["state"],
+        "detached"
+    );
+    // Released and clean: `sce check` takes the device while the server runs.
+    let chk = Command::new(env!("CARGO_BIN_EXE_sce"))
+        .args(["check", cache.to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        chk.status.success(),
+        "{}",
+        String::from_utf8_lossy(&chk.stderr)
+    );
+    let c: serde_json::Value = serde_json::from_slice(&chk.stdout).unwrap();
+    assert_eq!(c["superblock"]["state"], "clean", "{c}");
+    // The export serves on, from the source.
+    let client = sce_nbd::NbdClient::connect(
+        &sce_nbd::NbdUri::Unix {
+            socket: sock.clone(),
+            name: String::new(),
+        },
+        1,
+    )
+    .unwrap();
+    let mut b = vec![0u8; 65536];
+    sce_io::BlockDevice::read_at(&client, 0, &mut b).unwrap();
+    // Refused while detached, with the reason.
+    for (args, says) in [
+        (&["detach", ""][..], "detached already"),
+        (&["exists", "0", "1MiB"], "detached"),
+    ] {
+        let (ok, _, err) = ctl(&sock, args);
+        assert!(!ok && err.contains(says), "{args:?}: {err}");
+    }
+    // Warm again: what was cached is restored, and reads of it hit.
+    let att = ctl_json(&sock, &["attach", ""]);
+    assert_eq!(att["warm"], true, "{att}");
+    assert_eq!(att["fragments_restored"], 16, "{att}"); // 4 MiB of 256 KiB fragments
+    let (ok, _, err) = ctl(&sock, &["attach", ""]);
+    assert!(!ok && err.contains("attached already"), "{err}");
+    let hits = |s: &Server| common::num(&s.export_stats(), "read_pages_hit");
+    let before = hits(&server);
+    sce_io::BlockDevice::read_at(&client, 1 << 20, &mut b).unwrap();
+    assert_eq!(
+        hits(&server) - before,
+        16,
+        "the first read after attach hits"
+    );
+    // A write while detached: the next attach starts cold, and the new bytes are read.
+    ctl_json(&sock, &["detach", ""]);
+    let new = vec![0x5au8; 65536];
+    sce_io::BlockDevice::write_at(&client, 1 << 20, &new).unwrap();
+    let att = ctl_json(&sock, &["attach", ""]);
+    assert_eq!(att["warm"], false, "{att}");
+    assert!(
+        att["cold_because"].as_str().unwrap().contains("1 write"),
+        "{att}"
+    );
+    assert_eq!(cached_bytes(&sock, "0", "4MiB"), 0);
+    sce_io::BlockDevice::read_at(&client, 1 << 20, &mut b).unwrap();
+    assert_eq!(b, new);
+    drop(client);
     assert!(server.term().success());
 }
 

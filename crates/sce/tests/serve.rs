@@ -472,7 +472,7 @@ fn config_file_with_two_exports_and_bad_configs() {
         ("[[export]]\nsource = \"SRC\"\ncache = \"C\"\ncache_size = \"8MiB\"\nfragment_size = \"3MiB\"\n", "fragment_size"),
         ("[[export]]\nsource = \"SRC\"\nbogus = 1\n", "bogus"),
         ("[[export]]\nsource = \"SRC\"\ncache = \"/nonexistent-cache\"\n", "does not exist"),
-        ("[[export]]\nsource = \"SRC\"\nmode = \"fast\"\n", "write mode"),
+        ("[[export]]\nsource = \"SRC\"\nmode = \"fast\"\n", "unknown mode \"fast\" (expected writethrough"),
     ] {
         let text = text.replace("SRC", a.to_str().unwrap()).replace("\"C\"", &format!("\"{}\"", d.path().join("c2").display()));
         std::fs::write(&bad, text).unwrap();
