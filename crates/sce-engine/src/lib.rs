@@ -6,6 +6,7 @@
 
 mod awt;
 mod brlock;
+mod control;
 mod flusher;
 mod health;
 pub mod persist;

@@ -272,65 +272,10 @@ impl Ctx {
     fn handle(&self, req: &Request) -> Result<Value> {
         let name = req.export.as_deref();
         match req.verb.as_str() {
-            "status" => Ok(self.status(name)?),
-            "stats" => {
-                let mut v = stats_json(&self.server, &self.volumes);
-                if let Some(n) = name {
-                    self.export_index(Some(n))?;
-                    if let Some(ex) = v["exports"].as_object_mut() {
-                        ex.retain(|k, _| k == n);
-                    }
-                }
-                Ok(v)
-            }
-            "flush" => {
-                let mut flushed = Vec::new();
-                for e in self.server.exports() {
-                    if name.is_some_and(|n| n != e.name) {
-                        continue;
-                    }
-                    e.device
-                        .flush()
-                        .with_context(|| format!("flushing export {:?}", e.name))?;
-                    flushed.push(e.name.clone());
-                }
-                if flushed.is_empty() {
-                    self.export_index(name)?;
-                }
-                Ok(json!({ "flushed": flushed }))
-            }
-            "exists" => {
-                let (n, v) = self.volume(name)?;
-                let (o, l) = Self::range(req, &v)?;
-                let frags = v.exists(o, l)?;
-                let bytes: u64 = frags.iter().map(|f| f.1).sum();
-                Ok(json!({
-                    "export": n,
-                    "offset": o,
-                    "len": l,
-                    "cached_bytes": bytes.min(l),
-                    "fragments": frags.iter().map(|&(off, b)| json!({"offset": off, "cached_bytes": b})).collect::<Vec<_>>(),
-                }))
-            }
-            "evict" => {
-                let (n, v) = self.volume(name)?;
-                let (o, l) = Self::range(req, &v)?;
-                let bytes = v.evict(o, l)?;
-                tracing::info!(target: LOG_TARGET, export = %n, offset = o, len = l, bytes, "ctl evict");
-                Ok(json!({"export": n, "offset": o, "len": l, "evicted_bytes": bytes}))
-            }
-            "prefetch" => {
-                let (n, v) = self.volume(name)?;
-                let (o, l) = Self::range(req, &v)?;
-                let before: u64 = v.exists(o, l)?.iter().map(|f| f.1).sum();
-                v.prefetch(o, l)?;
-                let after: u64 = v.exists(o, l)?.iter().map(|f| f.1).sum();
-                Ok(json!({
-                    "export": n, "offset": o, "len": l,
-                    "cached_bytes": after.min(l),
-                    "fetched_bytes": after.saturating_sub(before),
-                }))
-            }
+            "status" => self.status(name),
+            "stats" => self.stats(name),
+            "flush" => self.flush(name),
+            "exists" | "evict" | "prefetch" => self.range_verb(req),
             "forget" => {
                 let (n, v) = self.volume(name)?;
                 let (frags, errors) = v.forget();
@@ -340,56 +285,122 @@ impl Ctx {
                 }
                 Ok(json!({"export": n, "fragments_dropped": frags}))
             }
-            "set" => {
-                let (n, v) = self.volume(name)?;
-                let (Some(key), Some(value)) = (req.key.as_deref(), req.value.as_deref()) else {
-                    bail!("set needs a key and a value");
-                };
-                let t = retune(key, value)?;
-                let cfg = v.retune(&t).map_err(|e| anyhow!("{e}"))?;
-                tracing::info!(target: LOG_TARGET, export = %n, key, value, "ctl set");
-                Ok(json!({
-                    "export": n,
-                    "mode": cfg.write_mode.to_string(),
-                    "admission": cfg.admission.to_string(),
-                    "sequential_cutoff_bytes": cfg.sequential_cutoff,
-                    "population_rate_bytes_per_second": cfg.population_rate,
-                    "population_rate_adaptive": cfg.population_adaptive,
-                }))
-            }
+            "set" => self.set(req),
             "detach" => {
                 let (n, a) = self.attachable(name)?;
                 let (path, clean) = a.detach()?;
                 Ok(json!({"export": n, "cache": path.display().to_string(), "left_clean": clean}))
             }
-            "attach" => {
-                let (n, a) = self.attachable(name)?;
-                let cache = req.value.as_deref().map(std::path::PathBuf::from);
-                // The other exports as they are now (their caches may have moved).
-                let others: Vec<_> = self
-                    .exports
-                    .iter()
-                    .map(|e| {
-                        let mut e = e.clone();
-                        if let Some((_, Some(att))) = self.volumes.iter().find(|(x, _)| *x == e.name) {
-                            e.cache = att.cache_path().or(e.cache);
-                        }
-                        e
-                    })
-                    .collect();
-                let r = a.attach(cache, &others)?;
-                Ok(json!({
-                    "export": n,
-                    "cache": r.cache.display().to_string(),
-                    "warm": r.forgot.is_none(),
-                    "fragments_restored": r.fragments_restored,
-                    "cold_because": r.forgot,
-                }))
-            }
+            "attach" => self.attach(req),
             v => bail!(
                 "unknown verb {v:?} (status, stats, flush, exists, evict, prefetch, forget, set, detach, attach)"
             ),
         }
+    }
+
+    fn stats(&self, name: Option<&str>) -> Result<Value> {
+        let mut v = stats_json(&self.server, &self.volumes);
+        if let Some(n) = name {
+            self.export_index(Some(n))?;
+            if let Some(ex) = v["exports"].as_object_mut() {
+                ex.retain(|k, _| k == n);
+            }
+        }
+        Ok(v)
+    }
+
+    fn flush(&self, name: Option<&str>) -> Result<Value> {
+        let mut flushed = Vec::new();
+        for e in self.server.exports() {
+            if name.is_some_and(|n| n != e.name) {
+                continue;
+            }
+            e.device
+                .flush()
+                .with_context(|| format!("flushing export {:?}", e.name))?;
+            flushed.push(e.name.clone());
+        }
+        if flushed.is_empty() {
+            self.export_index(name)?;
+        }
+        Ok(json!({ "flushed": flushed }))
+    }
+
+    /// exists, evict and prefetch: a range of a cached export.
+    fn range_verb(&self, req: &Request) -> Result<Value> {
+        let (n, v) = self.volume(req.export.as_deref())?;
+        let (o, l) = Self::range(req, &v)?;
+        let cached = |v: &CacheVolume| -> Result<u64> {
+            Ok(v.exists(o, l)?.iter().map(|f| f.1).sum::<u64>().min(l))
+        };
+        match req.verb.as_str() {
+            "exists" => {
+                let frags = v.exists(o, l)?;
+                Ok(json!({
+                    "export": n, "offset": o, "len": l,
+                    "cached_bytes": cached(&v)?,
+                    "fragments": frags.iter().map(|&(off, b)| json!({"offset": off, "cached_bytes": b})).collect::<Vec<_>>(),
+                }))
+            }
+            "evict" => {
+                let bytes = v.evict(o, l)?;
+                tracing::info!(target: LOG_TARGET, export = %n, offset = o, len = l, bytes, "ctl evict");
+                Ok(json!({"export": n, "offset": o, "len": l, "evicted_bytes": bytes}))
+            }
+            _ => {
+                let before = cached(&v)?;
+                v.prefetch(o, l)?;
+                let after = cached(&v)?;
+                Ok(json!({
+                    "export": n, "offset": o, "len": l,
+                    "cached_bytes": after,
+                    "fetched_bytes": after.saturating_sub(before),
+                }))
+            }
+        }
+    }
+
+    fn set(&self, req: &Request) -> Result<Value> {
+        let (n, v) = self.volume(req.export.as_deref())?;
+        let (Some(key), Some(value)) = (req.key.as_deref(), req.value.as_deref()) else {
+            bail!("set needs a key and a value");
+        };
+        let t = retune(key, value)?;
+        let cfg = v.retune(&t).map_err(|e| anyhow!("{e}"))?;
+        tracing::info!(target: LOG_TARGET, export = %n, key, value, "ctl set");
+        Ok(json!({
+            "export": n,
+            "mode": cfg.write_mode.to_string(),
+            "admission": cfg.admission.to_string(),
+            "sequential_cutoff_bytes": cfg.sequential_cutoff,
+            "population_rate_bytes_per_second": cfg.population_rate,
+            "population_rate_adaptive": cfg.population_adaptive,
+        }))
+    }
+
+    fn attach(&self, req: &Request) -> Result<Value> {
+        let (n, a) = self.attachable(req.export.as_deref())?;
+        let cache = req.value.as_deref().map(std::path::PathBuf::from);
+        // The other exports as they are now (their caches may have moved).
+        let others: Vec<_> = self
+            .exports
+            .iter()
+            .map(|e| {
+                let mut e = e.clone();
+                if let Some((_, Some(att))) = self.volumes.iter().find(|(x, _)| *x == e.name) {
+                    e.cache = att.cache_path().or(e.cache);
+                }
+                e
+            })
+            .collect();
+        let r = a.attach(cache, &others)?;
+        Ok(json!({
+            "export": n,
+            "cache": r.cache.display().to_string(),
+            "warm": r.forgot.is_none(),
+            "fragments_restored": r.fragments_restored,
+            "cold_because": r.forgot,
+        }))
     }
 
     fn status(&self, name: Option<&str>) -> Result<Value> {

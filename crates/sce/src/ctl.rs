@@ -143,35 +143,22 @@ fn range_req(verb: &str, export: Option<String>, offset: u64, len: u64) -> Reque
     }
 }
 
-/// Runs `sce ctl`.
-pub fn ctl(a: CtlArgs) -> Result<()> {
-    let path = admin_socket(a.socket.as_deref())?;
-    let simple = |verb: &str, export: Option<String>| Request {
+/// How a reply is shown to a person.
+type Render = fn(&Value);
+
+fn simple(verb: &str, export: Option<String>) -> Request {
+    Request {
         verb: verb.into(),
         export,
         ..Request::default()
-    };
-    let (req, render): (Request, fn(&Value)) = match a.verb {
+    }
+}
+
+/// The request of a verb (other than `stats`) and how its reply is shown.
+fn request(verb: Verb) -> (Request, Render) {
+    match verb {
         Verb::Status { export } => (simple("status", export), print_status),
-        Verb::Stats {
-            export,
-            watch,
-            count,
-        } => {
-            let req = simple("stats", export);
-            return match watch {
-                Some(secs) => watch_stats(&path, &req, secs, count, a.json),
-                None => {
-                    let v = call(&path, &req)?;
-                    if a.json {
-                        println!("{}", serde_json::to_string_pretty(&v)?);
-                    } else {
-                        print_stats(&v, None);
-                    }
-                    Ok(())
-                }
-            };
-        }
+        Verb::Stats { export, .. } => (simple("stats", export), |v| print_stats(v, None)),
         Verb::Flush { export } => (simple("flush", export), |v| {
             println!("flushed: {}", list(&v["flushed"]));
         }),
@@ -179,21 +166,7 @@ pub fn ctl(a: CtlArgs) -> Result<()> {
             offset,
             len,
             export,
-        } => (range_req("exists", export, offset, len), |v| {
-            println!(
-                "{} of {} cached, in {} fragment(s)",
-                size(&v["cached_bytes"]),
-                size(&v["len"]),
-                v["fragments"].as_array().map_or(0, Vec::len)
-            );
-            for f in v["fragments"].as_array().into_iter().flatten() {
-                println!(
-                    "  fragment at {:>14}  {:>10} cached",
-                    f["offset"].as_u64().unwrap_or(0),
-                    size(&f["cached_bytes"])
-                );
-            }
-        }),
+        } => (range_req("exists", export, offset, len), print_exists),
         Verb::Evict {
             offset,
             len,
@@ -219,18 +192,7 @@ pub fn ctl(a: CtlArgs) -> Result<()> {
                 v["fragments_dropped"], v["export"]
             );
         }),
-        Verb::Detach { export } => (simple("detach", Some(export)), |v| {
-            println!(
-                "detached {} from export {}{}",
-                v["cache"].as_str().unwrap_or("?"),
-                v["export"],
-                if v["left_clean"] == Value::Bool(true) {
-                    "; left clean"
-                } else {
-                    "; NOT left clean: the next attach recovers it as after a crash"
-                }
-            );
-        }),
+        Verb::Detach { export } => (simple("detach", Some(export)), print_detach),
         Verb::Attach { export, cache } => (
             Request {
                 verb: "attach".into(),
@@ -238,17 +200,7 @@ pub fn ctl(a: CtlArgs) -> Result<()> {
                 value: cache.map(|p| p.display().to_string()),
                 ..Request::default()
             },
-            |v| {
-                let how = match v["cold_because"].as_str() {
-                    Some(why) => format!("cold: {why}"),
-                    None => format!("warm: {} fragment(s) restored", v["fragments_restored"]),
-                };
-                println!(
-                    "attached {} to export {}, {how}",
-                    v["cache"].as_str().unwrap_or("?"),
-                    v["export"]
-                );
-            },
+            print_attach,
         ),
         Verb::Set { export, key, value } => (
             Request {
@@ -258,27 +210,25 @@ pub fn ctl(a: CtlArgs) -> Result<()> {
                 value: Some(value),
                 ..Request::default()
             },
-            |v| {
-                println!(
-                    "export {}: mode {}, admission {}, seq-cutoff {}, population rate {}{}",
-                    v["export"],
-                    v["mode"].as_str().unwrap_or("?"),
-                    v["admission"].as_str().unwrap_or("?"),
-                    size(&v["sequential_cutoff_bytes"]),
-                    match v["population_rate_bytes_per_second"].as_u64() {
-                        Some(0) => "unlimited".to_string(),
-                        Some(n) => format!("{}/s", format_size(n)),
-                        None => "?".into(),
-                    },
-                    if v["population_rate_adaptive"] == Value::Bool(true) {
-                        " (adaptive)"
-                    } else {
-                        ""
-                    }
-                );
-            },
+            print_set,
         ),
-    };
+    }
+}
+
+/// Runs `sce ctl`.
+pub fn ctl(a: CtlArgs) -> Result<()> {
+    let path = admin_socket(a.socket.as_deref())?;
+    if let Verb::Stats {
+        watch: Some(secs),
+        count,
+        ..
+    } = &a.verb
+    {
+        let (secs, count) = (*secs, *count);
+        let (req, _) = request(a.verb);
+        return watch_stats(&path, &req, secs, count, a.json);
+    }
+    let (req, render) = request(a.verb);
     let v = call(&path, &req)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -286,6 +236,67 @@ pub fn ctl(a: CtlArgs) -> Result<()> {
         render(&v);
     }
     Ok(())
+}
+
+fn print_exists(v: &Value) {
+    println!(
+        "{} of {} cached, in {} fragment(s)",
+        size(&v["cached_bytes"]),
+        size(&v["len"]),
+        v["fragments"].as_array().map_or(0, Vec::len)
+    );
+    for f in v["fragments"].as_array().into_iter().flatten() {
+        println!(
+            "  fragment at {:>14}  {:>10} cached",
+            f["offset"].as_u64().unwrap_or(0),
+            size(&f["cached_bytes"])
+        );
+    }
+}
+
+fn print_detach(v: &Value) {
+    println!(
+        "detached {} from export {}{}",
+        v["cache"].as_str().unwrap_or("?"),
+        v["export"],
+        if v["left_clean"] == Value::Bool(true) {
+            "; left clean"
+        } else {
+            "; NOT left clean: the next attach recovers it as after a crash"
+        }
+    );
+}
+
+fn print_attach(v: &Value) {
+    let how = match v["cold_because"].as_str() {
+        Some(why) => format!("cold: {why}"),
+        None => format!("warm: {} fragment(s) restored", v["fragments_restored"]),
+    };
+    println!(
+        "attached {} to export {}, {how}",
+        v["cache"].as_str().unwrap_or("?"),
+        v["export"]
+    );
+}
+
+fn print_set(v: &Value) {
+    let rate = match v["population_rate_bytes_per_second"].as_u64() {
+        Some(0) => "unlimited".to_string(),
+        Some(n) => format!("{}/s", format_size(n)),
+        None => "?".into(),
+    };
+    let adaptive = if v["population_rate_adaptive"] == Value::Bool(true) {
+        " (adaptive)"
+    } else {
+        ""
+    };
+    println!(
+        "export {}: mode {}, admission {}, seq-cutoff {}, population rate {rate}{adaptive}",
+        v["export"],
+        v["mode"].as_str().unwrap_or("?"),
+        v["admission"].as_str().unwrap_or("?"),
+        size(&v["sequential_cutoff_bytes"]),
+    );
 }
 
 fn size(v: &Value) -> String {
