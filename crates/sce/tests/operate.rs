@@ -569,3 +569,76 @@ fn a_non_loopback_tcp_listener_needs_insecure() {
         .unwrap();
     assert!(!String::from_utf8_lossy(&out.stderr).contains("refusing to listen"));
 }
+
+/// The README's walk-through, run as written: its shell block, with the paths moved into a
+/// temporary directory, `sce` the binary under test, a wait for the server to listen after
+/// it is started, and the one command that runs until interrupted (`stats --watch`) given
+/// five seconds. Every command must succeed.
+#[test]
+fn the_readme_walk_through_runs_as_written() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let start = readme.find("A walk-through").expect("the walk-through");
+    let block = &readme[start..];
+    let block = &block[block.find("```sh\n").unwrap() + 6..];
+    let block = &block[..block.find("```").unwrap()];
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().to_str().unwrap();
+    std::fs::File::create(d.path().join("lun0.img"))
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_sce")).parent().unwrap();
+    let mut script = format!(
+        "set -euo pipefail\nexport PATH={}:$PATH\ncd {dir}\n",
+        bin.display()
+    );
+    let mut commands = 0;
+    for line in block.lines() {
+        let cmd = line.split(" #").next().unwrap().trim();
+        if cmd.is_empty() || cmd.starts_with('#') {
+            continue;
+        }
+        let cmd = cmd
+            .replace("/srv/", &format!("{dir}/"))
+            .replace("/nvme/", &format!("{dir}/"))
+            .replace("/run/sce/", &format!("{dir}/"));
+        commands += 1;
+        if cmd.ends_with('&') {
+            let sock = format!("{dir}/lun0.sock.ctl");
+            script += &format!(
+                "{cmd}\nSCE_PID=$!\nfor i in $(seq 600); do [ -S {sock} ] && break; sleep 0.1; done\n"
+            );
+        } else if cmd.contains("--watch") {
+            script += &format!("timeout -s INT 5 {cmd} > watch.out || true\n");
+        } else {
+            script += &format!("{cmd}\n");
+        }
+    }
+    script += "kill -TERM $SCE_PID\nwait $SCE_PID\n";
+    assert!(commands >= 15, "{commands} commands in the walk-through");
+    let out = Command::new("bash")
+        .args(["-c", &script])
+        .env_remove("SCE_CTL")
+        .env("SCE_LOG", "warn")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "the walk-through failed:\n{script}\n{said}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "occupancy",
+        "fetched 256.00 MiB",
+        "detached",
+        "state clean",
+        "attached",
+        "\"exports\"",
+    ] {
+        assert!(said.contains(want), "no {want:?} in:\n{said}");
+    }
+    let watch = std::fs::read_to_string(d.path().join("watch.out")).unwrap();
+    assert!(watch.matches("read hit ratio").count() >= 2, "{watch}");
+}
