@@ -1,4 +1,5 @@
-//! Fuzzes the pure NBD parsers: option headers, INFO/GO data, export names, request headers.
+//! Fuzzes the pure NBD parsers: option headers, INFO/GO data, meta context requests, export
+//! names, request headers.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use sce_nbd::proto;
@@ -15,5 +16,6 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let _ = proto::parse_info_request(data);
+    let _ = proto::parse_meta_context_request(data);
     let _ = proto::parse_export_name(data);
 });

@@ -535,4 +535,10 @@ impl BlockDevice for CacheVolume {
         check_range(Op::Discard, offset, len, s.source.size(), s.lbs)?;
         self.timed_write(|| s.discard(offset, len))
     }
+
+    /// The source's allocation: the source is the system of record, holding every
+    /// acknowledged write (and a discard punches its hole there).
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<sce_io::Extent>, IoError> {
+        self.shared.source.extents(offset, len)
+    }
 }

@@ -43,6 +43,51 @@ pub fn run_all(dev: &dyn BlockDevice) {
     discard_zeroes(dev);
     concurrent_writers(dev);
     shared_writes(dev);
+    extents_are_true(dev);
+}
+
+/// `extents` tells the truth: extents in order, nonzero, whole blocks, covering a nonempty
+/// prefix of the range; every hole reads as zeroes and written data is never a hole;
+/// requests out of range fail.
+pub fn extents_are_true(dev: &dyn BlockDevice) {
+    let lbs = dev.logical_block_size() as u64;
+    let base = 2 << 20;
+    let data = pattern(9, 3 * 65536);
+    dev.write_at(base, &data).expect("extents: write");
+    dev.discard(base + 65536, 65536).expect("extents: discard");
+    for (offset, len) in [(0, dev.size()), (base, 3 * 65536), (base + 65536, 65536)] {
+        let ext = dev
+            .extents(offset, len)
+            .unwrap_or_else(|e| panic!("extents: {len}@{offset}: {e}"));
+        assert!(!ext.is_empty(), "extents: {len}@{offset}: none returned");
+        let mut at = offset;
+        for e in &ext {
+            assert!(
+                e.len > 0 && e.len % lbs == 0 && at + e.len <= offset + len,
+                "extents: {len}@{offset}: bad extent {e:?} at {at}"
+            );
+            let written = [(base, base + 65536), (base + 131072, base + 196608)];
+            if e.hole {
+                assert!(
+                    written.iter().all(|&(a, b)| at + e.len <= a || b <= at),
+                    "extents: written data at {at} (+{}) reported as a hole",
+                    e.len
+                );
+                let mut r = AlignedBuf::new(e.len.min(1 << 20) as usize);
+                dev.read_at(at, &mut r).expect("extents: read a hole");
+                assert!(
+                    r.iter().all(|&b| b == 0),
+                    "extents: hole at {at} does not read as zeroes"
+                );
+            }
+            at += e.len;
+        }
+    }
+    assert!(dev.extents(0, 0).expect("extents: empty").is_empty());
+    assert!(
+        dev.extents(dev.size(), lbs).is_err(),
+        "extents: a query past the end succeeded"
+    );
 }
 
 /// `write_shared` writes what `write_at` would, read back at once (a device that keeps the

@@ -229,6 +229,9 @@ impl<D: BlockDevice> BlockDevice for FaultDevice<D> {
     fn identity(&self) -> Option<String> {
         self.inner.identity()
     }
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<crate::Extent>, IoError> {
+        self.inner.extents(offset, len)
+    }
     fn size(&self) -> u64 {
         self.inner.size()
     }

@@ -522,6 +522,19 @@ impl BlockDevice for FileDevice {
             .map_err(|e| Self::io_err(Op::Flush, 0, 0, e))
     }
 
+    /// A regular file's holes, from `SEEK_DATA`/`SEEK_HOLE`; a block device: all data.
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<crate::Extent>, IoError> {
+        check_range(Op::Read, offset, len, self.size, self.lbs)?;
+        if self.block_device {
+            return crate::extent::all_data(offset, len, self.size, self.lbs);
+        }
+        Ok(crate::extent::file_extents(
+            self.file.as_raw_fd(),
+            offset,
+            len,
+        ))
+    }
+
     fn discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
         check_range(Op::Discard, offset, len, self.size, self.lbs)?;
         self.check_writable(Op::Discard)?;

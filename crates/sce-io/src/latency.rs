@@ -176,6 +176,10 @@ impl<D: BlockDevice> BlockDevice for LatencyDevice<D> {
     fn identity(&self) -> Option<String> {
         self.inner.identity()
     }
+    /// Metadata: answered without the simulated latency.
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<crate::Extent>, IoError> {
+        self.inner.extents(offset, len)
+    }
     fn size(&self) -> u64 {
         self.inner.size()
     }

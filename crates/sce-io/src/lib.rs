@@ -8,6 +8,7 @@
 pub mod buf;
 pub mod conformance;
 pub mod error;
+pub mod extent;
 pub mod fault;
 pub mod file;
 pub mod latency;
@@ -18,6 +19,7 @@ pub mod slice;
 
 pub use buf::{AlignedBuf, DIRECT_IO_ALIGN};
 pub use error::{check_range, IoError, Op};
+pub use extent::Extent;
 pub use fault::{FaultControl, FaultDevice};
 pub use file::{DirectMode, FileDevice, FileOptions, LockMode};
 pub use latency::{Delay, LatencyConfig, LatencyDevice};
@@ -75,6 +77,13 @@ pub trait BlockDevice: Send + Sync {
     fn write_shared(&self, offset: u64, data: SharedBytes) -> Result<(), IoError> {
         self.write_at(offset, &data)
     }
+    /// The allocation of `[offset, offset + len)`: extents in order from `offset`, covering
+    /// the range or (for a badly fragmented one) a nonempty prefix of it; empty for `len`
+    /// 0. A hole reads as zeroes. Range rules as for `read_at`. The default, for a device
+    /// that cannot tell, is one data extent, which is always true.
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>, IoError> {
+        extent::all_data(offset, len, self.size(), self.logical_block_size())
+    }
 }
 
 /// Bytes shared between threads without copying: a write's payload handed to
@@ -107,6 +116,9 @@ macro_rules! forward {
             }
             fn write_shared(&self, offset: u64, data: SharedBytes) -> Result<(), IoError> {
                 (**self).write_shared(offset, data)
+            }
+            fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>, IoError> {
+                (**self).extents(offset, len)
             }
         }
     };

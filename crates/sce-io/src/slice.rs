@@ -83,4 +83,8 @@ impl BlockDevice for SliceDevice {
         )?;
         self.inner.discard(self.offset + offset, len)
     }
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<crate::Extent>, IoError> {
+        check_range(Op::Read, offset, len, self.len, self.logical_block_size())?;
+        self.inner.extents(self.offset + offset, len)
+    }
 }

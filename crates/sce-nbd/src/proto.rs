@@ -32,8 +32,12 @@ pub const OPT_LIST: u32 = 3;
 pub const OPT_INFO: u32 = 6;
 /// Option: choose an export and start transmission.
 pub const OPT_GO: u32 = 7;
-/// Option: structured replies (answered with ERR_UNSUP for now).
+/// Option: structured replies.
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
+/// Option: list the metadata contexts of an export.
+pub const OPT_LIST_META_CONTEXT: u32 = 9;
+/// Option: select the metadata contexts for NBD_CMD_BLOCK_STATUS.
+pub const OPT_SET_META_CONTEXT: u32 = 10;
 
 /// Option reply: acknowledged.
 pub const REP_ACK: u32 = 1;
@@ -41,6 +45,8 @@ pub const REP_ACK: u32 = 1;
 pub const REP_SERVER: u32 = 2;
 /// Option reply: information item.
 pub const REP_INFO: u32 = 3;
+/// Option reply: one metadata context (its id and name).
+pub const REP_META_CONTEXT: u32 = 4;
 /// Option reply error flag.
 pub const REP_FLAG_ERROR: u32 = 1 << 31;
 /// Option reply: unsupported option.
@@ -92,11 +98,39 @@ pub const CMD_TRIM: u16 = 4;
 pub const CMD_CACHE: u16 = 5;
 /// Command: write zeroes.
 pub const CMD_WRITE_ZEROES: u16 = 6;
+/// Command: block status of a range in the selected metadata contexts.
+pub const CMD_BLOCK_STATUS: u16 = 7;
 
 /// Command flag: force unit access.
 pub const CMD_FLAG_FUA: u16 = 1 << 0;
 /// Command flag: do not punch a hole for WRITE_ZEROES.
 pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
+/// Command flag: BLOCK_STATUS answers with one extent, no longer than the request.
+pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
+
+/// Magic of structured reply chunks.
+pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+/// Structured reply flag: the last chunk of its reply.
+pub const REPLY_FLAG_DONE: u16 = 1 << 0;
+/// Chunk type: no payload (a successful reply without data).
+pub const REPLY_TYPE_NONE: u16 = 0;
+/// Chunk type: data at an offset (a read's reply).
+pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+/// Chunk type: block status descriptors of one metadata context.
+pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
+/// Chunk type: an error, with a message.
+pub const REPLY_TYPE_ERROR: u16 = (1 << 15) + 1;
+/// Size of a structured reply chunk's header.
+pub const CHUNK_HEADER_LEN: usize = 20;
+
+/// The one metadata context served: which ranges are holes.
+pub const BASE_ALLOCATION: &str = "base:allocation";
+/// Its id in NBD_REP_META_CONTEXT and block status chunks.
+pub const BASE_ALLOCATION_ID: u32 = 1;
+/// `base:allocation` flag: a hole (not allocated).
+pub const STATE_HOLE: u32 = 1 << 0;
+/// `base:allocation` flag: reads as zeroes.
+pub const STATE_ZERO: u32 = 1 << 1;
 
 /// Errno values allowed on the wire.
 pub mod errno {
@@ -234,6 +268,72 @@ pub fn parse_info_request(d: &[u8]) -> Result<InfoRequest, ProtoError> {
         name,
         items: items.chunks(2).map(be16).collect(),
     })
+}
+
+/// The data of NBD_OPT_LIST_META_CONTEXT and NBD_OPT_SET_META_CONTEXT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaContextRequest {
+    /// Export name.
+    pub name: String,
+    /// The queries (`namespace:leaf`).
+    pub queries: Vec<String>,
+}
+
+/// Parses the data of NBD_OPT_LIST_META_CONTEXT / NBD_OPT_SET_META_CONTEXT.
+pub fn parse_meta_context_request(d: &[u8]) -> Result<MetaContextRequest, ProtoError> {
+    let (name, mut rest) = counted_string(d, "meta context export name")?;
+    if rest.len() < 4 {
+        return Err(ProtoError::Truncated("meta context query count"));
+    }
+    let count = be32(rest) as usize;
+    rest = &rest[4..];
+    // Each query takes at least its 4-byte length: a count beyond that is a lie.
+    if count > rest.len() / 4 {
+        return Err(ProtoError::Truncated("meta context queries"));
+    }
+    let mut queries = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (q, r) = counted_string(rest, "meta context query")?;
+        queries.push(q);
+        rest = r;
+    }
+    if !rest.is_empty() {
+        return Err(ProtoError::Truncated(
+            "meta context request has trailing bytes",
+        ));
+    }
+    Ok(MetaContextRequest { name, queries })
+}
+
+/// A string after its 32-bit length, and what follows it.
+fn counted_string<'a>(d: &'a [u8], what: &'static str) -> Result<(String, &'a [u8]), ProtoError> {
+    if d.len() < 4 {
+        return Err(ProtoError::Truncated(what));
+    }
+    let n = be32(d) as usize;
+    let rest = &d[4..];
+    if rest.len() < n {
+        return Err(ProtoError::Truncated(what));
+    }
+    Ok((parse_string(&rest[..n], what)?, &rest[n..]))
+}
+
+/// Data of an NBD_REP_META_CONTEXT reply.
+pub fn rep_meta_context(id: u32, name: &str) -> Vec<u8> {
+    let mut v = id.to_be_bytes().to_vec();
+    v.extend_from_slice(name.as_bytes());
+    v
+}
+
+/// Encodes a structured reply chunk's header.
+pub fn chunk_header(flags: u16, kind: u16, cookie: u64, len: u32) -> [u8; CHUNK_HEADER_LEN] {
+    let mut b = [0u8; CHUNK_HEADER_LEN];
+    b[..4].copy_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    b[4..6].copy_from_slice(&flags.to_be_bytes());
+    b[6..8].copy_from_slice(&kind.to_be_bytes());
+    b[8..16].copy_from_slice(&cookie.to_be_bytes());
+    b[16..].copy_from_slice(&len.to_be_bytes());
+    b
 }
 
 /// Parses the data of NBD_OPT_EXPORT_NAME.
@@ -391,6 +491,49 @@ mod tests {
             parse_info_request(&nul),
             Err(ProtoError::BadString("export name"))
         );
+    }
+
+    fn counted(s: &str) -> Vec<u8> {
+        let mut v = (s.len() as u32).to_be_bytes().to_vec();
+        v.extend_from_slice(s.as_bytes());
+        v
+    }
+
+    #[test]
+    fn meta_context_request_parsing() {
+        let mut d = counted("disk");
+        d.extend_from_slice(&2u32.to_be_bytes());
+        d.extend(counted(BASE_ALLOCATION));
+        d.extend(counted("qemu:dirty-bitmap:x"));
+        assert_eq!(
+            parse_meta_context_request(&d),
+            Ok(MetaContextRequest {
+                name: "disk".into(),
+                queries: vec![BASE_ALLOCATION.into(), "qemu:dirty-bitmap:x".into()]
+            })
+        );
+        for cut in 0..d.len() {
+            assert!(
+                parse_meta_context_request(&d[..cut]).is_err(),
+                "cut at {cut}"
+            );
+        }
+        let mut extra = d.clone();
+        extra.push(0);
+        assert!(parse_meta_context_request(&extra).is_err());
+        // A count of 4 billion queries in a few bytes is refused before any allocation.
+        let mut huge = counted("");
+        huge.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert!(parse_meta_context_request(&huge).is_err());
+    }
+
+    #[test]
+    fn chunk_header_layout() {
+        let h = chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, 0x0102, 4104);
+        assert_eq!(&h[..4], &STRUCTURED_REPLY_MAGIC.to_be_bytes());
+        assert_eq!(&h[4..8], &[0, 1, 0, 1]);
+        assert_eq!(&h[8..16], &0x0102u64.to_be_bytes());
+        assert_eq!(&h[16..], &4104u32.to_be_bytes());
     }
 
     #[test]

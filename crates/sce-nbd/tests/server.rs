@@ -211,17 +211,57 @@ impl Raw {
     }
     fn go(sock: &PathBuf, name: &str) -> Raw {
         let mut r = Raw::hello(sock);
+        r.go_on(name);
+        r
+    }
+    /// NBD_OPT_GO after whatever options were sent.
+    fn go_on(&mut self, name: &str) {
         let mut d = (name.len() as u32).to_be_bytes().to_vec();
         d.extend_from_slice(name.as_bytes());
         d.extend_from_slice(&0u16.to_be_bytes());
-        r.option(proto::OPT_GO, &d);
+        self.option(proto::OPT_GO, &d);
         loop {
-            let (rep, _) = r.option_reply();
+            let (rep, _) = self.option_reply();
             if rep == proto::REP_ACK {
-                return r;
+                return;
             }
             assert_eq!(rep, proto::REP_INFO);
         }
+    }
+    /// Sends a LIST or SET_META_CONTEXT for `name`: the replies up to the final one.
+    fn meta(&mut self, opt: u32, name: &str, queries: &[&str]) -> Vec<(u32, Vec<u8>)> {
+        let counted = |s: &str| {
+            let mut v = (s.len() as u32).to_be_bytes().to_vec();
+            v.extend_from_slice(s.as_bytes());
+            v
+        };
+        let mut d = counted(name);
+        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+        for q in queries {
+            d.extend(counted(q));
+        }
+        self.option(opt, &d);
+        let mut out = Vec::new();
+        loop {
+            let (rep, d) = self.option_reply();
+            let last = rep != proto::REP_META_CONTEXT;
+            out.push((rep, d));
+            if last {
+                return out;
+            }
+        }
+    }
+    /// One structured reply chunk: (flags, type, cookie, payload).
+    fn chunk(&mut self) -> (u16, u16, u64, Vec<u8>) {
+        let mut h = [0u8; proto::CHUNK_HEADER_LEN];
+        self.0.read_exact(&mut h).unwrap();
+        assert_eq!(h[..4], proto::STRUCTURED_REPLY_MAGIC.to_be_bytes(), "{h:?}");
+        let be16 = |b: &[u8]| u16::from_be_bytes([b[0], b[1]]);
+        let len = u32::from_be_bytes(h[16..].try_into().unwrap());
+        let mut d = vec![0u8; len as usize];
+        self.0.read_exact(&mut d).unwrap();
+        let cookie = u64::from_be_bytes(h[8..16].try_into().unwrap());
+        (be16(&h[4..]), be16(&h[6..]), cookie, d)
     }
     fn request(
         &mut self,
@@ -286,8 +326,8 @@ fn hostile_handshakes_end_only_their_connection() {
     let mut r = Raw::hello(&f.sock);
     r.option(0xdead, b"junk");
     assert_eq!(r.option_reply().0, proto::REP_ERR_UNSUP);
-    r.option(proto::OPT_STRUCTURED_REPLY, &[]);
-    assert_eq!(r.option_reply().0, proto::REP_ERR_UNSUP);
+    r.option(proto::OPT_STRUCTURED_REPLY, b"junk");
+    assert_eq!(r.option_reply().0, proto::REP_ERR_INVALID);
     let mut d = 4u32.to_be_bytes().to_vec();
     d.extend_from_slice(b"nope");
     d.extend_from_slice(&0u16.to_be_bytes());
@@ -830,4 +870,131 @@ fn fua_writes_are_flushed_before_their_reply_on_every_path() {
         }
     }
     assert!(server.stats().queued_requests.load(Relaxed) > queued_before);
+}
+
+/// Descriptors of a `base:allocation` block status chunk: (length, flags).
+fn descriptors(d: &[u8]) -> Vec<(u32, u32)> {
+    assert_eq!(d[..4], proto::BASE_ALLOCATION_ID.to_be_bytes());
+    assert_eq!((d.len() - 4) % 8, 0);
+    d[4..]
+        .chunks(8)
+        .map(|c| {
+            let w = |i: usize| u32::from_be_bytes(c[i..i + 4].try_into().unwrap());
+            (w(0), w(4))
+        })
+        .collect()
+}
+
+#[test]
+fn structured_replies_and_block_status_follow_the_protocol() {
+    for backing in [Backing::Mem, Backing::File(Backend::IoUring)] {
+        structured_session(backing);
+    }
+}
+
+fn structured_session(backing: Backing) {
+    let f = fixture_on(16 << 20, backing);
+    let mut r = Raw::hello(&f.sock);
+    // SET_META_CONTEXT before structured replies is refused; LIST is answered.
+    let set = proto::OPT_SET_META_CONTEXT;
+    let rep = r.meta(set, "vol", &[proto::BASE_ALLOCATION]);
+    assert_eq!(rep.last().unwrap().0, proto::REP_ERR_INVALID);
+    r.option(proto::OPT_STRUCTURED_REPLY, &[]);
+    assert_eq!(r.option_reply().0, proto::REP_ACK);
+    for queries in [
+        &[][..],
+        &["base:"][..],
+        &[proto::BASE_ALLOCATION, "qemu:x"][..],
+    ] {
+        let rep = r.meta(proto::OPT_LIST_META_CONTEXT, "vol", queries);
+        assert_eq!(rep.len(), 2, "{queries:?}");
+        assert_eq!(rep[0].0, proto::REP_META_CONTEXT);
+        assert_eq!(rep[0].1, proto::rep_meta_context(0, proto::BASE_ALLOCATION));
+    }
+    let rep = r.meta(
+        proto::OPT_LIST_META_CONTEXT,
+        "vol",
+        &["qemu:dirty-bitmap:a"],
+    );
+    assert_eq!(
+        rep.iter().map(|x| x.0).collect::<Vec<_>>(),
+        [proto::REP_ACK]
+    );
+    assert_eq!(
+        r.meta(set, "nope", &[]).last().unwrap().0,
+        proto::REP_ERR_UNKNOWN
+    );
+    // Selecting it for another export does not enable it for this one...
+    let rep = r.meta(set, "ro", &[proto::BASE_ALLOCATION]);
+    assert_eq!(rep[0].1, proto::rep_meta_context(1, proto::BASE_ALLOCATION));
+    let mut other = Raw::hello(&f.sock);
+    other.option(proto::OPT_STRUCTURED_REPLY, &[]);
+    assert_eq!(other.option_reply().0, proto::REP_ACK);
+    other.meta(set, "ro", &[proto::BASE_ALLOCATION]);
+    other.go_on("vol");
+    other.request(proto::CMD_BLOCK_STATUS, 0, 1, 0, 4096, &[]);
+    let (flags, kind, _, d) = other.chunk();
+    assert_eq!(
+        (flags, kind),
+        (proto::REPLY_FLAG_DONE, proto::REPLY_TYPE_ERROR)
+    );
+    assert_eq!(d[..4], errno::EINVAL.to_be_bytes());
+    // ...selecting it for this one does.
+    r.meta(set, "vol", &[proto::BASE_ALLOCATION]);
+    r.go_on("vol");
+    let data = vec![0x5au8; 1 << 20];
+    r.request(proto::CMD_WRITE, 0, 7, 4 << 20, 1 << 20, &data);
+    assert_eq!(r.chunk(), (1, proto::REPLY_TYPE_NONE, 7, vec![]));
+    // A read comes back as one data chunk at its offset.
+    r.request(proto::CMD_READ, 0, 8, (4 << 20) + 4096, 8192, &[]);
+    let (flags, kind, cookie, d) = r.chunk();
+    assert_eq!((flags, kind, cookie), (1, proto::REPLY_TYPE_OFFSET_DATA, 8));
+    assert_eq!(d[..8], ((4u64 << 20) + 4096).to_be_bytes());
+    assert_eq!(&d[8..], &data[..8192]);
+    // An error is an error chunk, with the errno; the connection goes on.
+    r.request(proto::CMD_READ, 0, 9, 16 << 20, 4096, &[]);
+    let (flags, kind, cookie, d) = r.chunk();
+    assert_eq!((flags, kind, cookie), (1, proto::REPLY_TYPE_ERROR, 9));
+    assert_eq!(d, [&errno::EINVAL.to_be_bytes()[..], &[0, 0]].concat());
+    // Block status: the holes of a sparse file, all data for memory.
+    r.request(proto::CMD_BLOCK_STATUS, 0, 10, 0, 16 << 20, &[]);
+    let (flags, kind, cookie, d) = r.chunk();
+    assert_eq!(
+        (flags, kind, cookie),
+        (1, proto::REPLY_TYPE_BLOCK_STATUS, 10)
+    );
+    let hole = proto::STATE_HOLE | proto::STATE_ZERO;
+    let want = match backing {
+        Backing::Mem => vec![(16 << 20, 0)],
+        Backing::File(_) => vec![(4 << 20, hole), (1 << 20, 0), (11 << 20, hole)],
+    };
+    assert_eq!(descriptors(&d), want, "{backing:?}");
+    // REQ_ONE: one descriptor, no longer than asked.
+    r.request(
+        proto::CMD_BLOCK_STATUS,
+        proto::CMD_FLAG_REQ_ONE,
+        11,
+        4096,
+        8192,
+        &[],
+    );
+    let (_, _, _, d) = r.chunk();
+    let first = if matches!(backing, Backing::Mem) {
+        0
+    } else {
+        hole
+    };
+    assert_eq!(descriptors(&d), vec![(8192, first)]);
+    // Past the end, or of no length: EINVAL.
+    for (cookie, offset, len) in [(12, 16 << 20, 4096), (13, 0, 0)] {
+        r.request(proto::CMD_BLOCK_STATUS, 0, cookie, offset, len, &[]);
+        let (_, kind, c, d) = r.chunk();
+        assert_eq!((kind, c), (proto::REPLY_TYPE_ERROR, cookie));
+        assert_eq!(d[..4], errno::EINVAL.to_be_bytes());
+    }
+    // Without structured replies, nothing changes: simple replies.
+    let mut plain = Raw::go(&f.sock, "vol");
+    plain.request(proto::CMD_BLOCK_STATUS, 0, 20, 0, 4096, &[]);
+    assert_eq!(plain.reply(), (errno::EINVAL, 20));
+    still_serving(&f);
 }

@@ -259,6 +259,11 @@ impl BlockDevice for Attachable {
     fn discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
         self.write_with(|v| v.discard(offset, len), |s| s.discard(offset, len))
     }
+
+    /// The source's, attached or not: it holds every acknowledged write either way.
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<sce_io::Extent>, IoError> {
+        self.source.extents(offset, len)
+    }
 }
 
 impl QueuedReads for Attachable {

@@ -673,3 +673,111 @@ fn hits_read_through_io_uring_persistent_or_not() {
         assert!(p.term().success());
     }
 }
+
+/// `nbdinfo --map` and `qemu-img map` see the holes of a sparse source through the cached
+/// export (base:allocation over structured replies), and the allocation follows writes and
+/// trims made through it.
+#[test]
+fn nbdinfo_map_and_qemu_img_map_show_a_sparse_source() {
+    if !have("nbdinfo") || !have("qemu-img") || !have("qemu-io") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let (src, sock) = (d.path().join("src"), d.path().join("s.sock"));
+    sparse(&src, 32 << 20);
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&src).unwrap();
+        f.write_all_at(&[1u8; 2 << 20], 4 << 20).unwrap();
+        f.write_all_at(&[2u8; 1 << 20], 20 << 20).unwrap();
+    }
+    let cache = d.path().join("cache");
+    let p = serve(
+        &[
+            "--source",
+            src.to_str().unwrap(),
+            "--cache",
+            cache.to_str().unwrap(),
+            "--cache-size",
+            "8MiB",
+        ],
+        &sock,
+    );
+    let u = format!("nbd+unix:///?socket={}", sock.display());
+    let info = run(Command::new("nbdinfo").arg(&u));
+    assert!(
+        info.contains("using structured packets") && info.contains("base:allocation"),
+        "{info}"
+    );
+    let map = |tool: &str| -> Vec<(u64, u64, bool)> {
+        let out = match tool {
+            "nbdinfo" => run(Command::new("nbdinfo").args(["--map", "--json", &u])),
+            _ => run(Command::new("qemu-img").args(["map", "--output=json", "-f", "raw", &u])),
+        };
+        let v: serde_json::Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        v.as_array()
+            .unwrap_or_else(|| panic!("{out}"))
+            .iter()
+            .map(|e| {
+                let hole = match tool {
+                    "nbdinfo" => e["type"].as_u64().unwrap() & 1 == 1,
+                    _ => !e["data"].as_bool().unwrap(),
+                };
+                (
+                    e["offset"].as_u64().or(e["start"].as_u64()).unwrap(),
+                    e["length"].as_u64().unwrap(),
+                    hole,
+                )
+            })
+            .collect()
+    };
+    const M: u64 = 1 << 20;
+    let want = vec![
+        (0, 4 * M, true),
+        (4 * M, 2 * M, false),
+        (6 * M, 14 * M, true),
+        (20 * M, M, false),
+        (21 * M, 11 * M, true),
+    ];
+    assert_eq!(map("nbdinfo"), want);
+    assert_eq!(map("qemu-img"), want);
+    // Writes fill a hole and a trim punches one, through the cache; reads of holes and
+    // data come back right over structured replies.
+    run(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        &u,
+        "-c",
+        "write -P 7 10M 1M",
+        "-c",
+        "discard 4M 1M",
+    ]));
+    let want = vec![
+        (0, 5 * M, true),
+        (5 * M, M, false),
+        (6 * M, 4 * M, true),
+        (10 * M, M, false),
+        (11 * M, 9 * M, true),
+        (20 * M, M, false),
+        (21 * M, 11 * M, true),
+    ];
+    assert_eq!(map("nbdinfo"), want);
+    assert_eq!(map("qemu-img"), want);
+    run(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        &u,
+        "-c",
+        "read -P 0 0 4M",
+        "-c",
+        "read -P 0 4M 1M",
+        "-c",
+        "read -P 1 5M 1M",
+        "-c",
+        "read -P 7 10M 1M",
+        "-c",
+        "read -P 2 20M 1M",
+    ]));
+    assert!(p.term().success());
+}

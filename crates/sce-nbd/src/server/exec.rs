@@ -1,5 +1,6 @@
 //! One request against its export's device.
 
+use super::transmission::Session;
 use super::*;
 
 pub(super) fn errno_of(e: &IoError, write: bool) -> u32 {
@@ -18,9 +19,11 @@ pub(super) fn errno_of(e: &IoError, write: bool) -> u32 {
     }
 }
 
-/// Checks a request against its export before it runs: flags, writes to a read-only
-/// export, range and size. The errno to reply with, if it may not run.
-pub(super) fn check(e: &Export, req: &Request) -> Result<(), u32> {
+/// Checks a request against its connection's export before it runs: flags, writes to a
+/// read-only export, block status without `base:allocation`, range and size. The errno to
+/// reply with, if it may not run.
+pub(super) fn check(conn: &Session, req: &Request) -> Result<(), u32> {
+    let e = &conn.export;
     let size = e.device.size();
     let (off, len) = (req.offset, req.len as u64);
     let in_range = off.checked_add(len).is_some_and(|end| end <= size);
@@ -29,6 +32,7 @@ pub(super) fn check(e: &Export, req: &Request) -> Result<(), u32> {
         proto::CMD_WRITE_ZEROES => proto::CMD_FLAG_FUA | proto::CMD_FLAG_NO_HOLE,
         proto::CMD_TRIM => proto::CMD_FLAG_FUA,
         proto::CMD_READ | proto::CMD_FLUSH | proto::CMD_CACHE => 0,
+        proto::CMD_BLOCK_STATUS if conn.block_status && req.len > 0 => proto::CMD_FLAG_REQ_ONE,
         _ => return Err(errno::EINVAL),
     };
     if req.flags & !allowed_flags != 0 {
@@ -52,12 +56,13 @@ pub(super) fn check(e: &Export, req: &Request) -> Result<(), u32> {
 
 /// Runs one request: Ok(data for reads), or the errno to reply with.
 pub(super) fn execute(
-    e: &Export,
+    conn: &Session,
     req: &Request,
     payload: Option<PooledBuf>,
     pool: &Arc<BufPool>,
 ) -> Result<Option<PooledBuf>, u32> {
-    check(e, req)?;
+    check(conn, req)?;
+    let e = &conn.export;
     let dev = &e.device;
     let (off, len) = (req.offset, req.len as u64);
     let fua = |r: Result<(), IoError>| -> Result<Option<PooledBuf>, u32> {
@@ -97,10 +102,44 @@ pub(super) fn execute(
             }
             fua(Ok(()))
         }
+        proto::CMD_BLOCK_STATUS => {
+            let ext = dev.extents(off, len).map_err(|x| errno_of(&x, false))?;
+            let one = req.flags & proto::CMD_FLAG_REQ_ONE != 0;
+            Ok(Some(block_status(&ext, len, one, pool)))
+        }
         proto::CMD_CACHE => match &e.prefetch {
             Some(p) => p(off, len).map(|()| None).map_err(|x| errno_of(&x, false)),
             None => Ok(None),
         },
         _ => Err(errno::EINVAL),
     }
+}
+
+/// The payload of a `base:allocation` block status chunk: the context id, then (length,
+/// flags) per extent, cut at the request's end (`len`); one extent with REQ_ONE. A device
+/// that answered with nothing is reported as data, which is always true.
+fn block_status(ext: &[sce_io::Extent], len: u64, one: bool, pool: &Arc<BufPool>) -> PooledBuf {
+    let fallback = [sce_io::Extent::data(len)];
+    let ext = if ext.is_empty() { &fallback[..] } else { ext };
+    let n = if one { 1 } else { ext.len() };
+    let mut out = Vec::with_capacity(4 + 8 * n);
+    out.extend_from_slice(&proto::BASE_ALLOCATION_ID.to_be_bytes());
+    let mut at = 0u64;
+    for e in ext.iter().take(n) {
+        let l = e.len.min(len - at);
+        if l == 0 {
+            break;
+        }
+        let flags = if e.hole {
+            proto::STATE_HOLE | proto::STATE_ZERO
+        } else {
+            0
+        };
+        out.extend_from_slice(&(l as u32).to_be_bytes());
+        out.extend_from_slice(&flags.to_be_bytes());
+        at += l;
+    }
+    let mut b = pool.take(out.len());
+    b.copy_from_slice(&out);
+    b
 }

@@ -2,6 +2,19 @@
 
 use super::*;
 
+/// What the client negotiated besides its export.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Negotiated {
+    /// Structured replies (NBD_OPT_STRUCTURED_REPLY).
+    pub(super) structured: bool,
+    /// The export whose `base:allocation` context the last NBD_OPT_SET_META_CONTEXT
+    /// selected, if it selected it.
+    allocation_of: Option<String>,
+    /// NBD_CMD_BLOCK_STATUS may be used: `base:allocation` was selected for the export
+    /// that transmission started with.
+    pub(super) block_status: bool,
+}
+
 /// What one option asks of the haggling loop.
 enum Next {
     /// Read the next option.
@@ -13,12 +26,14 @@ enum Next {
 }
 
 impl Server {
-    /// Option haggling. Returns the export chosen, or None if the client aborted.
+    /// Option haggling. Returns the export chosen and what else was negotiated, or None if
+    /// the client aborted.
     pub(super) fn handshake<S: Read + Write>(
         &self,
         c: &mut S,
-    ) -> Result<Option<Export>, ConnError> {
+    ) -> Result<Option<(Export, Negotiated)>, ConnError> {
         let no_zeroes = greet(c)?;
+        let mut neg = Negotiated::default();
         loop {
             let mut h = [0u8; 16];
             c.read_exact(&mut h)?;
@@ -38,6 +53,10 @@ impl Server {
                 }
                 proto::OPT_LIST => self.list(c, &data)?,
                 proto::OPT_INFO | proto::OPT_GO => self.info(c, opt, &data)?,
+                proto::OPT_STRUCTURED_REPLY => structured(c, &data, &mut neg)?,
+                proto::OPT_LIST_META_CONTEXT | proto::OPT_SET_META_CONTEXT => {
+                    self.meta_context(c, opt, &data, &mut neg)?
+                }
                 _ => {
                     refuse(c, opt, proto::REP_ERR_UNSUP, b"option not supported")?;
                     Next::More
@@ -45,7 +64,11 @@ impl Server {
             };
             match next {
                 Next::More => {}
-                Next::Go(e) => return Ok(Some(e)),
+                Next::Go(e) => {
+                    neg.block_status =
+                        neg.structured && neg.allocation_of.as_deref() == Some(e.name.as_str());
+                    return Ok(Some((e, neg)));
+                }
                 Next::Abort => return Ok(None),
             }
         }
@@ -131,6 +154,77 @@ impl Server {
         } else {
             Next::More
         })
+    }
+}
+
+/// NBD_OPT_STRUCTURED_REPLY: takes no data; acknowledged (again, if asked again).
+fn structured<S: Write>(c: &mut S, data: &[u8], neg: &mut Negotiated) -> Result<Next, ConnError> {
+    let opt = proto::OPT_STRUCTURED_REPLY;
+    if !data.is_empty() {
+        refuse(
+            c,
+            opt,
+            proto::REP_ERR_INVALID,
+            b"STRUCTURED_REPLY takes no data",
+        )?;
+    } else {
+        neg.structured = true;
+        c.write_all(&proto::option_reply(opt, proto::REP_ACK, &[]))?;
+    }
+    Ok(Next::More)
+}
+
+impl Server {
+    /// NBD_OPT_LIST_META_CONTEXT and NBD_OPT_SET_META_CONTEXT. The one context is
+    /// `base:allocation`; `base:` lists it; queries of other namespaces are ignored. SET
+    /// needs structured replies first and replaces the selection even when it fails.
+    fn meta_context<S: Write>(
+        &self,
+        c: &mut S,
+        opt: u32,
+        data: &[u8],
+        neg: &mut Negotiated,
+    ) -> Result<Next, ConnError> {
+        let set = opt == proto::OPT_SET_META_CONTEXT;
+        if set {
+            neg.allocation_of = None;
+            if !neg.structured {
+                let msg = b"SET_META_CONTEXT needs structured replies first";
+                refuse(c, opt, proto::REP_ERR_INVALID, msg)?;
+                return Ok(Next::More);
+            }
+        }
+        let req = match proto::parse_meta_context_request(data) {
+            Ok(r) => r,
+            Err(e) => {
+                refuse(c, opt, proto::REP_ERR_INVALID, e.to_string().as_bytes())?;
+                return Ok(Next::More);
+            }
+        };
+        let Some(e) = self.find(&req.name) else {
+            let msg = format!("no export named {:?}", req.name);
+            refuse(c, opt, proto::REP_ERR_UNKNOWN, msg.as_bytes())?;
+            return Ok(Next::More);
+        };
+        let wanted = |q: &str| q == proto::BASE_ALLOCATION || (!set && q == "base:");
+        let allocation = if set {
+            req.queries.iter().any(|q| wanted(q))
+        } else {
+            req.queries.is_empty() || req.queries.iter().any(|q| wanted(q))
+        };
+        let mut out = Vec::new();
+        if allocation {
+            // Listed contexts carry id 0 (the protocol reserves it there).
+            let id = if set { proto::BASE_ALLOCATION_ID } else { 0 };
+            let name = proto::rep_meta_context(id, proto::BASE_ALLOCATION);
+            out.extend(proto::option_reply(opt, proto::REP_META_CONTEXT, &name));
+            if set {
+                neg.allocation_of = Some(e.name.clone());
+            }
+        }
+        out.extend(proto::option_reply(opt, proto::REP_ACK, &[]));
+        c.write_all(&out)?;
+        Ok(Next::More)
     }
 }
 

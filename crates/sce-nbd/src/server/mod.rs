@@ -587,7 +587,7 @@ impl Server {
             deadline: Instant::now() + self.shared.cfg.handshake_timeout,
             shared: None,
         };
-        let export = match self.handshake(&mut timed) {
+        let (export, negotiated) = match self.handshake(&mut timed) {
             Ok(Some(e)) => e,
             Ok(None) => return Ok(()),
             Err(ConnError::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {
@@ -595,6 +595,6 @@ impl Server {
             }
             Err(e) => return self.note(Err(e)),
         };
-        self.transmission(conn, export)
+        self.transmission(conn, export, negotiated)
     }
 }

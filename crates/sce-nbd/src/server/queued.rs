@@ -81,9 +81,8 @@ pub(super) fn prepare(
         payload,
         ticket,
     } = job;
-    let cookie = req.cookie;
-    if let Err(code) = may_run(shared, &conn).and_then(|()| check(&conn.export, &req)) {
-        answer(&conn, cookie, Err(code), ticket);
+    if let Err(code) = may_run(shared, &conn).and_then(|()| check(&conn, &req)) {
+        answer(&conn, &req, Err(code), ticket);
         return Ok(());
     }
     let op = match req.command {
@@ -97,7 +96,7 @@ pub(super) fn prepare(
                 buf,
             },
             None => {
-                answer(&conn, cookie, Err(errno::EINVAL), ticket);
+                answer(&conn, &req, Err(errno::EINVAL), ticket);
                 return Ok(());
             }
         },
@@ -110,12 +109,12 @@ pub(super) fn prepare(
     batch.ops.push((
         op,
         Box::new(move |done| match done.result {
-            Err(e) => answer(&conn, cookie, Err(errno_of(&e, !read)), ticket),
+            Err(e) => answer(&conn, &req, Err(errno_of(&e, !read)), ticket),
             // FUA: the write is acknowledged once a flush after its completion is done.
-            Ok(()) if fua => flush_then_answer(&*q2, conn, cookie, ticket),
+            Ok(()) if fua => flush_then_answer(&*q2, conn, req, ticket),
             Ok(()) => {
                 let data = if read { done.buf } else { None };
-                answer(&conn, cookie, Ok(data), ticket)
+                answer(&conn, &req, Ok(data), ticket)
             }
         }),
     ));
@@ -125,12 +124,12 @@ pub(super) fn prepare(
     Ok(())
 }
 
-fn flush_then_answer(q: &dyn IoQueue, conn: Arc<Session>, cookie: u64, ticket: Ticket) {
+fn flush_then_answer(q: &dyn IoQueue, conn: Arc<Session>, req: Request, ticket: Ticket) {
     q.submit(
         IoOp::Flush,
         Box::new(move |done| {
             let r = done.result.map(|()| None).map_err(|e| errno_of(&e, true));
-            answer(&conn, cookie, r, ticket)
+            answer(&conn, &req, r, ticket)
         }),
     );
 }
@@ -144,8 +143,8 @@ fn start_read(
     batch: &mut Batch,
     alone: bool,
 ) -> Result<(), Job> {
-    if let Err(code) = may_run(shared, &job.conn).and_then(|()| check(&job.conn.export, &job.req)) {
-        answer(&job.conn, job.req.cookie, Err(code), job.ticket);
+    if let Err(code) = may_run(shared, &job.conn).and_then(|()| check(&job.conn, &job.req)) {
+        answer(&job.conn, &job.req, Err(code), job.ticket);
         return Ok(());
     }
     let Some(start) = r.start_read(job.req.offset, job.req.len as u64) else {
@@ -154,7 +153,6 @@ fn start_read(
     let Job {
         conn, req, ticket, ..
     } = job;
-    let cookie = req.cookie;
     let session = conn.clone();
     let (op, done) = start(
         shared.pool.take(req.len as usize),
@@ -163,7 +161,7 @@ fn start_read(
                 Ok(()) => Ok(done.buf),
                 Err(e) => Err(errno_of(&e, false)),
             };
-            answer(&conn, cookie, r, ticket)
+            answer(&conn, &req, r, ticket)
         }),
     );
     if let (true, Some(q)) = (alone, r.queue()) {

@@ -131,12 +131,8 @@ impl Server {
                 }
                 payload = self.read_payload(rd, &mut inb, &req)?;
                 if payload.is_none() {
-                    session.to_writer(ToWriter::Reply(Reply {
-                        error: errno::EINVAL,
-                        cookie: req.cookie,
-                        data: None,
-                        _ticket: ticket,
-                    }));
+                    let reply = Reply::new(session, &req, Err(errno::EINVAL), ticket);
+                    session.to_writer(ToWriter::Reply(reply));
                     continue;
                 }
             }

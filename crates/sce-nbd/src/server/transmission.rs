@@ -112,15 +112,113 @@ pub(super) struct Job {
 /// A reply on its way to the writer.
 pub(super) struct Reply {
     pub(super) error: u32,
-    pub(super) cookie: u64,
+    /// Its header on the wire: a simple reply's, or a structured chunk's with the fixed
+    /// part of its payload.
+    pub(super) head: Head,
+    /// A successful read's data or a block status chunk's descriptors.
     pub(super) data: Option<PooledBuf>,
     pub(super) _ticket: Ticket,
+}
+
+impl Reply {
+    /// The reply to `req` on `conn`: simple, or one structured chunk (flagged done) when
+    /// the client negotiated structured replies. An error reply carries no data.
+    pub(super) fn new(
+        conn: &Session,
+        req: &Request,
+        result: Result<Option<PooledBuf>, u32>,
+        ticket: Ticket,
+    ) -> Reply {
+        let (error, data) = match result {
+            Ok(data) => (0, data),
+            Err(code) => (code, None),
+        };
+        let len = data.as_ref().map_or(0, |d| d.len());
+        Reply {
+            error,
+            head: Head::of(conn.structured, req, error, len),
+            data,
+            _ticket: ticket,
+        }
+    }
+}
+
+/// A reply's header: at most a chunk header and 8 bytes of fixed payload.
+pub(super) struct Head {
+    b: [u8; proto::CHUNK_HEADER_LEN + 8],
+    n: usize,
+}
+
+impl Head {
+    fn of(structured: bool, req: &Request, error: u32, len: usize) -> Head {
+        let mut h = Head {
+            b: [0; proto::CHUNK_HEADER_LEN + 8],
+            n: 0,
+        };
+        let cookie = req.cookie;
+        if !structured {
+            h.push(&proto::simple_reply(error, cookie));
+            return h;
+        }
+        let done = proto::REPLY_FLAG_DONE;
+        if error != 0 {
+            // An error chunk: the errno, and an empty message.
+            h.push(&proto::chunk_header(
+                done,
+                proto::REPLY_TYPE_ERROR,
+                cookie,
+                6,
+            ));
+            h.push(&error.to_be_bytes());
+            h.push(&0u16.to_be_bytes());
+            return h;
+        }
+        match req.command {
+            proto::CMD_READ if len > 0 => {
+                let n = (8 + len) as u32;
+                h.push(&proto::chunk_header(
+                    done,
+                    proto::REPLY_TYPE_OFFSET_DATA,
+                    cookie,
+                    n,
+                ));
+                h.push(&req.offset.to_be_bytes());
+            }
+            proto::CMD_BLOCK_STATUS => {
+                let kind = proto::REPLY_TYPE_BLOCK_STATUS;
+                h.push(&proto::chunk_header(done, kind, cookie, len as u32));
+            }
+            _ => h.push(&proto::chunk_header(
+                done,
+                proto::REPLY_TYPE_NONE,
+                cookie,
+                0,
+            )),
+        }
+        h
+    }
+
+    fn push(&mut self, b: &[u8]) {
+        self.b[self.n..self.n + b.len()].copy_from_slice(b);
+        self.n += b.len();
+    }
+}
+
+impl std::ops::Deref for Head {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.b[..self.n]
+    }
 }
 
 /// One connection in transmission, as workers see it. The writer ends once every holder
 /// (the reader and the jobs in flight) has dropped it.
 pub(super) struct Session {
     pub(super) export: Export,
+    /// Replies are structured chunks (negotiated in the handshake).
+    pub(super) structured: bool,
+    /// NBD_CMD_BLOCK_STATUS may be used (`base:allocation` was selected for this export).
+    pub(super) block_status: bool,
     /// The writer thread's queue, once a reply could not go out at once (the thread starts
     /// then: most connections never need one). A leaf lock.
     pub(super) writer: Mutex<Option<Sender<ToWriter>>>,
@@ -275,6 +373,7 @@ impl Server {
         self: &Arc<Self>,
         mut rd: C,
         export: Export,
+        negotiated: super::handshake::Negotiated,
     ) -> Result<(), ConnError> {
         let wr = rd.try_clone_conn()?;
         wr.set_write_timeout_conn(Some(SLICE))?;
@@ -286,6 +385,8 @@ impl Server {
         let writer_thread = Arc::new(Mutex::new(None));
         let session = Arc::new(Session {
             export,
+            structured: negotiated.structured,
+            block_status: negotiated.block_status,
             writer: Mutex::new(None),
             writer_thread: writer_thread.clone(),
             shared: self.shared.clone(),

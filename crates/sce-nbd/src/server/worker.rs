@@ -9,9 +9,9 @@ use super::*;
 pub(super) fn work(shared: &Shared, queue: &Receiver<Job>) {
     for job in queue.iter() {
         let conn = job.conn.clone();
-        let cookie = job.req.cookie;
+        let req = job.req;
         let (result, ticket) = run_job(shared, job);
-        answer(&conn, cookie, result, ticket);
+        answer(&conn, &req, result, ticket);
     }
 }
 
@@ -19,9 +19,9 @@ pub(super) fn work(shared: &Shared, queue: &Receiver<Job>) {
 pub(super) fn run_inline(shared: &Shared, job: Job) {
     shared.stats.inline_requests.fetch_add(1, Relaxed);
     let conn = job.conn.clone();
-    let cookie = job.req.cookie;
+    let req = job.req;
     let (result, ticket) = run_job(shared, job);
-    answer(&conn, cookie, result, ticket);
+    answer(&conn, &req, result, ticket);
 }
 
 /// Whether a request may still run: not during a shutdown, nor for a connection that died
@@ -44,8 +44,7 @@ fn run_job(shared: &Shared, job: Job) -> (Result<Option<PooledBuf>, u32>, Ticket
         payload,
         ticket,
     } = job;
-    let r =
-        may_run(shared, &conn).and_then(|()| execute(&conn.export, &req, payload, &shared.pool));
+    let r = may_run(shared, &conn).and_then(|()| execute(&conn, &req, payload, &shared.pool));
     (r, ticket)
 }
 
@@ -53,20 +52,11 @@ fn run_job(shared: &Shared, job: Job) -> (Result<Option<PooledBuf>, u32>, Ticket
 /// common case: no hand-off to the writer thread), else through the writer.
 pub(super) fn answer(
     conn: &Session,
-    cookie: u64,
+    req: &Request,
     result: Result<Option<PooledBuf>, u32>,
     ticket: Ticket,
 ) {
-    let (error, data) = match result {
-        Ok(data) => (0, data),
-        Err(code) => (code, None),
-    };
-    let reply = Reply {
-        error,
-        cookie,
-        data,
-        _ticket: ticket,
-    };
+    let reply = Reply::new(conn, req, result, ticket);
     if let Some(todo) = send_now(&conn.shared, &conn.out, &conn.state, reply) {
         conn.to_writer(todo);
     }
@@ -113,11 +103,10 @@ pub(super) fn write_replies(
 }
 
 /// The bytes of a reply on the wire: its header, and its data if it succeeded.
-fn wire(reply: &Reply) -> ([u8; proto::REPLY_LEN], &[u8]) {
-    let h = proto::simple_reply(reply.error, reply.cookie);
+fn wire(reply: &Reply) -> (&[u8], &[u8]) {
     match &reply.data {
-        Some(d) if reply.error == 0 => (h, d),
-        _ => (h, &[]),
+        Some(d) if reply.error == 0 => (&reply.head, d),
+        _ => (&reply.head, &[]),
     }
 }
 
@@ -147,7 +136,7 @@ fn send_now(shared: &Shared, out: &Out, state: &ConnState, reply: Reply) -> Opti
     }
     let (h, data) = wire(&reply);
     let total = h.len() + data.len();
-    match send_nowait(o.sock.fd(), &h, data) {
+    match send_nowait(o.sock.fd(), h, data) {
         Ok(n) if n == total => {
             count(shared, &reply);
             None
