@@ -19,7 +19,7 @@ Per policy it reports:
                 others), counted from the start of the first interval
                 with a read (so a trace that begins with writes only is not charged for
                 them); "never" if no interval reaches it
-  mean, p99     modelled read latency (`mean_read_latency`, `p99_read_latency`), in ms
+  mean, p99     modelled read latency (`mean_read_latency_seconds`, `p99_read_latency_seconds`), in ms
   hits/MiB      read pages hit per MiB written to the cache: read hit pages
                 (`read_hits`, or read_hit_ratio x the read pages counted from the trace)
                 / (cache_bytes_written / 2^20)
@@ -226,8 +226,8 @@ def metrics(p, trace, target, interval):
         "warmup_seconds": warmup(p.get("intervals", []), target, interval)
         if target is not None
         else None,
-        "mean_read_latency": p.get("mean_read_latency"),
-        "p99_read_latency": p.get("p99_read_latency"),
+        "mean_read_latency": p.get("mean_read_latency_seconds"),
+        "p99_read_latency": p.get("p99_read_latency_seconds"),
         "read_hits": hits,
         "read_hits_per_mib_written": hits / (written / MIB)
         if hits is not None and written

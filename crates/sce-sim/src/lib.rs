@@ -17,6 +17,7 @@
 
 pub mod binary;
 pub mod csv;
+pub mod detect;
 pub mod engine;
 pub mod gen;
 pub mod layers;
@@ -29,6 +30,7 @@ pub mod units;
 pub mod writer;
 
 pub use csv::CsvSpec;
+pub use detect::{detect_format, FormatChoice};
 pub use engine::{DeviceModel, EngineResult, EngineSim};
 pub use gen::{GenConfig, Generator, Workload, ZipfParams};
 pub use reference::{BlockCache, ReferencePolicy};

@@ -6,8 +6,8 @@ use crate::run::{PolicyResult, SimConfig};
 use crate::units::format_size;
 
 const W: f64 = 800.0;
-const L: f64 = 80.0;
-const R: f64 = 170.0;
+const L: f64 = 96.0;
+const R: f64 = 30.0;
 const T: f64 = 40.0;
 // Height of a panel, and the gap between them (for the upper one's time labels).
 const P: f64 = 300.0;
@@ -79,6 +79,7 @@ pub fn plot_svg(results: &[PolicyResult], a: &SimConfig, replay: Replay) -> Stri
     for (i, r) in results.iter().enumerate() {
         s += &policy_lines(&f, i, r);
     }
+    s += &legends(results);
     s += "</svg>\n";
     s
 }
@@ -142,7 +143,7 @@ fn axes(f: &Frame, interval: f64, replay: Replay) -> String {
         s += &format!(
             "<line x1=\"{L}\" x2=\"{L}\" y1=\"{top}\" y2=\"{bottom}\" stroke=\"black\"/>\
              <line x1=\"{L}\" x2=\"{}\" y1=\"{bottom}\" y2=\"{bottom}\" stroke=\"black\"/>\n\
-             <text x=\"16\" y=\"{mid}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {mid})\">{title}</text>\n",
+             <text x=\"14\" y=\"{mid}\" text-anchor=\"middle\" transform=\"rotate(-90 14 {mid})\">{title}</text>\n",
             W - R,
         );
     }
@@ -155,7 +156,7 @@ fn axes(f: &Frame, interval: f64, replay: Replay) -> String {
     s
 }
 
-/// The lines of the `i`-th policy in both panels, and its legend entries.
+/// The lines of the `i`-th policy in both panels.
 fn policy_lines(f: &Frame, i: usize, r: &PolicyResult) -> String {
     let mut s = String::new();
     let c = COLOURS[i % COLOURS.len()];
@@ -182,20 +183,103 @@ fn policy_lines(f: &Frame, i: usize, r: &PolicyResult) -> String {
             pts.join(" ")
         );
     }
-    for (top, label) in [
-        (T, format!("{:.3}", r.read_hit_ratio)),
-        (T2, format_size(total)),
-    ] {
-        let ly = top + 10.0 + 20.0 * i as f64;
+    s
+}
+
+/// Width of a legend's text, in pixels, at the 12-pixel font (a generous estimate: SVG has
+/// no text metrics, and a box too wide is better than a label cut off).
+fn text_width(s: &str) -> f64 {
+    s.chars().count() as f64 * 7.2
+}
+
+/// A legend inside each panel, where the lines seldom are: bottom right of the hit ratios
+/// (which rise from the left), top left of the bytes written (which rise to the right). A
+/// white box behind it keeps it legible over a line that does pass there.
+fn legends(results: &[PolicyResult]) -> String {
+    let mut s = String::new();
+    for panel in [0, 1] {
+        let labels: Vec<String> = results
+            .iter()
+            .map(|r| {
+                let value = if panel == 0 {
+                    format!("{:.3}", r.read_hit_ratio)
+                } else {
+                    format_size(r.interval_cache_bytes_written.iter().sum())
+                };
+                format!("{} ({value})", r.policy)
+            })
+            .collect();
+        let widest = labels.iter().map(|l| text_width(l)).fold(0.0, f64::max);
+        let (bw, bh) = (widest + 44.0, 20.0 * labels.len() as f64 + 8.0);
+        let (x, y) = if panel == 0 {
+            (W - R - bw - 8.0, T + P - bh - 8.0)
+        } else {
+            (L + 8.0, T2 + 8.0)
+        };
         s += &format!(
-            "<line x1=\"{}\" x2=\"{}\" y1=\"{ly}\" y2=\"{ly}\" stroke=\"{c}\" stroke-width=\"3\"/>\
-             <text x=\"{}\" y=\"{}\">{} ({label})</text>\n",
-            W - R + 10.0,
-            W - R + 30.0,
-            W - R + 36.0,
-            ly + 4.0,
-            esc(&r.policy),
+            "<rect class=\"legend\" x=\"{x:.1}\" y=\"{y:.1}\" width=\"{bw:.1}\" height=\"{bh:.1}\" \
+             fill=\"white\" fill-opacity=\"0.85\" stroke=\"#999\"/>\n"
         );
+        for (i, label) in labels.iter().enumerate() {
+            let c = COLOURS[i % COLOURS.len()];
+            let ly = y + 14.0 + 20.0 * i as f64;
+            s += &format!(
+                "<line x1=\"{:.1}\" x2=\"{:.1}\" y1=\"{ly:.1}\" y2=\"{ly:.1}\" stroke=\"{c}\" stroke-width=\"3\"/>\
+                 <text x=\"{:.1}\" y=\"{:.1}\">{}</text>\n",
+                x + 8.0,
+                x + 28.0,
+                x + 34.0,
+                ly + 4.0,
+                esc(label),
+            );
+        }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(tag: &str, name: &str) -> f64 {
+        let at = tag.find(&format!(" {name}=\"")).expect(name) + name.len() + 3;
+        tag[at..].split('"').next().unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn legends_sit_inside_their_panels_whatever_the_names() {
+        let results: Vec<PolicyResult> = ["sce", "flashcache-like", "a-very-long-policy-name:42"]
+            .iter()
+            .map(|p| PolicyResult {
+                policy: p.to_string(),
+                read_hit_ratio: 0.5,
+                intervals: vec![(60.0, Some(0.5))],
+                interval_cache_bytes_written: vec![123 << 30],
+                ..Default::default()
+            })
+            .collect();
+        let svg = legends(&results);
+        let boxes: Vec<&str> = svg.split("<rect").skip(1).collect();
+        assert_eq!(boxes.len(), 2);
+        for (b, top) in boxes.iter().zip([T, T2]) {
+            let (x, y, w, h) = (
+                attr(b, "x"),
+                attr(b, "y"),
+                attr(b, "width"),
+                attr(b, "height"),
+            );
+            assert!(
+                x >= L && x + w <= W - R,
+                "{x} + {w} outside [{L}, {}]",
+                W - R
+            );
+            assert!(y >= top && y + h <= top + P, "{y} + {h}");
+        }
+        // Every label's estimated end is inside its box.
+        for t in svg.split("<text").skip(1) {
+            let label = t.split('>').nth(1).unwrap().split('<').next().unwrap();
+            assert!(attr(t, "x") + text_width(label) <= W - R, "{label}");
+        }
+        assert!(svg.contains("a-very-long-policy-name:42 (0.500)"));
+    }
 }

@@ -121,6 +121,24 @@ impl Compression {
     }
 }
 
+/// The decompressed bytes of a trace file.
+pub(crate) fn open_input(path: &Path) -> Result<Box<dyn BufRead + Send>, TraceError> {
+    let io = |source| TraceError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut f = BufReader::with_capacity(1 << 20, File::open(path).map_err(io)?);
+    let buffered = |r: Box<dyn Read + Send>| -> Box<dyn BufRead + Send> {
+        Box::new(BufReader::with_capacity(1 << 20, r))
+    };
+    Ok(match Compression::detect(f.fill_buf().map_err(io)?) {
+        Compression::None => Box::new(f),
+        Compression::Gzip => buffered(Box::new(flate2::read::MultiGzDecoder::new(f))),
+        Compression::Bzip2 => buffered(Box::new(bzip2::bufread::MultiBzDecoder::new(f))),
+        Compression::Xz => buffered(Box::new(xz2::bufread::XzDecoder::new_multi_decoder(f))),
+    })
+}
+
 /// A trace that could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
@@ -214,20 +232,7 @@ impl TraceReader {
         skip_bad: bool,
     ) -> Result<TraceReader, TraceError> {
         let p = path.display().to_string();
-        let io = |source| TraceError::Io {
-            path: p.clone(),
-            source,
-        };
-        let mut f = BufReader::with_capacity(1 << 20, File::open(path).map_err(io)?);
-        let buffered = |r: Box<dyn Read + Send>| -> Box<dyn BufRead + Send> {
-            Box::new(BufReader::with_capacity(1 << 20, r))
-        };
-        let input: Box<dyn BufRead + Send> = match Compression::detect(f.fill_buf().map_err(io)?) {
-            Compression::None => Box::new(f),
-            Compression::Gzip => buffered(Box::new(flate2::read::MultiGzDecoder::new(f))),
-            Compression::Bzip2 => buffered(Box::new(bzip2::bufread::MultiBzDecoder::new(f))),
-            Compression::Xz => buffered(Box::new(xz2::bufread::XzDecoder::new_multi_decoder(f))),
-        };
+        let input = open_input(path)?;
         Ok(TraceReader {
             announced: binary::UNKNOWN_COUNT,
             header_read: false,

@@ -193,8 +193,11 @@ pub fn gen(a: GenArgs) -> Result<()> {
     }
     let n = w.finish()?;
     eprintln!(
-        "wrote {n} requests ({:?}, seed {}) to {} as {}",
-        a.workload,
+        "wrote {n} requests ({}, seed {}) to {} as {}",
+        clap::ValueEnum::to_possible_value(&a.workload).map_or_else(
+            || format!("{:?}", a.workload).to_lowercase(),
+            |v| v.get_name().to_string()
+        ),
         a.seed,
         a.out.display(),
         a.out_format

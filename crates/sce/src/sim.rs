@@ -12,7 +12,7 @@ use sce_sim::plot::plot_svg;
 use sce_sim::run::{
     overload_warning, parse_device_models, PolicyKind, PolicyResult, SimConfig, Simulation,
 };
-use sce_sim::{ReferencePolicy, TraceFormat};
+use sce_sim::{FormatChoice, ReferencePolicy, TraceFormat};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -26,9 +26,10 @@ pub struct SimArgs {
     /// The trace file (gzip, bzip2 and xz are read directly).
     #[arg(long)]
     pub trace: PathBuf,
-    /// Its format: vscsi, msr, systor, tencent, disksim, sce, csv or csv:SPEC (see below).
-    #[arg(long)]
-    pub format: TraceFormat,
+    /// Its format: auto (recognised from the file), vscsi, msr, systor, tencent, disksim,
+    /// sce, csv or csv:SPEC (see below).
+    #[arg(long, default_value = "auto")]
+    pub format: FormatChoice,
     /// Cache size (4 KiB blocks of it for the reference policies).
     #[arg(long, value_parser = parse_size)]
     pub cache_size: u64,
@@ -86,6 +87,9 @@ pub struct SimArgs {
 }
 
 const SIM_HELP: &str = "\
+Formats: auto (the default) recognises vscsi, msr, systor, tencent, disksim, sce and sce's own
+csv from the file's first bytes and lines (after decompression).
+
 Generic CSV: --format csv:KEY=VALUE,... with keys (defaults in brackets)
   time=COL [0] op=COL [1] volume=COL|none [2] offset=COL [3] len=COL [4]   (columns from 0)
   unit=byte|sector|4k [byte]   time_unit=s|ms|us|100ns|ns [ns]   header=N [0] lines to skip
@@ -123,15 +127,17 @@ hit costs nothing), source and cache device utilization (busy time per channel o
 replay's duration: open loop the trace's span, closed loop until the last request completes;
 the most loaded host's; above 1 in an open-loop replay, a warning says the latencies are
 queueing), metadata bytes (engine: allocated when the core is built; reference: its
-structures at the end), and with --hosts the invalidations per write. JSON adds per interval
+structures at the end), and with --hosts the invalidations per write. JSON keys carry their
+units (cache_size_bytes, mean_read_latency_seconds, wall_seconds, ...; ratios are plain);
+`intervals` holds [end of the interval in seconds, read hit ratio or null]. JSON adds per interval
 the cache bytes written (interval_cache_bytes_written, parallel to intervals); --plot draws
 them, cumulated, under the hit ratio.
 
 Examples:
-  sce sim --trace ../shared/traces/msr-cambridge1-sample.csv --format msr --cache-size 64MiB \\
+  sce sim --trace ../shared/traces/msr-cambridge1-sample.csv --cache-size 64MiB \\
           --policy sce,flashcache-like,lru
   sce gen oltp --seed 7 --out /tmp/oltp.sce && \\
-    sce sim --trace /tmp/oltp.sce --format sce --cache-size 256MiB --json";
+    sce sim --trace /tmp/oltp.sce --cache-size 256MiB --json";
 
 /// The policy named `p`, with the engine options of `a`.
 fn policy(p: &str, a: &SimArgs) -> Result<PolicyKind> {
@@ -172,15 +178,16 @@ fn policy(p: &str, a: &SimArgs) -> Result<PolicyKind> {
     })
 }
 
-/// The library's configuration from the arguments (the policies parsed, nothing checked).
-fn config(a: &SimArgs) -> Result<SimConfig> {
+/// The library's configuration from the arguments (the policies parsed, the format
+/// resolved, nothing else checked).
+fn config(a: &SimArgs, format: TraceFormat) -> Result<SimConfig> {
     let mut policies = Vec::new();
     for p in &a.policy {
         policies.push((p.clone(), policy(p, a)?));
     }
     Ok(SimConfig {
         trace: a.trace.clone(),
-        format: a.format.clone(),
+        format,
         cache_size: a.cache_size,
         policies,
         interval: a.interval,
@@ -196,17 +203,28 @@ fn config(a: &SimArgs) -> Result<SimConfig> {
 
 /// Runs the simulation.
 pub fn sim(a: SimArgs) -> Result<()> {
-    let cfg = config(&a)?;
+    let (format, detected) = a.format.resolve(&a.trace)?;
+    let cfg = config(&a, format)?;
     cfg.check()?;
     let devices = parse_device_models(&a.device_model)
         .map_err(|e| anyhow::anyhow!("invalid --device-model: {e}"))?;
-    let sim = Simulation::prepare(cfg, devices, live_bytes)?;
     let show_progress = std::io::stderr().is_terminal() && !a.json;
+    let (surveyed, survey_done) = (AtomicU64::new(0), AtomicBool::new(false));
+    let sim = std::thread::scope(|sc| {
+        if show_progress {
+            let (done, seen) = (&survey_done, &surveyed);
+            sc.spawn(move || progress_bar("reading the trace", done, seen, None));
+        }
+        let sim = Simulation::prepare(cfg, devices, live_bytes, &surveyed);
+        survey_done.store(true, Relaxed);
+        sim
+    })?;
     let done = AtomicBool::new(false);
     let results = std::thread::scope(|sc| {
         if show_progress {
             let (done, sim) = (&done, &sim);
-            sc.spawn(move || progress_bar(done, sim.progress(), sim.total_requests()));
+            let total = Some(sim.total_requests());
+            sc.spawn(move || progress_bar("simulating", done, sim.progress(), total));
         }
         sim.run(&done)
     })?;
@@ -217,37 +235,56 @@ pub fn sim(a: SimArgs) -> Result<()> {
     }
     let warnings: Vec<String> = results.iter().filter_map(overload_warning).collect();
     if a.json {
-        print_json(&a, &sim, &results, &warnings)?;
+        print_json(&a, detected, &sim, &results, &warnings)?;
         return Ok(());
     }
-    print_table(&a, &sim, &results, &warnings);
+    print_table(&a, detected, &sim, &results, &warnings);
     Ok(())
 }
 
 /// Prints the results as one JSON document.
 fn print_json(
     a: &SimArgs,
+    detected: bool,
     sim: &Simulation,
     results: &[PolicyResult],
     warnings: &[String],
 ) -> Result<()> {
     let (s, devices, (replay, replay_why)) = (sim.survey(), sim.devices(), sim.replay());
     let v = serde_json::json!({
-        "trace": a.trace, "format": a.format.to_string(), "cache_size": a.cache_size,
-        "reads_only": a.reads_only, "requests": s.requests, "skipped": s.skipped,
-        "volumes": s.layout.volumes(), "source_size": s.layout.size(), "hosts": a.hosts,
-        "ram_size": a.ram_size, "ram_policy": a.ram_size.map(|_| format!("{:?}", a.ram_policy)),
-        "ssd_model": format!("{:?}", devices.0), "source_model": format!("{:?}", devices.1),
+        "trace": a.trace, "format": sim.config().format.to_string(), "format_detected": detected,
+        "cache_size_bytes": a.cache_size, "reads_only": a.reads_only, "requests": s.requests,
+        "skipped": s.skipped, "volumes": s.layout.volumes(), "source_size_bytes": s.layout.size(),
+        "hosts": a.hosts, "ram_size_bytes": a.ram_size,
+        "ram_policy": a.ram_size.map(|_| a.ram_policy.to_string()),
+        "ssd_model": model_json(&devices.0), "source_model": model_json(&devices.1),
         "threads": sim.threads(), "replay": replay.to_string(), "replay_reason": replay_why,
-        "warnings": warnings, "policies": results,
+        "interval_seconds": a.interval, "warnings": warnings, "policies": results,
     });
     println!("{}", serde_json::to_string_pretty(&v)?);
     Ok(())
 }
 
+/// A device model as JSON, with units in its keys.
+fn model_json(m: &sce_sim::DeviceModel) -> serde_json::Value {
+    serde_json::json!({
+        "read_latency_seconds": m.read_ns as f64 / 1e9,
+        "write_latency_seconds": m.write_ns as f64 / 1e9,
+        "read_bandwidth_bytes_per_second": m.read_bw,
+        "write_bandwidth_bytes_per_second": m.write_bw,
+        "channels": m.channels,
+    })
+}
+
 /// Prints the results as a table, the warnings, and what some policies add.
-fn print_table(a: &SimArgs, sim: &Simulation, results: &[PolicyResult], warnings: &[String]) {
-    print_heading(a, sim);
+fn print_table(
+    a: &SimArgs,
+    detected: bool,
+    sim: &Simulation,
+    results: &[PolicyResult],
+    warnings: &[String],
+) {
+    print_heading(a, detected, sim);
     print_rows(results);
     for w in warnings {
         println!("{w}");
@@ -256,11 +293,13 @@ fn print_table(a: &SimArgs, sim: &Simulation, results: &[PolicyResult], warnings
 }
 
 /// The trace, the cache, and the replay.
-fn print_heading(a: &SimArgs, sim: &Simulation) {
+fn print_heading(a: &SimArgs, detected: bool, sim: &Simulation) {
     let s = sim.survey();
+    let format = sim.config().format.to_string();
     println!(
-        "{}: {} requests{}, {} volume(s), cache {}{}{}{}",
+        "{} ({format}{}): {} requests{}, {} volume(s), cache {}{}{}{}",
         a.trace.display(),
+        if detected { ", detected" } else { "" },
         s.requests,
         if s.skipped > 0 {
             format!(" ({} malformed skipped)", s.skipped)
@@ -271,7 +310,7 @@ fn print_heading(a: &SimArgs, sim: &Simulation) {
         format_size(a.cache_size),
         if a.reads_only { ", reads only" } else { "" },
         a.ram_size.map_or(String::new(), |r| format!(
-            ", RAM {} {:?}",
+            ", RAM {} {}",
             format_size(r),
             a.ram_policy
         )),
@@ -353,25 +392,45 @@ fn print_notes(results: &[PolicyResult]) {
     }
 }
 
-fn progress_bar(done: &AtomicBool, progress: &AtomicU64, total: u64) {
+/// A progress line on standard error (a terminal), from one second into a phase on, so
+/// that short runs stay quiet: a bar with the percentage, elapsed time and an estimate of
+/// the time left when the total is known, else a count of requests.
+fn progress_bar(what: &str, done: &AtomicBool, progress: &AtomicU64, total: Option<u64>) {
     let t0 = Instant::now();
     let mut err = std::io::stderr();
+    let mut drawn = false;
     while !done.load(Relaxed) {
-        std::thread::sleep(Duration::from_millis(250));
-        let p = progress.load(Relaxed).min(total);
-        let frac = p as f64 / total.max(1) as f64;
-        let width = 30;
-        let filled = (frac * width as f64) as usize;
-        let _ = write!(
-            err,
-            "\r[{}{}] {:5.1}% {:.0}s ",
-            "#".repeat(filled),
-            " ".repeat(width - filled),
-            frac * 100.0,
-            t0.elapsed().as_secs_f64()
-        );
+        std::thread::sleep(Duration::from_millis(200));
+        let secs = t0.elapsed().as_secs_f64();
+        if secs < 1.0 || done.load(Relaxed) {
+            continue;
+        }
+        let p = progress.load(Relaxed);
+        let line = match total {
+            Some(total) => {
+                let frac = (p.min(total) as f64 / total.max(1) as f64).clamp(0.0, 1.0);
+                let width = 30;
+                let filled = (frac * width as f64) as usize;
+                let left = if frac > 0.01 {
+                    format!(", about {:.0} s left", secs / frac - secs)
+                } else {
+                    String::new()
+                };
+                format!(
+                    "{what} [{}{}] {:5.1}% {secs:.0} s{left}",
+                    "#".repeat(filled),
+                    " ".repeat(width - filled),
+                    frac * 100.0,
+                )
+            }
+            None => format!("{what}: {p} requests, {secs:.0} s"),
+        };
+        let _ = write!(err, "\r{line:<78}");
+        let _ = err.flush();
+        drawn = true;
+    }
+    if drawn {
+        let _ = write!(err, "\r{}\r", " ".repeat(78));
         let _ = err.flush();
     }
-    let _ = write!(err, "\r{}\r", " ".repeat(50));
-    let _ = err.flush();
 }

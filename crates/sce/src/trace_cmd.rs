@@ -2,7 +2,7 @@
 //! (streaming, bounded memory), e.g. a CSV from any tool into sce's compact binary format.
 
 use anyhow::Result;
-use sce_sim::{TraceFormat, TraceReader, TraceWriter};
+use sce_sim::{FormatChoice, TraceFormat, TraceReader, TraceWriter};
 use std::path::PathBuf;
 
 /// `sce trace` subcommands.
@@ -18,10 +18,10 @@ pub struct ConvertArgs {
     /// The input trace.
     #[arg(long = "in")]
     pub input: PathBuf,
-    /// Its format: vscsi, msr, systor, tencent, disksim, sce, csv or csv:SPEC (`sce sim
-    /// --help` describes the spec).
-    #[arg(long)]
-    pub format: TraceFormat,
+    /// Its format: auto (recognised from the file), vscsi, msr, systor, tencent, disksim,
+    /// sce, csv or csv:SPEC (`sce sim --help` describes the spec).
+    #[arg(long, default_value = "auto")]
+    pub format: FormatChoice,
     /// The output file.
     #[arg(long)]
     pub out: PathBuf,
@@ -37,7 +37,8 @@ pub struct ConvertArgs {
 pub fn trace(c: TraceCommand) -> Result<()> {
     match c {
         TraceCommand::Convert(a) => {
-            let mut r = TraceReader::open(&a.input, a.format.clone(), a.skip_bad)?;
+            let (format, _) = a.format.resolve(&a.input)?;
+            let mut r = TraceReader::open(&a.input, format.clone(), a.skip_bad)?;
             let mut w = TraceWriter::create(&a.out, a.out_format.clone())?;
             while let Some(req) = r.next_request()? {
                 w.write(&req)?;
@@ -51,7 +52,7 @@ pub fn trace(c: TraceCommand) -> Result<()> {
                     String::new()
                 },
                 a.input.display(),
-                a.format,
+                format,
                 a.out.display(),
                 a.out_format
             );

@@ -212,3 +212,23 @@ fn sim_lru_reads_only_matches_the_reference() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `sce gen` says what it wrote in the words of its command line, not Rust's.
+#[test]
+fn gen_reports_its_workload_by_name() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("t.sce");
+    let o = sce(&[
+        "gen",
+        "oltp",
+        "--seed",
+        "7",
+        "--requests",
+        "100",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("wrote 100 requests (oltp, seed 7)"), "{err}");
+}

@@ -660,13 +660,19 @@ fn replay_modes_and_the_overload_warning() {
         assert!(cu > 0.5 && cu <= 1.0, "{name}: {cu}");
         // Open loop, the reads wait behind each other; closed, four in flight never queue
         // on a four-channel disk for more than a few services.
-        let (om, cm) = (f(o, "mean_read_latency"), f(c, "mean_read_latency"));
+        let (om, cm) = (
+            f(o, "mean_read_latency_seconds"),
+            f(c, "mean_read_latency_seconds"),
+        );
         assert!(om > 10.0 * cm, "{name}: open {om}, closed {cm}");
         assert!(cm < 0.05, "{name}: {cm}");
         for v in [o, c] {
-            let w = f(v, "mean_write_latency");
-            assert!(w > 0.0 && f(v, "p99_write_latency") >= w, "{name}: {v}");
-            assert!(f(v, "p99_read_latency") >= f(v, "mean_read_latency"));
+            let w = f(v, "mean_write_latency_seconds");
+            assert!(
+                w > 0.0 && f(v, "p99_write_latency_seconds") >= w,
+                "{name}: {v}"
+            );
+            assert!(f(v, "p99_read_latency_seconds") >= f(v, "mean_read_latency_seconds"));
             let (iv, bytes) = (
                 v["intervals"].as_array().unwrap(),
                 v["interval_cache_bytes_written"].as_array().unwrap(),
@@ -845,4 +851,72 @@ fn admission_options_reach_the_simulated_policies() {
         "fast",
     ]);
     assert!(e.contains("population rate"), "{e}");
+}
+
+/// `--format auto` (the default) recognises each shared trace's format, and each format
+/// `sce trace convert` writes; the JSON names it, with units in its keys and no Rust debug
+/// strings; a file of no known format fails with a message naming --format.
+#[test]
+fn format_auto_recognises_every_format_and_json_has_units() {
+    let shared =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces");
+    let d = tempfile::tempdir().unwrap();
+    let mut cases: Vec<(std::path::PathBuf, &str)> = vec![
+        (shared.join("cloudPhysicsIO.vscsi"), "vscsi"),
+        (shared.join("msr-cambridge1-sample.csv"), "msr"),
+        (shared.join("systor17-traces-sample.csv.gz"), "systor"),
+        (shared.join("tpcc-small.trace"), "disksim"),
+    ];
+    let src = shared.join("msr-cambridge1-sample.csv");
+    for out in ["sce", "csv", "tencent", "disksim", "systor", "vscsi"] {
+        let path = d.path().join(format!("t.{out}"));
+        ok(&[
+            "trace",
+            "convert",
+            "--in",
+            p(&src),
+            "--out",
+            p(&path),
+            "--out-format",
+            out,
+        ]);
+        cases.push((path, out));
+    }
+    for (trace, want) in &cases {
+        let v = json(&[
+            "sim",
+            "--trace",
+            p(trace),
+            "--cache-size",
+            "16MiB",
+            "--json",
+        ]);
+        let got = v["format"].as_str().unwrap();
+        assert_eq!(got.split(':').next().unwrap(), *want, "{}", trace.display());
+        assert_eq!(v["format_detected"], true);
+        let text = v.to_string();
+        for debug in ["DeviceModel", "Some(", "Periodic(", "{ "] {
+            assert!(!text.contains(debug), "{debug} in {text}");
+        }
+        assert!(v["ssd_model"]["read_latency_seconds"].as_f64().unwrap() > 0.0);
+        assert!(v["cache_size_bytes"].as_u64() == Some(16 << 20));
+        let pol = &v["policies"][0];
+        for k in [
+            "mean_read_latency_seconds",
+            "wall_seconds",
+            "cache_bytes_written",
+        ] {
+            assert!(pol.get(k).is_some(), "{k} missing: {pol}");
+        }
+    }
+    // The table says what was detected.
+    let table = ok(&["sim", "--trace", p(&cases[1].0), "--cache-size", "16MiB"]);
+    assert!(table.contains("(msr, detected)"), "{table}");
+    let junk = d.path().join("junk.txt");
+    std::fs::write(&junk, "hello,world\nthis is not a trace\n").unwrap();
+    let err = fails(&["sim", "--trace", p(&junk), "--cache-size", "16MiB"]);
+    assert!(
+        err.contains("fits no known format") && err.contains("--format"),
+        "{err}"
+    );
 }

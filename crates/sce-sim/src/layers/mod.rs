@@ -147,6 +147,18 @@ impl Replay {
     pub const MAX_QUEUE_DEPTH: u32 = 1 << 20;
 }
 
+impl std::fmt::Display for RamPolicy {
+    /// As `--ram-policy` takes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RamPolicy::Sync => f.write_str("sync"),
+            RamPolicy::Async => f.write_str("async"),
+            RamPolicy::Periodic(ns) => write!(f, "periodic:{}", *ns as f64 / 1e9),
+            RamPolicy::None => f.write_str("none"),
+        }
+    }
+}
+
 impl std::fmt::Display for Replay {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

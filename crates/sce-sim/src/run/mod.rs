@@ -127,13 +127,15 @@ pub struct Simulation {
 impl Simulation {
     /// Checks `cfg`, surveys the trace and measures each engine policy's metadata with
     /// `live_bytes` (the bytes the process has allocated: a counting allocator's count).
+    /// `surveyed` counts the requests of the survey as it reads them.
     pub fn prepare(
         cfg: SimConfig,
         devices: (DeviceModel, DeviceModel),
         live_bytes: fn() -> usize,
+        surveyed: &std::sync::atomic::AtomicU64,
     ) -> Result<Simulation> {
         cfg.check()?;
-        let survey = Survey::take(&cfg)?;
+        let survey = Survey::take(&cfg, surveyed)?;
         let (replay, replay_why) = survey.replay(cfg.replay);
         let mut metadata = Vec::new();
         for (_, k) in &cfg.policies {

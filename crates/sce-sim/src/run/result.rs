@@ -34,12 +34,16 @@ pub struct PolicyResult {
     /// Bytes written to the source.
     pub source_bytes_written: Option<u64>,
     /// Modelled mean read latency at the flash layer, seconds (engine policies).
+    #[serde(rename = "mean_read_latency_seconds")]
     pub mean_read_latency: Option<f64>,
     /// Modelled p99 read latency at the flash layer, seconds (all hosts).
+    #[serde(rename = "p99_read_latency_seconds")]
     pub p99_read_latency: Option<f64>,
     /// Modelled mean write latency at the flash layer, until acknowledged, seconds.
+    #[serde(rename = "mean_write_latency_seconds")]
     pub mean_write_latency: Option<f64>,
     /// Modelled p99 write latency at the flash layer, seconds (all hosts).
+    #[serde(rename = "p99_write_latency_seconds")]
     pub p99_write_latency: Option<f64>,
     /// Busy time of the source model (service time per channel) over the duration of the
     /// replay; the most loaded host's. Null if infinite (work in a zero-length replay).
@@ -61,10 +65,13 @@ pub struct PolicyResult {
     /// Fraction of writes that invalidated a copy on another host (Holland's Figure 4).
     pub writes_invalidating: Option<f64>,
     /// Seconds this policy took to simulate (including parsing the trace).
+    #[serde(rename = "wall_seconds")]
     pub seconds: f64,
     /// Trace requests per second of simulation.
+    #[serde(rename = "requests_per_wall_second")]
     pub requests_per_second: f64,
     /// Block accesses per second (reference policies).
+    #[serde(rename = "accesses_per_wall_second")]
     pub accesses_per_second: Option<f64>,
     /// Warm-up curve: (trace seconds, interval read hit ratio; null if no read).
     pub intervals: Vec<(f64, Option<f64>)>,

@@ -28,7 +28,8 @@ pub struct Survey {
 
 impl Survey {
     /// Streams the trace once.
-    pub fn take(cfg: &SimConfig) -> Result<Survey> {
+    /// `seen` counts the requests read so far (for a progress display).
+    pub fn take(cfg: &SimConfig, seen: &std::sync::atomic::AtomicU64) -> Result<Survey> {
         let mut layout = VolumeLayout::new(64 << 20);
         let mut reader = TraceReader::open(&cfg.trace, cfg.format.clone(), cfg.skip_bad)?;
         let mut requests = 0;
@@ -41,6 +42,9 @@ impl Survey {
                 continue;
             }
             requests += 1;
+            if requests % 4096 == 0 {
+                seen.store(requests, std::sync::atomic::Ordering::Relaxed);
+            }
             backwards += previous.is_some_and(|p| r.time_ns < p) as u64;
             previous = Some(r.time_ns);
             if let Some((_, latest)) = times {
