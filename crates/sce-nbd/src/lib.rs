@@ -12,6 +12,6 @@ pub mod uri;
 pub use client::{ClientOptions, NbdClient};
 pub use server::{
     listen, listen_with, ConnError, Export, ExportIo, ListenAddr, ListenOptions, Listener, Server,
-    ServerConfig, ServerStats,
+    ServerConfig, ServerStats, ServerTls, TlsMode,
 };
 pub use uri::NbdUri;

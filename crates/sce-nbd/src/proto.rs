@@ -28,6 +28,8 @@ pub const OPT_EXPORT_NAME: u32 = 1;
 pub const OPT_ABORT: u32 = 2;
 /// Option: list exports.
 pub const OPT_LIST: u32 = 3;
+/// Option: start TLS on the connection.
+pub const OPT_STARTTLS: u32 = 5;
 /// Option: information about an export.
 pub const OPT_INFO: u32 = 6;
 /// Option: choose an export and start transmission.
@@ -53,6 +55,10 @@ pub const REP_FLAG_ERROR: u32 = 1 << 31;
 pub const REP_ERR_UNSUP: u32 = REP_FLAG_ERROR | 1;
 /// Option reply: malformed option.
 pub const REP_ERR_INVALID: u32 = REP_FLAG_ERROR | 3;
+/// Option reply: refused by the server's policy.
+pub const REP_ERR_POLICY: u32 = REP_FLAG_ERROR | 2;
+/// Option reply: TLS must be started first.
+pub const REP_ERR_TLS_REQD: u32 = REP_FLAG_ERROR | 5;
 /// Option reply: unknown export.
 pub const REP_ERR_UNKNOWN: u32 = REP_FLAG_ERROR | 6;
 /// Option reply: server shutting down.

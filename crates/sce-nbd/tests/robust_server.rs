@@ -219,7 +219,10 @@ fn unix_sockets_are_0600_whatever_the_umask() {
     let l = listen_with(
         &f.server,
         &ListenAddr::Unix(group.clone()),
-        &ListenOptions { socket_mode: 0o660 },
+        &ListenOptions {
+            socket_mode: 0o660,
+            ..Default::default()
+        },
     )
     .unwrap();
     // SAFETY: as above.

@@ -998,3 +998,90 @@ fn structured_session(backing: Backing) {
     assert_eq!(plain.reply(), (errno::EINVAL, 20));
     still_serving(&f);
 }
+
+/// An option on a raw TCP connection after the greeting: its reply code, or None if the
+/// server closed the connection.
+fn tcp_option(s: &mut std::net::TcpStream, opt: u32, data: &[u8]) -> Option<u32> {
+    let mut v = proto::IHAVEOPT.to_be_bytes().to_vec();
+    v.extend_from_slice(&opt.to_be_bytes());
+    v.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    v.extend_from_slice(data);
+    s.write_all(&v).ok()?;
+    let mut h = [0u8; 20];
+    s.read_exact(&mut h).ok()?;
+    let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
+    let mut d = vec![0u8; len as usize];
+    s.read_exact(&mut d).ok()?;
+    Some(u32::from_be_bytes(h[12..16].try_into().unwrap()))
+}
+
+#[test]
+fn starttls_policy_before_the_tls_handshake() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let (cp, kp) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+    std::fs::write(&cp, cert.pem()).unwrap();
+    std::fs::write(&kp, key.serialize_pem()).unwrap();
+    let f = fixture(8 << 20);
+    // A Unix socket offers no TLS.
+    let mut r = Raw::hello(&f.sock);
+    r.option(proto::OPT_STARTTLS, &[]);
+    assert_eq!(r.option_reply().0, proto::REP_ERR_POLICY);
+    let tls = sce_nbd::ServerTls::from_files(sce_nbd::TlsMode::Require, &cp, &kp, None).unwrap();
+    let opts = sce_nbd::ListenOptions {
+        tls: Some(tls),
+        ..Default::default()
+    };
+    let l = sce_nbd::listen_with(&f.server, &ListenAddr::Tcp("127.0.0.1:0".into()), &opts).unwrap();
+    let addr = l.local.strip_prefix("tcp:").unwrap().to_string();
+    let hello = || {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let mut h = [0u8; 18];
+        s.read_exact(&mut h).unwrap();
+        s.write_all(&(proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES).to_be_bytes())
+            .unwrap();
+        s
+    };
+    // Required: every option but STARTTLS and ABORT is refused until TLS is up...
+    let mut s = hello();
+    let mut go = 3u32.to_be_bytes().to_vec();
+    go.extend_from_slice(b"vol");
+    go.extend_from_slice(&0u16.to_be_bytes());
+    for (opt, data) in [
+        (proto::OPT_GO, &go[..]),
+        (proto::OPT_INFO, &go[..]),
+        (proto::OPT_LIST, &[][..]),
+        (proto::OPT_STRUCTURED_REPLY, &[][..]),
+    ] {
+        assert_eq!(tcp_option(&mut s, opt, data), Some(proto::REP_ERR_TLS_REQD));
+    }
+    assert_eq!(
+        tcp_option(&mut s, proto::OPT_STARTTLS, b"x"),
+        Some(proto::REP_ERR_INVALID)
+    );
+    assert_eq!(
+        tcp_option(&mut s, proto::OPT_ABORT, &[]),
+        Some(proto::REP_ACK)
+    );
+    // ...and EXPORT_NAME, which has no error reply, closes the connection.
+    let mut s = hello();
+    assert_eq!(tcp_option(&mut s, proto::OPT_EXPORT_NAME, b"vol"), None);
+    // STARTTLS is acknowledged, and a client that then sends garbage instead of a TLS
+    // hello is dropped; the server goes on serving.
+    let mut s = hello();
+    assert_eq!(
+        tcp_option(&mut s, proto::OPT_STARTTLS, &[]),
+        Some(proto::REP_ACK)
+    );
+    s.write_all(&[0x55; 64]).unwrap();
+    let mut b = [0u8; 64];
+    let n = s.read(&mut b).unwrap_or(0);
+    assert!(n < 64, "the server answered garbage with {n} bytes");
+    still_serving(&f);
+}

@@ -7,7 +7,7 @@
 use crate::admission::AdmissionOptions;
 use anyhow::{anyhow, bail, Context, Result};
 use sce_io::DirectMode;
-use sce_nbd::ListenAddr;
+use sce_nbd::{ListenAddr, ServerTls, TlsMode};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -26,6 +26,8 @@ pub struct ServeConfig {
     pub admin: Option<PathBuf>,
     /// Listen on TCP addresses other than loopback without TLS or authentication.
     pub insecure: bool,
+    /// TLS on the TCP listeners.
+    pub tls: TlsConfig,
     /// O_DIRECT for files and devices: required, preferred (buffered where the filesystem
     /// refuses it) or off.
     pub direct: DirectMode,
@@ -152,6 +154,14 @@ pub struct ConfigFile {
     /// Allow TCP listeners on addresses other than loopback without TLS (as `--insecure`).
     #[serde(default)]
     pub insecure: bool,
+    /// TLS on TCP listeners: off, on or require (as `--tls`).
+    pub tls: Option<String>,
+    /// The server's PEM certificate chain (as `--tls-cert`).
+    pub tls_cert: Option<PathBuf>,
+    /// Its PEM private key (as `--tls-key`).
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificates of the clients to accept (as `--tls-client-ca`).
+    pub tls_client_ca: Option<PathBuf>,
     /// The exports.
     #[serde(default)]
     pub export: Vec<ExportConfig>,
@@ -185,6 +195,17 @@ impl ServeConfig {
             self.admin = file.admin;
         }
         self.insecure |= file.insecure;
+        if self.tls.mode.is_none() {
+            self.tls.mode = file
+                .tls
+                .map(|m| m.parse())
+                .transpose()
+                .map_err(|e: String| anyhow!("tls: {e}"))?;
+        }
+        let t = &mut self.tls;
+        t.cert = t.cert.take().or(file.tls_cert);
+        t.key = t.key.take().or(file.tls_key);
+        t.client_ca = t.client_ca.take().or(file.tls_client_ca);
         Ok(())
     }
 
@@ -195,17 +216,19 @@ impl ServeConfig {
         if self.listen.is_empty() {
             bail!("nowhere to listen: give --listen unix:PATH or tcp:HOST:PORT");
         }
+        let require = self.tls.mode() == TlsMode::Require;
         for l in &self.listen {
             if let ListenAddr::Tcp(hp) = l {
-                if !self.insecure && !is_loopback(hp)? {
+                if !self.insecure && !require && !is_loopback(hp)? {
                     bail!(
-                        "refusing to listen on tcp:{hp}: it is not a loopback address, and the \
-                         connection would carry the volume's data in the clear, to anyone who \
-                         can reach it (sce has no TLS or authentication yet). Listen on \
-                         127.0.0.1 or a Unix socket, or pass --insecure on a network you trust"
+                        "refusing to listen on tcp:{hp}: it is not a loopback address, and \
+                         without --tls require the connection may carry the volume's data in \
+                         the clear, to anyone who can reach it. Give --tls-cert and --tls-key \
+                         (TLS is then required), listen on 127.0.0.1 or a Unix socket, or pass \
+                         --insecure on a network you trust"
                     );
                 }
-                if self.insecure && !is_loopback(hp)? {
+                if self.insecure && !require && !is_loopback(hp)? {
                     tracing::warn!(
                         "listening on tcp:{hp} without TLS or authentication (--insecure): \
                          anyone who can reach it can read and write the volume"
@@ -214,6 +237,47 @@ impl ServeConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// TLS on the TCP listeners, as given (`mode` `None`: require if a certificate is given,
+/// else off).
+#[derive(Debug, Clone, Default)]
+pub struct TlsConfig {
+    /// `--tls`.
+    pub mode: Option<TlsMode>,
+    /// `--tls-cert`: the server's PEM certificate chain.
+    pub cert: Option<PathBuf>,
+    /// `--tls-key`: its PEM private key.
+    pub key: Option<PathBuf>,
+    /// `--tls-client-ca`: PEM CA certificates; clients must then present a certificate
+    /// signed by one of them (mutual TLS).
+    pub client_ca: Option<PathBuf>,
+}
+
+impl TlsConfig {
+    /// The mode in force: as given, else require with a certificate and off without.
+    pub fn mode(&self) -> TlsMode {
+        self.mode.unwrap_or(if self.cert.is_some() {
+            TlsMode::Require
+        } else {
+            TlsMode::Off
+        })
+    }
+
+    /// The listeners' TLS, loaded from the files; `None` when off. Errors say which flag or
+    /// file is missing or wrong.
+    pub fn load(&self) -> Result<Option<ServerTls>> {
+        let mode = self.mode();
+        if mode == TlsMode::Off {
+            return Ok(None);
+        }
+        let (Some(cert), Some(key)) = (&self.cert, &self.key) else {
+            bail!("--tls {mode} needs --tls-cert FILE and --tls-key FILE (PEM)");
+        };
+        ServerTls::from_files(mode, cert, key, self.client_ca.as_deref())
+            .map(Some)
+            .map_err(|e| anyhow!(e))
     }
 }
 
@@ -258,6 +322,7 @@ mod tests {
             metrics: metrics.map(str::to_string),
             admin: None,
             insecure: false,
+            tls: TlsConfig::default(),
             direct: DirectMode::Required,
             source_connections: 4,
             source_queue_depth: 32,
@@ -304,6 +369,35 @@ mod tests {
         assert_eq!(c.metrics.as_deref(), Some("127.0.0.1:2"));
         let e = c.check().unwrap_err().to_string();
         assert!(e.contains("nowhere to listen"), "{e}");
+    }
+
+    #[test]
+    fn a_network_listener_needs_tls_required_or_insecure() {
+        let mut c = cli(&["x"], &["tcp:0.0.0.0:10809"], None);
+        let e = c.check().unwrap_err().to_string();
+        assert!(
+            e.contains("refusing to listen") && e.contains("--tls-cert"),
+            "{e}"
+        );
+        // TLS offered but not required still lets plain clients in.
+        c.merge_file(file(
+            "tls = \"on\"\ntls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"",
+        ))
+        .unwrap();
+        assert_eq!(c.tls.mode(), TlsMode::On);
+        assert!(c.check().is_err());
+        // A certificate alone means TLS required: allowed.
+        let mut c = cli(&["x"], &["tcp:0.0.0.0:10809"], None);
+        c.merge_file(file("tls_cert = \"/c.pem\"\ntls_key = \"/k.pem\""))
+            .unwrap();
+        assert_eq!(c.tls.mode(), TlsMode::Require);
+        c.check().unwrap();
+        let mut c = cli(&["x"], &[], None);
+        let e = c
+            .merge_file(file("tls = \"maybe\""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown TLS mode"), "{e}");
     }
 
     #[test]

@@ -139,9 +139,11 @@ fn start(a: Assembled, cfg: &ServeConfig, report: &mut dyn FnMut(Event)) -> Resu
         )?);
     }
     let mut listeners = Vec::new();
+    let tls = cfg.tls.load()?;
     for l in &cfg.listen {
         let opts = sce_nbd::ListenOptions {
             socket_mode: cfg.socket_mode,
+            tls: tls.clone(),
         };
         let h = listen_with(&a.server, l, &opts).with_context(|| format!("listening on {l:?}"))?;
         tracing::info!(target: LOG_TARGET, "listening on {}", h.local);

@@ -47,7 +47,9 @@ impl LogArgs {
         }
         let base = LEVELS.iter().position(|l| *l == default).unwrap_or(1);
         let level = LEVELS[(base + self.verbose as usize).min(LEVELS.len() - 1)];
-        Ok(EnvFilter::new(level))
+        // rustls warns of every client that sends an IP address as its server name (libnbd
+        // does): noise for an operator; its errors still show.
+        Ok(EnvFilter::new(format!("{level},rustls=error")))
     }
 
     /// Installs the subscriber for the process.

@@ -55,7 +55,7 @@ enum Command {
             --listen unix:/run/sce/lun0.sock --source-generation 2026-11-24
   sce serve --config /etc/sce/lun0.toml --log-format json
   sce serve --source /srv/lun0.img --listen unix:/run/sce/plain.sock   # no cache: the baseline")]
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Inspect and change a running `sce serve` through its admin socket: status, stats,
     /// flush, exists, evict, prefetch, forget, set, detach, attach.
     Ctl(ctl::CtlArgs),
@@ -163,7 +163,7 @@ fn main() {
     }
     let r: Result<()> = match cli.command {
         Command::Demo(a) => demo::demo(a),
-        Command::Serve(a) => serve::serve(a),
+        Command::Serve(a) => serve::serve(*a),
         Command::Ctl(a) => ctl::ctl(a),
         Command::Completions(a) => packaging::completions(a),
         Command::Man(a) => packaging::man(a),

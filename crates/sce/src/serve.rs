@@ -28,13 +28,27 @@ pub struct ServeArgs {
     #[arg(long)]
     pub cache: Option<PathBuf>,
     /// Where to listen: unix:PATH or tcp:HOST:PORT (repeatable). A TCP address other than
-    /// loopback is refused without --insecure: NBD carries the volume in the clear.
+    /// loopback is refused unless TLS is required (--tls-cert) or --insecure is given.
     #[arg(long)]
     pub listen: Vec<ListenAddr>,
     /// Allow TCP listeners on addresses other than loopback, without TLS or authentication
     /// (a warning is logged).
     #[arg(long)]
     pub insecure: bool,
+    /// TLS on TCP listeners (NBD STARTTLS): off, on (offered) or require. Default: require
+    /// when --tls-cert is given, else off. Unix sockets stay plain.
+    #[arg(long)]
+    pub tls: Option<sce_nbd::TlsMode>,
+    /// The server's X.509 certificate chain (PEM).
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// CA certificates (PEM) of the clients to accept: every client must then present a
+    /// certificate they signed (mutual TLS).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
     /// Export name ("" is the default export).
     #[arg(long, default_value = "")]
     pub export: String,
@@ -242,6 +256,12 @@ impl ServeArgs {
             metrics: self.metrics.clone(),
             admin: self.admin.clone(),
             insecure: self.insecure,
+            tls: sce_server::config::TlsConfig {
+                mode: self.tls,
+                cert: self.tls_cert.clone(),
+                key: self.tls_key.clone(),
+                client_ca: self.tls_client_ca.clone(),
+            },
             direct: self.direct_mode(),
             source_connections: self.source_connections,
             source_queue_depth: self.source_queue_depth,

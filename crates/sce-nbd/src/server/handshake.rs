@@ -15,6 +15,29 @@ pub(super) struct Negotiated {
     pub(super) block_status: bool,
 }
 
+/// Where TLS stands on a connection.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct TlsPolicy {
+    /// STARTTLS is accepted (a TLS listener).
+    pub(super) offered: bool,
+    /// Nothing but STARTTLS and ABORT is accepted before TLS.
+    pub(super) required: bool,
+    /// In TLS already, with the client's no-zeroes flag from before STARTTLS: haggling
+    /// goes on, without a greeting.
+    pub(super) active: Option<bool>,
+}
+
+/// How option haggling ended.
+pub(super) enum Outcome {
+    /// Transmission starts with this export.
+    Go(Export, Negotiated),
+    /// The client aborted.
+    Abort,
+    /// STARTTLS was acknowledged: the TLS handshake comes next. The client's no-zeroes
+    /// flag, for after it.
+    StartTls(bool),
+}
+
 /// What one option asks of the haggling loop.
 enum Next {
     /// Read the next option.
@@ -26,13 +49,17 @@ enum Next {
 }
 
 impl Server {
-    /// Option haggling. Returns the export chosen and what else was negotiated, or None if
-    /// the client aborted.
+    /// Option haggling: the greeting (unless TLS is `active`: haggling goes on after
+    /// STARTTLS), then options until the client chooses an export, aborts or starts TLS.
     pub(super) fn handshake<S: Read + Write>(
         &self,
         c: &mut S,
-    ) -> Result<Option<(Export, Negotiated)>, ConnError> {
-        let no_zeroes = greet(c)?;
+        tls: TlsPolicy,
+    ) -> Result<Outcome, ConnError> {
+        let no_zeroes = match tls.active {
+            Some(flag) => flag,
+            None => greet(c)?,
+        };
         let mut neg = Negotiated::default();
         loop {
             let mut h = [0u8; 16];
@@ -43,6 +70,27 @@ impl Server {
             let opt = oh.option;
             if self.is_shutting_down() && opt != proto::OPT_ABORT {
                 refuse(c, opt, proto::REP_ERR_SHUTDOWN, b"server is shutting down")?;
+                continue;
+            }
+            if opt == proto::OPT_STARTTLS {
+                if starttls(c, &data, tls)? {
+                    return Ok(Outcome::StartTls(no_zeroes));
+                }
+                continue;
+            }
+            if tls.required && tls.active.is_none() && opt != proto::OPT_ABORT {
+                if opt == proto::OPT_EXPORT_NAME {
+                    // No error reply exists for it: close.
+                    return Err(ConnError::Tls(
+                        "the client skipped TLS, which is required".into(),
+                    ));
+                }
+                refuse(
+                    c,
+                    opt,
+                    proto::REP_ERR_TLS_REQD,
+                    b"TLS is required: send STARTTLS",
+                )?;
                 continue;
             }
             let next = match opt {
@@ -67,9 +115,9 @@ impl Server {
                 Next::Go(e) => {
                     neg.block_status =
                         neg.structured && neg.allocation_of.as_deref() == Some(e.name.as_str());
-                    return Ok(Some((e, neg)));
+                    return Ok(Outcome::Go(e, neg));
                 }
-                Next::Abort => return Ok(None),
+                Next::Abort => return Ok(Outcome::Abort),
             }
         }
     }
@@ -155,6 +203,28 @@ impl Server {
             Next::More
         })
     }
+}
+
+/// NBD_OPT_STARTTLS: true when acknowledged (the TLS handshake comes next); refused
+/// without TLS credentials, once in TLS, or with data.
+fn starttls<S: Write>(c: &mut S, data: &[u8], tls: TlsPolicy) -> Result<bool, ConnError> {
+    let opt = proto::OPT_STARTTLS;
+    let (code, msg): (u32, &[u8]) = if !tls.offered {
+        (
+            proto::REP_ERR_POLICY,
+            b"TLS is not configured on this listener",
+        )
+    } else if tls.active.is_some() {
+        (proto::REP_ERR_INVALID, b"TLS is already started")
+    } else if !data.is_empty() {
+        (proto::REP_ERR_INVALID, b"STARTTLS takes no data")
+    } else {
+        c.write_all(&proto::option_reply(opt, proto::REP_ACK, &[]))?;
+        c.flush()?;
+        return Ok(true);
+    };
+    refuse(c, opt, code, msg)?;
+    Ok(false)
 }
 
 /// NBD_OPT_STRUCTURED_REPLY: takes no data; acknowledged (again, if asked again).

@@ -38,11 +38,17 @@ pub struct ListenOptions {
     /// Permission bits of a Unix socket, whatever the umask. Default `0o600`: only the
     /// owner may connect. Ignored for TCP.
     pub socket_mode: u32,
+    /// TLS for TCP connections (NBD_OPT_STARTTLS); `None`: plain only. Ignored for Unix
+    /// sockets, which the file permissions protect.
+    pub tls: Option<ServerTls>,
 }
 
 impl Default for ListenOptions {
     fn default() -> Self {
-        ListenOptions { socket_mode: 0o600 }
+        ListenOptions {
+            socket_mode: 0o600,
+            tls: None,
+        }
     }
 }
 
@@ -93,7 +99,7 @@ impl Drop for Listener {
 }
 
 /// Admits `conn` and serves it on a thread of its own, or refuses it (closing it).
-pub(super) fn spawn_conn<C: Conn>(server: &Arc<Server>, conn: C) {
+pub(super) fn spawn_conn<C: Conn>(server: &Arc<Server>, conn: C, tls: Option<ServerTls>) {
     if let Err(why) = server.admit() {
         server.refused(&why);
         return;
@@ -105,7 +111,7 @@ pub(super) fn spawn_conn<C: Conn>(server: &Arc<Server>, conn: C) {
     );
     let spawned = std::thread::Builder::new()
         .name("nbd-conn".into())
-        .spawn(move || match s.serve_admitted(conn) {
+        .spawn(move || match s.serve_admitted(conn, tls) {
             Ok(()) => tracing::debug!("NBD connection closed"),
             Err(e) => tracing::info!("connection ended: {e}"),
         });
@@ -122,6 +128,7 @@ pub(super) fn accept_loop<C: Conn>(
     server: &Arc<Server>,
     stop: &Arc<AtomicBool>,
     fd: RawFd,
+    tls: Option<ServerTls>,
     mut accept: impl FnMut() -> io::Result<C> + Send + 'static,
 ) -> io::Result<JoinHandle<()>> {
     let (s, st) = (server.clone(), stop.clone());
@@ -144,7 +151,7 @@ pub(super) fn accept_loop<C: Conn>(
         .spawn(move || {
             while !st.load(Relaxed) {
                 match accept() {
-                    Ok(c) => spawn_conn(&s, c),
+                    Ok(c) => spawn_conn(&s, c, tls.clone()),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait(),
                     Err(e) => {
                         tracing::warn!("accept: {e}");
@@ -245,7 +252,7 @@ pub fn listen_with(
             let id = file_id(path)?;
             l.set_nonblocking(true)?;
             let fd = l.as_raw_fd();
-            let thread = accept_loop(server, &stop, fd, move || {
+            let thread = accept_loop(server, &stop, fd, None, move || {
                 let (c, _) = l.accept()?;
                 c.set_nonblocking(false)?;
                 Ok(c)
@@ -269,7 +276,7 @@ pub fn listen_with(
             let local = format!("tcp:{}", l.local_addr()?);
             l.set_nonblocking(true)?;
             let fd = l.as_raw_fd();
-            let thread = accept_loop(server, &stop, fd, move || {
+            let thread = accept_loop(server, &stop, fd, opts.tls.clone(), move || {
                 let (c, _) = l.accept()?;
                 c.set_nonblocking(false)?;
                 c.set_nodelay(true)?;

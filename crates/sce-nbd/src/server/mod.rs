@@ -24,7 +24,11 @@
 //!   as the clients send; a cached volume ([`ExportIo::Reads`]) its hits. The rest goes to
 //!   the workers; a request alone in flight runs on the reader (`inline_when_idle`).
 //!
-//! So a server has at most `2 × max_connections + workers + listeners` threads, and in
+//! - A TCP connection that starts TLS (NBD_OPT_STARTTLS, see `tls.rs`) gets a *pump*
+//!   thread that owns the TLS session and moves plaintext to and from one end of a Unix
+//!   socket pair; everything above serves the other end as it serves any connection.
+//!
+//! So a server has at most `3 × max_connections + workers + listeners` threads, and in
 //! practice one per connection plus the workers. A reader thread that cannot be spawned
 //! refuses the connection; a writer that cannot be, leaves the blocking write to the worker;
 //! neither panics the process.
@@ -69,10 +73,13 @@ mod handshake;
 mod listen;
 mod queued;
 mod reader;
+mod serve;
+mod tls;
 mod transmission;
 mod worker;
 
 pub use listen::{listen, listen_with, unix_path, ListenAddr, ListenOptions, Listener};
+pub use tls::{ServerTls, TlsMode};
 
 use transmission::{Deadlined, Job, HANDSHAKE, IDLE};
 use worker::work;
@@ -230,6 +237,8 @@ pub struct ServerStats {
     pub protocol_errors: AtomicU64,
     /// Connections refused: over `max_connections`, or no thread could be started for them.
     pub refused_connections: AtomicU64,
+    /// Connections that started TLS.
+    pub tls_connections: AtomicU64,
     /// Connections closed because the handshake took longer than `handshake_timeout`.
     pub handshake_timeouts: AtomicU64,
     /// Connections closed because a request did not arrive whole within `request_timeout`.
@@ -320,6 +329,10 @@ pub enum ConnError {
     /// The server could not take the connection (limit reached, no thread).
     #[error("connection refused: {0}")]
     Refused(String),
+    /// The TLS handshake failed (a bad or missing certificate, a protocol error), or the
+    /// client skipped TLS where it is required.
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 /// Largest write payload read and discarded before refusing it; beyond, disconnect.
@@ -533,68 +546,6 @@ impl Server {
             self.refused(&why);
             return Err(ConnError::Refused(why));
         }
-        self.serve_admitted(conn)
-    }
-
-    /// Serves a connection that holds a slot (see `admit`), and gives the slot back.
-    fn serve_admitted<C: Conn>(self: &Arc<Self>, conn: C) -> Result<(), ConnError> {
-        let stats = &self.shared.stats;
-        stats.connections.fetch_add(1, Relaxed);
-        let id = self.next_conn.fetch_add(1, Relaxed);
-        let r = match conn.try_clone_conn() {
-            Ok(closer) => {
-                // Closing the read half ends the reader; requests in flight still get their
-                // replies.
-                self.conns
-                    .lock()
-                    .push((id, Box::new(move || closer.shutdown_read())));
-                let r = self.serve_inner(conn);
-                self.conns.lock().retain(|(i, _)| *i != id);
-                r
-            }
-            Err(e) => Err(e.into()),
-        };
-        stats.open_connections.fetch_sub(1, Relaxed);
-        r
-    }
-
-    /// Counts why a connection ends, before its socket is closed (so that a client seeing
-    /// the close sees the counter too).
-    fn note(&self, r: Result<(), ConnError>) -> Result<(), ConnError> {
-        let stats = &self.shared.stats;
-        match &r {
-            Err(ConnError::Protocol(_)) | Err(ConnError::UnknownExport(_)) => {
-                stats.protocol_errors.fetch_add(1, Relaxed);
-            }
-            Err(ConnError::Timeout(what)) => {
-                let counter = match *what {
-                    HANDSHAKE => &stats.handshake_timeouts,
-                    IDLE => &stats.idle_timeouts,
-                    _ => &stats.request_timeouts,
-                };
-                counter.fetch_add(1, Relaxed);
-            }
-            _ => {}
-        }
-        r
-    }
-
-    fn serve_inner<C: Conn>(self: &Arc<Self>, mut conn: C) -> Result<(), ConnError> {
-        conn.set_read_timeout_conn(Some(SLICE))?;
-        conn.set_write_timeout_conn(Some(SLICE))?;
-        let mut timed = Deadlined {
-            c: &mut conn,
-            deadline: Instant::now() + self.shared.cfg.handshake_timeout,
-            shared: None,
-        };
-        let (export, negotiated) = match self.handshake(&mut timed) {
-            Ok(Some(e)) => e,
-            Ok(None) => return Ok(()),
-            Err(ConnError::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {
-                return self.note(Err(ConnError::Timeout(HANDSHAKE)));
-            }
-            Err(e) => return self.note(Err(e)),
-        };
-        self.transmission(conn, export, negotiated)
+        self.serve_admitted(conn, None)
     }
 }
