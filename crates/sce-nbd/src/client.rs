@@ -95,6 +95,18 @@ pub struct NbdClient {
     opts: ClientOptions,
     pool: Mutex<Pool>,
     room: Condvar,
+    /// The block-status connection, opened on the first `extents` (a leaf lock, held
+    /// across that connection's I/O: block status is asked one at a time).
+    status: Mutex<StatusState>,
+}
+
+/// Whether the source can tell its holes, as far as we know.
+enum StatusState {
+    /// Not asked yet (or the last connection failed).
+    Unknown,
+    /// No structured replies or no `base:allocation`.
+    Unsupported,
+    Conn(crate::status::StatusConn),
 }
 
 impl std::fmt::Debug for NbdClient {
@@ -173,6 +185,7 @@ impl NbdClient {
                 ..opts
             },
             room: Condvar::new(),
+            status: Mutex::new(StatusState::Unknown),
         })
     }
 
@@ -342,7 +355,46 @@ impl Drop for NbdClient {
     }
 }
 
+impl NbdClient {
+    /// The source's allocation from its `base:allocation` context; all data when it has
+    /// none or the query fails (always true). A range longer than 4 GiB is answered for a
+    /// prefix.
+    fn source_extents(&self, offset: u64, len: u64) -> Vec<sce_io::Extent> {
+        let all_data = vec![sce_io::Extent::data(len)];
+        let ask = len.min(u32::MAX as u64 & !511) as u32;
+        let mut st = self.status.lock();
+        if matches!(*st, StatusState::Unknown) {
+            *st = match crate::status::connect(&self.uri, self.opts.connect_timeout) {
+                Ok(Some(c)) => StatusState::Conn(c),
+                Ok(None) => StatusState::Unsupported,
+                Err(e) => {
+                    tracing::debug!("block status of {}: {e}", self.uri);
+                    return all_data;
+                }
+            };
+        }
+        let StatusState::Conn(c) = &mut *st else {
+            return all_data;
+        };
+        match c.extents(offset, ask, Instant::now() + self.opts.request_timeout) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::debug!("block status of {}: {e}", self.uri);
+                *st = StatusState::Unknown;
+                all_data
+            }
+        }
+    }
+}
+
 impl BlockDevice for NbdClient {
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<sce_io::Extent>, IoError> {
+        check_range(Op::Read, offset, len, self.size, 512)?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        Ok(self.source_extents(offset, len))
+    }
     /// The export's URI and size. An NBD export's content can change on its server without
     /// either changing: a persistent cache adds the operator's `--source-generation`.
     fn identity(&self) -> Option<String> {

@@ -64,7 +64,7 @@ impl Stream {
     }
 
     /// Reads exactly `buf`, giving up with `TimedOut` at `deadline`.
-    fn read_by(&mut self, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    pub(crate) fn read_by(&mut self, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
         let mut done = 0;
         while done < buf.len() {
             self.set_read_timeout(Some(remaining(deadline)?))?;
@@ -148,6 +148,13 @@ fn open_stream(uri: &NbdUri, deadline: Instant) -> io::Result<(Stream, &str)> {
 /// and flags.
 pub(crate) fn connect(uri: &NbdUri, timeout: Duration) -> io::Result<(Stream, u64, u16)> {
     let deadline = Instant::now() + timeout;
+    let (mut s, name) = greet(uri, deadline)?;
+    let (size, flags) = go(&mut s, name, deadline)?;
+    Ok((s, size, flags))
+}
+
+/// Opens the stream and does the greeting: the stream, and the export's name.
+pub(crate) fn greet(uri: &NbdUri, deadline: Instant) -> io::Result<(Stream, &str)> {
     let (mut s, name) = open_stream(uri, deadline)?;
     let mut hello = [0u8; 18];
     s.read_by(&mut hello, deadline)?;
@@ -164,29 +171,50 @@ pub(crate) fn connect(uri: &NbdUri, timeout: Duration) -> io::Result<(Stream, u6
         cflags |= proto::FLAG_C_NO_ZEROES;
     }
     s.write_by(&cflags.to_be_bytes(), deadline)?;
+    Ok((s, name))
+}
+
+/// Sends option `opt` with `data`.
+pub(crate) fn send_option(
+    s: &mut Stream,
+    opt: u32,
+    data: &[u8],
+    deadline: Instant,
+) -> io::Result<()> {
+    let mut o = proto::IHAVEOPT.to_be_bytes().to_vec();
+    o.extend_from_slice(&opt.to_be_bytes());
+    o.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    o.extend_from_slice(data);
+    s.write_by(&o, deadline)
+}
+
+/// Reads one option reply: its type and data.
+pub(crate) fn option_reply(s: &mut Stream, deadline: Instant) -> io::Result<(u32, Vec<u8>)> {
+    let mut h = [0u8; 20];
+    s.read_by(&mut h, deadline)?;
+    if h[..8] != proto::OPT_REPLY_MAGIC.to_be_bytes() {
+        return Err(bad("bad option reply magic"));
+    }
+    let reply = u32::from_be_bytes([h[12], h[13], h[14], h[15]]);
+    let len = u32::from_be_bytes([h[16], h[17], h[18], h[19]]);
+    if len > proto::MAX_OPTION_LEN {
+        return Err(bad("option reply too long"));
+    }
+    let mut d = vec![0u8; len as usize];
+    s.read_by(&mut d, deadline)?;
+    Ok((reply, d))
+}
+
+/// NBD_OPT_GO for export `name`: its size and transmission flags.
+pub(crate) fn go(s: &mut Stream, name: &str, deadline: Instant) -> io::Result<(u64, u16)> {
     let mut data = (name.len() as u32).to_be_bytes().to_vec();
     data.extend_from_slice(name.as_bytes());
     data.extend_from_slice(&1u16.to_be_bytes());
     data.extend_from_slice(&proto::INFO_BLOCK_SIZE.to_be_bytes());
-    let mut opt = proto::IHAVEOPT.to_be_bytes().to_vec();
-    opt.extend_from_slice(&proto::OPT_GO.to_be_bytes());
-    opt.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    opt.extend_from_slice(&data);
-    s.write_by(&opt, deadline)?;
+    send_option(s, proto::OPT_GO, &data, deadline)?;
     let (mut size, mut flags) = (None, 0u16);
     loop {
-        let mut h = [0u8; 20];
-        s.read_by(&mut h, deadline)?;
-        if h[..8] != proto::OPT_REPLY_MAGIC.to_be_bytes() {
-            return Err(bad("bad option reply magic"));
-        }
-        let reply = u32::from_be_bytes([h[12], h[13], h[14], h[15]]);
-        let len = u32::from_be_bytes([h[16], h[17], h[18], h[19]]);
-        if len > proto::MAX_OPTION_LEN {
-            return Err(bad("option reply too long"));
-        }
-        let mut d = vec![0u8; len as usize];
-        s.read_by(&mut d, deadline)?;
+        let (reply, d) = option_reply(s, deadline)?;
         match reply {
             proto::REP_ACK => break,
             proto::REP_INFO
@@ -208,7 +236,7 @@ pub(crate) fn connect(uri: &NbdUri, timeout: Duration) -> io::Result<(Stream, u6
         }
     }
     let size = size.ok_or_else(|| bad("server sent no export size"))?;
-    Ok((s, size, flags))
+    Ok((size, flags))
 }
 
 /// What a request gets back: the server's error (0 for success) and, for a successful read,

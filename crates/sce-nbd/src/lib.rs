@@ -7,6 +7,7 @@ pub mod client;
 mod conn;
 pub mod proto;
 pub mod server;
+mod status;
 pub mod uri;
 
 pub use client::{ClientOptions, NbdClient};

@@ -676,14 +676,15 @@ fn hits_read_through_io_uring_persistent_or_not() {
 
 /// `nbdinfo --map` and `qemu-img map` see the holes of a sparse source through the cached
 /// export (base:allocation over structured replies), and the allocation follows writes and
-/// trims made through it.
+/// trims made through it: for a file source (SEEK_HOLE) and for an nbdkit memory disk (its
+/// own base:allocation, asked by sce's client).
 #[test]
 fn nbdinfo_map_and_qemu_img_map_show_a_sparse_source() {
-    if !have("nbdinfo") || !have("qemu-img") || !have("qemu-io") {
+    if !have("nbdinfo") || !have("qemu-img") || !have("qemu-io") || !have("nbdkit") {
         return;
     }
     let d = tempfile::tempdir().unwrap();
-    let (src, sock) = (d.path().join("src"), d.path().join("s.sock"));
+    let src = d.path().join("src");
     sparse(&src, 32 << 20);
     {
         use std::os::unix::fs::FileExt;
@@ -691,11 +692,38 @@ fn nbdinfo_map_and_qemu_img_map_show_a_sparse_source() {
         f.write_all_at(&[1u8; 2 << 20], 4 << 20).unwrap();
         f.write_all_at(&[2u8; 1 << 20], 20 << 20).unwrap();
     }
-    let cache = d.path().join("cache");
+    map_through_the_cache(&d, "file", src.to_str().unwrap());
+    let ksock = d.path().join("k.sock");
+    let kit = Proc(
+        Command::new("nbdkit")
+            .args(["-f", "-U"])
+            .arg(&ksock)
+            .args(["memory", "32M"])
+            .spawn()
+            .unwrap(),
+    );
+    wait_for(&ksock);
+    let src_uri = format!("nbd+unix:///?socket={}", ksock.display());
+    run(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        &src_uri,
+        "-c",
+        "write -P 1 4M 2M",
+        "-c",
+        "write -P 2 20M 1M",
+    ]));
+    map_through_the_cache(&d, "nbd", &src_uri);
+    drop(kit);
+}
+
+fn map_through_the_cache(d: &tempfile::TempDir, tag: &str, source: &str) {
+    let sock = d.path().join(format!("{tag}.sock"));
+    let cache = d.path().join(format!("{tag}.cache"));
     let p = serve(
         &[
             "--source",
-            src.to_str().unwrap(),
+            source,
             "--cache",
             cache.to_str().unwrap(),
             "--cache-size",
@@ -724,11 +752,8 @@ fn nbdinfo_map_and_qemu_img_map_show_a_sparse_source() {
                     "nbdinfo" => e["type"].as_u64().unwrap() & 1 == 1,
                     _ => !e["data"].as_bool().unwrap(),
                 };
-                (
-                    e["offset"].as_u64().or(e["start"].as_u64()).unwrap(),
-                    e["length"].as_u64().unwrap(),
-                    hole,
-                )
+                let at = e["offset"].as_u64().or(e["start"].as_u64()).unwrap();
+                (at, e["length"].as_u64().unwrap(), hole)
             })
             .collect()
     };
@@ -740,8 +765,8 @@ fn nbdinfo_map_and_qemu_img_map_show_a_sparse_source() {
         (20 * M, M, false),
         (21 * M, 11 * M, true),
     ];
-    assert_eq!(map("nbdinfo"), want);
-    assert_eq!(map("qemu-img"), want);
+    assert_eq!(map("nbdinfo"), want, "{tag}");
+    assert_eq!(map("qemu-img"), want, "{tag}");
     // Writes fill a hole and a trim punches one, through the cache; reads of holes and
     // data come back right over structured replies.
     run(Command::new("qemu-io").args([
@@ -762,9 +787,9 @@ fn nbdinfo_map_and_qemu_img_map_show_a_sparse_source() {
         (20 * M, M, false),
         (21 * M, 11 * M, true),
     ];
-    assert_eq!(map("nbdinfo"), want);
-    assert_eq!(map("qemu-img"), want);
-    run(Command::new("qemu-io").args([
+    assert_eq!(map("nbdinfo"), want, "{tag}");
+    assert_eq!(map("qemu-img"), want, "{tag}");
+    let out = run(Command::new("qemu-io").args([
         "-f",
         "raw",
         &u,
@@ -779,5 +804,6 @@ fn nbdinfo_map_and_qemu_img_map_show_a_sparse_source() {
         "-c",
         "read -P 2 20M 1M",
     ]));
+    assert!(!out.contains("verification failed"), "{tag}: {out}");
     assert!(p.term().success());
 }
