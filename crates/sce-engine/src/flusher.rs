@@ -30,7 +30,7 @@ impl Shared {
             Some(p) => p.close(
                 (&self.cores, &self.map),
                 self.persisted_crcs(),
-                self.source.identity(),
+                &self.identities(),
                 self.source_writes_done.load(SeqCst),
             ),
             None => false,
@@ -85,9 +85,9 @@ pub(crate) fn flusher(s: &Shared) {
         // else changed it since.
         let done = s.source_writes_done.load(SeqCst);
         if s.source_writes_started.load(SeqCst) == done {
-            let identity = s.source.identity();
+            let identities = s.identities();
             if s.source_writes_started.load(SeqCst) == done
-                && p.record_identity(identity, done).is_err()
+                && p.record_identity(&identities, done).is_err()
             {
                 errors += 1;
             }

@@ -9,6 +9,7 @@ mod brlock;
 mod control;
 mod flusher;
 mod health;
+pub mod parts;
 pub mod persist;
 mod population;
 mod queued;
@@ -20,6 +21,7 @@ mod verify;
 pub mod volume;
 mod write;
 
+pub use parts::VolumePart;
 pub use persist::{PersistConfig, PersistStats};
 pub use stats::VolumeStats;
 pub use volume::{CacheVolume, EngineConfig, EngineError};

@@ -62,8 +62,11 @@ pub(crate) struct Shared {
     pub(crate) sleep_lock: Mutex<()>,
     pub(crate) wake: Condvar,
     pub(crate) lbs: u32,
-    /// The volume id that seeds page checksums (the volume table's, or 1).
-    pub(crate) vol_id: u16,
+    /// What seeds page checksums: per volume, in address order, its first page in the
+    /// cache's address space and its id (the volume table's, or 1).
+    pub(crate) seeds: Vec<(u64, u16)>,
+    /// The volumes served (one unless several share the cache device), in address order.
+    pub(crate) parts: Vec<crate::parts::PartInfo>,
     /// Source writes and discards started, and completed (successfully or not): the flusher
     /// records the source's identity only when the two are equal.
     pub(crate) source_writes_started: AtomicU64,

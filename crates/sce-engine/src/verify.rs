@@ -55,7 +55,13 @@ impl Shared {
 
     /// The checksum seed of the page at source offset `src` (page-aligned).
     pub(crate) fn seed(&self, src: u64) -> u64 {
-        page_seed(self.vol_id, src / sce_core::PAGE_SIZE)
+        let page = src / sce_core::PAGE_SIZE;
+        let k = self
+            .seeds
+            .partition_point(|s| s.0 <= page)
+            .saturating_sub(1);
+        let (base, id) = self.seeds[k];
+        page_seed(id, page - base)
     }
 
     /// Reads a run of cached data at cache offset `c` (source offset `src`) into `dst` and

@@ -14,7 +14,8 @@
 use crate::awt::{awt_writer, AwtJob, AwtQueue, Payload};
 use crate::brlock::BrLock;
 use crate::flusher::{flusher, intent_writer};
-use crate::persist::{Persist, PersistConfig, PersistStats};
+use crate::parts::{PartInfo, Placed};
+use crate::persist::{OpenVolume, Persist, PersistConfig, PersistStats};
 use crate::population::population_worker;
 use crate::queued::HitQueue;
 use crate::shared::{LogShard, Shared, LOG_SHARDS};
@@ -126,7 +127,7 @@ struct OpenedCore {
     crcs: Option<CrcTable>,
     persist: Option<Persist>,
     data: Arc<dyn BlockDevice>,
-    vol_id: u16,
+    seeds: Vec<(u64, u16)>,
 }
 
 /// Cuts the core into shards for a cache of `cache_size` bytes and builds them.
@@ -153,6 +154,7 @@ fn build_cores(
 /// it holds into them and starts it.
 fn open_core(
     source: &dyn BlockDevice,
+    vols: &[OpenVolume],
     cache: Arc<dyn BlockDevice>,
     config: &EngineConfig,
 ) -> Result<OpenedCore, EngineError> {
@@ -173,19 +175,17 @@ fn open_core(
             crcs,
             persist: None,
             data: cache,
-            vol_id: 1,
+            seeds: vols
+                .iter()
+                .enumerate()
+                .map(|(i, v)| (v.base / 4096, i as u16 + 1))
+                .collect(),
         });
     };
-    let opened = Persist::open(
-        cache.clone(),
-        pc,
-        core_cfg.fragment_size,
-        source.size(),
-        source.identity(),
-    )?;
+    let opened = Persist::open(cache.clone(), pc, core_cfg.fragment_size, vols)?;
     let mut persist = opened.persist;
     let loaded = opened.loaded;
-    let vol_id = persist.volume_id();
+    let seeds = persist.seeds();
     let l = persist.layout;
     let data: Arc<dyn BlockDevice> =
         Arc::new(SliceDevice::new(cache, l.data_offset, l.data_bytes())?);
@@ -206,7 +206,7 @@ fn open_core(
         crcs: Some(loaded.crcs),
         persist: Some(persist),
         data,
-        vol_id,
+        seeds,
     })
 }
 
@@ -286,6 +286,34 @@ impl CacheVolume {
         cache: Arc<dyn BlockDevice>,
         config: EngineConfig,
     ) -> Result<CacheVolume, EngineError> {
+        let pc = config.persist.as_ref();
+        let part = PartInfo {
+            name: pc.map_or_else(|| "source".into(), |p| p.volume_name.clone()),
+            at: Placed {
+                base: 0,
+                size: source.size(),
+            },
+            source: source.clone(),
+        };
+        let vol = OpenVolume {
+            name: part.name.clone(),
+            size: source.size(),
+            base: 0,
+            identity: source.identity(),
+            source_generation: pc.and_then(|p| p.source_generation.clone()),
+            forget: pc.is_some_and(|p| p.forget_volume),
+        };
+        Self::open_parts(source, vec![part], &[vol], cache, config)
+    }
+
+    /// `open` for the volumes `parts` (`vols` as the store opens them) laid out in `source`.
+    pub(crate) fn open_parts(
+        source: Arc<dyn BlockDevice>,
+        parts: Vec<PartInfo>,
+        vols: &[OpenVolume],
+        cache: Arc<dyn BlockDevice>,
+        config: EngineConfig,
+    ) -> Result<CacheVolume, EngineError> {
         let lbs = source
             .logical_block_size()
             .max(cache.logical_block_size())
@@ -298,7 +326,7 @@ impl CacheVolume {
             .into());
         }
         let source_size = source.size();
-        let o = open_core(&*source, cache, &config)?;
+        let o = open_core(&*source, vols, cache, &config)?;
         let shards = o.cores.len();
         let shared = Arc::new(Shared {
             source,
@@ -311,7 +339,8 @@ impl CacheVolume {
             config: Mutex::new(o.config),
             crcs: o.crcs,
             persist: o.persist,
-            vol_id: o.vol_id,
+            seeds: o.seeds,
+            parts,
             errors: AtomicU64::new(0),
             error_limit: config.error_limit.max(1),
             passthrough: AtomicBool::new(false),

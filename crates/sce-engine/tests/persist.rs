@@ -8,7 +8,7 @@ use parking_lot::Mutex;
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 use sce_core::{Admission, CoreConfig, WriteMode};
 use sce_engine::{CacheVolume, EngineConfig, PersistConfig};
-use sce_io::{AlignedBuf, BlockDevice, FaultDevice, IoError, MemDevice, Op};
+use sce_io::{AlignedBuf, BlockDevice, FaultDevice, IoError, MemDevice, Op, SliceDevice};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
@@ -268,6 +268,19 @@ fn crash_iterations_with(
     seed: u64,
     journal: Journal,
 ) {
+    crash_loop(iterations, (mode, admission), seed, journal, false);
+}
+
+/// The crash loop; `shared`: the source is cut in two volumes (4 MiB each) that share the
+/// cache device, so records, journal entries and checksums go through each volume's own
+/// numbering.
+fn crash_loop(
+    iterations: u32,
+    (mode, admission): (WriteMode, Admission),
+    seed: u64,
+    journal: Journal,
+    shared: bool,
+) {
     let source_mem = random_source(8 * MIB, seed);
     let cache_mem = Arc::new(MemDevice::new(3 * MIB));
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -288,7 +301,17 @@ fn crash_iterations_with(
             Journal::Off => p.journal = false,
             Journal::Ring(n) => p.journal_blocks = n,
         }
-        let vol = CacheVolume::open(source.clone(), cache.clone(), cfg).expect("open");
+        let vol = if shared {
+            let half = |k: u64| sce_engine::VolumePart {
+                name: format!("half-{k}"),
+                source: Arc::new(SliceDevice::new(source.clone(), k * 4 * MIB, 4 * MIB).unwrap()),
+                source_generation: None,
+                forget: false,
+            };
+            CacheVolume::open_shared(vec![half(0), half(1)], cache.clone(), cfg).expect("open")
+        } else {
+            CacheVolume::open(source.clone(), cache.clone(), cfg).expect("open")
+        };
         if it > 0 {
             let p = vol.persist_stats().unwrap();
             restored_after += p.fragments_restored;
@@ -376,6 +399,13 @@ fn crashes_never_expose_stale_data_write_through_always() {
 #[test]
 fn crashes_never_expose_stale_data_write_around() {
     crash_iterations(40, WriteMode::WriteAround, Admission::Sce, 13);
+}
+
+#[test]
+fn crashes_never_expose_stale_data_on_a_shared_device() {
+    let awt = (WriteMode::Awt, Admission::Sce);
+    crash_loop(80, awt, 18, Journal::On, true);
+    crash_loop(40, awt, 19, Journal::Off, true);
 }
 
 #[test]

@@ -190,12 +190,12 @@ pub fn scan_journal(dev: &dyn BlockDevice, sb: &Superblock) -> Result<JournalSca
     Ok(scan)
 }
 
-/// Drops the pages named by the live journal entries of volume `volume` from the loaded
+/// Drops the pages named by the live journal entries of the loaded volumes (id, base) from the loaded
 /// records. A record left with pages is kept and its slot listed in `journal_slots` (its
 /// on-device record still claims the dropped pages: the engine guards it with a durable
 /// intent before it resets the journal); one left empty is not loaded, its slot joins
 /// `unloaded_claims` and its unit is rewritten.
-pub(crate) fn apply(loaded: &mut crate::Loaded, volume: u16) {
+pub(crate) fn apply(loaded: &mut crate::Loaded, volumes: &[(u16, u64)]) {
     let l = loaded.superblock.layout;
     let words = l.bitmap_words();
     let mut by_frag: std::collections::HashMap<u64, Vec<usize>> = Default::default();
@@ -204,8 +204,13 @@ pub(crate) fn apply(loaded: &mut crate::Loaded, volume: u16) {
     }
     let mut hit = vec![false; loaded.entries.len()];
     let mut dropped = 0u64;
-    for e in loaded.journal.entries.iter().filter(|e| e.volume == volume) {
-        let Some(idx) = by_frag.get(&e.frag) else {
+    for e in loaded.journal.entries.iter() {
+        // The entry names a fragment of its volume; the loaded entries are numbered from
+        // the volume's base.
+        let Some(&(_, base)) = volumes.iter().find(|v| v.0 == e.volume) else {
+            continue;
+        };
+        let Some(idx) = by_frag.get(&(base + e.frag)) else {
             continue;
         };
         let lo = e.first as u32;

@@ -292,6 +292,65 @@ pub struct Loaded {
     pub journal_slots: Vec<u32>,
 }
 
+/// The table entries of several volumes (name, size) one cache serves, added to the table
+/// where missing: a new volume gets an id no entry holds, or, with the table full, the place
+/// of a volume not named here (its id with a higher generation, so none of its records can
+/// count for the newcomer). A named volume of another size is refused, as by [`find_volume`].
+/// Returns each volume's index in the table, in the order given.
+pub fn ensure_volumes(
+    sb: &mut Superblock,
+    wanted: &[(String, u64)],
+) -> Result<Vec<usize>, StoreError> {
+    let mut out = Vec::with_capacity(wanted.len());
+    for (name, size) in wanted {
+        if name.len() > superblock::MAX_NAME {
+            return Err(StoreError::Geometry(format!(
+                "volume name {name:?} is longer than {} bytes",
+                superblock::MAX_NAME
+            )));
+        }
+        match find_volume(sb, name, *size) {
+            Ok(i) => {
+                out.push(i);
+                continue;
+            }
+            Err(StoreError::Foreign(m)) if sb.volumes.iter().any(|v| &v.name == name) => {
+                return Err(StoreError::Foreign(m))
+            }
+            Err(_) => {}
+        }
+        let fresh = Volume {
+            id: 0,
+            generation: 1,
+            source_size: *size,
+            name: name.clone(),
+            identity: [0; superblock::IDENTITY_BYTES],
+        };
+        if sb.volumes.len() < superblock::MAX_VOLUMES {
+            let id = sb.volumes.iter().map(|v| v.id).max().unwrap_or(0) + 1;
+            sb.volumes.push(Volume { id, ..fresh });
+            out.push(sb.volumes.len() - 1);
+            continue;
+        }
+        let spare = (0..sb.volumes.len())
+            .find(|i| !wanted.iter().any(|(n, _)| *n == sb.volumes[*i].name))
+            .ok_or_else(|| {
+                StoreError::Geometry(format!(
+                    "the volume table is full ({} volumes)",
+                    superblock::MAX_VOLUMES
+                ))
+            })?;
+        let old = &sb.volumes[spare];
+        sb.volumes[spare] = Volume {
+            id: old.id,
+            generation: old.generation.wrapping_add(1),
+            ..fresh
+        };
+        out.push(spare);
+    }
+    Ok(out)
+}
+
 /// Which volume of the table `name`/`size` is, or why it is none.
 pub fn find_volume(sb: &Superblock, name: &str, size: u64) -> Result<usize, StoreError> {
     match sb.volumes.iter().position(|v| v.name == name) {
@@ -390,8 +449,43 @@ pub fn load(
     volume: usize,
     source_fragments: u64,
 ) -> Result<Loaded, StoreError> {
+    let one = LoadVolume {
+        index: volume,
+        fragments: source_fragments,
+        base: 0,
+    };
+    load_volumes(dev, sb, &[one])
+}
+
+/// A volume to load, and where its fragments go in the caller's address space.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadVolume {
+    /// Index of the volume in the table.
+    pub index: usize,
+    /// The volume's size in fragments.
+    pub fragments: u64,
+    /// The fragment number its fragment 0 gets in [`Loaded::entries`].
+    pub base: u64,
+}
+
+/// Loads the contents of a formatted device for several volumes of its table at once (one
+/// scan), each volume's fragments numbered from its `base`: the address space of one cache
+/// that serves them all. Entries of volumes not named are dropped as stale.
+pub fn load_volumes(
+    dev: &dyn BlockDevice,
+    sb: Superblock,
+    vols: &[LoadVolume],
+) -> Result<Loaded, StoreError> {
     let l = sb.layout;
-    let v = sb.volumes[volume].clone();
+    let volume = vols.first().map_or(0, |v| v.index);
+    // (id, generation, fragments, base) of each volume loaded.
+    let want: Vec<(u16, u32, u64, u64)> = vols
+        .iter()
+        .map(|v| {
+            let t = &sb.volumes[v.index];
+            (t.id, t.generation, v.fragments, v.base)
+        })
+        .collect();
     let intents = read_intents(dev, &l)?;
     let words = l.bitmap_words();
     let mut report = ScanReport {
@@ -412,10 +506,13 @@ pub fn load(
             if e.frag() == NO_FRAGMENT || !any_valid(&e, words) {
                 return;
             }
-            if e.volume() != v.id || e.generation() != v.generation || failed {
+            let mine = want
+                .iter()
+                .find(|w| w.0 == e.volume() && w.1 == e.generation());
+            let Some(&(_, _, source_fragments, base)) = mine.filter(|_| !failed) else {
                 report.slots_stale += 1;
                 return;
-            }
+            };
             if bit(&intents, s) {
                 report.slots_dropped_intent += 1;
                 unloaded.push(s);
@@ -429,7 +526,7 @@ pub fn load(
                 return;
             }
             report.slots_valid += 1;
-            entries.push((s, e.frag()));
+            entries.push((s, base + e.frag()));
             for w in 0..words {
                 let bits = e.bitmap_word(w);
                 report.pages_valid += bits.count_ones() as u64;
@@ -456,7 +553,8 @@ pub fn load(
         journal,
         journal_slots: Vec::new(),
     };
-    journal::apply(&mut loaded, v.id);
+    let bases: Vec<(u16, u64)> = want.iter().map(|w| (w.0, w.3)).collect();
+    journal::apply(&mut loaded, &bases);
     Ok(loaded)
 }
 
@@ -530,7 +628,11 @@ pub fn check(dev: &dyn BlockDevice, verify_data: bool) -> Result<CheckReport, St
                         continue;
                     }
                     let start = f * l.fragment_size + p as u64 * 4096;
-                    let len = (v.source_size.saturating_sub(start)).min(4096) as usize;
+                    if start >= v.source_size {
+                        // Past the volume's end, in its last fragment: never served.
+                        continue;
+                    }
+                    let len = (v.source_size - start).min(4096) as usize;
                     checked += 1;
                     let at = l.data_offset + s as u64 * l.fragment_size + p as u64 * 4096;
                     let seed = page_seed(v.id, start / 4096);

@@ -130,9 +130,10 @@ impl Persist {
                 let start = f * fsize;
                 let lo = offset.max(start) - start;
                 let hi = (offset + len).min(start + fsize) - start;
+                let (volume, frag) = self.local(f);
                 let e = JournalEntry {
-                    frag: f,
-                    volume: self.vol_id,
+                    frag,
+                    volume,
                     first: (lo / sce_core::PAGE_SIZE) as u16,
                     pages: (hi.div_ceil(sce_core::PAGE_SIZE) - lo / sce_core::PAGE_SIZE) as u16,
                 };

@@ -37,6 +37,10 @@ mod intents;
 mod journal;
 mod open;
 mod round;
+mod vols;
+
+pub use vols::OpenVolume;
+use vols::PVol;
 
 use intents::State;
 use parking_lot::Mutex;
@@ -195,9 +199,8 @@ pub(crate) struct Persist {
     /// The device's UUID (journal blocks carry it).
     uuid: [u8; 16],
     sb: Mutex<Superblock>,
-    volume: usize,
-    /// The volume's id in the table (journal entries carry it).
-    vol_id: u16,
+    /// The volumes served, in address order (one unless several share the device).
+    vols: Vec<PVol>,
     st: Mutex<State>,
     intent_io: Mutex<()>,
     /// One flush round at a time (the flusher's, `flush_metadata`'s, `close`'s): two rounds
@@ -248,11 +251,6 @@ impl Persist {
         Ok(())
     }
 
-    /// The volume's id in the table (it seeds the page checksums).
-    pub(crate) fn volume_id(&self) -> u16 {
-        self.sb.lock().volumes[self.volume].id
-    }
-
     /// Records the source's current identity in the superblock if it differs from the
     /// stored one. The caller guarantees that `writes_done` source writes have completed and
     /// none was in flight when `identity` was taken, so the identity reflects every write
@@ -260,7 +258,7 @@ impl Persist {
     /// by anyone since. Cheap when nothing changed.
     pub(crate) fn record_identity(
         &self,
-        identity: Option<String>,
+        identities: &[Option<String>],
         writes_done: u64,
     ) -> Result<(), IoError> {
         // No write of ours since the last record: nothing of ours to record, and a change
@@ -268,28 +266,42 @@ impl Persist {
         if self.identity_writes.load(Relaxed) == writes_done {
             return Ok(());
         }
-        let Some(id) = full_identity(identity, &self.cfg) else {
-            return Ok(());
-        };
-        let h = sce_store::identity_hash(&id);
         let mut sb = self.sb.lock();
         if sb.state == sce_store::DeviceState::Failed {
             return Ok(());
         }
-        if sb.volumes[self.volume].identity != h {
-            sb.volumes[self.volume].identity = h;
+        if self.set_identities(&mut sb, identities) {
             self.write_sb(&mut sb)?;
         }
         self.identity_writes.store(writes_done, Relaxed);
         Ok(())
     }
 
+    /// Puts the volumes' current identities (one per volume, in address order) into `sb`;
+    /// true if one changed.
+    fn set_identities(&self, sb: &mut Superblock, identities: &[Option<String>]) -> bool {
+        let mut changed = false;
+        for (v, id) in self.vols.iter().zip(identities) {
+            let Some(id) = full_identity(id.clone(), v.source_generation.as_deref()) else {
+                continue;
+            };
+            let h = sce_store::identity_hash(&id);
+            if sb.volumes[v.index].identity != h {
+                sb.volumes[v.index].identity = h;
+                changed = true;
+            }
+        }
+        changed
+    }
+
     /// The cache device failed: invalidate every record at once (bump the generation) and
     /// mark the device failed, so no later start trusts it.
     pub(crate) fn fail(&self) -> Result<(), IoError> {
         let mut sb = self.sb.lock();
-        let v = &mut sb.volumes[self.volume];
-        v.generation = v.generation.wrapping_add(1);
+        for v in &self.vols {
+            let v = &mut sb.volumes[v.index];
+            v.generation = v.generation.wrapping_add(1);
+        }
         sb.state = sce_store::DeviceState::Failed;
         let r = self.write_sb(&mut sb);
         if r.is_err() {
@@ -341,9 +353,9 @@ impl Persist {
 }
 
 /// The source's identity with the operator's generation string, if any.
-fn full_identity(source: Option<String>, cfg: &PersistConfig) -> Option<String> {
+fn full_identity(source: Option<String>, generation: Option<&str>) -> Option<String> {
     let id = source?;
-    Some(match &cfg.source_generation {
+    Some(match generation {
         Some(g) => format!("{id}:generation={g}"),
         None => id,
     })

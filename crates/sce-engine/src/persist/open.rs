@@ -2,10 +2,19 @@
 //! holds for the volume can be trusted, load it, and start.
 
 use super::intents::State;
+use super::vols::{OpenVolume, PVol};
 use super::{
     full_identity, marker, record_state_seq, state_seq, Counters, Opened, Persist, PersistConfig,
     PersistStats,
 };
+
+/// A volume as `trust` judges it.
+struct Trusted<'a> {
+    index: usize,
+    identity: Option<&'a str>,
+    forget: bool,
+    name: &'a str,
+}
 use parking_lot::Mutex;
 use sce_core::hotness::IntMap;
 
@@ -16,27 +25,49 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::Arc;
 
 impl Persist {
-    /// Opens (or formats) the persistent store on `dev` for a source of `source_size` bytes
-    /// and loads its contents. Does not touch the core.
+    /// Opens (or formats) the persistent store on `dev` for the volumes `vols` (in address
+    /// order; one unless several share the device) and loads their contents. Does not touch
+    /// the core.
     pub(crate) fn open(
         dev: Arc<dyn BlockDevice>,
         cfg: PersistConfig,
         fragment_size: u64,
-        source_size: u64,
-        source_identity: Option<String>,
+        vols: &[OpenVolume],
     ) -> Result<Opened, StoreError> {
         let started = std::time::Instant::now();
-        let identity = full_identity(source_identity, &cfg);
-        let identity_hash = identity.as_deref().map_or(
+        let identities: Vec<Option<String>> = vols
+            .iter()
+            .map(|v| full_identity(v.identity.clone(), v.source_generation.as_deref()))
+            .collect();
+        let wanted: Vec<(String, u64)> = vols.iter().map(|v| (v.name.clone(), v.size)).collect();
+        let first = identities[0].as_deref().map_or(
             [0; sce_store::superblock::IDENTITY_BYTES],
             sce_store::identity_hash,
         );
-        let (mut sb, formatted_now) =
-            Self::superblock(&dev, &cfg, fragment_size, source_size, identity_hash)?;
-        let vi = sce_store::find_volume(&sb, &cfg.volume_name, source_size)?;
-        let why = Self::trust(&dev, &cfg, &mut sb, vi, identity.as_deref(), formatted_now)?;
-        let frags = source_size.div_ceil(fragment_size);
-        let loaded = sce_store::load(&*dev, sb.clone(), vi, frags)?;
+        let (mut sb, formatted_now) = Self::superblock(&dev, &cfg, fragment_size, &wanted, first)?;
+        let indices = sce_store::ensure_volumes(&mut sb, &wanted)?;
+        let trusted: Vec<Trusted> = vols
+            .iter()
+            .zip(&indices)
+            .zip(&identities)
+            .map(|((v, &index), id)| Trusted {
+                index,
+                identity: id.as_deref(),
+                forget: v.forget || cfg.forget_volume,
+                name: &v.name,
+            })
+            .collect();
+        let why = Self::trust(&dev, &cfg, &mut sb, &trusted, formatted_now)?;
+        let lv: Vec<sce_store::LoadVolume> = vols
+            .iter()
+            .zip(&indices)
+            .map(|(v, &index)| sce_store::LoadVolume {
+                index,
+                fragments: v.size.div_ceil(fragment_size),
+                base: v.base / fragment_size,
+            })
+            .collect();
+        let loaded = sce_store::load_volumes(&*dev, sb.clone(), &lv)?;
         let layout = sb.layout;
         let r: &ScanReport = &loaded.report;
         let stats = PersistStats {
@@ -68,15 +99,24 @@ impl Persist {
         let next = loaded.journal.next_seq(sb.journal_tail);
         let journal = super::journal::Journal::new(ring as u64, next);
         let st = State::loaded(&loaded, intent_bits.clone(), (slots, blocks), journal);
+        let pvols = vols
+            .iter()
+            .zip(&indices)
+            .map(|(v, &index)| PVol {
+                index,
+                id: sb.volumes[index].id,
+                base: v.base / fragment_size,
+                source_generation: v.source_generation.clone(),
+            })
+            .collect();
         Ok(Opened {
             persist: Persist {
                 dev,
                 layout,
                 uuid: sb.uuid,
-                vol_id: sb.volumes[vi].id,
+                vols: pvols,
                 seq: AtomicU64::new(sb.seq + 1),
                 sb: Mutex::new(sb),
-                volume: vi,
                 st: Mutex::new(st),
                 intent_io: Mutex::new(()),
                 round_lock: Mutex::new(()),
@@ -98,20 +138,21 @@ impl Persist {
     }
 
     /// Reads the superblock of `dev`, or formats the device if it is blank, or (with
-    /// `reformat`) foreign, corrupt, of another geometry, failed or marked failed. Returns it
-    /// and whether it was formatted now.
+    /// `reformat`) foreign, corrupt, of another geometry, failed or marked failed, or if it
+    /// holds one of the volumes `wanted` at another size. Returns it and whether it was
+    /// formatted now (for the first volume wanted, whose identity is `identity_hash`).
     fn superblock(
         dev: &Arc<dyn BlockDevice>,
         cfg: &PersistConfig,
         fragment_size: u64,
-        source_size: u64,
+        wanted: &[(String, u64)],
         identity_hash: [u8; sce_store::superblock::IDENTITY_BYTES],
     ) -> Result<(Superblock, bool), StoreError> {
         let volume = sce_store::Volume {
             id: 1,
             generation: 1,
-            source_size,
-            name: cfg.volume_name.clone(),
+            source_size: wanted[0].1,
+            name: wanted[0].0.clone(),
             identity: identity_hash,
         };
         let fmt = |dev: &dyn BlockDevice| {
@@ -124,12 +165,23 @@ impl Persist {
                 },
             )
         };
+        // The device must already hold one of the volumes (a device of other sources is
+        // refused: it may be another export's cache), and may gain the others.
+        let fits = |sb: &Superblock| {
+            if !wanted
+                .iter()
+                .any(|(n, _)| sb.volumes.iter().any(|v| &v.name == n))
+            {
+                sce_store::find_volume(sb, &wanted[0].0, wanted[0].1)?;
+            }
+            sce_store::ensure_volumes(&mut sb.clone(), wanted)
+        };
         let mut formatted_now = false;
         let sb = match sce_store::read_superblock(&**dev) {
             Ok(sb) => {
                 let usable = sb.state != sce_store::DeviceState::Failed
                     && sb.layout.fragment_size == fragment_size
-                    && sce_store::find_volume(&sb, &cfg.volume_name, source_size).is_ok();
+                    && fits(&sb).is_ok();
                 if usable {
                     sb
                 } else if cfg.reformat {
@@ -143,7 +195,7 @@ impl Persist {
                         sb.layout.fragment_size
                     )));
                 } else {
-                    sce_store::find_volume(&sb, &cfg.volume_name, source_size)?;
+                    fits(&sb)?;
                     sb
                 }
             }
@@ -171,70 +223,85 @@ impl Persist {
         Ok((sb, formatted_now))
     }
 
-    /// Never stale across a restart: what the device holds for volume `vi` is dropped (one
-    /// generation bump) unless the source is provably the one it cached, unchanged, and the
-    /// device is the newest copy this host wrote. Records the source's identity (`identity`,
-    /// with the generation string) and a new sequence if either changed. Returns why the
-    /// volume was dropped (empty if it was not).
+    /// Never stale across a restart: what the device holds for a volume is dropped (one
+    /// generation bump) unless its source is provably the one it cached, unchanged, and the
+    /// device is the newest copy this host wrote. A volume of the table that this start does
+    /// not serve is dropped too: its slots will be reused without its records being
+    /// tracked. Records each source's identity (with its generation string) and a new
+    /// sequence if anything changed. Returns why volumes were dropped (empty if none was).
     fn trust(
         dev: &Arc<dyn BlockDevice>,
         cfg: &PersistConfig,
         sb: &mut Superblock,
-        vi: usize,
-        identity: Option<&str>,
+        vols: &[Trusted<'_>],
         formatted_now: bool,
     ) -> Result<Vec<String>, StoreError> {
-        let identity_hash = identity.map_or(
-            [0; sce_store::superblock::IDENTITY_BYTES],
-            sce_store::identity_hash,
-        );
-        let mut why = Vec::new();
+        let zero = [0; sce_store::superblock::IDENTITY_BYTES];
         let seen_seq = state_seq(cfg, &sb.uuid);
-        if cfg.forget_volume {
-            why.push("asked to forget the volume".to_string());
-        }
-        if !formatted_now {
-            match &identity {
-                None => why.push("the source cannot be identified".into()),
-                Some(_)
-                    if sb.volumes[vi].identity == [0; sce_store::superblock::IDENTITY_BYTES] =>
-                {
-                    why.push("no identity of the source was recorded yet (`sce format`)".into())
-                }
-                Some(_) if sb.volumes[vi].identity != identity_hash => why.push(format!(
-                    "the source changed since the cache last recorded it (now {})",
-                    identity.unwrap_or("")
-                )),
-                Some(_) => {}
+        let older = seen_seq.filter(|&seen| seen > sb.seq && !formatted_now).map(|seen| {
+            format!(
+                "the cache device is an older copy: its superblock sequence is {}, this host wrote {seen}",
+                sb.seq
+            )
+        });
+        let mut all_why = Vec::new();
+        let mut changed = false;
+        for v in vols {
+            let vi = v.index;
+            let identity_hash = v.identity.map_or(zero, sce_store::identity_hash);
+            let mut why = Vec::new();
+            if v.forget {
+                why.push("asked to forget the volume".to_string());
             }
-            if let Some(seen) = seen_seq {
-                if seen > sb.seq {
-                    why.push(format!(
-                        "the cache device is an older copy: its superblock sequence is {}, this host wrote {seen}",
-                        sb.seq
-                    ));
+            if !formatted_now {
+                match &v.identity {
+                    None => why.push("the source cannot be identified".into()),
+                    Some(_) if sb.volumes[vi].identity == zero => {
+                        why.push("no identity of the source was recorded yet (`sce format`)".into())
+                    }
+                    Some(id) if sb.volumes[vi].identity != identity_hash => why.push(format!(
+                        "the source changed since the cache last recorded it (now {id})"
+                    )),
+                    Some(_) => {}
                 }
+                why.extend(older.clone());
             }
-        }
-        if !why.is_empty() || sb.volumes[vi].identity != identity_hash {
             if !why.is_empty() {
                 sb.volumes[vi].generation = sb.volumes[vi].generation.wrapping_add(1);
-                if sb.volumes[vi].identity == [0; sce_store::superblock::IDENTITY_BYTES] {
-                    tracing::info!(volume = %cfg.volume_name, "{}", why.join("; "));
+                if sb.volumes[vi].identity == zero {
+                    tracing::info!(volume = %v.name, "{}", why.join("; "));
                 } else {
                     tracing::warn!(
-                        volume = %cfg.volume_name,
+                        volume = %v.name,
                         "dropping everything cached for the volume: {}",
                         why.join("; ")
                     );
                 }
+                changed = true;
+                all_why.push(if vols.len() > 1 {
+                    format!("{}: {}", v.name, why.join("; "))
+                } else {
+                    why.join("; ")
+                });
             }
-            sb.volumes[vi].identity = identity_hash;
+            if sb.volumes[vi].identity != identity_hash {
+                sb.volumes[vi].identity = identity_hash;
+                changed = true;
+            }
+        }
+        for (i, t) in sb.volumes.iter_mut().enumerate() {
+            if !vols.iter().any(|v| v.index == i) {
+                tracing::info!(volume = %t.name, "not served by this start: what the device holds for it is dropped");
+                t.generation = t.generation.wrapping_add(1);
+                changed = true;
+            }
+        }
+        if changed {
             sb.seq = sb.seq.max(seen_seq.unwrap_or(0)) + 1;
             sce_store::write_superblock(&**dev, sb)?;
             record_state_seq(cfg, &sb.uuid, sb.seq, true);
         }
-        Ok(why)
+        Ok(all_why)
     }
 
     /// After the core shards restored what they could (`holds(s)`: the global fragment

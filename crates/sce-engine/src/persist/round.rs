@@ -4,7 +4,7 @@
 //! intents; the scrub after a bad unit write, and the clean close.
 
 use super::intents::State;
-use super::{full_identity, Persist, UnitImage};
+use super::{Persist, UnitImage};
 use crate::brlock::BrLock;
 use sce_core::{CacheCore, FragNo, ShardMap, SlotNo};
 use sce_io::{AlignedBuf, BlockDevice};
@@ -22,9 +22,17 @@ pub(crate) type Cores<'a> = (&'a [BrLock<CacheCore>], &'a ShardMap);
 
 /// What every record of a round carries: the volume's id and generation, the device's uuid.
 struct Record {
-    volume: u16,
-    generation: u32,
+    /// Per volume served, in address order: (base fragment, id, generation).
+    volumes: Vec<(u64, u16, u32)>,
     uuid: [u8; 16],
+}
+
+impl Record {
+    /// The (base, id, generation) of the volume that cache fragment `f` belongs to.
+    fn volume_of(&self, f: u64) -> (u64, u16, u32) {
+        let k = self.volumes.partition_point(|v| v.0 <= f).saturating_sub(1);
+        self.volumes[k]
+    }
 }
 
 impl Persist {
@@ -41,10 +49,12 @@ impl Persist {
         }
         let record = {
             let sb = self.sb.lock();
-            let v = &sb.volumes[self.volume];
             Record {
-                volume: v.id,
-                generation: v.generation,
+                volumes: self
+                    .vols
+                    .iter()
+                    .map(|v| (v.base, v.id, sb.volumes[v.index].generation))
+                    .collect(),
                 uuid: sb.uuid,
             }
         };
@@ -244,10 +254,11 @@ impl Persist {
             st.redo.push(s);
         }
         if let Some(x) = ok {
+            let (base, volume, generation) = record.volume_of(x.0);
             let entry = EntryIn {
-                frag: x.0,
-                volume: record.volume,
-                generation: record.generation,
+                frag: x.0 - base,
+                volume,
+                generation,
                 bitmap: &bits[..words],
             };
             b.set(s - first, &entry, |p| crcs.get(s, p));
@@ -389,7 +400,7 @@ impl Persist {
         &self,
         cores: Cores,
         crcs: &CrcTable,
-        identity: Option<String>,
+        identities: &[Option<String>],
         writes_done: u64,
     ) -> bool {
         for _ in 0..4 {
@@ -413,9 +424,7 @@ impl Persist {
         // the identity was last recorded, a changed identity is someone else's doing, and is
         // left for the next start to find.
         if self.identity_writes.load(Relaxed) != writes_done {
-            if let Some(id) = full_identity(identity, &self.cfg) {
-                sb.volumes[self.volume].identity = sce_store::identity_hash(&id);
-            }
+            self.set_identities(&mut sb, identities);
         }
         sb.journal_tail = sb.journal_tail.max(next);
         sb.state = sce_store::DeviceState::Clean;

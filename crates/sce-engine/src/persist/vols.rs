@@ -1,0 +1,70 @@
+//! The volumes a store serves (one, or several sharing the device: `crate::parts`), and the
+//! translation between the cache's address space and each volume's own fragment numbers,
+//! which are what the device's records and journal entries hold.
+
+use super::Persist;
+
+/// A volume to open: its table name, size, where it starts in the cache's address space
+/// and what identifies its source's content now.
+#[derive(Clone, Debug)]
+pub struct OpenVolume {
+    /// The name in the volume table.
+    pub name: String,
+    /// The source's size in bytes.
+    pub size: u64,
+    /// Where its byte 0 is in the cache's address space (a multiple of the fragment size).
+    pub base: u64,
+    /// The source's identity now (None: it cannot be identified).
+    pub identity: Option<String>,
+    /// The operator's version string of the source's content.
+    pub source_generation: Option<String>,
+    /// Drop what the device holds for it at start.
+    pub forget: bool,
+}
+
+/// A volume the store serves.
+#[derive(Clone, Debug)]
+pub(crate) struct PVol {
+    /// Its index in the volume table.
+    pub index: usize,
+    /// Its id (records, journal entries and page checksums carry it).
+    pub id: u16,
+    /// The cache fragment its fragment 0 is.
+    pub base: u64,
+    /// The operator's version string of its source's content.
+    pub source_generation: Option<String>,
+}
+
+impl Persist {
+    /// The volume that cache fragment `f` belongs to (its index in `vols`).
+    pub(super) fn vol_of(&self, f: u64) -> usize {
+        self.vols.partition_point(|v| v.base <= f).saturating_sub(1)
+    }
+
+    /// Cache fragment `f` as (volume id, the volume's own fragment number).
+    pub(super) fn local(&self, f: u64) -> (u16, u64) {
+        let v = &self.vols[self.vol_of(f)];
+        (v.id, f - v.base)
+    }
+
+    /// The checksum seeds of the volumes: (first source page in the cache's address space,
+    /// volume id), in address order.
+    pub(crate) fn seeds(&self) -> Vec<(u64, u16)> {
+        let pages = self.layout.fragment_size / sce_core::PAGE_SIZE;
+        self.vols.iter().map(|v| (v.base * pages, v.id)).collect()
+    }
+}
+
+impl Persist {
+    /// Bumps the generation of volume `k` (in address order): every record of it on the
+    /// device stops counting at once. The caller dropped its pages in memory first.
+    pub(crate) fn bump_generation(&self, k: usize) -> Result<(), sce_io::IoError> {
+        let mut sb = self.sb.lock();
+        if sb.state == sce_store::DeviceState::Failed {
+            return Ok(());
+        }
+        let v = &mut sb.volumes[self.vols[k].index];
+        v.generation = v.generation.wrapping_add(1);
+        self.write_sb(&mut sb)
+    }
+}
