@@ -20,6 +20,10 @@ pub struct VolumePart {
     pub source_generation: Option<String>,
     /// Drop what the device holds for it at start.
     pub forget: bool,
+    /// The most of the cache's slots it may hold, as a fraction (`cache_share = "40%"`):
+    /// at its share, a new fragment of the volume takes the slot of one of its own. None:
+    /// no cap.
+    pub share: Option<f64>,
 }
 
 impl std::fmt::Debug for VolumePart {
@@ -77,6 +81,35 @@ impl crate::shared::Shared {
     /// Each volume's source identity now, in address order.
     pub(crate) fn identities(&self) -> Vec<Option<String>> {
         self.parts.iter().map(|p| p.source.identity()).collect()
+    }
+}
+
+/// Gives each core shard the volumes' ranges (in its own fragment numbers) and caps (its
+/// part of each volume's share of the slots), and counts what each volume holds.
+pub(crate) fn apply_shares(
+    cores: &mut [sce_core::CacheCore],
+    map: &sce_core::ShardMap,
+    vols: &[crate::persist::OpenVolume],
+    fragment_size: u64,
+) {
+    if vols.iter().all(|v| v.share.is_none()) {
+        return;
+    }
+    let n = map.shards() as u64;
+    for (k, core) in cores.iter_mut().enumerate() {
+        let slots = core.geometry().slots() as f64;
+        let parts: Vec<(sce_core::FragNo, Option<u32>)> = vols
+            .iter()
+            .map(|v| {
+                // Global fragment g is shard k's local g / n when g % n == k.
+                let first = (v.base / fragment_size)
+                    .saturating_sub(k as u64)
+                    .div_ceil(n);
+                let cap = v.share.map(|f| ((f * slots).floor() as u32).max(1));
+                (sce_core::FragNo(first), cap)
+            })
+            .collect();
+        core.set_shares(&parts);
     }
 }
 
@@ -254,6 +287,7 @@ impl crate::CacheVolume {
                 identity: p.source.identity(),
                 source_generation: p.source_generation.clone(),
                 forget: p.forget,
+                share: p.share,
             })
             .collect();
         let infos = parts
@@ -268,6 +302,19 @@ impl crate::CacheVolume {
         crate::CacheVolume::open_parts(Arc::new(concat), infos, &vols, cache, config)
     }
 
+    /// `read_at` that tells whether every byte came from the cache (a hit).
+    pub fn read_hit(&self, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
+        let s = &self.shared;
+        sce_io::check_range(
+            sce_io::Op::Read,
+            offset,
+            buf.len() as u64,
+            s.source_size,
+            s.lbs,
+        )?;
+        s.read_hit(offset, buf)
+    }
+
     /// The volumes this cache serves, in address order: name, where each starts and its
     /// size (one volume at 0 unless opened with `open_shared`).
     pub fn volumes(&self) -> Vec<(String, Placed)> {
@@ -276,6 +323,19 @@ impl crate::CacheVolume {
             .iter()
             .map(|p| (p.name.clone(), p.at.clone()))
             .collect()
+    }
+
+    /// The slots each volume holds, in address order, if shares are set (else empty).
+    pub fn share_used(&self) -> Vec<u64> {
+        let mut out: Vec<u64> = Vec::new();
+        for c in self.shared.cores.iter() {
+            let used = c.read().share_used();
+            out.resize(out.len().max(used.len()), 0);
+            for (o, u) in out.iter_mut().zip(used) {
+                *o += u as u64;
+            }
+        }
+        out
     }
 
     /// Forgets everything cached for volume `k` (its source changed behind the cache's
@@ -317,6 +377,7 @@ mod tests {
             source: Arc::new(d),
             source_generation: None,
             forget: false,
+            share: None,
         }
     }
 

@@ -45,6 +45,11 @@ impl Shared {
     /// Reads `buf.len()` bytes at `offset` (a range the caller checked) through the cache,
     /// timed into the hit or the miss histogram.
     pub(crate) fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
+        self.read_hit(offset, buf).map(|_| ())
+    }
+
+    /// `read`, telling whether every byte came from the cache.
+    pub(crate) fn read_hit(&self, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
         let lat = &self.counters.latencies;
         let _in_flight = crate::stats::InFlight::new(&lat.in_flight);
         let t0 = std::time::Instant::now();
@@ -53,7 +58,7 @@ impl Shared {
             Ok(true) => lat.read_hit.record_since(t0),
             _ => lat.read_miss.record_since(t0),
         }
-        r.map(|_| ())
+        r
     }
 
     /// `read`'s work: true if every byte came from the cache.

@@ -164,7 +164,8 @@ fn open_core(
         core_cfg.revalidate_partial_pages = false;
     }
     let Some(pc) = config.persist.clone() else {
-        let (cores, map) = build_cores(&core_cfg, config, source.size(), cache.size())?;
+        let (mut cores, map) = build_cores(&core_cfg, config, source.size(), cache.size())?;
+        crate::parts::apply_shares(&mut cores, &map, vols, core_cfg.fragment_size);
         let slots = cores.iter().map(|c| c.geometry().slots()).sum();
         let ppf = cores[0].geometry().pages_per_fragment();
         let crcs = verify.then(|| CrcTable::new(slots, ppf));
@@ -191,6 +192,7 @@ fn open_core(
         Arc::new(SliceDevice::new(cache, l.data_offset, l.data_bytes())?);
     let (mut cores, map) = build_cores(&core_cfg, config, source.size(), data.size())?;
     restore(&mut cores, &map, &loaded, l.bitmap_words());
+    crate::parts::apply_shares(&mut cores, &map, vols, core_cfg.fragment_size);
     persist.start(
         |s| {
             let (k, local) = map.slot_to_local(SlotNo(s));
@@ -302,6 +304,7 @@ impl CacheVolume {
             identity: source.identity(),
             source_generation: pc.and_then(|p| p.source_generation.clone()),
             forget: pc.is_some_and(|p| p.forget_volume),
+            share: None,
         };
         Self::open_parts(source, vec![part], &[vol], cache, config)
     }

@@ -307,6 +307,7 @@ fn crash_loop(
                 source: Arc::new(SliceDevice::new(source.clone(), k * 4 * MIB, 4 * MIB).unwrap()),
                 source_generation: None,
                 forget: false,
+                share: None,
             };
             CacheVolume::open_shared(vec![half(0), half(1)], cache.clone(), cfg).expect("open")
         } else {

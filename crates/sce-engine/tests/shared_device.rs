@@ -42,12 +42,14 @@ fn parts(a: &Arc<MemDevice>, b: &Arc<MemDevice>, gen_a: &str) -> Vec<VolumePart>
             source: a.clone(),
             source_generation: Some(gen_a.into()),
             forget: false,
+            share: None,
         },
         VolumePart {
             name: "volume-b".into(),
             source: b.clone(),
             source_generation: None,
             forget: false,
+            share: None,
         },
     ]
 }
@@ -171,4 +173,55 @@ fn a_device_of_other_volumes_is_refused() {
     let small = random_source(MIB / 2, 3);
     let e = CacheVolume::open_shared(parts(&small, &b, "1"), cache, config()).unwrap_err();
     assert!(e.to_string().contains("volume-a"), "{e}");
+}
+
+/// A volume with a share holds at most its share of the slots however hard it is read,
+/// and takes its new fragments' slots from its own; the other volume, uncapped, gets the
+/// rest, and the capped one's data stays correct.
+#[test]
+fn a_share_caps_a_volume_and_leaves_the_rest_to_the_others() {
+    let a = random_source(8 * MIB, 1);
+    let b = random_source(4 * MIB, 2);
+    // 32 slots of 64 KiB (with its metadata, the device holds a little less).
+    let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(2 * MIB + 256 * KIB));
+    let mut p = parts(&a, &b, "1");
+    p[0].share = Some(0.25);
+    let vol = CacheVolume::open_shared(p, cache, config()).unwrap();
+    let total = vol.stats().total_slots;
+    assert!(total >= 24, "{total} slots");
+    // Volume a, four times the whole cache, read over and over.
+    for _ in 0..4 {
+        read_check(&vol, 0, &*a);
+        vol.populate_now(10_000);
+    }
+    let used = vol.share_used();
+    let shards = vol.core_shards() as u64;
+    let cap = (total as f64 * 0.25) as u64 + shards;
+    println!(
+        "{total} slots; volume a (share 25%) holds {}, cap {cap}",
+        used[0]
+    );
+    assert!(
+        used[0] > 0 && used[0] <= cap,
+        "a holds {} slots, cap {cap}",
+        used[0]
+    );
+    assert!(
+        vol.stats().free_slots >= total - cap,
+        "the rest stays free for the others"
+    );
+    // Volume b takes the rest.
+    for _ in 0..3 {
+        read_check(&vol, 1, &*b);
+        vol.populate_now(10_000);
+    }
+    let used = vol.share_used();
+    assert!(
+        used[1] >= total - cap - shards,
+        "b holds {} of {total}",
+        used[1]
+    );
+    assert!(used[0] <= cap);
+    read_check(&vol, 0, &*a);
+    read_check(&vol, 1, &*b);
 }

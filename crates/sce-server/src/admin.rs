@@ -255,7 +255,7 @@ impl Ctx {
     }
 
     /// The range a request names, checked against the export's size.
-    fn range(req: &Request, v: &CacheVolume) -> Result<(u64, u64)> {
+    fn range(req: &Request, v: &Attachable) -> Result<(u64, u64)> {
         let (Some(o), Some(l)) = (req.offset, req.len) else {
             bail!("{} needs an offset and a length", req.verb);
         };
@@ -277,8 +277,8 @@ impl Ctx {
             "flush" => self.flush(name),
             "exists" | "evict" | "prefetch" => self.range_verb(req),
             "forget" => {
-                let (n, v) = self.volume(name)?;
-                let (frags, errors) = v.forget();
+                let (n, a) = self.attachable(name)?;
+                let (frags, errors) = a.forget().map_err(|e| anyhow!("export {n:?}: {e}"))?;
                 tracing::warn!(target: LOG_TARGET, export = %n, fragments = frags, "ctl forget: everything cached was dropped");
                 if errors > 0 {
                     bail!("forgot {frags} fragments, but {errors} metadata writes failed: a crash now may bring old records back; check the cache device");
@@ -328,9 +328,10 @@ impl Ctx {
 
     /// exists, evict and prefetch: a range of a cached export.
     fn range_verb(&self, req: &Request) -> Result<Value> {
-        let (n, v) = self.volume(req.export.as_deref())?;
-        let (o, l) = Self::range(req, &v)?;
-        let cached = |v: &CacheVolume| -> Result<u64> {
+        let (n, _) = self.volume(req.export.as_deref())?;
+        let (_, v) = self.attachable(req.export.as_deref())?;
+        let (o, l) = Self::range(req, v)?;
+        let cached = |v: &Attachable| -> Result<u64> {
             Ok(v.exists(o, l)?.iter().map(|f| f.1).sum::<u64>().min(l))
         };
         match req.verb.as_str() {
@@ -338,7 +339,7 @@ impl Ctx {
                 let frags = v.exists(o, l)?;
                 Ok(json!({
                     "export": n, "offset": o, "len": l,
-                    "cached_bytes": cached(&v)?,
+                    "cached_bytes": cached(v)?,
                     "fragments": frags.iter().map(|&(off, b)| json!({"offset": off, "cached_bytes": b})).collect::<Vec<_>>(),
                 }))
             }
@@ -348,9 +349,9 @@ impl Ctx {
                 Ok(json!({"export": n, "offset": o, "len": l, "evicted_bytes": bytes}))
             }
             _ => {
-                let before = cached(&v)?;
+                let before = cached(v)?;
                 v.prefetch(o, l)?;
-                let after = cached(&v)?;
+                let after = cached(v)?;
                 Ok(json!({
                     "export": n, "offset": o, "len": l,
                     "cached_bytes": after,
@@ -368,8 +369,12 @@ impl Ctx {
         let t = retune(key, value)?;
         let cfg = v.retune(&t).map_err(|e| anyhow!("{e}"))?;
         tracing::info!(target: LOG_TARGET, export = %n, key, value, "ctl set");
+        // Settings are the cache device's: exports that share it change together.
+        let (_, a) = self.attachable(req.export.as_deref())?;
+        let also: Vec<String> = a.part().map_or_else(Vec::new, |p| p.siblings.clone());
         Ok(json!({
             "export": n,
+            "also_applies_to": also,
             "mode": cfg.write_mode.to_string(),
             "admission": cfg.admission.to_string(),
             "sequential_cutoff_bytes": cfg.sequential_cutoff,
@@ -463,6 +468,7 @@ impl Ctx {
                         "cache_checksum": s.cache_checksum_errors,
                     });
                     m["persistent"] = json!(v.persist_stats().is_some());
+                    export_figures(&mut m, a);
                 }
             }
             exports.push(m);
@@ -474,6 +480,19 @@ impl Ctx {
             "open_connections": st.open_connections.load(Relaxed),
             "exports": exports,
         }))
+    }
+}
+
+/// The export's own figures, apart from its cache device's (which exports that share the
+/// device have in common): its reads, their hit ratio, and the bytes the cache holds of it.
+fn export_figures(m: &mut Value, a: &Attachable) {
+    let c = &a.counters;
+    let (reads, hits) = (c.read_requests.load(Relaxed), c.read_hits.load(Relaxed));
+    m["export_read_requests"] = json!(reads);
+    m["export_read_hit_ratio"] = json!(hits as f64 / reads.max(1) as f64);
+    m["export_cached_bytes"] = json!(a.cached_bytes());
+    if let Some(p) = a.part() {
+        m["shared_with"] = json!(p.siblings);
     }
 }
 

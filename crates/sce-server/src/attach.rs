@@ -25,8 +25,39 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Where an export sits in a cache device it shares with other exports.
+#[derive(Clone, Debug)]
+pub struct Part {
+    /// Its volume's index in the shared cache (address order).
+    pub index: usize,
+    /// Where its byte 0 is in the shared cache's address space.
+    pub base: u64,
+    /// The other exports on the device.
+    pub siblings: Vec<String>,
+}
+
+/// An export's own counts (several exports may share one cached volume, whose counters
+/// are the device's).
+#[derive(Debug, Default)]
+pub struct ExportCounters {
+    /// Reads served while attached.
+    pub read_requests: AtomicU64,
+    /// Of them, reads served wholly from the cache.
+    pub read_hits: AtomicU64,
+    /// Bytes read.
+    pub read_bytes: AtomicU64,
+    /// Writes and discards.
+    pub write_requests: AtomicU64,
+    /// Bytes written.
+    pub write_bytes: AtomicU64,
+}
+
 /// A cached export that can lose and regain its cache while it serves.
 pub struct Attachable {
+    /// Set when the cache device is shared with other exports.
+    part: Option<Part>,
+    /// This export's own counts.
+    pub counters: ExportCounters,
     spec: Mutex<ExportConfig>,
     cfg: ServeConfig,
     source: Arc<dyn BlockDevice>,
@@ -60,7 +91,20 @@ impl Attachable {
         source: Arc<dyn BlockDevice>,
         volume: Arc<CacheVolume>,
     ) -> Arc<Attachable> {
+        Self::new_part(spec, cfg, source, volume, None)
+    }
+
+    /// `new` for an export that shares its cache device (`part`), or not (None).
+    pub fn new_part(
+        spec: ExportConfig,
+        cfg: ServeConfig,
+        source: Arc<dyn BlockDevice>,
+        volume: Arc<CacheVolume>,
+        part: Option<Part>,
+    ) -> Arc<Attachable> {
         Arc::new(Attachable {
+            part,
+            counters: ExportCounters::default(),
             spec: Mutex::new(spec),
             cfg,
             source,
@@ -79,6 +123,59 @@ impl Attachable {
     /// The cache device's path (the last attached).
     pub fn cache_path(&self) -> Option<PathBuf> {
         self.spec.lock().cache.clone()
+    }
+
+    /// Where the export sits in a shared cache device (None: it has its device alone).
+    pub fn part(&self) -> Option<&Part> {
+        self.part.as_ref()
+    }
+
+    /// The export's byte 0 in its cached volume's address space.
+    fn base(&self) -> u64 {
+        self.part.as_ref().map_or(0, |p| p.base)
+    }
+
+    /// FlashTier's `exists` over the export's `[offset, offset+len)`: (offset in the export,
+    /// bytes cached) per fragment; empty when detached.
+    pub fn exists(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64)>, IoError> {
+        let b = self.base();
+        self.with(
+            |v| {
+                let r = v.exists(b + offset, len)?;
+                Ok(r.into_iter().map(|(o, n)| (o - b, n)).collect())
+            },
+            |_| Ok(Vec::new()),
+        )
+    }
+
+    /// Bytes of the export the cache holds.
+    pub fn cached_bytes(&self) -> u64 {
+        let size = self.source.size();
+        self.exists(0, size)
+            .map_or(0, |e| e.iter().map(|x| x.1).sum::<u64>().min(size))
+    }
+
+    /// FlashTier's `evict` over the export's `[offset, offset+len)`: bytes dropped.
+    pub fn evict(&self, offset: u64, len: u64) -> Result<u64, IoError> {
+        let b = self.base();
+        self.with(|v| v.evict(b + offset, len), |_| Ok(0))
+    }
+
+    /// Forgets what the cache holds for this export (the source changed behind its back):
+    /// the fragments dropped and the metadata errors. An export that shares its device
+    /// forgets only its own volume.
+    pub fn forget(&self) -> Result<(u64, u64)> {
+        let gate = self.gate.read();
+        let v = gate
+            .as_deref()
+            .ok_or_else(|| anyhow!("the cache is detached"))?;
+        match &self.part {
+            None => Ok(v.forget()),
+            Some(p) => {
+                let (bytes, errors) = v.forget_volume(p.index)?;
+                Ok((bytes.div_ceil(v.config().fragment_size.max(1)), errors))
+            }
+        }
     }
 
     /// Writes served while detached since the last attach.
@@ -119,13 +216,17 @@ impl Attachable {
 
     /// NBD CACHE: prefetches into the cache while attached; nothing when detached.
     pub fn prefetch(&self, offset: u64, len: u64) -> Result<(), IoError> {
-        self.with(|v| v.prefetch(offset, len), |_| Ok(()))
+        let b = self.base();
+        self.with(|v| v.prefetch(b + offset, len), |_| Ok(()))
     }
 
     /// Detaches the cache: the export serves from the source alone from now on, and the
     /// cache device is flushed, left clean and released. Returns the device's path and
     /// whether it was left clean.
     pub fn detach(&self) -> Result<(PathBuf, bool)> {
+        if let Some(p) = &self.part {
+            return self.detach_part(p);
+        }
         let _op = self.ops.lock();
         let name = self.spec.lock().name.clone();
         let v = {
@@ -157,6 +258,9 @@ impl Attachable {
     /// source and nothing was written while detached, else cold. `others` are the server's
     /// other exports, which the device must not belong to.
     pub fn attach(&self, cache: Option<PathBuf>, others: &[ExportConfig]) -> Result<Attached> {
+        if let Some(p) = &self.part {
+            return self.attach_part(p, cache);
+        }
         let _op = self.ops.lock();
         let mut spec = self.spec.lock().clone();
         let name = spec.name.clone();
@@ -216,6 +320,89 @@ impl Attachable {
     }
 }
 
+impl Attachable {
+    /// `detach` of an export that shares its cache device: the device stays with the other
+    /// exports; this one serves from its source, and what the cache held for it is dropped
+    /// (writes while detached do not reach the cache).
+    fn detach_part(&self, p: &Part) -> Result<(PathBuf, bool)> {
+        let _op = self.ops.lock();
+        let name = self.spec.lock().name.clone();
+        let v = {
+            let mut g = self.gate.write();
+            g.take()
+                .ok_or_else(|| anyhow!("export {name:?} is detached already"))?
+        };
+        self.writes_detached.store(0, Relaxed);
+        // Reads started through the hit queue before the swap finish on it; the volume
+        // lives on with the other exports, so its queue stays.
+        *self.draining.lock() = Some(v.clone());
+        let (bytes, errors) = v.forget_volume(p.index)?;
+        let path = self.cache_path().unwrap_or_default();
+        tracing::info!(target: crate::LOG_TARGET, export = %name, cache = %path.display(), bytes_dropped = bytes, shared_with = ?p.siblings, "cache detached from this export; the device stays with the others");
+        if errors > 0 {
+            bail!("detached, but {errors} metadata writes failed: the cache device may bring this export's old records back after a crash; check it");
+        }
+        Ok((path, false))
+    }
+
+    /// `attach` of an export that shares its cache device: back to that device only, cold
+    /// (everything it held for the export was dropped at detach, and again now, under the
+    /// gate, for anything a population brought in since from a source that detached
+    /// writes have changed).
+    fn attach_part(&self, p: &Part, cache: Option<PathBuf>) -> Result<Attached> {
+        let _op = self.ops.lock();
+        let name = self.spec.lock().name.clone();
+        let path = self.cache_path().unwrap_or_default();
+        if let Some(c) = cache.filter(|c| *c != path) {
+            bail!(
+                "export {name:?} shares cache {} with {:?}; it can only be attached back to it, not to {}",
+                path.display(),
+                p.siblings,
+                c.display()
+            );
+        }
+        let mut g = self.gate.write();
+        if g.is_some() {
+            bail!("export {name:?} has a cache attached already; detach it first");
+        }
+        let v = self
+            .draining
+            .lock()
+            .clone()
+            .ok_or_else(|| anyhow!("export {name:?}: its shared cache is gone"))?;
+        let (_, errors) = v.forget_volume(p.index)?;
+        if errors > 0 {
+            bail!("attach: {errors} metadata writes failed while dropping the export's old pages; not attached");
+        }
+        let written = self.writes_detached.swap(0, Relaxed);
+        *g = Some(v);
+        drop(g);
+        tracing::info!(target: crate::LOG_TARGET, export = %name, cache = %path.display(), "cache attached again (cold: a shared device keeps nothing of a detached export)");
+        Ok(Attached {
+            cache: path,
+            fragments_restored: 0,
+            forgot: Some(format!(
+                "the device is shared with {:?}: what it held for this export was dropped at detach ({written} write(s) while detached)",
+                p.siblings
+            )),
+        })
+    }
+
+    fn count_read(&self, len: usize, hit: bool) {
+        let c = &self.counters;
+        c.read_requests.fetch_add(1, Relaxed);
+        c.read_bytes.fetch_add(len as u64, Relaxed);
+        if hit {
+            c.read_hits.fetch_add(1, Relaxed);
+        }
+    }
+
+    fn count_write(&self, len: u64) {
+        self.counters.write_requests.fetch_add(1, Relaxed);
+        self.counters.write_bytes.fetch_add(len, Relaxed);
+    }
+}
+
 impl BlockDevice for Attachable {
     fn size(&self) -> u64 {
         self.source.size()
@@ -226,21 +413,49 @@ impl BlockDevice for Attachable {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
+        sce_io::check_range(
+            sce_io::Op::Read,
+            offset,
+            buf.len() as u64,
+            self.source.size(),
+            1,
+        )?;
         let gate = self.gate.read();
         match gate.as_deref() {
-            Some(v) => v.read_at(offset, buf),
+            Some(v) => {
+                let hit = v.read_hit(self.base() + offset, buf)?;
+                self.count_read(buf.len(), hit);
+                Ok(())
+            }
             None => self.source.read_at(offset, buf),
         }
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), IoError> {
-        self.write_with(|v| v.write_at(offset, buf), |s| s.write_at(offset, buf))
+        sce_io::check_range(
+            sce_io::Op::Write,
+            offset,
+            buf.len() as u64,
+            self.source.size(),
+            1,
+        )?;
+        self.count_write(buf.len() as u64);
+        let b = self.base();
+        self.write_with(|v| v.write_at(b + offset, buf), |s| s.write_at(offset, buf))
     }
 
     fn write_shared(&self, offset: u64, data: SharedBytes) -> Result<(), IoError> {
+        sce_io::check_range(
+            sce_io::Op::Write,
+            offset,
+            data.len() as u64,
+            self.source.size(),
+            1,
+        )?;
+        self.count_write(data.len() as u64);
         let gate = self.gate.read();
         match gate.as_deref() {
-            Some(v) => v.write_shared(offset, data),
+            Some(v) => v.write_shared(self.base() + offset, data),
             None => {
                 self.writes_detached.fetch_add(1, Relaxed);
                 self.source.write_shared(offset, data)
@@ -257,7 +472,10 @@ impl BlockDevice for Attachable {
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
-        self.write_with(|v| v.discard(offset, len), |s| s.discard(offset, len))
+        sce_io::check_range(sce_io::Op::Discard, offset, len, self.source.size(), 1)?;
+        self.count_write(0);
+        let b = self.base();
+        self.write_with(|v| v.discard(b + offset, len), |s| s.discard(offset, len))
     }
 
     /// The source's, attached or not: it holds every acknowledged write either way.
@@ -268,7 +486,21 @@ impl BlockDevice for Attachable {
 
 impl QueuedReads for Attachable {
     fn start_read(&self, offset: u64, len: u64) -> Option<StartedRead> {
-        self.gate.read().as_deref()?.start_read(offset, len)
+        if offset
+            .checked_add(len)
+            .is_none_or(|e| e > self.source.size())
+        {
+            return None;
+        }
+        let r = self
+            .gate
+            .read()
+            .as_deref()?
+            .start_read(self.base() + offset, len);
+        if r.is_some() {
+            self.count_read(len as usize, true);
+        }
+        r
     }
 
     fn queue(&self) -> Option<Arc<dyn IoQueue>> {

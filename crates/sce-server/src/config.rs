@@ -87,6 +87,9 @@ pub struct ExportConfig {
     pub cache: Option<PathBuf>,
     /// Create the cache file with this size if it does not exist.
     pub cache_size: Option<String>,
+    /// Where exports share a cache device: the most of it this one may hold ("40%" or
+    /// 0.4 as text). Default: no cap.
+    pub cache_share: Option<String>,
     /// Cache mode: writethrough, writethrough-sync, writearound or passthrough (old names:
     /// awt, write-through, write-around).
     pub mode: Option<String>,

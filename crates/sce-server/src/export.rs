@@ -26,8 +26,9 @@ pub struct Built {
     pub volume: Option<Arc<Attachable>>,
 }
 
-/// Refuses exports that share storage: no export may use another's cache, or its own
-/// source, as a cache, and no two may cache the same NBD export.
+/// Refuses exports that share storage: no export may use a source (its own or another's)
+/// as a cache, nor the same storage under two names as two caches, and no two may cache
+/// the same NBD export. Exports that name the same cache share it (`crate::group`).
 pub fn check_ownership(exports: &[ExportConfig]) -> Result<()> {
     let mut claims = Vec::new();
     for spec in exports {
@@ -76,7 +77,7 @@ fn field<T: std::str::FromStr<Err = String>>(
 }
 
 /// Parses an optional size field of an export.
-fn size_field(v: &Option<String>, what: &str, export: &str) -> Result<Option<u64>> {
+pub(crate) fn size_field(v: &Option<String>, what: &str, export: &str) -> Result<Option<u64>> {
     v.as_deref()
         .map(parse_size)
         .transpose()
@@ -88,7 +89,7 @@ type OpenedSource = (Arc<dyn BlockDevice>, Option<Arc<FileDevice>>);
 
 /// Opens an export's source: an NBD client, or a local file or device (also returned as
 /// such, for its I/O queue).
-fn open_source(spec: &ExportConfig, cfg: &ServeConfig) -> Result<OpenedSource> {
+pub(crate) fn open_source(spec: &ExportConfig, cfg: &ServeConfig) -> Result<OpenedSource> {
     if spec.source.starts_with("nbd://") || spec.source.starts_with("nbd+unix://") {
         let uri: NbdUri = spec.source.parse().map_err(|e: String| anyhow!(e))?;
         let opts = sce_nbd::ClientOptions {
@@ -118,7 +119,7 @@ fn open_source(spec: &ExportConfig, cfg: &ServeConfig) -> Result<OpenedSource> {
 
 /// Opens the cache device, locked exclusively, refusing to resize an existing file. The
 /// flag says whether this open created the file (so that a failed start removes it).
-fn open_cache(
+pub(crate) fn open_cache(
     path: &Path,
     size: Option<u64>,
     direct: DirectMode,
@@ -148,7 +149,7 @@ fn open_cache(
 /// The core configuration an export declares, every field checked (whether or not the
 /// export has a cache). The admission options that depend on the cache's size are applied
 /// again once it is known.
-fn core_config(spec: &ExportConfig) -> Result<CoreConfig> {
+pub(crate) fn core_config(spec: &ExportConfig) -> Result<CoreConfig> {
     let n = &spec.name;
     let mut core = CoreConfig::default();
     if let Some(m) = field::<WriteMode>(&spec.mode, "mode", n)? {
@@ -213,6 +214,12 @@ fn admission_options(spec: &ExportConfig) -> Result<AdmissionOptions> {
 /// this start created is removed again if the build fails.
 pub fn build(spec: &ExportConfig, cfg: &ServeConfig) -> Result<Built> {
     let n = &spec.name;
+    if crate::group::share(spec)?.is_some() {
+        bail!(
+            "export {n:?}: cache_share applies to exports that share a cache device (name the \
+             same cache on several exports); this one has its device alone"
+        );
+    }
     let core = core_config(spec)?;
     let (source, local) =
         open_source(spec, cfg).with_context(|| format!("export {n:?}: source {}", spec.source))?;
@@ -272,7 +279,8 @@ pub fn open_volume(
         );
     }
     let (cache_dev, created) = open_cache(cache_path, cache_size, cfg.direct, n)?;
-    let built = build_cached(spec, cfg, core, source, cache_dev, cache_path);
+    let open = |cache, engine| CacheVolume::open(source, cache, engine);
+    let built = build_cached(spec, cfg, core, open, cache_dev, cache_path);
     if built.is_err() && created {
         // Leave nothing behind: the file was ours, made by this start.
         let _ = std::fs::remove_file(cache_path);
@@ -285,12 +293,14 @@ pub fn core_of(spec: &ExportConfig) -> Result<CoreConfig> {
     core_config(spec)
 }
 
-/// The rest of `open_volume` once the cache device is open.
-fn build_cached(
+/// The rest of `open_volume` once the cache device is open (`open` opens the volume: over
+/// one source, or several sharing the device).
+pub(crate) fn build_cached<'a>(
     spec: &ExportConfig,
     cfg: &ServeConfig,
     mut core: CoreConfig,
-    source: Arc<dyn BlockDevice>,
+    open: impl FnOnce(Arc<dyn BlockDevice>, EngineConfig) -> Result<CacheVolume, sce_engine::EngineError>
+        + 'a,
     cache_dev: Arc<FileDevice>,
     cache_path: &Path,
 ) -> Result<Arc<CacheVolume>> {
@@ -325,9 +335,7 @@ fn build_cached(
         error_limit: cfg.error_limit,
         ..EngineConfig::default()
     };
-    let volume = Arc::new(
-        CacheVolume::open(source, cache, engine).with_context(|| format!("export {n:?}"))?,
-    );
+    let volume = Arc::new(open(cache, engine).with_context(|| format!("export {n:?}"))?);
     log_loaded(n, &volume, persistent);
     // Hits are read through an I/O queue on the cache device (io_uring), started by the
     // connection's reader; the volume's data starts after the volatile header when it
@@ -399,7 +407,7 @@ fn cache_device(cache_dev: Arc<FileDevice>, persist: bool) -> Result<Arc<dyn Blo
 
 /// How a persistent cache is kept: under the source's name, reformatted if it held
 /// something else.
-fn persist_config(
+pub(crate) fn persist_config(
     spec: &ExportConfig,
     cfg: &ServeConfig,
     found: &Contents,
@@ -454,7 +462,7 @@ fn log_loaded(n: &str, volume: &CacheVolume, persistent: bool) {
 }
 
 /// The name a source gets in the volume table: its canonical path, or the URI as given.
-fn source_identity(source: &str) -> String {
+pub(crate) fn source_identity(source: &str) -> String {
     if source.contains("://") {
         return source.to_string();
     }

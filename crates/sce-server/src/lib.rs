@@ -16,6 +16,7 @@ pub mod admission;
 pub mod attach;
 pub mod config;
 pub mod export;
+pub mod group;
 pub mod metrics;
 pub mod ownership;
 pub mod prom;

@@ -116,7 +116,7 @@ pub enum Storage {
 }
 
 /// `path` with its directory canonicalized (the file itself may not exist).
-fn canonical_name(path: &Path) -> PathBuf {
+pub fn canonical_name(path: &Path) -> PathBuf {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -237,6 +237,14 @@ pub fn refuse_overlaps(claims: &[Claim]) -> Result<()> {
     for (i, (a, sa)) in located.iter().enumerate() {
         for (b, sb) in &located[i + 1..] {
             if a.role == "source" && b.role == "source" {
+                continue;
+            }
+            // Exports that name the same cache share it (one cached volume over their
+            // sources); the same storage under two names would be two caches on it.
+            if a.role == "cache"
+                && b.role == "cache"
+                && canonical_name(Path::new(&a.path)) == canonical_name(Path::new(&b.path))
+            {
                 continue;
             }
             if sa.iter().any(|x| sb.iter().any(|y| x.overlaps(y))) {

@@ -209,6 +209,48 @@ fn volume_families(
     }
 }
 
+/// A cached export's own families: where exports share a cache device, the volume's
+/// families above are the device's (the same for each of them), and these are the export's.
+fn export_families(f: &mut Families, export: &str, a: &crate::attach::Attachable) {
+    let lp = [("export", export)];
+    let c = &a.counters;
+    for (name, help, n) in [
+        (
+            "sce_export_read_requests_total",
+            "Reads of this export served while its cache was attached.",
+            &c.read_requests,
+        ),
+        (
+            "sce_export_read_hits_total",
+            "Reads of this export served wholly from the cache.",
+            &c.read_hits,
+        ),
+        (
+            "sce_export_read_bytes_total",
+            "Bytes read from this export while its cache was attached.",
+            &c.read_bytes,
+        ),
+        (
+            "sce_export_write_requests_total",
+            "Writes and discards of this export.",
+            &c.write_requests,
+        ),
+        (
+            "sce_export_written_bytes_total",
+            "Bytes written to this export.",
+            &c.write_bytes,
+        ),
+    ] {
+        f.counter(name, help, &lp, n.load(Relaxed));
+    }
+    f.gauge(
+        "sce_export_cached_bytes",
+        "Bytes of this export the cache holds now.",
+        &lp,
+        a.cached_bytes() as f64,
+    );
+}
+
 /// The Prometheus text of the server's families and every cached export's.
 pub fn exposition(server: &Server, volumes: &Volumes, rates: Option<&Rates>) -> String {
     let mut f = Families::default();
@@ -222,8 +264,9 @@ pub fn exposition(server: &Server, volumes: &Volumes, rates: Option<&Rates>) -> 
             &[("export", label)],
             v.is_some() as u64 as f64,
         );
-        if let Some(v) = v {
+        if let (Some(v), Some(a)) = (v, volumes[i].1.as_ref()) {
             volume_families(&mut f, label, &v, rates, i);
+            export_families(&mut f, label, a);
         }
     }
     let mut out = Vec::new();

@@ -73,8 +73,7 @@ pub fn run(cfg: ServeConfig, report: &mut dyn FnMut(Event)) -> Result<Stopped> {
 fn assemble(cfg: &ServeConfig) -> Result<Assembled> {
     let mut exports = Vec::new();
     let mut volumes = Vec::new();
-    for spec in &cfg.exports {
-        let b = export::build(spec, cfg)?;
+    for (spec, b) in cfg.exports.iter().zip(crate::group::build_all(cfg)?) {
         volumes.push((spec.name.clone(), b.volume));
         exports.push(b.export);
     }
@@ -197,12 +196,22 @@ impl Running {
 /// Every acknowledged write is on the (flushed) source. Persistent caches now write their
 /// records and mark their devices clean, so the next start is warm.
 fn persist_caches(volumes: &Volumes) {
+    // Exports that share a cache device share its volume: it is shut down once.
+    let mut done: Vec<(*const sce_engine::CacheVolume, bool)> = Vec::new();
     for (name, v) in volumes.iter() {
         let Some(v) = v.as_ref().and_then(|a| a.volume()) else {
             continue;
         };
         let persistent = v.persist_stats().is_some();
-        let clean = v.shutdown();
+        let ptr = Arc::as_ptr(&v);
+        let clean = match done.iter().find(|d| d.0 == ptr) {
+            Some(d) => d.1,
+            None => {
+                let clean = v.shutdown();
+                done.push((ptr, clean));
+                clean
+            }
+        };
         if persistent {
             if clean {
                 tracing::info!(target: LOG_TARGET, export = %name, "cache device left clean");

@@ -16,6 +16,8 @@ pub mod journal;
 pub mod layout;
 pub mod superblock;
 pub mod unit;
+pub mod volumes;
+pub use volumes::{ensure_volumes, find_volume};
 
 pub use layout::Layout;
 pub use superblock::{uuid_string, DeviceState, Superblock, Volume, FORMAT_VERSION};
@@ -292,83 +294,6 @@ pub struct Loaded {
     pub journal_slots: Vec<u32>,
 }
 
-/// The table entries of several volumes (name, size) one cache serves, added to the table
-/// where missing: a new volume gets an id no entry holds, or, with the table full, the place
-/// of a volume not named here (its id with a higher generation, so none of its records can
-/// count for the newcomer). A named volume of another size is refused, as by [`find_volume`].
-/// Returns each volume's index in the table, in the order given.
-pub fn ensure_volumes(
-    sb: &mut Superblock,
-    wanted: &[(String, u64)],
-) -> Result<Vec<usize>, StoreError> {
-    let mut out = Vec::with_capacity(wanted.len());
-    for (name, size) in wanted {
-        if name.len() > superblock::MAX_NAME {
-            return Err(StoreError::Geometry(format!(
-                "volume name {name:?} is longer than {} bytes",
-                superblock::MAX_NAME
-            )));
-        }
-        match find_volume(sb, name, *size) {
-            Ok(i) => {
-                out.push(i);
-                continue;
-            }
-            Err(StoreError::Foreign(m)) if sb.volumes.iter().any(|v| &v.name == name) => {
-                return Err(StoreError::Foreign(m))
-            }
-            Err(_) => {}
-        }
-        let fresh = Volume {
-            id: 0,
-            generation: 1,
-            source_size: *size,
-            name: name.clone(),
-            identity: [0; superblock::IDENTITY_BYTES],
-        };
-        if sb.volumes.len() < superblock::MAX_VOLUMES {
-            let id = sb.volumes.iter().map(|v| v.id).max().unwrap_or(0) + 1;
-            sb.volumes.push(Volume { id, ..fresh });
-            out.push(sb.volumes.len() - 1);
-            continue;
-        }
-        let spare = (0..sb.volumes.len())
-            .find(|i| !wanted.iter().any(|(n, _)| *n == sb.volumes[*i].name))
-            .ok_or_else(|| {
-                StoreError::Geometry(format!(
-                    "the volume table is full ({} volumes)",
-                    superblock::MAX_VOLUMES
-                ))
-            })?;
-        let old = &sb.volumes[spare];
-        sb.volumes[spare] = Volume {
-            id: old.id,
-            generation: old.generation.wrapping_add(1),
-            ..fresh
-        };
-        out.push(spare);
-    }
-    Ok(out)
-}
-
-/// Which volume of the table `name`/`size` is, or why it is none.
-pub fn find_volume(sb: &Superblock, name: &str, size: u64) -> Result<usize, StoreError> {
-    match sb.volumes.iter().position(|v| v.name == name) {
-        Some(i) if sb.volumes[i].source_size == size => Ok(i),
-        Some(i) => Err(StoreError::Foreign(format!(
-            "{} of {} bytes, not {size}",
-            name, sb.volumes[i].source_size
-        ))),
-        None => Err(StoreError::Foreign(
-            sb.volumes
-                .iter()
-                .map(|v| v.name.clone())
-                .collect::<Vec<_>>()
-                .join(", "),
-        )),
-    }
-}
-
 /// Reads the write-intent bitmap. Every bit past the last slot (the padding of the last
 /// word and of the last block) must be clear: a set one is damage, and is refused rather
 /// than trusted.
@@ -478,14 +403,7 @@ pub fn load_volumes(
 ) -> Result<Loaded, StoreError> {
     let l = sb.layout;
     let volume = vols.first().map_or(0, |v| v.index);
-    // (id, generation, fragments, base) of each volume loaded.
-    let want: Vec<(u16, u32, u64, u64)> = vols
-        .iter()
-        .map(|v| {
-            let t = &sb.volumes[v.index];
-            (t.id, t.generation, v.fragments, v.base)
-        })
-        .collect();
+    let want = wanted(&sb, vols);
     let intents = read_intents(dev, &l)?;
     let words = l.bitmap_words();
     let mut report = ScanReport {
@@ -513,14 +431,15 @@ pub fn load_volumes(
                 report.slots_stale += 1;
                 return;
             };
-            if bit(&intents, s) {
-                report.slots_dropped_intent += 1;
-                unloaded.push(s);
-                rewrite.insert(l.unit_of(s).0);
-                return;
-            }
-            if e.frag() >= source_fragments {
-                report.slots_out_of_range += 1;
+            let dropped = if bit(&intents, s) {
+                Some(&mut report.slots_dropped_intent)
+            } else if e.frag() >= source_fragments {
+                Some(&mut report.slots_out_of_range)
+            } else {
+                None
+            };
+            if let Some(count) = dropped {
+                *count += 1;
                 unloaded.push(s);
                 rewrite.insert(l.unit_of(s).0);
                 return;
@@ -556,6 +475,16 @@ pub fn load_volumes(
     let bases: Vec<(u16, u64)> = want.iter().map(|w| (w.0, w.3)).collect();
     journal::apply(&mut loaded, &bases);
     Ok(loaded)
+}
+
+/// (id, generation, fragments, base) of each volume to load.
+fn wanted(sb: &Superblock, vols: &[LoadVolume]) -> Vec<(u16, u32, u64, u64)> {
+    vols.iter()
+        .map(|v| {
+            let t = &sb.volumes[v.index];
+            (t.id, t.generation, v.fragments, v.base)
+        })
+        .collect()
 }
 
 /// Counts the units that failed to load by why; every bad unit but a blank one is to be

@@ -132,17 +132,23 @@ impl CacheCore {
         if let Some(f) = self.slots.fragment(s) {
             self.map.set(f, None);
             self.stats.fragments_evicted += 1;
+            self.share_count(f, false);
         }
         self.slots.assign(s, None);
         self.evict.removed(s);
     }
 
     /// Gives fragment `f` a slot: a free one, or the eviction policy's victim.
+    /// A volume at its share takes the slot from its own fragments.
     pub(super) fn allocate(&mut self, f: FragNo) -> Option<SlotNo> {
-        let s = match self.slots.take_free() {
+        let free = match self.at_cap(f) {
+            Some(_) => None,
+            None => self.slots.take_free(),
+        };
+        let s = match free {
             Some(s) => s,
             None => {
-                let s = self.victim()?;
+                let s = self.victim_for(f)?;
                 self.evict_slot(s);
                 s
             }
@@ -150,6 +156,16 @@ impl CacheCore {
         self.slots.assign(s, Some(f));
         self.map.set(f, Some(s));
         self.evict.inserted(s);
+        self.share_count(f, true);
         Some(s)
+    }
+
+    /// The victim whose slot fragment `f` would take: among its volume's fragments if that
+    /// volume is at its share, else the policy's.
+    pub(super) fn victim_for(&mut self, f: FragNo) -> Option<SlotNo> {
+        match self.at_cap(f) {
+            Some(k) => self.victim_in(k),
+            None => self.victim(),
+        }
     }
 }

@@ -42,6 +42,7 @@ mod guard;
 mod plan;
 mod population;
 mod read;
+mod share;
 mod write;
 
 pub use guard::{CacheCopy, HeldRead, PinnedRead, Populating, Population, SourceWrite, WriteTxn};
@@ -93,6 +94,8 @@ pub struct CacheCore {
     activity: IntMap<u64, FragActivity>,
     awt_in_flight: u64,
     stats: CoreStats,
+    /// Caps of the volumes that share the device, if any.
+    shares: share::Shares,
 }
 
 /// The admission policy's state, built from the configuration: rebuilt whole when a
@@ -200,6 +203,7 @@ impl CacheCore {
             activity: IntMap::default(),
             awt_in_flight: 0,
             stats: CoreStats::default(),
+            shares: share::Shares::default(),
             geo,
             cfg,
         })
@@ -314,6 +318,7 @@ impl CacheCore {
             bitmap::clear_range(bm, pages, (words * 64) as u32);
             self.map.set(f, Some(s));
             self.evict.inserted(s);
+            self.share_count(f, true);
             n += 1;
         }
         self.slots.rebuild_free();

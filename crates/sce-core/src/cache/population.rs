@@ -195,8 +195,8 @@ impl CacheCore {
             self.stats.endurance_refusals += 1;
             return None;
         }
-        if self.map.get(f).is_none() && self.slots.free_count() == 0 {
-            let victim = self.victim()?;
+        if self.map.get(f).is_none() && (self.slots.free_count() == 0 || self.at_cap(f).is_some()) {
+            let victim = self.victim_for(f)?;
             let heat = |core: &Self, g: FragNo| core.sketch.as_ref().map_or(0, |s| s.estimate(g.0));
             let vf = self.slots.fragment(victim).expect("victims hold fragments");
             if heat(self, f) < heat(self, vf).saturating_add(self.cfg.admission_margin) {

@@ -8,6 +8,66 @@ use super::{
     PersistStats,
 };
 
+/// Whether the device `sb` can serve the volumes `wanted`: it holds one of them at least
+/// (a device of other sources may be another export's cache) and can take the others.
+fn fits(sb: &Superblock, wanted: &[(String, u64)]) -> Result<Vec<usize>, StoreError> {
+    if !wanted
+        .iter()
+        .any(|(n, _)| sb.volumes.iter().any(|v| &v.name == n))
+    {
+        sce_store::find_volume(sb, &wanted[0].0, wanted[0].1)?;
+    }
+    sce_store::ensure_volumes(&mut sb.clone(), wanted)
+}
+
+/// The volumes `vols` (table indices `indices`) as the load takes them and as the store
+/// keeps them.
+fn placed(
+    vols: &[OpenVolume],
+    indices: &[usize],
+    sb: &Superblock,
+    fragment_size: u64,
+) -> (Vec<sce_store::LoadVolume>, Vec<PVol>) {
+    vols.iter()
+        .zip(indices)
+        .map(|(v, &index)| {
+            let base = v.base / fragment_size;
+            let load = sce_store::LoadVolume {
+                index,
+                fragments: v.size.div_ceil(fragment_size),
+                base,
+            };
+            let keep = PVol {
+                index,
+                id: sb.volumes[index].id,
+                base,
+                source_generation: v.source_generation.clone(),
+            };
+            (load, keep)
+        })
+        .unzip()
+}
+
+/// What a load found, as the persistence counters report it.
+fn load_stats(sb: &Superblock, r: &ScanReport, formatted_now: bool, why: String) -> PersistStats {
+    PersistStats {
+        format_version: sb.version,
+        uuid: sce_store::uuid_string(&sb.uuid),
+        previous_shutdown_clean: sb.state == sce_store::DeviceState::Clean,
+        last_clean_shutdown: sb.last_clean_shutdown,
+        formatted_now,
+        fragments_restored: 0,
+        invalidated_because: why,
+        fragments_dropped_intent: r.slots_dropped_intent,
+        journal_pages_dropped: r.journal_pages_dropped,
+        journal_fragments_hit: r.journal_fragments_hit,
+        journal_blocks_replayed: r.journal_blocks_live,
+        fragments_dropped_bad_metadata: r.slots_in_bad_units,
+        units_rejected: (r.units_corrupt + r.units_misplaced + r.units_foreign) as u64,
+        ..PersistStats::default()
+    }
+}
+
 /// A volume as `trust` judges it.
 struct Trusted<'a> {
     index: usize,
@@ -46,47 +106,20 @@ impl Persist {
         );
         let (mut sb, formatted_now) = Self::superblock(&dev, &cfg, fragment_size, &wanted, first)?;
         let indices = sce_store::ensure_volumes(&mut sb, &wanted)?;
-        let trusted: Vec<Trusted> = vols
-            .iter()
-            .zip(&indices)
-            .zip(&identities)
-            .map(|((v, &index), id)| Trusted {
-                index,
-                identity: id.as_deref(),
-                forget: v.forget || cfg.forget_volume,
-                name: &v.name,
+        let trusted: Vec<Trusted> = (0..vols.len())
+            .map(|k| Trusted {
+                index: indices[k],
+                identity: identities[k].as_deref(),
+                forget: vols[k].forget || cfg.forget_volume,
+                name: &vols[k].name,
             })
             .collect();
         let why = Self::trust(&dev, &cfg, &mut sb, &trusted, formatted_now)?;
-        let lv: Vec<sce_store::LoadVolume> = vols
-            .iter()
-            .zip(&indices)
-            .map(|(v, &index)| sce_store::LoadVolume {
-                index,
-                fragments: v.size.div_ceil(fragment_size),
-                base: v.base / fragment_size,
-            })
-            .collect();
+        let (lv, pvols) = placed(vols, &indices, &sb, fragment_size);
         let loaded = sce_store::load_volumes(&*dev, sb.clone(), &lv)?;
         let layout = sb.layout;
-        let r: &ScanReport = &loaded.report;
-        let stats = PersistStats {
-            format_version: sb.version,
-            uuid: sce_store::uuid_string(&sb.uuid),
-            previous_shutdown_clean: sb.state == sce_store::DeviceState::Clean,
-            last_clean_shutdown: sb.last_clean_shutdown,
-            formatted_now,
-            fragments_restored: 0,
-            invalidated_because: why.join("; "),
-            fragments_dropped_intent: r.slots_dropped_intent,
-            journal_pages_dropped: r.journal_pages_dropped,
-            journal_fragments_hit: r.journal_fragments_hit,
-            journal_blocks_replayed: r.journal_blocks_live,
-            fragments_dropped_bad_metadata: r.slots_in_bad_units,
-            units_rejected: (r.units_corrupt + r.units_misplaced + r.units_foreign) as u64,
-            load_millis: started.elapsed().as_millis() as u64,
-            ..PersistStats::default()
-        };
+        let mut stats = load_stats(&sb, &loaded.report, formatted_now, why.join("; "));
+        stats.load_millis = started.elapsed().as_millis() as u64;
         let slots = layout.slots as usize;
         let blocks = layout.intent_blocks as usize;
         let intent_bits: Arc<[AtomicU64]> =
@@ -99,16 +132,6 @@ impl Persist {
         let next = loaded.journal.next_seq(sb.journal_tail);
         let journal = super::journal::Journal::new(ring as u64, next);
         let st = State::loaded(&loaded, intent_bits.clone(), (slots, blocks), journal);
-        let pvols = vols
-            .iter()
-            .zip(&indices)
-            .map(|(v, &index)| PVol {
-                index,
-                id: sb.volumes[index].id,
-                base: v.base / fragment_size,
-                source_generation: v.source_generation.clone(),
-            })
-            .collect();
         Ok(Opened {
             persist: Persist {
                 dev,
@@ -167,15 +190,7 @@ impl Persist {
         };
         // The device must already hold one of the volumes (a device of other sources is
         // refused: it may be another export's cache), and may gain the others.
-        let fits = |sb: &Superblock| {
-            if !wanted
-                .iter()
-                .any(|(n, _)| sb.volumes.iter().any(|v| &v.name == n))
-            {
-                sce_store::find_volume(sb, &wanted[0].0, wanted[0].1)?;
-            }
-            sce_store::ensure_volumes(&mut sb.clone(), wanted)
-        };
+        let fits = |sb: &Superblock| fits(sb, wanted);
         let mut formatted_now = false;
         let sb = match sce_store::read_superblock(&**dev) {
             Ok(sb) => {

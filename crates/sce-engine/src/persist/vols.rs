@@ -20,6 +20,8 @@ pub struct OpenVolume {
     pub source_generation: Option<String>,
     /// Drop what the device holds for it at start.
     pub forget: bool,
+    /// The most of the cache it may hold (a fraction of the slots; None: no cap).
+    pub share: Option<f64>,
 }
 
 /// A volume the store serves.

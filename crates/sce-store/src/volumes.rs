@@ -1,0 +1,82 @@
+//! The volume table's entries: finding a volume, and adding the volumes of a cache that
+//! several share.
+
+use crate::superblock::{self, Superblock, Volume};
+use crate::StoreError;
+
+/// The table entries of several volumes (name, size) one cache serves, added to the table
+/// where missing: a new volume gets an id no entry holds, or, with the table full, the place
+/// of a volume not named here (its id with a higher generation, so none of its records can
+/// count for the newcomer). A named volume of another size is refused, as by [`find_volume`].
+/// Returns each volume's index in the table, in the order given.
+pub fn ensure_volumes(
+    sb: &mut Superblock,
+    wanted: &[(String, u64)],
+) -> Result<Vec<usize>, StoreError> {
+    let mut out = Vec::with_capacity(wanted.len());
+    for (name, size) in wanted {
+        if name.len() > superblock::MAX_NAME {
+            return Err(StoreError::Geometry(format!(
+                "volume name {name:?} is longer than {} bytes",
+                superblock::MAX_NAME
+            )));
+        }
+        match find_volume(sb, name, *size) {
+            Ok(i) => {
+                out.push(i);
+                continue;
+            }
+            Err(StoreError::Foreign(m)) if sb.volumes.iter().any(|v| &v.name == name) => {
+                return Err(StoreError::Foreign(m))
+            }
+            Err(_) => {}
+        }
+        let fresh = Volume {
+            id: 0,
+            generation: 1,
+            source_size: *size,
+            name: name.clone(),
+            identity: [0; superblock::IDENTITY_BYTES],
+        };
+        if sb.volumes.len() < superblock::MAX_VOLUMES {
+            let id = sb.volumes.iter().map(|v| v.id).max().unwrap_or(0) + 1;
+            sb.volumes.push(Volume { id, ..fresh });
+            out.push(sb.volumes.len() - 1);
+            continue;
+        }
+        let spare = (0..sb.volumes.len())
+            .find(|i| !wanted.iter().any(|(n, _)| *n == sb.volumes[*i].name))
+            .ok_or_else(|| {
+                StoreError::Geometry(format!(
+                    "the volume table is full ({} volumes)",
+                    superblock::MAX_VOLUMES
+                ))
+            })?;
+        let old = &sb.volumes[spare];
+        sb.volumes[spare] = Volume {
+            id: old.id,
+            generation: old.generation.wrapping_add(1),
+            ..fresh
+        };
+        out.push(spare);
+    }
+    Ok(out)
+}
+
+/// Which volume of the table `name`/`size` is, or why it is none.
+pub fn find_volume(sb: &Superblock, name: &str, size: u64) -> Result<usize, StoreError> {
+    match sb.volumes.iter().position(|v| v.name == name) {
+        Some(i) if sb.volumes[i].source_size == size => Ok(i),
+        Some(i) => Err(StoreError::Foreign(format!(
+            "{} of {} bytes, not {size}",
+            name, sb.volumes[i].source_size
+        ))),
+        None => Err(StoreError::Foreign(
+            sb.volumes
+                .iter()
+                .map(|v| v.name.clone())
+                .collect::<Vec<_>>()
+                .join(", "),
+        )),
+    }
+}
