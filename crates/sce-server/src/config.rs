@@ -165,6 +165,8 @@ pub struct ConfigFile {
     pub tls_key: Option<PathBuf>,
     /// PEM CA certificates of the clients to accept (as `--tls-client-ca`).
     pub tls_client_ca: Option<PathBuf>,
+    /// A psktool key file for TLS-PSK (as `--tls-psk`).
+    pub tls_psk: Option<PathBuf>,
     /// The exports.
     #[serde(default)]
     pub export: Vec<ExportConfig>,
@@ -209,6 +211,7 @@ impl ServeConfig {
         t.cert = t.cert.take().or(file.tls_cert);
         t.key = t.key.take().or(file.tls_key);
         t.client_ca = t.client_ca.take().or(file.tls_client_ca);
+        t.psk = t.psk.take().or(file.tls_psk);
         Ok(())
     }
 
@@ -256,16 +259,20 @@ pub struct TlsConfig {
     /// `--tls-client-ca`: PEM CA certificates; clients must then present a certificate
     /// signed by one of them (mutual TLS).
     pub client_ca: Option<PathBuf>,
+    /// `--tls-psk`: a psktool key file (`USERNAME:HEXKEY` lines); TLS-PSK instead of X.509.
+    pub psk: Option<PathBuf>,
 }
 
 impl TlsConfig {
-    /// The mode in force: as given, else require with a certificate and off without.
+    /// The mode in force: as given, else require with a certificate or a key file and off
+    /// without.
     pub fn mode(&self) -> TlsMode {
-        self.mode.unwrap_or(if self.cert.is_some() {
-            TlsMode::Require
-        } else {
-            TlsMode::Off
-        })
+        self.mode
+            .unwrap_or(if self.cert.is_some() || self.psk.is_some() {
+                TlsMode::Require
+            } else {
+                TlsMode::Off
+            })
     }
 
     /// The listeners' TLS, loaded from the files; `None` when off. Errors say which flag or
@@ -275,8 +282,16 @@ impl TlsConfig {
         if mode == TlsMode::Off {
             return Ok(None);
         }
+        if let Some(psk) = &self.psk {
+            if self.cert.is_some() || self.key.is_some() || self.client_ca.is_some() {
+                bail!("--tls-psk and X.509 credentials (--tls-cert, --tls-key, --tls-client-ca) exclude each other: give one kind");
+            }
+            return ServerTls::from_psk_file(mode, psk)
+                .map(Some)
+                .map_err(|e| anyhow!(e));
+        }
         let (Some(cert), Some(key)) = (&self.cert, &self.key) else {
-            bail!("--tls {mode} needs --tls-cert FILE and --tls-key FILE (PEM)");
+            bail!("--tls {mode} needs --tls-cert FILE and --tls-key FILE (PEM), or --tls-psk FILE");
         };
         ServerTls::from_files(mode, cert, key, self.client_ca.as_deref())
             .map(Some)

@@ -36,7 +36,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub insecure: bool,
     /// TLS on TCP listeners (NBD STARTTLS): off, on (offered) or require. Default: require
-    /// when --tls-cert is given, else off. Unix sockets stay plain.
+    /// when --tls-cert or --tls-psk is given, else off. Unix sockets stay plain.
     #[arg(long)]
     pub tls: Option<sce_nbd::TlsMode>,
     /// The server's X.509 certificate chain (PEM).
@@ -49,6 +49,11 @@ pub struct ServeArgs {
     /// certificate they signed (mutual TLS).
     #[arg(long, requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
+    /// TLS-PSK instead of certificates, as qemu-nbd and nbdkit do it: a key file of
+    /// USERNAME:HEXKEY lines (`psktool -u alice -p keys.psk` writes one). Clients need one
+    /// of its keys. Runs on the system's GnuTLS (libgnutls30).
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key", "tls_client_ca"])]
+    pub tls_psk: Option<PathBuf>,
     /// Export name ("" is the default export).
     #[arg(long, default_value = "")]
     pub export: String,
@@ -261,6 +266,7 @@ impl ServeArgs {
                 cert: self.tls_cert.clone(),
                 key: self.tls_key.clone(),
                 client_ca: self.tls_client_ca.clone(),
+                psk: self.tls_psk.clone(),
             },
             direct: self.direct_mode(),
             source_connections: self.source_connections,

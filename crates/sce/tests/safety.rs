@@ -341,18 +341,27 @@ fn one_server_per_cache_and_per_source() {
     assert_eq!(st["state"], "active", "{st}");
     let data = read_all(&t.sock, 16 * MIB);
     assert!(data == std::fs::read(&t.src).unwrap());
-    // Two exports of one TOML file sharing a cache.
+    // Two exports of one TOML file whose caches are one file under two names (the same
+    // name is a shared cache device: tests/shared_cache.rs).
     let cfg = t.src.with_extension("toml");
     let other = t.src.with_extension("other");
     random_file(&other, 16 * MIB, 6);
+    let cache3 = t.cache.with_extension("3");
+    std::fs::File::create(&cache3)
+        .unwrap()
+        .set_len(64 * MIB)
+        .unwrap();
+    let alias = t.cache.with_extension("3-alias");
+    std::fs::hard_link(&cache3, &alias).unwrap();
     std::fs::write(
         &cfg,
         format!(
-            "[[export]]\nname = \"a\"\nsource = \"{}\"\ncache = \"{c}\"\ncache_size = \"64MiB\"\n\n\
-             [[export]]\nname = \"b\"\nsource = \"{}\"\ncache = \"{c}\"\n",
+            "[[export]]\nname = \"a\"\nsource = \"{}\"\ncache = \"{}\"\n\n\
+             [[export]]\nname = \"b\"\nsource = \"{}\"\ncache = \"{}\"\n",
             other.display(),
+            cache3.display(),
             other.with_extension("x").display(),
-            c = cache2.display()
+            alias.display()
         ),
     )
     .unwrap();

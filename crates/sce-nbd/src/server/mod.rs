@@ -71,6 +71,7 @@
 mod exec;
 mod handshake;
 mod listen;
+mod psk;
 mod queued;
 mod reader;
 mod serve;

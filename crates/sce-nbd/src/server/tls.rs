@@ -1,6 +1,7 @@
 //! TLS for NBD over TCP, as qemu-nbd and nbdkit do it: the client asks with NBD_OPT_STARTTLS
 //! during option haggling, the TLS handshake runs on the socket, and haggling goes on inside
-//! TLS. X.509 server certificates, with optional client certificates (mutual TLS).
+//! TLS. X.509 server certificates, with optional client certificates (mutual TLS); or
+//! pre-shared keys (`psk.rs`).
 //!
 //! After the handshake, one *pump* thread per TLS connection owns the TLS session and the
 //! socket, and moves plaintext between them and one end of a Unix socket pair; the rest of
@@ -49,12 +50,19 @@ impl std::fmt::Display for TlsMode {
     }
 }
 
+/// The server's credentials: X.509 (rustls) or pre-shared keys (GnuTLS, `psk.rs`).
+#[derive(Clone)]
+enum Creds {
+    X509(Arc<rustls::ServerConfig>),
+    Psk(Arc<super::psk::PskKeys>),
+}
+
 /// A listener's TLS: its mode and the server's credentials.
 #[derive(Clone)]
 pub struct ServerTls {
     /// `On` or `Require` (`Off` is no `ServerTls` at all).
     pub mode: TlsMode,
-    config: Arc<rustls::ServerConfig>,
+    creds: Creds,
     /// Client certificates are required (mutual TLS).
     pub mutual: bool,
 }
@@ -70,7 +78,12 @@ impl std::fmt::Debug for ServerTls {
 
 impl PartialEq for ServerTls {
     fn eq(&self, o: &Self) -> bool {
-        self.mode == o.mode && self.mutual == o.mutual && Arc::ptr_eq(&self.config, &o.config)
+        let same = match (&self.creds, &o.creds) {
+            (Creds::X509(a), Creds::X509(b)) => Arc::ptr_eq(a, b),
+            (Creds::Psk(a), Creds::Psk(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        self.mode == o.mode && self.mutual == o.mutual && same
     }
 }
 impl Eq for ServerTls {}
@@ -123,9 +136,30 @@ impl ServerTls {
             .map_err(|e| format!("TLS certificate {} and its key: {e}", cert.display()))?;
         Ok(ServerTls {
             mode,
-            config: Arc::new(config),
+            creds: Creds::X509(Arc::new(config)),
             mutual: client_ca.is_some(),
         })
+    }
+
+    /// TLS-PSK with the keys of a psktool key file (`USERNAME:HEXKEY` lines): a client must
+    /// know one of them. Errors name the file and what is wrong.
+    pub fn from_psk_file(mode: TlsMode, keys: &Path) -> Result<ServerTls, String> {
+        let k = super::psk::PskKeys::from_file(keys)?;
+        tracing::info!(
+            "TLS-PSK keys of {} user(s): {}",
+            k.users.len(),
+            k.users.join(", ")
+        );
+        Ok(ServerTls {
+            mode,
+            creds: Creds::Psk(Arc::new(k)),
+            mutual: true,
+        })
+    }
+
+    /// True for TLS-PSK.
+    pub fn is_psk(&self) -> bool {
+        matches!(self.creds, Creds::Psk(_))
     }
 }
 
@@ -136,8 +170,11 @@ pub(super) fn start<C: Conn>(
     tls: &ServerTls,
     deadline: Instant,
 ) -> Result<UnixStream, ConnError> {
-    let mut session =
-        ServerConnection::new(tls.config.clone()).map_err(|e| ConnError::Tls(e.to_string()))?;
+    let config = match &tls.creds {
+        Creds::X509(c) => c.clone(),
+        Creds::Psk(k) => return super::psk::start(net, k, deadline),
+    };
+    let mut session = ServerConnection::new(config).map_err(|e| ConnError::Tls(e.to_string()))?;
     // The plaintext side is flow-controlled by the pump, not by rustls' buffer limit.
     session.set_buffer_limit(None);
     let mut timed = Deadlined {
