@@ -378,7 +378,28 @@ fn print_status(v: &Value) {
             "  {:<12} cache read {}, cache write {}, checksum {}",
             "errors", er["cache_read"], er["cache_write"], er["cache_checksum"]
         );
+        print_own(e, &pct);
     }
+}
+
+/// An export's own figures; for one that shares its cache device, the lines above are the
+/// device's.
+fn print_own(e: &Value, pct: &dyn Fn(&Value) -> String) {
+    if let Some(with) = e["shared_with"].as_array() {
+        let names: Vec<&str> = with.iter().filter_map(Value::as_str).collect();
+        println!(
+            "  {:<12} with {} (the figures above are the device's)",
+            "shared",
+            names.join(", ")
+        );
+    }
+    println!(
+        "  {:<12} {} cached, {} of {} reads hit",
+        "this export",
+        size(&e["export_cached_bytes"]),
+        pct(&e["export_read_hit_ratio"]),
+        e["export_read_requests"]
+    );
 }
 
 /// The counters `stats` shows per export, with how to render each.
