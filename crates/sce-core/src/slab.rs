@@ -63,6 +63,14 @@ impl<T> Slab<T> {
         self.entries.iter_mut().filter_map(|e| e.1.as_mut())
     }
 
+    /// Every live value with its id.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &T)> {
+        self.entries
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| e.1.as_ref().map(|v| (((e.0 as u64) << 32) | i as u64, v)))
+    }
+
     /// Number of live values.
     pub fn len(&self) -> usize {
         self.len

@@ -56,4 +56,14 @@ pub struct CoreStats {
     pub endurance_refusals: u64,
     /// Bytes the core planned to write to the cache device (populations, fills, copies).
     pub cache_bytes_planned: u64,
+    /// Write-back writes started.
+    pub writeback_writes: u64,
+    /// Write-back writes whose cache copy failed.
+    pub writeback_failures: u64,
+    /// Dirty pages whose only copy was lost (a failed write-back copy, a bad cached page).
+    pub pages_lost: u64,
+    /// Dirty pages cleaned (written back to the source).
+    pub pages_cleaned: u64,
+    /// Cleaning jobs that failed (their pages stay dirty).
+    pub clean_failures: u64,
 }

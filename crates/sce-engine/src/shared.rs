@@ -102,6 +102,9 @@ pub(crate) fn request_error(
             align: lbs,
         },
         RequestError::UnknownId => IoError::Invalid("internal: unknown operation id".into()),
+        e @ (RequestError::Lost { .. } | RequestError::Dirty { .. }) => {
+            IoError::Invalid(e.to_string())
+        }
     }
 }
 

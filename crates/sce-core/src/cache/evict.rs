@@ -45,6 +45,18 @@ impl CacheCore {
         let mut dropped = 0;
         for (f, lo, hi, _, _) in fragments(self.geo, offset.0, end - offset.0) {
             let Some(s) = self.map.get(f) else { continue };
+            if self.wb.any_dirty(f, lo, hi) {
+                // Dirty pages are the only copy: evict only the clean ones.
+                let dirty = self.wb.dirty_of(f).cloned();
+                for q in lo..hi {
+                    if !dirty.as_ref().is_some_and(|d| d.contains(q)) && self.slots.is_valid(s, q) {
+                        bitmap::clear_range(self.slots.bitmap_mut(s), q, q + 1);
+                        dropped += 1;
+                    }
+                }
+                self.spoil_in_flight(f, lo, hi);
+                continue;
+            }
             dropped += bitmap::count(self.slots.bitmap(s), lo, hi) as u64;
             bitmap::clear_range(self.slots.bitmap_mut(s), lo, hi);
             self.spoil_in_flight(f, lo, hi);
@@ -76,7 +88,16 @@ impl CacheCore {
         }
         let mut n = 0;
         for s in (0..self.geo.slots()).map(SlotNo) {
-            if self.slots.fragment(s).is_none() {
+            let Some(f) = self.slots.fragment(s) else {
+                continue;
+            };
+            if self.wb.is_dirty(f) {
+                // Dirty pages are the only copy (the source is older): kept, with their slot.
+                let d = self.wb.dirty_of(f).cloned().expect("dirty");
+                let bm = self.slots.bitmap_mut(s);
+                for (i, w) in bm.iter_mut().enumerate() {
+                    *w &= d.words()[i];
+                }
                 continue;
             }
             n += 1;
@@ -123,13 +144,17 @@ impl CacheCore {
     }
 
     pub(super) fn victim(&mut self) -> Option<SlotNo> {
-        let slots = &self.slots;
+        let (slots, wb) = (&self.slots, &self.wb);
         self.evict
-            .victim(|s| slots.pins(s) > 0 || slots.fragment(s).is_none())
+            .victim(|s| slots.pins(s) > 0 || slots.fragment(s).is_none_or(|f| wb.is_dirty(f)))
     }
 
     pub(super) fn evict_slot(&mut self, s: SlotNo) {
         if let Some(f) = self.slots.fragment(s) {
+            debug_assert!(
+                !self.wb.is_dirty(f),
+                "a slot holding dirty pages was evicted"
+            );
             self.map.set(f, None);
             self.stats.fragments_evicted += 1;
             self.share_count(f, false);

@@ -44,11 +44,15 @@ mod population;
 mod read;
 mod share;
 mod write;
+mod writeback;
 
 pub use guard::{CacheCopy, HeldRead, PinnedRead, Populating, Population, SourceWrite, WriteTxn};
 pub use plan::{
     AccessLog, CacheWrite, FillRun, PopId, PopulationJob, ReadPlan, ReadRun, RequestError,
     RunTarget, WriteId, WriteKind, WritePlan,
+};
+pub use writeback::{
+    CleanId, CleanJob, WriteBackCopy, WriteBackId, WriteBackPlan, WriteBackRefusal,
 };
 
 use crate::addr::{FragNo, Nanos, SlotNo, SourceOffset, PAGE_SHIFT, PAGE_SIZE, SECTOR_SIZE};
@@ -96,6 +100,8 @@ pub struct CacheCore {
     stats: CoreStats,
     /// Caps of the volumes that share the device, if any.
     shares: share::Shares,
+    /// Write-back: dirty and lost pages, write-back writes and cleaning in flight.
+    wb: writeback::WriteBack,
 }
 
 /// The admission policy's state, built from the configuration: rebuilt whole when a
@@ -204,6 +210,7 @@ impl CacheCore {
             awt_in_flight: 0,
             stats: CoreStats::default(),
             shares: share::Shares::default(),
+            wb: writeback::WriteBack::default(),
             geo,
             cfg,
         })
@@ -331,6 +338,8 @@ impl CacheCore {
         if let Some(s) = self.map.get(f) {
             let hi = hi.min(self.geo.pages_per_fragment());
             if lo < hi {
+                // A dirty page's only copy went bad: it is lost, never served from the source.
+                self.lose_dirty(f, lo, hi);
                 bitmap::clear_range(self.slots.bitmap_mut(s), lo, hi);
                 self.stats.pages_invalidated += (hi - lo) as u64;
             }

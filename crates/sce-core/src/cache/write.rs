@@ -51,6 +51,7 @@ impl CacheCore {
         kind: WriteKind,
     ) -> Result<WritePlan, RequestError> {
         self.check(offset.0, len)?;
+        self.wb_check_write(offset.0, len)?;
         self.stats.write_requests += 1;
         let verdict = self.classify(offset.0, len);
         let sequential = self.note_access(offset.0, len, verdict);

@@ -1,0 +1,411 @@
+//! Write-back in the core (issue 15; FlashTier's dirty data and `clean`): the state machine
+//! of writes that land in the cache only, of the cleaning that copies them to the source,
+//! and of pages whose only copy was lost. The engine, persistence and server do not drive
+//! it yet; the property test `tests/writeback.rs` does.
+//!
+//! # Rules
+//! * **A dirty page is the only copy of its data.** It is valid, it is never evicted (the
+//!   victim search skips slots holding dirty pages, `evict_range` and `forget` keep dirty
+//!   pages), and it is never filled from the source.
+//! * **A write-back write** ([`CacheCore::begin_writeback`]) needs a slot for every fragment
+//!   it touches (a free one, or a clean victim: else [`WriteBackRefusal::Full`], and the
+//!   driver waits for cleaning), whole pages or pages the cache holds (else
+//!   [`WriteBackRefusal::PartialPage`]: the driver reads the page first), and no population,
+//!   write or cleaning in flight on its pages (else [`WriteBackRefusal::Busy`]: the driver
+//!   waits for it). Its pages stay as they are while it is in flight: a dirty page keeps
+//!   serving the last acknowledged data, not the source's older bytes. When the cache copy
+//!   completes the pages are valid and dirty; when it fails they are invalid, and those
+//!   that were dirty are **lost** (their older data is gone too).
+//! * **Cleaning** ([`CacheCore::pick_clean`]) takes the dirty fragments in source order from
+//!   a cursor (an elevator), one job per fragment: the driver reads the dirty pages from the
+//!   cache, writes them to the source, and reports; a success makes them clean, a failure
+//!   leaves them dirty. No write-back write starts on a fragment being cleaned.
+//! * **A lost page** reads as an error ([`RequestError::Lost`]), never as the source's older
+//!   bytes, until a successful write-back write covers it whole.
+//! * Write-through writes ([`CacheCore::begin_write`]) refuse dirty pages and pages being
+//!   cleaned: a mode switch out of write-back must clean first.
+
+use super::plan::RequestError;
+use super::{fragments, CacheCore};
+use crate::addr::{CacheOffset, FragNo, SlotNo, SourceOffset, PAGE_SIZE};
+use crate::bitmap::{self, PageSet};
+use std::collections::BTreeMap;
+
+/// Why a write-back write cannot start now.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WriteBackRefusal {
+    /// A bad range.
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// Every slot holds dirty or pinned data: clean first.
+    #[error("the cache is full of dirty data: waiting for cleaning")]
+    Full,
+    /// A page the write covers in part is not in the cache: read it first.
+    #[error("a page written in part is not cached")]
+    PartialPage,
+    /// A population, write or cleaning is in flight on these pages: wait for it.
+    #[error("other I/O is in flight on these pages")]
+    Busy,
+}
+
+/// A write-back write in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WriteBackId(pub(super) u64);
+
+/// A cleaning job in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CleanId(pub(super) u64);
+
+/// One cache write of a write-back write: the bytes `[buf_offset, buf_offset + len)` of the
+/// request go to `cache`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteBackCopy {
+    /// Offset within the request buffer.
+    pub buf_offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Destination on the cache device.
+    pub cache: CacheOffset,
+}
+
+/// The plan of a write-back write: write every copy to the cache device, then report
+/// [`CacheCore::complete_writeback`] (acknowledge the client after a success, once the
+/// data and its record are durable as the flush rules require).
+#[derive(Debug)]
+pub struct WriteBackPlan {
+    /// The write's id.
+    pub id: WriteBackId,
+    /// The cache writes, one per fragment.
+    pub copies: Vec<WriteBackCopy>,
+}
+
+/// A cleaning job: read each run from the cache, write it to the source, then report
+/// [`CacheCore::complete_clean`].
+#[derive(Debug, Clone)]
+pub struct CleanJob {
+    /// The job's id.
+    pub id: CleanId,
+    /// The fragment.
+    pub frag: FragNo,
+    /// Runs of dirty pages: (source offset, cache offset, length), in source order.
+    pub runs: Vec<(SourceOffset, CacheOffset, u64)>,
+}
+
+#[derive(Debug)]
+pub(super) struct WbPart {
+    frag: FragNo,
+    slot: SlotNo,
+    lo: u32,
+    hi: u32,
+}
+
+/// The write-back state of a core.
+#[derive(Debug, Default)]
+pub(super) struct WriteBack {
+    /// Dirty pages, by fragment (ordered: cleaning goes in source order).
+    pub(super) dirty: BTreeMap<u64, PageSet>,
+    /// Pages whose only copy was lost, by fragment.
+    pub(super) lost: BTreeMap<u64, PageSet>,
+    /// Write-back writes in flight.
+    writes: crate::slab::Slab<Vec<WbPart>>,
+    /// Cleaning in flight: fragment, slot, pages.
+    cleans: crate::slab::Slab<(FragNo, SlotNo, PageSet)>,
+    /// The next fragment the cleaner looks at.
+    cursor: u64,
+}
+
+impl WriteBack {
+    /// True if slot contents of fragment `f` include dirty pages.
+    pub(super) fn is_dirty(&self, f: FragNo) -> bool {
+        !self.dirty.is_empty() && self.dirty.contains_key(&f.0)
+    }
+
+    /// True if pages `[lo, hi)` of `f` include a dirty page.
+    pub(super) fn any_dirty(&self, f: FragNo, lo: u32, hi: u32) -> bool {
+        self.dirty
+            .get(&f.0)
+            .is_some_and(|d| bitmap::any_set(d.words(), lo, hi))
+    }
+
+    /// True if pages `[lo, hi)` of `f` include a lost page.
+    pub(super) fn any_lost(&self, f: FragNo, lo: u32, hi: u32) -> bool {
+        self.lost
+            .get(&f.0)
+            .is_some_and(|d| bitmap::any_set(d.words(), lo, hi))
+    }
+
+    /// True if pages `[lo, hi)` of `f` are being written back or cleaned.
+    pub(super) fn busy(&self, f: FragNo, lo: u32, hi: u32) -> bool {
+        self.writes
+            .iter()
+            .flat_map(|(_, parts)| parts.iter())
+            .any(|p| p.frag == f && p.lo < hi && lo < p.hi)
+            || self
+                .cleans
+                .iter()
+                .any(|(_, c)| c.0 == f && bitmap::any_set(c.2.words(), lo, hi))
+    }
+
+    /// The dirty pages of `f`, if any.
+    pub(super) fn dirty_of(&self, f: FragNo) -> Option<&PageSet> {
+        self.dirty.get(&f.0)
+    }
+}
+
+fn add(map: &mut BTreeMap<u64, PageSet>, f: FragNo, lo: u32, hi: u32, pages: u32) {
+    map.entry(f.0)
+        .or_insert_with(|| PageSet::new(pages))
+        .insert_range(lo, hi);
+}
+
+fn remove(map: &mut BTreeMap<u64, PageSet>, f: FragNo, lo: u32, hi: u32) {
+    if let Some(s) = map.get_mut(&f.0) {
+        s.remove_range(lo, hi);
+        if s.is_empty() {
+            map.remove(&f.0);
+        }
+    }
+}
+
+impl CacheCore {
+    /// Starts a write-back write of `len` bytes at `offset` (see the module's rules).
+    pub fn begin_writeback(
+        &mut self,
+        offset: SourceOffset,
+        len: u64,
+    ) -> Result<WriteBackPlan, WriteBackRefusal> {
+        self.check(offset.0, len)?;
+        let parts: Vec<_> = fragments(self.geo, offset.0, len).collect();
+        for &(f, lo, hi, a, b) in &parts {
+            let slot = self.map.get(f);
+            let valid = |p: u32| slot.is_some_and(|s| self.slots.is_valid(s, p));
+            let fstart = self.geo.fragment_start(f).0;
+            let head_partial = a > fstart + lo as u64 * PAGE_SIZE;
+            let tail_partial = b < self.page_end(f, hi - 1);
+            if (head_partial && !valid(lo)) || (tail_partial && !valid(hi - 1)) {
+                return Err(WriteBackRefusal::PartialPage);
+            }
+            if self.wb.busy(f, lo, hi) || self.population_overlaps(f, lo, hi) {
+                return Err(WriteBackRefusal::Busy);
+            }
+            if self
+                .activity
+                .get(&f.0)
+                .is_some_and(|act| !act.writes.is_empty())
+            {
+                return Err(WriteBackRefusal::Busy);
+            }
+        }
+        // The slots the write finds are pinned first, so that allocating the others cannot
+        // take one of them as a victim (whose pages the checks above relied on).
+        let mut held: Vec<Option<SlotNo>> = Vec::with_capacity(parts.len());
+        for &(f, ..) in &parts {
+            let s = self.map.get(f).filter(|&s| self.slots.pin(s));
+            held.push(s);
+        }
+        let mut planned: Vec<(FragNo, SlotNo, u32, u32, u64, u64)> = Vec::new();
+        for (k, &(f, lo, hi, a, b)) in parts.iter().enumerate() {
+            let s = match held[k] {
+                Some(s) => Some(s),
+                None => self.allocate(f).filter(|&s| self.slots.pin(s)),
+            };
+            match s {
+                Some(s) => planned.push((f, s, lo, hi, a, b)),
+                None => {
+                    for p in &planned {
+                        self.slots.unpin(p.1);
+                    }
+                    for s in held[k..].iter().flatten() {
+                        self.slots.unpin(*s);
+                    }
+                    return Err(WriteBackRefusal::Full);
+                }
+            }
+        }
+        let mut copies = Vec::with_capacity(planned.len());
+        let mut wparts = Vec::with_capacity(planned.len());
+        for (f, s, lo, hi, a, b) in planned {
+            let fstart = self.geo.fragment_start(f).0;
+            copies.push(WriteBackCopy {
+                buf_offset: a - offset.0,
+                len: b - a,
+                cache: CacheOffset(self.geo.slot_offset(s).0 + (a - fstart)),
+            });
+            wparts.push(WbPart {
+                frag: f,
+                slot: s,
+                lo,
+                hi,
+            });
+            self.evict.accessed(s);
+        }
+        self.stats.write_requests += 1;
+        self.stats.writeback_writes += 1;
+        let id = WriteBackId(self.wb.writes.insert(wparts));
+        Ok(WriteBackPlan { id, copies })
+    }
+
+    /// True if a population in flight on `f` fills one of pages `[lo, hi)`.
+    fn population_overlaps(&self, f: FragNo, lo: u32, hi: u32) -> bool {
+        let pop = self.activity.get(&f.0).and_then(|a| a.pop);
+        pop.and_then(|p| self.pops.get(p.0))
+            .is_some_and(|p| bitmap::any_set(p.fill.words(), lo, hi))
+    }
+
+    /// Reports a write-back write's cache copies: all done (`ok`), or one failed.
+    pub fn complete_writeback(&mut self, id: WriteBackId, ok: bool) -> Result<(), RequestError> {
+        let parts = self.wb.writes.remove(id.0).ok_or(RequestError::UnknownId)?;
+        let ppf = self.geo.pages_per_fragment();
+        for p in parts {
+            let bm = self.slots.bitmap_mut(p.slot);
+            if ok {
+                bitmap::set_range(bm, p.lo, p.hi);
+                add(&mut self.wb.dirty, p.frag, p.lo, p.hi, ppf);
+                remove(&mut self.wb.lost, p.frag, p.lo, p.hi);
+            } else {
+                bitmap::clear_range(bm, p.lo, p.hi);
+                if let Some(d) = self.wb.dirty.get(&p.frag.0) {
+                    let gone: Vec<u32> = (p.lo..p.hi).filter(|&q| d.contains(q)).collect();
+                    for q in gone {
+                        add(&mut self.wb.lost, p.frag, q, q + 1, ppf);
+                        self.stats.pages_lost += 1;
+                    }
+                }
+                remove(&mut self.wb.dirty, p.frag, p.lo, p.hi);
+                self.stats.writeback_failures += 1;
+            }
+            self.slots.unpin(p.slot);
+        }
+        Ok(())
+    }
+
+    /// The next cleaning job, in source order from the cleaner's cursor: a dirty fragment
+    /// with nothing in flight on it. None if there is none now.
+    pub fn pick_clean(&mut self) -> Option<CleanJob> {
+        let cursor = self.wb.cursor;
+        let order = self
+            .wb
+            .dirty
+            .range(cursor..)
+            .chain(self.wb.dirty.range(..cursor))
+            .map(|(&f, _)| FragNo(f));
+        let ppf = self.geo.pages_per_fragment();
+        let mut chosen = None;
+        for f in order {
+            let writing = self
+                .activity
+                .get(&f.0)
+                .is_some_and(|a| !a.writes.is_empty());
+            if !self.wb.busy(f, 0, ppf) && !writing {
+                chosen = Some(f);
+                break;
+            }
+        }
+        let f = chosen?;
+        let s = self.map.get(f).expect("dirty fragments are cached");
+        if !self.slots.pin(s) {
+            return None;
+        }
+        let pages = self.wb.dirty[&f.0].clone();
+        let fstart = self.geo.fragment_start(f).0;
+        let base = self.geo.slot_offset(s).0;
+        let runs = pages
+            .runs(ppf)
+            .map(|(lo, hi)| {
+                let a = fstart + lo as u64 * PAGE_SIZE;
+                let b = self.page_end(f, hi - 1);
+                (
+                    SourceOffset(a),
+                    CacheOffset(base + lo as u64 * PAGE_SIZE),
+                    b - a,
+                )
+            })
+            .collect();
+        self.wb.cursor = f.0 + 1;
+        let id = CleanId(self.wb.cleans.insert((f, s, pages)));
+        Some(CleanJob { id, frag: f, runs })
+    }
+
+    /// Reports a cleaning job: its pages are on the source (`ok`: now clean), or not (they
+    /// stay dirty).
+    pub fn complete_clean(&mut self, id: CleanId, ok: bool) -> Result<(), RequestError> {
+        let (f, s, pages) = self.wb.cleans.remove(id.0).ok_or(RequestError::UnknownId)?;
+        if ok {
+            let n = pages.len() as u64;
+            if let Some(d) = self.wb.dirty.get_mut(&f.0) {
+                for (lo, hi) in pages.runs(self.geo.pages_per_fragment()) {
+                    d.remove_range(lo, hi);
+                }
+                if d.is_empty() {
+                    self.wb.dirty.remove(&f.0);
+                }
+            }
+            self.stats.pages_cleaned += n;
+        } else {
+            self.stats.clean_failures += 1;
+        }
+        self.slots.unpin(s);
+        Ok(())
+    }
+
+    /// Before a read of `[offset, offset + len)`: an error if it holds lost pages; true if
+    /// it holds dirty ones.
+    pub(super) fn wb_check_read(&self, offset: u64, len: u64) -> Result<bool, RequestError> {
+        if self.wb.dirty.is_empty() && self.wb.lost.is_empty() {
+            return Ok(false);
+        }
+        let mut dirty = false;
+        for (f, lo, hi, _, _) in fragments(self.geo, offset, len) {
+            if self.wb.any_lost(f, lo, hi) {
+                return Err(RequestError::Lost { offset, len });
+            }
+            dirty |= self.wb.any_dirty(f, lo, hi);
+        }
+        Ok(dirty)
+    }
+
+    /// Before a write-through write of `[offset, offset + len)`: an error if it touches
+    /// dirty pages or pages being cleaned (their data is not on the source yet).
+    pub(super) fn wb_check_write(&self, offset: u64, len: u64) -> Result<(), RequestError> {
+        if self.wb.dirty.is_empty() && self.wb.lost.is_empty() {
+            return Ok(());
+        }
+        for (f, lo, hi, _, _) in fragments(self.geo, offset, len) {
+            if self.wb.any_dirty(f, lo, hi) || self.wb.busy(f, lo, hi) {
+                return Err(RequestError::Dirty { offset, len });
+            }
+        }
+        Ok(())
+    }
+
+    /// True if the page holding source byte `at` is dirty.
+    pub fn page_dirty(&self, at: SourceOffset) -> bool {
+        let f = FragNo(at.0 >> self.geo.fragment_shift());
+        let p = ((at.0 - self.geo.fragment_start(f).0) / PAGE_SIZE) as u32;
+        self.wb.any_dirty(f, p, p + 1)
+    }
+
+    /// Dirty pages now.
+    pub fn dirty_pages(&self) -> u64 {
+        self.wb.dirty.values().map(|d| d.len() as u64).sum()
+    }
+
+    /// Pages whose only copy was lost, now.
+    pub fn lost_pages(&self) -> u64 {
+        self.wb.lost.values().map(|d| d.len() as u64).sum()
+    }
+
+    /// A cached page of `f` went bad (`[lo, hi)`): those that were dirty are lost.
+    pub(super) fn lose_dirty(&mut self, f: FragNo, lo: u32, hi: u32) {
+        let ppf = self.geo.pages_per_fragment();
+        let gone: Vec<u32> = match self.wb.dirty.get(&f.0) {
+            Some(d) => (lo..hi).filter(|&q| d.contains(q)).collect(),
+            None => return,
+        };
+        for q in gone {
+            add(&mut self.wb.lost, f, q, q + 1, ppf);
+            self.stats.pages_lost += 1;
+        }
+        remove(&mut self.wb.dirty, f, lo, hi);
+    }
+}
