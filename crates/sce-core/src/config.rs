@@ -77,12 +77,16 @@ pub enum WriteMode {
     /// The cache is not used: reads and writes go to the source, writes invalidate what the
     /// cache holds of their pages, nothing is populated. Cached data stays for later.
     Passthrough,
+    /// Write-back (issue 15): writes land in the cache only (`begin_writeback`) and are
+    /// cleaned to the source later. The core and the simulator run it; `sce serve` does not
+    /// yet (it refuses the mode).
+    WriteBack,
 }
 
 impl WriteMode {
     /// Every name a mode is parsed from, the operator's first.
     pub const NAMES: &'static str =
-        "writethrough, writethrough-sync, writearound, passthrough (old names: awt, write-through, write-around)";
+        "writethrough, writethrough-sync, writearound, passthrough, writeback (simulator only so far) (old names: awt, write-through, write-around)";
 
     /// The mode with asynchronous write-through on or off: `writethrough` and
     /// `writethrough-sync` are one mode with AWT on or off; the others have no such flavour.
@@ -113,6 +117,7 @@ impl std::str::FromStr for WriteMode {
             "writethrough-sync" | "write-through" => Ok(WriteMode::WriteThrough),
             "writearound" | "write-around" => Ok(WriteMode::WriteAround),
             "passthrough" | "pass-through" => Ok(WriteMode::Passthrough),
+            "writeback" | "write-back" => Ok(WriteMode::WriteBack),
             _ => Err(format!(
                 "unknown mode {s:?} (expected {})",
                 WriteMode::NAMES
@@ -128,6 +133,7 @@ impl std::fmt::Display for WriteMode {
             WriteMode::WriteAround => "writearound",
             WriteMode::WriteThrough => "writethrough-sync",
             WriteMode::Passthrough => "passthrough",
+            WriteMode::WriteBack => "writeback",
         })
     }
 }

@@ -31,6 +31,7 @@ impl CacheVolume {
             next.population_adaptive = adaptive;
         }
         next.validate()?;
+        crate::volume::engine_supports(&next)?;
         // Each shard gets its share, as when the volume was built.
         let part = self.shared.map.shard_config(&next);
         let shard_tune = sce_core::Retune {

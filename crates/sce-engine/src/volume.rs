@@ -130,6 +130,20 @@ struct OpenedCore {
     seeds: Vec<(u64, u16)>,
 }
 
+/// Refuses what the core has and the engine does not drive yet: write-back (issue 15; see
+/// docs/WRITEBACK.md).
+pub(crate) fn engine_supports(cfg: &CoreConfig) -> Result<(), ConfigError> {
+    if cfg.write_mode == sce_core::WriteMode::WriteBack {
+        return Err(ConfigError::new(
+            "mode",
+            "writeback is not in sce serve yet: the core and the simulator run it \
+             (sce sim --mode writeback); see docs/WRITEBACK.md"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Cuts the core into shards for a cache of `cache_size` bytes and builds them.
 fn build_cores(
     cfg: &CoreConfig,
@@ -317,6 +331,7 @@ impl CacheVolume {
         cache: Arc<dyn BlockDevice>,
         config: EngineConfig,
     ) -> Result<CacheVolume, EngineError> {
+        engine_supports(&config.core)?;
         let lbs = source
             .logical_block_size()
             .max(cache.logical_block_size())

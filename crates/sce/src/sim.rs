@@ -41,7 +41,10 @@ pub struct SimArgs {
     #[arg(long, default_value = "1MiB", value_parser = parse_size)]
     pub fragment_size: u64,
     /// Cache mode of the engine policies: writethrough (asynchronous), writethrough-sync,
-    /// writearound or passthrough (flashcache-like always uses writethrough-sync).
+    /// writearound, passthrough or writeback (a cleaner writes dirty data back in source
+    /// order above 10% dirty, harder above 50%, and all of it when idle; JSON then adds
+    /// bytes_written_back, dirty_bytes_at_end, writeback_waits and interval_dirty_share).
+    /// flashcache-like always uses writethrough-sync.
     #[arg(long, default_value = "writethrough")]
     pub mode: WriteMode,
     /// Length of the intervals of the warm-up curve, in trace seconds.

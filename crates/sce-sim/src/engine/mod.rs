@@ -25,6 +25,7 @@ use std::sync::Arc;
 mod device;
 #[cfg(test)]
 mod tests;
+mod writeback;
 
 pub(crate) use device::Device;
 pub use device::{DeviceModel, LatencyHistogram};
@@ -36,6 +37,12 @@ enum Event {
     PopDone(Populating),
     SourceDone(SourceWrite),
     CacheDone(CacheCopy),
+    /// A write-back write's cache copy is written.
+    WbDone(sce_core::WriteBackId),
+    /// The cleaner looks at the dirty pages.
+    CleanWake,
+    /// A cleaning job's pages are on the source.
+    CleanDone(sce_core::CleanId),
 }
 
 /// An event due at `t`; ties run in the order they were scheduled (`seq`).
@@ -102,6 +109,18 @@ pub struct EngineResult {
     pub fragments_populated: u64,
     /// Fragments evicted.
     pub fragments_evicted: u64,
+    /// Write-back: bytes the cleaner wrote to the source.
+    pub bytes_written_back: u64,
+    /// Write-back: dirty bytes left in the cache at the end.
+    pub dirty_bytes_at_end: u64,
+    /// Write-back: share of the cache's pages that were dirty, per interval: (end of
+    /// interval in seconds, share).
+    pub dirty_intervals: Vec<(f64, f64)>,
+    /// Write-back: times a write waited for a slot (cache full of dirty data) or for I/O in
+    /// flight on its pages.
+    pub writeback_waits: u64,
+    /// Bytes read from the cache device by cleaning.
+    pub cache_bytes_read: u64,
 }
 
 /// Simulates `cfg` with a cache of `cache_size` bytes over a source of `source_size` bytes.
@@ -123,6 +142,10 @@ pub struct EngineSim {
     origin: Option<u64>,
     now: u64,
     workers: u32,
+    /// Cleaning jobs in flight (write-back).
+    cleaning: u32,
+    /// When the last request came (write-back's idle rule).
+    last_request: u64,
 }
 
 impl EngineSim {
@@ -156,9 +179,14 @@ impl EngineSim {
             origin: None,
             now: 0,
             workers: if uses_workers { workers } else { 0 },
+            cleaning: 0,
+            last_request: 0,
         };
         for w in 0..s.workers {
             s.push(0, Event::Wake(w));
+        }
+        if s.core.config().write_mode == sce_core::WriteMode::WriteBack {
+            s.push(0, Event::CleanWake);
         }
         Ok(s)
     }
@@ -188,8 +216,23 @@ impl EngineSim {
             self.res
                 .intervals
                 .push((self.next_interval as f64 / 1e9, ratio));
+            if self.core.config().write_mode == sce_core::WriteMode::WriteBack {
+                let share = self.dirty_share();
+                self.res
+                    .dirty_intervals
+                    .push((self.next_interval as f64 / 1e9, share));
+            }
             self.next_interval += self.interval_ns;
         }
+    }
+
+    /// When the next event is due, if any (the cleaner's wake-ups aside).
+    fn next_event_time(&self) -> Option<u64> {
+        self.events
+            .iter()
+            .filter(|Reverse(d)| !matches!(d.e, Event::Wake(_) | Event::CleanWake))
+            .map(|Reverse(d)| d.t)
+            .min()
     }
 
     /// Runs every event due up to `t`, closing the warm-up intervals it passes.
@@ -227,6 +270,23 @@ impl EngineSim {
                 Event::PopDone(pop) => pop.complete(&mut self.core, true),
                 Event::SourceDone(source) => source.done(&mut self.core, true),
                 Event::CacheDone(copy) => copy.done(&mut self.core, true),
+                Event::WbDone(id) => {
+                    let _ = self.core.complete_writeback(id, true);
+                }
+                Event::CleanWake => {
+                    self.clean(et, false);
+                    if intervals {
+                        self.push(et + writeback::CLEAN_PERIOD, Event::CleanWake);
+                    }
+                }
+                Event::CleanDone(id) => {
+                    let _ = self.core.complete_clean(id, true);
+                    self.cleaning -= 1;
+                    // After the trace (`finish`), what is in flight completes; nothing new.
+                    if intervals {
+                        self.clean(et, false);
+                    }
+                }
             }
         }
         if intervals {
@@ -390,31 +450,38 @@ impl EngineSim {
                 self.lat.record(done - t);
                 done
             }
-            IoKind::Write => {
-                let Ok(txn) =
-                    WriteTxn::begin(&mut self.core, SourceOffset(off), len, WriteKind::Data)
-                else {
-                    return t;
-                };
-                let synchronous = txn.synchronous();
-                let (source, copies) = txn.into_parts();
-                let sdone = self.source.io(t, len, true);
-                self.res.source_bytes_written += len;
-                self.push(sdone, Event::SourceDone(source));
-                let mut ack = sdone;
-                for copy in copies {
-                    let l = copy.write().len;
-                    let cdone = self.ssd.io(t, l, true);
-                    self.res.cache_bytes_written += l;
-                    self.push(cdone, Event::CacheDone(copy));
-                    if synchronous {
-                        ack = ack.max(cdone);
-                    }
-                }
-                self.wlat.record(ack - t);
-                ack
+            IoKind::Write if self.core.config().write_mode == sce_core::WriteMode::WriteBack => {
+                self.last_request = t;
+                self.write_back(t, off, len)
+            }
+            IoKind::Write => self.write_through(t, off, len),
+        }
+    }
+
+    /// A write in the write-through modes (and write-around, passthrough) at `t`: returns
+    /// when it is acknowledged.
+    fn write_through(&mut self, t: u64, off: u64, len: u64) -> u64 {
+        let Ok(txn) = WriteTxn::begin(&mut self.core, SourceOffset(off), len, WriteKind::Data)
+        else {
+            return t;
+        };
+        let synchronous = txn.synchronous();
+        let (source, copies) = txn.into_parts();
+        let sdone = self.source.io(t, len, true);
+        self.res.source_bytes_written += len;
+        self.push(sdone, Event::SourceDone(source));
+        let mut ack = sdone;
+        for copy in copies {
+            let l = copy.write().len;
+            let cdone = self.ssd.io(t, l, true);
+            self.res.cache_bytes_written += l;
+            self.push(cdone, Event::CacheDone(copy));
+            if synchronous {
+                ack = ack.max(cdone);
             }
         }
+        self.wlat.record(ack - t);
+        ack
     }
 
     /// Runs what is left in flight and returns the results.
@@ -424,7 +491,7 @@ impl EngineSim {
         let pending: Vec<_> = self
             .events
             .drain()
-            .filter(|Reverse(d)| !matches!(d.e, Event::Wake(_)))
+            .filter(|Reverse(d)| !matches!(d.e, Event::Wake(_) | Event::CleanWake))
             .collect();
         self.events.extend(pending);
         self.run_events(u64::MAX, false);
@@ -474,6 +541,7 @@ impl EngineSim {
         self.res.cache_busy_ns = self.ssd.busy_ns();
         self.res.fragments_populated = st.populations_completed;
         self.res.fragments_evicted = st.fragments_evicted;
+        self.res.dirty_bytes_at_end = self.core.dirty_pages() * 4096;
         std::mem::take(&mut self.res)
     }
 }
@@ -484,7 +552,13 @@ impl Drop for EngineSim {
     fn drop(&mut self) {
         for Reverse(d) in std::mem::take(&mut self.events).into_vec() {
             match d.e {
-                Event::Wake(_) => {}
+                Event::Wake(_) | Event::CleanWake => {}
+                Event::WbDone(id) => {
+                    let _ = self.core.complete_writeback(id, false);
+                }
+                Event::CleanDone(id) => {
+                    let _ = self.core.complete_clean(id, false);
+                }
                 Event::PopDone(pop) => pop.complete(&mut self.core, false),
                 Event::SourceDone(source) => source.done(&mut self.core, false),
                 Event::CacheDone(copy) => copy.done(&mut self.core, false),

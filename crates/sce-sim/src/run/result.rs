@@ -78,6 +78,17 @@ pub struct PolicyResult {
     /// Cache bytes written in each interval of `intervals` (engine: its cache writes,
     /// reference: 4 KiB per block inserted).
     pub interval_cache_bytes_written: Vec<u64>,
+    /// Write-back (`--mode writeback`, engine policies): bytes the cleaner wrote to the
+    /// source.
+    pub bytes_written_back: Option<u64>,
+    /// Write-back: dirty bytes still in the cache at the end of the trace.
+    pub dirty_bytes_at_end: Option<u64>,
+    /// Write-back: writes that waited for cleaning (a cache full of dirty data) or for I/O
+    /// in flight on their pages.
+    pub writeback_waits: Option<u64>,
+    /// Write-back: share of the cache that was dirty at the end of each interval, parallel
+    /// to `intervals` (the first host's).
+    pub interval_dirty_share: Vec<f64>,
 }
 
 fn aggregate_engines(es: &[EngineResult]) -> EngineResult {
@@ -89,6 +100,9 @@ fn aggregate_engines(es: &[EngineResult]) -> EngineResult {
         out.requests += e.requests;
         out.fragments_populated += e.fragments_populated;
         out.fragments_evicted += e.fragments_evicted;
+        out.bytes_written_back += e.bytes_written_back;
+        out.dirty_bytes_at_end += e.dirty_bytes_at_end;
+        out.writeback_waits += e.writeback_waits;
     }
     out
 }
@@ -187,6 +201,12 @@ pub(super) fn result(
         out.source_bytes_read = Some(e.source_bytes_read);
         out.source_bytes_written = Some(e.source_bytes_written);
         out.fragments_populated = Some(e.fragments_populated);
+        if !r.engines[0].dirty_intervals.is_empty() || e.bytes_written_back > 0 {
+            out.bytes_written_back = Some(e.bytes_written_back);
+            out.dirty_bytes_at_end = Some(e.dirty_bytes_at_end);
+            out.writeback_waits = Some(e.writeback_waits);
+            out.interval_dirty_share = r.engines[0].dirty_intervals.iter().map(|x| x.1).collect();
+        }
     }
     out
 }
