@@ -508,3 +508,68 @@ fn a_cache_full_of_dirty_data_refuses_writes_until_cleaned() {
     h.complete(0);
     h.finish().unwrap();
 }
+
+/// Leaving write-back is refused while dirty data is in the cache; cleaning a range cleans
+/// only it; a restart's records bring dirty pages back as dirty (never evicted, served from
+/// the cache, cleaned again).
+#[test]
+fn mode_changes_range_cleaning_and_restored_dirty_pages() {
+    let mut h = Harness::new(4096, 8, 8, Admission::Always);
+    let to = |m| Retune {
+        write_mode: Some(m),
+        ..Retune::default()
+    };
+    h.core.retune(&to(WriteMode::WriteBack)).unwrap();
+    for p in [0u32, 3, 5] {
+        h.write(p * 8, 8, false);
+        h.land(0);
+        h.complete(0);
+    }
+    assert_eq!(h.core.dirty_pages(), 3);
+    let e = h.core.retune(&to(WriteMode::Awt)).unwrap_err();
+    assert!(e.to_string().contains("3 dirty pages"), "{e}");
+    // Clean pages 3..8 only: pages 3 and 5.
+    let (from, len) = (SourceOffset(3 * 4096), 5 * 4096);
+    assert_eq!(h.core.dirty_in(from, len), 2);
+    while let Some(job) = h.core.pick_clean_in(from, len) {
+        assert!(job.frag.0 >= 3, "picked {:?} outside the range", job.frag);
+        h.cleans.push(PendingClean { job, data: None });
+        h.clean_read(0);
+        h.clean_write(0, false);
+    }
+    assert_eq!(h.core.dirty_in(from, len), 0);
+    assert_eq!(h.core.dirty_pages(), 1, "page 0 is still dirty");
+    // A restart: the slots' records (fragment, bitmap) and the dirty pages come back.
+    let ppf = h.core.geometry().pages_per_fragment();
+    let mut records = Vec::new();
+    for s in 0..h.core.geometry().slots() {
+        let (f, bits) = h.core.slot_state(SlotNo(s));
+        if let Some(f) = f {
+            records.push((SlotNo(s), f, bits.to_vec()));
+        }
+    }
+    let mut again = Harness::new(4096, 8, 8, Admission::Always);
+    again.source = h.source.clone();
+    again.cache = h.cache.clone();
+    again.acked = h.acked.clone();
+    again
+        .core
+        .restore(records.iter().map(|(s, f, b)| (*s, *f, &b[..])));
+    for (_, f, _) in &records {
+        let mut d = sce_core::bitmap::PageSet::new(ppf);
+        if h.core.page_dirty(SourceOffset(f.0 * 4096)) {
+            d.insert_range(0, 1);
+        }
+        assert!(again.core.restore_dirty(*f, &d));
+    }
+    assert_eq!(again.core.dirty_pages(), 1);
+    for _ in 0..8 {
+        again.core.evict_one();
+    }
+    assert!(
+        again.core.page_dirty(SourceOffset(0)),
+        "a restored dirty page was evicted"
+    );
+    again.read(0, 8).unwrap();
+    again.finish().unwrap();
+}

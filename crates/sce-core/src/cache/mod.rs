@@ -245,6 +245,16 @@ impl CacheCore {
             cfg.population_adaptive = adaptive;
         }
         cfg.validate()?;
+        if cfg.write_mode != WriteMode::WriteBack && !self.wb.is_clean() {
+            return Err(ConfigError::new(
+                "mode",
+                format!(
+                    "the cache holds {} dirty pages (and write-back writes or cleaning in \
+                     flight): clean them to the source before leaving writeback",
+                    self.dirty_pages()
+                ),
+            ));
+        }
         let policy_changed = cfg.admission != self.cfg.admission
             || cfg.sequential_cutoff != self.cfg.sequential_cutoff
             || cfg.population_rate != self.cfg.population_rate

@@ -146,6 +146,11 @@ impl WriteBack {
                 .any(|(_, c)| c.0 == f && bitmap::any_set(c.2.words(), lo, hi))
     }
 
+    /// True if nothing is dirty and no write-back write or cleaning is in flight.
+    pub(super) fn is_clean(&self) -> bool {
+        self.dirty.is_empty() && self.writes.len() == 0 && self.cleans.len() == 0
+    }
+
     /// The dirty pages of `f`, if any.
     pub(super) fn dirty_of(&self, f: FragNo) -> Option<&PageSet> {
         self.dirty.get(&f.0)
@@ -282,26 +287,37 @@ impl CacheCore {
     /// The next cleaning job, in source order from the cleaner's cursor: a dirty fragment
     /// with nothing in flight on it. None if there is none now.
     pub fn pick_clean(&mut self) -> Option<CleanJob> {
-        let cursor = self.wb.cursor;
-        let order = self
+        let job = self.pick_in(self.wb.cursor, u64::MAX, true)?;
+        self.wb.cursor = job.frag.0 + 1;
+        Some(job)
+    }
+
+    /// The next cleaning job among the dirty fragments that overlap `[offset, offset+len)`
+    /// (`sce ctl clean RANGE`, a detach draining its export), in source order.
+    pub fn pick_clean_in(&mut self, offset: SourceOffset, len: u64) -> Option<CleanJob> {
+        let shift = self.geo.fragment_shift();
+        let (first, end) = (offset.0 >> shift, (offset.0 + len).div_ceil(1 << shift));
+        self.pick_in(first, end, false)
+    }
+
+    /// The first dirty fragment in `[first, end)` (then, with `wrap`, before `first`) with
+    /// nothing in flight on it, as a cleaning job.
+    fn pick_in(&mut self, first: u64, end: u64, wrap: bool) -> Option<CleanJob> {
+        let ppf = self.geo.pages_per_fragment();
+        let before = if wrap { ..first } else { ..0 };
+        let f = self
             .wb
             .dirty
-            .range(cursor..)
-            .chain(self.wb.dirty.range(..cursor))
-            .map(|(&f, _)| FragNo(f));
-        let ppf = self.geo.pages_per_fragment();
-        let mut chosen = None;
-        for f in order {
-            let writing = self
-                .activity
-                .get(&f.0)
-                .is_some_and(|a| !a.writes.is_empty());
-            if !self.wb.busy(f, 0, ppf) && !writing {
-                chosen = Some(f);
-                break;
-            }
-        }
-        let f = chosen?;
+            .range(first..end)
+            .chain(self.wb.dirty.range(before))
+            .map(|(&f, _)| FragNo(f))
+            .find(|&f| {
+                let writing = self
+                    .activity
+                    .get(&f.0)
+                    .is_some_and(|a| !a.writes.is_empty());
+                !writing && !self.wb.busy(f, 0, ppf)
+            })?;
         let s = self.map.get(f).expect("dirty fragments are cached");
         if !self.slots.pin(s) {
             return None;
@@ -321,9 +337,41 @@ impl CacheCore {
                 )
             })
             .collect();
-        self.wb.cursor = f.0 + 1;
         let id = CleanId(self.wb.cleans.insert((f, s, pages)));
         Some(CleanJob { id, frag: f, runs })
+    }
+
+    /// Dirty pages in `[offset, offset + len)`.
+    pub fn dirty_in(&self, offset: SourceOffset, len: u64) -> u64 {
+        let shift = self.geo.fragment_shift();
+        let (first, end) = (offset.0 >> shift, (offset.0 + len).div_ceil(1 << shift));
+        self.wb
+            .dirty
+            .range(first..end)
+            .map(|(_, d)| d.len() as u64)
+            .sum()
+    }
+
+    /// After a restart: pages `[lo, hi)` of fragment `f`, restored valid into its slot, are
+    /// dirty (their records said so). False if `f` is not cached.
+    pub fn restore_dirty(&mut self, f: FragNo, pages: &PageSet) -> bool {
+        let Some(s) = self.map.get(f) else {
+            return false;
+        };
+        let ppf = self.geo.pages_per_fragment();
+        let mut d = PageSet::new(ppf);
+        for (lo, hi) in pages.runs(ppf) {
+            // Only valid pages can be dirty.
+            for q in lo..hi {
+                if self.slots.is_valid(s, q) {
+                    d.insert_range(q, q + 1);
+                }
+            }
+        }
+        if !d.is_empty() {
+            self.wb.dirty.insert(f.0, d);
+        }
+        true
     }
 
     /// Reports a cleaning job: its pages are on the source (`ok`: now clean), or not (they
