@@ -645,5 +645,7 @@ fn retune_checks_and_names_the_modes() {
         WriteMode::WriteAround.with_awt(false),
         WriteMode::WriteAround
     );
-    assert!("writeback".parse::<WriteMode>().is_err());
+    assert_eq!("writeback".parse::<WriteMode>(), Ok(WriteMode::WriteBack));
+    assert_eq!(WriteMode::WriteBack.to_string(), "writeback");
+    assert!("writebehind".parse::<WriteMode>().is_err());
 }

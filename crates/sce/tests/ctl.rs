@@ -292,7 +292,8 @@ fn each_verb_does_what_it_says() {
     // Bad input: a clear error, exit 1, and the server serves on.
     for (args, says) in [
         (&["set", "nope", "mode", "passthrough"][..], "no export"),
-        (&["set", "", "mode", "writeback"], "unknown mode"),
+        (&["set", "", "mode", "writebehind"], "unknown mode"),
+        (&["set", "", "mode", "writeback"], "not in sce serve yet"),
         (&["set", "", "fragment-size", "1MiB"], "cannot set"),
         (&["evict", "60MiB", "8MiB"], "out of range"),
         (&["exists", "0", "65MiB"], "out of range"),
