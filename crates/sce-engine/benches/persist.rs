@@ -308,6 +308,7 @@ fn startup_part(dir: &std::path::Path, cache_size: u64) {
                 source_size,
                 name: "bench-source".into(),
                 identity,
+                detached: false,
             },
             size: None,
         },

@@ -325,6 +325,31 @@ impl crate::CacheVolume {
             .collect()
     }
 
+    /// Marks volume `k` detached from its export (`on`), or attached again: durably on the
+    /// device (a start drops a volume marked detached), and, where several volumes share the
+    /// cache, nothing of it is populated meanwhile (its source may be written behind the
+    /// cache's back). The caller forgets the volume's pages.
+    pub fn set_detached(&self, k: usize, on: bool) -> Result<(), IoError> {
+        let sh = &self.shared;
+        let p = sh
+            .parts
+            .get(k)
+            .ok_or_else(|| IoError::Invalid(format!("no volume {k}")))?;
+        if sh.parts.len() > 1 {
+            let fsize = 1u64 << sh.fshift;
+            let n = sh.map.shards() as u64;
+            let (first, end) = (p.at.base / fsize, (p.at.base + p.at.size).div_ceil(fsize));
+            for (j, c) in sh.cores.iter().enumerate() {
+                let local = |g: u64| sce_core::FragNo(g.saturating_sub(j as u64).div_ceil(n));
+                c.write().set_disabled(local(first), local(end), on);
+            }
+        }
+        match &sh.persist {
+            Some(persist) => persist.set_detached(k, on),
+            None => Ok(()),
+        }
+    }
+
     /// The slots each volume holds, in address order, if shares are set (else empty).
     pub fn share_used(&self) -> Vec<u64> {
         let mut out: Vec<u64> = Vec::new();
@@ -351,7 +376,14 @@ impl crate::CacheVolume {
             .ok_or_else(|| IoError::Invalid(format!("no volume {k}")))?;
         let size = p.at.size.div_ceil(sce_core::PAGE_SIZE) * sce_core::PAGE_SIZE;
         let len = size.min(self.shared.source_size - p.at.base);
-        let bytes = self.evict(p.at.base, len)?;
+        // The volume's whole range, whatever the block size: no range check to fail.
+        let mut pages = 0;
+        for piece in self.shared.map.pieces(p.at.base, len) {
+            pages += self.shared.cores[piece.shard]
+                .write()
+                .evict_range(sce_core::SourceOffset(piece.local), piece.len);
+        }
+        let bytes = pages * sce_core::PAGE_SIZE;
         let mut errors = 0;
         if let Some(persist) = &self.shared.persist {
             if persist.bump_generation(k).is_err() {

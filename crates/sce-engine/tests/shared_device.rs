@@ -225,3 +225,75 @@ fn a_share_caps_a_volume_and_leaves_the_rest_to_the_others() {
     read_check(&vol, 0, &*a);
     read_check(&vol, 1, &*b);
 }
+
+/// A volume detached from its export is not populated again, and a start drops what the
+/// device holds for it, whatever its source's identity says (a memory source's does not
+/// change when written): writes made while detached never come back as stale reads.
+#[test]
+fn a_detached_volume_is_never_trusted_again_without_an_attach() {
+    let a = random_source(MIB, 1);
+    let b = random_source(MIB, 2);
+    let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(8 * MIB));
+    let vol = CacheVolume::open_shared(parts(&a, &b, "1"), cache.clone(), config()).unwrap();
+    read_check(&vol, 0, &*a);
+    read_check(&vol, 1, &*b);
+    vol.populate_now(10_000);
+    assert!(cached(&vol, 0) > 0);
+    // Detach a: marked, then forgotten; populations find nothing of it to do, however hot
+    // it was (its fragments are read again first, and their pages dropped, so that the
+    // population window wants them).
+    vol.evict(0, MIB).unwrap();
+    read_check(&vol, 0, &*a);
+    read_check(&vol, 0, &*a);
+    vol.set_detached(0, true).unwrap();
+    vol.forget_volume(0).unwrap();
+    read_check(&vol, 1, &*b);
+    vol.populate_now(10_000);
+    assert_eq!(cached(&vol, 0), 0, "a detached volume was populated");
+    // While detached, a's source is written behind the cache's back; b is written through it.
+    a.write_at(0, &[0x77; 65536]).unwrap();
+    let w = vec![0x11; 8192];
+    vol.write_at(vol.volumes()[1].1.base, &w).unwrap();
+    drop(vol);
+    let vol = CacheVolume::open_shared(parts(&a, &b, "1"), cache.clone(), config()).unwrap();
+    let p = vol.persist_stats().unwrap();
+    assert!(
+        p.invalidated_because.contains("detached"),
+        "a start must drop the detached volume: {p:?}"
+    );
+    assert_eq!(cached(&vol, 0), 0);
+    read_check(&vol, 0, &*a);
+    read_check(&vol, 1, &*b);
+    drop(vol);
+    // The same for a volume alone on its device.
+    let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(8 * MIB));
+    let mut one = config();
+    one.persist.as_mut().unwrap().volume_name = "alone".into();
+    let vol = CacheVolume::open(a.clone(), cache.clone(), one.clone()).unwrap();
+    read_check(&vol, 0, &*a);
+    vol.populate_now(10_000);
+    assert!(cached(&vol, 0) > 0);
+    vol.set_detached(0, true).unwrap();
+    assert!(vol.shutdown(), "left clean");
+    drop(vol);
+    a.write_at(65536, &[0x55; 65536]).unwrap();
+    let vol = CacheVolume::open(a.clone(), cache.clone(), one.clone()).unwrap();
+    assert!(vol
+        .persist_stats()
+        .unwrap()
+        .invalidated_because
+        .contains("detached"));
+    read_check(&vol, 0, &*a);
+    // An attach that knows nothing was written keeps it warm.
+    vol.populate_now(10_000);
+    vol.set_detached(0, true).unwrap();
+    drop(vol);
+    one.persist.as_mut().unwrap().reattach = true;
+    let vol = CacheVolume::open(a.clone(), cache, one).unwrap();
+    let p = vol.persist_stats().unwrap();
+    assert!(
+        p.invalidated_because.is_empty() && p.fragments_restored > 0,
+        "{p:?}"
+    );
+    read_check(&vol, 0, &*a);
+}

@@ -125,6 +125,16 @@ impl Attachable {
         self.spec.lock().cache.clone()
     }
 
+    /// The cached volume, attached or (for an export that shares its device) detached but
+    /// alive with the others: what a shutdown must close.
+    pub fn live_volume(&self) -> Option<Arc<CacheVolume>> {
+        self.volume().or_else(|| {
+            self.part
+                .as_ref()
+                .and_then(|_| self.draining.lock().clone())
+        })
+    }
+
     /// Where the export sits in a shared cache device (None: it has its device alone).
     pub fn part(&self) -> Option<&Part> {
         self.part.as_ref()
@@ -231,8 +241,17 @@ impl Attachable {
         let name = self.spec.lock().name.clone();
         let v = {
             let mut g = self.gate.write();
-            g.take()
-                .ok_or_else(|| anyhow!("export {name:?} is detached already"))?
+            let v = g
+                .clone()
+                .ok_or_else(|| anyhow!("export {name:?} is detached already"))?;
+            // Marked detached on the device before the swap: writes from then on reach the
+            // source only, so a start (rather than an attach that knows better) must not
+            // trust the device. If the mark cannot be written, the export stays attached.
+            v.set_detached(0, true).map_err(|e| {
+                anyhow!("detach refused: the cache device cannot be marked detached: {e}")
+            })?;
+            *g = None;
+            v
         };
         self.writes_detached.store(0, Relaxed);
         // Reads started through the hit queue before the swap finish on it.
@@ -281,6 +300,9 @@ impl Attachable {
         let written = self.writes_detached.load(Relaxed);
         let mut cfg = self.cfg.clone();
         let mut forgot = None;
+        // Nothing written while detached: the device's "detached" mark is no reason to
+        // start cold.
+        cfg.reattach = written == 0;
         if written > 0 {
             cfg.forget_volume = true;
             forgot = Some(format!(
@@ -327,16 +349,22 @@ impl Attachable {
     fn detach_part(&self, p: &Part) -> Result<(PathBuf, bool)> {
         let _op = self.ops.lock();
         let name = self.spec.lock().name.clone();
-        let v = {
-            let mut g = self.gate.write();
-            g.take()
-                .ok_or_else(|| anyhow!("export {name:?} is detached already"))?
-        };
+        let mut g = self.gate.write();
+        let v = g
+            .clone()
+            .ok_or_else(|| anyhow!("export {name:?} is detached already"))?;
+        // Under the gate, before the swap: first marked detached (durably, and nothing of
+        // it is populated from now on), then its pages dropped. Whatever fails after the
+        // mark, no start trusts what the device holds for it.
+        v.set_detached(p.index, true)?;
+        let forgot = v.forget_volume(p.index);
+        *g = None;
         self.writes_detached.store(0, Relaxed);
         // Reads started through the hit queue before the swap finish on it; the volume
         // lives on with the other exports, so its queue stays.
         *self.draining.lock() = Some(v.clone());
-        let (bytes, errors) = v.forget_volume(p.index)?;
+        drop(g);
+        let (bytes, errors) = forgot?;
         let path = self.cache_path().unwrap_or_default();
         tracing::info!(target: crate::LOG_TARGET, export = %name, cache = %path.display(), bytes_dropped = bytes, shared_with = ?p.siblings, "cache detached from this export; the device stays with the others");
         if errors > 0 {
@@ -374,6 +402,7 @@ impl Attachable {
         if errors > 0 {
             bail!("attach: {errors} metadata writes failed while dropping the export's old pages; not attached");
         }
+        v.set_detached(p.index, false)?;
         let written = self.writes_detached.swap(0, Relaxed);
         *g = Some(v);
         drop(g);

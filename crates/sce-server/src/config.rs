@@ -49,6 +49,9 @@ pub struct ServeConfig {
     pub reformat: bool,
     /// Invalidate everything the cache device holds for the source, at start.
     pub forget_volume: bool,
+    /// Set by an attach that knows nothing reached the source while the cache was
+    /// detached: the volume's "detached" mark on the device does not drop it.
+    pub reattach: bool,
     /// A version string of the sources' content, for exports that give none of their own.
     pub source_generation: Option<String>,
     /// Host directory for failure markers of cache devices.
@@ -350,6 +353,7 @@ mod tests {
             force: false,
             reformat: false,
             forget_volume: false,
+            reattach: false,
             source_generation: None,
             state_dir: "/var/lib/sce".into(),
             error_limit: 16,

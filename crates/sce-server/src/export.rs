@@ -419,6 +419,7 @@ pub(crate) fn persist_config(
     let p = PersistConfig {
         reformat: cfg.reformat || matches!(found, Contents::Foreign(_) | Contents::VolatileCache),
         forget_volume: cfg.forget_volume,
+        reattach: cfg.reattach,
         state_dir: Some(cfg.state_dir.clone()),
         flush_interval: cfg.metadata_interval,
         journal: spec.crash_journal.unwrap_or(cfg.crash_journal),

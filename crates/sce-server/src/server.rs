@@ -199,7 +199,7 @@ fn persist_caches(volumes: &Volumes) {
     // Exports that share a cache device share its volume: it is shut down once.
     let mut done: Vec<(*const sce_engine::CacheVolume, bool)> = Vec::new();
     for (name, v) in volumes.iter() {
-        let Some(v) = v.as_ref().and_then(|a| a.volume()) else {
+        let Some(v) = v.as_ref().and_then(|a| a.live_volume()) else {
             continue;
         };
         let persistent = v.persist_stats().is_some();

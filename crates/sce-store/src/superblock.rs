@@ -51,7 +51,17 @@ pub struct Volume {
     /// All zero: unknown. A start that finds another identity invalidates the volume.
     #[serde(serialize_with = "ser_hex")]
     pub identity: [u8; IDENTITY_BYTES],
+    /// The cache was detached from this volume's source while the server went on serving
+    /// it (`sce ctl detach`): writes may have reached the source that the cache never saw,
+    /// so a start drops what the device holds for it (an attach that knows nothing was
+    /// written clears the flag first). Bit 1 of the entry's flags.
+    pub detached: bool,
 }
+
+/// Flags of a volume entry: bit 0 is always set (an entry in use).
+const FLAG_IN_USE: u16 = 1;
+/// Flags of a volume entry: the cache was detached from the volume.
+const FLAG_DETACHED: u16 = 2;
 
 fn ser_hex<S: serde::Serializer>(u: &[u8; IDENTITY_BYTES], s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&u.iter().map(|b| format!("{b:02x}")).collect::<String>())
@@ -174,7 +184,10 @@ impl Superblock {
         for (i, v) in self.volumes.iter().enumerate().take(MAX_VOLUMES) {
             let at = VOLUMES_AT + 8 + i * VOLUME_ENTRY;
             w.u16(at, v.id);
-            w.u16(at + 2, 1);
+            w.u16(
+                at + 2,
+                FLAG_IN_USE | if v.detached { FLAG_DETACHED } else { 0 },
+            );
             w.u32(at + 4, v.generation);
             w.u64(at + 8, v.source_size);
             let name = &v.name.as_bytes()[..v.name.len().min(MAX_NAME)];
@@ -305,6 +318,7 @@ fn decode_volumes(b: &[u8]) -> Result<Vec<Volume>, StoreError> {
             source_size: rd64(b, at + 8),
             name,
             identity,
+            detached: rd16(b, at + 2) & FLAG_DETACHED != 0,
         });
     }
     Ok(volumes)

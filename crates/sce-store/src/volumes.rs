@@ -37,6 +37,7 @@ pub fn ensure_volumes(
             source_size: *size,
             name: name.clone(),
             identity: [0; superblock::IDENTITY_BYTES],
+            detached: false,
         };
         if sb.volumes.len() < superblock::MAX_VOLUMES {
             let id = sb.volumes.iter().map(|v| v.id).max().unwrap_or(0) + 1;

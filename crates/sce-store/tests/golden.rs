@@ -26,6 +26,7 @@ fn golden() -> Superblock {
             source_size: 100 << 30,
             name: "/dev/mapper/san-lun7".into(),
             identity: *b"fedcba9876543210",
+            detached: false,
         }],
     }
 }

@@ -74,6 +74,7 @@ pub fn format(a: FormatArgs) -> Result<()> {
                 source_size: size,
                 name,
                 identity: [0; sce_store::superblock::IDENTITY_BYTES],
+                detached: false,
             },
             size: None,
         },

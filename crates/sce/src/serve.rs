@@ -277,6 +277,7 @@ impl ServeArgs {
             force: self.force,
             reformat: self.reformat,
             forget_volume: self.forget_volume,
+            reattach: false,
             source_generation: self.source_generation.clone(),
             state_dir: self.state_dir.clone(),
             error_limit: self.error_limit,

@@ -67,7 +67,7 @@ impl CacheCore {
     /// restricted to `hint` if given. None if a population is already in flight on `f`.
     pub(super) fn fillable(&self, f: FragNo, hint: Option<&PageSet>) -> Option<PageSet> {
         let act = self.activity.get(&f.0);
-        if act.is_some_and(|a| a.pop.is_some()) {
+        if act.is_some_and(|a| a.pop.is_some()) || self.disabled(f) {
             return None;
         }
         let n = self.geo.fragment_pages(f);

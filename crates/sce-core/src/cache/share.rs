@@ -17,6 +17,9 @@ pub(super) struct Shares {
     caps: Vec<u32>,
     /// The slots each holds now.
     used: Vec<u32>,
+    /// Ranges of fragments `[start, end)` of volumes whose export is detached: nothing is
+    /// populated there (their source may be written behind the cache's back).
+    disabled: Vec<(u64, u64)>,
 }
 
 impl Shares {
@@ -37,6 +40,7 @@ impl CacheCore {
             starts: volumes.iter().map(|v| v.0 .0).collect(),
             caps: volumes.iter().map(|v| v.1.unwrap_or(u32::MAX)).collect(),
             used: vec![0; volumes.len()],
+            disabled: std::mem::take(&mut self.shares.disabled),
         };
         if sh.starts.first() != Some(&0) {
             sh = Shares::default();
@@ -49,6 +53,24 @@ impl CacheCore {
             }
         }
         self.shares = shares;
+    }
+
+    /// Stops (`on`) or resumes populating the fragments `[start, end)`: a volume whose
+    /// export was detached from the cache.
+    pub fn set_disabled(&mut self, start: FragNo, end: FragNo, on: bool) {
+        let r = (start.0, end.0);
+        self.shares.disabled.retain(|&x| x != r);
+        if on && start.0 < end.0 {
+            self.shares.disabled.push(r);
+        }
+    }
+
+    /// True if fragment `f` lies in a range that must not be populated.
+    pub(super) fn disabled(&self, f: FragNo) -> bool {
+        self.shares
+            .disabled
+            .iter()
+            .any(|&(a, b)| a <= f.0 && f.0 < b)
     }
 
     /// The slots each volume holds now (empty without shares).

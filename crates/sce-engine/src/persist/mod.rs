@@ -87,6 +87,10 @@ pub struct PersistConfig {
     /// Blocks of the on-device journal ring to use: 0 for all of them (the layout's), fewer
     /// to make the ring fill up sooner (tests of the full-ring fallback).
     pub journal_blocks: u32,
+    /// The caller knows that nothing reached the source while the cache was detached from
+    /// it (`sce ctl attach` after a detach with no write): a volume marked detached is
+    /// trusted as any other. Otherwise a start drops a volume marked detached.
+    pub reattach: bool,
 }
 
 impl PersistConfig {
@@ -103,6 +107,7 @@ impl PersistConfig {
             warm_rounds: 30,
             journal: true,
             journal_blocks: 0,
+            reattach: false,
         }
     }
 }
@@ -282,6 +287,11 @@ impl Persist {
     fn set_identities(&self, sb: &mut Superblock, identities: &[Option<String>]) -> bool {
         let mut changed = false;
         for (v, id) in self.vols.iter().zip(identities) {
+            // A detached volume's source is written behind the cache's back: its identity
+            // is not ours to record (the start drops it anyway).
+            if sb.volumes[v.index].detached {
+                continue;
+            }
             let Some(id) = full_identity(id.clone(), v.source_generation.as_deref()) else {
                 continue;
             };

@@ -68,6 +68,38 @@ fn load_stats(sb: &Superblock, r: &ScanReport, formatted_now: bool, why: String)
     }
 }
 
+/// Why what the device holds for volume `v` (its table entry `t`) cannot be trusted, if
+/// it cannot (besides the device being an older copy).
+fn reasons(
+    v: &Trusted<'_>,
+    t: &sce_store::Volume,
+    reattach: bool,
+    identity_hash: [u8; sce_store::superblock::IDENTITY_BYTES],
+) -> Vec<String> {
+    let zero = [0; sce_store::superblock::IDENTITY_BYTES];
+    let mut why = Vec::new();
+    if v.forget {
+        why.push("asked to forget the volume".to_string());
+    }
+    if t.detached && !reattach {
+        why.push(
+            "the cache was detached from the source (sce ctl detach): writes may have reached it since"
+                .to_string(),
+        );
+    }
+    match &v.identity {
+        None => why.push("the source cannot be identified".into()),
+        Some(_) if t.identity == zero => {
+            why.push("no identity of the source was recorded yet (`sce format`)".into())
+        }
+        Some(id) if t.identity != identity_hash => why.push(format!(
+            "the source changed since the cache last recorded it (now {id})"
+        )),
+        Some(_) => {}
+    }
+    why
+}
+
 /// A volume as `trust` judges it.
 struct Trusted<'a> {
     index: usize,
@@ -177,6 +209,7 @@ impl Persist {
             source_size: wanted[0].1,
             name: wanted[0].0.clone(),
             identity: identity_hash,
+            detached: false,
         };
         let fmt = |dev: &dyn BlockDevice| {
             sce_store::format(
@@ -264,21 +297,14 @@ impl Persist {
         for v in vols {
             let vi = v.index;
             let identity_hash = v.identity.map_or(zero, sce_store::identity_hash);
-            let mut why = Vec::new();
-            if v.forget {
-                why.push("asked to forget the volume".to_string());
+            let mut why = reasons(v, &sb.volumes[vi], cfg.reattach, identity_hash);
+            if sb.volumes[vi].detached {
+                sb.volumes[vi].detached = false;
+                changed = true;
             }
-            if !formatted_now {
-                match &v.identity {
-                    None => why.push("the source cannot be identified".into()),
-                    Some(_) if sb.volumes[vi].identity == zero => {
-                        why.push("no identity of the source was recorded yet (`sce format`)".into())
-                    }
-                    Some(id) if sb.volumes[vi].identity != identity_hash => why.push(format!(
-                        "the source changed since the cache last recorded it (now {id})"
-                    )),
-                    Some(_) => {}
-                }
+            if formatted_now {
+                why.retain(|w| w.starts_with("asked") || w.starts_with("the cache was detached"));
+            } else {
                 why.extend(older.clone());
             }
             if !why.is_empty() {

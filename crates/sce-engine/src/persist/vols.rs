@@ -70,3 +70,20 @@ impl Persist {
         self.write_sb(&mut sb)
     }
 }
+
+impl Persist {
+    /// Marks volume `k` (in address order) detached, or not, durably: a start drops a
+    /// volume marked detached (unless told nothing was written meanwhile).
+    pub(crate) fn set_detached(&self, k: usize, on: bool) -> Result<(), sce_io::IoError> {
+        let mut sb = self.sb.lock();
+        if sb.state == sce_store::DeviceState::Failed {
+            return Ok(());
+        }
+        let v = &mut sb.volumes[self.vols[k].index];
+        if v.detached == on {
+            return Ok(());
+        }
+        v.detached = on;
+        self.write_sb(&mut sb)
+    }
+}

@@ -33,6 +33,7 @@ struct Gnutls {
     bye: unsafe extern "C" fn(Session, c_int) -> c_int,
     deinit: unsafe extern "C" fn(Session),
     psk_username: unsafe extern "C" fn(Session) -> *const c_char,
+    psk_free: unsafe extern "C" fn(Creds),
 }
 
 const GNUTLS_SERVER: c_uint = 1;
@@ -79,6 +80,7 @@ fn load() -> Result<Gnutls, String> {
             bye: func(h, c"gnutls_bye")?,
             deinit: func(h, c"gnutls_deinit")?,
             psk_username: func(h, c"gnutls_psk_server_get_username")?,
+            psk_free: func(h, c"gnutls_psk_free_server_credentials")?,
         })
     }
 }
@@ -155,21 +157,35 @@ impl PskKeys {
         let mut creds: Creds = std::ptr::null_mut();
         // SAFETY: GnuTLS calls with valid out-pointers and C strings.
         unsafe {
-            (lib.global_init)();
+            let r = (lib.global_init)();
+            if r < 0 {
+                return Err(format!("TLS-PSK: GnuTLS: {}", lib.error(r)));
+            }
             let r = (lib.psk_allocate)(&mut creds);
             if r < 0 {
                 return Err(format!("TLS-PSK: {}", lib.error(r)));
             }
-            let r = (lib.psk_set_file)(creds, cpath.as_ptr());
-            if r < 0 {
-                return Err(format!(
-                    "TLS-PSK key file {}: {}",
-                    path.display(),
-                    lib.error(r)
-                ));
-            }
         }
-        Ok(PskKeys { lib, creds, users })
+        // From here the credentials are freed on every path (`Drop`).
+        let keys = PskKeys { lib, creds, users };
+        // SAFETY: live credentials and a valid C string.
+        let r = unsafe { (lib.psk_set_file)(keys.creds, cpath.as_ptr()) };
+        if r < 0 {
+            return Err(format!(
+                "TLS-PSK key file {}: {}",
+                path.display(),
+                lib.error(r)
+            ));
+        }
+        Ok(keys)
+    }
+}
+
+impl Drop for PskKeys {
+    fn drop(&mut self) {
+        // SAFETY: credentials made by gnutls_psk_allocate_server_credentials; no session
+        // uses them any more (each holds an `Arc` of these keys).
+        unsafe { (self.lib.psk_free)(self.creds) }
     }
 }
 
@@ -178,6 +194,8 @@ struct Tls<C> {
     lib: &'static Gnutls,
     s: Session,
     net: C,
+    /// The credentials the session uses: kept alive as long as it.
+    _keys: Arc<PskKeys>,
 }
 
 // SAFETY: GnuTLS allows one thread in record_recv and another in record_send on a session;
@@ -209,11 +227,16 @@ pub(super) fn start<C: Conn>(
         return Err(err(r));
     }
     let fd = net.raw_fd();
-    let tls = Arc::new(Tls { lib, s, net });
+    let tls = Arc::new(Tls {
+        lib,
+        s,
+        net,
+        _keys: keys.clone(),
+    });
     let prio = CString::new(PRIORITY).expect("no NUL");
     let left = deadline.saturating_duration_since(Instant::now());
     // SAFETY: calls on a live session with valid arguments; the credentials outlive it
-    // (the listener holds them).
+    // (`Tls` holds them).
     unsafe {
         let r = (lib.priority_set_direct)(s, prio.as_ptr(), std::ptr::null_mut());
         if r < 0 {
@@ -242,9 +265,11 @@ pub(super) fn start<C: Conn>(
             );
         }
     }
-    // The handshake's timeouts are not the pumps': they block until data or end of file.
+    // The pumps' receives block until data or end of file (the server's idle timeout ends
+    // a quiet connection through the plaintext side); a send that makes no progress for
+    // `STALL` ends the connection (a client that stopped reading).
     tls.net.set_read_timeout_conn(None)?;
-    tls.net.set_write_timeout_conn(None)?;
+    tls.net.set_write_timeout_conn(Some(super::tls::STALL))?;
     let (plain, inner) = UnixStream::pair()?;
     let (t2, inner2) = (tls.clone(), inner.try_clone()?);
     std::thread::Builder::new()
@@ -289,10 +314,12 @@ fn to_net<C: Conn>(t: &Tls<C>, mut plain: UnixStream) {
         while at < n {
             // SAFETY: a live session, `n - at` bytes of the buffer.
             let w = unsafe { (t.lib.record_send)(t.s, buf[at..n].as_ptr().cast(), n - at) };
-            if w == GNUTLS_E_AGAIN || w == GNUTLS_E_INTERRUPTED {
+            if w == GNUTLS_E_INTERRUPTED {
                 continue;
             }
             if w < 0 {
+                // GNUTLS_E_AGAIN here is the send timeout: the client stopped reading.
+                tracing::debug!("NBD TLS-PSK connection ended: {}", t.lib.error(w as c_int));
                 break 'outer;
             }
             at += w as usize;

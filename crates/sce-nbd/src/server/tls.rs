@@ -207,6 +207,10 @@ pub(super) fn start<C: Conn>(
 /// Bytes of decrypted data waiting for the server before the pump stops reading the network.
 const PLAIN_BACKLOG: usize = 1 << 20;
 
+/// A TLS connection whose client reads nothing of what is to be sent for this long is
+/// ended (its pump threads would otherwise wait for ever).
+pub(super) const STALL: Duration = Duration::from_secs(60);
+
 /// Moves bytes between the TLS session on `net` and the plaintext socket `plain` until both
 /// directions have ended: the client's end of file (or close_notify) becomes the server's
 /// end of file on `plain`, and the server closing `plain` sends close_notify.
@@ -220,13 +224,24 @@ fn pump<C: Conn>(net: C, mut tls: ServerConnection, plain: UnixStream) -> io::Re
     // decrypted already: deliver it before waiting for more.
     let mut net_eof = decrypted(&mut tls, &mut to_plain, &mut buf)?;
     let (mut plain_eof, mut plain_shut) = (false, false);
+    // Since when the network has taken none of what is to be sent.
+    let mut stalled: Option<Instant> = None;
     loop {
         while tls.wants_write() {
             match tls.write_tls(&mut net) {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Ok(_) => stalled = None,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    stalled.get_or_insert_with(Instant::now);
+                    break;
+                }
                 Err(e) => return Err(e),
             }
+        }
+        if stalled.is_some_and(|t| t.elapsed() > STALL) {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client read nothing for a minute",
+            ));
         }
         while !to_plain.is_empty() {
             match plain.write(&to_plain) {
