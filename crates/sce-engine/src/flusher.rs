@@ -27,12 +27,19 @@ impl Shared {
     /// persistence.
     pub(crate) fn close_store(&self) -> bool {
         match &self.persist {
-            Some(p) => p.close(
-                (&self.cores, &self.map),
-                self.persisted_crcs(),
-                &self.identities(),
-                self.source_writes_done.load(SeqCst),
-            ),
+            Some(p) => {
+                let (ids, taken) = self.identities();
+                let closed = p.close(
+                    (&self.cores, &self.map),
+                    self.persisted_crcs(),
+                    &ids,
+                    self.source_writes_done.load(SeqCst),
+                );
+                if !closed {
+                    self.restore_written(&taken);
+                }
+                closed
+            }
             None => false,
         }
     }
@@ -85,10 +92,11 @@ pub(crate) fn flusher(s: &Shared) {
         // else changed it since.
         let done = s.source_writes_done.load(SeqCst);
         if s.source_writes_started.load(SeqCst) == done {
-            let identities = s.identities();
-            if s.source_writes_started.load(SeqCst) == done
-                && p.record_identity(&identities, done).is_err()
-            {
+            let (identities, taken) = s.identities();
+            if s.source_writes_started.load(SeqCst) != done {
+                s.restore_written(&taken);
+            } else if p.record_identity(&identities, done).is_err() {
+                s.restore_written(&taken);
                 errors += 1;
             }
         }

@@ -67,7 +67,6 @@ pub fn place(sizes: &[u64], fragment_size: u64) -> Result<Vec<Placed>, IoError> 
 }
 
 /// A volume as the engine keeps it.
-#[derive(Clone)]
 pub(crate) struct PartInfo {
     /// Its name in the volume table (or as given, without persistence).
     pub name: String,
@@ -75,12 +74,47 @@ pub(crate) struct PartInfo {
     pub at: Placed,
     /// Its source.
     pub source: Arc<dyn BlockDevice>,
+    /// The cache wrote its source since its identity was last recorded.
+    pub wrote: std::sync::atomic::AtomicBool,
 }
 
 impl crate::shared::Shared {
-    /// Each volume's source identity now, in address order.
-    pub(crate) fn identities(&self) -> Vec<Option<String>> {
-        self.parts.iter().map(|p| p.source.identity()).collect()
+    /// A source write or discard at `offset` (of the shared address space) is starting.
+    pub(crate) fn note_source_write(&self, offset: u64) {
+        let k = self
+            .parts
+            .partition_point(|p| p.at.base <= offset)
+            .saturating_sub(1);
+        if let Some(p) = self.parts.get(k) {
+            p.wrote.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// The source identity now of each volume the cache wrote since its identity was last
+    /// recorded (None for the others: a change of theirs is someone else's doing, left for
+    /// the next start to find), in address order; and which were taken, for `restore`.
+    pub(crate) fn identities(&self) -> (Vec<Option<String>>, Vec<bool>) {
+        let taken: Vec<bool> = self
+            .parts
+            .iter()
+            .map(|p| p.wrote.swap(false, std::sync::atomic::Ordering::SeqCst))
+            .collect();
+        let ids = self
+            .parts
+            .iter()
+            .zip(&taken)
+            .map(|(p, &w)| if w { p.source.identity() } else { None })
+            .collect();
+        (ids, taken)
+    }
+
+    /// The identities `taken` were not recorded after all.
+    pub(crate) fn restore_written(&self, taken: &[bool]) {
+        for (p, &w) in self.parts.iter().zip(taken) {
+            if w {
+                p.wrote.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
     }
 }
 
@@ -297,6 +331,7 @@ impl crate::CacheVolume {
                 name: p.name,
                 at,
                 source: p.source,
+                wrote: Default::default(),
             })
             .collect();
         crate::CacheVolume::open_parts(Arc::new(concat), infos, &vols, cache, config)

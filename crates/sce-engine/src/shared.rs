@@ -151,6 +151,7 @@ impl Shared {
 
     /// Writes to the source, counting the bytes that made it.
     pub(crate) fn source_write(&self, offset: u64, data: &[u8]) -> Result<(), IoError> {
+        self.note_source_write(offset);
         self.source_writes_started.fetch_add(1, SeqCst);
         let r = self.source.write_at(offset, data);
         self.source_writes_done.fetch_add(1, SeqCst);

@@ -310,6 +310,7 @@ impl CacheVolume {
                 size: source.size(),
             },
             source: source.clone(),
+            wrote: Default::default(),
         };
         let vol = OpenVolume {
             name: part.name.clone(),

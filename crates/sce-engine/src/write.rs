@@ -83,6 +83,7 @@ impl Shared {
         }
         let (pieces, tickets) = self.begin_write(offset, len, WriteKind::Discard)?;
         self.wait_intents(&tickets);
+        self.note_source_write(offset);
         self.source_writes_started.fetch_add(1, SeqCst);
         let result = self.source.discard(offset, len);
         self.source_writes_done.fetch_add(1, SeqCst);

@@ -297,3 +297,67 @@ fn a_detached_volume_is_never_trusted_again_without_an_attach() {
     );
     read_check(&vol, 0, &*a);
 }
+
+/// Only a volume the cache wrote has its identity recorded: a write through the cache to
+/// one volume must not make the device vouch for another volume's source that someone
+/// else changed meanwhile (a file's identity changes with every write).
+#[test]
+fn writes_to_one_volume_never_vouch_for_another() {
+    use sce_io::{DirectMode, FileDevice, FileOptions};
+    use std::os::unix::fs::FileExt;
+    let d = tempfile::tempdir().unwrap();
+    let file = |name: &str, fill: u8| {
+        let p = d.path().join(name);
+        std::fs::write(&p, vec![fill; MIB as usize]).unwrap();
+        let opts = FileOptions {
+            direct: DirectMode::Off,
+            ..FileOptions::default()
+        };
+        let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&p, &opts).unwrap());
+        (p, dev)
+    };
+    let (pa, a) = file("a", 1);
+    let (_, b) = file("b", 2);
+    let parts = || {
+        vec![
+            VolumePart {
+                name: "a".into(),
+                source: a.clone(),
+                source_generation: None,
+                forget: false,
+                share: None,
+            },
+            VolumePart {
+                name: "b".into(),
+                source: b.clone(),
+                source_generation: None,
+                forget: false,
+                share: None,
+            },
+        ]
+    };
+    let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(8 * MIB));
+    drop(CacheVolume::open_shared(parts(), cache.clone(), config()).unwrap());
+    let vol = CacheVolume::open_shared(parts(), cache.clone(), config()).unwrap();
+    read_check(&vol, 0, &*a);
+    read_check(&vol, 1, &*b);
+    vol.populate_now(10_000);
+    assert!(cached(&vol, 0) > 0);
+    // Someone else writes a's file; the cache writes b's.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&pa)
+        .unwrap()
+        .write_all_at(&[9; 4096], 0)
+        .unwrap();
+    vol.write_at(vol.volumes()[1].1.base, &[3; 4096]).unwrap();
+    drop(vol);
+    let vol = CacheVolume::open_shared(parts(), cache, config()).unwrap();
+    let why = vol.persist_stats().unwrap().invalidated_because;
+    assert!(
+        why.starts_with("a: the source changed"),
+        "a's change must be found at the start: {why:?}"
+    );
+    read_check(&vol, 0, &*a);
+    read_check(&vol, 1, &*b);
+}
