@@ -15,8 +15,15 @@ use sce_core::*;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Read { off: u32, len: u32 },
-    Write { off: u32, len: u32, fail: bool },
+    Read {
+        off: u32,
+        len: u32,
+    },
+    Write {
+        off: u32,
+        len: u32,
+        fail: bool,
+    },
     Land(u16),
     Complete(u16),
     PickPopulation,
@@ -26,9 +33,22 @@ enum Op {
     CleanRead(u16),
     CleanWrite(u16, bool),
     EvictOne,
-    EvictRange { off: u32, len: u32 },
+    EvictRange {
+        off: u32,
+        len: u32,
+    },
     Forget,
     BadPage(u32),
+    /// The cache device fails: everything unpinned is dropped, dirty pages are lost.
+    DropAll,
+    EvictFragment(u32),
+    /// The source changes behind the cache's back where nothing is dirty or in flight, then
+    /// `forget`: every read after sees the new bytes.
+    ForgetExternal {
+        off: u32,
+        len: u32,
+        byte: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -48,6 +68,10 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (any::<u32>(), 1u32..24).prop_map(|(off, len)| Op::EvictRange { off, len }),
         1 => Just(Op::Forget),
         1 => any::<u32>().prop_map(Op::BadPage),
+        1 => Just(Op::DropAll),
+        1 => any::<u32>().prop_map(Op::EvictFragment),
+        1 => (any::<u32>(), 1u32..24, any::<u8>())
+            .prop_map(|(off, len, byte)| Op::ForgetExternal { off, len, byte }),
     ]
 }
 
@@ -57,6 +81,8 @@ struct PendingWrite {
     data: Vec<u8>,
     fail: bool,
     landed: bool,
+    /// Pages written in part whose other bytes a `forget` made stale: lost at completion.
+    spoiled: Vec<usize>,
 }
 
 struct PendingClean {
@@ -89,6 +115,7 @@ impl Harness {
         let cfg = CoreConfig {
             fragment_size: fragment,
             admission,
+            write_mode: WriteMode::WriteBack,
             hot_window: 4,
             ..CoreConfig::default()
         };
@@ -193,6 +220,7 @@ impl Harness {
                 data,
                 fail,
                 landed: false,
+                spoiled: Vec::new(),
             }),
             Err(WriteBackRefusal::Full) => self.refusals[0] += 1,
             Err(WriteBackRefusal::PartialPage) => self.refusals[1] += 1,
@@ -259,6 +287,10 @@ impl Harness {
             }
         } else {
             self.acked[span.clone()].copy_from_slice(&w.data);
+            for &p in &w.spoiled {
+                let end = ((p + 1) * PAGE).min(self.source.len());
+                self.lost[p * PAGE..end].fill(true);
+            }
             // Whole pages written clear their loss.
             for p in span.start.div_ceil(PAGE)..span.end / PAGE {
                 self.lost[p * PAGE..(p + 1) * PAGE].fill(false);
@@ -377,6 +409,71 @@ impl Harness {
         self.core.invalidate(FragNo(f), q, q + 1);
     }
 
+    /// The cache device fails: what is not pinned is dropped; dirty pages dropped are lost.
+    fn drop_all(&mut self) {
+        let pages = self.source.len().div_ceil(PAGE);
+        let before: Vec<bool> = (0..pages)
+            .map(|p| self.core.page_dirty(SourceOffset((p * PAGE) as u64)))
+            .collect();
+        self.core.drop_all();
+        for (p, &was) in before.iter().enumerate() {
+            if was && !self.core.page_dirty(SourceOffset((p * PAGE) as u64)) {
+                let end = ((p + 1) * PAGE).min(self.source.len());
+                self.lost[p * PAGE..end].fill(true);
+            }
+        }
+    }
+
+    /// Someone else writes the source where no page is dirty, lost or under a write-back
+    /// write or cleaning in flight; then `forget`.
+    fn forget_external(&mut self, off: u32, len: u32, byte: u8) {
+        let (off, len) = self.range(off, len);
+        let fsize = self.core.geometry().fragment_size() as usize;
+        for i in off as usize..(off + len) as usize {
+            let p = i / PAGE;
+            let under_write = self
+                .writes
+                .iter()
+                .any(|w| w.off < (p + 1) * PAGE && p * PAGE < w.off + w.data.len());
+            let cleaning = self
+                .cleans
+                .iter()
+                .any(|c| c.job.frag.0 as usize == i / fsize);
+            if self.core.page_dirty(SourceOffset(i as u64))
+                || self.lost[i]
+                || under_write
+                || cleaning
+            {
+                continue;
+            }
+            self.source[i] = byte;
+            self.acked[i] = byte;
+        }
+        self.forget();
+    }
+
+    /// `forget`, as after a change of the source behind the cache's back.
+    fn forget(&mut self) {
+        // Write-back writes in flight over a page in part that is not dirty: the page's
+        // other bytes were the old source's, so it is lost when the write completes.
+        for w in &mut self.writes {
+            let (a, b) = (w.off, w.off + w.data.len());
+            let edges = [
+                (a / PAGE, a % PAGE != 0),
+                ((b - 1) / PAGE, b % PAGE != 0 && b < self.source.len()),
+            ];
+            for (p, partial) in edges {
+                if partial
+                    && !self.core.page_dirty(SourceOffset((p * PAGE) as u64))
+                    && !w.spoiled.contains(&p)
+                {
+                    w.spoiled.push(p);
+                }
+            }
+        }
+        self.core.forget();
+    }
+
     /// Completes everything, cleans everything, and checks that the source holds every
     /// acknowledged byte that was not lost.
     fn finish(&mut self) -> Result<(), TestCaseError> {
@@ -446,10 +543,14 @@ fn run(ops: &[Op], shape: (u64, u64, u64, Admission)) -> Result<[u64; 3], TestCa
                 let (o, l) = h.range(off, len);
                 h.core.evict_range(SourceOffset(o), l);
             }
-            Op::Forget => {
-                h.core.forget();
-            }
+            Op::Forget => h.forget(),
             Op::BadPage(p) => h.bad_page(p),
+            Op::DropAll => h.drop_all(),
+            Op::EvictFragment(f) => {
+                let n = h.source.len() as u64 / h.core.geometry().fragment_size();
+                h.core.evict_fragment(FragNo(f as u64 % n));
+            }
+            Op::ForgetExternal { off, len, byte } => h.forget_external(off, len, byte),
         }
     }
     h.finish()?;
@@ -572,4 +673,66 @@ fn mode_changes_range_cleaning_and_restored_dirty_pages() {
     );
     again.read(0, 8).unwrap();
     again.finish().unwrap();
+}
+
+/// A write-through write next to a write-back write in flight on the same page is refused
+/// (the write-back copy would bring the page's older bytes back as dirty); write-back
+/// writes need writeback mode; restored dirty pages add up, and those not restored valid
+/// are lost.
+#[test]
+fn mixed_writes_modes_and_restores_are_refused_or_kept_safe() {
+    let mut h = Harness::new(4096, 4, 4, Admission::Always);
+    h.read(0, 8).unwrap();
+    let plan = h
+        .core
+        .begin_writeback(SourceOffset(0), 2048)
+        .expect("page 0 is cached: a partial write-back write goes");
+    let e = h
+        .core
+        .begin_write(SourceOffset(2048), 2048, WriteKind::Data)
+        .unwrap_err();
+    assert!(matches!(e, RequestError::Dirty { .. }), "{e}");
+    h.core.complete_writeback(plan.id, true).unwrap();
+    // Not in writeback mode: refused.
+    let mut other = Harness::new(4096, 4, 4, Admission::Always);
+    other
+        .core
+        .retune(&Retune {
+            write_mode: Some(WriteMode::Awt),
+            ..Retune::default()
+        })
+        .unwrap();
+    assert_eq!(
+        other
+            .core
+            .begin_writeback(SourceOffset(0), 4096)
+            .unwrap_err(),
+        WriteBackRefusal::NotWriteBack
+    );
+    // Restores merge, and a page recorded dirty but not restored valid is lost.
+    let mut r = Harness::new(16384, 4, 4, Admission::Always);
+    r.read(0, 32).unwrap();
+    let ppf = r.core.geometry().pages_per_fragment();
+    let mut one = sce_core::bitmap::PageSet::new(ppf);
+    one.insert_range(0, 1);
+    let mut two = sce_core::bitmap::PageSet::new(ppf);
+    two.insert_range(2, 3);
+    assert!(r.core.restore_dirty(FragNo(0), &one));
+    assert!(r.core.restore_dirty(FragNo(0), &two));
+    assert_eq!(
+        r.core.dirty_pages(),
+        2,
+        "the second restore kept the first's page"
+    );
+    assert!(
+        !r.core.restore_dirty(FragNo(3), &one),
+        "fragment 3 is not cached"
+    );
+    assert_eq!(r.core.lost_pages(), 1);
+    let mut plan = ReadPlan::new();
+    let e = r
+        .core
+        .begin_read(SourceOffset(3 * 16384), 4096, &mut plan)
+        .unwrap_err();
+    assert!(matches!(e, RequestError::Lost { .. }), "{e}");
 }

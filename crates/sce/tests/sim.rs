@@ -975,6 +975,19 @@ fn writeback_in_the_simulator_reports_cleaning_and_dirty_occupancy() {
         .iter()
         .all(|s| (0.0..=1.0).contains(&s.as_f64().unwrap())));
     assert!(left as f64 <= 32.0 * 1048576.0);
+    // Several hosts over one volume in write-back need issue 16's coherence: refused.
+    let err = fails(&[
+        "sim",
+        "--trace",
+        p(&trace),
+        "--cache-size",
+        "32MiB",
+        "--mode",
+        "writeback",
+        "--hosts",
+        "2",
+    ]);
+    assert!(err.contains("issue 16"), "{err}");
     // sce serve does not run write-back yet, and says so instead of starting.
     let src = d.path().join("src");
     std::fs::File::create(&src)

@@ -9,9 +9,12 @@ impl CacheCore {
     /// cache device failed). Returns how many were dropped.
     pub fn drop_all(&mut self) -> u32 {
         let mut n = 0;
+        let ppf = self.geo.pages_per_fragment();
         for s in 0..self.geo.slots() {
             let s = SlotNo(s);
-            if self.slots.fragment(s).is_some() && self.slots.pins(s) == 0 {
+            if let Some(f) = self.slots.fragment(s).filter(|_| self.slots.pins(s) == 0) {
+                // Dirty pages had no other copy: they are lost, never the source's bytes.
+                self.lose_dirty(f, 0, ppf);
                 self.evict_slot(s);
                 self.slots.put_free(s);
                 n += 1;
@@ -24,7 +27,7 @@ impl CacheCore {
     /// cached or its slot is pinned by an operation in flight.
     pub fn evict_fragment(&mut self, f: FragNo) -> bool {
         match self.map.get(f) {
-            Some(s) if self.slots.pins(s) == 0 => {
+            Some(s) if self.slots.pins(s) == 0 && !self.wb.is_dirty(f) => {
                 self.evict_slot(s);
                 self.slots.put_free(s);
                 true
@@ -76,6 +79,7 @@ impl CacheCore {
     /// partial pages would keep old bytes). Returns the fragments that were cached.
     pub fn forget(&mut self) -> u64 {
         let ppf = self.geo.pages_per_fragment();
+        self.wb.spoil_partial();
         for pop in self.pops.values_mut() {
             pop.spoiled.insert_range(0, ppf);
         }

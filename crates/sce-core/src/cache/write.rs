@@ -15,6 +15,8 @@ pub(super) struct WritePart {
     /// Pages that may be validated when the write completes: `[vlo, vhi)`.
     pub(super) vlo: u32,
     pub(super) vhi: u32,
+    /// The pages the write covers whole: `[whole.0, whole.1)`.
+    pub(super) whole: (u32, u32),
     pub(super) slot: Option<SlotNo>,
     pub(super) cache_ok: Option<bool>,
     pub(super) spoiled: Option<PageSet>,
@@ -140,6 +142,7 @@ impl CacheCore {
             hi,
             vlo,
             vhi,
+            whole: (lo + head_partial as u32, hi - tail_partial as u32),
             slot: None,
             cache_ok: None,
             spoiled: None,
@@ -265,6 +268,10 @@ impl CacheCore {
         let source_ok = ws.source_ok == Some(true);
         let mut validated_any = false;
         for part in ws.parts {
+            if source_ok && part.whole.0 < part.whole.1 {
+                // Whole pages written on the source: none of them is lost any more.
+                self.wb.found(part.frag, part.whole.0, part.whole.1);
+            }
             if let Some(s) = part.slot {
                 if source_ok && part.cache_ok == Some(true) && part.vlo < part.vhi {
                     debug_assert_eq!(self.slots.fragment(s), Some(part.frag));

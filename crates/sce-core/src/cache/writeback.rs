@@ -46,6 +46,9 @@ pub enum WriteBackRefusal {
     /// A population, write or cleaning is in flight on these pages: wait for it.
     #[error("other I/O is in flight on these pages")]
     Busy,
+    /// The cache is not in writeback mode.
+    #[error("the cache is not in writeback mode")]
+    NotWriteBack,
 }
 
 /// A write-back write in flight.
@@ -97,6 +100,12 @@ pub(super) struct WbPart {
     slot: SlotNo,
     lo: u32,
     hi: u32,
+    /// The first (last) page is written in part.
+    head_partial: bool,
+    tail_partial: bool,
+    /// Pages written in part whose other bytes a `forget` made stale (they were not dirty):
+    /// lost when the write completes.
+    spoiled: Vec<u32>,
 }
 
 /// The write-back state of a core.
@@ -146,9 +155,36 @@ impl WriteBack {
                 .any(|(_, c)| c.0 == f && bitmap::any_set(c.2.words(), lo, hi))
     }
 
-    /// True if nothing is dirty and no write-back write or cleaning is in flight.
+    /// True if nothing is dirty or lost and no write-back write or cleaning is in flight.
     pub(super) fn is_clean(&self) -> bool {
-        self.dirty.is_empty() && self.writes.len() == 0 && self.cleans.len() == 0
+        self.dirty.is_empty()
+            && self.lost.is_empty()
+            && self.writes.len() == 0
+            && self.cleans.len() == 0
+    }
+
+    /// `forget`: write-back writes in flight that write a page in part that is not dirty
+    /// (its other bytes are the source's, which changed) lose that page when they complete.
+    pub(super) fn spoil_partial(&mut self) {
+        let dirty = &self.dirty;
+        let is_dirty = |f: FragNo, q: u32| dirty.get(&f.0).is_some_and(|d| d.contains(q));
+        for (_, parts) in self.writes.iter_mut() {
+            for p in parts.iter_mut() {
+                if p.head_partial && !is_dirty(p.frag, p.lo) {
+                    p.spoiled.push(p.lo);
+                }
+                if p.tail_partial && !is_dirty(p.frag, p.hi - 1) && !p.spoiled.contains(&(p.hi - 1))
+                {
+                    p.spoiled.push(p.hi - 1);
+                }
+            }
+        }
+    }
+
+    /// A write-through write made whole pages `[lo, hi)` of `f` new on the source: they are
+    /// no longer lost.
+    pub(super) fn found(&mut self, f: FragNo, lo: u32, hi: u32) {
+        remove(&mut self.lost, f, lo, hi);
     }
 
     /// The dirty pages of `f`, if any.
@@ -180,27 +216,11 @@ impl CacheCore {
         len: u64,
     ) -> Result<WriteBackPlan, WriteBackRefusal> {
         self.check(offset.0, len)?;
-        let parts: Vec<_> = fragments(self.geo, offset.0, len).collect();
-        for &(f, lo, hi, a, b) in &parts {
-            let slot = self.map.get(f);
-            let valid = |p: u32| slot.is_some_and(|s| self.slots.is_valid(s, p));
-            let fstart = self.geo.fragment_start(f).0;
-            let head_partial = a > fstart + lo as u64 * PAGE_SIZE;
-            let tail_partial = b < self.page_end(f, hi - 1);
-            if (head_partial && !valid(lo)) || (tail_partial && !valid(hi - 1)) {
-                return Err(WriteBackRefusal::PartialPage);
-            }
-            if self.wb.busy(f, lo, hi) || self.population_overlaps(f, lo, hi) {
-                return Err(WriteBackRefusal::Busy);
-            }
-            if self
-                .activity
-                .get(&f.0)
-                .is_some_and(|act| !act.writes.is_empty())
-            {
-                return Err(WriteBackRefusal::Busy);
-            }
+        if self.cfg.write_mode != crate::config::WriteMode::WriteBack {
+            return Err(WriteBackRefusal::NotWriteBack);
         }
+        let parts: Vec<_> = fragments(self.geo, offset.0, len).collect();
+        self.writeback_check(&parts)?;
         // The slots the write finds are pinned first, so that allocating the others cannot
         // take one of them as a victim (whose pages the checks above relied on).
         let mut held: Vec<Option<SlotNo>> = Vec::with_capacity(parts.len());
@@ -236,11 +256,16 @@ impl CacheCore {
                 len: b - a,
                 cache: CacheOffset(self.geo.slot_offset(s).0 + (a - fstart)),
             });
+            let head_partial = a > fstart + lo as u64 * PAGE_SIZE;
+            let tail_partial = b < self.page_end(f, hi - 1);
             wparts.push(WbPart {
                 frag: f,
                 slot: s,
                 lo,
                 hi,
+                head_partial,
+                tail_partial,
+                spoiled: Vec::new(),
             });
             self.evict.accessed(s);
         }
@@ -248,6 +273,34 @@ impl CacheCore {
         self.stats.writeback_writes += 1;
         let id = WriteBackId(self.wb.writes.insert(wparts));
         Ok(WriteBackPlan { id, copies })
+    }
+
+    /// Why a write-back write over `parts` (fragment, pages, bytes) cannot start now, if so.
+    fn writeback_check(
+        &self,
+        parts: &[(FragNo, u32, u32, u64, u64)],
+    ) -> Result<(), WriteBackRefusal> {
+        for &(f, lo, hi, a, b) in parts {
+            let slot = self.map.get(f);
+            let valid = |p: u32| slot.is_some_and(|s| self.slots.is_valid(s, p));
+            let fstart = self.geo.fragment_start(f).0;
+            let head_partial = a > fstart + lo as u64 * PAGE_SIZE;
+            let tail_partial = b < self.page_end(f, hi - 1);
+            if (head_partial && !valid(lo)) || (tail_partial && !valid(hi - 1)) {
+                return Err(WriteBackRefusal::PartialPage);
+            }
+            if self.wb.busy(f, lo, hi) || self.population_overlaps(f, lo, hi) {
+                return Err(WriteBackRefusal::Busy);
+            }
+            if self
+                .activity
+                .get(&f.0)
+                .is_some_and(|act| !act.writes.is_empty())
+            {
+                return Err(WriteBackRefusal::Busy);
+            }
+        }
+        Ok(())
     }
 
     /// True if a population in flight on `f` fills one of pages `[lo, hi)`.
@@ -267,6 +320,13 @@ impl CacheCore {
                 bitmap::set_range(bm, p.lo, p.hi);
                 add(&mut self.wb.dirty, p.frag, p.lo, p.hi, ppf);
                 remove(&mut self.wb.lost, p.frag, p.lo, p.hi);
+                for &q in &p.spoiled {
+                    // Its other bytes were the source's of before a `forget`.
+                    bitmap::clear_range(self.slots.bitmap_mut(p.slot), q, q + 1);
+                    remove(&mut self.wb.dirty, p.frag, q, q + 1);
+                    add(&mut self.wb.lost, p.frag, q, q + 1, ppf);
+                    self.stats.pages_lost += 1;
+                }
             } else {
                 bitmap::clear_range(bm, p.lo, p.hi);
                 if let Some(d) = self.wb.dirty.get(&p.frag.0) {
@@ -355,23 +415,21 @@ impl CacheCore {
     /// After a restart: pages `[lo, hi)` of fragment `f`, restored valid into its slot, are
     /// dirty (their records said so). False if `f` is not cached.
     pub fn restore_dirty(&mut self, f: FragNo, pages: &PageSet) -> bool {
-        let Some(s) = self.map.get(f) else {
-            return false;
-        };
         let ppf = self.geo.pages_per_fragment();
-        let mut d = PageSet::new(ppf);
+        let slot = self.map.get(f);
         for (lo, hi) in pages.runs(ppf) {
-            // Only valid pages can be dirty.
             for q in lo..hi {
-                if self.slots.is_valid(s, q) {
-                    d.insert_range(q, q + 1);
+                if slot.is_some_and(|s| self.slots.is_valid(s, q)) {
+                    add(&mut self.wb.dirty, f, q, q + 1, ppf);
+                } else {
+                    // Recorded dirty but not restored (a bad checksum, a dropped record):
+                    // its only copy is gone.
+                    add(&mut self.wb.lost, f, q, q + 1, ppf);
+                    self.stats.pages_lost += 1;
                 }
             }
         }
-        if !d.is_empty() {
-            self.wb.dirty.insert(f.0, d);
-        }
-        true
+        slot.is_some()
     }
 
     /// Reports a cleaning job: its pages are on the source (`ok`: now clean), or not (they
@@ -415,7 +473,7 @@ impl CacheCore {
     /// Before a write-through write of `[offset, offset + len)`: an error if it touches
     /// dirty pages or pages being cleaned (their data is not on the source yet).
     pub(super) fn wb_check_write(&self, offset: u64, len: u64) -> Result<(), RequestError> {
-        if self.wb.dirty.is_empty() && self.wb.lost.is_empty() {
+        if self.wb.is_clean() {
             return Ok(());
         }
         for (f, lo, hi, _, _) in fragments(self.geo, offset, len) {

@@ -413,6 +413,7 @@ impl EngineSim {
         }
         let len = end - off;
         self.res.requests += 1;
+        self.last_request = t;
         match r.kind {
             IoKind::Read => {
                 let Ok(mut read) = PinnedRead::begin(
@@ -451,7 +452,6 @@ impl EngineSim {
                 done
             }
             IoKind::Write if self.core.config().write_mode == sce_core::WriteMode::WriteBack => {
-                self.last_request = t;
                 self.write_back(t, off, len)
             }
             IoKind::Write => self.write_through(t, off, len),

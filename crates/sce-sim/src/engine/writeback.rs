@@ -88,6 +88,9 @@ impl EngineSim {
             }
         };
         let Some(plan) = plan else {
+            // Not reached with a trace's requests (ranges are clipped, waits end with the
+            // cleaning they wait for); counted as what it cost if it is.
+            self.wlat.record(now - t);
             return now;
         };
         let mut ack = now;

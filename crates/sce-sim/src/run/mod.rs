@@ -80,6 +80,17 @@ impl SimConfig {
         if a.hosts == 0 {
             bail!("invalid --hosts 0: at least one host");
         }
+        let writeback = a.policies.iter().any(|(_, k)| {
+            matches!(k, PolicyKind::Engine(c) if c.write_mode == sce_core::WriteMode::WriteBack)
+        });
+        if writeback && a.hosts > 1 {
+            bail!(
+                "--mode writeback with --hosts {}: hosts sharing a volume in write-back need the \
+                 coherence of issue 16 (another host's write would be overwritten by cleaning); \
+                 not simulated",
+                a.hosts
+            );
+        }
         if a.policies
             .iter()
             .any(|(_, k)| matches!(k, PolicyKind::Reference(_)))
