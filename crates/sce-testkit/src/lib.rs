@@ -91,6 +91,8 @@ pub const TOOLS: &[(&str, &str)] = &[
     ("pgbench", "postgresql"),
     // /metrics is checked by Prometheus' own linter.
     ("promtool", "prometheus"),
+    // Several hosts over one volume coordinate through etcd (issue 16).
+    ("etcd", "etcd-server"),
 ];
 
 /// The Python modules sce's tests import: (module, version, pip requirement).

@@ -1,0 +1,352 @@
+//! An etcd v3 client over the JSON gateway: each call is one HTTP/1.1 POST of a JSON body
+//! to a member's client URL (`/v3/kv/put`, `/v3/kv/range`, `/v3/lease/grant`,
+//! `/v3/lease/keepalive`, `/v3/watch`); keys and values travel base64-encoded. A call that
+//! cannot reach a member (refused, reset, timed out) is tried on the next one, so a
+//! cluster that keeps its quorum keeps serving when one member dies.
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::time::Duration;
+
+/// What went wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdError {
+    /// No member answered.
+    #[error("no etcd member answered ({0})")]
+    Unreachable(String),
+    /// A member answered with an error.
+    #[error("etcd: {0}")]
+    Server(String),
+    /// An answer that is not what the gateway sends.
+    #[error("etcd: bad answer: {0}")]
+    Protocol(String),
+    /// A bad endpoint.
+    #[error("etcd endpoint {0:?}: {1}")]
+    Endpoint(String, String),
+}
+
+/// A key, its value, and the revision that last changed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kv {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The value.
+    pub value: Vec<u8>,
+    /// The cluster revision of its last change.
+    pub mod_revision: i64,
+    /// The lease it is attached to (0: none).
+    pub lease: i64,
+}
+
+/// A change a watch saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A key was put.
+    Put(Kv),
+    /// A key was deleted (or its lease expired), at this revision.
+    Delete {
+        /// The key.
+        key: Vec<u8>,
+        /// The revision of the deletion.
+        mod_revision: i64,
+    },
+}
+
+/// A client of an etcd cluster.
+#[derive(Debug)]
+pub struct Etcd {
+    members: Vec<(String, SocketAddr)>,
+    /// The member tried first (the last one that answered).
+    current: AtomicUsize,
+    timeout: Duration,
+}
+
+fn b64(b: &[u8]) -> String {
+    B64.encode(b)
+}
+
+fn unb64(v: &Value) -> Result<Vec<u8>, EtcdError> {
+    match v.as_str() {
+        None => Ok(Vec::new()),
+        Some(s) => B64
+            .decode(s)
+            .map_err(|e| EtcdError::Protocol(format!("base64: {e}"))),
+    }
+}
+
+/// The gateway writes 64-bit integers as strings.
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::String(s) => s.parse().unwrap_or(0),
+        Value::Number(n) => n.as_i64().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// The end of the range of keys starting with `prefix`.
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+fn kv(v: &Value) -> Result<Kv, EtcdError> {
+    Ok(Kv {
+        key: unb64(&v["key"])?,
+        value: unb64(&v["value"])?,
+        mod_revision: int(&v["mod_revision"]),
+        lease: int(&v["lease"]),
+    })
+}
+
+impl Etcd {
+    /// A client of the members at `endpoints` (`HOST:PORT` or `http://HOST:PORT`), each
+    /// call bounded by `timeout`.
+    pub fn new(endpoints: &[&str], timeout: Duration) -> Result<Etcd, EtcdError> {
+        let mut members = Vec::new();
+        for e in endpoints {
+            let hostport = e.trim_start_matches("http://").trim_end_matches('/');
+            let addr = hostport
+                .to_socket_addrs()
+                .map_err(|err| EtcdError::Endpoint(e.to_string(), err.to_string()))?
+                .next()
+                .ok_or_else(|| EtcdError::Endpoint(e.to_string(), "no address".into()))?;
+            members.push((hostport.to_string(), addr));
+        }
+        if members.is_empty() {
+            return Err(EtcdError::Endpoint(String::new(), "no endpoint".into()));
+        }
+        Ok(Etcd {
+            members,
+            current: AtomicUsize::new(0),
+            timeout,
+        })
+    }
+
+    /// Opens a request to a member that accepts it: the response's headers are read.
+    fn open(&self, path: &str, body: &Value) -> Result<BufReader<TcpStream>, EtcdError> {
+        let body = body.to_string();
+        let n = self.members.len();
+        let first = self.current.load(Relaxed);
+        let mut why = Vec::new();
+        for k in 0..n {
+            let i = (first + k) % n;
+            let (host, addr) = &self.members[i];
+            match self.try_open(host, addr, path, &body) {
+                Ok(r) => {
+                    self.current.store(i, Relaxed);
+                    return Ok(r);
+                }
+                Err(EtcdError::Unreachable(e)) => why.push(format!("{host}: {e}")),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(EtcdError::Unreachable(why.join("; ")))
+    }
+
+    fn try_open(
+        &self,
+        host: &str,
+        addr: &SocketAddr,
+        path: &str,
+        body: &str,
+    ) -> Result<BufReader<TcpStream>, EtcdError> {
+        let io = |e: std::io::Error| EtcdError::Unreachable(e.to_string());
+        let s = TcpStream::connect_timeout(addr, self.timeout).map_err(io)?;
+        s.set_read_timeout(Some(self.timeout)).map_err(io)?;
+        s.set_write_timeout(Some(self.timeout)).map_err(io)?;
+        let mut w = &s;
+        write!(
+            w,
+            "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .map_err(io)?;
+        let mut r = BufReader::new(s);
+        let mut status = String::new();
+        r.read_line(&mut status).map_err(io)?;
+        let code: u16 = status
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| EtcdError::Unreachable(format!("bad status line {status:?}")))?;
+        loop {
+            let mut h = String::new();
+            if r.read_line(&mut h).map_err(io)? == 0 || h == "\r\n" {
+                break;
+            }
+        }
+        match code {
+            200 => Ok(r),
+            // A member without a leader, or shutting down: another may serve.
+            503 => Err(EtcdError::Unreachable(format!("HTTP {code}"))),
+            _ => {
+                let mut rest = String::new();
+                let _ = r.read_to_string(&mut rest);
+                Err(EtcdError::Server(format!("HTTP {code}: {}", rest.trim())))
+            }
+        }
+    }
+
+    /// One call: the whole answer (chunked or not), as one JSON document.
+    fn call(&self, path: &str, body: &Value) -> Result<Value, EtcdError> {
+        let mut r = self.open(path, body)?;
+        let mut text = String::new();
+        r.read_to_string(&mut text)
+            .map_err(|e| EtcdError::Unreachable(e.to_string()))?;
+        // A chunked answer: its JSON starts at the first '{'.
+        let start = text.find('{').unwrap_or(0);
+        let end = text.rfind('}').map_or(text.len(), |e| e + 1);
+        let v: Value = serde_json::from_str(&text[start..end])
+            .map_err(|e| EtcdError::Protocol(format!("{e}: {text}")))?;
+        if let Some(err) = v.get("error") {
+            return Err(EtcdError::Server(err.to_string()));
+        }
+        Ok(v)
+    }
+
+    /// Puts `value` at `key` (attached to `lease` unless 0); the revision it made.
+    pub fn put(&self, key: &[u8], value: &[u8], lease: i64) -> Result<i64, EtcdError> {
+        let mut body = json!({"key": b64(key), "value": b64(value)});
+        if lease != 0 {
+            body["lease"] = json!(lease.to_string());
+        }
+        let v = self.call("/v3/kv/put", &body)?;
+        Ok(int(&v["header"]["revision"]))
+    }
+
+    /// The keys starting with `prefix`, and the cluster's revision.
+    pub fn range_prefix(&self, prefix: &[u8]) -> Result<(Vec<Kv>, i64), EtcdError> {
+        let body = json!({"key": b64(prefix), "range_end": b64(&prefix_end(prefix))});
+        let v = self.call("/v3/kv/range", &body)?;
+        let kvs = v["kvs"]
+            .as_array()
+            .map(|a| a.iter().map(kv).collect::<Result<Vec<_>, _>>())
+            .transpose()?
+            .unwrap_or_default();
+        Ok((kvs, int(&v["header"]["revision"])))
+    }
+
+    /// A lease of `ttl` seconds; its id.
+    pub fn grant(&self, ttl: i64) -> Result<i64, EtcdError> {
+        let v = self.call("/v3/lease/grant", &json!({"TTL": ttl.to_string()}))?;
+        match int(&v["ID"]) {
+            0 => Err(EtcdError::Protocol(format!("no lease id in {v}"))),
+            id => Ok(id),
+        }
+    }
+
+    /// Renews lease `id`; the seconds it has left (0 or less: it has expired).
+    pub fn keep_alive(&self, id: i64) -> Result<i64, EtcdError> {
+        let mut r = self.open("/v3/lease/keepalive", &json!({"ID": id.to_string()}))?;
+        let v = next_json(&mut r)?.ok_or_else(|| EtcdError::Protocol("no answer".into()))?;
+        Ok(int(&v["result"]["TTL"]))
+    }
+
+    /// Watches the keys starting with `prefix` from revision `from` (0: from now on).
+    pub fn watch_prefix(&self, prefix: &[u8], from: i64) -> Result<Watch, EtcdError> {
+        let mut req = json!({"key": b64(prefix), "range_end": b64(&prefix_end(prefix))});
+        if from > 0 {
+            req["start_revision"] = json!(from.to_string());
+        }
+        let mut r = self.open("/v3/watch", &json!({"create_request": req}))?;
+        // The first message confirms the watch.
+        let first = next_json(&mut r)?.ok_or_else(|| EtcdError::Protocol("no answer".into()))?;
+        if first["result"]["created"] != json!(true) {
+            return Err(EtcdError::Protocol(format!("watch not created: {first}")));
+        }
+        Ok(Watch { r })
+    }
+}
+
+/// The next JSON document of a streamed (chunked) answer; None at its end.
+fn next_json(r: &mut BufReader<TcpStream>) -> Result<Option<Value>, EtcdError> {
+    let io = |e: std::io::Error| EtcdError::Unreachable(e.to_string());
+    loop {
+        // A chunk: its size in hex, then the data (one JSON document and a newline, as the
+        // gateway writes them), then CRLF.
+        let mut size = String::new();
+        if r.read_line(&mut size).map_err(io)? == 0 {
+            return Ok(None);
+        }
+        let n = usize::from_str_radix(size.trim(), 16)
+            .map_err(|_| EtcdError::Protocol(format!("bad chunk size {size:?}")))?;
+        if n == 0 {
+            return Ok(None);
+        }
+        let mut data = vec![0u8; n + 2];
+        r.read_exact(&mut data).map_err(io)?;
+        let text = String::from_utf8_lossy(&data[..n]);
+        let text = text.trim();
+        if text.is_empty() {
+            continue;
+        }
+        let v: Value =
+            serde_json::from_str(text).map_err(|e| EtcdError::Protocol(format!("{e}: {text}")))?;
+        if let Some(err) = v.get("error") {
+            return Err(EtcdError::Server(err.to_string()));
+        }
+        return Ok(Some(v));
+    }
+}
+
+/// A watch: its events, in revision order, as they come.
+#[derive(Debug)]
+pub struct Watch {
+    r: BufReader<TcpStream>,
+}
+
+impl Watch {
+    /// The next batch of events; waits up to `timeout` (the client's by default). An empty
+    /// batch: nothing came. An error: the watch ended (start another from the last revision
+    /// seen plus one).
+    pub fn next_events(&mut self, timeout: Duration) -> Result<Vec<Event>, EtcdError> {
+        let _ = self.r.get_ref().set_read_timeout(Some(timeout));
+        let v = match next_json(&mut self.r) {
+            Ok(Some(v)) => v,
+            Ok(None) => return Err(EtcdError::Unreachable("the watch ended".into())),
+            Err(EtcdError::Unreachable(e))
+                if e.contains("timed out") || e.contains("would block") =>
+            {
+                return Ok(Vec::new())
+            }
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::new();
+        for e in v["result"]["events"].as_array().into_iter().flatten() {
+            let k = kv(&e["kv"])?;
+            out.push(match e["type"].as_str() {
+                Some("DELETE") => Event::Delete {
+                    key: k.key,
+                    mod_revision: k.mod_revision,
+                },
+                _ => Event::Put(k),
+            });
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_ends_and_integers() {
+        assert_eq!(prefix_end(b"abc"), b"abd");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff"), vec![0]);
+        assert_eq!(int(&json!("42")), 42);
+        assert_eq!(int(&json!(7)), 7);
+        assert!(Etcd::new(&["not an endpoint"], Duration::from_secs(1)).is_err());
+    }
+}

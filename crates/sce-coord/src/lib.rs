@@ -1,0 +1,9 @@
+//! `sce-coord`: what several hosts caching one volume need to agree (issue 16), on etcd.
+//!
+//! * [`etcd`]: a small etcd v3 client over etcd's JSON gateway (`/v3/...` on the client
+//!   port, etcd 3.4 and later): keys with revisions, leases and their keep-alive, and
+//!   watches from a revision. It fails over between the cluster's members.
+
+pub mod etcd;
+
+pub use etcd::{Etcd, EtcdError, Event, Kv, Watch};

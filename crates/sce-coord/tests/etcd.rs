@@ -1,0 +1,138 @@
+//! The etcd client against a real three-member etcd cluster on loopback (Debian's
+//! etcd-server): keys and revisions, a lease that expires when it is not kept alive, a
+//! watch from a revision, and a member killed while the cluster serves on.
+
+use sce_coord::{Etcd, Event};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// An etcd member, killed on drop.
+struct Member(Child);
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts three members; returns them and their client endpoints.
+fn cluster(dir: &std::path::Path) -> (Vec<Member>, Vec<String>) {
+    let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+    let initial: Vec<String> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("m{i}=http://127.0.0.1:{}", p.1))
+        .collect();
+    let mut members = Vec::new();
+    for (i, (client, peer)) in ports.iter().enumerate() {
+        let child = Command::new("etcd")
+            .args(["--name", &format!("m{i}")])
+            .arg("--data-dir")
+            .arg(dir.join(format!("m{i}")))
+            .args([
+                "--listen-client-urls",
+                &format!("http://127.0.0.1:{client}"),
+                "--advertise-client-urls",
+                &format!("http://127.0.0.1:{client}"),
+                "--listen-peer-urls",
+                &format!("http://127.0.0.1:{peer}"),
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{peer}"),
+                "--initial-cluster",
+                &initial.join(","),
+                "--initial-cluster-state",
+                "new",
+                "--initial-cluster-token",
+                "sce-test",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        members.push(Member(child));
+    }
+    let endpoints = ports.iter().map(|p| format!("127.0.0.1:{}", p.0)).collect();
+    (members, endpoints)
+}
+
+/// Waits (up to 60 s) until a put succeeds.
+fn ready(e: &Etcd) {
+    let t0 = Instant::now();
+    while e.put(b"/sce-test/ready", b"1", 0).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "etcd never came up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn keys_leases_watches_and_a_lost_member() {
+    if !sce_testkit::require_known_tool("etcd") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let (mut members, endpoints) = cluster(d.path());
+    let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+    let e = Etcd::new(&eps, Duration::from_secs(5)).unwrap();
+    ready(&e);
+    // Keys and revisions.
+    let r1 = e.put(b"/sce/vol/a", b"one", 0).unwrap();
+    let r2 = e.put(b"/sce/vol/b", b"two", 0).unwrap();
+    assert!(r2 > r1, "revisions grow: {r1} {r2}");
+    let (kvs, rev) = e.range_prefix(b"/sce/vol/").unwrap();
+    assert_eq!(kvs.len(), 2);
+    assert_eq!(kvs[0].value, b"one");
+    assert_eq!(kvs[1].mod_revision, r2);
+    assert!(rev >= r2);
+    // A watch from r1 sees both puts, then a new one.
+    let mut w = e.watch_prefix(b"/sce/vol/", r1).unwrap();
+    let mut seen = Vec::new();
+    let t0 = Instant::now();
+    while seen.len() < 2 && t0.elapsed() < Duration::from_secs(20) {
+        seen.extend(w.next_events(Duration::from_secs(1)).unwrap());
+    }
+    let r3 = e.put(b"/sce/vol/a", b"three", 0).unwrap();
+    while seen.len() < 3 && t0.elapsed() < Duration::from_secs(20) {
+        seen.extend(w.next_events(Duration::from_secs(1)).unwrap());
+    }
+    let revs: Vec<i64> = seen
+        .iter()
+        .map(|ev| match ev {
+            Event::Put(kv) => kv.mod_revision,
+            Event::Delete { mod_revision, .. } => *mod_revision,
+        })
+        .collect();
+    assert_eq!(revs, vec![r1, r2, r3], "{seen:?}");
+    // A lease kept alive stays; left alone it expires and takes its key along.
+    let lease = e.grant(2).unwrap();
+    e.put(b"/sce/hosts/h1", b"alive", lease).unwrap();
+    assert!(e.keep_alive(lease).unwrap() > 0);
+    let t0 = Instant::now();
+    loop {
+        let (kvs, _) = e.range_prefix(b"/sce/hosts/").unwrap();
+        if kvs.is_empty() {
+            break;
+        }
+        assert_eq!(kvs[0].lease, lease);
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the lease never expired"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // One member dies: the two others keep a quorum, and calls go to them.
+    let dead = members.remove(0);
+    drop(dead);
+    let r4 = e.put(b"/sce/vol/c", b"four", 0).unwrap();
+    assert!(r4 > r3);
+    let (kvs, _) = e.range_prefix(b"/sce/vol/").unwrap();
+    assert_eq!(kvs.len(), 3);
+}
