@@ -252,6 +252,12 @@ impl Etcd {
         Ok(int(&v["result"]["TTL"]))
     }
 
+    /// Revokes lease `id`: its keys are deleted.
+    pub fn revoke(&self, id: i64) -> Result<(), EtcdError> {
+        self.call("/v3/lease/revoke", &json!({"ID": id.to_string()}))
+            .map(|_| ())
+    }
+
     /// Watches the keys starting with `prefix` from revision `from` (0: from now on).
     pub fn watch_prefix(&self, prefix: &[u8], from: i64) -> Result<Watch, EtcdError> {
         let mut req = json!({"key": b64(prefix), "range_end": b64(&prefix_end(prefix))});

@@ -4,6 +4,11 @@
 //!   port, etcd 3.4 and later): keys with revisions, leases and their keep-alive, and
 //!   watches from a revision. It fails over between the cluster's members.
 
+//! * [`member`]: a host's registration under a lease, kept alive, with the local deadline
+//!   until which the host can count on it.
+
 pub mod etcd;
+pub mod member;
 
 pub use etcd::{Etcd, EtcdError, Event, Kv, Watch};
+pub use member::Membership;

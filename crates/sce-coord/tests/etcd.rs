@@ -24,44 +24,68 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Starts three members; returns them and their client endpoints.
-fn cluster(dir: &std::path::Path) -> (Vec<Member>, Vec<String>) {
+/// The command lines of three members, and their client endpoints.
+fn cluster_args(dir: &std::path::Path) -> (Vec<Vec<String>>, Vec<String>) {
     let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
     let initial: Vec<String> = ports
         .iter()
         .enumerate()
         .map(|(i, p)| format!("m{i}=http://127.0.0.1:{}", p.1))
         .collect();
-    let mut members = Vec::new();
+    let mut args = Vec::new();
     for (i, (client, peer)) in ports.iter().enumerate() {
-        let child = Command::new("etcd")
-            .args(["--name", &format!("m{i}")])
-            .arg("--data-dir")
-            .arg(dir.join(format!("m{i}")))
-            .args([
-                "--listen-client-urls",
-                &format!("http://127.0.0.1:{client}"),
-                "--advertise-client-urls",
-                &format!("http://127.0.0.1:{client}"),
-                "--listen-peer-urls",
-                &format!("http://127.0.0.1:{peer}"),
-                "--initial-advertise-peer-urls",
-                &format!("http://127.0.0.1:{peer}"),
-                "--initial-cluster",
-                &initial.join(","),
-                "--initial-cluster-state",
-                "new",
-                "--initial-cluster-token",
-                "sce-test",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        members.push(Member(child));
+        let client = format!("http://127.0.0.1:{client}");
+        let peer = format!("http://127.0.0.1:{peer}");
+        let data = dir.join(format!("m{i}")).display().to_string();
+        let a: Vec<String> = [
+            "--name",
+            &format!("m{i}"),
+            "--data-dir",
+            &data,
+            "--listen-client-urls",
+            &client,
+            "--advertise-client-urls",
+            &client,
+            "--listen-peer-urls",
+            &peer,
+            "--initial-advertise-peer-urls",
+            &peer,
+            "--initial-cluster",
+            &initial.join(","),
+            "--initial-cluster-state",
+            "new",
+            "--initial-cluster-token",
+            "sce-test",
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+        args.push(a);
     }
     let endpoints = ports.iter().map(|p| format!("127.0.0.1:{}", p.0)).collect();
-    (members, endpoints)
+    (args, endpoints)
+}
+
+/// Starts the members of `args` (a member restarted on its data directory rejoins).
+fn start(args: &[Vec<String>]) -> Vec<Member> {
+    args.iter()
+        .map(|a| {
+            Member(
+                Command::new("etcd")
+                    .args(a)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Starts three members; returns them and their client endpoints.
+fn cluster(dir: &std::path::Path) -> (Vec<Member>, Vec<String>) {
+    let (args, endpoints) = cluster_args(dir);
+    (start(&args), endpoints)
 }
 
 /// Waits (up to 60 s) until a put succeeds.
@@ -135,4 +159,76 @@ fn keys_leases_watches_and_a_lost_member() {
     assert!(r4 > r3);
     let (kvs, _) = e.range_prefix(b"/sce/vol/").unwrap();
     assert_eq!(kvs.len(), 3);
+}
+
+/// Waits (up to 60 s) until the host's key is there, once.
+fn registered(e: &Etcd) {
+    let t0 = Instant::now();
+    loop {
+        let (kvs, _) = e.range_prefix(b"/sce/hosts/").unwrap();
+        assert!(kvs.len() <= 1, "registered twice: {kvs:?}");
+        if kvs.len() == 1 {
+            return;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "never registered");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A host's registration under a lease: valid while etcd renews it; when the whole cluster
+/// is gone the host stops counting on it within the lease's time (and never after the
+/// cluster could expire it); when the cluster is back, the host is registered again.
+#[test]
+fn membership_lapses_without_etcd_and_comes_back() {
+    if !sce_testkit::require_known_tool("etcd") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let (args, endpoints) = cluster_args(d.path());
+    let members = start(&args);
+    let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+    let e = Etcd::new(&eps, Duration::from_secs(2)).unwrap();
+    ready(&e);
+    let m = sce_coord::Membership::join(
+        Etcd::new(&eps, Duration::from_secs(2)).unwrap(),
+        b"/sce/hosts/h1",
+        b"h1",
+        2,
+    )
+    .unwrap();
+    let first = m.valid_until();
+    // Renewed: the deadline moves past the first lease's (no bound on when: a loaded
+    // machine may be slow, but a renewal must come).
+    let t0 = Instant::now();
+    while m.valid_until() <= first + Duration::from_millis(500) {
+        assert!(t0.elapsed() < Duration::from_secs(60), "never renewed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    registered(&e);
+    // The whole cluster goes away: the registration lapses.
+    drop(members);
+    let gone = Instant::now();
+    while m.valid() {
+        assert!(
+            gone.elapsed() < Duration::from_secs(30),
+            "still counting on a lease nobody renews"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(m.failures() > 0);
+    // Back: renewed or registered again.
+    let _members = start(&args);
+    let back = Instant::now();
+    while !m.valid() {
+        assert!(
+            back.elapsed() < Duration::from_secs(60),
+            "never registered again"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ready(&e);
+    registered(&e);
+    m.leave().unwrap();
+    let (kvs, _) = e.range_prefix(b"/sce/hosts/").unwrap();
+    assert!(kvs.is_empty(), "leave revokes the lease and its key");
 }

@@ -1,0 +1,145 @@
+//! Membership under a lease: a host registers a key attached to an etcd lease and keeps the
+//! lease alive from a thread. What matters to a cache is [`Membership::valid`]: a local
+//! deadline, never later than the cluster's own expiry of the lease (it counts from before
+//! each renewal was sent, less a margin for clock rates), so a host that stops hearing from
+//! etcd knows it may have been dropped before anyone can act on it (issue 16: such a host
+//! stops serving hits at once).
+
+use crate::etcd::{Etcd, EtcdError};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+struct Inner {
+    etcd: Etcd,
+    key: Vec<u8>,
+    value: Vec<u8>,
+    ttl: i64,
+    /// (lease id, until when this host may count on it).
+    state: Mutex<(i64, Instant)>,
+    stop: AtomicBool,
+    wake: Condvar,
+    /// Renewals and re-registrations that failed (etcd unreachable, lease gone).
+    failures: std::sync::atomic::AtomicU64,
+}
+
+/// A host's registration, kept alive in the background until [`Membership::leave`].
+pub struct Membership {
+    inner: Arc<Inner>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The part of a lease of `ttl` seconds a host counts on: the rest covers clock rates.
+fn usable(ttl: i64) -> Duration {
+    Duration::from_millis((ttl.max(1) as u64) * 900)
+}
+
+impl Inner {
+    /// Grants a new lease and puts the key under it.
+    fn register(&self) -> Result<(), EtcdError> {
+        let sent = Instant::now();
+        let lease = self.etcd.grant(self.ttl)?;
+        self.etcd.put(&self.key, &self.value, lease)?;
+        *self.state.lock().unwrap() = (lease, sent + usable(self.ttl));
+        Ok(())
+    }
+
+    /// One renewal: the lease is renewed, or (expired) replaced.
+    fn renew(&self) -> Result<(), EtcdError> {
+        let lease = self.state.lock().unwrap().0;
+        let sent = Instant::now();
+        match self.etcd.keep_alive(lease)? {
+            left if left > 0 => {
+                let mut st = self.state.lock().unwrap();
+                if st.0 == lease {
+                    st.1 = st.1.max(sent + usable(left));
+                }
+                Ok(())
+            }
+            _ => self.register(),
+        }
+    }
+
+    fn run(&self) {
+        let period = Duration::from_millis((self.ttl.max(1) as u64) * 1000 / 3);
+        loop {
+            let g = self.state.lock().unwrap();
+            let (g, _) = self.wake.wait_timeout(g, period).unwrap();
+            drop(g);
+            if self.stop.load(SeqCst) {
+                return;
+            }
+            if self.renew().is_err() {
+                self.failures.fetch_add(1, SeqCst);
+            }
+        }
+    }
+}
+
+impl Membership {
+    /// Registers `key` = `value` under a lease of `ttl` seconds, and keeps it alive.
+    pub fn join(etcd: Etcd, key: &[u8], value: &[u8], ttl: i64) -> Result<Membership, EtcdError> {
+        let inner = Arc::new(Inner {
+            etcd,
+            key: key.to_vec(),
+            value: value.to_vec(),
+            ttl: ttl.max(1),
+            state: Mutex::new((0, Instant::now())),
+            stop: AtomicBool::new(false),
+            wake: Condvar::new(),
+            failures: Default::default(),
+        });
+        inner.register()?;
+        let i = inner.clone();
+        let thread = std::thread::Builder::new()
+            .name("sce-lease".into())
+            .spawn(move || i.run())
+            .map_err(|e| EtcdError::Protocol(format!("cannot start the lease thread: {e}")))?;
+        Ok(Membership {
+            inner,
+            thread: Some(thread),
+        })
+    }
+
+    /// True while this host can count on its registration (see the module's doc).
+    pub fn valid(&self) -> bool {
+        Instant::now() < self.valid_until()
+    }
+
+    /// Until when this host can count on its registration.
+    pub fn valid_until(&self) -> Instant {
+        self.inner.state.lock().unwrap().1
+    }
+
+    /// The lease now.
+    pub fn lease(&self) -> i64 {
+        self.inner.state.lock().unwrap().0
+    }
+
+    /// Renewals that failed so far.
+    pub fn failures(&self) -> u64 {
+        self.inner.failures.load(SeqCst)
+    }
+
+    /// Stops renewing and revokes the lease (its key goes with it).
+    pub fn leave(mut self) -> Result<(), EtcdError> {
+        self.stop();
+        let lease = self.lease();
+        self.inner.etcd.revoke(lease)
+    }
+
+    fn stop(&mut self) {
+        self.inner.stop.store(true, SeqCst);
+        self.inner.wake.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
