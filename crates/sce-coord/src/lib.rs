@@ -6,8 +6,11 @@
 
 //! * [`member`]: a host's registration under a lease, kept alive, with the local deadline
 //!   until which the host can count on it.
+//! * [`inval`]: invalidate before acknowledge: publish a write's range and wait for every
+//!   other host's acknowledgement (or departure); listen, drop, acknowledge.
 
 pub mod etcd;
+pub mod inval;
 pub mod member;
 
 pub use etcd::{Etcd, EtcdError, Event, Kv, Watch};

@@ -232,3 +232,60 @@ fn membership_lapses_without_etcd_and_comes_back() {
     let (kvs, _) = e.range_prefix(b"/sce/hosts/").unwrap();
     assert!(kvs.is_empty(), "leave revokes the lease and its key");
 }
+
+/// Invalidate before acknowledge: a write's range is published, and `publish` returns only
+/// once the other host has dropped those pages (its callback ran before it acknowledged);
+/// a host that left is not waited for; one that stops listening makes `publish` fail, until
+/// its lease lapses and it counts as gone.
+#[test]
+fn invalidations_are_dropped_everywhere_before_publish_returns() {
+    use sce_coord::inval::{publish, Listener};
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use std::sync::{Arc, Mutex};
+    if !sce_testkit::require_known_tool("etcd") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let (_members, endpoints) = cluster(d.path());
+    let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+    let client = || Etcd::new(&eps, Duration::from_secs(2)).unwrap();
+    let a = client();
+    ready(&a);
+    let p = "/sce/vol0";
+    let ma = sce_coord::Membership::join(client(), b"/sce/vol0/hosts/a", b"a", 2).unwrap();
+    let mb = sce_coord::Membership::join(client(), b"/sce/vol0/hosts/b", b"b", 2).unwrap();
+    // Host b listens in a thread, recording what it dropped.
+    let dropped = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let b = {
+        let (dropped, stop) = (dropped.clone(), stop.clone());
+        let lease = mb.lease();
+        let eb = client();
+        let mut l = Listener::new(&eb, p, "b", 0).unwrap();
+        std::thread::spawn(move || {
+            while !stop.load(SeqCst) {
+                let _ = l.pump(&eb, lease, Duration::from_millis(200), &mut |o, n| {
+                    dropped.lock().unwrap().push((o, n))
+                });
+            }
+        })
+    };
+    for i in 0..5u64 {
+        let range = (i * 4096, 4096);
+        let rev = publish(&a, p, "a", range, Duration::from_secs(30)).unwrap();
+        assert!(rev > 0);
+        assert!(
+            dropped.lock().unwrap().contains(&range),
+            "publish returned before b dropped {range:?}"
+        );
+    }
+    // b stops listening but stays registered: a cannot go ahead (never a stale hit on b).
+    stop.store(true, SeqCst);
+    b.join().unwrap();
+    let e = publish(&a, p, "a", (0, 512), Duration::from_millis(500)).unwrap_err();
+    assert!(e.to_string().contains("did not acknowledge"), "{e}");
+    // b's lease lapses (no renewal): b is gone, and a goes ahead without it.
+    drop(mb);
+    publish(&a, p, "a", (512, 512), Duration::from_secs(30)).unwrap();
+    ma.leave().unwrap();
+}
