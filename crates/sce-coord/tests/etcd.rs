@@ -88,13 +88,21 @@ fn cluster(dir: &std::path::Path) -> (Vec<Member>, Vec<String>) {
     (start(&args), endpoints)
 }
 
-/// Waits (up to 60 s) until a put succeeds.
-fn ready(e: &Etcd) {
+/// Polls `done` every 100 ms until it holds; fails with `what` after `secs` seconds (a
+/// bound on a hung test only: no test asserts how soon).
+fn wait_until(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
     let t0 = Instant::now();
-    while e.put(b"/sce-test/ready", b"1", 0).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(60), "etcd never came up");
+    while !done() {
+        assert!(t0.elapsed() < Duration::from_secs(secs), "{what}");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Waits (up to 60 s) until a put succeeds.
+fn ready(e: &Etcd) {
+    wait_until("etcd never came up", 60, || {
+        e.put(b"/sce-test/ready", b"1", 0).is_ok()
+    });
 }
 
 #[test]
@@ -139,19 +147,11 @@ fn keys_leases_watches_and_a_lost_member() {
     let lease = e.grant(2).unwrap();
     e.put(b"/sce/hosts/h1", b"alive", lease).unwrap();
     assert!(e.keep_alive(lease).unwrap() > 0);
-    let t0 = Instant::now();
-    loop {
+    wait_until("the lease never expired", 30, || {
         let (kvs, _) = e.range_prefix(b"/sce/hosts/").unwrap();
-        if kvs.is_empty() {
-            break;
-        }
-        assert_eq!(kvs[0].lease, lease);
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "the lease never expired"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        assert!(kvs.iter().all(|kv| kv.lease == lease));
+        kvs.is_empty()
+    });
     // One member dies: the two others keep a quorum, and calls go to them.
     let dead = members.remove(0);
     drop(dead);
@@ -163,16 +163,11 @@ fn keys_leases_watches_and_a_lost_member() {
 
 /// Waits (up to 60 s) until the host's key is there, once.
 fn registered(e: &Etcd) {
-    let t0 = Instant::now();
-    loop {
+    wait_until("never registered", 60, || {
         let (kvs, _) = e.range_prefix(b"/sce/hosts/").unwrap();
         assert!(kvs.len() <= 1, "registered twice: {kvs:?}");
-        if kvs.len() == 1 {
-            return;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(60), "never registered");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        kvs.len() == 1
+    });
 }
 
 /// A host's registration under a lease: valid while etcd renews it; when the whole cluster
@@ -199,33 +194,17 @@ fn membership_lapses_without_etcd_and_comes_back() {
     let first = m.valid_until();
     // Renewed: the deadline moves past the first lease's (no bound on when: a loaded
     // machine may be slow, but a renewal must come).
-    let t0 = Instant::now();
-    while m.valid_until() <= first + Duration::from_millis(500) {
-        assert!(t0.elapsed() < Duration::from_secs(60), "never renewed");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until("never renewed", 60, || {
+        m.valid_until() > first + Duration::from_millis(500)
+    });
     registered(&e);
     // The whole cluster goes away: the registration lapses.
     drop(members);
-    let gone = Instant::now();
-    while m.valid() {
-        assert!(
-            gone.elapsed() < Duration::from_secs(30),
-            "still counting on a lease nobody renews"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until("still counting on a lease nobody renews", 30, || !m.valid());
     assert!(m.failures() > 0);
     // Back: renewed or registered again.
     let _members = start(&args);
-    let back = Instant::now();
-    while !m.valid() {
-        assert!(
-            back.elapsed() < Duration::from_secs(60),
-            "never registered again"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until("never registered again", 60, || m.valid());
     ready(&e);
     registered(&e);
     m.leave().unwrap();

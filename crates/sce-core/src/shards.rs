@@ -148,6 +148,12 @@ impl ShardMap {
         ((f.0 % self.n) as usize, FragNo(f.0 / self.n))
     }
 
+    /// Shard `k`'s first local fragment whose global fragment is `g` or after: where a
+    /// range of global fragments starting at `g` starts in shard `k`.
+    pub fn first_local_from(&self, k: usize, g: FragNo) -> FragNo {
+        FragNo(g.0.saturating_sub(k as u64).div_ceil(self.n))
+    }
+
     /// Global fragment of shard `k`'s local fragment `f`.
     pub fn frag_to_global(&self, k: usize, f: FragNo) -> FragNo {
         FragNo(f.0 * self.n + k as u64)

@@ -118,13 +118,18 @@ impl CacheVolume {
     /// which is safe (they hold the source's data), only not evicted.
     pub fn evict(&self, offset: u64, len: u64) -> Result<u64, IoError> {
         self.check_range(sce_io::Op::Discard, offset, len)?;
+        Ok(self.evict_unchecked(offset, len))
+    }
+
+    /// `evict` of a range the caller vouches for (any alignment): the bytes dropped.
+    pub(crate) fn evict_unchecked(&self, offset: u64, len: u64) -> u64 {
         let mut pages = 0;
         for p in self.shared.map.pieces(offset, len) {
             pages += self.shared.cores[p.shard]
                 .write()
                 .evict_range(SourceOffset(p.local), p.len);
         }
-        Ok(pages * sce_core::PAGE_SIZE)
+        pages * sce_core::PAGE_SIZE
     }
 
     /// Forgets everything cached for the volume (the source changed behind the cache's

@@ -129,18 +129,14 @@ pub(crate) fn apply_shares(
     if vols.iter().all(|v| v.share.is_none()) {
         return;
     }
-    let n = map.shards() as u64;
     for (k, core) in cores.iter_mut().enumerate() {
         let slots = core.geometry().slots() as f64;
         let parts: Vec<(sce_core::FragNo, Option<u32>)> = vols
             .iter()
             .map(|v| {
-                // Global fragment g is shard k's local g / n when g % n == k.
-                let first = (v.base / fragment_size)
-                    .saturating_sub(k as u64)
-                    .div_ceil(n);
+                let first = map.first_local_from(k, sce_core::FragNo(v.base / fragment_size));
                 let cap = v.share.map(|f| ((f * slots).floor() as u32).max(1));
-                (sce_core::FragNo(first), cap)
+                (first, cap)
             })
             .collect();
         core.set_shares(&parts);
@@ -372,11 +368,14 @@ impl crate::CacheVolume {
             .ok_or_else(|| IoError::Invalid(format!("no volume {k}")))?;
         if sh.parts.len() > 1 {
             let fsize = 1u64 << sh.fshift;
-            let n = sh.map.shards() as u64;
-            let (first, end) = (p.at.base / fsize, (p.at.base + p.at.size).div_ceil(fsize));
+            let first = sce_core::FragNo(p.at.base / fsize);
+            let end = sce_core::FragNo((p.at.base + p.at.size).div_ceil(fsize));
             for (j, c) in sh.cores.iter().enumerate() {
-                let local = |g: u64| sce_core::FragNo(g.saturating_sub(j as u64).div_ceil(n));
-                c.write().set_disabled(local(first), local(end), on);
+                let (a, b) = (
+                    sh.map.first_local_from(j, first),
+                    sh.map.first_local_from(j, end),
+                );
+                c.write().set_disabled(a, b, on);
             }
         }
         match &sh.persist {
@@ -412,13 +411,7 @@ impl crate::CacheVolume {
         let size = p.at.size.div_ceil(sce_core::PAGE_SIZE) * sce_core::PAGE_SIZE;
         let len = size.min(self.shared.source_size - p.at.base);
         // The volume's whole range, whatever the block size: no range check to fail.
-        let mut pages = 0;
-        for piece in self.shared.map.pieces(p.at.base, len) {
-            pages += self.shared.cores[piece.shard]
-                .write()
-                .evict_range(sce_core::SourceOffset(piece.local), piece.len);
-        }
-        let bytes = pages * sce_core::PAGE_SIZE;
+        let bytes = self.evict_unchecked(p.at.base, len);
         let mut errors = 0;
         if let Some(persist) = &self.shared.persist {
             if persist.bump_generation(k).is_err() {

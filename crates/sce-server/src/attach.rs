@@ -426,9 +426,24 @@ impl Attachable {
         }
     }
 
-    fn count_write(&self, len: u64) {
+    /// Refuses a request beyond the export (on a shared device it would reach another
+    /// export's volume); alignment is the volume's to check.
+    fn within(&self, op: sce_io::Op, offset: u64, len: u64) -> Result<(), IoError> {
+        sce_io::check_range(op, offset, len, self.source.size(), 1)
+    }
+
+    /// `within`, then counts the write or discard (of `len` bytes, `bytes` of them data).
+    fn admit_write(
+        &self,
+        op: sce_io::Op,
+        offset: u64,
+        len: u64,
+        bytes: u64,
+    ) -> Result<(), IoError> {
+        self.within(op, offset, len)?;
         self.counters.write_requests.fetch_add(1, Relaxed);
-        self.counters.write_bytes.fetch_add(len, Relaxed);
+        self.counters.write_bytes.fetch_add(bytes, Relaxed);
+        Ok(())
     }
 }
 
@@ -442,13 +457,7 @@ impl BlockDevice for Attachable {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
-        sce_io::check_range(
-            sce_io::Op::Read,
-            offset,
-            buf.len() as u64,
-            self.source.size(),
-            1,
-        )?;
+        self.within(sce_io::Op::Read, offset, buf.len() as u64)?;
         let gate = self.gate.read();
         match gate.as_deref() {
             Some(v) => {
@@ -461,27 +470,23 @@ impl BlockDevice for Attachable {
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), IoError> {
-        sce_io::check_range(
+        self.admit_write(
             sce_io::Op::Write,
             offset,
             buf.len() as u64,
-            self.source.size(),
-            1,
+            buf.len() as u64,
         )?;
-        self.count_write(buf.len() as u64);
         let b = self.base();
         self.write_with(|v| v.write_at(b + offset, buf), |s| s.write_at(offset, buf))
     }
 
     fn write_shared(&self, offset: u64, data: SharedBytes) -> Result<(), IoError> {
-        sce_io::check_range(
+        self.admit_write(
             sce_io::Op::Write,
             offset,
             data.len() as u64,
-            self.source.size(),
-            1,
+            data.len() as u64,
         )?;
-        self.count_write(data.len() as u64);
         let gate = self.gate.read();
         match gate.as_deref() {
             Some(v) => v.write_shared(self.base() + offset, data),
@@ -501,8 +506,7 @@ impl BlockDevice for Attachable {
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
-        sce_io::check_range(sce_io::Op::Discard, offset, len, self.source.size(), 1)?;
-        self.count_write(0);
+        self.admit_write(sce_io::Op::Discard, offset, len, 0)?;
         let b = self.base();
         self.write_with(|v| v.discard(b + offset, len), |s| s.discard(offset, len))
     }

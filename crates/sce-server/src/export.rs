@@ -247,18 +247,25 @@ pub fn build(spec: &ExportConfig, cfg: &ServeConfig) -> Result<Built> {
     };
     let volume = open_volume(spec, cfg, core, source.clone(), cache_path)?;
     let att = Attachable::new(spec.clone(), cfg.clone(), source, volume);
+    let description = format!("{} cached on {}", spec.source, cache_path.display());
+    Ok(cached(spec, description, att))
+}
+
+/// The export of `spec` served through its cache `att` (NBD CACHE prefetches into it; hits
+/// are read through its I/O queue).
+pub(crate) fn cached(spec: &ExportConfig, description: String, att: Arc<Attachable>) -> Built {
     let a = att.clone();
-    Ok(Built {
+    Built {
         export: Export {
-            name: n.clone(),
-            description: format!("{} cached on {}", spec.source, cache_path.display()),
+            name: spec.name.clone(),
+            description,
             device: att.clone(),
             read_only: spec.read_only,
             prefetch: Some(Arc::new(move |o, l| a.prefetch(o, l))),
             io: Some(ExportIo::Reads(att.clone())),
         },
         volume: Some(att),
-    })
+    }
 }
 
 /// Opens the cache device at `cache_path` (created with the spec's size if missing; a file

@@ -10,7 +10,6 @@ use crate::export::{self, Built};
 use crate::ownership::canonical_name;
 use anyhow::{bail, Context, Result};
 use sce_engine::{CacheVolume, VolumePart};
-use sce_nbd::{Export, ExportIo};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -183,18 +182,7 @@ fn member(
         part.siblings.join(", ")
     );
     let att = Attachable::new_part(s.clone(), cfg.clone(), source, volume.clone(), Some(part));
-    let a = att.clone();
-    Built {
-        export: Export {
-            name: s.name.clone(),
-            description,
-            device: att.clone(),
-            read_only: s.read_only,
-            prefetch: Some(Arc::new(move |o, l| a.prefetch(o, l))),
-            io: Some(ExportIo::Reads(att.clone())),
-        },
-        volume: Some(att),
-    }
+    export::cached(s, description, att)
 }
 
 /// An export's `cache_share`: "40%" or "0.4", a fraction above 0 and at most 1.

@@ -387,30 +387,23 @@ fn exports_sharing_a_device_must_agree_on_its_settings() {
     }
     let d = tempfile::tempdir().unwrap();
     let (cfg, _kits) = setup(d.path());
-    let text = std::fs::read_to_string(&cfg).unwrap() + "";
-    let bad = text.replacen("fragment_size = \"256KiB\"", "fragment_size = \"1MiB\"", 1);
-    std::fs::write(&cfg, bad).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_sce"))
-        .args(["serve", "--config", cfg.to_str().unwrap(), "--listen"])
-        .arg(format!("unix:{}", d.path().join("s.sock").display()))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    // `sce serve` with the config `text`, which must fail: its error.
+    let refused = |text: String| {
+        std::fs::write(&cfg, text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_sce"))
+            .args(["serve", "--config", cfg.to_str().unwrap(), "--listen"])
+            .arg(format!("unix:{}", d.path().join("s.sock").display()))
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = refused(text.replacen("fragment_size = \"256KiB\"", "fragment_size = \"1MiB\"", 1));
     assert!(
         err.contains("share the cache device") && err.contains("cache settings"),
         "{err}"
     );
-    let bad = text.replace("cache_share = \"50%\"", "cache_share = \"150%\"");
-    std::fs::write(&cfg, bad).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_sce"))
-        .args(["serve", "--config", cfg.to_str().unwrap(), "--listen"])
-        .arg(format!("unix:{}", d.path().join("s.sock").display()))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("cache_share"),
-        "{err}"
-    );
+    let err = refused(text.replace("cache_share = \"50%\"", "cache_share = \"150%\""));
+    assert!(err.contains("cache_share"), "{err}");
 }

@@ -119,16 +119,20 @@ fn nbdinfo(s: &Serve, tls_dir: Option<&Path>) -> Output {
 
 /// `qemu-img info` or `qemu-io -c ...` (`args`) over TLS with the credentials in `dir`.
 fn qemu(tool: &str, s: &Serve, dir: &Path, args: &[&str]) -> Output {
+    let creds = format!(
+        "tls-creds-x509,id=tls0,endpoint=client,dir={}",
+        dir.display()
+    );
+    qemu_with(tool, s, &creds, args)
+}
+
+/// `qemu(...)` with the QEMU credentials object `creds` (id `tls0`).
+fn qemu_with(tool: &str, s: &Serve, creds: &str, args: &[&str]) -> Output {
     let mut c = Command::new(tool);
     if tool == "qemu-img" {
         c.args(args);
     }
-    c.arg("--object")
-        .arg(format!(
-            "tls-creds-x509,id=tls0,endpoint=client,dir={}",
-            dir.display()
-        ))
-        .arg("--image-opts");
+    c.arg("--object").arg(creds).arg("--image-opts");
     if tool != "qemu-img" {
         c.args(args);
     }
@@ -368,23 +372,11 @@ fn tls_psk_with_real_clients_and_refusals() {
     let o = text(&run(Command::new("nbdinfo").arg(uri(&good))));
     assert!(o.contains("with TLS") && o.contains("67108864"), "{o}");
     let psk = |tool: &str, dir: &Path, args: &[&str]| {
-        let mut c = Command::new(tool);
-        if tool == "qemu-img" {
-            c.args(args);
-        }
-        c.arg("--object")
-            .arg(format!(
-                "tls-creds-psk,id=tls0,endpoint=client,dir={},username=alice",
-                dir.display()
-            ))
-            .arg("--image-opts");
-        if tool != "qemu-img" {
-            c.args(args);
-        }
-        run(c.arg(format!(
-            "driver=nbd,host=127.0.0.1,port={},tls-creds=tls0",
-            s.port
-        )))
+        let creds = format!(
+            "tls-creds-psk,id=tls0,endpoint=client,dir={},username=alice",
+            dir.display()
+        );
+        qemu_with(tool, &s, &creds, args)
     };
     let o = psk("qemu-img", &good, &["info"]);
     assert!(

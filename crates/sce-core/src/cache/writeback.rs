@@ -315,28 +315,18 @@ impl CacheCore {
         let parts = self.wb.writes.remove(id.0).ok_or(RequestError::UnknownId)?;
         let ppf = self.geo.pages_per_fragment();
         for p in parts {
-            let bm = self.slots.bitmap_mut(p.slot);
             if ok {
-                bitmap::set_range(bm, p.lo, p.hi);
+                bitmap::set_range(self.slots.bitmap_mut(p.slot), p.lo, p.hi);
                 add(&mut self.wb.dirty, p.frag, p.lo, p.hi, ppf);
                 remove(&mut self.wb.lost, p.frag, p.lo, p.hi);
                 for &q in &p.spoiled {
                     // Its other bytes were the source's of before a `forget`.
                     bitmap::clear_range(self.slots.bitmap_mut(p.slot), q, q + 1);
-                    remove(&mut self.wb.dirty, p.frag, q, q + 1);
-                    add(&mut self.wb.lost, p.frag, q, q + 1, ppf);
-                    self.stats.pages_lost += 1;
+                    self.lose_dirty(p.frag, q, q + 1);
                 }
             } else {
-                bitmap::clear_range(bm, p.lo, p.hi);
-                if let Some(d) = self.wb.dirty.get(&p.frag.0) {
-                    let gone: Vec<u32> = (p.lo..p.hi).filter(|&q| d.contains(q)).collect();
-                    for q in gone {
-                        add(&mut self.wb.lost, p.frag, q, q + 1, ppf);
-                        self.stats.pages_lost += 1;
-                    }
-                }
-                remove(&mut self.wb.dirty, p.frag, p.lo, p.hi);
+                bitmap::clear_range(self.slots.bitmap_mut(p.slot), p.lo, p.hi);
+                self.lose_dirty(p.frag, p.lo, p.hi);
                 self.stats.writeback_failures += 1;
             }
             self.slots.unpin(p.slot);
@@ -355,9 +345,14 @@ impl CacheCore {
     /// The next cleaning job among the dirty fragments that overlap `[offset, offset+len)`
     /// (`sce ctl clean RANGE`, a detach draining its export), in source order.
     pub fn pick_clean_in(&mut self, offset: SourceOffset, len: u64) -> Option<CleanJob> {
-        let shift = self.geo.fragment_shift();
-        let (first, end) = (offset.0 >> shift, (offset.0 + len).div_ceil(1 << shift));
+        let (first, end) = self.frag_span(offset, len);
         self.pick_in(first, end, false)
+    }
+
+    /// The fragments `[first, end)` that `[offset, offset + len)` touches.
+    fn frag_span(&self, offset: SourceOffset, len: u64) -> (u64, u64) {
+        let shift = self.geo.fragment_shift();
+        (offset.0 >> shift, (offset.0 + len).div_ceil(1 << shift))
     }
 
     /// The first dirty fragment in `[first, end)` (then, with `wrap`, before `first`) with
@@ -403,8 +398,7 @@ impl CacheCore {
 
     /// Dirty pages in `[offset, offset + len)`.
     pub fn dirty_in(&self, offset: SourceOffset, len: u64) -> u64 {
-        let shift = self.geo.fragment_shift();
-        let (first, end) = (offset.0 >> shift, (offset.0 + len).div_ceil(1 << shift));
+        let (first, end) = self.frag_span(offset, len);
         self.wb
             .dirty
             .range(first..end)
@@ -424,8 +418,7 @@ impl CacheCore {
                 } else {
                     // Recorded dirty but not restored (a bad checksum, a dropped record):
                     // its only copy is gone.
-                    add(&mut self.wb.lost, f, q, q + 1, ppf);
-                    self.stats.pages_lost += 1;
+                    self.lose_page(f, q);
                 }
             }
         }
@@ -503,15 +496,25 @@ impl CacheCore {
 
     /// A cached page of `f` went bad (`[lo, hi)`): those that were dirty are lost.
     pub(super) fn lose_dirty(&mut self, f: FragNo, lo: u32, hi: u32) {
-        let ppf = self.geo.pages_per_fragment();
         let gone: Vec<u32> = match self.wb.dirty.get(&f.0) {
             Some(d) => (lo..hi).filter(|&q| d.contains(q)).collect(),
             None => return,
         };
         for q in gone {
-            add(&mut self.wb.lost, f, q, q + 1, ppf);
-            self.stats.pages_lost += 1;
+            self.lose_page(f, q);
         }
         remove(&mut self.wb.dirty, f, lo, hi);
+    }
+
+    /// Page `q` of `f` had the only copy of its data, and it is gone.
+    fn lose_page(&mut self, f: FragNo, q: u32) {
+        add(
+            &mut self.wb.lost,
+            f,
+            q,
+            q + 1,
+            self.geo.pages_per_fragment(),
+        );
+        self.stats.pages_lost += 1;
     }
 }

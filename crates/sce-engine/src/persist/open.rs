@@ -69,12 +69,13 @@ fn load_stats(sb: &Superblock, r: &ScanReport, formatted_now: bool, why: String)
 }
 
 /// Why what the device holds for volume `v` (its table entry `t`) cannot be trusted, if
-/// it cannot (besides the device being an older copy).
+/// it cannot (besides the device being an older copy). `identity_hash`: the source's now,
+/// to compare with the recorded one (None: the device was formatted now).
 fn reasons(
     v: &Trusted<'_>,
     t: &sce_store::Volume,
     reattach: bool,
-    identity_hash: [u8; sce_store::superblock::IDENTITY_BYTES],
+    identity_hash: Option<[u8; sce_store::superblock::IDENTITY_BYTES]>,
 ) -> Vec<String> {
     let zero = [0; sce_store::superblock::IDENTITY_BYTES];
     let mut why = Vec::new();
@@ -87,6 +88,9 @@ fn reasons(
                 .to_string(),
         );
     }
+    let Some(identity_hash) = identity_hash else {
+        return why;
+    };
     match &v.identity {
         None => why.push("the source cannot be identified".into()),
         Some(_) if t.identity == zero => {
@@ -297,16 +301,14 @@ impl Persist {
         for v in vols {
             let vi = v.index;
             let identity_hash = v.identity.map_or(zero, sce_store::identity_hash);
-            let mut why = reasons(v, &sb.volumes[vi], cfg.reattach, identity_hash);
+            // A device formatted now has nothing of the source to doubt.
+            let source = (!formatted_now).then_some(identity_hash);
+            let mut why = reasons(v, &sb.volumes[vi], cfg.reattach, source);
             if sb.volumes[vi].detached {
                 sb.volumes[vi].detached = false;
                 changed = true;
             }
-            if formatted_now {
-                why.retain(|w| w.starts_with("asked") || w.starts_with("the cache was detached"));
-            } else {
-                why.extend(older.clone());
-            }
+            why.extend(older.clone());
             if !why.is_empty() {
                 sb.volumes[vi].generation = sb.volumes[vi].generation.wrapping_add(1);
                 if sb.volumes[vi].identity == zero {
