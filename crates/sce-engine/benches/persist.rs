@@ -345,6 +345,7 @@ fn startup_part(dir: &std::path::Path, cache_size: u64) {
                         volume: 1,
                         generation: 1,
                         bitmap: &bitmap,
+                        dirty: &[],
                     },
                     |p| {
                         let page = frag_in(s) * pages + p as u64;

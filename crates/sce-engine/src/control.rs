@@ -5,6 +5,7 @@
 use crate::volume::CacheVolume;
 use sce_core::{CoreConfig, SourceOffset};
 use sce_io::IoError;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 impl CacheVolume {
@@ -31,7 +32,15 @@ impl CacheVolume {
             next.population_adaptive = adaptive;
         }
         next.validate()?;
-        crate::volume::engine_supports(&next)?;
+        let wb = sce_core::WriteMode::WriteBack;
+        if (next.write_mode == wb) != (cfg.write_mode == wb) {
+            return Err(sce_core::ConfigError::new(
+                "mode",
+                "writeback is chosen when the cache starts: restart it with --mode to enter or \
+                 leave it (leaving: `sce ctl flush --to-source` first)"
+                    .into(),
+            ));
+        }
         // Each shard gets its share, as when the volume was built.
         let part = self.shared.map.shard_config(&next);
         let shard_tune = sce_core::Retune {
@@ -150,5 +159,56 @@ impl CacheVolume {
         };
         tracing::info!(fragments = n, "cache forgotten");
         (n, errors)
+    }
+}
+
+/// Write-back's state and counters (`CacheVolume::writeback_stats`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WriteBackStats {
+    /// Bytes (4 KiB pages) only the cache holds now.
+    pub dirty_bytes: u64,
+    /// Bytes whose dirty data was lost (reads of them fail).
+    pub lost_bytes: u64,
+    /// Writes that waited for cleaning or a metadata round (backpressure).
+    pub waits: u64,
+    /// Bytes the cleaner wrote to the source.
+    pub bytes_cleaned: u64,
+    /// Cleaning jobs that failed (source errors), retried with backoff.
+    pub clean_errors: u64,
+    /// The last cleaning error ("" if none).
+    pub last_clean_error: String,
+}
+
+impl crate::CacheVolume {
+    /// Write-back's state, None in the other modes.
+    pub fn writeback_stats(&self) -> Option<WriteBackStats> {
+        let s = &self.shared;
+        let wb = s.wb.as_ref()?;
+        let (mut dirty, mut lost) = (0, 0);
+        for c in s.cores.iter() {
+            let core = c.read();
+            dirty += core.dirty_pages();
+            lost += core.lost_pages();
+        }
+        Some(WriteBackStats {
+            dirty_bytes: dirty * sce_core::PAGE_SIZE,
+            lost_bytes: lost * sce_core::PAGE_SIZE,
+            waits: wb.waits.load(Relaxed),
+            bytes_cleaned: wb.bytes_cleaned.load(Relaxed),
+            clean_errors: wb.clean_errors.load(Relaxed),
+            last_clean_error: wb.last_clean_error.lock().clone(),
+        })
+    }
+
+    /// Writes every dirty page of `range` (global offset, length; everything if None) to
+    /// the source and flushes it (`sce ctl flush --to-source`, detach). Returns the bytes
+    /// cleaned meanwhile. Fails if no page could be cleaned for `patience` (the source
+    /// keeps failing). Without write-back, flushes the source.
+    pub fn flush_to_source(
+        &self,
+        range: Option<(u64, u64)>,
+        patience: std::time::Duration,
+    ) -> Result<u64, IoError> {
+        self.shared.flush_to_source(range, patience)
     }
 }

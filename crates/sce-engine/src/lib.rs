@@ -6,7 +6,9 @@
 
 mod awt;
 mod brlock;
+mod cleaner;
 mod control;
+mod device;
 mod flusher;
 mod health;
 pub mod parts;
@@ -19,8 +21,10 @@ mod shared;
 pub mod stats;
 mod verify;
 pub mod volume;
+mod wback;
 mod write;
 
+pub use control::WriteBackStats;
 pub use parts::VolumePart;
 pub use persist::{PersistConfig, PersistStats};
 pub use stats::VolumeStats;

@@ -65,6 +65,9 @@ impl Shared {
     fn read_timed(&self, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
         let len = buf.len() as u64;
         if self.passthrough.load(Relaxed) {
+            if self.lost_now(offset, len) {
+                return Err(crate::wback::lost_error(Op::Read, offset, len));
+            }
             let r = self.source.read_at(offset, buf);
             if r.is_ok() {
                 self.counters.source_bytes_read.add(len);
@@ -238,6 +241,7 @@ impl Shared {
         pieces: &[&PlannedPiece],
     ) -> Result<(), IoError> {
         let mut result = Ok(());
+        let mut lost = None;
         let (mut from_source, mut from_cache) = (0, 0);
         let mut span: Option<SourceSpan> = None;
         let mut source_read = |span: SourceSpan, buf: &mut [u8], from_source: &mut u64| {
@@ -263,6 +267,9 @@ impl Shared {
                         let dst = &mut buf[at as usize..(at + run.len) as usize];
                         if self.read_cache_run(c.0, offset + at, dst, expect) {
                             from_cache += run.len;
+                        } else if self.lost_now(offset + at, run.len) {
+                            // Dirty data that went bad: never the source's older bytes.
+                            lost = Some(crate::wback::lost_error(Op::Read, offset + at, run.len));
                         } else {
                             // Unreadable or bad cached data: serve the run from the source.
                             source_read((offset + at, at, run.len), buf, &mut from_source);
@@ -289,7 +296,10 @@ impl Shared {
         if from_cache > 0 {
             self.counters.cache_bytes_read.add(from_cache);
         }
-        result
+        match lost {
+            Some(e) => Err(e),
+            None => result,
+        }
     }
 
     /// Writes a read's inline fills (admission `always`, core shard `k`) from the data it read into `buf`

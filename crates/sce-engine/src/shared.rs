@@ -77,6 +77,8 @@ pub(crate) struct Shared {
     /// The I/O queue hits are read through, once the server gave one
     /// ([`crate::CacheVolume::serve_hits_from`]).
     pub(crate) hits: std::sync::OnceLock<crate::queued::HitQueue>,
+    /// Write-back mode's state (None in the other modes).
+    pub(crate) wb: Option<crate::wback::WbEngine>,
 }
 
 /// The `IoError` for a request the core refused.
@@ -102,9 +104,8 @@ pub(crate) fn request_error(
             align: lbs,
         },
         RequestError::UnknownId => IoError::Invalid("internal: unknown operation id".into()),
-        e @ (RequestError::Lost { .. } | RequestError::Dirty { .. }) => {
-            IoError::Invalid(e.to_string())
-        }
+        RequestError::Lost { .. } => crate::wback::lost_error(op, offset, len),
+        e @ RequestError::Dirty { .. } => IoError::Invalid(e.to_string()),
     }
 }
 

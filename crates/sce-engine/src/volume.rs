@@ -11,7 +11,7 @@
 //! files: `read`, `write`, `awt`, `population`, `flusher` (with `persist`), `health` and
 //! `verify`, over the state they share (`shared`).
 
-use crate::awt::{awt_writer, AwtJob, AwtQueue, Payload};
+use crate::awt::{awt_writer, AwtJob, AwtQueue};
 use crate::brlock::BrLock;
 use crate::flusher::{flusher, intent_writer};
 use crate::parts::{PartInfo, Placed};
@@ -21,11 +21,8 @@ use crate::queued::HitQueue;
 use crate::shared::{LogShard, Shared, LOG_SHARDS};
 use crate::stats::{Counters, VolumeStats};
 use parking_lot::{Condvar, Mutex};
-use sce_core::{CacheCore, ConfigError, CoreConfig, FragNo, ShardMap, SlotNo};
-use sce_io::{
-    check_range, BlockDevice, IoError, IoQueue, Op, QueuedReads, SharedBytes, SliceDevice,
-    StartedRead,
-};
+use sce_core::{CacheCore, ConfigError, CoreConfig, ShardMap, SlotNo};
+use sce_io::{BlockDevice, IoError, IoQueue, SliceDevice};
 use sce_store::CrcTable;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -48,6 +45,9 @@ pub struct EngineConfig {
     /// Cache-device errors (I/O errors, checksum mismatches, metadata failures) after which
     /// the cache disables itself and passes I/O through to the source.
     pub error_limit: u64,
+    /// Write-back: how long a write waits for room (cleaning, a metadata round) before it
+    /// fails; the cache device or the source is then not keeping up at all.
+    pub writeback_wait: Duration,
     /// Keep the cache contents on the cache device across restarts (see `persist`). The
     /// cache device then holds the metadata as well as the data.
     pub persist: Option<PersistConfig>,
@@ -82,6 +82,7 @@ impl Default for EngineConfig {
             background_population: true,
             verify: true,
             error_limit: 16,
+            writeback_wait: Duration::from_secs(120),
             persist: None,
             core_shards: 0,
         }
@@ -105,7 +106,7 @@ pub enum EngineError {
 /// A cached volume. Thread-safe: share it with `Arc` and call it from any number of threads.
 pub struct CacheVolume {
     pub(crate) shared: Arc<Shared>,
-    awt: AwtQueue,
+    pub(crate) awt: AwtQueue,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -132,12 +133,15 @@ struct OpenedCore {
 
 /// Refuses what the core has and the engine does not drive yet: write-back (issue 15; see
 /// docs/WRITEBACK.md).
-pub(crate) fn engine_supports(cfg: &CoreConfig) -> Result<(), ConfigError> {
-    if cfg.write_mode == sce_core::WriteMode::WriteBack {
+pub(crate) fn engine_supports(
+    cfg: &CoreConfig,
+    persist: Option<&PersistConfig>,
+) -> Result<(), ConfigError> {
+    if cfg.write_mode == sce_core::WriteMode::WriteBack && !persist.is_some_and(|p| p.journal) {
         return Err(ConfigError::new(
             "mode",
-            "writeback is not in sce serve yet: the core and the simulator run it \
-             (sce sim --mode writeback); see docs/WRITEBACK.md"
+            "writeback needs a persistent cache with its write journal (dirty data must \
+             survive a crash); see docs/WRITEBACK.md"
                 .into(),
         ));
     }
@@ -205,8 +209,10 @@ fn open_core(
     let data: Arc<dyn BlockDevice> =
         Arc::new(SliceDevice::new(cache, l.data_offset, l.data_bytes())?);
     let (mut cores, map) = build_cores(&core_cfg, config, source.size(), data.size())?;
-    restore(&mut cores, &map, &loaded, l.bitmap_words());
+    crate::wback::restore(&mut cores, &map, &loaded, l.bitmap_words());
+    crate::wback::check_dirty(&core_cfg, &loaded)?;
     crate::parts::apply_shares(&mut cores, &map, vols, core_cfg.fragment_size);
+    crate::wback::hold_dirty(&mut cores, &map, &persist, &loaded);
     persist.start(
         |s| {
             let (k, local) = map.slot_to_local(SlotNo(s));
@@ -224,25 +230,6 @@ fn open_core(
         data,
         seeds,
     })
-}
-
-/// Restores what the store loaded into the core shards: each record goes to the shard that
-/// owns its (global) slot, and is dropped if its fragment belongs to another shard (the
-/// shard count changed): `Persist::start` then puts an intent on the slot, so the record is
-/// never trusted again.
-fn restore(cores: &mut [CacheCore], map: &ShardMap, loaded: &sce_store::Loaded, words: usize) {
-    let mut per: Vec<Vec<(SlotNo, FragNo, &[u64])>> = vec![Vec::new(); cores.len()];
-    for (i, &(s, f)) in loaded.entries.iter().enumerate() {
-        let (k, local) = map.slot_to_local(SlotNo(s));
-        let (kf, lf) = map.frag_to_local(FragNo(f));
-        if k == kf && local.0 < map.slots(k) {
-            per[k].push((local, lf, &loaded.bitmaps[i * words..(i + 1) * words]));
-        }
-    }
-    for (core, entries) in cores.iter_mut().zip(per) {
-        core.track_dirty();
-        core.restore(entries);
-    }
 }
 
 /// Starts a named thread running `f` on the shared state.
@@ -284,6 +271,14 @@ fn start_threads(
             format!("sce-pop-{i}"),
             "population",
             move |s| population_worker(s, i),
+        )?);
+    }
+    if shared.wb.is_some() {
+        threads.push(spawn(
+            shared,
+            "sce-clean".into(),
+            "cleaner",
+            crate::cleaner::cleaner,
         )?);
     }
     if shared.persist.is_some() {
@@ -332,7 +327,7 @@ impl CacheVolume {
         cache: Arc<dyn BlockDevice>,
         config: EngineConfig,
     ) -> Result<CacheVolume, EngineError> {
-        engine_supports(&config.core)?;
+        engine_supports(&config.core, config.persist.as_ref())?;
         let lbs = source
             .logical_block_size()
             .max(cache.logical_block_size())
@@ -377,6 +372,8 @@ impl CacheVolume {
             intent_pending: Mutex::new(false),
             intent_wake: Condvar::new(),
             hits: std::sync::OnceLock::new(),
+            wb: (config.core.write_mode == sce_core::WriteMode::WriteBack)
+                .then(|| crate::wback::WbEngine::new(config.writeback_wait)),
         });
         let (tx, rx) = crossbeam_channel::unbounded::<AwtJob>();
         let threads = start_threads(&shared, &config, rx)?;
@@ -524,69 +521,5 @@ impl CacheVolume {
 impl Drop for CacheVolume {
     fn drop(&mut self) {
         self.shutdown();
-    }
-}
-
-impl QueuedReads for CacheVolume {
-    fn start_read(&self, offset: u64, len: u64) -> Option<StartedRead> {
-        check_range(
-            Op::Read,
-            offset,
-            len,
-            self.shared.source_size,
-            self.shared.lbs,
-        )
-        .ok()?;
-        self.shared.start_hit(offset, len)
-    }
-
-    fn queue(&self) -> Option<Arc<dyn IoQueue>> {
-        self.shared.hit_queue()
-    }
-}
-
-impl BlockDevice for CacheVolume {
-    fn size(&self) -> u64 {
-        self.shared.source.size()
-    }
-
-    fn logical_block_size(&self) -> u32 {
-        self.shared.lbs
-    }
-
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
-        let s = &self.shared;
-        check_range(Op::Read, offset, buf.len() as u64, s.source.size(), s.lbs)?;
-        s.read(offset, buf)
-    }
-
-    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), IoError> {
-        let s = &self.shared;
-        check_range(Op::Write, offset, buf.len() as u64, s.source.size(), s.lbs)?;
-        self.timed_write(|| s.write(&self.awt, offset, Payload::Borrowed(buf)))
-    }
-
-    fn write_shared(&self, offset: u64, data: SharedBytes) -> Result<(), IoError> {
-        let s = &self.shared;
-        check_range(Op::Write, offset, data.len() as u64, s.source.size(), s.lbs)?;
-        self.timed_write(|| s.write(&self.awt, offset, Payload::Shared(data)))
-    }
-
-    fn flush(&self) -> Result<(), IoError> {
-        // The source is the system of record: every acknowledged write is on it. The cache's
-        // records need no flush here: their ordering is the intents' business.
-        self.shared.source.flush()
-    }
-
-    fn discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
-        let s = &self.shared;
-        check_range(Op::Discard, offset, len, s.source.size(), s.lbs)?;
-        self.timed_write(|| s.discard(offset, len))
-    }
-
-    /// The source's allocation: the source is the system of record, holding every
-    /// acknowledged write (and a discard punches its hole there).
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<sce_io::Extent>, IoError> {
-        self.shared.source.extents(offset, len)
     }
 }

@@ -201,6 +201,7 @@ fn torn_garbage_old_and_foreign_journal_blocks_are_ignored() {
         volume: sb.volumes[0].id,
         first,
         pages,
+        dirty: None,
     };
     let put = |at: u32, img: &[u8]| {
         let mut b = AlignedBuf::new(4096);

@@ -4,12 +4,14 @@
 //! The source is always the truth: client I/O here is single-threaded, so at any moment no
 //! client write is in flight and every block must read back exactly as the source holds it.
 
-use parking_lot::Mutex;
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 use sce_core::{Admission, CoreConfig, WriteMode};
 use sce_engine::{CacheVolume, EngineConfig, PersistConfig};
-use sce_io::{AlignedBuf, BlockDevice, FaultDevice, IoError, MemDevice, Op, SliceDevice};
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+mod common;
+
+use common::crash::CrashDevice;
+use sce_io::{AlignedBuf, BlockDevice, FaultDevice, MemDevice, Op, SliceDevice};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -152,102 +154,6 @@ fn foreign_and_damaged_devices_are_refused_clearly() {
 }
 
 /// Unflushed writes: where, and what was there before.
-type UndoLog = Vec<(u64, Vec<u8>)>;
-
-/// A device of a machine that can crash. After the crash every write, discard and flush
-/// fails. A *volatile* device (the cache) keeps its unflushed writes in an undo log, and
-/// `crash` undoes a random subset of them (a volatile write cache losing its content at power
-/// loss); a durable one (the source, the system of record) keeps every acknowledged write.
-struct CrashDevice {
-    inner: Arc<MemDevice>,
-    undo: Option<Mutex<UndoLog>>,
-    frozen: Arc<AtomicBool>,
-}
-
-impl CrashDevice {
-    fn volatile(inner: Arc<MemDevice>, frozen: Arc<AtomicBool>) -> Self {
-        CrashDevice {
-            inner,
-            undo: Some(Mutex::new(Vec::new())),
-            frozen,
-        }
-    }
-    fn durable(inner: Arc<MemDevice>, frozen: Arc<AtomicBool>) -> Self {
-        CrashDevice {
-            inner,
-            undo: None,
-            frozen,
-        }
-    }
-    fn crash(&self, rng: &mut SmallRng) -> usize {
-        let mut undo = self
-            .undo
-            .as_ref()
-            .expect("only a volatile device loses writes")
-            .lock();
-        self.frozen.store(true, SeqCst);
-        let mut lost = 0;
-        for (off, old) in undo.drain(..).rev() {
-            if rng.gen_bool(0.5) {
-                self.inner.write_at(off, &old).unwrap();
-                lost += 1;
-            }
-        }
-        lost
-    }
-    fn alive(&self, op: Op) -> Result<(), IoError> {
-        if self.frozen.load(SeqCst) {
-            return Err(IoError::Injected {
-                op,
-                offset: 0,
-                len: 0,
-            });
-        }
-        Ok(())
-    }
-}
-
-impl BlockDevice for CrashDevice {
-    /// The memory device's: in this model nobody else writes the source between runs.
-    fn identity(&self) -> Option<String> {
-        self.inner.identity()
-    }
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), IoError> {
-        let Some(undo) = &self.undo else {
-            self.alive(Op::Write)?;
-            return self.inner.write_at(offset, buf);
-        };
-        // Held across the check and the write, so a crash sees the write whole or not at all.
-        let mut undo = undo.lock();
-        self.alive(Op::Write)?;
-        let mut old = vec![0u8; buf.len()];
-        self.inner.read_at(offset, &mut old)?;
-        undo.push((offset, old));
-        self.inner.write_at(offset, buf)
-    }
-    fn flush(&self) -> Result<(), IoError> {
-        let Some(undo) = &self.undo else {
-            return self.alive(Op::Flush);
-        };
-        let mut undo = undo.lock();
-        self.alive(Op::Flush)?;
-        undo.clear();
-        Ok(())
-    }
-    fn discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
-        self.write_at(offset, &vec![0u8; len as usize])
-    }
-}
-
 /// How the crash iterations journal writes: on with the whole ring, off, or on with a ring
 /// of this many blocks (a tiny ring fills up and writes fall back to intents).
 #[derive(Clone, Copy, Debug)]
@@ -794,6 +700,7 @@ fn a_relabelled_entry_is_caught_by_its_page_checksums() {
                 volume: *volume,
                 generation: *generation,
                 bitmap,
+                dirty: &[],
             },
             |p| crcs[p as usize],
         );

@@ -21,7 +21,21 @@
 //! | 16 | [u8; 16] | device UUID |
 //! | 32 | u64 | sequence number |
 //! | 40 | u32 | the block's index in the ring |
-//! | 64 + 16*i | entry | fragment u64, volume id u16, reserved u16, first page u16, pages u16 |
+//! | 64 + 32*i | entry | see below |
+//!
+//! An entry (32 bytes): fragment u64, volume id u16, kind u16 (0: pages about to change on
+//! the source, 1: a dirty page), first page u16, pages u16, then for a dirty page (format 4,
+//! write-back): slot u32, the page's new checksum u32, its previous checksum u32, what the
+//! page was before (u8: 0 not valid, 1 clean, 2 dirty), reserved u8, the page's length u16.
+//!
+//! # Dirty entries (write-back)
+//! A write-back write appends one dirty entry per page it writes, and waits until they are
+//! durable, *before* it writes the data into the slot. At load the live entries are
+//! replayed in sequence order over the records: a dirty entry makes its slot hold its
+//! fragment and the page a candidate, and the page's data is read and checked: the new
+//! checksum means the write landed (valid, dirty), the previous one that it did not (valid,
+//! as it was before), neither that the data is torn: the page is invalid, and **lost** if it
+//! was dirty before (the older bytes are gone and the source's are older still).
 
 use crate::layout::{Layout, BLOCK};
 use crate::superblock::{rd16, rd32, rd64, FORMAT_VERSION};
@@ -33,8 +47,8 @@ pub const JOURNAL_MAGIC: u32 = u32::from_le_bytes(*b"SCEJ");
 /// Bytes of a journal block header.
 pub const JOURNAL_HEADER: usize = 64;
 /// Bytes of one journal entry.
-pub const JOURNAL_ENTRY: usize = 16;
-/// Entries one journal block holds (252).
+pub const JOURNAL_ENTRY: usize = 32;
+/// Entries one journal block holds (126).
 pub const ENTRIES_PER_BLOCK: usize = (BLOCK as usize - JOURNAL_HEADER) / JOURNAL_ENTRY;
 const CRC_AT: usize = 8;
 
@@ -49,6 +63,33 @@ pub struct JournalEntry {
     pub first: u16,
     /// Pages in the range (at least 1).
     pub pages: u16,
+    /// A dirty page (write-back): `first` is the page and `pages` 1. None: the pages are
+    /// about to change on the source.
+    pub dirty: Option<DirtyPage>,
+}
+
+/// A page a write-back write is about to write into a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DirtyPage {
+    /// The slot.
+    pub slot: u32,
+    /// The checksum of the page's new content.
+    pub crc: u32,
+    /// What the page held before.
+    pub prev: PrevPage,
+    /// Bytes of the page (less than 4 KiB only at the end of a source).
+    pub len: u16,
+}
+
+/// What a page held before a write-back write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum PrevPage {
+    /// Nothing valid.
+    Invalid,
+    /// A clean copy (the source has it) with this checksum.
+    Clean(u32),
+    /// Dirty data (only the cache has it) with this checksum.
+    Dirty(u32),
 }
 
 /// Why a journal block was not accepted.
@@ -84,6 +125,19 @@ pub fn encode_block(uuid: &[u8; 16], seq: u64, index: u32, entries: &[JournalEnt
         b[at + 8..at + 10].copy_from_slice(&e.volume.to_le_bytes());
         b[at + 12..at + 14].copy_from_slice(&e.first.to_le_bytes());
         b[at + 14..at + 16].copy_from_slice(&e.pages.to_le_bytes());
+        if let Some(d) = e.dirty {
+            b[at + 10..at + 12].copy_from_slice(&1u16.to_le_bytes());
+            b[at + 16..at + 20].copy_from_slice(&d.slot.to_le_bytes());
+            b[at + 20..at + 24].copy_from_slice(&d.crc.to_le_bytes());
+            let (kind, prev) = match d.prev {
+                PrevPage::Invalid => (0u8, 0),
+                PrevPage::Clean(c) => (1, c),
+                PrevPage::Dirty(c) => (2, c),
+            };
+            b[at + 24..at + 28].copy_from_slice(&prev.to_le_bytes());
+            b[at + 28] = kind;
+            b[at + 30..at + 32].copy_from_slice(&d.len.to_le_bytes());
+        }
     }
     let crc = crc32c::crc32c(&b);
     b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
@@ -118,11 +172,23 @@ pub fn decode_block(uuid: &[u8; 16], buf: &[u8]) -> Result<DecodedBlock, Journal
     let entries = (0..n)
         .map(|i| {
             let at = JOURNAL_HEADER + i * JOURNAL_ENTRY;
+            let prev = rd32(b, at + 24);
+            let dirty = (rd16(b, at + 10) == 1).then(|| DirtyPage {
+                slot: rd32(b, at + 16),
+                crc: rd32(b, at + 20),
+                prev: match b[at + 28] {
+                    1 => PrevPage::Clean(prev),
+                    2 => PrevPage::Dirty(prev),
+                    _ => PrevPage::Invalid,
+                },
+                len: rd16(b, at + 30),
+            });
             JournalEntry {
                 frag: rd64(b, at),
                 volume: rd16(b, at + 8),
                 first: rd16(b, at + 12),
                 pages: rd16(b, at + 14),
+                dirty,
             }
         })
         .collect();
@@ -132,9 +198,12 @@ pub fn decode_block(uuid: &[u8; 16], buf: &[u8]) -> Result<DecodedBlock, Journal
 /// What scanning the journal ring found.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct JournalScan {
-    /// Entries of the live blocks (sequence at or above the tail), in ring order.
+    /// Entries of the live blocks (sequence at or above the tail), in sequence order.
     #[serde(skip)]
     pub entries: Vec<JournalEntry>,
+    /// The block of each entry.
+    #[serde(skip)]
+    pub seqs: Vec<u64>,
     /// Live blocks.
     pub blocks_live: u32,
     /// Sound blocks of this device below the tail (older laps, already covered by records).
@@ -163,6 +232,7 @@ pub fn scan_journal(dev: &dyn BlockDevice, sb: &Superblock) -> Result<JournalSca
     let mut scan = JournalScan::default();
     let per_chunk = 256u32;
     let mut buf = AlignedBuf::new((per_chunk as u64 * BLOCK) as usize);
+    let mut live: Vec<(u64, Vec<JournalEntry>)> = Vec::new();
     let mut b = 0;
     while b < l.journal_blocks {
         let n = per_chunk.min(l.journal_blocks - b);
@@ -175,7 +245,7 @@ pub fn scan_journal(dev: &dyn BlockDevice, sb: &Superblock) -> Result<JournalSca
                     scan.max_seq = Some(scan.max_seq.map_or(seq, |m| m.max(seq)));
                     if seq >= sb.journal_tail {
                         scan.blocks_live += 1;
-                        scan.entries.extend(entries);
+                        live.push((seq, entries));
                     } else {
                         scan.blocks_old += 1;
                     }
@@ -187,74 +257,12 @@ pub fn scan_journal(dev: &dyn BlockDevice, sb: &Superblock) -> Result<JournalSca
         }
         b += n;
     }
+    // Dirty entries are replayed in the order they were written.
+    live.sort_by_key(|b| b.0);
+    scan.seqs = live
+        .iter()
+        .flat_map(|b| std::iter::repeat_n(b.0, b.1.len()))
+        .collect();
+    scan.entries = live.into_iter().flat_map(|b| b.1).collect();
     Ok(scan)
-}
-
-/// Drops the pages named by the live journal entries of the loaded volumes (id, base) from the loaded
-/// records. A record left with pages is kept and its slot listed in `journal_slots` (its
-/// on-device record still claims the dropped pages: the engine guards it with a durable
-/// intent before it resets the journal); one left empty is not loaded, its slot joins
-/// `unloaded_claims` and its unit is rewritten.
-pub(crate) fn apply(loaded: &mut crate::Loaded, volumes: &[(u16, u64)]) {
-    let l = loaded.superblock.layout;
-    let words = l.bitmap_words();
-    let mut by_frag: std::collections::HashMap<u64, Vec<usize>> = Default::default();
-    for (i, &(_, f)) in loaded.entries.iter().enumerate() {
-        by_frag.entry(f).or_default().push(i);
-    }
-    let mut hit = vec![false; loaded.entries.len()];
-    let mut dropped = 0u64;
-    for e in loaded.journal.entries.iter() {
-        // The entry names a fragment of its volume; the loaded entries are numbered from
-        // the volume's base.
-        let Some(&(_, base)) = volumes.iter().find(|v| v.0 == e.volume) else {
-            continue;
-        };
-        let Some(idx) = by_frag.get(&(base + e.frag)) else {
-            continue;
-        };
-        let lo = e.first as u32;
-        let hi = (lo + e.pages as u32).min(l.pages_per_fragment);
-        for &i in idx {
-            let bm = &mut loaded.bitmaps[i * words..(i + 1) * words];
-            for p in lo..hi {
-                let (w, b) = (p as usize / 64, 1u64 << (p % 64));
-                if bm[w] & b != 0 {
-                    bm[w] &= !b;
-                    dropped += 1;
-                    hit[i] = true;
-                }
-            }
-        }
-    }
-    let r = &mut loaded.report;
-    r.journal_blocks_live = loaded.journal.blocks_live as u64;
-    r.journal_pages_dropped = dropped;
-    r.pages_valid -= dropped;
-    if dropped == 0 {
-        return;
-    }
-    let (mut entries, mut bitmaps) = (Vec::new(), Vec::new());
-    let mut rewrite: std::collections::BTreeSet<u32> =
-        loaded.rewrite_units.iter().copied().collect();
-    for (i, &(s, f)) in loaded.entries.iter().enumerate() {
-        let bm = &loaded.bitmaps[i * words..(i + 1) * words];
-        if hit[i] {
-            r.journal_fragments_hit += 1;
-        }
-        if hit[i] && bm.iter().all(|&w| w == 0) {
-            r.slots_valid -= 1;
-            loaded.unloaded_claims.push(s);
-            rewrite.insert(l.unit_of(s).0);
-            continue;
-        }
-        if hit[i] {
-            loaded.journal_slots.push(s);
-        }
-        entries.push((s, f));
-        bitmaps.extend_from_slice(bm);
-    }
-    loaded.entries = entries;
-    loaded.bitmaps = bitmaps;
-    loaded.rewrite_units = rewrite.into_iter().collect();
 }

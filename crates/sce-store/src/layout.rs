@@ -85,7 +85,8 @@ impl Layout {
         }
         let pages = fragment_size / 4096;
         let words = pages.div_ceil(64);
-        let entry_size = ENTRY_HEADER + words * 8 + pages * 4;
+        // Header, validity bitmap, dirty bitmap (format 4), page checksums.
+        let entry_size = ENTRY_HEADER + 2 * words * 8 + pages * 4;
         let unit_size = round_up(UNIT_HEADER + entry_size, BLOCK);
         let slots_per_unit = (unit_size - UNIT_HEADER) / entry_size;
         let data_align = fragment_size.clamp(BLOCK, 1 << 20);

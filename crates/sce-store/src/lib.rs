@@ -14,18 +14,21 @@
 
 pub mod journal;
 pub mod layout;
+mod load;
+mod replay;
 pub mod superblock;
 pub mod unit;
 pub mod volumes;
 pub use volumes::{ensure_volumes, find_volume};
 
 pub use layout::Layout;
+pub use load::{load, load_volumes, LoadVolume};
 pub use superblock::{uuid_string, DeviceState, Superblock, Volume, FORMAT_VERSION};
 
 use layout::{BLOCK, SLOTS_PER_INTENT_BLOCK};
 use sce_io::{AlignedBuf, BlockDevice, IoError};
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
-use unit::{decode_unit, UnitError, NO_FRAGMENT};
+use unit::{decode_unit, UnitError};
 
 /// Why a cache device cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -256,6 +259,12 @@ pub struct ScanReport {
     pub journal_pages_dropped: u64,
     /// Loadable entries that lost pages to the journal.
     pub journal_fragments_hit: u64,
+    /// Dirty pages loaded (write-back data only the cache holds).
+    pub pages_dirty: u64,
+    /// Pages of live dirty journal entries checked against the data.
+    pub dirty_pages_replayed: u64,
+    /// Dirty pages whose data was torn or bad: their only copy is gone (see `Loaded::lost`).
+    pub dirty_pages_lost: u64,
 }
 
 impl ScanReport {
@@ -276,6 +285,13 @@ pub struct Loaded {
     pub entries: Vec<(u32, u64)>,
     /// Their bitmaps, `layout.bitmap_words()` words each, in `entries` order.
     pub bitmaps: Vec<u64>,
+    /// Their dirty pages (write-back), laid out as `bitmaps`.
+    pub dirty: Vec<u64>,
+    /// Per slot: the journal block below which its record reflects every entry (0: none).
+    pub notes: Vec<u64>,
+    /// Pages whose dirty data was lost (fragment as in `entries`, page): reads of them must
+    /// fail rather than return the source's older bytes.
+    pub lost: Vec<(u64, u32)>,
     /// Checksums of their valid pages.
     pub crcs: CrcTable,
     /// The write-intent bitmap as found (one bit per slot).
@@ -332,7 +348,7 @@ pub fn bit(words: &[u64], s: u32) -> bool {
 fn scan_units(
     dev: &dyn BlockDevice,
     sb: &Superblock,
-    mut each: impl FnMut(u32, unit::EntryRef<'_>),
+    mut each: impl FnMut(u32, unit::EntryRef<'_>, u64),
     mut bad: impl FnMut(u32, UnitError),
 ) -> Result<(), IoError> {
     let l = &sb.layout;
@@ -347,9 +363,10 @@ fn scan_units(
             let unit = u + k;
             let img = &buf[(k * l.unit_size) as usize..((k + 1) * l.unit_size) as usize];
             let (first, end) = l.unit_slots(unit);
+            let note = unit::unit_note(img);
             let r = decode_unit(l, &sb.uuid, unit, img, |i, e| {
                 if first + i < end {
-                    each(first + i, e)
+                    each(first + i, e, note)
                 }
             });
             if let Err(e) = r {
@@ -363,128 +380,6 @@ fn scan_units(
 
 fn any_valid(e: &unit::EntryRef<'_>, words: usize) -> bool {
     (0..words).any(|w| e.bitmap_word(w) != 0)
-}
-
-/// Loads the contents of a formatted device for volume `volume` of a source of
-/// `source_fragments` fragments. Entries under a write intent, of another generation, or in
-/// rejected units are dropped.
-pub fn load(
-    dev: &dyn BlockDevice,
-    sb: Superblock,
-    volume: usize,
-    source_fragments: u64,
-) -> Result<Loaded, StoreError> {
-    let one = LoadVolume {
-        index: volume,
-        fragments: source_fragments,
-        base: 0,
-    };
-    load_volumes(dev, sb, &[one])
-}
-
-/// A volume to load, and where its fragments go in the caller's address space.
-#[derive(Clone, Copy, Debug)]
-pub struct LoadVolume {
-    /// Index of the volume in the table.
-    pub index: usize,
-    /// The volume's size in fragments.
-    pub fragments: u64,
-    /// The fragment number its fragment 0 gets in [`Loaded::entries`].
-    pub base: u64,
-}
-
-/// Loads the contents of a formatted device for several volumes of its table at once (one
-/// scan), each volume's fragments numbered from its `base`: the address space of one cache
-/// that serves them all. Entries of volumes not named are dropped as stale.
-pub fn load_volumes(
-    dev: &dyn BlockDevice,
-    sb: Superblock,
-    vols: &[LoadVolume],
-) -> Result<Loaded, StoreError> {
-    let l = sb.layout;
-    let volume = vols.first().map_or(0, |v| v.index);
-    let want = wanted(&sb, vols);
-    let intents = read_intents(dev, &l)?;
-    let words = l.bitmap_words();
-    let mut report = ScanReport {
-        intents_set: intents.iter().map(|w| w.count_ones() as u64).sum(),
-        ..ScanReport::default()
-    };
-    let crcs = CrcTable::new(l.slots, l.pages_per_fragment);
-    let mut entries = Vec::new();
-    let mut bitmaps = Vec::new();
-    let mut unloaded = Vec::new();
-    let mut rewrite = std::collections::BTreeSet::new();
-    let failed = sb.state == DeviceState::Failed;
-    let mut bad_units = Vec::new();
-    scan_units(
-        dev,
-        &sb,
-        |s, e| {
-            if e.frag() == NO_FRAGMENT || !any_valid(&e, words) {
-                return;
-            }
-            let mine = want
-                .iter()
-                .find(|w| w.0 == e.volume() && w.1 == e.generation());
-            let Some(&(_, _, source_fragments, base)) = mine.filter(|_| !failed) else {
-                report.slots_stale += 1;
-                return;
-            };
-            let dropped = if bit(&intents, s) {
-                Some(&mut report.slots_dropped_intent)
-            } else if e.frag() >= source_fragments {
-                Some(&mut report.slots_out_of_range)
-            } else {
-                None
-            };
-            if let Some(count) = dropped {
-                *count += 1;
-                unloaded.push(s);
-                rewrite.insert(l.unit_of(s).0);
-                return;
-            }
-            report.slots_valid += 1;
-            entries.push((s, base + e.frag()));
-            for w in 0..words {
-                let bits = e.bitmap_word(w);
-                report.pages_valid += bits.count_ones() as u64;
-                bitmaps.push(bits);
-            }
-            for p in 0..l.pages_per_fragment {
-                crcs.set(s, p, e.crc(p));
-            }
-        },
-        |u, err| bad_units.push((u, err)),
-    )?;
-    count_bad_units(&l, &bad_units, &mut report, &mut rewrite);
-    let journal = journal::scan_journal(dev, &sb)?;
-    let mut loaded = Loaded {
-        superblock: sb,
-        volume,
-        entries,
-        bitmaps,
-        crcs,
-        intents,
-        unloaded_claims: unloaded,
-        rewrite_units: rewrite.into_iter().collect(),
-        report,
-        journal,
-        journal_slots: Vec::new(),
-    };
-    let bases: Vec<(u16, u64)> = want.iter().map(|w| (w.0, w.3)).collect();
-    journal::apply(&mut loaded, &bases);
-    Ok(loaded)
-}
-
-/// (id, generation, fragments, base) of each volume to load.
-fn wanted(sb: &Superblock, vols: &[LoadVolume]) -> Vec<(u16, u32, u64, u64)> {
-    vols.iter()
-        .map(|v| {
-            let t = &sb.volumes[v.index];
-            (t.id, t.generation, v.fragments, v.base)
-        })
-        .collect()
 }
 
 /// Counts the units that failed to load by why; every bad unit but a blank one is to be

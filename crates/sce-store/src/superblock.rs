@@ -8,7 +8,7 @@ use crate::StoreError;
 /// First bytes of a superblock.
 pub const MAGIC: [u8; 8] = *b"SCECACHE";
 /// The on-device format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 /// Volume table entries a superblock holds.
 pub const MAX_VOLUMES: usize = 16;
 /// Longest volume name, in bytes.

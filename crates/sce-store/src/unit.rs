@@ -12,6 +12,10 @@ pub const UNIT_MAGIC: u32 = u32::from_le_bytes(*b"SCMU");
 /// `frag` value of an entry that holds nothing.
 pub const NO_FRAGMENT: u64 = u64::MAX;
 const CRC_AT: usize = 40;
+/// Where a unit keeps its journal note (format 4).
+const NOTE_AT: usize = 44;
+/// Entry flag: the record reflects every journal entry below its unit's note.
+const REFLECTS: u16 = 1;
 
 /// Why a unit was rejected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +60,9 @@ pub struct EntryIn<'a> {
     pub generation: u32,
     /// Page-validity bitmap (`layout.bitmap_words()` words).
     pub bitmap: &'a [u64],
+    /// Pages written back only to the cache (write-back), a subset of the valid ones; empty
+    /// for none.
+    pub dirty: &'a [u64],
 }
 
 impl<'a> UnitBuilder<'a> {
@@ -70,9 +77,23 @@ impl<'a> UnitBuilder<'a> {
         buf[32..40].copy_from_slice(&seq.to_le_bytes());
         let mut b = UnitBuilder { layout, buf };
         for i in 0..layout.slots_per_unit {
-            b.entry_mut(i)[0..8].copy_from_slice(&NO_FRAGMENT.to_le_bytes());
+            let e = b.entry_mut(i);
+            e[0..8].copy_from_slice(&NO_FRAGMENT.to_le_bytes());
+            e[14..16].copy_from_slice(&REFLECTS.to_le_bytes());
         }
         b
+    }
+
+    /// The journal block below which every entry is reflected in the unit's records (the
+    /// round noted it before its snapshot): a load replays older dirty entries of a slot
+    /// only if its record says it does not reflect them.
+    pub fn set_note(&mut self, note: u64) {
+        self.buf[NOTE_AT..NOTE_AT + 8].copy_from_slice(&note.to_le_bytes());
+    }
+
+    /// Entry `i` does not reflect the journal (a record the round had to leave empty).
+    pub fn unreflect(&mut self, i: u32) {
+        self.entry_mut(i)[14..16].copy_from_slice(&0u16.to_le_bytes());
     }
 
     fn entry_mut(&mut self, i: u32) -> &mut [u8] {
@@ -93,8 +114,11 @@ impl<'a> UnitBuilder<'a> {
         for (w, v) in e.bitmap.iter().take(words).enumerate() {
             let at = ENTRY_HEADER as usize + w * 8;
             b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+            let d = e.dirty.get(w).map_or(0, |d| d & v);
+            let at = ENTRY_HEADER as usize + (words + w) * 8;
+            b[at..at + 8].copy_from_slice(&d.to_le_bytes());
         }
-        let crcs = ENTRY_HEADER as usize + words * 8;
+        let crcs = ENTRY_HEADER as usize + 2 * words * 8;
         for p in 0..pages {
             let valid = e.bitmap[p as usize / 64] >> (p % 64) & 1 == 1;
             let v = if valid { crc(p) } else { 0 };
@@ -132,6 +156,10 @@ impl EntryRef<'_> {
     pub fn volume(&self) -> u16 {
         rd16(self.bytes, 12)
     }
+    /// True if the record reflects every journal entry below its unit's note.
+    pub fn reflects(&self) -> bool {
+        rd16(self.bytes, 14) & REFLECTS != 0
+    }
     /// Bitmap word `w`.
     pub fn bitmap_word(&self, w: usize) -> u64 {
         rd64(self.bytes, ENTRY_HEADER as usize + w * 8)
@@ -140,13 +168,22 @@ impl EntryRef<'_> {
     pub fn bitmap(&self) -> Vec<u64> {
         (0..self.words).map(|w| self.bitmap_word(w)).collect()
     }
+    /// Dirty-bitmap word `w` (pages only the cache holds; always a subset of the valid ones).
+    pub fn dirty_word(&self, w: usize) -> u64 {
+        rd64(self.bytes, ENTRY_HEADER as usize + (self.words + w) * 8) & self.bitmap_word(w)
+    }
     /// The checksum of page `p`.
     pub fn crc(&self, p: u32) -> u32 {
         rd32(
             self.bytes,
-            ENTRY_HEADER as usize + self.words * 8 + p as usize * 4,
+            ENTRY_HEADER as usize + 2 * self.words * 8 + p as usize * 4,
         )
     }
+}
+
+/// The journal note of a unit (valid units only; see [`UnitBuilder::set_note`]).
+pub fn unit_note(buf: &[u8]) -> u64 {
+    rd64(buf, NOTE_AT)
 }
 
 /// The sequence number a unit was written with (valid units only).

@@ -34,17 +34,17 @@ fn golden() -> Superblock {
 #[test]
 fn format_version_and_golden_superblock() {
     assert_eq!(
-        FORMAT_VERSION, 3,
+        FORMAT_VERSION, 4,
         "a format change must bump the version and the golden image"
     );
     let img = golden().encode();
     assert_eq!(img.len(), 4096);
     assert_eq!(&img[0..8], &MAGIC);
-    assert_eq!(&img[8..12], &3u32.to_le_bytes());
+    assert_eq!(&img[8..12], &4u32.to_le_bytes());
     // The whole image, pinned by its CRC-32C: any change to the encoding shows here.
     assert_eq!(
         crc32c::crc32c(&img),
-        0xb6ea_75ad,
+        0x6dc5_4ee0,
         "the superblock encoding changed: bump FORMAT_VERSION and update docs/FORMAT.md"
     );
     assert_eq!(Superblock::decode(&img).unwrap(), golden());
@@ -55,7 +55,7 @@ fn layout_arithmetic_is_pinned() {
     let l = Layout::compute(1 << 30, 1 << 20).unwrap();
     assert_eq!(
         (l.entry_size, l.unit_size, l.slots_per_unit),
-        (1072, 4096, 3)
+        (1104, 4096, 3)
     );
     assert_eq!((l.slots, l.units, l.intent_blocks), (1018, 340, 1));
     // The write journal: 1/256 of the device, at most 4 MiB, after the intent bitmap.
@@ -67,7 +67,7 @@ fn layout_arithmetic_is_pinned() {
     assert_eq!(tiny.journal_blocks, 16);
     assert!(l.data_offset + l.data_bytes() <= 1 << 30);
     let s = Layout::compute(1 << 30, 4096).unwrap();
-    assert_eq!((s.entry_size, s.slots_per_unit), (28, 144));
+    assert_eq!((s.entry_size, s.slots_per_unit), (36, 112));
     assert!(s.data_offset + s.data_bytes() <= 1 << 30);
     assert!(Layout::compute(1 << 20, 1 << 20).is_err());
     assert!(Layout::compute(1 << 30, 3000).is_err());
@@ -119,20 +119,21 @@ fn every_damaged_byte_gives_an_error_or_the_other_copy_never_a_panic() {
 #[test]
 fn newer_version_foreign_and_blank_devices_are_named() {
     let mut sb = golden();
-    sb.version = 4;
+    sb.version = 5;
     let d = device_with(&sb);
     let e = read_superblock(&d).unwrap_err();
-    assert!(matches!(e, StoreError::Version(4)), "{e}");
-    assert!(e.to_string().contains("newer than this sce's 3"), "{e}");
+    assert!(matches!(e, StoreError::Version(5)), "{e}");
+    assert!(e.to_string().contains("newer than this sce's 4"), "{e}");
     // Older devices (version 1: checksums not bound to their address; version 2: no write
-    // journal) are named as older, and the message says how to go on.
-    for v in [1, 2] {
+    // journal; version 3: no dirty bitmaps, so it could not tell write-back data) are named
+    // as older, and the message says how to go on.
+    for v in [1, 2, 3] {
         let mut old = golden();
         old.version = v;
         let e = read_superblock(&device_with(&old)).unwrap_err();
         assert!(matches!(e, StoreError::OldVersion(x) if x == v), "{e}");
         let m = e.to_string();
-        assert!(m.contains("older than this sce's 3"), "{m}");
+        assert!(m.contains("older than this sce's 4"), "{m}");
         assert!(m.contains("--reformat"), "{m}");
     }
     let blank = MemDevice::new(1 << 20);

@@ -43,6 +43,7 @@ mod plan;
 mod population;
 mod read;
 mod share;
+mod wbhold;
 mod write;
 mod writeback;
 

@@ -316,6 +316,7 @@ impl CacheCore {
         let ppf = self.geo.pages_per_fragment();
         for p in parts {
             if ok {
+                self.slots.touch(p.slot);
                 bitmap::set_range(self.slots.bitmap_mut(p.slot), p.lo, p.hi);
                 add(&mut self.wb.dirty, p.frag, p.lo, p.hi, ppf);
                 remove(&mut self.wb.lost, p.frag, p.lo, p.hi);
@@ -331,6 +332,17 @@ impl CacheCore {
             }
             self.slots.unpin(p.slot);
         }
+        Ok(())
+    }
+
+    /// Gives up a write-back write before any of its data was written (the driver could
+    /// not make its records durable): its pages stay exactly as they were.
+    pub fn abort_writeback(&mut self, id: WriteBackId) -> Result<(), RequestError> {
+        let parts = self.wb.writes.remove(id.0).ok_or(RequestError::UnknownId)?;
+        for p in parts {
+            self.slots.unpin(p.slot);
+        }
+        self.stats.writeback_writes -= 1;
         Ok(())
     }
 
@@ -440,6 +452,8 @@ impl CacheCore {
                 }
             }
             self.stats.pages_cleaned += n;
+            // Its record must say so.
+            self.slots.touch(s);
         } else {
             self.stats.clean_failures += 1;
         }
@@ -507,7 +521,7 @@ impl CacheCore {
     }
 
     /// Page `q` of `f` had the only copy of its data, and it is gone.
-    fn lose_page(&mut self, f: FragNo, q: u32) {
+    pub(super) fn lose_page(&mut self, f: FragNo, q: u32) {
         add(
             &mut self.wb.lost,
             f,

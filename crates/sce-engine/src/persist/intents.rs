@@ -41,6 +41,8 @@ pub(super) struct State {
     pub(super) set_version: Vec<u64>,
     /// The write journal's blocks in memory.
     pub(super) journal: Journal,
+    /// Write-back's claims on the journal and holds on slots.
+    pub(super) wb: super::wb::Wb,
 }
 
 impl State {
@@ -136,6 +138,7 @@ impl Persist {
                     volume,
                     first: (lo / sce_core::PAGE_SIZE) as u16,
                     pages: (hi.div_ceil(sce_core::PAGE_SIZE) - lo / sce_core::PAGE_SIZE) as u16,
+                    dirty: None,
                 };
                 let ticket = st.journal.append(e);
                 if st.journal.half_full() {

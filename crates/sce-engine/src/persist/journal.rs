@@ -82,6 +82,20 @@ impl Journal {
         Some(Ticket::Journal(self.open_seq))
     }
 
+    /// True if `n` more entries fit in the ring (write-back writes, which cannot fall back to
+    /// an intent, check before they append).
+    pub(super) fn room_for(&self, n: usize) -> bool {
+        let free = ENTRIES_PER_BLOCK - self.open.len();
+        let extra = n.saturating_sub(free).div_ceil(ENTRIES_PER_BLOCK) as u64;
+        self.open_seq + extra < self.tail + self.ring
+    }
+
+    /// Keeps the blocks from `tail` on needed (a start that restored dirty pages from them
+    /// keeps them until a round has written records that claim those pages).
+    pub(super) fn keep_from(&mut self, tail: u64) {
+        self.tail = self.tail.min(tail);
+    }
+
     /// True once half the ring is taken: a flush round should run now rather than at its
     /// interval, to free blocks before writes fall back to intents.
     pub(super) fn half_full(&self) -> bool {

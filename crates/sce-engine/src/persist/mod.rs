@@ -38,9 +38,11 @@ mod journal;
 mod open;
 mod round;
 mod vols;
+mod wb;
 
 pub use vols::OpenVolume;
 use vols::PVol;
+pub(crate) use wb::{WbGuard, WbPage};
 
 use intents::State;
 use parking_lot::Mutex;

@@ -417,6 +417,7 @@ impl State {
             units: loaded.rewrite_units.iter().copied().collect(),
             scrub: false,
             journal,
+            wb: super::wb::Wb::new(slots),
         }
     }
 }

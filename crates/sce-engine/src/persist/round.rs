@@ -62,13 +62,22 @@ impl Persist {
         // Slots read while write-warm since the last round keep their intents.
         let read: Vec<u64> = self.read_touch.iter().map(|w| w.swap(0, Relaxed)).collect();
         // The journal blocks this round's records will cover: noted before the snapshot.
-        let covered = self.st.lock().journal.covered();
+        // A write-back write in flight now may be snapshotted with its pages as they were:
+        // its entries stay needed (the round's records do not cover them).
+        let covered = {
+            let st = self.st.lock();
+            st.wb.held_from(st.journal.covered())
+        };
         // 1. Snapshot under the core shards' locks.
-        let snap = self.snapshot(cores, crcs, &record, force, &read);
+        let snap = self.snapshot(cores, crcs, (&record, covered), force, &read);
         let Some((images, clear)) = snap else {
             // Nothing changed since the last round, whose records are durable (a failed
             // unit would have been queued again): they cover the journal up to here.
-            return self.journal_covered(covered, 0);
+            let errors = self.journal_covered(covered, 0);
+            if errors == 0 {
+                self.release_holds(cores);
+            }
+            return errors;
         };
         // 2. Make the data the records vouch for durable.
         if self.dev.flush().is_err() {
@@ -80,7 +89,7 @@ impl Persist {
         // 3. Write the units, adjacent ones in one request; 4. read them back.
         let ok_units = self.write_units(&images);
         // 5. Forget claims the device no longer holds; clear intents that stayed quiet.
-        let (mut errors, blocks) = self.settle(&images, &ok_units, clear);
+        let (mut errors, blocks) = self.settle(&images, &ok_units, clear, covered);
         if !blocks.is_empty() {
             let _io = self.intent_io.lock();
             if self.write_intent_blocks(&blocks).is_err() {
@@ -89,7 +98,12 @@ impl Persist {
         }
         self.counters.metadata_errors.fetch_add(errors, Relaxed);
         // 6. Every record taken since `covered` was noted is durable: move the journal's tail.
-        self.journal_covered(covered, errors)
+        let errors = self.journal_covered(covered, errors);
+        // 7. Slots whose dirty claims are gone from the device may be reused.
+        if errors == 0 {
+            self.release_holds(cores);
+        }
+        errors
     }
 
     /// The end of a round with `errors` metadata errors: if none, the journal blocks below
@@ -98,7 +112,8 @@ impl Persist {
         if errors > 0 {
             return errors;
         }
-        match self.advance_journal(covered) {
+        let tail = self.st.lock().wb.tail(covered);
+        match self.advance_journal(tail) {
             Ok(()) => 0,
             Err(_) => {
                 self.counters.metadata_errors.fetch_add(1, Relaxed);
@@ -118,7 +133,7 @@ impl Persist {
         &self,
         cores: Cores,
         crcs: &CrcTable,
-        record: &Record,
+        (record, covered): (&Record, u64),
         force: bool,
         read: &[u64],
     ) -> Option<(Vec<UnitImage>, Quiet)> {
@@ -144,7 +159,7 @@ impl Persist {
             return None;
         }
         let seq = self.seq.fetch_add(1, Relaxed);
-        let images = self.unit_images(cores, crcs, record, &units, seq);
+        let images = self.unit_images(cores, crcs, record, &units, (seq, covered));
         Some((images, clear))
     }
 
@@ -198,12 +213,16 @@ impl Persist {
         crcs: &CrcTable,
         record: &Record,
         units: &BTreeSet<u32>,
-        seq: u64,
+        (seq, covered): (u64, u64),
     ) -> Vec<UnitImage> {
         let l = self.layout;
         let mut b: Vec<_> = units
             .iter()
-            .map(|&u| (u, UnitBuilder::new(&l, &record.uuid, u, seq), Vec::new()))
+            .map(|&u| {
+                let mut b = UnitBuilder::new(&l, &record.uuid, u, seq);
+                b.set_note(covered);
+                (u, b, Vec::new())
+            })
             .collect();
         for (k, lock) in locks.iter().enumerate() {
             let (lo, hi) = (map.slot_base(k), map.slot_base(k) + map.slots(k));
@@ -243,8 +262,9 @@ impl Persist {
         let l = self.layout;
         let words = l.bitmap_words();
         let first = l.unit_slots(l.unit_of(s).0).0;
-        let (x, bits) = core.slot_state(local);
-        let x = x.map(|f| map.frag_to_global(k, f));
+        let (lx, bits) = core.slot_state(local);
+        let x = lx.map(|f| map.frag_to_global(k, f));
+        let dirty = lx.and_then(|f| core.dirty_pages_of(f));
         let claim = x.filter(|_| bits.iter().any(|&w| w != 0));
         let m = st.mirror[s as usize];
         let ok = claim.filter(|x| {
@@ -252,6 +272,8 @@ impl Persist {
         });
         if claim.is_some() && ok.is_none() {
             st.redo.push(s);
+            // Written empty: it must not hide the journal's entries of what the slot holds.
+            b.unreflect(s - first);
         }
         if let Some(x) = ok {
             let (base, volume, generation) = record.volume_of(x.0);
@@ -260,11 +282,13 @@ impl Persist {
                 volume,
                 generation,
                 bitmap: &bits[..words],
+                dirty: dirty.map_or(&[][..], |d| d.words()),
             };
             b.set(s - first, &entry, |p| crcs.get(s, p));
             st.mirror[s as usize] = x.0;
             st.owner.insert(x.0, s);
         }
+        st.wb.snapshot(s, ok.is_some() && dirty.is_some());
         ok.is_some()
     }
 
@@ -318,7 +342,13 @@ impl Persist {
     /// Step 5, under the state lock: forgets the claims the device no longer holds, queues
     /// the units that failed (and a scrub), and clears the intents that stayed quiet through
     /// the round. Returns the errors and the intent blocks to write.
-    fn settle(&self, images: &[UnitImage], ok_units: &[bool], clear: Quiet) -> (u64, Vec<u32>) {
+    fn settle(
+        &self,
+        images: &[UnitImage],
+        ok_units: &[bool],
+        clear: Quiet,
+        covered: u64,
+    ) -> (u64, Vec<u32>) {
         let l = self.layout;
         let mut errors = 0;
         let mut blocks = Vec::new();
@@ -332,6 +362,7 @@ impl Persist {
                 continue;
             }
             for &(s, claimed) in slots {
+                st.wb.settled(s, claimed, covered);
                 let m = st.mirror[s as usize];
                 if !claimed && m != NO_FRAGMENT {
                     if st.owner.get(&m) == Some(&s) {
@@ -390,7 +421,10 @@ impl Persist {
     /// True if every intent is clear and nothing is queued.
     pub(super) fn settled(&self) -> bool {
         let st = self.st.lock();
-        st.redo.is_empty() && st.units.is_empty() && st.intents.iter().all(|&w| w == 0)
+        st.redo.is_empty()
+            && st.units.is_empty()
+            && st.intents.iter().all(|&w| w == 0)
+            && st.wb_quiet()
     }
 
     /// Clean shutdown (nothing in flight): writes every record, clears every intent and marks

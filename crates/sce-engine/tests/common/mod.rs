@@ -4,4 +4,5 @@
 // Each test binary uses only part of these helpers.
 #![allow(dead_code)]
 
+pub mod crash;
 pub mod watchdog;

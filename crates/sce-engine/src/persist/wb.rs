@@ -1,0 +1,261 @@
+//! Write-back in the persistent store: dirty journal entries before the data, dirty bitmaps
+//! in the records, and the two holds that keep dirty data claimed on the device.
+//!
+//! # The rules
+//! * **A write-back write** appends one dirty entry per page (slot, fragment, page, the new
+//!   checksum and what the page held before) and waits until they are durable *before* it
+//!   writes the data: a crash at any point then leaves the page holding bytes that one of
+//!   its checksums names (`sce_store::replay`).
+//! * **The journal's tail** never passes an entry that may be the only durable claim of a
+//!   dirty page: not the first entry of a write still in flight (a round may snapshot its
+//!   pages before they are written, with the older checksum), nor any entry of a slot whose
+//!   record has not been written since (`from`). A round that wrote a slot's record moves
+//!   the slot's `from` to the round's noted block, or clears it if the slot had no entry
+//!   since.
+//! * **A slot is held** (pinned in the core: never evicted, never given to another fragment)
+//!   from its first dirty entry until its durable record claims no dirty page and no live
+//!   entry names it. So whatever the device says is dirty in a slot, under an intent or not,
+//!   is the slot's own data: a load trusts dirty claims even under a set intent.
+//! * Write-back needs the journal (refused without it).
+
+use super::{Persist, State, Ticket};
+use sce_store::journal::{DirtyPage, JournalEntry, PrevPage};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering::Relaxed;
+
+/// No live entry.
+const NONE: u64 = u64::MAX;
+
+/// The write-back state of the store (part of the persistence state, under its lock).
+#[derive(Debug)]
+pub(super) struct Wb {
+    /// Per slot: the first journal block its dirty claims may still need (`NONE`: none).
+    from: Vec<u64>,
+    /// Per slot: the block of its newest dirty entry.
+    last: Vec<u64>,
+    /// Per slot: its last durable record claims dirty pages.
+    rec_dirty: Vec<bool>,
+    /// Per slot: the record being written claims dirty pages.
+    snap_dirty: Vec<bool>,
+    /// Per slot: held in the core.
+    held: Vec<bool>,
+    /// Write-back writes in flight, by the block of their first entry.
+    inflight: BTreeMap<u64, usize>,
+}
+
+impl Wb {
+    pub(super) fn new(slots: usize) -> Self {
+        Wb {
+            from: vec![NONE; slots],
+            last: vec![0; slots],
+            rec_dirty: vec![false; slots],
+            snap_dirty: vec![false; slots],
+            held: vec![false; slots],
+            inflight: BTreeMap::new(),
+        }
+    }
+
+    /// The tail a round that noted `covered` may establish.
+    pub(super) fn tail(&self, covered: u64) -> u64 {
+        let inflight = self.inflight.keys().next().copied().unwrap_or(NONE);
+        let from = self.from.iter().copied().min().unwrap_or(NONE);
+        covered.min(inflight).min(from)
+    }
+
+    /// The block a round noting `covered` now may say its records cover: not past the
+    /// first entry of a write-back write in flight.
+    pub(super) fn held_from(&self, covered: u64) -> u64 {
+        covered.min(self.inflight.keys().next().copied().unwrap_or(NONE))
+    }
+
+    /// The record of slot `s` being written claims dirty pages (`dirty`).
+    pub(super) fn snapshot(&mut self, s: u32, dirty: bool) {
+        self.snap_dirty[s as usize] = dirty;
+    }
+
+    /// The record of slot `s` taken after `covered` was noted is durable (`claimed`: it
+    /// claims its fragment's pages).
+    pub(super) fn settled(&mut self, s: u32, claimed: bool, covered: u64) {
+        let s = s as usize;
+        self.rec_dirty[s] = claimed && self.snap_dirty[s];
+        if claimed && self.from[s] != NONE {
+            self.from[s] = if self.last[s] < covered {
+                NONE
+            } else {
+                covered
+            };
+        }
+    }
+
+    /// True if nothing holds the journal for write-back.
+    pub(super) fn quiet(&self) -> bool {
+        self.inflight.is_empty() && self.from.iter().all(|&f| f == NONE)
+    }
+
+    /// A restart restored dirty pages into slot `s` from records and the live journal
+    /// from block `tail`.
+    pub(super) fn restored(&mut self, s: u32, tail: u64) {
+        let s = s as usize;
+        self.held[s] = true;
+        self.rec_dirty[s] = true;
+        self.from[s] = tail;
+    }
+}
+
+/// A page a write-back write is about to write into the cache.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct WbPage {
+    /// Global slot and fragment, and the page within it.
+    pub slot: u32,
+    pub frag: u64,
+    pub page: u32,
+    /// Checksum of the new content, bytes of the page, what it held before.
+    pub crc: u32,
+    pub len: u16,
+    pub prev: PrevPage,
+}
+
+/// What a write-back write waits for, and what it must do under the core lock.
+pub(crate) struct WbGuard {
+    pub tickets: Vec<Ticket>,
+    /// The block of its first entry (pass to `writeback_done`).
+    pub first: u64,
+    /// Global slots to hold in the core now.
+    pub hold: Vec<u32>,
+}
+
+impl Persist {
+    /// Under the core lock, after the core planned a write-back write of `pages` whose
+    /// copies go to `copies` (global slot, fragment): appends the dirty entries and sets the
+    /// intents of slots whose records may claim another fragment. None if the journal ring
+    /// has no room now: the caller gives the write up and waits for a flush round.
+    pub(crate) fn guard_writeback(
+        &self,
+        pages: &[WbPage],
+        copies: impl Iterator<Item = (u32, u64)>,
+    ) -> Option<WbGuard> {
+        let mut st = self.st.lock();
+        if !st.journal.room_for(pages.len()) {
+            self.round_wanted.store(true, Relaxed);
+            return None;
+        }
+        let first = st.journal.covered();
+        let mut last = None;
+        let mut hold = Vec::new();
+        for p in pages {
+            let (volume, frag) = self.local(p.frag);
+            let e = JournalEntry {
+                frag,
+                volume,
+                first: p.page as u16,
+                pages: 1,
+                dirty: Some(DirtyPage {
+                    slot: p.slot,
+                    crc: p.crc,
+                    prev: p.prev,
+                    len: p.len,
+                }),
+            };
+            let Some(Ticket::Journal(seq)) = st.journal.append(e) else {
+                unreachable!("room was checked");
+            };
+            last = Some(Ticket::Journal(seq));
+            let s = p.slot as usize;
+            let wb = &mut st.wb;
+            wb.last[s] = seq;
+            if wb.from[s] == NONE {
+                wb.from[s] = seq;
+            }
+            if !wb.held[s] {
+                wb.held[s] = true;
+                hold.push(p.slot);
+            }
+        }
+        *st.wb.inflight.entry(first).or_default() += 1;
+        let mut tickets: Vec<Ticket> = last.into_iter().collect();
+        for (s, f) in copies {
+            let m = st.mirror[s as usize];
+            if m != sce_store::unit::NO_FRAGMENT && m != f {
+                tickets.extend(st.touch(s));
+            }
+        }
+        if st.journal.half_full() {
+            self.round_wanted.store(true, Relaxed);
+        }
+        self.counters
+            .journal_appends
+            .fetch_add(pages.len() as u64, Relaxed);
+        Some(WbGuard {
+            tickets,
+            first,
+            hold,
+        })
+    }
+
+    /// A write-back write whose first entry is in block `first` completed (or failed).
+    pub(crate) fn writeback_done(&self, first: u64) {
+        let mut st = self.st.lock();
+        if let Some(n) = st.wb.inflight.get_mut(&first) {
+            *n -= 1;
+            if *n == 0 {
+                st.wb.inflight.remove(&first);
+            }
+        }
+    }
+
+    /// Under core shard `k`'s lock: the global slots of `[lo, hi)` whose holds can go (their
+    /// durable records claim no dirty page and no live entry names them), given
+    /// `dirty(s)`: the slot has dirty pages in the core. Marks them released.
+    pub(crate) fn releasable(&self, lo: u32, hi: u32, dirty: impl Fn(u32) -> bool) -> Vec<u32> {
+        let mut st = self.st.lock();
+        let wb = &mut st.wb;
+        let mut out = Vec::new();
+        for s in lo..hi {
+            let i = s as usize;
+            if wb.held[i] && !wb.rec_dirty[i] && wb.from[i] == NONE && !dirty(s) {
+                wb.held[i] = false;
+                out.push(s);
+            }
+        }
+        out
+    }
+
+    /// After a round: releases the holds of slots whose dirty claims are gone from the
+    /// device (core, then state, shard by shard).
+    pub(super) fn release_holds(&self, (locks, map): super::round::Cores) {
+        if !self.st.lock().wb.held.iter().any(|&h| h) {
+            return;
+        }
+        for (k, lock) in locks.iter().enumerate() {
+            let mut core = lock.write();
+            let (lo, hi) = (map.slot_base(k), map.slot_base(k) + map.slots(k));
+            let local = |s: u32| map.slot_to_local(sce_core::SlotNo(s)).1;
+            let released = self.releasable(lo, hi, |s| {
+                let f = core.slot_state(local(s)).0;
+                f.is_some_and(|f| core.dirty_pages_of(f).is_some())
+            });
+            for s in released {
+                core.release_slot(local(s));
+            }
+        }
+    }
+
+    /// At start: slot `s` came back with dirty pages (the caller holds it in the core).
+    pub(crate) fn restored_dirty(&self, s: u32) {
+        // The live journal may hold the only durable claims of these pages: keep it until a
+        // round has written their records.
+        let tail = self.sb.lock().journal_tail;
+        let mut st = self.st.lock();
+        st.journal.keep_from(tail);
+        st.wb.restored(s, tail);
+        let u = self.layout.unit_of(s).0;
+        st.units.insert(u);
+    }
+}
+
+impl State {
+    /// True if no write-back claim keeps the journal.
+    pub(super) fn wb_quiet(&self) -> bool {
+        self.wb.quiet()
+    }
+}

@@ -1,0 +1,340 @@
+//! Write-back in the engine (issue 15): writes land in the cache only, the cleaner and
+//! `flush_to_source` copy them to the source, and crashes (power loss: the cache device
+//! loses a random part of what was not flushed) never lose a flushed write nor bring back
+//! older bytes.
+
+mod common;
+
+use common::crash::CrashDevice;
+use rand::{rngs::SmallRng, Rng, SeedableRng};
+use sce_core::{CoreConfig, WriteMode};
+use sce_engine::{CacheVolume, EngineConfig, PersistConfig};
+use sce_io::{AlignedBuf, BlockDevice, MemDevice};
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+const PAGE: u64 = 4096;
+
+fn config(interval_ms: u64) -> EngineConfig {
+    let mut p = PersistConfig::new("wb-source");
+    p.flush_interval = Duration::from_millis(interval_ms);
+    EngineConfig {
+        core: CoreConfig {
+            fragment_size: 64 * KIB,
+            write_mode: WriteMode::WriteBack,
+            ..CoreConfig::default()
+        },
+        persist: Some(p),
+        // After a crash the devices refuse everything: writers waiting for room give up
+        // (the test's writers stop at the crash; only the concurrent ones may be waiting).
+        writeback_wait: Duration::from_secs(2),
+        ..EngineConfig::default()
+    }
+}
+
+fn filled(size: u64, seed: u64) -> Arc<MemDevice> {
+    let d = MemDevice::new(size);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut buf = vec![0u8; size as usize];
+    rng.fill(&mut buf[..]);
+    d.write_at(0, &buf).unwrap();
+    Arc::new(d)
+}
+
+fn read(dev: &dyn BlockDevice, at: u64, len: u64) -> Vec<u8> {
+    let mut b = AlignedBuf::new(len as usize);
+    dev.read_at(at, &mut b).expect("read");
+    b.to_vec()
+}
+
+#[test]
+fn writes_stay_in_the_cache_until_flushed_to_the_source() {
+    let source = filled(8 * MIB, 1);
+    let cache = Arc::new(MemDevice::new(4 * MIB));
+    let vol = CacheVolume::open(source.clone(), cache.clone(), config(50)).expect("open");
+    let mut model = read(&*source, 0, 8 * MIB);
+    let mut rng = SmallRng::seed_from_u64(2);
+    for _ in 0..200 {
+        // Sector-aligned, often not page-aligned: edges are read and merged.
+        let len = rng.gen_range(1..=32u64) * 512;
+        let at = rng.gen_range(0..(8 * MIB - len) / 512) * 512;
+        let mut b = vec![0u8; len as usize];
+        rng.fill(&mut b[..]);
+        vol.write_at(at, &b).expect("write");
+        model[at as usize..(at + len) as usize].copy_from_slice(&b);
+    }
+    assert_eq!(
+        read(&vol, 0, 8 * MIB),
+        model,
+        "the volume reads its writes back"
+    );
+    let wb = vol.writeback_stats().expect("write-back");
+    assert!(wb.dirty_bytes > 0, "{wb:?}");
+    assert_ne!(
+        read(&*source, 0, 8 * MIB),
+        model,
+        "the writes went to the source at once"
+    );
+    let cleaned = vol
+        .flush_to_source(None, Duration::from_secs(30))
+        .expect("flush to source");
+    assert!(cleaned > 0);
+    assert_eq!(vol.writeback_stats().unwrap().dirty_bytes, 0);
+    assert_eq!(
+        read(&*source, 0, 8 * MIB),
+        model,
+        "the source holds every write"
+    );
+    assert_eq!(read(&vol, 0, 8 * MIB), model);
+    assert!(vol.shutdown(), "clean shutdown");
+}
+
+#[test]
+fn a_restart_brings_dirty_data_back_and_cleans_only_it() {
+    let source = filled(8 * MIB, 3);
+    let cache = Arc::new(MemDevice::new(4 * MIB));
+    // A long metadata interval and no idle cleaning before the stop: dirty data is in the
+    // journal and the records.
+    let vol = CacheVolume::open(source.clone(), cache.clone(), config(20)).expect("open");
+    let mut model = read(&*source, 0, 8 * MIB);
+    let mut b = vec![0u8; 64 * KIB as usize];
+    SmallRng::seed_from_u64(4).fill(&mut b[..]);
+    for k in 0..4u64 {
+        vol.write_at(k * MIB, &b).unwrap();
+        model[(k * MIB) as usize..(k * MIB + 64 * KIB) as usize].copy_from_slice(&b);
+    }
+    let before = vol.stats().source_bytes_written;
+    assert!(vol.shutdown(), "clean shutdown");
+    let vol = CacheVolume::open(source.clone(), cache.clone(), config(20)).expect("reopen");
+    let p = vol.persist_stats().unwrap();
+    let wb = vol.writeback_stats().unwrap();
+    assert_eq!(read(&vol, 0, 8 * MIB), model);
+    let dirty = wb.dirty_bytes;
+    assert!(dirty > 0 && dirty <= 4 * 64 * KIB, "{wb:?} {p:?}");
+    vol.flush_to_source(None, Duration::from_secs(30)).unwrap();
+    let after = vol.stats().source_bytes_written;
+    assert_eq!(
+        after + before,
+        dirty + before,
+        "only the dirty bytes were cleaned"
+    );
+    assert_eq!(read(&*source, 0, 8 * MIB), model);
+}
+
+/// Per 4 KiB page, the contents a read may return after a crash: what the last flush made
+/// durable, and every version acknowledged since (unflushed writes may or may not survive).
+#[derive(Default)]
+struct Allowed {
+    since_flush: HashMap<u64, Vec<u64>>,
+}
+
+fn page_hash(b: &[u8]) -> u64 {
+    sce_store::page_checksum(b, 0) as u64
+}
+
+#[test]
+fn crashes_in_write_back_never_lose_a_flushed_write_nor_return_older_bytes() {
+    let size = 8 * MIB;
+    let source_mem = filled(size, 5);
+    let cache_mem = Arc::new(MemDevice::new(3 * MIB));
+    let mut rng = SmallRng::seed_from_u64(6);
+    let mut model = read(&*source_mem, 0, size);
+    // What the last flush made durable (the model holds the newest).
+    let mut durable = model.clone();
+    let mut allowed = Allowed::default();
+    let (mut restored_dirty, mut crashes_with_dirty) = (0u64, 0u32);
+    let iterations = 60;
+    for it in 0..iterations {
+        let frozen = Arc::new(AtomicBool::new(false));
+        let cache = Arc::new(CrashDevice::volatile(cache_mem.clone(), frozen.clone()));
+        let source: Arc<dyn BlockDevice> =
+            Arc::new(CrashDevice::durable(source_mem.clone(), frozen.clone()));
+        let vol = CacheVolume::open(source.clone(), cache.clone(), config(2)).expect("open");
+        if it > 0 {
+            restored_dirty += vol.writeback_stats().unwrap().dirty_bytes;
+        }
+        // After the crash: each page holds its flushed version or one written since.
+        let now = read(&vol, 0, size);
+        for p in 0..size / PAGE {
+            let r = (p * PAGE) as usize..((p + 1) * PAGE) as usize;
+            if now[r.clone()] != durable[r.clone()] {
+                let ok = allowed
+                    .since_flush
+                    .get(&p)
+                    .is_some_and(|v| v.contains(&page_hash(&now[r.clone()])));
+                if !ok {
+                    let src = read(&*source_mem, p * PAGE, PAGE);
+                    panic!(
+                        "iteration {it}: page {p} reads bytes never written there (equal to the source's: {}, initial {}, zero: {}, versions since flush: {:?}, persist {:?}, wb {:?})",
+                        src[..] == now[r.clone()],
+                        read(&*filled(size, 5), p * PAGE, PAGE) == src,
+                        now[r.clone()].iter().all(|&x| x == 0),
+                        allowed.since_flush.get(&p).map(|v| v.len()),
+                        vol.persist_stats(),
+                        vol.writeback_stats()
+                    );
+                }
+            }
+        }
+        model = now;
+        durable = model.clone();
+        allowed.since_flush.clear();
+        let ops = rng.gen_range(20..200);
+        let crash_at = rng.gen_range(0..ops);
+        for op in 0..ops {
+            if op == crash_at {
+                if vol.writeback_stats().unwrap().dirty_bytes > 0 {
+                    crashes_with_dirty += 1;
+                }
+                cache.crash(&mut rng);
+                break;
+            }
+            let len = rng.gen_range(1..=32u64) * 512;
+            let hot = rng.gen_bool(0.5);
+            let span = if hot { MIB } else { size };
+            let at = rng.gen_range(0..(span - len) / 512) * 512;
+            match rng.gen_range(0..10) {
+                0..=3 => {
+                    let mut b = vec![0u8; len as usize];
+                    rng.fill(&mut b[..]);
+                    vol.write_at(at, &b).expect("write");
+                    model[at as usize..(at + len) as usize].copy_from_slice(&b);
+                    let (p0, p1) = (at / PAGE * PAGE, (at + len).div_ceil(PAGE) * PAGE);
+                    if std::env::var("WB_DEBUG").is_ok() {
+                        let got = read(&vol, p0, p1 - p0);
+                        assert!(
+                            got[..] == model[p0 as usize..p1 as usize],
+                            "it {it} op {op}: write at {at:#x}+{len} reads back wrong"
+                        );
+                    }
+                    for p in at / PAGE..(at + len).div_ceil(PAGE) {
+                        let r = (p * PAGE) as usize..((p + 1) * PAGE) as usize;
+                        let h = page_hash(&model[r]);
+                        allowed.since_flush.entry(p).or_default().push(h);
+                    }
+                }
+                4 => {
+                    vol.flush().expect("flush");
+                    durable.copy_from_slice(&model);
+                    allowed.since_flush.clear();
+                }
+                _ => {
+                    let got = read(&vol, at, len);
+                    assert!(
+                        got[..] == model[at as usize..(at + len) as usize],
+                        "iteration {it}: a read at {at:#x} did not return the newest write"
+                    );
+                }
+            }
+        }
+        drop(vol);
+    }
+    println!(
+        "{iterations} crashes in write-back, {crashes_with_dirty} with dirty data: \
+         {restored_dirty} dirty bytes restored in all"
+    );
+    assert!(crashes_with_dirty > 0 && restored_dirty > 0);
+    // At last everything goes to the source.
+    let vol = CacheVolume::open(source_mem.clone(), cache_mem.clone(), config(2)).expect("open");
+    let now = read(&vol, 0, size);
+    vol.flush_to_source(None, Duration::from_secs(30)).unwrap();
+    assert_eq!(read(&*source_mem, 0, size), now, "the source holds it all");
+}
+
+/// What one writer thread of the concurrent crash test did: its pages as of its last
+/// flush, and the versions it wrote since.
+struct Writer {
+    durable: Vec<u8>,
+    since_flush: HashMap<u64, Vec<u64>>,
+}
+
+/// One writer: random writes in its own region `[base, base + len)`, some flushes, until
+/// `stop` (or its first error, once the devices froze).
+fn writer(vol: &CacheVolume, base: u64, region: Vec<u8>, seed: u64, stop: &AtomicBool) -> Writer {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let span = region.len() as u64;
+    let mut model = region;
+    let mut w = Writer {
+        durable: model.clone(),
+        since_flush: HashMap::new(),
+    };
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        let len = rng.gen_range(1..=48u64) * 512;
+        let at = rng.gen_range(0..(span - len) / 512) * 512;
+        if rng.gen_ratio(1, 6) {
+            if vol.flush().is_err() {
+                break;
+            }
+            w.durable.copy_from_slice(&model);
+            w.since_flush.clear();
+            continue;
+        }
+        let mut b = vec![0u8; len as usize];
+        rng.fill(&mut b[..]);
+        if vol.write_at(base + at, &b).is_err() {
+            break;
+        }
+        model[at as usize..(at + len) as usize].copy_from_slice(&b);
+        for p in at / PAGE..(at + len).div_ceil(PAGE) {
+            let h = page_hash(&model[(p * PAGE) as usize..((p + 1) * PAGE) as usize]);
+            w.since_flush.entry(p).or_default().push(h);
+        }
+    }
+    w
+}
+
+#[test]
+fn crashes_amid_concurrent_write_back_writers_never_lose_a_flushed_write() {
+    let size = 8 * MIB;
+    let threads = 4u64;
+    let region = size / threads;
+    let source_mem = filled(size, 7);
+    let cache_mem = Arc::new(MemDevice::new(3 * MIB));
+    let mut rng = SmallRng::seed_from_u64(8);
+    let mut writers: Vec<Writer> = Vec::new();
+    let iterations = 60;
+    for it in 0..iterations {
+        let frozen = Arc::new(AtomicBool::new(false));
+        let cache = Arc::new(CrashDevice::volatile(cache_mem.clone(), frozen.clone()));
+        let source: Arc<dyn BlockDevice> =
+            Arc::new(CrashDevice::durable(source_mem.clone(), frozen.clone()));
+        let vol = CacheVolume::open(source.clone(), cache.clone(), config(1)).expect("open");
+        let now = read(&vol, 0, size);
+        for (t, w) in writers.iter().enumerate() {
+            for p in 0..region / PAGE {
+                let r = (p * PAGE) as usize..((p + 1) * PAGE) as usize;
+                let g = (t as u64 * region) as usize;
+                let got = &now[g + r.start..g + r.end];
+                let ok = got == &w.durable[r.clone()]
+                    || w.since_flush
+                        .get(&p)
+                        .is_some_and(|v| v.contains(&page_hash(got)));
+                assert!(
+                    ok,
+                    "iteration {it}: writer {t}'s page {p} lost a flushed write"
+                );
+            }
+        }
+        let stop = AtomicBool::new(false);
+        let delay = Duration::from_millis(rng.gen_range(1..40));
+        writers = std::thread::scope(|sc| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let (vol, stop) = (&vol, &stop);
+                    let mine = now[(t * region) as usize..((t + 1) * region) as usize].to_vec();
+                    let seed = it as u64 * 100 + t;
+                    sc.spawn(move || writer(vol, t * region, mine, seed, stop))
+                })
+                .collect();
+            std::thread::sleep(delay);
+            cache.crash(&mut rng);
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        drop(vol);
+    }
+}
