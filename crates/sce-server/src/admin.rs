@@ -57,6 +57,9 @@ pub struct Request {
     /// set: the new value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
+    /// flush: write write-back data to the source too (and flush it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub to_source: bool,
 }
 
 /// What the admin thread needs of the server.
@@ -274,8 +277,9 @@ impl Ctx {
         match req.verb.as_str() {
             "status" => self.status(name),
             "stats" => self.stats(name),
+            "flush" if req.to_source => self.flush_to_source(name),
             "flush" => self.flush(name),
-            "exists" | "evict" | "prefetch" => self.range_verb(req),
+            "exists" | "evict" | "prefetch" | "clean" => self.range_verb(req),
             "forget" => {
                 let (n, a) = self.attachable(name)?;
                 let (frags, errors) = a.forget().map_err(|e| anyhow!("export {n:?}: {e}"))?;
@@ -293,7 +297,7 @@ impl Ctx {
             }
             "attach" => self.attach(req),
             v => bail!(
-                "unknown verb {v:?} (status, stats, flush, exists, evict, prefetch, forget, set, detach, attach)"
+                "unknown verb {v:?} (status, stats, flush, exists, evict, prefetch, clean, forget, set, detach, attach)"
             ),
         }
     }
@@ -326,7 +330,33 @@ impl Ctx {
         Ok(json!({ "flushed": flushed }))
     }
 
-    /// exists, evict and prefetch: a range of a cached export.
+    /// `flush --to-source`: every write-back byte of the export(s) to the source, which is
+    /// then flushed. Waits as long as cleaning makes progress; fails after a minute without.
+    fn flush_to_source(&self, name: Option<&str>) -> Result<Value> {
+        let only = name.map(|n| self.export_index(Some(n))).transpose()?;
+        let mut done = Vec::new();
+        for (i, e) in self.server.exports().iter().enumerate() {
+            if only.is_some_and(|o| o != i) {
+                continue;
+            }
+            let bytes = match self.volumes.get(i).and_then(|(_, v)| v.as_ref()) {
+                Some(a) => a
+                    .flush_to_source(std::time::Duration::from_secs(60))
+                    .with_context(|| format!("export {:?}", e.name))?,
+                None => {
+                    e.device.flush()?;
+                    0
+                }
+            };
+            tracing::info!(target: LOG_TARGET, export = %e.name, bytes, "ctl flush --to-source");
+            done.push(json!({"export": e.name, "bytes_written_back": bytes}));
+        }
+        Ok(
+            json!({ "flushed": done.iter().map(|d| d["export"].clone()).collect::<Vec<_>>(), "to_source": done }),
+        )
+    }
+
+    /// exists, evict, prefetch and clean: a range of a cached export.
     fn range_verb(&self, req: &Request) -> Result<Value> {
         let (n, _) = self.volume(req.export.as_deref())?;
         let (_, v) = self.attachable(req.export.as_deref())?;
@@ -342,6 +372,11 @@ impl Ctx {
                     "cached_bytes": cached(v)?,
                     "fragments": frags.iter().map(|&(off, b)| json!({"offset": off, "cached_bytes": b})).collect::<Vec<_>>(),
                 }))
+            }
+            "clean" => {
+                let bytes = v.clean(o, l, std::time::Duration::from_secs(60))?;
+                tracing::info!(target: LOG_TARGET, export = %n, offset = o, len = l, bytes, "ctl clean");
+                Ok(json!({"export": n, "offset": o, "len": l, "bytes_written_back": bytes}))
             }
             "evict" => {
                 let bytes = v.evict(o, l)?;
@@ -468,6 +503,20 @@ impl Ctx {
                         "cache_checksum": s.cache_checksum_errors,
                     });
                     m["persistent"] = json!(v.persist_stats().is_some());
+                    if let Some(w) = v.writeback_stats() {
+                        if w.lost_bytes > 0 {
+                            // Dirty data whose only copy went bad: reads of it fail.
+                            m["state"] = json!("degraded-lost-data");
+                        }
+                        m["writeback"] = json!({
+                            "dirty_bytes": w.dirty_bytes,
+                            "lost_bytes": w.lost_bytes,
+                            "waits": w.waits,
+                            "bytes_written_back": w.bytes_cleaned,
+                            "clean_errors": w.clean_errors,
+                            "last_clean_error": w.last_clean_error,
+                        });
+                    }
                     export_figures(&mut m, a);
                 }
             }

@@ -230,6 +230,45 @@ impl Attachable {
         self.with(|v| v.prefetch(b + offset, len), |_| Ok(()))
     }
 
+    /// The export's range of its cache's address space (everything if it has the device
+    /// alone).
+    fn range(&self) -> Option<(u64, u64)> {
+        self.part.as_ref().map(|p| (p.base, self.source.size()))
+    }
+
+    /// Write-back: writes the export's dirty data to the source and flushes it
+    /// (`sce ctl flush --to-source`). Returns the bytes cleaned; 0 when detached or in
+    /// another mode (the source is then whole already, and flushed).
+    pub fn flush_to_source(&self, patience: Duration) -> Result<u64, IoError> {
+        let range = self.range();
+        self.with(
+            |v| v.flush_to_source(range, patience),
+            |s| s.flush().map(|()| 0),
+        )
+    }
+
+    /// Write-back: writes the dirty data of the export's `[offset, offset + len)` to the
+    /// source (FlashTier's clean, `sce ctl clean`). Returns the bytes cleaned.
+    pub fn clean(&self, offset: u64, len: u64, patience: Duration) -> Result<u64, IoError> {
+        let b = self.base();
+        self.with(
+            |v| v.flush_to_source(Some((b + offset, len)), patience),
+            |_| Ok(0),
+        )
+    }
+
+    /// Before a detach in write-back: every dirty byte of the export to its source.
+    fn drain(&self, v: &CacheVolume) -> Result<()> {
+        if v.writeback_stats().is_none() {
+            return Ok(());
+        }
+        v.flush_to_source(self.range(), Duration::from_secs(60))
+            .map(|_| ())
+            .map_err(|e| {
+                anyhow!("detach refused: the export's write-back data could not be written to its source: {e}")
+            })
+    }
+
     /// Detaches the cache: the export serves from the source alone from now on, and the
     /// cache device is flushed, left clean and released. Returns the device's path and
     /// whether it was left clean.
@@ -239,11 +278,17 @@ impl Attachable {
         }
         let _op = self.ops.lock();
         let name = self.spec.lock().name.clone();
+        // Write-back: the dirty data goes to the source first, while I/O goes on, and what
+        // was written meanwhile again under the gate, so the source is whole at the swap.
+        if let Some(v) = self.volume() {
+            self.drain(&v)?;
+        }
         let v = {
             let mut g = self.gate.write();
             let v = g
                 .clone()
                 .ok_or_else(|| anyhow!("export {name:?} is detached already"))?;
+            self.drain(&v)?;
             // Marked detached on the device before the swap: writes from then on reach the
             // source only, so a start (rather than an attach that knows better) must not
             // trust the device. If the mark cannot be written, the export stays attached.
@@ -353,6 +398,7 @@ impl Attachable {
         let v = g
             .clone()
             .ok_or_else(|| anyhow!("export {name:?} is detached already"))?;
+        self.drain(&v)?;
         // Under the gate, before the swap: first marked detached (durably, and nothing of
         // it is populated from now on), then its pages dropped. Whatever fails after the
         // mark, no start trusts what the device holds for it.

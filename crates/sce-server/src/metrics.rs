@@ -103,6 +103,17 @@ pub fn stats_json(server: &Server, volumes: &Volumes) -> serde_json::Value {
             } else {
                 m.insert("persist_format_version".into(), serde_json::Value::Null);
             }
+            if let Some(w) = v.writeback_stats() {
+                for (f, val) in [
+                    ("writeback_dirty_bytes", w.dirty_bytes),
+                    ("writeback_lost_bytes", w.lost_bytes),
+                    ("writeback_waits", w.waits),
+                    ("writeback_cleaned_bytes", w.bytes_cleaned),
+                    ("writeback_clean_errors", w.clean_errors),
+                ] {
+                    m.insert(f.into(), val.into());
+                }
+            }
         }
         exports.insert(name.clone(), m.into());
     }

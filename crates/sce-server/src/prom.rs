@@ -138,6 +138,40 @@ fn server_families(f: &mut Families, server: &Server) {
     }
 }
 
+/// Write-back's families of one export.
+fn writeback_families(f: &mut Families, lp: &[(&str, &str)], w: &sce_engine::WriteBackStats) {
+    f.gauge(
+        "sce_writeback_dirty_bytes",
+        "Bytes only the cache holds (write-back data not yet on the source).",
+        lp,
+        w.dirty_bytes as f64,
+    );
+    f.gauge(
+        "sce_writeback_lost_bytes",
+        "Bytes of write-back data whose only copy was lost on the cache device; reads of them fail.",
+        lp,
+        w.lost_bytes as f64,
+    );
+    f.counter(
+        "sce_writeback_cleaned_bytes_total",
+        "Bytes of write-back data the cleaner wrote to the source.",
+        lp,
+        w.bytes_cleaned,
+    );
+    f.counter(
+        "sce_writeback_clean_errors_total",
+        "Cleaning jobs that failed on the source (the data stays dirty and is retried).",
+        lp,
+        w.clean_errors,
+    );
+    f.counter(
+        "sce_writeback_waits_total",
+        "Writes that waited for cleaning or a metadata round (backpressure).",
+        lp,
+        w.waits,
+    );
+}
+
 /// One cached export's families.
 fn volume_families(
     f: &mut Families,
@@ -158,10 +192,13 @@ fn volume_families(
     for (name, help, get) in tables::VOLUME_GAUGES {
         f.gauge(name, help, &lp, get(&view));
     }
+    if let Some(w) = v.writeback_stats() {
+        writeback_families(f, &lp, &w);
+    }
     let mode = view.config.write_mode.to_string();
     f.gauge(
         "sce_cache_mode_info",
-        "The cache mode in force (the value is always 1): writethrough, writethrough-sync, writearound or passthrough.",
+        "The cache mode in force (the value is always 1): writethrough, writethrough-sync, writearound, writeback or passthrough.",
         &[("export", export), ("mode", &mode)],
         1.0,
     );

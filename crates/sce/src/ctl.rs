@@ -50,9 +50,28 @@ pub enum Verb {
         #[arg(long, default_value_t = 0)]
         count: u64,
     },
-    /// Make every acknowledged write durable on the source (NBD FLUSH of the export).
+    /// Make every acknowledged write durable (NBD FLUSH of the export: on the source, and
+    /// in writeback on the cache device).
+    ///
+    /// With --to-source, write-back data is also written to the source, which is then
+    /// flushed: afterwards the source alone holds every acknowledged write.
     Flush {
         /// Only this export.
+        export: Option<String>,
+        /// Write every dirty (write-back) byte to the source and flush it.
+        #[arg(long)]
+        to_source: bool,
+    },
+    /// FlashTier's clean: write the dirty (write-back) data of a range to the source.
+    Clean {
+        /// First byte (sizes take units: 1GiB).
+        #[arg(value_parser = parse_size)]
+        offset: u64,
+        /// Length in bytes.
+        #[arg(value_parser = parse_size)]
+        len: u64,
+        /// The export (default: the only or the default one).
+        #[arg(long)]
         export: Option<String>,
     },
     /// FlashTier's exists: what the cache holds of a range of the source.
@@ -159,8 +178,26 @@ fn request(verb: Verb) -> (Request, Render) {
     match verb {
         Verb::Status { export } => (simple("status", export), print_status),
         Verb::Stats { export, .. } => (simple("stats", export), |v| print_stats(v, None)),
-        Verb::Flush { export } => (simple("flush", export), |v| {
-            println!("flushed: {}", list(&v["flushed"]));
+        Verb::Flush { export, to_source } => {
+            let mut r = simple("flush", export);
+            r.to_source = to_source;
+            (r, |v| {
+                println!("flushed: {}", list(&v["flushed"]));
+                for d in v["to_source"].as_array().into_iter().flatten() {
+                    println!(
+                        "  {}: {} written back to the source",
+                        d["export"].as_str().unwrap_or("?"),
+                        size(&d["bytes_written_back"])
+                    );
+                }
+            })
+        }
+        Verb::Clean {
+            offset,
+            len,
+            export,
+        } => (range_req("clean", export, offset, len), |v| {
+            println!("written back: {}", size(&v["bytes_written_back"]));
         }),
         Verb::Exists {
             offset,
@@ -347,6 +384,21 @@ fn print_status(v: &Value) {
                 "not persistent"
             }
         );
+        if let Some(w) = e.get("writeback") {
+            println!(
+                "  {:<12} {} dirty, {} lost, {} written back, {} waits, {} clean errors{}",
+                "writeback",
+                size(&w["dirty_bytes"]),
+                size(&w["lost_bytes"]),
+                size(&w["bytes_written_back"]),
+                w["waits"],
+                w["clean_errors"],
+                match w["last_clean_error"].as_str() {
+                    Some(x) if !x.is_empty() => format!(" (last: {x})"),
+                    _ => String::new(),
+                }
+            );
+        }
         println!(
             "  {:<12} {} of {} ({})",
             "occupancy",

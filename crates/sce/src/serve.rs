@@ -72,8 +72,11 @@ pub struct ServeArgs {
     #[arg(long)]
     pub source_generation: Option<String>,
     /// Cache mode: writethrough (asynchronous, as SCE's AWT; --awt off for the synchronous
-    /// flavour), writearound or passthrough. The old names awt, write-through and
-    /// write-around work too. Change it at run time with `sce ctl set EXPORT mode M`.
+    /// flavour), writearound, writeback or passthrough. The old names awt, write-through and
+    /// write-around work too. Change it at run time with `sce ctl set EXPORT mode M`, except
+    /// into or out of writeback, which is chosen at start (write-back acknowledges writes
+    /// once they are on the cache device; a cleaner copies them to the source; `sce ctl
+    /// flush --to-source` drains it; one SSD is then the only copy of that data).
     /// [default: writethrough]
     #[arg(long)]
     pub mode: Option<WriteMode>,

@@ -293,7 +293,10 @@ fn each_verb_does_what_it_says() {
     for (args, says) in [
         (&["set", "nope", "mode", "passthrough"][..], "no export"),
         (&["set", "", "mode", "writebehind"], "unknown mode"),
-        (&["set", "", "mode", "writeback"], "not in sce serve yet"),
+        (
+            &["set", "", "mode", "writeback"],
+            "chosen when the cache starts",
+        ),
         (&["set", "", "fragment-size", "1MiB"], "cannot set"),
         (&["evict", "60MiB", "8MiB"], "out of range"),
         (&["exists", "0", "65MiB"], "out of range"),

@@ -3,23 +3,17 @@
 
 mod common;
 
+use common::blocks::{assert_never_stale, block, client, decode, BlockState, BLOCK};
 use common::{num, Server};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 use sce_io::{AlignedBuf, BlockDevice};
-use sce_nbd::{NbdClient, NbdUri};
+use sce_nbd::NbdClient;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
-
-fn client(sock: &Path, conns: usize) -> NbdClient {
-    let uri: NbdUri = format!("nbd+unix:///?socket={}", sock.display())
-        .parse()
-        .unwrap();
-    NbdClient::connect(&uri, conns).unwrap()
-}
 
 fn sce(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_sce"))
@@ -155,58 +149,6 @@ fn warm_restart_on_a_loop_device_with_direct_io() {
     }
 }
 
-const BLOCK: u64 = 4096;
-
-/// A block's content: its index, its write counter, and a filler derived from both, so a
-/// stale block and a torn one are both recognised.
-fn block(idx: u64, counter: u64, out: &mut [u8]) {
-    out[..8].copy_from_slice(&idx.to_le_bytes());
-    out[8..16].copy_from_slice(&counter.to_le_bytes());
-    let mut x = idx.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ counter;
-    for w in out[16..].chunks_mut(8) {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        w.copy_from_slice(&x.to_le_bytes()[..w.len()]);
-    }
-}
-
-/// Decodes a block: Some(counter) if it is whole and belongs at `idx`.
-fn decode(idx: u64, data: &[u8]) -> Option<u64> {
-    let i = u64::from_le_bytes(data[..8].try_into().unwrap());
-    let c = u64::from_le_bytes(data[8..16].try_into().unwrap());
-    let mut want = vec![0u8; BLOCK as usize];
-    block(idx, c, &mut want);
-    (i == idx && want[..] == data[..]).then_some(c)
-}
-
-/// Reads the whole volume through `c` and asserts every block reads as its last
-/// acknowledged write or the write that was in flight on it (`what` names the round).
-fn assert_never_stale(c: &NbdClient, m: &[BlockState], what: &str) {
-    let mut buf = AlignedBuf::new(MIB as usize);
-    for chunk in 0..(m.len() as u64 * BLOCK) / MIB {
-        c.read_at(chunk * MIB, &mut buf).unwrap();
-        for k in 0..MIB / BLOCK {
-            let b = chunk * MIB / BLOCK + k;
-            let got = decode(b, &buf[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize]);
-            let st = m[b as usize];
-            assert!(
-                got == Some(st.acked) || (got.is_some() && got == st.in_flight),
-                "{what}: block {b} reads {got:?}; acknowledged {}, in flight {:?}",
-                st.acked,
-                st.in_flight
-            );
-        }
-    }
-}
-
-/// Per block: the last acknowledged write counter, and one in flight (if any).
-#[derive(Clone, Copy, Default)]
-struct BlockState {
-    acked: u64,
-    in_flight: Option<u64>,
-}
-
 #[test]
 fn sigkill_crashes_never_serve_stale_or_torn_blocks() {
     let iterations: u32 = std::env::var("SCE_CRASH_ITERATIONS")
@@ -214,23 +156,7 @@ fn sigkill_crashes_never_serve_stale_or_torn_blocks() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(200);
     let d = tempfile::tempdir().unwrap();
-    let (src, cache, sock) = (
-        d.path().join("src"),
-        d.path().join("cache"),
-        d.path().join("s"),
-    );
-    let size = 16 * MIB;
-    let blocks = size / BLOCK;
-    let mut init = vec![0u8; size as usize];
-    for b in 0..blocks {
-        block(
-            b,
-            0,
-            &mut init[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize],
-        );
-    }
-    std::fs::write(&src, &init).unwrap();
-    drop(init);
+    let (src, cache) = (d.path().join("src"), d.path().join("cache"));
     let args = [
         "--source",
         src.to_str().unwrap(),
@@ -244,143 +170,21 @@ fn sigkill_crashes_never_serve_stale_or_torn_blocks() {
         "50ms",
         "--allow-buffered",
     ];
-    const THREADS: u64 = 4;
-    let model = Arc::new(parking_lot::Mutex::new(vec![
-        BlockState::default();
-        blocks as usize
-    ]));
-    let mut rng = SmallRng::seed_from_u64(2026);
-    let (mut cached_at_kill, mut restored, mut in_flight_total) = (0u64, 0u64, 0u64);
-    let mut intents_at_kill = 0u64;
-    let mut counter = 0u64;
-    for it in 0..=iterations {
-        let s = Server::start(&args, &sock);
-        let c = Arc::new(client(&sock, THREADS as usize));
-        if it > 0 {
-            restored += num(&s.export_stats(), "persist_fragments_restored");
-        }
-        // After each restart every block reads back as its last acknowledged write or the
-        // write that was in flight on it.
-        let m = model.lock().clone();
-        assert_never_stale(&c, &m, &format!("iteration {it}"));
-        // Re-read what landed so the model starts this round exact.
-        {
-            let mut m = model.lock();
-            let mut buf = AlignedBuf::new(MIB as usize);
-            for chunk in 0..size / MIB {
-                c.read_at(chunk * MIB, &mut buf).unwrap();
-                for k in 0..MIB / BLOCK {
-                    let b = chunk * MIB / BLOCK + k;
-                    let got = decode(b, &buf[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize]);
-                    m[b as usize] = BlockState {
-                        acked: got.expect("checked above"),
-                        in_flight: None,
-                    };
-                }
-            }
-        }
-        if it == iterations {
-            break;
-        }
-        // A verifying load from several threads, each owning a contiguous range of blocks;
-        // SIGKILL at a random moment.
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let mut handles = Vec::new();
-        for t in 0..THREADS {
-            let (c, model, stop) = (c.clone(), model.clone(), stop.clone());
-            let seed = rng.gen::<u64>();
-            let base = counter + (t + 1) * 1_000_000;
-            handles.push(std::thread::spawn(move || {
-                let mut r = SmallRng::seed_from_u64(seed);
-                let per = blocks / THREADS;
-                let first = t * per;
-                let mut n = base;
-                let mut wbuf = AlignedBuf::new(16 * BLOCK as usize);
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let k = r.gen_range(1..=16u64);
-                    // Half the traffic in the first eighth of the range: it gets cached.
-                    let span = if r.gen_bool(0.5) { per / 8 } else { per };
-                    let b0 = first + r.gen_range(0..span - k);
-                    let data = &mut wbuf[..(k * BLOCK) as usize];
-                    if r.gen_bool(0.2) {
-                        n += 1;
-                        {
-                            let mut m = model.lock();
-                            for j in 0..k {
-                                m[(b0 + j) as usize].in_flight = Some(n);
-                            }
-                        }
-                        for j in 0..k {
-                            block(
-                                b0 + j,
-                                n,
-                                &mut data[(j * BLOCK) as usize..((j + 1) * BLOCK) as usize],
-                            );
-                        }
-                        if c.write_at(b0 * BLOCK, data).is_err() {
-                            return;
-                        }
-                        let mut m = model.lock();
-                        for j in 0..k {
-                            m[(b0 + j) as usize] = BlockState {
-                                acked: n,
-                                in_flight: None,
-                            };
-                        }
-                    } else {
-                        if c.read_at(b0 * BLOCK, data).is_err() {
-                            return;
-                        }
-                        let m = model.lock();
-                        for j in 0..k {
-                            let got = decode(
-                                b0 + j,
-                                &data[(j * BLOCK) as usize..((j + 1) * BLOCK) as usize],
-                            );
-                            assert_eq!(
-                                got,
-                                Some(m[(b0 + j) as usize].acked),
-                                "live read of block {}",
-                                b0 + j
-                            );
-                        }
-                    }
-                }
-            }));
-        }
-        std::thread::sleep(Duration::from_millis(rng.gen_range(20..400)));
-        // Every fourth kill comes after the writers stopped and the server had a few
-        // metadata intervals to settle: the source's identity is then recorded again, so the
-        // cache may survive. After a kill amid writes to a file source the cache cannot tell
-        // its own last writes from someone else's, and drops everything: never stale.
-        let quiet = it % 4 == 3;
-        if quiet {
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            for h in handles.drain(..) {
-                h.join().expect("a load thread failed a live check");
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        }
-        let st = s.export_stats();
-        cached_at_kill += num(&st, "total_slots") - num(&st, "free_slots");
-        intents_at_kill += num(&st, "persist_dirty_intents");
-        s.kill();
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        for h in handles {
-            h.join().expect("a load thread failed a live check");
-        }
-        in_flight_total += model
-            .lock()
-            .iter()
-            .filter(|b| b.in_flight.is_some())
-            .count() as u64;
-        counter += 100_000_000;
-    }
+    let r = common::blocks::kill_loop(&args, &src, &d.path().join("s"), iterations, 2026);
+    let sum = |v: &[serde_json::Value], k: &str| v.iter().map(|x| num(x, k)).sum::<u64>();
+    let cached_at_kill: u64 = r
+        .at_kill
+        .iter()
+        .map(|x| num(x, "total_slots") - num(x, "free_slots"))
+        .sum();
+    let intents_at_kill = sum(&r.at_kill, "persist_dirty_intents");
+    let restored = sum(&r.after_restart, "persist_fragments_restored");
     println!(
         "{iterations} SIGKILL crashes: {cached_at_kill} fragments cached at the kills, {intents_at_kill} \
-         of them under a write intent; {restored} restored ({:.1}%); {in_flight_total} blocks had a \
+         of them under a write intent; {restored} restored ({:.1}%); {} blocks had a \
          write in flight at a kill; no stale or torn block",
-        100.0 * restored as f64 / cached_at_kill.max(1) as f64
+        100.0 * restored as f64 / cached_at_kill.max(1) as f64,
+        r.in_flight
     );
     assert!(restored > 0, "no fragment ever survived a crash");
 }
@@ -428,14 +232,14 @@ fn format_check_and_refusals() {
     let out = sce(&["check", caches, "--json"]);
     assert!(out.status.success());
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(r["superblock"]["version"], 3);
+    assert_eq!(r["superblock"]["version"], 4);
     assert_eq!(r["superblock"]["layout"]["fragment_size"], 256 * 1024);
     // serve picks the device's fragment size up, and refuses another source.
     let s = Server::start(
         &["--source", srcs, "--cache", caches, "--allow-buffered"],
         &sock,
     );
-    assert_eq!(num(&s.export_stats(), "persist_format_version"), 3);
+    assert_eq!(num(&s.export_stats(), "persist_format_version"), 4);
     assert!(s.term().success());
     let out = Command::new(env!("CARGO_BIN_EXE_sce"))
         .args([

@@ -988,7 +988,8 @@ fn writeback_in_the_simulator_reports_cleaning_and_dirty_occupancy() {
         "2",
     ]);
     assert!(err.contains("issue 16"), "{err}");
-    // sce serve does not run write-back yet, and says so instead of starting.
+    // sce serve runs write-back only on a persistent cache (dirty data must survive a
+    // crash), and says so instead of starting.
     let src = d.path().join("src");
     std::fs::File::create(&src)
         .unwrap()
@@ -1006,9 +1007,10 @@ fn writeback_in_the_simulator_reports_cleaning_and_dirty_occupancy() {
         "1MiB",
         "--mode",
         "writeback",
+        "--no-persist",
         "--listen",
         &format!("unix:{}", sock.display()),
     ]);
-    assert!(err.contains("writeback is not in sce serve yet"), "{err}");
+    assert!(err.contains("writeback needs a persistent cache"), "{err}");
     assert!(!cache.exists(), "the refused start left a cache file");
 }

@@ -141,3 +141,252 @@ pub fn num(v: &serde_json::Value, k: &str) -> u64 {
     v[k].as_u64()
         .unwrap_or_else(|| panic!("no number {k} in {v}"))
 }
+
+/// Blocks that say what they are, for crash tests: the model of what was acknowledged.
+pub mod blocks {
+    use sce_io::{AlignedBuf, BlockDevice};
+    use sce_nbd::NbdClient;
+
+    const MIB: u64 = 1 << 20;
+
+    pub const BLOCK: u64 = 4096;
+
+    /// A block's content: its index, its write counter, and a filler derived from both, so a
+    /// stale block and a torn one are both recognised.
+    pub fn block(idx: u64, counter: u64, out: &mut [u8]) {
+        out[..8].copy_from_slice(&idx.to_le_bytes());
+        out[8..16].copy_from_slice(&counter.to_le_bytes());
+        let mut x = idx.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ counter;
+        for w in out[16..].chunks_mut(8) {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            w.copy_from_slice(&x.to_le_bytes()[..w.len()]);
+        }
+    }
+
+    /// Decodes a block: Some(counter) if it is whole and belongs at `idx`.
+    pub fn decode(idx: u64, data: &[u8]) -> Option<u64> {
+        let i = u64::from_le_bytes(data[..8].try_into().unwrap());
+        let c = u64::from_le_bytes(data[8..16].try_into().unwrap());
+        let mut want = vec![0u8; BLOCK as usize];
+        block(idx, c, &mut want);
+        (i == idx && want[..] == data[..]).then_some(c)
+    }
+
+    /// Reads the whole volume through `c` and asserts every block reads as its last
+    /// acknowledged write or the write that was in flight on it (`what` names the round).
+    pub fn assert_never_stale(c: &NbdClient, m: &[BlockState], what: &str) {
+        let mut buf = AlignedBuf::new(MIB as usize);
+        for chunk in 0..(m.len() as u64 * BLOCK) / MIB {
+            c.read_at(chunk * MIB, &mut buf).unwrap();
+            for k in 0..MIB / BLOCK {
+                let b = chunk * MIB / BLOCK + k;
+                let got = decode(b, &buf[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize]);
+                let st = m[b as usize];
+                assert!(
+                    got == Some(st.acked) || (got.is_some() && got == st.in_flight),
+                    "{what}: block {b} reads {got:?}; acknowledged {}, in flight {:?}",
+                    st.acked,
+                    st.in_flight
+                );
+            }
+        }
+    }
+
+    /// Per block: the last acknowledged write counter, and one in flight (if any).
+    #[derive(Clone, Copy, Default)]
+    pub struct BlockState {
+        pub acked: u64,
+        pub in_flight: Option<u64>,
+    }
+
+    /// What a kill loop saw: the export's stats at each kill and after each restart, the
+    /// blocks that had a write in flight at the kills, and the server of the last round
+    /// (verified, no load) with a client.
+    pub struct KillReport {
+        pub at_kill: Vec<serde_json::Value>,
+        pub after_restart: Vec<serde_json::Value>,
+        pub in_flight: u64,
+        pub model: Vec<BlockState>,
+        pub server: crate::common::Server,
+        pub client: NbdClient,
+    }
+
+    /// A client of the server listening on `sock`.
+    pub fn client(sock: &std::path::Path, conns: usize) -> NbdClient {
+        let uri: sce_nbd::NbdUri = format!("nbd+unix:///?socket={}", sock.display())
+            .parse()
+            .unwrap();
+        NbdClient::connect(&uri, conns).unwrap()
+    }
+
+    /// The SIGKILL loop: writes a 16 MiB source of self-describing blocks to `src`, then
+    /// `iterations` times starts `sce serve ARGS` on `sock`, checks that every block reads
+    /// as its last acknowledged write or the write in flight on it, runs four verifying
+    /// writer/reader threads (each its own blocks) and kills the server at a random moment.
+    /// Every fourth kill comes after the writers stopped and the server had a few metadata
+    /// intervals to settle.
+    pub fn kill_loop(
+        args: &[&str],
+        src: &std::path::Path,
+        sock: &std::path::Path,
+        iterations: u32,
+        seed: u64,
+    ) -> KillReport {
+        use rand::{rngs::SmallRng, Rng, SeedableRng};
+        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+        use std::sync::Arc;
+        let size = 16 * MIB;
+        let blocks = size / BLOCK;
+        let mut init = vec![0u8; size as usize];
+        for b in 0..blocks {
+            block(
+                b,
+                0,
+                &mut init[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize],
+            );
+        }
+        std::fs::write(src, &init).unwrap();
+        drop(init);
+        const THREADS: u64 = 4;
+        let model = Arc::new(parking_lot::Mutex::new(vec![
+            BlockState::default();
+            blocks as usize
+        ]));
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let (mut at_kill, mut after_restart, mut in_flight) = (Vec::new(), Vec::new(), 0u64);
+        let mut counter = 0u64;
+        let mut it = 0;
+        loop {
+            let s = crate::common::Server::start(args, sock);
+            let c = client(sock, THREADS as usize);
+            if it > 0 {
+                after_restart.push(s.export_stats());
+            }
+            let m = model.lock().clone();
+            assert_never_stale(&c, &m, &format!("iteration {it}"));
+            relearn(&c, &mut model.lock(), size);
+            if it == iterations {
+                let model = model.lock().clone();
+                return KillReport {
+                    at_kill,
+                    after_restart,
+                    in_flight,
+                    model,
+                    server: s,
+                    client: c,
+                };
+            }
+            let c = Arc::new(c);
+            let stop = Arc::new(AtomicBool::new(false));
+            let mut handles = Vec::new();
+            for t in 0..THREADS {
+                let (c, model, stop) = (c.clone(), model.clone(), stop.clone());
+                let seed = rng.gen::<u64>();
+                let base = counter + (t + 1) * 1_000_000;
+                let per = blocks / THREADS;
+                handles.push(std::thread::spawn(move || {
+                    load(&c, &model, &stop, (t * per, per), (seed, base))
+                }));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(rng.gen_range(20..400)));
+            if it % 4 == 3 {
+                stop.store(true, Relaxed);
+                for h in handles.drain(..) {
+                    h.join().expect("a load thread failed a live check");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
+            at_kill.push(s.export_stats());
+            s.kill();
+            stop.store(true, Relaxed);
+            for h in handles {
+                h.join().expect("a load thread failed a live check");
+            }
+            in_flight += model
+                .lock()
+                .iter()
+                .filter(|b| b.in_flight.is_some())
+                .count() as u64;
+            counter += 100_000_000;
+            it += 1;
+        }
+    }
+
+    /// Re-reads every block through `c` into the model (after the check, so the round
+    /// starts exact).
+    fn relearn(c: &NbdClient, m: &mut [BlockState], size: u64) {
+        let mut buf = AlignedBuf::new(MIB as usize);
+        for chunk in 0..size / MIB {
+            c.read_at(chunk * MIB, &mut buf).unwrap();
+            for k in 0..MIB / BLOCK {
+                let b = chunk * MIB / BLOCK + k;
+                let got = decode(b, &buf[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize]);
+                m[b as usize] = BlockState {
+                    acked: got.expect("checked above"),
+                    in_flight: None,
+                };
+            }
+        }
+    }
+
+    /// One load thread over blocks `[first, first + per)`: 20% writes (counters from
+    /// `base`), 80% reads checked live against the model, half the traffic in the first
+    /// eighth of the range; until `stop` or an error (the server died).
+    fn load(
+        c: &NbdClient,
+        model: &parking_lot::Mutex<Vec<BlockState>>,
+        stop: &std::sync::atomic::AtomicBool,
+        (first, per): (u64, u64),
+        (seed, base): (u64, u64),
+    ) {
+        use rand::{rngs::SmallRng, Rng, SeedableRng};
+        let mut r = SmallRng::seed_from_u64(seed);
+        let mut n = base;
+        let mut wbuf = AlignedBuf::new(16 * BLOCK as usize);
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let k = r.gen_range(1..=16u64);
+            let span = if r.gen_bool(0.5) { per / 8 } else { per };
+            let b0 = first + r.gen_range(0..span - k);
+            let data = &mut wbuf[..(k * BLOCK) as usize];
+            let at = |j: u64| (j * BLOCK) as usize..((j + 1) * BLOCK) as usize;
+            if r.gen_bool(0.2) {
+                n += 1;
+                {
+                    let mut m = model.lock();
+                    for j in 0..k {
+                        m[(b0 + j) as usize].in_flight = Some(n);
+                    }
+                }
+                for j in 0..k {
+                    block(b0 + j, n, &mut data[at(j)]);
+                }
+                if c.write_at(b0 * BLOCK, data).is_err() {
+                    return;
+                }
+                let mut m = model.lock();
+                for j in 0..k {
+                    m[(b0 + j) as usize] = BlockState {
+                        acked: n,
+                        in_flight: None,
+                    };
+                }
+            } else {
+                if c.read_at(b0 * BLOCK, data).is_err() {
+                    return;
+                }
+                let m = model.lock();
+                for j in 0..k {
+                    let got = decode(b0 + j, &data[at(j)]);
+                    assert_eq!(
+                        got,
+                        Some(m[(b0 + j) as usize].acked),
+                        "live read of block {}",
+                        b0 + j
+                    );
+                }
+            }
+        }
+    }
+}
