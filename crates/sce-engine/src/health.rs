@@ -34,6 +34,22 @@ impl Shared {
         if self.passthrough.swap(true, Relaxed) {
             return;
         }
+        if self.wb.is_some() {
+            // Write-back: the device holds the only copy of the dirty data. It is not marked
+            // failed (a restart on a healthy device recovers what it holds, each page checked
+            // against its checksum); until then dirty pages read as errors, writes are
+            // refused (they could not be recorded), and clean reads go to the source.
+            tracing::error!(
+                "cache device failed in write-back: writes are refused and reads of data \
+                 not yet on the source fail until a restart on a healthy device: {why}"
+            );
+            for core in self.cores.iter() {
+                let mut core = core.write();
+                core.lose_all_dirty();
+                core.drop_all();
+            }
+            return;
+        }
         tracing::error!("cache disabled, passing I/O through to the source: {why}");
         if let Some(p) = &self.persist {
             if let Err(e) = p.fail() {

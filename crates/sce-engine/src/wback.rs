@@ -134,7 +134,14 @@ impl Shared {
         let wb = self.wb.as_ref().expect("write-back");
         wb.last_request.store(self.now().0, Relaxed);
         if self.passthrough.load(Relaxed) {
-            return self.wb_passthrough_write(offset, data);
+            return Err(IoError::Io {
+                op: Op::Write,
+                offset,
+                len: data.len() as u64,
+                source: std::io::Error::other(
+                    "the cache device failed: write-back cannot take writes (see the log)",
+                ),
+            });
         }
         let ps = PAGE_SIZE;
         let end = offset + data.len() as u64;
@@ -168,18 +175,6 @@ impl Shared {
                 self.wb_piece(p.shard, (p.offset, p.local), buf)?;
             }
             at += n;
-        }
-        Ok(())
-    }
-
-    /// The cache device failed: writes go to the source, and whole pages written there are
-    /// no longer lost.
-    fn wb_passthrough_write(&self, offset: u64, data: &[u8]) -> Result<(), IoError> {
-        self.source_write(offset, data)?;
-        for p in self.map.pieces(offset, data.len() as u64) {
-            self.cores[p.shard]
-                .write()
-                .found_on_source(SourceOffset(p.local), p.len);
         }
         Ok(())
     }

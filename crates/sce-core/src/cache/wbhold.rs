@@ -40,29 +40,13 @@ impl CacheCore {
         self.lose_page(f, p);
     }
 
-    /// A write went to the source alone (the cache device failed): whole pages of
-    /// `[offset, offset + len)` are new there and no longer lost.
-    pub fn found_on_source(&mut self, offset: SourceOffset, len: u64) {
-        if self.wb.lost.is_empty() || len == 0 {
-            return;
-        }
-        let ps = crate::addr::PAGE_SIZE;
-        let end = offset.0.saturating_add(len).min(self.geo.source_size());
-        for (f, lo, hi, a, b) in fragments(self.geo, offset.0, end.saturating_sub(offset.0)) {
-            let fstart = self.geo.fragment_start(f).0;
-            let first = if a == fstart + lo as u64 * ps {
-                lo
-            } else {
-                lo + 1
-            };
-            let last = if b == self.page_end(f, hi - 1) {
-                hi
-            } else {
-                hi - 1
-            };
-            if first < last {
-                self.wb.found(f, first, last);
-            }
+    /// The cache device failed: every dirty page is lost (reads of it fail), held slots
+    /// included.
+    pub fn lose_all_dirty(&mut self) {
+        let ppf = self.geo.pages_per_fragment();
+        let frags: Vec<u64> = self.wb.dirty.keys().copied().collect();
+        for f in frags {
+            self.lose_dirty(FragNo(f), 0, ppf);
         }
     }
 
