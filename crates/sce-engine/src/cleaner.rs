@@ -1,9 +1,10 @@
-//! The write-back cleaner: copies dirty pages to the source in the background, in source
-//! order (the core's elevator), one fragment's runs of dirty pages per job.
+//! The write-back cleaner: [`CLEANERS`] threads copy dirty pages to the source in the
+//! background, in source order (the core's elevator), one fragment's runs of dirty pages
+//! per job.
 //!
-//! It cleans when dirty pages exceed [`HIGH`] of the cache, until they are below [`LOW`];
-//! everything when the volume has been idle for [`IDLE`], or while `flush --to-source`
-//! waits. A source write error leaves the pages dirty and backs off (doubling, up to
+//! It cleans when the dirty share of the cache (of its pages or its slots, whichever is
+//! larger) exceeds [`HIGH`], until it is below [`LOW`]; everything when the volume has been
+//! idle for `writeback_idle` (1 s), while `flush --to-source` waits, or while writes wait for room. A source write error leaves the pages dirty and backs off (doubling, up to
 //! [`MAX_BACKOFF`]); the error shows in the stats. A dirty page whose cache copy fails its
 //! checksum or cannot be read is lost (reads of it fail), never written to the source.
 
@@ -17,8 +18,11 @@ use std::time::Duration;
 pub(crate) const HIGH: f64 = 0.20;
 /// Dirty share below which it stops (unless idle or forced).
 pub(crate) const LOW: f64 = 0.05;
-/// Time without requests after which everything is cleaned.
-pub(crate) const IDLE: Duration = Duration::from_secs(1);
+/// How long after a write waited for room the cleaner keeps cleaning, whatever the share.
+const PRESSED: Duration = Duration::from_millis(500);
+/// Cleaner threads: cleaning jobs are source writes, and a slow source (milliseconds each)
+/// needs several in flight to keep up with writes.
+pub(crate) const CLEANERS: usize = 4;
 /// Longest wait after source errors.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -31,12 +35,18 @@ pub(crate) fn cleaner(s: &Shared) {
         if s.shutdown.load(Relaxed) {
             return;
         }
-        let (dirty, total) = s.dirty_share();
-        let share = dirty as f64 / total.max(1) as f64;
-        let idle =
-            s.now().0.saturating_sub(wb.last_request.load(Relaxed)) >= IDLE.as_nanos() as u64;
+        let (dirty, share) = s.dirty_share();
+        let now = s.now().0;
+        let idle = now.saturating_sub(wb.last_request.load(Relaxed)) >= wb.idle.as_nanos() as u64;
+        // Writes waited for room lately: clean whatever the share.
+        let last_wait = wb.last_wait.load(Relaxed);
+        let pressed = last_wait > 0 && now.saturating_sub(last_wait) < PRESSED.as_nanos() as u64;
         active = dirty > 0
-            && (wb.forced.load(Relaxed) > 0 || idle || share > HIGH || (active && share > LOW));
+            && (wb.forced.load(Relaxed) > 0
+                || idle
+                || pressed
+                || share > HIGH
+                || (active && share > LOW));
         if !active {
             if !s.sleep(Duration::from_millis(50)) {
                 return;
@@ -65,25 +75,41 @@ pub(crate) fn cleaner(s: &Shared) {
 }
 
 impl Shared {
-    /// Dirty pages now, and the cache's pages.
-    pub(crate) fn dirty_share(&self) -> (u64, u64) {
-        let mut dirty = 0;
-        let mut total = 0;
+    /// Dirty pages now, and the dirty share of the cache: of its pages or of its slots,
+    /// whichever is larger (a dirty page holds its whole slot until it is cleaned).
+    pub(crate) fn dirty_share(&self) -> (u64, f64) {
+        let (mut pages, mut frags, mut total_pages, mut slots) = (0, 0, 0, 0);
         for c in self.cores.iter() {
             let core = c.read();
-            dirty += core.dirty_pages();
+            pages += core.dirty_pages();
+            frags += core.dirty_fragments();
             let g = core.geometry();
-            total += g.slots() as u64 * g.pages_per_fragment() as u64;
+            slots += g.slots() as u64;
+            total_pages += g.slots() as u64 * g.pages_per_fragment() as u64;
         }
-        (dirty, total)
+        let by_pages = pages as f64 / total_pages.max(1) as f64;
+        (pages, by_pages.max(frags as f64 / slots.max(1) as f64))
     }
 
     /// One cleaning job per core shard that has one. Returns the jobs done.
+    ///
+    /// The cache device is flushed before anything is copied: only data durable on the
+    /// cache goes to the source. Otherwise a crash could take back the cache's copy of a
+    /// write the source already has, leaving the two disagreeing about a clean page.
     pub(crate) fn clean_some(&self) -> Result<usize, IoError> {
         let mut done = 0;
+        let mut flushed = false;
         for k in 0..self.cores.len() {
             let job = self.cores[k].write().pick_clean();
             let Some(job) = job else { continue };
+            if !flushed {
+                if let Err(e) = self.cache.flush() {
+                    self.cores[k].write().complete_clean(job.id, false).ok();
+                    self.device_errors(1, &format!("flush before cleaning failed: {e}"));
+                    return Err(e);
+                }
+                flushed = true;
+            }
             let r = self.clean_job(k, &job);
             self.cores[k].write().complete_clean(job.id, r.is_ok()).ok();
             if let Some(wb) = &self.wb {

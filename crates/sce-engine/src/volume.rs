@@ -48,6 +48,9 @@ pub struct EngineConfig {
     /// Write-back: how long a write waits for room (cleaning, a metadata round) before it
     /// fails; the cache device or the source is then not keeping up at all.
     pub writeback_wait: Duration,
+    /// Write-back: time without requests after which the cleaner writes everything dirty
+    /// to the source ("clean when idle").
+    pub writeback_idle: Duration,
     /// Keep the cache contents on the cache device across restarts (see `persist`). The
     /// cache device then holds the metadata as well as the data.
     pub persist: Option<PersistConfig>,
@@ -83,6 +86,7 @@ impl Default for EngineConfig {
             verify: true,
             error_limit: 16,
             writeback_wait: Duration::from_secs(120),
+            writeback_idle: Duration::from_secs(1),
             persist: None,
             core_shards: 0,
         }
@@ -274,12 +278,10 @@ fn start_threads(
         )?);
     }
     if shared.wb.is_some() {
-        threads.push(spawn(
-            shared,
-            "sce-clean".into(),
-            "cleaner",
-            crate::cleaner::cleaner,
-        )?);
+        for i in 0..crate::cleaner::CLEANERS {
+            let name = format!("sce-clean-{i}");
+            threads.push(spawn(shared, name, "cleaner", crate::cleaner::cleaner)?);
+        }
     }
     if shared.persist.is_some() {
         threads.push(spawn(shared, "sce-meta".into(), "metadata", flusher)?);
@@ -373,8 +375,21 @@ impl CacheVolume {
             intent_wake: Condvar::new(),
             hits: std::sync::OnceLock::new(),
             wb: (config.core.write_mode == sce_core::WriteMode::WriteBack)
-                .then(|| crate::wback::WbEngine::new(config.writeback_wait)),
+                .then(|| crate::wback::WbEngine::new(config.writeback_wait, config.writeback_idle)),
         });
+        if shared.wb.is_some() {
+            // Before anything is served: records that the load found superseded (a slot
+            // whose dirty claims a later journal entry moved elsewhere) are rewritten now,
+            // for such a slot is free again and its record must not vouch for dirty pages
+            // once other data lands in it.
+            let errors = shared.flush_metadata();
+            if errors > 0 {
+                return Err(IoError::Invalid(format!(
+                    "the cache device's records could not be written at start ({errors} errors)"
+                ))
+                .into());
+            }
+        }
         let (tx, rx) = crossbeam_channel::unbounded::<AwtJob>();
         let threads = start_threads(&shared, &config, rx)?;
         Ok(CacheVolume {

@@ -29,6 +29,17 @@ use sce_store::journal::PrevPage;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+/// What `wb_begin` came to.
+enum Begun {
+    Started(WriteBackPlan, WbGuard),
+    /// I/O in flight on the pages.
+    Busy,
+    /// No clean slot.
+    Full,
+    /// No room in the journal ring.
+    NoJournal,
+}
+
 /// Bytes of one write-back step (its entries must fit the journal ring at once).
 pub(crate) const CHUNK: u64 = 256 << 10;
 
@@ -46,14 +57,17 @@ pub(crate) struct WbEngine {
     /// Nanoseconds (engine clock) of the last client request: the cleaner cleans all when
     /// idle.
     pub(crate) last_request: AtomicU64,
-    /// Writes that waited for cleaning or a round.
+    /// Writes that waited for cleaning or a round, and when one last did (engine clock).
     pub(crate) waits: AtomicU64,
+    pub(crate) last_wait: AtomicU64,
     /// Cleaning: bytes written to the source, failed jobs, the last failure.
     pub(crate) bytes_cleaned: AtomicU64,
     pub(crate) clean_errors: AtomicU64,
     pub(crate) last_clean_error: Mutex<String>,
     /// How long a write waits for room before it fails.
     wait_limit: Duration,
+    /// Time without requests after which the cleaner cleans everything.
+    pub(crate) idle: Duration,
 }
 
 /// A held byte range; released when dropped.
@@ -74,9 +88,10 @@ impl Drop for RangeGuard<'_> {
 }
 
 impl WbEngine {
-    pub(crate) fn new(wait_limit: Duration) -> Self {
+    pub(crate) fn new(wait_limit: Duration, idle: Duration) -> Self {
         WbEngine {
             wait_limit,
+            idle,
             ..WbEngine::default()
         }
     }
@@ -211,9 +226,11 @@ impl Shared {
         let started = std::time::Instant::now();
         let (plan, guard) = loop {
             let seen = wb.progress_now();
-            match self.wb_begin(k, at, data) {
-                Ok(Some(x)) => break x,
-                Ok(None) => {}
+            let room = match self.wb_begin(k, at, data) {
+                Ok(Begun::Started(plan, guard)) => break (plan, guard),
+                Ok(Begun::Busy) => None,
+                Ok(Begun::Full) => Some(true),
+                Ok(Begun::NoJournal) => Some(false),
                 Err(e) => {
                     return Err(request_error(
                         Op::Write,
@@ -224,10 +241,16 @@ impl Shared {
                         self.lbs,
                     ))
                 }
-            }
-            // A full cache, I/O in flight on the pages, or no room in the journal: wait
-            // for cleaning or a round, urging both on.
+            };
+            // I/O in flight on the pages: wait for it. No room in the journal: a round
+            // frees it. A full cache: cleaning (and a round, which releases cleaned slots).
             wb.waits.fetch_add(1, Relaxed);
+            if let Some(full) = room {
+                if full {
+                    wb.last_wait.store(self.now().0, Relaxed);
+                }
+                persist.want_round();
+            }
             *self.intent_pending.lock() = true;
             self.intent_wake.notify_one();
             self.wake.notify_all();
@@ -281,13 +304,8 @@ impl Shared {
     }
 
     /// Under core shard `k`'s lock: starts the write-back write of `data` at `at` and
-    /// appends its dirty entries. None if it must wait (and retry).
-    fn wb_begin(
-        &self,
-        k: usize,
-        at: (u64, u64),
-        data: &[u8],
-    ) -> Result<Option<(WriteBackPlan, WbGuard)>, RequestError> {
+    /// appends its dirty entries, or says why it must wait (and retry).
+    fn wb_begin(&self, k: usize, at: (u64, u64), data: &[u8]) -> Result<Begun, RequestError> {
         let persist = self.persist.as_ref().expect("write-back needs persistence");
         let mut core = self.cores[k].write();
         core.advance_clock(self.now());
@@ -300,7 +318,8 @@ impl Shared {
                     len: data.len() as u64,
                 })
             }
-            Err(_) => return Ok(None),
+            Err(WriteBackRefusal::Busy | WriteBackRefusal::PartialPage) => return Ok(Begun::Busy),
+            Err(WriteBackRefusal::Full) => return Ok(Begun::Full),
         };
         let crcs = self.crcs.as_ref().expect("checksums");
         let ps = PAGE_SIZE;
@@ -339,13 +358,13 @@ impl Shared {
         }
         let Some(guard) = persist.guard_writeback(&pages, copies.into_iter()) else {
             let _ = core.abort_writeback(plan.id);
-            return Ok(None);
+            return Ok(Begun::NoJournal);
         };
         for &s in &guard.hold {
             let local = self.map.slot_to_local(sce_core::SlotNo(s)).1;
             core.hold_slot(local);
         }
-        Ok(Some((plan, guard)))
+        Ok(Begun::Started(plan, guard))
     }
 }
 

@@ -68,6 +68,10 @@ pub struct RunResult {
     pub mean_ms: f64,
     /// 99th percentile latency in milliseconds.
     pub p99_ms: f64,
+    /// Mean latency of the writes alone, in milliseconds (0 without writes).
+    pub write_mean_ms: f64,
+    /// 99th percentile latency of the writes alone, in milliseconds.
+    pub write_p99_ms: f64,
     /// Read hit ratio over all read pages of the run.
     pub read_hit_ratio: Option<f64>,
     /// Bytes written to the cache device.
@@ -135,7 +139,11 @@ pub fn run(
     ))
 }
 
-/// Starts the load threads; each returns its latencies in microseconds.
+/// The bit of a latency sample that marks a write.
+const WRITE: u32 = 1 << 31;
+
+/// Starts the load threads; each returns its latencies in microseconds, writes marked with
+/// [`WRITE`].
 fn spawn_threads(
     dev: Arc<dyn BlockDevice>,
     cfg: &LoadConfig,
@@ -159,13 +167,15 @@ fn spawn_threads(
                 };
                 let off = layout.item(rank, 0) * bs;
                 let t0 = Instant::now();
-                let r = if rng.gen_range(0..100) < read_pct {
+                let write = rng.gen_range(0..100) >= read_pct;
+                let r = if !write {
                     dev.read_at(off, &mut buf)
                 } else {
                     buf[..8].copy_from_slice(&off.to_le_bytes());
                     dev.write_at(off, &buf)
                 };
-                lat.push(t0.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                let us = t0.elapsed().as_micros().min((WRITE - 1) as u128) as u32;
+                lat.push(if write { us | WRITE } else { us });
                 counters.ops.fetch_add(1, Relaxed);
                 if r.is_err() {
                     counters.errors.fetch_add(1, Relaxed);
@@ -232,16 +242,20 @@ fn sample(
 fn summary(
     name: &str,
     cfg: &LoadConfig,
-    mut lat: Vec<u32>,
+    samples: Vec<u32>,
     elapsed: f64,
     counters: &Counters,
     final_stats: Option<VolumeStats>,
     intervals: Vec<Interval>,
 ) -> RunResult {
-    lat.sort_unstable();
-    let n = lat.len().max(1);
-    let mean_ms = lat.iter().map(|&x| x as f64).sum::<f64>() / n as f64 / 1000.0;
-    let p99_ms = lat.get((n * 99 / 100).min(n - 1)).copied().unwrap_or(0) as f64 / 1000.0;
+    let writes: Vec<u32> = samples
+        .iter()
+        .filter(|&&x| x & WRITE != 0)
+        .map(|&x| x & !WRITE)
+        .collect();
+    let lat: Vec<u32> = samples.iter().map(|&x| x & !WRITE).collect();
+    let (mean_ms, p99_ms) = mean_p99(lat.clone());
+    let (write_mean_ms, write_p99_ms) = mean_p99(writes);
     let half = cfg.seconds as f64 / 2.0;
     let written = |second: bool| -> u64 {
         intervals
@@ -260,8 +274,22 @@ fn summary(
         iops: lat.len() as f64 / elapsed,
         mean_ms,
         p99_ms,
+        write_mean_ms,
+        write_p99_ms,
         read_hit_ratio: final_stats.as_ref().map(|s| s.read_hit_ratio()),
         cache_bytes_written: final_stats.as_ref().map_or(0, |s| s.cache_bytes_written),
         intervals,
     }
+}
+
+/// Mean and 99th percentile of latencies in microseconds, in milliseconds (0 if none).
+fn mean_p99(mut lat: Vec<u32>) -> (f64, f64) {
+    if lat.is_empty() {
+        return (0.0, 0.0);
+    }
+    lat.sort_unstable();
+    let n = lat.len();
+    let mean = lat.iter().map(|&x| x as f64).sum::<f64>() / n as f64 / 1000.0;
+    let p99 = lat[(n * 99 / 100).min(n - 1)] as f64 / 1000.0;
+    (mean, p99)
 }

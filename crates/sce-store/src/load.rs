@@ -107,6 +107,12 @@ impl Loaded {
             return;
         }
         let has_dirty = (0..words).any(|w| e.dirty_word(w) != 0);
+        if has_dirty {
+            // Written again before anything is served: whatever becomes of its dirty pages
+            // (restored, replaced, found clean), the record must say so before the slot can
+            // hold anything else.
+            rewrite.insert(l.unit_of(s).0);
+        }
         let mine = want
             .iter()
             .filter(|w| w.0 == e.volume())

@@ -142,6 +142,13 @@ pub(crate) fn replay(
         }
     }
     loaded.unloaded_claims.extend(r.voided.iter().copied());
+    // Slots the dirty entries touched: their records are written again before anything is
+    // served (see `Loaded::record`).
+    let touched = r.newest.keys().map(|k| k.0).chain(r.voided.iter().copied());
+    let units: Vec<u32> = touched.map(|s| l.unit_of(s).0).collect();
+    loaded.rewrite_units.extend(units);
+    loaded.rewrite_units.sort_unstable();
+    loaded.rewrite_units.dedup();
     check_pages(dev, loaded, &mut r.claims, &r.newest)?;
     let rep = &mut loaded.report;
     rep.journal_blocks_live = loaded.journal.blocks_live as u64;
@@ -173,7 +180,10 @@ fn check_pages(
         loaded.report.dirty_pages_replayed += 1;
         let (valid, dirty, want) = match d.prev {
             _ if crc == d.crc => (true, true, d.crc),
-            PrevPage::Clean(x) if crc == x => (true, false, x),
+            // The bytes from before, which the source had then. Dirty all the same: should
+            // the source have received the lost newer bytes meanwhile, cleaning makes it
+            // agree again (a re-clean of equal bytes costs one write).
+            PrevPage::Clean(x) if crc == x => (true, true, x),
             PrevPage::Dirty(x) if crc == x => (true, true, x),
             PrevPage::Dirty(_) => {
                 loaded.lost.push((c.frag, p));

@@ -333,11 +333,16 @@ fn run_both(
         println!("sce demo: {cfg_line}");
         println!("files in {} (removed at the end)", dir.display());
     }
+    // Write-back keeps its dirty data on a persistent cache (a fresh one: the files are
+    // the demo's own).
+    let persist = (core.write_mode == WriteMode::WriteBack)
+        .then(|| sce_engine::PersistConfig::new(dir.join("source").display().to_string()));
     let volume = Arc::new(CacheVolume::open(
         source.clone(),
         cache,
         EngineConfig {
             core,
+            persist,
             ..EngineConfig::default()
         },
     )?);

@@ -50,6 +50,11 @@ impl CacheCore {
         }
     }
 
+    /// Fragments holding dirty pages (each pins a whole slot).
+    pub fn dirty_fragments(&self) -> u64 {
+        self.wb.dirty.len() as u64
+    }
+
     /// True if write-back left nothing behind: no dirty or lost page, nothing in flight.
     pub fn writeback_clean(&self) -> bool {
         self.wb.is_clean()

@@ -166,6 +166,12 @@ impl Persist {
         self.round_wanted.load(Relaxed)
     }
 
+    /// Asks for a flush round soon (write-back: cleaned slots are released, and journal
+    /// blocks freed, only by a round).
+    pub(crate) fn want_round(&self) {
+        self.round_wanted.store(true, Relaxed);
+    }
+
     /// Clears and returns `round_wanted`.
     pub(crate) fn take_round_wanted(&self) -> bool {
         self.round_wanted.swap(false, Relaxed)

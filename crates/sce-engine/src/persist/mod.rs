@@ -141,6 +141,12 @@ pub struct PersistStats {
     pub journal_fragments_hit: u64,
     /// Live journal blocks found at start.
     pub journal_blocks_replayed: u64,
+    /// Dirty (write-back) pages restored at start.
+    pub dirty_pages_restored: u64,
+    /// Pages of live dirty journal entries checked against their data at start.
+    pub dirty_pages_replayed: u64,
+    /// Dirty pages found torn or bad at start: lost (reads of them fail).
+    pub dirty_pages_lost: u64,
     /// Fragments dropped at start because their metadata unit was rejected (upper bound).
     pub fragments_dropped_bad_metadata: u64,
     /// Metadata units rejected at start.

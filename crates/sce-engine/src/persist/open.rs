@@ -62,6 +62,9 @@ fn load_stats(sb: &Superblock, r: &ScanReport, formatted_now: bool, why: String)
         journal_pages_dropped: r.journal_pages_dropped,
         journal_fragments_hit: r.journal_fragments_hit,
         journal_blocks_replayed: r.journal_blocks_live,
+        dirty_pages_restored: r.pages_dirty,
+        dirty_pages_replayed: r.dirty_pages_replayed,
+        dirty_pages_lost: r.dirty_pages_lost,
         fragments_dropped_bad_metadata: r.slots_in_bad_units,
         units_rejected: (r.units_corrupt + r.units_misplaced + r.units_foreign) as u64,
         ..PersistStats::default()

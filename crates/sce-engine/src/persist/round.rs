@@ -362,7 +362,9 @@ impl Persist {
                 continue;
             }
             for &(s, claimed) in slots {
-                st.wb.settled(s, claimed, covered);
+                if st.wb.settled(s, claimed, covered) {
+                    st.redo.push(s);
+                }
                 let m = st.mirror[s as usize];
                 if !claimed && m != NO_FRAGMENT {
                     if st.owner.get(&m) == Some(&s) {

@@ -74,17 +74,23 @@ impl Wb {
     }
 
     /// The record of slot `s` taken after `covered` was noted is durable (`claimed`: it
-    /// claims its fragment's pages).
-    pub(super) fn settled(&mut self, s: u32, claimed: bool, covered: u64) {
+    /// claims its fragment's pages). True if the slot's record must be written again: it
+    /// may not reflect entries from `covered` on, and until a record does they hold the
+    /// journal (a slot written no more would hold it for ever).
+    pub(super) fn settled(&mut self, s: u32, claimed: bool, covered: u64) -> bool {
         let s = s as usize;
         self.rec_dirty[s] = claimed && self.snap_dirty[s];
-        if claimed && self.from[s] != NONE {
-            self.from[s] = if self.last[s] < covered {
-                NONE
-            } else {
-                covered
-            };
+        if self.from[s] == NONE {
+            return false;
         }
+        if claimed && self.last[s] < covered {
+            self.from[s] = NONE;
+            return false;
+        }
+        if claimed {
+            self.from[s] = covered;
+        }
+        true
     }
 
     /// True if nothing holds the journal for write-back.
