@@ -223,11 +223,53 @@ impl Shared {
         let wb = self.wb.as_ref().expect("write-back");
         let persist = self.persist.as_ref().expect("write-back needs persistence");
         let len = data.len() as u64;
+        let (plan, guard) = self.wb_start(k, at, data)?;
+        let ok = if persist.sync(&guard.tickets).is_ok() {
+            plan.copies.iter().all(|c| {
+                let cache = self.map.cache_to_global(k, c.cache).0;
+                let piece = &data[c.buf_offset as usize..(c.buf_offset + c.len) as usize];
+                self.record_crcs(at.0 + c.buf_offset, cache, piece);
+                self.cache_write(cache, piece)
+            })
+        } else {
+            // The entries are not durable: nothing was written, the pages are as they were.
+            let mut core = self.cores[k].write();
+            let _ = core.abort_writeback(plan.id);
+            drop(core);
+            persist.writeback_done(guard.first);
+            wb.progressed();
+            return Err(IoError::Invalid(
+                "the write-back journal could not be written to the cache device".into(),
+            ));
+        };
+        let mut core = self.cores[k].write();
+        let _ = core.complete_writeback(plan.id, ok);
+        drop(core);
+        persist.writeback_done(guard.first);
+        wb.progressed();
+        if ok {
+            Ok(())
+        } else {
+            Err(lost_error(Op::Write, at.0, len))
+        }
+    }
+
+    /// Starts a write-back write of `data` at `at` on core shard `k`, waiting for room or
+    /// for I/O in flight on its pages (backpressure) up to the wait limit.
+    fn wb_start(
+        &self,
+        k: usize,
+        at: (u64, u64),
+        data: &[u8],
+    ) -> Result<(WriteBackPlan, WbGuard), IoError> {
+        let wb = self.wb.as_ref().expect("write-back");
+        let persist = self.persist.as_ref().expect("write-back needs persistence");
+        let len = data.len() as u64;
         let started = std::time::Instant::now();
-        let (plan, guard) = loop {
+        loop {
             let seen = wb.progress_now();
             let room = match self.wb_begin(k, at, data) {
-                Ok(Begun::Started(plan, guard)) => break (plan, guard),
+                Ok(Begun::Started(plan, guard)) => return Ok((plan, guard)),
                 Ok(Begun::Busy) => None,
                 Ok(Begun::Full) => Some(true),
                 Ok(Begun::NoJournal) => Some(false),
@@ -272,34 +314,6 @@ impl Shared {
                     )),
                 });
             }
-        };
-        let ok = if persist.sync(&guard.tickets).is_ok() {
-            plan.copies.iter().all(|c| {
-                let cache = self.map.cache_to_global(k, c.cache).0;
-                let piece = &data[c.buf_offset as usize..(c.buf_offset + c.len) as usize];
-                self.record_crcs(at.0 + c.buf_offset, cache, piece);
-                self.cache_write(cache, piece)
-            })
-        } else {
-            // The entries are not durable: nothing was written, the pages are as they were.
-            let mut core = self.cores[k].write();
-            let _ = core.abort_writeback(plan.id);
-            drop(core);
-            persist.writeback_done(guard.first);
-            wb.progressed();
-            return Err(IoError::Invalid(
-                "the write-back journal could not be written to the cache device".into(),
-            ));
-        };
-        let mut core = self.cores[k].write();
-        let _ = core.complete_writeback(plan.id, ok);
-        drop(core);
-        persist.writeback_done(guard.first);
-        wb.progressed();
-        if ok {
-            Ok(())
-        } else {
-            Err(lost_error(Op::Write, at.0, len))
         }
     }
 

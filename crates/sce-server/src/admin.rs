@@ -503,20 +503,7 @@ impl Ctx {
                         "cache_checksum": s.cache_checksum_errors,
                     });
                     m["persistent"] = json!(v.persist_stats().is_some());
-                    if let Some(w) = v.writeback_stats() {
-                        if w.lost_bytes > 0 {
-                            // Dirty data whose only copy went bad: reads of it fail.
-                            m["state"] = json!("degraded-lost-data");
-                        }
-                        m["writeback"] = json!({
-                            "dirty_bytes": w.dirty_bytes,
-                            "lost_bytes": w.lost_bytes,
-                            "waits": w.waits,
-                            "bytes_written_back": w.bytes_cleaned,
-                            "clean_errors": w.clean_errors,
-                            "last_clean_error": w.last_clean_error,
-                        });
-                    }
+                    crate::metrics::writeback_status(&mut m, &v);
                     export_figures(&mut m, a);
                 }
             }

@@ -200,3 +200,20 @@ pub fn fetch_stats(addr: &str) -> Result<serde_json::Value> {
         .ok_or_else(|| anyhow!("bad HTTP response"))?;
     serde_json::from_str(body).context("bad stats document")
 }
+
+/// Write-back's part of an export's status: what is dirty or lost, cleaning, and the state
+/// `degraded-lost-data` when dirty data's only copy went bad (reads of it fail).
+pub(crate) fn writeback_status(m: &mut serde_json::Value, v: &sce_engine::CacheVolume) {
+    let Some(w) = v.writeback_stats() else { return };
+    if w.lost_bytes > 0 {
+        m["state"] = serde_json::json!("degraded-lost-data");
+    }
+    m["writeback"] = serde_json::json!({
+        "dirty_bytes": w.dirty_bytes,
+        "lost_bytes": w.lost_bytes,
+        "waits": w.waits,
+        "bytes_written_back": w.bytes_cleaned,
+        "clean_errors": w.clean_errors,
+        "last_clean_error": w.last_clean_error,
+    });
+}
