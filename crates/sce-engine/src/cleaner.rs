@@ -110,7 +110,9 @@ impl Shared {
                 }
                 flushed = true;
             }
-            let r = self.clean_job(k, &job);
+            // Clean only once the source has it durably: the record that says so lets the
+            // slot go.
+            let r = self.clean_job(k, &job).and_then(|()| self.source.flush());
             self.cores[k].write().complete_clean(job.id, r.is_ok()).ok();
             if let Some(wb) = &self.wb {
                 wb.progressed();

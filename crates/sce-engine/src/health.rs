@@ -31,6 +31,13 @@ impl Shared {
 
     /// Disables the cache: from now on I/O passes through to the source.
     pub(crate) fn disable(&self, why: &str) {
+        if self.wb.is_some() {
+            // Before passthrough is visible: no read may find a dirty page valid and go
+            // to the source for it (passthrough reads of dirty or lost pages fail, too).
+            for core in self.cores.iter() {
+                core.write().lose_all_dirty();
+            }
+        }
         if self.passthrough.swap(true, Relaxed) {
             return;
         }

@@ -343,7 +343,7 @@ impl crate::CacheVolume {
             s.source_size,
             s.lbs,
         )?;
-        s.read_hit(offset, buf)
+        s.read_hit_locked(offset, buf)
     }
 
     /// The volumes this cache serves, in address order: name, where each starts and its

@@ -65,7 +65,7 @@ impl Shared {
     fn read_timed(&self, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
         let len = buf.len() as u64;
         if self.passthrough.load(Relaxed) {
-            if self.lost_now(offset, len) {
+            if self.unavailable_now(offset, len) {
                 return Err(crate::wback::lost_error(Op::Read, offset, len));
             }
             let r = self.source.read_at(offset, buf);

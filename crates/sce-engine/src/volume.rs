@@ -213,7 +213,18 @@ fn open_core(
     let data: Arc<dyn BlockDevice> =
         Arc::new(SliceDevice::new(cache, l.data_offset, l.data_bytes())?);
     let (mut cores, map) = build_cores(&core_cfg, config, source.size(), data.size())?;
-    crate::wback::restore(&mut cores, &map, &loaded, l.bitmap_words());
+    let skipped = crate::wback::restore(&mut cores, &map, &loaded, l.bitmap_words());
+    if skipped > 0 {
+        return Err(ConfigError::new(
+            "core_shards",
+            format!(
+                "{skipped} dirty (write-back) pages on the cache device belong to records this \
+                 start cannot place (the core shard count changed): start with the previous \
+                 core_shards setting and run `sce ctl flush --to-source` first"
+            ),
+        )
+        .into());
+    }
     crate::wback::check_dirty(&core_cfg, &loaded)?;
     crate::parts::apply_shares(&mut cores, &map, vols, core_cfg.fragment_size);
     crate::wback::hold_dirty(&mut cores, &map, &persist, &loaded);

@@ -162,6 +162,8 @@ impl Shared {
         let end = offset + data.len() as u64;
         let a0 = offset / ps * ps;
         let a1 = (end.div_ceil(ps) * ps).min(self.source_size);
+        // The wait limit counts from here, for the whole write, however many pieces.
+        let started = std::time::Instant::now();
         let _g = wb.lock(a0, a1, true);
         let merged;
         let bytes: &[u8] = if a0 == offset && a1 == end {
@@ -187,11 +189,22 @@ impl Shared {
             let piece = &bytes[(at - a0) as usize..(at - a0 + n) as usize];
             for p in self.map.pieces(at, n) {
                 let buf = &piece[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
-                self.wb_piece(p.shard, (p.offset, p.local), buf)?;
+                self.wb_piece(p.shard, (p.offset, p.local), buf, started)?;
             }
             at += n;
         }
         Ok(())
+    }
+
+    /// True if `[offset, offset + len)` holds a page only the cache has or had (dirty or
+    /// lost): in passthrough, reads of it fail.
+    pub(crate) fn unavailable_now(&self, offset: u64, len: u64) -> bool {
+        self.wb.is_some()
+            && self.map.pieces(offset, len).any(|p| {
+                self.cores[p.shard]
+                    .read()
+                    .dirty_or_lost_in(SourceOffset(p.local), p.len)
+            })
     }
 
     /// True if `[offset, offset + len)` holds a page whose dirty data was lost.
@@ -219,11 +232,17 @@ impl Shared {
 
     /// One piece of a chunk, on core shard `k` (`at`: its global and local offsets; whole
     /// pages).
-    fn wb_piece(&self, k: usize, at: (u64, u64), data: &[u8]) -> Result<(), IoError> {
+    fn wb_piece(
+        &self,
+        k: usize,
+        at: (u64, u64),
+        data: &[u8],
+        started: std::time::Instant,
+    ) -> Result<(), IoError> {
         let wb = self.wb.as_ref().expect("write-back");
         let persist = self.persist.as_ref().expect("write-back needs persistence");
         let len = data.len() as u64;
-        let (plan, guard) = self.wb_start(k, at, data)?;
+        let (plan, guard) = self.wb_start(k, at, data, started)?;
         let ok = if persist.sync(&guard.tickets).is_ok() {
             plan.copies.iter().all(|c| {
                 let cache = self.map.cache_to_global(k, c.cache).0;
@@ -261,11 +280,11 @@ impl Shared {
         k: usize,
         at: (u64, u64),
         data: &[u8],
+        started: std::time::Instant,
     ) -> Result<(WriteBackPlan, WbGuard), IoError> {
         let wb = self.wb.as_ref().expect("write-back");
         let persist = self.persist.as_ref().expect("write-back needs persistence");
         let len = data.len() as u64;
-        let started = std::time::Instant::now();
         loop {
             let seen = wb.progress_now();
             let room = match self.wb_begin(k, at, data) {
@@ -385,27 +404,35 @@ impl Shared {
 impl Shared {
     /// A client's read: in write-back, its pages are taken shared in the range lock first.
     pub(crate) fn read_locked(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
+        self.read_hit_locked(offset, buf).map(|_| ())
+    }
+
+    /// `read_locked`, telling whether every byte came from the cache.
+    pub(crate) fn read_hit_locked(&self, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
         let Some(wb) = &self.wb else {
-            return self.read(offset, buf);
+            return self.read_hit(offset, buf);
         };
         wb.last_request.store(self.now().0, Relaxed);
         let ps = PAGE_SIZE;
         let end = offset + buf.len() as u64;
         let _g = wb.lock(offset / ps * ps, end.div_ceil(ps) * ps, false);
-        self.read(offset, buf)
+        self.read_hit(offset, buf)
     }
 }
 
 /// Restores what the store loaded into the core shards: each record goes to the shard that
 /// owns its (global) slot, and is dropped if its fragment belongs to another shard (the
 /// shard count changed): `Persist::start` then puts an intent on the slot, so the record is
-/// never trusted again. Dirty pages come back dirty, lost ones lost.
+/// never trusted again. Dirty pages come back dirty, lost ones lost. Returns the dirty pages
+/// of records it could not restore (their data is on the device, but this start cannot
+/// serve it: the caller refuses to start).
 pub(crate) fn restore(
     cores: &mut [sce_core::CacheCore],
     map: &sce_core::ShardMap,
     loaded: &sce_store::Loaded,
     words: usize,
-) {
+) -> u64 {
+    let mut skipped = 0;
     use sce_core::{FragNo, SlotNo};
     type Restored<'a> = (SlotNo, FragNo, &'a [u64]);
     let mut per: Vec<Vec<Restored>> = vec![Vec::new(); cores.len()];
@@ -419,6 +446,9 @@ pub(crate) fn restore(
             if d.iter().any(|&w| w != 0) {
                 dirty[k].push((lf, d));
             }
+        } else {
+            let d = &loaded.dirty[i * words..(i + 1) * words];
+            skipped += d.iter().map(|w| w.count_ones() as u64).sum::<u64>();
         }
     }
     for ((core, entries), dirty) in cores.iter_mut().zip(per).zip(dirty) {
@@ -439,6 +469,7 @@ pub(crate) fn restore(
         let (k, lf) = map.frag_to_local(FragNo(f));
         cores[k].restore_lost(lf, p);
     }
+    skipped
 }
 
 /// Refuses to start a cache device holding dirty data in a mode other than writeback: the

@@ -107,7 +107,10 @@ fn an_unclean_stop_with_five_percent_dirty_cleans_only_that() {
     let cache = Arc::new(CrashDevice::volatile(cache_mem.clone(), frozen.clone()));
     let source: Arc<dyn BlockDevice> =
         Arc::new(CrashDevice::durable(source_mem.clone(), frozen.clone()));
-    let vol = CacheVolume::open(source, cache.clone(), config(20)).expect("open");
+    // No cleaning before the stop (below the high watermark, and no idle rule).
+    let mut cfg = config(20);
+    cfg.writeback_idle = Duration::from_secs(3600);
+    let vol = CacheVolume::open(source, cache.clone(), cfg).expect("open");
     // Warm the cache with clean data first: all of it is cached, none of it is dirty.
     let _ = read(&vol, 0, 4 * MIB);
     let cache_bytes = vol.stats().total_slots * 64 * KIB;
@@ -547,4 +550,56 @@ fn a_source_outage_is_absorbed_then_drained() {
         "the source holds every write"
     );
     assert_eq!(read(&*vol, 0, size), model);
+}
+
+/// Dirty data whose only copy went bad stays lost across a restart (the record keeps a
+/// dirty bit on the invalid page): reads of it fail, never the source's older bytes, until
+/// a write covers it whole.
+#[test]
+fn a_lost_page_stays_lost_across_a_restart_until_rewritten() {
+    let source = filled(4 * MIB, 13);
+    let cache = Arc::new(MemDevice::new(2 * MIB));
+    let mut cfg = config(5);
+    cfg.writeback_idle = Duration::from_secs(3600);
+    let vol = CacheVolume::open(source.clone(), cache.clone(), cfg.clone()).expect("open");
+    let at = 3 * MIB + 8 * KIB;
+    let mut page = vec![0u8; PAGE as usize];
+    SmallRng::seed_from_u64(14).fill(&mut page[..]);
+    vol.write_at(at, &page).unwrap();
+    vol.flush().unwrap();
+    // Damage the page's only copy on the cache device.
+    let img = read(&*cache, 0, cache.size());
+    let where_ = img
+        .chunks(PAGE as usize)
+        .position(|c| c == &page[..])
+        .expect("the page is on the cache device") as u64;
+    cache
+        .write_at(where_ * PAGE, &vec![0x5a; PAGE as usize])
+        .unwrap();
+    let mut buf = AlignedBuf::new(PAGE as usize);
+    assert!(
+        vol.read_at(at, &mut buf).is_err(),
+        "a damaged dirty page was served"
+    );
+    assert_eq!(vol.writeback_stats().unwrap().lost_bytes, PAGE);
+    assert_eq!(vol.flush_metadata(), 0);
+    assert!(vol.shutdown());
+    let vol = CacheVolume::open(source.clone(), cache.clone(), cfg).expect("reopen");
+    assert_eq!(
+        vol.writeback_stats().unwrap().lost_bytes,
+        PAGE,
+        "lost after restart"
+    );
+    assert!(
+        vol.read_at(at, &mut buf).is_err(),
+        "after a restart the lost page read as the source's older bytes"
+    );
+    // A whole-page write makes it readable again.
+    let mut fresh = vec![0u8; PAGE as usize];
+    SmallRng::seed_from_u64(15).fill(&mut fresh[..]);
+    vol.write_at(at, &fresh).unwrap();
+    assert_eq!(read(&vol, at, PAGE), fresh);
+    assert_eq!(vol.writeback_stats().unwrap().lost_bytes, 0);
+    vol.flush_to_source(None, Duration::from_secs(30)).unwrap();
+    assert_eq!(read(&*source, at, PAGE), fresh);
 }

@@ -103,10 +103,10 @@ impl Loaded {
         if e.reflects() {
             self.notes[s as usize] = note;
         }
-        if e.frag() == NO_FRAGMENT || !any_valid(&e, words) {
+        let has_dirty = (0..words).any(|w| e.dirty_word(w) != 0);
+        if e.frag() == NO_FRAGMENT || !(has_dirty || any_valid(&e, words)) {
             return;
         }
-        let has_dirty = (0..words).any(|w| e.dirty_word(w) != 0);
         if has_dirty {
             // Written again before anything is served: whatever becomes of its dirty pages
             // (restored, replaced, found clean), the record must say so before the slot can
@@ -145,7 +145,8 @@ impl Loaded {
         }
         for w in 0..words {
             let d = e.dirty_word(w);
-            let bits = if dirty_only { d } else { e.bitmap_word(w) };
+            let v = e.bitmap_word(w);
+            let bits = if dirty_only { d & v } else { v };
             r.pages_valid += bits.count_ones() as u64;
             self.bitmaps.push(bits);
             self.dirty.push(d);

@@ -72,6 +72,21 @@ impl Replay {
     /// A dirty entry of page `p` of fragment `gf` (volume `volume`, fragment `frag` in it):
     /// the slot now holds `gf`, whatever it claimed before is void, and so is any other
     /// slot's older claim of `gf`.
+    /// True if fragment `gf` is claimed, by a slot other than dirty entry `e`'s, through a
+    /// record that reflects the journal from beyond block `seq`.
+    fn newer_elsewhere(
+        &self,
+        gf: u64,
+        seq: u64,
+        notes: &[u64],
+        e: &crate::journal::JournalEntry,
+    ) -> bool {
+        let slot = e.dirty.map_or(u32::MAX, |d| d.slot);
+        self.by_frag
+            .get(&gf)
+            .is_some_and(|&s2| s2 != slot && seq < notes[s2 as usize])
+    }
+
     fn dirty_entry(
         &mut self,
         d: DirtyPage,
@@ -138,6 +153,9 @@ pub(crate) fn replay(
             // A dirty entry its slot's record was taken after: the record says what
             // became of it.
             Some(d) if d.slot >= l.slots || lo >= hi || seq < loaded.notes[d.slot as usize] => {}
+            // Another slot claims the fragment by a record taken after this entry: that
+            // record is the newer word (the fragment moved there since).
+            Some(_) if r.newer_elsewhere(base + e.frag, seq, &loaded.notes, e) => {}
             Some(d) => r.dirty_entry(d, (base + e.frag, e.volume, e.frag), lo, words),
         }
     }
@@ -185,10 +203,8 @@ fn check_pages(
             // agree again (a re-clean of equal bytes costs one write).
             PrevPage::Clean(x) if crc == x => (true, true, x),
             PrevPage::Dirty(x) if crc == x => (true, true, x),
-            PrevPage::Dirty(_) => {
-                loaded.lost.push((c.frag, p));
-                (false, false, 0)
-            }
+            // Torn, and dirty before: lost (kept as a dirty bit on an invalid page).
+            PrevPage::Dirty(_) => (false, true, 0),
             _ => (false, false, 0),
         };
         clear(&mut c.valid, p);
@@ -222,7 +238,7 @@ fn rebuild(loaded: &mut Loaded, order: Vec<u32>, mut claims: HashMap<u32, Claim>
             rewrite.insert(l.unit_of(s).0);
             continue;
         };
-        if c.valid.iter().all(|&w| w == 0) {
+        if c.valid.iter().all(|&w| w == 0) && c.dirty.iter().all(|&w| w == 0) {
             loaded.unloaded_claims.push(s);
             rewrite.insert(l.unit_of(s).0);
             continue;
@@ -233,10 +249,24 @@ fn rebuild(loaded: &mut Loaded, order: Vec<u32>, mut claims: HashMap<u32, Claim>
         }
         r.slots_valid += 1;
         r.pages_valid += c.valid.iter().map(|w| w.count_ones() as u64).sum::<u64>();
-        r.pages_dirty += c.dirty.iter().map(|w| w.count_ones() as u64).sum::<u64>();
+        let both = c.valid.iter().zip(&c.dirty);
+        r.pages_dirty += both
+            .clone()
+            .map(|(v, d)| (v & d).count_ones() as u64)
+            .sum::<u64>();
+        for (w, (v, d)) in both.enumerate() {
+            let mut lost = d & !v;
+            while lost != 0 {
+                loaded
+                    .lost
+                    .push((c.frag, (w * 64) as u32 + lost.trailing_zeros()));
+                lost &= lost - 1;
+            }
+        }
         entries.push((s, c.frag));
         bitmaps.extend_from_slice(&c.valid[..words]);
-        dirty.extend(c.valid.iter().zip(&c.dirty).map(|(v, d)| v & d));
+        // Dirty bits of invalid pages stay: they are the lost pages.
+        dirty.extend_from_slice(&c.dirty[..words]);
     }
     r.dirty_pages_lost = loaded.lost.len() as u64;
     loaded.entries = entries;

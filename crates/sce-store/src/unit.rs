@@ -60,8 +60,8 @@ pub struct EntryIn<'a> {
     pub generation: u32,
     /// Page-validity bitmap (`layout.bitmap_words()` words).
     pub bitmap: &'a [u64],
-    /// Pages written back only to the cache (write-back), a subset of the valid ones; empty
-    /// for none.
+    /// Pages only the cache holds (write-back): valid ones are dirty, invalid ones lost (their
+    /// only copy went bad; reads of them fail). Empty for none.
     pub dirty: &'a [u64],
 }
 
@@ -114,7 +114,8 @@ impl<'a> UnitBuilder<'a> {
         for (w, v) in e.bitmap.iter().take(words).enumerate() {
             let at = ENTRY_HEADER as usize + w * 8;
             b[at..at + 8].copy_from_slice(&v.to_le_bytes());
-            let d = e.dirty.get(w).map_or(0, |d| d & v);
+            // A dirty bit on an invalid page says the page is lost (its only copy went bad).
+            let d = e.dirty.get(w).copied().unwrap_or(0);
             let at = ENTRY_HEADER as usize + (words + w) * 8;
             b[at..at + 8].copy_from_slice(&d.to_le_bytes());
         }
@@ -168,9 +169,10 @@ impl EntryRef<'_> {
     pub fn bitmap(&self) -> Vec<u64> {
         (0..self.words).map(|w| self.bitmap_word(w)).collect()
     }
-    /// Dirty-bitmap word `w` (pages only the cache holds; always a subset of the valid ones).
+    /// Dirty-bitmap word `w`: pages only the cache holds (valid ones), or whose only copy
+    /// was lost (invalid ones).
     pub fn dirty_word(&self, w: usize) -> u64 {
-        rd64(self.bytes, ENTRY_HEADER as usize + (self.words + w) * 8) & self.bitmap_word(w)
+        rd64(self.bytes, ENTRY_HEADER as usize + (self.words + w) * 8)
     }
     /// The checksum of page `p`.
     pub fn crc(&self, p: u32) -> u32 {

@@ -13,6 +13,11 @@ impl CacheCore {
         self.wb.dirty_of(f)
     }
 
+    /// The pages of fragment `f` whose only copy was lost, if any.
+    pub fn lost_pages_of(&self, f: FragNo) -> Option<&PageSet> {
+        self.wb.lost.get(&f.0)
+    }
+
     /// True if `[offset, offset + len)` holds a page whose only copy was lost.
     pub fn lost_in(&self, offset: SourceOffset, len: u64) -> bool {
         if self.wb.lost.is_empty() || len == 0 {
@@ -22,6 +27,19 @@ impl CacheCore {
         offset.0 < end
             && fragments(self.geo, offset.0, end - offset.0)
                 .any(|(f, lo, hi, _, _)| self.wb.any_lost(f, lo, hi))
+    }
+
+    /// True if `[offset, offset + len)` holds a page only the cache has, or had: dirty or
+    /// lost (a read of it must not go to the source).
+    pub fn dirty_or_lost_in(&self, offset: SourceOffset, len: u64) -> bool {
+        if self.wb.dirty.is_empty() && self.wb.lost.is_empty() || len == 0 {
+            return false;
+        }
+        let end = offset.0.saturating_add(len).min(self.geo.source_size());
+        offset.0 < end
+            && fragments(self.geo, offset.0, end - offset.0).any(|(f, lo, hi, _, _)| {
+                self.wb.any_lost(f, lo, hi) || self.wb.any_dirty(f, lo, hi)
+            })
     }
 
     /// Holds slot `s` where it is (a pin): it is not evicted nor given to another fragment

@@ -43,6 +43,8 @@ pub(super) struct Journal {
     durable: u64,
     /// The lowest sequence number still needed: blocks below it may be overwritten.
     tail: u64,
+    /// Blocks whose write failed: never durable, whatever later blocks become.
+    failed: std::collections::BTreeSet<u64>,
 }
 
 /// Blocks taken by a commit: (sequence number, entries).
@@ -58,6 +60,7 @@ impl Journal {
             sealed: Vec::new(),
             durable: next,
             tail: next,
+            failed: Default::default(),
         }
     }
 
@@ -104,7 +107,12 @@ impl Journal {
 
     /// True if block `seq` is durable.
     pub(super) fn durable(&self, seq: u64) -> bool {
-        seq < self.durable
+        seq < self.durable && !self.failed.contains(&seq)
+    }
+
+    /// Blocks `seqs` could not be written (their entries are gone).
+    pub(super) fn failed(&mut self, seqs: impl Iterator<Item = u64>) {
+        self.failed.extend(seqs);
     }
 
     /// Seals the open block and takes every block waiting to be written.
@@ -193,8 +201,16 @@ impl Persist {
         let mut buf = AlignedBuf::new(BLOCK as usize);
         for ((seq, entries), at) in pending.iter().zip(positions) {
             buf.copy_from_slice(&encode_block(&uuid, *seq, at, entries));
-            self.dev
-                .write_at(self.layout.journal_block_offset(at), &buf)?;
+            let r = self
+                .dev
+                .write_at(self.layout.journal_block_offset(at), &buf);
+            if let Err(e) = r {
+                // Whoever waits for these blocks must not find them durable later, when a
+                // following commit moves the durable mark past them.
+                let seqs = pending.iter().map(|b| b.0);
+                self.st.lock().journal.failed(seqs);
+                return Err(e);
+            }
             self.counters.journal_blocks.fetch_add(1, Relaxed);
             self.counters.journal_bytes.fetch_add(BLOCK, Relaxed);
         }

@@ -153,6 +153,7 @@ impl Persist {
                 name: &vols[k].name,
             })
             .collect();
+        refuse_older_copy_with_dirty_data(&dev, &cfg, &sb, formatted_now, (vols, &indices))?;
         let why = Self::trust(&dev, &cfg, &mut sb, &trusted, formatted_now)?;
         let (lv, pvols) = placed(vols, &indices, &sb, fragment_size);
         let loaded = sce_store::load_volumes(&*dev, sb.clone(), &lv)?;
@@ -423,4 +424,32 @@ impl State {
             wb: super::wb::Wb::new(slots),
         }
     }
+}
+
+/// An older copy of the device (its superblock sequence is below the one this host last
+/// wrote) that holds dirty data is refused before anything is written: its dirty pages may
+/// be older than writes the source has since, and cleaning them would bring those back.
+/// (Trusting dirty data across generations is right otherwise: it is the newest copy.)
+fn refuse_older_copy_with_dirty_data(
+    dev: &Arc<dyn BlockDevice>,
+    cfg: &PersistConfig,
+    sb: &Superblock,
+    formatted_now: bool,
+    (vols, indices): (&[OpenVolume], &[usize]),
+) -> Result<(), StoreError> {
+    let older = !formatted_now && super::state_seq(cfg, &sb.uuid).is_some_and(|s| s > sb.seq);
+    if !older {
+        return Ok(());
+    }
+    let (lv, _) = placed(vols, indices, sb, sb.layout.fragment_size);
+    let pre = sce_store::load_volumes(&**dev, sb.clone(), &lv)?;
+    if pre.report.pages_dirty == 0 && pre.lost.is_empty() {
+        return Ok(());
+    }
+    Err(StoreError::Corrupt(format!(
+        "the cache device is an older copy (superblock sequence {}, this host wrote a newer \
+         one) and holds {} dirty (write-back) pages that may be older than the source: \
+         refusing to write them back; `sce format --force` drops them",
+        sb.seq, pre.report.pages_dirty
+    )))
 }

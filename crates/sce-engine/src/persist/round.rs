@@ -264,8 +264,10 @@ impl Persist {
         let first = l.unit_slots(l.unit_of(s).0).0;
         let (lx, bits) = core.slot_state(local);
         let x = lx.map(|f| map.frag_to_global(k, f));
-        let dirty = lx.and_then(|f| core.dirty_pages_of(f));
-        let claim = x.filter(|_| bits.iter().any(|&w| w != 0));
+        // Dirty pages, and lost ones (a dirty bit on an invalid page: their only copy went
+        // bad, and the record must keep saying so).
+        let dirty = lx.and_then(|f| dirty_and_lost(core, f));
+        let claim = x.filter(|_| bits.iter().any(|&w| w != 0) || dirty.is_some());
         let m = st.mirror[s as usize];
         let ok = claim.filter(|x| {
             (m == NO_FRAGMENT || m == x.0) && st.owner.get(&x.0).is_none_or(|&o| o == s)
@@ -282,13 +284,17 @@ impl Persist {
                 volume,
                 generation,
                 bitmap: &bits[..words],
-                dirty: dirty.map_or(&[][..], |d| d.words()),
+                dirty: dirty.as_deref().unwrap_or(&[]),
             };
             b.set(s - first, &entry, |p| crcs.get(s, p));
             st.mirror[s as usize] = x.0;
             st.owner.insert(x.0, s);
         }
-        st.wb.snapshot(s, ok.is_some() && dirty.is_some());
+        st.wb.snapshot(
+            s,
+            ok.is_some() && dirty.is_some(),
+            claim.is_some() && ok.is_none(),
+        );
         ok.is_some()
     }
 
@@ -468,4 +474,15 @@ impl Persist {
         sb.clean_shutdowns += 1;
         self.write_sb(&mut sb).is_ok()
     }
+}
+
+/// The words of fragment `f`'s dirty pages and lost pages together, if it has any.
+fn dirty_and_lost(core: &CacheCore, f: FragNo) -> Option<Vec<u64>> {
+    let (d, l) = (core.dirty_pages_of(f), core.lost_pages_of(f));
+    if d.is_none() && l.is_none() {
+        return None;
+    }
+    let n = d.or(l).map_or(0, |x| x.words().len());
+    let word = |x: Option<&sce_core::bitmap::PageSet>, i: usize| x.map_or(0, |x| x.words()[i]);
+    Some((0..n).map(|i| word(d, i) | word(l, i)).collect())
 }

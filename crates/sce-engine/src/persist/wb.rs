@@ -35,8 +35,10 @@ pub(super) struct Wb {
     last: Vec<u64>,
     /// Per slot: its last durable record claims dirty pages.
     rec_dirty: Vec<bool>,
-    /// Per slot: the record being written claims dirty pages.
+    /// Per slot: the record being written claims dirty pages; it was refused its claim
+    /// (written empty without reflecting the journal).
     snap_dirty: Vec<bool>,
+    snap_refused: Vec<bool>,
     /// Per slot: held in the core.
     held: Vec<bool>,
     /// Write-back writes in flight, by the block of their first entry.
@@ -50,6 +52,7 @@ impl Wb {
             last: vec![0; slots],
             rec_dirty: vec![false; slots],
             snap_dirty: vec![false; slots],
+            snap_refused: vec![false; slots],
             held: vec![false; slots],
             inflight: BTreeMap::new(),
         }
@@ -68,9 +71,11 @@ impl Wb {
         covered.min(self.inflight.keys().next().copied().unwrap_or(NONE))
     }
 
-    /// The record of slot `s` being written claims dirty pages (`dirty`).
-    pub(super) fn snapshot(&mut self, s: u32, dirty: bool) {
+    /// The record of slot `s` being written claims dirty pages (`dirty`), or was refused
+    /// its claim (`refused`).
+    pub(super) fn snapshot(&mut self, s: u32, dirty: bool, refused: bool) {
         self.snap_dirty[s as usize] = dirty;
+        self.snap_refused[s as usize] = refused;
     }
 
     /// The record of slot `s` taken after `covered` was noted is durable (`claimed`: it
@@ -83,11 +88,14 @@ impl Wb {
         if self.from[s] == NONE {
             return false;
         }
-        if claimed && self.last[s] < covered {
+        // A record that claims nothing because the slot holds nothing (not one refused its
+        // claim) reflects the journal as well: its entries are over.
+        let reflects = claimed || !self.snap_refused[s];
+        if reflects && self.last[s] < covered {
             self.from[s] = NONE;
             return false;
         }
-        if claimed {
+        if reflects {
             self.from[s] = covered;
         }
         true
@@ -238,7 +246,9 @@ impl Persist {
             let local = |s: u32| map.slot_to_local(sce_core::SlotNo(s)).1;
             let released = self.releasable(lo, hi, |s| {
                 let f = core.slot_state(local(s)).0;
-                f.is_some_and(|f| core.dirty_pages_of(f).is_some())
+                f.is_some_and(|f| {
+                    core.dirty_pages_of(f).is_some() || core.lost_pages_of(f).is_some()
+                })
             });
             for s in released {
                 core.release_slot(local(s));
