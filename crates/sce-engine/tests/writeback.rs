@@ -107,26 +107,28 @@ fn an_unclean_stop_with_five_percent_dirty_cleans_only_that() {
     let cache = Arc::new(CrashDevice::volatile(cache_mem.clone(), frozen.clone()));
     let source: Arc<dyn BlockDevice> =
         Arc::new(CrashDevice::durable(source_mem.clone(), frozen.clone()));
-    // No cleaning before the stop (below the high watermark, and no idle rule).
+    // No idle cleaning.
     let mut cfg = config(20);
     cfg.writeback_idle = Duration::from_secs(3600);
-    let vol = CacheVolume::open(source, cache.clone(), cfg).expect("open");
+    let vol = CacheVolume::open(source, cache.clone(), cfg.clone()).expect("open");
     // Warm the cache with clean data first: all of it is cached, none of it is dirty.
     let _ = read(&vol, 0, 4 * MIB);
     let cache_bytes = vol.stats().total_slots * 64 * KIB;
-    // 5% of the cache, in 16 KiB pieces.
-    let pieces = cache_bytes / 20 / (16 * KIB);
-    let dirty_target = pieces * 16 * KIB;
+    // 5% of the cache, in 32 KiB pieces, each in a fragment of its own over the cached
+    // data: 6 of the 62 slots hold dirty pages, below the cleaner's high watermark (20%),
+    // so nothing is cleaned before the stop or before the count after it.
+    let piece = 32 * KIB;
+    let pieces = cache_bytes / 20 / piece;
+    let dirty_target = pieces * piece;
     let mut model = read(&*source_mem, 0, 8 * MIB);
     let mut rng = SmallRng::seed_from_u64(4);
     let mut b = vec![0u8; dirty_target as usize];
     rng.fill(&mut b[..]);
-    // Scattered over the cached data.
     for k in 0..pieces {
-        let at = k * (4 * MIB / pieces) / PAGE * PAGE;
-        let src = &b[(k * 16 * KIB) as usize..((k + 1) * 16 * KIB) as usize];
+        let at = k * (4 * MIB / pieces) / (64 * KIB) * (64 * KIB);
+        let src = &b[(k * piece) as usize..((k + 1) * piece) as usize];
         vol.write_at(at, src).unwrap();
-        model[at as usize..(at + 16 * KIB) as usize].copy_from_slice(src);
+        model[at as usize..(at + piece) as usize].copy_from_slice(src);
     }
     vol.flush().unwrap();
     let before = vol.writeback_stats().unwrap();
@@ -134,7 +136,8 @@ fn an_unclean_stop_with_five_percent_dirty_cleans_only_that() {
     // Power off: nothing unflushed to lose, and no clean shutdown.
     cache.crash(&mut rng);
     drop(vol);
-    let vol = CacheVolume::open(source_mem.clone(), cache_mem.clone(), config(20)).expect("reopen");
+    // Nor after it, until the count below is taken.
+    let vol = CacheVolume::open(source_mem.clone(), cache_mem.clone(), cfg).expect("reopen");
     let p = vol.persist_stats().unwrap();
     assert!(!p.previous_shutdown_clean);
     let dirty = vol.writeback_stats().unwrap().dirty_bytes;
