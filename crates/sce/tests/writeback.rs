@@ -8,6 +8,7 @@ use common::blocks::{decode, BLOCK};
 use common::num;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 fn ctl(sock: &Path, args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_sce"))
@@ -185,6 +186,116 @@ fn fio_verify_in_writeback_through_eviction_and_cleaning() {
         "fio verify in writeback, {seconds} s, 16 MiB cache over 128 MiB: no verify error; \
          {cleaned} bytes cleaned, {evicted} fragments evicted, {waits} writes waited for room; \
          after flush --to-source {differ} MiB of the source differ from the export"
+    );
+    assert_eq!(differ, 0);
+    assert!(s.term().success());
+}
+
+/// An nbdkit source, killed on drop.
+struct Kit(std::process::Child);
+
+impl Drop for Kit {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A source outage through `sce serve`: nbdkit's error filter fails every write to the
+/// source while a flag file exists. Writes are absorbed until the cache is full of dirty
+/// data, then wait (the writer does not finish, and status counts waits and cleaning
+/// errors); when the source returns the cleaner drains it all, and the source, read
+/// through nbdkit directly, holds every write.
+#[test]
+fn a_source_outage_through_nbdkit_is_absorbed_then_drained() {
+    if !sce_testkit::require_known_tool("nbdkit") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let (ksock, flag, cache, sock) = (
+        d.path().join("src.sock"),
+        d.path().join("outage"),
+        d.path().join("cache"),
+        d.path().join("s"),
+    );
+    std::fs::write(&flag, b"").unwrap();
+    let _kit = Kit(Command::new("nbdkit")
+        .args(["-f", "-U"])
+        .arg(&ksock)
+        .args(["--filter=error", "memory", "32M", "error-pwrite-rate=100%"])
+        .arg(format!("error-pwrite-file={}", flag.display()))
+        .spawn()
+        .unwrap());
+    common::wait_for(&ksock);
+    let src_uri = format!("nbd+unix:///?socket={}", ksock.display());
+    let s = common::Server::start(
+        &[
+            "--source",
+            &src_uri,
+            "--cache",
+            cache.to_str().unwrap(),
+            "--cache-size",
+            "8MiB",
+            "--fragment-size",
+            "256KiB",
+            "--mode",
+            "writeback",
+            "--allow-buffered",
+        ],
+        &sock,
+    );
+    // 16 MiB of writes, twice what the cache holds, from a thread.
+    let mut data = vec![0u8; 16 << 20];
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes()[i % 8];
+    }
+    let data = std::sync::Arc::new(data);
+    let writer = {
+        let (c, data) = (common::blocks::client(&sock, 2), data.clone());
+        std::thread::spawn(move || {
+            for (k, chunk) in data.chunks(256 << 10).enumerate() {
+                sce_io::BlockDevice::write_at(&c, (k as u64) << 18, chunk).expect("a write failed");
+            }
+        })
+    };
+    // Until writes wait and cleaning fails: bounded, never a timing assertion.
+    let t0 = std::time::Instant::now();
+    let st = loop {
+        let st = s.export_stats();
+        if num(&st, "writeback_waits") > 0 && num(&st, "writeback_clean_errors") > 0 {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "writes never waited: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        !writer.is_finished(),
+        "every write went through during the outage"
+    );
+    let (ok, out) = ctl(&sock, &["status"]);
+    assert!(ok && out.contains("clean errors"), "{out}");
+    std::fs::remove_file(&flag).unwrap();
+    writer.join().expect("the writer failed");
+    let (ok, out) = ctl(&sock, &["flush", "--to-source"]);
+    assert!(ok, "{out}");
+    // The source itself, through nbdkit, holds every byte written.
+    let uri: sce_nbd::NbdUri = src_uri.parse().unwrap();
+    let src = sce_nbd::NbdClient::connect(&uri, 1).unwrap();
+    let mut buf = sce_io::AlignedBuf::new(1 << 20);
+    let mut differ = 0;
+    for (k, chunk) in data.chunks(1 << 20).enumerate() {
+        sce_io::BlockDevice::read_at(&src, (k as u64) << 20, &mut buf).unwrap();
+        differ += (buf[..] != chunk[..]) as u32;
+    }
+    println!(
+        "source outage through nbdkit's error filter: {} dirty bytes absorbed, {} waits and \
+         {} failed cleanings during it; after it, {differ} MiB of the source differ",
+        num(&st, "writeback_dirty_bytes"),
+        num(&st, "writeback_waits"),
+        num(&st, "writeback_clean_errors")
     );
     assert_eq!(differ, 0);
     assert!(s.term().success());
