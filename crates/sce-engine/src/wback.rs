@@ -23,7 +23,7 @@
 use crate::persist::{WbGuard, WbPage};
 use crate::shared::{request_error, Shared};
 use parking_lot::{Condvar, Mutex};
-use sce_core::{RequestError, SourceOffset, WriteBackPlan, WriteBackRefusal, PAGE_SIZE};
+use sce_core::{CacheCore, RequestError, SourceOffset, WriteBackPlan, WriteBackRefusal, PAGE_SIZE};
 use sce_io::{AlignedBuf, IoError, Op};
 use sce_store::journal::PrevPage;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -199,22 +199,27 @@ impl Shared {
     /// True if `[offset, offset + len)` holds a page only the cache has or had (dirty or
     /// lost): in passthrough, reads of it fail.
     pub(crate) fn unavailable_now(&self, offset: u64, len: u64) -> bool {
-        self.wb.is_some()
-            && self.map.pieces(offset, len).any(|p| {
-                self.cores[p.shard]
-                    .read()
-                    .dirty_or_lost_in(SourceOffset(p.local), p.len)
-            })
+        self.wb_any(offset, len, CacheCore::dirty_or_lost_in)
     }
 
     /// True if `[offset, offset + len)` holds a page whose dirty data was lost.
     pub(crate) fn lost_now(&self, offset: u64, len: u64) -> bool {
+        self.wb_any(offset, len, CacheCore::lost_in)
+    }
+
+    /// In write-back: true if `pages` holds for a piece of `[offset, offset + len)`, each
+    /// asked of its core shard.
+    fn wb_any(
+        &self,
+        offset: u64,
+        len: u64,
+        pages: fn(&CacheCore, SourceOffset, u64) -> bool,
+    ) -> bool {
         self.wb.is_some()
-            && self.map.pieces(offset, len).any(|p| {
-                self.cores[p.shard]
-                    .read()
-                    .lost_in(SourceOffset(p.local), p.len)
-            })
+            && self
+                .map
+                .pieces(offset, len)
+                .any(|p| pages(&self.cores[p.shard].read(), SourceOffset(p.local), p.len))
     }
 
     /// Zeroes `[offset, offset + len)` in write-back mode (a discard: the dirty pages there
@@ -423,11 +428,12 @@ impl Shared {
 /// Restores what the store loaded into the core shards: each record goes to the shard that
 /// owns its (global) slot, and is dropped if its fragment belongs to another shard (the
 /// shard count changed): `Persist::start` then puts an intent on the slot, so the record is
-/// never trusted again. Dirty pages come back dirty, lost ones lost. Returns the dirty pages
+/// never trusted again. Dirty pages come back dirty, and lost ones (a dirty bit on an
+/// invalid page) lost, both by `restore_dirty`. Returns the dirty pages
 /// of records it could not restore (their data is on the device, but this start cannot
 /// serve it: the caller refuses to start).
 pub(crate) fn restore(
-    cores: &mut [sce_core::CacheCore],
+    cores: &mut [CacheCore],
     map: &sce_core::ShardMap,
     loaded: &sce_store::Loaded,
     words: usize,
@@ -465,10 +471,6 @@ pub(crate) fn restore(
             core.restore_dirty(f, &pages);
         }
     }
-    for &(f, p) in &loaded.lost {
-        let (k, lf) = map.frag_to_local(FragNo(f));
-        cores[k].restore_lost(lf, p);
-    }
     skipped
 }
 
@@ -503,7 +505,7 @@ pub(crate) fn check_dirty(
 
 /// Holds the slots that came back with dirty pages (their records claim them).
 pub(crate) fn hold_dirty(
-    cores: &mut [sce_core::CacheCore],
+    cores: &mut [CacheCore],
     map: &sce_core::ShardMap,
     persist: &crate::persist::Persist,
     loaded: &sce_store::Loaded,

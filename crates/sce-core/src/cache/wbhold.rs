@@ -20,26 +20,30 @@ impl CacheCore {
 
     /// True if `[offset, offset + len)` holds a page whose only copy was lost.
     pub fn lost_in(&self, offset: SourceOffset, len: u64) -> bool {
-        if self.wb.lost.is_empty() || len == 0 {
-            return false;
-        }
-        let end = offset.0.saturating_add(len).min(self.geo.source_size());
-        offset.0 < end
-            && fragments(self.geo, offset.0, end - offset.0)
-                .any(|(f, lo, hi, _, _)| self.wb.any_lost(f, lo, hi))
+        !self.wb.lost.is_empty()
+            && self.any_in(offset, len, |f, lo, hi| self.wb.any_lost(f, lo, hi))
     }
 
     /// True if `[offset, offset + len)` holds a page only the cache has, or had: dirty or
     /// lost (a read of it must not go to the source).
     pub fn dirty_or_lost_in(&self, offset: SourceOffset, len: u64) -> bool {
-        if self.wb.dirty.is_empty() && self.wb.lost.is_empty() || len == 0 {
-            return false;
-        }
-        let end = offset.0.saturating_add(len).min(self.geo.source_size());
-        offset.0 < end
-            && fragments(self.geo, offset.0, end - offset.0).any(|(f, lo, hi, _, _)| {
+        !(self.wb.dirty.is_empty() && self.wb.lost.is_empty())
+            && self.any_in(offset, len, |f, lo, hi| {
                 self.wb.any_lost(f, lo, hi) || self.wb.any_dirty(f, lo, hi)
             })
+    }
+
+    /// True if `pages(fragment, first, end)` holds for a fragment of `[offset, offset + len)`.
+    fn any_in(
+        &self,
+        offset: SourceOffset,
+        len: u64,
+        pages: impl Fn(FragNo, u32, u32) -> bool,
+    ) -> bool {
+        let end = offset.0.saturating_add(len).min(self.geo.source_size());
+        offset.0 < end
+            && fragments(self.geo, offset.0, end - offset.0)
+                .any(|(f, lo, hi, _, _)| pages(f, lo, hi))
     }
 
     /// Holds slot `s` where it is (a pin): it is not evicted nor given to another fragment
@@ -51,11 +55,6 @@ impl CacheCore {
     /// Releases a hold taken by [`CacheCore::hold_slot`].
     pub fn release_slot(&mut self, s: SlotNo) {
         self.slots.unpin(s)
-    }
-
-    /// After a restart: page `p` of fragment `f` was dirty and its data did not survive.
-    pub fn restore_lost(&mut self, f: FragNo, p: u32) {
-        self.lose_page(f, p);
     }
 
     /// The cache device failed: every dirty page is lost (reads of it fail), held slots
