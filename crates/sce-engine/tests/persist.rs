@@ -10,6 +10,7 @@ use sce_engine::{CacheVolume, EngineConfig, PersistConfig};
 mod common;
 
 use common::crash::CrashDevice;
+use common::random_source;
 use sce_io::{AlignedBuf, BlockDevice, FaultDevice, MemDevice, Op, SliceDevice};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -17,20 +18,6 @@ use std::time::Duration;
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
-
-fn random_source(size: u64, seed: u64) -> Arc<MemDevice> {
-    let d = MemDevice::new(size);
-    let mut rng = SmallRng::seed_from_u64(seed);
-    let mut buf = AlignedBuf::new(MIB as usize);
-    let mut at = 0;
-    while at < size {
-        let n = (size - at).min(MIB) as usize;
-        rng.fill(&mut buf[..n]);
-        d.write_at(at, &buf[..n]).unwrap();
-        at += n as u64;
-    }
-    Arc::new(d)
-}
 
 fn config(fragment: u64, background: bool, interval_ms: u64) -> EngineConfig {
     let mut p = PersistConfig::new("test-source");

@@ -2,7 +2,9 @@
 //! the volume table, a restart brings every one back warm, and forgetting one (at runtime,
 //! or at start because its source changed) leaves the others' cached data alone.
 
-use rand::{rngs::SmallRng, Rng, SeedableRng};
+mod common;
+
+use common::random_source;
 use sce_core::CoreConfig;
 use sce_engine::{CacheVolume, EngineConfig, PersistConfig, VolumePart};
 use sce_io::{AlignedBuf, BlockDevice, MemDevice};
@@ -11,15 +13,6 @@ use std::time::Duration;
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
-
-fn random_source(size: u64, seed: u64) -> Arc<MemDevice> {
-    let d = MemDevice::new(size);
-    let mut rng = SmallRng::seed_from_u64(seed);
-    let mut buf = vec![0u8; size as usize];
-    rng.fill(&mut buf[..]);
-    d.write_at(0, &buf).unwrap();
-    Arc::new(d)
-}
 
 fn config() -> EngineConfig {
     let mut p = PersistConfig::new("unused: the parts name the volumes");
