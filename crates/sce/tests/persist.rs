@@ -151,26 +151,9 @@ fn warm_restart_on_a_loop_device_with_direct_io() {
 
 #[test]
 fn sigkill_crashes_never_serve_stale_or_torn_blocks() {
-    let iterations: u32 = std::env::var("SCE_CRASH_ITERATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200);
+    let iterations: u32 = common::env_or("SCE_CRASH_ITERATIONS", 200);
     let d = tempfile::tempdir().unwrap();
-    let (src, cache) = (d.path().join("src"), d.path().join("cache"));
-    let args = [
-        "--source",
-        src.to_str().unwrap(),
-        "--cache",
-        cache.to_str().unwrap(),
-        "--cache-size",
-        "8MiB",
-        "--fragment-size",
-        "256KiB",
-        "--metadata-interval",
-        "50ms",
-        "--allow-buffered",
-    ];
-    let r = common::blocks::kill_loop(&args, &src, &d.path().join("s"), iterations, 2026);
+    let r = common::blocks::kill_loop(d.path(), &[], iterations, 2026);
     let sum = |v: &[serde_json::Value], k: &str| v.iter().map(|x| num(x, k)).sum::<u64>();
     let cached_at_kill: u64 = r
         .at_kill
@@ -338,27 +321,9 @@ fn kill_amid_writes(d: &Path, nbd: &str, journal: &str, model: &[u64]) -> (u64, 
                     let k = r.gen_range(1..=2u64);
                     let b0 = t * per + r.gen_range(0..per - k);
                     n += 1;
-                    {
-                        let mut m = model.lock();
-                        for j in 0..k {
-                            m[(b0 + j) as usize].in_flight = Some(n);
-                        }
-                    }
-                    for j in 0..k {
-                        let at = (j * BLOCK) as usize..((j + 1) * BLOCK) as usize;
-                        block(b0 + j, n, &mut wbuf[at]);
-                    }
-                    if c.write_at(b0 * BLOCK, &wbuf[..(k * BLOCK) as usize])
-                        .is_err()
-                    {
+                    let data = &mut wbuf[..(k * BLOCK) as usize];
+                    if !common::blocks::write_logged(&c, &model, (b0, n), data) {
                         return;
-                    }
-                    let mut m = model.lock();
-                    for j in 0..k {
-                        m[(b0 + j) as usize] = BlockState {
-                            acked: n,
-                            in_flight: None,
-                        };
                     }
                 }
             })

@@ -26,32 +26,10 @@ fn ctl(sock: &Path, args: &[&str]) -> (bool, String) {
 
 #[test]
 fn sigkill_in_writeback_loses_nothing_and_flush_to_source_fills_the_source() {
-    let iterations: u32 = std::env::var("SCE_WB_KILLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
+    let iterations: u32 = common::env_or("SCE_WB_KILLS", 100);
     let d = tempfile::tempdir().unwrap();
-    let (src, cache, sock) = (
-        d.path().join("src"),
-        d.path().join("cache"),
-        d.path().join("s"),
-    );
-    let args = [
-        "--source",
-        src.to_str().unwrap(),
-        "--cache",
-        cache.to_str().unwrap(),
-        "--cache-size",
-        "8MiB",
-        "--fragment-size",
-        "256KiB",
-        "--metadata-interval",
-        "50ms",
-        "--mode",
-        "writeback",
-        "--allow-buffered",
-    ];
-    let r = common::blocks::kill_loop(&args, &src, &sock, iterations, 15);
+    let r = common::blocks::kill_loop(d.path(), &["--mode", "writeback"], iterations, 15);
+    let (src, sock) = (&r.src, &r.sock);
     let sum = |v: &[serde_json::Value], k: &str| v.iter().map(|x| num(x, k)).sum::<u64>();
     let dirty_at_kill = sum(&r.at_kill, "writeback_dirty_bytes");
     let dirty_restored = sum(&r.after_restart, "writeback_dirty_bytes");
@@ -68,16 +46,16 @@ fn sigkill_in_writeback_loses_nothing_and_flush_to_source_fills_the_source() {
     );
     assert!(cleaned > 0, "the cleaner never ran");
     // Everything to the source, then the source file alone holds every acknowledged write.
-    let (ok, out) = ctl(&sock, &["flush", "--to-source"]);
+    let (ok, out) = ctl(sock, &["flush", "--to-source"]);
     assert!(ok, "{out}");
-    let (ok, out) = ctl(&sock, &["status"]);
+    let (ok, out) = ctl(sock, &["status"]);
     assert!(
         ok && out.contains("writeback") && out.contains("0 B dirty"),
         "{out}"
     );
     let st = r.server.export_stats();
     assert_eq!(num(&st, "writeback_dirty_bytes"), 0);
-    let source = std::fs::read(&src).unwrap();
+    let source = std::fs::read(src).unwrap();
     let mut stale = 0;
     for (b, want) in r.model.iter().enumerate() {
         let got = decode(
@@ -107,10 +85,7 @@ fn fio_verify_in_writeback_through_eviction_and_cleaning() {
     if !sce_testkit::require_known_tool("fio") {
         return;
     }
-    let seconds: u64 = std::env::var("SCE_WB_FIO_SECONDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(30);
+    let seconds: u64 = common::env_or("SCE_WB_FIO_SECONDS", 30);
     let d = tempfile::tempdir().unwrap();
     let (src, cache, sock) = (
         d.path().join("src"),

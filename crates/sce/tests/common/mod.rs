@@ -136,6 +136,14 @@ impl Drop for Server {
     }
 }
 
+/// The value of environment variable `name` (a test's knob), or `default`.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// A number field of a stats document.
 pub fn num(v: &serde_json::Value, k: &str) -> u64 {
     v[k].as_u64()
@@ -211,6 +219,9 @@ pub mod blocks {
         pub model: Vec<BlockState>,
         pub server: crate::common::Server,
         pub client: NbdClient,
+        /// The source file and the server's socket.
+        pub src: std::path::PathBuf,
+        pub sock: std::path::PathBuf,
     }
 
     /// A client of the server listening on `sock`.
@@ -221,22 +232,39 @@ pub mod blocks {
         NbdClient::connect(&uri, conns).unwrap()
     }
 
-    /// The SIGKILL loop: writes a 16 MiB source of self-describing blocks to `src`, then
-    /// `iterations` times starts `sce serve ARGS` on `sock`, checks that every block reads
-    /// as its last acknowledged write or the write in flight on it, runs four verifying
+    /// The SIGKILL loop: writes a 16 MiB source of self-describing blocks to `DIR/src`, then
+    /// `iterations` times starts `sce serve` over it with an 8 MiB cache (`DIR/cache`, 256
+    /// KiB fragments, 50 ms metadata interval) and `extra` arguments on `DIR/s`, checks that
+    /// every block reads as its last acknowledged write or the write in flight on it, runs four verifying
     /// writer/reader threads (each its own blocks) and kills the server at a random moment.
     /// Every fourth kill comes after the writers stopped and the server had a few metadata
     /// intervals to settle.
     pub fn kill_loop(
-        args: &[&str],
-        src: &std::path::Path,
-        sock: &std::path::Path,
+        dir: &std::path::Path,
+        extra: &[&str],
         iterations: u32,
         seed: u64,
     ) -> KillReport {
         use rand::{rngs::SmallRng, Rng, SeedableRng};
         use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
         use std::sync::Arc;
+        let (src, cache, sock) = (dir.join("src"), dir.join("cache"), dir.join("s"));
+        let (src_s, cache_s) = (src.to_str().unwrap(), cache.to_str().unwrap());
+        let mut args = vec![
+            "--source",
+            src_s,
+            "--cache",
+            cache_s,
+            "--cache-size",
+            "8MiB",
+            "--fragment-size",
+            "256KiB",
+            "--metadata-interval",
+            "50ms",
+            "--allow-buffered",
+        ];
+        args.extend_from_slice(extra);
+        let (args, sock) = (&args[..], sock.as_path());
         let size = 16 * MIB;
         let blocks = size / BLOCK;
         let mut init = vec![0u8; size as usize];
@@ -247,7 +275,7 @@ pub mod blocks {
                 &mut init[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize],
             );
         }
-        std::fs::write(src, &init).unwrap();
+        std::fs::write(&src, &init).unwrap();
         drop(init);
         const THREADS: u64 = 4;
         let model = Arc::new(parking_lot::Mutex::new(vec![
@@ -276,6 +304,8 @@ pub mod blocks {
                     model,
                     server: s,
                     client: c,
+                    src,
+                    sock: sock.to_path_buf(),
                 };
             }
             let c = Arc::new(c);
@@ -331,6 +361,42 @@ pub mod blocks {
         }
     }
 
+    /// Writes blocks `b0..` (as many as `buf` holds) with counter `n` through `c`, the model
+    /// saying the write is in flight until it is acknowledged. False if it failed (the
+    /// server died): the blocks stay "in flight" in the model.
+    pub fn write_logged(
+        c: &NbdClient,
+        model: &parking_lot::Mutex<Vec<BlockState>>,
+        (b0, n): (u64, u64),
+        buf: &mut [u8],
+    ) -> bool {
+        let k = buf.len() as u64 / BLOCK;
+        {
+            let mut m = model.lock();
+            for j in 0..k {
+                m[(b0 + j) as usize].in_flight = Some(n);
+            }
+        }
+        for j in 0..k {
+            block(
+                b0 + j,
+                n,
+                &mut buf[(j * BLOCK) as usize..((j + 1) * BLOCK) as usize],
+            );
+        }
+        if c.write_at(b0 * BLOCK, buf).is_err() {
+            return false;
+        }
+        let mut m = model.lock();
+        for j in 0..k {
+            m[(b0 + j) as usize] = BlockState {
+                acked: n,
+                in_flight: None,
+            };
+        }
+        true
+    }
+
     /// One load thread over blocks `[first, first + per)`: 20% writes (counters from
     /// `base`), 80% reads checked live against the model, half the traffic in the first
     /// eighth of the range; until `stop` or an error (the server died).
@@ -353,24 +419,8 @@ pub mod blocks {
             let at = |j: u64| (j * BLOCK) as usize..((j + 1) * BLOCK) as usize;
             if r.gen_bool(0.2) {
                 n += 1;
-                {
-                    let mut m = model.lock();
-                    for j in 0..k {
-                        m[(b0 + j) as usize].in_flight = Some(n);
-                    }
-                }
-                for j in 0..k {
-                    block(b0 + j, n, &mut data[at(j)]);
-                }
-                if c.write_at(b0 * BLOCK, data).is_err() {
+                if !write_logged(c, model, (b0, n), data) {
                     return;
-                }
-                let mut m = model.lock();
-                for j in 0..k {
-                    m[(b0 + j) as usize] = BlockState {
-                        acked: n,
-                        in_flight: None,
-                    };
                 }
             } else {
                 if c.read_at(b0 * BLOCK, data).is_err() {
