@@ -150,6 +150,18 @@ def sce_serve(procs, sce, d, name, args):
     return p, sock, addr
 
 
+def slow_source(procs, d):
+    """A fresh slow source: `nbdkit --filter=delay memory 2G rdelay=2ms wdelay=2ms -t 64` on
+    D/src.sock. Returns the process and the socket."""
+    src_sock = os.path.join(d, "src.sock")
+    if os.path.exists(src_sock):
+        os.unlink(src_sock)
+    src = procs.start(["nbdkit", "-f", "-U", src_sock, "--filter=delay", "memory", "2G",
+                       "rdelay=2ms", "wdelay=2ms", "-t", "64"])
+    wait_sock(src_sock, src, "nbdkit (source)")
+    return src, src_sock
+
+
 def fmt(x):
     return f"{x:,.0f}"
 
@@ -175,12 +187,7 @@ def oltp(a, procs, sce, d, flash):
     ]
     def run_config(label, kind, extra):
         log(f"== OLTP: {label}, {secs} s")
-        src_sock = os.path.join(d, "src.sock")
-        if os.path.exists(src_sock):
-            os.unlink(src_sock)
-        src = procs.start(["nbdkit", "-f", "-U", src_sock, "--filter=delay", "memory", "2G",
-                           "rdelay=2ms", "wdelay=2ms", "-t", "64"])
-        wait_sock(src_sock, src, "nbdkit (source)")
+        src, src_sock = slow_source(procs, d)
         server, target, addr = None, uri(src_sock), None
         name = label.split()[0].replace("(", "")
         if kind == "sce":

@@ -23,7 +23,6 @@ import argparse
 import importlib.util
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,8 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 spec = importlib.util.spec_from_file_location("perf", os.path.join(ROOT, "scripts", "bench-perf.py"))
 perf = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(perf)
-log, uri, fio, sce_serve, Procs, wait_sock = (perf.log, perf.uri, perf.fio, perf.sce_serve,
-                                              perf.Procs, perf.wait_sock)
+log, uri, fio, sce_serve, Procs = perf.log, perf.uri, perf.fio, perf.sce_serve, perf.Procs
 
 
 def write_lat(job):
@@ -52,12 +50,7 @@ def part_fio(a, procs, sce, d, flash):
     ]
 
     def run(label, kind, extra, qd):
-        src_sock = os.path.join(d, "src.sock")
-        if os.path.exists(src_sock):
-            os.unlink(src_sock)
-        src = procs.start(["nbdkit", "-f", "-U", src_sock, "--filter=delay", "memory", "2G",
-                           "rdelay=2ms", "wdelay=2ms", "-t", "64"])
-        wait_sock(src_sock, src, "nbdkit (source)")
+        src, src_sock = perf.slow_source(procs, d)
         server, target = None, uri(src_sock)
         if kind == "sce":
             server, sock, _ = sce_serve(procs, sce, d, "wb", [
