@@ -63,53 +63,13 @@ pub enum Verb {
         to_source: bool,
     },
     /// FlashTier's clean: write the dirty (write-back) data of a range to the source.
-    Clean {
-        /// First byte (sizes take units: 1GiB).
-        #[arg(value_parser = parse_size)]
-        offset: u64,
-        /// Length in bytes.
-        #[arg(value_parser = parse_size)]
-        len: u64,
-        /// The export (default: the only or the default one).
-        #[arg(long)]
-        export: Option<String>,
-    },
+    Clean(RangeArgs),
     /// FlashTier's exists: what the cache holds of a range of the source.
-    Exists {
-        /// First byte (sizes take units: 1GiB).
-        #[arg(value_parser = parse_size)]
-        offset: u64,
-        /// Length in bytes.
-        #[arg(value_parser = parse_size)]
-        len: u64,
-        /// The export (default: the only or the default one).
-        #[arg(long)]
-        export: Option<String>,
-    },
+    Exists(RangeArgs),
     /// FlashTier's evict: drop what the cache holds of a range (the source is untouched).
-    Evict {
-        /// First byte.
-        #[arg(value_parser = parse_size)]
-        offset: u64,
-        /// Length in bytes.
-        #[arg(value_parser = parse_size)]
-        len: u64,
-        /// The export (default: the only or the default one).
-        #[arg(long)]
-        export: Option<String>,
-    },
+    Evict(RangeArgs),
     /// Read a range into the cache now (as NBD CACHE does).
-    Prefetch {
-        /// First byte.
-        #[arg(value_parser = parse_size)]
-        offset: u64,
-        /// Length in bytes.
-        #[arg(value_parser = parse_size)]
-        len: u64,
-        /// The export (default: the only or the default one).
-        #[arg(long)]
-        export: Option<String>,
-    },
+    Prefetch(RangeArgs),
     /// Drop everything cached for an export (its source changed behind sce's back), and
     /// write the records so that no crash brings it back.
     Forget {
@@ -152,12 +112,27 @@ pub fn admin_socket(given: Option<&Path>) -> Result<PathBuf> {
     Ok(if ctl.exists() { ctl } else { p.to_path_buf() })
 }
 
-fn range_req(verb: &str, export: Option<String>, offset: u64, len: u64) -> Request {
+/// A range of an export, as the range verbs (clean, exists, evict, prefetch) take it.
+#[derive(clap::Args, Debug)]
+pub struct RangeArgs {
+    /// First byte (sizes take units: 1GiB).
+    #[arg(value_parser = parse_size)]
+    offset: u64,
+    /// Length in bytes.
+    #[arg(value_parser = parse_size)]
+    len: u64,
+    /// The export (default: the only or the default one).
+    #[arg(long)]
+    export: Option<String>,
+}
+
+/// The request of range verb `verb` over `r`.
+fn range_req(verb: &str, r: RangeArgs) -> Request {
     Request {
         verb: verb.into(),
-        export,
-        offset: Some(offset),
-        len: Some(len),
+        export: r.export,
+        offset: Some(r.offset),
+        len: Some(r.len),
         ..Request::default()
     }
 }
@@ -192,30 +167,14 @@ fn request(verb: Verb) -> (Request, Render) {
                 }
             })
         }
-        Verb::Clean {
-            offset,
-            len,
-            export,
-        } => (range_req("clean", export, offset, len), |v| {
+        Verb::Clean(r) => (range_req("clean", r), |v| {
             println!("written back: {}", size(&v["bytes_written_back"]));
         }),
-        Verb::Exists {
-            offset,
-            len,
-            export,
-        } => (range_req("exists", export, offset, len), print_exists),
-        Verb::Evict {
-            offset,
-            len,
-            export,
-        } => (range_req("evict", export, offset, len), |v| {
+        Verb::Exists(r) => (range_req("exists", r), print_exists),
+        Verb::Evict(r) => (range_req("evict", r), |v| {
             println!("evicted {}", size(&v["evicted_bytes"]));
         }),
-        Verb::Prefetch {
-            offset,
-            len,
-            export,
-        } => (range_req("prefetch", export, offset, len), |v| {
+        Verb::Prefetch(r) => (range_req("prefetch", r), |v| {
             println!(
                 "fetched {}; {} of {} now cached",
                 size(&v["fetched_bytes"]),
