@@ -557,13 +557,11 @@ impl BlockDevice for Attachable {
         self.write_with(|v| v.discard(b + offset, len), |s| s.discard(offset, len))
     }
 
-    /// The source's, attached or not: it holds every acknowledged write either way, except
-    /// in write-back, where the cache holds data the source lacks: all of it is data then.
+    /// The cached volume's while attached (the source's, except in write-back, where the
+    /// cache holds data the source lacks), the source's when detached.
     fn extents(&self, offset: u64, len: u64) -> Result<Vec<sce_io::Extent>, IoError> {
-        if self.volume().is_some_and(|v| v.writeback_stats().is_some()) {
-            return Ok(vec![sce_io::Extent::data(len)]);
-        }
-        self.source.extents(offset, len)
+        let b = self.base();
+        self.with(|v| v.extents(b + offset, len), |s| s.extents(offset, len))
     }
 }
 
