@@ -9,10 +9,8 @@ use sce_core::{Admission, CoreConfig, WriteMode};
 use sce_engine::{CacheVolume, EngineConfig, PersistConfig};
 mod common;
 
-use common::crash::CrashDevice;
 use common::random_source;
 use sce_io::{AlignedBuf, BlockDevice, FaultDevice, MemDevice, Op, SliceDevice};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -180,10 +178,7 @@ fn crash_loop(
     let (mut cached_before, mut restored_after, mut lost_writes) = (0u64, 0u64, 0usize);
     let (mut syncs, mut appends, mut fallbacks, mut journal_drops) = (0, 0, 0, 0);
     for it in 0..iterations {
-        let frozen = Arc::new(AtomicBool::new(false));
-        let cache = Arc::new(CrashDevice::volatile(cache_mem.clone(), frozen.clone()));
-        let source: Arc<dyn BlockDevice> =
-            Arc::new(CrashDevice::durable(source_mem.clone(), frozen.clone()));
+        let (cache, source) = common::crash::machine(&cache_mem, &source_mem);
         let mut cfg = config(64 * KIB, true, 2);
         cfg.core.write_mode = mode;
         cfg.core.admission = admission;

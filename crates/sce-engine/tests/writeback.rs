@@ -5,7 +5,6 @@
 
 mod common;
 
-use common::crash::CrashDevice;
 use common::random_source;
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 use sce_core::{CoreConfig, WriteMode};
@@ -103,10 +102,7 @@ fn writes_stay_in_the_cache_until_flushed_to_the_source() {
 fn an_unclean_stop_with_five_percent_dirty_cleans_only_that() {
     let source_mem = random_source(8 * MIB, 3);
     let cache_mem = Arc::new(MemDevice::new(4 * MIB));
-    let frozen = Arc::new(AtomicBool::new(false));
-    let cache = Arc::new(CrashDevice::volatile(cache_mem.clone(), frozen.clone()));
-    let source: Arc<dyn BlockDevice> =
-        Arc::new(CrashDevice::durable(source_mem.clone(), frozen.clone()));
+    let (cache, source) = common::crash::machine(&cache_mem, &source_mem);
     // No idle cleaning.
     let cfg = quiet_config(20);
     let vol = CacheVolume::open(source, cache.clone(), cfg.clone()).expect("open");
@@ -181,10 +177,7 @@ fn crashes_in_write_back_never_lose_a_flushed_write_nor_return_older_bytes() {
     let (mut restored_dirty, mut crashes_with_dirty) = (0u64, 0u32);
     let iterations = 60;
     for it in 0..iterations {
-        let frozen = Arc::new(AtomicBool::new(false));
-        let cache = Arc::new(CrashDevice::volatile(cache_mem.clone(), frozen.clone()));
-        let source: Arc<dyn BlockDevice> =
-            Arc::new(CrashDevice::durable(source_mem.clone(), frozen.clone()));
+        let (cache, source) = common::crash::machine(&cache_mem, &source_mem);
         let vol = CacheVolume::open(source.clone(), cache.clone(), config(2)).expect("open");
         if it > 0 {
             restored_dirty += vol.writeback_stats().unwrap().dirty_bytes;
@@ -331,10 +324,7 @@ fn crashes_amid_concurrent_write_back_writers_never_lose_a_flushed_write() {
     let mut writers: Vec<Writer> = Vec::new();
     let iterations = 60;
     for it in 0..iterations {
-        let frozen = Arc::new(AtomicBool::new(false));
-        let cache = Arc::new(CrashDevice::volatile(cache_mem.clone(), frozen.clone()));
-        let source: Arc<dyn BlockDevice> =
-            Arc::new(CrashDevice::durable(source_mem.clone(), frozen.clone()));
+        let (cache, source) = common::crash::machine(&cache_mem, &source_mem);
         let vol = CacheVolume::open(source.clone(), cache.clone(), config(1)).expect("open");
         let now = read(&vol, 0, size);
         for (t, w) in writers.iter().enumerate() {

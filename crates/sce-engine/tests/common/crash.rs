@@ -101,3 +101,15 @@ impl BlockDevice for CrashDevice {
         self.write_at(offset, &vec![0u8; len as usize])
     }
 }
+
+/// A machine that can crash: `cache` as a volatile cache device and `source` as a durable
+/// one, frozen together by the cache's `crash`.
+pub fn machine(
+    cache: &Arc<MemDevice>,
+    source: &Arc<MemDevice>,
+) -> (Arc<CrashDevice>, Arc<dyn BlockDevice>) {
+    let frozen = Arc::new(AtomicBool::new(false));
+    let c = Arc::new(CrashDevice::volatile(cache.clone(), frozen.clone()));
+    let s: Arc<dyn BlockDevice> = Arc::new(CrashDevice::durable(source.clone(), frozen));
+    (c, s)
+}
