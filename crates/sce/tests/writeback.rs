@@ -24,6 +24,28 @@ fn ctl(sock: &Path, args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// `sce serve` of `source` in write-back, with a `size` cache of 256 KiB fragments at
+/// `cache`, listening on `sock`.
+fn writeback_server(source: &str, cache: &Path, size: &str, sock: &Path) -> common::Server {
+    let cache = cache.to_str().unwrap();
+    common::Server::start(
+        &[
+            "--source",
+            source,
+            "--cache",
+            cache,
+            "--cache-size",
+            size,
+            "--fragment-size",
+            "256KiB",
+            "--mode",
+            "writeback",
+            "--allow-buffered",
+        ],
+        sock,
+    )
+}
+
 #[test]
 fn sigkill_in_writeback_loses_nothing_and_flush_to_source_fills_the_source() {
     let iterations: u32 = common::env_or("SCE_WB_KILLS", 100);
@@ -96,22 +118,7 @@ fn fio_verify_in_writeback_through_eviction_and_cleaning() {
         .unwrap()
         .set_len(128 << 20)
         .unwrap();
-    let s = common::Server::start(
-        &[
-            "--source",
-            src.to_str().unwrap(),
-            "--cache",
-            cache.to_str().unwrap(),
-            "--cache-size",
-            "16MiB",
-            "--fragment-size",
-            "256KiB",
-            "--mode",
-            "writeback",
-            "--allow-buffered",
-        ],
-        &sock,
-    );
+    let s = writeback_server(src.to_str().unwrap(), &cache, "16MiB", &sock);
     let out = Command::new("fio")
         .current_dir(d.path())
         .args([
@@ -203,22 +210,7 @@ fn a_source_outage_through_nbdkit_is_absorbed_then_drained() {
         .unwrap());
     common::wait_for(&ksock);
     let src_uri = format!("nbd+unix:///?socket={}", ksock.display());
-    let s = common::Server::start(
-        &[
-            "--source",
-            &src_uri,
-            "--cache",
-            cache.to_str().unwrap(),
-            "--cache-size",
-            "8MiB",
-            "--fragment-size",
-            "256KiB",
-            "--mode",
-            "writeback",
-            "--allow-buffered",
-        ],
-        &sock,
-    );
+    let s = writeback_server(&src_uri, &cache, "8MiB", &sock);
     // 16 MiB of writes, twice what the cache holds, from a thread.
     let mut data = vec![0u8; 16 << 20];
     for (i, b) in data.iter_mut().enumerate() {
