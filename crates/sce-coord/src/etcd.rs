@@ -27,6 +27,9 @@ pub enum EtcdError {
     /// A bad endpoint.
     #[error("etcd endpoint {0:?}: {1}")]
     Endpoint(String, String),
+    /// A watch asked for revisions the cluster has compacted away (the oldest it keeps).
+    #[error("etcd: revisions before {0} are compacted")]
+    Compacted(i64),
 }
 
 /// A key, its value, and the revision that last changed it.
@@ -132,16 +135,34 @@ impl Etcd {
         })
     }
 
-    /// Opens a request to a member that accepts it: the response's headers are read.
+    /// Opens a request to a member that accepts it: the response's headers are read. While
+    /// no member answers (a leader election, a restart), it goes round them again, 50 ms
+    /// apart, for up to the client's timeout. A put retried after an answer was lost may
+    /// apply twice; every key sce puts tolerates that (the same value, or one more
+    /// invalidation).
     fn open(&self, path: &str, body: &Value) -> Result<BufReader<TcpStream>, EtcdError> {
         let body = body.to_string();
+        let deadline = std::time::Instant::now() + self.timeout;
+        loop {
+            match self.open_once(path, &body) {
+                Err(EtcdError::Unreachable(why)) if std::time::Instant::now() < deadline => {
+                    tracing::debug!("etcd: {why}; trying again");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// One round over the members, from the one that answered last.
+    fn open_once(&self, path: &str, body: &str) -> Result<BufReader<TcpStream>, EtcdError> {
         let n = self.members.len();
         let first = self.current.load(Relaxed);
         let mut why = Vec::new();
         for k in 0..n {
             let i = (first + k) % n;
             let (host, addr) = &self.members[i];
-            match self.try_open(host, addr, path, &body) {
+            match self.try_open(host, addr, path, body) {
                 Ok(r) => {
                     self.current.store(i, Relaxed);
                     return Ok(r);
@@ -236,6 +257,15 @@ impl Etcd {
         Ok((kvs, int(&v["header"]["revision"])))
     }
 
+    /// Compacts the key history up to `revision`: watches can no longer start before it.
+    pub fn compact(&self, revision: i64) -> Result<(), EtcdError> {
+        self.call(
+            "/v3/kv/compaction",
+            &json!({"revision": revision.to_string(), "physical": true}),
+        )
+        .map(|_| ())
+    }
+
     /// A lease of `ttl` seconds; its id.
     pub fn grant(&self, ttl: i64) -> Result<i64, EtcdError> {
         let v = self.call("/v3/lease/grant", &json!({"TTL": ttl.to_string()}))?;
@@ -267,6 +297,10 @@ impl Etcd {
         let mut r = self.open("/v3/watch", &json!({"create_request": req}))?;
         // The first message confirms the watch.
         let first = next_json(&mut r)?.ok_or_else(|| EtcdError::Protocol("no answer".into()))?;
+        let compacted = int(&first["result"]["compact_revision"]);
+        if compacted > 0 {
+            return Err(EtcdError::Compacted(compacted));
+        }
         if first["result"]["created"] != json!(true) {
             return Err(EtcdError::Protocol(format!("watch not created: {first}")));
         }
@@ -274,9 +308,17 @@ impl Etcd {
     }
 }
 
+/// What a read of a stream that timed out says.
+const QUIET: &str = "nothing came in time";
+
 /// The next JSON document of a streamed (chunked) answer; None at its end.
 fn next_json(r: &mut BufReader<TcpStream>) -> Result<Option<Value>, EtcdError> {
-    let io = |e: std::io::Error| EtcdError::Unreachable(e.to_string());
+    let io = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            EtcdError::Unreachable(QUIET.into())
+        }
+        _ => EtcdError::Unreachable(e.to_string()),
+    };
     loop {
         // A chunk: its size in hex, then the data (one JSON document and a newline, as the
         // gateway writes them), then CRLF.
@@ -320,13 +362,16 @@ impl Watch {
         let v = match next_json(&mut self.r) {
             Ok(Some(v)) => v,
             Ok(None) => return Err(EtcdError::Unreachable("the watch ended".into())),
-            Err(EtcdError::Unreachable(e))
-                if e.contains("timed out") || e.contains("would block") =>
-            {
-                return Ok(Vec::new())
-            }
+            Err(EtcdError::Unreachable(e)) if e == QUIET => return Ok(Vec::new()),
             Err(e) => return Err(e),
         };
+        let compacted = int(&v["result"]["compact_revision"]);
+        if compacted > 0 {
+            return Err(EtcdError::Compacted(compacted));
+        }
+        if v["result"]["canceled"] == json!(true) {
+            return Err(EtcdError::Server(format!("the watch was cancelled: {v}")));
+        }
         let mut out = Vec::new();
         for e in v["result"]["events"].as_array().into_iter().flatten() {
             let k = kv(&e["kv"])?;

@@ -10,65 +10,111 @@
 //! processed, under its lease).
 
 use crate::etcd::{Etcd, EtcdError, Event};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 fn key(prefix: &str, kind: &str, host: &str) -> Vec<u8> {
     format!("{prefix}/{kind}/{host}").into_bytes()
 }
 
-/// The hosts registered under `prefix`, but `me`.
-fn others(etcd: &Etcd, prefix: &str, me: &str) -> Result<Vec<String>, EtcdError> {
-    let (kvs, _) = etcd.range_prefix(format!("{prefix}/hosts/").as_bytes())?;
-    Ok(kvs
-        .iter()
-        .filter_map(|kv| {
-            let k = String::from_utf8_lossy(&kv.key);
-            k.rsplit('/').next().map(str::to_string)
-        })
-        .filter(|h| h != me)
-        .collect())
+/// The host a key under `PREFIX/KIND/` names, if the key is of that kind.
+fn host_of<'a>(prefix: &str, kind: &str, k: &'a [u8]) -> Option<&'a str> {
+    let k = std::str::from_utf8(k).ok()?;
+    k.strip_prefix(prefix)?
+        .strip_prefix('/')?
+        .strip_prefix(kind)?
+        .strip_prefix('/')
 }
 
-/// Publishes that host `me` is about to write `[offset, offset + len)`, and waits until
-/// every other host registered under `prefix` has processed it (or left), up to `timeout`.
-/// Returns the invalidation's revision. An error: the write must not go ahead as a cached
-/// one (the caller's host passes I/O through until it can publish again).
+/// An invalidation's value: its ranges, `OFFSET LEN` per line.
+pub fn encode(ranges: &[(u64, u64)]) -> String {
+    let lines: Vec<String> = ranges.iter().map(|(o, l)| format!("{o} {l}")).collect();
+    lines.join("\n")
+}
+
+/// The ranges of an invalidation's value; None if it is not one.
+pub fn decode(text: &str) -> Option<Vec<(u64, u64)>> {
+    text.lines()
+        .map(|line| {
+            let mut it = line.split(' ').map(|x| x.parse::<u64>().ok());
+            match (it.next()??, it.next()??, it.next()) {
+                (o, l, None) => Some((o, l)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Publishes that host `me` wrote `ranges`, and waits until every other host registered
+/// under `prefix` has processed it (acknowledged its revision) or left (its key is gone:
+/// its lease expired or was revoked), up to `timeout`. Returns the invalidation's revision.
+/// An error: the write cannot count as coherent (the caller fails it, and publishes the
+/// ranges again when it can).
+///
+/// One read of the whole prefix gives the hosts and their acknowledgements at one
+/// revision; a watch from the next revision brings the acknowledgements and departures
+/// that come later.
 pub fn publish(
     etcd: &Etcd,
     prefix: &str,
     me: &str,
-    (offset, len): (u64, u64),
+    ranges: &[(u64, u64)],
     timeout: Duration,
 ) -> Result<i64, EtcdError> {
-    let rev = etcd.put(
-        &key(prefix, "inval", me),
-        format!("{offset} {len}").as_bytes(),
-        0,
-    )?;
-    let t0 = Instant::now();
-    loop {
-        let hosts = others(etcd, prefix, me)?;
-        let (acks, _) = etcd.range_prefix(format!("{prefix}/ack/").as_bytes())?;
-        let acked = |h: &String| {
-            acks.iter().any(|kv| {
-                kv.key == key(prefix, "ack", h)
-                    && String::from_utf8_lossy(&kv.value)
-                        .parse::<i64>()
-                        .unwrap_or(0)
-                        >= rev
-            })
-        };
-        if hosts.iter().all(acked) {
+    let deadline = Instant::now() + timeout;
+    let rev = etcd.put(&key(prefix, "inval", me), encode(ranges).as_bytes(), 0)?;
+    let (kvs, at) = etcd.range_prefix(format!("{prefix}/").as_bytes())?;
+    let acked = |kv: &crate::Kv| {
+        String::from_utf8_lossy(&kv.value)
+            .parse::<i64>()
+            .is_ok_and(|r| r >= rev)
+    };
+    let mut pending: BTreeSet<String> = kvs
+        .iter()
+        .filter_map(|kv| host_of(prefix, "hosts", &kv.key))
+        .filter(|h| *h != me)
+        .map(str::to_string)
+        .collect();
+    for kv in &kvs {
+        if let Some(h) = host_of(prefix, "ack", &kv.key).filter(|_| acked(kv)) {
+            pending.remove(h);
+        }
+    }
+    if pending.is_empty() {
+        return Ok(rev);
+    }
+    let mut watch = etcd.watch_prefix(format!("{prefix}/").as_bytes(), at + 1)?;
+    while Instant::now() < deadline {
+        let left = deadline.saturating_duration_since(Instant::now());
+        for e in watch.next_events(left.min(Duration::from_millis(500)))? {
+            match e {
+                Event::Put(kv) => {
+                    if let Some(h) = host_of(prefix, "ack", &kv.key).filter(|_| acked(&kv)) {
+                        pending.remove(h);
+                    }
+                }
+                Event::Delete { key: k, .. } => {
+                    if let Some(h) = host_of(prefix, "hosts", &k) {
+                        pending.remove(h);
+                    }
+                }
+            }
+        }
+        if pending.is_empty() {
             return Ok(rev);
         }
-        if t0.elapsed() > timeout {
-            let late: Vec<&String> = hosts.iter().filter(|h| !acked(h)).collect();
-            return Err(EtcdError::Server(format!(
-                "hosts {late:?} did not acknowledge invalidation {rev} in time"
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(2));
     }
+    Err(EtcdError::Server(format!(
+        "hosts {pending:?} did not acknowledge invalidation {rev} within {timeout:?}"
+    )))
+}
+
+/// The newest invalidation any host published under `prefix` (0: none): a host that
+/// registers again has processed everything others may have stopped waiting for once its
+/// listener is past it.
+pub fn newest(etcd: &Etcd, prefix: &str) -> Result<i64, EtcdError> {
+    let (kvs, _) = etcd.range_prefix(format!("{prefix}/inval/").as_bytes())?;
+    Ok(kvs.iter().map(|kv| kv.mod_revision).max().unwrap_or(0))
 }
 
 /// A host's side: the invalidations the others publish, in revision order.
@@ -110,15 +156,14 @@ impl Listener {
             let from_me = kv.key == key(&self.prefix, "inval", &self.me);
             if !from_me {
                 let text = String::from_utf8_lossy(&kv.value).to_string();
-                let mut it = text.split(' ').map(|x| x.parse::<u64>());
-                match (it.next(), it.next()) {
-                    (Some(Ok(o)), Some(Ok(l))) => drop_pages(o, l),
-                    _ => {
-                        return Err(EtcdError::Protocol(format!(
-                            "bad invalidation {text:?} at revision {}",
-                            kv.mod_revision
-                        )))
-                    }
+                let Some(ranges) = decode(&text) else {
+                    return Err(EtcdError::Protocol(format!(
+                        "bad invalidation {text:?} at revision {}",
+                        kv.mod_revision
+                    )));
+                };
+                for (o, l) in ranges {
+                    drop_pages(o, l);
                 }
                 n += 1;
             }
@@ -137,5 +182,21 @@ impl Listener {
     /// The last revision processed.
     pub fn done(&self) -> i64 {
         self.done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalidations_round_trip_and_bad_ones_are_refused() {
+        let r = vec![(0, 4096), (1 << 40, 512)];
+        assert_eq!(decode(&encode(&r)), Some(r));
+        assert_eq!(decode("1 2 3"), None);
+        assert_eq!(decode("1"), None);
+        assert_eq!(decode("x 2"), None);
+        assert_eq!(host_of("/p/v", "ack", b"/p/v/ack/h1"), Some("h1"));
+        assert_eq!(host_of("/p/v", "ack", b"/p/v/hosts/h1"), None);
     }
 }

@@ -18,6 +18,8 @@ struct Inner {
     ttl: i64,
     /// (lease id, until when this host may count on it).
     state: Mutex<(i64, Instant)>,
+    /// (registrations so far, the revision of the last one's put).
+    registered: Mutex<(u64, i64)>,
     stop: AtomicBool,
     wake: Condvar,
     /// Renewals and re-registrations that failed (etcd unreachable, lease gone).
@@ -40,7 +42,11 @@ impl Inner {
     fn register(&self) -> Result<(), EtcdError> {
         let sent = Instant::now();
         let lease = self.etcd.grant(self.ttl)?;
-        self.etcd.put(&self.key, &self.value, lease)?;
+        let rev = self.etcd.put(&self.key, &self.value, lease)?;
+        {
+            let mut r = self.registered.lock().unwrap();
+            *r = (r.0 + 1, rev);
+        }
         *self.state.lock().unwrap() = (lease, sent + usable(self.ttl));
         Ok(())
     }
@@ -86,6 +92,7 @@ impl Membership {
             value: value.to_vec(),
             ttl: ttl.max(1),
             state: Mutex::new((0, Instant::now())),
+            registered: Mutex::new((0, 0)),
             stop: AtomicBool::new(false),
             wake: Condvar::new(),
             failures: Default::default(),
@@ -115,6 +122,18 @@ impl Membership {
     /// The lease now.
     pub fn lease(&self) -> i64 {
         self.inner.state.lock().unwrap().0
+    }
+
+    /// (registrations so far, the revision of the last one). A registration after the
+    /// first means the lease lapsed: others may have stopped waiting for this host in
+    /// between, so it must catch up on what they published before it counts on its cache.
+    pub fn registration(&self) -> (u64, i64) {
+        *self.inner.registered.lock().unwrap()
+    }
+
+    /// The lease's time to live, in seconds.
+    pub fn ttl(&self) -> i64 {
+        self.inner.ttl
     }
 
     /// Renewals that failed so far.
