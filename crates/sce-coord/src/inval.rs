@@ -52,7 +52,7 @@ pub fn decode(text: &str) -> Option<Vec<(u64, u64)>> {
 /// ranges again when it can).
 ///
 /// One read of the whole prefix gives the hosts and their acknowledgements at one
-/// revision; a watch from the next revision brings the acknowledgements and departures
+/// revision; a watch started before the put brings the acknowledgements and departures
 /// that come later.
 pub fn publish(
     etcd: &Etcd,
@@ -62,8 +62,11 @@ pub fn publish(
     timeout: Duration,
 ) -> Result<i64, EtcdError> {
     let deadline = Instant::now() + timeout;
+    // The watch first, from now: a watch from a past revision waits for etcd's catch-up
+    // loop (100 ms), one from now hears every change as it is made.
+    let mut watch = etcd.watch_prefix(format!("{prefix}/").as_bytes(), 0)?;
     let rev = etcd.put(&key(prefix, "inval", me), encode(ranges).as_bytes(), 0)?;
-    let (kvs, at) = etcd.range_prefix(format!("{prefix}/").as_bytes())?;
+    let (kvs, _) = etcd.range_prefix(format!("{prefix}/").as_bytes())?;
     let acked = |kv: &crate::Kv| {
         String::from_utf8_lossy(&kv.value)
             .parse::<i64>()
@@ -83,7 +86,6 @@ pub fn publish(
     if pending.is_empty() {
         return Ok(rev);
     }
-    let mut watch = etcd.watch_prefix(format!("{prefix}/").as_bytes(), at + 1)?;
     while Instant::now() < deadline {
         let left = deadline.saturating_duration_since(Instant::now());
         for e in watch.next_events(left.min(Duration::from_millis(500)))? {
@@ -123,6 +125,8 @@ pub struct Listener {
     me: String,
     /// The last revision processed.
     done: i64,
+    /// The last acknowledgement put (revision, lease): not put again while unchanged.
+    acked: (i64, i64),
     watch: crate::etcd::Watch,
 }
 
@@ -135,6 +139,7 @@ impl Listener {
             prefix: prefix.to_string(),
             me: me.to_string(),
             done: from.saturating_sub(1),
+            acked: (0, 0),
             watch,
         })
     }
@@ -169,7 +174,8 @@ impl Listener {
             }
             self.done = self.done.max(kv.mod_revision);
         }
-        if self.done > 0 {
+        if self.done > 0 && self.acked != (self.done, lease) {
+            self.acked = (self.done, lease);
             etcd.put(
                 &key(&self.prefix, "ack", &self.me),
                 self.done.to_string().as_bytes(),

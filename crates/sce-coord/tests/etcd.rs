@@ -3,90 +3,8 @@
 //! watch from a revision, and a member killed while the cluster serves on.
 
 use sce_coord::{Etcd, Event};
-use std::process::{Child, Command, Stdio};
+use sce_testkit::etcd::Cluster;
 use std::time::{Duration, Instant};
-
-/// An etcd member, killed on drop.
-struct Member(Child);
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// The command lines of three members, and their client endpoints.
-fn cluster_args(dir: &std::path::Path) -> (Vec<Vec<String>>, Vec<String>) {
-    let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
-    let initial: Vec<String> = ports
-        .iter()
-        .enumerate()
-        .map(|(i, p)| format!("m{i}=http://127.0.0.1:{}", p.1))
-        .collect();
-    let mut args = Vec::new();
-    for (i, (client, peer)) in ports.iter().enumerate() {
-        let client = format!("http://127.0.0.1:{client}");
-        let peer = format!("http://127.0.0.1:{peer}");
-        let data = dir.join(format!("m{i}")).display().to_string();
-        let a: Vec<String> = [
-            "--name",
-            &format!("m{i}"),
-            "--data-dir",
-            &data,
-            "--listen-client-urls",
-            &client,
-            "--advertise-client-urls",
-            &client,
-            "--listen-peer-urls",
-            &peer,
-            "--initial-advertise-peer-urls",
-            &peer,
-            "--initial-cluster",
-            &initial.join(","),
-            "--initial-cluster-state",
-            "new",
-            "--initial-cluster-token",
-            "sce-test",
-        ]
-        .iter()
-        .map(|x| x.to_string())
-        .collect();
-        args.push(a);
-    }
-    let endpoints = ports.iter().map(|p| format!("127.0.0.1:{}", p.0)).collect();
-    (args, endpoints)
-}
-
-/// Starts the members of `args` (a member restarted on its data directory rejoins).
-fn start(args: &[Vec<String>]) -> Vec<Member> {
-    args.iter()
-        .map(|a| {
-            Member(
-                Command::new("etcd")
-                    .args(a)
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .unwrap(),
-            )
-        })
-        .collect()
-}
-
-/// Starts three members; returns them and their client endpoints.
-fn cluster(dir: &std::path::Path) -> (Vec<Member>, Vec<String>) {
-    let (args, endpoints) = cluster_args(dir);
-    (start(&args), endpoints)
-}
 
 /// Polls `done` every 100 ms until it holds; fails with `what` after `secs` seconds (a
 /// bound on a hung test only: no test asserts how soon).
@@ -111,7 +29,8 @@ fn keys_leases_watches_and_a_lost_member() {
         return;
     }
     let d = tempfile::tempdir().unwrap();
-    let (mut members, endpoints) = cluster(d.path());
+    let mut cluster = Cluster::start(d.path());
+    let endpoints = cluster.endpoints.clone();
     let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
     let e = Etcd::new(&eps, Duration::from_secs(5)).unwrap();
     ready(&e);
@@ -153,8 +72,7 @@ fn keys_leases_watches_and_a_lost_member() {
         kvs.is_empty()
     });
     // One member dies: the two others keep a quorum, and calls go to them.
-    let dead = members.remove(0);
-    drop(dead);
+    cluster.kill(0);
     let r4 = e.put(b"/sce/vol/c", b"four", 0).unwrap();
     assert!(r4 > r3);
     let (kvs, _) = e.range_prefix(b"/sce/vol/").unwrap();
@@ -179,8 +97,8 @@ fn membership_lapses_without_etcd_and_comes_back() {
         return;
     }
     let d = tempfile::tempdir().unwrap();
-    let (args, endpoints) = cluster_args(d.path());
-    let members = start(&args);
+    let mut cluster = Cluster::start(d.path());
+    let endpoints = cluster.endpoints.clone();
     let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
     let e = Etcd::new(&eps, Duration::from_secs(2)).unwrap();
     ready(&e);
@@ -199,11 +117,11 @@ fn membership_lapses_without_etcd_and_comes_back() {
     });
     registered(&e);
     // The whole cluster goes away: the registration lapses.
-    drop(members);
+    cluster.stop_all();
     wait_until("still counting on a lease nobody renews", 30, || !m.valid());
     wait_until("no renewal failed", 30, || m.failures() > 0);
     // Back: renewed or registered again.
-    let _members = start(&args);
+    cluster.start_all();
     wait_until("never registered again", 60, || m.valid());
     ready(&e);
     registered(&e);
@@ -225,7 +143,8 @@ fn invalidations_are_dropped_everywhere_before_publish_returns() {
         return;
     }
     let d = tempfile::tempdir().unwrap();
-    let (_members, endpoints) = cluster(d.path());
+    let cluster = Cluster::start(d.path());
+    let endpoints = cluster.endpoints.clone();
     let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
     let client = || Etcd::new(&eps, Duration::from_secs(2)).unwrap();
     let a = client();

@@ -505,6 +505,12 @@ impl Ctx {
                     m["persistent"] = json!(v.persist_stats().is_some());
                     crate::metrics::writeback_status(&mut m, &v);
                     export_figures(&mut m, a);
+                    if let Some(c) = crate::coherent::of(a) {
+                        if !c.serving() {
+                            m["state"] = json!("shared-passthrough");
+                        }
+                        m["shared"] = c.status();
+                    }
                 }
             }
             exports.push(m);

@@ -140,6 +140,11 @@ impl Attachable {
         self.part.as_ref()
     }
 
+    /// The source the export caches.
+    pub fn source(&self) -> &Arc<dyn BlockDevice> {
+        &self.source
+    }
+
     /// The export's byte 0 in its cached volume's address space.
     fn base(&self) -> u64 {
         self.part.as_ref().map_or(0, |p| p.base)

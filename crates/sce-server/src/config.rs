@@ -75,6 +75,9 @@ pub struct ServeConfig {
     pub inflight_budget: u64,
     /// Permission bits of Unix sockets.
     pub socket_mode: u32,
+    /// Shared mode: the cached exports are volumes other hosts cache too, kept coherent
+    /// through etcd (`--shared`).
+    pub shared: Option<crate::coherent::SharedConfig>,
 }
 
 /// One export as declared: a `[[export]]` table of the TOML file, or the command line's.
@@ -170,6 +173,10 @@ pub struct ConfigFile {
     pub tls_client_ca: Option<PathBuf>,
     /// A psktool key file for TLS-PSK (as `--tls-psk`).
     pub tls_psk: Option<PathBuf>,
+    /// Shared mode, unless the command line gives it (as `--shared`).
+    pub shared: Option<String>,
+    /// This host's name in shared mode (as `--host-name`).
+    pub host_name: Option<String>,
     /// The exports.
     #[serde(default)]
     pub export: Vec<ExportConfig>,
@@ -364,6 +371,7 @@ mod tests {
             client_timeout: Duration::from_secs(60),
             inflight_budget: 256 << 20,
             socket_mode: 0o600,
+            shared: None,
         }
     }
 

@@ -101,8 +101,10 @@ pub(crate) fn open_source(spec: &ExportConfig, cfg: &ServeConfig) -> Result<Open
         return Ok((Arc::new(client), None));
     }
     // A local source is held locked while served: exclusively when it is cached or written
-    // (a second cache of it would never see this one's writes), shared when only read.
-    let lock = if spec.cache.is_none() && spec.read_only {
+    // (a second cache of it would never see this one's writes), shared when only read, or
+    // in shared mode, where the other hosts' caches do see this one's writes.
+    let coherent = cfg.shared.is_some() && spec.cache.is_some();
+    let lock = if (spec.cache.is_none() && spec.read_only) || coherent {
         LockMode::Shared
     } else {
         LockMode::Exclusive

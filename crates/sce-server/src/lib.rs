@@ -9,11 +9,13 @@
 //! - [`server`]: listeners, the signal hook and the shutdown sequence.
 //! - [`admin`]: the admin socket that `sce ctl` talks to.
 //! - [`attach`]: a cached export whose cache can be detached and attached while it serves.
+//! - [`coherent`]: shared mode, several hosts caching one volume through etcd.
 //! - [`admission`]: the options of flash-conscious admission, shared with `demo` and `sim`.
 
 pub mod admin;
 pub mod admission;
 pub mod attach;
+pub mod coherent;
 pub mod config;
 pub mod export;
 pub mod group;

@@ -81,6 +81,9 @@ pub fn stats_json(server: &Server, volumes: &Volumes) -> serde_json::Value {
     let mut exports = serde_json::Map::new();
     for (name, v) in volumes {
         let mut m = serde_json::Map::new();
+        if let Some(c) = v.as_ref().and_then(crate::coherent::of) {
+            m.insert("shared".into(), c.status());
+        }
         let v = v.as_ref().and_then(|a| a.volume());
         m.insert("cached".into(), v.is_some().into());
         if let Some(v) = v {

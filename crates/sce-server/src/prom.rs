@@ -304,6 +304,9 @@ pub fn exposition(server: &Server, volumes: &Volumes, rates: Option<&Rates>) -> 
         if let (Some(v), Some(a)) = (v, volumes[i].1.as_ref()) {
             volume_families(&mut f, label, &v, rates, i);
             export_families(&mut f, label, a);
+            if let Some(c) = crate::coherent::of(a) {
+                shared_families(&mut f, label, &c);
+            }
         }
     }
     let mut out = Vec::new();
@@ -311,4 +314,57 @@ pub fn exposition(server: &Server, volumes: &Volumes, rates: Option<&Rates>) -> 
         return format!("# encoding the metrics failed: {e}\n");
     }
     String::from_utf8(out).unwrap_or_default()
+}
+
+/// Shared mode's families of one export (issue 16).
+fn shared_families(f: &mut Families, export: &str, c: &crate::coherent::Coherence) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let lp = [("export", export)];
+    f.gauge(
+        "sce_shared_serving_hits",
+        "1 while this host may serve hits of the shared volume (lease valid, invalidations processed); 0: reads pass through to the source.",
+        &lp,
+        c.serving() as u64 as f64,
+    );
+    let k = &c.counters;
+    for (name, help, n) in [
+        (
+            "sce_shared_publications_total",
+            "Invalidations this host published (one may carry several writes).",
+            &k.published,
+        ),
+        (
+            "sce_shared_writes_published_total",
+            "Writes that waited until the other hosts dropped their range.",
+            &k.writes,
+        ),
+        (
+            "sce_shared_publish_failures_total",
+            "Writes failed because the other hosts could not be told in time.",
+            &k.publish_failures,
+        ),
+        (
+            "sce_shared_invalidations_received_total",
+            "Invalidations of other hosts processed.",
+            &k.received,
+        ),
+        (
+            "sce_shared_dropped_bytes_total",
+            "Bytes those invalidations dropped from this cache.",
+            &k.dropped_bytes,
+        ),
+        (
+            "sce_shared_passthrough_reads_total",
+            "Reads passed through to the source while this host could not vouch for its cache.",
+            &k.passthrough_reads,
+        ),
+    ] {
+        f.counter(name, help, &lp, n.load(SeqCst));
+    }
+    f.counter(
+        "sce_shared_publish_seconds_total",
+        "Seconds writes spent publishing their invalidation and waiting for the other hosts.",
+        &lp,
+        k.publish_ns.load(SeqCst) / 1_000_000_000,
+    );
 }

@@ -3,6 +3,7 @@
 //! with ESHUTDOWN), flush every export to its source, and persist the caches' records so
 //! that the next start is warm.
 
+use crate::coherent::{Coherence, Coherent};
 use crate::config::ServeConfig;
 use crate::export;
 use crate::metrics::{metrics_server, Volumes};
@@ -43,6 +44,8 @@ pub enum Stopped {
 struct Assembled {
     server: Arc<Server>,
     volumes: Arc<Volumes>,
+    /// The exports' memberships in shared volumes (shared mode).
+    shared: Vec<Arc<Coherence>>,
 }
 
 /// A server that listens.
@@ -73,7 +76,16 @@ pub fn run(cfg: ServeConfig, report: &mut dyn FnMut(Event)) -> Result<Stopped> {
 fn assemble(cfg: &ServeConfig) -> Result<Assembled> {
     let mut exports = Vec::new();
     let mut volumes = Vec::new();
-    for (spec, b) in cfg.exports.iter().zip(crate::group::build_all(cfg)?) {
+    let mut shared = Vec::new();
+    for (spec, mut b) in cfg.exports.iter().zip(crate::group::build_all(cfg)?) {
+        if let (Some(sc), Some(att)) = (&cfg.shared, &b.volume) {
+            let c = Coherence::start(sc, &spec.name, att.clone())
+                .with_context(|| format!("export {:?}: shared mode", spec.name))?;
+            let dev = Coherent::new(att.clone(), c.clone());
+            b.export.device = dev.clone();
+            b.export.io = Some(sce_nbd::ExportIo::Reads(dev));
+            shared.push(c);
+        }
         volumes.push((spec.name.clone(), b.volume));
         exports.push(b.export);
     }
@@ -91,6 +103,7 @@ fn assemble(cfg: &ServeConfig) -> Result<Assembled> {
     Ok(Assembled {
         server,
         volumes: Arc::new(volumes),
+        shared,
     })
 }
 
@@ -188,7 +201,13 @@ impl Running {
             std::mem::forget(self);
             return Stopped::Unflushed(e);
         }
+        // Shared volumes: stop listening and leave (the others stop waiting for this host),
+        // write the caches' records, then save the revision they reflect.
+        let left: Vec<i64> = self.assembled.shared.iter().map(|c| c.leave()).collect();
         persist_caches(&self.assembled.volumes);
+        for (c, done) in self.assembled.shared.iter().zip(left) {
+            c.finish(done);
+        }
         Stopped::Clean
     }
 }

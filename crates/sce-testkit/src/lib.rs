@@ -16,6 +16,8 @@
 //!
 //! `scripts/test.sh` installs every requirement the tests name here.
 
+pub mod etcd;
+
 use std::path::Path;
 use std::process::Command;
 

@@ -13,6 +13,7 @@ use anyhow::{bail, Result};
 use sce_core::{Admission, EvictionKind, WriteMode};
 use sce_io::DirectMode;
 use sce_nbd::ListenAddr;
+use sce_server::coherent::SharedConfig;
 use sce_server::{ConfigFile, ExportConfig, ServeConfig, Stopped};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -191,6 +192,29 @@ pub struct ServeArgs {
     /// while the source is unreachable requests fail at once, never hang.
     #[arg(long, default_value = "60s", value_parser = crate::units::parse_duration)]
     pub source_timeout: Duration,
+    /// Shared mode: other hosts cache the same volumes (same source, same export name),
+    /// kept coherent through etcd: etcd://HOST:PORT[,HOST:PORT...]/PREFIX. A write is
+    /// acknowledged once every other host has dropped its range; a host that loses its
+    /// etcd lease passes reads through to the source until it has caught up
+    /// (docs/SHARED.md). Not with --mode writeback.
+    #[arg(long, value_name = "etcd://HOSTS/PREFIX")]
+    pub shared: Option<String>,
+    /// This host's name among the hosts of --shared (default: the machine's host name).
+    #[arg(long, requires = "shared")]
+    pub host_name: Option<String>,
+    /// Shared mode: the etcd lease's time to live. A host that cannot renew it stops
+    /// serving hits within this time; a host that died is waited for at most about twice it.
+    #[arg(long, default_value = "5s", value_parser = crate::units::parse_duration)]
+    pub lease_ttl: Duration,
+}
+
+/// The machine's host name (for --shared without --host-name).
+fn machine_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
 }
 
 /// `--socket-mode`: octal permission bits.
@@ -291,6 +315,15 @@ impl ServeArgs {
             client_timeout: self.client_timeout,
             inflight_budget: self.inflight_budget,
             socket_mode: self.socket_mode,
+            shared: match (&self.shared, &file.shared) {
+                (Some(url), _) | (None, Some(url)) => {
+                    let host = (self.host_name.clone())
+                        .or(file.host_name.clone())
+                        .unwrap_or_else(machine_name);
+                    Some(SharedConfig::parse(url, &host, self.lease_ttl)?)
+                }
+                (None, None) => None,
+            },
         };
         cfg.merge_file(file)?;
         Ok(cfg)

@@ -1,0 +1,440 @@
+//! Shared mode (issue 16, docs/SHARED.md): several hosts cache one volume, coordinated
+//! through etcd.
+//!
+//! The guarantee: once a write through any host is acknowledged, no read that starts
+//! afterwards on any host returns the bytes it replaced.
+//!
+//! * A write goes to the source (and this host's cache) first; then its range is published
+//!   under `PREFIX/VOLUME/inval/HOST` and the write waits until every other registered host
+//!   has acknowledged that revision, or left. Only then is it acknowledged. Publishing after
+//!   the source write matters: a population another host starts after dropping the pages
+//!   reads the new bytes, and one it started before is spoiled by the drop.
+//! * Each host watches the volume's invalidations in revision order, drops those pages
+//!   (`evict`, which also spoils populations and copies in flight) and acknowledges.
+//! * A host serves hits only while its lease is valid by its own clock (a deadline that
+//!   ends before the cluster can expire the lease) and its listener has processed every
+//!   invalidation others may have stopped waiting for it to process. Otherwise it passes
+//!   reads through to the source.
+//! * A write whose publication fails fails (EIO); its range is published again as soon as
+//!   etcd answers, before anything else.
+//! * A restart catches up from the revision saved under `PREFIX/VOLUME/seen/HOST` (saved
+//!   only after a metadata round made the drops before it durable), or forgets the volume.
+
+mod batch;
+mod device;
+
+pub use device::Coherent;
+
+use crate::attach::Attachable;
+use anyhow::{anyhow, bail, Context, Result};
+use parking_lot::Mutex;
+use sce_coord::inval::{self, Listener};
+use sce_coord::{Etcd, EtcdError, Membership};
+use sce_io::BlockDevice;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Shared mode's settings (`--shared`, `--host-name`, `--lease-ttl`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedConfig {
+    /// The etcd members' client addresses (HOST:PORT).
+    pub endpoints: Vec<String>,
+    /// The key prefix of this group of hosts (the volumes go under it by export name).
+    pub prefix: String,
+    /// This host's name among them.
+    pub host: String,
+    /// The lease's time to live, in seconds.
+    pub lease_ttl: i64,
+}
+
+impl SharedConfig {
+    /// Parses `etcd://HOST:PORT[,HOST:PORT…]/PREFIX`.
+    pub fn parse(url: &str, host: &str, lease_ttl: Duration) -> Result<SharedConfig> {
+        let rest = url.strip_prefix("etcd://").ok_or_else(|| {
+            anyhow!("--shared {url:?}: give etcd://HOST:PORT[,HOST:PORT...]/PREFIX")
+        })?;
+        let (hosts, prefix) = rest.split_once('/').unwrap_or((rest, "sce"));
+        let endpoints: Vec<String> = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(str::to_string)
+            .collect();
+        if endpoints.is_empty() || endpoints.iter().any(|e| !e.contains(':')) {
+            bail!("--shared {url:?}: each etcd member is HOST:PORT");
+        }
+        let prefix = format!("/{}", prefix.trim_matches('/'));
+        if host.is_empty() || host.contains('/') {
+            bail!("host name {host:?}: give a name without '/' (--host-name)");
+        }
+        let ttl = lease_ttl.as_secs() as i64;
+        if !(1..=3600).contains(&ttl) {
+            bail!("--lease-ttl {lease_ttl:?}: give 1s to 1h");
+        }
+        Ok(SharedConfig {
+            endpoints,
+            prefix,
+            host: host.to_string(),
+            lease_ttl: ttl,
+        })
+    }
+}
+
+/// Counters of shared mode, for `ctl status` and /metrics.
+#[derive(Default, Debug)]
+pub struct Counters {
+    /// Publications of this host's writes (one may carry several writes).
+    pub published: AtomicU64,
+    /// Writes that waited for a publication.
+    pub writes: AtomicU64,
+    /// Nanoseconds writes spent publishing and waiting for the others.
+    pub publish_ns: AtomicU64,
+    /// Writes failed because their invalidation could not be published in time.
+    pub publish_failures: AtomicU64,
+    /// Invalidations of other hosts processed.
+    pub received: AtomicU64,
+    /// Bytes those dropped from this host's cache.
+    pub dropped_bytes: AtomicU64,
+    /// Reads passed through to the source because this host could not vouch for its cache.
+    pub passthrough_reads: AtomicU64,
+    /// Times the whole volume was forgotten (a start without a revision to catch up from,
+    /// or one etcd had compacted).
+    pub forgotten: AtomicU64,
+}
+
+/// One export's membership in its shared volume.
+pub struct Coherence {
+    cfg: SharedConfig,
+    volume_prefix: String,
+    att: Arc<Attachable>,
+    etcd: Etcd,
+    member: Membership,
+    batcher: batch::Batcher,
+    /// The registration the listener has caught up with (see `serving`).
+    caught_up: AtomicU64,
+    /// The last revision the listener processed.
+    done: AtomicI64,
+    /// Ranges whose publication failed: published again before anything else.
+    unpublished: Mutex<Vec<(u64, u64)>>,
+    stop: AtomicBool,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    pub(crate) counters: Counters,
+}
+
+/// The exports in shared mode, by their `Attachable`'s address, for `ctl status` and
+/// /metrics (which know exports by their `Attachable`).
+static REGISTRY: Mutex<Vec<(usize, std::sync::Weak<Coherence>)>> = Mutex::new(Vec::new());
+
+/// The shared-mode state of the export `att`, if it is in shared mode.
+pub fn of(att: &Arc<Attachable>) -> Option<Arc<Coherence>> {
+    let key = Arc::as_ptr(att) as usize;
+    let mut r = REGISTRY.lock();
+    r.retain(|(_, w)| w.strong_count() > 0);
+    r.iter()
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, w)| w.upgrade())
+}
+
+/// How long a write waits for the other hosts: long enough for a host that died to lose
+/// its lease (then it is not waited for).
+fn ack_timeout(ttl: i64) -> Duration {
+    Duration::from_secs(2 * ttl as u64 + 2)
+}
+
+impl Coherence {
+    /// Joins the shared volume `name` for the export `att`: registers under a lease, then
+    /// catches up from the revision this host saved, or forgets what the cache holds. Fails
+    /// if etcd does not answer (a start needs it).
+    pub fn start(cfg: &SharedConfig, name: &str, att: Arc<Attachable>) -> Result<Arc<Coherence>> {
+        if let Some(v) = att.live_volume() {
+            if v.config().write_mode == sce_core::WriteMode::WriteBack {
+                bail!(
+                    "shared mode keeps write-through caches coherent; write-back would keep \
+                     the only copy of acknowledged writes on this host, where the others \
+                     cannot see it: give --mode writethrough"
+                );
+            }
+        }
+        let eps: Vec<&str> = cfg.endpoints.iter().map(String::as_str).collect();
+        let client = || Etcd::new(&eps, Duration::from_secs(2));
+        let etcd = client()?;
+        let volume_prefix = format!(
+            "{}/{}",
+            cfg.prefix,
+            if name.is_empty() { "_" } else { name }
+        );
+        let member_key = format!("{volume_prefix}/hosts/{}", cfg.host);
+        let member = Membership::join(client()?, member_key.as_bytes(), b"", cfg.lease_ttl)
+            .with_context(|| format!("joining the shared volume {volume_prefix} in etcd"))?;
+        let c = Arc::new(Coherence {
+            cfg: cfg.clone(),
+            volume_prefix,
+            att,
+            etcd,
+            member,
+            batcher: Default::default(),
+            caught_up: AtomicU64::new(0),
+            done: AtomicI64::new(0),
+            unpublished: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            thread: Mutex::new(None),
+            counters: Counters::default(),
+        });
+        let from = c.resume_point()?;
+        c.done.store(from - 1, SeqCst);
+        let listen = client()?;
+        let me = c.clone();
+        let t = std::thread::Builder::new()
+            .name("sce-shared".into())
+            .spawn(move || me.run(listen))
+            .context("starting the shared-mode thread")?;
+        *c.thread.lock() = Some(t);
+        REGISTRY
+            .lock()
+            .push((Arc::as_ptr(&c.att) as usize, Arc::downgrade(&c)));
+        Ok(c)
+    }
+
+    /// The revision to listen from: the one after what this host saved, if its cache is
+    /// persistent and etcd still has that history; else the registration's, after the
+    /// cache forgot everything it held.
+    fn resume_point(&self) -> Result<i64> {
+        let (_, registered) = self.member.registration();
+        let persistent = self
+            .att
+            .live_volume()
+            .is_some_and(|v| v.persist_stats().is_some());
+        let seen = self.seen()?;
+        if let Some(seen) = seen.filter(|_| persistent) {
+            match Listener::new(&self.etcd, &self.volume_prefix, &self.cfg.host, seen + 1) {
+                Ok(_) => {
+                    tracing::info!(volume = %self.volume_prefix, from = seen + 1, "shared volume: catching up from the saved revision");
+                    return Ok(seen + 1);
+                }
+                Err(EtcdError::Compacted(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.forget("no revision to catch up from");
+        Ok(registered)
+    }
+
+    /// The revision this host saved (`seen/HOST`), if any.
+    fn seen(&self) -> Result<Option<i64>> {
+        let key = format!("{}/seen/{}", self.volume_prefix, self.cfg.host);
+        let (kvs, _) = self.etcd.range_prefix(key.as_bytes())?;
+        Ok(kvs
+            .iter()
+            .find(|kv| kv.key == key.as_bytes())
+            .and_then(|kv| String::from_utf8_lossy(&kv.value).parse().ok()))
+    }
+
+    fn forget(&self, why: &str) {
+        match self.att.forget() {
+            Ok((fragments, _)) => {
+                tracing::info!(volume = %self.volume_prefix, fragments, "shared volume: cache forgotten ({why})")
+            }
+            Err(e) => tracing::info!(volume = %self.volume_prefix, "shared volume: {e}"),
+        }
+        self.counters.forgotten.fetch_add(1, SeqCst);
+    }
+
+    /// True while this host may serve hits: its lease is valid by its own clock, and its
+    /// listener has processed every invalidation published before its (last) registration.
+    pub fn serving(&self) -> bool {
+        // The deadline first: a re-registration updates the count before the deadline.
+        self.member.valid() && self.caught_up.load(SeqCst) == self.member.registration().0
+    }
+
+    /// Publishes the range of a write that reached the source, with the writes in flight
+    /// beside it, and waits for every other host. An error: the write must fail.
+    pub fn publish(&self, offset: u64, len: u64) -> Result<(), sce_io::IoError> {
+        let t0 = Instant::now();
+        let c = &self.counters;
+        c.writes.fetch_add(1, SeqCst);
+        let out = self.batcher.submit((offset, len), &|ranges| {
+            c.published.fetch_add(1, SeqCst);
+            self.publish_now(ranges).map_err(|e| e.to_string())
+        });
+        c.publish_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, SeqCst);
+        out.map(|_| ()).map_err(|e| {
+            c.publish_failures.fetch_add(1, SeqCst);
+            self.unpublished.lock().push((offset, len));
+            sce_io::IoError::Io {
+                op: sce_io::Op::Write,
+                offset,
+                len,
+                source: std::io::Error::other(format!(
+                    "shared volume: the other hosts could not be told of this write ({e}); \
+                     it reached the source, and is announced again when etcd answers"
+                )),
+            }
+        })
+    }
+
+    fn publish_now(&self, ranges: &[(u64, u64)]) -> Result<i64, EtcdError> {
+        inval::publish(
+            &self.etcd,
+            &self.volume_prefix,
+            &self.cfg.host,
+            ranges,
+            ack_timeout(self.cfg.lease_ttl),
+        )
+    }
+
+    /// Drops an invalidated range from the cache, whole pages around it.
+    fn drop_range(&self, offset: u64, len: u64) {
+        let size = self.att.size();
+        let lo = offset / 4096 * 4096;
+        let hi = offset
+            .saturating_add(len)
+            .div_ceil(4096)
+            .saturating_mul(4096)
+            .min(size);
+        if lo < hi {
+            let n = self.att.evict(lo, hi - lo).unwrap_or(0);
+            self.counters.dropped_bytes.fetch_add(n, SeqCst);
+        }
+        self.counters.received.fetch_add(1, SeqCst);
+    }
+
+    /// The listener's thread: watch, drop, acknowledge; catch up after a new registration;
+    /// publish again what failed; save the processed revision now and then.
+    fn run(self: Arc<Self>, etcd: Etcd) {
+        let mut listener: Option<Listener> = None;
+        let mut saved = (self.done.load(SeqCst), Instant::now());
+        while !self.stop.load(SeqCst) {
+            let (generation, _) = self.member.registration();
+            let l = match listener.as_mut() {
+                Some(l) => l,
+                None => match self.listen(&etcd) {
+                    Some(l) => listener.insert(l),
+                    None => {
+                        std::thread::sleep(Duration::from_millis(100));
+                        continue;
+                    }
+                },
+            };
+            let lease = self.member.lease();
+            let pumped = l.pump(&etcd, lease, Duration::from_millis(200), &mut |o, n| {
+                self.drop_range(o, n)
+            });
+            self.done.store(l.done(), SeqCst);
+            if let Err(e) = pumped {
+                tracing::debug!(volume = %self.volume_prefix, "shared volume: listening again ({e})");
+                listener = None;
+                continue;
+            }
+            if self.caught_up.load(SeqCst) != generation {
+                self.catch_up(&etcd, generation);
+            }
+            self.republish();
+            if saved.1.elapsed() > Duration::from_secs(2) && self.done.load(SeqCst) > saved.0 {
+                saved = (self.save_seen(&etcd).unwrap_or(saved.0), Instant::now());
+            }
+        }
+    }
+
+    /// A watch from the revision after the last processed; after compaction, the cache
+    /// forgets the volume and the watch starts from now.
+    fn listen(&self, etcd: &Etcd) -> Option<Listener> {
+        let (p, me) = (&self.volume_prefix, &self.cfg.host);
+        let from = self.done.load(SeqCst) + 1;
+        match Listener::new(etcd, p, me, from) {
+            Ok(l) => Some(l),
+            Err(EtcdError::Compacted(_)) => {
+                // Mark nothing as caught up until the forget is done.
+                self.caught_up.store(0, SeqCst);
+                self.forget("etcd compacted the invalidations this host missed");
+                let (_, now) = etcd.range_prefix(p.as_bytes()).ok()?;
+                self.done.store(now, SeqCst);
+                Listener::new(etcd, p, me, now + 1).ok()
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// After a registration: serve again once the listener is past every invalidation
+    /// published before it.
+    fn catch_up(&self, etcd: &Etcd, generation: u64) {
+        if let Ok(newest) = inval::newest(etcd, &self.volume_prefix) {
+            if self.done.load(SeqCst) >= newest {
+                self.caught_up.store(generation, SeqCst);
+                tracing::info!(volume = %self.volume_prefix, "shared volume: serving hits");
+            }
+        }
+    }
+
+    fn republish(&self) {
+        let ranges = std::mem::take(&mut *self.unpublished.lock());
+        if ranges.is_empty() {
+            return;
+        }
+        if let Err(e) = self.publish_now(&batch::coalesce(ranges.clone())) {
+            tracing::debug!(volume = %self.volume_prefix, "shared volume: announcing failed writes again: {e}");
+            self.unpublished.lock().extend(ranges);
+        }
+    }
+
+    /// Makes the drops up to the processed revision durable, then saves that revision.
+    fn save_seen(&self, etcd: &Etcd) -> Option<i64> {
+        let done = self.done.load(SeqCst);
+        let v = self.att.live_volume()?;
+        v.persist_stats()?;
+        if v.flush_metadata() > 0 {
+            return None;
+        }
+        let key = format!("{}/seen/{}", self.volume_prefix, self.cfg.host);
+        etcd.put(key.as_bytes(), done.to_string().as_bytes(), 0)
+            .ok()?;
+        Some(done)
+    }
+
+    /// Stops listening and leaves the volume (others stop waiting for this host); returns
+    /// the revision processed, for `finish` once the cache's records are written.
+    pub fn leave(&self) -> i64 {
+        self.stop.store(true, SeqCst);
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+        self.republish();
+        if let Err(e) = self.etcd.revoke(self.member.lease()) {
+            tracing::warn!(volume = %self.volume_prefix, "shared volume: leaving: {e}");
+        }
+        self.done.load(SeqCst)
+    }
+
+    /// After a clean shutdown wrote the cache's records: saves `done` for the next start.
+    pub fn finish(&self, done: i64) {
+        let key = format!("{}/seen/{}", self.volume_prefix, self.cfg.host);
+        if let Err(e) = self
+            .etcd
+            .put(key.as_bytes(), done.to_string().as_bytes(), 0)
+        {
+            tracing::warn!(volume = %self.volume_prefix, "shared volume: saving the revision: {e}");
+        }
+    }
+
+    /// The state for `ctl status` and /stats.
+    pub fn status(&self) -> serde_json::Value {
+        let c = &self.counters;
+        let writes = c.writes.load(SeqCst);
+        serde_json::json!({
+            "volume": self.volume_prefix,
+            "host": self.cfg.host,
+            "serving_hits": self.serving(),
+            "lease_valid": self.member.valid(),
+            "revision_processed": self.done.load(SeqCst),
+            "publications": c.published.load(SeqCst),
+            "writes_published": writes,
+            "mean_publish_seconds": c.publish_ns.load(SeqCst) as f64 / 1e9 / writes.max(1) as f64,
+            "publish_failures": c.publish_failures.load(SeqCst),
+            "invalidations_received": c.received.load(SeqCst),
+            "dropped_bytes": c.dropped_bytes.load(SeqCst),
+            "passthrough_reads": c.passthrough_reads.load(SeqCst),
+            "forgotten": c.forgotten.load(SeqCst),
+        })
+    }
+}
