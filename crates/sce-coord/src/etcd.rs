@@ -257,6 +257,12 @@ impl Etcd {
         Ok((kvs, int(&v["header"]["revision"])))
     }
 
+    /// Deletes `key`.
+    pub fn delete(&self, key: &[u8]) -> Result<(), EtcdError> {
+        self.call("/v3/kv/deleterange", &json!({"key": b64(key)}))
+            .map(|_| ())
+    }
+
     /// Compacts the key history up to `revision`: watches can no longer start before it.
     pub fn compact(&self, revision: i64) -> Result<(), EtcdError> {
         self.call(

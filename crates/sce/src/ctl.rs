@@ -90,6 +90,16 @@ pub enum Verb {
         /// The cache device (default: the one detached).
         cache: Option<PathBuf>,
     },
+    /// Shared mode's warm migration: publish what this host caches of an export for host
+    /// HOST, which reads it into its own cache in the background (a VM moved there starts
+    /// warm). Example: sce ctl -s /run/sce.sock handoff vm1 --to host-b
+    Handoff {
+        /// The export ("" for the default one).
+        export: String,
+        /// The receiving server's --host-name.
+        #[arg(long, value_name = "HOST")]
+        to: String,
+    },
     /// Change a setting of a running export: mode (writethrough, writethrough-sync,
     /// writearound, passthrough), admission (sce, sce-paper, always, nhit:K), seq-cutoff
     /// (SIZE, 0 for none) or population-rate (auto, auto:SIZE, SIZE, unlimited).
@@ -189,6 +199,17 @@ fn request(verb: Verb) -> (Request, Render) {
             );
         }),
         Verb::Detach { export } => (simple("detach", Some(export)), print_detach),
+        Verb::Handoff { export, to } => {
+            let mut r = simple("handoff", Some(export));
+            r.value = Some(to);
+            (r, |v| {
+                println!(
+                    "handed off {} fragment(s), {} cached",
+                    v["fragments"],
+                    size(&v["bytes"])
+                );
+            })
+        }
         Verb::Attach { export, cache } => (
             Request {
                 verb: "attach".into(),

@@ -57,7 +57,7 @@ enum Command {
   sce serve --source /srv/lun0.img --listen unix:/run/sce/plain.sock   # no cache: the baseline")]
     Serve(Box<serve::ServeArgs>),
     /// Inspect and change a running `sce serve` through its admin socket: status, stats,
-    /// flush, exists, evict, prefetch, forget, set, detach, attach.
+    /// flush, exists, evict, prefetch, forget, set, detach, attach, handoff.
     Ctl(ctl::CtlArgs),
     /// Show the counters of a running `sce serve` (from its --metrics endpoint).
     #[command(after_help = "Examples:

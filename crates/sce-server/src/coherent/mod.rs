@@ -22,8 +22,10 @@
 
 mod batch;
 mod device;
+mod handoff;
 
 pub use device::Coherent;
+pub use handoff::handoff;
 
 use crate::attach::Attachable;
 use anyhow::{anyhow, bail, Context, Result};
@@ -101,6 +103,10 @@ pub struct Counters {
     /// Times the whole volume was forgotten (a start without a revision to catch up from,
     /// or one etcd had compacted).
     pub forgotten: AtomicU64,
+    /// Hand-offs received and prefetched.
+    pub handoffs: AtomicU64,
+    /// Bytes prefetched for them.
+    pub handoff_bytes: AtomicU64,
 }
 
 /// One export's membership in its shared volume.
@@ -119,6 +125,8 @@ pub struct Coherence {
     unpublished: Mutex<Vec<(u64, u64)>>,
     stop: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// A hand-off is being prefetched.
+    handoff_running: AtomicBool,
     pub(crate) counters: Counters,
 }
 
@@ -179,6 +187,7 @@ impl Coherence {
             unpublished: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             thread: Mutex::new(None),
+            handoff_running: AtomicBool::new(false),
             counters: Counters::default(),
         });
         let from = c.resume_point()?;
@@ -331,8 +340,12 @@ impl Coherence {
                 self.catch_up(&etcd, generation);
             }
             self.republish();
-            if saved.1.elapsed() > Duration::from_secs(2) && self.done.load(SeqCst) > saved.0 {
-                saved = (self.save_seen(&etcd).unwrap_or(saved.0), Instant::now());
+            if saved.1.elapsed() > Duration::from_secs(1) {
+                self.take_handoff(&etcd);
+                if self.done.load(SeqCst) > saved.0 {
+                    saved.0 = self.save_seen(&etcd).unwrap_or(saved.0);
+                }
+                saved.1 = Instant::now();
             }
         }
     }
@@ -435,6 +448,8 @@ impl Coherence {
             "dropped_bytes": c.dropped_bytes.load(SeqCst),
             "passthrough_reads": c.passthrough_reads.load(SeqCst),
             "forgotten": c.forgotten.load(SeqCst),
+            "handoffs_received": c.handoffs.load(SeqCst),
+            "handoff_prefetched_bytes": c.handoff_bytes.load(SeqCst),
         })
     }
 }

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""Shared mode's cost and warm migration, side by side in one run (issue 16). Prints two
+tables with ratios and writes them as Markdown (--out).
+
+1. The cost of coherence. A 2 ms source (`nbdkit --filter=delay memory 2G rdelay=2ms
+   wdelay=2ms -t 64`), a 3-member etcd cluster on loopback, and on each host `sce serve`
+   over the source with its own 64 MiB cache. On every host at once, fio's nbd engine runs
+   the same load (4 KiB, 80% reads, Zipf 1.1 over 256 MiB, 4 in flight, the same seed, so
+   the hosts share their hot blocks and write them): a warm-up of --warm seconds, then
+   --seconds measured. Configurations: one host without shared mode, one host in shared
+   mode, two and three hosts in shared mode. Shown: mean and p99 write latency, mean read
+   latency, the read hit ratio of the measured part (from /stats), and ratios against one
+   host alone.
+2. Warm migration. Host A in shared mode is warmed with the read-only Zipf load for --warm
+   seconds; its steady hit ratio is measured over --seconds more. Then a cold host B gets
+   `sce ctl handoff --to B` from A, and a cold host C gets nothing; each runs the same load
+   for --seconds while its /stats is sampled every half second. Shown: the time until a
+   half-second interval's hit ratio first reaches 90% of A's steady ratio, on B and C.
+
+Usage: scripts/bench-shared.py [--sce BIN] [--seconds S] [--warm S] [--out FILE]
+"""
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+spec = importlib.util.spec_from_file_location("perf", os.path.join(ROOT, "scripts", "bench-perf.py"))
+perf = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(perf)
+log, uri, fio, sce_serve, Procs = perf.log, perf.uri, perf.fio, perf.sce_serve, perf.Procs
+
+
+def free_port():
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def etcd_cluster(procs, d):
+    """Three etcd members on loopback; their client endpoints."""
+    ports = [(free_port(), free_port()) for _ in range(3)]
+    initial = ",".join(f"m{i}=http://127.0.0.1:{p[1]}" for i, p in enumerate(ports))
+    for i, (c, p) in enumerate(ports):
+        procs.start(["etcd", "--name", f"m{i}", "--data-dir", os.path.join(d, f"etcd{i}"),
+                     "--listen-client-urls", f"http://127.0.0.1:{c}",
+                     "--advertise-client-urls", f"http://127.0.0.1:{c}",
+                     "--listen-peer-urls", f"http://127.0.0.1:{p}",
+                     "--initial-advertise-peer-urls", f"http://127.0.0.1:{p}",
+                     "--initial-cluster", initial, "--initial-cluster-state", "new"])
+    eps = [f"127.0.0.1:{c}" for c, _ in ports]
+    for _ in range(300):
+        r = subprocess.run(["etcdctl", "--endpoints", ",".join(eps), "endpoint", "health"],
+                           capture_output=True)
+        if r.returncode == 0:
+            return eps
+        time.sleep(0.2)
+    sys.exit("etcd never became healthy")
+
+
+def host(procs, sce, d, name, src_sock, shared):
+    args = ["--source", uri(src_sock), "--cache", os.path.join(d, f"{name}.cache"),
+            "--cache-size", "64MiB", "--state-dir", os.path.join(d, f"{name}.state")]
+    if shared:
+        args += ["--shared", shared, "--host-name", name]
+    return sce_serve(procs, sce, d, name, args)
+
+
+def ratio(stats):
+    e = stats["exports"][""]
+    return e["read_pages_hit"], e["read_pages_hit"] + e["read_pages_missed"]
+
+
+def job(sock, secs, rw="randrw"):
+    return ["--name=load", "--ioengine=nbd", f"--uri={uri(sock)}", f"--rw={rw}",
+            "--rwmixread=80", "--bs=4k", "--size=256m", "--random_distribution=zipf:1.1",
+            "--iodepth=4", "--time_based", f"--runtime={secs}", "--randseed=7"]
+
+
+def on_all(socks, secs, rw="randrw"):
+    """fio on every host at once; the job results."""
+    out = [None] * len(socks)
+
+    def one(i):
+        out[i], _ = fio(job(socks[i], secs, rw))
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(len(socks))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return out
+
+
+def part_cost(a, procs, sce, d, url):
+    rows = []
+    for label, n, shared in [("1 host, no shared mode", 1, False), ("1 host, shared mode", 1, True),
+                             ("2 hosts, shared mode", 2, True), ("3 hosts, shared mode", 3, True)]:
+        src, src_sock = perf.slow_source(procs, d)
+        prefix = f"{url}cost{len(rows)}"
+        hs = [host(procs, sce, d, f"c{len(rows)}h{i}", src_sock, prefix if shared else None)
+              for i in range(n)]
+        socks = [h[1] for h in hs]
+        log(f"{label}: warm-up {a.warm} s")
+        on_all(socks, a.warm)
+        before = [ratio(perf.http_json(h[2])) for h in hs]
+        log(f"{label}: measured {a.seconds} s")
+        jobs = on_all(socks, a.seconds)
+        after = [ratio(perf.http_json(h[2])) for h in hs]
+        hit = sum(x[0] - y[0] for x, y in zip(after, before))
+        tot = sum(x[1] - y[1] for x, y in zip(after, before))
+        w = sum(j["write"]["clat_ns"]["mean"] for j in jobs) / len(jobs) / 1e6
+        wp = max(perf.p99_ms(j, "write") for j in jobs)
+        r = sum(j["read"]["clat_ns"]["mean"] for j in jobs) / len(jobs) / 1e6
+        pubs = None
+        if shared:
+            st = [perf.http_json(h[2])["exports"][""]["shared"] for h in hs]
+            pubs = sum(s["publications"] for s in st) / max(1, sum(s["writes_published"] for s in st))
+        rows.append((label, w, wp, r, hit / max(1, tot), pubs))
+        for h in hs:
+            procs.stop(h[0])
+        procs.stop(src)
+    base = rows[0]
+    out = ["| configuration | write mean (ms) | write p99 (ms) | read mean (ms) | read hit ratio "
+           "| write × 1 host | hit ratio × 1 host | etcd puts per write |",
+           "|---|---|---|---|---|---|---|---|"]
+    for label, w, wp, r, h, pubs in rows:
+        out.append(f"| {label} | {w:.3f} | {wp:.3f} | {r:.3f} | {h:.3f} | {w / base[1]:.2f}x | "
+                   f"{h / max(base[4], 1e-9):.2f}x | {'' if pubs is None else f'{pubs:.2f}'} |")
+    return out
+
+
+def warm_up_time(addr, target, secs, sock):
+    """Runs the read load on one host while sampling its /stats: seconds until an interval
+    reaches `target`, and the series."""
+    series = []
+    t = threading.Thread(target=lambda: fio(job(sock, secs, "randread")))
+    prev = ratio(perf.http_json(addr))
+    t0 = time.time()
+    t.start()
+    reached = None
+    while t.is_alive():
+        time.sleep(0.5)
+        cur = ratio(perf.http_json(addr))
+        dh, dt = cur[0] - prev[0], cur[1] - prev[1]
+        prev = cur
+        if dt > 0:
+            series.append((time.time() - t0, dh / dt))
+            if reached is None and dh / dt >= target:
+                reached = time.time() - t0
+    t.join()
+    return reached, series
+
+
+def part_migration(a, procs, sce, d, url):
+    src, src_sock = perf.slow_source(procs, d)
+    prefix = f"{url}migrate"
+    A = host(procs, sce, d, "mA", src_sock, prefix)
+    log(f"migration: warming host A for {a.warm} s")
+    fio(job(A[1], a.warm, "randread"))
+    b0 = ratio(perf.http_json(A[2]))
+    fio(job(A[1], a.seconds, "randread"))
+    b1 = ratio(perf.http_json(A[2]))
+    steady = (b1[0] - b0[0]) / max(1, b1[1] - b0[1])
+    target = 0.9 * steady
+    B = host(procs, sce, d, "mB", src_sock, prefix)
+    r = subprocess.run([sce, "ctl", "-s", A[1], "handoff", "", "--to", "mB"],
+                       capture_output=True, text=True)
+    log(f"handoff: {r.stdout.strip()} {r.stderr.strip()}")
+    with_h, s_with = warm_up_time(B[2], target, a.seconds, B[1])
+    C = host(procs, sce, d, "mC", src_sock, prefix)
+    without, s_without = warm_up_time(C[2], target, a.seconds, C[1])
+    shared_b = perf.http_json(B[2])["exports"][""]["shared"]
+    log(f"B prefetched {shared_b['handoff_prefetched_bytes']} bytes")
+
+    def fmt(x):
+        return f"{x:.1f}" if x is not None else f"not within {a.seconds} s"
+    first = lambda s: f"{s[0][1]:.3f}" if s else "-"
+    out = [f"Host A's steady read hit ratio: {steady:.3f}; the target (90%): {target:.3f}.", "",
+           "| receiving host | seconds to 90% of A's steady hit ratio | hit ratio of the first half second | final hit ratio |",
+           "|---|---|---|---|",
+           f"| with `sce ctl handoff` | {fmt(with_h)} | {first(s_with)} | {s_with[-1][1]:.3f} |",
+           f"| cold, no handoff | {fmt(without)} | {first(s_without)} | {s_without[-1][1]:.3f} |"]
+    if with_h is not None and without is not None:
+        out.append("")
+        out.append(f"Warm-up with handoff: {with_h / max(without, 1e-9):.2f}x the cold start's time.")
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sce", default=os.path.join(ROOT, "target", "release", "sce"))
+    ap.add_argument("--seconds", type=int, default=20)
+    ap.add_argument("--warm", type=int, default=10)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    procs = Procs()
+    d = tempfile.mkdtemp(prefix="sce-bench-shared-", dir=os.environ.get("BENCH_DIR"))
+    try:
+        eps = etcd_cluster(procs, d)
+        url = f"etcd://{','.join(eps)}/"
+        cost = part_cost(a, procs, sce=a.sce, d=d, url=url)
+        mig = part_migration(a, procs, sce=a.sce, d=d, url=url)
+    finally:
+        procs.stop_all()
+    text = "\n".join(["## The cost of coherence", ""] + cost + ["", "## Warm migration", ""] + mig)
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
