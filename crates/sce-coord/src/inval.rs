@@ -66,7 +66,7 @@ pub fn publish(
     // loop (100 ms), one from now hears every change as it is made.
     let mut watch = etcd.watch_prefix(format!("{prefix}/").as_bytes(), 0)?;
     let rev = etcd.put(&key(prefix, "inval", me), encode(ranges).as_bytes(), 0)?;
-    let (kvs, _) = etcd.range_prefix(format!("{prefix}/").as_bytes())?;
+    let (kvs, at) = etcd.range_prefix(format!("{prefix}/").as_bytes())?;
     let acked = |kv: &crate::Kv| {
         String::from_utf8_lossy(&kv.value)
             .parse::<i64>()
@@ -89,7 +89,11 @@ pub fn publish(
     while Instant::now() < deadline {
         let left = deadline.saturating_duration_since(Instant::now());
         for e in watch.next_events(left.min(Duration::from_millis(500)))? {
+            // The snapshot already holds what happened up to its revision: an older
+            // departure may be followed by a registration the snapshot shows.
             match e {
+                Event::Put(kv) if kv.mod_revision <= at => {}
+                Event::Delete { mod_revision, .. } if mod_revision <= at => {}
                 Event::Put(kv) => {
                     if let Some(h) = host_of(prefix, "ack", &kv.key).filter(|_| acked(&kv)) {
                         pending.remove(h);
@@ -161,12 +165,15 @@ impl Listener {
             let from_me = kv.key == key(&self.prefix, "inval", &self.me);
             if !from_me {
                 let text = String::from_utf8_lossy(&kv.value).to_string();
-                let Some(ranges) = decode(&text) else {
-                    return Err(EtcdError::Protocol(format!(
-                        "bad invalidation {text:?} at revision {}",
-                        kv.mod_revision
-                    )));
-                };
+                // One this host cannot read drops everything: it never acknowledges an
+                // invalidation it did not apply, and never stops acknowledging.
+                let ranges = decode(&text).unwrap_or_else(|| {
+                    tracing::warn!(
+                        revision = kv.mod_revision,
+                        "an invalidation that is not OFFSET LEN lines: dropping the whole volume"
+                    );
+                    vec![(0, u64::MAX)]
+                });
                 for (o, l) in ranges {
                     drop_pages(o, l);
                 }

@@ -29,7 +29,7 @@ struct Inner {
 /// A host's registration, kept alive in the background until [`Membership::leave`].
 pub struct Membership {
     inner: Arc<Inner>,
-    thread: Option<JoinHandle<()>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// The part of a lease of `ttl` seconds a host counts on: the rest covers clock rates.
@@ -105,7 +105,7 @@ impl Membership {
             .map_err(|e| EtcdError::Protocol(format!("cannot start the lease thread: {e}")))?;
         Ok(Membership {
             inner,
-            thread: Some(thread),
+            thread: Mutex::new(Some(thread)),
         })
     }
 
@@ -142,16 +142,23 @@ impl Membership {
     }
 
     /// Stops renewing and revokes the lease (its key goes with it).
-    pub fn leave(mut self) -> Result<(), EtcdError> {
+    pub fn leave(self) -> Result<(), EtcdError> {
+        self.resign()
+    }
+
+    /// `leave` through a shared reference: stops renewing (no registration comes back) and
+    /// revokes the lease; the host no longer counts on it.
+    pub fn resign(&self) -> Result<(), EtcdError> {
         self.stop();
+        self.inner.state.lock().unwrap().1 = Instant::now();
         let lease = self.lease();
         self.inner.etcd.revoke(lease)
     }
 
-    fn stop(&mut self) {
+    fn stop(&self) {
         self.inner.stop.store(true, SeqCst);
         self.inner.wake.notify_all();
-        if let Some(t) = self.thread.take() {
+        if let Some(t) = self.thread.lock().unwrap().take() {
             let _ = t.join();
         }
     }

@@ -193,6 +193,19 @@ fn invalidations_are_dropped_everywhere_before_publish_returns() {
     )
     .unwrap();
     assert_eq!(sce_coord::inval::newest(&a, p).unwrap(), last);
+    // An invalidation a host cannot read drops everything, and is acknowledged.
+    let mut l = Listener::new(&a, p, "b2", last + 1).unwrap();
+    let bad = a.put(b"/sce/vol0/inval/x", b"not ranges", 0).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..12 {
+        if l.done() >= bad {
+            break;
+        }
+        l.pump(&a, 0, Duration::from_secs(5), &mut |o, n| got.push((o, n)))
+            .unwrap();
+    }
+    assert_eq!(got, vec![(0, u64::MAX)], "done {} of {bad}", l.done());
+    let last = bad;
     // A listener that would start before the compacted history learns so (its host then
     // forgets the volume instead of catching up).
     a.compact(last).unwrap();

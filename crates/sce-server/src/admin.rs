@@ -292,17 +292,14 @@ impl Ctx {
             "set" => self.set(req),
             "detach" => {
                 let (n, a) = self.attachable(name)?;
+                crate::coherent::refuse_in_shared_mode(n, a, "detach")?;
                 let (path, clean) = a.detach()?;
                 Ok(json!({"export": n, "cache": path.display().to_string(), "left_clean": clean}))
             }
             "attach" => self.attach(req),
             "handoff" => {
                 let (n, a) = self.attachable(name)?;
-                let c = crate::coherent::of(a)
-                    .ok_or_else(|| anyhow!("export {n:?} is not in shared mode (--shared)"))?;
-                let (fragments, bytes) =
-                    crate::coherent::handoff(&c, req.value.as_deref().unwrap_or(""))?;
-                Ok(json!({"export": n, "fragments": fragments, "bytes": bytes}))
+                crate::coherent::handoff_verb(n, a, req.value.as_deref())
             }
             v => bail!(
                 "unknown verb {v:?} (status, stats, flush, exists, evict, prefetch, clean, forget, set, detach, attach, handoff)"

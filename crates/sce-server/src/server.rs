@@ -204,17 +204,20 @@ impl Running {
         // Shared volumes: stop listening and leave (the others stop waiting for this host),
         // write the caches' records, then save the revision they reflect.
         let left: Vec<i64> = self.assembled.shared.iter().map(|c| c.leave()).collect();
-        persist_caches(&self.assembled.volumes);
-        for (c, done) in self.assembled.shared.iter().zip(left) {
-            c.finish(done);
+        if persist_caches(&self.assembled.volumes) {
+            for (c, done) in self.assembled.shared.iter().zip(left) {
+                c.finish(done);
+            }
         }
         Stopped::Clean
     }
 }
 
 /// Every acknowledged write is on the (flushed) source. Persistent caches now write their
-/// records and mark their devices clean, so the next start is warm.
-fn persist_caches(volumes: &Volumes) {
+/// records and mark their devices clean, so the next start is warm. False if one was not
+/// left clean.
+fn persist_caches(volumes: &Volumes) -> bool {
+    let mut all_clean = true;
     // Exports that share a cache device share its volume: it is shut down once.
     let mut done: Vec<(*const sce_engine::CacheVolume, bool)> = Vec::new();
     for (name, v) in volumes.iter() {
@@ -235,8 +238,10 @@ fn persist_caches(volumes: &Volumes) {
             if clean {
                 tracing::info!(target: LOG_TARGET, export = %name, "cache device left clean");
             } else {
+                all_clean = false;
                 tracing::warn!(target: LOG_TARGET, export = %name, "cache device not left clean: the next start recovers as after a crash");
             }
         }
     }
+    all_clean
 }

@@ -475,6 +475,33 @@ fn hosts_over_nbdkit_never_read_stale_and_plain_caches_do() {
         sh["dropped_bytes"].as_u64().unwrap() > 0,
         "nothing to catch up on: {sh}"
     );
+    // Host 1 stopped cleanly (SIGTERM) with the hot blocks cached: it leaves, so host 0's
+    // writes do not wait for it (none fails); restarted, it catches up from the revision
+    // its shutdown saved.
+    let both = [clients[0].clone(), hosts[1].1.clone()];
+    run_for(&log, &both, 1, secs / 2.0, || {});
+    assert_fresh(&log, "host 1 back in the load");
+    let (h1, c1) = hosts.pop().unwrap();
+    drop(c1);
+    assert!(h1.term().success());
+    let failed = log.writes_failed.load(SeqCst);
+    run_for(&log, &clients[..1], 1, secs / 2.0, || {});
+    assert_eq!(
+        log.writes_failed.load(SeqCst),
+        failed,
+        "writes failed after host 1 left"
+    );
+    hosts.push(host(d.path(), 1, &uri, Some(&url)));
+    serving_again(&hosts);
+    check_all(&log, 1, &hosts[1].1);
+    assert_fresh(&log, "host 1 restarted after a clean stop");
+    let sh = shared_of(&hosts[1].0);
+    eprintln!("host 1 after its clean restart: {sh}");
+    assert_eq!(sh["forgotten"], 0, "{sh}");
+    assert!(
+        sh["dropped_bytes"].as_u64().unwrap() > 0,
+        "nothing to catch up on: {sh}"
+    );
     drop(hosts);
     let _ = nbdkit.kill();
     let _ = nbdkit.wait();

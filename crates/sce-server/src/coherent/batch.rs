@@ -2,11 +2,14 @@
 //! publication is out join the next one, so N writes in flight cost about one etcd put and
 //! one wait for the other hosts, not N (as the write journal's group commit).
 //!
-//! Lock order: `Batcher::state`, then a batch's `Slot::result`, never the other way; no lock
-//! is held while publishing.
+//! A writer that finds no publication out leads: it publishes the open batch (its own range
+//! and whatever joined), then hands over: the writers of the next batch wake and one of them
+//! leads. No writer publishes more than its own batch, so none waits behind an endless
+//! stream of others. One lock (`state`) and one condition variable; none is held while
+//! publishing.
 
 use parking_lot::{Condvar, Mutex};
-use std::sync::Arc;
+use std::collections::HashMap;
 
 /// What one publication answered: its revision, or why it failed.
 pub type Outcome = Result<i64, String>;
@@ -14,26 +17,23 @@ pub type Outcome = Result<i64, String>;
 /// Publishes a batch of ranges.
 pub type Publish<'a> = &'a dyn Fn(&[(u64, u64)]) -> Outcome;
 
-/// One publication's waiters.
-#[derive(Default)]
-struct Slot {
-    result: Mutex<Option<Outcome>>,
-    done: Condvar,
-}
-
 #[derive(Default)]
 struct State {
-    /// The ranges of the batch not yet published, and its waiters' slot.
+    /// The ranges of the open batch (not yet published), its number and its writers.
     open: Vec<(u64, u64)>,
-    slot: Arc<Slot>,
-    /// A writer is publishing (it publishes the open batch next, once its own is done).
+    open_no: u64,
+    open_writers: usize,
+    /// A writer is publishing.
     leader: bool,
+    /// Outcomes of published batches, with the writers yet to take them.
+    done: HashMap<u64, (Outcome, usize)>,
 }
 
 /// Writers hand their ranges in and wait for the publication that carried them.
 #[derive(Default)]
 pub struct Batcher {
     state: Mutex<State>,
+    changed: Condvar,
 }
 
 impl Batcher {
@@ -43,33 +43,33 @@ impl Batcher {
     pub fn submit(&self, range: (u64, u64), publish: Publish) -> Outcome {
         let mut st = self.state.lock();
         st.open.push(range);
-        let mine = st.slot.clone();
-        if st.leader {
-            drop(st);
-            let mut r = mine.result.lock();
-            while r.is_none() {
-                mine.done.wait(&mut r);
-            }
-            return r.clone().expect("set before the wake");
-        }
-        // Lead: publish batches until none is open (the first is ours).
-        st.leader = true;
+        st.open_writers += 1;
+        let mine = st.open_no;
         loop {
-            if st.open.is_empty() {
-                st.leader = false;
-                break;
+            if let Some((outcome, left)) = st.done.get_mut(&mine) {
+                let out = outcome.clone();
+                *left -= 1;
+                if *left == 0 {
+                    st.done.remove(&mine);
+                }
+                return out;
             }
-            let ranges = std::mem::take(&mut st.open);
-            let slot = std::mem::take(&mut st.slot);
-            drop(st);
-            let outcome = publish(&coalesce(ranges));
-            *slot.result.lock() = Some(outcome);
-            slot.done.notify_all();
-            st = self.state.lock();
+            if !st.leader && st.open_no == mine {
+                // Lead: publish the open batch (ours), then hand over.
+                st.leader = true;
+                let ranges = std::mem::take(&mut st.open);
+                let writers = std::mem::take(&mut st.open_writers);
+                st.open_no += 1;
+                drop(st);
+                let outcome = publish(&coalesce(ranges));
+                st = self.state.lock();
+                st.done.insert(mine, (outcome, writers));
+                st.leader = false;
+                self.changed.notify_all();
+                continue;
+            }
+            self.changed.wait(&mut st);
         }
-        drop(st);
-        let r = mine.result.lock().clone();
-        r.expect("the leader published its own batch first")
     }
 }
 
@@ -93,6 +93,7 @@ pub fn coalesce(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::Arc;
 
     #[test]
     fn ranges_coalesce() {
@@ -150,7 +151,8 @@ mod tests {
         }
     }
 
-    /// Writers that come while a publication is out share the next one.
+    /// Writers that come while a publication is out share the next one, which one of them
+    /// leads; the first leader publishes only its own batch.
     #[test]
     fn writers_during_a_publication_share_the_next() {
         let b = Arc::new(Batcher::default());
@@ -160,11 +162,9 @@ mod tests {
             std::thread::spawn(move || {
                 let b2 = b.clone();
                 b.submit((0, 1), &|r| {
-                    if seen.lock().is_empty() {
-                        // Hold the first publication until three more writers wait.
-                        while b2.state.lock().open.len() < 3 {
-                            std::thread::yield_now();
-                        }
+                    // Hold the first publication until three more writers wait.
+                    while b2.state.lock().open.len() < 3 {
+                        std::thread::yield_now();
                     }
                     seen.lock().push(r.to_vec());
                     Ok(1)
@@ -176,16 +176,22 @@ mod tests {
         }
         let others: Vec<_> = (1..4u64)
             .map(|i| {
-                let b = b.clone();
-                std::thread::spawn(move || b.submit((i * 10, 1), &|_| unreachable!()))
+                let (b, seen) = (b.clone(), seen.clone());
+                std::thread::spawn(move || {
+                    b.submit((i * 10, 1), &|r| {
+                        seen.lock().push(r.to_vec());
+                        Ok(2)
+                    })
+                })
             })
             .collect();
         for t in others {
-            assert_eq!(t.join().unwrap(), Ok(1));
+            assert_eq!(t.join().unwrap(), Ok(2));
         }
         assert_eq!(first.join().unwrap(), Ok(1));
         let seen = seen.lock();
         assert_eq!(seen.len(), 2, "{seen:?}");
         assert_eq!(seen[1], vec![(10, 1), (20, 1), (30, 1)]);
+        assert!(b.state.lock().done.is_empty(), "outcomes left behind");
     }
 }

@@ -20,13 +20,14 @@ impl Coherent {
         Arc::new(Coherent { att, coherence })
     }
 
-    /// Publishes a write that `result` says reached the source.
+    /// Publishes a write once the source answered. A write that failed is announced too
+    /// (part of it may have landed), and fails with its own error.
     fn published(&self, result: Result<(), IoError>, offset: u64, len: u64) -> Result<(), IoError> {
-        result?;
         if len == 0 {
-            return Ok(());
+            return result;
         }
-        self.coherence.publish(offset, len)
+        let announced = self.coherence.publish(offset, len);
+        result.and(announced)
     }
 }
 

@@ -15,6 +15,34 @@ use std::sync::Arc;
 /// at most 21 bytes).
 const MAX_FRAGMENTS: usize = 60_000;
 
+/// `ctl handoff` of export `n`: its hot list for host `to`.
+pub fn handoff_verb(
+    n: &str,
+    a: &Arc<crate::attach::Attachable>,
+    to: Option<&str>,
+) -> Result<serde_json::Value> {
+    let c = super::of(a)
+        .ok_or_else(|| anyhow::anyhow!("export {n:?} is not in shared mode (--shared)"))?;
+    let (fragments, bytes) = handoff(&c, to.unwrap_or(""))?;
+    Ok(serde_json::json!({"export": n, "fragments": fragments, "bytes": bytes}))
+}
+
+/// Refuses `verb` on export `n` in shared mode: a detached cache hears no invalidation,
+/// so an attach would bring back pages other hosts have overwritten.
+pub fn refuse_in_shared_mode(
+    n: &str,
+    a: &Arc<crate::attach::Attachable>,
+    verb: &str,
+) -> Result<()> {
+    if super::of(a).is_some() {
+        bail!(
+            "export {n:?} is in shared mode: {verb} is refused (a detached cache would miss \
+             the other hosts' invalidations); stop the server to take its cache away"
+        );
+    }
+    Ok(())
+}
+
 /// Publishes the export's hot list for host `to`: (fragments, bytes) listed.
 pub fn handoff(c: &Coherence, to: &str) -> Result<(u64, u64)> {
     if to.is_empty() || to.contains('/') {

@@ -23,16 +23,16 @@
 mod batch;
 mod device;
 mod handoff;
+mod listen;
 
 pub use device::Coherent;
-pub use handoff::handoff;
+pub use handoff::{handoff, handoff_verb, refuse_in_shared_mode};
 
 use crate::attach::Attachable;
 use anyhow::{anyhow, bail, Context, Result};
 use parking_lot::Mutex;
 use sce_coord::inval::{self, Listener};
 use sce_coord::{Etcd, EtcdError, Membership};
-use sce_io::BlockDevice;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -124,7 +124,9 @@ pub struct Coherence {
     /// Ranges whose publication failed: published again before anything else.
     unpublished: Mutex<Vec<(u64, u64)>>,
     stop: AtomicBool,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The registration `caught_up` waits for, and the revision its listener must pass.
+    catch_target: Mutex<(u64, i64)>,
     /// A hand-off is being prefetched.
     handoff_running: AtomicBool,
     pub(crate) counters: Counters,
@@ -186,19 +188,24 @@ impl Coherence {
             done: AtomicI64::new(0),
             unpublished: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
-            thread: Mutex::new(None),
+            threads: Mutex::new(Vec::new()),
+            catch_target: Mutex::new((0, 0)),
             handoff_running: AtomicBool::new(false),
             counters: Counters::default(),
         });
         let from = c.resume_point()?;
         c.done.store(from - 1, SeqCst);
-        let listen = client()?;
-        let me = c.clone();
-        let t = std::thread::Builder::new()
-            .name("sce-shared".into())
-            .spawn(move || me.run(listen))
-            .context("starting the shared-mode thread")?;
-        *c.thread.lock() = Some(t);
+        for (name, f) in [
+            ("sce-shared", Coherence::run as fn(Arc<Coherence>, Etcd)),
+            ("sce-shared-bg", Coherence::maintain),
+        ] {
+            let (me, etcd) = (c.clone(), client()?);
+            let t = std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || f(me, etcd))
+                .context("starting the shared-mode threads")?;
+            c.threads.lock().push(t);
+        }
         REGISTRY
             .lock()
             .push((Arc::as_ptr(&c.att) as usize, Arc::downgrade(&c)));
@@ -253,7 +260,9 @@ impl Coherence {
     /// listener has processed every invalidation published before its (last) registration.
     pub fn serving(&self) -> bool {
         // The deadline first: a re-registration updates the count before the deadline.
-        self.member.valid() && self.caught_up.load(SeqCst) == self.member.registration().0
+        self.member.valid()
+            && self.caught_up.load(SeqCst) == self.member.registration().0
+            && !self.stop.load(SeqCst)
     }
 
     /// Publishes the range of a write that reached the source, with the writes in flight
@@ -270,7 +279,7 @@ impl Coherence {
             .fetch_add(t0.elapsed().as_nanos() as u64, SeqCst);
         out.map(|_| ()).map_err(|e| {
             c.publish_failures.fetch_add(1, SeqCst);
-            self.unpublished.lock().push((offset, len));
+            self.remember_unpublished(offset, len);
             sce_io::IoError::Io {
                 op: sce_io::Op::Write,
                 offset,
@@ -293,141 +302,33 @@ impl Coherence {
         )
     }
 
-    /// Drops an invalidated range from the cache, whole pages around it.
-    fn drop_range(&self, offset: u64, len: u64) {
-        let size = self.att.size();
-        let lo = offset / 4096 * 4096;
-        let hi = offset
-            .saturating_add(len)
-            .div_ceil(4096)
-            .saturating_mul(4096)
-            .min(size);
-        if lo < hi {
-            let n = self.att.evict(lo, hi - lo).unwrap_or(0);
-            self.counters.dropped_bytes.fetch_add(n, SeqCst);
-        }
-        self.counters.received.fetch_add(1, SeqCst);
-    }
-
-    /// The listener's thread: watch, drop, acknowledge; catch up after a new registration;
-    /// publish again what failed; save the processed revision now and then.
-    fn run(self: Arc<Self>, etcd: Etcd) {
-        let mut listener: Option<Listener> = None;
-        let mut saved = (self.done.load(SeqCst), Instant::now());
-        while !self.stop.load(SeqCst) {
-            let (generation, _) = self.member.registration();
-            let l = match listener.as_mut() {
-                Some(l) => l,
-                None => match self.listen(&etcd) {
-                    Some(l) => listener.insert(l),
-                    None => {
-                        std::thread::sleep(Duration::from_millis(100));
-                        continue;
-                    }
-                },
-            };
-            let lease = self.member.lease();
-            let pumped = l.pump(&etcd, lease, Duration::from_millis(200), &mut |o, n| {
-                self.drop_range(o, n)
-            });
-            self.done.store(l.done(), SeqCst);
-            if let Err(e) = pumped {
-                tracing::debug!(volume = %self.volume_prefix, "shared volume: listening again ({e})");
-                listener = None;
-                continue;
-            }
-            if self.caught_up.load(SeqCst) != generation {
-                self.catch_up(&etcd, generation);
-            }
-            self.republish();
-            if saved.1.elapsed() > Duration::from_secs(1) {
-                self.take_handoff(&etcd);
-                if self.done.load(SeqCst) > saved.0 {
-                    saved.0 = self.save_seen(&etcd).unwrap_or(saved.0);
-                }
-                saved.1 = Instant::now();
-            }
-        }
-    }
-
-    /// A watch from the revision after the last processed; after compaction, the cache
-    /// forgets the volume and the watch starts from now.
-    fn listen(&self, etcd: &Etcd) -> Option<Listener> {
-        let (p, me) = (&self.volume_prefix, &self.cfg.host);
-        let from = self.done.load(SeqCst) + 1;
-        match Listener::new(etcd, p, me, from) {
-            Ok(l) => Some(l),
-            Err(EtcdError::Compacted(_)) => {
-                // Mark nothing as caught up until the forget is done.
-                self.caught_up.store(0, SeqCst);
-                self.forget("etcd compacted the invalidations this host missed");
-                let (_, now) = etcd.range_prefix(p.as_bytes()).ok()?;
-                self.done.store(now, SeqCst);
-                Listener::new(etcd, p, me, now + 1).ok()
-            }
-            Err(_) => None,
-        }
-    }
-
-    /// After a registration: serve again once the listener is past every invalidation
-    /// published before it.
-    fn catch_up(&self, etcd: &Etcd, generation: u64) {
-        if let Ok(newest) = inval::newest(etcd, &self.volume_prefix) {
-            if self.done.load(SeqCst) >= newest {
-                self.caught_up.store(generation, SeqCst);
-                tracing::info!(volume = %self.volume_prefix, "shared volume: serving hits");
-            }
-        }
-    }
-
-    fn republish(&self) {
-        let ranges = std::mem::take(&mut *self.unpublished.lock());
-        if ranges.is_empty() {
-            return;
-        }
-        if let Err(e) = self.publish_now(&batch::coalesce(ranges.clone())) {
-            tracing::debug!(volume = %self.volume_prefix, "shared volume: announcing failed writes again: {e}");
-            self.unpublished.lock().extend(ranges);
-        }
-    }
-
-    /// Makes the drops up to the processed revision durable, then saves that revision.
-    fn save_seen(&self, etcd: &Etcd) -> Option<i64> {
-        let done = self.done.load(SeqCst);
-        let v = self.att.live_volume()?;
-        v.persist_stats()?;
-        if v.flush_metadata() > 0 {
-            return None;
-        }
-        let key = format!("{}/seen/{}", self.volume_prefix, self.cfg.host);
-        etcd.put(key.as_bytes(), done.to_string().as_bytes(), 0)
-            .ok()?;
-        Some(done)
-    }
-
-    /// Stops listening and leaves the volume (others stop waiting for this host); returns
-    /// the revision processed, for `finish` once the cache's records are written.
+    /// Stops listening and leaves the volume (others stop waiting for this host; it no
+    /// longer serves hits); returns the revision processed, for `finish`.
     pub fn leave(&self) -> i64 {
         self.stop.store(true, SeqCst);
-        if let Some(t) = self.thread.lock().take() {
+        for t in std::mem::take(&mut *self.threads.lock()) {
             let _ = t.join();
         }
         self.republish();
-        if let Err(e) = self.etcd.revoke(self.member.lease()) {
+        if let Err(e) = self.member.resign() {
             tracing::warn!(volume = %self.volume_prefix, "shared volume: leaving: {e}");
         }
         self.done.load(SeqCst)
     }
 
-    /// After a clean shutdown wrote the cache's records: saves `done` for the next start.
+    /// After a shutdown that left the cache clean (its records reflect every drop up to
+    /// `done`): saves `done` for the next start. After any other, the revision saved last
+    /// stays, and the next start catches up from there.
     pub fn finish(&self, done: i64) {
-        let key = format!("{}/seen/{}", self.volume_prefix, self.cfg.host);
-        if let Err(e) = self
-            .etcd
-            .put(key.as_bytes(), done.to_string().as_bytes(), 0)
-        {
+        if let Err(e) = self.save(&self.etcd, done) {
             tracing::warn!(volume = %self.volume_prefix, "shared volume: saving the revision: {e}");
         }
+    }
+
+    fn save(&self, etcd: &Etcd, done: i64) -> Result<(), EtcdError> {
+        let key = format!("{}/seen/{}", self.volume_prefix, self.cfg.host);
+        etcd.put(key.as_bytes(), done.to_string().as_bytes(), 0)
+            .map(|_| ())
     }
 
     /// The state for `ctl status` and /stats.

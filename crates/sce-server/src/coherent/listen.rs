@@ -1,0 +1,167 @@
+//! Shared mode's two threads. The listener watches the volume's invalidations, drops their
+//! pages and acknowledges them, and decides when the host may serve hits again after a
+//! registration. The other thread does what may wait on etcd or the cache device without
+//! holding up acknowledgements: announcing failed writes again, saving the processed
+//! revision after a metadata round, and taking hand-offs.
+
+use super::{batch, Coherence};
+use sce_coord::inval::{self, Listener};
+use sce_coord::{Etcd, EtcdError};
+use sce_io::BlockDevice;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// At most this many failed writes' ranges are kept apart; beyond, the whole volume is
+/// announced.
+const MAX_UNPUBLISHED: usize = 4096;
+
+impl Coherence {
+    /// Drops an invalidated range from the cache, whole pages around it (the whole volume
+    /// for an invalidation this host cannot read).
+    pub(super) fn drop_range(&self, offset: u64, len: u64) {
+        let size = self.att.size();
+        let lo = offset / 4096 * 4096;
+        let hi = offset
+            .saturating_add(len)
+            .div_ceil(4096)
+            .saturating_mul(4096)
+            .min(size);
+        if lo < hi {
+            let n = self.att.evict(lo, hi - lo).unwrap_or(0);
+            self.counters.dropped_bytes.fetch_add(n, SeqCst);
+        }
+        self.counters.received.fetch_add(1, SeqCst);
+    }
+
+    /// The listener's thread: watch, drop, acknowledge; catch up after a registration.
+    pub(super) fn run(self: Arc<Self>, etcd: Etcd) {
+        let mut listener: Option<Listener> = None;
+        while !self.stop.load(SeqCst) {
+            let (generation, _) = self.member.registration();
+            let l = match listener.as_mut() {
+                Some(l) => l,
+                None => match self.listen(&etcd) {
+                    Some(l) => listener.insert(l),
+                    None => {
+                        std::thread::sleep(Duration::from_millis(100));
+                        continue;
+                    }
+                },
+            };
+            let lease = self.member.lease();
+            let pumped = l.pump(&etcd, lease, Duration::from_millis(200), &mut |o, n| {
+                self.drop_range(o, n)
+            });
+            self.done.store(l.done(), SeqCst);
+            if let Err(e) = pumped {
+                tracing::debug!(volume = %self.volume_prefix, "shared volume: listening again ({e})");
+                listener = None;
+                continue;
+            }
+            if self.caught_up.load(SeqCst) != generation {
+                self.catch_up(&etcd, generation);
+            }
+        }
+    }
+
+    /// A watch from the revision after the last processed; after compaction, the cache
+    /// forgets the volume and the watch starts from the revision read before the forget
+    /// (whatever was published up to it reached the source before the forget began).
+    fn listen(&self, etcd: &Etcd) -> Option<Listener> {
+        let (p, me) = (&self.volume_prefix, &self.cfg.host);
+        let from = self.done.load(SeqCst) + 1;
+        match Listener::new(etcd, p, me, from) {
+            Ok(l) => Some(l),
+            Err(EtcdError::Compacted(_)) => {
+                let (_, now) = etcd.range_prefix(p.as_bytes()).ok()?;
+                // Nothing counts as caught up until the forget is done.
+                self.caught_up.store(0, SeqCst);
+                self.forget("etcd compacted the invalidations this host missed");
+                self.done.store(now, SeqCst);
+                Listener::new(etcd, p, me, now + 1).ok()
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// After registration `generation`: serve hits again once the listener is past every
+    /// invalidation published before it (the target is read once per registration, so a
+    /// steady stream of new ones cannot keep the host from serving).
+    fn catch_up(&self, etcd: &Etcd, generation: u64) {
+        let target = {
+            let t = *self.catch_target.lock();
+            if t.0 == generation {
+                t.1
+            } else {
+                let Ok(newest) = inval::newest(etcd, &self.volume_prefix) else {
+                    return;
+                };
+                *self.catch_target.lock() = (generation, newest);
+                newest
+            }
+        };
+        if self.done.load(SeqCst) >= target {
+            self.caught_up.store(generation, SeqCst);
+            tracing::info!(volume = %self.volume_prefix, "shared volume: serving hits");
+        }
+    }
+
+    /// Keeps the range of a write whose announcement failed, to announce it again.
+    pub(super) fn remember_unpublished(&self, offset: u64, len: u64) {
+        let mut u = self.unpublished.lock();
+        u.push((offset, len));
+        if u.len() > MAX_UNPUBLISHED {
+            *u = batch::coalesce(std::mem::take(&mut *u));
+            if u.len() > MAX_UNPUBLISHED {
+                *u = vec![(0, self.att.size())];
+            }
+        }
+    }
+
+    /// The background thread: announce failed writes again (every 200 ms while there are
+    /// any), and every second take a hand-off and save the processed revision.
+    pub(super) fn maintain(self: Arc<Self>, etcd: Etcd) {
+        let mut saved = (self.done.load(SeqCst), Instant::now());
+        while !self.stop.load(SeqCst) {
+            std::thread::sleep(Duration::from_millis(200));
+            self.republish();
+            if saved.1.elapsed() > Duration::from_secs(1) {
+                self.take_handoff(&etcd);
+                if self.done.load(SeqCst) > saved.0 {
+                    saved.0 = self.save_seen(&etcd).unwrap_or(saved.0);
+                }
+                saved.1 = Instant::now();
+            }
+        }
+    }
+
+    /// Announces the ranges of failed writes again, through the batcher (as a write would).
+    pub(super) fn republish(&self) {
+        let ranges = std::mem::take(&mut *self.unpublished.lock());
+        if ranges.is_empty() {
+            return;
+        }
+        for (o, l) in batch::coalesce(ranges) {
+            let out = self
+                .batcher
+                .submit((o, l), &|r| self.publish_now(r).map_err(|e| e.to_string()));
+            if let Err(e) = out {
+                tracing::debug!(volume = %self.volume_prefix, "shared volume: announcing failed writes again: {e}");
+                self.unpublished.lock().push((o, l));
+            }
+        }
+    }
+
+    /// Makes the drops up to the processed revision durable, then saves that revision.
+    fn save_seen(&self, etcd: &Etcd) -> Option<i64> {
+        let done = self.done.load(SeqCst);
+        let v = self.att.live_volume()?;
+        v.persist_stats()?;
+        if v.flush_metadata() > 0 {
+            return None;
+        }
+        self.save(etcd, done).ok()?;
+        Some(done)
+    }
+}
