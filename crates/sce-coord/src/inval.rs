@@ -1,7 +1,8 @@
 //! Invalidate before acknowledge (docs/SHARED.md), the etcd half: a host publishes the page
 //! range of a write as a key under the volume's prefix (one cluster revision), and waits
 //! until every other registered host has acknowledged that revision, or left (its lease
-//! expired, so its key is gone). Each host's [`Listener`] watches the prefix from the last
+//! expired, so its key is gone): [`crate::Tracker::publish`]. Each host's [`Listener`]
+//! watches the prefix from the last
 //! revision it processed, hands each invalidation to the cache (which drops those pages),
 //! then acknowledges it.
 //!
@@ -10,15 +11,14 @@
 //! processed, under its lease).
 
 use crate::etcd::{Etcd, EtcdError, Event};
-use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-fn key(prefix: &str, kind: &str, host: &str) -> Vec<u8> {
+pub(crate) fn key(prefix: &str, kind: &str, host: &str) -> Vec<u8> {
     format!("{prefix}/{kind}/{host}").into_bytes()
 }
 
 /// The host a key under `PREFIX/KIND/` names, if the key is of that kind.
-fn host_of<'a>(prefix: &str, kind: &str, k: &'a [u8]) -> Option<&'a str> {
+pub(crate) fn host_of<'a>(prefix: &str, kind: &str, k: &'a [u8]) -> Option<&'a str> {
     let k = std::str::from_utf8(k).ok()?;
     k.strip_prefix(prefix)?
         .strip_prefix('/')?
@@ -43,76 +43,6 @@ pub fn decode(text: &str) -> Option<Vec<(u64, u64)>> {
             }
         })
         .collect()
-}
-
-/// Publishes that host `me` wrote `ranges`, and waits until every other host registered
-/// under `prefix` has processed it (acknowledged its revision) or left (its key is gone:
-/// its lease expired or was revoked), up to `timeout`. Returns the invalidation's revision.
-/// An error: the write cannot count as coherent (the caller fails it, and publishes the
-/// ranges again when it can).
-///
-/// One read of the whole prefix gives the hosts and their acknowledgements at one
-/// revision; a watch started before the put brings the acknowledgements and departures
-/// that come later.
-pub fn publish(
-    etcd: &Etcd,
-    prefix: &str,
-    me: &str,
-    ranges: &[(u64, u64)],
-    timeout: Duration,
-) -> Result<i64, EtcdError> {
-    let deadline = Instant::now() + timeout;
-    // The watch first, from now: a watch from a past revision waits for etcd's catch-up
-    // loop (100 ms), one from now hears every change as it is made.
-    let mut watch = etcd.watch_prefix(format!("{prefix}/").as_bytes(), 0)?;
-    let rev = etcd.put(&key(prefix, "inval", me), encode(ranges).as_bytes(), 0)?;
-    let (kvs, at) = etcd.range_prefix(format!("{prefix}/").as_bytes())?;
-    let acked = |kv: &crate::Kv| {
-        String::from_utf8_lossy(&kv.value)
-            .parse::<i64>()
-            .is_ok_and(|r| r >= rev)
-    };
-    let mut pending: BTreeSet<String> = kvs
-        .iter()
-        .filter_map(|kv| host_of(prefix, "hosts", &kv.key))
-        .filter(|h| *h != me)
-        .map(str::to_string)
-        .collect();
-    for kv in &kvs {
-        if let Some(h) = host_of(prefix, "ack", &kv.key).filter(|_| acked(kv)) {
-            pending.remove(h);
-        }
-    }
-    if pending.is_empty() {
-        return Ok(rev);
-    }
-    while Instant::now() < deadline {
-        let left = deadline.saturating_duration_since(Instant::now());
-        for e in watch.next_events(left.min(Duration::from_millis(500)))? {
-            // The snapshot already holds what happened up to its revision: an older
-            // departure may be followed by a registration the snapshot shows.
-            match e {
-                Event::Put(kv) if kv.mod_revision <= at => {}
-                Event::Delete { mod_revision, .. } if mod_revision <= at => {}
-                Event::Put(kv) => {
-                    if let Some(h) = host_of(prefix, "ack", &kv.key).filter(|_| acked(&kv)) {
-                        pending.remove(h);
-                    }
-                }
-                Event::Delete { key: k, .. } => {
-                    if let Some(h) = host_of(prefix, "hosts", &k) {
-                        pending.remove(h);
-                    }
-                }
-            }
-        }
-        if pending.is_empty() {
-            return Ok(rev);
-        }
-    }
-    Err(EtcdError::Server(format!(
-        "hosts {pending:?} did not acknowledge invalidation {rev} within {timeout:?}"
-    )))
 }
 
 /// The newest invalidation any host published under `prefix` (0: none): a host that

@@ -6,12 +6,15 @@
 
 //! * [`member`]: a host's registration under a lease, kept alive, with the local deadline
 //!   until which the host can count on it.
-//! * [`inval`]: invalidate before acknowledge: publish a write's range and wait for every
-//!   other host's acknowledgement (or departure); listen, drop, acknowledge.
+//! * [`inval`]: invalidations: listen, drop, acknowledge.
+//! * [`track`]: the other hosts and their acknowledgements, kept current by one watch:
+//!   publish a write's range and wait for every other host's acknowledgement (or departure).
 
 pub mod etcd;
 pub mod inval;
 pub mod member;
+pub mod track;
 
 pub use etcd::{Etcd, EtcdError, Event, Kv, Watch};
 pub use member::Membership;
+pub use track::Tracker;

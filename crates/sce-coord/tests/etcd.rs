@@ -136,7 +136,7 @@ fn membership_lapses_without_etcd_and_comes_back() {
 /// its lease lapses and it counts as gone.
 #[test]
 fn invalidations_are_dropped_everywhere_before_publish_returns() {
-    use sce_coord::inval::{publish, Listener};
+    use sce_coord::inval::Listener;
     use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
     use std::sync::{Arc, Mutex};
     if !sce_testkit::require_known_tool("etcd") {
@@ -151,6 +151,9 @@ fn invalidations_are_dropped_everywhere_before_publish_returns() {
     ready(&a);
     let p = "/sce/vol0";
     let ma = sce_coord::Membership::join(client(), b"/sce/vol0/hosts/a", b"a", 2).unwrap();
+    let tracker = sce_coord::Tracker::start(client(), p, "a").unwrap();
+    let publish =
+        |_: &Etcd, _: &str, _: &str, r: &[(u64, u64)], t: Duration| tracker.publish(&a, r, t);
     let mb = sce_coord::Membership::join(client(), b"/sce/vol0/hosts/b", b"b", 2).unwrap();
     // Host b listens in a thread, recording what it dropped.
     let dropped = Arc::new(Mutex::new(Vec::new()));

@@ -31,8 +31,8 @@ pub use handoff::{handoff, handoff_verb, refuse_in_shared_mode};
 use crate::attach::Attachable;
 use anyhow::{anyhow, bail, Context, Result};
 use parking_lot::Mutex;
-use sce_coord::inval::{self, Listener};
-use sce_coord::{Etcd, EtcdError, Membership};
+use sce_coord::inval::Listener;
+use sce_coord::{Etcd, EtcdError, Membership, Tracker};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -116,6 +116,7 @@ pub struct Coherence {
     att: Arc<Attachable>,
     etcd: Etcd,
     member: Membership,
+    tracker: Tracker,
     batcher: batch::Batcher,
     /// The registration the listener has caught up with (see `serving`).
     caught_up: AtomicU64,
@@ -177,12 +178,14 @@ impl Coherence {
         let member_key = format!("{volume_prefix}/hosts/{}", cfg.host);
         let member = Membership::join(client()?, member_key.as_bytes(), b"", cfg.lease_ttl)
             .with_context(|| format!("joining the shared volume {volume_prefix} in etcd"))?;
+        let tracker = Tracker::start(client()?, &volume_prefix, &cfg.host)?;
         let c = Arc::new(Coherence {
             cfg: cfg.clone(),
             volume_prefix,
             att,
             etcd,
             member,
+            tracker,
             batcher: Default::default(),
             caught_up: AtomicU64::new(0),
             done: AtomicI64::new(0),
@@ -293,13 +296,7 @@ impl Coherence {
     }
 
     fn publish_now(&self, ranges: &[(u64, u64)]) -> Result<i64, EtcdError> {
-        inval::publish(
-            &self.etcd,
-            &self.volume_prefix,
-            &self.cfg.host,
-            ranges,
-            ack_timeout(self.cfg.lease_ttl),
-        )
+        (self.tracker).publish(&self.etcd, ranges, ack_timeout(self.cfg.lease_ttl))
     }
 
     /// Stops listening and leaves the volume (others stop waiting for this host; it no
