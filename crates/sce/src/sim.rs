@@ -130,7 +130,8 @@ hit costs nothing), source and cache device utilization (busy time per channel o
 replay's duration: open loop the trace's span, closed loop until the last request completes;
 the most loaded host's; above 1 in an open-loop replay, a warning says the latencies are
 queueing), metadata bytes (engine: allocated when the core is built; reference: its
-structures at the end), and with --hosts the invalidations per write. JSON keys carry their
+structures at the end), and with --hosts the invalidations per write and the etcd puts per
+write of `sce serve --shared`'s protocol (one publication, one acknowledgement per other host). JSON keys carry their
 units (cache_size_bytes, mean_read_latency_seconds, wall_seconds, ...; ratios are plain);
 `intervals` holds [end of the interval in seconds, read hit ratio or null]. JSON adds per interval
 the cache bytes written (interval_cache_bytes_written, parallel to intervals); --plot draws
@@ -379,10 +380,11 @@ fn print_notes(results: &[PolicyResult]) {
         }
         if let (Some(ipw), Some(wi)) = (r.invalidations_per_write, r.writes_invalidating) {
             println!(
-                "{}: {} writes, {:.1}% invalidated another host's copy, {ipw:.3} invalidations per write",
+                "{}: {} writes, {:.1}% invalidated another host's copy, {ipw:.3} invalidations per write, {} etcd puts per write (sce serve --shared, no group commit)",
                 r.policy,
                 r.writes,
-                wi * 100.0
+                wi * 100.0,
+                r.coherence_puts_per_write.unwrap_or(0.0)
             );
         }
         if let Some(aps) = r.accesses_per_second {

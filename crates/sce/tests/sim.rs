@@ -539,6 +539,8 @@ fn shared_hosts_and_ram_layer() {
         let ipw = r["invalidations_per_write"].as_f64().unwrap();
         assert!(ipw > 0.2 && ipw <= 1.0, "{name}: {ipw}");
         assert!(r["writes"].as_u64().unwrap() > 5000);
+        // The server's protocol: a publication and the other host's acknowledgement.
+        assert_eq!(r["coherence_puts_per_write"].as_f64(), Some(2.0), "{name}");
     }
     let svg = std::fs::read_to_string(&plot).unwrap();
     assert!(svg.starts_with("<svg") && svg.matches("<polyline").count() >= 2);
@@ -562,6 +564,7 @@ fn shared_hosts_and_ram_layer() {
     ]);
     let r = policy(&v, "lru");
     assert!(r["invalidations_per_write"].is_null());
+    assert!(r["coherence_puts_per_write"].is_null());
     let (h, h1, h2) = (
         r["read_hit_ratio"].as_f64().unwrap(),
         r["ram_hit_ratio"].as_f64().unwrap(),

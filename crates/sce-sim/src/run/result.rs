@@ -64,6 +64,11 @@ pub struct PolicyResult {
     pub invalidations_per_write: Option<f64>,
     /// Fraction of writes that invalidated a copy on another host (Holland's Figure 4).
     pub writes_invalidating: Option<f64>,
+    /// etcd puts per write under `sce serve --shared`'s protocol (docs/SHARED.md): the
+    /// writer's publication and every other host's acknowledgement (each also delivered to
+    /// the watchers). The server's group commit shares them among writes in flight together,
+    /// which the replay does not model: an upper bound.
+    pub coherence_puts_per_write: Option<f64>,
     /// Seconds this policy took to simulate (including parsing the trace).
     #[serde(rename = "wall_seconds")]
     pub seconds: f64,
@@ -177,6 +182,7 @@ pub(super) fn result(
     if a.hosts > 1 {
         out.invalidations_per_write = Some(r.invalidations_per_write());
         out.writes_invalidating = Some(r.writes_invalidating as f64 / r.writes.max(1) as f64);
+        out.coherence_puts_per_write = Some(a.hosts as f64);
     }
     if let Some((acc, miss)) = r.reference {
         let m = if acc == 0 {
