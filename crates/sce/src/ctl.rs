@@ -379,6 +379,7 @@ fn print_status(v: &Value) {
                 }
             );
         }
+        print_shared(e);
         println!(
             "  {:<12} {} of {} ({})",
             "occupancy",
@@ -533,4 +534,27 @@ fn watch_stats(path: &Path, req: &Request, secs: f64, count: u64, json: bool) ->
         }
         std::thread::sleep(Duration::from_secs_f64(secs));
     }
+}
+
+/// The shared-mode line of an export in `status`.
+fn print_shared(e: &Value) {
+    let Some(sh) = e.get("shared") else { return };
+    println!(
+        "  {:<12} {} as {}: {}, revision {}, {} writes published ({:.2} ms mean, {} failed), {} invalidations received ({} dropped), {} reads passed through",
+        "shared",
+        sh["volume"].as_str().unwrap_or("?"),
+        sh["host"].as_str().unwrap_or("?"),
+        if sh["serving_hits"] == Value::Bool(true) {
+            "serving hits"
+        } else {
+            "passing reads through (no valid lease or not caught up)"
+        },
+        sh["revision_processed"],
+        sh["writes_published"],
+        sh["mean_publish_seconds"].as_f64().unwrap_or(0.0) * 1e3,
+        sh["publish_failures"],
+        sh["invalidations_received"],
+        size(&sh["dropped_bytes"]),
+        sh["passthrough_reads"],
+    );
 }

@@ -569,3 +569,71 @@ fn a_host_cut_off_from_etcd_passes_through_then_catches_up() {
         shared_of(&hosts[1].0)
     );
 }
+
+/// `sce ctl handoff`: the receiving host prefetches what the sender caches; `status` shows
+/// shared mode; `detach` and a hand-off to oneself are refused.
+#[test]
+fn handoff_warms_the_receiving_host_and_detach_is_refused() {
+    if !tools() {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("src");
+    initial_source(&src);
+    let etcd = sce_testkit::etcd::Cluster::start(&d.path().join("etcd"));
+    let url = etcd.url("sce-handoff");
+    let hosts: Vec<_> = (0..2)
+        .map(|i| host(d.path(), i, src.to_str().unwrap(), Some(&url)))
+        .collect();
+    let log = Log::new();
+    serving_again(&hosts);
+    // Host 0 reads the first 4 MiB until it caches some of it.
+    let mut buf = AlignedBuf::new(MIB as usize);
+    wait_until("host 0 never cached anything", 120, || {
+        for m in 0..4 {
+            log.read(0, &hosts[0].1, m * MIB / BLOCK, &mut buf);
+        }
+        hosts[0].0.export_stats()["read_pages_hit"]
+            .as_u64()
+            .unwrap()
+            > 0
+    });
+    let ctl = |i: usize, args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sce"))
+            .args(["ctl", "-s"])
+            .arg(d.path().join(format!("s{i}")))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = ctl(0, &["handoff", "", "--to", "h1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("handed off"),
+        "{text}{:?}",
+        out
+    );
+    wait_until("host 1 never prefetched the hand-off", 120, || {
+        shared_of(&hosts[1].0)["handoffs_received"] == 1
+    });
+    let sh = shared_of(&hosts[1].0);
+    assert!(sh["handoff_prefetched_bytes"].as_u64().unwrap() > 0, "{sh}");
+    let out = ctl(1, &["exists", "0", "4MiB"]);
+    assert!(out.status.success(), "{out:?}");
+    let status = ctl(1, &["status"]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(text.contains("shared") && text.contains("as h1"), "{text}");
+    for (args, why) in [
+        (&["detach", ""][..], "shared mode"),
+        (&["handoff", "", "--to", "h1"][..], "this host"),
+    ] {
+        let out = ctl(1, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(why),
+            "{args:?}: {err}"
+        );
+    }
+    check_all(&log, 1, &hosts[1].1);
+    assert_fresh(&log, "after the hand-off");
+}
