@@ -200,7 +200,7 @@ def part_migration(a, procs, sce, d, url):
     def fmt(x):
         return f"{x:.1f}" if x is not None else f"not within {a.seconds} s"
     first = lambda s: f"{s[0][1]:.3f}" if s else "-"
-    out = [f"Read-only Zipf 1.1 load over {MIG_SIZE}B, {MIG_CACHE} caches. Host A's steady read hit "
+    out = [f"Read-only Zipf 1.1 load over 1 GiB, {MIG_CACHE} caches. Host A's steady read hit "
            f"ratio: {steady:.3f}; the target (90%): {target:.3f}. Host B prefetched the hand-off "
            f"({shared_b['handoff_prefetched_bytes'] / 2**20:.0f} MiB) in {prefetch_s:.1f} s, "
            "before its load started.", "",
