@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""Shared mode's cost and warm migration, side by side in one run (issue 16). Prints two
+"""Shared mode's cost and warm migration, side by side in one run (issue 16). Prints three
 tables with ratios and writes them as Markdown (--out).
 
+0. The protocol's own latency: 4 KiB random writes at QD1 through one host, for one host
+   without and with shared mode, and two and three hosts in shared mode (the others idle
+   but registered, so every write waits for their acknowledgements).
 1. The cost of coherence. A 2 ms source (`nbdkit --filter=delay memory 2G rdelay=2ms
    wdelay=2ms -t 64`), a 3-member etcd cluster on loopback, and on each host `sce serve`
    over the source with its own 64 MiB cache. On every host at once, fio's nbd engine runs
@@ -143,6 +146,30 @@ def part_cost(a, procs, sce, d, url):
     return out
 
 
+def part_qd1(a, procs, sce, d, url):
+    """The protocol's own latency: 4 KiB random writes at QD1 on one host, the others idle."""
+    rows = []
+    for label, n, shared in [("1 host, no shared mode", 1, False), ("1 host, shared mode", 1, True),
+                             ("2 hosts, shared mode", 2, True), ("3 hosts, shared mode", 3, True)]:
+        src, src_sock = perf.slow_source(procs, d)
+        prefix = f"{url}qd1-{len(rows)}"
+        hs = [host(procs, sce, d, f"q{len(rows)}h{i}", src_sock, prefix if shared else None)
+              for i in range(n)]
+        log(f"QD1 writes, {label}: {a.seconds} s")
+        j, _ = fio(["--name=w", "--ioengine=nbd", f"--uri={uri(hs[0][1])}", "--rw=randwrite",
+                    "--bs=4k", "--size=256m", "--iodepth=1", "--time_based",
+                    f"--runtime={a.seconds}"])
+        c = j["write"]["clat_ns"]
+        rows.append((label, c["mean"] / 1e6, perf.p99_ms(j, "write")))
+        for h in hs:
+            procs.stop(h[0])
+        procs.stop(src)
+    out = ["| configuration | write mean (ms) | write p99 (ms) | write × 1 host |", "|---|---|---|---|"]
+    for label, m, p99 in rows:
+        out.append(f"| {label} | {m:.3f} | {p99:.3f} | {m / rows[0][1]:.2f}x |")
+    return out
+
+
 def warm_up_time(addr, target, secs, sock):
     """Runs the read load on one host while sampling its /stats: seconds until an interval
     reaches `target`, and the series."""
@@ -226,11 +253,14 @@ def main():
     try:
         eps = etcd_cluster(procs, d)
         url = f"etcd://{','.join(eps)}/"
+        qd1 = part_qd1(a, procs, sce=a.sce, d=d, url=url)
         cost = part_cost(a, procs, sce=a.sce, d=d, url=url)
         mig = part_migration(a, procs, sce=a.sce, d=d, url=url)
     finally:
         procs.stop_all()
-    text = "\n".join(["## The cost of coherence", ""] + cost + ["", "## Warm migration", ""] + mig)
+    text = "\n".join(["## The protocol's latency: QD1 writes on one host, the others idle", ""]
+                     + qd1 + ["", "## The cost of coherence under load on every host", ""] + cost
+                     + ["", "## Warm migration", ""] + mig)
     print(text)
     if a.out:
         with open(a.out, "w") as f:
