@@ -42,18 +42,22 @@ spec.loader.exec_module(perf)
 log, uri, fio, sce_serve, Procs = perf.log, perf.uri, perf.fio, perf.sce_serve, perf.Procs
 
 
-def free_port():
+def free_ports(n):
+    """`n` distinct free ports (every socket stays bound until all are chosen)."""
     import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
 
 
 def etcd_cluster(procs, d):
     """Three etcd members on loopback; their client endpoints."""
-    ports = [(free_port(), free_port()) for _ in range(3)]
+    p = free_ports(6)
+    ports = [(p[2 * i], p[2 * i + 1]) for i in range(3)]
     initial = ",".join(f"m{i}=http://127.0.0.1:{p[1]}" for i, p in enumerate(ports))
     for i, (c, p) in enumerate(ports):
         procs.start(["etcd", "--name", f"m{i}", "--data-dir", os.path.join(d, f"etcd{i}"),

@@ -1,6 +1,8 @@
 //! An etcd v3 client over the JSON gateway: each call is one HTTP/1.1 POST of a JSON body
 //! to a member's client URL (`/v3/kv/put`, `/v3/kv/range`, `/v3/lease/grant`,
-//! `/v3/lease/keepalive`, `/v3/watch`); keys and values travel base64-encoded. A call that
+//! `/v3/lease/keepalive`, `/v3/watch`); keys and values travel base64-encoded. Every call
+//! asks for a member with a leader (etcd's `hasleader` metadata): a member cut off from the
+//! cluster refuses it instead of keeping a watch open that never hears anything. A call that
 //! cannot reach a member (refused, reset, timed out) is tried on the next one, so a
 //! cluster that keeps its quorum keeps serving when one member dies.
 
@@ -137,12 +139,13 @@ impl Etcd {
 
     /// Opens a request to a member that accepts it: the response's headers are read. While
     /// no member answers (a leader election, a restart), it goes round them again, 50 ms
-    /// apart, for up to the client's timeout. A put retried after an answer was lost may
+    /// apart, for up to three times the client's timeout (one member that does not answer
+    /// takes a whole timeout; an election takes about a second). A put retried after an answer was lost may
     /// apply twice; every key sce puts tolerates that (the same value, or one more
     /// invalidation).
     fn open(&self, path: &str, body: &Value) -> Result<BufReader<TcpStream>, EtcdError> {
         let body = body.to_string();
-        let deadline = std::time::Instant::now() + self.timeout;
+        let deadline = std::time::Instant::now() + 3 * self.timeout;
         loop {
             match self.open_once(path, &body) {
                 Err(EtcdError::Unreachable(why)) if std::time::Instant::now() < deadline => {
@@ -188,7 +191,7 @@ impl Etcd {
         let mut w = &s;
         write!(
             w,
-            "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nGrpc-Metadata-hasleader: true\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         )
         .map_err(io)?;

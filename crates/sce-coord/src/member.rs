@@ -40,6 +40,10 @@ fn usable(ttl: i64) -> Duration {
 impl Inner {
     /// Grants a new lease and puts the key under it.
     fn register(&self) -> Result<(), EtcdError> {
+        // Counting on the old lease ends first: the new key tells the others not to wait
+        // for this host for what was published before it, so this host must not serve
+        // under the old registration meanwhile.
+        self.state.lock().unwrap().1 = Instant::now();
         let sent = Instant::now();
         let lease = self.etcd.grant(self.ttl)?;
         let rev = self.etcd.put(&self.key, &self.value, lease)?;
@@ -71,6 +75,9 @@ impl Inner {
         let period = Duration::from_millis((self.ttl.max(1) as u64) * 1000 / 3);
         loop {
             let g = self.state.lock().unwrap();
+            if self.stop.load(SeqCst) {
+                return;
+            }
             let (g, _) = self.wake.wait_timeout(g, period).unwrap();
             drop(g);
             if self.stop.load(SeqCst) {
@@ -156,8 +163,12 @@ impl Membership {
     }
 
     fn stop(&self) {
-        self.inner.stop.store(true, SeqCst);
-        self.inner.wake.notify_all();
+        {
+            // Under the lock the thread waits with: it is waiting, or will see the flag.
+            let _g = self.inner.state.lock().unwrap();
+            self.inner.stop.store(true, SeqCst);
+            self.inner.wake.notify_all();
+        }
         if let Some(t) = self.thread.lock().unwrap().take() {
             let _ = t.join();
         }

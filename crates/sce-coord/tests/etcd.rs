@@ -77,6 +77,20 @@ fn keys_leases_watches_and_a_lost_member() {
     assert!(r4 > r3);
     let (kvs, _) = e.range_prefix(b"/sce/vol/").unwrap();
     assert_eq!(kvs.len(), 3);
+    // A watch on the last member, which then loses its leader (a second member dies): the
+    // watch ends with an error instead of going silent for good (a host would otherwise
+    // never hear of invalidations again while its lease renews elsewhere).
+    let last = Etcd::new(&[endpoints[2].as_str()], Duration::from_secs(2)).unwrap();
+    let mut w = last.watch_prefix(b"/sce/vol/", 0).unwrap();
+    cluster.kill(1);
+    let mut ended = false;
+    for _ in 0..60 {
+        if w.next_events(Duration::from_secs(1)).is_err() {
+            ended = true;
+            break;
+        }
+    }
+    assert!(ended, "a watch on a member without a leader stayed open");
 }
 
 /// Waits (up to 60 s) until the host's key is there, once.

@@ -13,12 +13,13 @@ pub struct Cluster {
     pub endpoints: Vec<String>,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// `n` distinct free ports: every listener stays bound until all are chosen, so the kernel
+/// cannot hand out one twice (two members on one port: one never starts).
+fn free_ports(n: usize) -> Vec<u16> {
+    let ls: Vec<_> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
 }
 
 /// The command line of member `i` of the cluster `initial`.
@@ -55,7 +56,8 @@ fn member_args(dir: &Path, i: usize, (client, peer): (u16, u16), initial: &str) 
 impl Cluster {
     /// Starts three members with their data under `dir`.
     pub fn start(dir: &Path) -> Cluster {
-        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+        let p = free_ports(6);
+        let ports: Vec<(u16, u16)> = (0..3).map(|i| (p[2 * i], p[2 * i + 1])).collect();
         let initial: Vec<String> = ports
             .iter()
             .enumerate()

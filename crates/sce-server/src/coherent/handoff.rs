@@ -86,11 +86,13 @@ impl Coherence {
         };
         self.handoff_running.store(true, SeqCst);
         let me = self.clone();
-        let spawned = std::thread::Builder::new()
+        match std::thread::Builder::new()
             .name("sce-handoff".into())
-            .spawn(move || me.prefetch_list(&list));
-        if spawned.is_err() {
-            self.handoff_running.store(false, SeqCst);
+            .spawn(move || me.prefetch_list(&list))
+        {
+            // Joined by `leave` with the others.
+            Ok(t) => self.threads.lock().push(t),
+            Err(_) => self.handoff_running.store(false, SeqCst),
         }
     }
 

@@ -74,7 +74,8 @@ impl Coherence {
         match Listener::new(etcd, p, me, from) {
             Ok(l) => Some(l),
             Err(EtcdError::Compacted(_)) => {
-                let (_, now) = etcd.range_prefix(p.as_bytes()).ok()?;
+                // The revision only: the hosts' keys are few.
+                let (_, now) = etcd.range_prefix(format!("{p}/hosts/").as_bytes()).ok()?;
                 // Nothing counts as caught up until the forget is done.
                 self.caught_up.store(0, SeqCst);
                 self.forget("etcd compacted the invalidations this host missed");
@@ -136,19 +137,19 @@ impl Coherence {
         }
     }
 
-    /// Announces the ranges of failed writes again, through the batcher (as a write would).
+    /// Announces the ranges of failed writes again: one publication of them all (one put,
+    /// one wait), kept for later if it fails.
     pub(super) fn republish(&self) {
-        let ranges = std::mem::take(&mut *self.unpublished.lock());
+        let ranges = batch::coalesce(std::mem::take(&mut *self.unpublished.lock()));
         if ranges.is_empty() {
             return;
         }
-        for (o, l) in batch::coalesce(ranges) {
-            let out = self
-                .batcher
-                .submit((o, l), &|r| self.publish_now(r).map_err(|e| e.to_string()));
-            if let Err(e) = out {
-                tracing::debug!(volume = %self.volume_prefix, "shared volume: announcing failed writes again: {e}");
-                self.unpublished.lock().push((o, l));
+        if let Err(e) = self.publish_now(&ranges) {
+            tracing::debug!(volume = %self.volume_prefix, "shared volume: announcing failed writes again: {e}");
+            let mut u = self.unpublished.lock();
+            u.extend(ranges);
+            if u.len() > MAX_UNPUBLISHED {
+                *u = vec![(0, self.att.size())];
             }
         }
     }

@@ -15,8 +15,8 @@
 //!   ends before the cluster can expire the lease) and its listener has processed every
 //!   invalidation others may have stopped waiting for it to process. Otherwise it passes
 //!   reads through to the source.
-//! * A write whose publication fails fails (EIO); its range is published again as soon as
-//!   etcd answers, before anything else.
+//! * A write whose publication fails fails (EIO); its range is published again, from a
+//!   background thread, as soon as etcd answers.
 //! * A restart catches up from the revision saved under `PREFIX/VOLUME/seen/HOST` (saved
 //!   only after a metadata round made the drops before it durable), or forgets the volume.
 
@@ -302,14 +302,22 @@ impl Coherence {
     /// Stops listening and leaves the volume (others stop waiting for this host; it no
     /// longer serves hits); returns the revision processed, for `finish`.
     pub fn leave(&self) -> i64 {
+        // Resign first: the others stop waiting for this host at once.
         self.stop.store(true, SeqCst);
-        for t in std::mem::take(&mut *self.threads.lock()) {
-            let _ = t.join();
-        }
-        self.republish();
         if let Err(e) = self.member.resign() {
             tracing::warn!(volume = %self.volume_prefix, "shared volume: leaving: {e}");
         }
+        loop {
+            let threads = std::mem::take(&mut *self.threads.lock());
+            if threads.is_empty() {
+                break;
+            }
+            for t in threads {
+                let _ = t.join();
+            }
+        }
+        // One last attempt to announce failed writes (one publication, bounded).
+        self.republish();
         self.done.load(SeqCst)
     }
 
