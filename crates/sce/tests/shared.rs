@@ -220,6 +220,17 @@ fn initial_source(path: &Path) {
 
 /// A host: `sce serve` of `source` with its own cache, in shared mode if `url` is given.
 fn host(dir: &Path, i: usize, source: &str, url: Option<&str>) -> (Server, Arc<NbdClient>) {
+    host_admitting(dir, i, source, url, "always")
+}
+
+/// `host` with admission policy `admission`.
+fn host_admitting(
+    dir: &Path,
+    i: usize,
+    source: &str,
+    url: Option<&str>,
+    admission: &str,
+) -> (Server, Arc<NbdClient>) {
     let cache = dir.join(format!("cache{i}"));
     let sock = dir.join(format!("s{i}"));
     let name = format!("h{i}");
@@ -233,7 +244,7 @@ fn host(dir: &Path, i: usize, source: &str, url: Option<&str>) -> (Server, Arc<N
         "--fragment-size",
         "256KiB",
         "--admission",
-        "always",
+        admission,
         "--metadata-interval",
         "50ms",
         "--allow-buffered",
@@ -647,4 +658,53 @@ fn handoff_warms_the_receiving_host_and_detach_is_refused() {
     }
     check_all(&log, 1, &hosts[1].1);
     assert_fresh(&log, "after the hand-off");
+}
+
+/// The default admission (SCE's background population of the hottest fragments, which
+/// races with writes and invalidations in other ways than `always`'s fills on misses): two
+/// hosts writing and reading the same blocks, until both have hits and have dropped pages
+/// for the other's writes; zero stale reads.
+#[test]
+fn background_population_stays_coherent() {
+    if !tools() {
+        return;
+    }
+    let secs: f64 = env_or("SCE_SHARED_SECONDS", 6.0);
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("src");
+    initial_source(&src);
+    let etcd = sce_testkit::etcd::Cluster::start(&d.path().join("etcd"));
+    let url = etcd.url("sce-population");
+    let hosts: Vec<_> = (0..2)
+        .map(|i| host_admitting(d.path(), i, src.to_str().unwrap(), Some(&url), "sce"))
+        .collect();
+    let clients: Vec<_> = hosts.iter().map(|h| h.1.clone()).collect();
+    let log = Arc::new(Log::new());
+    let exercised = |h: &(Server, Arc<NbdClient>)| {
+        let st = h.0.export_stats();
+        st["read_pages_hit"].as_u64().unwrap() > 0
+            && st["fragments_populated"].as_u64().unwrap() > 0
+            && st["shared"]["dropped_bytes"].as_u64().unwrap() > 0
+    };
+    let mut rounds = 0;
+    while !hosts.iter().all(exercised) {
+        rounds += 1;
+        assert!(
+            rounds <= 20,
+            "no hits, populations or drops after {rounds} rounds"
+        );
+        run_for(&log, &clients, 2, secs, || {});
+        assert_fresh(&log, "background population");
+    }
+    for (i, (_, c)) in hosts.iter().enumerate() {
+        check_all(&log, i, c);
+    }
+    assert_fresh(&log, "background population, at rest");
+    for (s, _) in &hosts {
+        let st = s.export_stats();
+        eprintln!(
+            "populated {} fragments, {} pages hit, shared {}",
+            st["fragments_populated"], st["read_pages_hit"], st["shared"]
+        );
+    }
 }
