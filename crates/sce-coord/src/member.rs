@@ -6,24 +6,35 @@
 //! stops serving hits at once).
 
 use crate::etcd::{Etcd, EtcdError};
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// The registration's state is atomics, not a lock: `valid` and `registration` are asked on
+/// every read a shared cache serves. Only the lease thread (and `resign`, after it stopped)
+/// writes them.
 struct Inner {
     etcd: Etcd,
     key: Vec<u8>,
     value: Vec<u8>,
     ttl: i64,
-    /// (lease id, until when this host may count on it).
-    state: Mutex<(i64, Instant)>,
-    /// (registrations so far, the revision of the last one's put).
-    registered: Mutex<(u64, i64)>,
+    /// The origin of the deadlines below.
+    base: Instant,
+    /// The lease now.
+    lease: AtomicI64,
+    /// Until when this host may count on its registration, in nanoseconds after `base`
+    /// (0: not at all).
+    until: AtomicU64,
+    /// Registrations so far, and the revision of the last one's put.
+    generation: AtomicU64,
+    registered_at: AtomicI64,
     stop: AtomicBool,
+    /// What the lease thread sleeps on between renewals.
+    sleep: Mutex<()>,
     wake: Condvar,
     /// Renewals and re-registrations that failed (etcd unreachable, lease gone).
-    failures: std::sync::atomic::AtomicU64,
+    failures: AtomicU64,
 }
 
 /// A host's registration, kept alive in the background until [`Membership::leave`].
@@ -38,32 +49,36 @@ fn usable(ttl: i64) -> Duration {
 }
 
 impl Inner {
+    /// `t` as a deadline: nanoseconds after `base`.
+    fn at(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.base).as_nanos() as u64
+    }
+
     /// Grants a new lease and puts the key under it.
     fn register(&self) -> Result<(), EtcdError> {
         // Counting on the old lease ends first: the new key tells the others not to wait
         // for this host for what was published before it, so this host must not serve
-        // under the old registration meanwhile.
-        self.state.lock().unwrap().1 = Instant::now();
+        // under the old registration meanwhile. The count rises before the new deadline
+        // is set, so whoever sees the deadline sees the count.
+        self.until.store(0, SeqCst);
         let sent = Instant::now();
         let lease = self.etcd.grant(self.ttl)?;
         let rev = self.etcd.put(&self.key, &self.value, lease)?;
-        {
-            let mut r = self.registered.lock().unwrap();
-            *r = (r.0 + 1, rev);
-        }
-        *self.state.lock().unwrap() = (lease, sent + usable(self.ttl));
+        self.registered_at.store(rev, SeqCst);
+        self.generation.fetch_add(1, SeqCst);
+        self.lease.store(lease, SeqCst);
+        self.until.store(self.at(sent + usable(self.ttl)), SeqCst);
         Ok(())
     }
 
     /// One renewal: the lease is renewed, or (expired) replaced.
     fn renew(&self) -> Result<(), EtcdError> {
-        let lease = self.state.lock().unwrap().0;
+        let lease = self.lease.load(SeqCst);
         let sent = Instant::now();
         match self.etcd.keep_alive(lease)? {
             left if left > 0 => {
-                let mut st = self.state.lock().unwrap();
-                if st.0 == lease {
-                    st.1 = st.1.max(sent + usable(left));
+                if self.lease.load(SeqCst) == lease {
+                    self.until.fetch_max(self.at(sent + usable(left)), SeqCst);
                 }
                 Ok(())
             }
@@ -74,7 +89,7 @@ impl Inner {
     fn run(&self) {
         let period = Duration::from_millis((self.ttl.max(1) as u64) * 1000 / 3);
         loop {
-            let g = self.state.lock().unwrap();
+            let g = self.sleep.lock().unwrap();
             if self.stop.load(SeqCst) {
                 return;
             }
@@ -98,9 +113,13 @@ impl Membership {
             key: key.to_vec(),
             value: value.to_vec(),
             ttl: ttl.max(1),
-            state: Mutex::new((0, Instant::now())),
-            registered: Mutex::new((0, 0)),
+            base: Instant::now(),
+            lease: AtomicI64::new(0),
+            until: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
+            registered_at: AtomicI64::new(0),
             stop: AtomicBool::new(false),
+            sleep: Mutex::new(()),
             wake: Condvar::new(),
             failures: Default::default(),
         });
@@ -118,29 +137,25 @@ impl Membership {
 
     /// True while this host can count on its registration (see the module's doc).
     pub fn valid(&self) -> bool {
-        Instant::now() < self.valid_until()
+        self.inner.at(Instant::now()) < self.inner.until.load(SeqCst)
     }
 
     /// Until when this host can count on its registration.
     pub fn valid_until(&self) -> Instant {
-        self.inner.state.lock().unwrap().1
+        self.inner.base + Duration::from_nanos(self.inner.until.load(SeqCst))
     }
 
     /// The lease now.
     pub fn lease(&self) -> i64 {
-        self.inner.state.lock().unwrap().0
+        self.inner.lease.load(SeqCst)
     }
 
     /// (registrations so far, the revision of the last one). A registration after the
     /// first means the lease lapsed: others may have stopped waiting for this host in
     /// between, so it must catch up on what they published before it counts on its cache.
     pub fn registration(&self) -> (u64, i64) {
-        *self.inner.registered.lock().unwrap()
-    }
-
-    /// The lease's time to live, in seconds.
-    pub fn ttl(&self) -> i64 {
-        self.inner.ttl
+        let generation = self.inner.generation.load(SeqCst);
+        (generation, self.inner.registered_at.load(SeqCst))
     }
 
     /// Renewals that failed so far.
@@ -157,7 +172,7 @@ impl Membership {
     /// revokes the lease; the host no longer counts on it.
     pub fn resign(&self) -> Result<(), EtcdError> {
         self.stop();
-        self.inner.state.lock().unwrap().1 = Instant::now();
+        self.inner.until.store(0, SeqCst);
         let lease = self.lease();
         self.inner.etcd.revoke(lease)
     }
@@ -165,7 +180,7 @@ impl Membership {
     fn stop(&self) {
         {
             // Under the lock the thread waits with: it is waiting, or will see the flag.
-            let _g = self.inner.state.lock().unwrap();
+            let _g = self.inner.sleep.lock().unwrap();
             self.inner.stop.store(true, SeqCst);
             self.inner.wake.notify_all();
         }
