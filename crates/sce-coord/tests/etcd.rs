@@ -4,17 +4,8 @@
 
 use sce_coord::{Etcd, Event};
 use sce_testkit::etcd::Cluster;
+use sce_testkit::wait_until;
 use std::time::{Duration, Instant};
-
-/// Polls `done` every 100 ms until it holds; fails with `what` after `secs` seconds (a
-/// bound on a hung test only: no test asserts how soon).
-fn wait_until(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !done() {
-        assert!(t0.elapsed() < Duration::from_secs(secs), "{what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// Waits (up to 60 s) until a put succeeds.
 fn ready(e: &Etcd) {

@@ -157,6 +157,19 @@ pub fn require_device(path: &str, install: &str) -> bool {
     )
 }
 
+/// Polls `cond` every 20 ms until it holds; fails, naming `what`, after `secs` seconds: a
+/// hang guard for tests, never a claim on how soon.
+pub fn wait_until(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < end,
+            "{what}: not after {secs} s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Runs `f` on a thread and waits for it at most `secs` seconds: a hang guard for tests,
 /// never a latency assertion. Panics, naming `what`, if `f` is still running then or
 /// panicked.

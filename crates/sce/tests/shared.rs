@@ -11,6 +11,7 @@ use common::{env_or, Server};
 use parking_lot::Mutex;
 use sce_io::{AlignedBuf, BlockDevice};
 use sce_nbd::NbdClient;
+use sce_testkit::wait_until;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
@@ -259,15 +260,6 @@ fn host_admitting(
 
 fn shared_of(s: &Server) -> serde_json::Value {
     s.export_stats()["shared"].clone()
-}
-
-/// Polls until `done` holds, up to `secs` (a bound on a hung test, never a claim on speed).
-fn wait_until(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !done() {
-        assert!(t0.elapsed() < Duration::from_secs(secs), "{what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 fn tools() -> bool {

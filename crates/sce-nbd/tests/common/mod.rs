@@ -10,18 +10,11 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sce_testkit::within;
 
-/// Polls `cond` until it holds, failing after `secs` (a hang guard).
-pub fn wait_until(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
-    let end = Instant::now() + Duration::from_secs(secs);
-    while !cond() {
-        assert!(Instant::now() < end, "{what}: not after {secs} s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+pub use sce_testkit::wait_until;
 
 pub struct Fixture {
     pub _dir: tempfile::TempDir,
