@@ -262,8 +262,36 @@ fn shared_of(s: &Server) -> serde_json::Value {
     s.export_stats()["shared"].clone()
 }
 
-fn tools() -> bool {
-    sce_testkit::require_known_tool("etcd")
+/// What every test stands on: a temporary directory, the volume's file (`src`, with its
+/// initial content), a three-member etcd cluster, and the length of a load phase
+/// (`SCE_SHARED_SECONDS`, default 6). None (the test returns) if etcd is missing outside CI.
+struct Ground {
+    d: tempfile::TempDir,
+    src: std::path::PathBuf,
+    etcd: sce_testkit::etcd::Cluster,
+    secs: f64,
+}
+
+impl Ground {
+    fn new() -> Option<Ground> {
+        if !sce_testkit::require_known_tool("etcd") {
+            return None;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("src");
+        initial_source(&src);
+        let etcd = sce_testkit::etcd::Cluster::start(&d.path().join("etcd"));
+        Some(Ground {
+            secs: env_or("SCE_SHARED_SECONDS", 6.0),
+            d,
+            src,
+            etcd,
+        })
+    }
+
+    fn src(&self) -> &str {
+        self.src.to_str().unwrap()
+    }
 }
 
 fn assert_fresh(log: &Log, what: &str) {
@@ -284,15 +312,8 @@ fn assert_fresh(log: &Log, what: &str) {
 /// (it catches up, not forgets). A plain cache of the same file is refused meanwhile.
 #[test]
 fn three_hosts_over_one_file_never_read_stale() {
-    if !tools() {
-        return;
-    }
-    let secs: f64 = env_or("SCE_SHARED_SECONDS", 6.0);
-    let d = tempfile::tempdir().unwrap();
-    let src = d.path().join("src");
-    initial_source(&src);
-    let src_s = src.to_str().unwrap();
-    let mut etcd = sce_testkit::etcd::Cluster::start(&d.path().join("etcd"));
+    let Some(mut g) = Ground::new() else { return };
+    let (d, src_s, secs, etcd) = (&g.d, g.src.to_str().unwrap(), g.secs, &mut g.etcd);
     let url = etcd.url("sce-test");
     let log = Arc::new(Log::new());
     let mut hosts: Vec<_> = (0..3)
@@ -412,19 +433,17 @@ fn refused_plain_cache(dir: &Path, src: &str) {
 /// plain caches over it serve stale data under the same load (so the check can fail).
 #[test]
 fn hosts_over_nbdkit_never_read_stale_and_plain_caches_do() {
-    if !tools() || !sce_testkit::require_known_tool("nbdkit") {
+    if !sce_testkit::require_known_tool("nbdkit") {
         return;
     }
-    let secs: f64 = env_or("SCE_SHARED_SECONDS", 6.0);
-    let d = tempfile::tempdir().unwrap();
-    let src = d.path().join("src");
+    let Some(g) = Ground::new() else { return };
+    let (d, src, secs) = (&g.d, &g.src, g.secs);
     let ksock = d.path().join("k.sock");
-    initial_source(&src);
     let mut nbdkit = std::process::Command::new("nbdkit")
         .args(["-f", "--exit-with-parent", "-U"])
         .arg(&ksock)
         .arg("file")
-        .arg(&src)
+        .arg(src)
         .spawn()
         .unwrap();
     common::wait_for(&ksock);
@@ -446,9 +465,8 @@ fn hosts_over_nbdkit_never_read_stale_and_plain_caches_do() {
             "without shared mode no read was stale: the load tests nothing"
         );
     }
-    initial_source(&src);
-    let etcd = sce_testkit::etcd::Cluster::start(&d.path().join("etcd"));
-    let url = etcd.url("sce-nbdkit");
+    initial_source(src);
+    let url = g.etcd.url("sce-nbdkit");
     let log = Arc::new(Log::new());
     let hosts: Vec<_> = (0..2)
         .map(|i| host(d.path(), i, &uri, Some(&url)))
@@ -528,15 +546,8 @@ fn hosts_over_nbdkit_never_read_stale_and_plain_caches_do() {
 /// serves hits again.
 #[test]
 fn a_host_cut_off_from_etcd_passes_through_then_catches_up() {
-    if !tools() {
-        return;
-    }
-    let secs: f64 = env_or("SCE_SHARED_SECONDS", 6.0);
-    let d = tempfile::tempdir().unwrap();
-    let src = d.path().join("src");
-    initial_source(&src);
-    let src_s = src.to_str().unwrap();
-    let etcd = sce_testkit::etcd::Cluster::start(&d.path().join("etcd"));
+    let Some(g) = Ground::new() else { return };
+    let (d, src_s, secs, etcd) = (&g.d, g.src(), g.secs, &g.etcd);
     let proxies: Vec<_> = etcd
         .endpoints
         .iter()
@@ -588,16 +599,11 @@ fn a_host_cut_off_from_etcd_passes_through_then_catches_up() {
 /// shared mode; `detach` and a hand-off to oneself are refused.
 #[test]
 fn handoff_warms_the_receiving_host_and_detach_is_refused() {
-    if !tools() {
-        return;
-    }
-    let d = tempfile::tempdir().unwrap();
-    let src = d.path().join("src");
-    initial_source(&src);
-    let etcd = sce_testkit::etcd::Cluster::start(&d.path().join("etcd"));
-    let url = etcd.url("sce-handoff");
+    let Some(g) = Ground::new() else { return };
+    let d = &g.d;
+    let url = g.etcd.url("sce-handoff");
     let hosts: Vec<_> = (0..2)
-        .map(|i| host(d.path(), i, src.to_str().unwrap(), Some(&url)))
+        .map(|i| host(d.path(), i, g.src(), Some(&url)))
         .collect();
     let log = Log::new();
     serving_again(&hosts);
@@ -658,17 +664,11 @@ fn handoff_warms_the_receiving_host_and_detach_is_refused() {
 /// for the other's writes; zero stale reads.
 #[test]
 fn background_population_stays_coherent() {
-    if !tools() {
-        return;
-    }
-    let secs: f64 = env_or("SCE_SHARED_SECONDS", 6.0);
-    let d = tempfile::tempdir().unwrap();
-    let src = d.path().join("src");
-    initial_source(&src);
-    let etcd = sce_testkit::etcd::Cluster::start(&d.path().join("etcd"));
-    let url = etcd.url("sce-population");
+    let Some(g) = Ground::new() else { return };
+    let secs = g.secs;
+    let url = g.etcd.url("sce-population");
     let hosts: Vec<_> = (0..2)
-        .map(|i| host_admitting(d.path(), i, src.to_str().unwrap(), Some(&url), "sce"))
+        .map(|i| host_admitting(g.d.path(), i, g.src(), Some(&url), "sce"))
         .collect();
     let clients: Vec<_> = hosts.iter().map(|h| h.1.clone()).collect();
     let log = Arc::new(Log::new());
