@@ -157,13 +157,7 @@ fn fio_verify_in_writeback_through_eviction_and_cleaning() {
     assert!(ok, "{out}");
     // The export and the source file now agree byte for byte.
     let c = common::blocks::client(&sock, 1);
-    let file = std::fs::read(&src).unwrap();
-    let mut buf = sce_io::AlignedBuf::new(1 << 20);
-    let mut differ = 0;
-    for (k, chunk) in file.chunks(1 << 20).enumerate() {
-        sce_io::BlockDevice::read_at(&c, (k as u64) << 20, &mut buf).unwrap();
-        differ += (buf[..] != chunk[..]) as u32;
-    }
+    let differ = mib_differing(&c, &std::fs::read(&src).unwrap());
     println!(
         "fio verify in writeback, {seconds} s, 16 MiB cache over 128 MiB: no verify error; \
          {cleaned} bytes cleaned, {evicted} fragments evicted, {waits} writes waited for room; \
@@ -251,12 +245,7 @@ fn a_source_outage_through_nbdkit_is_absorbed_then_drained() {
     // The source itself, through nbdkit, holds every byte written.
     let uri: sce_nbd::NbdUri = src_uri.parse().unwrap();
     let src = sce_nbd::NbdClient::connect(&uri, 1).unwrap();
-    let mut buf = sce_io::AlignedBuf::new(1 << 20);
-    let mut differ = 0;
-    for (k, chunk) in data.chunks(1 << 20).enumerate() {
-        sce_io::BlockDevice::read_at(&src, (k as u64) << 20, &mut buf).unwrap();
-        differ += (buf[..] != chunk[..]) as u32;
-    }
+    let differ = mib_differing(&src, &data);
     println!(
         "source outage through nbdkit's error filter: {} dirty bytes absorbed, {} waits and \
          {} failed cleanings during it; after it, {differ} MiB of the source differ",
@@ -266,4 +255,15 @@ fn a_source_outage_through_nbdkit_is_absorbed_then_drained() {
     );
     assert_eq!(differ, 0);
     assert!(s.term().success());
+}
+
+/// The MiB of `dev` that differ from `want` (read from offset 0, 1 MiB at a time).
+fn mib_differing(dev: &dyn sce_io::BlockDevice, want: &[u8]) -> u32 {
+    let mut buf = sce_io::AlignedBuf::new(1 << 20);
+    let mut differ = 0;
+    for (k, chunk) in want.chunks(1 << 20).enumerate() {
+        dev.read_at((k as u64) << 20, &mut buf[..chunk.len()]).unwrap();
+        differ += (buf[..chunk.len()] != chunk[..]) as u32;
+    }
+    differ
 }
