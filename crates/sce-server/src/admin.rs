@@ -230,6 +230,14 @@ impl Ctx {
         }
     }
 
+    /// The exports a status or flush names: all of them, or the one named (an error if
+    /// there is none by that name).
+    fn selected(&self, name: Option<&str>) -> Result<Vec<(usize, &sce_nbd::Export)>> {
+        let only = name.map(|n| self.export_index(Some(n))).transpose()?;
+        let all = self.server.exports().iter().enumerate();
+        Ok(all.filter(|(i, _)| only.is_none_or(|o| o == *i)).collect())
+    }
+
     fn names(&self) -> String {
         self.volumes
             .iter()
@@ -320,17 +328,11 @@ impl Ctx {
 
     fn flush(&self, name: Option<&str>) -> Result<Value> {
         let mut flushed = Vec::new();
-        for e in self.server.exports() {
-            if name.is_some_and(|n| n != e.name) {
-                continue;
-            }
+        for (_, e) in self.selected(name)? {
             e.device
                 .flush()
                 .with_context(|| format!("flushing export {:?}", e.name))?;
             flushed.push(e.name.clone());
-        }
-        if flushed.is_empty() {
-            self.export_index(name)?;
         }
         Ok(json!({ "flushed": flushed }))
     }
@@ -338,12 +340,8 @@ impl Ctx {
     /// `flush --to-source`: every write-back byte of the export(s) to the source, which is
     /// then flushed. Waits as long as cleaning makes progress; fails after a minute without.
     fn flush_to_source(&self, name: Option<&str>) -> Result<Value> {
-        let only = name.map(|n| self.export_index(Some(n))).transpose()?;
         let mut done = Vec::new();
-        for (i, e) in self.server.exports().iter().enumerate() {
-            if only.is_some_and(|o| o != i) {
-                continue;
-            }
+        for (i, e) in self.selected(name)? {
             let bytes = match self.volumes.get(i).and_then(|(_, v)| v.as_ref()) {
                 Some(a) => a
                     .flush_to_source(std::time::Duration::from_secs(60))
@@ -449,12 +447,8 @@ impl Ctx {
     }
 
     fn status(&self, name: Option<&str>) -> Result<Value> {
-        let only = name.map(|n| self.export_index(Some(n))).transpose()?;
         let mut exports = Vec::new();
-        for (i, e) in self.server.exports().iter().enumerate() {
-            if only.is_some_and(|o| o != i) {
-                continue;
-            }
+        for (i, e) in self.selected(name)? {
             let size = e.device.size();
             let mut m = json!({
                 "name": e.name,
