@@ -262,7 +262,8 @@ fn mib_differing(dev: &dyn sce_io::BlockDevice, want: &[u8]) -> u32 {
     let mut buf = sce_io::AlignedBuf::new(1 << 20);
     let mut differ = 0;
     for (k, chunk) in want.chunks(1 << 20).enumerate() {
-        dev.read_at((k as u64) << 20, &mut buf[..chunk.len()]).unwrap();
+        dev.read_at((k as u64) << 20, &mut buf[..chunk.len()])
+            .unwrap();
         differ += (buf[..chunk.len()] != chunk[..]) as u32;
     }
     differ

@@ -108,10 +108,10 @@ impl Coherence {
         }
     }
 
-    /// Keeps the range of a write whose announcement failed, to announce it again.
-    pub(super) fn remember_unpublished(&self, offset: u64, len: u64) {
+    /// Keeps the ranges of writes whose announcement failed, to announce them again.
+    pub(super) fn remember_unpublished(&self, ranges: impl IntoIterator<Item = (u64, u64)>) {
         let mut u = self.unpublished.lock();
-        u.push((offset, len));
+        u.extend(ranges);
         if u.len() > MAX_UNPUBLISHED {
             *u = batch::coalesce(std::mem::take(&mut *u));
             if u.len() > MAX_UNPUBLISHED {
@@ -146,11 +146,7 @@ impl Coherence {
         }
         if let Err(e) = self.publish_now(&ranges) {
             tracing::debug!(volume = %self.volume_prefix, "shared volume: announcing failed writes again: {e}");
-            let mut u = self.unpublished.lock();
-            u.extend(ranges);
-            if u.len() > MAX_UNPUBLISHED {
-                *u = vec![(0, self.att.size())];
-            }
+            self.remember_unpublished(ranges);
         }
     }
 

@@ -122,7 +122,7 @@ pub struct Coherence {
     caught_up: AtomicU64,
     /// The last revision the listener processed.
     done: AtomicI64,
-    /// Ranges whose publication failed: published again before anything else.
+    /// Ranges whose publication failed: published again from the background thread.
     unpublished: Mutex<Vec<(u64, u64)>>,
     stop: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -241,7 +241,7 @@ impl Coherence {
 
     /// The revision this host saved (`seen/HOST`), if any.
     fn seen(&self) -> Result<Option<i64>> {
-        let key = format!("{}/seen/{}", self.volume_prefix, self.cfg.host);
+        let key = self.seen_key();
         let (kvs, _) = self.etcd.range_prefix(key.as_bytes())?;
         Ok(kvs
             .iter()
@@ -282,7 +282,7 @@ impl Coherence {
             .fetch_add(t0.elapsed().as_nanos() as u64, SeqCst);
         out.map(|_| ()).map_err(|e| {
             c.publish_failures.fetch_add(1, SeqCst);
-            self.remember_unpublished(offset, len);
+            self.remember_unpublished([(offset, len)]);
             sce_io::IoError::Io {
                 op: sce_io::Op::Write,
                 offset,
@@ -331,9 +331,12 @@ impl Coherence {
     }
 
     fn save(&self, etcd: &Etcd, done: i64) -> Result<(), EtcdError> {
-        let key = format!("{}/seen/{}", self.volume_prefix, self.cfg.host);
-        etcd.put(key.as_bytes(), done.to_string().as_bytes(), 0)
-            .map(|_| ())
+        (etcd.put(self.seen_key().as_bytes(), done.to_string().as_bytes(), 0)).map(|_| ())
+    }
+
+    /// `seen/HOST`: the revision whose drops this host's cache holds durably.
+    fn seen_key(&self) -> String {
+        format!("{}/seen/{}", self.volume_prefix, self.cfg.host)
     }
 
     /// The state for `ctl status` and /stats.
