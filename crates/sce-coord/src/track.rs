@@ -139,7 +139,7 @@ impl Shared {
     fn run(&self, etcd: &Etcd) {
         while !self.stop.load(SeqCst) {
             if let Err(e) = self.follow(etcd) {
-                let _ = e;
+                tracing::debug!(prefix = %self.prefix, "tracker: following again ({e})");
                 self.state.lock().unwrap().rev = 0;
                 std::thread::sleep(Duration::from_millis(100));
             }
