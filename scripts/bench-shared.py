@@ -3,16 +3,17 @@
 tables with ratios and writes them as Markdown (--out).
 
 0. The protocol's own latency: 4 KiB random writes at QD1 through one host, for one host
-   without and with shared mode, and two and three hosts in shared mode (the others idle
-   but registered, so every write waits for their acknowledgements).
+   without and with shared mode, two and three hosts in shared mode (the others idle
+   but registered, so every write waits for their acknowledgements), and the source alone.
 1. The cost of coherence. A 2 ms source (`nbdkit --filter=delay memory 2G rdelay=2ms
    wdelay=2ms -t 64`), a 3-member etcd cluster on loopback, and on each host `sce serve`
    over the source with its own 64 MiB cache. On every host at once, fio's nbd engine runs
    the same load (4 KiB, 80% reads, Zipf 1.1 over 256 MiB, 4 in flight, the same seed, so
    the hosts share their hot blocks and write them): a warm-up of --warm seconds, then
    --seconds measured. Configurations: one host without shared mode, one host in shared
-   mode, two and three hosts in shared mode, and three hosts each on a 256 MiB region of
-   its own (as VMs on a shared LUN: coherence costs its messages, not hits). Shown: mean and p99 write latency, mean read
+   mode, two and three hosts in shared mode, three hosts each on a 256 MiB region of
+   its own (as VMs on a shared LUN: coherence costs its messages, not hits), and the
+   source alone under one client's load. Shown: mean and p99 write latency, mean read
    latency, the read hit ratio of the measured part (from /stats), and ratios against one
    host alone.
 2. Warm migration. Host A in shared mode (256 MiB cache) is warmed with a read-only Zipf
@@ -115,12 +116,13 @@ def part_cost(a, procs, sce, d, url):
     for label, n, shared, disjoint in [
             ("1 host, no shared mode", 1, False, False), ("1 host, shared mode", 1, True, False),
             ("2 hosts, shared mode", 2, True, False), ("3 hosts, shared mode", 3, True, False),
-            ("3 hosts, shared mode, each on its own 256 MiB", 3, True, True)]:
+            ("3 hosts, shared mode, each on its own 256 MiB", 3, True, True),
+            ("the source alone (no sce), one client", 0, False, False)]:
         src, src_sock = perf.slow_source(procs, d)
         prefix = f"{url}cost{len(rows)}"
         hs = [host(procs, sce, d, f"c{len(rows)}h{i}", src_sock, prefix if shared else None)
               for i in range(n)]
-        socks = [h[1] for h in hs]
+        socks = [h[1] for h in hs] or [src_sock]
         log(f"{label}: warm-up {a.warm} s")
         on_all(socks, a.warm, disjoint=disjoint)
         before = [ratio(perf.http_json(h[2])) for h in hs]
@@ -136,17 +138,21 @@ def part_cost(a, procs, sce, d, url):
         if shared:
             st = [perf.http_json(h[2])["exports"][""]["shared"] for h in hs]
             pubs = sum(s["publications"] for s in st) / max(1, sum(s["writes_published"] for s in st))
-        rows.append((label, w, wp, r, hit / max(1, tot), pubs))
+        rows.append((label, w, wp, r, hit / max(1, tot) if hs else None, pubs))
         for h in hs:
             procs.stop(h[0])
         procs.stop(src)
-    base = rows[0]
+    base, alone = rows[0], rows[-1]
     out = ["| configuration | write mean (ms) | write p99 (ms) | read mean (ms) | read hit ratio "
-           "| write × 1 host | hit ratio × 1 host | etcd puts per write |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| write × 1 host | write × source alone | read × source alone | hit ratio × 1 host "
+           "| etcd puts per write |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for label, w, wp, r, h, pubs in rows:
-        out.append(f"| {label} | {w:.3f} | {wp:.3f} | {r:.3f} | {h:.3f} | {w / base[1]:.2f}x | "
-                   f"{h / max(base[4], 1e-9):.2f}x | {'' if pubs is None else f'{pubs:.2f}'} |")
+        hit = "-" if h is None else f"{h:.3f}"
+        hit_x = "-" if h is None else f"{h / max(base[4], 1e-9):.2f}x"
+        out.append(f"| {label} | {w:.3f} | {wp:.3f} | {r:.3f} | {hit} | {w / base[1]:.2f}x | "
+                   f"{w / alone[1]:.2f}x | {r / alone[3]:.2f}x | {hit_x} | "
+                   f"{'' if pubs is None else f'{pubs:.2f}'} |")
     return out
 
 
@@ -154,13 +160,15 @@ def part_qd1(a, procs, sce, d, url):
     """The protocol's own latency: 4 KiB random writes at QD1 on one host, the others idle."""
     rows = []
     for label, n, shared in [("1 host, no shared mode", 1, False), ("1 host, shared mode", 1, True),
-                             ("2 hosts, shared mode", 2, True), ("3 hosts, shared mode", 3, True)]:
+                             ("2 hosts, shared mode", 2, True), ("3 hosts, shared mode", 3, True),
+                             ("the source alone (no sce)", 0, False)]:
         src, src_sock = perf.slow_source(procs, d)
         prefix = f"{url}qd1-{len(rows)}"
         hs = [host(procs, sce, d, f"q{len(rows)}h{i}", src_sock, prefix if shared else None)
               for i in range(n)]
+        target = hs[0][1] if hs else src_sock
         log(f"QD1 writes, {label}: {a.seconds} s")
-        j, _ = fio(["--name=w", "--ioengine=nbd", f"--uri={uri(hs[0][1])}", "--rw=randwrite",
+        j, _ = fio(["--name=w", "--ioengine=nbd", f"--uri={uri(target)}", "--rw=randwrite",
                     "--bs=4k", "--size=256m", "--iodepth=1", "--time_based",
                     f"--runtime={a.seconds}"])
         c = j["write"]["clat_ns"]
@@ -168,9 +176,11 @@ def part_qd1(a, procs, sce, d, url):
         for h in hs:
             procs.stop(h[0])
         procs.stop(src)
-    out = ["| configuration | write mean (ms) | write p99 (ms) | write × 1 host |", "|---|---|---|---|"]
+    alone = rows[-1][1]
+    out = ["| configuration | write mean (ms) | write p99 (ms) | write × 1 host | write × source alone |",
+           "|---|---|---|---|---|"]
     for label, m, p99 in rows:
-        out.append(f"| {label} | {m:.3f} | {p99:.3f} | {m / rows[0][1]:.2f}x |")
+        out.append(f"| {label} | {m:.3f} | {p99:.3f} | {m / rows[0][1]:.2f}x | {m / alone:.2f}x |")
     return out
 
 
