@@ -186,13 +186,14 @@ class Procs:
             self.stop(p)
 
 
-def wait_for(what, cond, proc=None, timeout=60):
+def wait_for(what, cond, proc=None, timeout=60, logf=None):
     end = time.time() + timeout
     while time.time() < end:
         if cond():
             return
         if proc is not None and proc.poll() is not None:
-            raise Failed(f"{what}: the process exited with {proc.returncode}")
+            said = f"; the end of its log:\n{tail(logf, 10)}" if logf else ""
+            raise Failed(f"{what}: the process exited with {proc.returncode}{said}")
         time.sleep(0.05)
     raise Failed(f"{what}: not ready after {timeout} s")
 
@@ -429,6 +430,7 @@ class Ctx:
         os.makedirs(self.mnt)
         self.cgroup = None
         self.base = None
+        self.source = None  # the latest nbdkit source process (none for --source-uri)
         self.meta = {}
         self.script = os.path.join(self.pgdir, "mix.sql")
 
@@ -503,16 +505,41 @@ def start_source(ctx, stack, cd):
     if a.source_uri:
         run(["nbdcopy", "--flush", ctx.base, a.source_uri], timeout=3600)
         return a.source_uri
-    img = os.path.join(cd, "source.img")
-    run(["cp", "--sparse=always", ctx.base, img])
+    run(["cp", "--sparse=always", ctx.base, os.path.join(cd, "source.img")])
+    return launch_source(ctx, stack, cd)
+
+
+def launch_source(ctx, stack, cd):
+    """nbdkit over `cd`/source.img as it stands; its process is `ctx.source`."""
+    a = ctx.a
     sock = os.path.join(cd, "source.sock")
+    if os.path.exists(sock):
+        os.unlink(sock)
+    logf = os.path.join(cd, "source.log")
     p = ctx.procs.start(["nbdkit", "-f", "-U", sock, "-t", "64", "--filter=fua",
-                         "--filter=delay", "file", img, f"rdelay={a.delay}",
-                         f"wdelay={a.delay}", "fuamode=discard"],
-                        logf=os.path.join(cd, "source.log"))
+                         "--filter=delay", "file", os.path.join(cd, "source.img"),
+                         f"rdelay={a.delay}", f"wdelay={a.delay}", "fuamode=discard"],
+                        logf=logf)
+    ctx.source = p
     stack.push("stop the source", lambda: ctx.procs.stop(p))
-    wait_for("nbdkit (source)", lambda: os.path.exists(sock), p)
+    wait_for("nbdkit (source)", lambda: os.path.exists(sock), p, logf=logf)
     return uri(sock)
+
+
+def revive_source(ctx, stack, cd, step):
+    """nbdkit 1.32 can abort when a client dies with replies in flight (an assertion in
+    raw_send_socket). After the SIGKILL of sce serve that is the source dying too, as a SAN
+    target might restart: say so, and start it again over the same file, which keeps every
+    write it completed (the page cache outlives the process)."""
+    p = ctx.source
+    if p is None or p.poll() is None:
+        return None
+    lines = tail(os.path.join(cd, "source.log"), 20).splitlines()
+    said = ([ln for ln in lines if "Assertion" in ln] or [ln for ln in lines if "error" in ln]
+            or ["nothing in its log"])
+    step(f"the source (nbdkit) died too, exit {p.returncode}: {said[-1].strip()[:200]}; "
+         "started it again on the same image file")
+    return launch_source(ctx, stack, cd)
 
 
 def start_sce(ctx, stack, cd, name, args):
@@ -525,7 +552,7 @@ def start_sce(ctx, stack, cd, name, args):
     p = ctx.procs.start([ctx.a.sce, "serve", "--listen", f"unix:{sock}", "--metrics",
                          "127.0.0.1:0"] + args, logf=logf)
     stack.push(f"stop sce serve ({name})", lambda: ctx.procs.stop(p))
-    wait_for(f"sce serve ({name})", lambda: os.path.exists(sock), p)
+    wait_for(f"sce serve ({name})", lambda: os.path.exists(sock), p, logf=logf)
     addr = None
 
     def metrics():
@@ -534,7 +561,7 @@ def start_sce(ctx, stack, cd, name, args):
             if "metrics on http://" in line:
                 addr = line.split("metrics on http://")[1].split()[0].split("/")[0]
         return addr is not None
-    wait_for(f"sce serve ({name}) metrics", metrics, p, timeout=30)
+    wait_for(f"sce serve ({name}) metrics", metrics, p, timeout=30, logf=logf)
     return Server(p, uri(sock), addr, logf)
 
 
@@ -961,6 +988,7 @@ def kill_test(ctx, size_name, cache_size):
         upper.unwind()
         step("stopped PostgreSQL (pg_ctl stop, immediate if fast failed), unmounted the "
              "filesystem, detached the loop device and nbdfuse")
+        src = revive_source(ctx, outer, cd, step) or src
         # A log (and metrics address) of its own: the first one names the dead server's port.
         srv = start_sce(ctx, outer, cd, "sce-restarted", args())
         restored = [ln.strip() for ln in open(srv.log) if "cache device loaded" in ln]
