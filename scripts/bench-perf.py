@@ -27,139 +27,18 @@ The sce binary defaults to target/release/sce, built first (cargo build --releas
 """
 
 import argparse
-import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
+
+from benchkit import Procs, fio, http_json, iops, log, p99_ms, sce_serve, slow_source, uri, wait_sock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GiB = 1 << 30
-
-
-def log(*a):
-    print(*a, file=sys.stderr, flush=True)
-
-
-class Procs:
-    """Servers started by the benchmark; all killed at exit."""
-
-    def __init__(self):
-        self.procs = []
-
-    def start(self, args, stderr=None, env=None):
-        p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr or subprocess.DEVNULL,
-                             env=env, start_new_session=True)
-        self.procs.append(p)
-        return p
-
-    def stop(self, p):
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        if p in self.procs:
-            self.procs.remove(p)
-
-    def stop_all(self):
-        for p in list(self.procs):
-            self.stop(p)
-
-
-def wait_sock(path, proc, what):
-    end = time.time() + 60
-    while time.time() < end:
-        if os.path.exists(path):
-            return
-        if proc.poll() is not None:
-            sys.exit(f"{what} exited with {proc.returncode} before listening")
-        time.sleep(0.05)
-    sys.exit(f"{what} never listened on {path}")
-
-
-def uri(sock):
-    return f"nbd+unix:///?socket={sock}"
-
-
-def fio(args, iops_log=None):
-    """Runs fio with `args` (JSON output); returns the parsed job list and, with `iops_log`
-    (a path prefix), the per-second IOPS."""
-    cmd = ["fio", "--output-format=json", "--group_reporting"] + args
-    if iops_log:
-        cmd += [f"--write_iops_log={iops_log}", "--log_avg_msec=1000"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    doc = json.loads(out[out.index("{"):])
-    series = None
-    if iops_log:
-        buckets = {}
-        d = os.path.dirname(iops_log) or "."
-        for f in os.listdir(d):
-            if f.startswith(os.path.basename(iops_log) + "_iops"):
-                for line in open(os.path.join(d, f)):
-                    t, v = line.split(",")[:2]
-                    s = round(int(t) / 1000)
-                    buckets[s] = buckets.get(s, 0) + int(v)
-                os.unlink(os.path.join(d, f))
-        series = [buckets[k] for k in sorted(buckets)]
-    return doc["jobs"][0], series
-
-
-def iops(job):
-    return job["read"]["iops"] + job["write"]["iops"]
-
-
-def p99_ms(job, rw="read"):
-    pct = job[rw]["clat_ns"].get("percentile", {})
-    return pct.get("99.000000", 0) / 1e6
-
-
-def http_json(addr, path="/stats"):
-    with urllib.request.urlopen(f"http://{addr}{path}", timeout=30) as r:
-        return json.loads(r.read())
-
-
-def sce_serve(procs, sce, d, name, args):
-    """Starts `sce serve ARGS --listen unix:D/NAME.sock --metrics 127.0.0.1:0`; returns the
-    process, the socket and the metrics address."""
-    sock = os.path.join(d, f"{name}.sock")
-    logf = os.path.join(d, f"{name}.log")
-    if os.path.exists(sock):
-        os.unlink(sock)
-    p = procs.start([sce, "serve", "--listen", f"unix:{sock}", "--metrics", "127.0.0.1:0"] + args,
-                    stderr=open(logf, "w"))
-    wait_sock(sock, p, f"sce serve ({name})")
-    addr = None
-    for _ in range(200):
-        for line in open(logf):
-            if "metrics on http://" in line:
-                addr = line.split("metrics on http://")[1].split()[0].split("/")[0]
-        if addr:
-            break
-        time.sleep(0.05)
-    return p, sock, addr
-
-
-def slow_source(procs, d):
-    """A fresh slow source: `nbdkit --filter=delay memory 2G rdelay=2ms wdelay=2ms -t 64` on
-    D/src.sock. Returns the process and the socket."""
-    src_sock = os.path.join(d, "src.sock")
-    if os.path.exists(src_sock):
-        os.unlink(src_sock)
-    src = procs.start(["nbdkit", "-f", "-U", src_sock, "--filter=delay", "memory", "2G",
-                       "rdelay=2ms", "wdelay=2ms", "-t", "64"])
-    wait_sock(src_sock, src, "nbdkit (source)")
-    return src, src_sock
 
 
 def fmt(x):

@@ -28,7 +28,6 @@ Usage: scripts/bench-shared.py [--sce BIN] [--seconds S] [--warm S] [--out FILE]
 """
 
 import argparse
-import importlib.util
 import os
 import subprocess
 import sys
@@ -36,11 +35,9 @@ import tempfile
 import threading
 import time
 
+from benchkit import Procs, fio, http_json, log, mean_ms, p99_ms, sce_serve, slow_source, uri
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-spec = importlib.util.spec_from_file_location("perf", os.path.join(ROOT, "scripts", "bench-perf.py"))
-perf = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(perf)
-log, uri, fio, sce_serve, Procs = perf.log, perf.uri, perf.fio, perf.sce_serve, perf.Procs
 
 
 def free_ports(n):
@@ -118,25 +115,25 @@ def part_cost(a, procs, sce, d, url):
             ("2 hosts, shared mode", 2, True, False), ("3 hosts, shared mode", 3, True, False),
             ("3 hosts, shared mode, each on its own 256 MiB", 3, True, True),
             ("the source alone (no sce), one client", 0, False, False)]:
-        src, src_sock = perf.slow_source(procs, d)
+        src, src_sock = slow_source(procs, d)
         prefix = f"{url}cost{len(rows)}"
         hs = [host(procs, sce, d, f"c{len(rows)}h{i}", src_sock, prefix if shared else None)
               for i in range(n)]
         socks = [h[1] for h in hs] or [src_sock]
         log(f"{label}: warm-up {a.warm} s")
         on_all(socks, a.warm, disjoint=disjoint)
-        before = [ratio(perf.http_json(h[2])) for h in hs]
+        before = [ratio(http_json(h[2])) for h in hs]
         log(f"{label}: measured {a.seconds} s")
         jobs = on_all(socks, a.seconds, disjoint=disjoint)
-        after = [ratio(perf.http_json(h[2])) for h in hs]
+        after = [ratio(http_json(h[2])) for h in hs]
         hit = sum(x[0] - y[0] for x, y in zip(after, before))
         tot = sum(x[1] - y[1] for x, y in zip(after, before))
-        w = sum(j["write"]["clat_ns"]["mean"] for j in jobs) / len(jobs) / 1e6
-        wp = max(perf.p99_ms(j, "write") for j in jobs)
-        r = sum(j["read"]["clat_ns"]["mean"] for j in jobs) / len(jobs) / 1e6
+        w = sum(mean_ms(j, "write") for j in jobs) / len(jobs)
+        wp = max(p99_ms(j, "write") for j in jobs)
+        r = sum(mean_ms(j) for j in jobs) / len(jobs)
         pubs = None
         if shared:
-            st = [perf.http_json(h[2])["exports"][""]["shared"] for h in hs]
+            st = [http_json(h[2])["exports"][""]["shared"] for h in hs]
             pubs = sum(s["publications"] for s in st) / max(1, sum(s["writes_published"] for s in st))
         rows.append((label, w, wp, r, hit / max(1, tot) if hs else None, pubs))
         for h in hs:
@@ -162,7 +159,7 @@ def part_qd1(a, procs, sce, d, url):
     for label, n, shared in [("1 host, no shared mode", 1, False), ("1 host, shared mode", 1, True),
                              ("2 hosts, shared mode", 2, True), ("3 hosts, shared mode", 3, True),
                              ("the source alone (no sce)", 0, False)]:
-        src, src_sock = perf.slow_source(procs, d)
+        src, src_sock = slow_source(procs, d)
         prefix = f"{url}qd1-{len(rows)}"
         hs = [host(procs, sce, d, f"q{len(rows)}h{i}", src_sock, prefix if shared else None)
               for i in range(n)]
@@ -171,8 +168,7 @@ def part_qd1(a, procs, sce, d, url):
         j, _ = fio(["--name=w", "--ioengine=nbd", f"--uri={uri(target)}", "--rw=randwrite",
                     "--bs=4k", "--size=256m", "--iodepth=1", "--time_based",
                     f"--runtime={a.seconds}"])
-        c = j["write"]["clat_ns"]
-        rows.append((label, c["mean"] / 1e6, perf.p99_ms(j, "write")))
+        rows.append((label, mean_ms(j, "write"), p99_ms(j, "write")))
         for h in hs:
             procs.stop(h[0])
         procs.stop(src)
@@ -189,13 +185,13 @@ def warm_up_time(addr, target, secs, sock):
     reaches `target`, and the series."""
     series = []
     t = threading.Thread(target=lambda: fio(job(sock, secs, "randread", MIG_SIZE)))
-    prev = ratio(perf.http_json(addr))
+    prev = ratio(http_json(addr))
     t0 = time.time()
     t.start()
     reached = None
     while t.is_alive():
         time.sleep(0.5)
-        cur = ratio(perf.http_json(addr))
+        cur = ratio(http_json(addr))
         dh, dt = cur[0] - prev[0], cur[1] - prev[1]
         prev = cur
         if dt > 0:
@@ -210,14 +206,14 @@ MIG_SIZE, MIG_CACHE = "1g", "256MiB"
 
 
 def part_migration(a, procs, sce, d, url):
-    src, src_sock = perf.slow_source(procs, d)
+    src, src_sock = slow_source(procs, d)
     prefix = f"{url}migrate"
     A = host(procs, sce, d, "mA", src_sock, prefix, MIG_CACHE)
     log(f"migration: warming host A for {a.warm * 3} s")
     fio(job(A[1], a.warm * 3, "randread", MIG_SIZE))
-    b0 = ratio(perf.http_json(A[2]))
+    b0 = ratio(http_json(A[2]))
     fio(job(A[1], a.seconds, "randread", MIG_SIZE))
-    b1 = ratio(perf.http_json(A[2]))
+    b1 = ratio(http_json(A[2]))
     steady = (b1[0] - b0[0]) / max(1, b1[1] - b0[1])
     target = 0.9 * steady
     # Host B gets the hand-off before the VM moves (Mercury), and prefetches it; the load
@@ -227,7 +223,7 @@ def part_migration(a, procs, sce, d, url):
     r = subprocess.run([sce, "ctl", "-s", A[1], "handoff", "", "--to", "mB"],
                        capture_output=True, text=True)
     log(f"handoff: {r.stdout.strip()} {r.stderr.strip()}")
-    while perf.http_json(B[2])["exports"][""]["shared"]["handoffs_received"] < 1:
+    while http_json(B[2])["exports"][""]["shared"]["handoffs_received"] < 1:
         if time.time() - t0 > 600:
             sys.exit("host B never finished prefetching the hand-off")
         time.sleep(0.2)
@@ -235,7 +231,7 @@ def part_migration(a, procs, sce, d, url):
     with_h, s_with = warm_up_time(B[2], target, a.seconds, B[1])
     C = host(procs, sce, d, "mC", src_sock, prefix, MIG_CACHE)
     without, s_without = warm_up_time(C[2], target, a.seconds, C[1])
-    shared_b = perf.http_json(B[2])["exports"][""]["shared"]
+    shared_b = http_json(B[2])["exports"][""]["shared"]
     log(f"B prefetched {shared_b['handoff_prefetched_bytes']} bytes in {prefetch_s:.1f} s")
 
     def fmt(x):

@@ -20,24 +20,15 @@ Usage: scripts/bench-writeback.py [--sce BIN] [--seconds S] [--demo-seconds S] [
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import tempfile
 
+from benchkit import Procs, fio, log, mean_ms, p99_ms, sce_serve, slow_source, uri
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-spec = importlib.util.spec_from_file_location("perf", os.path.join(ROOT, "scripts", "bench-perf.py"))
-perf = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(perf)
-log, uri, fio, sce_serve, Procs = perf.log, perf.uri, perf.fio, perf.sce_serve, perf.Procs
-
-
-def write_lat(job):
-    """Mean and p99 write completion latency in ms of a fio job."""
-    c = job["write"]["clat_ns"]
-    return c["mean"] / 1e6, c.get("percentile", {}).get("99.000000", 0) / 1e6
 
 
 def part_fio(a, procs, sce, d, flash):
@@ -50,7 +41,7 @@ def part_fio(a, procs, sce, d, flash):
     ]
 
     def run(label, kind, extra, qd):
-        src, src_sock = perf.slow_source(procs, d)
+        src, src_sock = slow_source(procs, d)
         server, target = None, uri(src_sock)
         if kind == "sce":
             server, sock, _ = sce_serve(procs, sce, d, "wb", [
@@ -64,7 +55,7 @@ def part_fio(a, procs, sce, d, flash):
                f"--iodepth={qd}", "--time_based", f"--runtime={a.seconds}", "--randseed=7",
                "--percentile_list=99", f"--uri={target}"]
         j, _ = fio(job)
-        mean, p99 = write_lat(j)
+        mean, p99 = mean_ms(j, "write"), p99_ms(j, "write")
         for p in (server, src):
             if p:
                 procs.stop(p)
