@@ -160,12 +160,23 @@ pub fn require_device(path: &str, install: &str) -> bool {
 /// Polls `cond` every 20 ms until it holds; fails, naming `what`, after `secs` seconds: a
 /// hang guard for tests, never a claim on how soon.
 pub fn wait_until(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
+    poll(what, secs, || cond().then_some(()).ok_or_else(String::new));
+}
+
+/// Polls `probe` every 20 ms until it gives `Ok`, and returns that; fails after `secs`
+/// seconds, naming `what` and what the last `Err` said (the state the probe saw): a hang
+/// guard for tests, never a claim on how soon.
+pub fn poll<T>(what: &str, secs: u64, mut probe: impl FnMut() -> Result<T, String>) -> T {
     let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    while !cond() {
-        assert!(
-            std::time::Instant::now() < end,
-            "{what}: not after {secs} s"
-        );
+    loop {
+        match probe() {
+            Ok(v) => return v,
+            Err(saw) => assert!(
+                std::time::Instant::now() < end,
+                "{what}: not after {secs} s{}{saw}",
+                if saw.is_empty() { "" } else { ": " }
+            ),
+        }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
@@ -228,5 +239,31 @@ mod tests {
     fn finds_programs_on_path() {
         assert!(on_path("sh"));
         assert!(!on_path("sce-testkit-no-such-program"));
+    }
+
+    #[test]
+    fn poll_returns_what_the_probe_found() {
+        let mut n = 0;
+        let got = poll("n reaching 3", 60, || {
+            n += 1;
+            if n == 3 {
+                Ok(n * 10)
+            } else {
+                Err(format!("n {n}"))
+            }
+        });
+        assert_eq!(got, 30);
+    }
+
+    #[test]
+    #[should_panic(expected = "never: not after 0 s: saw 7")]
+    fn poll_fails_with_what_the_probe_saw_last() {
+        poll::<()>("never", 0, || Err("saw 7".into()));
+    }
+
+    #[test]
+    #[should_panic(expected = "never true: not after 0 s")]
+    fn wait_until_fails_naming_what() {
+        wait_until("never true", 0, || false);
     }
 }

@@ -8,7 +8,6 @@ use common::blocks::{decode, BLOCK};
 use common::num;
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
 fn ctl(sock: &Path, args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_sce"))
@@ -219,19 +218,16 @@ fn a_source_outage_through_nbdkit_is_absorbed_then_drained() {
             }
         })
     };
-    // Until writes wait and cleaning fails: bounded, never a timing assertion.
-    let t0 = std::time::Instant::now();
-    let st = loop {
+    // Until writes wait and cleaning fails.
+    let st = sce_testkit::poll("writes waiting and cleaning failing", 120, || {
         let st = s.export_stats();
-        if num(&st, "writeback_waits") > 0 && num(&st, "writeback_clean_errors") > 0 {
-            break st;
+        let both = num(&st, "writeback_waits") > 0 && num(&st, "writeback_clean_errors") > 0;
+        if both {
+            Ok(st)
+        } else {
+            Err(st.to_string())
         }
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "writes never waited: {st}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    });
     assert!(
         !writer.is_finished(),
         "every write went through during the outage"
