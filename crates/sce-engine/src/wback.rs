@@ -482,7 +482,7 @@ pub(crate) fn check_dirty(
 ) -> Result<(), crate::EngineError> {
     let r = &loaded.report;
     if cfg.write_mode == sce_core::WriteMode::WriteBack
-        || (r.pages_dirty == 0 && loaded.lost.is_empty())
+        || (r.pages_dirty == 0 && r.dirty_pages_lost == 0)
     {
         return Ok(());
     }
@@ -493,10 +493,10 @@ pub(crate) fn check_dirty(
              start it with --mode writeback and run `sce ctl flush --to-source` before \
              changing the mode",
             r.pages_dirty,
-            if loaded.lost.is_empty() {
+            if r.dirty_pages_lost == 0 {
                 String::new()
             } else {
-                format!(" and {} lost ones", loaded.lost.len())
+                format!(" and {} lost ones", r.dirty_pages_lost)
             }
         ),
     )

@@ -263,7 +263,8 @@ pub struct ScanReport {
     pub pages_dirty: u64,
     /// Pages of live dirty journal entries checked against the data.
     pub dirty_pages_replayed: u64,
-    /// Dirty pages whose data was torn or bad: their only copy is gone (see `Loaded::lost`).
+    /// Dirty pages whose data was torn or bad: their only copy is gone (their dirty bits stay
+    /// on invalid pages in `Loaded::dirty`, so reads of them fail).
     pub dirty_pages_lost: u64,
 }
 
@@ -289,9 +290,6 @@ pub struct Loaded {
     pub dirty: Vec<u64>,
     /// Per slot: the journal block below which its record reflects every entry (0: none).
     pub notes: Vec<u64>,
-    /// Pages whose dirty data was lost (fragment as in `entries`, page): reads of them must
-    /// fail rather than return the source's older bytes.
-    pub lost: Vec<(u64, u32)>,
     /// Checksums of their valid pages.
     pub crcs: CrcTable,
     /// The write-intent bitmap as found (one bit per slot).

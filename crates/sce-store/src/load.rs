@@ -55,7 +55,6 @@ pub fn load_volumes(
         entries: Vec::new(),
         bitmaps: Vec::new(),
         dirty: Vec::new(),
-        lost: Vec::new(),
         crcs: CrcTable::new(l.slots, l.pages_per_fragment),
         report: ScanReport {
             intents_set: intents.iter().map(|w| w.count_ones() as u64).sum(),

@@ -233,6 +233,7 @@ fn rebuild(loaded: &mut Loaded, order: Vec<u32>, mut claims: HashMap<u32, Claim>
     r.slots_valid = 0;
     r.pages_valid = 0;
     r.pages_dirty = 0;
+    r.dirty_pages_lost = 0;
     for s in order {
         let Some(c) = claims.remove(&s) else {
             rewrite.insert(l.unit_of(s).0);
@@ -254,21 +255,13 @@ fn rebuild(loaded: &mut Loaded, order: Vec<u32>, mut claims: HashMap<u32, Claim>
             .clone()
             .map(|(v, d)| (v & d).count_ones() as u64)
             .sum::<u64>();
-        for (w, (v, d)) in both.enumerate() {
-            let mut lost = d & !v;
-            while lost != 0 {
-                loaded
-                    .lost
-                    .push((c.frag, (w * 64) as u32 + lost.trailing_zeros()));
-                lost &= lost - 1;
-            }
-        }
+        // Dirty bits of invalid pages: the pages whose dirty data was lost.
+        r.dirty_pages_lost += both.map(|(v, d)| (d & !v).count_ones() as u64).sum::<u64>();
         entries.push((s, c.frag));
         bitmaps.extend_from_slice(&c.valid[..words]);
         // Dirty bits of invalid pages stay: they are the lost pages.
         dirty.extend_from_slice(&c.dirty[..words]);
     }
-    r.dirty_pages_lost = loaded.lost.len() as u64;
     loaded.entries = entries;
     loaded.bitmaps = bitmaps;
     loaded.dirty = dirty;

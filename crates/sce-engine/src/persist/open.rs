@@ -443,7 +443,7 @@ fn refuse_older_copy_with_dirty_data(
     }
     let (lv, _) = placed(vols, indices, sb, sb.layout.fragment_size);
     let pre = sce_store::load_volumes(&**dev, sb.clone(), &lv)?;
-    if pre.report.pages_dirty == 0 && pre.lost.is_empty() {
+    if pre.report.pages_dirty == 0 && pre.report.dirty_pages_lost == 0 {
         return Ok(());
     }
     Err(StoreError::Corrupt(format!(
