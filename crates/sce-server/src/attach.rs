@@ -22,7 +22,7 @@ use sce_engine::CacheVolume;
 use sce_io::{BlockDevice, IoError, IoQueue, QueuedReads, SharedBytes, StartedRead};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 /// Where an export sits in a cache device it shares with other exports.
@@ -70,6 +70,8 @@ pub struct Attachable {
     ops: Mutex<()>,
     /// Writes and discards served while detached, since the last attach.
     writes_detached: AtomicU64,
+    /// Shared mode's state, if the export is in it (set by `Coherence::start`).
+    pub(crate) coherence: OnceLock<Weak<crate::coherent::Coherence>>,
 }
 
 /// What `attach` did.
@@ -112,6 +114,7 @@ impl Attachable {
             draining: Mutex::new(None),
             ops: Mutex::new(()),
             writes_detached: AtomicU64::new(0),
+            coherence: OnceLock::new(),
         })
     }
 
@@ -425,9 +428,8 @@ impl Attachable {
     }
 
     /// `attach` of an export that shares its cache device: back to that device only, cold
-    /// (everything it held for the export was dropped at detach, and again now, under the
-    /// gate, for anything a population brought in since from a source that detached
-    /// writes have changed).
+    /// (what it held for the export was dropped at detach, and is again now, under the gate,
+    /// for whatever a population brought in since from a source detached writes changed).
     fn attach_part(&self, p: &Part, cache: Option<PathBuf>) -> Result<Attached> {
         let _op = self.ops.lock();
         let name = self.spec.lock().name.clone();

@@ -133,18 +133,9 @@ pub struct Coherence {
     pub(crate) counters: Counters,
 }
 
-/// The exports in shared mode, by their `Attachable`'s address, for `ctl status` and
-/// /metrics (which know exports by their `Attachable`).
-static REGISTRY: Mutex<Vec<(usize, std::sync::Weak<Coherence>)>> = Mutex::new(Vec::new());
-
 /// The shared-mode state of the export `att`, if it is in shared mode.
 pub fn of(att: &Arc<Attachable>) -> Option<Arc<Coherence>> {
-    let key = Arc::as_ptr(att) as usize;
-    let mut r = REGISTRY.lock();
-    r.retain(|(_, w)| w.strong_count() > 0);
-    r.iter()
-        .find(|(k, _)| *k == key)
-        .and_then(|(_, w)| w.upgrade())
+    att.coherence.get().and_then(std::sync::Weak::upgrade)
 }
 
 /// How long a write waits for the other hosts: long enough for a host that died to lose
@@ -196,6 +187,9 @@ impl Coherence {
             handoff_running: AtomicBool::new(false),
             counters: Counters::default(),
         });
+        if c.att.coherence.set(Arc::downgrade(&c)).is_err() {
+            bail!("export {name:?} is in shared mode already");
+        }
         let from = c.resume_point()?;
         c.done.store(from - 1, SeqCst);
         for (name, f) in [
@@ -209,9 +203,6 @@ impl Coherence {
                 .context("starting the shared-mode threads")?;
             c.threads.lock().push(t);
         }
-        REGISTRY
-            .lock()
-            .push((Arc::as_ptr(&c.att) as usize, Arc::downgrade(&c)));
         Ok(c)
     }
 
