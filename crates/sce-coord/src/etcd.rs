@@ -250,7 +250,16 @@ impl Etcd {
 
     /// The keys starting with `prefix`, and the cluster's revision.
     pub fn range_prefix(&self, prefix: &[u8]) -> Result<(Vec<Kv>, i64), EtcdError> {
-        let body = json!({"key": b64(prefix), "range_end": b64(&prefix_end(prefix))});
+        self.range(json!({"key": b64(prefix), "range_end": b64(&prefix_end(prefix))}))
+    }
+
+    /// The value at `key` exactly, if there is one.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, EtcdError> {
+        let (kvs, _) = self.range(json!({"key": b64(key)}))?;
+        Ok(kvs.into_iter().next().map(|kv| kv.value))
+    }
+
+    fn range(&self, body: Value) -> Result<(Vec<Kv>, i64), EtcdError> {
         let v = self.call("/v3/kv/range", &body)?;
         let kvs = v["kvs"]
             .as_array()

@@ -34,6 +34,10 @@ fn keys_leases_watches_and_a_lost_member() {
     assert_eq!(kvs[0].value, b"one");
     assert_eq!(kvs[1].mod_revision, r2);
     assert!(rev >= r2);
+    // One key exactly: not another that it is a prefix of.
+    e.put(b"/sce/get/h10", b"ten", 0).unwrap();
+    assert_eq!(e.get(b"/sce/get/h1").unwrap(), None);
+    assert_eq!(e.get(b"/sce/get/h10").unwrap(), Some(b"ten".to_vec()));
     // A watch from r1 sees both puts, then a new one.
     let mut w = e.watch_prefix(b"/sce/vol/", r1).unwrap();
     let mut seen = Vec::new();

@@ -72,13 +72,10 @@ impl Coherence {
             return;
         }
         let key = format!("{}/handoff/{}", self.volume_prefix, self.cfg.host);
-        let Ok((kvs, _)) = etcd.range_prefix(key.as_bytes()) else {
+        let Ok(Some(value)) = etcd.get(key.as_bytes()) else {
             return;
         };
-        let Some(kv) = kvs.into_iter().find(|kv| kv.key == key.as_bytes()) else {
-            return;
-        };
-        let text = String::from_utf8_lossy(&kv.value).to_string();
+        let text = String::from_utf8_lossy(&value).to_string();
         let _ = etcd.delete(key.as_bytes());
         let Some(list) = sce_coord::inval::decode(&text) else {
             tracing::warn!(volume = %self.volume_prefix, "ignoring a malformed handoff");

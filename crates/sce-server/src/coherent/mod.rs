@@ -233,11 +233,8 @@ impl Coherence {
     /// The revision this host saved (`seen/HOST`), if any.
     fn seen(&self) -> Result<Option<i64>> {
         let key = self.seen_key();
-        let (kvs, _) = self.etcd.range_prefix(key.as_bytes())?;
-        Ok(kvs
-            .iter()
-            .find(|kv| kv.key == key.as_bytes())
-            .and_then(|kv| String::from_utf8_lossy(&kv.value).parse().ok()))
+        let value = self.etcd.get(key.as_bytes())?;
+        Ok(value.and_then(|v| String::from_utf8_lossy(&v).parse().ok()))
     }
 
     fn forget(&self, why: &str) {
