@@ -150,12 +150,16 @@ impl Membership {
         self.inner.lease.load(SeqCst)
     }
 
-    /// (registrations so far, the revision of the last one). A registration after the
-    /// first means the lease lapsed: others may have stopped waiting for this host in
-    /// between, so it must catch up on what they published before it counts on its cache.
-    pub fn registration(&self) -> (u64, i64) {
-        let generation = self.inner.generation.load(SeqCst);
-        (generation, self.inner.registered_at.load(SeqCst))
+    /// Registrations so far. A registration after the first means the lease lapsed: others
+    /// may have stopped waiting for this host in between, so it must catch up on what they
+    /// published before it counts on its cache.
+    pub fn generation(&self) -> u64 {
+        self.inner.generation.load(SeqCst)
+    }
+
+    /// The revision of the last registration.
+    pub fn registered_at(&self) -> i64 {
+        self.inner.registered_at.load(SeqCst)
     }
 
     /// Renewals that failed so far.

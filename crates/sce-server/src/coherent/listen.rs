@@ -38,7 +38,7 @@ impl Coherence {
     pub(super) fn run(self: Arc<Self>, etcd: Etcd) {
         let mut listener: Option<Listener> = None;
         while !self.stop.load(SeqCst) {
-            let (generation, _) = self.member.registration();
+            let generation = self.member.generation();
             let l = match listener.as_mut() {
                 Some(l) => l,
                 None => match self.listen(&etcd) {

@@ -210,7 +210,7 @@ impl Coherence {
     /// persistent and etcd still has that history; else the registration's, after the
     /// cache forgot everything it held.
     fn resume_point(&self) -> Result<i64> {
-        let (_, registered) = self.member.registration();
+        let registered = self.member.registered_at();
         let persistent = self
             .att
             .live_volume()
@@ -252,7 +252,7 @@ impl Coherence {
     pub fn serving(&self) -> bool {
         // The deadline first: a re-registration updates the count before the deadline.
         self.member.valid()
-            && self.caught_up.load(SeqCst) == self.member.registration().0
+            && self.caught_up.load(SeqCst) == self.member.generation()
             && !self.stop.load(SeqCst)
     }
 
