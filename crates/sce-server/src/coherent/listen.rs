@@ -17,18 +17,13 @@ use std::time::{Duration, Instant};
 const MAX_UNPUBLISHED: usize = 4096;
 
 impl Coherence {
-    /// Drops an invalidated range from the cache, whole pages around it (the whole volume
-    /// for an invalidation this host cannot read).
+    /// Drops an invalidated range from the cache, whole pages around it (`evict` drops
+    /// every page the range touches; the whole volume for an invalidation this host cannot
+    /// read).
     pub(super) fn drop_range(&self, offset: u64, len: u64) {
-        let size = self.att.size();
-        let lo = offset / 4096 * 4096;
-        let hi = offset
-            .saturating_add(len)
-            .div_ceil(4096)
-            .saturating_mul(4096)
-            .min(size);
-        if lo < hi {
-            let n = self.att.evict(lo, hi - lo).unwrap_or(0);
+        let end = offset.saturating_add(len).min(self.att.size());
+        if offset < end {
+            let n = self.att.evict(offset, end - offset).unwrap_or(0);
             self.counters.dropped_bytes.fetch_add(n, SeqCst);
         }
         self.counters.received.fetch_add(1, SeqCst);
@@ -37,6 +32,8 @@ impl Coherence {
     /// The listener's thread: watch, drop, acknowledge; catch up after a registration.
     pub(super) fn run(self: Arc<Self>, etcd: Etcd) {
         let mut listener: Option<Listener> = None;
+        // The registration `caught_up` waits for, and the revision the listener must pass.
+        let mut target = (0, 0);
         while !self.stop.load(SeqCst) {
             let generation = self.member.generation();
             let l = match listener.as_mut() {
@@ -60,7 +57,7 @@ impl Coherence {
                 continue;
             }
             if self.caught_up.load(SeqCst) != generation {
-                self.catch_up(&etcd, generation);
+                self.catch_up(&etcd, generation, &mut target);
             }
         }
     }
@@ -89,20 +86,14 @@ impl Coherence {
     /// After registration `generation`: serve hits again once the listener is past every
     /// invalidation published before it (the target is read once per registration, so a
     /// steady stream of new ones cannot keep the host from serving).
-    fn catch_up(&self, etcd: &Etcd, generation: u64) {
-        let target = {
-            let t = *self.catch_target.lock();
-            if t.0 == generation {
-                t.1
-            } else {
-                let Ok(newest) = inval::newest(etcd, &self.volume_prefix) else {
-                    return;
-                };
-                *self.catch_target.lock() = (generation, newest);
-                newest
-            }
-        };
-        if self.done.load(SeqCst) >= target {
+    fn catch_up(&self, etcd: &Etcd, generation: u64, target: &mut (u64, i64)) {
+        if target.0 != generation {
+            let Ok(newest) = inval::newest(etcd, &self.volume_prefix) else {
+                return;
+            };
+            *target = (generation, newest);
+        }
+        if self.done.load(SeqCst) >= target.1 {
             self.caught_up.store(generation, SeqCst);
             tracing::info!(volume = %self.volume_prefix, "shared volume: serving hits");
         }

@@ -126,8 +126,6 @@ pub struct Coherence {
     unpublished: Mutex<Vec<(u64, u64)>>,
     stop: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    /// The registration `caught_up` waits for, and the revision its listener must pass.
-    catch_target: Mutex<(u64, i64)>,
     /// A hand-off is being prefetched.
     handoff_running: AtomicBool,
     pub(crate) counters: Counters,
@@ -183,7 +181,6 @@ impl Coherence {
             unpublished: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
-            catch_target: Mutex::new((0, 0)),
             handoff_running: AtomicBool::new(false),
             counters: Counters::default(),
         });
