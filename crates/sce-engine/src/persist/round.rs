@@ -476,13 +476,16 @@ impl Persist {
     }
 }
 
-/// The words of fragment `f`'s dirty pages and lost pages together, if it has any.
-fn dirty_and_lost(core: &CacheCore, f: FragNo) -> Option<Vec<u64>> {
-    let (d, l) = (core.dirty_pages_of(f), core.lost_pages_of(f));
-    if d.is_none() && l.is_none() {
-        return None;
+/// The words of fragment `f`'s dirty pages and lost pages together, if it has any
+/// (borrowed when it has no lost pages, as nearly always).
+fn dirty_and_lost(core: &CacheCore, f: FragNo) -> Option<std::borrow::Cow<'_, [u64]>> {
+    use std::borrow::Cow;
+    match (core.dirty_pages_of(f), core.lost_pages_of(f)) {
+        (None, None) => None,
+        (Some(d), None) => Some(Cow::Borrowed(d.words())),
+        (d, Some(l)) => {
+            let word = |i: usize| d.map_or(0, |d| d.words()[i]) | l.words()[i];
+            Some(Cow::Owned((0..l.words().len()).map(word).collect()))
+        }
     }
-    let n = d.or(l).map_or(0, |x| x.words().len());
-    let word = |x: Option<&sce_core::bitmap::PageSet>, i: usize| x.map_or(0, |x| x.words()[i]);
-    Some((0..n).map(|i| word(d, i) | word(l, i)).collect())
 }
