@@ -69,24 +69,17 @@ impl Replay {
         c.touched |= any;
     }
 
-    /// A dirty entry of page `p` of fragment `gf` (volume `volume`, fragment `frag` in it):
-    /// the slot now holds `gf`, whatever it claimed before is void, and so is any other
-    /// slot's older claim of `gf`.
-    /// True if fragment `gf` is claimed, by a slot other than dirty entry `e`'s, through a
-    /// record that reflects the journal from beyond block `seq`.
-    fn newer_elsewhere(
-        &self,
-        gf: u64,
-        seq: u64,
-        notes: &[u64],
-        e: &crate::journal::JournalEntry,
-    ) -> bool {
-        let slot = e.dirty.map_or(u32::MAX, |d| d.slot);
+    /// True if fragment `gf` is claimed, by a slot other than `slot` (a dirty entry's),
+    /// through a record that reflects the journal from beyond block `seq`.
+    fn newer_elsewhere(&self, gf: u64, seq: u64, notes: &[u64], slot: u32) -> bool {
         self.by_frag
             .get(&gf)
             .is_some_and(|&s2| s2 != slot && seq < notes[s2 as usize])
     }
 
+    /// A dirty entry of page `p` of fragment `gf` (volume `volume`, fragment `frag` in it):
+    /// the slot now holds `gf`, whatever it claimed before is void, and so is any other
+    /// slot's older claim of `gf`.
     fn dirty_entry(
         &mut self,
         d: DirtyPage,
@@ -155,7 +148,7 @@ pub(crate) fn replay(
             Some(d) if d.slot >= l.slots || lo >= hi || seq < loaded.notes[d.slot as usize] => {}
             // Another slot claims the fragment by a record taken after this entry: that
             // record is the newer word (the fragment moved there since).
-            Some(_) if r.newer_elsewhere(base + e.frag, seq, &loaded.notes, e) => {}
+            Some(d) if r.newer_elsewhere(base + e.frag, seq, &loaded.notes, d.slot) => {}
             Some(d) => r.dirty_entry(d, (base + e.frag, e.volume, e.frag), lo, words),
         }
     }
