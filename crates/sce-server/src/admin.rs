@@ -201,7 +201,7 @@ impl Ctx {
             let reply = match serde_json::from_str::<Request>(line.trim()) {
                 Ok(req) => match self.handle(&req) {
                     Ok(v) => json!({"ok": true, "result": v}),
-                    Err(e) => json!({"ok": false, "error": format!("{e:#}")}),
+                    Err(e) => json!({"ok": false, "error": crate::error_text(&e)}),
                 },
                 Err(e) => json!({"ok": false, "error": format!("bad request: {e}")}),
             };

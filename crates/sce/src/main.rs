@@ -195,49 +195,7 @@ fn main() {
         })(),
     };
     if let Err(e) = r {
-        eprintln!("sce: error: {}", error_text(&e));
+        eprintln!("sce: error: {}", sce_server::error_text(&e));
         std::process::exit(1);
-    }
-}
-
-/// `e` and its causes joined by ": ", as `{:#}` does, but without a cause whose text the
-/// message before it already ends with (an error that prints its source, and also names it
-/// as its source, would otherwise say it twice).
-fn error_text(e: &anyhow::Error) -> String {
-    let mut text = e.to_string();
-    for cause in e.chain().skip(1) {
-        let c = cause.to_string();
-        if !text.ends_with(&c) {
-            text.push_str(": ");
-            text.push_str(&c);
-        }
-    }
-    text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::error_text;
-    use anyhow::Context;
-
-    #[test]
-    fn a_cause_already_in_the_message_is_said_once() {
-        let os = std::io::Error::from_raw_os_error(libc::ECONNREFUSED);
-        let open = sce_io::IoError::Open {
-            path: "/tmp/s.sock".into(),
-            source: os,
-        };
-        let e = Err::<(), _>(open).context("export \"\"").unwrap_err();
-        let text = error_text(&e);
-        assert_eq!(text.matches("os error 111").count(), 1, "{text}");
-        assert!(
-            text.starts_with("export \"\": cannot open /tmp/s.sock: "),
-            "{text}"
-        );
-        // A cause not yet said is still said.
-        let e = Err::<(), _>(std::io::Error::other("disk on fire"))
-            .context("loading the cache")
-            .unwrap_err();
-        assert_eq!(error_text(&e), "loading the cache: disk on fire");
     }
 }
