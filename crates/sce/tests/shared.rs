@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::blocks::{block, client, decode, BLOCK};
+use common::blocks::{block, client, decode, initial_source, BLOCK};
 use common::{env_or, Server};
 use parking_lot::Mutex;
 use sce_io::{AlignedBuf, BlockDevice};
@@ -210,15 +210,6 @@ fn check_all(log: &Log, host: usize, c: &NbdClient) {
     }
 }
 
-/// Writes the volume's initial content (every block at counter 0) to `path`.
-fn initial_source(path: &Path) {
-    let mut init = vec![0u8; SIZE as usize];
-    for (b, d) in init.chunks_mut(BLOCK as usize).enumerate() {
-        block(b as u64, 0, d);
-    }
-    std::fs::write(path, &init).unwrap();
-}
-
 /// A host: `sce serve` of `source` with its own cache, in shared mode if `url` is given.
 fn host(dir: &Path, i: usize, source: &str, url: Option<&str>) -> (Server, Arc<NbdClient>) {
     host_admitting(dir, i, source, url, "always")
@@ -279,7 +270,7 @@ impl Ground {
         }
         let d = tempfile::tempdir().unwrap();
         let src = d.path().join("src");
-        initial_source(&src);
+        initial_source(&src, SIZE);
         let etcd = sce_testkit::etcd::Cluster::start(&d.path().join("etcd"));
         Some(Ground {
             secs: env_or("SCE_SHARED_SECONDS", 6.0),
@@ -465,7 +456,7 @@ fn hosts_over_nbdkit_never_read_stale_and_plain_caches_do() {
             "without shared mode no read was stale: the load tests nothing"
         );
     }
-    initial_source(src);
+    initial_source(src, SIZE);
     let url = g.etcd.url("sce-nbdkit");
     let log = Arc::new(Log::new());
     let hosts: Vec<_> = (0..2)

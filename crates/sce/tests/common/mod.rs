@@ -159,6 +159,16 @@ pub mod blocks {
 
     pub const BLOCK: u64 = 4096;
 
+    /// Writes `size` bytes of blocks at counter 0 (the content no write has replaced) to
+    /// `path`.
+    pub fn initial_source(path: &std::path::Path, size: u64) {
+        let mut init = vec![0u8; size as usize];
+        for (b, d) in init.chunks_mut(BLOCK as usize).enumerate() {
+            block(b as u64, 0, d);
+        }
+        std::fs::write(path, &init).unwrap();
+    }
+
     /// A block's content: its index, its write counter, and a filler derived from both, so a
     /// stale block and a torn one are both recognised.
     pub fn block(idx: u64, counter: u64, out: &mut [u8]) {
@@ -267,16 +277,7 @@ pub mod blocks {
         let (args, sock) = (&args[..], sock.as_path());
         let size = 16 * MIB;
         let blocks = size / BLOCK;
-        let mut init = vec![0u8; size as usize];
-        for b in 0..blocks {
-            block(
-                b,
-                0,
-                &mut init[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize],
-            );
-        }
-        std::fs::write(&src, &init).unwrap();
-        drop(init);
+        initial_source(&src, size);
         const THREADS: u64 = 4;
         let model = Arc::new(parking_lot::Mutex::new(vec![
             BlockState::default();
