@@ -131,8 +131,8 @@ replay's duration: open loop the trace's span, closed loop until the last reques
 the most loaded host's; above 1 in an open-loop replay, a warning says the latencies are
 queueing), metadata bytes (engine: allocated when the core is built; reference: its
 structures at the end), and with --hosts the invalidations per write and the etcd puts per
-write of `sce serve --shared`'s protocol (one publication, one acknowledgement per other host). JSON keys carry their
-units (cache_size_bytes, mean_read_latency_seconds, wall_seconds, ...; ratios are plain);
+write of `sce serve --shared`'s protocol (one publication, one acknowledgement per other
+host). JSON keys carry their units (cache_size_bytes, mean_read_latency_seconds, wall_seconds, ...; ratios are plain);
 `intervals` holds [end of the interval in seconds, read hit ratio or null]. JSON adds per interval
 the cache bytes written (interval_cache_bytes_written, parallel to intervals); --plot draws
 them, cumulated, under the hit ratio.
