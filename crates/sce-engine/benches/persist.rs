@@ -309,6 +309,7 @@ fn startup_part(dir: &std::path::Path, cache_size: u64) {
                 name: "bench-source".into(),
                 identity,
                 detached: false,
+                writeback: false,
             },
             size: None,
         },

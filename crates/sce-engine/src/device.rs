@@ -68,7 +68,14 @@ impl BlockDevice for CacheVolume {
         // it, and the cache's records need no flush here (their ordering is the intents'
         // business). Write-back: acknowledged writes must be durable on the cache device.
         if self.shared.wb.is_some() {
+            // What the flush covers is noted before it; the superblock then says so, so
+            // that a restart tells a flushed page damaged since from a torn one.
+            let persist = self.shared.persist.as_ref();
+            let mark = persist.map(|p| p.landed_mark());
             self.shared.cache.flush()?;
+            if let (Some(p), Some(mark)) = (persist, mark) {
+                p.record_landed(mark)?;
+            }
         }
         self.shared.source.flush()
     }

@@ -185,7 +185,7 @@ fn open_core(
     if verify {
         core_cfg.revalidate_partial_pages = false;
     }
-    let Some(pc) = config.persist.clone() else {
+    let Some(mut pc) = config.persist.clone() else {
         let (mut cores, map) = build_cores(&core_cfg, config, source.size(), cache.size())?;
         crate::parts::apply_shares(&mut cores, &map, vols, core_cfg.fragment_size);
         let slots = cores.iter().map(|c| c.geometry().slots()).sum();
@@ -205,6 +205,7 @@ fn open_core(
                 .collect(),
         });
     };
+    pc.writeback = core_cfg.write_mode == sce_core::WriteMode::WriteBack;
     let opened = Persist::open(cache.clone(), pc, core_cfg.fragment_size, vols)?;
     let mut persist = opened.persist;
     let loaded = opened.loaded;

@@ -499,6 +499,17 @@ fn misdirected_writes_are_detected() {
     assert!(d.cache_checksum_errors > 0, "{d:?}");
 }
 
+/// Flips a bit in unit 0's entries and misdirects unit 1 over unit 2, in the copies at
+/// `at(unit)` (the primaries, or the mirrors).
+fn damage_units(cache: &MemDevice, l: &sce_store::Layout, at: impl Fn(u32) -> u64) {
+    let mut unit = AlignedBuf::new(l.unit_size as usize);
+    cache.read_at(at(0), &mut unit).unwrap();
+    unit[200] ^= 0x10;
+    cache.write_at(at(0), &unit).unwrap();
+    cache.read_at(at(1), &mut unit).unwrap();
+    cache.write_at(at(2), &unit).unwrap();
+}
+
 #[test]
 fn metadata_damage_drops_fragments_never_serves_them() {
     let source = random_source(32 * MIB, 41);
@@ -512,18 +523,31 @@ fn metadata_damage_drops_fragments_never_serves_them() {
     }
     let sb = sce_store::read_superblock(&*cache_mem).unwrap();
     let l = sb.layout;
-    // Flip a bit in the first unit's entries; misdirect the second unit over the third.
-    let mut unit = AlignedBuf::new(l.unit_size as usize);
-    cache_mem.read_at(l.unit_offset(0), &mut unit).unwrap();
-    unit[200] ^= 0x10;
-    cache_mem.write_at(l.unit_offset(0), &unit).unwrap();
-    cache_mem.read_at(l.unit_offset(1), &mut unit).unwrap();
-    cache_mem.write_at(l.unit_offset(2), &unit).unwrap();
+    assert_eq!(l.slots_per_unit, 3);
+    // One copy of each damaged unit: the mirror copies serve, nothing is dropped, and the
+    // damaged copies are rewritten.
+    damage_units(&cache_mem, &l, |u| l.unit_offset(u));
+    let report = sce_store::check(&*cache_mem, true).unwrap();
+    assert_eq!(report.volumes[0].1.units_repaired, 2, "{report:?}");
+    assert_eq!(report.volumes[0].1.units_corrupt, 0, "{report:?}");
+    assert!(report.damaged() && !report.volumes[0].1.unrepairable());
+    {
+        let vol =
+            CacheVolume::open(source.clone(), cache_mem.clone(), config(MIB, false, 1000)).unwrap();
+        let p = vol.persist_stats().unwrap();
+        assert_eq!(p.units_rejected, 0, "{p:?}");
+        assert_eq!(p.fragments_restored, 18, "{p:?}");
+        assert!(mismatches(&vol, &*source, 4096).is_empty());
+        assert!(vol.shutdown());
+    }
+    assert!(!sce_store::check(&*cache_mem, true).unwrap().damaged());
+    // Both copies: the units' fragments are dropped, never served.
+    damage_units(&cache_mem, &l, |u| l.unit_offset(u));
+    damage_units(&cache_mem, &l, |u| l.unit_mirror_offset(u));
     let report = sce_store::check(&*cache_mem, true).unwrap();
     assert_eq!(report.volumes[0].1.units_corrupt, 1, "{report:?}");
     assert_eq!(report.volumes[0].1.units_misplaced, 1, "{report:?}");
     assert!(report.damaged());
-    assert_eq!(l.slots_per_unit, 3);
     let vol =
         CacheVolume::open(source.clone(), cache_mem.clone(), config(MIB, false, 1000)).unwrap();
     let p = vol.persist_stats().unwrap();

@@ -21,6 +21,8 @@
 //! | 16 | [u8; 16] | device UUID |
 //! | 32 | u64 | sequence number |
 //! | 40 | u32 | the block's index in the ring |
+//! | 44 | u64 | the first sequence number of the group commit that wrote it (format 5) |
+//! | 52 | u32 | the ring's length in blocks when it was written (format 5; 0: unknown) |
 //! | 64 + 32*i | entry | see below |
 //!
 //! An entry (32 bytes): fragment u64, volume id u16, kind u16 (0: pages about to change on
@@ -105,9 +107,22 @@ pub enum JournalError {
     Foreign,
 }
 
-/// The image of journal block `index` with sequence `seq` holding `entries` (at most
-/// [`ENTRIES_PER_BLOCK`]).
+/// The image of journal block `index` with sequence `seq` holding `entries`, as a commit of
+/// its own in a ring of unknown length (see [`encode_commit_block`]).
 pub fn encode_block(uuid: &[u8; 16], seq: u64, index: u32, entries: &[JournalEntry]) -> Vec<u8> {
+    encode_commit_block(uuid, (seq, index), (seq, 0), entries)
+}
+
+/// The image of journal block `index` with sequence `seq` holding `entries` (at most
+/// [`ENTRIES_PER_BLOCK`]), written by the group commit whose first block is `commit_first`
+/// into a ring of `ring` blocks. Every block below `commit_first` was made durable by an
+/// earlier commit: at load, one missing from the live range is damage, not a torn write.
+pub fn encode_commit_block(
+    uuid: &[u8; 16],
+    (seq, index): (u64, u32),
+    (commit_first, ring): (u64, u32),
+    entries: &[JournalEntry],
+) -> Vec<u8> {
     assert!(
         entries.len() <= ENTRIES_PER_BLOCK,
         "a journal block overflows"
@@ -119,6 +134,8 @@ pub fn encode_block(uuid: &[u8; 16], seq: u64, index: u32, entries: &[JournalEnt
     b[16..32].copy_from_slice(uuid);
     b[32..40].copy_from_slice(&seq.to_le_bytes());
     b[40..44].copy_from_slice(&index.to_le_bytes());
+    b[44..52].copy_from_slice(&commit_first.to_le_bytes());
+    b[52..56].copy_from_slice(&ring.to_le_bytes());
     for (i, e) in entries.iter().enumerate() {
         let at = JOURNAL_HEADER + i * JOURNAL_ENTRY;
         b[at..at + 8].copy_from_slice(&e.frag.to_le_bytes());
@@ -204,16 +221,22 @@ pub struct JournalScan {
     /// The block of each entry.
     #[serde(skip)]
     pub seqs: Vec<u64>,
-    /// Live blocks.
+    /// Live blocks (each counted once, whether one copy or both were sound).
     pub blocks_live: u32,
     /// Sound blocks of this device below the tail (older laps, already covered by records).
     pub blocks_old: u32,
     /// Blocks never written.
     pub blocks_blank: u32,
-    /// Torn or garbage blocks (ignored: their source writes were never sent).
+    /// Torn or damaged blocks (a live block whose other copy is sound loses nothing).
     pub blocks_bad: u32,
     /// Sound blocks of another device (ignored).
     pub blocks_foreign: u32,
+    /// Live blocks found in one copy only, the other position holding a damaged block.
+    pub blocks_repaired: u32,
+    /// Blocks of an earlier group commit (so made durable before a later one was written)
+    /// that neither copy holds any more, though no later lap overwrote them: damage. Their
+    /// entries, whatever pages they named, are gone.
+    pub blocks_missing: u32,
     /// The highest sequence number of any sound block of this device (None: none).
     pub max_seq: Option<u64>,
 }
@@ -226,13 +249,26 @@ impl JournalScan {
     }
 }
 
+/// A sound block as found: sequence, ring position, first block of its commit, ring length,
+/// entries.
+struct Found {
+    seq: u64,
+    at: u32,
+    commit_first: u64,
+    ring: u32,
+    entries: Vec<JournalEntry>,
+}
+
 /// Reads the whole journal ring of `sb`'s device and keeps the entries of its live blocks.
+/// The engine writes each block twice (at its position in each half of the region); a
+/// block counts once if either copy is sound.
 pub fn scan_journal(dev: &dyn BlockDevice, sb: &Superblock) -> Result<JournalScan, IoError> {
     let l: &Layout = &sb.layout;
     let mut scan = JournalScan::default();
     let per_chunk = 256u32;
     let mut buf = AlignedBuf::new((per_chunk as u64 * BLOCK) as usize);
-    let mut live: Vec<(u64, Vec<JournalEntry>)> = Vec::new();
+    let mut found: Vec<Found> = Vec::new();
+    let mut bad_at: Vec<u32> = Vec::new();
     let mut b = 0;
     while b < l.journal_blocks {
         let n = per_chunk.min(l.journal_blocks - b);
@@ -243,26 +279,83 @@ pub fn scan_journal(dev: &dyn BlockDevice, sb: &Superblock) -> Result<JournalSca
             match decode_block(&sb.uuid, img) {
                 Ok((seq, _, entries)) => {
                     scan.max_seq = Some(scan.max_seq.map_or(seq, |m| m.max(seq)));
-                    if seq >= sb.journal_tail {
-                        scan.blocks_live += 1;
-                        live.push((seq, entries));
-                    } else {
-                        scan.blocks_old += 1;
-                    }
+                    let (commit_first, ring) = (rd64(img, 44), rd32(img, 52));
+                    let at = b + k;
+                    found.push(Found {
+                        seq,
+                        at,
+                        commit_first,
+                        ring,
+                        entries,
+                    });
                 }
                 Err(JournalError::Blank) => scan.blocks_blank += 1,
-                Err(JournalError::NotABlock | JournalError::Checksum) => scan.blocks_bad += 1,
+                Err(JournalError::NotABlock | JournalError::Checksum) => {
+                    scan.blocks_bad += 1;
+                    bad_at.push(b + k);
+                }
                 Err(JournalError::Foreign) => scan.blocks_foreign += 1,
             }
         }
         b += n;
     }
+    found.sort_by_key(|f| (f.seq, f.at));
+    scan.blocks_missing = missing(&found, sb.journal_tail);
+    let mut live: Vec<(u64, Vec<JournalEntry>)> = Vec::new();
+    let mut copies = 0;
+    for f in found {
+        if f.seq < sb.journal_tail {
+            scan.blocks_old += 1;
+            continue;
+        }
+        if live.last().is_some_and(|b| b.0 == f.seq) {
+            copies += 1;
+            continue;
+        }
+        scan.blocks_live += 1;
+        live.push((f.seq, f.entries));
+    }
+    // Live blocks with one sound copy whose other copy's place holds a damaged block.
+    let half = l.journal_blocks / 2;
+    scan.blocks_repaired = (scan.blocks_live - copies).min(
+        bad_at
+            .iter()
+            .filter(|&&at| half > 0 && at < 2 * half)
+            .count() as u32,
+    );
     // Dirty entries are replayed in the order they were written.
-    live.sort_by_key(|b| b.0);
     scan.seqs = live
         .iter()
         .flat_map(|b| std::iter::repeat_n(b.0, b.1.len()))
         .collect();
     scan.entries = live.into_iter().flat_map(|b| b.1).collect();
     Ok(scan)
+}
+
+/// Blocks that an earlier group commit made durable and that are gone: every sequence
+/// number from the tail up to the first block of the newest sound block's commit must be
+/// found, unless a later lap of the ring took its place (its position holds a sound block
+/// with a higher sequence number: the tail had moved past it, even if the superblock that
+/// says so is the older copy). Blocks of the newest commit may be torn by a crash: their
+/// writes were never acknowledged.
+fn missing(found: &[Found], tail: u64) -> u32 {
+    let Some(newest) = found.last() else {
+        return 0;
+    };
+    let (first, ring) = (newest.commit_first.min(newest.seq), newest.ring as u64);
+    if ring == 0 {
+        return 0;
+    }
+    let present: std::collections::BTreeSet<u64> = found.iter().map(|f| f.seq).collect();
+    let mut newest_at: std::collections::HashMap<u64, u64> = Default::default();
+    for f in found {
+        let pos = f.seq % ring;
+        let e = newest_at.entry(pos).or_insert(f.seq);
+        *e = (*e).max(f.seq);
+    }
+    // A block a whole ring below the commit was overwritten by a later lap anyway.
+    (tail.max(first.saturating_sub(ring))..first)
+        .filter(|s| !present.contains(s))
+        .filter(|s| newest_at.get(&(s % ring)).is_none_or(|&n| n < *s))
+        .count() as u32
 }

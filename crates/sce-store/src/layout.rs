@@ -7,6 +7,9 @@
 //! ...      write journal: a ring of `journal_blocks` 4 KiB blocks (`crate::journal`)
 //! ...      metadata units: `units` x `unit_size` bytes, each holding `slots_per_unit` slot
 //!          entries
+//! ...      their mirror (format 5): the same units again, each a copy of its primary,
+//!          written after the primaries were flushed (so a crash tears at most one copy,
+//!          and damage to one copy is repaired from the other)
 //! ...      data: `slots` x `fragment_size` bytes, starting on a 1 MiB (or fragment) boundary
 //! ```
 
@@ -96,11 +99,12 @@ impl Layout {
             let units = slots.div_ceil(slots_per_unit);
             let journal_offset = INTENT_OFFSET + intent_blocks * BLOCK;
             let meta_offset = journal_offset + journal_blocks * BLOCK;
-            let data_offset = round_up(meta_offset + units * unit_size, data_align);
+            // The units, then their mirror copies.
+            let data_offset = round_up(meta_offset + 2 * units * unit_size, data_align);
             (intent_blocks, units, meta_offset, data_offset)
         };
         // Start from an upper bound and step down until the slots and their metadata fit.
-        let mut slots = cache_size / (fragment_size + unit_size / slots_per_unit);
+        let mut slots = cache_size / (fragment_size + 2 * unit_size / slots_per_unit);
         loop {
             let (_, _, _, data) = layout_for(slots);
             if slots == 0 || data + slots * fragment_size <= cache_size {
@@ -145,6 +149,11 @@ impl Layout {
     /// Offset of unit `u`.
     pub fn unit_offset(&self, u: u32) -> u64 {
         self.meta_offset + u as u64 * self.unit_size as u64
+    }
+
+    /// Offset of unit `u`'s mirror copy.
+    pub fn unit_mirror_offset(&self, u: u32) -> u64 {
+        self.meta_offset + (self.units as u64 + u as u64) * self.unit_size as u64
     }
 
     /// The unit holding slot `s`, and the slot's index in it.

@@ -51,6 +51,9 @@ pub enum StoreError {
     /// The device was disabled after errors.
     #[error("the cache device was disabled after device errors; pass --reformat to reuse it")]
     Failed,
+    /// Metadata damaged in both copies, on a device whose data may be the only copy.
+    #[error("{0}")]
+    Unlocatable(String),
     /// The geometry is impossible.
     #[error("{0}")]
     Geometry(String),
@@ -112,6 +115,8 @@ pub fn format(dev: &dyn BlockDevice, opts: &FormatOptions) -> Result<Superblock,
         clean_shutdowns: 0,
         unclean_starts: 0,
         journal_tail: 0,
+        journal_landed: 0,
+        other_copy_damaged: false,
         volumes: vec![opts.volume.clone()],
     };
     // Write copy B (seq 1) and then A (seq 2), so both are valid and A wins.
@@ -148,7 +153,12 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock, StoreError> 
                 b
             }
         }
-        (Ok(s), Err(_)) | (Err(_), Ok(s)) => s,
+        // The other copy damaged (not merely unwritten, as on a device formatted by hand):
+        // the one found may be one write older than the device's newest state.
+        (Ok(mut s), Err(e)) | (Err(e), Ok(mut s)) => {
+            s.other_copy_damaged = !matches!(e, StoreError::NotFormatted);
+            s
+        }
         (Err(StoreError::NotFormatted), Err(StoreError::NotFormatted)) => {
             return Err(StoreError::NotFormatted)
         }
@@ -239,6 +249,8 @@ pub struct ScanReport {
     pub units_misplaced: u32,
     /// Units of another device.
     pub units_foreign: u32,
+    /// Units one of whose two copies was damaged, loaded from the other (and rewritten).
+    pub units_repaired: u32,
     /// Entries that may be loaded: this volume's generation, no intent.
     pub slots_valid: u64,
     /// Entries of this volume dropped because their slot's write-intent bit is set.
@@ -255,6 +267,13 @@ pub struct ScanReport {
     pub pages_valid: u64,
     /// Live write-journal blocks (sequence at or above the tail).
     pub journal_blocks_live: u64,
+    /// Journal block copies that failed their checksum (torn or damaged).
+    pub journal_blocks_bad: u64,
+    /// Live journal blocks read from their other copy because one was damaged.
+    pub journal_blocks_repaired: u64,
+    /// Journal blocks of earlier commits that neither copy holds: damage whose pages are
+    /// unknown (no clean page is trusted; a write-back start is refused).
+    pub journal_blocks_missing: u64,
     /// Pages of loadable entries dropped because a live journal entry names them.
     pub journal_pages_dropped: u64,
     /// Loadable entries that lost pages to the journal.
@@ -271,7 +290,13 @@ pub struct ScanReport {
 impl ScanReport {
     /// True if something was damaged (not just dropped by design).
     pub fn damaged(&self) -> bool {
+        self.unrepairable() || self.units_repaired > 0 || self.journal_blocks_bad > 0
+    }
+
+    /// True if damage hit both copies of something: what it held cannot be located.
+    pub fn unrepairable(&self) -> bool {
         self.units_corrupt + self.units_misplaced + self.units_foreign > 0
+            || self.journal_blocks_missing > 0
     }
 }
 
@@ -341,25 +366,46 @@ pub fn bit(words: &[u64], s: u32) -> bool {
     words[s as usize / 64] >> (s % 64) & 1 == 1
 }
 
-/// Scans every unit of `dev`, calling `each(slot, entry, unit_ok)` for valid units' entries
-/// and `bad(unit, error)` for the others. Reads in large sequential chunks.
+/// Scans every unit of `dev`, calling `each(slot, entry, note)` for the entries of each
+/// unit's chosen copy and `bad(unit, error)` for units neither of whose copies is valid
+/// (the primary's error, unless it is blank and the mirror is not). Of two valid copies the
+/// one written by the later round wins (a crash between the two writes leaves the primary
+/// newer); `repaired(unit)` is called for a unit one of whose copies is damaged (torn,
+/// misdirected, foreign or garbage) while the other is valid. Reads in large sequential
+/// chunks.
 fn scan_units(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     mut each: impl FnMut(u32, unit::EntryRef<'_>, u64),
     mut bad: impl FnMut(u32, UnitError),
+    mut repaired: impl FnMut(u32),
 ) -> Result<(), IoError> {
     let l = &sb.layout;
-    let per_chunk = ((8 << 20) / l.unit_size).max(1);
-    let mut buf = AlignedBuf::new((per_chunk * l.unit_size) as usize);
+    let us = l.unit_size as usize;
+    let per_chunk = ((4 << 20) / l.unit_size).max(1);
+    let mut prim = AlignedBuf::new(per_chunk as usize * us);
+    let mut mirr = AlignedBuf::new(per_chunk as usize * us);
     let mut u = 0;
     while u < l.units {
         let n = per_chunk.min(l.units - u);
-        let bytes = (n * l.unit_size) as usize;
-        dev.read_at(l.unit_offset(u), &mut buf[..bytes])?;
-        for k in 0..n {
-            let unit = u + k;
-            let img = &buf[(k * l.unit_size) as usize..((k + 1) * l.unit_size) as usize];
+        let bytes = n as usize * us;
+        dev.read_at(l.unit_offset(u), &mut prim[..bytes])?;
+        dev.read_at(l.unit_mirror_offset(u), &mut mirr[..bytes])?;
+        for k in 0..n as usize {
+            let unit = u + k as u32;
+            let copies = [&prim[k * us..(k + 1) * us], &mirr[k * us..(k + 1) * us]];
+            let img = match choose_copy(l, &sb.uuid, unit, copies) {
+                Ok((img, one_bad)) => {
+                    if one_bad {
+                        repaired(unit);
+                    }
+                    img
+                }
+                Err(e) => {
+                    bad(unit, e);
+                    continue;
+                }
+            };
             let (first, end) = l.unit_slots(unit);
             let note = unit::unit_note(img);
             let r = decode_unit(l, &sb.uuid, unit, img, |i, e| {
@@ -367,13 +413,32 @@ fn scan_units(
                     each(first + i, e, note)
                 }
             });
-            if let Err(e) = r {
-                bad(unit, e);
-            }
+            debug_assert!(r.is_ok(), "the chosen copy decodes");
         }
         u += n;
     }
     Ok(())
+}
+
+/// Of a unit's two copies (primary, mirror): the valid one, or of two valid ones the one of
+/// the later round; with whether the other is damaged (not blank, not valid). Neither valid:
+/// the error that says most (a blank copy says least).
+fn choose_copy<'a>(
+    l: &Layout,
+    uuid: &[u8; 16],
+    unit: u32,
+    copies: [&'a [u8]; 2],
+) -> Result<(&'a [u8], bool), UnitError> {
+    let check = |img: &[u8]| decode_unit(l, uuid, unit, img, |_, _| {});
+    match (check(copies[0]), check(copies[1])) {
+        (Ok(()), Ok(())) => {
+            let newer = unit::unit_seq(copies[1]) > unit::unit_seq(copies[0]);
+            Ok((copies[newer as usize], false))
+        }
+        (Ok(()), Err(e)) => Ok((copies[0], e != UnitError::Blank)),
+        (Err(e), Ok(())) => Ok((copies[1], e != UnitError::Blank)),
+        (Err(UnitError::Blank), Err(e)) | (Err(e), Err(_)) => Err(e),
+    }
 }
 
 fn any_valid(e: &unit::EntryRef<'_>, words: usize) -> bool {
@@ -421,12 +486,18 @@ pub struct CheckReport {
     pub data_pages_checked: u64,
     /// Valid pages whose data did not match its checksum, or could not be read.
     pub data_pages_bad: u64,
+    /// Of those, dirty pages (write-back): their only copy is damaged, and they are lost.
+    pub data_dirty_pages_bad: u64,
+    /// The other superblock copy is damaged (not merely unwritten).
+    pub superblock_copy_damaged: bool,
 }
 
 impl CheckReport {
     /// True if anything was damaged.
     pub fn damaged(&self) -> bool {
-        self.data_pages_bad > 0 || self.volumes.iter().any(|(_, r)| r.damaged())
+        self.data_pages_bad > 0
+            || self.superblock_copy_damaged
+            || self.volumes.iter().any(|(_, r)| r.damaged())
     }
 }
 
@@ -434,8 +505,9 @@ impl CheckReport {
 /// every valid page against its checksum. Never modifies the device.
 pub fn check(dev: &dyn BlockDevice, verify_data: bool) -> Result<CheckReport, StoreError> {
     let sb = read_superblock(dev)?;
+    let sb_damaged = sb.other_copy_damaged;
     let mut volumes = Vec::new();
-    let (mut checked, mut bad) = (0, 0);
+    let (mut checked, mut bad, mut dirty_bad) = (0, 0, 0);
     for (i, v) in sb.volumes.iter().enumerate() {
         let frags = v.source_size.div_ceil(sb.layout.fragment_size);
         let loaded = load(dev, sb.clone(), i, frags)?;
@@ -445,6 +517,7 @@ pub fn check(dev: &dyn BlockDevice, verify_data: bool) -> Result<CheckReport, St
             let words = l.bitmap_words();
             for (k, &(s, f)) in loaded.entries.iter().enumerate() {
                 let bits = &loaded.bitmaps[k * words..(k + 1) * words];
+                let dirty = &loaded.dirty[k * words..(k + 1) * words];
                 for p in 0..l.pages_per_fragment {
                     if !bit(bits, p) {
                         continue;
@@ -462,6 +535,7 @@ pub fn check(dev: &dyn BlockDevice, verify_data: bool) -> Result<CheckReport, St
                         && page_checksum(&page[..len], seed) == loaded.crcs.get(s, p);
                     if !ok {
                         bad += 1;
+                        dirty_bad += bit(dirty, p) as u64;
                     }
                 }
             }
@@ -474,6 +548,8 @@ pub fn check(dev: &dyn BlockDevice, verify_data: bool) -> Result<CheckReport, St
         volumes,
         data_pages_checked: checked,
         data_pages_bad: bad,
+        data_dirty_pages_bad: dirty_bad,
+        superblock_copy_damaged: sb_damaged,
     })
 }
 

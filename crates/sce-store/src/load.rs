@@ -70,12 +70,17 @@ pub fn load_volumes(
     let failed = sb.state == DeviceState::Failed;
     let mut rewrite = BTreeSet::new();
     let mut bad_units = Vec::new();
+    let mut repaired = Vec::new();
     scan_units(
         dev,
         &sb,
         |s, e, note| loaded.record(&want, failed, (s, e, note), &mut rewrite),
         |u, err| bad_units.push((u, err)),
+        |u| repaired.push(u),
     )?;
+    // A damaged copy is rewritten from the other before anything is served.
+    loaded.report.units_repaired = repaired.len() as u32;
+    rewrite.extend(repaired);
     count_bad_units(&l, &bad_units, &mut loaded.report, &mut rewrite);
     loaded.rewrite_units = rewrite.into_iter().collect();
     let bases: Vec<(u16, u64)> = want.iter().map(|w| (w.0, w.3)).collect();

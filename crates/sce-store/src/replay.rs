@@ -17,9 +17,9 @@ struct Claim {
     touched: bool,
 }
 
-/// The newest dirty entry of a page: the entry, its volume id and the fragment's number
-/// within the volume.
-type Newest = (DirtyPage, u16, u64);
+/// The newest dirty entry of a page: the entry, its volume id, the fragment's number within
+/// the volume, and the journal block it is in.
+type Newest = (DirtyPage, u16, u64, u64);
 
 fn clear(words: &mut [u64], p: u32) -> bool {
     let (w, b) = (p as usize / 64, 1u64 << (p % 64));
@@ -83,7 +83,7 @@ impl Replay {
     fn dirty_entry(
         &mut self,
         d: DirtyPage,
-        (gf, volume, frag): (u64, u16, u64),
+        (gf, volume, frag, seq): (u64, u16, u64, u64),
         p: u32,
         words: usize,
     ) {
@@ -110,7 +110,7 @@ impl Replay {
         });
         c.touched |= stale;
         self.by_frag.insert(gf, d.slot);
-        self.newest.insert((d.slot, p), (d, volume, frag));
+        self.newest.insert((d.slot, p), (d, volume, frag, seq));
     }
 }
 
@@ -135,6 +135,18 @@ pub(crate) fn replay(
         };
         r.claims.insert(s, claim);
     }
+    if loaded.journal.blocks_missing > 0 {
+        // A journal block of an earlier commit is gone: the source writes it named are
+        // unknown, so no clean page can be trusted. Dirty pages (newer than the source)
+        // stay; a start in write-back is refused by the engine, whose pages it may have named.
+        for c in r.claims.values_mut() {
+            for (v, d) in c.valid.iter_mut().zip(&c.dirty) {
+                r.dropped += (*v & !d).count_ones() as u64;
+                *v &= d;
+            }
+            c.touched = true;
+        }
+    }
     for (e, &seq) in loaded.journal.entries.iter().zip(&loaded.journal.seqs) {
         let Some(&(_, base)) = volumes.iter().find(|v| v.0 == e.volume) else {
             continue;
@@ -149,7 +161,7 @@ pub(crate) fn replay(
             // Another slot claims the fragment by a record taken after this entry: that
             // record is the newer word (the fragment moved there since).
             Some(d) if r.newer_elsewhere(base + e.frag, seq, &loaded.notes, d.slot) => {}
-            Some(d) => r.dirty_entry(d, (base + e.frag, e.volume, e.frag), lo, words),
+            Some(d) => r.dirty_entry(d, (base + e.frag, e.volume, e.frag, seq), lo, words),
         }
     }
     loaded.unloaded_claims.extend(r.voided.iter().copied());
@@ -163,6 +175,9 @@ pub(crate) fn replay(
     check_pages(dev, loaded, &mut r.claims, &r.newest)?;
     let rep = &mut loaded.report;
     rep.journal_blocks_live = loaded.journal.blocks_live as u64;
+    rep.journal_blocks_bad = loaded.journal.blocks_bad as u64;
+    rep.journal_blocks_repaired = loaded.journal.blocks_repaired as u64;
+    rep.journal_blocks_missing = loaded.journal.blocks_missing as u64;
     rep.journal_pages_dropped = r.dropped;
     rep.journal_fragments_hit = r.hit_frags;
     rebuild(loaded, r.order, r.claims);
@@ -171,7 +186,9 @@ pub(crate) fn replay(
 
 /// Reads the page of every newest dirty entry and decides what it holds: the new bytes
 /// (valid, dirty), the bytes from before (valid, as they were), or neither (invalid; lost if
-/// they were dirty).
+/// they were dirty). An entry below the superblock's `journal_landed` belongs to a write
+/// whose data a completed flush made durable: a page that does not hold its new bytes was
+/// damaged since, and is lost (never the source's older bytes, never the bytes from before).
 fn check_pages(
     dev: &dyn BlockDevice,
     loaded: &mut Loaded,
@@ -179,9 +196,10 @@ fn check_pages(
     newest: &BTreeMap<(u32, u32), Newest>,
 ) -> Result<(), IoError> {
     let l = loaded.superblock.layout;
+    let landed = loaded.superblock.journal_landed;
     let ps = crate::layout::BLOCK;
     let mut page = AlignedBuf::new(ps as usize);
-    for (&(s, p), &(d, volume, frag)) in newest {
+    for (&(s, p), &(d, volume, frag, seq)) in newest {
         let at = l.data_offset + s as u64 * l.fragment_size + p as u64 * ps;
         dev.read_at(at, &mut page)?;
         let len = (d.len as usize).clamp(1, ps as usize);
@@ -191,6 +209,8 @@ fn check_pages(
         loaded.report.dirty_pages_replayed += 1;
         let (valid, dirty, want) = match d.prev {
             _ if crc == d.crc => (true, true, d.crc),
+            // Flushed, then damaged: the acknowledged bytes are gone.
+            _ if seq < landed => (false, true, 0),
             // The bytes from before, which the source had then. Dirty all the same: should
             // the source have received the lost newer bytes meanwhile, cleaning makes it
             // agree again (a re-clean of equal bytes costs one write).

@@ -8,7 +8,7 @@ use crate::StoreError;
 /// First bytes of a superblock.
 pub const MAGIC: [u8; 8] = *b"SCECACHE";
 /// The on-device format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 /// Volume table entries a superblock holds.
 pub const MAX_VOLUMES: usize = 16;
 /// Longest volume name, in bytes.
@@ -56,12 +56,21 @@ pub struct Volume {
     /// so a start drops what the device holds for it (an attach that knows nothing was
     /// written clears the flag first). Bit 1 of the entry's flags.
     pub detached: bool,
+    /// The volume was served in write-back: the device may hold the only copy of some of
+    /// its data. Metadata damage that cannot be located (both copies of a unit, a journal
+    /// block of an earlier commit) then refuses a start instead of dropping what the damaged
+    /// structure held. Set by a write-back start, cleared only by a format. Bit 2.
+    pub writeback: bool,
 }
 
 /// Flags of a volume entry: bit 0 is always set (an entry in use).
 const FLAG_IN_USE: u16 = 1;
 /// Flags of a volume entry: the cache was detached from the volume.
 const FLAG_DETACHED: u16 = 2;
+/// Flags of a volume entry: the volume was served in write-back (its records and journal
+/// may hold the only copy of data), so metadata damage that cannot be located refuses a
+/// start rather than dropping what it held.
+const FLAG_WRITEBACK: u16 = 4;
 
 fn ser_hex<S: serde::Serializer>(u: &[u8; IDENTITY_BYTES], s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&u.iter().map(|b| format!("{b:02x}")).collect::<String>())
@@ -95,6 +104,15 @@ pub struct Superblock {
     /// needed (the records they vouch for were durable when it was written) and are ignored
     /// at load.
     pub journal_tail: u64,
+    /// Write-back: every dirty journal entry in a block below this sequence number belongs
+    /// to a write whose data was made durable by a completed flush (an NBD FLUSH or FUA
+    /// moves it up). At load, a page such an entry names that holds neither its new bytes
+    /// nor a record's is damaged, not torn: it is lost, never the source's older bytes.
+    pub journal_landed: u64,
+    /// Not stored: the other copy was found damaged when this one was read, so this one may
+    /// be one write older than the device's newest state (`read_superblock` sets it).
+    #[serde(skip)]
+    pub other_copy_damaged: bool,
     /// The volume table.
     pub volumes: Vec<Volume>,
 }
@@ -180,13 +198,16 @@ impl Superblock {
         w.u64(152, l.journal_offset);
         w.u32(160, l.journal_blocks);
         w.u64(168, self.journal_tail);
+        w.u64(176, self.journal_landed);
         w.u32(VOLUMES_AT, self.volumes.len() as u32);
         for (i, v) in self.volumes.iter().enumerate().take(MAX_VOLUMES) {
             let at = VOLUMES_AT + 8 + i * VOLUME_ENTRY;
             w.u16(at, v.id);
             w.u16(
                 at + 2,
-                FLAG_IN_USE | if v.detached { FLAG_DETACHED } else { 0 },
+                FLAG_IN_USE
+                    | if v.detached { FLAG_DETACHED } else { 0 }
+                    | if v.writeback { FLAG_WRITEBACK } else { 0 },
             );
             w.u32(at + 4, v.generation);
             w.u64(at + 8, v.source_size);
@@ -250,6 +271,8 @@ impl Superblock {
             clean_shutdowns: rd64(b, 128),
             unclean_starts: rd64(b, 136),
             journal_tail: rd64(b, 168),
+            journal_landed: rd64(b, 176),
+            other_copy_damaged: false,
             volumes,
         })
     }
@@ -319,6 +342,7 @@ fn decode_volumes(b: &[u8]) -> Result<Vec<Volume>, StoreError> {
             name,
             identity,
             detached: rd16(b, at + 2) & FLAG_DETACHED != 0,
+            writeback: rd16(b, at + 2) & FLAG_WRITEBACK != 0,
         });
     }
     Ok(volumes)

@@ -38,6 +38,7 @@ pub fn ensure_volumes(
             name: name.clone(),
             identity: [0; superblock::IDENTITY_BYTES],
             detached: false,
+            writeback: false,
         };
         if sb.volumes.len() < superblock::MAX_VOLUMES {
             let id = sb.volumes.iter().map(|v| v.id).max().unwrap_or(0) + 1;

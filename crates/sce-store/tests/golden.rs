@@ -20,6 +20,8 @@ fn golden() -> Superblock {
         clean_shutdowns: 3,
         unclean_starts: 1,
         journal_tail: 77,
+        journal_landed: 75,
+        other_copy_damaged: false,
         volumes: vec![Volume {
             id: 1,
             generation: 2,
@@ -27,6 +29,7 @@ fn golden() -> Superblock {
             name: "/dev/mapper/san-lun7".into(),
             identity: *b"fedcba9876543210",
             detached: false,
+            writeback: false,
         }],
     }
 }
@@ -34,17 +37,17 @@ fn golden() -> Superblock {
 #[test]
 fn format_version_and_golden_superblock() {
     assert_eq!(
-        FORMAT_VERSION, 4,
+        FORMAT_VERSION, 5,
         "a format change must bump the version and the golden image"
     );
     let img = golden().encode();
     assert_eq!(img.len(), 4096);
     assert_eq!(&img[0..8], &MAGIC);
-    assert_eq!(&img[8..12], &4u32.to_le_bytes());
+    assert_eq!(&img[8..12], &5u32.to_le_bytes());
     // The whole image, pinned by its CRC-32C: any change to the encoding shows here.
     assert_eq!(
         crc32c::crc32c(&img),
-        0x6dc5_4ee0,
+        0xb8d9_6c57,
         "the superblock encoding changed: bump FORMAT_VERSION and update docs/FORMAT.md"
     );
     assert_eq!(Superblock::decode(&img).unwrap(), golden());
@@ -57,10 +60,10 @@ fn layout_arithmetic_is_pinned() {
         (l.entry_size, l.unit_size, l.slots_per_unit),
         (1104, 4096, 3)
     );
-    assert_eq!((l.slots, l.units, l.intent_blocks), (1018, 340, 1));
+    assert_eq!((l.slots, l.units, l.intent_blocks), (1017, 339, 1));
     // The write journal: 1/256 of the device, at most 4 MiB, after the intent bitmap.
     assert_eq!((l.journal_offset, l.journal_blocks), (12288, 1024));
-    assert_eq!((l.meta_offset, l.data_offset), (12288 + (4 << 20), 6 << 20));
+    assert_eq!((l.meta_offset, l.data_offset), (12288 + (4 << 20), 7 << 20));
     let small = Layout::compute(64 << 20, 1 << 20).unwrap();
     assert_eq!(small.journal_blocks, 64);
     let tiny = Layout::compute(2 << 20, 64 << 10).unwrap();
@@ -119,21 +122,22 @@ fn every_damaged_byte_gives_an_error_or_the_other_copy_never_a_panic() {
 #[test]
 fn newer_version_foreign_and_blank_devices_are_named() {
     let mut sb = golden();
-    sb.version = 5;
+    sb.version = 6;
     let d = device_with(&sb);
     let e = read_superblock(&d).unwrap_err();
-    assert!(matches!(e, StoreError::Version(5)), "{e}");
-    assert!(e.to_string().contains("newer than this sce's 4"), "{e}");
+    assert!(matches!(e, StoreError::Version(6)), "{e}");
+    assert!(e.to_string().contains("newer than this sce's 5"), "{e}");
     // Older devices (version 1: checksums not bound to their address; version 2: no write
     // journal; version 3: no dirty bitmaps, so it could not tell write-back data) are named
-    // as older, and the message says how to go on.
-    for v in [1, 2, 3] {
+    // as older, and the message says how to go on. Version 4 has no mirror copies of its
+    // units and journal blocks (its data starts where version 5 keeps the mirrors).
+    for v in [1, 2, 3, 4] {
         let mut old = golden();
         old.version = v;
         let e = read_superblock(&device_with(&old)).unwrap_err();
         assert!(matches!(e, StoreError::OldVersion(x) if x == v), "{e}");
         let m = e.to_string();
-        assert!(m.contains("older than this sce's 4"), "{m}");
+        assert!(m.contains("older than this sce's 5"), "{m}");
         assert!(m.contains("--reformat"), "{m}");
     }
     let blank = MemDevice::new(1 << 20);

@@ -16,7 +16,8 @@
 //! The open block itself stays needed (entries may join it after the note).
 //!
 //! # The ring
-//! Block `seq` lives at ring position `seq % ring`, and is written only if
+//! Block `seq` lives at ring position `seq % ring`, and again at that position plus half the
+//! region (its mirror copy: a damaged copy is read from the other), and is written only if
 //! `seq < tail + ring`: a block is never overwritten while its entries may be needed, so a
 //! torn block only loses entries of writes that never reached the source. When the ring is
 //! full, a write falls back to its slot's write intent (`journal_full_fallbacks`). Once half
@@ -25,7 +26,7 @@
 
 use super::{Persist, Ticket};
 use sce_io::{AlignedBuf, BlockDevice, IoError};
-use sce_store::journal::{encode_block, JournalEntry, ENTRIES_PER_BLOCK};
+use sce_store::journal::{encode_commit_block, JournalEntry, ENTRIES_PER_BLOCK};
 use sce_store::layout::BLOCK;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -105,6 +106,11 @@ impl Journal {
         self.open_seq - self.tail >= self.ring.div_ceil(2)
     }
 
+    /// Every block below this one is durable (or was never needed).
+    pub(super) fn durable_end(&self) -> u64 {
+        self.durable
+    }
+
     /// True if block `seq` is durable.
     pub(super) fn durable(&self, seq: u64) -> bool {
         seq < self.durable && !self.failed.contains(&seq)
@@ -162,6 +168,12 @@ impl Journal {
     }
 }
 
+/// The journal region's halves: block `b` of the ring is written at `b` and at `b + half`.
+/// The ring uses at most `half` blocks.
+pub(super) fn mirror_half(l: &sce_store::Layout) -> u32 {
+    (l.journal_blocks / 2).max(1)
+}
+
 impl Persist {
     /// True if writes are journaled.
     pub(super) fn journal_on(&self) -> bool {
@@ -194,25 +206,36 @@ impl Persist {
             let pos = p.iter().map(|(seq, _)| st.journal.position(*seq)).collect();
             (p, pos)
         };
-        let Some(last) = pending.last().map(|b| b.0) else {
+        let (Some(first), Some(last)) = (pending.first().map(|b| b.0), pending.last().map(|b| b.0))
+        else {
             return Ok(None);
         };
-        let uuid = self.uuid;
+        let (uuid, half) = (self.uuid, mirror_half(&self.layout));
+        let ring = self.st.lock().journal.ring as u32;
         let mut buf = AlignedBuf::new(BLOCK as usize);
-        for ((seq, entries), at) in pending.iter().zip(positions) {
-            buf.copy_from_slice(&encode_block(&uuid, *seq, at, entries));
-            let r = self
-                .dev
-                .write_at(self.layout.journal_block_offset(at), &buf);
-            if let Err(e) = r {
-                // Whoever waits for these blocks must not find them durable later, when a
-                // following commit moves the durable mark past them.
-                let seqs = pending.iter().map(|b| b.0);
-                self.st.lock().journal.failed(seqs);
-                return Err(e);
+        // Each block twice, at its position in each half of the region: damage to one copy
+        // loses nothing. Both copies go before the commit's one flush: a crash may tear
+        // both, but only blocks of this commit, whose writes were not acknowledged.
+        for mirror in [0, half] {
+            for ((seq, entries), &at) in pending.iter().zip(&positions) {
+                let img = encode_commit_block(&uuid, (*seq, at + mirror), (first, ring), entries);
+                buf.copy_from_slice(&img);
+                let r = self
+                    .dev
+                    .write_at(self.layout.journal_block_offset(at + mirror), &buf);
+                if let Err(e) = r {
+                    // Whoever waits for these blocks must not find them durable later, when
+                    // a following commit moves the durable mark past them.
+                    let seqs = pending.iter().map(|b| b.0);
+                    self.st.lock().journal.failed(seqs);
+                    return Err(e);
+                }
+                // Blocks count once; bytes count both copies (what the device wrote).
+                self.counters
+                    .journal_blocks
+                    .fetch_add((mirror == 0) as u64, Relaxed);
+                self.counters.journal_bytes.fetch_add(BLOCK, Relaxed);
             }
-            self.counters.journal_blocks.fetch_add(1, Relaxed);
-            self.counters.journal_bytes.fetch_add(BLOCK, Relaxed);
         }
         Ok(Some(last))
     }

@@ -93,6 +93,9 @@ pub struct PersistConfig {
     /// it (`sce ctl attach` after a detach with no write): a volume marked detached is
     /// trusted as any other. Otherwise a start drops a volume marked detached.
     pub reattach: bool,
+    /// The start serves its volumes in write-back (set by the engine from the mode): their
+    /// table entries are marked so (`sce_store::Volume::writeback`).
+    pub writeback: bool,
 }
 
 impl PersistConfig {
@@ -110,6 +113,7 @@ impl PersistConfig {
             journal: true,
             journal_blocks: 0,
             reattach: false,
+            writeback: false,
         }
     }
 }

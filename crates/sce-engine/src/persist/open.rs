@@ -157,6 +157,7 @@ impl Persist {
         let why = Self::trust(&dev, &cfg, &mut sb, &trusted, formatted_now)?;
         let (lv, pvols) = placed(vols, &indices, &sb, fragment_size);
         let loaded = sce_store::load_volumes(&*dev, sb.clone(), &lv)?;
+        refuse_unlocatable_damage(&sb, &indices, &loaded)?;
         let layout = sb.layout;
         let mut stats = load_stats(&sb, &loaded.report, formatted_now, why.join("; "));
         stats.load_millis = started.elapsed().as_millis() as u64;
@@ -165,9 +166,10 @@ impl Persist {
         let intent_bits: Arc<[AtomicU64]> =
             loaded.intents.iter().map(|&w| AtomicU64::new(w)).collect();
         let warm_rounds = cfg.warm_rounds;
+        let half = super::journal::mirror_half(&layout);
         let ring = match cfg.journal_blocks {
-            0 => layout.journal_blocks,
-            n => n.min(layout.journal_blocks),
+            0 => half,
+            n => n.min(half),
         };
         let next = loaded.journal.next_seq(sb.journal_tail);
         let journal = super::journal::Journal::new(ring as u64, next);
@@ -218,6 +220,7 @@ impl Persist {
             name: wanted[0].0.clone(),
             identity: identity_hash,
             detached: false,
+            writeback: false,
         };
         let fmt = |dev: &dyn BlockDevice| {
             sce_store::format(
@@ -294,11 +297,20 @@ impl Persist {
     ) -> Result<Vec<String>, StoreError> {
         let zero = [0; sce_store::superblock::IDENTITY_BYTES];
         let seen_seq = state_seq(cfg, &sb.uuid);
-        let older = seen_seq.filter(|&seen| seen > sb.seq && !formatted_now).map(|seen| {
+        let older = older_copy(cfg, sb, formatted_now).map(|seen| {
             format!(
                 "the cache device is an older copy: its superblock sequence is {}, this host wrote {seen}",
                 sb.seq
             )
+        });
+        // The newest copy damaged: the volume table found may be one write behind (a forget,
+        // a changed identity). Clean data is dropped; dirty pages, trusted whatever the
+        // generation, stay.
+        let older = older.or_else(|| {
+            (sb.other_copy_damaged && !formatted_now).then(|| {
+                "a superblock copy is damaged: the other one, possibly a write older, is used"
+                    .to_string()
+            })
         });
         let mut all_why = Vec::new();
         let mut changed = false;
@@ -310,6 +322,10 @@ impl Persist {
             let mut why = reasons(v, &sb.volumes[vi], cfg.reattach, source);
             if sb.volumes[vi].detached {
                 sb.volumes[vi].detached = false;
+                changed = true;
+            }
+            if cfg.writeback && !sb.volumes[vi].writeback {
+                sb.volumes[vi].writeback = true;
                 changed = true;
             }
             why.extend(older.clone());
@@ -437,8 +453,7 @@ fn refuse_older_copy_with_dirty_data(
     formatted_now: bool,
     (vols, indices): (&[OpenVolume], &[usize]),
 ) -> Result<(), StoreError> {
-    let older = !formatted_now && super::state_seq(cfg, &sb.uuid).is_some_and(|s| s > sb.seq);
-    if !older {
+    if formatted_now || older_copy(cfg, sb, false).is_none() {
         return Ok(());
     }
     let (lv, _) = placed(vols, indices, sb, sb.layout.fragment_size);
@@ -451,5 +466,46 @@ fn refuse_older_copy_with_dirty_data(
          one) and holds {} dirty (write-back) pages that may be older than the source: \
          refusing to write them back; `sce format --force` drops them",
         sb.seq, pre.report.pages_dirty
+    )))
+}
+
+/// The superblock sequence this host recorded for the device, if the device is an older
+/// copy than that: its sequence is below it, and not just one below because the newest
+/// copy was damaged (then the other copy, one write older, was read).
+fn older_copy(cfg: &PersistConfig, sb: &Superblock, formatted_now: bool) -> Option<u64> {
+    let damaged = sb.other_copy_damaged as u64;
+    super::state_seq(cfg, &sb.uuid).filter(|&seen| !formatted_now && seen > sb.seq + damaged)
+}
+
+/// Metadata damage whose claims cannot be located: units neither of whose copies is sound
+/// (their slots' fragments are unknown) and journal blocks of an earlier commit that neither
+/// copy holds (their pages are unknown). Clean data they vouched for is simply not loaded;
+/// but a volume served in write-back may have had its only copy of data there, and serving
+/// the source's older bytes for it would be stale: such a start is refused, naming the damage.
+fn refuse_unlocatable_damage(
+    sb: &Superblock,
+    indices: &[usize],
+    loaded: &sce_store::Loaded,
+) -> Result<(), StoreError> {
+    let r = &loaded.report;
+    let units = r.units_corrupt + r.units_misplaced + r.units_foreign;
+    let blocks = loaded.journal.blocks_missing;
+    let wb: Vec<&str> = indices
+        .iter()
+        .map(|&i| &sb.volumes[i])
+        .filter(|v| v.writeback)
+        .map(|v| v.name.as_str())
+        .collect();
+    let dirty = r.pages_dirty + r.dirty_pages_lost > 0;
+    if (units == 0 && blocks == 0) || (wb.is_empty() && !dirty) {
+        return Ok(());
+    }
+    Err(StoreError::Unlocatable(format!(
+        "{units} metadata unit(s) are damaged in both copies and {blocks} write-journal \
+         block(s) of earlier commits are damaged in both copies; the volume(s) {wb:?} were \
+         served in write-back, so what that metadata named may be the only copy of \
+         acknowledged data and cannot be located. Refusing to start rather than serve older \
+         bytes; `sce check` shows the damage. To give that data up, reformat the device \
+         (`sce format --force`) and start cold"
     )))
 }

@@ -298,24 +298,58 @@ impl Persist {
         ok.is_some()
     }
 
-    /// Steps 3 and 4: writes the units, adjacent ones in one request, flushes, and reads
-    /// them back (`verify_metadata`). Per image: true if it is durable as written.
+    /// Steps 3 and 4: writes the units, adjacent ones in one request, flushes, writes their
+    /// mirror copies and flushes again (so that a crash tears at most one copy of a unit: the
+    /// other is the previous round's, which the live journal still covers), and reads both
+    /// back (`verify_metadata`). Per image: true if both copies are durable as written.
     fn write_units(&self, images: &[UnitImage]) -> Vec<bool> {
         let l = self.layout;
         let mut ok_units = vec![true; images.len()];
+        for mirror in [false, true] {
+            let at = |u: u32| match mirror {
+                false => l.unit_offset(u),
+                true => l.unit_mirror_offset(u),
+            };
+            self.write_unit_copies(images, at, &mut ok_units);
+            if self.dev.flush().is_err() {
+                ok_units.fill(false);
+            }
+        }
+        if self.cfg.verify_metadata {
+            let mut back = AlignedBuf::new(l.unit_size as usize);
+            for (k, img) in images.iter().enumerate() {
+                for at in [l.unit_offset(img.0), l.unit_mirror_offset(img.0)] {
+                    if ok_units[k]
+                        && (self.dev.read_at(at, &mut back).is_err() || back[..] != img.1[..])
+                    {
+                        ok_units[k] = false;
+                    }
+                }
+            }
+        }
+        ok_units
+    }
+
+    /// Writes one copy of each unit image (at `at(unit)`), adjacent ones in one request;
+    /// clears `ok_units` of those whose write failed.
+    fn write_unit_copies(
+        &self,
+        images: &[UnitImage],
+        at: impl Fn(u32) -> u64,
+        ok_units: &mut [bool],
+    ) {
+        let us = self.layout.unit_size as usize;
         let mut i = 0;
         while i < images.len() {
             let mut j = i + 1;
             while j < images.len() && images[j].0 == images[j - 1].0 + 1 && j - i < 256 {
                 j += 1;
             }
-            let us = l.unit_size as usize;
             let mut buf = AlignedBuf::new((j - i) * us);
             for (k, img) in images[i..j].iter().enumerate() {
                 buf[k * us..(k + 1) * us].copy_from_slice(&img.1);
             }
-            let at = l.unit_offset(images[i].0);
-            let ok = self.dev.write_at(at, &buf).is_ok();
+            let ok = self.dev.write_at(at(images[i].0), &buf).is_ok();
             self.counters
                 .metadata_bytes_written
                 .fetch_add(buf.len() as u64, Relaxed);
@@ -327,22 +361,6 @@ impl Persist {
             }
             i = j;
         }
-        if self.dev.flush().is_err() {
-            ok_units.fill(false);
-        }
-        if self.cfg.verify_metadata {
-            let us = l.unit_size as usize;
-            let mut back = AlignedBuf::new(us);
-            for (k, img) in images.iter().enumerate() {
-                if ok_units[k]
-                    && (self.dev.read_at(l.unit_offset(img.0), &mut back).is_err()
-                        || back[..] != img.1[..])
-                {
-                    ok_units[k] = false;
-                }
-            }
-        }
-        ok_units
     }
 
     /// Step 5, under the state lock: forgets the claims the device no longer holds, queues
@@ -395,7 +413,7 @@ impl Persist {
         (errors, blocks)
     }
 
-    /// Reads every unit and queues the rejected ones (torn, misplaced, foreign) for rewriting.
+    /// Reads every unit (both copies) and queues the rejected ones (torn, misplaced, foreign) for rewriting.
     /// Runs after a unit write went wrong, since a misdirected write lands on another unit.
     pub(super) fn scrub(&self) {
         let l = self.layout;
@@ -406,19 +424,18 @@ impl Persist {
         let mut u = 0;
         while u < l.units {
             let n = per.min(l.units - u);
-            if self
-                .dev
-                .read_at(l.unit_offset(u), &mut buf[..(n * l.unit_size) as usize])
-                .is_err()
-            {
-                self.st.lock().scrub = true;
-                return;
-            }
-            for k in 0..n {
-                let img = &buf[(k * l.unit_size) as usize..((k + 1) * l.unit_size) as usize];
-                match sce_store::unit::decode_unit(&l, &uuid, u + k, img, |_, _| {}) {
-                    Ok(()) | Err(sce_store::unit::UnitError::Blank) => {}
-                    Err(_) => bad.push(u + k),
+            for at in [l.unit_offset(u), l.unit_mirror_offset(u)] {
+                let bytes = (n * l.unit_size) as usize;
+                if self.dev.read_at(at, &mut buf[..bytes]).is_err() {
+                    self.st.lock().scrub = true;
+                    return;
+                }
+                for k in 0..n {
+                    let img = &buf[(k * l.unit_size) as usize..((k + 1) * l.unit_size) as usize];
+                    match sce_store::unit::decode_unit(&l, &uuid, u + k, img, |_, _| {}) {
+                        Ok(()) | Err(sce_store::unit::UnitError::Blank) => {}
+                        Err(_) => bad.push(u + k),
+                    }
                 }
             }
             u += n;

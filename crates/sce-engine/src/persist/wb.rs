@@ -19,6 +19,7 @@
 //! * Write-back needs the journal (refused without it).
 
 use super::{Persist, State, Ticket};
+use sce_io::IoError;
 use sce_store::journal::{DirtyPage, JournalEntry, PrevPage};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
@@ -204,6 +205,34 @@ impl Persist {
             first,
             hold,
         })
+    }
+
+    /// After the device was flushed for an NBD FLUSH or FUA: records in the superblock that
+    /// every dirty entry below the journal block it returns belongs to a write whose data
+    /// that flush made durable, so that a load tells a damaged page from a torn one (see
+    /// `sce_store::Superblock::journal_landed`). Call `landed_mark` *before* the device
+    /// flush and pass its value here after it: only writes whose data writes had completed
+    /// when the mark was taken are covered.
+    pub(crate) fn record_landed(&self, mark: u64) -> Result<(), IoError> {
+        let mut sb = self.sb.lock();
+        if mark <= sb.journal_landed || sb.state == sce_store::DeviceState::Failed {
+            return Ok(());
+        }
+        sb.journal_landed = mark;
+        self.write_sb_with(&mut sb, false)
+    }
+
+    /// The journal block below which every dirty entry belongs to a write whose data write
+    /// has completed: the lowest first block of a write-back write in flight, or the durable
+    /// end of the journal.
+    pub(crate) fn landed_mark(&self) -> u64 {
+        let st = self.st.lock();
+        let durable = st.journal.durable_end();
+        st.wb
+            .inflight
+            .keys()
+            .next()
+            .map_or(durable, |&f| f.min(durable))
     }
 
     /// A write-back write whose first entry is in block `first` completed (or failed).
