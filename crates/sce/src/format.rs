@@ -75,6 +75,7 @@ pub fn format(a: FormatArgs) -> Result<()> {
                 name,
                 identity: [0; sce_store::superblock::IDENTITY_BYTES],
                 detached: false,
+                writeback: false,
             },
             size: None,
         },
@@ -251,8 +252,8 @@ fn print_check(r: &CheckReport, verified: bool) {
     for (name, s) in &r.volumes {
         println!("  volume {name}:");
         println!(
-            "    units: {} ok, {} never written, {} corrupt, {} misplaced, {} of another device",
-            s.units_ok, s.units_blank, s.units_corrupt, s.units_misplaced, s.units_foreign
+            "    units: {} ok, {} never written, {} repaired from their mirror copy, damaged in both copies: {} corrupt, {} misplaced, {} of another device",
+            s.units_ok, s.units_blank, s.units_repaired, s.units_corrupt, s.units_misplaced, s.units_foreign
         );
         println!(
             "    fragments: {} loadable ({} pages), {} under a write intent, {} stale, {} out of range, up to {} in rejected units",
@@ -265,25 +266,69 @@ fn print_check(r: &CheckReport, verified: bool) {
         );
         println!("    write intents set: {}", s.intents_set);
         println!(
-            "    write journal: {} live blocks of {}, {} pages they drop in {} fragments",
+            "    write journal (every block's checksum verified): {} live blocks of {} ({} \
+             copies damaged, {} repaired from the mirror, {} missing), {} pages they drop in \
+             {} fragments",
             s.journal_blocks_live,
-            l.journal_blocks,
+            l.journal_blocks / 2,
+            s.journal_blocks_bad,
+            s.journal_blocks_repaired,
+            s.journal_blocks_missing,
             s.journal_pages_dropped,
             s.journal_fragments_hit
         );
     }
     if verified {
         println!(
-            "  data: {} pages checked, {} bad",
-            r.data_pages_checked, r.data_pages_bad
+            "  data: {} pages checked (dirty ones included), {} bad, of them {} dirty (lost: reads of them fail)",
+            r.data_pages_checked, r.data_pages_bad, r.data_dirty_pages_bad
         );
     }
-    println!(
-        "{}",
-        if r.damaged() {
-            "damage found: the affected fragments are dropped at the next start (never served)"
-        } else {
-            "no damage found"
+    for line in damage_summary(r) {
+        println!("{line}");
+    }
+}
+
+/// What `check` found, in the words an operator acts on: one line per kind of damage, or
+/// "no damage found".
+fn damage_summary(r: &sce_store::CheckReport) -> Vec<String> {
+    let mut out = Vec::new();
+    if r.superblock_copy_damaged {
+        out.push(
+            "damage found: one superblock copy is damaged; the other is used (clean data is \
+             dropped at the next start, dirty data kept)"
+                .to_string(),
+        );
+    }
+    for (name, s) in &r.volumes {
+        let both = s.units_corrupt + s.units_misplaced + s.units_foreign;
+        if s.units_repaired > 0 || s.journal_blocks_repaired > 0 {
+            out.push(format!(
+                "damage found in volume {name}: {} metadata unit(s) and {} write-journal \
+                 block(s) have one damaged copy; the next start reads the other and rewrites \
+                 them (nothing lost)",
+                s.units_repaired, s.journal_blocks_repaired
+            ));
         }
-    );
+        if both > 0 || s.journal_blocks_missing > 0 {
+            out.push(format!(
+                "damage found in volume {name}: {both} metadata unit(s) and {} write-journal \
+                 block(s) are damaged in both copies: the clean data they vouched for is \
+                 dropped at the next start (never served); a volume served in write-back is \
+                 refused (what they named may be the only copy of its data)",
+                s.journal_blocks_missing
+            ));
+        }
+    }
+    if r.data_pages_bad > 0 {
+        out.push(format!(
+            "damage found: {} cached page(s) fail their checksum: clean ones are read from the \
+             source instead, the {} dirty one(s) are lost (reads fail)",
+            r.data_pages_bad, r.data_dirty_pages_bad
+        ));
+    }
+    if out.is_empty() {
+        out.push("no damage found".to_string());
+    }
+    out
 }
