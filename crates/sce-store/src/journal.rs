@@ -237,6 +237,12 @@ pub struct JournalScan {
     /// that neither copy holds any more, though no later lap overwrote them: damage. Their
     /// entries, whatever pages they named, are gone.
     pub blocks_missing: u32,
+    /// Every block the ring should hold and does not (those of `blocks_missing`, and torn
+    /// blocks of the last commit), with the ring length they were written in: a start
+    /// writes an empty block for each before anything is served, so that the journal is
+    /// whole again and a torn commit is not taken for damage once later commits follow it.
+    #[serde(skip)]
+    pub gaps: (Vec<u64>, u32),
     /// The highest sequence number of any sound block of this device (None: none).
     pub max_seq: Option<u64>,
 }
@@ -300,7 +306,11 @@ pub fn scan_journal(dev: &dyn BlockDevice, sb: &Superblock) -> Result<JournalSca
         b += n;
     }
     found.sort_by_key(|f| (f.seq, f.at));
-    scan.blocks_missing = missing(&found, sb.journal_tail);
+    scan.gaps = gaps(&found, sb.journal_tail);
+    scan.blocks_missing = match found.last() {
+        Some(n) => scan.gaps.0.iter().filter(|&&s| s < n.commit_first).count() as u32,
+        None => 0,
+    };
     let mut live: Vec<(u64, Vec<JournalEntry>)> = Vec::new();
     let mut copies = 0;
     for f in found {
@@ -332,30 +342,31 @@ pub fn scan_journal(dev: &dyn BlockDevice, sb: &Superblock) -> Result<JournalSca
     Ok(scan)
 }
 
-/// Blocks that an earlier group commit made durable and that are gone: every sequence
-/// number from the tail up to the first block of the newest sound block's commit must be
-/// found, unless a later lap of the ring took its place (its position holds a sound block
-/// with a higher sequence number: the tail had moved past it, even if the superblock that
-/// says so is the older copy). Blocks of the newest commit may be torn by a crash: their
-/// writes were never acknowledged.
-fn missing(found: &[Found], tail: u64) -> u32 {
+/// The blocks from the tail up to the newest sound block that are gone, with the ring
+/// length: a block whose position holds a sound block with a higher sequence number was
+/// replaced by a later lap (the tail had moved past it, even if the superblock that says so
+/// is the older copy) and is not missing. Those below the first block of the newest
+/// block's commit were made durable by an earlier commit: their loss is damage. Those of
+/// the newest commit may be torn by a crash: their writes were never acknowledged.
+fn gaps(found: &[Found], tail: u64) -> (Vec<u64>, u32) {
     let Some(newest) = found.last() else {
-        return 0;
+        return (Vec::new(), 0);
     };
-    let (first, ring) = (newest.commit_first.min(newest.seq), newest.ring as u64);
+    let ring = newest.ring as u64;
     if ring == 0 {
-        return 0;
+        return (Vec::new(), 0);
     }
     let present: std::collections::BTreeSet<u64> = found.iter().map(|f| f.seq).collect();
     let mut newest_at: std::collections::HashMap<u64, u64> = Default::default();
     for f in found {
-        let pos = f.seq % ring;
-        let e = newest_at.entry(pos).or_insert(f.seq);
+        let e = newest_at.entry(f.seq % ring).or_insert(f.seq);
         *e = (*e).max(f.seq);
     }
-    // A block a whole ring below the commit was overwritten by a later lap anyway.
-    (tail.max(first.saturating_sub(ring))..first)
+    // A block a whole ring below the newest was overwritten by a later lap anyway.
+    let from = tail.max((newest.seq + 1).saturating_sub(ring));
+    let gone = (from..newest.seq)
         .filter(|s| !present.contains(s))
         .filter(|s| newest_at.get(&(s % ring)).is_none_or(|&n| n < *s))
-        .count() as u32
+        .collect();
+    (gone, ring as u32)
 }

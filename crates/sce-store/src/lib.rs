@@ -290,13 +290,17 @@ pub struct ScanReport {
 impl ScanReport {
     /// True if something was damaged (not just dropped by design).
     pub fn damaged(&self) -> bool {
-        self.unrepairable() || self.units_repaired > 0 || self.journal_blocks_bad > 0
+        self.unrepairable()
+            || self.units_foreign > 0
+            || self.units_repaired > 0
+            || self.journal_blocks_bad > 0
     }
 
-    /// True if damage hit both copies of something: what it held cannot be located.
+    /// True if damage hit both copies of something of this device's: what it held cannot
+    /// be located. (Units of another device are not counted: a reformatted device keeps
+    /// its previous life's units until they are rewritten.)
     pub fn unrepairable(&self) -> bool {
-        self.units_corrupt + self.units_misplaced + self.units_foreign > 0
-            || self.journal_blocks_missing > 0
+        self.units_corrupt + self.units_misplaced > 0 || self.journal_blocks_missing > 0
     }
 }
 
@@ -406,6 +410,10 @@ fn scan_units(
                     continue;
                 }
             };
+            let Some(img) = img else {
+                bad(unit, UnitError::Blank);
+                continue;
+            };
             let (first, end) = l.unit_slots(unit);
             let note = unit::unit_note(img);
             let r = decode_unit(l, &sb.uuid, unit, img, |i, e| {
@@ -421,23 +429,28 @@ fn scan_units(
 }
 
 /// Of a unit's two copies (primary, mirror): the valid one, or of two valid ones the one of
-/// the later round; with whether the other is damaged (not blank, not valid). Neither valid:
-/// the error that says most (a blank copy says least).
+/// the later round; with whether the other is damaged (not blank, not valid). A damaged
+/// copy beside a blank one is a unit no round completed (a round writes the mirror only
+/// after the primary is durable, and moves the journal's tail only after both): blank
+/// (None), its damaged copy to be rewritten. Neither valid nor blank: the primary's error.
+#[allow(clippy::type_complexity)]
 fn choose_copy<'a>(
     l: &Layout,
     uuid: &[u8; 16],
     unit: u32,
     copies: [&'a [u8]; 2],
-) -> Result<(&'a [u8], bool), UnitError> {
+) -> Result<(Option<&'a [u8]>, bool), UnitError> {
     let check = |img: &[u8]| decode_unit(l, uuid, unit, img, |_, _| {});
     match (check(copies[0]), check(copies[1])) {
         (Ok(()), Ok(())) => {
             let newer = unit::unit_seq(copies[1]) > unit::unit_seq(copies[0]);
-            Ok((copies[newer as usize], false))
+            Ok((Some(copies[newer as usize]), false))
         }
-        (Ok(()), Err(e)) => Ok((copies[0], e != UnitError::Blank)),
-        (Err(e), Ok(())) => Ok((copies[1], e != UnitError::Blank)),
-        (Err(UnitError::Blank), Err(e)) | (Err(e), Err(_)) => Err(e),
+        (Ok(()), Err(e)) => Ok((Some(copies[0]), e != UnitError::Blank)),
+        (Err(e), Ok(())) => Ok((Some(copies[1]), e != UnitError::Blank)),
+        (Err(UnitError::Blank), Err(UnitError::Blank)) => Err(UnitError::Blank),
+        (Err(UnitError::Blank), Err(_)) | (Err(_), Err(UnitError::Blank)) => Ok((None, true)),
+        (Err(e), Err(_)) => Err(e),
     }
 }
 

@@ -206,7 +206,7 @@ fn format_check_and_refusals() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("format version 4"), "{text}");
+    assert!(text.contains("format version 5"), "{text}");
     // Formatting again needs --force.
     let out = sce(&["format", caches, "--source", srcs]);
     assert!(!out.status.success());

@@ -240,6 +240,33 @@ impl Persist {
         Ok(Some(last))
     }
 
+    /// At a start, before anything is served: writes an empty block (both copies) for each
+    /// block the load found gone (`gaps`: torn blocks of the last commit, or damage that the
+    /// load already answered for), at its position in the ring it was written in, so that
+    /// the journal is whole again: otherwise, once later commits follow, a torn block of an
+    /// unacknowledged commit would look like damage to an acknowledged one. The start's
+    /// superblock write flushes them.
+    pub(super) fn fill_journal_gaps(&self, (gaps, ring): &(Vec<u64>, u32)) -> Result<(), IoError> {
+        let Some(&first) = gaps.first() else {
+            return Ok(());
+        };
+        let (half, ring) = (mirror_half(&self.layout), (*ring).max(1));
+        let mut buf = AlignedBuf::new(BLOCK as usize);
+        for &seq in gaps {
+            let at = (seq % ring as u64) as u32;
+            for pos in [at, at + half] {
+                if pos >= self.layout.journal_blocks {
+                    continue;
+                }
+                let img = encode_commit_block(&self.uuid, (seq, pos), (first, ring), &[]);
+                buf.copy_from_slice(&img);
+                self.dev
+                    .write_at(self.layout.journal_block_offset(pos), &buf)?;
+            }
+        }
+        Ok(())
+    }
+
     /// After a flush round that wrote every record it had to without an error: the blocks
     /// below `covered` are no longer needed. Records the new tail in the superblock.
     pub(super) fn advance_journal(&self, covered: u64) -> Result<(), IoError> {

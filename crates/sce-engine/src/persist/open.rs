@@ -157,7 +157,9 @@ impl Persist {
         let why = Self::trust(&dev, &cfg, &mut sb, &trusted, formatted_now)?;
         let (lv, pvols) = placed(vols, &indices, &sb, fragment_size);
         let loaded = sce_store::load_volumes(&*dev, sb.clone(), &lv)?;
-        refuse_unlocatable_damage(&sb, &indices, &loaded)?;
+        if !formatted_now {
+            refuse_unlocatable_damage(&sb, &indices, &loaded)?;
+        }
         let layout = sb.layout;
         let mut stats = load_stats(&sb, &loaded.report, formatted_now, why.join("; "));
         stats.load_millis = started.elapsed().as_millis() as u64;
@@ -378,6 +380,7 @@ impl Persist {
         holds: impl Fn(u32) -> Option<u64>,
         loaded: &sce_store::Loaded,
     ) -> Result<(), IoError> {
+        self.fill_journal_gaps(&loaded.journal.gaps)?;
         let mut tickets = Vec::new();
         let mut restored = 0;
         {
@@ -488,7 +491,7 @@ fn refuse_unlocatable_damage(
     loaded: &sce_store::Loaded,
 ) -> Result<(), StoreError> {
     let r = &loaded.report;
-    let units = r.units_corrupt + r.units_misplaced + r.units_foreign;
+    let units = r.units_corrupt + r.units_misplaced;
     let blocks = loaded.journal.blocks_missing;
     let wb: Vec<&str> = indices
         .iter()
