@@ -215,14 +215,14 @@ fn format_check_and_refusals() {
     let out = sce(&["check", caches, "--json"]);
     assert!(out.status.success());
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(r["superblock"]["version"], 4);
+    assert_eq!(r["superblock"]["version"], 5);
     assert_eq!(r["superblock"]["layout"]["fragment_size"], 256 * 1024);
     // serve picks the device's fragment size up, and refuses another source.
     let s = Server::start(
         &["--source", srcs, "--cache", caches, "--allow-buffered"],
         &sock,
     );
-    assert_eq!(num(&s.export_stats(), "persist_format_version"), 4);
+    assert_eq!(num(&s.export_stats(), "persist_format_version"), 5);
     assert!(s.term().success());
     let out = Command::new(env!("CARGO_BIN_EXE_sce"))
         .args([
