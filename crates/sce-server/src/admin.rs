@@ -291,7 +291,7 @@ impl Ctx {
             "forget" => {
                 let (n, a) = self.attachable(name)?;
                 let (frags, errors) = a.forget().map_err(|e| anyhow!("export {n:?}: {e}"))?;
-                tracing::warn!(target: LOG_TARGET, export = %n, fragments = frags, "ctl forget: everything cached was dropped");
+                tracing::warn!(target: LOG_TARGET, export = %n, fragments = frags, "ctl forget: everything clean that was cached was dropped (dirty write-back data, newer than the source, is kept)");
                 if errors > 0 {
                     bail!("forgot {frags} fragments, but {errors} metadata writes failed: a crash now may bring old records back; check the cache device");
                 }

@@ -49,6 +49,10 @@ pub struct ServeConfig {
     pub reformat: bool,
     /// Invalidate everything the cache device holds for the source, at start.
     pub forget_volume: bool,
+    /// Volumes (names in a cache device's table, as `sce check` prints them, or "all")
+    /// whose dirty write-back data the operator gives up: a `--reformat`, or a start that
+    /// leaves them out, may then drop it. Without it such a start is refused.
+    pub discard_dirty: Vec<String>,
     /// Set by an attach that knows nothing reached the source while the cache was
     /// detached: the volume's "detached" mark on the device does not drop it.
     pub reattach: bool,
@@ -177,6 +181,9 @@ pub struct ConfigFile {
     pub shared: Option<String>,
     /// This host's name in shared mode (as `--host-name`).
     pub host_name: Option<String>,
+    /// Volumes whose dirty write-back data may be dropped (as `--discard-dirty`, added to it).
+    #[serde(default)]
+    pub discard_dirty: Vec<String>,
     /// The exports.
     #[serde(default)]
     pub export: Vec<ExportConfig>,
@@ -210,6 +217,7 @@ impl ServeConfig {
             self.admin = file.admin;
         }
         self.insecure |= file.insecure;
+        self.discard_dirty.extend(file.discard_dirty);
         if self.tls.mode.is_none() {
             self.tls.mode = file
                 .tls
@@ -360,6 +368,7 @@ mod tests {
             force: false,
             reformat: false,
             forget_volume: false,
+            discard_dirty: Vec::new(),
             reattach: false,
             source_generation: None,
             state_dir: "/var/lib/sce".into(),

@@ -428,6 +428,7 @@ pub(crate) fn persist_config(
     let p = PersistConfig {
         reformat: cfg.reformat || matches!(found, Contents::Foreign(_) | Contents::VolatileCache),
         forget_volume: cfg.forget_volume,
+        discard_dirty: cfg.discard_dirty.clone(),
         reattach: cfg.reattach,
         state_dir: Some(cfg.state_dir.clone()),
         flush_interval: cfg.metadata_interval,

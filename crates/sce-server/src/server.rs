@@ -63,13 +63,46 @@ struct Running {
 pub fn run(cfg: ServeConfig, report: &mut dyn FnMut(Event)) -> Result<Stopped> {
     cfg.check()?;
     export::check_ownership(&cfg.exports)?;
-    let assembled = assemble(&cfg)?;
+    refuse_shared_writeback(&cfg)?;
+    // A start refused after it created cache files leaves none behind.
+    let new_caches: Vec<&std::path::Path> = cfg
+        .exports
+        .iter()
+        .filter_map(|e| e.cache.as_deref())
+        .filter(|c| !c.exists())
+        .collect();
+    let assembled = assemble(&cfg).inspect_err(|_| {
+        for c in &new_caches {
+            if std::fs::remove_file(c).is_ok() {
+                tracing::info!(target: LOG_TARGET, "removed the cache file {} this refused start created", c.display());
+            }
+        }
+    })?;
     let stop = stop_on_signal()?;
     let running = start(assembled, &cfg, report)?;
     let _ = stop.recv();
     tracing::info!(target: LOG_TARGET, "signal received: shutting down");
     report(Event::ShuttingDown);
     Ok(running.shut_down())
+}
+
+/// Shared mode keeps write-through caches coherent: an export in write-back is refused before
+/// anything is opened or created.
+fn refuse_shared_writeback(cfg: &ServeConfig) -> Result<()> {
+    if cfg.shared.is_none() {
+        return Ok(());
+    }
+    for spec in cfg.exports.iter().filter(|e| e.cache.is_some()) {
+        if export::core_config(spec)?.write_mode == sce_core::WriteMode::WriteBack {
+            anyhow::bail!(
+                "export {:?}: shared mode keeps write-through caches coherent; write-back would \
+                 keep the only copy of acknowledged writes on this host, where the others \
+                 cannot see it: give --mode writethrough",
+                spec.name
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Builds every export, in order, and the NBD server over them.

@@ -19,7 +19,7 @@ mod replay;
 pub mod superblock;
 pub mod unit;
 pub mod volumes;
-pub use volumes::{ensure_volumes, find_volume};
+pub use volumes::{dirty_by_volume, ensure_volumes, find_volume, refuse_dirty_drop, VolumeDirt};
 
 pub use layout::Layout;
 pub use load::{load, load_volumes, LoadVolume};
@@ -51,6 +51,9 @@ pub enum StoreError {
     /// The device was disabled after errors.
     #[error("the cache device was disabled after device errors; pass --reformat to reuse it")]
     Failed,
+    /// The action would drop dirty (write-back) data the operator did not give up.
+    #[error("{0}")]
+    DirtyData(String),
     /// Metadata damaged in both copies, on a device whose data may be the only copy.
     #[error("{0}")]
     Unlocatable(String),

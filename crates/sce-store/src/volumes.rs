@@ -82,3 +82,66 @@ pub fn find_volume(sb: &Superblock, name: &str, size: u64) -> Result<usize, Stor
         )),
     }
 }
+
+/// Dirty (write-back) data a device holds for one volume of its table: pages only the cache
+/// holds, and pages whose only copy was lost (reads of them fail).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct VolumeDirt {
+    /// The volume's name in the table.
+    pub name: String,
+    /// Dirty pages (4 KiB).
+    pub dirty: u64,
+    /// Lost pages (4 KiB).
+    pub lost: u64,
+}
+
+/// The dirty and lost pages of each volume of `sb`'s table (`only`: of the volumes it
+/// accepts), as a start would restore them: what a reformat, a start that leaves a volume
+/// out, or a format would throw away. Volumes with none are left out.
+pub fn dirty_by_volume(
+    dev: &dyn sce_io::BlockDevice,
+    sb: &Superblock,
+    only: impl Fn(&Volume) -> bool,
+) -> Result<Vec<VolumeDirt>, StoreError> {
+    let mut out = Vec::new();
+    for (i, v) in sb.volumes.iter().enumerate().filter(|(_, v)| only(v)) {
+        let frags = v.source_size.div_ceil(sb.layout.fragment_size);
+        let r = crate::load(dev, sb.clone(), i, frags)?.report;
+        if r.pages_dirty + r.dirty_pages_lost > 0 {
+            out.push(VolumeDirt {
+                name: v.name.clone(),
+                dirty: r.pages_dirty,
+                lost: r.dirty_pages_lost,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Refuses to drop the dirty data of `dirt` unless each volume is named in `discard` (or
+/// `discard` holds "all"): `action` says what would drop it. Names the volumes, the counts
+/// and what to do. The caller logs, at ERROR, what it then drops.
+pub fn refuse_dirty_drop(
+    dirt: &[VolumeDirt],
+    discard: &[String],
+    action: &str,
+) -> Result<(), StoreError> {
+    let kept: Vec<&VolumeDirt> = dirt
+        .iter()
+        .filter(|d| !discard.iter().any(|x| x == "all" || *x == d.name))
+        .collect();
+    let Some(first) = kept.first() else {
+        return Ok(());
+    };
+    let list: Vec<String> = kept
+        .iter()
+        .map(|d| format!("{:?} ({} dirty, {} lost pages)", d.name, d.dirty, d.lost))
+        .collect();
+    Err(StoreError::DirtyData(format!(
+        "{action} would drop write-back data that only the cache device holds: {}. Serve it \
+         with --mode writeback and run `sce ctl flush --to-source` first, or, to give that \
+         data up, pass --discard-dirty {:?} (or --discard-dirty all)",
+        list.join(", "),
+        first.name
+    )))
+}

@@ -31,6 +31,11 @@ pub struct FormatArgs {
     /// cache (its contents are lost).
     #[arg(long)]
     pub force: bool,
+    /// With --force: give up the dirty write-back data of this volume (its name in the
+    /// device's table, as `sce check` prints it; or `all`). Without it, formatting a device
+    /// that holds dirty data is refused. Repeatable.
+    #[arg(long, value_name = "VOLUME")]
+    pub discard_dirty: Vec<String>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -144,6 +149,20 @@ fn open_blank_cache(a: &FormatArgs) -> Result<FileDevice> {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
+        Ok(sb) => {
+            // --force: never drops the only copy of write-back data unless that is said too.
+            let dirt = sce_store::dirty_by_volume(&dev, &sb, |_| true)?;
+            sce_store::refuse_dirty_drop(&dirt, &a.discard_dirty, "sce format --force")?;
+            for d in &dirt {
+                tracing::error!(
+                    volume = %d.name,
+                    "--discard-dirty: sce format --force drops {} dirty and {} lost pages \
+                     (write-back data the source never received)",
+                    d.dirty,
+                    d.lost
+                );
+            }
+        }
         _ => {}
     }
     Ok(dev)
@@ -266,6 +285,12 @@ fn print_check(r: &CheckReport, verified: bool) {
         );
         println!("    write intents set: {}", s.intents_set);
         println!(
+            "    write-back: {} dirty pages ({}), {} lost pages (reads of them fail)",
+            s.pages_dirty,
+            format_size(s.pages_dirty * 4096),
+            s.dirty_pages_lost
+        );
+        println!(
             "    write journal (every block's checksum verified): {} live blocks of {} ({} \
              copies damaged, {} repaired from the mirror, {} missing), {} pages they drop in \
              {} fragments",
@@ -329,6 +354,21 @@ fn damage_summary(r: &sce_store::CheckReport) -> Vec<String> {
     }
     if out.is_empty() {
         out.push("no damage found".to_string());
+    }
+    let dirty: u64 = r.volumes.iter().map(|(_, s)| s.pages_dirty).sum();
+    let lost: u64 = r.volumes.iter().map(|(_, s)| s.dirty_pages_lost).sum();
+    if dirty + lost > 0 {
+        out.push(format!(
+            "WARNING: this device holds the only copy of {dirty} dirty pages ({}) of write-back \
+             data the source does not have{}: serve it in writeback and run `sce ctl flush \
+             --to-source` before replacing, reformatting or discarding it",
+            format_size(dirty * 4096),
+            if lost > 0 {
+                format!(", and {lost} lost pages")
+            } else {
+                String::new()
+            }
+        ));
     }
     out
 }

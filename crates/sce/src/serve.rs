@@ -142,9 +142,16 @@ pub struct ServeArgs {
     /// or format version, is corrupt, or was disabled after errors. Its contents are lost.
     #[arg(long)]
     pub reformat: bool,
-    /// Invalidate everything the cache device holds for this source, at start.
+    /// Invalidate everything the cache device holds for this source, at start (dirty
+    /// write-back data is kept: it is newer than the source).
     #[arg(long)]
     pub forget_volume: bool,
+    /// Give up the dirty write-back data of this volume (its name in the cache device's
+    /// table, as `sce check` prints it; or `all`): without it, `--reformat` or a start that
+    /// leaves a volume holding dirty data out is refused. Repeatable. What is dropped is
+    /// logged at ERROR.
+    #[arg(long, value_name = "VOLUME")]
+    pub discard_dirty: Vec<String>,
     /// The source's name in the cache device's volume table (default: the source's
     /// canonical path, or its URI).
     #[arg(long)]
@@ -304,6 +311,7 @@ impl ServeArgs {
             force: self.force,
             reformat: self.reformat,
             forget_volume: self.forget_volume,
+            discard_dirty: self.discard_dirty.clone(),
             reattach: false,
             source_generation: self.source_generation.clone(),
             state_dir: self.state_dir.clone(),

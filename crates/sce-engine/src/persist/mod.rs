@@ -96,6 +96,10 @@ pub struct PersistConfig {
     /// The start serves its volumes in write-back (set by the engine from the mode): their
     /// table entries are marked so (`sce_store::Volume::writeback`).
     pub writeback: bool,
+    /// Volumes (names in the device's table, or "all") whose dirty data the operator gave
+    /// up (`--discard-dirty`): a reformat or a start that leaves them out may drop it.
+    /// Without it such a start is refused.
+    pub discard_dirty: Vec<String>,
 }
 
 impl PersistConfig {
@@ -114,6 +118,7 @@ impl PersistConfig {
             journal_blocks: 0,
             reattach: false,
             writeback: false,
+            discard_dirty: Vec::new(),
         }
     }
 }

@@ -144,6 +144,14 @@ impl Persist {
             sce_store::identity_hash,
         );
         let (mut sb, formatted_now) = Self::superblock(&dev, &cfg, fragment_size, &wanted, first)?;
+        if !formatted_now {
+            // A volume of the table this start does not serve gets its generation bumped
+            // and its slots reused (or its place in a full table given away): never with
+            // dirty data the operator did not give up.
+            let served = |v: &sce_store::Volume| wanted.iter().any(|w| w.0 == v.name);
+            let dirt = sce_store::dirty_by_volume(&*dev, &sb, |v| !served(v))?;
+            dropping_dirty(&dirt, &cfg, "a start that does not serve them")?;
+        }
         let indices = sce_store::ensure_volumes(&mut sb, &wanted)?;
         let trusted: Vec<Trusted> = (0..vols.len())
             .map(|k| Trusted {
@@ -246,6 +254,8 @@ impl Persist {
                 if usable {
                     sb
                 } else if cfg.reformat {
+                    let dirt = sce_store::dirty_by_volume(&**dev, &sb, |_| true)?;
+                    dropping_dirty(&dirt, cfg, "--reformat")?;
                     formatted_now = true;
                     fmt(&**dev)?
                 } else if sb.state == sce_store::DeviceState::Failed {
@@ -338,7 +348,8 @@ impl Persist {
                 } else {
                     tracing::warn!(
                         volume = %v.name,
-                        "dropping everything cached for the volume: {}",
+                        "dropping everything clean cached for the volume (dirty write-back \
+                         data, newer than the source, is kept): {}",
                         why.join("; ")
                     );
                 }
@@ -511,4 +522,26 @@ fn refuse_unlocatable_damage(
          bytes; `sce check` shows the damage. To give that data up, reformat the device \
          (`sce format --force`) and start cold"
     )))
+}
+
+/// Refuses an `action` that would drop the dirty data `dirt` unless the operator gave each
+/// volume's up (`--discard-dirty`); logs at ERROR what is then dropped.
+fn dropping_dirty(
+    dirt: &[sce_store::VolumeDirt],
+    cfg: &PersistConfig,
+    action: &str,
+) -> Result<(), StoreError> {
+    sce_store::refuse_dirty_drop(dirt, &cfg.discard_dirty, action)?;
+    for d in dirt {
+        tracing::error!(
+            volume = %d.name,
+            dirty_pages = d.dirty,
+            lost_pages = d.lost,
+            "--discard-dirty: {action} drops {} dirty and {} lost pages (write-back data the \
+             source never received)",
+            d.dirty,
+            d.lost
+        );
+    }
+    Ok(())
 }

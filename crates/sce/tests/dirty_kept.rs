@@ -1,0 +1,257 @@
+//! Write-back's dirty data is the only copy (issue 27): a start that leaves out the export
+//! holding it, `--reformat` and `sce format --force` refuse to drop it unless the operator
+//! says `--discard-dirty`, and then say at ERROR what they dropped; `sce check` names it.
+
+mod common;
+
+use sce_io::BlockDevice;
+use sce_nbd::{NbdClient, NbdUri};
+use std::path::Path;
+use std::process::{Command, Output};
+
+const MIB: u64 = 1 << 20;
+
+fn sce(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sce"))
+        .args(args)
+        .env("SCE_LOG", "info")
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
+}
+
+fn client(sock: &Path, export: &str) -> NbdClient {
+    let uri: NbdUri = format!("nbd+unix:///{export}?socket={}", sock.display())
+        .parse()
+        .unwrap();
+    NbdClient::connect(&uri, 1).unwrap()
+}
+
+/// `sce serve --config CONFIG` run to its end (a refused start) within 60 s.
+fn refused_start(args: &[&str]) -> String {
+    let mut all = vec!["serve"];
+    all.extend_from_slice(args);
+    let o = sce(&all);
+    assert!(
+        !o.status.success(),
+        "the start was not refused: {}",
+        text(&o)
+    );
+    text(&o)
+}
+
+/// A TOML file with exports `a` and (if `with_b`) `b` on one write-back cache device.
+fn config(d: &Path, with_b: bool) -> std::path::PathBuf {
+    let mut t = format!(
+        "[[export]]\nname = \"a\"\nsource = \"{0}/a.img\"\ncache = \"{0}/cache.img\"\n\
+         cache_size = \"32MiB\"\nmode = \"writeback\"\n",
+        d.display()
+    );
+    if with_b {
+        t += &format!(
+            "[[export]]\nname = \"b\"\nsource = \"{0}/b.img\"\ncache = \"{0}/cache.img\"\n\
+             mode = \"writeback\"\n",
+            d.display()
+        );
+    }
+    let p = d.join(if with_b { "both.toml" } else { "a_only.toml" });
+    std::fs::write(&p, t).unwrap();
+    p
+}
+
+fn source_file(p: &Path) {
+    std::fs::File::create(p).unwrap().set_len(64 * MIB).unwrap();
+}
+
+/// Item 1 of the issue: a restart whose config lacks export `b` used to drop b's dirty data
+/// (logged at INFO); now it is refused naming b's volume, and b still reads its writes.
+#[test]
+fn a_start_that_leaves_out_an_export_with_dirty_data_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let (a, b) = (d.path().join("a.img"), d.path().join("b.img"));
+    source_file(&a);
+    source_file(&b);
+    let sock = d.path().join("s.sock");
+    let state = d.path().join("state");
+    let st = state.to_str().unwrap();
+    let both = config(d.path(), true);
+    let a_only = config(d.path(), false);
+    let s = common::Server::start(
+        &["--config", both.to_str().unwrap(), "--state-dir", st],
+        &sock,
+    );
+    let data = vec![0xb7u8; 256 * 1024];
+    {
+        let c = client(&sock, "b");
+        c.write_at(0, &data).unwrap();
+        c.flush().unwrap();
+    }
+    s.kill();
+    let cache = d.path().join("cache.img");
+    let check = text(&sce(&["check", cache.to_str().unwrap()]));
+    println!("{check}");
+    assert!(check.contains("64 dirty pages"), "check text: {check}");
+    assert!(check.contains("only copy"), "check text: {check}");
+    let sock_arg = format!("unix:{}", sock.display());
+    let listen = ["--listen", sock_arg.as_str(), "--state-dir", st];
+    let mut args = vec!["--config", a_only.to_str().unwrap()];
+    args.extend_from_slice(&listen);
+    let why = refused_start(&args);
+    println!("restart without b: {why}");
+    let b_name = std::fs::canonicalize(&b).unwrap().display().to_string();
+    assert!(why.contains(&b_name) && why.contains("64 dirty"), "{why}");
+    assert!(why.contains("--discard-dirty"), "{why}");
+    // Nothing was dropped: a start with both reads b's writes.
+    let s = common::Server::start(
+        &["--config", both.to_str().unwrap(), "--state-dir", st],
+        &sock,
+    );
+    let mut back = vec![0u8; data.len()];
+    client(&sock, "b").read_at(0, &mut back).unwrap();
+    assert!(back == data, "b lost its dirty data");
+    s.kill();
+    // With the explicit word the start goes on, and says at ERROR what it dropped.
+    let s = common::Server::start(
+        &[
+            "--config",
+            a_only.to_str().unwrap(),
+            "--state-dir",
+            st,
+            "--discard-dirty",
+            &b_name,
+        ],
+        &sock,
+    );
+    let log = s.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("ERROR") && l.contains("64 dirty")),
+        "{log}"
+    );
+    s.term();
+}
+
+/// Item 5: `--reformat` and `sce format --force` used to discard dirty data (INFO only);
+/// both are refused now, and go on with `--discard-dirty`.
+#[test]
+fn reformat_and_format_force_refuse_to_drop_dirty_data() {
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("src.img");
+    source_file(&src);
+    let (cache, sock) = (d.path().join("cache.img"), d.path().join("s.sock"));
+    let st = d.path().join("state");
+    let (srcs, caches, sts) = (
+        src.to_str().unwrap(),
+        cache.to_str().unwrap(),
+        st.to_str().unwrap(),
+    );
+    let base = [
+        "--source",
+        srcs,
+        "--cache",
+        caches,
+        "--mode",
+        "writeback",
+        "--state-dir",
+        sts,
+        "--allow-buffered",
+    ];
+    let mut first = base.to_vec();
+    first.extend_from_slice(&["--cache-size", "16MiB"]);
+    let s = common::Server::start(&first, &sock);
+    {
+        let c = client(&sock, "");
+        c.write_at(0, &vec![0x5a; 256 * 1024]).unwrap();
+        c.flush().unwrap();
+    }
+    s.kill();
+    let sock_arg = format!("unix:{}", sock.display());
+    // Another fragment size makes the device unusable as it is: --reformat would format it.
+    let mut again = base.to_vec();
+    again.extend_from_slice(&[
+        "--listen",
+        &sock_arg,
+        "--fragment-size",
+        "256KiB",
+        "--reformat",
+    ]);
+    let why = refused_start(&again);
+    println!("--reformat: {why}");
+    assert!(
+        why.contains("64 dirty") && why.contains("--discard-dirty"),
+        "{why}"
+    );
+    let o = sce(&["format", caches, "--source", srcs, "--force"]);
+    println!("format --force: {}", text(&o));
+    assert!(!o.status.success(), "format --force dropped dirty data");
+    assert!(text(&o).contains("64 dirty"), "{}", text(&o));
+    // Still there.
+    assert!(text(&sce(&["check", caches])).contains("64 dirty pages"));
+    let o = sce(&[
+        "format",
+        caches,
+        "--source",
+        srcs,
+        "--force",
+        "--discard-dirty",
+        "all",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("ERROR") && text(&o).contains("64 dirty"),
+        "{}",
+        text(&o)
+    );
+    assert!(text(&sce(&["check", caches])).contains("0 dirty pages"));
+}
+
+/// Item 10: a refused start left the cache file it had just created behind. Refused before
+/// anything is created (shared mode with write-back), or after (etcd unreachable), no new
+/// cache file remains; an existing one is never removed.
+#[test]
+fn a_refused_start_leaves_no_cache_file_it_created() {
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("src.img");
+    source_file(&src);
+    let cache = d.path().join("new.img");
+    let (srcs, caches) = (src.to_str().unwrap(), cache.to_str().unwrap());
+    let sock = format!("unix:{}", d.path().join("s.sock").display());
+    let st = d.path().join("state");
+    let base = [
+        "--source",
+        srcs,
+        "--cache",
+        caches,
+        "--cache-size",
+        "16MiB",
+        "--listen",
+        &sock,
+        "--state-dir",
+        st.to_str().unwrap(),
+        "--allow-buffered",
+        // Nothing listens on port 1: joining shared mode fails after the cache was built.
+        "--shared",
+        "etcd://127.0.0.1:1/sce",
+    ];
+    let mut wb = base.to_vec();
+    wb.extend_from_slice(&["--mode", "writeback"]);
+    let why = refused_start(&wb);
+    assert!(why.contains("writethrough"), "{why}");
+    assert!(!cache.exists(), "a refused start left {caches} behind");
+    let why = refused_start(&base);
+    assert!(why.contains("etcd"), "{why}");
+    assert!(!cache.exists(), "a refused start left {caches} behind");
+    // A cache that existed before the refused start stays.
+    std::fs::File::create(&cache)
+        .unwrap()
+        .set_len(16 * MIB)
+        .unwrap();
+    refused_start(&base);
+    assert!(
+        cache.exists(),
+        "a refused start removed a cache it did not create"
+    );
+}
