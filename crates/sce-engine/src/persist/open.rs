@@ -145,12 +145,7 @@ impl Persist {
         );
         let (mut sb, formatted_now) = Self::superblock(&dev, &cfg, fragment_size, &wanted, first)?;
         if !formatted_now {
-            // A volume of the table this start does not serve gets its generation bumped
-            // and its slots reused (or its place in a full table given away): never with
-            // dirty data the operator did not give up.
-            let served = |v: &sce_store::Volume| wanted.iter().any(|w| w.0 == v.name);
-            let dirt = sce_store::dirty_by_volume(&*dev, &sb, |v| !served(v))?;
-            dropping_dirty(&dirt, &cfg, "a start that does not serve them")?;
+            refuse_leaving_dirty_out(&dev, &cfg, &sb, &wanted)?;
         }
         let indices = sce_store::ensure_volumes(&mut sb, &wanted)?;
         let trusted: Vec<Trusted> = (0..vols.len())
@@ -544,4 +539,18 @@ fn dropping_dirty(
         );
     }
     Ok(())
+}
+
+/// A volume of the table this start does not serve gets its generation bumped and its slots
+/// reused (or its place in a full table given away): never with dirty data the operator did
+/// not give up.
+fn refuse_leaving_dirty_out(
+    dev: &Arc<dyn BlockDevice>,
+    cfg: &PersistConfig,
+    sb: &Superblock,
+    wanted: &[(String, u64)],
+) -> Result<(), StoreError> {
+    let served = |v: &sce_store::Volume| wanted.iter().any(|w| w.0 == v.name);
+    let dirt = sce_store::dirty_by_volume(&**dev, sb, |v| !served(v))?;
+    dropping_dirty(&dirt, cfg, "a start that does not serve them")
 }
