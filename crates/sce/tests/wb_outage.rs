@@ -155,7 +155,10 @@ fn a_15_s_source_outage_under_fio_costs_few_cleanings_and_few_log_lines() {
         num(&st, "writeback_waits") > 0,
         "no write waited for room: {st}"
     );
-    assert!(cleanings < 50.0, "{cleanings:.1} failed cleanings per second");
+    assert!(
+        cleanings < 50.0,
+        "{cleanings:.1} failed cleanings per second"
+    );
     assert!(lines < 5.0, "{lines:.2} log lines per second:\n{}", s.log());
     // The source returns: an operator's flush drains it all.
     drop(fio);
