@@ -77,6 +77,7 @@ mod reader;
 mod serve;
 mod tls;
 mod transmission;
+mod unaligned;
 mod worker;
 
 pub use listen::{listen, listen_with, unix_path, ListenAddr, ListenOptions, Listener};
