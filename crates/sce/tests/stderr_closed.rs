@@ -71,7 +71,13 @@ fn a_closed_stderr_does_not_stop_the_server() {
     // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let status = child.wait().unwrap();
-    println!("first line: {}; exit after SIGTERM: {status}", first.trim_end());
-    assert!(served.is_ok(), "the server stopped serving once stderr closed");
+    println!(
+        "first line: {}; exit after SIGTERM: {status}",
+        first.trim_end()
+    );
+    assert!(
+        served.is_ok(),
+        "the server stopped serving once stderr closed"
+    );
     assert!(status.success(), "sce serve exited with {status}");
 }
