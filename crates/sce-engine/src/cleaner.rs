@@ -4,15 +4,18 @@
 //!
 //! It cleans when the dirty share of the cache (of its pages or its slots, whichever is
 //! larger) exceeds [`HIGH`], until it is below [`LOW`]; everything when the volume has been
-//! idle for `writeback_idle` (1 s), while `flush --to-source` waits, or while writes wait for room. A source write error leaves the pages dirty and backs off (doubling, up to
-//! [`MAX_BACKOFF`]); the error shows in the stats. A dirty page whose cache copy fails its
-//! checksum or cannot be read is lost (reads of it fail), never written to the source.
+//! idle for `writeback_idle` (1 s), while `flush --to-source` waits, or while writes wait
+//! for room. A source write error leaves the pages dirty and backs off (doubling, up to
+//! [`MAX_BACKOFF`]; the backoff holds, see `outage.rs`); the error shows in the stats. A
+//! dirty page whose cache copy fails its checksum or cannot be read is lost alone (reads of
+//! it fail), never written to the source; the other pages of its run are cleaned.
 
+use crate::outage;
 use crate::shared::Shared;
-use sce_core::{CleanJob, SourceOffset};
+use sce_core::{CleanJob, SourceOffset, PAGE_SIZE};
 use sce_io::{AlignedBuf, IoError};
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Dirty share of the cache above which the cleaner starts.
 pub(crate) const HIGH: f64 = 0.20;
@@ -53,6 +56,7 @@ pub(crate) fn cleaner(s: &Shared) {
             }
             continue;
         }
+        let kicks = wb.kicks.load(Relaxed);
         match s.clean_some() {
             Ok(0) => {
                 // Everything dirty is busy (being written): let it finish.
@@ -60,14 +64,22 @@ pub(crate) fn cleaner(s: &Shared) {
                     return;
                 }
             }
-            Ok(_) => backoff = Duration::ZERO,
+            Ok(_) => {
+                backoff = Duration::ZERO;
+                outage::log(wb.outage.succeeded(Instant::now()));
+            }
             Err(e) => {
                 wb.clean_errors.fetch_add(1, Relaxed);
-                *wb.last_clean_error.lock() = e.to_string();
-                tracing::warn!("cleaning failed, dirty data kept, retrying: {e}");
+                let e = e.to_string();
+                outage::log(wb.outage.failed(Instant::now(), &e));
+                *wb.last_clean_error.lock() = e;
                 backoff = (backoff * 2).clamp(Duration::from_millis(50), MAX_BACKOFF);
-                if !s.sleep(backoff) {
+                // Held: new work does not cut it short, an operator's flush does.
+                if !s.back_off(backoff, kicks) {
                     return;
+                }
+                if wb.kicks.load(Relaxed) != kicks {
+                    backoff = Duration::ZERO;
                 }
             }
         }
@@ -124,6 +136,8 @@ impl Shared {
     }
 
     /// Copies a job's runs (core shard `k`'s coordinates) from the cache to the source.
+    /// Each page is checked on its own: one that fails its checksum (or cannot be read) is
+    /// lost alone, and the run's other pages still go to the source.
     fn clean_job(&self, k: usize, job: &CleanJob) -> Result<(), IoError> {
         let fstart_local = job.frag.0 << self.fshift;
         let fstart = self.map.frag_to_global(k, job.frag).0 << self.fshift;
@@ -131,40 +145,68 @@ impl Shared {
             let global = fstart + (src.0 - fstart_local);
             let c = self.map.cache_to_global(k, cache).0;
             let mut buf = AlignedBuf::new(len as usize);
-            let want: Vec<u32> = {
-                let crcs = self.crcs.as_ref().expect("checksums");
-                let pages = len.div_ceil(sce_core::PAGE_SIZE);
-                (0..pages)
-                    .map(|i| {
-                        let (slot, p) = self.slot_page(c + i * sce_core::PAGE_SIZE);
-                        crcs.get(slot as u32, p)
-                    })
-                    .collect()
-            };
-            let read = self.cache.read_at(c, &mut buf);
-            if read.is_err() || !self.pages_match(global, &buf, &want) {
-                // The only copy is bad: lose those pages (reads fail), never write them.
-                if let Err(e) = &read {
-                    self.cache_read_failed(e);
-                } else {
-                    self.counters.cache_checksum_errors.fetch_add(1, Relaxed);
+            let good = self.read_dirty_run(c, global, &mut buf);
+            let first = ((src.0 - fstart_local) / PAGE_SIZE) as u32;
+            for (lo, hi, ok) in page_runs(&good) {
+                let (a, b) = (lo as u64 * PAGE_SIZE, (hi as u64 * PAGE_SIZE).min(len));
+                if ok {
+                    self.source_write(global + a, &buf[a as usize..b as usize])?;
+                    if let Some(wb) = &self.wb {
+                        wb.bytes_cleaned.fetch_add(b - a, Relaxed);
+                    }
+                    continue;
                 }
-                let lo = ((src.0 - fstart_local) / sce_core::PAGE_SIZE) as u32;
-                let hi = lo + len.div_ceil(sce_core::PAGE_SIZE) as u32;
-                self.cores[k].write().invalidate(job.frag, lo, hi);
+                // The only copy is bad: lose those pages (reads fail), never write them.
+                self.cores[k]
+                    .write()
+                    .invalidate(job.frag, first + lo, first + hi);
                 tracing::error!(
-                    offset = global,
-                    len,
+                    offset = global + a,
+                    len = b - a,
                     "dirty data failed its checksum on the cache device: lost"
                 );
-                continue;
-            }
-            self.source_write(global, &buf)?;
-            if let Some(wb) = &self.wb {
-                wb.bytes_cleaned.fetch_add(len, Relaxed);
             }
         }
         Ok(())
+    }
+
+    /// Reads a run of dirty pages (cache offset `c`, source offset `global`) into `buf`;
+    /// per page, whether it read and matched its checksum. A failed read of the whole run
+    /// is retried page by page, so that one unreadable page does not take the others.
+    fn read_dirty_run(&self, c: u64, global: u64, buf: &mut [u8]) -> Vec<bool> {
+        let ps = PAGE_SIZE as usize;
+        let pages = buf.len().div_ceil(ps);
+        let want: Vec<u32> = {
+            let crcs = self.crcs.as_ref().expect("checksums");
+            (0..pages as u64)
+                .map(|i| {
+                    let (slot, p) = self.slot_page(c + i * PAGE_SIZE);
+                    crcs.get(slot as u32, p)
+                })
+                .collect()
+        };
+        let whole = self.cache.read_at(c, buf);
+        if let Err(e) = &whole {
+            self.cache_read_failed(e);
+        }
+        let len = buf.len();
+        (0..pages)
+            .map(|i| {
+                let page = &mut buf[i * ps..((i + 1) * ps).min(len)];
+                let at = (i * ps) as u64;
+                if whole.is_err() {
+                    if let Err(e) = self.cache.read_at(c + at, page) {
+                        self.cache_read_failed(&e);
+                        return false;
+                    }
+                }
+                let ok = self.pages_match(global + at, page, &want[i..i + 1]);
+                if !ok {
+                    self.counters.cache_checksum_errors.fetch_add(1, Relaxed);
+                }
+                ok
+            })
+            .collect()
     }
 
     /// Cleans until nothing is dirty in `[offset, offset + len)` (everything if None), then
@@ -178,6 +220,8 @@ impl Shared {
             return self.source.flush().map(|()| 0);
         };
         wb.forced.fetch_add(1, Relaxed);
+        // Asked by an operator: the cleaners retry now, whatever their backoff.
+        wb.kicks.fetch_add(1, Relaxed);
         let r = self.drain(range, patience);
         wb.forced.fetch_sub(1, Relaxed);
         let cleaned = r?;
@@ -224,4 +268,16 @@ impl Shared {
                 .sum(),
         }
     }
+}
+
+/// The spans of equal values in `good`: (first page, end page, value), in order.
+fn page_runs(good: &[bool]) -> Vec<(u32, u32, bool)> {
+    let mut out: Vec<(u32, u32, bool)> = Vec::new();
+    for (i, &g) in good.iter().enumerate() {
+        match out.last_mut() {
+            Some(last) if last.2 == g => last.1 = i as u32 + 1,
+            _ => out.push((i as u32, i as u32 + 1, g)),
+        }
+    }
+    out
 }

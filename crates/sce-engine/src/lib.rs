@@ -11,6 +11,7 @@ mod control;
 mod device;
 mod flusher;
 mod health;
+mod outage;
 pub mod parts;
 pub mod persist;
 mod population;

@@ -64,6 +64,10 @@ pub(crate) struct WbEngine {
     pub(crate) bytes_cleaned: AtomicU64,
     pub(crate) clean_errors: AtomicU64,
     pub(crate) last_clean_error: Mutex<String>,
+    /// The current source outage, for rate-limited logs.
+    pub(crate) outage: crate::outage::OutageLog,
+    /// Bumped by every `flush --to-source`: cuts the cleaners' backoff short.
+    pub(crate) kicks: AtomicU64,
     /// How long a write waits for room before it fails.
     wait_limit: Duration,
     /// Time without requests after which the cleaner cleans everything.

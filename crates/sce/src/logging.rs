@@ -3,7 +3,8 @@
 //! Logs go to stderr through `tracing`, each event once: as text (a timestamp, the level,
 //! the target and the message) or as one JSON object per line. Which events show: the
 //! `--log-level` filter if given, else `SCE_LOG` if set, else `info` for `serve` and
-//! `warn` for the other subcommands, raised one level by each `-v`.
+//! `warn` for the other subcommands, raised one level by each `-v`. A closed stderr drops
+//! the log lines, and nothing else: the server goes on serving.
 
 use tracing_subscriber::EnvFilter;
 
@@ -55,9 +56,13 @@ impl LogArgs {
     /// Installs the subscriber for the process.
     pub fn init(&self, default: &str) -> Result<(), String> {
         let filter = self.filter(default)?;
+        // A log line that cannot be written (stderr closed: `sce serve 2>&1 | head -1`)
+        // is dropped. The default reports it with `eprintln!`, which panics on a closed
+        // stderr and took the server down.
         let b = tracing_subscriber::fmt()
             .with_env_filter(filter)
-            .with_writer(std::io::stderr);
+            .with_writer(std::io::stderr)
+            .log_internal_errors(false);
         match self.log_format {
             LogFormat::Text => b
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

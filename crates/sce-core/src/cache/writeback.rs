@@ -442,9 +442,11 @@ impl CacheCore {
     pub fn complete_clean(&mut self, id: CleanId, ok: bool) -> Result<(), RequestError> {
         let (f, s, pages) = self.wb.cleans.remove(id.0).ok_or(RequestError::UnknownId)?;
         if ok {
-            let n = pages.len() as u64;
+            // Pages the cleaner found damaged were lost meanwhile (`invalidate`), not cleaned.
+            let mut n = 0;
             if let Some(d) = self.wb.dirty.get_mut(&f.0) {
                 for (lo, hi) in pages.runs(self.geo.pages_per_fragment()) {
+                    n += (lo..hi).filter(|&q| d.contains(q)).count() as u64;
                     d.remove_range(lo, hi);
                 }
                 if d.is_empty() {

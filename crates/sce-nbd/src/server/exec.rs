@@ -1,6 +1,7 @@
 //! One request against its export's device.
 
 use super::transmission::Session;
+use super::unaligned;
 use super::*;
 
 pub(super) fn errno_of(e: &IoError, write: bool) -> u32 {
@@ -64,6 +65,11 @@ pub(super) fn execute(
     check(conn, req)?;
     let e = &conn.export;
     let dev = &e.device;
+    if conn.byte_granular && unaligned::is_unaligned(&**dev, req.offset, req.len as u64) {
+        if let Some(r) = unaligned::execute(conn, req, payload.as_ref(), pool) {
+            return r;
+        }
+    }
     let (off, len) = (req.offset, req.len as u64);
     let fua = |r: Result<(), IoError>| -> Result<Option<PooledBuf>, u32> {
         r.map_err(|x| errno_of(&x, true))?;

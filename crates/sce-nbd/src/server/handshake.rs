@@ -13,6 +13,10 @@ pub(super) struct Negotiated {
     /// NBD_CMD_BLOCK_STATUS may be used: `base:allocation` was selected for the export
     /// that transmission started with.
     pub(super) block_status: bool,
+    /// The client asked for block sizes (NBD_INFO_BLOCK_SIZE in its NBD_OPT_GO) and so
+    /// keeps to the minimum sent; otherwise the protocol's default minimum of 1 byte holds
+    /// and its requests are served byte-granular (`unaligned.rs`).
+    pub(super) block_sizes: bool,
 }
 
 /// Where TLS stands on a connection.
@@ -100,7 +104,7 @@ impl Server {
                     Next::Abort
                 }
                 proto::OPT_LIST => self.list(c, &data)?,
-                proto::OPT_INFO | proto::OPT_GO => self.info(c, opt, &data)?,
+                proto::OPT_INFO | proto::OPT_GO => self.info(c, opt, &data, &mut neg)?,
                 proto::OPT_STRUCTURED_REPLY => structured(c, &data, &mut neg)?,
                 proto::OPT_LIST_META_CONTEXT | proto::OPT_SET_META_CONTEXT => {
                     self.meta_context(c, opt, &data, &mut neg)?
@@ -165,7 +169,16 @@ impl Server {
 
     /// NBD_OPT_INFO and NBD_OPT_GO: the export's size, flags, block sizes, and its name and
     /// description if asked; GO then starts transmission.
-    fn info<S: Write>(&self, c: &mut S, opt: u32, data: &[u8]) -> Result<Next, ConnError> {
+    ///
+    /// NBD_INFO_BLOCK_SIZE goes only to a client that asked for it: one that did not keeps to
+    /// the protocol's defaults (a minimum of 1 byte), which the server then serves.
+    fn info<S: Write>(
+        &self,
+        c: &mut S,
+        opt: u32,
+        data: &[u8],
+        neg: &mut Negotiated,
+    ) -> Result<Next, ConnError> {
         let req = match proto::parse_info_request(data) {
             Ok(r) => r,
             Err(e) => {
@@ -180,12 +193,15 @@ impl Server {
         };
         let info = |data: &[u8]| proto::option_reply(opt, proto::REP_INFO, data);
         let mut out = info(&proto::info_export(e.device.size(), e.transmission_flags()));
-        let min = e.device.logical_block_size().max(proto::MIN_BLOCK);
-        out.extend(info(&proto::info_block_size(
-            min,
-            proto::PREFERRED_BLOCK.max(min),
-            proto::MAX_PAYLOAD,
-        )));
+        let block_sizes = req.items.contains(&proto::INFO_BLOCK_SIZE);
+        if block_sizes {
+            let min = e.device.logical_block_size().max(proto::MIN_BLOCK);
+            out.extend(info(&proto::info_block_size(
+                min,
+                proto::PREFERRED_BLOCK.max(min),
+                proto::MAX_PAYLOAD,
+            )));
+        }
         if req.items.contains(&proto::INFO_NAME) {
             out.extend(info(&proto::info_string(proto::INFO_NAME, &e.name)));
         }
@@ -198,6 +214,7 @@ impl Server {
         out.extend(proto::option_reply(opt, proto::REP_ACK, &[]));
         c.write_all(&out)?;
         Ok(if opt == proto::OPT_GO {
+            neg.block_sizes = block_sizes;
             Next::Go(e.clone())
         } else {
             Next::More

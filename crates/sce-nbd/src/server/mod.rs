@@ -60,6 +60,10 @@
 //! operations in flight) is a leaf too, held to push one entry and enter the kernel; its
 //! callbacks run with no lock held.
 //!
+//! One lock is held across device I/O: `unaligned::RMW`, by a worker serving an unaligned
+//! write of a client that did not ask for block sizes (read-modify-write). It is taken
+//! with no server lock held, and none is taken under it (the device takes its own).
+//!
 //! # Timeouts
 //!
 //! Sockets carry a short timeout (100 ms) while a deadline runs, and the I/O loops check
@@ -77,6 +81,7 @@ mod reader;
 mod serve;
 mod tls;
 mod transmission;
+mod unaligned;
 mod worker;
 
 pub use listen::{listen, listen_with, unix_path, ListenAddr, ListenOptions, Listener};

@@ -62,6 +62,11 @@ pub(super) fn prepare(
     batch: &mut Batch,
     alone: bool,
 ) -> Result<(), Job> {
+    let (dev, req) = (&*job.conn.export.device, &job.req);
+    if job.conn.byte_granular && super::unaligned::is_unaligned(dev, req.offset, req.len as u64) {
+        // Served by read-modify-write (`unaligned.rs`), by a worker.
+        return Err(job);
+    }
     let q = match &job.conn.export.io {
         Some(ExportIo::Queue(q)) => q.clone(),
         Some(ExportIo::Reads(r)) if job.req.command == proto::CMD_READ => {

@@ -219,6 +219,9 @@ pub(super) struct Session {
     pub(super) structured: bool,
     /// NBD_CMD_BLOCK_STATUS may be used (`base:allocation` was selected for this export).
     pub(super) block_status: bool,
+    /// Requests need not be aligned to the device's block size: the client did not ask for
+    /// block sizes, so NBD's default minimum of 1 byte holds (see `unaligned.rs`).
+    pub(super) byte_granular: bool,
     /// The writer thread's queue, once a reply could not go out at once (the thread starts
     /// then: most connections never need one). A leaf lock.
     pub(super) writer: Mutex<Option<Sender<ToWriter>>>,
@@ -387,6 +390,7 @@ impl Server {
             export,
             structured: negotiated.structured,
             block_status: negotiated.block_status,
+            byte_granular: !negotiated.block_sizes,
             writer: Mutex::new(None),
             writer_thread: writer_thread.clone(),
             shared: self.shared.clone(),

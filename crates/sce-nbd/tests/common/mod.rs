@@ -1,5 +1,5 @@
 //! Helpers of the server tests: a fixture, a raw client, and what the process uses.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use sce_io::{open_queue, Backend, BlockDevice, DirectMode, FileDevice, FileOptions, MemDevice};
 use sce_nbd::proto;
