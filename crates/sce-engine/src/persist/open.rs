@@ -145,12 +145,7 @@ impl Persist {
         );
         let (mut sb, formatted_now) = Self::superblock(&dev, &cfg, fragment_size, &wanted, first)?;
         if !formatted_now {
-            // A volume of the table this start does not serve gets its generation bumped
-            // and its slots reused (or its place in a full table given away): never with
-            // dirty data the operator did not give up.
-            let served = |v: &sce_store::Volume| wanted.iter().any(|w| w.0 == v.name);
-            let dirt = sce_store::dirty_by_volume(&*dev, &sb, |v| !served(v))?;
-            dropping_dirty(&dirt, &cfg, "a start that does not serve them")?;
+            refuse_dropping_unserved(&*dev, &sb, &cfg, &wanted)?;
         }
         let indices = sce_store::ensure_volumes(&mut sb, &wanted)?;
         let trusted: Vec<Trusted> = (0..vols.len())
@@ -522,6 +517,20 @@ fn refuse_unlocatable_damage(
          bytes; `sce check` shows the damage. To give that data up, reformat the device \
          (`sce format --force`) and start cold"
     )))
+}
+
+/// A volume of the table this start does not serve (`wanted` are the ones it does) gets its
+/// generation bumped and its slots reused (or its place in a full table given away): never
+/// with dirty data the operator did not give up.
+fn refuse_dropping_unserved(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    cfg: &PersistConfig,
+    wanted: &[(String, u64)],
+) -> Result<(), StoreError> {
+    let served = |v: &sce_store::Volume| wanted.iter().any(|w| w.0 == v.name);
+    let dirt = sce_store::dirty_by_volume(dev, sb, |v| !served(v))?;
+    dropping_dirty(&dirt, cfg, "a start that does not serve them")
 }
 
 /// Refuses an `action` that would drop the dirty data `dirt` unless the operator gave each
