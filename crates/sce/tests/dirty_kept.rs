@@ -363,3 +363,47 @@ fn forget_keeps_dirty_data_and_says_so() {
     ]));
     assert!(check.contains("64 dirty pages"), "{check}");
 }
+
+/// Item 10: a start refused after its cache was built, by a listener that cannot bind,
+/// left the new cache file behind (only a refusal while building the exports removed it).
+#[test]
+fn a_start_refused_at_its_listener_leaves_no_cache_file_it_created() {
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("src.img");
+    source_file(&src);
+    let cache = d.path().join("new.img");
+    // A loopback port that is taken for as long as the test runs.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listen = format!("tcp:{}", taken.local_addr().unwrap());
+    let st = d.path().join("state");
+    let args = [
+        "--source",
+        src.to_str().unwrap(),
+        "--cache",
+        cache.to_str().unwrap(),
+        "--cache-size",
+        "16MiB",
+        "--state-dir",
+        st.to_str().unwrap(),
+        "--allow-buffered",
+        "--listen",
+        &listen,
+    ];
+    let why = refused_start(&args);
+    println!("refused: {why}");
+    assert!(why.contains("listening on"), "{why}");
+    assert!(
+        !cache.exists(),
+        "a refused start left {} behind",
+        cache.display()
+    );
+    // A cache file that was there before the refused start stays.
+    let s = common::Server::start(&args[..9], &d.path().join("s.sock"));
+    s.term();
+    assert!(cache.exists());
+    refused_start(&args);
+    assert!(
+        cache.exists(),
+        "a refused start removed a cache it did not create"
+    );
+}
