@@ -1,6 +1,6 @@
 //! What an operator does to a running cached volume (`sce ctl`): retune it, look at and
 //! evict ranges (FlashTier's `exists` and `evict`), forget it, and the latency histograms
-//! and in-flight gauge of its requests.
+//! and in-flight gauge of its requests, and what only the cache holds of a volume.
 
 use crate::volume::CacheVolume;
 use sce_core::{CoreConfig, SourceOffset};
@@ -139,6 +139,23 @@ impl CacheVolume {
                 .evict_range(SourceOffset(p.local), p.len);
         }
         pages * sce_core::PAGE_SIZE
+    }
+
+    /// The dirty and lost write-back pages (4 KiB) of volume `k` (address order; 0 when the
+    /// cache serves one): what only the cache device holds for it, which a forget keeps.
+    pub fn dirty_pages_of_volume(&self, k: usize) -> (u64, u64) {
+        let Some(p) = self.shared.parts.get(k) else {
+            return (0, 0);
+        };
+        let len = p.at.size.min(self.shared.source_size - p.at.base);
+        let (mut dirty, mut lost) = (0, 0);
+        for piece in self.shared.map.pieces(p.at.base, len) {
+            let core = self.shared.cores[piece.shard].read();
+            let (d, l) = core.dirty_and_lost_in(SourceOffset(piece.local), piece.len);
+            dirty += d;
+            lost += l;
+        }
+        (dirty, lost)
     }
 
     /// Forgets everything cached for the volume (the source changed behind the cache's

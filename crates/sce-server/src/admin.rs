@@ -291,11 +291,14 @@ impl Ctx {
             "forget" => {
                 let (n, a) = self.attachable(name)?;
                 let (frags, errors) = a.forget().map_err(|e| anyhow!("export {n:?}: {e}"))?;
-                tracing::warn!(target: LOG_TARGET, export = %n, fragments = frags, "ctl forget: everything clean that was cached was dropped (dirty write-back data, newer than the source, is kept)");
+                // Write-back's dirty (and lost) pages are the only copy: forget keeps them.
+                let k = a.part().map_or(0, |p| p.index);
+                let (dirty, lost) = a.volume().map_or((0, 0), |v| v.dirty_pages_of_volume(k));
+                tracing::warn!(target: LOG_TARGET, export = %n, fragments = frags, dirty_pages_kept = dirty, lost_pages_kept = lost, "ctl forget: everything clean that was cached was dropped; {dirty} dirty pages (write-back data newer than the source) and {lost} lost pages are kept");
                 if errors > 0 {
                     bail!("forgot {frags} fragments, but {errors} metadata writes failed: a crash now may bring old records back; check the cache device");
                 }
-                Ok(json!({"export": n, "fragments_dropped": frags}))
+                Ok(json!({"export": n, "fragments_dropped": frags, "dirty_pages_kept": dirty, "lost_pages_kept": lost}))
             }
             "set" => self.set(req),
             "detach" => {

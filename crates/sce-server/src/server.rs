@@ -71,19 +71,39 @@ pub fn run(cfg: ServeConfig, report: &mut dyn FnMut(Event)) -> Result<Stopped> {
         .filter_map(|e| e.cache.as_deref())
         .filter(|c| !c.exists())
         .collect();
-    let assembled = assemble(&cfg).inspect_err(|_| {
-        for c in &new_caches {
-            if std::fs::remove_file(c).is_ok() {
-                tracing::info!(target: LOG_TARGET, "removed the cache file {} this refused start created", c.display());
-            }
-        }
-    })?;
-    let stop = stop_on_signal()?;
-    let running = start(assembled, &cfg, report)?;
+    let assembled = assemble(&cfg).inspect_err(|_| remove_new_caches(&new_caches, None))?;
+    // Refused later (a listener, the admin socket, TLS): the same.
+    let volumes = assembled.volumes.clone();
+    let (stop, running) = stop_on_signal()
+        .and_then(|stop| Ok((stop, start(assembled, &cfg, report)?)))
+        .inspect_err(|_| remove_new_caches(&new_caches, Some(&volumes)))?;
     let _ = stop.recv();
     tracing::info!(target: LOG_TARGET, "signal received: shutting down");
     report(Event::ShuttingDown);
     Ok(running.shut_down())
+}
+
+/// Removes the cache files `new` that a refused start created, unless a volume already holds
+/// write-back data only its cache has (a client served before a later listener failed):
+/// those are kept, and said so at ERROR.
+fn remove_new_caches(new: &[&std::path::Path], volumes: Option<&Volumes>) {
+    if new.is_empty() {
+        return;
+    }
+    let live = volumes.into_iter().flatten();
+    let only_copy = live
+        .filter_map(|(_, a)| a.as_ref().and_then(|a| a.live_volume()))
+        .filter_map(|v| v.writeback_stats())
+        .any(|w| w.dirty_bytes + w.lost_bytes > 0);
+    if only_copy {
+        tracing::error!(target: LOG_TARGET, "the refused start keeps the cache files it created: they hold write-back data the source does not have");
+        return;
+    }
+    for c in new {
+        if std::fs::remove_file(c).is_ok() {
+            tracing::info!(target: LOG_TARGET, "removed the cache file {} this refused start created", c.display());
+        }
+    }
 }
 
 /// Shared mode keeps write-through caches coherent: an export in write-back is refused before

@@ -70,8 +70,9 @@ pub enum Verb {
     Evict(RangeArgs),
     /// Read a range into the cache now (as NBD CACHE does).
     Prefetch(RangeArgs),
-    /// Drop everything cached for an export (its source changed behind sce's back), and
-    /// write the records so that no crash brings it back.
+    /// Drop everything clean cached for an export (its source changed behind sce's back),
+    /// and write the records so that no crash brings it back. Write-back's dirty pages, the
+    /// only copy of acknowledged writes, are kept (the reply says how many).
     Forget {
         /// The export ("" for the default one).
         export: String,
@@ -192,12 +193,7 @@ fn request(verb: Verb) -> (Request, Render) {
                 size(&v["len"])
             );
         }),
-        Verb::Forget { export } => (simple("forget", Some(export)), |v| {
-            println!(
-                "forgot {} fragment(s) of export {}",
-                v["fragments_dropped"], v["export"]
-            );
-        }),
+        Verb::Forget { export } => (simple("forget", Some(export)), print_forget),
         Verb::Detach { export } => (simple("detach", Some(export)), print_detach),
         Verb::Handoff { export, to } => {
             let mut r = simple("handoff", Some(export));
@@ -267,6 +263,25 @@ fn print_exists(v: &Value) {
             "  fragment at {:>14}  {:>10} cached",
             f["offset"].as_u64().unwrap_or(0),
             size(&f["cached_bytes"])
+        );
+    }
+}
+
+fn print_forget(v: &Value) {
+    println!(
+        "forgot {} fragment(s) of export {}",
+        v["fragments_dropped"], v["export"]
+    );
+    let (dirty, lost) = (
+        v["dirty_pages_kept"].as_u64(),
+        v["lost_pages_kept"].as_u64(),
+    );
+    if dirty.unwrap_or(0) + lost.unwrap_or(0) > 0 {
+        println!(
+            "kept {} dirty page(s) (write-back data the source does not have yet) and {} lost \
+             page(s): forget drops clean data only; `sce ctl flush --to-source` writes them back",
+            dirty.unwrap_or(0),
+            lost.unwrap_or(0)
         );
     }
 }

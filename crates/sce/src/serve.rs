@@ -139,7 +139,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub no_persist: bool,
     /// Reformat the cache device if it belongs to another source, has another fragment size
-    /// or format version, is corrupt, or was disabled after errors. Its contents are lost.
+    /// or format version, is corrupt, or was disabled after errors. Its contents are lost;
+    /// refused if it holds dirty write-back data, unless --discard-dirty.
     #[arg(long)]
     pub reformat: bool,
     /// Invalidate everything the cache device holds for this source, at start (dirty

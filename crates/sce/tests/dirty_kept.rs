@@ -255,3 +255,155 @@ fn a_refused_start_leaves_no_cache_file_it_created() {
         "a refused start removed a cache it did not create"
     );
 }
+
+/// nbdkit serving a memory source whose every write fails: nothing gets cleaned, so dirty
+/// pages stay dirty however slow the machine is. Killed when dropped.
+struct FailingSource(std::process::Child);
+
+impl FailingSource {
+    fn start(sock: &Path) -> FailingSource {
+        let kit = FailingSource(
+            Command::new("nbdkit")
+                .args(["-f", "-U"])
+                .arg(sock)
+                .args(["--filter=error", "memory", "64M", "error-pwrite-rate=100%"])
+                .spawn()
+                .unwrap(),
+        );
+        common::wait_for(sock);
+        kit
+    }
+}
+
+impl Drop for FailingSource {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `sce ctl -s SOCK ARGS`: (success, stdout and stderr).
+fn ctl(sock: &Path, args: &[&str]) -> (bool, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_sce"))
+        .arg("ctl")
+        .arg("-s")
+        .arg(sock)
+        .args(args)
+        .env_remove("SCE_CTL")
+        .output()
+        .unwrap();
+    (o.status.success(), text(&o))
+}
+
+/// Forget (`sce ctl forget` at run time, `--forget-volume` at start) drops clean data only:
+/// write-back's dirty pages stay, through a crash and a restart, and the reply says how
+/// many were kept (it used to say only "forgot N fragments", as if everything went).
+#[test]
+fn forget_keeps_dirty_data_and_says_so() {
+    if !sce_testkit::require_known_tool("nbdkit") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let (ksock, sock) = (d.path().join("src.sock"), d.path().join("s.sock"));
+    let _kit = FailingSource::start(&ksock);
+    let a = d.path().join("a.img");
+    source_file(&a);
+    let b_uri = format!("nbd+unix:///?socket={}", ksock.display());
+    let toml = d.path().join("wb.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "[[export]]\nname = \"a\"\nsource = \"{0}/a.img\"\ncache = \"{0}/cache.img\"\n\
+             cache_size = \"32MiB\"\nmode = \"writeback\"\n\
+             [[export]]\nname = \"b\"\nsource = \"{b_uri}\"\nsource_name = \"vol-b\"\n\
+             cache = \"{0}/cache.img\"\nmode = \"writeback\"\n",
+            d.path().display()
+        ),
+    )
+    .unwrap();
+    let state = d.path().join("state");
+    let args = [
+        "--config",
+        toml.to_str().unwrap(),
+        "--state-dir",
+        state.to_str().unwrap(),
+    ];
+    let s = common::Server::start(&args, &sock);
+    let data = vec![0xb7u8; 256 * 1024];
+    let c = client(&sock, "b");
+    c.write_at(0, &data).unwrap();
+    c.flush().unwrap();
+    let (ok, out) = ctl(&sock, &["--json", "forget", "b"]);
+    println!("ctl forget b: {out}");
+    assert!(ok, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["dirty_pages_kept"], 64, "{v}");
+    assert_eq!(v["lost_pages_kept"], 0, "{v}");
+    let (ok, out) = ctl(&sock, &["forget", "b"]);
+    assert!(ok && out.contains("kept 64 dirty page(s)"), "{out}");
+    let mut back = vec![0u8; data.len()];
+    c.read_at(0, &mut back).unwrap();
+    assert!(back == data, "forget dropped b's dirty data");
+    drop(c);
+    s.kill();
+    // The forgets' records (a new generation) did not make the restart drop them either.
+    let mut again = args.to_vec();
+    again.push("--forget-volume");
+    let s = common::Server::start(&again, &sock);
+    let mut back = vec![0u8; data.len()];
+    client(&sock, "b").read_at(0, &mut back).unwrap();
+    assert!(
+        back == data,
+        "a restart after forget dropped b's dirty data"
+    );
+    s.kill();
+    let check = text(&sce(&[
+        "check",
+        d.path().join("cache.img").to_str().unwrap(),
+    ]));
+    assert!(check.contains("64 dirty pages"), "{check}");
+}
+
+/// Item 10: a start refused after its cache was built, by a listener that cannot bind,
+/// left the new cache file behind (only a refusal while building the exports removed it).
+#[test]
+fn a_start_refused_at_its_listener_leaves_no_cache_file_it_created() {
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("src.img");
+    source_file(&src);
+    let cache = d.path().join("new.img");
+    // A loopback port that is taken for as long as the test runs.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listen = format!("tcp:{}", taken.local_addr().unwrap());
+    let st = d.path().join("state");
+    let args = [
+        "--source",
+        src.to_str().unwrap(),
+        "--cache",
+        cache.to_str().unwrap(),
+        "--cache-size",
+        "16MiB",
+        "--state-dir",
+        st.to_str().unwrap(),
+        "--allow-buffered",
+        "--listen",
+        &listen,
+    ];
+    let why = refused_start(&args);
+    println!("refused: {why}");
+    assert!(why.contains("listening on"), "{why}");
+    assert!(
+        !cache.exists(),
+        "a refused start left {} behind",
+        cache.display()
+    );
+    // A cache file that was there before the refused start stays.
+    let s = common::Server::start(&args[..9], &d.path().join("s.sock"));
+    s.term();
+    assert!(cache.exists());
+    refused_start(&args);
+    assert!(
+        cache.exists(),
+        "a refused start removed a cache it did not create"
+    );
+}

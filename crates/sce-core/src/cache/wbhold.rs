@@ -1,11 +1,11 @@
 //! What the engine's write-back persistence needs of the core: a fragment's dirty pages for
 //! its record, holds on slots whose on-device records may still claim dirty pages (a held
-//! slot is never given to another fragment), lost pages after a restart, and whether a
-//! range holds lost pages.
+//! slot is never given to another fragment), lost pages after a restart, and whether (and
+//! how many) pages of a range only the cache holds.
 
 use super::{fragments, CacheCore};
 use crate::addr::{FragNo, SlotNo, SourceOffset};
-use crate::bitmap::PageSet;
+use crate::bitmap::{self, PageSet};
 
 impl CacheCore {
     /// The dirty pages of fragment `f`, if any.
@@ -31,6 +31,25 @@ impl CacheCore {
             && self.any_in(offset, len, |f, lo, hi| {
                 self.wb.any_lost(f, lo, hi) || self.wb.any_dirty(f, lo, hi)
             })
+    }
+
+    /// The dirty pages and the lost pages in `[offset, offset + len)`: what only the cache
+    /// holds there, or held (a forget keeps them; `sce ctl forget` says how many).
+    pub fn dirty_and_lost_in(&self, offset: SourceOffset, len: u64) -> (u64, u64) {
+        let end = offset.0.saturating_add(len).min(self.geo.source_size());
+        let (mut dirty, mut lost) = (0, 0);
+        if offset.0 >= end {
+            return (0, 0);
+        }
+        for (f, lo, hi, _, _) in fragments(self.geo, offset.0, end - offset.0) {
+            if let Some(d) = self.wb.dirty_of(f) {
+                dirty += u64::from(bitmap::count(d.words(), lo, hi));
+            }
+            if let Some(l) = self.wb.lost.get(&f.0) {
+                lost += u64::from(bitmap::count(l.words(), lo, hi));
+            }
+        }
+        (dirty, lost)
     }
 
     /// True if `pages(fragment, first, end)` holds for a fragment of `[offset, offset + len)`.
