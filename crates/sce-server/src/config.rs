@@ -24,6 +24,11 @@ pub struct ServeConfig {
     /// The admin socket `sce ctl` talks to (default: the first Unix listener's path with
     /// `.ctl` added; none if there is no Unix listener and none is given).
     pub admin: Option<PathBuf>,
+    /// A group (name or number) whose members may use the admin socket too (besides the
+    /// server's uid and root).
+    pub admin_group: Option<String>,
+    /// Serve the metrics endpoint on an address other than loopback.
+    pub metrics_public: bool,
     /// Listen on TCP addresses other than loopback without TLS or authentication.
     pub insecure: bool,
     /// TLS on the TCP listeners.
@@ -160,6 +165,11 @@ pub struct ConfigFile {
     pub metrics: Option<String>,
     /// The admin socket for `sce ctl`, unless the command line gives one.
     pub admin: Option<PathBuf>,
+    /// The group whose members may use the admin socket too (as `--admin-group`).
+    pub admin_group: Option<String>,
+    /// Allow a metrics endpoint on an address other than loopback (as `--metrics-public`).
+    #[serde(default)]
+    pub metrics_public: bool,
     /// Allow TCP listeners on addresses other than loopback without TLS (as `--insecure`).
     #[serde(default)]
     pub insecure: bool,
@@ -209,6 +219,10 @@ impl ServeConfig {
         if self.admin.is_none() {
             self.admin = file.admin;
         }
+        if self.admin_group.is_none() {
+            self.admin_group = file.admin_group;
+        }
+        self.metrics_public |= file.metrics_public;
         self.insecure |= file.insecure;
         if self.tls.mode.is_none() {
             self.tls.mode = file
@@ -349,6 +363,8 @@ mod tests {
             listen: listen.iter().map(|l| l.parse().unwrap()).collect(),
             metrics: metrics.map(str::to_string),
             admin: None,
+            admin_group: None,
+            metrics_public: false,
             insecure: false,
             tls: TlsConfig::default(),
             direct: DirectMode::Required,
