@@ -14,7 +14,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The racer, run as a child of [`another_uid_never_gets_in_during_start`] under setpriv:
-/// loops connect() on `$SCE_RACE_PATH` until `$SCE_RACE_STOP` exists, sends a `status`
+/// loops connect() on `$SCE_RACE_PATH` until `$SCE_RACE_STOP` exists (once with
+/// `$SCE_RACE_ONCE`), sends a `status`
 /// request on every connection it gets, and prints what it got as one JSON line.
 #[test]
 #[ignore = "run by another_uid_never_gets_in_during_start as another uid"]
@@ -27,12 +28,23 @@ fn admin_racer() {
     };
     let (mut attempts, mut connected, mut answered, mut refused) = (0u64, 0u64, 0u64, 0u64);
     let mut last_refusal = String::new();
-    while !Path::new(&stop).exists() {
+    let once = std::env::var("SCE_RACE_ONCE").is_ok();
+    while if once {
+        attempts == 0
+    } else {
+        !Path::new(&stop).exists()
+    } {
         attempts += 1;
         let Ok(c) = UnixStream::connect(&path) else {
             continue;
         };
         connected += 1;
+        eprintln!(
+            "RACER connected: uid {} peer {:?} mode {:?}",
+            unsafe { libc::geteuid() },
+            peer_of(&c),
+            std::fs::metadata(&path).map(|m| m.permissions().mode())
+        );
         let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
         if writeln!(&c, r#"{{"verb":"status"}}"#).is_err() {
             continue;
@@ -51,6 +63,26 @@ fn admin_racer() {
         serde_json::json!({"attempts": attempts, "connected": connected,
             "answered": answered, "refused": refused, "last_refusal": last_refusal})
     );
+}
+
+fn peer_of(c: &UnixStream) -> (i32, u32) {
+    use std::os::fd::AsRawFd;
+    let mut u = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    unsafe {
+        libc::getsockopt(
+            c.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut u as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (u.pid, u.uid)
 }
 
 /// Starts `sce serve` on a small file, no cache, under umask 000, and waits for its data
@@ -115,29 +147,62 @@ fn another_uid_never_gets_in_during_start() {
     let sock = d.path().join("s.sock");
     let admin: PathBuf = format!("{}.ctl", sock.display()).into();
     let stop = d.path().join("stop");
-    let racer = Command::new("setpriv")
-        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
-        .arg(std::env::current_exe().unwrap())
-        .args(["--exact", "admin_racer", "--ignored", "--nocapture"])
-        .env("SCE_RACE_PATH", &admin)
-        .env("SCE_RACE_STOP", &stop)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let looping = racer(&admin, &stop, false);
     let starts = common::env_or("SCE_RACE_STARTS", 200);
     for _ in 0..starts {
         start_and_kill(&src, &sock);
     }
     std::fs::write(&stop, b"").unwrap();
+    let r = race_report(looping);
+    println!("{starts} starts under umask 000, racer as uid 65534: {r}");
+    assert!(r["attempts"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["answered"], 0, "another uid had requests answered: {r}");
+
+    // The peer check on its own: with the socket opened to everyone by hand, uid 65534
+    // connects, is told no in one line, and the server logs it at WARN.
+    let s = common::Server::start(&["--source", src.to_str().unwrap()], &sock);
+    std::fs::set_permissions(&admin, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let r = race_report(racer(&admin, &stop, true));
+    println!("connect to a socket chmodded 0777 by hand: {r}");
+    assert_eq!(r["connected"], 1, "{r}");
+    assert_eq!(r["answered"], 0, "{r}");
+    let why = r["last_refusal"].as_str().unwrap();
+    assert!(why.contains("permission denied: uid 65534"), "{r}");
+    let t0 = Instant::now();
+    let warned = || {
+        s.log().lines().any(|l| {
+            l.contains("WARN") && l.contains("refused a connection") && l.contains("uid 65534")
+        })
+    };
+    while !warned() && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(warned(), "{}", s.log());
+}
+
+/// The racer as uid 65534 (see [`admin_racer`]).
+fn racer(admin: &Path, stop: &Path, once: bool) -> std::process::Child {
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", "admin_racer", "--ignored", "--nocapture"])
+        .env("SCE_RACE_PATH", admin)
+        .env("SCE_RACE_STOP", stop)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    if once {
+        c.env("SCE_RACE_ONCE", "1");
+    }
+    c.spawn().unwrap()
+}
+
+/// What the racer printed when it ended.
+fn race_report(racer: std::process::Child) -> serde_json::Value {
     let out = racer.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text
         .lines()
         .find_map(|l| l.strip_prefix("RACE "))
         .unwrap_or_else(|| panic!("the racer said nothing: {text}"));
-    let r: serde_json::Value = serde_json::from_str(line).unwrap();
-    println!("{starts} starts under umask 000, racer as uid 65534: {r}");
-    assert!(r["attempts"].as_u64().unwrap() > 0, "{r}");
-    assert_eq!(r["answered"], 0, "another uid had requests answered: {r}");
+    serde_json::from_str(line).unwrap()
 }
