@@ -266,6 +266,28 @@ impl ServeConfig {
                 }
             }
         }
+        self.check_metrics()
+    }
+
+    /// A metrics endpoint on an address other than loopback needs `--metrics-public`.
+    fn check_metrics(&self) -> Result<()> {
+        let Some(m) = &self.metrics else {
+            return Ok(());
+        };
+        if is_loopback(m).with_context(|| format!("--metrics {m}"))? {
+            return Ok(());
+        }
+        if !self.metrics_public {
+            bail!(
+                "refusing to serve metrics on {m}: it is not a loopback address, and anyone \
+                 who can reach it would read the counters (export names, sizes, rates) and \
+                 could tie up the endpoint. Serve them on 127.0.0.1 (a local agent or a proxy \
+                 can forward them), or pass --metrics-public (TOML metrics_public = true)"
+            );
+        }
+        tracing::warn!(
+            "metrics on {m}, not loopback (--metrics-public): anyone who can reach it reads them"
+        );
         Ok(())
     }
 }
@@ -444,6 +466,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("unknown TLS mode"), "{e}");
+    }
+
+    #[test]
+    fn a_public_metrics_address_needs_metrics_public() {
+        cli(&["x"], &["unix:/run/a.sock"], Some("127.0.0.1:0"))
+            .check()
+            .unwrap();
+        let mut c = cli(&["x"], &["unix:/run/a.sock"], Some("0.0.0.0:9100"));
+        let e = c.check().unwrap_err().to_string();
+        assert!(
+            e.contains("refusing to serve metrics on 0.0.0.0:9100")
+                && e.contains("--metrics-public"),
+            "{e}"
+        );
+        c.merge_file(file("metrics_public = true")).unwrap();
+        c.check().unwrap();
     }
 
     #[test]
