@@ -39,12 +39,6 @@ fn admin_racer() {
             continue;
         };
         connected += 1;
-        eprintln!(
-            "RACER connected: uid {} peer {:?} mode {:?}",
-            unsafe { libc::geteuid() },
-            peer_of(&c),
-            std::fs::metadata(&path).map(|m| m.permissions().mode())
-        );
         let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
         if writeln!(&c, r#"{{"verb":"status"}}"#).is_err() {
             continue;
@@ -63,26 +57,6 @@ fn admin_racer() {
         serde_json::json!({"attempts": attempts, "connected": connected,
             "answered": answered, "refused": refused, "last_refusal": last_refusal})
     );
-}
-
-fn peer_of(c: &UnixStream) -> (i32, u32) {
-    use std::os::fd::AsRawFd;
-    let mut u = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    unsafe {
-        libc::getsockopt(
-            c.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut u as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    (u.pid, u.uid)
 }
 
 /// Starts `sce serve` on a small file, no cache, under umask 000, and waits for its data
