@@ -180,3 +180,102 @@ fn race_report(racer: std::process::Child) -> serde_json::Value {
         .unwrap_or_else(|| panic!("the racer said nothing: {text}"));
     serde_json::from_str(line).unwrap()
 }
+
+/// A `sce serve` of a small file (no cache) with its metrics endpoint, in `d`.
+fn small_server(d: &Path) -> common::Server {
+    let src = d.join("src");
+    std::fs::File::create(&src)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    common::Server::start(&["--source", src.to_str().unwrap()], &d.join("s.sock"))
+}
+
+/// A field of /proc/PID/status in bytes (VmRSS, VmHWM).
+fn proc_bytes(pid: u32, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = s.lines().find(|l| l.starts_with(field)).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib << 10
+}
+
+/// Item 8: `GET /` followed by 1 GiB without a newline: the server cuts the connection
+/// early and its peak RSS grows by less than 64 MiB.
+#[test]
+fn a_gib_request_line_is_cut_off_and_memory_stays_bounded() {
+    let d = tempfile::tempdir().unwrap();
+    let s = small_server(d.path());
+    let before = proc_bytes(s.pid(), "VmRSS:");
+    let mut c = std::net::TcpStream::connect(&s.metrics).unwrap();
+    c.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
+    let chunk = vec![b'a'; 1 << 20];
+    let mut sent = 0u64;
+    let cut = c.write_all(b"GET /").is_err()
+        || loop {
+            if sent >= 1 << 30 {
+                break false;
+            }
+            match c.write_all(&chunk) {
+                Ok(()) => sent += chunk.len() as u64,
+                Err(_) => break true,
+            }
+        };
+    let peak = proc_bytes(s.pid(), "VmHWM:");
+    println!(
+        "sent {} MiB before the server cut the connection ({cut}); RSS {} MiB before, peak {} MiB",
+        sent >> 20,
+        before >> 20,
+        peak >> 20
+    );
+    assert!(cut && sent < 1 << 30, "the server read the whole GiB");
+    assert!(
+        peak < before + (64 << 20),
+        "peak RSS {peak} grew over 64 MiB from {before}"
+    );
+    // Still serving.
+    assert!(s.export_stats().is_object());
+}
+
+/// Item 8: a scrape is answered while 100 idle connections (half sent nothing, half an
+/// unfinished request) are open; they are still open after the answer.
+#[test]
+fn a_scrape_is_answered_while_100_idle_connections_are_open() {
+    let d = tempfile::tempdir().unwrap();
+    let s = small_server(d.path());
+    let idle: Vec<std::net::TcpStream> = (0..100)
+        .map(|i| {
+            let mut c = std::net::TcpStream::connect(&s.metrics).unwrap();
+            if i % 2 == 1 {
+                c.write_all(b"GET /metrics HTTP/1.0\r\n").unwrap();
+            }
+            c
+        })
+        .collect();
+    let t0 = Instant::now();
+    let mut c = std::net::TcpStream::connect(&s.metrics).unwrap();
+    // Not a timing assertion: a bound so that the old single-threaded endpoint, which
+    // answers after every idle connection's 5 s timeout, fails instead of hanging.
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    let got = std::io::Read::read_to_string(&mut c, &mut resp);
+    let latency = t0.elapsed();
+    println!("scrape answered in {latency:?} with 100 idle connections open");
+    got.unwrap();
+    assert!(resp.starts_with("HTTP/1.0 200"), "{resp}");
+    assert!(resp.contains("sce_"), "{resp}");
+    // The ordering: every idle connection is still open (a read would block, not see EOF).
+    let open = idle
+        .iter()
+        .filter(|c| {
+            c.set_nonblocking(true).unwrap();
+            let mut b = [0u8; 1];
+            matches!(std::io::Read::read(&mut &**c, &mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        })
+        .count();
+    println!("{open} of 100 idle connections still open after the scrape");
+    assert_eq!(
+        open, 100,
+        "the scrape waited for idle connections to be closed"
+    );
+}
