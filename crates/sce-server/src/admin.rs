@@ -10,12 +10,17 @@
 //! [`Request`]). Requests naming an export that has no cache get an error saying so, but
 //! for `status`, `stats` and `flush`. A connection is served on a thread of its own, at most
 //! [`MAX_CLIENTS`] at once (more are told to wait and closed), and may send several
-//! requests; a client that sends nothing for [`IDLE`] is closed.
+//! requests; a client that sends nothing for [`IDLE`] is closed. The socket is never
+//! reachable with the umask's mode, and a connection from a uid other than the server's,
+//! root's or a member's of `--admin-group` is refused (see [`AdminAccess`]).
+
+mod access;
 
 use crate::attach::Attachable;
 use crate::metrics::{stats_json, Volumes};
 use crate::rates::Rates;
 use crate::LOG_TARGET;
+pub use access::AdminAccess;
 use anyhow::{anyhow, bail, Context, Result};
 use sce_core::{Admission, Retune, WriteMode};
 use sce_engine::CacheVolume;
@@ -23,7 +28,6 @@ use sce_nbd::Server;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
@@ -70,6 +74,8 @@ struct Ctx {
     rates: Arc<Rates>,
     /// Every export as declared (for the ownership checks of `attach`).
     exports: Vec<crate::config::ExportConfig>,
+    /// Who may connect.
+    access: AdminAccess,
 }
 
 /// The admin socket of a running server; dropping it stops serving and removes the file.
@@ -92,33 +98,18 @@ pub fn default_path(data_socket: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// Starts the admin socket at `path` (mode 0600). A socket file left by a server that is
-/// gone is replaced; one a live server answers on is refused.
+/// Starts the admin socket at `path` (mode 0600), serving the peers `access` allows. A
+/// socket file left by a server that is gone is replaced; one a live server answers on is
+/// refused.
 pub fn start(
     path: &Path,
+    access: AdminAccess,
     server: Arc<Server>,
     volumes: Arc<Volumes>,
     rates: Arc<Rates>,
     exports: Vec<crate::config::ExportConfig>,
 ) -> Result<Admin> {
-    if path.exists() {
-        if UnixStream::connect(path).is_ok() {
-            bail!(
-                "admin socket {}: a server is listening on it already",
-                path.display()
-            );
-        }
-        let meta = std::fs::symlink_metadata(path)?;
-        if !std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) {
-            bail!(
-                "admin socket {}: the path exists and is not a socket; not replacing it",
-                path.display()
-            );
-        }
-        std::fs::remove_file(path)?;
-    }
-    let l = UnixListener::bind(path).with_context(|| format!("admin socket {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let l = access::place(path)?;
     l.set_nonblocking(true)?;
     let ctx = Arc::new(Ctx {
         server,
@@ -126,6 +117,7 @@ pub fn start(
         started: Instant::now(),
         rates,
         exports,
+        access,
     });
     let stop = Arc::new(AtomicBool::new(false));
     let clients = Arc::new(AtomicUsize::new(0));
@@ -155,6 +147,12 @@ fn accept_loop(l: &UnixListener, ctx: &Arc<Ctx>, stop: &AtomicBool, clients: &Ar
             }
         };
         let _ = conn.set_nonblocking(false);
+        if let Err(why) = ctx.access.check(&conn) {
+            tracing::warn!(target: LOG_TARGET, "admin socket: refused a connection: {why}");
+            let _ = conn.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = writeln!(&conn, "{}", json!({"ok": false, "error": why}));
+            continue;
+        }
         if clients.fetch_add(1, Relaxed) >= MAX_CLIENTS {
             clients.fetch_sub(1, Relaxed);
             let mut c = conn;

@@ -24,6 +24,11 @@ pub struct ServeConfig {
     /// The admin socket `sce ctl` talks to (default: the first Unix listener's path with
     /// `.ctl` added; none if there is no Unix listener and none is given).
     pub admin: Option<PathBuf>,
+    /// A group (name or number) whose members may use the admin socket too (besides the
+    /// server's uid and root).
+    pub admin_group: Option<String>,
+    /// Serve the metrics endpoint on an address other than loopback.
+    pub metrics_public: bool,
     /// Listen on TCP addresses other than loopback without TLS or authentication.
     pub insecure: bool,
     /// TLS on the TCP listeners.
@@ -164,6 +169,11 @@ pub struct ConfigFile {
     pub metrics: Option<String>,
     /// The admin socket for `sce ctl`, unless the command line gives one.
     pub admin: Option<PathBuf>,
+    /// The group whose members may use the admin socket too (as `--admin-group`).
+    pub admin_group: Option<String>,
+    /// Allow a metrics endpoint on an address other than loopback (as `--metrics-public`).
+    #[serde(default)]
+    pub metrics_public: bool,
     /// Allow TCP listeners on addresses other than loopback without TLS (as `--insecure`).
     #[serde(default)]
     pub insecure: bool,
@@ -216,6 +226,10 @@ impl ServeConfig {
         if self.admin.is_none() {
             self.admin = file.admin;
         }
+        if self.admin_group.is_none() {
+            self.admin_group = file.admin_group;
+        }
+        self.metrics_public |= file.metrics_public;
         self.insecure |= file.insecure;
         self.discard_dirty.extend(file.discard_dirty);
         if self.tls.mode.is_none() {
@@ -260,6 +274,28 @@ impl ServeConfig {
                 }
             }
         }
+        self.check_metrics()
+    }
+
+    /// A metrics endpoint on an address other than loopback needs `--metrics-public`.
+    fn check_metrics(&self) -> Result<()> {
+        let Some(m) = &self.metrics else {
+            return Ok(());
+        };
+        if is_loopback(m).with_context(|| format!("--metrics {m}"))? {
+            return Ok(());
+        }
+        if !self.metrics_public {
+            bail!(
+                "refusing to serve metrics on {m}: it is not a loopback address, and anyone \
+                 who can reach it would read the counters (export names, sizes, rates) and \
+                 could tie up the endpoint. Serve them on 127.0.0.1 (a local agent or a proxy \
+                 can forward them), or pass --metrics-public (TOML metrics_public = true)"
+            );
+        }
+        tracing::warn!(
+            "metrics on {m}, not loopback (--metrics-public): anyone who can reach it reads them"
+        );
         Ok(())
     }
 }
@@ -357,6 +393,8 @@ mod tests {
             listen: listen.iter().map(|l| l.parse().unwrap()).collect(),
             metrics: metrics.map(str::to_string),
             admin: None,
+            admin_group: None,
+            metrics_public: false,
             insecure: false,
             tls: TlsConfig::default(),
             direct: DirectMode::Required,
@@ -437,6 +475,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("unknown TLS mode"), "{e}");
+    }
+
+    #[test]
+    fn a_public_metrics_address_needs_metrics_public() {
+        cli(&["x"], &["unix:/run/a.sock"], Some("127.0.0.1:0"))
+            .check()
+            .unwrap();
+        let mut c = cli(&["x"], &["unix:/run/a.sock"], Some("0.0.0.0:9100"));
+        let e = c.check().unwrap_err().to_string();
+        assert!(
+            e.contains("refusing to serve metrics on 0.0.0.0:9100")
+                && e.contains("--metrics-public"),
+            "{e}"
+        );
+        c.merge_file(file("metrics_public = true")).unwrap();
+        c.check().unwrap();
     }
 
     #[test]

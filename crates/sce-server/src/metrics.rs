@@ -2,15 +2,16 @@
 //! /stats (a JSON document) with the server's counters and every export's, and the client
 //! of /stats (`sce stats`).
 
+pub mod http;
+
 use crate::rates::Rates;
 use anyhow::{anyhow, Context, Result};
 use sce_engine::PersistStats;
 use sce_nbd::Server;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Every export's name and its cache, which may be detached (none for a source exported as
 /// it is).
@@ -136,8 +137,9 @@ pub fn stats_json(server: &Server, volumes: &Volumes) -> serde_json::Value {
     })
 }
 
-/// Serves /metrics and /stats at `addr` (HOST:PORT) from a thread of its own, for as long as
-/// the process runs. Returns the address bound (with the port chosen if `addr` gave 0).
+/// Serves /metrics and /stats at `addr` (HOST:PORT) for as long as the process runs (see
+/// [`http`] for its bounds). Returns the address bound (with the port chosen if `addr`
+/// gave 0).
 pub fn metrics_server(
     addr: &str,
     server: Arc<Server>,
@@ -146,49 +148,27 @@ pub fn metrics_server(
 ) -> Result<String> {
     let l = TcpListener::bind(addr).with_context(|| format!("metrics endpoint {addr}"))?;
     let local = l.local_addr()?.to_string();
-    std::thread::spawn(move || {
-        // One scrape at a time, answered on this thread: a scraper that stalls is cut off
-        // by the timeouts, and a flood of connections cannot start a thread each.
-        for conn in l.incoming().flatten() {
-            answer(&conn, &server, &volumes, &rates);
+    let handler = move |path: &str| -> http::Response {
+        match path {
+            "/metrics" => (
+                "200 OK",
+                "text/plain; version=0.0.4",
+                prometheus(&server, &volumes, Some(&rates)),
+            ),
+            "/stats" => (
+                "200 OK",
+                "application/json",
+                stats_json(&server, &volumes).to_string(),
+            ),
+            _ => (
+                "404 Not Found",
+                "text/plain",
+                "try /metrics or /stats\n".into(),
+            ),
         }
-    });
-    Ok(local)
-}
-
-/// Answers one HTTP request on `conn`.
-fn answer(conn: &TcpStream, server: &Server, volumes: &Volumes, rates: &Rates) {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-    let _ = conn.set_write_timeout(Some(Duration::from_secs(5)));
-    let mut r = BufReader::new(conn);
-    let mut line = String::new();
-    if r.read_line(&mut line).is_err() {
-        return;
-    }
-    let path = line.split_whitespace().nth(1).unwrap_or("/");
-    let (status, ctype, body) = match path {
-        "/metrics" => (
-            "200 OK",
-            "text/plain; version=0.0.4",
-            prometheus(server, volumes, Some(rates)),
-        ),
-        "/stats" => (
-            "200 OK",
-            "application/json",
-            stats_json(server, volumes).to_string(),
-        ),
-        _ => (
-            "404 Not Found",
-            "text/plain",
-            "try /metrics or /stats\n".into(),
-        ),
     };
-    let mut w = conn;
-    let _ = write!(
-        w,
-        "HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    http::serve(l, Arc::new(handler)).context("starting the metrics endpoint")?;
+    Ok(local)
 }
 
 /// Fetches the /stats document of a running server's metrics endpoint (HOST:PORT).

@@ -184,6 +184,7 @@ fn start(a: Assembled, cfg: &ServeConfig, report: &mut dyn FnMut(Event)) -> Resu
     let admin = match &admin_path {
         Some(p) => Some(crate::admin::start(
             p,
+            crate::admin::AdminAccess::new(cfg.admin_group.as_deref())?,
             a.server.clone(),
             a.volumes.clone(),
             rates.clone(),

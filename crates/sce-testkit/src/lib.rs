@@ -95,6 +95,8 @@ pub const TOOLS: &[(&str, &str)] = &[
     ("promtool", "prometheus"),
     // Several hosts over one volume coordinate through etcd (issue 16).
     ("etcd", "etcd-server"),
+    // The admin socket's racer runs as another uid (issue 27).
+    ("setpriv", "util-linux"),
 ];
 
 /// The Python modules sce's tests import: (module, version, pip requirement).

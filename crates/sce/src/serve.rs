@@ -109,12 +109,21 @@ pub struct ServeArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Serve counters over HTTP at HOST:PORT: /metrics (Prometheus text), /stats (JSON).
+    /// An address other than loopback is refused unless --metrics-public is given.
     #[arg(long)]
     pub metrics: Option<String>,
+    /// Allow --metrics on an address other than loopback: anyone who can reach it reads
+    /// the counters (export names, sizes, rates) without authentication.
+    #[arg(long)]
+    pub metrics_public: bool,
     /// The admin socket `sce ctl` talks to (mode 0600). [default: the first --listen
     /// unix:PATH with .ctl added, e.g. /run/sce/lun0.sock.ctl]
     #[arg(long, value_name = "PATH")]
     pub admin: Option<PathBuf>,
+    /// A group (name or number) whose members may use the admin socket too; without it,
+    /// only the server's own uid and root may (checked on every connection).
+    #[arg(long, value_name = "GROUP")]
+    pub admin_group: Option<String>,
     /// Fall back to buffered I/O where the filesystem refuses O_DIRECT.
     #[arg(long)]
     pub allow_buffered: bool,
@@ -295,6 +304,8 @@ impl ServeArgs {
             listen: self.listen.clone(),
             metrics: self.metrics.clone(),
             admin: self.admin.clone(),
+            admin_group: self.admin_group.clone(),
+            metrics_public: self.metrics_public,
             insecure: self.insecure,
             tls: sce_server::config::TlsConfig {
                 mode: self.tls,
