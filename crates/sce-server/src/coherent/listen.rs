@@ -59,6 +59,8 @@ impl Coherence {
             if self.caught_up.load(SeqCst) != generation {
                 self.catch_up(&etcd, generation, &mut target);
             }
+            // A change is logged even while no read comes.
+            self.serving_logged();
         }
     }
 
@@ -95,7 +97,10 @@ impl Coherence {
         }
         if self.done.load(SeqCst) >= target.1 {
             self.caught_up.store(generation, SeqCst);
-            tracing::info!(volume = %self.volume_prefix, "shared volume: serving hits");
+            // After a later registration, `serving_logged` says it (once).
+            if generation == 1 {
+                tracing::info!(volume = %self.volume_prefix, "shared volume: serving hits");
+            }
         }
     }
 

@@ -23,16 +23,19 @@
 mod batch;
 mod device;
 mod handoff;
+mod identity;
 mod listen;
 
 pub use device::Coherent;
 pub use handoff::{handoff, handoff_verb, refuse_in_shared_mode};
+pub use identity::HostIdentity;
 
 use crate::attach::Attachable;
 use anyhow::{anyhow, bail, Context, Result};
 use parking_lot::Mutex;
 use sce_coord::inval::Listener;
 use sce_coord::{Etcd, EtcdError, Membership, Tracker};
+use sce_io::IoError;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -109,6 +112,11 @@ pub struct Counters {
     pub handoff_bytes: AtomicU64,
 }
 
+/// What `serving_logged` logged last: nothing yet, serving hits, passing reads through.
+const STARTING: u8 = 0;
+const SERVING: u8 = 1;
+const PASSING: u8 = 2;
+
 /// One export's membership in its shared volume.
 pub struct Coherence {
     cfg: SharedConfig,
@@ -128,6 +136,10 @@ pub struct Coherence {
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// A hand-off is being prefetched.
     handoff_running: AtomicBool,
+    /// Whether reads are served or passed through, as last logged (see `serving_logged`).
+    logged_mode: std::sync::atomic::AtomicU8,
+    /// This host's id: its file stays locked while the export is in shared mode.
+    identity: Arc<HostIdentity>,
     pub(crate) counters: Counters,
 }
 
@@ -142,11 +154,41 @@ fn ack_timeout(ttl: i64) -> Duration {
     Duration::from_secs(2 * ttl as u64 + 2)
 }
 
+/// Registers this host under `key`: its id, then what tells an operator where it runs.
+/// Another server holding the name is refused with what to do about it.
+fn join(cfg: &SharedConfig, id: &HostIdentity, etcd: Etcd, key: &str) -> Result<Membership> {
+    let machine = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let value = format!(
+        "{} pid={} machine={}",
+        id.id(),
+        std::process::id(),
+        machine.trim()
+    );
+    match Membership::join(etcd, key.as_bytes(), value.as_bytes(), cfg.lease_ttl) {
+        Ok(m) => Ok(m),
+        Err(EtcdError::Taken { holder, .. }) => bail!(
+            "host name {:?} is registered by another live server (id pid machine: {holder}), \
+             waited {}s for its lease to lapse. Each server in shared mode needs a name of \
+             its own: give --host-name NAME (the default, the machine's host name, is the \
+             same on cloned machines). This host's id is kept in {}",
+            cfg.host,
+            cfg.lease_ttl + 1,
+            id.path().display()
+        ),
+        Err(e) => Err(e.into()),
+    }
+}
+
 impl Coherence {
     /// Joins the shared volume `name` for the export `att`: registers under a lease, then
     /// catches up from the revision this host saved, or forgets what the cache holds. Fails
     /// if etcd does not answer (a start needs it).
-    pub fn start(cfg: &SharedConfig, name: &str, att: Arc<Attachable>) -> Result<Arc<Coherence>> {
+    pub fn start(
+        cfg: &SharedConfig,
+        identity: &Arc<HostIdentity>,
+        name: &str,
+        att: Arc<Attachable>,
+    ) -> Result<Arc<Coherence>> {
         if let Some(v) = att.live_volume() {
             if v.config().write_mode == sce_core::WriteMode::WriteBack {
                 bail!(
@@ -165,7 +207,7 @@ impl Coherence {
             if name.is_empty() { "_" } else { name }
         );
         let member_key = format!("{volume_prefix}/hosts/{}", cfg.host);
-        let member = Membership::join(client()?, member_key.as_bytes(), b"", cfg.lease_ttl)
+        let member = join(cfg, identity, client()?, &member_key)
             .with_context(|| format!("joining the shared volume {volume_prefix} in etcd"))?;
         let tracker = Tracker::start(client()?, &volume_prefix, &cfg.host)?;
         let c = Arc::new(Coherence {
@@ -182,6 +224,8 @@ impl Coherence {
             stop: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
             handoff_running: AtomicBool::new(false),
+            logged_mode: Default::default(),
+            identity: identity.clone(),
             counters: Counters::default(),
         });
         if c.att.coherence.set(Arc::downgrade(&c)).is_err() {
@@ -251,6 +295,50 @@ impl Coherence {
         self.member.valid()
             && self.caught_up.load(SeqCst) == self.member.generation()
             && !self.stop.load(SeqCst)
+    }
+
+    /// `serving`, its changes logged once each, not per read: a WARN when this host, having
+    /// served hits, starts passing reads through (its lease is not valid by its own clock:
+    /// etcd or this host stalled; or it registered again and is catching up), an INFO when
+    /// it serves hits again.
+    pub fn serving_logged(&self) -> bool {
+        let serving = self.serving();
+        let now = if serving { SERVING } else { PASSING };
+        let was = self.logged_mode.load(SeqCst);
+        if was == now || (was == STARTING && !serving) || self.stop.load(SeqCst) {
+            return serving;
+        }
+        // The first start of serving is logged by the catch-up ("serving hits").
+        if (self.logged_mode.compare_exchange(was, now, SeqCst, SeqCst)).is_ok() && was != STARTING
+        {
+            let volume = &self.volume_prefix;
+            if serving {
+                let passed = self.counters.passthrough_reads.load(SeqCst);
+                tracing::info!(%volume, passthrough_reads = passed, "shared volume: serving hits again");
+            } else {
+                let lease_valid = self.member.valid();
+                tracing::warn!(%volume, lease_valid, "shared volume: passing reads through to the source until this host can vouch for its cache again (etcd or this host stalled, or it is catching up after registering again)");
+            }
+        }
+        serving
+    }
+
+    /// Refuses a write before it reaches the source while another server holds this host's
+    /// name: the holder takes this host's announcements for its own and would not drop
+    /// the pages.
+    pub fn check_writable(&self, op: sce_io::Op, offset: u64, len: u64) -> Result<(), IoError> {
+        if !self.member.displaced() {
+            return Ok(());
+        }
+        Err(IoError::Io {
+            op,
+            offset,
+            len,
+            source: std::io::Error::other(format!(
+                "shared volume: another server holds this host's name {:?} (--host-name)",
+                self.cfg.host
+            )),
+        })
     }
 
     /// Publishes the range of a write that reached the source, with the writes in flight
@@ -331,6 +419,7 @@ impl Coherence {
         serde_json::json!({
             "volume": self.volume_prefix,
             "host": self.cfg.host,
+            "host_id": self.identity.id(),
             "serving_hits": self.serving(),
             "lease_valid": self.member.valid(),
             "revision_processed": self.done.load(SeqCst),
