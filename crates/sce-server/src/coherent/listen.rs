@@ -4,7 +4,7 @@
 //! holding up acknowledgements: announcing failed writes again, saving the processed
 //! revision after a metadata round, and taking hand-offs.
 
-use super::{batch, Coherence};
+use super::{batch, Coherence, SERVING, STARTING};
 use sce_coord::inval::{self, Listener};
 use sce_coord::{Etcd, EtcdError};
 use sce_io::BlockDevice;
@@ -35,6 +35,8 @@ impl Coherence {
         // The registration `caught_up` waits for, and the revision the listener must pass.
         let mut target = (0, 0);
         while !self.stop.load(SeqCst) {
+            // A change is logged even while no read comes (and while etcd is unreachable).
+            self.serving_logged();
             let generation = self.member.generation();
             let l = match listener.as_mut() {
                 Some(l) => l,
@@ -59,8 +61,6 @@ impl Coherence {
             if self.caught_up.load(SeqCst) != generation {
                 self.catch_up(&etcd, generation, &mut target);
             }
-            // A change is logged even while no read comes.
-            self.serving_logged();
         }
     }
 
@@ -97,8 +97,12 @@ impl Coherence {
         }
         if self.done.load(SeqCst) >= target.1 {
             self.caught_up.store(generation, SeqCst);
-            // After a later registration, `serving_logged` says it (once).
-            if generation == 1 {
+            // The first time; after a later registration, `serving_logged` says it (once).
+            if self
+                .logged_mode
+                .compare_exchange(STARTING, SERVING, SeqCst, SeqCst)
+                .is_ok()
+            {
                 tracing::info!(volume = %self.volume_prefix, "shared volume: serving hits");
             }
         }

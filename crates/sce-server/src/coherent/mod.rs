@@ -305,7 +305,8 @@ impl Coherence {
         let serving = self.serving();
         let now = if serving { SERVING } else { PASSING };
         let was = self.logged_mode.load(SeqCst);
-        if was == now || (was == STARTING && !serving) || self.stop.load(SeqCst) {
+        // Nothing is said before the first catch-up has said "serving hits".
+        if was == now || was == STARTING || self.stop.load(SeqCst) {
             return serving;
         }
         // The first start of serving is logged by the catch-up ("serving hits").
