@@ -234,3 +234,55 @@ fn invalidations_are_dropped_everywhere_before_publish_returns() {
     }
     ma.leave().unwrap();
 }
+
+/// One registration per key (issue 27, item 6): the value's first word is the registrant's
+/// id. A second id is refused while the first's lease lives (after waiting up to the TTL for
+/// it to lapse), naming the holder; the first id registering again while its old lease
+/// still lives (a restart) takes the key over at once; once the holder's lease lapses, the
+/// other id gets the name. `put_if` itself creates only an absent key.
+#[test]
+fn a_registration_under_a_key_another_id_holds_is_refused() {
+    use sce_coord::EtcdError;
+    if !sce_testkit::require_known_tool("etcd") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(d.path());
+    let endpoints = cluster.endpoints.clone();
+    let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+    let client = || Etcd::new(&eps, Duration::from_secs(2)).unwrap();
+    let e = client();
+    ready(&e);
+    // The transaction: an absent key is created, a present one is left as it is.
+    let r = e.put_if(b"/sce/once", b"first", 0, 0).unwrap().unwrap();
+    let held = e
+        .put_if(b"/sce/once", b"second", 0, 0)
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        held.map(|kv| (kv.value, kv.mod_revision)),
+        Some((b"first".to_vec(), r))
+    );
+    assert_eq!(e.get(b"/sce/once").unwrap(), Some(b"first".to_vec()));
+
+    let key = b"/sce/vol/hosts/vm";
+    let join = |value: &[u8]| sce_coord::Membership::join(client(), key, value, 2);
+    let first = join(b"id-a pid=1").unwrap();
+    let t0 = Instant::now();
+    let Err(EtcdError::Taken { holder, .. }) = join(b"id-b pid=2") else {
+        panic!("a second id registered under a key a live lease holds");
+    };
+    eprintln!("refused after {:?}", t0.elapsed());
+    assert_eq!(holder, "id-a pid=1");
+    assert_eq!(e.get(key).unwrap(), Some(b"id-a pid=1".to_vec()));
+    // The first host dies (no revoke: its lease lives on) and restarts: recognised by its id.
+    drop(first);
+    let again = join(b"id-a pid=3").unwrap();
+    assert_eq!(e.get(key).unwrap(), Some(b"id-a pid=3".to_vec()));
+    assert!(again.valid() && !again.displaced());
+    // It dies again; once its lease lapses, another id may have the name.
+    drop(again);
+    let other = join(b"id-b pid=4").unwrap();
+    assert_eq!(e.get(key).unwrap(), Some(b"id-b pid=4".to_vec()));
+    other.leave().unwrap();
+}
