@@ -42,6 +42,8 @@ struct Inner {
     failures: AtomicU64,
     /// The last registration found the key held by another id.
     displaced: AtomicBool,
+    /// Registrations that found the key held by another id, ever.
+    displacements: AtomicU64,
 }
 
 /// The id a registration's value names: its first word.
@@ -82,6 +84,7 @@ impl Inner {
                 let _ = self.etcd.revoke(lease);
                 if matches!(e, EtcdError::Taken { .. }) {
                     self.displaced.store(true, SeqCst);
+                    self.displacements.fetch_add(1, SeqCst);
                 }
                 return Err(e);
             }
@@ -185,6 +188,7 @@ impl Membership {
             wake: Condvar::new(),
             failures: Default::default(),
             displaced: AtomicBool::new(false),
+            displacements: Default::default(),
         });
         let deadline = Instant::now() + Duration::from_secs(inner.ttl as u64 + 1);
         loop {
@@ -237,6 +241,12 @@ impl Membership {
     /// whatever this host announces under it, the holder takes for its own.
     pub fn displaced(&self) -> bool {
         self.inner.displaced.load(SeqCst)
+    }
+
+    /// How many registrations found the key held by another id (only grows): whatever was
+    /// published under the name meanwhile was the holder's, not this host's.
+    pub fn displacements(&self) -> u64 {
+        self.inner.displacements.load(SeqCst)
     }
 
     /// Renewals that failed so far.
