@@ -286,3 +286,39 @@ fn a_registration_under_a_key_another_id_holds_is_refused() {
     assert_eq!(e.get(key).unwrap(), Some(b"id-b pid=4".to_vec()));
     other.leave().unwrap();
 }
+
+/// An invalidation under this host's own name from before its registration (a clone that
+/// held the name, or this host's previous life) is dropped like another host's; one after
+/// it is this host's own write and skipped.
+#[test]
+fn invalidations_under_my_name_from_before_my_registration_are_dropped() {
+    use sce_coord::inval::Listener;
+    if !sce_testkit::require_known_tool("etcd") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(d.path());
+    let endpoints = cluster.endpoints.clone();
+    let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+    let client = || Etcd::new(&eps, Duration::from_secs(2)).unwrap();
+    let e = client();
+    ready(&e);
+    let p = "/sce/vol9";
+    let tracker = sce_coord::Tracker::start(client(), p, "vm").unwrap();
+    let publish = |o: u64| tracker.publish(&e, &[(o, 4096)], Duration::from_secs(30));
+    let clones = publish(0).unwrap();
+    let me = sce_coord::Membership::join(client(), b"/sce/vol9/hosts/vm", b"id-a", 2).unwrap();
+    let mine = publish(8192).unwrap();
+    assert!(clones < me.registered_at() && me.registered_at() < mine);
+    let mut l = Listener::new(&e, p, "vm", clones).unwrap();
+    l.set_registered(me.registered_at());
+    let mut dropped = Vec::new();
+    while l.done() < mine {
+        l.pump(&e, me.lease(), Duration::from_millis(200), &mut |o, n| {
+            dropped.push((o, n))
+        })
+        .unwrap();
+    }
+    assert_eq!(dropped, vec![(0, 4096)]);
+    me.leave().unwrap();
+}
