@@ -148,6 +148,18 @@ pub fn of(att: &Arc<Attachable>) -> Option<Arc<Coherence>> {
     att.coherence.get().and_then(std::sync::Weak::upgrade)
 }
 
+/// The revision a `seen/HOST` value saves, if the host of id `id` saved it. Another id's
+/// (a server that had this host name before: its cache is not this one, and this host's
+/// listener skips what was published under the name) or one without an id (saved before
+/// ids) is not this cache's to catch up from.
+fn saved_by(value: &[u8], id: &str) -> Option<i64> {
+    let text = String::from_utf8_lossy(value);
+    match text.split_whitespace().collect::<Vec<_>>()[..] {
+        [rev, by] if by == id => rev.parse().ok(),
+        _ => None,
+    }
+}
+
 /// How long a write waits for the other hosts: long enough for a host that died to lose
 /// its lease (then it is not waited for).
 fn ack_timeout(ttl: i64) -> Duration {
@@ -275,7 +287,11 @@ impl Coherence {
     fn seen(&self) -> Result<Option<i64>> {
         let key = self.seen_key();
         let value = self.etcd.get(key.as_bytes())?;
-        Ok(value.and_then(|v| String::from_utf8_lossy(&v).parse().ok()))
+        let seen = value.as_deref().map(|v| saved_by(v, self.identity.id()));
+        if let Some(None) = seen {
+            tracing::info!(volume = %self.volume_prefix, "shared volume: the saved revision is another host id's (a server that had this host name before), not this cache's");
+        }
+        Ok(seen.flatten())
     }
 
     fn forget(&self, why: &str) {
@@ -405,10 +421,12 @@ impl Coherence {
     }
 
     fn save(&self, etcd: &Etcd, done: i64) -> Result<(), EtcdError> {
-        (etcd.put(self.seen_key().as_bytes(), done.to_string().as_bytes(), 0)).map(|_| ())
+        let value = format!("{done} {}", self.identity.id());
+        (etcd.put(self.seen_key().as_bytes(), value.as_bytes(), 0)).map(|_| ())
     }
 
-    /// `seen/HOST`: the revision whose drops this host's cache holds durably.
+    /// `seen/HOST`: the revision whose drops this host's cache holds durably, and the id of
+    /// the host that saved it.
     fn seen_key(&self) -> String {
         format!("{}/seen/{}", self.volume_prefix, self.cfg.host)
     }
@@ -435,5 +453,21 @@ impl Coherence {
             "handoffs_received": c.handoffs.load(SeqCst),
             "handoff_prefetched_bytes": c.handoff_bytes.load(SeqCst),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A saved revision counts only for the id that saved it.
+    #[test]
+    fn a_saved_revision_is_its_host_ids() {
+        let id = "0123456789abcdef0123456789abcdef";
+        assert_eq!(super::saved_by(format!("42 {id}").as_bytes(), id), Some(42));
+        assert_eq!(
+            super::saved_by(b"42 ffffffffffffffffffffffffffffffff", id),
+            None
+        );
+        assert_eq!(super::saved_by(b"42", id), None);
+        assert_eq!(super::saved_by(b"", id), None);
     }
 }
