@@ -322,3 +322,39 @@ fn invalidations_under_my_name_from_before_my_registration_are_dropped() {
     assert_eq!(dropped, vec![(0, 4096)]);
     me.leave().unwrap();
 }
+
+/// A host cut off from etcd long enough for its lease to lapse, whose name another id
+/// takes meanwhile, is displaced when it comes back: it does not register (it stays not
+/// valid, and counts the displacement), until the other leaves and the name is free.
+#[test]
+fn a_host_whose_name_was_taken_while_it_was_away_is_displaced() {
+    use sce_testkit::etcd::Proxy;
+    if !sce_testkit::require_known_tool("etcd") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(d.path());
+    let endpoints = cluster.endpoints.clone();
+    let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+    let client = || Etcd::new(&eps, Duration::from_secs(2)).unwrap();
+    let e = client();
+    ready(&e);
+    let proxies: Vec<Proxy> = eps.iter().map(|ep| Proxy::start(ep)).collect();
+    let via: Vec<&str> = proxies.iter().map(|p| p.endpoint.as_str()).collect();
+    let key = b"/sce/vol/hosts/vm";
+    let away = Etcd::new(&via, Duration::from_secs(2)).unwrap();
+    let a = sce_coord::Membership::join(away, key, b"id-a", 2).unwrap();
+    proxies.iter().for_each(|p| p.cut(true));
+    wait_until("a's key never lapsed", 60, || e.get(key).unwrap().is_none());
+    let b = sce_coord::Membership::join(client(), key, b"id-b", 2).unwrap();
+    proxies.iter().for_each(|p| p.cut(false));
+    wait_until("a never found its name taken", 60, || a.displacements() > 0);
+    assert!(!a.valid());
+    assert_eq!(e.get(key).unwrap(), Some(b"id-b".to_vec()));
+    b.leave().unwrap();
+    wait_until("a never registered again", 60, || {
+        a.valid() && !a.displaced()
+    });
+    assert_eq!(e.get(key).unwrap(), Some(b"id-a".to_vec()));
+    a.leave().unwrap();
+}
