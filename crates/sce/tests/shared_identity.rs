@@ -18,12 +18,12 @@ use std::time::{Duration, Instant};
 const SIZE: u64 = 4 << 20;
 
 /// `sce serve` arguments of a host in shared mode: its cache, state directory and host
-/// name, over the file `src`.
-fn args(dir: &Path, src: &Path, i: usize, url: &str, name: &str, ttl: &str) -> Vec<String> {
+/// name, over the source `src`.
+fn args(dir: &Path, src: &str, i: usize, url: &str, name: &str, ttl: &str) -> Vec<String> {
     let p = |s: &str| dir.join(format!("{s}{i}")).to_str().unwrap().to_string();
     [
         "--source",
-        src.to_str().unwrap(),
+        src,
         "--cache",
         &p("cache"),
         "--cache-size",
@@ -60,6 +60,20 @@ fn counter_of_block0(sock: &Path) -> u64 {
     decode(0, &buf).expect("block 0 is not a block")
 }
 
+/// What the server on `sock` caches of the volume's first 256 KiB (`sce ctl exists` on
+/// its admin socket, `SOCK.ctl`).
+fn cached_bytes(sock: &Path) -> u64 {
+    let out = Command::new(env!("CARGO_BIN_EXE_sce"))
+        .args(["ctl", "-s"])
+        .arg(format!("{}.ctl", sock.display()))
+        .args(["--json", "exists", "0", "256KiB"])
+        .env_remove("SCE_CTL")
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["cached_bytes"].as_u64().unwrap_or(0)
+}
+
 /// The etcd cluster and the source file, or None (the test returns) without etcd outside CI.
 fn ground() -> Option<(
     tempfile::TempDir,
@@ -85,15 +99,16 @@ fn a_second_server_under_a_live_host_name_is_refused() {
     let Some((d, etcd, src)) = ground() else {
         return;
     };
+    let s = src.to_str().unwrap();
     let url = etcd.url("sce-same-name");
     let a = start(
-        &args(d.path(), &src, 0, &url, "vm", "2s"),
+        &args(d.path(), s, 0, &url, "vm", "2s"),
         &d.path().join("s0"),
     );
     let sock1 = d.path().join("s1");
     let mut clone = Command::new(env!("CARGO_BIN_EXE_sce"))
         .arg("serve")
-        .args(args(d.path(), &src, 1, &url, "vm", "2s"))
+        .args(args(d.path(), s, 1, &url, "vm", "2s"))
         .args(["--listen", &format!("unix:{}", sock1.display())])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -127,7 +142,7 @@ fn a_second_server_under_a_live_host_name_is_refused() {
     );
     // The first is unharmed: coherent with a host of its own name.
     let b = start(
-        &args(d.path(), &src, 2, &url, "other", "2s"),
+        &args(d.path(), s, 2, &url, "other", "2s"),
         &d.path().join("s2"),
     );
     assert_eq!(counter_of_block0(&d.path().join("s2")), 0);
@@ -151,8 +166,9 @@ fn a_host_restarting_on_its_own_state_dir_is_not_refused() {
     let Some((d, etcd, src)) = ground() else {
         return;
     };
+    let s = src.to_str().unwrap();
     let url = etcd.url("sce-restart");
-    let a = args(d.path(), &src, 0, &url, "vm", "60s");
+    let a = args(d.path(), s, 0, &url, "vm", "60s");
     let sock = d.path().join("s0");
     let first = start(&a, &sock);
     let id = first.export_stats()["shared"]["host_id"].clone();
@@ -172,13 +188,14 @@ fn passing_reads_through_is_logged_once_in_and_once_out() {
     let Some((d, etcd, src)) = ground() else {
         return;
     };
+    let s = src.to_str().unwrap();
     let proxies: Vec<_> = (etcd.endpoints.iter())
         .map(|e| sce_testkit::etcd::Proxy::start(e))
         .collect();
     let eps: Vec<_> = proxies.iter().map(|p| p.endpoint.clone()).collect();
     let url = format!("etcd://{}/sce-log", eps.join(","));
     let sock = d.path().join("s0");
-    let h = start(&args(d.path(), &src, 0, &url, "h0", "5s"), &sock);
+    let h = start(&args(d.path(), s, 0, &url, "h0", "5s"), &sock);
     let shared = |k: &str| h.export_stats()["shared"][k].clone();
     wait_until("serving hits", 60, || shared("serving_hits") == true);
     let into = "shared volume: passing reads through";
@@ -221,4 +238,61 @@ fn passing_reads_through_is_logged_once_in_and_once_out() {
         log.lines().any(|l| l.contains(out) && l.contains("INFO")),
         "{log}"
     );
+}
+
+/// Two servers that held one host name in turn (never at once, so neither was refused):
+/// the revision one saved says nothing of the other's cache. B caches block 0 and stops;
+/// A, under the same name with its own state directory, writes block 0 and stops (it saves
+/// its revision under the name); B restarts on its cache: it must not catch up from A's
+/// revision (it would skip A's write, which it never saw) but forget, and read A's write.
+#[test]
+fn a_revision_saved_under_the_name_by_another_id_is_not_caught_up_from() {
+    let Some((d, etcd, src)) = ground() else {
+        return;
+    };
+    let s = src.to_str().unwrap();
+    if !sce_testkit::require_known_tool("nbdkit") {
+        return;
+    }
+    let url = etcd.url("sce-turns");
+    let ksock = d.path().join("k.sock");
+    let mut nbdkit = Command::new("nbdkit")
+        .args(["-f", "--exit-with-parent", "-U"])
+        .arg(&ksock)
+        .args(["file", s])
+        .spawn()
+        .unwrap();
+    common::wait_for(&ksock);
+    let uri = format!("nbd+unix:///?socket={}", ksock.display());
+    let (sa, sb) = (d.path().join("s0"), d.path().join("s1"));
+    // Over NBD: a source whose changes the cache cannot see for itself (over the file, its
+    // new mtime alone would drop B's cache at its restart).
+    let pinned = |i| {
+        let mut a = args(d.path(), &uri, i, &url, "vm", "2s");
+        a.extend(["--source-generation".to_string(), "g1".to_string()]);
+        a
+    };
+    let b_args = pinned(1);
+    let b = start(&b_args, &sb);
+    // Reads pass through until B serves hits; then one is cached.
+    wait_until("B serving", 60, || {
+        b.export_stats()["shared"]["serving_hits"] == true
+    });
+    wait_until("B caches block 0", 60, || {
+        counter_of_block0(&sb) == 0 && cached_bytes(&sb) > 0
+    });
+    assert!(b.term().success());
+    let a = start(&pinned(0), &sa);
+    let mut buf = vec![0u8; BLOCK as usize];
+    block(0, 7, &mut buf);
+    client(&sa, 1).write_at(0, &buf).unwrap();
+    assert!(a.term().success());
+    let b = start(&b_args, &sb);
+    let shared = |k: &str| b.export_stats()["shared"][k].clone();
+    wait_until("serving hits", 60, || shared("serving_hits") == true);
+    assert_eq!(counter_of_block0(&sb), 7, "B read stale: {}", b.log());
+    assert_eq!(shared("forgotten"), 1, "{}", b.log());
+    drop(b);
+    let _ = nbdkit.kill();
+    let _ = nbdkit.wait();
 }
