@@ -32,6 +32,14 @@ pub enum EtcdError {
     /// A watch asked for revisions the cluster has compacted away (the oldest it keeps).
     #[error("etcd: revisions before {0} are compacted")]
     Compacted(i64),
+    /// A registration found its key held by someone else's live lease.
+    #[error("{key} is held by another live registration ({holder})")]
+    Taken {
+        /// The key.
+        key: String,
+        /// What the holder put there.
+        holder: String,
+    },
 }
 
 /// A key, its value, and the revision that last changed it.
@@ -246,6 +254,47 @@ impl Etcd {
         }
         let v = self.call("/v3/kv/put", &body)?;
         Ok(int(&v["header"]["revision"]))
+    }
+
+    /// Puts `value` at `key` under `lease`, in one transaction, only if the key is absent
+    /// (`expect` 0) or was last changed at revision `expect`. Ok(revision made), or
+    /// Err(what the key holds instead: None if it is absent).
+    pub fn put_if(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        lease: i64,
+        expect: i64,
+    ) -> Result<Result<i64, Option<Kv>>, EtcdError> {
+        let compare = match expect {
+            0 => {
+                json!({"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"})
+            }
+            r => {
+                json!({"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": r.to_string()})
+            }
+        };
+        let mut put = json!({"key": b64(key), "value": b64(value)});
+        if lease != 0 {
+            put["lease"] = json!(lease.to_string());
+        }
+        let v = self.call(
+            "/v3/kv/txn",
+            &json!({
+                "compare": [compare],
+                "success": [{"request_put": put}],
+                "failure": [{"request_range": {"key": b64(key)}}],
+            }),
+        )?;
+        if v["succeeded"] == json!(true) {
+            return Ok(Ok(int(&v["header"]["revision"])));
+        }
+        let held = &v["responses"][0]["response_range"]["kvs"][0];
+        Ok(Err(if held.is_object() {
+            Some(kv(held)?)
+        } else {
+            None
+        }))
     }
 
     /// The keys starting with `prefix`, and the cluster's revision.

@@ -61,6 +61,9 @@ pub struct Listener {
     done: i64,
     /// The last acknowledgement put (revision, lease): not put again while unchanged.
     acked: (i64, i64),
+    /// This host's registration: invalidations under its name from before it are another
+    /// server's (a clone that held the name meanwhile), or its own earlier ones: dropped.
+    registered: i64,
     watch: crate::etcd::Watch,
 }
 
@@ -74,8 +77,15 @@ impl Listener {
             me: me.to_string(),
             done: from.saturating_sub(1),
             acked: (0, 0),
+            registered: 0,
             watch,
         })
+    }
+
+    /// The revision of this host's current registration (`Membership::registered_at`):
+    /// only invalidations under its own name published after it are skipped as its own.
+    pub fn set_registered(&mut self, revision: i64) {
+        self.registered = revision;
     }
 
     /// Waits up to `timeout` for invalidations; hands each one (offset, length) of another
@@ -92,7 +102,8 @@ impl Listener {
         let mut n = 0;
         for e in events {
             let Event::Put(kv) = e else { continue };
-            let from_me = kv.key == key(&self.prefix, "inval", &self.me);
+            let from_me =
+                kv.key == key(&self.prefix, "inval", &self.me) && kv.mod_revision > self.registered;
             if !from_me {
                 let text = String::from_utf8_lossy(&kv.value).to_string();
                 // One this host cannot read drops everything: it never acknowledges an

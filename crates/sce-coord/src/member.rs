@@ -4,6 +4,11 @@
 //! each renewal was sent, less a margin for clock rates), so a host that stops hearing from
 //! etcd knows it may have been dropped before anyone can act on it (issue 16: such a host
 //! stops serving hits at once).
+//!
+//! One registration per key: the key's value starts with the registrant's id (a word), and
+//! a registration puts the key only if it is absent or already holds that id (this host's
+//! own earlier lease: a restart before the lease lapsed), in one etcd transaction. A key
+//! another id holds under a live lease is refused ([`EtcdError::Taken`]).
 
 use crate::etcd::{Etcd, EtcdError};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::SeqCst};
@@ -35,6 +40,15 @@ struct Inner {
     wake: Condvar,
     /// Renewals and re-registrations that failed (etcd unreachable, lease gone).
     failures: AtomicU64,
+    /// The last registration found the key held by another id.
+    displaced: AtomicBool,
+    /// Registrations that found the key held by another id, ever.
+    displacements: AtomicU64,
+}
+
+/// The id a registration's value names: its first word.
+fn id_of(value: &[u8]) -> &[u8] {
+    value.split(|b| *b == b' ').next().unwrap_or_default()
 }
 
 /// A host's registration, kept alive in the background until [`Membership::leave`].
@@ -63,12 +77,47 @@ impl Inner {
         self.until.store(0, SeqCst);
         let sent = Instant::now();
         let lease = self.etcd.grant(self.ttl)?;
-        let rev = self.etcd.put(&self.key, &self.value, lease)?;
+        let rev = match self.claim(lease) {
+            Ok(rev) => rev,
+            Err(e) => {
+                // The lease holds nothing: let it go now rather than at its expiry.
+                let _ = self.etcd.revoke(lease);
+                if matches!(e, EtcdError::Taken { .. }) {
+                    self.displaced.store(true, SeqCst);
+                    self.displacements.fetch_add(1, SeqCst);
+                }
+                return Err(e);
+            }
+        };
+        self.displaced.store(false, SeqCst);
         self.registered_at.store(rev, SeqCst);
         self.generation.fetch_add(1, SeqCst);
         self.lease.store(lease, SeqCst);
         self.until.store(self.at(sent + usable(self.ttl)), SeqCst);
         Ok(())
+    }
+
+    /// Puts the key under `lease` if no other id holds it: it is absent, or it holds this
+    /// id (an earlier lease of this host's, which the put moves to the new one).
+    fn claim(&self, lease: i64) -> Result<i64, EtcdError> {
+        let mut expect = 0;
+        for _ in 0..8 {
+            match self.etcd.put_if(&self.key, &self.value, lease, expect)? {
+                Ok(rev) => return Ok(rev),
+                Err(None) => expect = 0,
+                Err(Some(kv)) if id_of(&kv.value) == id_of(&self.value) => expect = kv.mod_revision,
+                Err(Some(kv)) => {
+                    return Err(EtcdError::Taken {
+                        key: String::from_utf8_lossy(&self.key).into_owned(),
+                        holder: String::from_utf8_lossy(&kv.value).into_owned(),
+                    })
+                }
+            }
+        }
+        Err(EtcdError::Server(format!(
+            "{}: the key kept changing under the registration",
+            String::from_utf8_lossy(&self.key)
+        )))
     }
 
     /// One renewal: the lease is renewed, or (expired) replaced.
@@ -98,15 +147,31 @@ impl Inner {
             if self.stop.load(SeqCst) {
                 return;
             }
-            if self.renew().is_err() {
-                self.failures.fetch_add(1, SeqCst);
+            let was_displaced = self.displaced.load(SeqCst);
+            match self.renew() {
+                Err(EtcdError::Taken { key, holder }) => {
+                    self.failures.fetch_add(1, SeqCst);
+                    if !was_displaced {
+                        tracing::error!(key, holder, "shared mode: another server took this host's name while its lease had lapsed; passing reads through and refusing writes until the name is free (give each server its own --host-name)");
+                    }
+                }
+                Err(_) => {
+                    self.failures.fetch_add(1, SeqCst);
+                }
+                Ok(()) if was_displaced => {
+                    tracing::info!(key = %String::from_utf8_lossy(&self.key), "shared mode: this host's name is free again: registered");
+                }
+                Ok(()) => {}
             }
         }
     }
 }
 
 impl Membership {
-    /// Registers `key` = `value` under a lease of `ttl` seconds, and keeps it alive.
+    /// Registers `key` = `value` under a lease of `ttl` seconds, and keeps it alive. The
+    /// value's first word is the registrant's id: a key another id holds is waited for up
+    /// to the lease time (a predecessor that died lets it lapse), then refused
+    /// ([`EtcdError::Taken`]).
     pub fn join(etcd: Etcd, key: &[u8], value: &[u8], ttl: i64) -> Result<Membership, EtcdError> {
         let inner = Arc::new(Inner {
             etcd,
@@ -122,8 +187,18 @@ impl Membership {
             sleep: Mutex::new(()),
             wake: Condvar::new(),
             failures: Default::default(),
+            displaced: AtomicBool::new(false),
+            displacements: Default::default(),
         });
-        inner.register()?;
+        let deadline = Instant::now() + Duration::from_secs(inner.ttl as u64 + 1);
+        loop {
+            match inner.register() {
+                Err(EtcdError::Taken { .. }) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(250))
+                }
+                r => break r?,
+            }
+        }
         let i = inner.clone();
         let thread = std::thread::Builder::new()
             .name("sce-lease".into())
@@ -160,6 +235,18 @@ impl Membership {
     /// The revision of the last registration.
     pub fn registered_at(&self) -> i64 {
         self.inner.registered_at.load(SeqCst)
+    }
+
+    /// True while another id holds this registration's key (found at the last attempt):
+    /// whatever this host announces under it, the holder takes for its own.
+    pub fn displaced(&self) -> bool {
+        self.inner.displaced.load(SeqCst)
+    }
+
+    /// How many registrations found the key held by another id (only grows): whatever was
+    /// published under the name meanwhile was the holder's, not this host's.
+    pub fn displacements(&self) -> u64 {
+        self.inner.displacements.load(SeqCst)
     }
 
     /// Renewals that failed so far.

@@ -234,3 +234,127 @@ fn invalidations_are_dropped_everywhere_before_publish_returns() {
     }
     ma.leave().unwrap();
 }
+
+/// One registration per key (issue 27, item 6): the value's first word is the registrant's
+/// id. A second id is refused while the first's lease lives (after waiting up to the TTL for
+/// it to lapse), naming the holder; the first id registering again while its old lease
+/// still lives (a restart) takes the key over at once; once the holder's lease lapses, the
+/// other id gets the name. `put_if` itself creates only an absent key.
+#[test]
+fn a_registration_under_a_key_another_id_holds_is_refused() {
+    use sce_coord::EtcdError;
+    if !sce_testkit::require_known_tool("etcd") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(d.path());
+    let endpoints = cluster.endpoints.clone();
+    let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+    let client = || Etcd::new(&eps, Duration::from_secs(2)).unwrap();
+    let e = client();
+    ready(&e);
+    // The transaction: an absent key is created, a present one is left as it is.
+    let r = e.put_if(b"/sce/once", b"first", 0, 0).unwrap().unwrap();
+    let held = e
+        .put_if(b"/sce/once", b"second", 0, 0)
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        held.map(|kv| (kv.value, kv.mod_revision)),
+        Some((b"first".to_vec(), r))
+    );
+    assert_eq!(e.get(b"/sce/once").unwrap(), Some(b"first".to_vec()));
+
+    let key = b"/sce/vol/hosts/vm";
+    let join = |value: &[u8]| sce_coord::Membership::join(client(), key, value, 2);
+    let first = join(b"id-a pid=1").unwrap();
+    let t0 = Instant::now();
+    let Err(EtcdError::Taken { holder, .. }) = join(b"id-b pid=2") else {
+        panic!("a second id registered under a key a live lease holds");
+    };
+    eprintln!("refused after {:?}", t0.elapsed());
+    assert_eq!(holder, "id-a pid=1");
+    assert_eq!(e.get(key).unwrap(), Some(b"id-a pid=1".to_vec()));
+    // The first host dies (no revoke: its lease lives on) and restarts: recognised by its id.
+    drop(first);
+    let again = join(b"id-a pid=3").unwrap();
+    assert_eq!(e.get(key).unwrap(), Some(b"id-a pid=3".to_vec()));
+    assert!(again.valid() && !again.displaced());
+    // It dies again; once its lease lapses, another id may have the name.
+    drop(again);
+    let other = join(b"id-b pid=4").unwrap();
+    assert_eq!(e.get(key).unwrap(), Some(b"id-b pid=4".to_vec()));
+    other.leave().unwrap();
+}
+
+/// An invalidation under this host's own name from before its registration (a clone that
+/// held the name, or this host's previous life) is dropped like another host's; one after
+/// it is this host's own write and skipped.
+#[test]
+fn invalidations_under_my_name_from_before_my_registration_are_dropped() {
+    use sce_coord::inval::Listener;
+    if !sce_testkit::require_known_tool("etcd") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(d.path());
+    let endpoints = cluster.endpoints.clone();
+    let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+    let client = || Etcd::new(&eps, Duration::from_secs(2)).unwrap();
+    let e = client();
+    ready(&e);
+    let p = "/sce/vol9";
+    let tracker = sce_coord::Tracker::start(client(), p, "vm").unwrap();
+    let publish = |o: u64| tracker.publish(&e, &[(o, 4096)], Duration::from_secs(30));
+    let clones = publish(0).unwrap();
+    let me = sce_coord::Membership::join(client(), b"/sce/vol9/hosts/vm", b"id-a", 2).unwrap();
+    let mine = publish(8192).unwrap();
+    assert!(clones < me.registered_at() && me.registered_at() < mine);
+    let mut l = Listener::new(&e, p, "vm", clones).unwrap();
+    l.set_registered(me.registered_at());
+    let mut dropped = Vec::new();
+    while l.done() < mine {
+        l.pump(&e, me.lease(), Duration::from_millis(200), &mut |o, n| {
+            dropped.push((o, n))
+        })
+        .unwrap();
+    }
+    assert_eq!(dropped, vec![(0, 4096)]);
+    me.leave().unwrap();
+}
+
+/// A host cut off from etcd long enough for its lease to lapse, whose name another id
+/// takes meanwhile, is displaced when it comes back: it does not register (it stays not
+/// valid, and counts the displacement), until the other leaves and the name is free.
+#[test]
+fn a_host_whose_name_was_taken_while_it_was_away_is_displaced() {
+    use sce_testkit::etcd::Proxy;
+    if !sce_testkit::require_known_tool("etcd") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(d.path());
+    let endpoints = cluster.endpoints.clone();
+    let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+    let client = || Etcd::new(&eps, Duration::from_secs(2)).unwrap();
+    let e = client();
+    ready(&e);
+    let proxies: Vec<Proxy> = eps.iter().map(|ep| Proxy::start(ep)).collect();
+    let via: Vec<&str> = proxies.iter().map(|p| p.endpoint.as_str()).collect();
+    let key = b"/sce/vol/hosts/vm";
+    let away = Etcd::new(&via, Duration::from_secs(2)).unwrap();
+    let a = sce_coord::Membership::join(away, key, b"id-a", 2).unwrap();
+    proxies.iter().for_each(|p| p.cut(true));
+    wait_until("a's key never lapsed", 60, || e.get(key).unwrap().is_none());
+    let b = sce_coord::Membership::join(client(), key, b"id-b", 2).unwrap();
+    proxies.iter().for_each(|p| p.cut(false));
+    wait_until("a never found its name taken", 60, || a.displacements() > 0);
+    assert!(!a.valid());
+    assert_eq!(e.get(key).unwrap(), Some(b"id-b".to_vec()));
+    b.leave().unwrap();
+    wait_until("a never registered again", 60, || {
+        a.valid() && !a.displaced()
+    });
+    assert_eq!(e.get(key).unwrap(), Some(b"id-a".to_vec()));
+    a.leave().unwrap();
+}

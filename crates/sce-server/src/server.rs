@@ -3,7 +3,7 @@
 //! with ESHUTDOWN), flush every export to its source, and persist the caches' records so
 //! that the next start is warm.
 
-use crate::coherent::{Coherence, Coherent};
+use crate::coherent::{Coherence, Coherent, HostIdentity};
 use crate::config::ServeConfig;
 use crate::export;
 use crate::metrics::{metrics_server, Volumes};
@@ -130,9 +130,13 @@ fn assemble(cfg: &ServeConfig) -> Result<Assembled> {
     let mut exports = Vec::new();
     let mut volumes = Vec::new();
     let mut shared = Vec::new();
+    let identity = match &cfg.shared {
+        Some(sc) => Some(Arc::new(HostIdentity::load(&cfg.state_dir, &sc.host)?)),
+        None => None,
+    };
     for (spec, mut b) in cfg.exports.iter().zip(crate::group::build_all(cfg)?) {
-        if let (Some(sc), Some(att)) = (&cfg.shared, &b.volume) {
-            let c = Coherence::start(sc, &spec.name, att.clone())
+        if let (Some(sc), Some(id), Some(att)) = (&cfg.shared, &identity, &b.volume) {
+            let c = Coherence::start(sc, id, &spec.name, att.clone())
                 .with_context(|| format!("export {:?}: shared mode", spec.name))?;
             let dev = Coherent::new(att.clone(), c.clone());
             b.export.device = dev.clone();

@@ -217,6 +217,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "etcd://HOSTS/PREFIX")]
     pub shared: Option<String>,
     /// This host's name among the hosts of --shared (default: the machine's host name).
+    /// One server per name: a name another live server holds is refused (clones share
+    /// host names); the host's id is kept in --state-dir, so a restart is recognised.
     #[arg(long, requires = "shared")]
     pub host_name: Option<String>,
     /// Shared mode: the etcd lease's time to live. A host that cannot renew it stops

@@ -226,6 +226,8 @@ fn host_admitting(
     let cache = dir.join(format!("cache{i}"));
     let sock = dir.join(format!("s{i}"));
     let name = format!("h{i}");
+    // Each host keeps its id apart (the default, /var/lib/sce, is shared by every test).
+    let state = dir.join(format!("state{i}"));
     let mut args = vec![
         "--source",
         source,
@@ -240,6 +242,8 @@ fn host_admitting(
         "--metadata-interval",
         "50ms",
         "--allow-buffered",
+        "--state-dir",
+        state.to_str().unwrap(),
     ];
     if let Some(u) = url {
         args.extend(["--shared", u, "--host-name", &name, "--lease-ttl", "2s"]);

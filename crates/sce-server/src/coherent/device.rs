@@ -4,7 +4,7 @@
 
 use super::Coherence;
 use crate::attach::Attachable;
-use sce_io::{BlockDevice, IoError, IoQueue, QueuedReads, SharedBytes, StartedRead};
+use sce_io::{BlockDevice, IoError, IoQueue, Op, QueuedReads, SharedBytes, StartedRead};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
@@ -41,7 +41,7 @@ impl BlockDevice for Coherent {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
-        if self.coherence.serving() {
+        if self.coherence.serving_logged() {
             return self.att.read_at(offset, buf);
         }
         self.coherence
@@ -53,12 +53,14 @@ impl BlockDevice for Coherent {
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), IoError> {
+        (self.coherence).check_writable(Op::Write, offset, buf.len() as u64)?;
         let r = self.att.write_at(offset, buf);
         self.published(r, offset, buf.len() as u64)
     }
 
     fn write_shared(&self, offset: u64, data: SharedBytes) -> Result<(), IoError> {
         let len = data.len() as u64;
+        (self.coherence).check_writable(Op::Write, offset, len)?;
         let r = self.att.write_shared(offset, data);
         self.published(r, offset, len)
     }
@@ -72,6 +74,7 @@ impl BlockDevice for Coherent {
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
+        (self.coherence).check_writable(Op::Discard, offset, len)?;
         let r = self.att.discard(offset, len);
         self.published(r, offset, len)
     }
@@ -84,7 +87,7 @@ impl BlockDevice for Coherent {
 impl QueuedReads for Coherent {
     fn start_read(&self, offset: u64, len: u64) -> Option<StartedRead> {
         // Not serving: the read goes to the workers, and `read_at` passes it through.
-        if !self.coherence.serving() {
+        if !self.coherence.serving_logged() {
             return None;
         }
         self.att.start_read(offset, len)

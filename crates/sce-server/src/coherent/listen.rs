@@ -4,7 +4,7 @@
 //! holding up acknowledgements: announcing failed writes again, saving the processed
 //! revision after a metadata round, and taking hand-offs.
 
-use super::{batch, Coherence};
+use super::{batch, Coherence, SERVING, STARTING};
 use sce_coord::inval::{self, Listener};
 use sce_coord::{Etcd, EtcdError};
 use sce_io::BlockDevice;
@@ -34,7 +34,11 @@ impl Coherence {
         let mut listener: Option<Listener> = None;
         // The registration `caught_up` waits for, and the revision the listener must pass.
         let mut target = (0, 0);
+        // The member's displacements this listener has forgotten the cache for.
+        let mut displaced = 0;
         while !self.stop.load(SeqCst) {
+            // A change is logged even while no read comes (and while etcd is unreachable).
+            self.serving_logged();
             let generation = self.member.generation();
             let l = match listener.as_mut() {
                 Some(l) => l,
@@ -46,6 +50,8 @@ impl Coherence {
                     }
                 },
             };
+            // What was published under this host's name before it registered is not its own.
+            l.set_registered(self.member.registered_at());
             let lease = self.member.lease();
             let pumped = l.pump(&etcd, lease, Duration::from_millis(200), &mut |o, n| {
                 self.drop_range(o, n)
@@ -57,7 +63,7 @@ impl Coherence {
                 continue;
             }
             if self.caught_up.load(SeqCst) != generation {
-                self.catch_up(&etcd, generation, &mut target);
+                self.catch_up(&etcd, generation, &mut target, &mut displaced);
             }
         }
     }
@@ -86,7 +92,19 @@ impl Coherence {
     /// After registration `generation`: serve hits again once the listener is past every
     /// invalidation published before it (the target is read once per registration, so a
     /// steady stream of new ones cannot keep the host from serving).
-    fn catch_up(&self, etcd: &Etcd, generation: u64, target: &mut (u64, i64)) {
+    /// Another server that held this host's name meanwhile (`displaced` behind the
+    /// member's count) published under it what this listener skipped as its own: the
+    /// cache is forgotten before it serves again.
+    fn catch_up(&self, etcd: &Etcd, generation: u64, target: &mut (u64, i64), displaced: &mut u64) {
+        let displacements = self.member.displacements();
+        if *displaced != displacements {
+            if self.att.forget().is_err() {
+                return;
+            }
+            self.counters.forgotten.fetch_add(1, SeqCst);
+            tracing::warn!(volume = %self.volume_prefix, "shared volume: cache forgotten (another server held this host's name meanwhile)");
+            *displaced = displacements;
+        }
         if target.0 != generation {
             let Ok(newest) = inval::newest(etcd, &self.volume_prefix) else {
                 return;
@@ -95,7 +113,14 @@ impl Coherence {
         }
         if self.done.load(SeqCst) >= target.1 {
             self.caught_up.store(generation, SeqCst);
-            tracing::info!(volume = %self.volume_prefix, "shared volume: serving hits");
+            // The first time; after a later registration, `serving_logged` says it (once).
+            if self
+                .logged_mode
+                .compare_exchange(STARTING, SERVING, SeqCst, SeqCst)
+                .is_ok()
+            {
+                tracing::info!(volume = %self.volume_prefix, "shared volume: serving hits");
+            }
         }
     }
 

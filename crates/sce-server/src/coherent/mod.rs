@@ -23,16 +23,19 @@
 mod batch;
 mod device;
 mod handoff;
+mod identity;
 mod listen;
 
 pub use device::Coherent;
 pub use handoff::{handoff, handoff_verb, refuse_in_shared_mode};
+pub use identity::HostIdentity;
 
 use crate::attach::Attachable;
 use anyhow::{anyhow, bail, Context, Result};
 use parking_lot::Mutex;
 use sce_coord::inval::Listener;
 use sce_coord::{Etcd, EtcdError, Membership, Tracker};
+use sce_io::IoError;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -109,6 +112,11 @@ pub struct Counters {
     pub handoff_bytes: AtomicU64,
 }
 
+/// What `serving_logged` logged last: nothing yet, serving hits, passing reads through.
+const STARTING: u8 = 0;
+const SERVING: u8 = 1;
+const PASSING: u8 = 2;
+
 /// One export's membership in its shared volume.
 pub struct Coherence {
     cfg: SharedConfig,
@@ -128,6 +136,10 @@ pub struct Coherence {
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// A hand-off is being prefetched.
     handoff_running: AtomicBool,
+    /// Whether reads are served or passed through, as last logged (see `serving_logged`).
+    logged_mode: std::sync::atomic::AtomicU8,
+    /// This host's id: its file stays locked while the export is in shared mode.
+    identity: Arc<HostIdentity>,
     pub(crate) counters: Counters,
 }
 
@@ -136,17 +148,59 @@ pub fn of(att: &Arc<Attachable>) -> Option<Arc<Coherence>> {
     att.coherence.get().and_then(std::sync::Weak::upgrade)
 }
 
+/// The revision a `seen/HOST` value saves, if the host of id `id` saved it. Another id's
+/// (a server that had this host name before: its cache is not this one, and this host's
+/// listener skips what was published under the name) or one without an id (saved before
+/// ids) is not this cache's to catch up from.
+fn saved_by(value: &[u8], id: &str) -> Option<i64> {
+    let text = String::from_utf8_lossy(value);
+    match text.split_whitespace().collect::<Vec<_>>()[..] {
+        [rev, by] if by == id => rev.parse().ok(),
+        _ => None,
+    }
+}
+
 /// How long a write waits for the other hosts: long enough for a host that died to lose
 /// its lease (then it is not waited for).
 fn ack_timeout(ttl: i64) -> Duration {
     Duration::from_secs(2 * ttl as u64 + 2)
 }
 
+/// Registers this host under `key`: its id, then what tells an operator where it runs.
+/// Another server holding the name is refused with what to do about it.
+fn join(cfg: &SharedConfig, id: &HostIdentity, etcd: Etcd, key: &str) -> Result<Membership> {
+    let machine = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let value = format!(
+        "{} pid={} machine={}",
+        id.id(),
+        std::process::id(),
+        machine.trim()
+    );
+    match Membership::join(etcd, key.as_bytes(), value.as_bytes(), cfg.lease_ttl) {
+        Ok(m) => Ok(m),
+        Err(EtcdError::Taken { holder, .. }) => bail!(
+            "host name {:?} is registered by another live server (id pid machine: {holder}), \
+             waited {}s for its lease to lapse. Each server in shared mode needs a name of \
+             its own: give --host-name NAME (the default, the machine's host name, is the \
+             same on cloned machines). This host's id is kept in {}",
+            cfg.host,
+            cfg.lease_ttl + 1,
+            id.path().display()
+        ),
+        Err(e) => Err(e.into()),
+    }
+}
+
 impl Coherence {
     /// Joins the shared volume `name` for the export `att`: registers under a lease, then
     /// catches up from the revision this host saved, or forgets what the cache holds. Fails
     /// if etcd does not answer (a start needs it).
-    pub fn start(cfg: &SharedConfig, name: &str, att: Arc<Attachable>) -> Result<Arc<Coherence>> {
+    pub fn start(
+        cfg: &SharedConfig,
+        identity: &Arc<HostIdentity>,
+        name: &str,
+        att: Arc<Attachable>,
+    ) -> Result<Arc<Coherence>> {
         if let Some(v) = att.live_volume() {
             if v.config().write_mode == sce_core::WriteMode::WriteBack {
                 bail!(
@@ -165,7 +219,7 @@ impl Coherence {
             if name.is_empty() { "_" } else { name }
         );
         let member_key = format!("{volume_prefix}/hosts/{}", cfg.host);
-        let member = Membership::join(client()?, member_key.as_bytes(), b"", cfg.lease_ttl)
+        let member = join(cfg, identity, client()?, &member_key)
             .with_context(|| format!("joining the shared volume {volume_prefix} in etcd"))?;
         let tracker = Tracker::start(client()?, &volume_prefix, &cfg.host)?;
         let c = Arc::new(Coherence {
@@ -182,6 +236,8 @@ impl Coherence {
             stop: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
             handoff_running: AtomicBool::new(false),
+            logged_mode: Default::default(),
+            identity: identity.clone(),
             counters: Counters::default(),
         });
         if c.att.coherence.set(Arc::downgrade(&c)).is_err() {
@@ -231,7 +287,11 @@ impl Coherence {
     fn seen(&self) -> Result<Option<i64>> {
         let key = self.seen_key();
         let value = self.etcd.get(key.as_bytes())?;
-        Ok(value.and_then(|v| String::from_utf8_lossy(&v).parse().ok()))
+        let seen = value.as_deref().map(|v| saved_by(v, self.identity.id()));
+        if let Some(None) = seen {
+            tracing::info!(volume = %self.volume_prefix, "shared volume: the saved revision is another host id's (a server that had this host name before), not this cache's");
+        }
+        Ok(seen.flatten())
     }
 
     fn forget(&self, why: &str) {
@@ -251,6 +311,51 @@ impl Coherence {
         self.member.valid()
             && self.caught_up.load(SeqCst) == self.member.generation()
             && !self.stop.load(SeqCst)
+    }
+
+    /// `serving`, its changes logged once each, not per read: a WARN when this host, having
+    /// served hits, starts passing reads through (its lease is not valid by its own clock:
+    /// etcd or this host stalled; or it registered again and is catching up), an INFO when
+    /// it serves hits again.
+    pub fn serving_logged(&self) -> bool {
+        let serving = self.serving();
+        let now = if serving { SERVING } else { PASSING };
+        let was = self.logged_mode.load(SeqCst);
+        // Nothing is said before the first catch-up has said "serving hits".
+        if was == now || was == STARTING || self.stop.load(SeqCst) {
+            return serving;
+        }
+        // The first start of serving is logged by the catch-up ("serving hits").
+        if (self.logged_mode.compare_exchange(was, now, SeqCst, SeqCst)).is_ok() && was != STARTING
+        {
+            let volume = &self.volume_prefix;
+            if serving {
+                let passed = self.counters.passthrough_reads.load(SeqCst);
+                tracing::info!(%volume, passthrough_reads = passed, "shared volume: serving hits again");
+            } else {
+                let lease_valid = self.member.valid();
+                tracing::warn!(%volume, lease_valid, "shared volume: passing reads through to the source until this host can vouch for its cache again (etcd or this host stalled, or it is catching up after registering again)");
+            }
+        }
+        serving
+    }
+
+    /// Refuses a write before it reaches the source while another server holds this host's
+    /// name: the holder takes this host's announcements for its own and would not drop
+    /// the pages.
+    pub fn check_writable(&self, op: sce_io::Op, offset: u64, len: u64) -> Result<(), IoError> {
+        if !self.member.displaced() {
+            return Ok(());
+        }
+        Err(IoError::Io {
+            op,
+            offset,
+            len,
+            source: std::io::Error::other(format!(
+                "shared volume: another server holds this host's name {:?} (--host-name)",
+                self.cfg.host
+            )),
+        })
     }
 
     /// Publishes the range of a write that reached the source, with the writes in flight
@@ -316,10 +421,12 @@ impl Coherence {
     }
 
     fn save(&self, etcd: &Etcd, done: i64) -> Result<(), EtcdError> {
-        (etcd.put(self.seen_key().as_bytes(), done.to_string().as_bytes(), 0)).map(|_| ())
+        let value = format!("{done} {}", self.identity.id());
+        (etcd.put(self.seen_key().as_bytes(), value.as_bytes(), 0)).map(|_| ())
     }
 
-    /// `seen/HOST`: the revision whose drops this host's cache holds durably.
+    /// `seen/HOST`: the revision whose drops this host's cache holds durably, and the id of
+    /// the host that saved it.
     fn seen_key(&self) -> String {
         format!("{}/seen/{}", self.volume_prefix, self.cfg.host)
     }
@@ -331,6 +438,7 @@ impl Coherence {
         serde_json::json!({
             "volume": self.volume_prefix,
             "host": self.cfg.host,
+            "host_id": self.identity.id(),
             "serving_hits": self.serving(),
             "lease_valid": self.member.valid(),
             "revision_processed": self.done.load(SeqCst),
@@ -345,5 +453,21 @@ impl Coherence {
             "handoffs_received": c.handoffs.load(SeqCst),
             "handoff_prefetched_bytes": c.handoff_bytes.load(SeqCst),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A saved revision counts only for the id that saved it.
+    #[test]
+    fn a_saved_revision_is_its_host_ids() {
+        let id = "0123456789abcdef0123456789abcdef";
+        assert_eq!(super::saved_by(format!("42 {id}").as_bytes(), id), Some(42));
+        assert_eq!(
+            super::saved_by(b"42 ffffffffffffffffffffffffffffffff", id),
+            None
+        );
+        assert_eq!(super::saved_by(b"42", id), None);
+        assert_eq!(super::saved_by(b"", id), None);
     }
 }
