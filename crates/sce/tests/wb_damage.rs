@@ -52,6 +52,9 @@ struct Outcome {
     /// Pages the damaged structure could vouch for, and lost pages outside them.
     vouched: u64,
     eio_outside: u64,
+    /// The damaged structure has another sound copy (a format-5 unit or journal block, a
+    /// superblock): nothing may be lost.
+    repairable: bool,
     /// The restart was refused: its message.
     refused: Option<String>,
     /// After flush --to-source: NEW pages the source misses, lost pages holding garbage.
@@ -489,6 +492,8 @@ fn round(t: Target, r: u32, seed: u64) -> Outcome {
     let dmg = choose(&dev, t, &last, &mut rng, r);
     let vouched = dmg.as_ref().map(|x| x.vouched.clone()).unwrap_or_default();
     o.vouched = vouched.len() as u64;
+    o.repairable =
+        dmg.is_some() && (t == Target::Superblock || (t != Target::Page && dev.mirrored()));
     let when = if records {
         "after metadata rounds"
     } else {
@@ -525,7 +530,7 @@ fn round(t: Target, r: u32, seed: u64) -> Outcome {
 fn failures(t: Target, o: &Outcome) -> Vec<String> {
     let mut f = Vec::new();
     if let Some(msg) = &o.refused {
-        if t == Target::Superblock || !msg.to_lowercase().contains("damage") {
+        if t == Target::Superblock || o.repairable || !msg.to_lowercase().contains("damage") {
             f.push(format!("the restart was refused: {msg}"));
         }
         return f;
@@ -540,6 +545,12 @@ fn failures(t: Target, o: &Outcome) -> Vec<String> {
         f.push(format!(
             "{} pages lost, the damage could vouch for {}",
             o.eio, o.vouched
+        ));
+    }
+    if o.repairable && o.eio > 0 {
+        f.push(format!(
+            "{} pages lost though the damaged copy had a sound twin",
+            o.eio
         ));
     }
     if o.eio_outside > 0 {
