@@ -10,6 +10,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The `sce` binary the tests run: `SCE_BIN` if set (to run a test against another build,
+/// e.g. an old release, and see it fail), else this build's.
+pub fn sce_bin() -> String {
+    std::env::var("SCE_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_sce").to_string())
+}
+
 /// Waits up to 20 s for `path` to exist.
 pub fn wait_for(path: &Path) {
     let t0 = Instant::now();
@@ -35,8 +41,14 @@ impl Server {
     /// Starts `sce serve ARGS --listen unix:SOCK --metrics 127.0.0.1:0` and waits until it
     /// listens.
     pub fn start(args: &[&str], sock: &Path) -> Server {
+        Server::try_start(args, sock).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// As `start`, but a server that exits before it listens is an `Err` naming its exit
+    /// status and holding its log (a refused start).
+    pub fn try_start(args: &[&str], sock: &Path) -> Result<Server, String> {
         let _ = std::fs::remove_file(sock);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sce"))
+        let mut child = Command::new(sce_bin())
             .arg("serve")
             .args(args)
             .arg("--listen")
@@ -51,7 +63,7 @@ impl Server {
         let log = Arc::new(Mutex::new(Vec::new()));
         let err = child.stderr.take().unwrap();
         let l = log.clone();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(Result::ok) {
                 l.lock().push(line);
             }
@@ -66,7 +78,11 @@ impl Server {
                 break m;
             }
             if let Ok(Some(st)) = child.try_wait() {
-                panic!("sce serve exited with {st}: {}", log.lock().join("\n"));
+                let _ = reader.join();
+                return Err(format!(
+                    "sce serve exited with {st}: {}",
+                    log.lock().join("\n")
+                ));
             }
             assert!(
                 t0.elapsed() < Duration::from_secs(30),
@@ -75,11 +91,11 @@ impl Server {
             std::thread::sleep(Duration::from_millis(10));
         };
         wait_for(sock);
-        Server {
+        Ok(Server {
             child: Some(child),
             log,
             metrics,
-        }
+        })
     }
 
     /// The /stats document of the default export.
