@@ -97,15 +97,23 @@ impl Inner {
         Ok(())
     }
 
-    /// Puts the key under `lease` if no other id holds it: it is absent, or it holds this
-    /// id (an earlier lease of this host's, which the put moves to the new one).
+    /// Puts the key under `lease` if no one else holds it: it is absent, or it holds this
+    /// id under this process's previous lease (a re-registration, which the put moves to
+    /// the new one). The same id under another live lease is another process: a clone
+    /// whose state directory came with it, or this host's previous life whose lease has
+    /// not lapsed yet. It is refused like another id (a start waits for the lease first).
     fn claim(&self, lease: i64) -> Result<i64, EtcdError> {
         let mut expect = 0;
+        let mine = self.lease.load(SeqCst);
         for _ in 0..8 {
             match self.etcd.put_if(&self.key, &self.value, lease, expect)? {
                 Ok(rev) => return Ok(rev),
                 Err(None) => expect = 0,
-                Err(Some(kv)) if id_of(&kv.value) == id_of(&self.value) => expect = kv.mod_revision,
+                Err(Some(kv))
+                    if id_of(&kv.value) == id_of(&self.value) && mine != 0 && kv.lease == mine =>
+                {
+                    expect = kv.mod_revision
+                }
                 Err(Some(kv)) => {
                     return Err(EtcdError::Taken {
                         key: String::from_utf8_lossy(&self.key).into_owned(),

@@ -275,7 +275,8 @@ fn a_registration_under_a_key_another_id_holds_is_refused() {
     eprintln!("refused after {:?}", t0.elapsed());
     assert_eq!(holder, "id-a pid=1");
     assert_eq!(e.get(key).unwrap(), Some(b"id-a pid=1".to_vec()));
-    // The first host dies (no revoke: its lease lives on) and restarts: recognised by its id.
+    // The first host dies (no revoke: its lease lives on) and restarts: the same id under
+    // another live lease may be a clone, so it waits for that lease to lapse, then registers.
     drop(first);
     let again = join(b"id-a pid=3").unwrap();
     assert_eq!(e.get(key).unwrap(), Some(b"id-a pid=3".to_vec()));

@@ -133,6 +133,20 @@ fn live_blocks(dev: &MemDevice) -> Vec<(u64, u32)> {
     out
 }
 
+/// A crash (without records) that left at least two live journal blocks: an early flush
+/// round (the small ring fills up) may have moved the tail past them all, so up to 20
+/// seeds from `seed` are tried.
+fn crash_with_live_blocks(seed: u64) -> (Crashed, Vec<(u64, u32)>) {
+    for s in seed..seed + 20 {
+        let c = crash_with_dirty_data(false, s);
+        let blocks = live_blocks(&c.cache);
+        if blocks.last().map(|b| b.0) > blocks.first().map(|b| b.0) {
+            return (c, blocks);
+        }
+    }
+    panic!("20 crashes left fewer than two live journal blocks");
+}
+
 /// Per written page after the restart: (new, lost, source's older bytes, other).
 fn classify(vol: &CacheVolume, c: &Crashed) -> (u32, u32, u32, u32) {
     let (mut new, mut lost, mut old, mut other) = (0, 0, 0, 0);
@@ -250,8 +264,7 @@ fn damage_to_both_copies_refuses_the_start_rather_than_serve_older_bytes() {
     println!("units damaged in both copies: {e}");
     assert!(e.to_string().contains("both copies"), "{e}");
 
-    let c = crash_with_dirty_data(false, 6);
-    let blocks = live_blocks(&c.cache);
+    let (c, blocks) = crash_with_live_blocks(6);
     let (_, l) = layout(&c.cache);
     let half = l.journal_blocks / 2;
     // The oldest live block: an earlier commit's, flushed before the later ones began.
@@ -262,4 +275,41 @@ fn damage_to_both_copies_refuses_the_start_rather_than_serve_older_bytes() {
         .expect_err("a start over a journal block damaged in both copies was allowed");
     println!("an earlier journal block damaged in both copies: {e}");
     assert!(e.to_string().contains("both copies"), "{e}");
+}
+
+/// Both copies of the newest journal block damaged, after a FLUSH covered it: the block is
+/// known durable (`journal_landed`), so its loss is damage, not a torn commit: refused.
+#[test]
+fn damage_to_both_copies_of_the_newest_flushed_journal_block_refuses_the_start() {
+    let (c, blocks) = crash_with_live_blocks(7);
+    let (_, l) = layout(&c.cache);
+    let half = l.journal_blocks / 2;
+    let (_, pos) = *blocks.last().unwrap();
+    flip(&c.cache, l.journal_block_offset(pos % half) + 300);
+    flip(&c.cache, l.journal_block_offset(pos % half + half) + 300);
+    let e = CacheVolume::open(c.source.clone(), c.cache.clone(), config(c.state.path()))
+        .expect_err("a start over the newest flushed journal block damaged in both copies");
+    println!("the newest flushed journal block damaged in both copies: {e}");
+    assert!(e.to_string().contains("both copies"), "{e}");
+}
+
+/// A device formatted over old content (another format's units, data, garbage) holds no
+/// unit of its own yet: a write-back start on it is not refused as damaged, and it works.
+#[test]
+fn a_device_formatted_over_old_content_starts_in_write_back() {
+    let source = random_source(SOURCE, 8);
+    let cache = Arc::new(MemDevice::new(4 * MIB));
+    let mut junk = vec![0u8; cache.size() as usize];
+    SmallRng::seed_from_u64(8).fill(&mut junk[..]);
+    cache.write_at(0, &junk).unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let mut cfg = config(state.path());
+    cfg.persist.as_mut().unwrap().reformat = true;
+    let vol = CacheVolume::open(source.clone(), cache.clone(), cfg).expect("first start");
+    vol.write_at(0, &vec![7u8; PAGE as usize]).unwrap();
+    vol.flush().unwrap();
+    drop(vol);
+    let vol = CacheVolume::open(source, cache, config(state.path()))
+        .expect("a start after formatting over old content was refused");
+    assert_eq!(read(&vol, 0, PAGE), vec![7u8; PAGE as usize]);
 }

@@ -306,11 +306,17 @@ pub fn scan_journal(dev: &dyn BlockDevice, sb: &Superblock) -> Result<JournalSca
         b += n;
     }
     found.sort_by_key(|f| (f.seq, f.at));
-    scan.gaps = gaps(&found, sb.journal_tail);
-    scan.blocks_missing = match found.last() {
-        Some(n) => scan.gaps.0.iter().filter(|&&s| s < n.commit_first).count() as u32,
-        None => 0,
-    };
+    let landed = sb.journal_landed;
+    scan.gaps = gaps(
+        &found,
+        sb.journal_tail,
+        landed,
+        (l.journal_blocks / 2).max(1),
+    );
+    // Durable for sure: blocks of an earlier commit than the newest sound block's, and
+    // every block below `journal_landed` (a completed FLUSH came after them).
+    let durable = found.last().map_or(0, |n| n.commit_first).max(landed);
+    scan.blocks_missing = scan.gaps.0.iter().filter(|&&s| s < durable).count() as u32;
     let mut live: Vec<(u64, Vec<JournalEntry>)> = Vec::new();
     let mut copies = 0;
     for f in found {
@@ -342,18 +348,21 @@ pub fn scan_journal(dev: &dyn BlockDevice, sb: &Superblock) -> Result<JournalSca
     Ok(scan)
 }
 
-/// The blocks from the tail up to the newest sound block that are gone, with the ring
-/// length: a block whose position holds a sound block with a higher sequence number was
-/// replaced by a later lap (the tail had moved past it, even if the superblock that says so
-/// is the older copy) and is not missing. Those below the first block of the newest
-/// block's commit were made durable by an earlier commit: their loss is damage. Those of
-/// the newest commit may be torn by a crash: their writes were never acknowledged.
-fn gaps(found: &[Found], tail: u64) -> (Vec<u64>, u32) {
-    let Some(newest) = found.last() else {
+/// The blocks from the tail up to the newest sound block, or up to `landed` if that is
+/// higher, that are gone, with the ring length (the newest block's, else `half`): a block
+/// whose position holds a sound block with a higher sequence number was replaced by a later
+/// lap (the tail had moved past it, even if the superblock that says so is the older copy)
+/// and is not missing. Those below the first block of the newest block's commit, or below
+/// `landed`, were made durable: their loss is damage. Those of the newest commit may be
+/// torn by a crash: their writes were never acknowledged.
+fn gaps(found: &[Found], tail: u64, landed: u64, half: u32) -> (Vec<u64>, u32) {
+    let ring = found.last().map_or(half, |n| n.ring) as u64;
+    // The highest block that must be there: the newest sound one, or the last below
+    // `landed`.
+    let Some(top) = found.last().map(|n| n.seq).max(landed.checked_sub(1)) else {
         return (Vec::new(), 0);
     };
-    let ring = newest.ring as u64;
-    if ring == 0 {
+    if ring == 0 || top < tail {
         return (Vec::new(), 0);
     }
     let present: std::collections::BTreeSet<u64> = found.iter().map(|f| f.seq).collect();
@@ -362,9 +371,9 @@ fn gaps(found: &[Found], tail: u64) -> (Vec<u64>, u32) {
         let e = newest_at.entry(f.seq % ring).or_insert(f.seq);
         *e = (*e).max(f.seq);
     }
-    // A block a whole ring below the newest was overwritten by a later lap anyway.
-    let from = tail.max((newest.seq + 1).saturating_sub(ring));
-    let gone = (from..newest.seq)
+    // A block a whole ring below the top was overwritten by a later lap anyway.
+    let from = tail.max((top + 1).saturating_sub(ring));
+    let gone = (from..=top)
         .filter(|s| !present.contains(s))
         .filter(|s| newest_at.get(&(s % ring)).is_none_or(|&n| n < *s))
         .collect();

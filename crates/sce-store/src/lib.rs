@@ -250,7 +250,8 @@ pub struct ScanReport {
     pub units_corrupt: u32,
     /// Units holding another unit's image (misdirected writes).
     pub units_misplaced: u32,
-    /// Units of another device.
+    /// Units that never were this device's in either copy: another device's, another
+    /// format's, or what the device held before it was formatted.
     pub units_foreign: u32,
     /// Units one of whose two copies was damaged, loaded from the other (and rewritten).
     pub units_repaired: u32,
@@ -293,10 +294,7 @@ pub struct ScanReport {
 impl ScanReport {
     /// True if something was damaged (not just dropped by design).
     pub fn damaged(&self) -> bool {
-        self.unrepairable()
-            || self.units_foreign > 0
-            || self.units_repaired > 0
-            || self.journal_blocks_bad > 0
+        self.unrepairable() || self.units_repaired > 0 || self.journal_blocks_bad > 0
     }
 
     /// True if damage hit both copies of something of this device's: what it held cannot
@@ -431,11 +429,20 @@ fn scan_units(
     Ok(())
 }
 
+/// True if a rejected unit copy was this device's unit (damaged since), not something that
+/// never was one.
+fn ours(e: UnitError) -> bool {
+    matches!(e, UnitError::Checksum | UnitError::Misplaced(_))
+}
+
 /// Of a unit's two copies (primary, mirror): the valid one, or of two valid ones the one of
-/// the later round; with whether the other is damaged (not blank, not valid). A damaged
-/// copy beside a blank one is a unit no round completed (a round writes the mirror only
-/// after the primary is durable, and moves the journal's tail only after both): blank
-/// (None), its damaged copy to be rewritten. Neither valid nor blank: the primary's error.
+/// the later round; with whether the other is damaged (not blank, not valid). A copy that
+/// is not this device's unit at all (blank, garbage of another format or of what the device
+/// held before it was formatted, another device's unit) held nothing of ours: beside it, a
+/// damaged copy is a unit no round completed (a round writes the mirror only after the
+/// primary is durable, and moves the journal's tail only after both): blank (None), its
+/// damaged copy to be rewritten. Only two copies that were both this device's units and are
+/// both damaged (torn, corrupt, misdirected) lose what the unit held.
 #[allow(clippy::type_complexity)]
 fn choose_copy<'a>(
     l: &Layout,
@@ -451,9 +458,16 @@ fn choose_copy<'a>(
         }
         (Ok(()), Err(e)) => Ok((Some(copies[0]), e != UnitError::Blank)),
         (Err(e), Ok(())) => Ok((Some(copies[1]), e != UnitError::Blank)),
-        (Err(UnitError::Blank), Err(UnitError::Blank)) => Err(UnitError::Blank),
-        (Err(UnitError::Blank), Err(_)) | (Err(_), Err(UnitError::Blank)) => Ok((None, true)),
-        (Err(e), Err(_)) => Err(e),
+        (Err(a), Err(b)) => match (ours(a), ours(b)) {
+            (true, true) => Err(a),
+            (true, false) | (false, true) => Ok((None, true)),
+            (false, false) if a == UnitError::Blank && b == UnitError::Blank => {
+                Err(UnitError::Blank)
+            }
+            // Never this device's unit: counted as foreign (another device's, another
+            // format's, or what the device held before it was formatted).
+            (false, false) => Err(UnitError::Foreign),
+        },
     }
 }
 

@@ -151,7 +151,18 @@ fn open_blank_cache(a: &FormatArgs) -> Result<FileDevice> {
         ),
         Ok(sb) => {
             // --force: never drops the only copy of write-back data unless that is said too.
-            let dirt = sce_store::dirty_by_volume(&dev, &sb, |_| true)?;
+            let all = a.discard_dirty.iter().any(|d| d == "all");
+            let dirt = match sce_store::dirty_by_volume(&dev, &sb, |_| true) {
+                Ok(d) => d,
+                Err(e) if all => {
+                    tracing::error!("--discard-dirty all: the dirty data could not be counted ({e}); formatting over whatever the device holds");
+                    Vec::new()
+                }
+                Err(e) => bail!(
+                    "counting the dirty (write-back) data the device holds, before formatting \
+                     over it: {e} (pass --discard-dirty all to format it anyway)"
+                ),
+            };
             sce_store::refuse_dirty_drop(&dirt, &a.discard_dirty, "sce format --force")?;
             for d in &dirt {
                 tracing::error!(
@@ -271,7 +282,7 @@ fn print_check(r: &CheckReport, verified: bool) {
     for (name, s) in &r.volumes {
         println!("  volume {name}:");
         println!(
-            "    units: {} ok, {} never written, {} repaired from their mirror copy, damaged in both copies: {} corrupt, {} misplaced, {} of another device",
+            "    units: {} ok, {} never written, {} repaired from their mirror copy, damaged in both copies: {} corrupt, {} misplaced; never this device's: {} (another device, format or former content)",
             s.units_ok, s.units_blank, s.units_repaired, s.units_corrupt, s.units_misplaced, s.units_foreign
         );
         println!(

@@ -105,41 +105,16 @@ fn a_second_server_under_a_live_host_name_is_refused() {
         &args(d.path(), s, 0, &url, "vm", "2s"),
         &d.path().join("s0"),
     );
-    let sock1 = d.path().join("s1");
-    let mut clone = Command::new(env!("CARGO_BIN_EXE_sce"))
-        .arg("serve")
-        .args(args(d.path(), s, 1, &url, "vm", "2s"))
-        .args(["--listen", &format!("unix:{}", sock1.display())])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // It waits up to the lease time (2 s) for the name to lapse; a live holder renews it.
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(st) = clone.try_wait().unwrap() {
-            break Some(st);
-        }
-        if sock1.exists() || t0.elapsed() > Duration::from_secs(60) {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let Some(status) = status else {
-        let _ = clone.kill();
-        let _ = clone.wait();
-        panic!("a second server under host name \"vm\" started (or hung) beside a live one");
-    };
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut clone.stderr.take().unwrap(), &mut err).unwrap();
-    eprintln!("refused in {:?}: {err}", t0.elapsed());
-    assert!(!status.success(), "{err}");
-    assert!(
-        err.contains("host name \"vm\" is registered by another live server")
-            && err.contains("--host-name"),
-        "{err}"
-    );
+    refused_clone(d.path(), s, &url);
+    // A clone that came with a copy of the state directory has the same host id: it is
+    // refused all the same (the same id under another live lease is another process).
+    std::fs::create_dir_all(d.path().join("state1")).unwrap();
+    std::fs::copy(
+        d.path().join("state0/shared-host.vm.id"),
+        d.path().join("state1/shared-host.vm.id"),
+    )
+    .unwrap();
+    refused_clone(d.path(), s, &url);
     // The first is unharmed: coherent with a host of its own name.
     let b = start(
         &args(d.path(), s, 2, &url, "other", "2s"),
@@ -157,10 +132,10 @@ fn a_second_server_under_a_live_host_name_is_refused() {
     drop((a, b));
 }
 
-/// A host killed and restarted on its own state directory while its old lease (60 s) still
-/// lives is recognised as itself and starts at once (a restart that waited for the lease to
-/// lapse would not be listening within the harness's 30 s); the registration carries the
-/// id kept in the state directory.
+/// A host killed and restarted on its own state directory is not refused: its old lease
+/// (3 s) still lives, and the same id under another live lease may be a clone that came
+/// with a copy of the state directory, so the restart waits for that lease to lapse, then
+/// registers under the id kept in the state directory.
 #[test]
 fn a_host_restarting_on_its_own_state_dir_is_not_refused() {
     let Some((d, etcd, src)) = ground() else {
@@ -168,7 +143,7 @@ fn a_host_restarting_on_its_own_state_dir_is_not_refused() {
     };
     let s = src.to_str().unwrap();
     let url = etcd.url("sce-restart");
-    let a = args(d.path(), s, 0, &url, "vm", "60s");
+    let a = args(d.path(), s, 0, &url, "vm", "3s");
     let sock = d.path().join("s0");
     let first = start(&a, &sock);
     let id = first.export_stats()["shared"]["host_id"].clone();
@@ -295,4 +270,44 @@ fn a_revision_saved_under_the_name_by_another_id_is_not_caught_up_from() {
     drop(b);
     let _ = nbdkit.kill();
     let _ = nbdkit.wait();
+}
+
+/// Starts a second server named "vm" (state directory 1) beside the live one and expects
+/// it to be refused, naming --host-name, without ever listening.
+fn refused_clone(d: &Path, s: &str, url: &str) {
+    let sock1 = d.join("s1");
+    let mut clone = Command::new(env!("CARGO_BIN_EXE_sce"))
+        .arg("serve")
+        .args(args(d, s, 1, url, "vm", "2s"))
+        .args(["--listen", &format!("unix:{}", sock1.display())])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // It waits up to the lease time (2 s) for the name to lapse; a live holder renews it.
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = clone.try_wait().unwrap() {
+            break Some(st);
+        }
+        if sock1.exists() || t0.elapsed() > Duration::from_secs(60) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let Some(status) = status else {
+        let _ = clone.kill();
+        let _ = clone.wait();
+        panic!("a second server under host name \"vm\" started (or hung) beside a live one");
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut clone.stderr.take().unwrap(), &mut err).unwrap();
+    eprintln!("refused in {:?}: {err}", t0.elapsed());
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("host name \"vm\" is registered by another live server")
+            && err.contains("--host-name"),
+        "{err}"
+    );
 }

@@ -20,7 +20,6 @@ use rand::{rngs::SmallRng, Rng, SeedableRng};
 use sce_io::{AlignedBuf, BlockDevice};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::Command;
 
 use device::Device;
 
@@ -92,21 +91,6 @@ fn write_pages(c: &sce_nbd::NbdClient, pages: &[(u64, u64)]) {
             });
         }
     });
-}
-
-/// `sce ctl` on the server listening on `sock`.
-fn ctl(sock: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new(common::sce_bin())
-        .arg("ctl")
-        .arg("-s")
-        .arg(format!("{}.ctl", sock.display()))
-        .args(args)
-        .env_remove("SCE_CTL")
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
 }
 
 /// The write phase: pages in a random 2 MiB window (two of the 15 slots: below the
@@ -200,7 +184,7 @@ fn check_source(
     lost: &BTreeSet<u64>,
     o: &mut Outcome,
 ) {
-    let (ok, out) = ctl(sock, &["flush", "--to-source"]);
+    let (ok, out) = common::ctl(sock, &["flush", "--to-source"]);
     if !ok {
         o.flush_failed = Some(out);
         return;

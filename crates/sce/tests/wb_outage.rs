@@ -44,20 +44,6 @@ fn cpu_time(pid: u32) -> Duration {
     Duration::from_millis(ticks * 1000 / hz)
 }
 
-fn ctl(sock: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_sce"))
-        .arg("ctl")
-        .arg("-s")
-        .arg(format!("{}.ctl", sock.display()))
-        .args(args)
-        .env_remove("SCE_CTL")
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
-}
-
 /// fio's random writes (4 KiB, queue depth 8) to the export on `sock` for `secs` seconds,
 /// going on past errors (writes that waited too long for room fail during the outage).
 fn fio(dir: &Path, sock: &Path, secs: u64) -> Killed {
@@ -166,7 +152,7 @@ fn a_15_s_source_outage_under_fio_costs_few_cleanings_and_few_log_lines() {
     // Writes fio had in flight when it was killed may still land after a flush: flush
     // again until nothing is dirty.
     let st = sce_testkit::poll("nothing dirty after flush --to-source", 120, || {
-        let (ok, out) = ctl(&sock, &["flush", "--to-source"]);
+        let (ok, out) = common::ctl(&sock, &["flush", "--to-source"]);
         assert!(ok, "{out}");
         let st = s.export_stats();
         (num(&st, "writeback_dirty_bytes") == 0)

@@ -9,20 +9,6 @@ use common::num;
 use std::path::Path;
 use std::process::Command;
 
-fn ctl(sock: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_sce"))
-        .arg("ctl")
-        .arg("-s")
-        .arg(format!("{}.ctl", sock.display()))
-        .args(args)
-        .env_remove("SCE_CTL")
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
-}
-
 /// `sce serve` of `source` in write-back, with a `size` cache of 256 KiB fragments at
 /// `cache`, listening on `sock`.
 fn writeback_server(source: &str, cache: &Path, size: &str, sock: &Path) -> common::Server {
@@ -67,9 +53,9 @@ fn sigkill_in_writeback_loses_nothing_and_flush_to_source_fills_the_source() {
     );
     assert!(cleaned > 0, "the cleaner never ran");
     // Everything to the source, then the source file alone holds every acknowledged write.
-    let (ok, out) = ctl(sock, &["flush", "--to-source"]);
+    let (ok, out) = common::ctl(sock, &["flush", "--to-source"]);
     assert!(ok, "{out}");
-    let (ok, out) = ctl(sock, &["status"]);
+    let (ok, out) = common::ctl(sock, &["status"]);
     assert!(
         ok && out.contains("writeback") && out.contains("0 B dirty"),
         "{out}"
@@ -152,7 +138,7 @@ fn fio_verify_in_writeback_through_eviction_and_cleaning() {
     );
     let evicted = num(&st, "fragments_evicted");
     assert!(cleaned > 0 && evicted > 0, "no cleaning or eviction: {st}");
-    let (ok, out) = ctl(&sock, &["flush", "--to-source"]);
+    let (ok, out) = common::ctl(&sock, &["flush", "--to-source"]);
     assert!(ok, "{out}");
     // The export and the source file now agree byte for byte.
     let c = common::blocks::client(&sock, 1);
@@ -232,11 +218,11 @@ fn a_source_outage_through_nbdkit_is_absorbed_then_drained() {
         !writer.is_finished(),
         "every write went through during the outage"
     );
-    let (ok, out) = ctl(&sock, &["status"]);
+    let (ok, out) = common::ctl(&sock, &["status"]);
     assert!(ok && out.contains("clean errors"), "{out}");
     std::fs::remove_file(&flag).unwrap();
     writer.join().expect("the writer failed");
-    let (ok, out) = ctl(&sock, &["flush", "--to-source"]);
+    let (ok, out) = common::ctl(&sock, &["flush", "--to-source"]);
     assert!(ok, "{out}");
     // The source itself, through nbdkit, holds every byte written.
     let uri: sce_nbd::NbdUri = src_uri.parse().unwrap();

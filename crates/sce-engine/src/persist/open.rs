@@ -270,6 +270,7 @@ impl Persist {
                 fmt(&**dev)?
             }
             Err(e) if cfg.reformat && !matches!(e, StoreError::Io(_)) => {
+                unreadable_may_hold_dirty(&e, cfg)?;
                 formatted_now = true;
                 fmt(&**dev)?
             }
@@ -281,6 +282,8 @@ impl Persist {
                 if !cfg.reformat {
                     return Err(StoreError::Failed);
                 }
+                let dirt = sce_store::dirty_by_volume(&**dev, &sb, |_| true)?;
+                dropping_dirty(&dirt, cfg, "--reformat")?;
                 let _ = std::fs::remove_file(&m);
                 formatted_now = true;
                 sb = fmt(&**dev)?;
@@ -329,10 +332,6 @@ impl Persist {
             let mut why = reasons(v, &sb.volumes[vi], cfg.reattach, source);
             if sb.volumes[vi].detached {
                 sb.volumes[vi].detached = false;
-                changed = true;
-            }
-            if cfg.writeback && !sb.volumes[vi].writeback {
-                sb.volumes[vi].writeback = true;
                 changed = true;
             }
             why.extend(older.clone());
@@ -418,6 +417,10 @@ impl Persist {
         }
         sb.state = sce_store::DeviceState::Open;
         sb.last_open = sce_store::unix_now();
+        // Marked only by a start that got this far: a refused one leaves the flag as found.
+        for v in &self.vols {
+            sb.volumes[v.index].writeback |= self.cfg.writeback;
+        }
         sb.journal_tail = sb.journal_tail.max(tail);
         self.write_sb(&mut sb)
     }
@@ -553,4 +556,24 @@ fn refuse_leaving_dirty_out(
     let served = |v: &sce_store::Volume| wanted.iter().any(|w| w.0 == v.name);
     let dirt = sce_store::dirty_by_volume(&**dev, sb, |v| !served(v))?;
     dropping_dirty(&dirt, cfg, "a start that does not serve them")
+}
+
+/// `--reformat` of a device this sce cannot read (`e`: damaged superblocks, a newer format,
+/// format 4): whether it holds write-back data not yet on the source cannot be told, so
+/// it is refused unless `--discard-dirty all`. Formats 1 to 3 had no write-back.
+fn unreadable_may_hold_dirty(e: &StoreError, cfg: &PersistConfig) -> Result<(), StoreError> {
+    if matches!(e, StoreError::OldVersion(v) if *v < 4) {
+        return Ok(());
+    }
+    if cfg.discard_dirty.iter().any(|d| d == "all") {
+        tracing::error!(
+            "--discard-dirty all: --reformat drops whatever the unreadable device held ({e})"
+        );
+        return Ok(());
+    }
+    Err(StoreError::DirtyData(format!(
+        "{e}. This sce cannot tell whether the device holds write-back data the source does \
+         not have, and --reformat would drop it: serve it with the sce that wrote it and run \
+         `sce ctl flush --to-source` first, or pass --discard-dirty all to give it up"
+    )))
 }

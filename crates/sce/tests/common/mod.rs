@@ -16,6 +16,22 @@ pub fn sce_bin() -> String {
     std::env::var("SCE_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_sce").to_string())
 }
 
+/// `sce ctl` on the admin socket of the server listening on `sock` (`SOCK.ctl`): whether
+/// it succeeded, and its stdout and stderr.
+pub fn ctl(sock: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(sce_bin())
+        .arg("ctl")
+        .arg("-s")
+        .arg(format!("{}.ctl", sock.display()))
+        .args(args)
+        .env_remove("SCE_CTL")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
 /// Waits up to 20 s for `path` to exist.
 pub fn wait_for(path: &Path) {
     let t0 = Instant::now();
