@@ -109,7 +109,7 @@ pub fn start(
     rates: Arc<Rates>,
     exports: Vec<crate::config::ExportConfig>,
 ) -> Result<Admin> {
-    let l = access::place(path)?;
+    let l = access::place(path, access.gid())?;
     l.set_nonblocking(true)?;
     let ctx = Arc::new(Ctx {
         server,

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 /// Places the admin socket at `path` (see [`bind_private`]). A socket file left by a server
 /// that is gone is replaced; one a live server answers on is refused, and so is a path that
 /// is not a socket.
-pub(super) fn place(path: &Path) -> Result<UnixListener> {
+pub(super) fn place(path: &Path, group: Option<u32>) -> Result<UnixListener> {
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if UnixStream::connect(path).is_ok() {
             bail!(
@@ -28,12 +28,13 @@ pub(super) fn place(path: &Path) -> Result<UnixListener> {
             );
         }
     }
-    bind_private(path)
+    bind_private(path, group)
 }
 
-/// Binds the admin socket at `path` with mode 0600: bound under a temporary name next to
-/// `path`, chmodded, then renamed over `path`.
-pub(super) fn bind_private(path: &Path) -> Result<UnixListener> {
+/// Binds the admin socket at `path` with mode 0600 (with `group`, the `--admin-group`: owned
+/// by that group and mode 0660, so its members can connect at all): bound under a
+/// temporary name next to `path`, given its group and mode, then renamed over `path`.
+pub(super) fn bind_private(path: &Path, group: Option<u32>) -> Result<UnixListener> {
     let name = path
         .file_name()
         .with_context(|| format!("admin socket {}: not a file path", path.display()))?
@@ -45,7 +46,9 @@ pub(super) fn bind_private(path: &Path) -> Result<UnixListener> {
         SEQ.fetch_add(1, Relaxed)
     ));
     let l = UnixListener::bind(&tmp).with_context(|| format!("admin socket {}", path.display()))?;
-    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+    let mode = if group.is_some() { 0o660 } else { 0o600 };
+    let placed = std::os::unix::fs::chown(&tmp, None, group)
+        .and_then(|()| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)))
         .and_then(|()| std::fs::rename(&tmp, path));
     if let Err(e) = placed {
         let _ = std::fs::remove_file(&tmp);
@@ -72,6 +75,11 @@ pub(super) struct Peer {
 }
 
 impl AdminAccess {
+    /// The `--admin-group`'s gid, if one was given.
+    pub(super) fn gid(&self) -> Option<u32> {
+        self.group.as_ref().map(|g| g.1)
+    }
+
     /// The server's uid and, if given, the group (a name or a number) whose members may
     /// use the socket too. An unknown group is an error.
     pub fn new(group: Option<&str>) -> Result<AdminAccess> {
@@ -211,5 +219,26 @@ mod tests {
         assert!(AdminAccess::new(Some("no-such-group-sce")).is_err());
         assert_eq!(AdminAccess::new(Some("0")).unwrap().group.unwrap().1, 0);
         assert_eq!(AdminAccess::new(Some("root")).unwrap().group.unwrap().1, 0);
+    }
+
+    /// Without a group the socket is 0600; with `--admin-group` it belongs to the group and
+    /// is 0660, or the group's members could not even connect.
+    #[test]
+    fn the_socket_s_mode_and_group_follow_the_admin_group() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        let own = unsafe_getegid();
+        let plain = d.path().join("plain.ctl");
+        let _l = place(&plain, None).unwrap();
+        assert_eq!(std::fs::metadata(&plain).unwrap().mode() & 0o777, 0o600);
+        let grouped = d.path().join("grouped.ctl");
+        let _g = place(&grouped, Some(own)).unwrap();
+        let m = std::fs::metadata(&grouped).unwrap();
+        assert_eq!((m.mode() & 0o777, m.gid()), (0o660, own));
+    }
+
+    fn unsafe_getegid() -> u32 {
+        // SAFETY: getegid has no preconditions and cannot fail.
+        unsafe { libc::getegid() }
     }
 }
