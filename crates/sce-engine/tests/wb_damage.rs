@@ -89,12 +89,14 @@ fn crash_with_dirty_data(records: bool, seed: u64) -> Crashed {
             assert_eq!(vol.flush_metadata(), 0, "a clean metadata round");
         }
     }
-    let cache_img = image(&cache);
+    // The state directory first, then the device: the volume may still write (an early
+    // flush round), and a state file newer than the image would mark it an older copy.
     let state = tempfile::tempdir().unwrap();
     for e in std::fs::read_dir(live_state.path()).unwrap() {
         let e = e.unwrap();
         std::fs::copy(e.path(), state.path().join(e.file_name())).unwrap();
     }
+    let cache_img = image(&cache);
     drop(vol);
     Crashed {
         source,
