@@ -197,10 +197,13 @@ pub(super) fn check_unix_path(path: &Path) -> io::Result<()> {
     }
 }
 
-/// Binds a Unix socket at `path` with permission bits `mode`, atomically: the socket is
-/// bound under a temporary name next to `path`, given its mode, then renamed over `path`
-/// (replacing a stale socket), so it is never reachable with the umask's mode.
-pub(super) fn bind_unix(path: &Path, mode: u32) -> io::Result<UnixListener> {
+/// Binds a Unix socket at `path` with permission bits `mode` (and, with `group`, owned by
+/// that group), atomically: the socket is bound under a temporary name next to `path`,
+/// given its group and mode, then renamed over `path` (replacing a stale socket), so it is
+/// never reachable with the umask's mode. A path a live server answers on, or that is not
+/// a socket, is refused. Any Unix socket that must be private is placed this way (the NBD
+/// listener's, the admin socket).
+pub fn bind_unix(path: &Path, mode: u32, group: Option<u32>) -> io::Result<UnixListener> {
     use std::os::unix::fs::PermissionsExt;
     check_unix_path(path)?;
     let name = path
@@ -220,7 +223,10 @@ pub(super) fn bind_unix(path: &Path, mode: u32) -> io::Result<UnixListener> {
     ));
     let l = UnixListener::bind(&tmp)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode & 0o777))
+    let placed = std::os::unix::fs::chown(&tmp, None, group)
+        .and_then(|()| {
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode & 0o777))
+        })
         .and_then(|()| std::fs::rename(&tmp, path));
     if let Err(e) = placed {
         let _ = std::fs::remove_file(&tmp);
@@ -248,7 +254,7 @@ pub fn listen_with(
     let stop = Arc::new(AtomicBool::new(false));
     match addr {
         ListenAddr::Unix(path) => {
-            let l = bind_unix(path, opts.socket_mode)?;
+            let l = bind_unix(path, opts.socket_mode, None)?;
             let id = file_id(path)?;
             l.set_nonblocking(true)?;
             let fd = l.as_raw_fd();

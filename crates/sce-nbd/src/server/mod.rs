@@ -84,7 +84,7 @@ mod transmission;
 mod unaligned;
 mod worker;
 
-pub use listen::{listen, listen_with, unix_path, ListenAddr, ListenOptions, Listener};
+pub use listen::{bind_unix, listen, listen_with, unix_path, ListenAddr, ListenOptions, Listener};
 pub use tls::{ServerTls, TlsMode};
 
 use transmission::{Deadlined, Job, HANDSHAKE, IDLE};

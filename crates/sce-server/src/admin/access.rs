@@ -5,56 +5,17 @@
 
 use anyhow::{bail, Context, Result};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-/// Places the admin socket at `path` (see [`bind_private`]). A socket file left by a server
-/// that is gone is replaced; one a live server answers on is refused, and so is a path that
-/// is not a socket.
+/// Places the admin socket at `path` with sce-nbd's [`sce_nbd::server::bind_unix`]: mode
+/// 0600, or with `group` (the `--admin-group`) owned by that group and 0660, so that its
+/// members can connect at all. A socket file left by a server that is gone is replaced;
+/// one a live server answers on is refused, and so is a path that is not a socket.
 pub(super) fn place(path: &Path, group: Option<u32>) -> Result<UnixListener> {
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if UnixStream::connect(path).is_ok() {
-            bail!(
-                "admin socket {}: a server is listening on it already",
-                path.display()
-            );
-        }
-        if !std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) {
-            bail!(
-                "admin socket {}: the path exists and is not a socket; not replacing it",
-                path.display()
-            );
-        }
-    }
-    bind_private(path, group)
-}
-
-/// Binds the admin socket at `path` with mode 0600 (with `group`, the `--admin-group`: owned
-/// by that group and mode 0660, so its members can connect at all): bound under a
-/// temporary name next to `path`, given its group and mode, then renamed over `path`.
-pub(super) fn bind_private(path: &Path, group: Option<u32>) -> Result<UnixListener> {
-    let name = path
-        .file_name()
-        .with_context(|| format!("admin socket {}: not a file path", path.display()))?
-        .to_string_lossy();
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let tmp = path.with_file_name(format!(
-        ".{name}.{}.{}.tmp",
-        std::process::id(),
-        SEQ.fetch_add(1, Relaxed)
-    ));
-    let l = UnixListener::bind(&tmp).with_context(|| format!("admin socket {}", path.display()))?;
     let mode = if group.is_some() { 0o660 } else { 0o600 };
-    let placed = std::os::unix::fs::chown(&tmp, None, group)
-        .and_then(|()| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)))
-        .and_then(|()| std::fs::rename(&tmp, path));
-    if let Err(e) = placed {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("admin socket {}", path.display()));
-    }
-    Ok(l)
+    sce_nbd::server::bind_unix(path, mode, group)
+        .with_context(|| format!("admin socket {}", path.display()))
 }
 
 /// The peers the admin socket serves.
