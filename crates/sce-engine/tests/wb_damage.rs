@@ -6,10 +6,9 @@
 
 mod common;
 
-use common::random_source;
+use common::{random_source, read};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
-use sce_core::{CoreConfig, WriteMode};
-use sce_engine::{CacheVolume, EngineConfig, PersistConfig};
+use sce_engine::{CacheVolume, EngineConfig};
 use sce_io::{AlignedBuf, BlockDevice, MemDevice};
 use sce_store::journal::decode_block;
 use sce_store::{Layout, Superblock};
@@ -23,27 +22,14 @@ const PAGE: u64 = 4096;
 const SOURCE: u64 = 8 * MIB;
 
 fn config(state: &Path) -> EngineConfig {
-    let mut p = PersistConfig::new("wb-damage");
     // No rounds but those the test asks for, no idle cleaning: the dirty data stays.
-    p.flush_interval = Duration::from_secs(3600);
-    p.state_dir = Some(state.to_path_buf());
-    EngineConfig {
-        core: CoreConfig {
-            fragment_size: 64 * KIB,
-            write_mode: WriteMode::WriteBack,
-            ..CoreConfig::default()
-        },
-        persist: Some(p),
+    let mut c = EngineConfig {
         writeback_idle: Duration::from_secs(3600),
         writeback_wait: Duration::from_secs(5),
-        ..EngineConfig::default()
-    }
-}
-
-fn read(dev: &dyn BlockDevice, at: u64, len: u64) -> Vec<u8> {
-    let mut b = AlignedBuf::new(len as usize);
-    dev.read_at(at, &mut b).expect("read");
-    b.to_vec()
+        ..common::writeback_config("wb-damage", Duration::from_secs(3600))
+    };
+    c.persist.as_mut().expect("persistent").state_dir = Some(state.to_path_buf());
+    c
 }
 
 /// A copy of `dev` as it is now: what a SIGKILL leaves (every completed write is there).

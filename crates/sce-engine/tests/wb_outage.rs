@@ -5,10 +5,9 @@
 
 mod common;
 
-use common::random_source;
+use common::{random_source, read};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
-use sce_core::{CoreConfig, WriteMode};
-use sce_engine::{CacheVolume, EngineConfig, PersistConfig};
+use sce_engine::{CacheVolume, EngineConfig};
 use sce_io::{AlignedBuf, BlockDevice, FaultDevice, MemDevice, Op};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
@@ -19,25 +18,11 @@ const MIB: u64 = 1024 * KIB;
 const PAGE: u64 = 4096;
 
 fn config(idle: Duration, wait: Duration) -> EngineConfig {
-    let mut p = PersistConfig::new("wb-outage");
-    p.flush_interval = Duration::from_millis(5);
     EngineConfig {
-        core: CoreConfig {
-            fragment_size: 64 * KIB,
-            write_mode: WriteMode::WriteBack,
-            ..CoreConfig::default()
-        },
-        persist: Some(p),
         writeback_idle: idle,
         writeback_wait: wait,
-        ..EngineConfig::default()
+        ..common::writeback_config("wb-outage", Duration::from_millis(5))
     }
-}
-
-fn read(dev: &dyn BlockDevice, at: u64, len: u64) -> Vec<u8> {
-    let mut b = AlignedBuf::new(len as usize);
-    dev.read_at(at, &mut b).expect("read");
-    b.to_vec()
 }
 
 /// Every source write fails for 6 s while four writers keep writing (the cache fills with

@@ -5,10 +5,9 @@
 
 mod common;
 
-use common::random_source;
+use common::{random_source, read};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
-use sce_core::{CoreConfig, WriteMode};
-use sce_engine::{CacheVolume, EngineConfig, PersistConfig};
+use sce_engine::{CacheVolume, EngineConfig};
 use sce_io::{AlignedBuf, BlockDevice, FaultDevice, MemDevice, Op};
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
@@ -29,26 +28,12 @@ fn quiet_config(interval_ms: u64) -> EngineConfig {
 }
 
 fn config(interval_ms: u64) -> EngineConfig {
-    let mut p = PersistConfig::new("wb-source");
-    p.flush_interval = Duration::from_millis(interval_ms);
     EngineConfig {
-        core: CoreConfig {
-            fragment_size: 64 * KIB,
-            write_mode: WriteMode::WriteBack,
-            ..CoreConfig::default()
-        },
-        persist: Some(p),
         // After a crash the devices refuse everything: writers waiting for room give up
         // (the test's writers stop at the crash; only the concurrent ones may be waiting).
         writeback_wait: Duration::from_secs(2),
-        ..EngineConfig::default()
+        ..common::writeback_config("wb-source", Duration::from_millis(interval_ms))
     }
-}
-
-fn read(dev: &dyn BlockDevice, at: u64, len: u64) -> Vec<u8> {
-    let mut b = AlignedBuf::new(len as usize);
-    dev.read_at(at, &mut b).expect("read");
-    b.to_vec()
 }
 
 #[test]
