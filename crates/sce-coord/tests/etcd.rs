@@ -14,6 +14,24 @@ fn ready(e: &Etcd) {
     });
 }
 
+/// A 3-member etcd cluster in a temporary directory, answering (None: etcd is not
+/// installed and this is not CI: the test is skipped).
+fn ground() -> Option<(tempfile::TempDir, Cluster)> {
+    if !sce_testkit::require_known_tool("etcd") {
+        return None;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(d.path());
+    ready(&client_of(&cluster));
+    Some((d, cluster))
+}
+
+/// A client of every member of `cluster`.
+fn client_of(cluster: &Cluster) -> Etcd {
+    let eps: Vec<&str> = cluster.endpoints.iter().map(String::as_str).collect();
+    Etcd::new(&eps, Duration::from_secs(2)).unwrap()
+}
+
 #[test]
 fn keys_leases_watches_and_a_lost_member() {
     if !sce_testkit::require_known_tool("etcd") {
@@ -148,16 +166,11 @@ fn invalidations_are_dropped_everywhere_before_publish_returns() {
     use sce_coord::inval::Listener;
     use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
     use std::sync::{Arc, Mutex};
-    if !sce_testkit::require_known_tool("etcd") {
+    let Some((_dir, cluster)) = ground() else {
         return;
-    }
-    let d = tempfile::tempdir().unwrap();
-    let cluster = Cluster::start(d.path());
-    let endpoints = cluster.endpoints.clone();
-    let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
-    let client = || Etcd::new(&eps, Duration::from_secs(2)).unwrap();
+    };
+    let client = || client_of(&cluster);
     let a = client();
-    ready(&a);
     let p = "/sce/vol0";
     let ma = sce_coord::Membership::join(client(), b"/sce/vol0/hosts/a", b"a", 2).unwrap();
     let tracker = sce_coord::Tracker::start(client(), p, "a").unwrap();
@@ -243,16 +256,11 @@ fn invalidations_are_dropped_everywhere_before_publish_returns() {
 #[test]
 fn a_registration_under_a_key_another_id_holds_is_refused() {
     use sce_coord::EtcdError;
-    if !sce_testkit::require_known_tool("etcd") {
+    let Some((_dir, cluster)) = ground() else {
         return;
-    }
-    let d = tempfile::tempdir().unwrap();
-    let cluster = Cluster::start(d.path());
-    let endpoints = cluster.endpoints.clone();
-    let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
-    let client = || Etcd::new(&eps, Duration::from_secs(2)).unwrap();
+    };
+    let client = || client_of(&cluster);
     let e = client();
-    ready(&e);
     // The transaction: an absent key is created, a present one is left as it is.
     let r = e.put_if(b"/sce/once", b"first", 0, 0).unwrap().unwrap();
     let held = e
@@ -294,16 +302,11 @@ fn a_registration_under_a_key_another_id_holds_is_refused() {
 #[test]
 fn invalidations_under_my_name_from_before_my_registration_are_dropped() {
     use sce_coord::inval::Listener;
-    if !sce_testkit::require_known_tool("etcd") {
+    let Some((_dir, cluster)) = ground() else {
         return;
-    }
-    let d = tempfile::tempdir().unwrap();
-    let cluster = Cluster::start(d.path());
-    let endpoints = cluster.endpoints.clone();
-    let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
-    let client = || Etcd::new(&eps, Duration::from_secs(2)).unwrap();
+    };
+    let client = || client_of(&cluster);
     let e = client();
-    ready(&e);
     let p = "/sce/vol9";
     let tracker = sce_coord::Tracker::start(client(), p, "vm").unwrap();
     let publish = |o: u64| tracker.publish(&e, &[(o, 4096)], Duration::from_secs(30));
@@ -330,17 +333,16 @@ fn invalidations_under_my_name_from_before_my_registration_are_dropped() {
 #[test]
 fn a_host_whose_name_was_taken_while_it_was_away_is_displaced() {
     use sce_testkit::etcd::Proxy;
-    if !sce_testkit::require_known_tool("etcd") {
+    let Some((_dir, cluster)) = ground() else {
         return;
-    }
-    let d = tempfile::tempdir().unwrap();
-    let cluster = Cluster::start(d.path());
-    let endpoints = cluster.endpoints.clone();
-    let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
-    let client = || Etcd::new(&eps, Duration::from_secs(2)).unwrap();
+    };
+    let client = || client_of(&cluster);
     let e = client();
-    ready(&e);
-    let proxies: Vec<Proxy> = eps.iter().map(|ep| Proxy::start(ep)).collect();
+    let proxies: Vec<Proxy> = cluster
+        .endpoints
+        .iter()
+        .map(|ep| Proxy::start(ep))
+        .collect();
     let via: Vec<&str> = proxies.iter().map(|p| p.endpoint.as_str()).collect();
     let key = b"/sce/vol/hosts/vm";
     let away = Etcd::new(&via, Duration::from_secs(2)).unwrap();
