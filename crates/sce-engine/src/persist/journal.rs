@@ -210,7 +210,7 @@ impl Persist {
         else {
             return Ok(None);
         };
-        let (uuid, half) = (self.uuid, mirror_half(&self.layout));
+        let half = mirror_half(&self.layout);
         let ring = self.st.lock().journal.ring as u32;
         let mut buf = AlignedBuf::new(BLOCK as usize);
         // Each block twice, at its position in each half of the region: damage to one copy
@@ -218,11 +218,7 @@ impl Persist {
         // both, but only blocks of this commit, whose writes were not acknowledged.
         for mirror in [0, half] {
             for ((seq, entries), &at) in pending.iter().zip(&positions) {
-                let img = encode_commit_block(&uuid, (*seq, at + mirror), (first, ring), entries);
-                buf.copy_from_slice(&img);
-                let r = self
-                    .dev
-                    .write_at(self.layout.journal_block_offset(at + mirror), &buf);
+                let r = self.write_block(&mut buf, (*seq, at + mirror), (first, ring), entries);
                 if let Err(e) = r {
                     // Whoever waits for these blocks must not find them durable later, when
                     // a following commit moves the durable mark past them.
@@ -258,13 +254,29 @@ impl Persist {
                 if pos >= self.layout.journal_blocks {
                     continue;
                 }
-                let img = encode_commit_block(&self.uuid, (seq, pos), (first, ring), &[]);
-                buf.copy_from_slice(&img);
-                self.dev
-                    .write_at(self.layout.journal_block_offset(pos), &buf)?;
+                self.write_block(&mut buf, (seq, pos), (first, ring), &[])?;
             }
         }
         Ok(())
+    }
+
+    /// Writes one copy of journal block `seq`, of the group commit `(first block, ring
+    /// length)`, holding `entries`, at position `pos` of the region.
+    fn write_block(
+        &self,
+        buf: &mut AlignedBuf,
+        (seq, pos): (u64, u32),
+        commit: (u64, u32),
+        entries: &[JournalEntry],
+    ) -> Result<(), IoError> {
+        buf.copy_from_slice(&encode_commit_block(
+            &self.uuid,
+            (seq, pos),
+            commit,
+            entries,
+        ));
+        self.dev
+            .write_at(self.layout.journal_block_offset(pos), buf)
     }
 
     /// After a flush round that wrote every record it had to without an error: the blocks
