@@ -114,12 +114,7 @@ fn refuse_shared_writeback(cfg: &ServeConfig) -> Result<()> {
     }
     for spec in cfg.exports.iter().filter(|e| e.cache.is_some()) {
         if export::core_config(spec)?.write_mode == sce_core::WriteMode::WriteBack {
-            anyhow::bail!(
-                "export {:?}: shared mode keeps write-through caches coherent; write-back would \
-                 keep the only copy of acknowledged writes on this host, where the others \
-                 cannot see it: give --mode writethrough",
-                spec.name
-            );
+            anyhow::bail!("export {:?}: {}", spec.name, crate::coherent::NO_WRITEBACK);
         }
     }
     Ok(())

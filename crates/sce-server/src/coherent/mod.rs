@@ -112,6 +112,12 @@ pub struct Counters {
     pub handoff_bytes: AtomicU64,
 }
 
+/// Why shared mode refuses write-back: said by `sce serve` before it opens anything, and by
+/// [`Coherence::start`] for a volume that is in write-back all the same.
+pub(crate) const NO_WRITEBACK: &str = "shared mode keeps write-through caches coherent; \
+     write-back would keep the only copy of acknowledged writes on this host, where the \
+     others cannot see it: give --mode writethrough";
+
 /// What `serving_logged` logged last: nothing yet, serving hits, passing reads through.
 const STARTING: u8 = 0;
 const SERVING: u8 = 1;
@@ -203,11 +209,7 @@ impl Coherence {
     ) -> Result<Arc<Coherence>> {
         if let Some(v) = att.live_volume() {
             if v.config().write_mode == sce_core::WriteMode::WriteBack {
-                bail!(
-                    "shared mode keeps write-through caches coherent; write-back would keep \
-                     the only copy of acknowledged writes on this host, where the others \
-                     cannot see it: give --mode writethrough"
-                );
+                bail!("{NO_WRITEBACK}");
             }
         }
         let eps: Vec<&str> = cfg.endpoints.iter().map(String::as_str).collect();
