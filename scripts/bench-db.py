@@ -387,6 +387,15 @@ class Postgres:
         return r.stdout.strip()
 
 
+def zombie(pid):
+    """True if process `pid` has exited but is not reaped yet."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def alive(pid):
     try:
         os.kill(pid, 0)
@@ -978,7 +987,8 @@ def kill_test(ctx, size_name, cache_size):
         step(f"pgbench ended with exit {b['rc']} ({why}); its last error: "
              f"{(errs[-1] if errs else '-')[:300]}")
         time.sleep(2)
-        pm = alive(pgs.pid)
+        old_pm = pgs.pid
+        pm = alive(old_pm)
         panics = [ln for ln in tail(ctx.pg_log, 60).splitlines()
                   if "PANIC" in ln or "could not" in ln or "I/O error" in ln]
         step(f"PostgreSQL postmaster {'still running' if pm else 'exited by itself'}; its log: "
@@ -998,6 +1008,18 @@ def kill_test(ctx, size_name, cache_size):
         step(f"nbdfuse, loop device, {info['fsck']}; mounted")
         drop_caches()
         before = os.path.getsize(ctx.pg_log)
+        # The postmaster could not remove its lock file (its device died under it). It is
+        # gone now; should its pid have been reused meanwhile, PostgreSQL would take the
+        # stale file for a live server and refuse to start, as an operator would not.
+        # (A postmaster that exited but was not reaped yet, a zombie, still counts as alive
+        # for PostgreSQL's check: it is waited for, for a bounded time, as gone.)
+        stale = os.path.join(ctx.mnt, "pgdata", "postmaster.pid")
+        deadline = time.time() + 10
+        while alive(old_pm) and not zombie(old_pm) and time.time() < deadline:
+            time.sleep(0.1)
+        if os.path.exists(stale) and (not alive(old_pm) or zombie(old_pm)):
+            os.remove(stale)
+            step("removed the dead postmaster's lock file (postmaster.pid)")
         pgs = Postgres(ctx, os.path.join(ctx.mnt, "pgdata"))
         pgs.start(upper)
         with open(ctx.pg_log, errors="replace") as f:
