@@ -2,10 +2,11 @@
 //! evict ranges (FlashTier's `exists` and `evict`), forget it, and the latency histograms
 //! and in-flight gauge of its requests, and what only the cache holds of a volume.
 
+use crate::back::WriteBackStats;
+use crate::parts::Placed;
 use crate::volume::CacheVolume;
 use sce_core::{CoreConfig, SourceOffset};
 use sce_io::IoError;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 impl CacheVolume {
@@ -16,7 +17,8 @@ impl CacheVolume {
     /// the old mode and one under the new may interleave). Nothing changes if the result is
     /// invalid.
     pub fn retune(&self, t: &sce_core::Retune) -> Result<CoreConfig, sce_core::ConfigError> {
-        let mut cfg = self.shared.config.lock();
+        let e = &self.engine;
+        let mut cfg = e.config.lock();
         let mut next = cfg.clone();
         if let Some(m) = t.write_mode {
             next.write_mode = m;
@@ -42,15 +44,15 @@ impl CacheVolume {
             ));
         }
         // Each shard gets its share, as when the volume was built.
-        let part = self.shared.map.shard_config(&next);
+        let part = e.cores.shard_config(&next);
         let shard_tune = sce_core::Retune {
             write_mode: Some(part.write_mode),
             admission: Some(part.admission),
             sequential_cutoff: Some(part.sequential_cutoff),
             population_rate: Some((part.population_rate, part.population_adaptive)),
         };
-        for c in self.shared.cores.iter() {
-            c.write().retune(&shard_tune)?;
+        for k in 0..e.cores.count() {
+            e.cores.with_shard(k, |core| core.retune(&shard_tune))?;
         }
         *cfg = next;
         tracing::info!(
@@ -68,7 +70,7 @@ impl CacheVolume {
         &self,
         f: impl FnOnce() -> Result<(), IoError>,
     ) -> Result<(), IoError> {
-        let lat = &self.shared.counters.latencies;
+        let lat = &self.engine.counters.latencies;
         let _in_flight = crate::stats::InFlight::new(&lat.in_flight);
         let t0 = Instant::now();
         let r = f();
@@ -78,12 +80,12 @@ impl CacheVolume {
 
     /// The latency histograms (read hit, read miss, write) and requests in flight.
     pub fn latencies(&self) -> &crate::stats::Latencies {
-        &self.shared.counters.latencies
+        &self.engine.counters.latencies
     }
 
     /// Checks that `[offset, offset+len)` lies within the source.
     fn check_range(&self, op: sce_io::Op, offset: u64, len: u64) -> Result<(), IoError> {
-        let size = self.shared.source_size;
+        let size = self.engine.dev.size;
         if offset.checked_add(len).is_none_or(|e| e > size) {
             return Err(IoError::OutOfRange {
                 op,
@@ -99,13 +101,13 @@ impl CacheVolume {
     /// each as (source offset, bytes valid within the range), in source order.
     pub fn exists(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64)>, IoError> {
         self.check_range(sce_io::Op::Read, offset, len)?;
-        let map = &self.shared.map;
+        let cores = &self.engine.cores;
         let mut out = Vec::new();
-        for p in map.pieces(offset, len) {
-            let core = self.shared.cores[p.shard].read();
-            for (local, pages) in core.exists_range(SourceOffset(p.local), p.len) {
-                let g = map.source_to_global(p.shard, local);
-                out.push((g.0, pages as u64 * sce_core::PAGE_SIZE));
+        for p in cores.pieces(offset, len) {
+            let found = cores.read_shard(p.shard, |c| c.exists_range(SourceOffset(p.local), p.len));
+            for (local, pages) in found {
+                let g = cores.source_global(p.shard, local);
+                out.push((g, pages as u64 * sce_core::PAGE_SIZE));
             }
         }
         out.sort_unstable();
@@ -132,11 +134,10 @@ impl CacheVolume {
 
     /// `evict` of a range the caller vouches for (any alignment): the bytes dropped.
     pub(crate) fn evict_unchecked(&self, offset: u64, len: u64) -> u64 {
+        let cores = &self.engine.cores;
         let mut pages = 0;
-        for p in self.shared.map.pieces(offset, len) {
-            pages += self.shared.cores[p.shard]
-                .write()
-                .evict_range(SourceOffset(p.local), p.len);
+        for p in cores.pieces(offset, len) {
+            pages += cores.with_shard(p.shard, |c| c.evict_range(SourceOffset(p.local), p.len));
         }
         pages * sce_core::PAGE_SIZE
     }
@@ -144,18 +145,21 @@ impl CacheVolume {
     /// The dirty and lost write-back pages (4 KiB) of volume `k` (address order; 0 when the
     /// cache serves one): what only the cache device holds for it, which a forget keeps.
     pub fn dirty_pages_of_volume(&self, k: usize) -> (u64, u64) {
-        let Some(p) = self.shared.parts.get(k) else {
+        let e = &self.engine;
+        let Some(p) = e.dev.volumes().get(k) else {
             return (0, 0);
         };
-        let len = p.at.size.min(self.shared.source_size - p.at.base);
-        let (mut dirty, mut lost) = (0, 0);
-        for piece in self.shared.map.pieces(p.at.base, len) {
-            let core = self.shared.cores[piece.shard].read();
-            let (d, l) = core.dirty_and_lost_in(SourceOffset(piece.local), piece.len);
-            dirty += d;
-            lost += l;
-        }
-        (dirty, lost)
+        let len = p.at.size.min(e.dev.size - p.at.base);
+        let (dirty, lost): (Vec<u64>, Vec<u64>) = e
+            .cores
+            .pieces(p.at.base, len)
+            .map(|x| {
+                e.cores.read_shard(x.shard, |c| {
+                    c.dirty_and_lost_in(SourceOffset(x.local), x.len)
+                })
+            })
+            .unzip();
+        (dirty.iter().sum(), lost.iter().sum())
     }
 
     /// Forgets everything cached for the volume (the source changed behind the cache's
@@ -166,55 +170,17 @@ impl CacheVolume {
     /// should report it; the cache disables itself at its error limit as for any).
     pub fn forget(&self) -> (u64, u64) {
         let mut n = 0;
-        for c in self.shared.cores.iter() {
-            n += c.write().forget();
-        }
-        let errors = if self.shared.persist.is_some() {
-            self.shared.flush_metadata()
-        } else {
-            0
-        };
+        self.engine.cores.each_shard(|_, c| n += c.forget());
+        let errors = self.engine.flush_metadata();
         tracing::info!(fragments = n, "cache forgotten");
         (n, errors)
     }
 }
 
-/// Write-back's state and counters (`CacheVolume::writeback_stats`).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct WriteBackStats {
-    /// Bytes (4 KiB pages) only the cache holds now.
-    pub dirty_bytes: u64,
-    /// Bytes whose dirty data was lost (reads of them fail).
-    pub lost_bytes: u64,
-    /// Writes that waited for cleaning or a metadata round (backpressure).
-    pub waits: u64,
-    /// Bytes the cleaner wrote to the source.
-    pub bytes_cleaned: u64,
-    /// Cleaning jobs that failed (source errors), retried with backoff.
-    pub clean_errors: u64,
-    /// The last cleaning error ("" if none).
-    pub last_clean_error: String,
-}
-
-impl crate::CacheVolume {
+impl CacheVolume {
     /// Write-back's state, None in the other modes.
     pub fn writeback_stats(&self) -> Option<WriteBackStats> {
-        let s = &self.shared;
-        let wb = s.wb.as_ref()?;
-        let (mut dirty, mut lost) = (0, 0);
-        for c in s.cores.iter() {
-            let core = c.read();
-            dirty += core.dirty_pages();
-            lost += core.lost_pages();
-        }
-        Some(WriteBackStats {
-            dirty_bytes: dirty * sce_core::PAGE_SIZE,
-            lost_bytes: lost * sce_core::PAGE_SIZE,
-            waits: wb.waits.load(Relaxed),
-            bytes_cleaned: wb.bytes_cleaned.load(Relaxed),
-            clean_errors: wb.clean_errors.load(Relaxed),
-            last_clean_error: wb.last_clean_error.lock().clone(),
-        })
+        Some(self.path.back()?.stats(&self.engine))
     }
 
     /// Writes every dirty page of `range` (global offset, length; everything if None) to
@@ -226,6 +192,89 @@ impl crate::CacheVolume {
         range: Option<(u64, u64)>,
         patience: std::time::Duration,
     ) -> Result<u64, IoError> {
-        self.shared.flush_to_source(range, patience)
+        match self.path.back() {
+            Some(wb) => wb.flush_to_source(&self.engine, range, patience),
+            None => self.engine.dev.source.flush().map(|()| 0),
+        }
+    }
+
+    /// The volumes this cache serves, in address order: name, where each starts and its
+    /// size (one volume at 0 unless opened with `open_shared`).
+    pub fn volumes(&self) -> Vec<(String, Placed)> {
+        self.engine
+            .dev
+            .volumes()
+            .iter()
+            .map(|p| (p.name.clone(), p.at.clone()))
+            .collect()
+    }
+
+    /// Marks volume `k` detached from its export (`on`), or attached again: durably on the
+    /// device (a start drops a volume marked detached), and, where several volumes share the
+    /// cache, nothing of it is populated meanwhile (its source may be written behind the
+    /// cache's back). The caller forgets the volume's pages.
+    pub fn set_detached(&self, k: usize, on: bool) -> Result<(), IoError> {
+        let e = &self.engine;
+        let vols = e.dev.volumes();
+        let p = vols
+            .get(k)
+            .ok_or_else(|| IoError::Invalid(format!("no volume {k}")))?;
+        if vols.len() > 1 {
+            let fsize = 1u64 << e.fshift;
+            let first = p.at.base / fsize;
+            let end = (p.at.base + p.at.size).div_ceil(fsize);
+            e.cores.each_shard(|j, core| {
+                let (a, b) = (
+                    e.cores.first_local_from(j, first),
+                    e.cores.first_local_from(j, end),
+                );
+                core.set_disabled(a, b, on);
+            });
+        }
+        match &e.persist {
+            Some(persist) => persist.set_detached(k, on),
+            None => Ok(()),
+        }
+    }
+
+    /// The slots each volume holds, in address order, if shares are set (else empty).
+    pub fn share_used(&self) -> Vec<u64> {
+        let mut out: Vec<u64> = Vec::new();
+        let cores = &self.engine.cores;
+        for k in 0..cores.count() {
+            let used = cores.read_shard(k, |c| c.share_used());
+            out.resize(out.len().max(used.len()), 0);
+            for (o, u) in out.iter_mut().zip(used) {
+                *o += u as u64;
+            }
+        }
+        out
+    }
+
+    /// Forgets everything cached for volume `k` (its source changed behind the cache's
+    /// back), and leaves the others' alone: its pages are dropped at once and what is in
+    /// flight on them spoiled, then, with persistence, its generation is bumped (its
+    /// records on the device no longer count) and a metadata round writes the records.
+    /// Returns the bytes that were cached, and the metadata errors.
+    pub fn forget_volume(&self, k: usize) -> Result<(u64, u64), IoError> {
+        let e = &self.engine;
+        let p = e
+            .dev
+            .volumes()
+            .get(k)
+            .ok_or_else(|| IoError::Invalid(format!("no volume {k}")))?;
+        let size = p.at.size.div_ceil(sce_core::PAGE_SIZE) * sce_core::PAGE_SIZE;
+        let len = size.min(e.dev.size - p.at.base);
+        // The volume's whole range, whatever the block size: no range check to fail.
+        let bytes = self.evict_unchecked(p.at.base, len);
+        let mut errors = 0;
+        if let Some(persist) = &e.persist {
+            if persist.bump_generation(k).is_err() {
+                errors += 1;
+            }
+            errors += e.flush_metadata();
+        }
+        tracing::info!(volume = %p.name, bytes, "volume forgotten");
+        Ok((bytes, errors))
     }
 }

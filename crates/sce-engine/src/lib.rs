@@ -4,28 +4,29 @@
 //! at once, with background population workers (Algorithm 1), AWT writer threads and
 //! counters ([`VolumeStats`]).
 
-mod awt;
+mod back;
 mod brlock;
-mod cleaner;
+mod checks;
 mod control;
+mod cores;
 mod device;
+mod devices;
+mod engine;
 mod flusher;
 mod health;
-mod outage;
+mod open;
 pub mod parts;
+mod path;
 pub mod persist;
 mod population;
-mod queued;
 mod read;
 mod shard;
-mod shared;
 pub mod stats;
+mod through;
 mod verify;
 pub mod volume;
-mod wback;
-mod write;
 
-pub use control::WriteBackStats;
+pub use back::WriteBackStats;
 pub use parts::VolumePart;
 pub use persist::{PersistConfig, PersistStats};
 pub use stats::VolumeStats;

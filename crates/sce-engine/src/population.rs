@@ -4,28 +4,29 @@
 //! token; with persistence, a slot whose record may name another fragment is guarded by its
 //! write intent first.
 
+use crate::engine::Engine;
 use crate::persist::Ticket;
-use crate::shared::Shared;
-use sce_core::{Population, SourceOffset};
+use sce_core::Population;
 use sce_io::{AlignedBuf, BlockDevice, IoError, Op};
 use std::sync::atomic::Ordering::Relaxed;
 
 /// Performs a population job of core shard `k` with `buf` (at least a fragment long) and
 /// completes it.
-pub(crate) fn run_population(s: &Shared, k: usize, job: Population, buf: &mut AlignedBuf) {
-    let slot = s.map.slot_to_global(k, job.slot).0;
+pub(crate) fn run_population(s: &Engine, k: usize, job: Population, buf: &mut AlignedBuf) {
+    let cores = &s.cores;
+    let slot = cores.slot_global(k, job.slot);
     if let Some(p) = &s.persist {
         // Data of another fragment may still be claimed by this slot's record.
-        let frag = s.map.frag_to_global(k, job.frag).0;
+        let frag = cores.frag_global(k, job.frag);
         let t: Vec<Ticket> = p.guard_slot(slot, frag).into_iter().collect();
         if !s.wait_intents(&t) {
-            job.complete(&mut s.cores[k].write(), false);
+            cores.with_shard(k, |core| job.complete(core, false));
             return;
         }
     }
-    let source = s.map.source_to_global(k, job.source).0;
+    let source = cores.source_global(k, job.source);
     let span = &mut buf[..job.len as usize];
-    let mut ok = match s.source.read_at(source, span) {
+    let mut ok = match s.dev.source.read_at(source, span) {
         Ok(()) => {
             s.counters.source_bytes_read.add(job.len);
             true
@@ -34,18 +35,19 @@ pub(crate) fn run_population(s: &Shared, k: usize, job: Population, buf: &mut Al
     };
     if ok {
         for &(o, l, c) in &job.runs {
-            let c = s.map.cache_to_global(k, c).0;
-            s.record_crcs(source + o, c, &buf[o as usize..(o + l) as usize]);
+            let c = cores.cache_global(k, c);
+            s.checks
+                .record(source + o, c, &buf[o as usize..(o + l) as usize]);
         }
         for &(o, l, c) in &job.runs {
-            let c = s.map.cache_to_global(k, c).0;
+            let c = cores.cache_global(k, c);
             ok &= s.cache_write(c, &buf[o as usize..(o + l) as usize]);
             if !ok {
                 break;
             }
         }
     }
-    job.complete(&mut s.cores[k].write(), ok);
+    cores.with_shard(k, |core| job.complete(core, ok));
     if let (true, Some(p)) = (ok, &s.persist) {
         p.warm(slot);
     }
@@ -57,41 +59,40 @@ pub(crate) fn run_population(s: &Shared, k: usize, job: Population, buf: &mut Al
 /// it may run, populates the fragment that shard picks. Worker 0 applies the visited
 /// shard's read logs before it reads the throttle, and every worker that picks applies
 /// them right before it picks.
-pub(crate) fn population_worker(s: &Shared, index: u32) {
+pub(crate) fn population_worker(s: &Engine, index: u32) {
     let fsize = 1usize << s.fshift;
     let mut buf: Option<AlignedBuf> = None;
-    let shards = s.cores.len();
+    let cores = &s.cores;
+    let shards = cores.count();
     let mut turn = index as usize % shards;
     loop {
         let k = turn;
         turn = (turn + 1) % shards;
-        let st = {
-            let mut core = s.cores[k].write();
+        let st = cores.with_shard(k, |core| {
             if index == 0 {
                 // Reads batch their accounting per shard; a slow trickle of reads would
                 // otherwise never reach the hotness window and the miss rate.
-                s.apply_logs(k, &mut core);
+                cores.apply_logs(k, core);
             }
-            core.throttle(s.now())
-        };
+            core.throttle(cores.now())
+        });
         if index == 0 {
             s.counters
                 .active_workers
                 .store(st.active_workers as u64, Relaxed);
         }
-        if !s.sleep(st.period) {
+        if !s.signals.sleep(st.period) {
             return;
         }
-        if index >= st.active_workers || s.passthrough.load(Relaxed) {
+        if index >= st.active_workers || s.health.passthrough() {
             continue;
         }
-        let job = {
-            let mut core = s.cores[k].write();
+        let job = cores.with_shard(k, |core| {
             // The misses since the throttle was read: a batch of hits applied meanwhile has
             // pushed those applied then out of the hotness window.
-            s.apply_logs(k, &mut core);
-            core.pick_population(s.now())
-        };
+            cores.apply_logs(k, core);
+            core.pick_population(cores.now())
+        });
         if let Some(job) = job {
             let b = buf.get_or_insert_with(|| AlignedBuf::new(fsize));
             run_population(s, k, Population::new(job), b);
@@ -99,18 +100,20 @@ pub(crate) fn population_worker(s: &Shared, index: u32) {
     }
 }
 
-impl Shared {
+impl Engine {
     /// Runs population on the calling thread until nothing more is picked (in any shard) or
     /// `max` jobs ran, ignoring the throttle; the shards are asked in turn. Returns the
     /// number of fragments populated.
     pub(crate) fn populate_now(&self, max: usize) -> usize {
         // Reads not yet accounted count as accesses for the pick.
-        self.apply_all_logs();
+        self.cores.apply_all_logs();
         let mut buf = AlignedBuf::new(1 << self.fshift);
-        let shards = self.cores.len();
+        let shards = self.cores.count();
         let (mut n, mut k, mut idle) = (0, 0, 0);
         while n < max && idle < shards {
-            let job = self.cores[k].write().pick_population_unthrottled();
+            let job = self
+                .cores
+                .with_shard(k, |core| core.pick_population_unthrottled());
             match job {
                 Some(job) => {
                     run_population(self, k, Population::new(job), &mut buf);
@@ -126,7 +129,7 @@ impl Shared {
 
     /// Prefetches `[offset, offset + len)` into the cache on the calling thread (NBD CACHE).
     pub(crate) fn prefetch(&self, offset: u64, len: u64) -> Result<(), IoError> {
-        let size = self.source.size();
+        let size = self.dev.size;
         if offset.checked_add(len).is_none_or(|e| e > size) {
             return Err(IoError::OutOfRange {
                 op: Op::Read,
@@ -139,8 +142,8 @@ impl Shared {
         let mut buf = AlignedBuf::new(fsize as usize);
         let mut at = offset - offset % fsize;
         while at < offset + len {
-            let (k, local) = self.map.source_to_local(SourceOffset(at));
-            let job = self.cores[k].write().prefetch(local);
+            let (k, local) = self.cores.source(at);
+            let job = self.cores.with_shard(k, |core| core.prefetch(local));
             if let Some(job) = job {
                 run_population(self, k, Population::new(job), &mut buf);
             }

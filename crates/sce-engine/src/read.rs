@@ -7,13 +7,12 @@
 //! round trip to the source, not one per fragment). Then the inline fills are written, and
 //! the pins released (each piece's [`PinnedRead`] guard does, when dropped).
 
+use crate::checks::Checks;
+use crate::engine::{lost_error, Engine};
 use crate::persist::Ticket;
-use crate::shard::thread_index;
-use crate::shared::{request_error, Shared, LOG_BATCH, LOG_CAP, LOG_SHARDS};
-use sce_core::{PinnedRead, Populating, ReadPlan, RunTarget, SourceOffset};
+use sce_core::{CacheCore, Piece, PinnedRead, Populating, ReadPlan, RunTarget};
 use sce_io::{BlockDevice, IoError, Op};
 use std::cell::RefCell;
-use std::sync::atomic::Ordering::Relaxed;
 
 /// A read's plan and the checksums its cached pages had when it was planned.
 #[derive(Default)]
@@ -41,15 +40,10 @@ thread_local! {
 /// request's buffer: (source offset, buffer offset, length).
 type SourceSpan = (u64, u64, u64);
 
-impl Shared {
+impl Engine {
     /// Reads `buf.len()` bytes at `offset` (a range the caller checked) through the cache,
-    /// timed into the hit or the miss histogram.
-    pub(crate) fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
-        self.read_hit(offset, buf).map(|_| ())
-    }
-
-    /// `read`, telling whether every byte came from the cache.
-    pub(crate) fn read_hit(&self, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
+    /// timed into the hit or the miss histogram; true if every byte came from the cache.
+    pub(crate) fn read(&self, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
         let lat = &self.counters.latencies;
         let _in_flight = crate::stats::InFlight::new(&lat.in_flight);
         let t0 = std::time::Instant::now();
@@ -64,11 +58,12 @@ impl Shared {
     /// `read`'s work: true if every byte came from the cache.
     fn read_timed(&self, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
         let len = buf.len() as u64;
-        if self.passthrough.load(Relaxed) {
-            if self.unavailable_now(offset, len) {
-                return Err(crate::wback::lost_error(Op::Read, offset, len));
+        if self.health.passthrough() {
+            if self.cores.any_in(offset, len, CacheCore::dirty_or_lost_in) {
+                // Only the cache had it: never the source's older bytes.
+                return Err(lost_error(Op::Read, offset, len));
             }
-            let r = self.source.read_at(offset, buf);
+            let r = self.dev.source.read_at(offset, buf);
             if r.is_ok() {
                 self.counters.source_bytes_read.add(len);
             }
@@ -76,17 +71,16 @@ impl Shared {
         }
         PLANS.with(|cell| {
             let mut plans = cell.borrow_mut();
-            let n = self.map.pieces(offset, len).count();
+            let n = self.cores.pieces(offset, len).count();
             if plans.len() < n {
                 plans.resize_with(n, PlannedRead::default);
             }
             let mut tickets = Vec::new();
             if n == 1 {
                 // One piece (always, with one core shard): no gathering, no allocation.
-                let p = self.map.pieces(offset, len).next().expect("a piece");
+                let p = self.cores.pieces(offset, len).next().expect("a piece");
                 let PlannedRead { plan, want } = &mut plans[0];
-                let at = (p.offset, p.local);
-                let read = self.plan(p.shard, at, p.len, plan, want, &mut tickets)?;
+                let read = self.plan(&p, plan, want, &mut tickets)?;
                 let mut piece = PlannedPiece {
                     buf_offset: 0,
                     read,
@@ -102,10 +96,9 @@ impl Shared {
             let mut result = Ok(());
             let mut pieces = Vec::with_capacity(n);
             let mut placed = Vec::with_capacity(n);
-            for (p, planned) in self.map.pieces(offset, len).zip(plans.iter_mut()) {
+            for (p, planned) in self.cores.pieces(offset, len).zip(plans.iter_mut()) {
                 let PlannedRead { plan, want } = planned;
-                let at = (p.offset, p.local);
-                match self.plan(p.shard, at, p.len, plan, want, &mut tickets) {
+                match self.plan(&p, plan, want, &mut tickets) {
                     Ok(read) => {
                         self.preset_intents(&read);
                         placed.push(p);
@@ -159,75 +152,42 @@ impl Shared {
         }
     }
 
-    /// Plans a read of core shard `k` (`at`: its global and local offsets) and takes the
-    /// expected checksums of its cached pages with it: under the shared lock, its
-    /// accounting deferred to a log shard; or, if it wants inline fills, again under the
-    /// exclusive lock, the fills' slots guarded by write intents (the caller waits for
-    /// `tickets`, which this adds to, before it writes the fills). The plan's addresses are
-    /// global.
+    /// Plans a read of `p` and takes the expected checksums of its cached pages with it:
+    /// under the shard's shared lock, its accounting deferred to a log shard; or, if it
+    /// wants inline fills, again under the exclusive lock, the fills' slots guarded by write
+    /// intents (the caller waits for `tickets`, which this adds to, before it writes the
+    /// fills). The plan's addresses are global.
     fn plan<'p>(
         &'p self,
-        k: usize,
-        at: (u64, u64),
-        len: u64,
+        p: &Piece,
         plan: &'p mut ReadPlan,
         want: &mut Vec<u32>,
         tickets: &mut Vec<Ticket>,
     ) -> Result<PinnedRead<'p>, IoError> {
-        let (offset, local) = at;
-        let err = |e| request_error(Op::Read, e, offset, len, self.source.size(), self.lbs);
-        let mut read = {
-            let core = self.cores[k].read();
-            let mut read = PinnedRead::plan(&core, &self.pins[k], SourceOffset(local), len, plan)
-                .map_err(err)?;
-            read.globalize(&self.map, k);
-            self.expected_crcs(&read, want);
-            read
-        };
+        let err = |e| self.refused(Op::Read, e, p.offset, p.len);
+        let mut read = self
+            .cores
+            .plan_read(p, plan, |read| self.checks.expected(read, want))
+            .map_err(err)?;
         if !read.needs_commit() {
-            self.log_read(k, &read);
+            self.cores.log_read(p.shard, &read);
             return Ok(read);
         }
         // An inline fill is wanted (admission `always`): redo it exclusively.
-        let mut core = self.cores[k].write();
-        core.advance_clock(self.now());
-        read.commit(&mut core).map_err(err)?;
-        read.globalize(&self.map, k);
-        self.expected_crcs(&read, want);
-        if let Some(p) = &self.persist {
+        self.cores
+            .commit_read(p.shard, &mut read, |read, _| {
+                self.checks.expected(read, want)
+            })
+            .map_err(err)?;
+        if let Some(persist) = &self.persist {
             // Inline fills go to freshly allocated slots: guard them as populations.
             for f in &read.fills {
                 let slot = (f.cache.0 >> self.fshift) as u32;
-                let frag = (offset + f.buf_offset) >> self.fshift;
-                tickets.extend(p.guard_slot(slot, frag));
+                let frag = (p.offset + f.buf_offset) >> self.fshift;
+                tickets.extend(persist.guard_slot(slot, frag));
             }
         }
         Ok(read)
-    }
-
-    /// Records a read planned under core shard `k`'s shared lock in this thread's log shard
-    /// for it, and applies the log to the core shard once it holds `LOG_BATCH` reads and the
-    /// exclusive lock is free at once, or once it holds `LOG_CAP` reads whatever it costs.
-    pub(crate) fn log_read(&self, k: usize, plan: &ReadPlan) {
-        // Lock order: a log shard is a leaf lock, released before the core lock is taken;
-        // the log is then taken out of the shard under the core lock (core, then leaf).
-        let shard = &self.logs_of(k)[thread_index() % LOG_SHARDS];
-        let pending = {
-            let mut log = shard.0.lock();
-            log.record(plan);
-            log.requests()
-        };
-        if pending < LOG_BATCH {
-            return;
-        }
-        let core = if pending < LOG_CAP {
-            self.cores[k].try_write()
-        } else {
-            Some(self.cores[k].write())
-        };
-        if let Some(mut core) = core {
-            core.apply_access_log(&mut shard.0.lock());
-        }
     }
 
     /// Runs the I/O of a request's planned pieces into `buf` (the request at `offset`):
@@ -247,6 +207,7 @@ impl Shared {
         let mut source_read = |span: SourceSpan, buf: &mut [u8], from_source: &mut u64| {
             let (so, at, len) = span;
             match self
+                .dev
                 .source
                 .read_at(so, &mut buf[at as usize..(at + len) as usize])
             {
@@ -261,15 +222,15 @@ impl Shared {
                 match run.target {
                     RunTarget::Cache(c) => {
                         // Without checksums (`verify` off) `want` is empty.
-                        let n = self.run_pages(c.0, run.len);
+                        let n = Checks::run_pages(c.0, run.len);
                         let expect = piece.want.get(w..w + n).unwrap_or(&[]);
                         w += n;
                         let dst = &mut buf[at as usize..(at + run.len) as usize];
                         if self.read_cache_run(c.0, offset + at, dst, expect) {
                             from_cache += run.len;
-                        } else if self.lost_now(offset + at, run.len) {
+                        } else if self.cores.any_in(offset + at, run.len, CacheCore::lost_in) {
                             // Dirty data that went bad: never the source's older bytes.
-                            lost = Some(crate::wback::lost_error(Op::Read, offset + at, run.len));
+                            lost = Some(lost_error(Op::Read, offset + at, run.len));
                         } else {
                             // Unreadable or bad cached data: serve the run from the source.
                             source_read((offset + at, at, run.len), buf, &mut from_source);
@@ -322,16 +283,17 @@ impl Shared {
                 ok &= fills.clone().next().is_some();
                 for f in fills {
                     let piece = &buf[f.buf_offset as usize..(f.buf_offset + f.len) as usize];
-                    self.record_crcs(offset + f.buf_offset, f.cache.0, piece);
+                    self.checks.record(offset + f.buf_offset, f.cache.0, piece);
                     ok &= self.cache_write(f.cache.0, piece);
                 }
             }
             done.push((pop, ok));
         }
-        let mut core = self.cores[k].write();
-        for (pop, ok) in done {
-            pop.complete(&mut core, ok);
-        }
+        self.cores.with_shard(k, |core| {
+            for (pop, ok) in done {
+                pop.complete(core, ok);
+            }
+        });
     }
 
     /// Sets ahead of need the intents of recently written slots that this read hits, and
@@ -350,8 +312,7 @@ impl Shared {
             }
         }
         if any {
-            *self.intent_pending.lock() = true;
-            self.intent_wake.notify_one();
+            self.signals.want_intents();
         }
     }
 }

@@ -5,8 +5,8 @@
 
 use super::intents::State;
 use super::{Persist, UnitImage};
-use crate::brlock::BrLock;
-use sce_core::{CacheCore, FragNo, ShardMap, SlotNo};
+use crate::cores::Cores;
+use sce_core::{CacheCore, FragNo, SlotNo};
 use sce_io::{AlignedBuf, BlockDevice};
 use sce_store::layout::SLOTS_PER_INTENT_BLOCK;
 use sce_store::unit::{EntryIn, UnitBuilder, NO_FRAGMENT};
@@ -16,9 +16,6 @@ use std::sync::atomic::Ordering::Relaxed;
 
 /// Quiet intents to clear: each slot with the epoch it had when the round took it.
 type Quiet = Vec<(u32, u32)>;
-
-/// The core shards' locks and the map of which shard holds which slots and fragments.
-pub(crate) type Cores<'a> = (&'a [BrLock<CacheCore>], &'a ShardMap);
 
 /// What every record of a round carries: the volume's id and generation, the device's uuid.
 struct Record {
@@ -41,7 +38,7 @@ impl Persist {
     /// every intent as quiet (clean shutdown, nothing in flight). Returns the number of
     /// metadata errors. `cores` are the volume's core shards (each locked twice, one at a
     /// time, for the snapshot) and `crcs` its page checksums.
-    pub(crate) fn round(&self, cores: Cores, crcs: &CrcTable, force: bool) -> u64 {
+    pub(crate) fn round(&self, cores: &Cores, crcs: &CrcTable, force: bool) -> u64 {
         let _one_at_a_time = self.round_lock.lock();
         self.counters.flush_rounds.fetch_add(1, Relaxed);
         if std::mem::take(&mut self.st.lock().scrub) {
@@ -131,14 +128,13 @@ impl Persist {
     /// intent is not cleared.
     fn snapshot(
         &self,
-        cores: Cores,
+        cores: &Cores,
         crcs: &CrcTable,
         (record, covered): (&Record, u64),
         force: bool,
         read: &[u64],
     ) -> Option<(Vec<UnitImage>, Quiet)> {
         let l = self.layout;
-        let (locks, map) = cores;
         let mut units: BTreeSet<u32> = {
             let mut st = self.st.lock();
             let mut units = std::mem::take(&mut st.units);
@@ -146,14 +142,13 @@ impl Persist {
             units
         };
         let mut clear = Vec::new();
-        for (k, lock) in locks.iter().enumerate() {
-            let mut core = lock.write();
+        cores.each_shard(|k, core| {
             let mut st = self.st.lock();
             for s in core.take_dirty() {
-                units.insert(l.unit_of(map.slot_to_global(k, s).0).0);
+                units.insert(l.unit_of(cores.slot_global(k, s)).0);
             }
-            clear.extend(Self::quiet_intents(&mut st, &core, (k, map), force, read));
-        }
+            clear.extend(Self::quiet_intents(&mut st, core, (k, cores), force, read));
+        });
         units.extend(clear.iter().map(|&(s, _)| l.unit_of(s).0));
         if units.is_empty() {
             return None;
@@ -169,11 +164,11 @@ impl Persist {
     fn quiet_intents(
         st: &mut State,
         core: &CacheCore,
-        (k, map): (usize, &ShardMap),
+        (k, cores): (usize, &Cores),
         force: bool,
         read: &[u64],
     ) -> Quiet {
-        let (lo, hi) = (map.slot_base(k), map.slot_base(k) + map.slots(k));
+        let (lo, hi) = cores.slot_range(k);
         let mut clear = Vec::new();
         for w in lo as usize / 64..(hi as usize).div_ceil(64).min(st.intents.len()) {
             let mut bits = st.intents[w];
@@ -189,12 +184,12 @@ impl Persist {
                 if !quiet {
                     continue;
                 }
-                let (x, _) = core.slot_state(map.slot_to_local(SlotNo(s)).1);
+                let (x, _) = core.slot_state(cores.slot(s).1);
                 let m = st.mirror[s as usize];
                 // A slot's possible claims are always of its own shard's fragments; if one
                 // were not, it would count as busy (its intent stays).
                 let m_busy = m != NO_FRAGMENT && {
-                    let (km, lm) = map.frag_to_local(FragNo(m));
+                    let (km, lm) = cores.frag(m);
                     km != k || core.fragment_busy(lm)
                 };
                 if x.is_some_and(|x| core.fragment_busy(x)) || m_busy {
@@ -209,7 +204,7 @@ impl Persist {
     /// The images of `units` with sequence `seq`, their records taken shard by shard.
     fn unit_images(
         &self,
-        (locks, map): Cores,
+        cores: &Cores,
         crcs: &CrcTable,
         record: &Record,
         units: &BTreeSet<u32>,
@@ -224,20 +219,27 @@ impl Persist {
                 (u, b, Vec::new())
             })
             .collect();
-        for (k, lock) in locks.iter().enumerate() {
-            let (lo, hi) = (map.slot_base(k), map.slot_base(k) + map.slots(k));
-            let core = lock.write();
+        cores.each_shard(|k, core| {
+            let (lo, hi) = cores.slot_range(k);
             let mut st = self.st.lock();
             for (u, builder, slots) in b.iter_mut() {
                 let (first, end) = l.unit_slots(*u);
                 for s in first.max(lo)..end.min(hi) {
                     let local = SlotNo(s - lo);
-                    let ok =
-                        self.slot_record(&mut st, &core, (k, map), crcs, record, builder, s, local);
+                    let ok = self.slot_record(
+                        &mut st,
+                        core,
+                        (k, cores),
+                        crcs,
+                        record,
+                        builder,
+                        s,
+                        local,
+                    );
                     slots.push((s, ok));
                 }
             }
-        }
+        });
         b.into_iter()
             .map(|(u, builder, slots)| (u, builder.finish(), slots))
             .collect()
@@ -252,7 +254,7 @@ impl Persist {
         &self,
         st: &mut State,
         core: &CacheCore,
-        (k, map): (usize, &ShardMap),
+        (k, cores): (usize, &Cores),
         crcs: &CrcTable,
         record: &Record,
         b: &mut UnitBuilder,
@@ -263,7 +265,7 @@ impl Persist {
         let words = l.bitmap_words();
         let first = l.unit_slots(l.unit_of(s).0).0;
         let (lx, bits) = core.slot_state(local);
-        let x = lx.map(|f| map.frag_to_global(k, f));
+        let x = lx.map(|f| FragNo(cores.frag_global(k, f)));
         // Dirty pages, and lost ones (a dirty bit on an invalid page: their only copy went
         // bad, and the record must keep saying so).
         let dirty = lx.and_then(|f| dirty_and_lost(core, f));
@@ -457,7 +459,7 @@ impl Persist {
     /// start recovers as after a crash).
     pub(crate) fn close(
         &self,
-        cores: Cores,
+        cores: &Cores,
         crcs: &CrcTable,
         identities: &[Option<String>],
         writes_done: u64,

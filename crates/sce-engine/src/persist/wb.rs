@@ -265,14 +265,13 @@ impl Persist {
 
     /// After a round: releases the holds of slots whose dirty claims are gone from the
     /// device (core, then state, shard by shard).
-    pub(super) fn release_holds(&self, (locks, map): super::round::Cores) {
+    pub(super) fn release_holds(&self, cores: &crate::cores::Cores) {
         if !self.st.lock().wb.held.iter().any(|&h| h) {
             return;
         }
-        for (k, lock) in locks.iter().enumerate() {
-            let mut core = lock.write();
-            let (lo, hi) = (map.slot_base(k), map.slot_base(k) + map.slots(k));
-            let local = |s: u32| map.slot_to_local(sce_core::SlotNo(s)).1;
+        cores.each_shard(|k, core| {
+            let (lo, hi) = cores.slot_range(k);
+            let local = |s: u32| cores.slot(s).1;
             let released = self.releasable(lo, hi, |s| {
                 let f = core.slot_state(local(s)).0;
                 f.is_some_and(|f| {
@@ -282,7 +281,7 @@ impl Persist {
             for s in released {
                 core.release_slot(local(s));
             }
-        }
+        });
     }
 
     /// At start: slot `s` came back with dirty pages (the caller holds it in the core).

@@ -3,7 +3,7 @@
 //! the writers write the copies and complete them. Write-through mode writes the copies on
 //! the caller's thread with the same `copy_to_cache`.
 
-use crate::shared::Shared;
+use crate::engine::Engine;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use sce_core::CacheCopy;
@@ -63,7 +63,7 @@ impl AwtQueue {
     /// Queues the cache copies of a write of `data`, piece by piece: the client's own
     /// buffer when it gave it away (`write_shared`), else a copy. If the writers are gone
     /// (the volume is closing), the copies fail and their pages stay invalid.
-    pub(crate) fn send(&self, s: &Shared, data: &Payload, pieces: Vec<CopyPiece>) {
+    pub(crate) fn send(&self, s: &Engine, data: &Payload, pieces: Vec<CopyPiece>) {
         let data: SharedBytes = match data {
             Payload::Shared(d) => d.clone(),
             Payload::Borrowed(d) => {
@@ -84,7 +84,7 @@ impl AwtQueue {
 }
 
 /// An AWT writer thread: writes the queued copies until the queue is closed and empty.
-pub(crate) fn awt_writer(s: &Shared, rx: Receiver<AwtJob>) {
+pub(crate) fn awt_writer(s: &Engine, rx: Receiver<AwtJob>) {
     for job in rx.iter() {
         for p in job.pieces {
             let piece = &job.data[p.start..p.start + p.len];
@@ -93,7 +93,7 @@ pub(crate) fn awt_writer(s: &Shared, rx: Receiver<AwtJob>) {
     }
 }
 
-impl Shared {
+impl Engine {
     /// Writes the cache copies of a piece of a write planned by core shard `k` (`data` is
     /// the piece's buffer, at global source offset `offset`) and completes each; a failed
     /// copy is reported as failed, so its pages stay invalid.
@@ -103,25 +103,27 @@ impl Shared {
             .map(|copy| {
                 let w = *copy.write();
                 let piece = &data[w.buf_offset as usize..(w.buf_offset + w.len) as usize];
-                let cache = self.map.cache_to_global(k, w.cache).0;
-                self.record_crcs(offset + w.buf_offset, cache, piece);
+                let cache = self.cores.cache_global(k, w.cache);
+                self.checks.record(offset + w.buf_offset, cache, piece);
                 let ok = self.cache_write(cache, piece);
                 (copy, ok)
             })
             .collect();
-        let mut core = self.cores[k].write();
-        for (copy, ok) in results {
-            copy.done(&mut core, ok);
-        }
+        self.cores.with_shard(k, |core| {
+            for (copy, ok) in results {
+                copy.done(core, ok);
+            }
+        });
     }
 
     /// Completes the copies of write pieces as failed, one core shard lock at a time.
     pub(crate) fn fail_copies(&self, pieces: Vec<CopyPiece>) {
         for p in pieces {
-            let mut core = self.cores[p.shard].write();
-            for copy in p.copies {
-                copy.done(&mut core, false);
-            }
+            self.cores.with_shard(p.shard, |core| {
+                for copy in p.copies {
+                    copy.done(core, false);
+                }
+            });
         }
     }
 }

@@ -10,9 +10,9 @@
 //! dirty page whose cache copy fails its checksum or cannot be read is lost alone (reads of
 //! it fail), never written to the source; the other pages of its run are cleaned.
 
-use crate::outage;
-use crate::shared::Shared;
-use sce_core::{CleanJob, SourceOffset, PAGE_SIZE};
+use super::{outage, WriteBack};
+use crate::engine::Engine;
+use sce_core::{CacheCore, CleanJob, PAGE_SIZE};
 use sce_io::{AlignedBuf, IoError};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -29,17 +29,16 @@ pub(crate) const CLEANERS: usize = 4;
 /// Longest wait after source errors.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-/// The cleaner thread.
-pub(crate) fn cleaner(s: &Shared) {
-    let Some(wb) = s.wb.as_ref() else { return };
+/// A cleaner thread.
+pub(crate) fn cleaner(s: &Engine, wb: &WriteBack) {
     let mut active = false;
     let mut backoff = Duration::ZERO;
     loop {
-        if s.shutdown.load(Relaxed) {
+        if s.signals.shutting_down() {
             return;
         }
-        let (dirty, share) = s.dirty_share();
-        let now = s.now().0;
+        let (dirty, share) = dirty_share(s);
+        let now = s.cores.now().0;
         let idle = now.saturating_sub(wb.last_request.load(Relaxed)) >= wb.idle.as_nanos() as u64;
         // Writes waited for room lately: clean whatever the share.
         let last_wait = wb.last_wait.load(Relaxed);
@@ -51,16 +50,16 @@ pub(crate) fn cleaner(s: &Shared) {
                 || share > HIGH
                 || (active && share > LOW));
         if !active {
-            if !s.sleep(Duration::from_millis(50)) {
+            if !s.signals.sleep(Duration::from_millis(50)) {
                 return;
             }
             continue;
         }
         let kicks = wb.kicks.load(Relaxed);
-        match s.clean_some() {
+        match wb.clean_some(s) {
             Ok(0) => {
                 // Everything dirty is busy (being written): let it finish.
-                if !s.sleep(Duration::from_millis(5)) {
+                if !s.signals.sleep(Duration::from_millis(5)) {
                     return;
                 }
             }
@@ -75,7 +74,7 @@ pub(crate) fn cleaner(s: &Shared) {
                 *wb.last_clean_error.lock() = e;
                 backoff = (backoff * 2).clamp(Duration::from_millis(50), MAX_BACKOFF);
                 // Held: new work does not cut it short, an operator's flush does.
-                if !s.back_off(backoff, kicks) {
+                if !wb.back_off(s, backoff, kicks) {
                     return;
                 }
                 if wb.kicks.load(Relaxed) != kicks {
@@ -86,21 +85,40 @@ pub(crate) fn cleaner(s: &Shared) {
     }
 }
 
-impl Shared {
-    /// Dirty pages now, and the dirty share of the cache: of its pages or of its slots,
-    /// whichever is larger (a dirty page holds its whole slot until it is cleaned).
-    pub(crate) fn dirty_share(&self) -> (u64, f64) {
-        let (mut pages, mut frags, mut total_pages, mut slots) = (0, 0, 0, 0);
-        for c in self.cores.iter() {
-            let core = c.read();
-            pages += core.dirty_pages();
-            frags += core.dirty_fragments();
-            let g = core.geometry();
-            slots += g.slots() as u64;
-            total_pages += g.slots() as u64 * g.pages_per_fragment() as u64;
+/// Dirty pages now, and the dirty share of the cache: of its pages or of its slots,
+/// whichever is larger (a dirty page holds its whole slot until it is cleaned).
+fn dirty_share(s: &Engine) -> (u64, f64) {
+    let count = |c: &CacheCore| {
+        let g = c.geometry();
+        let slots = g.slots() as u64;
+        [
+            c.dirty_pages(),
+            c.dirty_fragments(),
+            slots * g.pages_per_fragment() as u64,
+            slots,
+        ]
+    };
+    let [pages, frags, total_pages, slots] = (0..s.cores.count())
+        .map(|k| s.cores.read_shard(k, count))
+        .fold([0; 4], |a, b| std::array::from_fn(|i| a[i] + b[i]));
+    let by_pages = pages as f64 / total_pages.max(1) as f64;
+    (pages, by_pages.max(frags as f64 / slots.max(1) as f64))
+}
+
+impl WriteBack {
+    /// Waits out a cleaner's backoff `d`: only shutdown (false) or a kick (an operator's
+    /// `flush --to-source`, the kick count no longer `kicks`) cut it short.
+    fn back_off(&self, s: &Engine, d: Duration, kicks: u64) -> bool {
+        let until = Instant::now() + d;
+        loop {
+            let now = Instant::now();
+            if now >= until || self.kicks.load(Relaxed) != kicks {
+                return !s.signals.shutting_down();
+            }
+            if !s.signals.sleep(until - now) {
+                return false;
+            }
         }
-        let by_pages = pages as f64 / total_pages.max(1) as f64;
-        (pages, by_pages.max(frags as f64 / slots.max(1) as f64))
     }
 
     /// One cleaning job per core shard that has one. Returns the jobs done.
@@ -108,27 +126,29 @@ impl Shared {
     /// The cache device is flushed before anything is copied: only data durable on the
     /// cache goes to the source. Otherwise a crash could take back the cache's copy of a
     /// write the source already has, leaving the two disagreeing about a clean page.
-    pub(crate) fn clean_some(&self) -> Result<usize, IoError> {
+    fn clean_some(&self, s: &Engine) -> Result<usize, IoError> {
         let mut done = 0;
         let mut flushed = false;
-        for k in 0..self.cores.len() {
-            let job = self.cores[k].write().pick_clean();
+        for k in 0..s.cores.count() {
+            let job = s.cores.with_shard(k, |core| core.pick_clean());
             let Some(job) = job else { continue };
             if !flushed {
-                if let Err(e) = self.cache.flush() {
-                    self.cores[k].write().complete_clean(job.id, false).ok();
-                    self.device_errors(1, &format!("flush before cleaning failed: {e}"));
+                if let Err(e) = s.dev.cache.flush() {
+                    s.cores
+                        .with_shard(k, |core| core.complete_clean(job.id, false).ok());
+                    s.device_errors(1, &format!("flush before cleaning failed: {e}"));
                     return Err(e);
                 }
                 flushed = true;
             }
             // Clean only once the source has it durably: the record that says so lets the
             // slot go.
-            let r = self.clean_job(k, &job).and_then(|()| self.source.flush());
-            self.cores[k].write().complete_clean(job.id, r.is_ok()).ok();
-            if let Some(wb) = &self.wb {
-                wb.progressed();
-            }
+            let r = self
+                .clean_job(s, k, &job)
+                .and_then(|()| s.dev.source.flush());
+            s.cores
+                .with_shard(k, |core| core.complete_clean(job.id, r.is_ok()).ok());
+            self.progressed();
             r?;
             done += 1;
         }
@@ -138,28 +158,25 @@ impl Shared {
     /// Copies a job's runs (core shard `k`'s coordinates) from the cache to the source.
     /// Each page is checked on its own: one that fails its checksum (or cannot be read) is
     /// lost alone, and the run's other pages still go to the source.
-    fn clean_job(&self, k: usize, job: &CleanJob) -> Result<(), IoError> {
-        let fstart_local = job.frag.0 << self.fshift;
-        let fstart = self.map.frag_to_global(k, job.frag).0 << self.fshift;
+    fn clean_job(&self, s: &Engine, k: usize, job: &CleanJob) -> Result<(), IoError> {
+        let fstart_local = job.frag.0 << s.fshift;
+        let fstart = s.cores.frag_global(k, job.frag) << s.fshift;
         for &(src, cache, len) in &job.runs {
             let global = fstart + (src.0 - fstart_local);
-            let c = self.map.cache_to_global(k, cache).0;
+            let c = s.cores.cache_global(k, cache);
             let mut buf = AlignedBuf::new(len as usize);
-            let good = self.read_dirty_run(c, global, &mut buf);
+            let good = read_dirty_run(s, c, global, &mut buf);
             let first = ((src.0 - fstart_local) / PAGE_SIZE) as u32;
             for (lo, hi, ok) in page_runs(&good) {
                 let (a, b) = (lo as u64 * PAGE_SIZE, (hi as u64 * PAGE_SIZE).min(len));
                 if ok {
-                    self.source_write(global + a, &buf[a as usize..b as usize])?;
-                    if let Some(wb) = &self.wb {
-                        wb.bytes_cleaned.fetch_add(b - a, Relaxed);
-                    }
+                    s.source_write(global + a, &buf[a as usize..b as usize])?;
+                    self.bytes_cleaned.fetch_add(b - a, Relaxed);
                     continue;
                 }
                 // The only copy is bad: lose those pages (reads fail), never write them.
-                self.cores[k]
-                    .write()
-                    .invalidate(job.frag, first + lo, first + hi);
+                s.cores
+                    .with_shard(k, |core| core.invalidate(job.frag, first + lo, first + hi));
                 tracing::error!(
                     offset = global + a,
                     len = b - a,
@@ -170,104 +187,87 @@ impl Shared {
         Ok(())
     }
 
-    /// Reads a run of dirty pages (cache offset `c`, source offset `global`) into `buf`;
-    /// per page, whether it read and matched its checksum. A failed read of the whole run
-    /// is retried page by page, so that one unreadable page does not take the others.
-    fn read_dirty_run(&self, c: u64, global: u64, buf: &mut [u8]) -> Vec<bool> {
-        let ps = PAGE_SIZE as usize;
-        let pages = buf.len().div_ceil(ps);
-        let want: Vec<u32> = {
-            let crcs = self.crcs.as_ref().expect("checksums");
-            (0..pages as u64)
-                .map(|i| {
-                    let (slot, p) = self.slot_page(c + i * PAGE_SIZE);
-                    crcs.get(slot as u32, p)
-                })
-                .collect()
-        };
-        let whole = self.cache.read_at(c, buf);
-        if let Err(e) = &whole {
-            self.cache_read_failed(e);
-        }
-        let len = buf.len();
-        (0..pages)
-            .map(|i| {
-                let page = &mut buf[i * ps..((i + 1) * ps).min(len)];
-                let at = (i * ps) as u64;
-                if whole.is_err() {
-                    if let Err(e) = self.cache.read_at(c + at, page) {
-                        self.cache_read_failed(&e);
-                        return false;
-                    }
-                }
-                let ok = self.pages_match(global + at, page, &want[i..i + 1]);
-                if !ok {
-                    self.counters.cache_checksum_errors.fetch_add(1, Relaxed);
-                }
-                ok
-            })
-            .collect()
-    }
-
     /// Cleans until nothing is dirty in `[offset, offset + len)` (everything if None), then
     /// flushes the source. Fails after `patience` without progress.
     pub(crate) fn flush_to_source(
         &self,
+        s: &Engine,
         range: Option<(u64, u64)>,
         patience: Duration,
     ) -> Result<u64, IoError> {
-        let Some(wb) = &self.wb else {
-            return self.source.flush().map(|()| 0);
-        };
-        wb.forced.fetch_add(1, Relaxed);
+        self.forced.fetch_add(1, Relaxed);
         // Asked by an operator: the cleaners retry now, whatever their backoff.
-        wb.kicks.fetch_add(1, Relaxed);
-        let r = self.drain(range, patience);
-        wb.forced.fetch_sub(1, Relaxed);
+        self.kicks.fetch_add(1, Relaxed);
+        let r = self.drain(s, range, patience);
+        self.forced.fetch_sub(1, Relaxed);
         let cleaned = r?;
-        self.source.flush()?;
+        s.dev.source.flush()?;
         Ok(cleaned)
     }
 
-    fn drain(&self, range: Option<(u64, u64)>, patience: Duration) -> Result<u64, IoError> {
-        let wb = self.wb.as_ref().expect("write-back");
-        let start = wb.bytes_cleaned.load(Relaxed);
-        let mut last = (u64::MAX, std::time::Instant::now());
+    fn drain(
+        &self,
+        s: &Engine,
+        range: Option<(u64, u64)>,
+        patience: Duration,
+    ) -> Result<u64, IoError> {
+        let start = self.bytes_cleaned.load(Relaxed);
+        let mut last = (u64::MAX, Instant::now());
         loop {
-            let left = self.dirty_left(range);
+            // Dirty pages in `range` (global), or in all.
+            let left = match range {
+                None => dirty_share(s).0,
+                Some((offset, len)) => s.cores.sum_in(offset, len, CacheCore::dirty_in),
+            };
             if left == 0 {
-                return Ok(wb.bytes_cleaned.load(Relaxed) - start);
+                return Ok(self.bytes_cleaned.load(Relaxed) - start);
             }
             if left != last.0 {
-                last = (left, std::time::Instant::now());
+                last = (left, Instant::now());
             } else if last.1.elapsed() > patience {
-                let why = wb.last_clean_error.lock().clone();
+                let why = self.last_clean_error.lock().clone();
                 return Err(IoError::Invalid(format!(
                     "{left} dirty pages could not be written to the source ({why})"
                 )));
             }
-            self.wake.notify_all();
-            if !self.sleep(Duration::from_millis(10)) {
+            s.signals.wake_all();
+            if !s.signals.sleep(Duration::from_millis(10)) {
                 return Err(IoError::Invalid("the cache is shutting down".into()));
             }
         }
     }
-
-    /// Dirty pages in `range` (global), or in all.
-    fn dirty_left(&self, range: Option<(u64, u64)>) -> u64 {
-        match range {
-            None => self.dirty_share().0,
-            Some((offset, len)) => self
-                .map
-                .pieces(offset, len)
-                .map(|p| {
-                    self.cores[p.shard]
-                        .read()
-                        .dirty_in(SourceOffset(p.local), p.len)
-                })
-                .sum(),
-        }
+}
+/// Reads a run of dirty pages (cache offset `c`, source offset `global`) into `buf`;
+/// per page, whether it read and matched its checksum. A failed read of the whole run
+/// is retried page by page, so that one unreadable page does not take the others.
+fn read_dirty_run(s: &Engine, c: u64, global: u64, buf: &mut [u8]) -> Vec<bool> {
+    let ps = PAGE_SIZE as usize;
+    let pages = buf.len().div_ceil(ps);
+    let want: Vec<u32> = (0..pages as u64)
+        .map(|i| s.checks.get(c + i * PAGE_SIZE))
+        .collect();
+    let whole = s.dev.cache.read_at(c, buf);
+    if let Err(e) = &whole {
+        s.cache_read_failed(e);
     }
+    let len = buf.len();
+    (0..pages)
+        .map(|i| {
+            let page = &mut buf[i * ps..((i + 1) * ps).min(len)];
+            let at = (i * ps) as u64;
+            if whole.is_err() {
+                if let Err(e) = s.dev.cache.read_at(c + at, page) {
+                    s.cache_read_failed(&e);
+                    return false;
+                }
+            }
+            let ok = s.checks.pages_match(global + at, page, &want[i..i + 1]);
+            if !ok {
+                s.counters.cache_checksum_errors.fetch_add(1, Relaxed);
+            }
+            ok
+        })
+        .collect()
 }
 
 /// The spans of equal values in `good`: (first page, end page, value), in order.

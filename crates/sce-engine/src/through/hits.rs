@@ -4,8 +4,8 @@
 //! checksums, counts it and releases its pins. No worker thread and no blocking call on
 //! the way. Every other read takes the blocking path (`read.rs`).
 
-use crate::shared::Shared;
-use sce_core::{PinnedRead, ReadPlan, RunTarget, SourceOffset};
+use crate::engine::Engine;
+use sce_core::{Piece, ReadPlan, RunTarget};
 use sce_io::{IoDone, IoOp, IoQueue, OnDone, PooledBuf, StartedRead};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -18,49 +18,56 @@ pub(crate) struct HitQueue {
     slow: crossbeam_channel::Sender<SlowJob>,
 }
 
-impl Shared {
+impl HitQueue {
     /// Starts the read of `len` bytes at `offset` (a range the caller checked) through the
-    /// hit queue, if it is a hit of whole pages in one slot; `None` for the blocking path.
+    /// queue, if it is a hit of whole pages in one slot; `None` for the blocking path.
     /// Planning a read that turns out not to be such a hit leaves no trace (its plan is
     /// dropped before it is logged, its pins released).
-    pub(crate) fn start_hit(self: &Arc<Self>, offset: u64, len: u64) -> Option<StartedRead> {
-        let hq = self.hits.get()?;
+    pub(crate) fn start(&self, e: &Arc<Engine>, offset: u64, len: u64) -> Option<StartedRead> {
         let ps = sce_core::PAGE_SIZE;
         let whole_pages = offset.is_multiple_of(ps)
-            && ((offset + len).is_multiple_of(ps) || offset + len == self.source_size);
-        let one_fragment = len > 0 && offset >> self.fshift == (offset + len - 1) >> self.fshift;
-        if self.passthrough.load(Relaxed) || !whole_pages || !one_fragment {
+            && ((offset + len).is_multiple_of(ps) || offset + len == e.dev.size);
+        let one_fragment = len > 0 && offset >> e.fshift == (offset + len - 1) >> e.fshift;
+        if e.health.passthrough() || !whole_pages || !one_fragment {
             return None;
         }
-        let (k, local) = self.map.source_to_local(SourceOffset(offset));
+        let (k, local) = e.cores.source(offset);
+        let piece = Piece {
+            shard: k,
+            offset,
+            local: local.0,
+            len,
+            buf_offset: 0,
+        };
         let mut plan = ReadPlan::default();
         let mut want = Vec::new();
-        let read = {
-            let core = self.cores[k].read();
-            let mut read = PinnedRead::plan(&core, &self.pins[k], local, len, &mut plan).ok()?;
-            if !read.full_hit || read.needs_commit() || read.runs.len() != 1 {
-                return None;
-            }
-            read.globalize(&self.map, k);
-            // Under the lock that made the pages hits (see `expected_crcs`).
-            self.expected_crcs(&read, &mut want);
-            read
-        };
+        // The checksums under the lock that made the pages hits (see `Checks::expected`).
+        let read = e
+            .cores
+            .plan_read(&piece, &mut plan, |read| {
+                if read.full_hit && !read.needs_commit() && read.runs.len() == 1 {
+                    e.checks.expected(read, &mut want)
+                }
+            })
+            .ok()?;
+        if !read.full_hit || read.needs_commit() || read.runs.len() != 1 {
+            return None;
+        }
         let RunTarget::Cache(c) = read.runs[0].target else {
             return None;
         };
         // After the shared lock is released: applying the log may take the exclusive one.
-        self.log_read(k, &read);
-        let held = read.hold(self.pins[k].clone());
-        self.preset_intents(&held);
-        let (shared, at) = (self.clone(), hq.base + c.0);
+        e.cores.log_read(k, &read);
+        let held = read.hold(e.cores.pins(k).clone());
+        e.preset_intents(&held);
+        let (shared, at, slow) = (e.clone(), self.base + c.0, self.slow.clone());
         Some(Box::new(move |buf: PooledBuf, done: OnDone| {
             let op = IoOp::Read { offset: at, buf };
             let t0 = std::time::Instant::now();
             shared.counters.latencies.in_flight.fetch_add(1, Relaxed);
             let complete: OnDone = Box::new(move |d: IoDone| {
                 let buf = d.buf.expect("a read gives its buffer back");
-                if d.result.is_ok() && shared.pages_match(offset, &buf, &want) {
+                if d.result.is_ok() && shared.checks.pages_match(offset, &buf, &want) {
                     shared.counters.cache_bytes_read.add(len);
                     let lat = &shared.counters.latencies;
                     lat.read_hit.record_since(t0);
@@ -76,7 +83,7 @@ impl Shared {
                 // finished on a slow-path thread, not on the queue's completion thread,
                 // which every other hit waits for.
                 let s = shared.clone();
-                let slow = move || {
+                let job = move || {
                     let mut buf = buf;
                     match &d.result {
                         Ok(()) => {
@@ -86,7 +93,7 @@ impl Shared {
                         Err(e) => s.cache_run_failed(e, offset, len),
                     }
                     drop(held);
-                    let r = sce_io::BlockDevice::read_at(&*s.source, offset, &mut buf);
+                    let r = sce_io::BlockDevice::read_at(&*s.dev.source, offset, &mut buf);
                     if r.is_ok() {
                         s.counters.source_bytes_read.add(len);
                     }
@@ -98,27 +105,13 @@ impl Shared {
                         buf: Some(buf),
                     });
                 };
-                shared.slow_path(Box::new(slow));
+                // On a slow-path thread, or on this one if there is none.
+                if let Err(crossbeam_channel::SendError(job)) = slow.send(Box::new(job)) {
+                    job();
+                }
             });
             (op, complete)
         }))
-    }
-
-    /// The queue hits are read through.
-    pub(crate) fn hit_queue(&self) -> Option<Arc<dyn IoQueue>> {
-        self.hits.get().map(|h| h.queue.clone())
-    }
-
-    /// Runs `job` on a slow-path thread (on this one if there is none).
-    fn slow_path(&self, job: SlowJob) {
-        let job = match self.hits.get() {
-            Some(h) => match h.slow.send(job) {
-                Ok(()) => return,
-                Err(crossbeam_channel::SendError(job)) => job,
-            },
-            None => job,
-        };
-        job();
     }
 }
 
@@ -135,7 +128,7 @@ impl HitQueue {
         for _ in 0..SLOW_THREADS {
             let rx = rx.clone();
             // A thread that cannot be started leaves the others (or, with none, the
-            // completion thread itself, see `slow_path`) to do the work.
+            // completion thread itself, see `start`) to do the work.
             let _ = std::thread::Builder::new()
                 .name("sce-hit-slow".into())
                 .spawn(move || rx.iter().for_each(|job| job()));

@@ -4,12 +4,11 @@
 //! write-through mode, through the AWT writers otherwise. Every half is completed through
 //! the write's [`WriteTxn`] tokens.
 
-use crate::awt::{AwtQueue, CopyPiece, Payload};
+use super::awt::{AwtQueue, CopyPiece, Payload};
+use crate::engine::Engine;
 use crate::persist::Ticket;
-use crate::shared::{request_error, Shared};
-use sce_core::{SlotNo, SourceOffset, SourceWrite, WriteKind, WriteTxn};
+use sce_core::{RequestError, SourceOffset, SourceWrite, WriteKind, WriteTxn};
 use sce_io::{IoError, Op};
-use std::sync::atomic::{Ordering::Relaxed, Ordering::SeqCst};
 
 /// One piece of a write in flight: its core shard, where it lies, its transaction.
 struct WritePiece {
@@ -21,7 +20,7 @@ struct WritePiece {
     txn: WriteTxn,
 }
 
-impl Shared {
+impl Engine {
     /// Writes `payload` at `offset` (a range the caller checked) through the cache; AWT
     /// copies go to `awt`. The source write is one, whatever the pieces.
     pub(crate) fn write(
@@ -32,7 +31,7 @@ impl Shared {
     ) -> Result<(), IoError> {
         let data = payload.bytes();
         let len = data.len() as u64;
-        if self.passthrough.load(Relaxed) {
+        if self.health.passthrough() {
             return self.source_write(offset, data);
         }
         let (pieces, tickets) = self.begin_write(offset, len, WriteKind::Data)?;
@@ -78,15 +77,12 @@ impl Shared {
     /// Discards `len` bytes at `offset` (a range the caller checked): invalidates the cached
     /// pages, then discards on the source.
     pub(crate) fn discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
-        if self.passthrough.load(Relaxed) {
-            return self.source.discard(offset, len);
+        if self.health.passthrough() {
+            return self.dev.source.discard(offset, len);
         }
         let (pieces, tickets) = self.begin_write(offset, len, WriteKind::Discard)?;
         self.wait_intents(&tickets);
-        self.note_source_write(offset);
-        self.source_writes_started.fetch_add(1, SeqCst);
-        let result = self.source.discard(offset, len);
-        self.source_writes_done.fetch_add(1, SeqCst);
+        let result = self.dev.source_write(offset, |s| s.discard(offset, len));
         self.abandon(pieces, result.is_ok());
         result
     }
@@ -94,7 +90,7 @@ impl Shared {
     /// Completes the source halves of a write's pieces, one core shard lock at a time.
     fn sources_done(&self, sources: Vec<(usize, SourceWrite)>, ok: bool) {
         for (k, source) in sources {
-            source.done(&mut self.cores[k].write(), ok);
+            self.cores.with_shard(k, |core| source.done(core, ok));
         }
     }
 
@@ -103,12 +99,13 @@ impl Shared {
     fn abandon(&self, pieces: Vec<WritePiece>, ok: bool) {
         for p in pieces {
             let (source, copies) = p.txn.into_parts();
-            let mut core = self.cores[p.shard].write();
-            // A discard plans no cache copy.
-            for copy in copies {
-                copy.done(&mut core, false);
-            }
-            source.done(&mut core, ok);
+            self.cores.with_shard(p.shard, |core| {
+                // A discard plans no cache copy.
+                for copy in copies {
+                    copy.done(core, false);
+                }
+                source.done(core, ok);
+            });
         }
     }
 
@@ -130,37 +127,30 @@ impl Shared {
         };
         let mut pieces = Vec::new();
         let mut tickets = Vec::new();
-        for p in self.map.pieces(offset, len) {
-            let mut core = self.cores[p.shard].write();
-            core.advance_clock(self.now());
-            let txn = match WriteTxn::begin(&mut core, SourceOffset(p.local), p.len, kind) {
-                Ok(txn) => txn,
-                Err(e) => {
-                    drop(core);
-                    self.abandon(pieces, false);
-                    return Err(request_error(
-                        op,
-                        e,
-                        offset,
-                        len,
-                        self.source_size,
-                        self.lbs,
+        for p in self.cores.pieces(offset, len) {
+            let begun: Result<WriteTxn, RequestError> = self.cores.with_shard(p.shard, |core| {
+                core.advance_clock(self.cores.now());
+                let txn = WriteTxn::begin(core, SourceOffset(p.local), p.len, kind)?;
+                if let Some(persist) = self.persist.as_ref().filter(|_| p.len > 0) {
+                    let (cores, k) = (&self.cores, p.shard);
+                    tickets.extend(persist.guard_write(
+                        (p.offset, p.len),
+                        txn.copies().iter().map(|c| {
+                            let slot = cores.slot_of_cache(k, c.write().cache);
+                            let f = core.slot_state(cores.slot(slot).1).0;
+                            (slot, f.map_or(u64::MAX, |f| cores.frag_global(k, f)))
+                        }),
                     ));
                 }
+                Ok(txn)
+            });
+            let txn = match begun {
+                Ok(txn) => txn,
+                Err(e) => {
+                    self.abandon(pieces, false);
+                    return Err(self.refused(op, e, offset, len));
+                }
             };
-            if let Some(persist) = self.persist.as_ref().filter(|_| p.len > 0) {
-                let (core, map, k) = (&*core, &self.map, p.shard);
-                let fshift = self.fshift;
-                tickets.extend(persist.guard_write(
-                    (p.offset, p.len),
-                    txn.copies().iter().map(move |c| {
-                        let local = SlotNo((c.write().cache.0 >> fshift) as u32);
-                        let f = core.slot_state(local).0;
-                        let f = f.map_or(u64::MAX, |f| map.frag_to_global(k, f).0);
-                        (map.slot_to_global(k, local).0, f)
-                    }),
-                ));
-            }
             pieces.push(WritePiece {
                 shard: p.shard,
                 offset: p.offset,
@@ -173,8 +163,7 @@ impl Shared {
         if self.persist.as_ref().is_some_and(|p| p.round_wanted()) {
             // The journal ring is half full: the intent writer runs a flush round now (no
             // core lock is held here; `intent_pending` is a leaf).
-            *self.intent_pending.lock() = true;
-            self.intent_wake.notify_one();
+            self.signals.want_intents();
         }
         Ok((pieces, tickets))
     }

@@ -2,7 +2,7 @@
 //! do not flood.
 //!
 //! A cleaner thread whose cleaning failed waits out its backoff (doubling from 50 ms to
-//! 5 s, `cleaner.rs`): new work (writes waiting for room, other threads' wakes) does not
+//! 5 s, `clean.rs`): new work (writes waiting for room, other threads' wakes) does not
 //! cut it short; only shutdown and an operator's `flush --to-source` (a *kick*) do.
 //!
 //! The logs of an outage: one WARN at its first failure, then at most one summary line per
@@ -10,9 +10,7 @@
 //! when a cleaning succeeds again, with the count. [`OutageLog`]'s lock is a leaf: nothing
 //! is taken while it is held, and nothing is logged under it.
 
-use crate::shared::Shared;
 use parking_lot::Mutex;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 /// At most one summary line of failed cleanings per this interval.
@@ -107,26 +105,6 @@ pub(crate) fn log(line: Option<OutageLine>) {
             "cleaning succeeds again after {failed} failed cleanings over {:.1} s",
             over.as_secs_f64()
         ),
-    }
-}
-
-impl Shared {
-    /// Waits out a cleaner's backoff `d`: only shutdown (false) or a kick (an operator's
-    /// `flush --to-source`, the kick count no longer `kicks`) cut it short.
-    pub(crate) fn back_off(&self, d: Duration, kicks: u64) -> bool {
-        let Some(wb) = self.wb.as_ref() else {
-            return self.sleep(d);
-        };
-        let until = Instant::now() + d;
-        loop {
-            let now = Instant::now();
-            if now >= until || wb.kicks.load(Relaxed) != kicks {
-                return !self.shutdown.load(Relaxed);
-            }
-            if !self.sleep(until - now) {
-                return false;
-            }
-        }
     }
 }
 

@@ -1,0 +1,200 @@
+//! The write-back path (issue 15; docs/WRITEBACK.md): a write lands in the cache only and
+//! is acknowledged once its dirty entries are durable and its data written (`write.rs`);
+//! the cleaners copy dirty pages to the source later (`clean.rs`). The cache device holds
+//! the only copy of dirty data: reads and writes take their pages in the range lock
+//! (below), FLUSH makes acknowledged writes durable on the cache device, and a start puts
+//! back what the device holds dirty (`restore.rs`).
+//!
+//! Lock order: the range lock is outermost (order -0.5 in docs/ARCHITECTURE.md: taken
+//! before any core lock, never while one is held); `progress` and the cleaners' state are
+//! leaves.
+
+mod clean;
+mod outage;
+mod restore;
+mod write;
+
+pub(crate) use clean::CLEANERS;
+pub(crate) use restore::{check_dirty, hold_dirty, restore};
+
+use crate::engine::Engine;
+use crate::persist::Persist;
+use parking_lot::{Condvar, Mutex};
+use sce_core::PAGE_SIZE;
+use sce_io::IoError;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Write-back's state and counters (`CacheVolume::writeback_stats`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WriteBackStats {
+    /// Bytes (4 KiB pages) only the cache holds now.
+    pub dirty_bytes: u64,
+    /// Bytes whose dirty data was lost (reads of them fail).
+    pub lost_bytes: u64,
+    /// Writes that waited for cleaning or a metadata round (backpressure).
+    pub waits: u64,
+    /// Bytes the cleaner wrote to the source.
+    pub bytes_cleaned: u64,
+    /// Cleaning jobs that failed (source errors), retried with backoff.
+    pub clean_errors: u64,
+    /// The last cleaning error ("" if none).
+    pub last_clean_error: String,
+}
+
+/// The write-back path's own state.
+pub(crate) struct WriteBack {
+    /// The store: write-back always has one (its journal holds the dirty entries).
+    persist: Arc<Persist>,
+    ranges: RangeLock,
+    /// Bumped on every completion that may let a waiting write go on.
+    progress: Mutex<u64>,
+    progress_cv: Condvar,
+    /// `flush --to-source` calls waiting: the cleaner cleans everything meanwhile.
+    forced: AtomicU64,
+    /// Nanoseconds (engine clock) of the last client request: the cleaner cleans all when
+    /// idle.
+    last_request: AtomicU64,
+    /// Writes that waited for cleaning or a round, and when one last did (engine clock).
+    waits: AtomicU64,
+    last_wait: AtomicU64,
+    /// Cleaning: bytes written to the source, failed jobs, the last failure.
+    bytes_cleaned: AtomicU64,
+    clean_errors: AtomicU64,
+    last_clean_error: Mutex<String>,
+    /// The current source outage, for rate-limited logs.
+    outage: outage::OutageLog,
+    /// Bumped by every `flush --to-source`: cuts the cleaners' backoff short.
+    kicks: AtomicU64,
+    /// How long a write waits for room before it fails.
+    wait_limit: Duration,
+    /// Time without requests after which the cleaner cleans everything.
+    idle: Duration,
+}
+
+/// Byte ranges in use: (start, end, exclusive); waiting happens on the condition variable.
+#[derive(Default)]
+struct RangeLock {
+    ranges: Mutex<Vec<(u64, u64, bool)>>,
+    cv: Condvar,
+}
+
+/// A held byte range; released when dropped.
+struct RangeGuard<'a> {
+    lock: &'a RangeLock,
+    range: (u64, u64, bool),
+}
+
+impl Drop for RangeGuard<'_> {
+    fn drop(&mut self) {
+        let mut r = self.lock.ranges.lock();
+        if let Some(i) = r.iter().position(|x| *x == self.range) {
+            r.swap_remove(i);
+        }
+        drop(r);
+        self.lock.cv.notify_all();
+    }
+}
+
+impl RangeLock {
+    /// Takes `[start, end)`, shared (reads) or exclusive (writes), waiting for conflicts.
+    fn lock(&self, start: u64, end: u64, exclusive: bool) -> RangeGuard<'_> {
+        let mut r = self.ranges.lock();
+        while r
+            .iter()
+            .any(|&(s, e, x)| s < end && start < e && (x || exclusive))
+        {
+            self.cv.wait(&mut r);
+        }
+        r.push((start, end, exclusive));
+        RangeGuard {
+            lock: self,
+            range: (start, end, exclusive),
+        }
+    }
+}
+
+impl WriteBack {
+    /// The path over `persist`: a write waits up to `wait_limit` for room; the cleaners
+    /// clean everything after `idle` without requests.
+    pub(crate) fn new(persist: Arc<Persist>, wait_limit: Duration, idle: Duration) -> Self {
+        WriteBack {
+            persist,
+            ranges: RangeLock::default(),
+            progress: Mutex::new(0),
+            progress_cv: Condvar::new(),
+            forced: AtomicU64::new(0),
+            last_request: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+            last_wait: AtomicU64::new(0),
+            bytes_cleaned: AtomicU64::new(0),
+            clean_errors: AtomicU64::new(0),
+            last_clean_error: Mutex::new(String::new()),
+            outage: outage::OutageLog::default(),
+            kicks: AtomicU64::new(0),
+            wait_limit,
+            idle,
+        }
+    }
+
+    /// A client's read: its pages taken shared in the range lock (a read must never see a
+    /// page half rewritten in place, whose checksum would then look like device damage).
+    pub(crate) fn read(&self, e: &Engine, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
+        self.last_request.store(e.cores.now().0, Relaxed);
+        let end = offset + buf.len() as u64;
+        let _g = self.ranges.lock(
+            offset / PAGE_SIZE * PAGE_SIZE,
+            end.div_ceil(PAGE_SIZE) * PAGE_SIZE,
+            false,
+        );
+        e.read(offset, buf)
+    }
+
+    /// Acknowledged writes made durable on the cache device. What the flush covers is noted
+    /// before it; the superblock then says so, so that a restart tells a flushed page
+    /// damaged since from a torn one.
+    pub(crate) fn flush(&self, e: &Engine) -> Result<(), IoError> {
+        let mark = self.persist.landed_mark();
+        e.dev.cache.flush()?;
+        self.persist.record_landed(mark)?;
+        e.dev.source.flush()
+    }
+
+    /// A cleaner thread's work (`clean.rs`).
+    pub(crate) fn cleaner(&self, e: &Engine) {
+        clean::cleaner(e, self)
+    }
+
+    /// Something completed: waiting writes retry.
+    fn progressed(&self) {
+        *self.progress.lock() += 1;
+        self.progress_cv.notify_all();
+    }
+
+    /// Waits for progress, at most `d`.
+    fn wait_progress(&self, seen: u64, d: Duration) {
+        let mut p = self.progress.lock();
+        if *p == seen {
+            self.progress_cv.wait_for(&mut p, d);
+        }
+    }
+
+    fn progress_now(&self) -> u64 {
+        *self.progress.lock()
+    }
+
+    /// Write-back's state and counters.
+    pub(crate) fn stats(&self, e: &Engine) -> WriteBackStats {
+        let dirty = e.cores.sum(|c| c.dirty_pages());
+        let lost = e.cores.sum(|c| c.lost_pages());
+        WriteBackStats {
+            dirty_bytes: dirty * PAGE_SIZE,
+            lost_bytes: lost * PAGE_SIZE,
+            waits: self.waits.load(Relaxed),
+            bytes_cleaned: self.bytes_cleaned.load(Relaxed),
+            clean_errors: self.clean_errors.load(Relaxed),
+            last_clean_error: self.last_clean_error.lock().clone(),
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! A write-back write:
+//! 1. Takes its pages exclusively in the range lock (reads of them and other writes wait:
+//!    a read must never see a page half rewritten in place, whose checksum would then
+//!    look like device damage).
+//! 2. Reads the edge pages it covers in part (through the cache: the newest bytes) and
+//!    writes whole pages from then on, in chunks of at most [`CHUNK`] bytes.
+//! 3. Per chunk and core shard: `begin_writeback` under the core lock; the dirty entries
+//!    appended under the same lock (`Persist::guard_writeback`); the slots held. A full cache
+//!    or I/O in flight on the pages waits for progress (cleaning, a round) and retries:
+//!    backpressure, never an error.
+//! 4. Waits until the entries are durable, then writes the data, then completes.
+//!
+//! Without FUA the data may still sit in the cache device's volatile cache; NBD FLUSH (and
+//! FUA) flush the cache device (`WriteBack::flush`).
+
+use super::WriteBack;
+use crate::engine::{lost_error, Engine};
+use crate::persist::{WbGuard, WbPage};
+use sce_core::{Piece, RequestError, SourceOffset, WriteBackPlan, WriteBackRefusal, PAGE_SIZE};
+use sce_io::{AlignedBuf, IoError, Op};
+use sce_store::journal::PrevPage;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+/// What `wb_begin` came to.
+enum Begun {
+    Started(WriteBackPlan, WbGuard),
+    /// I/O in flight on the pages.
+    Busy,
+    /// No clean slot.
+    Full,
+    /// No room in the journal ring.
+    NoJournal,
+}
+
+/// Bytes of one write-back step (its entries must fit the journal ring at once).
+pub(crate) const CHUNK: u64 = 256 << 10;
+
+impl WriteBack {
+    /// A client's write (`offset`, `data`: a range the caller checked).
+    pub(crate) fn write(&self, e: &Engine, offset: u64, data: &[u8]) -> Result<(), IoError> {
+        self.last_request.store(e.cores.now().0, Relaxed);
+        if e.health.passthrough() {
+            return Err(IoError::Io {
+                op: Op::Write,
+                offset,
+                len: data.len() as u64,
+                source: std::io::Error::other(
+                    "the cache device failed: write-back cannot take writes (see the log)",
+                ),
+            });
+        }
+        let ps = PAGE_SIZE;
+        let end = offset + data.len() as u64;
+        let a0 = offset / ps * ps;
+        let a1 = (end.div_ceil(ps) * ps).min(e.dev.size);
+        // The wait limit counts from here, for the whole write, however many pieces.
+        let started = Instant::now();
+        let _g = self.ranges.lock(a0, a1, true);
+        let merged;
+        let bytes: &[u8] = if a0 == offset && a1 == end {
+            data
+        } else {
+            // Whole pages from here on: the edges as they read now (we hold them).
+            let mut b = AlignedBuf::new((a1 - a0) as usize);
+            if a0 < offset {
+                let edge = (a0 + ps).min(a1);
+                e.read(a0, &mut b[..(edge - a0) as usize])?;
+            }
+            let last = (end - 1) / ps * ps;
+            if end < a1 && (last > a0 || a0 == offset) {
+                e.read(last, &mut b[(last - a0) as usize..])?;
+            }
+            b[(offset - a0) as usize..(end - a0) as usize].copy_from_slice(data);
+            merged = b;
+            &merged
+        };
+        let mut at = a0;
+        while at < a1 {
+            let n = CHUNK.min(a1 - at);
+            let piece = &bytes[(at - a0) as usize..(at - a0 + n) as usize];
+            for p in e.cores.pieces(at, n) {
+                let buf = &piece[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
+                self.piece(e, &p, buf, started)?;
+            }
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Zeroes `[offset, offset + len)` (a discard: the dirty pages there must read as
+    /// zeroes too, and the source is older).
+    pub(crate) fn zero(&self, e: &Engine, offset: u64, len: u64) -> Result<(), IoError> {
+        let zeros = AlignedBuf::new(CHUNK.min(len) as usize);
+        let mut at = offset;
+        while at < offset + len {
+            let n = CHUNK.min(offset + len - at);
+            self.write(e, at, &zeros[..n as usize])?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// One piece `p` of a chunk (whole pages).
+    fn piece(&self, e: &Engine, p: &Piece, data: &[u8], started: Instant) -> Result<(), IoError> {
+        let k = p.shard;
+        let (plan, guard) = self.start(e, p, data, started)?;
+        let durable = self.persist.sync(&guard.tickets).is_ok();
+        // The entries durable: the data written. Otherwise nothing was written, the pages
+        // are as they were.
+        let ok = durable
+            && plan.copies.iter().all(|c| {
+                let cache = e.cores.cache_global(k, c.cache);
+                let piece = &data[c.buf_offset as usize..(c.buf_offset + c.len) as usize];
+                e.checks.record(p.offset + c.buf_offset, cache, piece);
+                e.cache_write(cache, piece)
+            });
+        e.cores.with_shard(k, |core| {
+            if durable {
+                let _ = core.complete_writeback(plan.id, ok);
+            } else {
+                let _ = core.abort_writeback(plan.id);
+            }
+        });
+        self.persist.writeback_done(guard.first);
+        self.progressed();
+        if !durable {
+            return Err(IoError::Invalid(
+                "the write-back journal could not be written to the cache device".into(),
+            ));
+        }
+        if ok {
+            Ok(())
+        } else {
+            Err(lost_error(Op::Write, p.offset, p.len))
+        }
+    }
+
+    /// Starts a write-back write of `data` at `p`, waiting for room or for I/O in flight on
+    /// its pages (backpressure) up to the wait limit.
+    fn start(
+        &self,
+        e: &Engine,
+        p: &Piece,
+        data: &[u8],
+        started: Instant,
+    ) -> Result<(WriteBackPlan, WbGuard), IoError> {
+        loop {
+            let seen = self.progress_now();
+            let room = match self.begin(e, p, data) {
+                Ok(Begun::Started(plan, guard)) => return Ok((plan, guard)),
+                Ok(Begun::Busy) => None,
+                Ok(Begun::Full) => Some(true),
+                Ok(Begun::NoJournal) => Some(false),
+                Err(err) => return Err(e.refused(Op::Write, err, p.offset, p.len)),
+            };
+            // I/O in flight on the pages: wait for it. No room in the journal: a round
+            // frees it. A full cache: cleaning (and a round, which releases cleaned slots).
+            self.waits.fetch_add(1, Relaxed);
+            if let Some(full) = room {
+                if full {
+                    self.last_wait.store(e.cores.now().0, Relaxed);
+                }
+                self.persist.want_round();
+            }
+            e.signals.want_intents();
+            e.signals.wake_all();
+            self.wait_progress(seen, Duration::from_millis(20));
+            if e.signals.shutting_down() || e.health.passthrough() {
+                return Err(IoError::Invalid(
+                    "the cache is shutting down or disabled".into(),
+                ));
+            }
+            if started.elapsed() > self.wait_limit {
+                return Err(IoError::Io {
+                    op: Op::Write,
+                    offset: p.offset,
+                    len: p.len,
+                    source: std::io::Error::other(format!(
+                        "no room for write-back data after {:?}: the cache is full of dirty \
+                         data the source is not taking, or metadata cannot be written",
+                        self.wait_limit
+                    )),
+                });
+            }
+        }
+    }
+
+    /// Under `p`'s core shard lock: starts the write-back write of `data` there and appends
+    /// its dirty entries, or says why it must wait (and retry).
+    fn begin(&self, e: &Engine, p: &Piece, data: &[u8]) -> Result<Begun, RequestError> {
+        let (k, fshift) = (p.shard, e.fshift);
+        e.cores.with_shard(k, |core| {
+            core.advance_clock(e.cores.now());
+            let plan = match core.begin_writeback(SourceOffset(p.local), p.len) {
+                Ok(plan) => plan,
+                Err(WriteBackRefusal::Request(err)) => return Err(err),
+                Err(WriteBackRefusal::NotWriteBack) => {
+                    return Err(RequestError::Dirty {
+                        offset: p.offset,
+                        len: p.len,
+                    })
+                }
+                Err(WriteBackRefusal::Busy | WriteBackRefusal::PartialPage) => {
+                    return Ok(Begun::Busy)
+                }
+                Err(WriteBackRefusal::Full) => return Ok(Begun::Full),
+            };
+            let mut pages = Vec::new();
+            let mut copies = Vec::new();
+            for c in &plan.copies {
+                let cache = e.cores.cache_global(k, c.cache);
+                let slot = (cache >> fshift) as u32;
+                let src = p.offset + c.buf_offset;
+                let frag = src >> fshift;
+                copies.push((slot, frag));
+                let mut q = 0;
+                while q < c.len {
+                    let sp = src + q;
+                    let n = PAGE_SIZE.min(c.len - q);
+                    let at = (c.buf_offset + q) as usize;
+                    let local = SourceOffset(p.local + c.buf_offset + q);
+                    let prev = if !core.is_cached(local) {
+                        PrevPage::Invalid
+                    } else if core.page_dirty(local) {
+                        PrevPage::Dirty(e.checks.get(cache + q))
+                    } else {
+                        PrevPage::Clean(e.checks.get(cache + q))
+                    };
+                    pages.push(WbPage {
+                        slot,
+                        frag,
+                        page: ((sp - (frag << fshift)) / PAGE_SIZE) as u32,
+                        crc: e.checks.of(sp, &data[at..at + n as usize]),
+                        len: n as u16,
+                        prev,
+                    });
+                    q += n;
+                }
+            }
+            let Some(guard) = self.persist.guard_writeback(&pages, copies.into_iter()) else {
+                let _ = core.abort_writeback(plan.id);
+                return Ok(Begun::NoJournal);
+            };
+            for &s in &guard.hold {
+                core.hold_slot(e.cores.slot(s).1);
+            }
+            Ok(Begun::Started(plan, guard))
+        })
+    }
+}

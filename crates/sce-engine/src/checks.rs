@@ -1,0 +1,152 @@
+//! Page checksums: a CRC-32C per cached page, recorded before the core marks the page
+//! valid, taken with a read's plan under the core lock, and compared after the read. Pure
+//! state and arithmetic: no lock, no I/O (what a mismatch means is `verify.rs`'s).
+
+use sce_core::{ReadPlan, RunTarget, PAGE_SIZE};
+use sce_store::{page_checksum, page_seed, CrcTable};
+
+/// The checksums of a cached volume (none without `verify` and persistence).
+pub(crate) struct Checks {
+    crcs: Option<CrcTable>,
+    /// What seeds page checksums: per volume, in address order, its first page in the
+    /// cache's address space and its id (the volume table's, or 1).
+    seeds: Vec<(u64, u16)>,
+    source_size: u64,
+    fshift: u32,
+}
+
+impl Checks {
+    pub(crate) fn new(
+        crcs: Option<CrcTable>,
+        seeds: Vec<(u64, u16)>,
+        source_size: u64,
+        fshift: u32,
+    ) -> Checks {
+        Checks {
+            crcs,
+            seeds,
+            source_size,
+            fshift,
+        }
+    }
+
+    /// True if pages are checked.
+    pub(crate) fn on(&self) -> bool {
+        self.crcs.is_some()
+    }
+
+    /// The table (persistence always keeps one).
+    pub(crate) fn table(&self) -> Option<&CrcTable> {
+        self.crcs.as_ref()
+    }
+
+    /// Splits a cache (or source) offset into its slot (or fragment) number and the page
+    /// within it.
+    pub(crate) fn slot_page(&self, off: u64) -> (u64, u32) {
+        (
+            off >> self.fshift,
+            ((off & ((1 << self.fshift) - 1)) / PAGE_SIZE) as u32,
+        )
+    }
+
+    /// The recorded checksum of the page at cache offset `c` (0 without checksums).
+    pub(crate) fn get(&self, c: u64) -> u32 {
+        let (slot, p) = self.slot_page(c);
+        self.crcs.as_ref().map_or(0, |t| t.get(slot as u32, p))
+    }
+
+    /// The checksum of `bytes`, the page at source offset `src`.
+    pub(crate) fn of(&self, src: u64, bytes: &[u8]) -> u32 {
+        page_checksum(bytes, self.seed(src))
+    }
+
+    /// Stores the checksums of the whole pages of a cache write of `data` at source offset
+    /// `src` and cache offset `cache` (the same position within their pages).
+    pub(crate) fn record(&self, src: u64, cache: u64, data: &[u8]) {
+        let Some(crcs) = &self.crcs else { return };
+        let ps = PAGE_SIZE;
+        let end = src + data.len() as u64;
+        let mut sp = src.div_ceil(ps) * ps;
+        while sp < end {
+            let pe = (sp + ps).min(self.source_size);
+            if pe > end {
+                break;
+            }
+            let (slot, p) = self.slot_page(cache + (sp - src));
+            let bytes = &data[(sp - src) as usize..(pe - src) as usize];
+            crcs.set(slot as u32, p, page_checksum(bytes, self.seed(sp)));
+            sp += ps;
+        }
+    }
+
+    /// The pages a cache run of `len` bytes at cache offset `c` touches.
+    pub(crate) fn run_pages(c: u64, len: u64) -> usize {
+        ((c + len).div_ceil(PAGE_SIZE) - c / PAGE_SIZE) as usize
+    }
+
+    /// Sets `want` to the checksum of every page of every cache run of `plan`. The caller
+    /// holds the core lock (read or write) under which the plan was made: a page that is
+    /// valid under it has its final checksum recorded (writers record a page's checksum
+    /// before the core marks it valid, and invalidate it before they change it).
+    pub(crate) fn expected(&self, plan: &ReadPlan, want: &mut Vec<u32>) {
+        want.clear();
+        let Some(crcs) = &self.crcs else { return };
+        for run in &plan.runs {
+            if let RunTarget::Cache(c) = run.target {
+                let first = c.0 / PAGE_SIZE;
+                for k in 0..Self::run_pages(c.0, run.len) as u64 {
+                    let (slot, p) = self.slot_page((first + k) * PAGE_SIZE);
+                    want.push(crcs.get(slot as u32, p));
+                }
+            }
+        }
+    }
+
+    /// The checksum seed of the page at source offset `src` (page-aligned).
+    fn seed(&self, src: u64) -> u64 {
+        let page = src / PAGE_SIZE;
+        let k = self
+            .seeds
+            .partition_point(|s| s.0 <= page)
+            .saturating_sub(1);
+        let (base, id) = self.seeds[k];
+        page_seed(id, page - base)
+    }
+
+    /// True if whole pages read from the cache (`bytes`, at the source's `src0`,
+    /// page-aligned) match their expected checksums `want` (always without checksums).
+    pub(crate) fn pages_match(&self, src0: u64, bytes: &[u8], want: &[u32]) -> bool {
+        self.first_mismatch(src0, bytes, want).is_none()
+    }
+
+    /// The first page of `bytes` (read at the source's `src0`, page-aligned) that does not
+    /// match its expected checksum in `want`: its offset in `bytes`, its length and its
+    /// expected checksum. None if all match (always without checksums).
+    pub(crate) fn first_mismatch(
+        &self,
+        src0: u64,
+        bytes: &[u8],
+        want: &[u32],
+    ) -> Option<(u64, u64, u32)> {
+        self.crcs.as_ref()?;
+        let ps = PAGE_SIZE;
+        let (mut k, mut i) = (0u64, 0);
+        while k < bytes.len() as u64 && src0 + k < self.source_size {
+            let sp = src0 + k;
+            let plen = ps.min(self.source_size - sp);
+            let end = (k + plen).min(bytes.len() as u64);
+            let expect = want.get(i).copied();
+            if expect
+                != Some(page_checksum(
+                    &bytes[k as usize..end as usize],
+                    self.seed(sp),
+                ))
+            {
+                return Some((k, plen, expect.unwrap_or(0)));
+            }
+            k += ps;
+            i += 1;
+        }
+        None
+    }
+}

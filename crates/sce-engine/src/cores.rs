@@ -1,0 +1,322 @@
+//! `Cores`: the core's shards behind their locks, with everything that is per shard (the
+//! shard map, the pin tables, the deferred read accounting) and the engine's clock. It is
+//! the only owner of the shards' locks.
+//!
+//! - Exclusive access is [`Cores::with_shard`], shared access [`Cores::read_shard`]: a
+//!   closure runs with the shard locked, so a lock can never outlive its use, and a debug
+//!   build asserts that no thread holds two shards at once (lock order 2 in
+//!   docs/ARCHITECTURE.md): taking a second shard inside a closure panics in every test.
+//! - Callers speak global addresses: the translations between a shard's own fragment,
+//!   slot and offset numbers and the volume's are methods here, over the `ShardMap`.
+//! - Reads planned under a shared lock defer their accounting to log shards
+//!   ([`Cores::log_read`]), applied to the core in batches.
+
+use crate::brlock::BrLock;
+use crate::shard::thread_index;
+use parking_lot::Mutex;
+use sce_core::slots::PinTable;
+use sce_core::{
+    AccessLog, CacheCore, CacheOffset, CoreConfig, FragNo, Nanos, Piece, PinnedRead, ReadPlan,
+    RequestError, ShardMap, SlotNo, SourceOffset,
+};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Shards of deferred read accounting per core shard.
+const LOG_SHARDS: usize = 32;
+/// Reads a shard records before it applies its log to the core, if the core's exclusive
+/// lock is free at once.
+const LOG_BATCH: u64 = 256;
+/// Reads a shard records before it applies its log whatever the wait.
+const LOG_CAP: u64 = 1024;
+
+/// One shard of deferred read accounting, on its own cache lines so that threads on
+/// different shards do not share them.
+#[derive(Default)]
+#[repr(align(128))]
+struct LogShard(Mutex<AccessLog>);
+
+/// The core's shards and what belongs to each.
+pub(crate) struct Cores {
+    /// Each behind a big-reader lock: a hit takes only its thread's reader shard of its
+    /// fragment's core shard.
+    shards: Box<[BrLock<CacheCore>]>,
+    map: ShardMap,
+    pins: Box<[Arc<PinTable>]>,
+    /// `LOG_SHARDS` read-log shards per core shard: core shard `k`, thread shard `t` at
+    /// `k * LOG_SHARDS + t`.
+    logs: Box<[LogShard]>,
+    epoch: Instant,
+    fshift: u32,
+}
+
+#[cfg(debug_assertions)]
+thread_local! {
+    /// The shard this thread holds, if any (debug builds check the lock order with it).
+    static HOLDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks this thread as holding a core shard while it lives (debug builds).
+struct Holding;
+
+impl Holding {
+    fn enter() -> Holding {
+        #[cfg(debug_assertions)]
+        HOLDING.with(|h| {
+            assert!(
+                !h.replace(true),
+                "lock order: a thread took a second core shard while holding one"
+            )
+        });
+        Holding
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        #[cfg(debug_assertions)]
+        HOLDING.with(|h| h.set(false));
+    }
+}
+
+impl Cores {
+    /// The shards `cores`, cut as `map` says.
+    pub(crate) fn new(cores: Vec<CacheCore>, map: ShardMap) -> Cores {
+        let n = cores.len();
+        Cores {
+            pins: cores.iter().map(|c| c.pin_table()).collect(),
+            fshift: cores[0].geometry().fragment_shift(),
+            shards: cores.into_iter().map(BrLock::new).collect(),
+            map,
+            logs: (0..LOG_SHARDS * n).map(|_| LogShard::default()).collect(),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// The engine's clock, for the core.
+    pub(crate) fn now(&self) -> Nanos {
+        Nanos::from_duration(self.epoch.elapsed())
+    }
+
+    /// The number of shards.
+    pub(crate) fn count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Runs `f` with shard `k` locked exclusively.
+    pub(crate) fn with_shard<R>(&self, k: usize, f: impl FnOnce(&mut CacheCore) -> R) -> R {
+        let _h = Holding::enter();
+        f(&mut self.shards[k].write())
+    }
+
+    /// Runs `f` with shard `k` locked shared.
+    pub(crate) fn read_shard<R>(&self, k: usize, f: impl FnOnce(&CacheCore) -> R) -> R {
+        let _h = Holding::enter();
+        f(&self.shards[k].read())
+    }
+
+    /// Runs `f` on every shard in turn, each locked exclusively (one at a time).
+    pub(crate) fn each_shard(&self, mut f: impl FnMut(usize, &mut CacheCore)) {
+        for k in 0..self.count() {
+            self.with_shard(k, |core| f(k, core));
+        }
+    }
+
+    /// Sums `f` over the shards, each locked shared (one at a time).
+    pub(crate) fn sum<T: std::iter::Sum>(&self, f: impl Fn(&CacheCore) -> T) -> T {
+        (0..self.count()).map(|k| self.read_shard(k, &f)).sum()
+    }
+
+    /// Sums `f` over the pieces of `[offset, offset + len)` (global), each asked of its
+    /// shard under the shared lock with its local offset.
+    pub(crate) fn sum_in<T: std::iter::Sum>(
+        &self,
+        offset: u64,
+        len: u64,
+        f: impl Fn(&CacheCore, SourceOffset, u64) -> T,
+    ) -> T {
+        self.pieces(offset, len)
+            .map(|p| self.read_shard(p.shard, |c| f(c, SourceOffset(p.local), p.len)))
+            .sum()
+    }
+
+    /// True if `f` holds for a piece of `[offset, offset + len)` (global).
+    pub(crate) fn any_in(
+        &self,
+        offset: u64,
+        len: u64,
+        f: impl Fn(&CacheCore, SourceOffset, u64) -> bool,
+    ) -> bool {
+        self.pieces(offset, len)
+            .any(|p| self.read_shard(p.shard, |c| f(c, SourceOffset(p.local), p.len)))
+    }
+
+    /// The pieces of a request at global `offset`: one per shard-contiguous part.
+    pub(crate) fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = Piece> + '_ {
+        self.map.pieces(offset, len)
+    }
+
+    /// The shard holding global fragment `f`, and `f`'s number there.
+    pub(crate) fn frag(&self, f: u64) -> (usize, FragNo) {
+        self.map.frag_to_local(FragNo(f))
+    }
+
+    /// The shard holding global slot `s`, and its number there.
+    pub(crate) fn slot(&self, s: u32) -> (usize, SlotNo) {
+        self.map.slot_to_local(SlotNo(s))
+    }
+
+    /// The shard of global source offset `o`, and its offset there.
+    pub(crate) fn source(&self, o: u64) -> (usize, SourceOffset) {
+        self.map.source_to_local(SourceOffset(o))
+    }
+
+    /// Global number of shard `k`'s fragment `f`.
+    pub(crate) fn frag_global(&self, k: usize, f: FragNo) -> u64 {
+        self.map.frag_to_global(k, f).0
+    }
+
+    /// Global number of shard `k`'s slot `s`.
+    pub(crate) fn slot_global(&self, k: usize, s: SlotNo) -> u32 {
+        self.map.slot_to_global(k, s).0
+    }
+
+    /// Global source offset of shard `k`'s offset `o`.
+    pub(crate) fn source_global(&self, k: usize, o: SourceOffset) -> u64 {
+        self.map.source_to_global(k, o).0
+    }
+
+    /// Global cache offset of shard `k`'s cache offset `c`.
+    pub(crate) fn cache_global(&self, k: usize, c: CacheOffset) -> u64 {
+        self.map.cache_to_global(k, c).0
+    }
+
+    /// Global slot of shard `k`'s cache offset `c`.
+    pub(crate) fn slot_of_cache(&self, k: usize, c: CacheOffset) -> u32 {
+        (self.cache_global(k, c) >> self.fshift) as u32
+    }
+
+    /// The global slots of shard `k`: `[first, end)`.
+    pub(crate) fn slot_range(&self, k: usize) -> (u32, u32) {
+        let lo = self.map.slot_base(k);
+        (lo, lo + self.map.slots(k))
+    }
+
+    /// Shard `k`'s first fragment at or after global fragment `g`.
+    pub(crate) fn first_local_from(&self, k: usize, g: u64) -> FragNo {
+        self.map.first_local_from(k, FragNo(g))
+    }
+
+    /// A shard's part of the volume's configuration `cfg`.
+    pub(crate) fn shard_config(&self, cfg: &CoreConfig) -> CoreConfig {
+        self.map.shard_config(cfg)
+    }
+
+    /// Plans a read of `piece` under its shard's shared lock, its addresses made global;
+    /// `then` runs under the same lock (to take what must be read with the plan).
+    pub(crate) fn plan_read<'p>(
+        &'p self,
+        piece: &Piece,
+        plan: &'p mut ReadPlan,
+        then: impl FnOnce(&PinnedRead),
+    ) -> Result<PinnedRead<'p>, RequestError> {
+        let k = piece.shard;
+        self.read_shard(k, |core| {
+            let mut read = PinnedRead::plan(
+                core,
+                &self.pins[k],
+                SourceOffset(piece.local),
+                piece.len,
+                plan,
+            )?;
+            read.globalize(&self.map, k);
+            then(&read);
+            Ok(read)
+        })
+    }
+
+    /// Commits a read planned by `plan_read` under its shard's exclusive lock (it wants
+    /// inline fills), its addresses made global again; `then` runs under the same lock.
+    pub(crate) fn commit_read(
+        &self,
+        k: usize,
+        read: &mut PinnedRead,
+        then: impl FnOnce(&PinnedRead, &CacheCore),
+    ) -> Result<(), RequestError> {
+        self.with_shard(k, |core| {
+            core.advance_clock(self.now());
+            read.commit(core)?;
+            read.globalize(&self.map, k);
+            then(read, core);
+            Ok(())
+        })
+    }
+
+    /// Shard `k`'s pin table (a read held past its plan keeps it).
+    pub(crate) fn pins(&self, k: usize) -> &Arc<PinTable> {
+        &self.pins[k]
+    }
+
+    /// Drops pages `[p0, p1)` of global fragment `f` from the cache.
+    pub(crate) fn invalidate(&self, f: u64, p0: u32, p1: u32) {
+        let (k, f) = self.frag(f);
+        self.with_shard(k, |core| core.invalidate(f, p0, p1));
+    }
+
+    /// The read-log shards of core shard `k`.
+    fn logs_of(&self, k: usize) -> &[LogShard] {
+        &self.logs[k * LOG_SHARDS..(k + 1) * LOG_SHARDS]
+    }
+
+    /// Records a read planned under shard `k`'s shared lock in this thread's log shard for
+    /// it, and applies the log to the shard once it holds `LOG_BATCH` reads and the
+    /// exclusive lock is free at once, or once it holds `LOG_CAP` reads whatever it costs.
+    pub(crate) fn log_read(&self, k: usize, plan: &ReadPlan) {
+        // Lock order: a log shard is a leaf lock, released before the core lock is taken;
+        // the log is then taken out of the shard under the core lock (core, then leaf).
+        let shard = &self.logs_of(k)[thread_index() % LOG_SHARDS];
+        let pending = {
+            let mut log = shard.0.lock();
+            log.record(plan);
+            log.requests()
+        };
+        if pending < LOG_BATCH {
+            return;
+        }
+        let _h = Holding::enter();
+        let core = if pending < LOG_CAP {
+            self.shards[k].try_write()
+        } else {
+            Some(self.shards[k].write())
+        };
+        if let Some(mut core) = core {
+            core.apply_access_log(&mut shard.0.lock());
+        }
+    }
+
+    /// Applies the deferred read accounting of shard `k` (`core`, locked) to it: every
+    /// thread's log at once, so that the reads that missed, in any log, go to the front of
+    /// the hotness window (`CacheCore::apply_access_logs`). The log shards are leaf locks,
+    /// taken in index order, and nobody holds one while taking another.
+    pub(crate) fn apply_logs(&self, k: usize, core: &mut CacheCore) {
+        let mut logs: Vec<_> = self.logs_of(k).iter().map(|s| s.0.lock()).collect();
+        core.apply_access_logs(&mut logs);
+    }
+
+    /// Applies every shard's deferred read accounting, one shard at a time.
+    pub(crate) fn apply_all_logs(&self) {
+        self.each_shard(|k, core| self.apply_logs(k, core));
+    }
+
+    /// What shard `k`'s logs add to its read counters once applied (requests, full hits,
+    /// hit pages, missed pages); the caller holds the shard (core, then leaf).
+    pub(crate) fn pending_counts(&self, k: usize) -> [u64; 4] {
+        let mut sum = [0; 4];
+        for shard in self.logs_of(k) {
+            for (s, x) in sum.iter_mut().zip(shard.0.lock().pending_counts()) {
+                *s += x;
+            }
+        }
+        sum
+    }
+}

@@ -1,0 +1,114 @@
+//! The devices of a cached volume and the identities of its sources: the source (the
+//! volumes laid end to end, `parts.rs`), the cache device's data area, and which sources
+//! the cache wrote since their identity was last recorded.
+
+use crate::parts::Placed;
+use sce_io::BlockDevice;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+
+/// A volume as the engine keeps it.
+pub(crate) struct PartInfo {
+    /// Its name in the volume table (or as given, without persistence).
+    pub name: String,
+    /// Where it is in the cache's address space.
+    pub at: Placed,
+    /// Its source.
+    pub source: Arc<dyn BlockDevice>,
+    /// The cache wrote its source since its identity was last recorded.
+    pub wrote: AtomicBool,
+}
+
+/// The source, the cache device and the volumes.
+pub(crate) struct Devices {
+    pub(crate) source: Arc<dyn BlockDevice>,
+    pub(crate) cache: Arc<dyn BlockDevice>,
+    /// The source's size.
+    pub(crate) size: u64,
+    /// The logical block size requests must be aligned to.
+    pub(crate) lbs: u32,
+    /// The volumes served (one unless several share the cache device), in address order.
+    volumes: Vec<PartInfo>,
+    /// Source writes and discards started, and completed (successfully or not): the flusher
+    /// records the source's identity only when the two are equal.
+    started: AtomicU64,
+    done: AtomicU64,
+}
+
+impl Devices {
+    pub(crate) fn new(
+        source: Arc<dyn BlockDevice>,
+        cache: Arc<dyn BlockDevice>,
+        lbs: u32,
+        volumes: Vec<PartInfo>,
+    ) -> Devices {
+        Devices {
+            size: source.size(),
+            source,
+            cache,
+            lbs,
+            volumes,
+            started: AtomicU64::new(0),
+            done: AtomicU64::new(0),
+        }
+    }
+
+    /// The volumes, in address order.
+    pub(crate) fn volumes(&self) -> &[PartInfo] {
+        &self.volumes
+    }
+
+    /// Runs `f`, a source write or discard at `offset` (of the shared address space),
+    /// counted as started and done around it.
+    pub(crate) fn source_write<R>(&self, offset: u64, f: impl FnOnce(&dyn BlockDevice) -> R) -> R {
+        let k = self
+            .volumes
+            .partition_point(|p| p.at.base <= offset)
+            .saturating_sub(1);
+        if let Some(p) = self.volumes.get(k) {
+            p.wrote.store(true, SeqCst);
+        }
+        self.started.fetch_add(1, SeqCst);
+        let r = f(&*self.source);
+        self.done.fetch_add(1, SeqCst);
+        r
+    }
+
+    /// Source writes done so far, if none is in flight now.
+    pub(crate) fn settled(&self) -> Option<u64> {
+        let done = self.done.load(SeqCst);
+        (self.started.load(SeqCst) == done).then_some(done)
+    }
+
+    /// Source writes done so far.
+    pub(crate) fn writes_done(&self) -> u64 {
+        self.done.load(SeqCst)
+    }
+
+    /// The source identity now of each volume the cache wrote since its identity was last
+    /// recorded (None for the others: a change of theirs is someone else's doing, left for
+    /// the next start to find), in address order; and which were taken, for `restore`.
+    pub(crate) fn identities(&self) -> (Vec<Option<String>>, Vec<bool>) {
+        let taken: Vec<bool> = self
+            .volumes
+            .iter()
+            .map(|p| p.wrote.swap(false, SeqCst))
+            .collect();
+        let ids = self
+            .volumes
+            .iter()
+            .zip(&taken)
+            .map(|(p, &w)| if w { p.source.identity() } else { None })
+            .collect();
+        (ids, taken)
+    }
+
+    /// The identities `taken` were not recorded after all.
+    pub(crate) fn restore_written(&self, taken: &[bool]) {
+        for (p, &w) in self.volumes.iter().zip(taken) {
+            if w {
+                p.wrote.store(true, SeqCst);
+            }
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! `Engine`: a cached volume's subsystems, each owning its state, and the few operations
+//! that involve several of them (device I/O counted and judged, disabling the cache, the
+//! store's rounds). The write paths (`through/`, `back/`) and the read, population and
+//! verification roles work on it; none of them owns a field here.
+//!
+//! | field | owns |
+//! |---|---|
+//! | `dev` | the source, the cache device, the volumes and their identities (`devices.rs`) |
+//! | `cores` | the core's shards, their locks, map, pins and read logs, the clock (`cores.rs`) |
+//! | `checks` | page checksums (`checks.rs`) |
+//! | `health` | device errors, passthrough (`health.rs`) |
+//! | `persist` | the on-device store (`persist/`) |
+//! | `counters` | the engine's counters (`stats.rs`) |
+//! | `signals` | shutdown and the background threads' wake-ups (here) |
+
+use crate::checks::Checks;
+use crate::cores::Cores;
+use crate::devices::Devices;
+use crate::health::Health;
+use crate::persist::{Persist, Ticket};
+use crate::stats::Counters;
+use parking_lot::{Condvar, Mutex};
+use sce_core::{CoreConfig, RequestError};
+use sce_io::{IoError, Op};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the threads of one cached volume share.
+pub(crate) struct Engine {
+    pub(crate) dev: Devices,
+    pub(crate) cores: Cores,
+    /// The volume's core configuration (each shard's is derived from it), as last retuned.
+    /// Lock order -1 (outermost): `CacheVolume::retune` holds it while it takes each core
+    /// shard in turn, so that two retunes cannot leave the shards differing.
+    pub(crate) config: Mutex<CoreConfig>,
+    pub(crate) checks: Checks,
+    pub(crate) health: Health,
+    pub(crate) persist: Option<Arc<Persist>>,
+    pub(crate) counters: Counters,
+    pub(crate) signals: Signals,
+    /// log2 of the fragment size.
+    pub(crate) fshift: u32,
+    /// Write-back: the cache device holds the only copy of dirty data (disabling the cache
+    /// keeps it, and refuses writes).
+    pub(crate) writeback: bool,
+}
+
+/// Shutdown, and the background threads' sleeps and wake-ups (leaf locks).
+#[derive(Default)]
+pub(crate) struct Signals {
+    shutdown: AtomicBool,
+    sleep_lock: Mutex<()>,
+    wake: Condvar,
+    /// Intents were set ahead of need: the intent writer has work.
+    intent_pending: Mutex<bool>,
+    intent_wake: Condvar,
+}
+
+impl Signals {
+    /// True once the volume is shutting down.
+    pub(crate) fn shutting_down(&self) -> bool {
+        self.shutdown.load(Relaxed)
+    }
+
+    /// Sleeps up to `d`, waking early on shutdown or `wake_all`. False if shutting down.
+    pub(crate) fn sleep(&self, d: Duration) -> bool {
+        let mut g = self.sleep_lock.lock();
+        if self.shutting_down() {
+            return false;
+        }
+        self.wake.wait_for(&mut g, d);
+        !self.shutting_down()
+    }
+
+    /// Wakes every sleeper.
+    pub(crate) fn wake_all(&self) {
+        self.wake.notify_all();
+    }
+
+    /// Gives the intent writer work.
+    pub(crate) fn want_intents(&self) {
+        *self.intent_pending.lock() = true;
+        self.intent_wake.notify_one();
+    }
+
+    /// Waits until the intent writer has work: false on shutdown.
+    pub(crate) fn wait_intent_work(&self) -> bool {
+        let mut pending = self.intent_pending.lock();
+        while !*pending && !self.shutting_down() {
+            self.intent_wake.wait(&mut pending);
+        }
+        *pending = false;
+        !self.shutting_down()
+    }
+
+    /// Starts the shutdown: every thread wakes and ends.
+    pub(crate) fn stop(&self) {
+        self.shutdown.store(true, Relaxed);
+        {
+            let _g = self.sleep_lock.lock();
+            self.wake.notify_all();
+        }
+        let _g = self.intent_pending.lock();
+        self.intent_wake.notify_all();
+    }
+}
+
+/// The `IoError` for a request the core refused.
+pub(crate) fn request_error(
+    op: Op,
+    e: RequestError,
+    offset: u64,
+    len: u64,
+    size: u64,
+    lbs: u32,
+) -> IoError {
+    match e {
+        RequestError::OutOfRange { .. } => IoError::OutOfRange {
+            op,
+            offset,
+            len,
+            size,
+        },
+        RequestError::Unaligned { .. } => IoError::Unaligned {
+            op,
+            offset,
+            len,
+            align: lbs,
+        },
+        RequestError::UnknownId => IoError::Invalid("internal: unknown operation id".into()),
+        RequestError::Lost { .. } => lost_error(op, offset, len),
+        e @ RequestError::Dirty { .. } => IoError::Invalid(e.to_string()),
+    }
+}
+
+/// An I/O error for a range whose dirty data was lost.
+pub(crate) fn lost_error(op: Op, offset: u64, len: u64) -> IoError {
+    IoError::Io {
+        op,
+        offset,
+        len,
+        source: std::io::Error::other(
+            "the only copy of dirty (write-back) data here was lost on the cache device",
+        ),
+    }
+}
+
+impl Engine {
+    /// The `IoError` for a request at `offset` the core refused.
+    pub(crate) fn refused(&self, op: Op, e: RequestError, offset: u64, len: u64) -> IoError {
+        request_error(op, e, offset, len, self.dev.size, self.dev.lbs)
+    }
+
+    /// Writes to the source, counting the bytes that made it.
+    pub(crate) fn source_write(&self, offset: u64, data: &[u8]) -> Result<(), IoError> {
+        let r = self.dev.source_write(offset, |s| s.write_at(offset, data));
+        if r.is_ok() {
+            self.counters
+                .source_bytes_written
+                .fetch_add(data.len() as u64, Relaxed);
+        }
+        r
+    }
+
+    /// Writes to the cache device; false (counted as a device error) if it failed.
+    pub(crate) fn cache_write(&self, offset: u64, data: &[u8]) -> bool {
+        match self.dev.cache.write_at(offset, data) {
+            Ok(()) => {
+                self.counters
+                    .cache_bytes_written
+                    .fetch_add(data.len() as u64, Relaxed);
+                true
+            }
+            Err(e) => {
+                self.counters.cache_write_errors.fetch_add(1, Relaxed);
+                self.device_errors(1, &format!("write error: {e}"));
+                false
+            }
+        }
+    }
+
+    /// Counts a failed cache read towards the error limit.
+    pub(crate) fn cache_read_failed(&self, e: &IoError) {
+        self.counters.cache_read_errors.fetch_add(1, Relaxed);
+        self.device_errors(1, &format!("read error: {e}"));
+    }
+
+    /// Counts `n` cache-device errors; disables the cache once they reach the limit.
+    pub(crate) fn device_errors(&self, n: u64, what: &str) {
+        if let Some(total) = self.health.count(n) {
+            self.disable(&format!("{total} cache device errors, the last: {what}"));
+        }
+    }
+
+    /// Disables the cache: from now on I/O passes through to the source.
+    pub(crate) fn disable(&self, why: &str) {
+        if self.writeback {
+            // Before passthrough is visible: no read may find a dirty page valid and go
+            // to the source for it (passthrough reads of dirty or lost pages fail, too).
+            self.cores.each_shard(|_, core| core.lose_all_dirty());
+        }
+        if self.health.enter_passthrough() {
+            return;
+        }
+        if self.writeback {
+            // Write-back: the device holds the only copy of the dirty data. It is not marked
+            // failed (a restart on a healthy device recovers what it holds, each page checked
+            // against its checksum); until then dirty pages read as errors, writes are
+            // refused (they could not be recorded), and clean reads go to the source.
+            tracing::error!(
+                "cache device failed in write-back: writes are refused and reads of data \
+                 not yet on the source fail until a restart on a healthy device: {why}"
+            );
+            self.cores.each_shard(|_, core| {
+                core.lose_all_dirty();
+                core.drop_all();
+            });
+            return;
+        }
+        tracing::error!("cache disabled, passing I/O through to the source: {why}");
+        if let Some(p) = &self.persist {
+            if let Err(e) = p.fail() {
+                tracing::error!(
+                    "could not mark the cache device failed ({e}); reformat it before reusing it"
+                );
+            }
+        }
+        self.cores.each_shard(|_, core| {
+            core.drop_all();
+        });
+    }
+
+    /// Waits for intents to be durable. False if they could not be written: the cache device
+    /// failed, and the cache is disabled (so nothing it holds is served or trusted again).
+    pub(crate) fn wait_intents(&self, tickets: &[Ticket]) -> bool {
+        let Some(p) = &self.persist else { return true };
+        match p.sync(tickets) {
+            Ok(()) => true,
+            Err(e) => {
+                self.disable(&format!("cannot write the write-intent bitmap: {e}"));
+                false
+            }
+        }
+    }
+
+    /// Runs one metadata flush round now; returns the metadata errors it met (0 without
+    /// persistence).
+    pub(crate) fn flush_metadata(&self) -> u64 {
+        match (&self.persist, self.checks.table()) {
+            (Some(p), Some(crcs)) => p.round(&self.cores, crcs, false),
+            _ => 0,
+        }
+    }
+
+    /// Clean shutdown of the store (nothing in flight): see `Persist::close`. False without
+    /// persistence.
+    pub(crate) fn close_store(&self) -> bool {
+        let (Some(p), Some(crcs)) = (&self.persist, self.checks.table()) else {
+            return false;
+        };
+        let (ids, taken) = self.dev.identities();
+        let closed = p.close(&self.cores, crcs, &ids, self.dev.writes_done());
+        if !closed {
+            self.dev.restore_written(&taken);
+        }
+        closed
+    }
+}

@@ -1,0 +1,367 @@
+//! Opening a cached volume: the core cut into shards, the store opened and what it holds
+//! restored into them, the engine's subsystems built, the write path chosen, and the
+//! threads started.
+
+use crate::back::WriteBack;
+use crate::checks::Checks;
+use crate::cores::Cores;
+use crate::devices::{Devices, PartInfo};
+use crate::engine::{Engine, Signals};
+use crate::flusher::{flusher, intent_writer};
+use crate::health::Health;
+use crate::parts::Placed;
+use crate::path::WritePath;
+use crate::persist::{OpenVolume, Persist, PersistConfig};
+use crate::population::population_worker;
+use crate::stats::Counters;
+use crate::through::{awt_writer, AwtJob, WriteThrough};
+use crate::volume::{CacheVolume, EngineConfig, EngineError};
+use parking_lot::Mutex;
+use sce_core::{CacheCore, ConfigError, CoreConfig, ShardMap, SlotNo};
+use sce_io::{BlockDevice, IoError, SliceDevice};
+use sce_store::CrcTable;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// What `open_core` makes: the core shards and their map, the core configuration, the
+/// checksums, the store, the data device (the cache device, or its data area with
+/// persistence) and the volume id seeding the checksums.
+struct OpenedCore {
+    cores: Vec<CacheCore>,
+    map: ShardMap,
+    config: CoreConfig,
+    crcs: Option<CrcTable>,
+    persist: Option<Persist>,
+    data: Arc<dyn BlockDevice>,
+    seeds: Vec<(u64, u16)>,
+}
+
+/// Refuses what the core has and the engine does not drive yet: write-back (issue 15; see
+/// docs/WRITEBACK.md).
+pub(crate) fn engine_supports(
+    cfg: &CoreConfig,
+    persist: Option<&PersistConfig>,
+) -> Result<(), ConfigError> {
+    if cfg.write_mode == sce_core::WriteMode::WriteBack && !persist.is_some_and(|p| p.journal) {
+        return Err(ConfigError::new(
+            "mode",
+            "writeback needs a persistent cache with its write journal (dirty data must \
+             survive a crash); see docs/WRITEBACK.md"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Cuts the core into shards for a cache of `cache_size` bytes and builds them.
+fn build_cores(
+    cfg: &CoreConfig,
+    config: &EngineConfig,
+    source_size: u64,
+    cache_size: u64,
+) -> Result<(Vec<CacheCore>, ShardMap), EngineError> {
+    let slots = cache_size / cfg.fragment_size.max(1);
+    let wanted = config.shards_for(slots);
+    // An invalid fragment size or slot count is reported by the core itself (one shard).
+    let ok = cfg.validate().is_ok() && slots < u32::MAX as u64;
+    let map = ShardMap::new(
+        if ok { wanted } else { 1 },
+        cfg.fragment_size,
+        source_size,
+        slots.min(u32::MAX as u64 - 1) as u32,
+    );
+    Ok((map.build(cfg, cache_size)?, map))
+}
+
+/// Builds the core shards and, with persistence, opens the store on `cache`, restores what
+/// it holds into them and starts it.
+fn open_core(
+    source: &dyn BlockDevice,
+    vols: &[OpenVolume],
+    cache: Arc<dyn BlockDevice>,
+    config: &EngineConfig,
+) -> Result<OpenedCore, EngineError> {
+    let mut core_cfg = config.core.clone();
+    let verify = config.verify || config.persist.is_some();
+    if verify {
+        core_cfg.revalidate_partial_pages = false;
+    }
+    let Some(mut pc) = config.persist.clone() else {
+        let (mut cores, map) = build_cores(&core_cfg, config, source.size(), cache.size())?;
+        apply_shares(&mut cores, &map, vols, core_cfg.fragment_size);
+        let slots = cores.iter().map(|c| c.geometry().slots()).sum();
+        let ppf = cores[0].geometry().pages_per_fragment();
+        let crcs = verify.then(|| CrcTable::new(slots, ppf));
+        return Ok(OpenedCore {
+            cores,
+            map,
+            config: core_cfg,
+            crcs,
+            persist: None,
+            data: cache,
+            seeds: vols
+                .iter()
+                .enumerate()
+                .map(|(i, v)| (v.base / 4096, i as u16 + 1))
+                .collect(),
+        });
+    };
+    pc.writeback = core_cfg.write_mode == sce_core::WriteMode::WriteBack;
+    let opened = Persist::open(cache.clone(), pc, core_cfg.fragment_size, vols)?;
+    let mut persist = opened.persist;
+    let loaded = opened.loaded;
+    let seeds = persist.seeds();
+    let l = persist.layout;
+    let data: Arc<dyn BlockDevice> =
+        Arc::new(SliceDevice::new(cache, l.data_offset, l.data_bytes())?);
+    let (mut cores, map) = build_cores(&core_cfg, config, source.size(), data.size())?;
+    let skipped = crate::back::restore(&mut cores, &map, &loaded, l.bitmap_words());
+    if skipped > 0 {
+        return Err(ConfigError::new(
+            "core_shards",
+            format!(
+                "{skipped} dirty (write-back) pages on the cache device belong to records this \
+                 start cannot place (the core shard count changed): start with the previous \
+                 core_shards setting and run `sce ctl flush --to-source` first"
+            ),
+        )
+        .into());
+    }
+    crate::back::check_dirty(&core_cfg, &loaded)?;
+    apply_shares(&mut cores, &map, vols, core_cfg.fragment_size);
+    crate::back::hold_dirty(&mut cores, &map, &persist, &loaded);
+    persist.start(
+        |s| {
+            let (k, local) = map.slot_to_local(SlotNo(s));
+            let f = cores[k].slot_state(local).0;
+            f.map(|f| map.frag_to_global(k, f).0)
+        },
+        &loaded,
+    )?;
+    Ok(OpenedCore {
+        cores,
+        map,
+        config: core_cfg,
+        crcs: Some(loaded.crcs),
+        persist: Some(persist),
+        data,
+        seeds,
+    })
+}
+
+/// Gives each core shard the volumes' ranges (in its own fragment numbers) and caps (its
+/// part of each volume's share of the slots), and counts what each volume holds.
+pub(crate) fn apply_shares(
+    cores: &mut [sce_core::CacheCore],
+    map: &sce_core::ShardMap,
+    vols: &[crate::persist::OpenVolume],
+    fragment_size: u64,
+) {
+    if vols.iter().all(|v| v.share.is_none()) {
+        return;
+    }
+    for (k, core) in cores.iter_mut().enumerate() {
+        let slots = core.geometry().slots() as f64;
+        let parts: Vec<(sce_core::FragNo, Option<u32>)> = vols
+            .iter()
+            .map(|v| {
+                let first = map.first_local_from(k, sce_core::FragNo(v.base / fragment_size));
+                let cap = v.share.map(|f| ((f * slots).floor() as u32).max(1));
+                (first, cap)
+            })
+            .collect();
+        core.set_shares(&parts);
+    }
+}
+
+/// Starts a named thread running `f` on the engine.
+fn spawn(
+    engine: &Arc<Engine>,
+    name: String,
+    what: &str,
+    f: impl FnOnce(&Engine) + Send + 'static,
+) -> Result<JoinHandle<()>, IoError> {
+    let e = engine.clone();
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(move || f(&e))
+        .map_err(|err| IoError::Invalid(format!("cannot start {what} thread: {err}")))
+}
+
+/// Starts the path's threads (the AWT writers, or the cleaners), the population workers
+/// and, with persistence, the flusher and the intent writer.
+fn start_threads(
+    engine: &Arc<Engine>,
+    path: &WritePath,
+    config: &EngineConfig,
+    rx: crossbeam_channel::Receiver<AwtJob>,
+) -> Result<Vec<JoinHandle<()>>, IoError> {
+    let workers = if config.background_population {
+        config.core.throttle.max_workers
+    } else {
+        0
+    };
+    let mut threads = Vec::new();
+    match path {
+        WritePath::Through(_) => {
+            for i in 0..config.awt_threads.max(1) {
+                let rx = rx.clone();
+                let name = format!("sce-awt-{i}");
+                threads.push(spawn(engine, name, "AWT", move |e| awt_writer(e, rx))?);
+            }
+        }
+        WritePath::Back(wb) => {
+            for i in 0..crate::back::CLEANERS {
+                let (name, wb) = (format!("sce-clean-{i}"), wb.clone());
+                threads.push(spawn(engine, name, "cleaner", move |e| wb.cleaner(e))?);
+            }
+        }
+    }
+    for i in 0..workers {
+        let name = format!("sce-pop-{i}");
+        threads.push(spawn(engine, name, "population", move |e| {
+            population_worker(e, i)
+        })?);
+    }
+    if engine.persist.is_some() {
+        threads.push(spawn(engine, "sce-meta".into(), "metadata", flusher)?);
+        threads.push(spawn(engine, "sce-intent".into(), "intent", intent_writer)?);
+    }
+    Ok(threads)
+}
+
+impl CacheVolume {
+    /// Opens one cached volume over several sources (`parts`, which keep their order) on
+    /// one cache device: they share its slots under one eviction policy, and each keeps its
+    /// own entry in the device's volume table. Offsets are in the shared address space:
+    /// volume `k` starts at [`CacheVolume::volumes`]`()[k].base`.
+    pub fn open_shared(
+        parts: Vec<crate::VolumePart>,
+        cache: Arc<dyn BlockDevice>,
+        config: EngineConfig,
+    ) -> Result<CacheVolume, EngineError> {
+        if parts.is_empty() {
+            return Err(IoError::Invalid("no volume to cache".into()).into());
+        }
+        let fsize = config.core.fragment_size.max(1);
+        let concat = crate::parts::Concat::new(&parts, fsize)?;
+        let placed = concat.placement();
+        let vols: Vec<OpenVolume> = parts
+            .iter()
+            .zip(&placed)
+            .map(|(p, at)| OpenVolume {
+                name: p.name.clone(),
+                size: at.size,
+                base: at.base,
+                identity: p.source.identity(),
+                source_generation: p.source_generation.clone(),
+                forget: p.forget,
+                share: p.share,
+            })
+            .collect();
+        let infos = parts
+            .into_iter()
+            .zip(placed)
+            .map(|(p, at)| PartInfo {
+                name: p.name,
+                at,
+                source: p.source,
+                wrote: Default::default(),
+            })
+            .collect();
+        CacheVolume::open_parts(Arc::new(concat), infos, &vols, cache, config)
+    }
+
+    /// Opens a cached volume over `source`, using `cache` as the cache device. The cache holds
+    /// `cache.size() / fragment_size` slots. Starts the AWT writers and, unless disabled, the
+    /// population workers.
+    pub fn open(
+        source: Arc<dyn BlockDevice>,
+        cache: Arc<dyn BlockDevice>,
+        config: EngineConfig,
+    ) -> Result<CacheVolume, EngineError> {
+        let pc = config.persist.as_ref();
+        let part = PartInfo {
+            name: pc.map_or_else(|| "source".into(), |p| p.volume_name.clone()),
+            at: Placed {
+                base: 0,
+                size: source.size(),
+            },
+            source: source.clone(),
+            wrote: Default::default(),
+        };
+        let vol = OpenVolume {
+            name: part.name.clone(),
+            size: source.size(),
+            base: 0,
+            identity: source.identity(),
+            source_generation: pc.and_then(|p| p.source_generation.clone()),
+            forget: pc.is_some_and(|p| p.forget_volume),
+            share: None,
+        };
+        Self::open_parts(source, vec![part], &[vol], cache, config)
+    }
+
+    /// `open` for the volumes `parts` (`vols` as the store opens them) laid out in `source`.
+    pub(crate) fn open_parts(
+        source: Arc<dyn BlockDevice>,
+        parts: Vec<PartInfo>,
+        vols: &[OpenVolume],
+        cache: Arc<dyn BlockDevice>,
+        config: EngineConfig,
+    ) -> Result<CacheVolume, EngineError> {
+        engine_supports(&config.core, config.persist.as_ref())?;
+        let lbs = source
+            .logical_block_size()
+            .max(cache.logical_block_size())
+            .max(512);
+        if lbs > 4096 {
+            return Err(ConfigError::new(
+                "logical_block_size",
+                format!("{lbs} bytes is larger than a 4 KiB page"),
+            )
+            .into());
+        }
+        let o = open_core(&*source, vols, cache, &config)?;
+        let writeback = config.core.write_mode == sce_core::WriteMode::WriteBack;
+        let fshift = o.cores[0].geometry().fragment_shift();
+        let persist = o.persist.map(Arc::new);
+        let engine = Arc::new(Engine {
+            checks: Checks::new(o.crcs, o.seeds, source.size(), fshift),
+            dev: Devices::new(source, o.data, lbs, parts),
+            cores: Cores::new(o.cores, o.map),
+            config: Mutex::new(o.config),
+            health: Health::new(config.error_limit),
+            persist: persist.clone(),
+            counters: Counters::default(),
+            signals: Signals::default(),
+            fshift,
+            writeback,
+        });
+        let (tx, rx) = crossbeam_channel::unbounded::<AwtJob>();
+        let path = match persist.filter(|_| writeback) {
+            Some(p) => {
+                // Before anything is served: records that the load found superseded (a slot
+                // whose dirty claims a later journal entry moved elsewhere) are rewritten now,
+                // for such a slot is free again and its record must not vouch for dirty pages
+                // once other data lands in it.
+                let errors = engine.flush_metadata();
+                if errors > 0 {
+                    return Err(IoError::Invalid(format!(
+                        "the cache device's records could not be written at start ({errors} errors)"
+                    ))
+                    .into());
+                }
+                let (wait, idle) = (config.writeback_wait, config.writeback_idle);
+                WritePath::Back(Arc::new(WriteBack::new(p, wait, idle)))
+            }
+            None => WritePath::Through(WriteThrough::new(tx)),
+        };
+        let threads = start_threads(&engine, &path, &config, rx)?;
+        Ok(CacheVolume {
+            engine,
+            path,
+            threads: Mutex::new(threads),
+        })
+    }
+}

@@ -1,0 +1,83 @@
+//! The write path, chosen once when the volume opens: write-through (with AWT and
+//! write-around) or write-back. Write-back cannot be entered or left at run time, so each
+//! request is one `match` here and no path asks what mode it is in.
+
+use crate::back::WriteBack;
+use crate::engine::Engine;
+use crate::through::{Payload, WriteThrough};
+use sce_io::{Extent, IoError, StartedRead};
+use std::sync::Arc;
+
+/// A cached volume's write path.
+pub(crate) enum WritePath {
+    /// The source holds every acknowledged write.
+    Through(WriteThrough),
+    /// The cache device holds the only copy of dirty data (its cleaners share it).
+    Back(Arc<WriteBack>),
+}
+
+impl WritePath {
+    /// A client's read; true if every byte came from the cache.
+    pub(crate) fn read(&self, e: &Engine, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
+        match self {
+            WritePath::Through(_) => e.read(offset, buf),
+            WritePath::Back(b) => b.read(e, offset, buf),
+        }
+    }
+
+    /// A client's write.
+    pub(crate) fn write(&self, e: &Engine, offset: u64, data: Payload) -> Result<(), IoError> {
+        match self {
+            WritePath::Through(t) => t.write(e, offset, data),
+            WritePath::Back(b) => b.write(e, offset, data.bytes()),
+        }
+    }
+
+    /// A client's discard (write-back: zeroes, for its dirty pages must read as zeroes).
+    pub(crate) fn discard(&self, e: &Engine, offset: u64, len: u64) -> Result<(), IoError> {
+        match self {
+            WritePath::Through(t) => t.discard(e, offset, len),
+            WritePath::Back(b) => b.zero(e, offset, len),
+        }
+    }
+
+    /// A client's flush: every acknowledged write made durable where the path keeps it.
+    pub(crate) fn flush(&self, e: &Engine) -> Result<(), IoError> {
+        match self {
+            WritePath::Through(t) => t.flush(e),
+            WritePath::Back(b) => b.flush(e),
+        }
+    }
+
+    /// The allocation of `[offset, offset + len)`: the source's, the system of record
+    /// (where a discard punched its hole); in write-back the source is not, and everything
+    /// is reported as data.
+    pub(crate) fn extents(
+        &self,
+        e: &Engine,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<Extent>, IoError> {
+        match self {
+            WritePath::Through(_) => e.dev.source.extents(offset, len),
+            WritePath::Back(_) => Ok(vec![Extent::data(len)]),
+        }
+    }
+
+    /// Starts a hit through the I/O queue (write-through only: write-back's reads take the
+    /// range lock).
+    pub(crate) fn start_read(&self, e: &Arc<Engine>, offset: u64, len: u64) -> Option<StartedRead> {
+        match self {
+            WritePath::Through(t) => t.start_read(e, offset, len),
+            WritePath::Back(_) => None,
+        }
+    }
+
+    /// The write-back path, if this is it.
+    pub(crate) fn back(&self) -> Option<&Arc<WriteBack>> {
+        match self {
+            WritePath::Back(b) => Some(b),
+            WritePath::Through(_) => None,
+        }
+    }
+}
