@@ -36,8 +36,8 @@ struct OpenedCore {
     seeds: Vec<(u64, u16)>,
 }
 
-/// Refuses what the core has and the engine does not drive yet: write-back (issue 15; see
-/// docs/WRITEBACK.md).
+/// Refuses write-back without a persistent cache and its write journal: dirty data must
+/// survive a crash (docs/WRITEBACK.md).
 pub(crate) fn engine_supports(
     cfg: &CoreConfig,
     persist: Option<&PersistConfig>,
