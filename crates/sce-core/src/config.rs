@@ -78,15 +78,15 @@ pub enum WriteMode {
     /// cache holds of their pages, nothing is populated. Cached data stays for later.
     Passthrough,
     /// Write-back (issue 15): writes land in the cache only (`begin_writeback`) and are
-    /// cleaned to the source later. The core and the simulator run it; `sce serve` does not
-    /// yet (it refuses the mode).
+    /// cleaned to the source later. `sce serve` runs it on a persistent cache with its write
+    /// journal (docs/WRITEBACK.md); chosen when the cache starts, not at run time.
     WriteBack,
 }
 
 impl WriteMode {
     /// Every name a mode is parsed from, the operator's first.
     pub const NAMES: &'static str =
-        "writethrough, writethrough-sync, writearound, passthrough, writeback (simulator only so far) (old names: awt, write-through, write-around)";
+        "writethrough, writethrough-sync, writearound, passthrough, writeback (old names: awt, write-through, write-around)";
 
     /// The mode with asynchronous write-through on or off: `writethrough` and
     /// `writethrough-sync` are one mode with AWT on or off; the others have no such flavour.

@@ -124,18 +124,7 @@ impl CacheCore {
         if let Some(pop) = act.pop.and_then(|p| self.pops.get_mut(p.0)) {
             pop.spoiled.insert_range(lo, hi);
         }
-        for &w in &act.writes {
-            if let Some(ws) = self.writes.get_mut(w.0) {
-                for part in ws.parts.iter_mut().filter(|p| p.frag == f) {
-                    let (ol, oh) = (part.lo.max(lo), part.hi.min(hi));
-                    if ol < oh {
-                        part.spoiled
-                            .get_or_insert_with(|| PageSet::new(ppf))
-                            .insert_range(ol, oh);
-                    }
-                }
-            }
-        }
+        super::write::spoil_writes(&mut self.writes, &act.writes, f, (lo, hi), ppf);
     }
 
     /// Evicts the policy's victim, if there is one that is not pinned. Returns its fragment.

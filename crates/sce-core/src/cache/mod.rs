@@ -43,6 +43,7 @@ mod plan;
 mod population;
 mod read;
 mod share;
+mod wbguard;
 mod wbhold;
 mod write;
 mod writeback;
@@ -52,6 +53,7 @@ pub use plan::{
     AccessLog, CacheWrite, FillRun, PopId, PopulationJob, ReadPlan, ReadRun, RequestError,
     RunTarget, WriteId, WriteKind, WritePlan,
 };
+pub use wbguard::{Cleaning, SlotHold, WriteBackTxn};
 pub use writeback::{
     CleanId, CleanJob, WriteBackCopy, WriteBackId, WriteBackPlan, WriteBackRefusal,
 };

@@ -166,19 +166,8 @@ impl CacheCore {
                 }
             }
         }
-        for &w in &act.writes {
-            if let Some(ws) = self.writes.get_mut(w.0) {
-                for part in ws.parts.iter_mut().filter(|p| p.frag == f) {
-                    let (ol, oh) = (part.lo.max(lo), part.hi.min(hi));
-                    if ol < oh {
-                        conflict = true;
-                        part.spoiled
-                            .get_or_insert_with(|| PageSet::new(self.geo.pages_per_fragment()))
-                            .insert_range(ol, oh);
-                    }
-                }
-            }
-        }
+        let ppf = self.geo.pages_per_fragment();
+        conflict |= spoil_writes(&mut self.writes, &act.writes, f, (lo, hi), ppf);
         act.writes.push(id);
         conflict
     }
@@ -299,4 +288,31 @@ impl CacheCore {
         }
         self.awt_in_flight -= ws.budget;
     }
+}
+
+/// Spoils pages `[lo, hi)` of fragment `f` in the writes `ids` in flight on it, so that
+/// none of them validates those pages when it completes. True if any overlapped.
+pub(super) fn spoil_writes(
+    writes: &mut crate::slab::Slab<WriteState>,
+    ids: &[WriteId],
+    f: FragNo,
+    (lo, hi): (u32, u32),
+    ppf: u32,
+) -> bool {
+    let mut overlapped = false;
+    for &w in ids {
+        let Some(ws) = writes.get_mut(w.0) else {
+            continue;
+        };
+        for part in ws.parts.iter_mut().filter(|p| p.frag == f) {
+            let (ol, oh) = (part.lo.max(lo), part.hi.min(hi));
+            if ol < oh {
+                overlapped = true;
+                part.spoiled
+                    .get_or_insert_with(|| PageSet::new(ppf))
+                    .insert_range(ol, oh);
+            }
+        }
+    }
+    overlapped
 }

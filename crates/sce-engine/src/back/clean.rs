@@ -12,7 +12,7 @@
 
 use super::{outage, WriteBack};
 use crate::engine::Engine;
-use sce_core::{CacheCore, CleanJob, PAGE_SIZE};
+use sce_core::{CacheCore, CleanJob, Cleaning, PAGE_SIZE};
 use sce_io::{AlignedBuf, IoError};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -130,12 +130,11 @@ impl WriteBack {
         let mut done = 0;
         let mut flushed = false;
         for k in 0..s.cores.count() {
-            let job = s.cores.with_shard(k, |core| core.pick_clean());
+            let job = s.cores.with_shard(k, Cleaning::pick);
             let Some(job) = job else { continue };
             if !flushed {
                 if let Err(e) = s.dev.cache.flush() {
-                    s.cores
-                        .with_shard(k, |core| core.complete_clean(job.id, false).ok());
+                    s.cores.with_shard(k, |core| job.complete(core, false));
                     s.device_errors(1, &format!("flush before cleaning failed: {e}"));
                     return Err(e);
                 }
@@ -146,8 +145,7 @@ impl WriteBack {
             let r = self
                 .clean_job(s, k, &job)
                 .and_then(|()| s.dev.source.flush());
-            s.cores
-                .with_shard(k, |core| core.complete_clean(job.id, r.is_ok()).ok());
+            s.cores.with_shard(k, |core| job.complete(core, r.is_ok()));
             self.progressed();
             r?;
             done += 1;

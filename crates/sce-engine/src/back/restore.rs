@@ -1,7 +1,7 @@
 //! At start, write-back's data as the store loaded it: dirty pages put back into the core
 //! shards, their slots held, and a device holding dirty data refused in another mode.
 
-use sce_core::CacheCore;
+use sce_core::{CacheCore, SlotHold};
 
 /// Restores what the store loaded into the core shards: each record goes to the shard that
 /// owns its (global) slot, and is dropped if its fragment belongs to another shard (the
@@ -95,8 +95,11 @@ pub(crate) fn hold_dirty(
             .any(|&w| w != 0)
         {
             let (k, local) = map.slot_to_local(sce_core::SlotNo(s));
-            if local.0 < map.slots(k) && cores[k].hold_slot(local) {
-                persist.restored_dirty(s);
+            if local.0 >= map.slots(k) {
+                continue;
+            }
+            if let Some(hold) = SlotHold::take(&mut cores[k], local) {
+                persist.restored_dirty(s, hold);
             }
         }
     }

@@ -16,7 +16,9 @@
 use super::WriteBack;
 use crate::engine::{lost_error, Engine};
 use crate::persist::{WbGuard, WbPage};
-use sce_core::{Piece, RequestError, SourceOffset, WriteBackPlan, WriteBackRefusal, PAGE_SIZE};
+use sce_core::{
+    Piece, RequestError, SlotHold, SourceOffset, WriteBackRefusal, WriteBackTxn, PAGE_SIZE,
+};
 use sce_io::{AlignedBuf, IoError, Op};
 use sce_store::journal::PrevPage;
 use std::sync::atomic::Ordering::Relaxed;
@@ -24,7 +26,7 @@ use std::time::{Duration, Instant};
 
 /// What `wb_begin` came to.
 enum Begun {
-    Started(WriteBackPlan, WbGuard),
+    Started(WriteBackTxn, WbGuard),
     /// I/O in flight on the pages.
     Busy,
     /// No clean slot.
@@ -104,12 +106,12 @@ impl WriteBack {
     /// One piece `p` of a chunk (whole pages).
     fn piece(&self, e: &Engine, p: &Piece, data: &[u8], started: Instant) -> Result<(), IoError> {
         let k = p.shard;
-        let (plan, guard) = self.start(e, p, data, started)?;
+        let (txn, guard) = self.start(e, p, data, started)?;
         let durable = self.persist.sync(&guard.tickets).is_ok();
         // The entries durable: the data written. Otherwise nothing was written, the pages
         // are as they were.
         let ok = durable
-            && plan.copies.iter().all(|c| {
+            && txn.copies.iter().all(|c| {
                 let cache = e.cores.cache_global(k, c.cache);
                 let piece = &data[c.buf_offset as usize..(c.buf_offset + c.len) as usize];
                 e.checks.record(p.offset + c.buf_offset, cache, piece);
@@ -117,9 +119,9 @@ impl WriteBack {
             });
         e.cores.with_shard(k, |core| {
             if durable {
-                let _ = core.complete_writeback(plan.id, ok);
+                txn.complete(core, ok);
             } else {
-                let _ = core.abort_writeback(plan.id);
+                txn.abort(core);
             }
         });
         self.persist.writeback_done(guard.first);
@@ -144,11 +146,11 @@ impl WriteBack {
         p: &Piece,
         data: &[u8],
         started: Instant,
-    ) -> Result<(WriteBackPlan, WbGuard), IoError> {
+    ) -> Result<(WriteBackTxn, WbGuard), IoError> {
         loop {
             let seen = self.progress_now();
             let room = match self.begin(e, p, data) {
-                Ok(Begun::Started(plan, guard)) => return Ok((plan, guard)),
+                Ok(Begun::Started(txn, guard)) => return Ok((txn, guard)),
                 Ok(Begun::Busy) => None,
                 Ok(Begun::Full) => Some(true),
                 Ok(Begun::NoJournal) => Some(false),
@@ -192,8 +194,8 @@ impl WriteBack {
         let (k, fshift) = (p.shard, e.fshift);
         e.cores.with_shard(k, |core| {
             core.advance_clock(e.cores.now());
-            let plan = match core.begin_writeback(SourceOffset(p.local), p.len) {
-                Ok(plan) => plan,
+            let txn = match WriteBackTxn::begin(core, SourceOffset(p.local), p.len) {
+                Ok(txn) => txn,
                 Err(WriteBackRefusal::Request(err)) => return Err(err),
                 Err(WriteBackRefusal::NotWriteBack) => {
                     return Err(RequestError::Dirty {
@@ -208,7 +210,7 @@ impl WriteBack {
             };
             let mut pages = Vec::new();
             let mut copies = Vec::new();
-            for c in &plan.copies {
+            for c in &txn.copies {
                 let cache = e.cores.cache_global(k, c.cache);
                 let slot = (cache >> fshift) as u32;
                 let src = p.offset + c.buf_offset;
@@ -239,13 +241,15 @@ impl WriteBack {
                 }
             }
             let Some(guard) = self.persist.guard_writeback(&pages, copies.into_iter()) else {
-                let _ = core.abort_writeback(plan.id);
+                txn.abort(core);
                 return Ok(Begun::NoJournal);
             };
-            for &s in &guard.hold {
-                core.hold_slot(e.cores.slot(s).1);
-            }
-            Ok(Begun::Started(plan, guard))
+            let holds = guard
+                .hold
+                .iter()
+                .filter_map(|&s| SlotHold::take(core, e.cores.slot(s).1).map(|h| (s, h)));
+            self.persist.keep_holds(holds.collect());
+            Ok(Begun::Started(txn, guard))
         })
     }
 }

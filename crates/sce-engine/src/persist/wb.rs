@@ -19,6 +19,7 @@
 //! * Write-back needs the journal (refused without it).
 
 use super::{Persist, State, Ticket};
+use sce_core::SlotHold;
 use sce_io::IoError;
 use sce_store::journal::{DirtyPage, JournalEntry, PrevPage};
 use std::collections::BTreeMap;
@@ -40,10 +41,19 @@ pub(super) struct Wb {
     /// (written empty without reflecting the journal).
     snap_dirty: Vec<bool>,
     snap_refused: Vec<bool>,
-    /// Per slot: held in the core.
-    held: Vec<bool>,
+    /// Per slot: its hold in the core, if held.
+    held: Vec<Option<SlotHold>>,
     /// Write-back writes in flight, by the block of their first entry.
     inflight: BTreeMap<u64, usize>,
+}
+
+impl Drop for Wb {
+    /// The store goes away with the cores: the holds are given up with them.
+    fn drop(&mut self) {
+        for h in self.held.iter_mut().filter_map(Option::take) {
+            h.abandon();
+        }
+    }
 }
 
 impl Wb {
@@ -54,7 +64,7 @@ impl Wb {
             rec_dirty: vec![false; slots],
             snap_dirty: vec![false; slots],
             snap_refused: vec![false; slots],
-            held: vec![false; slots],
+            held: std::iter::repeat_with(|| None).take(slots).collect(),
             inflight: BTreeMap::new(),
         }
     }
@@ -109,9 +119,9 @@ impl Wb {
 
     /// A restart restored dirty pages into slot `s` from records and the live journal
     /// from block `tail`.
-    pub(super) fn restored(&mut self, s: u32, tail: u64) {
+    pub(super) fn restored(&mut self, s: u32, tail: u64, hold: SlotHold) {
         let s = s as usize;
-        self.held[s] = true;
+        self.held[s] = Some(hold);
         self.rec_dirty[s] = true;
         self.from[s] = tail;
     }
@@ -181,8 +191,7 @@ impl Persist {
             if wb.from[s] == NONE {
                 wb.from[s] = seq;
             }
-            if !wb.held[s] {
-                wb.held[s] = true;
+            if wb.held[s].is_none() && !hold.contains(&p.slot) {
                 hold.push(p.slot);
             }
         }
@@ -249,49 +258,66 @@ impl Persist {
     /// Under core shard `k`'s lock: the global slots of `[lo, hi)` whose holds can go (their
     /// durable records claim no dirty page and no live entry names them), given
     /// `dirty(s)`: the slot has dirty pages in the core. Marks them released.
-    pub(crate) fn releasable(&self, lo: u32, hi: u32, dirty: impl Fn(u32) -> bool) -> Vec<u32> {
+    pub(crate) fn releasable(
+        &self,
+        lo: u32,
+        hi: u32,
+        dirty: impl Fn(u32) -> bool,
+    ) -> Vec<SlotHold> {
         let mut st = self.st.lock();
         let wb = &mut st.wb;
         let mut out = Vec::new();
         for s in lo..hi {
             let i = s as usize;
-            if wb.held[i] && !wb.rec_dirty[i] && wb.from[i] == NONE && !dirty(s) {
-                wb.held[i] = false;
-                out.push(s);
+            if wb.held[i].is_some() && !wb.rec_dirty[i] && wb.from[i] == NONE && !dirty(s) {
+                out.extend(wb.held[i].take());
             }
         }
         out
     }
 
+    /// Under the core lock that took them: keeps the holds of slots `guard_writeback` asked
+    /// for (global slot, hold), until a round finds their claims gone.
+    pub(crate) fn keep_holds(&self, holds: Vec<(u32, SlotHold)>) {
+        let mut st = self.st.lock();
+        for (s, h) in holds {
+            if let Some(old) = st.wb.held[s as usize].replace(h) {
+                // Never: a slot is asked to be held only while it is not. Give it up rather
+                // than lose it.
+                debug_assert!(false, "slot {s} held twice");
+                old.abandon();
+            }
+        }
+    }
+
     /// After a round: releases the holds of slots whose dirty claims are gone from the
     /// device (core, then state, shard by shard).
     pub(super) fn release_holds(&self, cores: &crate::cores::Cores) {
-        if !self.st.lock().wb.held.iter().any(|&h| h) {
+        if !self.st.lock().wb.held.iter().any(Option::is_some) {
             return;
         }
         cores.each_shard(|k, core| {
             let (lo, hi) = cores.slot_range(k);
-            let local = |s: u32| cores.slot(s).1;
             let released = self.releasable(lo, hi, |s| {
-                let f = core.slot_state(local(s)).0;
+                let f = core.slot_state(cores.slot(s).1).0;
                 f.is_some_and(|f| {
                     core.dirty_pages_of(f).is_some() || core.lost_pages_of(f).is_some()
                 })
             });
-            for s in released {
-                core.release_slot(local(s));
+            for hold in released {
+                hold.release(core);
             }
         });
     }
 
     /// At start: slot `s` came back with dirty pages (the caller holds it in the core).
-    pub(crate) fn restored_dirty(&self, s: u32) {
+    pub(crate) fn restored_dirty(&self, s: u32, hold: SlotHold) {
         // The live journal may hold the only durable claims of these pages: keep it until a
         // round has written their records.
         let tail = self.sb.lock().journal_tail;
         let mut st = self.st.lock();
         st.journal.keep_from(tail);
-        st.wb.restored(s, tail);
+        st.wb.restored(s, tail, hold);
         let u = self.layout.unit_of(s).0;
         st.units.insert(u);
     }
