@@ -128,7 +128,7 @@ pub(crate) fn request_error(
             len,
             align: lbs,
         },
-        RequestError::UnknownId => IoError::Invalid("internal: unknown operation id".into()),
+        RequestError::UnknownId => IoError::Failed("internal: unknown operation id".into()),
         RequestError::Lost { .. } => lost_error(op, offset, len),
         e @ RequestError::Dirty { .. } => IoError::Invalid(e.to_string()),
     }

@@ -185,7 +185,7 @@ fn spawn(
     std::thread::Builder::new()
         .name(name)
         .spawn(move || f(&e))
-        .map_err(|err| IoError::Invalid(format!("cannot start {what} thread: {err}")))
+        .map_err(|err| IoError::Failed(format!("cannot start {what} thread: {err}")))
 }
 
 /// Starts the path's threads (the AWT writers, or the cleaners), the population workers
@@ -347,7 +347,7 @@ impl CacheVolume {
                 // once other data lands in it.
                 let errors = engine.flush_metadata();
                 if errors > 0 {
-                    return Err(IoError::Invalid(format!(
+                    return Err(IoError::Failed(format!(
                         "the cache device's records could not be written at start ({errors} errors)"
                     ))
                     .into());

@@ -113,9 +113,22 @@ pub enum IoError {
         /// Operation.
         op: Op,
     },
-    /// An invalid argument or device (wrong size, bad configuration).
+    /// An invalid argument or device (wrong size, bad configuration): the request (or the
+    /// caller) is at fault.
     #[error("{0}")]
     Invalid(String),
+    /// A device below failed in a way that has no OS error of its own (the cache device's
+    /// journal or records could not be written, the source would not take dirty data): the
+    /// request was valid.
+    #[error("{0}")]
+    Failed(String),
+    /// There is no room for the request's data now (write-back: the cache is full of dirty
+    /// data the source is not taking).
+    #[error("{0}")]
+    NoRoom(String),
+    /// The device is shutting down: the request was not run.
+    #[error("{0}")]
+    ShuttingDown(String),
 }
 
 impl IoError {
@@ -128,7 +141,9 @@ impl IoError {
             IoError::Io { source, .. } | IoError::Open { source, .. } => {
                 source.raw_os_error().unwrap_or(libc::EIO)
             }
-            IoError::Injected { .. } => libc::EIO,
+            IoError::Injected { .. } | IoError::Failed(_) => libc::EIO,
+            IoError::NoRoom(_) => libc::ENOSPC,
+            IoError::ShuttingDown(_) => libc::ESHUTDOWN,
             IoError::Busy { .. } => libc::EBUSY,
             IoError::Unsupported { .. } | IoError::DirectIoUnsupported { .. } => libc::EOPNOTSUPP,
         }
@@ -136,7 +151,10 @@ impl IoError {
 
     /// True if the device failed, as opposed to the request being bad.
     pub fn is_media_error(&self) -> bool {
-        matches!(self, IoError::Io { .. } | IoError::Injected { .. })
+        matches!(
+            self,
+            IoError::Io { .. } | IoError::Injected { .. } | IoError::Failed(_)
+        )
     }
 }
 
@@ -256,6 +274,10 @@ mod tests {
         let e = IoError::Unsupported { op: Op::Discard };
         assert_eq!((e.errno(), e.is_media_error()), (libc::EOPNOTSUPP, false));
         assert_eq!(IoError::Invalid("x".into()).errno(), libc::EINVAL);
+        let e = IoError::Failed("the journal could not be written".into());
+        assert_eq!((e.errno(), e.is_media_error()), (libc::EIO, true));
+        assert_eq!(IoError::NoRoom("full".into()).errno(), libc::ENOSPC);
+        assert_eq!(IoError::ShuttingDown("bye".into()).errno(), libc::ESHUTDOWN);
         let ops = [Op::Read, Op::Write, Op::Flush, Op::Discard].map(|o| o.to_string());
         assert_eq!(ops, ["read", "write", "flush", "discard"]);
     }

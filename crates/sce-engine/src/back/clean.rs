@@ -224,13 +224,13 @@ impl WriteBack {
                 last = (left, Instant::now());
             } else if last.1.elapsed() > patience {
                 let why = self.last_clean_error.lock().clone();
-                return Err(IoError::Invalid(format!(
+                return Err(IoError::Failed(format!(
                     "{left} dirty pages could not be written to the source ({why})"
                 )));
             }
             s.signals.wake_all();
             if !s.signals.sleep(Duration::from_millis(10)) {
-                return Err(IoError::Invalid("the cache is shutting down".into()));
+                return Err(IoError::ShuttingDown("the cache is shutting down".into()));
             }
         }
     }

@@ -127,7 +127,7 @@ impl WriteBack {
         self.persist.writeback_done(guard.first);
         self.progressed();
         if !durable {
-            return Err(IoError::Invalid(
+            return Err(IoError::Failed(
                 "the write-back journal could not be written to the cache device".into(),
             ));
         }
@@ -168,22 +168,21 @@ impl WriteBack {
             e.signals.want_intents();
             e.signals.wake_all();
             self.wait_progress(seen, Duration::from_millis(20));
-            if e.signals.shutting_down() || e.health.passthrough() {
-                return Err(IoError::Invalid(
-                    "the cache is shutting down or disabled".into(),
+            if e.signals.shutting_down() {
+                return Err(IoError::ShuttingDown("the cache is shutting down".into()));
+            }
+            if e.health.passthrough() {
+                return Err(IoError::Failed(
+                    "the cache device failed: write-back cannot take writes (see the log)".into(),
                 ));
             }
             if started.elapsed() > self.wait_limit {
-                return Err(IoError::Io {
-                    op: Op::Write,
-                    offset: p.offset,
-                    len: p.len,
-                    source: std::io::Error::other(format!(
-                        "no room for write-back data after {:?}: the cache is full of dirty \
-                         data the source is not taking, or metadata cannot be written",
-                        self.wait_limit
-                    )),
-                });
+                return Err(IoError::NoRoom(format!(
+                    "write of {} bytes at offset {}: no room for write-back data after {:?}: \
+                     the cache is full of dirty data the source is not taking, or metadata \
+                     cannot be written",
+                    p.len, p.offset, self.wait_limit
+                )));
             }
         }
     }

@@ -270,7 +270,7 @@ impl Persist {
         // A journal block another writer took and failed to write is not durable: say so,
         // rather than let the source write go ahead unguarded.
         if !tickets.iter().all(|t| self.st.lock().done(t)) {
-            return Err(IoError::Invalid(
+            return Err(IoError::Failed(
                 "a write journal block could not be written".into(),
             ));
         }

@@ -5,17 +5,18 @@ use super::unaligned;
 use super::*;
 
 pub(super) fn errno_of(e: &IoError, write: bool) -> u32 {
+    // Two rules of the protocol first; then the error's own errno (`IoError::errno`, where
+    // each kind's is chosen), put in the protocol's words.
     match e {
-        IoError::OutOfRange { .. } if write => errno::ENOSPC,
-        IoError::OutOfRange { .. } | IoError::Unaligned { .. } | IoError::Invalid(_) => {
-            errno::EINVAL
-        }
-        IoError::Unsupported { .. } | IoError::DirectIoUnsupported { .. } => errno::EINVAL,
-        IoError::Io { source, .. } => match source.raw_os_error() {
-            Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG) => errno::ENOSPC,
-            Some(libc::ENOMEM) => errno::ENOMEM,
-            _ => errno::EIO,
-        },
+        IoError::OutOfRange { .. } if write => return errno::ENOSPC,
+        IoError::Unsupported { .. } | IoError::DirectIoUnsupported { .. } => return errno::EINVAL,
+        _ => {}
+    }
+    match e.errno() {
+        libc::EINVAL => errno::EINVAL,
+        libc::ENOSPC | libc::EDQUOT | libc::EFBIG => errno::ENOSPC,
+        libc::ENOMEM => errno::ENOMEM,
+        libc::ESHUTDOWN => errno::ESHUTDOWN,
         _ => errno::EIO,
     }
 }

@@ -19,11 +19,46 @@ use crate::layers::{Flash, Host, RamCache, RamPolicy, Replay, Stack, StackResult
 use crate::reference::{BlockCache, ReferencePolicy};
 use crate::trace::{IoKind, TraceFormat, TraceReader};
 use crate::units::format_size;
-use anyhow::{bail, Context, Result};
 use sce_core::{CacheCore, CoreConfig};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
+
+/// Why a simulation could not be prepared or run.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// A setting is invalid (the message names it).
+    #[error("{0}")]
+    Config(String),
+    /// The trace could not be read.
+    #[error(transparent)]
+    Trace(#[from] crate::trace::TraceError),
+    /// The core refused its configuration.
+    #[error(transparent)]
+    Core(#[from] sce_core::ConfigError),
+    /// A policy's simulation failed.
+    #[error("policy {policy}")]
+    Policy {
+        /// The policy's name.
+        policy: String,
+        /// Why.
+        #[source]
+        source: Box<SimError>,
+    },
+    /// A simulation thread panicked, or a policy was not simulated.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// What the simulation's steps return.
+pub type Result<T, E = SimError> = std::result::Result<T, E>;
+
+/// Returns a configuration error with a formatted message.
+macro_rules! bail {
+    ($($arg:tt)*) => {
+        return Err(SimError::Config(format!($($arg)*)))
+    };
+}
 
 /// The most cache slots an engine policy may have here (about 6 GiB of core metadata).
 const MAX_ENGINE_SLOTS: u64 = 1 << 27;
@@ -220,8 +255,11 @@ impl Simulation {
         for (i, o) in outcomes.into_iter().enumerate() {
             let name = self.cfg.policies.get(i).map_or("?", |j| j.0.as_str());
             let (r, secs) = o
-                .context("a policy was not simulated")?
-                .with_context(|| format!("policy {name}"))?;
+                .ok_or_else(|| SimError::Failed("a policy was not simulated".into()))?
+                .map_err(|e| SimError::Policy {
+                    policy: name.into(),
+                    source: Box::new(e),
+                })?;
             let requests = self.survey.requests;
             results.push(result::result(
                 name,
@@ -265,7 +303,9 @@ impl Simulation {
                     }
                     Err(_) => {
                         done.store(true, Relaxed);
-                        outcomes.push(Some(Err(anyhow::anyhow!("a simulation thread panicked"))));
+                        outcomes.push(Some(Err(SimError::Failed(
+                            "a simulation thread panicked".into(),
+                        ))));
                     }
                 }
             }

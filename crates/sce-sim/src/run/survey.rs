@@ -1,10 +1,10 @@
 //! The first pass over a trace: its volumes, its requests, and whether its timestamps can
 //! drive an open-loop replay.
 
+use super::Result;
 use super::SimConfig;
 use crate::layers::{Replay, VolumeLayout};
 use crate::trace::{IoKind, TraceReader};
-use anyhow::Result;
 
 /// The queue depth of the closed-loop replay of traces without usable timestamps.
 const DEFAULT_QUEUE_DEPTH: u32 = 32;
