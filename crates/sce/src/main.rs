@@ -6,6 +6,7 @@ mod demo;
 mod footprint;
 mod format;
 mod gen;
+mod load;
 mod logging;
 mod packaging;
 mod policy_args;
