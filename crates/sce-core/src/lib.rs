@@ -7,6 +7,8 @@
 //! budgets of flash-conscious admission ([`admit`]), Algorithm 1's population throttle and the write modes
 //! (`awt`, `write-around`, `write-through`). It does no I/O, starts no thread and reads no
 //! clock: drivers call it and perform the I/O it plans. See [`cache`] for the protocol.
+//! [`units`] parses and prints sizes and durations as people write them (`4GiB`, `2ms`),
+//! for the command line, the server's configuration and the simulator alike.
 
 pub mod addr;
 pub mod admit;
@@ -22,6 +24,7 @@ mod slab;
 pub mod slots;
 pub mod stats;
 pub mod throttle;
+pub mod units;
 
 pub use addr::{CacheOffset, FragNo, Nanos, SlotNo, SourceOffset, PAGE_SIZE, SECTOR_SIZE};
 pub use cache::{

@@ -546,7 +546,7 @@ pub fn retune(key: &str, value: &str) -> Result<Retune> {
         "admission" => t.admission = Some(value.parse::<Admission>().map_err(|e| anyhow!(e))?),
         "seq-cutoff" | "sequential-cutoff" => {
             t.sequential_cutoff =
-                Some(sce_sim::units::parse_size(value).map_err(|e| anyhow!("seq-cutoff: {e}"))?)
+                Some(sce_core::units::parse_size(value).map_err(|e| anyhow!("seq-cutoff: {e}"))?)
         }
         "population-rate" => {
             let r = value

@@ -3,8 +3,8 @@
 //! (`sce`'s `AdmissionArgs`) and an export's TOML fields both come down to
 //! [`AdmissionOptions`].
 
+use sce_core::units::{format_size, parse_size};
 use sce_core::CoreConfig;
-use sce_sim::units::{format_size, parse_size};
 
 /// How fast population may write, in bytes per second.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,11 +8,11 @@ use crate::config::{ExportConfig, ServeConfig};
 use crate::ownership::{self, Contents};
 use crate::LOG_TARGET;
 use anyhow::{anyhow, bail, Context, Result};
+use sce_core::units::parse_size;
 use sce_core::{Admission, CoreConfig, EvictionKind, WriteMode};
 use sce_engine::{CacheVolume, EngineConfig, PersistConfig};
 use sce_io::{BlockDevice, DirectMode, FileDevice, FileOptions, LockMode};
 use sce_nbd::{Export, ExportIo, NbdClient, NbdUri};
-use sce_sim::units::parse_size;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -181,7 +181,7 @@ pub(crate) fn core_config(spec: &ExportConfig) -> Result<CoreConfig> {
     }
     if let Some(p) = &spec.period {
         core.throttle.period =
-            sce_sim::units::parse_duration(p).map_err(|e| anyhow!("export {n:?}: period: {e}"))?;
+            sce_core::units::parse_duration(p).map_err(|e| anyhow!("export {n:?}: period: {e}"))?;
     }
     if let Some(p) = spec.min_free_pcnt {
         if !(0.0..=100.0).contains(&p) {

@@ -11,9 +11,9 @@
 //! - [`layers`]: what sits around a cache: separate volumes, a RAM cache above it, and
 //!   several hosts sharing a volume.
 //! - [`run`]: a whole simulation as `sce sim` runs it, every policy in its own thread, and
-//!   [`plot`] to draw what they come to;
-//! - [`load`]: the load `sce demo` runs on a real block device or cached volume;
-//! - [`units`]: sizes and durations as people write them.
+//!   [`plot`] to draw what they come to.
+//!
+//! Sizes and durations as people write them are `sce_core::units`.
 
 pub mod binary;
 pub mod csv;
@@ -21,12 +21,10 @@ pub mod detect;
 pub mod engine;
 pub mod gen;
 pub mod layers;
-pub mod load;
 pub mod plot;
 pub mod reference;
 pub mod run;
 pub mod trace;
-pub mod units;
 pub mod writer;
 
 pub use csv::CsvSpec;

@@ -3,7 +3,7 @@
 
 use crate::layers::Replay;
 use crate::run::{PolicyResult, SimConfig};
-use crate::units::format_size;
+use sce_core::units::format_size;
 
 const W: f64 = 800.0;
 const L: f64 = 96.0;

@@ -1,15 +1,30 @@
 //! A counting global allocator: the `footprint` command measures the bytes its data
-//! structures really allocate, not a formula.
+//! structures really allocate, not a formula, and `sim` the bytes of each engine policy's core.
+//!
+//! It is installed only in a build with the cargo feature `footprint`
+//! (`cargo build --release -p sce --features footprint`): counting puts an atomic add on every
+//! allocation and free of the process, `sce serve`'s included, so a default build leaves it
+//! out. Without it [`COUNTING`] is false and [`live_bytes`] stays 0.
 //!
 //! [`uncounted`] runs a closure whose allocations (and deallocations) on the calling thread
 //! are left out of the count: the footprint's stand-in devices keep what is written to them
 //! that way, so that the count holds only what the cache itself allocates.
 
+#[cfg(feature = "footprint")]
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
+/// Whether this build counts allocations (the cargo feature `footprint`).
+pub const COUNTING: bool = cfg!(feature = "footprint");
+
+/// What a command that needs the count says in a build without it.
+pub const NOT_COUNTING: &str = "this sce was built without the counting allocator, which \
+    `sce footprint` needs (counting costs every allocation of `sce serve`, so it is opt-in): \
+    build it with `cargo build --release -p sce --features footprint`";
+
 /// Wraps the system allocator and counts live bytes.
+#[cfg(feature = "footprint")]
 pub struct Counting;
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
@@ -20,6 +35,7 @@ thread_local! {
     static UNCOUNTED: Cell<bool> = const { Cell::new(false) };
 }
 
+#[cfg(feature = "footprint")]
 fn counted() -> bool {
     !UNCOUNTED.try_with(Cell::get).unwrap_or(false)
 }
@@ -38,6 +54,7 @@ pub fn uncounted<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+#[cfg(feature = "footprint")]
 // SAFETY: every method forwards to `System` with the same arguments, which upholds the
 // `GlobalAlloc` contract; the counter has no effect on the memory handed out.
 unsafe impl GlobalAlloc for Counting {
@@ -75,7 +92,8 @@ unsafe impl GlobalAlloc for Counting {
     }
 }
 
-/// Bytes currently allocated by the whole process (outside [`uncounted`] closures).
+/// Bytes currently allocated by the whole process (outside [`uncounted`] closures); always
+/// 0 unless [`COUNTING`].
 pub fn live_bytes() -> usize {
     LIVE.load(Relaxed)
 }

@@ -1,8 +1,9 @@
 //! `sce demo`: a slow source (a sparse file behind the latency wrapper) and a cache file,
 //! an OLTP-like load run through the cached volume and then, for the same time, against the
 //! source alone; periodic progress lines and a side-by-side summary. The load itself is
-//! [`sce_sim::load`]; this module sets up the devices and prints.
+//! [`crate::load`]; this module sets up the devices and prints.
 
+use crate::load::{Interval, LoadConfig, RunResult};
 use crate::units::{format_size, parse_duration, parse_size};
 use anyhow::{bail, Context, Result};
 use sce_core::{Admission, CoreConfig, EvictionKind, WriteMode};
@@ -10,7 +11,6 @@ use sce_engine::{CacheVolume, EngineConfig, VolumeStats};
 use sce_io::{
     BlockDevice, Delay, DirectMode, FileDevice, FileOptions, LatencyConfig, LatencyDevice,
 };
-use sce_sim::load::{Interval, LoadConfig, RunResult};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -138,7 +138,7 @@ fn run(
             print_interval(name, iv, s);
         }
     };
-    sce_sim::load::run(name, dev, volume, &load(a), stop_all, &mut on_interval)
+    crate::load::run(name, dev, volume, &load(a), stop_all, &mut on_interval)
 }
 
 fn print_interval(name: &str, iv: &Interval, s: Option<&VolumeStats>) {

@@ -1,5 +1,7 @@
 //! `sce footprint`: the memory `sce serve` takes for a cached volume of a given geometry and
-//! options, counted by the allocator, per part and in total.
+//! options, counted by the allocator, per part and in total. It needs a build with the cargo
+//! feature `footprint`, which installs the counting allocator ([`crate::alloc`]); without it
+//! the command says so and fails.
 //!
 //! # Method
 //! It opens a real [`CacheVolume`] (the same `CacheVolume::open` `serve` calls, with the same
@@ -24,7 +26,7 @@
 //! (reserved, not resident until used). Population is off while measuring (the workers would
 //! only add their lazily allocated buffers); their threads are counted.
 
-use crate::alloc::live_bytes;
+use crate::alloc::{live_bytes, COUNTING, NOT_COUNTING};
 use crate::sparse::SparseDevice;
 use crate::units::format_size;
 use anyhow::{Context, Result};
@@ -194,8 +196,12 @@ fn core_sizes(o: &Options, data_size: u64, persist: bool, touch: bool) -> Result
     })
 }
 
-/// Measures the footprint of `serve` for the options.
+/// Measures the footprint of `serve` for the options; fails in a build without the feature
+/// `footprint` (nothing to count with).
 pub fn measure(o: &Options) -> Result<Footprint> {
+    if !COUNTING {
+        anyhow::bail!(NOT_COUNTING);
+    }
     o.core.validate()?;
     let checksums = o.verify || o.persist;
     // The data area: with persistence, what the layout leaves beside the metadata.

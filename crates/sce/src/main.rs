@@ -6,6 +6,7 @@ mod demo;
 mod footprint;
 mod format;
 mod gen;
+mod load;
 mod logging;
 mod packaging;
 mod policy_args;
@@ -21,6 +22,7 @@ use policy_args::parse_on_off;
 use sce_core::{CoreConfig, EvictionKind};
 use units::parse_size;
 
+#[cfg(feature = "footprint")]
 #[global_allocator]
 static ALLOC: alloc::Counting = alloc::Counting;
 
@@ -96,7 +98,8 @@ enum Command {
   sce check /nvme/lun0.cache --verify-data --json")]
     Check(format::CheckArgs),
     /// Measure the memory `sce serve` takes for a cached volume of a geometry: opens one over
-    /// devices that store nothing and counts what the allocator hands out, per part.
+    /// devices that store nothing and counts what the allocator hands out, per part. Needs a
+    /// build with `--features footprint` (the counting allocator).
     #[command(after_help = "Examples:
   sce footprint --cache-size 2TiB --source-size 100TiB
   sce footprint --cache-size 64GiB --source-size 4TiB --fragment-size 256KiB --json")]

@@ -3,7 +3,7 @@
 //! ([`sce_sim::plot`]) live in the library; this module turns the arguments into a
 //! [`SimConfig`], shows the progress, and prints the results as a table or JSON.
 
-use crate::alloc::live_bytes;
+use crate::alloc::{live_bytes, COUNTING};
 use crate::units::{format_size, parse_size};
 use anyhow::{bail, Context, Result};
 use sce_core::{Admission, CoreConfig, WriteMode};
@@ -129,8 +129,8 @@ request), source bytes, modelled mean/p99 read and write latency at the flash la
 hit costs nothing), source and cache device utilization (busy time per channel over the
 replay's duration: open loop the trace's span, closed loop until the last request completes;
 the most loaded host's; above 1 in an open-loop replay, a warning says the latencies are
-queueing), metadata bytes (engine: allocated when the core is built; reference: its
-structures at the end), and with --hosts the invalidations per write and the etcd puts per
+queueing), metadata bytes (engine: allocated when the core is built, counted only by a
+build with --features footprint, `-` otherwise; reference: its structures at the end), and with --hosts the invalidations per write and the etcd puts per
 write of `sce serve --shared`'s protocol (one publication, one acknowledgement per other
 host). JSON keys carry their units (cache_size_bytes, mean_read_latency_seconds, wall_seconds, ...; ratios are plain);
 `intervals` holds [end of the interval in seconds, read hit ratio or null]. JSON adds per interval
@@ -219,7 +219,7 @@ pub fn sim(a: SimArgs) -> Result<()> {
             let (done, seen) = (&survey_done, &surveyed);
             sc.spawn(move || progress_bar("reading the trace", done, seen, None));
         }
-        let sim = Simulation::prepare(cfg, devices, live_bytes, &surveyed);
+        let sim = Simulation::prepare(cfg, devices, COUNTING.then_some(live_bytes), &surveyed);
         survey_done.store(true, Relaxed);
         sim
     })?;
@@ -363,7 +363,7 @@ fn print_rows(results: &[PolicyResult]) {
             f(r.p99_write_latency.map(|s| s * 1e3), 3),
             f(r.source_utilization.map(|u| u * 100.0), 0),
             f(r.cache_utilization.map(|u| u * 100.0), 0),
-            format_size(r.metadata_bytes),
+            r.metadata_bytes.map_or("-".into(), format_size),
             r.seconds,
         );
     }

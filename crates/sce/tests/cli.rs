@@ -1,4 +1,5 @@
-//! The `sce` binary end to end: `footprint` numbers, a short `demo`, and bad input.
+//! The `sce` binary end to end: a short `demo`, and bad input. The `footprint` numbers are
+//! in tests/footprint.rs (they need the feature `footprint`).
 
 use std::process::Command;
 
@@ -16,63 +17,6 @@ fn json(out: &std::process::Output) -> serde_json::Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).expect("valid JSON")
-}
-
-#[test]
-fn footprint_meets_the_memory_goals() {
-    // The core and the map alone: no page checksums, no persistence (the full footprint is
-    // tested in tests/footprint.rs).
-    let v = json(&sce(&[
-        "footprint",
-        "--cache-size",
-        "2TiB",
-        "--source-size",
-        "100TiB",
-        "--verify",
-        "off",
-        "--no-persist",
-        "--json",
-    ]));
-    let per_cached = v["bytes_per_cached_fragment"].as_f64().unwrap();
-    let per_source = v["bytes_per_source_fragment"].as_f64().unwrap();
-    let total = v["bytes_total"].as_u64().unwrap();
-    assert_eq!(v["cached_fragments"].as_u64(), Some(2 << 20));
-    // Measured by the allocator: 2 Mi slots at ~43 B plus a 100 Mi-entry map: sanity bounds.
-    assert!(
-        per_cached > 40.0 && per_cached <= 48.0,
-        "per cached fragment: {per_cached}"
-    );
-    assert!(
-        per_source > 2.0 && per_source <= 4.0,
-        "per source fragment: {per_source}"
-    );
-    assert!(total > 300 << 20 && total < 400 << 20, "total {total}");
-}
-
-#[test]
-fn footprint_scales_with_geometry() {
-    let small = json(&sce(&[
-        "footprint",
-        "--cache-size",
-        "1GiB",
-        "--source-size",
-        "16GiB",
-        "--json",
-    ]));
-    let lru = json(&sce(&[
-        "footprint",
-        "--cache-size",
-        "1GiB",
-        "--source-size",
-        "16GiB",
-        "--eviction",
-        "lru",
-        "--json",
-    ]));
-    // LRU links cost 8 B per slot more than CLOCK's 1 B counter.
-    let d = lru["bytes_per_cached_fragment"].as_f64().unwrap()
-        - small["bytes_per_cached_fragment"].as_f64().unwrap();
-    assert!((6.5..=7.5).contains(&d), "LRU - CLOCK per slot = {d}");
 }
 
 #[test]

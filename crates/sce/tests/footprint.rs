@@ -18,13 +18,41 @@
 //! geometry the untouched part is small (per-slot epochs, a few hundred KiB against about
 //! 70 MiB), so the two must agree within 10%; a footprint that missed a structure (the page
 //! checksums are 64 MiB of the 70) fails.
+//!
+//! The command counts with an allocator that only a build with the cargo feature `footprint`
+//! installs; these tests run with it (`cargo test -p sce --features footprint --test
+//! footprint`, in scripts/test.sh). Without the feature, one test checks that the command
+//! says how to get it.
 
+#[cfg(feature = "footprint")]
 mod common;
 
+#[cfg(feature = "footprint")]
 use common::Server;
+#[cfg(feature = "footprint")]
 use std::path::Path;
 use std::process::Command;
 
+/// A build without the counting allocator refuses to measure, and says which build can.
+#[cfg(not(feature = "footprint"))]
+#[test]
+fn without_the_feature_footprint_says_how_to_build_it() {
+    let out = Command::new(env!("CARGO_BIN_EXE_sce"))
+        .args(["footprint", "--cache-size", "1GiB", "--source-size", "4GiB"])
+        .output()
+        .expect("run sce footprint");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("sce: error: ")
+            && err.contains("counting allocator")
+            && err.contains("--features footprint"),
+        "{err}"
+    );
+}
+
+#[cfg(feature = "footprint")]
 fn footprint(args: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_sce"))
         .arg("footprint")
@@ -40,6 +68,7 @@ fn footprint(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("JSON")
 }
 
+#[cfg(feature = "footprint")]
 /// A field of /proc/PID/status, in bytes.
 fn status_bytes(pid: u32, field: &str) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
@@ -55,10 +84,12 @@ fn status_bytes(pid: u32, field: &str) -> u64 {
     kib * 1024
 }
 
+#[cfg(feature = "footprint")]
 fn sparse(path: &Path, size: u64) {
     std::fs::File::create(path).unwrap().set_len(size).unwrap();
 }
 
+#[cfg(feature = "footprint")]
 /// (VmRSS, RssAnon) of a server started with `args`, once it listens.
 fn serve_rss(args: &[&str], sock: &Path) -> (u64, u64) {
     let s = Server::start(args, sock);
@@ -70,6 +101,7 @@ fn serve_rss(args: &[&str], sock: &Path) -> (u64, u64) {
     rss
 }
 
+#[cfg(feature = "footprint")]
 #[test]
 fn footprint_is_what_serve_takes() {
     let f = footprint(&["--cache-size", "64GiB", "--source-size", "256GiB"]);
@@ -128,6 +160,7 @@ fn footprint_is_what_serve_takes() {
     );
 }
 
+#[cfg(feature = "footprint")]
 fn part(f: &serde_json::Value, name: &str) -> Option<u64> {
     f["parts"]
         .as_array()
@@ -137,6 +170,7 @@ fn part(f: &serde_json::Value, name: &str) -> Option<u64> {
         .map(|p| p["bytes"].as_u64().expect("bytes"))
 }
 
+#[cfg(feature = "footprint")]
 /// The flags change what is measured as they change what `serve` allocates: checksums are
 /// 4 bytes per 4 KiB page of every slot, kept with `--verify on` and always with
 /// persistence; persistence has its own part; the total adds the map's leaves.
@@ -185,4 +219,52 @@ fn flags_change_the_parts_as_serve_allocates() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("on or off"));
+}
+
+#[cfg(feature = "footprint")]
+#[test]
+fn footprint_meets_the_memory_goals() {
+    // The core and the map alone: no page checksums, no persistence (the full footprint is
+    // tested below).
+    let v = footprint(&[
+        "--cache-size",
+        "2TiB",
+        "--source-size",
+        "100TiB",
+        "--verify",
+        "off",
+        "--no-persist",
+    ]);
+    let per_cached = v["bytes_per_cached_fragment"].as_f64().unwrap();
+    let per_source = v["bytes_per_source_fragment"].as_f64().unwrap();
+    let total = v["bytes_total"].as_u64().unwrap();
+    assert_eq!(v["cached_fragments"].as_u64(), Some(2 << 20));
+    // Measured by the allocator: 2 Mi slots at ~43 B plus a 100 Mi-entry map: sanity bounds.
+    assert!(
+        per_cached > 40.0 && per_cached <= 48.0,
+        "per cached fragment: {per_cached}"
+    );
+    assert!(
+        per_source > 2.0 && per_source <= 4.0,
+        "per source fragment: {per_source}"
+    );
+    assert!(total > 300 << 20 && total < 400 << 20, "total {total}");
+}
+
+#[cfg(feature = "footprint")]
+#[test]
+fn footprint_scales_with_geometry() {
+    let small = footprint(&["--cache-size", "1GiB", "--source-size", "16GiB"]);
+    let lru = footprint(&[
+        "--cache-size",
+        "1GiB",
+        "--source-size",
+        "16GiB",
+        "--eviction",
+        "lru",
+    ]);
+    // LRU links cost 8 B per slot more than CLOCK's 1 B counter.
+    let d = lru["bytes_per_cached_fragment"].as_f64().unwrap()
+        - small["bytes_per_cached_fragment"].as_f64().unwrap();
+    assert!((6.5..=7.5).contains(&d), "LRU - CLOCK per slot = {d}");
 }

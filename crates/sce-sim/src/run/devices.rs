@@ -1,7 +1,7 @@
 //! The device models of a simulation, from their description on the command line.
 
 use crate::engine::DeviceModel;
-use crate::units::{parse_duration, parse_size};
+use sce_core::units::{parse_duration, parse_size};
 
 /// Parses `ssd=MODEL,source=MODEL` (either may be left out).
 pub fn parse_device_models(s: &str) -> Result<(DeviceModel, DeviceModel), String> {

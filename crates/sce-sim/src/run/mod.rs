@@ -11,6 +11,7 @@ mod result;
 mod survey;
 
 pub use devices::parse_device_models;
+use result::Metadata;
 pub use result::{overload_warning, PolicyResult};
 pub use survey::Survey;
 
@@ -18,7 +19,7 @@ use crate::engine::{DeviceModel, EngineSim};
 use crate::layers::{Flash, Host, RamCache, RamPolicy, Replay, Stack, StackResult};
 use crate::reference::{BlockCache, ReferencePolicy};
 use crate::trace::{IoKind, TraceFormat, TraceReader};
-use crate::units::format_size;
+use sce_core::units::format_size;
 use sce_core::{CacheCore, CoreConfig};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -165,19 +166,20 @@ pub struct Simulation {
     survey: Survey,
     replay: Replay,
     replay_why: String,
-    metadata: Vec<Option<u64>>,
+    metadata: Vec<Metadata>,
     threads: usize,
     progress: AtomicU64,
 }
 
 impl Simulation {
     /// Checks `cfg`, surveys the trace and measures each engine policy's metadata with
-    /// `live_bytes` (the bytes the process has allocated: a counting allocator's count).
-    /// `surveyed` counts the requests of the survey as it reads them.
+    /// `live_bytes` (the bytes the process has allocated: a counting allocator's count); with
+    /// `None` (no counting allocator) engine policies report no metadata bytes. `surveyed`
+    /// counts the requests of the survey as it reads them.
     pub fn prepare(
         cfg: SimConfig,
         devices: (DeviceModel, DeviceModel),
-        live_bytes: fn() -> usize,
+        live_bytes: Option<fn() -> usize>,
         surveyed: &std::sync::atomic::AtomicU64,
     ) -> Result<Simulation> {
         cfg.check()?;
@@ -185,15 +187,13 @@ impl Simulation {
         let (replay, replay_why) = survey.replay(cfg.replay);
         let mut metadata = Vec::new();
         for (_, k) in &cfg.policies {
-            metadata.push(match k {
-                PolicyKind::Engine(core) => Some(engine_metadata_bytes(
-                    core,
-                    cfg.cache_size,
-                    survey.layout.size(),
-                    live_bytes,
-                )?),
+            metadata.push(match (k, live_bytes) {
+                (PolicyKind::Engine(core), Some(live_bytes)) => Metadata::Counted(
+                    engine_metadata_bytes(core, cfg.cache_size, survey.layout.size(), live_bytes)?,
+                ),
+                (PolicyKind::Engine(_), None) => Metadata::Uncounted,
                 // Reference caches grow with what they hold: measured at the end of the run.
-                PolicyKind::Reference(_) => None,
+                (PolicyKind::Reference(_), _) => Metadata::AtEnd,
             });
         }
         let threads = cfg

@@ -56,8 +56,9 @@ pub struct PolicyResult {
     /// Fragments populated (engine policies).
     pub fragments_populated: Option<u64>,
     /// Metadata bytes of one host's flash cache: for the engine, counted by the allocator
-    /// when the core is built; for the reference policies, their structures at the end.
-    pub metadata_bytes: u64,
+    /// when the core is built (none when the process has no counting allocator); for the
+    /// reference policies, their structures at the end.
+    pub metadata_bytes: Option<u64>,
     /// Write requests.
     pub writes: u64,
     /// Other hosts' caches holding a copy, per write (with --hosts).
@@ -137,11 +138,33 @@ pub fn overload_warning(r: &PolicyResult) -> Option<String> {
     ))
 }
 
+/// Where a policy's metadata bytes come from.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Metadata {
+    /// An engine policy's core, counted by the allocator as it was built.
+    Counted(u64),
+    /// An engine policy's core, with no counting allocator to count it.
+    Uncounted,
+    /// A reference policy: its structures at the end of the run.
+    AtEnd,
+}
+
+impl Metadata {
+    /// The bytes to report, given what a reference policy's structures came to.
+    fn bytes(self, reference_bytes: u64) -> Option<u64> {
+        match self {
+            Metadata::Counted(n) => Some(n),
+            Metadata::Uncounted => None,
+            Metadata::AtEnd => Some(reference_bytes),
+        }
+    }
+}
+
 pub(super) fn result(
     name: &str,
     r: &StackResult,
     secs: f64,
-    metadata: Option<u64>,
+    metadata: Metadata,
     a: &SimConfig,
     requests: u64,
 ) -> PolicyResult {
@@ -149,7 +172,7 @@ pub(super) fn result(
         policy: name.to_string(),
         read_hit_ratio: r.read_hit_ratio(),
         warmup_seconds: r.warmup_seconds,
-        metadata_bytes: metadata.unwrap_or(r.reference_bytes),
+        metadata_bytes: metadata.bytes(r.reference_bytes),
         writes: r.writes,
         seconds: secs,
         requests_per_second: requests as f64 / secs.max(1e-9),

@@ -2,13 +2,13 @@
 //! extents, as fast as it completes, for a while; progress sampled at intervals (with the
 //! cache's counters when the device is a cached volume) and a summary of the run.
 
-use crate::gen::Placement;
 use anyhow::Result;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 use sce_engine::{CacheVolume, VolumeStats};
 use sce_io::{AlignedBuf, BlockDevice};
+use sce_sim::gen::Placement;
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;

@@ -1,5 +1,6 @@
 //! Human units: sizes like `1GiB`, `4G`, `512k`, durations like `2ms`, and their display;
-//! the command line parses with them, and the simulations print and plot with them.
+//! the command line and the server's configuration parse with them, and the simulations
+//! print and plot with them.
 
 /// Parses a size: a number with an optional unit. `k`/`KiB`, `M`/`MiB`, `G`/`GiB`, `T`/`TiB`,
 /// `P`/`PiB` are powers of 1024; `KB`, `MB`, `GB`, `TB`, `PB` are powers of 1000; `B` or no
