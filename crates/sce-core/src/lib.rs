@@ -25,10 +25,10 @@ pub mod throttle;
 
 pub use addr::{CacheOffset, FragNo, Nanos, SlotNo, SourceOffset, PAGE_SIZE, SECTOR_SIZE};
 pub use cache::{
-    AccessLog, CacheCopy, CacheCore, CacheWrite, CleanId, CleanJob, FillRun, HeldRead, PinnedRead,
-    PopId, Populating, Population, PopulationJob, ReadPlan, ReadRun, RequestError, Retune,
-    RunTarget, SourceWrite, WriteBackCopy, WriteBackId, WriteBackPlan, WriteBackRefusal, WriteId,
-    WriteKind, WritePlan, WriteTxn,
+    AccessLog, CacheCopy, CacheCore, CacheWrite, CleanId, CleanJob, Cleaning, FillRun, HeldRead,
+    PinnedRead, PopId, Populating, Population, PopulationJob, ReadPlan, ReadRun, RequestError,
+    Retune, RunTarget, SlotHold, SourceWrite, WriteBackCopy, WriteBackId, WriteBackPlan,
+    WriteBackRefusal, WriteBackTxn, WriteId, WriteKind, WritePlan, WriteTxn,
 };
 pub use config::{Admission, ConfigError, CoreConfig, ThrottleConfig, WriteMode};
 pub use evict::EvictionKind;

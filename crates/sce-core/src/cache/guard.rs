@@ -28,7 +28,7 @@ use crate::slots::PinTable;
 use std::sync::Arc;
 
 /// Asserts (in debug builds) that a completion token was completed before it was dropped.
-fn must_complete(what: &str) {
+pub(super) fn must_complete(what: &str) {
     if !std::thread::panicking() {
         debug_assert!(
             false,

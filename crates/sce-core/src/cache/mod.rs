@@ -23,7 +23,8 @@
 //!   calls: a [`PinnedRead`] owns its pins and releases them when dropped; a [`WriteTxn`]
 //!   splits into a [`SourceWrite`] and [`CacheCopy`] tokens and a [`Population`] holds a
 //!   [`Populating`] token, each completed by a method that consumes it (a token dropped
-//!   uncompleted fails a debug assertion).
+//!   uncompleted fails a debug assertion). Write-back has the same: a [`WriteBackTxn`], a
+//!   [`Cleaning`] job and a [`SlotHold`].
 //!
 //! # The invariant
 //! A page is marked valid only if its slot content equals the source content and no source
@@ -43,6 +44,7 @@ mod plan;
 mod population;
 mod read;
 mod share;
+mod wbguard;
 mod wbhold;
 mod write;
 mod writeback;
@@ -52,6 +54,7 @@ pub use plan::{
     AccessLog, CacheWrite, FillRun, PopId, PopulationJob, ReadPlan, ReadRun, RequestError,
     RunTarget, WriteId, WriteKind, WritePlan,
 };
+pub use wbguard::{Cleaning, SlotHold, WriteBackTxn};
 pub use writeback::{
     CleanId, CleanJob, WriteBackCopy, WriteBackId, WriteBackPlan, WriteBackRefusal,
 };

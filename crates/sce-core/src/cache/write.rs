@@ -154,32 +154,9 @@ impl CacheCore {
     /// is in flight on them (a population, other writes) and records write `id` on `f`.
     /// Returns true if anything overlapped.
     fn spoil_overlaps(&mut self, id: WriteId, f: FragNo, lo: u32, hi: u32) -> bool {
-        let mut conflict = false;
-        let act = self.activity.entry(f.0).or_default();
-        if let Some(pid) = act.pop {
-            if let Some(pop) = self.pops.get_mut(pid.0) {
-                if bitmap::any_set(pop.fill.words(), lo, hi) {
-                    conflict = true;
-                    let n = bitmap::count(pop.fill.words(), lo, hi);
-                    self.stats.pages_spoiled += n as u64;
-                    pop.spoiled.insert_range(lo, hi);
-                }
-            }
-        }
-        for &w in &act.writes {
-            if let Some(ws) = self.writes.get_mut(w.0) {
-                for part in ws.parts.iter_mut().filter(|p| p.frag == f) {
-                    let (ol, oh) = (part.lo.max(lo), part.hi.min(hi));
-                    if ol < oh {
-                        conflict = true;
-                        part.spoiled
-                            .get_or_insert_with(|| PageSet::new(self.geo.pages_per_fragment()))
-                            .insert_range(ol, oh);
-                    }
-                }
-            }
-        }
-        act.writes.push(id);
+        let (conflict, pop_pages) = self.spoil_in_flight(f, lo, hi);
+        self.stats.pages_spoiled += pop_pages as u64;
+        self.activity.entry(f.0).or_default().writes.push(id);
         conflict
     }
 

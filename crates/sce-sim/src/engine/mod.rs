@@ -38,11 +38,11 @@ enum Event {
     SourceDone(SourceWrite),
     CacheDone(CacheCopy),
     /// A write-back write's cache copy is written.
-    WbDone(sce_core::WriteBackId),
+    WbDone(sce_core::WriteBackTxn),
     /// The cleaner looks at the dirty pages.
     CleanWake,
     /// A cleaning job's pages are on the source.
-    CleanDone(sce_core::CleanId),
+    CleanDone(sce_core::Cleaning),
 }
 
 /// An event due at `t`; ties run in the order they were scheduled (`seq`).
@@ -270,17 +270,15 @@ impl EngineSim {
                 Event::PopDone(pop) => pop.complete(&mut self.core, true),
                 Event::SourceDone(source) => source.done(&mut self.core, true),
                 Event::CacheDone(copy) => copy.done(&mut self.core, true),
-                Event::WbDone(id) => {
-                    let _ = self.core.complete_writeback(id, true);
-                }
+                Event::WbDone(w) => w.complete(&mut self.core, true),
                 Event::CleanWake => {
                     self.clean(et, false);
                     if intervals {
                         self.push(et + writeback::CLEAN_PERIOD, Event::CleanWake);
                     }
                 }
-                Event::CleanDone(id) => {
-                    let _ = self.core.complete_clean(id, true);
+                Event::CleanDone(job) => {
+                    job.complete(&mut self.core, true);
                     self.cleaning -= 1;
                     // After the trace (`finish`), what is in flight completes; nothing new.
                     if intervals {
@@ -553,12 +551,8 @@ impl Drop for EngineSim {
         for Reverse(d) in std::mem::take(&mut self.events).into_vec() {
             match d.e {
                 Event::Wake(_) | Event::CleanWake => {}
-                Event::WbDone(id) => {
-                    let _ = self.core.complete_writeback(id, false);
-                }
-                Event::CleanDone(id) => {
-                    let _ = self.core.complete_clean(id, false);
-                }
+                Event::WbDone(w) => w.complete(&mut self.core, false),
+                Event::CleanDone(job) => job.complete(&mut self.core, false),
                 Event::PopDone(pop) => pop.complete(&mut self.core, false),
                 Event::SourceDone(source) => source.done(&mut self.core, false),
                 Event::CacheDone(copy) => copy.done(&mut self.core, false),

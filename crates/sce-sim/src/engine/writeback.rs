@@ -6,7 +6,7 @@
 //! (backpressure), which shows in its latency.
 
 use super::{EngineSim, Event};
-use sce_core::{SourceOffset, WriteBackRefusal};
+use sce_core::{Cleaning, SourceOffset, WriteBackRefusal, WriteBackTxn};
 
 /// Dirty share of the cache above which the cleaner runs.
 pub const LOW_WATERMARK: f64 = 0.10;
@@ -40,7 +40,7 @@ impl EngineSim {
             0
         };
         while self.cleaning < jobs {
-            let Some(job) = self.core.pick_clean() else {
+            let Some(job) = Cleaning::pick(&mut self.core) else {
                 break;
             };
             let len: u64 = job.runs.iter().map(|r| r.2).sum();
@@ -50,7 +50,7 @@ impl EngineSim {
             self.res.source_bytes_written += len;
             self.res.bytes_written_back += len;
             self.cleaning += 1;
-            self.push(done, Event::CleanDone(job.id));
+            self.push(done, Event::CleanDone(job));
         }
     }
 
@@ -71,7 +71,7 @@ impl EngineSim {
         }
         let mut now = start;
         let plan = loop {
-            match self.core.begin_writeback(SourceOffset(a), b - a) {
+            match WriteBackTxn::begin(&mut self.core, SourceOffset(a), b - a) {
                 Ok(p) => break Some(p),
                 Err(WriteBackRefusal::Full) | Err(WriteBackRefusal::Busy) => {
                     self.res.writeback_waits += 1;
@@ -98,7 +98,7 @@ impl EngineSim {
             ack = ack.max(self.ssd.io(now, c.len, true));
             self.res.cache_bytes_written += c.len;
         }
-        self.push(ack, Event::WbDone(plan.id));
+        self.push(ack, Event::WbDone(plan));
         self.wlat.record(ack - t);
         ack
     }
