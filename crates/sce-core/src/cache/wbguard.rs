@@ -15,6 +15,7 @@ use super::guard::must_complete;
 use super::writeback::{CleanJob, WriteBackPlan, WriteBackRefusal};
 use super::CacheCore;
 use crate::addr::{SlotNo, SourceOffset};
+use crate::shards::ShardMap;
 use std::mem::ManuallyDrop;
 
 /// A write-back write in flight: write every copy of its plan to the cache device, then
@@ -68,6 +69,18 @@ impl WriteBackTxn {
             r.is_ok(),
             "a write-back write is aborted once, by its guard: {r:?}"
         );
+    }
+}
+
+impl crate::sharded::Globalize for WriteBackTxn {
+    fn globalize(&mut self, map: &ShardMap, shard: usize, buf_base: u64) {
+        map.globalize_writeback(shard, buf_base, &mut self.plan);
+    }
+}
+
+impl crate::sharded::Globalize for Cleaning {
+    fn globalize(&mut self, map: &ShardMap, shard: usize, _buf_base: u64) {
+        map.globalize_clean(shard, &mut self.job);
     }
 }
 
