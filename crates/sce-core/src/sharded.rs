@@ -34,14 +34,12 @@ pub trait Globalize {
 }
 
 impl ShardMap {
-    /// Takes guard `guard`, made by the core of `piece`'s shard for that piece, to global
-    /// addresses: the guard, knowing its shard, for [`ShardedCore`] or a shard's lock.
-    pub fn on_shard<G: Globalize>(&self, piece: &Piece, mut guard: G) -> OnShard<G> {
-        guard.globalize(self, piece.shard, piece.buf_offset);
-        OnShard {
-            shard: piece.shard,
-            guard,
-        }
+    /// Takes guard `guard`, made by shard `shard`'s core (for the piece at `buf_base` of its
+    /// request: [`Piece::buf_offset`]; 0 for a job of no request), to global addresses:
+    /// the guard, knowing its shard, for [`ShardedCore`] or a shard's lock.
+    pub fn on_shard<G: Globalize>(&self, shard: usize, buf_base: u64, mut guard: G) -> OnShard<G> {
+        guard.globalize(self, shard, buf_base);
+        OnShard { shard, guard }
     }
 }
 
@@ -262,18 +260,7 @@ impl ShardedCore {
     /// Shard `k`'s next population job, in global addresses.
     pub fn pick_population(&mut self, k: usize, now: Nanos) -> Option<OnShard<Population>> {
         let job = Population::new(self.cores[k].pick_population(now)?);
-        Some(self.map.on_shard(&self.piece_of(k), job))
-    }
-
-    /// A piece of shard `k` at the start of a request (for plans with no request offsets).
-    fn piece_of(&self, k: usize) -> Piece {
-        Piece {
-            shard: k,
-            offset: 0,
-            local: 0,
-            len: 0,
-            buf_offset: 0,
-        }
+        Some(self.map.on_shard(k, 0, job))
     }
 
     /// True if the page holding global source byte `at` is cached and valid.
@@ -335,7 +322,7 @@ impl ShardedCore {
         let mut out = Vec::with_capacity(pieces.len());
         for p in &pieces {
             match WriteTxn::begin(&mut self.cores[p.shard], SourceOffset(p.local), p.len, kind) {
-                Ok(t) => out.push(self.map.on_shard(p, t)),
+                Ok(t) => out.push(self.map.on_shard(p.shard, p.buf_offset, t)),
                 Err(e) => {
                     // Nothing was sent: the pieces begun complete as failed (their pages,
                     // invalidated, stay so).
@@ -363,7 +350,7 @@ impl ShardedCore {
         let mut out = Vec::with_capacity(pieces.len());
         for p in &pieces {
             match WriteBackTxn::begin(&mut self.cores[p.shard], SourceOffset(p.local), p.len) {
-                Ok(t) => out.push(self.map.on_shard(p, t)),
+                Ok(t) => out.push(self.map.on_shard(p.shard, p.buf_offset, t)),
                 Err(e) => {
                     out.into_iter().for_each(|t| t.abort(self));
                     return Err(match e {
@@ -385,7 +372,7 @@ impl ShardedCore {
             let k = (self.clean_turn + i) % n;
             if let Some(job) = Cleaning::pick(&mut self.cores[k]) {
                 self.clean_turn = (k + 1) % n;
-                return Some(self.map.on_shard(&self.piece_of(k), job));
+                return Some(self.map.on_shard(k, 0, job));
             }
         }
         None
