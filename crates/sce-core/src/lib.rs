@@ -19,6 +19,7 @@ pub mod evict;
 pub mod geometry;
 pub mod hotness;
 pub mod map;
+mod sharded;
 pub mod shards;
 mod slab;
 pub mod slots;
@@ -36,6 +37,7 @@ pub use cache::{
 pub use config::{Admission, ConfigError, CoreConfig, ThrottleConfig, WriteMode};
 pub use evict::EvictionKind;
 pub use geometry::Geometry;
-pub use shards::{Piece, ShardMap};
+pub use sharded::{Globalize, OnShard, ShardedCore, ShardedRead};
+pub use shards::{shards_for, Piece, ShardMap, AUTO_CORE_SHARDS, MIN_SLOTS_PER_AUTO_SHARD};
 pub use stats::CoreStats;
 pub use throttle::ThrottleState;

@@ -16,8 +16,24 @@
 //! shard's core is the volume's core, configured as given.
 
 use crate::addr::{CacheOffset, FragNo, SlotNo, SourceOffset};
-use crate::cache::{CacheCore, ReadPlan, RunTarget};
+use crate::cache::{CacheCore, CleanJob, PopulationJob, ReadPlan, RunTarget, WriteBackPlan};
 use crate::config::{ConfigError, CoreConfig};
+
+/// Core shards of `core_shards: 0` (automatic) on a large enough cache.
+pub const AUTO_CORE_SHARDS: usize = 4;
+/// `core_shards: 0` gives each automatic shard at least this many slots.
+pub const MIN_SLOTS_PER_AUTO_SHARD: u64 = 64;
+
+/// The shards asked for with `core_shards` on a cache of `slots` slots: 0 is the automatic
+/// choice, [`AUTO_CORE_SHARDS`], fewer if the cache holds fewer than
+/// [`MIN_SLOTS_PER_AUTO_SHARD`] slots per shard; any other number is taken as asked
+/// ([`ShardMap::new`] clamps it further). The server and the simulator both use it.
+pub fn shards_for(core_shards: usize, slots: u64) -> usize {
+    match core_shards {
+        0 => (slots / MIN_SLOTS_PER_AUTO_SHARD).clamp(1, AUTO_CORE_SHARDS as u64) as usize,
+        n => n,
+    }
+}
 
 /// A volume's cut into shards.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,6 +85,29 @@ impl ShardMap {
         }
     }
 
+    /// The map of a volume of `source_size` bytes on a cache of `cache_size` bytes with
+    /// `cfg`, cut as `core_shards` asks ([`shards_for`]). An invalid configuration gets one
+    /// shard, so that the core itself reports what is wrong with it.
+    pub fn for_cache(
+        core_shards: usize,
+        cfg: &CoreConfig,
+        source_size: u64,
+        cache_size: u64,
+    ) -> Self {
+        let slots = cache_size / cfg.fragment_size.max(1);
+        let ok = cfg.validate().is_ok() && slots < u32::MAX as u64;
+        ShardMap::new(
+            if ok {
+                shards_for(core_shards, slots)
+            } else {
+                1
+            },
+            cfg.fragment_size,
+            source_size,
+            slots.min(u32::MAX as u64 - 1) as u32,
+        )
+    }
+
     /// Number of shards.
     pub fn shards(&self) -> usize {
         self.n as usize
@@ -86,7 +125,7 @@ impl ShardMap {
 
     /// The size of shard `k`'s local source: its fragments, compacted (the volume's last
     /// fragment may be partial).
-    pub fn local_source_size(&self, k: usize) -> u64 {
+    fn local_source_size(&self, k: usize) -> u64 {
         let fsize = 1u64 << self.shift;
         let frags = self.source_size.div_ceil(fsize);
         let k = k as u64;
@@ -230,8 +269,50 @@ impl ShardMap {
         })
     }
 
+    /// Rewrites a population job made by shard `k`'s core to global addresses (its
+    /// fragment, slot, source span and cache runs).
+    pub(crate) fn globalize_job(&self, k: usize, job: &mut PopulationJob) {
+        if self.n == 1 {
+            return;
+        }
+        job.frag = self.frag_to_global(k, job.frag);
+        job.slot = self.slot_to_global(k, job.slot);
+        job.source = self.source_to_global(k, job.source);
+        for r in &mut job.runs {
+            r.2 = self.cache_to_global(k, r.2);
+        }
+    }
+
+    /// Rewrites a cleaning job made by shard `k`'s core to global addresses.
+    pub(crate) fn globalize_clean(&self, k: usize, job: &mut CleanJob) {
+        if self.n == 1 {
+            return;
+        }
+        job.frag = self.frag_to_global(k, job.frag);
+        for r in &mut job.runs {
+            *r = (
+                self.source_to_global(k, r.0),
+                self.cache_to_global(k, r.1),
+                r.2,
+            );
+        }
+    }
+
+    /// Rewrites a write-back plan made by shard `k`'s core for a piece at `buf_base` of its
+    /// request: global cache offsets, offsets within the whole request.
+    pub(crate) fn globalize_writeback(&self, k: usize, buf_base: u64, plan: &mut WriteBackPlan) {
+        for c in &mut plan.copies {
+            c.cache = self.cache_to_global(k, c.cache);
+            c.buf_offset += buf_base;
+        }
+    }
+
     /// Rewrites the runs and fills of a plan made by shard `k`'s core to global addresses.
     /// The plan must come from one piece (contiguous on the local source).
+    ///
+    /// Raw: the property tests only; drivers use [`crate::PinnedRead::globalize`] or
+    /// [`crate::ShardedCore::begin_read`].
+    #[doc(hidden)]
     pub fn globalize_plan(&self, k: usize, plan: &mut ReadPlan) {
         if self.n == 1 {
             return;

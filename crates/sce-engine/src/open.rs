@@ -60,16 +60,9 @@ fn build_cores(
     source_size: u64,
     cache_size: u64,
 ) -> Result<(Vec<CacheCore>, ShardMap), EngineError> {
-    let slots = cache_size / cfg.fragment_size.max(1);
-    let wanted = config.shards_for(slots);
-    // An invalid fragment size or slot count is reported by the core itself (one shard).
-    let ok = cfg.validate().is_ok() && slots < u32::MAX as u64;
-    let map = ShardMap::new(
-        if ok { wanted } else { 1 },
-        cfg.fragment_size,
-        source_size,
-        slots.min(u32::MAX as u64 - 1) as u32,
-    );
+    // The server's and the simulator's one rule; an invalid fragment size or slot count
+    // is reported by the core itself (one shard).
+    let map = ShardMap::for_cache(config.core_shards, cfg, source_size, cache_size);
     Ok((map.build(cfg, cache_size)?, map))
 }
 

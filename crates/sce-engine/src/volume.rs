@@ -49,25 +49,11 @@ pub struct EngineConfig {
     pub persist: Option<PersistConfig>,
     /// Shards of the core: fragment `f` belongs to shard `f % core_shards`, each shard has
     /// its own slots, map, CLOCK and lock, so that writes and population on one shard do not
-    /// stop hits on the others. 0 (the default) picks [`AUTO_CORE_SHARDS`], fewer if the
-    /// cache holds fewer than [`MIN_SLOTS_PER_AUTO_SHARD`] slots per shard; 1 is the
-    /// unsharded core. Never more than half the slots (a shard needs two).
+    /// stop hits on the others. 0 (the default) picks [`sce_core::AUTO_CORE_SHARDS`], fewer
+    /// if the cache holds fewer than [`sce_core::MIN_SLOTS_PER_AUTO_SHARD`] slots per shard
+    /// (`sce_core::shards_for`, the simulator's rule too); 1 is the unsharded core. Never
+    /// more than half the slots (a shard needs two).
     pub core_shards: usize,
-}
-
-/// Core shards of `core_shards: 0` on a large enough cache (see docs/ARCHITECTURE.md).
-pub const AUTO_CORE_SHARDS: usize = 4;
-/// `core_shards: 0` gives each automatic shard at least this many slots.
-pub const MIN_SLOTS_PER_AUTO_SHARD: u64 = 64;
-
-impl EngineConfig {
-    /// The shards asked for a cache of `slots` slots (`ShardMap` clamps them further).
-    pub(crate) fn shards_for(&self, slots: u64) -> usize {
-        match self.core_shards {
-            0 => (slots / MIN_SLOTS_PER_AUTO_SHARD).clamp(1, AUTO_CORE_SHARDS as u64) as usize,
-            n => n,
-        }
-    }
 }
 
 impl Default for EngineConfig {

@@ -84,6 +84,11 @@ pub struct SimArgs {
     /// Policies simulated at once (default: the number of cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Shards of the engine policies' core, as the server's core_shards setting: 0 (the
+    /// default) is the server's automatic choice (up to 4 shards of at least 64 slots
+    /// each), so that the results say what the server does; 1 is one unsharded core.
+    #[arg(long, default_value_t = 0)]
+    pub core_shards: usize,
     /// Options of admission sce (and the endurance budget of every engine policy).
     #[command(flatten)]
     pub admission_opts: crate::policy_args::AdmissionArgs,
@@ -202,6 +207,7 @@ fn config(a: &SimArgs, format: TraceFormat) -> Result<SimConfig> {
         ram_policy: a.ram_policy,
         replay: a.replay,
         threads: a.threads,
+        core_shards: a.core_shards,
     })
 }
 
@@ -263,7 +269,8 @@ fn print_json(
         "ram_policy": a.ram_size.map(|_| a.ram_policy.to_string()),
         "ssd_model": model_json(&devices.0), "source_model": model_json(&devices.1),
         "threads": sim.threads(), "replay": replay.to_string(), "replay_reason": replay_why,
-        "interval_seconds": a.interval, "warnings": warnings, "policies": results,
+        "interval_seconds": a.interval, "core_shards": a.core_shards, "warnings": warnings,
+        "policies": results,
     });
     println!("{}", serde_json::to_string_pretty(&v)?);
     Ok(())

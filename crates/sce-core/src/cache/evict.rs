@@ -115,16 +115,36 @@ impl CacheCore {
     }
 
     /// Spoils pages `[lo, hi)` of fragment `f` for the population and writes in flight on it,
-    /// so that none of them validates those pages when it completes.
-    fn spoil_in_flight(&mut self, f: FragNo, lo: u32, hi: u32) {
+    /// so that none of them validates those pages when it completes (an eviction of the
+    /// pages, or a new write over them). Returns whether anything in flight overlapped them,
+    /// and how many pages of the population's fill were spoiled.
+    pub(super) fn spoil_in_flight(&mut self, f: FragNo, lo: u32, hi: u32) -> (bool, u32) {
         let ppf = self.geo.pages_per_fragment();
         let Some(act) = self.activity.get(&f.0) else {
-            return;
+            return (false, 0);
         };
+        let (mut overlapped, mut pop_pages) = (false, 0);
         if let Some(pop) = act.pop.and_then(|p| self.pops.get_mut(p.0)) {
-            pop.spoiled.insert_range(lo, hi);
+            if bitmap::any_set(pop.fill.words(), lo, hi) {
+                overlapped = true;
+                pop_pages = bitmap::count(pop.fill.words(), lo, hi);
+                pop.spoiled.insert_range(lo, hi);
+            }
         }
-        super::write::spoil_writes(&mut self.writes, &act.writes, f, (lo, hi), ppf);
+        for &w in &act.writes {
+            if let Some(ws) = self.writes.get_mut(w.0) {
+                for part in ws.parts.iter_mut().filter(|p| p.frag == f) {
+                    let (ol, oh) = (part.lo.max(lo), part.hi.min(hi));
+                    if ol < oh {
+                        overlapped = true;
+                        part.spoiled
+                            .get_or_insert_with(|| PageSet::new(ppf))
+                            .insert_range(ol, oh);
+                    }
+                }
+            }
+        }
+        (overlapped, pop_pages)
     }
 
     /// Evicts the policy's victim, if there is one that is not pinned. Returns its fragment.

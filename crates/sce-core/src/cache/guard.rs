@@ -177,6 +177,11 @@ pub struct Populating {
 }
 
 impl Populating {
+    /// The token of population `id`, just started by the core.
+    pub(crate) fn new(id: PopId) -> Self {
+        Populating { id }
+    }
+
     /// The population's id (an inline fill's `FillRun::pop`).
     pub fn id(&self) -> PopId {
         self.id
@@ -282,6 +287,21 @@ impl WriteTxn {
     /// The two halves, to complete independently (in any order, from any thread).
     pub fn into_parts(self) -> (SourceWrite, Vec<CacheCopy>) {
         (self.source, self.copies)
+    }
+}
+
+impl crate::sharded::Globalize for WriteTxn {
+    fn globalize(&mut self, map: &ShardMap, shard: usize, buf_base: u64) {
+        for c in &mut self.copies {
+            c.write.cache = map.cache_to_global(shard, c.write.cache);
+            c.write.buf_offset += buf_base;
+        }
+    }
+}
+
+impl crate::sharded::Globalize for Population {
+    fn globalize(&mut self, map: &ShardMap, shard: usize, _buf_base: u64) {
+        map.globalize_job(shard, &mut self.job);
     }
 }
 

@@ -23,7 +23,8 @@
 //!   calls: a [`PinnedRead`] owns its pins and releases them when dropped; a [`WriteTxn`]
 //!   splits into a [`SourceWrite`] and [`CacheCopy`] tokens and a [`Population`] holds a
 //!   [`Populating`] token, each completed by a method that consumes it (a token dropped
-//!   uncompleted fails a debug assertion).
+//!   uncompleted fails a debug assertion). Write-back has the same: a [`WriteBackTxn`], a
+//!   [`Cleaning`] job and a [`SlotHold`].
 //!
 //! # The invariant
 //! A page is marked valid only if its slot content equals the source content and no source

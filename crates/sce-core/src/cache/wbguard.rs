@@ -1,52 +1,86 @@
-//! Typed guards for write-back's part of the driver protocol, like those of `guard.rs`: a
-//! write-back write ([`WriteBackTxn`]), a cleaning job ([`Cleaning`]) and a slot hold
-//! ([`SlotHold`]). Each is `#[must_use]`, consumed by its completion, and, dropped without
-//! one (outside a panic), fails a debug assertion: a write-back write or a cleaning never
-//! reported stays in flight in the core for ever, a hold never released keeps its slot for
-//! ever. The raw calls ([`CacheCore::begin_writeback`], [`CacheCore::complete_writeback`],
-//! [`CacheCore::abort_writeback`], [`CacheCore::pick_clean`], [`CacheCore::complete_clean`],
-//! [`CacheCore::hold_slot`], [`CacheCore::release_slot`]) stay public for the property tests.
+//! Typed guards of write-back (see [`guard`](super::guard) for the pattern): a write-back
+//! write ([`WriteBackTxn`]), a cleaning job ([`Cleaning`]) and a slot hold ([`SlotHold`]).
+//! Each is `#[must_use]`, completed by a method that consumes it, and fails a debug
+//! assertion when dropped uncompleted outside a panic. Like the other guards they are pure
+//! state: a driver that keeps its core behind a lock passes the locked core to the
+//! completion, from any thread.
+//!
+//! The raw calls ([`CacheCore::begin_writeback`], [`CacheCore::complete_writeback`],
+//! [`CacheCore::abort_writeback`], [`CacheCore::pick_clean`], [`CacheCore::pick_clean_in`],
+//! [`CacheCore::complete_clean`], [`CacheCore::hold_slot`], [`CacheCore::release_slot`])
+//! stay public, hidden from the docs, for the property test `tests/writeback.rs` alone,
+//! which delivers completions in every order, wrong ones too.
 
 use super::guard::must_complete;
 use super::writeback::{CleanJob, WriteBackPlan, WriteBackRefusal};
 use super::CacheCore;
 use crate::addr::{SlotNo, SourceOffset};
+use crate::shards::ShardMap;
+use std::mem::ManuallyDrop;
 
-/// A write-back write in flight: its plan (the cache copies to write) and the duty to
-/// report it, `complete` once its data was written (or failed), or `abort` if nothing was
-/// written (its dirty entries could not be made durable).
+/// A write-back write in flight: write every copy of its plan to the cache device, then
+/// [`complete`](Self::complete) it; or [`abort`](Self::abort) it if nothing was written
+/// (its records could not be made durable).
+///
+/// The engine's `wb_begin` (crates/sce-engine/src/wback.rs) starts it in place of
+/// `core.begin_writeback`, and `wb_piece` completes it (`complete` in place of
+/// `let _ = core.complete_writeback`, `abort` in place of `let _ = core.abort_writeback`).
 #[must_use = "a write-back write must be completed with `complete` or `abort`"]
 #[derive(Debug)]
 pub struct WriteBackTxn {
     plan: WriteBackPlan,
-    done: bool,
 }
 
 impl WriteBackTxn {
-    /// Starts a write-back write of `len` bytes at `offset` ([`CacheCore::begin_writeback`]).
+    /// Starts a write-back write of `len` bytes at `offset` with
+    /// [`CacheCore::begin_writeback`] (the refusals say why it must wait, or cannot be).
     pub fn begin(
         core: &mut CacheCore,
         offset: SourceOffset,
         len: u64,
-    ) -> Result<WriteBackTxn, WriteBackRefusal> {
+    ) -> Result<Self, WriteBackRefusal> {
         Ok(WriteBackTxn {
             plan: core.begin_writeback(offset, len)?,
-            done: false,
         })
     }
 
-    /// Reports the write: its data written (`ok`), or failed (its pages lost).
-    pub fn complete(mut self, core: &mut CacheCore, ok: bool) {
-        let r = core.complete_writeback(self.plan.id, ok);
-        debug_assert!(r.is_ok(), "a write-back write is completed once: {r:?}");
-        self.done = true;
+    /// Its plan: the cache writes to make.
+    pub fn plan(&self) -> &WriteBackPlan {
+        &self.plan
     }
 
-    /// Withdraws the write before anything was written: its pages stay as they were.
-    pub fn abort(mut self, core: &mut CacheCore) {
-        let r = core.abort_writeback(self.plan.id);
-        debug_assert!(r.is_ok(), "a write-back write is aborted once: {r:?}");
-        self.done = true;
+    /// Reports the cache copies: all written (`ok`: the pages are valid and dirty), or one
+    /// failed (the pages are invalid, and those that were dirty are lost).
+    pub fn complete(self, core: &mut CacheCore, ok: bool) {
+        let this = ManuallyDrop::new(self);
+        let r = core.complete_writeback(this.plan.id, ok);
+        debug_assert!(
+            r.is_ok(),
+            "a write-back write is completed once, by its guard: {r:?}"
+        );
+    }
+
+    /// Gives the write up before any of its data was written: its pages stay exactly as
+    /// they were.
+    pub fn abort(self, core: &mut CacheCore) {
+        let this = ManuallyDrop::new(self);
+        let r = core.abort_writeback(this.plan.id);
+        debug_assert!(
+            r.is_ok(),
+            "a write-back write is aborted once, by its guard: {r:?}"
+        );
+    }
+}
+
+impl crate::sharded::Globalize for WriteBackTxn {
+    fn globalize(&mut self, map: &ShardMap, shard: usize, buf_base: u64) {
+        map.globalize_writeback(shard, buf_base, &mut self.plan);
+    }
+}
+
+impl crate::sharded::Globalize for Cleaning {
+    fn globalize(&mut self, map: &ShardMap, shard: usize, _buf_base: u64) {
+        map.globalize_clean(shard, &mut self.job);
     }
 }
 
@@ -59,40 +93,43 @@ impl std::ops::Deref for WriteBackTxn {
 
 impl Drop for WriteBackTxn {
     fn drop(&mut self) {
-        if !self.done {
-            must_complete("a write-back write");
-        }
+        must_complete("a write-back write");
     }
 }
 
-/// A cleaning job in flight: the dirty runs of one fragment to copy to the source, and the
-/// duty to report the copy with `complete`.
+/// A cleaning job in flight: read its runs from the cache, write them to the source, then
+/// [`complete`](Self::complete) it.
+///
+/// The engine's `clean_some` (crates/sce-engine/src/cleaner.rs) picks it in place of
+/// `core.pick_clean()`, and completes it in place of both `complete_clean(...).ok()`.
 #[must_use = "a cleaning job must be completed with `complete`"]
 #[derive(Debug)]
 pub struct Cleaning {
     job: CleanJob,
-    done: bool,
 }
 
 impl Cleaning {
-    /// The next fragment to clean, in source order ([`CacheCore::pick_clean`]).
-    pub fn pick(core: &mut CacheCore) -> Option<Cleaning> {
-        core.pick_clean().map(|job| Cleaning { job, done: false })
+    /// The next cleaning job in source order from the cleaner's cursor
+    /// ([`CacheCore::pick_clean`]), if there is one now.
+    pub fn pick(core: &mut CacheCore) -> Option<Self> {
+        core.pick_clean().map(|job| Cleaning { job })
     }
 
-    /// The next fragment to clean within `[offset, offset + len)`
-    /// ([`CacheCore::pick_clean_in`]).
-    pub fn pick_in(core: &mut CacheCore, offset: SourceOffset, len: u64) -> Option<Cleaning> {
-        core.pick_clean_in(offset, len)
-            .map(|job| Cleaning { job, done: false })
+    /// The next cleaning job among the dirty fragments of `[offset, offset + len)`
+    /// ([`CacheCore::pick_clean_in`]: `sce ctl clean RANGE`, a detach draining its export).
+    pub fn pick_in(core: &mut CacheCore, offset: SourceOffset, len: u64) -> Option<Self> {
+        core.pick_clean_in(offset, len).map(|job| Cleaning { job })
     }
 
-    /// Reports the copy: on the source durably (`ok`: the pages are clean), or failed (they
-    /// stay dirty).
-    pub fn complete(mut self, core: &mut CacheCore, ok: bool) {
-        let r = core.complete_clean(self.job.id, ok);
-        debug_assert!(r.is_ok(), "a cleaning job is completed once: {r:?}");
-        self.done = true;
+    /// Reports the job: its pages are on the source (`ok`: now clean, unless lost
+    /// meanwhile), or not (they stay dirty).
+    pub fn complete(self, core: &mut CacheCore, ok: bool) {
+        let this = ManuallyDrop::new(self);
+        let r = core.complete_clean(this.job.id, ok);
+        debug_assert!(
+            r.is_ok(),
+            "a cleaning job is completed once, by its guard: {r:?}"
+        );
     }
 }
 
@@ -105,54 +142,52 @@ impl std::ops::Deref for Cleaning {
 
 impl Drop for Cleaning {
     fn drop(&mut self) {
-        if !self.done {
-            must_complete("a cleaning job");
-        }
+        must_complete("a cleaning job");
     }
 }
 
-/// A slot held where it is (pinned: not evicted nor given to another fragment) while the
-/// device's records may still claim dirty pages in it. Released with `release`; a driver
-/// that shuts down with holds outstanding gives them up with `abandon`.
+/// A hold on a slot: while it lasts the slot is not evicted nor given to another fragment
+/// (write-back persistence holds the slots whose on-device records may still claim dirty
+/// pages). [`release`](Self::release) it on the core it was taken from.
+///
+/// The engine takes it in `WriteBack::begin` (crates/sce-engine/src/back/write.rs) and
+/// `hold_dirty` (back/restore.rs), keeps it in its persistence state, and releases it in
+/// `release_holds` (crates/sce-engine/src/persist/wb.rs); a store that goes away with its
+/// cores gives its holds up with `abandon`.
 #[must_use = "a slot hold must be released with `release` (or given up with `abandon`)"]
 #[derive(Debug)]
 pub struct SlotHold {
     slot: SlotNo,
-    done: bool,
 }
 
 impl SlotHold {
-    /// Holds slot `s` ([`CacheCore::hold_slot`]); None if it could not be pinned.
-    pub fn take(core: &mut CacheCore, s: SlotNo) -> Option<SlotHold> {
-        core.hold_slot(s).then_some(SlotHold {
-            slot: s,
-            done: false,
-        })
+    /// Holds slot `s` of `core` where it is ([`CacheCore::hold_slot`]). None if it could
+    /// not be pinned (its pin count is at its maximum).
+    pub fn take(core: &mut CacheCore, s: SlotNo) -> Option<Self> {
+        core.hold_slot(s).then_some(SlotHold { slot: s })
     }
 
-    /// The slot held.
+    /// The slot held (the core's own number).
     pub fn slot(&self) -> SlotNo {
         self.slot
     }
 
     /// Releases the hold.
-    pub fn release(mut self, core: &mut CacheCore) {
-        core.release_slot(self.slot);
-        self.done = true;
+    pub fn release(self, core: &mut CacheCore) {
+        let this = ManuallyDrop::new(self);
+        core.release_slot(this.slot);
     }
 
     /// Gives the hold up without the core: only when the core goes away with it (the
     /// driver shuts down).
-    pub fn abandon(mut self) {
-        self.done = true;
+    pub fn abandon(self) {
+        let _ = ManuallyDrop::new(self);
     }
 }
 
 impl Drop for SlotHold {
     fn drop(&mut self) {
-        if !self.done {
-            must_complete("a slot hold");
-        }
+        must_complete("a slot hold");
     }
 }
 
@@ -166,49 +201,52 @@ mod tests {
             write_mode: WriteMode::WriteBack,
             ..CoreConfig::default()
         };
-        let mut c = CacheCore::new(cfg, 64 << 20, 8 << 20).expect("core");
-        c.track_dirty();
-        c
+        CacheCore::new(cfg, 64 << 20, 8 << 20).expect("core")
     }
 
     #[test]
-    fn a_write_back_write_and_its_cleaning_completed_through_their_guards_leave_nothing_behind() {
+    fn a_write_back_write_and_its_cleaning_through_their_guards_leave_nothing_behind() {
         let mut c = core();
-        let w = WriteBackTxn::begin(&mut c, SourceOffset(0), 8192).expect("begin");
+        let w = WriteBackTxn::begin(&mut c, SourceOffset(0), 8192).unwrap();
         assert_eq!(w.copies.len(), 1);
         w.complete(&mut c, true);
         assert_eq!(c.dirty_pages(), 2);
-        let job = Cleaning::pick(&mut c).expect("a dirty fragment to clean");
-        assert_eq!(job.runs.iter().map(|r| r.2).sum::<u64>(), 8192);
+        let job = Cleaning::pick(&mut c).expect("a dirty fragment");
+        assert_eq!(job.runs.len(), 1);
         job.complete(&mut c, true);
         assert_eq!(c.dirty_pages(), 0);
-        assert!(Cleaning::pick(&mut c).is_none());
-        // An aborted write leaves the pages as they were: clean.
-        let w = WriteBackTxn::begin(&mut c, SourceOffset(0), 4096).expect("begin");
+        assert!(c.writeback_clean());
+    }
+
+    #[test]
+    fn an_aborted_write_back_write_leaves_its_pages_as_they_were() {
+        let mut c = core();
+        let w = WriteBackTxn::begin(&mut c, SourceOffset(0), 4096).unwrap();
         w.abort(&mut c);
         assert_eq!(c.dirty_pages(), 0);
-        let h = SlotHold::take(&mut c, SlotNo(0)).expect("hold");
-        assert_eq!(h.slot(), SlotNo(0));
-        h.release(&mut c);
+        assert!(c.writeback_clean());
+        assert!(!c.is_cached(SourceOffset(0)));
     }
 
     #[test]
-    #[cfg(debug_assertions)]
-    #[should_panic(expected = "dropped without being completed")]
-    fn a_write_back_write_dropped_uncompleted_fails_a_debug_assertion() {
+    fn a_held_slot_is_pinned_until_released() {
         let mut c = core();
-        drop(WriteBackTxn::begin(&mut c, SourceOffset(0), 4096).expect("begin"));
+        let pins = c.pin_table();
+        let h = SlotHold::take(&mut c, SlotNo(3)).expect("held");
+        assert_eq!(pins.get(h.slot()), 1);
+        h.release(&mut c);
+        assert_eq!(pins.get(SlotNo(3)), 0);
     }
 
     #[test]
     #[cfg(debug_assertions)]
     #[should_panic(expected = "dropped without being completed")]
-    fn a_cleaning_dropped_uncompleted_fails_a_debug_assertion() {
+    fn a_cleaning_job_dropped_uncompleted_fails_a_debug_assertion() {
         let mut c = core();
         WriteBackTxn::begin(&mut c, SourceOffset(0), 4096)
-            .expect("begin")
+            .unwrap()
             .complete(&mut c, true);
-        drop(Cleaning::pick(&mut c).expect("a job"));
+        drop(Cleaning::pick(&mut c));
     }
 
     #[test]
@@ -216,6 +254,6 @@ mod tests {
     #[should_panic(expected = "dropped without being completed")]
     fn a_slot_hold_dropped_unreleased_fails_a_debug_assertion() {
         let mut c = core();
-        drop(SlotHold::take(&mut c, SlotNo(1)).expect("hold"));
+        drop(SlotHold::take(&mut c, SlotNo(0)));
     }
 }

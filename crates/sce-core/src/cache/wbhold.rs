@@ -68,14 +68,16 @@ impl CacheCore {
     /// Holds slot `s` where it is (a pin): it is not evicted nor given to another fragment
     /// until [`CacheCore::release_slot`]. False if it could not be pinned.
     ///
-    /// Raw protocol, public for the property tests: drivers use [`SlotHold::take`].
+    /// Raw: the property tests only; drivers use [`super::SlotHold`].
+    #[doc(hidden)]
     pub fn hold_slot(&mut self, s: SlotNo) -> bool {
         self.slots.pin(s)
     }
 
     /// Releases a hold taken by [`CacheCore::hold_slot`].
     ///
-    /// Raw protocol, public for the property tests: drivers use [`SlotHold::release`].
+    /// Raw: the property tests only; drivers use [`super::SlotHold`].
+    #[doc(hidden)]
     pub fn release_slot(&mut self, s: SlotNo) {
         self.slots.unpin(s)
     }

@@ -154,21 +154,9 @@ impl CacheCore {
     /// is in flight on them (a population, other writes) and records write `id` on `f`.
     /// Returns true if anything overlapped.
     fn spoil_overlaps(&mut self, id: WriteId, f: FragNo, lo: u32, hi: u32) -> bool {
-        let mut conflict = false;
-        let act = self.activity.entry(f.0).or_default();
-        if let Some(pid) = act.pop {
-            if let Some(pop) = self.pops.get_mut(pid.0) {
-                if bitmap::any_set(pop.fill.words(), lo, hi) {
-                    conflict = true;
-                    let n = bitmap::count(pop.fill.words(), lo, hi);
-                    self.stats.pages_spoiled += n as u64;
-                    pop.spoiled.insert_range(lo, hi);
-                }
-            }
-        }
-        let ppf = self.geo.pages_per_fragment();
-        conflict |= spoil_writes(&mut self.writes, &act.writes, f, (lo, hi), ppf);
-        act.writes.push(id);
+        let (conflict, pop_pages) = self.spoil_in_flight(f, lo, hi);
+        self.stats.pages_spoiled += pop_pages as u64;
+        self.activity.entry(f.0).or_default().writes.push(id);
         conflict
     }
 
@@ -288,31 +276,4 @@ impl CacheCore {
         }
         self.awt_in_flight -= ws.budget;
     }
-}
-
-/// Spoils pages `[lo, hi)` of fragment `f` in the writes `ids` in flight on it, so that
-/// none of them validates those pages when it completes. True if any overlapped.
-pub(super) fn spoil_writes(
-    writes: &mut crate::slab::Slab<WriteState>,
-    ids: &[WriteId],
-    f: FragNo,
-    (lo, hi): (u32, u32),
-    ppf: u32,
-) -> bool {
-    let mut overlapped = false;
-    for &w in ids {
-        let Some(ws) = writes.get_mut(w.0) else {
-            continue;
-        };
-        for part in ws.parts.iter_mut().filter(|p| p.frag == f) {
-            let (ol, oh) = (part.lo.max(lo), part.hi.min(hi));
-            if ol < oh {
-                overlapped = true;
-                part.spoiled
-                    .get_or_insert_with(|| PageSet::new(ppf))
-                    .insert_range(ol, oh);
-            }
-        }
-    }
-    overlapped
 }

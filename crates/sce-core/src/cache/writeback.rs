@@ -1,8 +1,8 @@
 //! Write-back in the core (issue 15; FlashTier's dirty data and `clean`): the state machine
 //! of writes that land in the cache only, of the cleaning that copies them to the source,
-//! and of pages whose only copy was lost. The engine (`sce-engine/src/back/`) and the
-//! simulator drive it through the guards of `wbguard.rs`; the property test
-//! `tests/writeback.rs` drives the raw calls, in every order.
+//! and of pages whose only copy was lost. Drivers (the engine, the simulator) drive it
+//! through the guards of `wbguard.rs` ([`super::WriteBackTxn`], [`super::Cleaning`],
+//! [`super::SlotHold`]); the property test `tests/writeback.rs` drives the raw calls.
 //!
 //! # Rules
 //! * **A dirty page is the only copy of its data.** It is valid, it is never evicted (the
@@ -73,7 +73,7 @@ pub struct WriteBackCopy {
 }
 
 /// The plan of a write-back write: write every copy to the cache device, then report
-/// [`CacheCore::complete_writeback`] (acknowledge the client after a success, once the
+/// [`super::WriteBackTxn::complete`] (acknowledge the client after a success, once the
 /// data and its record are durable as the flush rules require).
 #[derive(Debug)]
 pub struct WriteBackPlan {
@@ -84,7 +84,7 @@ pub struct WriteBackPlan {
 }
 
 /// A cleaning job: read each run from the cache, write it to the source, then report
-/// [`CacheCore::complete_clean`].
+/// [`super::Cleaning::complete`].
 #[derive(Debug, Clone)]
 pub struct CleanJob {
     /// The job's id.
@@ -212,7 +212,8 @@ fn remove(map: &mut BTreeMap<u64, PageSet>, f: FragNo, lo: u32, hi: u32) {
 impl CacheCore {
     /// Starts a write-back write of `len` bytes at `offset` (see the module's rules).
     ///
-    /// Raw protocol, public for the property tests: drivers use [`WriteBackTxn::begin`].
+    /// Raw: the property tests only; drivers use [`super::WriteBackTxn`].
+    #[doc(hidden)]
     pub fn begin_writeback(
         &mut self,
         offset: SourceOffset,
@@ -315,7 +316,8 @@ impl CacheCore {
 
     /// Reports a write-back write's cache copies: all done (`ok`), or one failed.
     ///
-    /// Raw protocol, public for the property tests: drivers use [`WriteBackTxn::complete`].
+    /// Raw: the property tests only; drivers use [`super::WriteBackTxn`].
+    #[doc(hidden)]
     pub fn complete_writeback(&mut self, id: WriteBackId, ok: bool) -> Result<(), RequestError> {
         let parts = self.wb.writes.remove(id.0).ok_or(RequestError::UnknownId)?;
         let ppf = self.geo.pages_per_fragment();
@@ -343,7 +345,8 @@ impl CacheCore {
     /// Gives up a write-back write before any of its data was written (the driver could
     /// not make its records durable): its pages stay exactly as they were.
     ///
-    /// Raw protocol, public for the property tests: drivers use [`WriteBackTxn::abort`].
+    /// Raw: the property tests only; drivers use [`super::WriteBackTxn`].
+    #[doc(hidden)]
     pub fn abort_writeback(&mut self, id: WriteBackId) -> Result<(), RequestError> {
         let parts = self.wb.writes.remove(id.0).ok_or(RequestError::UnknownId)?;
         for p in parts {
@@ -356,7 +359,8 @@ impl CacheCore {
     /// The next cleaning job, in source order from the cleaner's cursor: a dirty fragment
     /// with nothing in flight on it. None if there is none now.
     ///
-    /// Raw protocol, public for the property tests: drivers use [`Cleaning::pick`].
+    /// Raw: the property tests only; drivers use [`super::Cleaning`].
+    #[doc(hidden)]
     pub fn pick_clean(&mut self) -> Option<CleanJob> {
         let job = self.pick_in(self.wb.cursor, u64::MAX, true)?;
         self.wb.cursor = job.frag.0 + 1;
@@ -366,7 +370,8 @@ impl CacheCore {
     /// The next cleaning job among the dirty fragments that overlap `[offset, offset+len)`
     /// (`sce ctl clean RANGE`, a detach draining its export), in source order.
     ///
-    /// Raw protocol, public for the property tests: drivers use [`Cleaning::pick_in`].
+    /// Raw: the property tests only; drivers use [`super::Cleaning`].
+    #[doc(hidden)]
     pub fn pick_clean_in(&mut self, offset: SourceOffset, len: u64) -> Option<CleanJob> {
         let (first, end) = self.frag_span(offset, len);
         self.pick_in(first, end, false)
@@ -451,7 +456,8 @@ impl CacheCore {
     /// Reports a cleaning job: its pages are on the source (`ok`: now clean), or not (they
     /// stay dirty).
     ///
-    /// Raw protocol, public for the property tests: drivers use [`Cleaning::complete`].
+    /// Raw: the property tests only; drivers use [`super::Cleaning`].
+    #[doc(hidden)]
     pub fn complete_clean(&mut self, id: CleanId, ok: bool) -> Result<(), RequestError> {
         let (f, s, pages) = self.wb.cleans.remove(id.0).ok_or(RequestError::UnknownId)?;
         if ok {

@@ -1,5 +1,8 @@
 //! The engine policies in virtual time: the very `sce-core` state machine the server runs,
-//! driven by a trace instead of clients and by modelled devices instead of real ones.
+//! driven by a trace instead of clients and by modelled devices instead of real ones. The
+//! core is cut into shards as the server cuts it (`sce_core::ShardedCore`, its `core_shards`
+//! rule): each population worker visits the shards in turn, and the cleaner asks them in
+//! turn.
 //!
 //! Events run in time order. A trace request is planned by the core (`begin_read`,
 //! `begin_write`); its I/O goes to the modelled cache device or source, whose completion
@@ -13,14 +16,12 @@
 //! counts its busy time, from which a driver computes its utilization over the trace.
 
 use crate::trace::{IoKind, TraceRequest};
-use sce_core::slots::PinTable;
 use sce_core::{
-    CacheCopy, CacheCore, CacheOffset, CoreConfig, Nanos, PinnedRead, Populating, Population,
-    ReadPlan, RunTarget, SourceOffset, SourceWrite, WriteKind, WriteTxn,
+    CacheCopy, CacheOffset, Cleaning, CoreConfig, Nanos, OnShard, Populating, RunTarget,
+    ShardedCore, SourceOffset, SourceWrite, WriteBackTxn, WriteKind,
 };
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::sync::Arc;
 
 mod device;
 #[cfg(test)]
@@ -30,19 +31,20 @@ mod writeback;
 pub(crate) use device::Device;
 pub use device::{DeviceModel, LatencyHistogram};
 
-/// An event; the completions carry the core's completion tokens (`sce_core::WriteTxn`).
+/// An event; the completions carry the core's completion tokens (`sce_core::WriteTxn`),
+/// each with its core shard.
 #[derive(Debug)]
 enum Event {
     Wake(u32),
-    PopDone(Populating),
-    SourceDone(SourceWrite),
-    CacheDone(CacheCopy),
+    PopDone(OnShard<Populating>),
+    SourceDone(OnShard<SourceWrite>),
+    CacheDone(OnShard<CacheCopy>),
     /// A write-back write's cache copy is written.
-    WbDone(sce_core::WriteBackTxn),
+    WbDone(OnShard<WriteBackTxn>),
     /// The cleaner looks at the dirty pages.
     CleanWake,
     /// A cleaning job's pages are on the source.
-    CleanDone(sce_core::Cleaning),
+    CleanDone(OnShard<Cleaning>),
 }
 
 /// An event due at `t`; ties run in the order they were scheduled (`seq`).
@@ -125,14 +127,15 @@ pub struct EngineResult {
 
 /// Simulates `cfg` with a cache of `cache_size` bytes over a source of `source_size` bytes.
 pub struct EngineSim {
-    core: CacheCore,
-    /// The core's pin table, which reads release their pins through.
-    pins: Arc<PinTable>,
+    /// The core, cut into shards as the server cuts it.
+    core: ShardedCore,
     ssd: Device,
     source: Device,
     events: BinaryHeap<Reverse<Due>>,
     seq: u64,
-    plan: ReadPlan,
+    /// Per population worker: the core shard it visits next (one per wake-up, in turn, as
+    /// the server's workers do).
+    turns: Vec<usize>,
     lat: LatencyHistogram,
     wlat: LatencyHistogram,
     res: EngineResult,
@@ -149,7 +152,8 @@ pub struct EngineSim {
 }
 
 impl EngineSim {
-    /// A simulation; errors name the config field at fault.
+    /// A simulation with the server's automatic core shards (`core_shards` 0, see
+    /// [`EngineSim::with_shards`]); errors name the config field at fault.
     pub fn new(
         cfg: CoreConfig,
         source_size: u64,
@@ -158,18 +162,33 @@ impl EngineSim {
         source: DeviceModel,
         interval_secs: f64,
     ) -> Result<Self, sce_core::ConfigError> {
+        Self::with_shards(cfg, source_size, cache_size, ssd, source, interval_secs, 0)
+    }
+
+    /// A simulation whose core is cut into `core_shards` shards as the server's
+    /// `core_shards` setting would cut it (0: the server's automatic choice,
+    /// `sce_core::shards_for`; 1: one unsharded core).
+    pub fn with_shards(
+        cfg: CoreConfig,
+        source_size: u64,
+        cache_size: u64,
+        ssd: DeviceModel,
+        source: DeviceModel,
+        interval_secs: f64,
+        core_shards: usize,
+    ) -> Result<Self, sce_core::ConfigError> {
         let workers = cfg.throttle.max_workers;
         let uses_workers = cfg.admission != sce_core::Admission::Always;
-        let core = CacheCore::new(cfg, source_size, cache_size)?;
+        let core = ShardedCore::new(cfg, source_size, cache_size, core_shards)?;
         let interval_ns = (interval_secs * 1e9).max(1.0) as u64;
+        let workers = if uses_workers { workers } else { 0 };
         let mut s = EngineSim {
-            pins: core.pin_table(),
+            turns: (0..workers as usize).map(|w| w % core.shards()).collect(),
             core,
             ssd: Device::new(ssd),
             source: Device::new(source),
             events: BinaryHeap::new(),
             seq: 0,
-            plan: ReadPlan::new(),
             lat: LatencyHistogram::new(),
             wlat: LatencyHistogram::new(),
             res: EngineResult::default(),
@@ -178,7 +197,7 @@ impl EngineSim {
             last_pages: (0, 0),
             origin: None,
             now: 0,
-            workers: if uses_workers { workers } else { 0 },
+            workers,
             cleaning: 0,
             last_request: 0,
         };
@@ -202,12 +221,9 @@ impl EngineSim {
 
     fn close_intervals(&mut self, upto: u64) {
         while self.next_interval <= upto {
-            let st = self.core.stats();
-            let (h, m) = (
-                st.read_pages_hit - self.last_pages.0,
-                st.read_pages_missed - self.last_pages.1,
-            );
-            self.last_pages = (st.read_pages_hit, st.read_pages_missed);
+            let (hit, missed) = self.read_pages();
+            let (h, m) = (hit - self.last_pages.0, missed - self.last_pages.1);
+            self.last_pages = (hit, missed);
             let ratio = if h + m == 0 {
                 f64::NAN
             } else {
@@ -255,11 +271,12 @@ impl EngineSim {
             }
             match e {
                 Event::Wake(w) => {
-                    let st = self.core.throttle(Nanos(et));
+                    let k = self.turns[w as usize];
+                    self.turns[w as usize] = (k + 1) % self.core.shards();
+                    let st = self.core.throttle(k, Nanos(et));
                     let mut next = et + st.period.as_nanos() as u64;
                     if w < st.active_workers {
-                        if let Some(job) = self.core.pick_population(Nanos(et)) {
-                            let job = Population::new(job);
+                        if let Some(job) = self.core.pick_population(k, Nanos(et)) {
                             let done = self.population_io(et, job.len, &job.runs);
                             self.push(done, Event::PopDone(job.into_token()));
                             next = done + st.period.as_nanos() as u64;
@@ -270,7 +287,7 @@ impl EngineSim {
                 Event::PopDone(pop) => pop.complete(&mut self.core, true),
                 Event::SourceDone(source) => source.done(&mut self.core, true),
                 Event::CacheDone(copy) => copy.done(&mut self.core, true),
-                Event::WbDone(txn) => txn.complete(&mut self.core, true),
+                Event::WbDone(w) => w.complete(&mut self.core, true),
                 Event::CleanWake => {
                     self.clean(et, false);
                     if intervals {
@@ -330,8 +347,15 @@ impl EngineSim {
 
     /// Read pages hit and missed so far.
     pub fn read_pages(&self) -> (u64, u64) {
-        let st = self.core.stats();
-        (st.read_pages_hit, st.read_pages_missed)
+        (
+            self.core.stat(|s| s.read_pages_hit),
+            self.core.stat(|s| s.read_pages_missed),
+        )
+    }
+
+    /// The core shards simulated.
+    pub fn core_shards(&self) -> usize {
+        self.core.shards()
     }
 
     /// The core's configuration.
@@ -368,15 +392,18 @@ impl EngineSim {
         if mapped {
             let (o, l) = (off / 512 * 512, end.div_ceil(512) * 512 - off / 512 * 512);
             let at = SourceOffset(o);
-            if let Ok(txn) =
-                WriteTxn::begin(&mut self.core, at, l.min(size - o), WriteKind::Discard)
+            if let Ok(txns) = self
+                .core
+                .begin_write(at, l.min(size - o), WriteKind::Discard)
             {
-                let (source, copies) = txn.into_parts();
-                // A discard plans no cache copy.
-                for copy in copies {
-                    copy.done(&mut self.core, false);
+                for txn in txns {
+                    let (source, copies) = txn.into_halves();
+                    // A discard plans no cache copy.
+                    for copy in copies {
+                        copy.done(&mut self.core, false);
+                    }
+                    source.done(&mut self.core, true);
                 }
-                source.done(&mut self.core, true);
             }
         }
         held
@@ -414,18 +441,12 @@ impl EngineSim {
         self.last_request = t;
         match r.kind {
             IoKind::Read => {
-                let Ok(mut read) = PinnedRead::begin(
-                    &mut self.core,
-                    &self.pins,
-                    SourceOffset(off),
-                    len,
-                    &mut self.plan,
-                ) else {
+                let Ok(mut read) = self.core.begin_read(SourceOffset(off), len) else {
                     return t;
                 };
                 let mut done = t;
                 let mut source_done = t;
-                for run in &read.runs {
+                for run in read.pieces().flat_map(|(_, plan)| &plan.runs) {
                     let d = match run.target {
                         RunTarget::Cache(_) => self.ssd.io(t, run.len, false),
                         RunTarget::Source(_) => {
@@ -438,7 +459,7 @@ impl EngineSim {
                     done = done.max(d);
                 }
                 // Inline fills (admission `always`) are written before the read completes.
-                for f in &read.fills {
+                for f in read.pieces().flat_map(|(_, plan)| &plan.fills) {
                     done = done.max(self.ssd.io(source_done, f.len, true));
                     self.res.cache_bytes_written += f.len;
                 }
@@ -459,16 +480,25 @@ impl EngineSim {
     /// A write in the write-through modes (and write-around, passthrough) at `t`: returns
     /// when it is acknowledged.
     fn write_through(&mut self, t: u64, off: u64, len: u64) -> u64 {
-        let Ok(txn) = WriteTxn::begin(&mut self.core, SourceOffset(off), len, WriteKind::Data)
+        let Ok(txns) = self
+            .core
+            .begin_write(SourceOffset(off), len, WriteKind::Data)
         else {
             return t;
         };
-        let synchronous = txn.synchronous();
-        let (source, copies) = txn.into_parts();
+        let synchronous = self.core.config().write_mode == sce_core::WriteMode::WriteThrough;
         let sdone = self.source.io(t, len, true);
         self.res.source_bytes_written += len;
-        self.push(sdone, Event::SourceDone(source));
         let mut ack = sdone;
+        // One source write for the request; its pieces' halves complete with it.
+        let copies: Vec<_> = txns
+            .into_iter()
+            .flat_map(|txn| {
+                let (source, copies) = txn.into_halves();
+                self.push(sdone, Event::SourceDone(source));
+                copies
+            })
+            .collect();
         for copy in copies {
             let l = copy.write().len;
             let cdone = self.ssd.io(t, l, true);
@@ -494,21 +524,18 @@ impl EngineSim {
         self.events.extend(pending);
         self.run_events(u64::MAX, false);
         self.now = end;
-        let st = self.core.stats().clone();
-        let total = st.read_pages_hit + st.read_pages_missed;
+        let (hit, missed) = self.read_pages();
+        let total = hit + missed;
         self.res.read_hit_ratio = if total == 0 {
             0.0
         } else {
-            st.read_pages_hit as f64 / total as f64
+            hit as f64 / total as f64
         };
         // Drop the intervals closed after the end of the trace, keep the partial last one.
         self.res
             .intervals
             .retain(|(t, _)| *t * 1e9 <= end as f64 + self.interval_ns as f64);
-        let (h, m) = (
-            st.read_pages_hit - self.last_pages.0,
-            st.read_pages_missed - self.last_pages.1,
-        );
+        let (h, m) = (hit - self.last_pages.0, missed - self.last_pages.1);
         if h + m > 0 {
             self.res
                 .intervals
@@ -537,8 +564,8 @@ impl EngineSim {
         self.res.write_latency = std::mem::take(&mut self.wlat);
         self.res.source_busy_ns = self.source.busy_ns();
         self.res.cache_busy_ns = self.ssd.busy_ns();
-        self.res.fragments_populated = st.populations_completed;
-        self.res.fragments_evicted = st.fragments_evicted;
+        self.res.fragments_populated = self.core.stat(|s| s.populations_completed);
+        self.res.fragments_evicted = self.core.stat(|s| s.fragments_evicted);
         self.res.dirty_bytes_at_end = self.core.dirty_pages() * 4096;
         std::mem::take(&mut self.res)
     }
@@ -551,7 +578,7 @@ impl Drop for EngineSim {
         for Reverse(d) in std::mem::take(&mut self.events).into_vec() {
             match d.e {
                 Event::Wake(_) | Event::CleanWake => {}
-                Event::WbDone(txn) => txn.complete(&mut self.core, false),
+                Event::WbDone(w) => w.complete(&mut self.core, false),
                 Event::CleanDone(job) => job.complete(&mut self.core, false),
                 Event::PopDone(pop) => pop.complete(&mut self.core, false),
                 Event::SourceDone(source) => source.done(&mut self.core, false),

@@ -6,7 +6,7 @@
 //! (backpressure), which shows in its latency.
 
 use super::{EngineSim, Event};
-use sce_core::{Cleaning, SourceOffset, WriteBackRefusal, WriteBackTxn};
+use sce_core::{SourceOffset, WriteBackRefusal};
 
 /// Dirty share of the cache above which the cleaner runs.
 pub const LOW_WATERMARK: f64 = 0.10;
@@ -40,7 +40,7 @@ impl EngineSim {
             0
         };
         while self.cleaning < jobs {
-            let Some(job) = Cleaning::pick(&mut self.core) else {
+            let Some(job) = self.core.pick_clean() else {
                 break;
             };
             let len: u64 = job.runs.iter().map(|r| r.2).sum();
@@ -71,7 +71,7 @@ impl EngineSim {
         }
         let mut now = start;
         let plan = loop {
-            match WriteBackTxn::begin(&mut self.core, SourceOffset(a), b - a) {
+            match self.core.begin_writeback(SourceOffset(a), b - a) {
                 Ok(p) => break Some(p),
                 Err(WriteBackRefusal::Full) | Err(WriteBackRefusal::Busy) => {
                     self.res.writeback_waits += 1;
@@ -87,18 +87,20 @@ impl EngineSim {
                 Err(_) => break None,
             }
         };
-        let Some(plan) = plan else {
+        let Some(pieces) = plan else {
             // Not reached with a trace's requests (ranges are clipped, waits end with the
             // cleaning they wait for); counted as what it cost if it is.
             self.wlat.record(now - t);
             return now;
         };
         let mut ack = now;
-        for c in &plan.copies {
+        for c in pieces.iter().flat_map(|w| &w.copies) {
             ack = ack.max(self.ssd.io(now, c.len, true));
             self.res.cache_bytes_written += c.len;
         }
-        self.push(ack, Event::WbDone(plan));
+        for w in pieces {
+            self.push(ack, Event::WbDone(w));
+        }
         self.wlat.record(ack - t);
         ack
     }

@@ -101,6 +101,9 @@ pub struct SimConfig {
     pub replay: Option<Replay>,
     /// Policies simulated at once (default: the number of cores).
     pub threads: Option<usize>,
+    /// Shards of the engine policies' core, as the server's `core_shards` (0: the server's
+    /// automatic choice; 1: one unsharded core).
+    pub core_shards: usize,
 }
 
 impl SimConfig {
@@ -325,13 +328,14 @@ impl Simulation {
                     *p,
                     (a.cache_size / 4096) as usize,
                 ))),
-                PolicyKind::Engine(cfg) => Flash::Engine(Box::new(EngineSim::new(
+                PolicyKind::Engine(cfg) => Flash::Engine(Box::new(EngineSim::with_shards(
                     cfg.clone(),
                     self.survey.layout.size(),
                     a.cache_size,
                     devices.0.clone(),
                     devices.1.clone(),
                     a.interval,
+                    a.core_shards,
                 )?)),
             };
             let ram = a.ram_size.map(|s| RamCache::new(s, a.ram_policy));
