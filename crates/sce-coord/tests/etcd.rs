@@ -14,16 +14,29 @@ fn ready(e: &Etcd) {
     });
 }
 
-/// A 3-member etcd cluster in a temporary directory, answering (None: etcd is not
-/// installed and this is not CI: the test is skipped).
-fn ground() -> Option<(tempfile::TempDir, Cluster)> {
+/// A 3-member etcd cluster in a temporary directory.
+struct Ground {
+    _dir: tempfile::TempDir,
+    cluster: Cluster,
+}
+
+impl Ground {
+    /// A client of every member.
+    fn client(&self) -> Etcd {
+        client_of(&self.cluster)
+    }
+}
+
+/// A 3-member etcd cluster, answering (None: etcd is not installed and this is not CI: the
+/// test is skipped).
+fn ground() -> Option<Ground> {
     if !sce_testkit::require_known_tool("etcd") {
         return None;
     }
     let d = tempfile::tempdir().unwrap();
     let cluster = Cluster::start(d.path());
     ready(&client_of(&cluster));
-    Some((d, cluster))
+    Some(Ground { _dir: d, cluster })
 }
 
 /// A client of every member of `cluster`.
@@ -34,15 +47,12 @@ fn client_of(cluster: &Cluster) -> Etcd {
 
 #[test]
 fn keys_leases_watches_and_a_lost_member() {
-    if !sce_testkit::require_known_tool("etcd") {
+    let Some(Ground { _dir, mut cluster }) = ground() else {
         return;
-    }
-    let d = tempfile::tempdir().unwrap();
-    let mut cluster = Cluster::start(d.path());
+    };
     let endpoints = cluster.endpoints.clone();
     let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
     let e = Etcd::new(&eps, Duration::from_secs(5)).unwrap();
-    ready(&e);
     // Keys and revisions.
     let r1 = e.put(b"/sce/vol/a", b"one", 0).unwrap();
     let r2 = e.put(b"/sce/vol/b", b"two", 0).unwrap();
@@ -120,22 +130,9 @@ fn registered(e: &Etcd) {
 /// cluster could expire it); when the cluster is back, the host is registered again.
 #[test]
 fn membership_lapses_without_etcd_and_comes_back() {
-    if !sce_testkit::require_known_tool("etcd") {
-        return;
-    }
-    let d = tempfile::tempdir().unwrap();
-    let mut cluster = Cluster::start(d.path());
-    let endpoints = cluster.endpoints.clone();
-    let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
-    let e = Etcd::new(&eps, Duration::from_secs(2)).unwrap();
-    ready(&e);
-    let m = sce_coord::Membership::join(
-        Etcd::new(&eps, Duration::from_secs(2)).unwrap(),
-        b"/sce/hosts/h1",
-        b"h1",
-        2,
-    )
-    .unwrap();
+    let Some(mut g) = ground() else { return };
+    let e = g.client();
+    let m = sce_coord::Membership::join(g.client(), b"/sce/hosts/h1", b"h1", 2).unwrap();
     let first = m.valid_until();
     // Renewed: the deadline moves past the first lease's (no bound on when: a loaded
     // machine may be slow, but a renewal must come).
@@ -144,11 +141,11 @@ fn membership_lapses_without_etcd_and_comes_back() {
     });
     registered(&e);
     // The whole cluster goes away: the registration lapses.
-    cluster.stop_all();
+    g.cluster.stop_all();
     wait_until("still counting on a lease nobody renews", 30, || !m.valid());
     wait_until("no renewal failed", 30, || m.failures() > 0);
     // Back: renewed or registered again.
-    cluster.start_all();
+    g.cluster.start_all();
     wait_until("never registered again", 60, || m.valid());
     ready(&e);
     registered(&e);
@@ -166,24 +163,21 @@ fn invalidations_are_dropped_everywhere_before_publish_returns() {
     use sce_coord::inval::Listener;
     use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
     use std::sync::{Arc, Mutex};
-    let Some((_dir, cluster)) = ground() else {
-        return;
-    };
-    let client = || client_of(&cluster);
-    let a = client();
+    let Some(g) = ground() else { return };
+    let a = g.client();
     let p = "/sce/vol0";
-    let ma = sce_coord::Membership::join(client(), b"/sce/vol0/hosts/a", b"a", 2).unwrap();
-    let tracker = sce_coord::Tracker::start(client(), p, "a").unwrap();
+    let ma = sce_coord::Membership::join(g.client(), b"/sce/vol0/hosts/a", b"a", 2).unwrap();
+    let tracker = sce_coord::Tracker::start(g.client(), p, "a").unwrap();
     let publish =
         |_: &Etcd, _: &str, _: &str, r: &[(u64, u64)], t: Duration| tracker.publish(&a, r, t);
-    let mb = sce_coord::Membership::join(client(), b"/sce/vol0/hosts/b", b"b", 2).unwrap();
+    let mb = sce_coord::Membership::join(g.client(), b"/sce/vol0/hosts/b", b"b", 2).unwrap();
     // Host b listens in a thread, recording what it dropped.
     let dropped = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
     let b = {
         let (dropped, stop) = (dropped.clone(), stop.clone());
         let lease = mb.lease();
-        let eb = client();
+        let eb = g.client();
         let mut l = Listener::new(&eb, p, "b", 0).unwrap();
         std::thread::spawn(move || {
             while !stop.load(SeqCst) {
@@ -256,11 +250,8 @@ fn invalidations_are_dropped_everywhere_before_publish_returns() {
 #[test]
 fn a_registration_under_a_key_another_id_holds_is_refused() {
     use sce_coord::EtcdError;
-    let Some((_dir, cluster)) = ground() else {
-        return;
-    };
-    let client = || client_of(&cluster);
-    let e = client();
+    let Some(g) = ground() else { return };
+    let e = g.client();
     // The transaction: an absent key is created, a present one is left as it is.
     let r = e.put_if(b"/sce/once", b"first", 0, 0).unwrap().unwrap();
     let held = e
@@ -274,7 +265,7 @@ fn a_registration_under_a_key_another_id_holds_is_refused() {
     assert_eq!(e.get(b"/sce/once").unwrap(), Some(b"first".to_vec()));
 
     let key = b"/sce/vol/hosts/vm";
-    let join = |value: &[u8]| sce_coord::Membership::join(client(), key, value, 2);
+    let join = |value: &[u8]| sce_coord::Membership::join(g.client(), key, value, 2);
     let first = join(b"id-a pid=1").unwrap();
     let t0 = Instant::now();
     let Err(EtcdError::Taken { holder, .. }) = join(b"id-b pid=2") else {
@@ -302,16 +293,13 @@ fn a_registration_under_a_key_another_id_holds_is_refused() {
 #[test]
 fn invalidations_under_my_name_from_before_my_registration_are_dropped() {
     use sce_coord::inval::Listener;
-    let Some((_dir, cluster)) = ground() else {
-        return;
-    };
-    let client = || client_of(&cluster);
-    let e = client();
+    let Some(g) = ground() else { return };
+    let e = g.client();
     let p = "/sce/vol9";
-    let tracker = sce_coord::Tracker::start(client(), p, "vm").unwrap();
+    let tracker = sce_coord::Tracker::start(g.client(), p, "vm").unwrap();
     let publish = |o: u64| tracker.publish(&e, &[(o, 4096)], Duration::from_secs(30));
     let clones = publish(0).unwrap();
-    let me = sce_coord::Membership::join(client(), b"/sce/vol9/hosts/vm", b"id-a", 2).unwrap();
+    let me = sce_coord::Membership::join(g.client(), b"/sce/vol9/hosts/vm", b"id-a", 2).unwrap();
     let mine = publish(8192).unwrap();
     assert!(clones < me.registered_at() && me.registered_at() < mine);
     let mut l = Listener::new(&e, p, "vm", clones).unwrap();
@@ -333,12 +321,10 @@ fn invalidations_under_my_name_from_before_my_registration_are_dropped() {
 #[test]
 fn a_host_whose_name_was_taken_while_it_was_away_is_displaced() {
     use sce_testkit::etcd::Proxy;
-    let Some((_dir, cluster)) = ground() else {
-        return;
-    };
-    let client = || client_of(&cluster);
-    let e = client();
-    let proxies: Vec<Proxy> = cluster
+    let Some(g) = ground() else { return };
+    let e = g.client();
+    let proxies: Vec<Proxy> = g
+        .cluster
         .endpoints
         .iter()
         .map(|ep| Proxy::start(ep))
@@ -349,7 +335,7 @@ fn a_host_whose_name_was_taken_while_it_was_away_is_displaced() {
     let a = sce_coord::Membership::join(away, key, b"id-a", 2).unwrap();
     proxies.iter().for_each(|p| p.cut(true));
     wait_until("a's key never lapsed", 60, || e.get(key).unwrap().is_none());
-    let b = sce_coord::Membership::join(client(), key, b"id-b", 2).unwrap();
+    let b = sce_coord::Membership::join(g.client(), key, b"id-b", 2).unwrap();
     proxies.iter().for_each(|p| p.cut(false));
     wait_until("a never found its name taken", 60, || a.displacements() > 0);
     assert!(!a.valid());

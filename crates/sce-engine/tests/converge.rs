@@ -10,11 +10,11 @@
 //! pick that does not see the misses finds nothing to populate. Bounded by rounds of reads
 //! (no timed assertion); the worker's periods only pace it.
 
-use sce_core::CoreConfig;
+mod common;
+
 use sce_engine::{CacheVolume, EngineConfig};
 use sce_io::{
-    open_queue, AlignedBuf, Backend, BlockDevice, BufPool, DirectMode, FileDevice, FileOptions,
-    IoDone, MemDevice, QueuedReads,
+    open_queue, AlignedBuf, Backend, BlockDevice, BufPool, IoDone, MemDevice, QueuedReads,
 };
 use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
@@ -58,19 +58,10 @@ fn start(
 fn converge(shards: usize) -> (usize, u64) {
     let dir = tempfile::tempdir().unwrap();
     let source: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(FRAGS * FRAG));
-    let opts = FileOptions {
-        direct: DirectMode::Required,
-        create_size: Some(FRAGS * FRAG * 5 / 4),
-        ..Default::default()
-    };
-    let file = Arc::new(FileDevice::open(&dir.path().join("cache"), &opts).unwrap());
+    let file = common::direct_file(dir.path(), "cache", FRAGS * FRAG * 5 / 4);
     // A small window (a sharded one holds a few fragments): a missed fragment stays in it
     // only for the next few reads.
-    let mut core = CoreConfig {
-        fragment_size: FRAG,
-        hot_window: 16,
-        ..CoreConfig::default()
-    };
+    let mut core = common::small_window_core(FRAG);
     // Algorithm 1's periods as they are: one worker, every 500 ms, once the miss rate is
     // low; populating whatever the miss rate.
     core.throttle.target_missrate = 0.0;

@@ -515,26 +515,17 @@ fn open(case: &Case, source: Arc<dyn BlockDevice>, cache: Arc<dyn BlockDevice>) 
         hot_window: 16,
         ..CoreConfig::default()
     };
-    core.throttle.period = Duration::from_millis(1);
-    core.throttle.slow_period = Duration::from_millis(2);
-    core.throttle.target_missrate = 0.0;
+    common::eager_throttle(&mut core);
     let persist = case.persist.then(|| {
         let mut p = PersistConfig::new(case.name);
         p.flush_interval = Duration::from_millis(5);
         p
     });
-    CacheVolume::open(
-        source,
-        cache,
-        EngineConfig {
-            core,
-            awt_threads: 2,
-            background_population: true,
-            persist,
-            ..EngineConfig::default()
-        },
-    )
-    .unwrap_or_else(|e| panic!("{}: open: {e}", case.name))
+    let cfg = EngineConfig {
+        persist,
+        ..common::awt_engine(core)
+    };
+    CacheVolume::open(source, cache, cfg).unwrap_or_else(|e| panic!("{}: open: {e}", case.name))
 }
 
 /// Runs one case; returns everything found wrong.

@@ -11,11 +11,9 @@ mod common;
 use common::watchdog::{run_watched, Progress};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use sce_core::CoreConfig;
 use sce_engine::{CacheVolume, EngineConfig, PersistConfig};
 use sce_io::{
-    open_queue, AlignedBuf, Backend, BlockDevice, BufPool, DirectMode, FileDevice, FileOptions,
-    IoDone, MemDevice, QueuedReads,
+    open_queue, AlignedBuf, Backend, BlockDevice, BufPool, IoDone, MemDevice, QueuedReads,
 };
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::channel;
@@ -47,20 +45,10 @@ fn setup(persist: bool, backend: Backend, shards: usize) -> Setup {
 fn setup_with(persist: bool, backend: Backend, shards: usize, background: bool) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let source: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(256 * FRAG));
-    let opts = FileOptions {
-        direct: DirectMode::Required,
-        create_size: Some(if persist { 16 << 20 } else { 48 * FRAG }),
-        ..Default::default()
-    };
-    let file = Arc::new(FileDevice::open(&dir.path().join("cache"), &opts).unwrap());
-    let mut core = CoreConfig {
-        fragment_size: FRAG,
-        hot_window: 16,
-        ..CoreConfig::default()
-    };
-    core.throttle.period = Duration::from_millis(1);
-    core.throttle.slow_period = Duration::from_millis(2);
-    core.throttle.target_missrate = 0.0;
+    let size = if persist { 16 << 20 } else { 48 * FRAG };
+    let file = common::direct_file(dir.path(), "cache", size);
+    let mut core = common::small_window_core(FRAG);
+    common::eager_throttle(&mut core);
     let cfg = EngineConfig {
         core,
         core_shards: shards,

@@ -45,9 +45,7 @@ fn want_sector(s: u64, v: u32) -> Vec<u8> {
 
 fn engine(core: CoreConfig, shards: usize, background: bool) -> EngineConfig {
     let mut core = core;
-    core.throttle.period = Duration::from_millis(1);
-    core.throttle.slow_period = Duration::from_millis(2);
-    core.throttle.target_missrate = 0.0;
+    common::eager_throttle(&mut core);
     EngineConfig {
         core,
         background_population: background,

@@ -11,7 +11,7 @@ use common::watchdog::{run_watched, Progress};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use sce_core::{Admission, CoreConfig, EvictionKind, WriteMode};
-use sce_engine::{CacheVolume, EngineConfig};
+use sce_engine::CacheVolume;
 use sce_io::{
     AlignedBuf, BlockDevice, Delay, DirectMode, FileDevice, FileOptions, LatencyConfig,
     LatencyDevice,
@@ -77,20 +77,8 @@ fn setup(core: CoreConfig, source_size: u64, cache_size: u64) -> Setup {
     };
     let source: Arc<dyn BlockDevice> = Arc::new(LatencyDevice::new(source_file.clone(), lat));
     let mut core = core;
-    core.throttle.period = Duration::from_millis(1);
-    core.throttle.slow_period = Duration::from_millis(2);
-    core.throttle.target_missrate = 0.0;
-    let volume = CacheVolume::open(
-        source,
-        cache,
-        EngineConfig {
-            core,
-            awt_threads: 2,
-            background_population: true,
-            ..EngineConfig::default()
-        },
-    )
-    .expect("open volume");
+    common::eager_throttle(&mut core);
+    let volume = CacheVolume::open(source, cache, common::awt_engine(core)).expect("open volume");
     Setup {
         _dir: dir,
         source_file,

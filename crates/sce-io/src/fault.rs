@@ -226,19 +226,8 @@ impl<D: BlockDevice> FaultDevice<D> {
 }
 
 impl<D: BlockDevice> BlockDevice for FaultDevice<D> {
-    fn identity(&self) -> Option<String> {
-        self.inner.identity()
-    }
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<crate::Extent>, IoError> {
-        self.inner.extents(offset, len)
-    }
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
+    // Metadata is never faulted.
+    forward_metadata!();
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
         let len = buf.len() as u64;

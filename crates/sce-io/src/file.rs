@@ -17,24 +17,14 @@ use std::path::{Path, PathBuf};
 /// Linux `_IOC` request-number encoding. Most architectures use 2 direction bits at bit 30
 /// (none = 0, read = 2); mips, powerpc and sparc use 3 at bit 29 (none = 1, read = 2).
 mod ioc {
-    #[cfg(any(
+    const ALT: bool = cfg!(any(
         target_arch = "mips",
         target_arch = "mips64",
         target_arch = "powerpc",
         target_arch = "powerpc64",
         target_arch = "sparc",
         target_arch = "sparc64"
-    ))]
-    const ALT: bool = true;
-    #[cfg(not(any(
-        target_arch = "mips",
-        target_arch = "mips64",
-        target_arch = "powerpc",
-        target_arch = "powerpc64",
-        target_arch = "sparc",
-        target_arch = "sparc64"
-    )))]
-    const ALT: bool = false;
+    ));
 
     const fn ioc(read: bool, ty: u32, nr: u32, size: u32) -> u32 {
         let (dir, shift) = match (ALT, read) {

@@ -173,19 +173,8 @@ impl Drop for Slot<'_> {
 }
 
 impl<D: BlockDevice> BlockDevice for LatencyDevice<D> {
-    fn identity(&self) -> Option<String> {
-        self.inner.identity()
-    }
-    /// Metadata: answered without the simulated latency.
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<crate::Extent>, IoError> {
-        self.inner.extents(offset, len)
-    }
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
+    // Metadata (extents too): answered without the simulated latency.
+    forward_metadata!();
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
         let n = buf.len() as u64;
         self.with_delay(&self.cfg.read, n, || self.inner.read_at(offset, buf))

@@ -5,6 +5,25 @@
 //! [`MemDevice`], and the wrappers [`LatencyDevice`] (a slow SAN or disk) and
 //! [`FaultDevice`] (injected faults). [`conformance`] is the one test suite they all pass.
 
+/// Inside a wrapper's `impl BlockDevice`: the metadata methods (identity, extents, size,
+/// logical block size), answered by the wrapped device `self.inner` unchanged.
+macro_rules! forward_metadata {
+    () => {
+        fn identity(&self) -> Option<String> {
+            self.inner.identity()
+        }
+        fn extents(&self, offset: u64, len: u64) -> Result<Vec<crate::Extent>, IoError> {
+            self.inner.extents(offset, len)
+        }
+        fn size(&self) -> u64 {
+            self.inner.size()
+        }
+        fn logical_block_size(&self) -> u32 {
+            self.inner.logical_block_size()
+        }
+    };
+}
+
 pub mod buf;
 pub mod conformance;
 pub mod error;

@@ -89,32 +89,29 @@ fn grid(f: &Frame) -> String {
     let mut s = String::new();
     for i in 0..=10 {
         let h = i as f64 / 10.0;
-        s += &format!(
-            "<line x1=\"{L}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\
-             <text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{h:.1}</text>\n",
-            W - R,
-            L - 6.0,
-            f.y(h) + 4.0,
-            y = f.y(h)
-        );
+        s += &grid_line(f.y(h), &format!("{h:.1}"));
     }
     for i in 0..=5 {
         let b = f.bmax * i as f64 / 5.0;
-        s += &format!(
-            "<line x1=\"{L}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\
-             <text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
-            W - R,
-            L - 6.0,
-            f.y2(b) + 4.0,
-            if i == 0 {
-                "0".to_string()
-            } else {
-                format_size(b as u64)
-            },
-            y = f.y2(b)
-        );
+        let label = if i == 0 {
+            "0".to_string()
+        } else {
+            format_size(b as u64)
+        };
+        s += &grid_line(f.y2(b), &label);
     }
     s
+}
+
+/// One grid line across the plot at height `y`, with its value label left of the axis.
+fn grid_line(y: f64, label: &str) -> String {
+    format!(
+        "<line x1=\"{L}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\
+         <text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{label}</text>\n",
+        W - R,
+        L - 6.0,
+        y + 4.0,
+    )
 }
 
 /// The axes of both panels, their time labels and titles, and the time axis' title.

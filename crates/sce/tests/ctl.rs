@@ -12,14 +12,7 @@ use std::sync::Arc;
 
 /// `sce ctl -s SOCK ARGS`: (success, stdout, stderr).
 fn ctl(sock: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_sce"))
-        .arg("ctl")
-        .arg("-s")
-        .arg(sock)
-        .args(args)
-        .env_remove("SCE_CTL")
-        .output()
-        .unwrap();
+    let out = common::ctl_output(sock, args);
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into(),
@@ -44,10 +37,7 @@ fn cached_bytes(sock: &Path, off: &str, len: &str) -> u64 {
 
 fn serve(d: &Path) -> (Server, std::path::PathBuf) {
     let src = d.join("src");
-    std::fs::File::create(&src)
-        .unwrap()
-        .set_len(64 << 20)
-        .unwrap();
+    common::sized_file(&src, 64 << 20);
     let sock = d.join("s.sock");
     let s = Server::start(
         &[
@@ -181,14 +171,7 @@ fn detach_and_attach() {
     let c: serde_json::Value = serde_json::from_slice(&chk.stdout).unwrap();
     assert_eq!(c["superblock"]["state"], "clean", "{c}");
     // The export serves on, from the source.
-    let client = sce_nbd::NbdClient::connect(
-        &sce_nbd::NbdUri::Unix {
-            socket: sock.clone(),
-            name: String::new(),
-        },
-        1,
-    )
-    .unwrap();
+    let client = common::unix_client(&sock, 1);
     let mut b = vec![0u8; 65536];
     sce_io::BlockDevice::read_at(&client, 0, &mut b).unwrap();
     // Refused while detached, with the reason.

@@ -63,7 +63,7 @@ fn config(d: &Path, with_b: bool) -> std::path::PathBuf {
 }
 
 fn source_file(p: &Path) {
-    std::fs::File::create(p).unwrap().set_len(64 * MIB).unwrap();
+    common::sized_file(p, 64 * MIB);
 }
 
 /// Item 1 of the issue: a restart whose config lacks export `b` used to drop b's dirty data
@@ -245,10 +245,7 @@ fn a_refused_start_leaves_no_cache_file_it_created() {
     assert!(why.contains("etcd"), "{why}");
     assert!(!cache.exists(), "a refused start left {caches} behind");
     // A cache that existed before the refused start stays.
-    std::fs::File::create(&cache)
-        .unwrap()
-        .set_len(16 * MIB)
-        .unwrap();
+    common::sized_file(&cache, 16 * MIB);
     refused_start(&base);
     assert!(
         cache.exists(),
@@ -284,14 +281,7 @@ impl Drop for FailingSource {
 
 /// `sce ctl -s SOCK ARGS`: (success, stdout and stderr).
 fn ctl(sock: &Path, args: &[&str]) -> (bool, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_sce"))
-        .arg("ctl")
-        .arg("-s")
-        .arg(sock)
-        .args(args)
-        .env_remove("SCE_CTL")
-        .output()
-        .unwrap();
+    let o = common::ctl_output(sock, args);
     (o.status.success(), text(&o))
 }
 

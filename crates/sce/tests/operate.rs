@@ -1,5 +1,7 @@
 //! What an operator meets: logs (each line once, text or JSON, levels), mode names, help.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -10,10 +12,7 @@ use std::time::{Duration, Instant};
 /// and whether it exited 0.
 fn serve_and_stop(d: &Path, args: &[&str]) -> (Vec<String>, bool) {
     let src = d.join("src");
-    std::fs::File::create(&src)
-        .unwrap()
-        .set_len(64 << 20)
-        .unwrap();
+    common::sized_file(&src, 64 << 20);
     let sock = d.join("s.sock");
     let mut child = Command::new(env!("CARGO_BIN_EXE_sce"))
         .arg("serve")
@@ -188,12 +187,7 @@ fn every_help_ends_with_examples() {
 /// the TOML file (the old names still work).
 #[test]
 fn mode_names_and_knobs_reach_the_cache() {
-    let d = tempfile::tempdir().unwrap();
-    let src = d.path().join("src");
-    std::fs::File::create(&src)
-        .unwrap()
-        .set_len(64 << 20)
-        .unwrap();
+    let (d, src) = common::temp_source(64 << 20);
     let toml = d.path().join("sce.toml");
     std::fs::write(
         &toml,
@@ -207,10 +201,7 @@ fn mode_names_and_knobs_reach_the_cache() {
         ),
     )
     .unwrap();
-    std::fs::File::create(d.path().join("src2"))
-        .unwrap()
-        .set_len(64 << 20)
-        .unwrap();
+    common::sized_file(&d.path().join("src2"), 64 << 20);
     let sock = d.path().join("s.sock");
     let mut child = Command::new(env!("CARGO_BIN_EXE_sce"))
         .args(["serve", "--config", toml.to_str().unwrap()])
@@ -259,12 +250,7 @@ fn mode_names_and_knobs_reach_the_cache() {
 /// there, and Prometheus' own linter (`promtool check metrics`) finds nothing to say.
 #[test]
 fn metrics_pass_promtool_and_every_family_has_help_and_type() {
-    let d = tempfile::tempdir().unwrap();
-    let src = d.path().join("src");
-    std::fs::File::create(&src)
-        .unwrap()
-        .set_len(64 << 20)
-        .unwrap();
+    let (d, src) = common::temp_source(64 << 20);
     let sock = d.path().join("s.sock");
     let mut child = Command::new(env!("CARGO_BIN_EXE_sce"))
         .args(["serve", "--source", src.to_str().unwrap()])
@@ -279,35 +265,20 @@ fn metrics_pass_promtool_and_every_family_has_help_and_type() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let l = lines.next().expect("server output").unwrap();
-        if let Some(rest) = l.split_once("metrics on http://") {
-            break rest.1.trim_end_matches("/metrics").to_string();
-        }
-    };
+    let addr = common::metrics_addr(&mut lines);
     // Some reads and writes, so that the histograms have samples.
-    let c = sce_nbd::NbdClient::connect(
-        &sce_nbd::NbdUri::Unix {
-            socket: sock.clone(),
-            name: String::new(),
-        },
-        1,
-    )
-    .unwrap();
+    let c = common::unix_client(&sock, 1);
     let mut b = vec![0u8; 65536];
     for i in 0..8 {
         sce_io::BlockDevice::read_at(&c, i * 65536, &mut b).unwrap();
         sce_io::BlockDevice::write_at(&c, i * 65536, &b).unwrap();
     }
     drop(c);
-    let text = {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(&addr).unwrap();
-        write!(s, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-        let mut t = String::new();
-        s.read_to_string(&mut t).unwrap();
-        t.split_once("\r\n\r\n").unwrap().1.to_string()
-    };
+    let text = common::http_get(&addr, "/metrics")
+        .split_once("\r\n\r\n")
+        .unwrap()
+        .1
+        .to_string();
     // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert!(child.wait().unwrap().success());
@@ -514,12 +485,7 @@ fn completions_man_pages_and_the_systemd_unit() {
 /// refused with the reason unless --insecure, which logs a warning.
 #[test]
 fn a_non_loopback_tcp_listener_needs_insecure() {
-    let d = tempfile::tempdir().unwrap();
-    let src = d.path().join("src");
-    std::fs::File::create(&src)
-        .unwrap()
-        .set_len(16 << 20)
-        .unwrap();
+    let (d, src) = common::temp_source(16 << 20);
     let out = Command::new(env!("CARGO_BIN_EXE_sce"))
         .args(["serve", "--source", src.to_str().unwrap()])
         .args(["--listen", "tcp:0.0.0.0:0"])
@@ -584,10 +550,7 @@ fn the_readme_walk_through_runs_as_written() {
     let block = &block[..block.find("```").unwrap()];
     let d = tempfile::tempdir().unwrap();
     let dir = d.path().to_str().unwrap();
-    std::fs::File::create(d.path().join("lun0.img"))
-        .unwrap()
-        .set_len(1 << 30)
-        .unwrap();
+    common::sized_file(&d.path().join("lun0.img"), 1 << 30);
     let bin = Path::new(env!("CARGO_BIN_EXE_sce")).parent().unwrap();
     let mut script = format!(
         "set -euo pipefail\nexport PATH={}:$PATH\ncd {dir}\n",

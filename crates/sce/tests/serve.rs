@@ -7,7 +7,7 @@ mod common;
 
 use common::wait_for;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStderr, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// True if the client `tool` is installed. Missing: the test skips, saying so, or fails under
@@ -65,7 +65,7 @@ fn cached(d: &tempfile::TempDir, size: u64, cache_size: &str) -> (PathBuf, PathB
         d.path().join("cache"),
         d.path().join("s.sock"),
     );
-    sparse(&src, size);
+    common::sized_file(&src, size);
     let p = serve(
         &[
             "--source",
@@ -80,12 +80,31 @@ fn cached(d: &tempfile::TempDir, size: u64, cache_size: &str) -> (PathBuf, PathB
     (src, sock, p)
 }
 
-fn uri(sock: &Path) -> String {
-    format!("nbd+unix:///?socket={}", sock.display())
+/// Starts `cmd`, a `sce serve` with `--metrics`, listening on `sock` and logging at info:
+/// the server, its metrics address, and the rest of its log (kept open while the server runs).
+fn serve_with_metrics(
+    cmd: &mut Command,
+    sock: &Path,
+) -> (
+    Proc,
+    String,
+    std::io::Lines<std::io::BufReader<ChildStderr>>,
+) {
+    use std::io::BufRead;
+    let mut child = cmd
+        .arg("--listen")
+        .arg(format!("unix:{}", sock.display()))
+        .env("SCE_LOG", "info")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = common::metrics_addr(&mut lines);
+    (Proc(child), addr, lines)
 }
 
-fn sparse(path: &Path, size: u64) {
-    std::fs::File::create(path).unwrap().set_len(size).unwrap();
+fn uri(sock: &Path) -> String {
+    format!("nbd+unix:///?socket={}", sock.display())
 }
 
 fn qemu_io_script(u: &str) {
@@ -435,8 +454,8 @@ fn config_file_with_two_exports_and_bad_configs() {
         d.path().join("b"),
         d.path().join("s.sock"),
     );
-    sparse(&a, 32 << 20);
-    sparse(&b, 16 << 20);
+    common::sized_file(&a, 32 << 20);
+    common::sized_file(&b, 16 << 20);
     let cfg = d.path().join("sce.toml");
     std::fs::write(
         &cfg,
@@ -493,44 +512,30 @@ fn config_file_with_two_exports_and_bad_configs() {
 #[test]
 fn metrics_endpoint_and_sce_stats() {
     use sce_io::BlockDevice;
-    use std::io::{BufRead, Read as _, Write as _};
     let d = tempfile::tempdir().unwrap();
     let (src, cache, sock) = (
         d.path().join("src"),
         d.path().join("cache"),
         d.path().join("s.sock"),
     );
-    sparse(&src, 32 << 20);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sce"))
-        .args([
-            "serve",
-            "--source",
-            src.to_str().unwrap(),
-            "--cache",
-            cache.to_str().unwrap(),
-        ])
-        .args([
-            "--cache-size",
-            "8MiB",
-            "--metrics",
-            "127.0.0.1:0",
-            "--export",
-            "m",
-        ])
-        .arg("--listen")
-        .arg(format!("unix:{}", sock.display()))
-        .env("SCE_LOG", "info")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let l = lines.next().expect("server output").unwrap();
-        if let Some(rest) = l.split_once("metrics on http://").map(|x| x.1) {
-            break rest.trim_end_matches("/metrics").to_string();
-        }
-    };
-    let p = Proc(child);
+    common::sized_file(&src, 32 << 20);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sce"));
+    cmd.args([
+        "serve",
+        "--source",
+        src.to_str().unwrap(),
+        "--cache",
+        cache.to_str().unwrap(),
+    ])
+    .args([
+        "--cache-size",
+        "8MiB",
+        "--metrics",
+        "127.0.0.1:0",
+        "--export",
+        "m",
+    ]);
+    let (p, addr, _log) = serve_with_metrics(&mut cmd, &sock);
     let c = sce_nbd::NbdClient::connect(
         &sce_nbd::NbdUri::Unix {
             socket: sock.clone(),
@@ -543,10 +548,7 @@ fn metrics_endpoint_and_sce_stats() {
     for _ in 0..3 {
         c.read_at(0, &mut b).unwrap();
     }
-    let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    write!(s, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
+    let text = common::http_get(&addr, "/metrics");
     assert!(text.starts_with("HTTP/1.0 200"), "{text}");
     assert!(
         text.contains("# TYPE sce_read_missed_pages_total counter"),
@@ -601,7 +603,6 @@ fn metrics_endpoint_and_sce_stats() {
 fn hits_read_through_io_uring_persistent_or_not() {
     use rand::{RngCore, SeedableRng};
     use sce_io::BlockDevice;
-    use std::io::{BufRead, Read as _, Write as _};
     for extra in [&[][..], &["--no-persist"][..]] {
         let d = tempfile::tempdir().unwrap();
         let (src, cache, sock) = (
@@ -612,32 +613,16 @@ fn hits_read_through_io_uring_persistent_or_not() {
         let mut data = vec![0u8; 8 << 20];
         rand::rngs::SmallRng::seed_from_u64(5).fill_bytes(&mut data);
         std::fs::write(&src, &data).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sce"))
-            .args(["serve", "--source", src.to_str().unwrap()])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sce"));
+        cmd.args(["serve", "--source", src.to_str().unwrap()])
             .args(["--cache", cache.to_str().unwrap(), "--cache-size", "32MiB"])
             .args(["--target-missrate", "0", "--metrics", "127.0.0.1:0"])
             .args(["--state-dir", d.path().to_str().unwrap()])
-            .args(extra)
-            .arg("--listen")
-            .arg(format!("unix:{}", sock.display()))
-            .env("SCE_LOG", "info")
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-        let addr = loop {
-            let l = lines.next().expect("server output").unwrap();
-            if let Some(rest) = l.split_once("metrics on http://").map(|x| x.1) {
-                break rest.trim_end_matches("/metrics").to_string();
-            }
-        };
-        let p = Proc(child);
+            .args(extra);
+        let (p, addr, _log) = serve_with_metrics(&mut cmd, &sock);
         // The value of the metric line that starts with `key`.
         let scrape = |key: &str| -> u64 {
-            let mut s = std::net::TcpStream::connect(&addr).unwrap();
-            write!(s, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-            let mut text = String::new();
-            s.read_to_string(&mut text).unwrap();
+            let text = common::http_get(&addr, "/metrics");
             let key = format!("{key} ");
             text.lines()
                 .find_map(|l| l.strip_prefix(key.as_str()))
@@ -646,14 +631,7 @@ fn hits_read_through_io_uring_persistent_or_not() {
                 .unwrap()
         };
         let metric = |name: &str| scrape(&format!("{name}{{export=\"default\"}}"));
-        let c = sce_nbd::NbdClient::connect(
-            &sce_nbd::NbdUri::Unix {
-                socket: sock.clone(),
-                name: String::new(),
-            },
-            2,
-        )
-        .unwrap();
+        let c = common::unix_client(&sock, 2);
         let mut b = vec![0u8; 4096];
         let mut rounds = 0;
         // Whole pages, one at a time: each is a hit through the queue once populated.
@@ -683,9 +661,7 @@ fn nbdinfo_map_and_qemu_img_map_show_a_sparse_source() {
     if !have("nbdinfo") || !have("qemu-img") || !have("qemu-io") || !have("nbdkit") {
         return;
     }
-    let d = tempfile::tempdir().unwrap();
-    let src = d.path().join("src");
-    sparse(&src, 32 << 20);
+    let (d, src) = common::temp_source(32 << 20);
     {
         use std::os::unix::fs::FileExt;
         let f = std::fs::OpenOptions::new().write(true).open(&src).unwrap();

@@ -66,7 +66,9 @@ fn libcachesim() -> Option<&'static str> {
     sce_testkit::require_python_module(module, *version, pip).then_some("python3")
 }
 
-const LIBCACHESIM: &str = r#"
+/// The start of every libCacheSim script: the 4 KiB blocks of the CSV trace `argv[1]`, in
+/// order, and the cache sizes in blocks (the other arguments) as `blocks_per_size`.
+const LIBCACHESIM_BLOCKS: &str = r#"
 import sys, libcachesim as lcs
 path, blocks_per_size = sys.argv[1], [int(x) for x in sys.argv[2:]]
 blocks = []
@@ -77,12 +79,79 @@ for line in open(path):
     off, ln = int(off), int(ln)
     if ln > 0:
         blocks.extend(range(off // 4096, (off + ln - 1) // 4096 + 1))
-for n in blocks_per_size:
+"#;
+
+/// libCacheSim's LRU, FIFO and LFU.
+const LIBCACHESIM: &str = r#"for n in blocks_per_size:
     for name, cls in (('lru', lcs.LRU), ('fifo', lcs.FIFO), ('lfu', lcs.LFU)):
         c = cls(cache_size=n)
         miss = sum(0 if c.get(lcs.Request(obj_size=1, obj_id=b)) else 1 for b in blocks)
         print(name, n, len(blocks), miss)
 "#;
+
+/// libCacheSim's S3-FIFO, its parameters spelled out (they are its defaults, and ours).
+const LIBCACHESIM_S3FIFO: &str = r#"for n in blocks_per_size:
+    c = lcs.S3FIFO(cache_size=n, small_size_ratio=0.1, ghost_size_ratio=0.9,
+                   move_to_main_threshold=2)
+    miss = sum(0 if c.get(lcs.Request(obj_size=1, obj_id=b)) else 1 for b in blocks)
+    print('s3fifo', n, len(blocks), miss)
+"#;
+
+/// Runs libCacheSim's `policies` (a script after [`LIBCACHESIM_BLOCKS`]) with `py` over
+/// `trace` at `sizes` blocks; returns its lines `policy blocks accesses misses`.
+fn libcachesim_lines(py: &str, policies: &str, trace: &Path, sizes: &[u64]) -> String {
+    let script = format!("{LIBCACHESIM_BLOCKS}{policies}");
+    let mut args: Vec<String> = vec!["-c".into(), script, p(trace).into()];
+    args.extend(sizes.iter().map(|s| s.to_string()));
+    let out = Command::new(py).args(&args).output().expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `sce sim` of `policies` over the CSV `trace` with a cache of `blocks` 4 KiB blocks.
+fn sim_blocks(trace: &Path, blocks: u64, policies: &str) -> serde_json::Value {
+    let size = format!("{}", blocks * 4096);
+    json(&sim_args(
+        trace,
+        "csv",
+        &size,
+        &["--policy", policies, "--json"],
+    ))
+}
+
+/// Asserts that policy `name` in `sce sim`'s output `v` counted exactly the accesses and
+/// misses of libCacheSim's line for `name` at `blocks`; returns its accesses and miss ratio.
+fn assert_as_libcachesim(
+    lines: &str,
+    v: &serde_json::Value,
+    name: &str,
+    blocks: u64,
+) -> (u64, f64) {
+    let line = lines
+        .lines()
+        .find(|l| l.starts_with(&format!("{name} {blocks} ")))
+        .expect("a libCacheSim line");
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(2)
+        .map(|x| x.parse().unwrap())
+        .collect();
+    let r = policy(v, name);
+    let acc = r["accesses"].as_u64().unwrap();
+    let mr = r["miss_ratio"].as_f64().unwrap();
+    assert_eq!(acc, f[0], "{name} {blocks}: block accesses");
+    assert_eq!(
+        (mr * acc as f64).round() as u64,
+        f[1],
+        "{name} at {blocks} blocks: sce {mr}, libCacheSim {}",
+        f[1] as f64 / f[0] as f64
+    );
+    (acc, mr)
+}
 
 /// A generated Zipf trace (20,000 requests of 16 KiB over 256 MiB, 70% reads) in CSV.
 fn zipf_csv(dir: &Path) -> PathBuf {
@@ -118,74 +187,17 @@ fn reference_policies_match_libcachesim() {
     let d = tempfile::tempdir().unwrap();
     let trace = zipf_csv(d.path());
     let sizes = [512u64, 2048, 8192];
-    let mut args: Vec<String> = vec!["-c".into(), LIBCACHESIM.into(), p(&trace).into()];
-    args.extend(sizes.iter().map(|s| s.to_string()));
-    let out = Command::new(py).args(&args).output().expect("python3");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines = String::from_utf8(out.stdout).unwrap();
+    let lines = libcachesim_lines(py, LIBCACHESIM, &trace, &sizes);
     let mut checked = 0;
     for blocks in sizes {
-        let size = format!("{}", blocks * 4096);
-        let v = json(&[
-            "sim",
-            "--trace",
-            p(&trace),
-            "--format",
-            "csv",
-            "--cache-size",
-            &size,
-            "--policy",
-            "lru,fifo,lfu",
-            "--json",
-        ]);
+        let v = sim_blocks(&trace, blocks, "lru,fifo,lfu");
         for name in ["lru", "fifo", "lfu"] {
-            let line = lines
-                .lines()
-                .find(|l| l.starts_with(&format!("{name} {blocks} ")))
-                .expect("a libCacheSim line");
-            let f: Vec<u64> = line
-                .split_whitespace()
-                .skip(2)
-                .map(|x| x.parse().unwrap())
-                .collect();
-            let r = policy(&v, name);
-            let acc = r["accesses"].as_u64().unwrap();
-            let mr = r["miss_ratio"].as_f64().unwrap();
-            assert_eq!(acc, f[0], "{name} {blocks}: block accesses");
-            assert_eq!(
-                (mr * acc as f64).round() as u64,
-                f[1],
-                "{name} at {blocks} blocks: sce {mr}, libCacheSim {}",
-                f[1] as f64 / f[0] as f64
-            );
+            assert_as_libcachesim(&lines, &v, name, blocks);
             checked += 1;
         }
     }
     assert_eq!(checked, 9);
 }
-
-/// libCacheSim's S3-FIFO, its parameters spelled out (they are its defaults, and ours).
-const LIBCACHESIM_S3FIFO: &str = r#"
-import sys, libcachesim as lcs
-path, blocks_per_size = sys.argv[1], [int(x) for x in sys.argv[2:]]
-blocks = []
-for line in open(path):
-    if line.startswith('#'):
-        continue
-    t, op, vol, off, ln = line.strip().split(',')
-    off, ln = int(off), int(ln)
-    if ln > 0:
-        blocks.extend(range(off // 4096, (off + ln - 1) // 4096 + 1))
-for n in blocks_per_size:
-    c = lcs.S3FIFO(cache_size=n, small_size_ratio=0.1, ghost_size_ratio=0.9,
-                   move_to_main_threshold=2)
-    miss = sum(0 if c.get(lcs.Request(obj_size=1, obj_id=b)) else 1 for b in blocks)
-    print('s3fifo', n, len(blocks), miss)
-"#;
 
 /// `sce sim --policy s3fifo` misses exactly as libCacheSim's S3FIFO on a generated trace, at
 /// four sizes (777 blocks: the small FIFO and the ghost round down, to 77 and 699). LARC
@@ -196,64 +208,52 @@ fn s3fifo_matches_libcachesim() {
     let d = tempfile::tempdir().unwrap();
     let trace = zipf_csv(d.path());
     let sizes = [512u64, 777, 2048, 8192];
-    let mut args: Vec<String> = vec!["-c".into(), LIBCACHESIM_S3FIFO.into(), p(&trace).into()];
-    args.extend(sizes.iter().map(|s| s.to_string()));
-    let out = Command::new(py).args(&args).output().expect("python3");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines = String::from_utf8(out.stdout).unwrap();
+    let lines = libcachesim_lines(py, LIBCACHESIM_S3FIFO, &trace, &sizes);
     for blocks in sizes {
-        let size = format!("{}", blocks * 4096);
-        let v = json(&[
-            "sim",
-            "--trace",
-            p(&trace),
-            "--format",
-            "csv",
-            "--cache-size",
-            &size,
-            "--policy",
-            "s3fifo,lru,larc",
-            "--json",
-        ]);
-        let line = lines
-            .lines()
-            .find(|l| l.starts_with(&format!("s3fifo {blocks} ")))
-            .expect("a libCacheSim line");
-        let f: Vec<u64> = line
-            .split_whitespace()
-            .skip(2)
-            .map(|x| x.parse().unwrap())
-            .collect();
-        let r = policy(&v, "s3fifo");
-        let acc = r["accesses"].as_u64().unwrap();
-        let mr = r["miss_ratio"].as_f64().unwrap();
-        assert_eq!(acc, f[0], "s3fifo {blocks}: block accesses");
-        assert_eq!(
-            (mr * acc as f64).round() as u64,
-            f[1],
-            "s3fifo at {blocks} blocks: sce {mr}, libCacheSim {}",
-            f[1] as f64 / f[0] as f64
-        );
+        let v = sim_blocks(&trace, blocks, "s3fifo,lru,larc");
+        let (acc, mr) = assert_as_libcachesim(&lines, &v, "s3fifo", blocks);
         let lru = policy(&v, "lru")["miss_ratio"].as_f64().unwrap();
         assert!(mr <= lru, "{blocks} blocks: s3fifo {mr}, lru {lru}");
         assert_eq!(policy(&v, "larc")["accesses"].as_u64(), Some(acc));
     }
-    let e = fails(&[
+    let e = fails(&sim_args(&trace, "csv", "1MiB", &["--policy", "s4fifo"]));
+    assert!(e.contains("s3fifo, larc"), "{e}");
+}
+
+/// The arguments of `sce sim` over `trace` read as `format`, with a cache of `cache_size`,
+/// then `more`.
+fn sim_args<'a>(
+    trace: &'a Path,
+    format: &'a str,
+    cache_size: &'a str,
+    more: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec![
         "sim",
         "--trace",
-        p(&trace),
+        p(trace),
         "--format",
-        "csv",
+        format,
         "--cache-size",
-        "1MiB",
-        "--policy",
-        "s4fifo",
-    ]);
-    assert!(e.contains("s3fifo, larc"), "{e}");
+        cache_size,
+    ];
+    args.extend_from_slice(more);
+    args
+}
+
+/// The arguments of `sce gen WORKLOAD OPTS --out OUT`.
+fn gen_args<'a>(workload: &'a str, out: &'a Path, opts: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["gen", workload];
+    args.extend_from_slice(opts);
+    args.extend(["--out", p(out)]);
+    args
+}
+
+/// `sce gen WORKLOAD OPTS --out DIR/NAME`: the trace's path.
+fn gen_trace(dir: &Path, name: &str, workload: &str, opts: &[&str]) -> PathBuf {
+    let out = dir.join(name);
+    ok(&gen_args(workload, &out, opts));
+    out
 }
 
 fn write(dir: &Path, name: &str, body: &[u8]) -> PathBuf {
@@ -272,17 +272,7 @@ fn bad_input_is_a_one_line_error_with_its_position() {
         b"0,R,0,0,4096\n1,R,0,4096,4096\n2,R,0,x,4096\n",
     );
     let sim = |trace: &Path, format: &str| {
-        fails(&[
-            "sim",
-            "--trace",
-            p(trace),
-            "--format",
-            format,
-            "--cache-size",
-            "1MiB",
-            "--policy",
-            "lru,sce",
-        ])
+        fails(&sim_args(trace, format, "1MiB", &["--policy", "lru,sce"]))
     };
     let one_line = |e: &str| {
         assert_eq!(e.trim_end().lines().count(), 1, "one line: {e}");
@@ -344,40 +334,26 @@ fn bad_input_is_a_one_line_error_with_its_position() {
     one_line(&e);
     assert!(e.contains("record 1"), "{e}");
     // --skip-bad counts and goes on.
-    let out = ok(&[
-        "sim",
-        "--trace",
-        p(&csv),
-        "--format",
+    let out = ok(&sim_args(
+        &csv,
         "csv",
-        "--cache-size",
         "1MiB",
-        "--policy",
-        "lru",
-        "--skip-bad",
-    ]);
+        &["--policy", "lru", "--skip-bad"],
+    ));
     assert!(out.contains("2 requests (1 malformed skipped)"), "{out}");
     // Bad options.
-    let e = fails(&[
-        "sim",
-        "--trace",
-        p(&good),
-        "--format",
+    let e = fails(&sim_args(
+        &good,
         "sce",
-        "--cache-size",
         "1MiB",
-        "--device-model",
-        "ssd=fast",
-    ]);
+        &["--device-model", "ssd=fast"],
+    ));
     assert!(e.contains("--device-model"), "{e}");
-    let e = fails(&[
-        "gen",
+    let e = fails(&gen_args(
         "zipf",
-        "--read-fraction",
-        "2",
-        "--out",
-        p(&d.path().join("x")),
-    ]);
+        &d.path().join("x"),
+        &["--read-fraction", "2"],
+    ));
     one_line(&e);
     assert!(e.contains("read fraction"), "{e}");
 }
@@ -388,19 +364,12 @@ fn bad_input_is_a_one_line_error_with_its_position() {
 fn gen_is_reproducible_and_formats_round_trip() {
     let d = tempfile::tempdir().unwrap();
     let gen = |seed: &str, name: &str, workload: &str| {
-        let out = d.path().join(name);
-        ok(&[
-            "gen",
+        let out = gen_trace(
+            d.path(),
+            name,
             workload,
-            "--requests",
-            "3000",
-            "--size",
-            "1GiB",
-            "--seed",
-            seed,
-            "--out",
-            p(&out),
-        ]);
+            &["--requests", "3000", "--size", "1GiB", "--seed", seed],
+        );
         std::fs::read(out).unwrap()
     };
     for w in ["oltp", "zipf", "scan", "phase", "shared"] {
@@ -480,18 +449,12 @@ fn volumes_are_separate() {
         }
     }
     let t = write(d.path(), "v.csv", body.as_bytes());
-    let v = json(&[
-        "sim",
-        "--trace",
-        p(&t),
-        "--format",
+    let v = json(&sim_args(
+        &t,
         "csv",
-        "--cache-size",
         "4MiB",
-        "--policy",
-        "lru,always",
-        "--json",
-    ]);
+        &["--policy", "lru,always", "--json"],
+    ));
     assert_eq!(v["volumes"], 2);
     assert_eq!(policy(&v, "lru")["miss_ratio"], 1.0, "{v}");
     assert_eq!(policy(&v, "always")["read_hit_ratio"], 0.0, "{v}");
@@ -502,38 +465,29 @@ fn volumes_are_separate() {
 #[test]
 fn shared_hosts_and_ram_layer() {
     let d = tempfile::tempdir().unwrap();
-    let t = d.path().join("s.sce");
-    ok(&[
-        "gen",
+    let t = gen_trace(
+        d.path(),
+        "s.sce",
         "shared",
-        "--requests",
-        "20000",
-        "--size",
-        "64MiB",
-        "--hosts",
-        "2",
-        "--out",
-        p(&t),
-    ]);
+        &["--requests", "20000", "--size", "64MiB", "--hosts", "2"],
+    );
     let plot = d.path().join("p.svg");
-    let v = json(&[
-        "sim",
-        "--trace",
-        p(&t),
-        "--format",
+    let v = json(&sim_args(
+        &t,
         "sce",
-        "--cache-size",
         "128MiB",
-        "--policy",
-        "lru,sce",
-        "--hosts",
-        "2",
-        "--interval",
-        "2",
-        "--plot",
-        p(&plot),
-        "--json",
-    ]);
+        &[
+            "--policy",
+            "lru,sce",
+            "--hosts",
+            "2",
+            "--interval",
+            "2",
+            "--plot",
+            p(&plot),
+            "--json",
+        ],
+    ));
     for name in ["lru", "sce"] {
         let r = policy(&v, name);
         let ipw = r["invalidations_per_write"].as_f64().unwrap();
@@ -544,24 +498,22 @@ fn shared_hosts_and_ram_layer() {
     }
     let svg = std::fs::read_to_string(&plot).unwrap();
     assert!(svg.starts_with("<svg") && svg.matches("<polyline").count() >= 2);
-    let v = json(&[
-        "sim",
-        "--trace",
-        p(&t),
-        "--format",
+    let v = json(&sim_args(
+        &t,
         "sce",
-        "--cache-size",
         "128MiB",
-        "--policy",
-        "lru",
-        "--hosts",
-        "1",
-        "--ram-size",
-        "8MiB",
-        "--ram-policy",
-        "periodic:5",
-        "--json",
-    ]);
+        &[
+            "--policy",
+            "lru",
+            "--hosts",
+            "1",
+            "--ram-size",
+            "8MiB",
+            "--ram-policy",
+            "periodic:5",
+            "--json",
+        ],
+    ));
     let r = policy(&v, "lru");
     assert!(r["invalidations_per_write"].is_null());
     assert!(r["coherence_puts_per_write"].is_null());
@@ -585,36 +537,29 @@ fn shared_hosts_and_ram_layer() {
 #[test]
 fn replay_modes_and_the_overload_warning() {
     let d = tempfile::tempdir().unwrap();
-    let t = d.path().join("fast.sce");
     // 5000 requests/s of 8 KiB, mostly misses: the disk model serves about 800 a second.
-    ok(&[
-        "gen",
+    let t = gen_trace(
+        d.path(),
+        "fast.sce",
         "oltp",
-        "--requests",
-        "3000",
-        "--size",
-        "256MiB",
-        "--iops",
-        "5000",
-        "--seed",
-        "2",
-        "--out",
-        p(&t),
-    ]);
+        &[
+            "--requests",
+            "3000",
+            "--size",
+            "256MiB",
+            "--iops",
+            "5000",
+            "--seed",
+            "2",
+        ],
+    );
     let sim = |extra: &[&str]| {
-        let mut args = vec![
-            "sim",
-            "--trace",
-            p(&t),
-            "--format",
+        let mut args = sim_args(
+            &t,
             "sce",
-            "--cache-size",
             "16MiB",
-            "--policy",
-            "sce,lru",
-            "--interval",
-            "0.1",
-        ];
+            &["--policy", "sce,lru", "--interval", "0.1"],
+        );
         args.extend_from_slice(extra);
         args.iter().map(|s| s.to_string()).collect::<Vec<_>>()
     };
@@ -716,17 +661,7 @@ fn replay_modes_and_the_overload_warning() {
         body += &format!("0,R,0,{},4096\n", i % 16 * 4096);
     }
     let flat = write(d.path(), "flat.csv", body.as_bytes());
-    let args = [
-        "sim",
-        "--trace",
-        p(&flat),
-        "--format",
-        "csv",
-        "--cache-size",
-        "1MiB",
-        "--policy",
-        "lru",
-    ];
+    let args = sim_args(&flat, "csv", "1MiB", &["--policy", "lru"]);
     let text = ok(&args);
     assert!(
         text.contains("replay: closed:32 (default: the trace's timestamps are all equal)"),
@@ -749,18 +684,7 @@ fn replay_modes_and_the_overload_warning() {
             .map(|(i, t)| format!("{t},R,0,{},4096\n", i as u64 % 16 * 4096))
             .collect();
         let f = write(d.path(), name, body.as_bytes());
-        let v = json(&[
-            "sim",
-            "--trace",
-            p(&f),
-            "--format",
-            "csv",
-            "--cache-size",
-            "1MiB",
-            "--policy",
-            "lru",
-            "--json",
-        ]);
+        let v = json(&sim_args(&f, "csv", "1MiB", &["--policy", "lru", "--json"]));
         (
             v["replay"].as_str().unwrap().to_string(),
             v["replay_reason"].as_str().unwrap().to_string(),
@@ -777,17 +701,7 @@ fn replay_modes_and_the_overload_warning() {
     // Neighbours swapped: half the requests are earlier than the one before, by 1% of the span.
     let jitter: Vec<u64> = (0..100u64).map(|i| (i ^ 1) * 10 * ms).collect();
     assert_eq!(replay_of("jitter.csv", &jitter).0, "open");
-    let e = fails(&[
-        "sim",
-        "--trace",
-        p(&flat),
-        "--format",
-        "csv",
-        "--cache-size",
-        "1MiB",
-        "--replay",
-        "closed:0",
-    ]);
+    let e = fails(&sim_args(&flat, "csv", "1MiB", &["--replay", "closed:0"]));
     assert!(e.contains("--replay") && e.contains("queue depth"), "{e}");
 }
 
@@ -798,31 +712,18 @@ fn replay_modes_and_the_overload_warning() {
 #[test]
 fn admission_options_reach_the_simulated_policies() {
     let dir = tempfile::tempdir().unwrap();
-    let t = dir.path().join("oltp.sce");
-    ok(&[
-        "gen",
+    let t = gen_trace(
+        dir.path(),
+        "oltp.sce",
         "oltp",
-        "--size",
-        "512MiB",
-        "--requests",
-        "30000",
-        "--seed",
-        "5",
-        "--out",
-        p(&t),
-    ]);
-    let base = [
-        "sim",
-        "--trace",
-        p(&t),
-        "--format",
+        &["--size", "512MiB", "--requests", "30000", "--seed", "5"],
+    );
+    let base = sim_args(
+        &t,
         "sce",
-        "--cache-size",
         "32MiB",
-        "--json",
-        "--policy",
-        "sce,sce-paper,flashcache-like",
-    ];
+        &["--json", "--policy", "sce,sce-paper,flashcache-like"],
+    );
     let v = json(&base);
     let written = |v: &serde_json::Value, n: &str| {
         policy(v, n)["cache_bytes_written"]
@@ -842,17 +743,12 @@ fn admission_options_reach_the_simulated_policies() {
         );
         assert!(w >= 2 << 20, "{n}: the budget is used ({w})");
     }
-    let e = fails(&[
-        "sim",
-        "--trace",
-        p(&t),
-        "--format",
+    let e = fails(&sim_args(
+        &t,
         "sce",
-        "--cache-size",
         "32MiB",
-        "--population-rate",
-        "fast",
-    ]);
+        &["--population-rate", "fast"],
+    ));
     assert!(e.contains("population rate"), "{e}");
 }
 

@@ -3,6 +3,8 @@
 //! with the CA connects, a plain client is refused by `--tls require`, and with
 //! `--tls-client-ca` a client without a certificate is refused.
 
+mod common;
+
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, KeyUsagePurpose};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -105,6 +107,32 @@ fn text(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
 }
 
+/// A client run that succeeded and printed `want`.
+fn assert_ok_saying(o: &Output, want: &str) {
+    assert!(o.status.success() && text(o).contains(want), "{}", text(o));
+}
+
+/// A `qemu-io` run that succeeded and whose every `read -P` found its pattern.
+fn assert_patterns_verified(o: &Output) {
+    assert!(
+        o.status.success() && !text(o).contains("Pattern verification failed"),
+        "{}",
+        text(o)
+    );
+}
+
+/// `sce serve` over `src` on TCP with `args` fails at its start (exit 1 or 2), its stderr
+/// saying `want`.
+fn serve_fails(src: &Path, args: &[&str], want: &str) {
+    let o = run(Command::new(env!("CARGO_BIN_EXE_sce"))
+        .args(["serve", "--source", src.to_str().unwrap()])
+        .args(["--listen", "tcp:127.0.0.1:0"])
+        .args(args));
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(matches!(o.status.code(), Some(1 | 2)), "{args:?}: {err}");
+    assert!(err.contains(want), "{args:?}: want {want:?} in {err}");
+}
+
 fn nbdinfo(s: &Serve, tls_dir: Option<&Path>) -> Output {
     let uri = match tls_dir {
         Some(d) => format!(
@@ -152,10 +180,7 @@ fn tls_with_real_clients_and_refusals() {
     let pki = pki();
     let d = tempfile::tempdir().unwrap();
     let src = d.path().join("src.img");
-    std::fs::File::create(&src)
-        .unwrap()
-        .set_len(32 << 20)
-        .unwrap();
+    common::sized_file(&src, 32 << 20);
     let (cert, key) = (
         pki.server.join("server-cert.pem"),
         pki.server.join("server-key.pem"),
@@ -180,11 +205,7 @@ fn tls_with_real_clients_and_refusals() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("newstyle-fixed with TLS"), "{}", text(&o));
     let o = qemu("qemu-img", &s, &pki.anon, &["info"]);
-    assert!(
-        o.status.success() && text(&o).contains("33554432"),
-        "{}",
-        text(&o)
-    );
+    assert_ok_saying(&o, "33554432");
     // Data goes through TLS and the cache both ways, checked by pattern.
     let o = qemu(
         "qemu-io",
@@ -199,11 +220,7 @@ fn tls_with_real_clients_and_refusals() {
             "read -P 0 8M 1M",
         ],
     );
-    assert!(
-        o.status.success() && !text(&o).contains("Pattern verification failed"),
-        "{}",
-        text(&o)
-    );
+    assert_patterns_verified(&o);
     let copy = d.path().join("copy.img");
     let uri = format!(
         "nbds://127.0.0.1:{}/?tls-certificates={}",
@@ -266,52 +283,25 @@ fn tls_configuration_errors_are_clear() {
     let pki = pki();
     let d = tempfile::tempdir().unwrap();
     let src = d.path().join("src.img");
-    std::fs::File::create(&src)
-        .unwrap()
-        .set_len(1 << 20)
-        .unwrap();
+    common::sized_file(&src, 1 << 20);
     let key = pki.server.join("server-key.pem");
-    let fail = |args: &[&str], want: &str| {
-        let o = run(Command::new(env!("CARGO_BIN_EXE_sce"))
-            .args([
-                "serve",
-                "--source",
-                src.to_str().unwrap(),
-                "--listen",
-                "tcp:127.0.0.1:0",
-            ])
-            .args(args));
-        let err = String::from_utf8_lossy(&o.stderr).to_string();
-        assert!(matches!(o.status.code(), Some(1 | 2)), "{args:?}: {err}");
-        assert!(err.contains(want), "{args:?}: want {want:?} in {err}");
-    };
+    let fail = |args: &[&str], want: &str| serve_fails(&src, args, want);
     fail(
         &["--tls", "require"],
         "needs --tls-cert FILE and --tls-key FILE",
     );
+    // `--tls-cert CERT --tls-key KEY` refused, naming the file at fault.
+    let fail_pair = |cert: &Path, key: &Path, want: &str| {
+        let (cert, key) = (cert.to_str().unwrap(), key.to_str().unwrap());
+        fail(&["--tls-cert", cert, "--tls-key", key], want);
+    };
     let junk = d.path().join("junk.pem");
     std::fs::write(&junk, "not a certificate\n").unwrap();
-    fail(
-        &[
-            "--tls-cert",
-            junk.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-        ],
-        "junk.pem",
-    );
+    fail_pair(&junk, &key, "junk.pem");
     // The key of another certificate.
     let other = pki.with_cert.join("client-key.pem");
     let cert = pki.server.join("server-cert.pem");
-    fail(
-        &[
-            "--tls-cert",
-            cert.to_str().unwrap(),
-            "--tls-key",
-            other.to_str().unwrap(),
-        ],
-        "server-cert.pem",
-    );
+    fail_pair(&cert, &other, "server-cert.pem");
     fail(&["--tls", "sometimes"], "unknown TLS mode");
 }
 
@@ -337,10 +327,7 @@ fn tls_psk_with_real_clients_and_refusals() {
     }
     let d = tempfile::tempdir().unwrap();
     let src = d.path().join("src.img");
-    std::fs::File::create(&src)
-        .unwrap()
-        .set_len(64 << 20)
-        .unwrap();
+    common::sized_file(&src, 64 << 20);
     let server_dir = d.path().join("server");
     let (good, bad) = (d.path().join("good"), d.path().join("bad"));
     for p in [&server_dir, &good, &bad] {
@@ -379,22 +366,13 @@ fn tls_psk_with_real_clients_and_refusals() {
         qemu_with(tool, &s, &creds, args)
     };
     let o = psk("qemu-img", &good, &["info"]);
-    assert!(
-        o.status.success() && text(&o).contains("64 MiB"),
-        "{}",
-        text(&o)
-    );
+    assert_ok_saying(&o, "64 MiB");
     let o = psk(
         "qemu-io",
         &good,
         &["-c", "write -P 0x5a 1M 4M", "-c", "read -P 0x5a 1M 4M"],
     );
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(
-        !text(&o).contains("Pattern verification failed"),
-        "{}",
-        text(&o)
-    );
+    assert_patterns_verified(&o);
     // nbdcopy over PSK: byte for byte what the source holds.
     let copy = d.path().join("copy.img");
     let o = run(Command::new("nbdcopy").arg(uri(&good)).arg(&copy));
@@ -418,19 +396,8 @@ fn tls_psk_with_real_clients_and_refusals() {
 fn tls_psk_configuration_errors_are_clear() {
     let d = tempfile::tempdir().unwrap();
     let src = d.path().join("src.img");
-    std::fs::File::create(&src)
-        .unwrap()
-        .set_len(1 << 20)
-        .unwrap();
-    let fail = |args: &[&str], want: &str| {
-        let o = run(Command::new(env!("CARGO_BIN_EXE_sce"))
-            .args(["serve", "--source", src.to_str().unwrap()])
-            .args(["--listen", "tcp:127.0.0.1:0"])
-            .args(args));
-        let err = String::from_utf8_lossy(&o.stderr).to_string();
-        assert!(matches!(o.status.code(), Some(1 | 2)), "{args:?}: {err}");
-        assert!(err.contains(want), "{args:?}: want {want:?} in {err}");
-    };
+    common::sized_file(&src, 1 << 20);
+    let fail = |args: &[&str], want: &str| serve_fails(&src, args, want);
     let f = d.path().join("keys.psk");
     for (content, want) in [
         ("", "no key in it"),

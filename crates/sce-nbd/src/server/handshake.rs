@@ -179,16 +179,8 @@ impl Server {
         data: &[u8],
         neg: &mut Negotiated,
     ) -> Result<Next, ConnError> {
-        let req = match proto::parse_info_request(data) {
-            Ok(r) => r,
-            Err(e) => {
-                refuse(c, opt, proto::REP_ERR_INVALID, e.to_string().as_bytes())?;
-                return Ok(Next::More);
-            }
-        };
-        let Some(e) = self.find(&req.name) else {
-            let msg = format!("no export named {:?}", req.name);
-            refuse(c, opt, proto::REP_ERR_UNKNOWN, msg.as_bytes())?;
+        let parsed = proto::parse_info_request(data);
+        let Some((req, e)) = self.requested_export(c, opt, parsed, |r| &r.name)? else {
             return Ok(Next::More);
         };
         let info = |data: &[u8]| proto::option_reply(opt, proto::REP_INFO, data);
@@ -262,6 +254,31 @@ fn structured<S: Write>(c: &mut S, data: &[u8], neg: &mut Negotiated) -> Result<
 }
 
 impl Server {
+    /// The export that a parsed NBD_OPT_INFO, GO or META_CONTEXT request names, with the
+    /// request; None, after refusing the option, when the request did not parse or names no
+    /// export.
+    fn requested_export<'s, S: Write, R>(
+        &'s self,
+        c: &mut S,
+        opt: u32,
+        parsed: Result<R, ProtoError>,
+        name: fn(&R) -> &str,
+    ) -> Result<Option<(R, &'s Export)>, ConnError> {
+        let req = match parsed {
+            Ok(r) => r,
+            Err(e) => {
+                refuse(c, opt, proto::REP_ERR_INVALID, e.to_string().as_bytes())?;
+                return Ok(None);
+            }
+        };
+        let Some(e) = self.find(name(&req)) else {
+            let msg = format!("no export named {:?}", name(&req));
+            refuse(c, opt, proto::REP_ERR_UNKNOWN, msg.as_bytes())?;
+            return Ok(None);
+        };
+        Ok(Some((req, e)))
+    }
+
     /// NBD_OPT_LIST_META_CONTEXT and NBD_OPT_SET_META_CONTEXT. The one context is
     /// `base:allocation`; `base:` lists it; queries of other namespaces are ignored. SET
     /// needs structured replies first and replaces the selection even when it fails.
@@ -281,16 +298,8 @@ impl Server {
                 return Ok(Next::More);
             }
         }
-        let req = match proto::parse_meta_context_request(data) {
-            Ok(r) => r,
-            Err(e) => {
-                refuse(c, opt, proto::REP_ERR_INVALID, e.to_string().as_bytes())?;
-                return Ok(Next::More);
-            }
-        };
-        let Some(e) = self.find(&req.name) else {
-            let msg = format!("no export named {:?}", req.name);
-            refuse(c, opt, proto::REP_ERR_UNKNOWN, msg.as_bytes())?;
+        let parsed = proto::parse_meta_context_request(data);
+        let Some((req, e)) = self.requested_export(c, opt, parsed, |r| &r.name)? else {
             return Ok(Next::More);
         };
         let wanted = |q: &str| q == proto::BASE_ALLOCATION || (!set && q == "base:");

@@ -1,5 +1,6 @@
 //! Helpers shared by the CLI integration tests: a `sce serve` child whose log is captured,
-//! and a tiny HTTP client for its /stats endpoint.
+//! a tiny HTTP client for its /stats and /metrics endpoints, `sce ctl`, sparse source files,
+//! and NBD clients of a server's Unix socket.
 
 #![allow(dead_code)]
 
@@ -19,17 +20,69 @@ pub fn sce_bin() -> String {
 /// `sce ctl` on the admin socket of the server listening on `sock` (`SOCK.ctl`): whether
 /// it succeeded, and its stdout and stderr.
 pub fn ctl(sock: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new(sce_bin())
-        .arg("ctl")
-        .arg("-s")
-        .arg(format!("{}.ctl", sock.display()))
-        .args(args)
-        .env_remove("SCE_CTL")
-        .output()
-        .unwrap();
+    let out = ctl_output(Path::new(&format!("{}.ctl", sock.display())), args);
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     (out.status.success(), text)
+}
+
+/// `sce ctl -s ADMIN ARGS`, with `SCE_CTL` unset: its output.
+pub fn ctl_output(admin: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(sce_bin())
+        .arg("ctl")
+        .arg("-s")
+        .arg(admin)
+        .args(args)
+        .env_remove("SCE_CTL")
+        .output()
+        .unwrap()
+}
+
+/// Creates `path` (truncating it) as a sparse file of `len` zero bytes.
+pub fn sized_file(path: &Path, len: u64) {
+    std::fs::File::create(path).unwrap().set_len(len).unwrap();
+}
+
+/// A temporary directory holding `src`, a sparse source file of `size` bytes: the directory
+/// (removed on drop) and the source's path.
+pub fn temp_source(size: u64) -> (tempfile::TempDir, std::path::PathBuf) {
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("src");
+    sized_file(&src, size);
+    (d, src)
+}
+
+/// A client of the default export of the server on the Unix socket `sock`, with `conns`
+/// connections.
+pub fn unix_client(sock: &Path, conns: usize) -> sce_nbd::NbdClient {
+    sce_nbd::NbdClient::connect(
+        &sce_nbd::NbdUri::Unix {
+            socket: sock.to_path_buf(),
+            name: String::new(),
+        },
+        conns,
+    )
+    .unwrap()
+}
+
+/// The `HOST:PORT` of a server's metrics endpoint: reads its log `lines` up to the one that
+/// announces it.
+pub fn metrics_addr(lines: &mut impl Iterator<Item = std::io::Result<String>>) -> String {
+    loop {
+        let l = lines.next().expect("server output").unwrap();
+        if let Some(rest) = l.split_once("metrics on http://").map(|x| x.1) {
+            break rest.trim_end_matches("/metrics").to_string();
+        }
+    }
+}
+
+/// `GET /PATH HTTP/1.0` on `addr` (`HOST:PORT`): the whole response, head and body.
+pub fn http_get(addr: &str, path: &str) -> String {
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    write!(c, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    c.read_to_string(&mut resp).unwrap();
+    resp
 }
 
 /// Waits up to 20 s for `path` to exist.
