@@ -1,25 +1,9 @@
 //! One request against its export's device.
 
+use super::errors::errno_of;
 use super::transmission::Session;
 use super::unaligned;
 use super::*;
-
-pub(super) fn errno_of(e: &IoError, write: bool) -> u32 {
-    // Two rules of the protocol first; then the error's own errno (`IoError::errno`, where
-    // each kind's is chosen), put in the protocol's words.
-    match e {
-        IoError::OutOfRange { .. } if write => return errno::ENOSPC,
-        IoError::Unsupported { .. } | IoError::DirectIoUnsupported { .. } => return errno::EINVAL,
-        _ => {}
-    }
-    match e.errno() {
-        libc::EINVAL => errno::EINVAL,
-        libc::ENOSPC | libc::EDQUOT | libc::EFBIG => errno::ENOSPC,
-        libc::ENOMEM => errno::ENOMEM,
-        libc::ESHUTDOWN => errno::ESHUTDOWN,
-        _ => errno::EIO,
-    }
-}
 
 /// Checks a request against its connection's export before it runs: flags, writes to a
 /// read-only export, block status without `base:allocation`, range and size. The errno to

@@ -72,12 +72,14 @@
 //! reply must be written within `reply_timeout`. Between requests a connection may idle for
 //! `idle_timeout` (none by default).
 
+mod errors;
 mod exec;
 mod handshake;
 mod listen;
 mod psk;
 mod queued;
 mod reader;
+mod send;
 mod serve;
 mod tls;
 mod transmission;

@@ -212,11 +212,13 @@ impl<C> Drop for Tls<C> {
 }
 
 /// Runs the TLS-PSK handshake on `net` (within `deadline`), then hands the session to the
-/// pump threads and returns the plaintext end of the connection.
+/// pump threads and returns the plaintext end of the connection. A send that makes no
+/// progress for `stall` ends the connection.
 pub(super) fn start<C: Conn>(
     net: C,
     keys: &Arc<PskKeys>,
     deadline: Instant,
+    stall: Duration,
 ) -> Result<UnixStream, ConnError> {
     let lib = keys.lib;
     let err = |r: c_int| ConnError::Tls(lib.error(r));
@@ -267,9 +269,9 @@ pub(super) fn start<C: Conn>(
     }
     // The pumps' receives block until data or end of file (the server's idle timeout ends
     // a quiet connection through the plaintext side); a send that makes no progress for
-    // `STALL` ends the connection (a client that stopped reading).
+    // `stall` ends the connection (a client that stopped reading).
     tls.net.set_read_timeout_conn(None)?;
-    tls.net.set_write_timeout_conn(Some(super::tls::STALL))?;
+    tls.net.set_write_timeout_conn(Some(stall))?;
     let (plain, inner) = UnixStream::pair()?;
     let (t2, inner2) = (tls.clone(), inner.try_clone()?);
     std::thread::Builder::new()

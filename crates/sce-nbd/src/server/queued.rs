@@ -7,7 +7,8 @@
 //! Everything else (trims, write-zeroes, cache, an export without a queue) goes to the
 //! workers as before.
 
-use super::exec::{check, errno_of};
+use super::errors::errno_of;
+use super::exec::check;
 use super::transmission::{Job, Session, Ticket};
 use super::worker::{answer, may_run};
 use super::*;

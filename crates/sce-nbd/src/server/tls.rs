@@ -172,7 +172,7 @@ pub(super) fn start<C: Conn>(
 ) -> Result<UnixStream, ConnError> {
     let config = match &tls.creds {
         Creds::X509(c) => c.clone(),
-        Creds::Psk(k) => return super::psk::start(net, k, deadline),
+        Creds::Psk(k) => return super::psk::start(net, k, deadline, STALL),
     };
     let mut session = ServerConnection::new(config).map_err(|e| ConnError::Tls(e.to_string()))?;
     // The plaintext side is flow-controlled by the pump, not by rustls' buffer limit.
@@ -208,8 +208,9 @@ pub(super) fn start<C: Conn>(
 const PLAIN_BACKLOG: usize = 1 << 20;
 
 /// A TLS connection whose client reads nothing of what is to be sent for this long is
-/// ended (its pump threads would otherwise wait for ever).
-pub(super) const STALL: Duration = Duration::from_secs(60);
+/// ended (its pump threads would otherwise wait for ever); TLS-PSK's pumps get it from
+/// [`start`].
+const STALL: Duration = Duration::from_secs(60);
 
 /// Moves bytes between the TLS session on `net` and the plaintext socket `plain` until both
 /// directions have ended: the client's end of file (or close_notify) becomes the server's

@@ -1,7 +1,6 @@
 //! A connection in transmission: its shared state, the in-flight tickets, and the reader
 //! that turns the socket into jobs for the workers.
 
-use super::worker::{write_blocking, write_replies};
 use super::*;
 
 /// What a connection's reader, writer and tickets share.
@@ -223,7 +222,7 @@ pub(super) struct Session {
     /// block sizes, so NBD's default minimum of 1 byte holds (see `unaligned.rs`).
     pub(super) byte_granular: bool,
     /// The writer thread's queue, once a reply could not go out at once (the thread starts
-    /// then: most connections never need one). A leaf lock.
+    /// then: most connections never need one; see `send.rs`). A leaf lock.
     pub(super) writer: Mutex<Option<Sender<ToWriter>>>,
     /// The writer thread, for the reader to join at the end.
     pub(super) writer_thread: Arc<Mutex<Option<JoinHandle<()>>>>,
@@ -231,41 +230,6 @@ pub(super) struct Session {
     /// The write half of the socket.
     pub(super) out: Arc<Out>,
     pub(super) state: Arc<ConnState>,
-}
-
-impl Session {
-    /// Hands work to the connection's writer thread, starting it on first need. If no thread
-    /// can be started, the caller writes (blocking, bounded by `reply_timeout`) itself.
-    pub(super) fn to_writer(&self, todo: ToWriter) {
-        let mut w = self.writer.lock();
-        if w.is_none() {
-            let (tx, queue) = unbounded::<ToWriter>();
-            let (shared, state, out) = (self.shared.clone(), self.state.clone(), self.out.clone());
-            match std::thread::Builder::new()
-                .name("nbd-writer".into())
-                .spawn(move || write_replies(&shared, &out, &queue, &state))
-            {
-                Ok(t) => {
-                    *self.writer_thread.lock() = Some(t);
-                    *w = Some(tx);
-                }
-                Err(e) => {
-                    drop(w);
-                    tracing::warn!("cannot start an NBD writer thread ({e}): writing in place");
-                    let reply = match todo {
-                        ToWriter::Reply(r) => Some(r),
-                        ToWriter::Tail => None,
-                    };
-                    write_blocking(&self.shared, &self.out, &self.state, reply);
-                    return;
-                }
-            }
-        }
-        if let Some(tx) = w.as_ref() {
-            // Fails only if the writer has gone; the ticket is released either way.
-            let _ = tx.send(todo);
-        }
-    }
 }
 
 /// The write half of a connection, and the rest of a reply that went out only in part. Its

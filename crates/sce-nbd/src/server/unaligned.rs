@@ -15,6 +15,7 @@
 //! As on any block device, requests in flight together that overlap have no defined
 //! outcome.
 
+use super::errors::errno_of;
 use super::transmission::Session;
 use super::*;
 
@@ -103,7 +104,7 @@ pub(super) fn execute(
             return Some(
                 read(dev, off, &mut b)
                     .map(|()| Some(b))
-                    .map_err(|x| super::exec::errno_of(&x, false)),
+                    .map_err(|x| errno_of(&x, false)),
             );
         }
         proto::CMD_WRITE => match payload {
@@ -118,7 +119,7 @@ pub(super) fn execute(
     Some(
         done.and_then(|()| if fua { dev.flush() } else { Ok(()) })
             .map(|()| None)
-            .map_err(|x| super::exec::errno_of(&x, true)),
+            .map_err(|x| errno_of(&x, true)),
     )
 }
 
