@@ -21,7 +21,7 @@
 //! not zero or whose op is unknown, a truncated record, and a file with fewer or more
 //! records than the header says.
 
-use crate::trace::{IoKind, TraceRequest};
+use crate::request::{IoKind, TraceRequest};
 
 /// The magic bytes at the start of the file.
 pub const MAGIC: &[u8; 8] = b"SCETRACE";

@@ -14,7 +14,7 @@
 //! the layout `sce trace convert --out-format csv` writes:
 //! `# time_ns,op,volume,offset,len` then `12000,R,0,4096,8192`.
 
-use crate::trace::{IoKind, TraceRequest};
+use crate::request::{IoKind, TraceRequest};
 
 /// The field separator.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -243,7 +243,7 @@ impl CsvSpec {
                 .map_err(|_| format!("field {what}: {s:?} is not a number"))
         };
         let t = get(self.time, "time")?;
-        let time_ns = crate::trace::decimal_to_ns(t, self.time_unit_ns)
+        let time_ns = decimal_to_ns(t, self.time_unit_ns)
             .ok_or_else(|| format!("field time: {t:?} is not a number"))?;
         let kind = self.kind(get(self.op, "op")?)?;
         let volume = match self.volume {
@@ -346,6 +346,26 @@ impl CsvSpec {
         cols[self.len] = (r.len / self.unit).to_string();
         Ok(cols.join(self.sep_str()))
     }
+}
+
+/// A non-negative decimal number of `unit_ns` units, in nanoseconds: exact for plain
+/// decimals (`12.000000001`), through floating point for other notations (`1e3`).
+pub(crate) fn decimal_to_ns(s: &str, unit_ns: u64) -> Option<u64> {
+    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
+    let digits = |x: &str| x.bytes().all(|b| b.is_ascii_digit());
+    if !int.is_empty() && digits(int) && digits(frac) && frac.len() <= 18 {
+        let i: u128 = int.parse().ok()?;
+        let f: u128 = if frac.is_empty() {
+            0
+        } else {
+            frac.parse().ok()?
+        };
+        let ns = i * unit_ns as u128 + f * unit_ns as u128 / 10u128.pow(frac.len() as u32);
+        return u64::try_from(ns).ok();
+    }
+    let v: f64 = s.parse().ok()?;
+    (v.is_finite() && v >= 0.0 && v * (unit_ns as f64) < u64::MAX as f64)
+        .then_some((v * unit_ns as f64) as u64)
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! `sce-sim`: trace-driven simulation of sce's cache policies.
 //!
+//! - [`request`]: one request of a trace, what every reader and the generator yield;
 //! - [`trace`]: streaming trace readers (vscsi, MSR, SYSTOR, Tencent, DiskSim, generic
 //!   [`csv`], sce's own [`binary`] format; gzip, bzip2 and xz read directly), and
 //!   [`writer`] to write any of them;
@@ -23,6 +24,7 @@ pub mod gen;
 pub mod layers;
 pub mod plot;
 pub mod reference;
+pub mod request;
 pub mod run;
 pub mod trace;
 pub mod writer;
@@ -32,5 +34,6 @@ pub use detect::{detect_format, FormatChoice};
 pub use engine::{DeviceModel, EngineResult, EngineSim};
 pub use gen::{GenConfig, Generator, Workload, ZipfParams};
 pub use reference::{BlockCache, ReferencePolicy};
-pub use trace::{Compression, IoKind, TraceError, TraceFormat, TraceReader, TraceRequest};
+pub use request::{IoKind, TraceRequest};
+pub use trace::{Compression, TraceError, TraceFormat, TraceReader};
 pub use writer::{TraceWriter, WriteError};

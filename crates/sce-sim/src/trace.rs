@@ -4,34 +4,12 @@
 //! read directly.
 
 use crate::binary;
-use crate::csv::CsvSpec;
+use crate::csv::{decimal_to_ns, CsvSpec};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 
-/// Read or write.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum IoKind {
-    /// A read.
-    Read,
-    /// A write.
-    Write,
-}
-
-/// One request of a trace.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct TraceRequest {
-    /// Time since an arbitrary origin, in nanoseconds.
-    pub time_ns: u64,
-    /// Read or write.
-    pub kind: IoKind,
-    /// Volume (disk, LUN) number.
-    pub volume: u32,
-    /// Byte offset.
-    pub offset: u64,
-    /// Length in bytes.
-    pub len: u64,
-}
+pub use crate::request::{IoKind, TraceRequest};
 
 /// The supported formats.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -202,26 +180,6 @@ fn seconds_to_ns(s: Option<&str>, what: &str) -> Result<u64, String> {
     let s = s.ok_or_else(|| format!("missing field {what}"))?.trim();
     decimal_to_ns(s, 1_000_000_000)
         .ok_or_else(|| format!("field {what}: {s:?} is not a valid time"))
-}
-
-/// A non-negative decimal number of `unit_ns` units, in nanoseconds: exact for plain
-/// decimals (`12.000000001`), through floating point for other notations (`1e3`).
-pub(crate) fn decimal_to_ns(s: &str, unit_ns: u64) -> Option<u64> {
-    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
-    let digits = |x: &str| x.bytes().all(|b| b.is_ascii_digit());
-    if !int.is_empty() && digits(int) && digits(frac) && frac.len() <= 18 {
-        let i: u128 = int.parse().ok()?;
-        let f: u128 = if frac.is_empty() {
-            0
-        } else {
-            frac.parse().ok()?
-        };
-        let ns = i * unit_ns as u128 + f * unit_ns as u128 / 10u128.pow(frac.len() as u32);
-        return u64::try_from(ns).ok();
-    }
-    let v: f64 = s.parse().ok()?;
-    (v.is_finite() && v >= 0.0 && v * (unit_ns as f64) < u64::MAX as f64)
-        .then_some((v * unit_ns as f64) as u64)
 }
 
 impl TraceReader {

@@ -5,7 +5,8 @@
 //! silently.
 
 use crate::binary;
-use crate::trace::{IoKind, TraceFormat, TraceRequest};
+use crate::request::{IoKind, TraceRequest};
+use crate::trace::TraceFormat;
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::Path;

@@ -14,7 +14,7 @@
 //! requests of those two draw the same random numbers as [`Workload::Zipf`] with the same
 //! seed, so with the scan requests taken out they are the first requests of that trace.
 
-use crate::trace::{IoKind, TraceRequest};
+use crate::request::{IoKind, TraceRequest};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp, Zipf};

@@ -3,7 +3,7 @@
 use super::PAGE;
 use crate::engine::{Device, EngineSim, LatencyHistogram};
 use crate::reference::BlockCache;
-use crate::trace::{IoKind, TraceRequest};
+use crate::request::{IoKind, TraceRequest};
 
 /// A flash cache as the stack sees it: a reference policy over blocks or the engine.
 pub enum Flash {

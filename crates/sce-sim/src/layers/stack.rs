@@ -4,7 +4,7 @@ use super::flash::Flash;
 use super::host::Host;
 use super::Replay;
 use crate::engine::{EngineResult, LatencyHistogram};
-use crate::trace::IoKind;
+use crate::request::IoKind;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::reference::BlockCache;
-use crate::trace::IoKind;
+use crate::request::IoKind;
 use crate::ReferencePolicy;
 
 #[test]

@@ -4,7 +4,8 @@
 use super::Result;
 use super::SimConfig;
 use crate::layers::{Replay, VolumeLayout};
-use crate::trace::{IoKind, TraceReader};
+use crate::request::IoKind;
+use crate::trace::TraceReader;
 
 /// The queue depth of the closed-loop replay of traces without usable timestamps.
 const DEFAULT_QUEUE_DEPTH: u32 = 32;
