@@ -22,7 +22,7 @@ use sce_engine::CacheVolume;
 use sce_io::{BlockDevice, IoError, IoQueue, QueuedReads, SharedBytes, StartedRead};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Where an export sits in a cache device it shares with other exports.
@@ -70,8 +70,6 @@ pub struct Attachable {
     ops: Mutex<()>,
     /// Writes and discards served while detached, since the last attach.
     writes_detached: AtomicU64,
-    /// Shared mode's state, if the export is in it (set by `Coherence::start`).
-    pub(crate) coherence: OnceLock<Weak<crate::coherent::Coherence>>,
 }
 
 /// What `attach` did.
@@ -114,7 +112,6 @@ impl Attachable {
             draining: Mutex::new(None),
             ops: Mutex::new(()),
             writes_detached: AtomicU64::new(0),
-            coherence: OnceLock::new(),
         })
     }
 

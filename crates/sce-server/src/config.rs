@@ -86,7 +86,52 @@ pub struct ServeConfig {
     pub socket_mode: u32,
     /// Shared mode: the cached exports are volumes other hosts cache too, kept coherent
     /// through etcd (`--shared`).
-    pub shared: Option<crate::coherent::SharedConfig>,
+    pub shared: Option<SharedConfig>,
+}
+
+/// Shared mode's settings (`--shared`, `--host-name`, `--lease-ttl`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedConfig {
+    /// The etcd members' client addresses (HOST:PORT).
+    pub endpoints: Vec<String>,
+    /// The key prefix of this group of hosts (the volumes go under it by export name).
+    pub prefix: String,
+    /// This host's name among them.
+    pub host: String,
+    /// The lease's time to live, in seconds.
+    pub lease_ttl: i64,
+}
+
+impl SharedConfig {
+    /// Parses `etcd://HOST:PORT[,HOST:PORT…]/PREFIX`.
+    pub fn parse(url: &str, host: &str, lease_ttl: Duration) -> Result<SharedConfig> {
+        let rest = url.strip_prefix("etcd://").ok_or_else(|| {
+            anyhow!("--shared {url:?}: give etcd://HOST:PORT[,HOST:PORT...]/PREFIX")
+        })?;
+        let (hosts, prefix) = rest.split_once('/').unwrap_or((rest, "sce"));
+        let endpoints: Vec<String> = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(str::to_string)
+            .collect();
+        if endpoints.is_empty() || endpoints.iter().any(|e| !e.contains(':')) {
+            bail!("--shared {url:?}: each etcd member is HOST:PORT");
+        }
+        let prefix = format!("/{}", prefix.trim_matches('/'));
+        if host.is_empty() || host.contains('/') {
+            bail!("host name {host:?}: give a name without '/' (--host-name)");
+        }
+        let ttl = lease_ttl.as_secs() as i64;
+        if !(1..=3600).contains(&ttl) {
+            bail!("--lease-ttl {lease_ttl:?}: give 1s to 1h");
+        }
+        Ok(SharedConfig {
+            endpoints,
+            prefix,
+            host: host.to_string(),
+            lease_ttl: ttl,
+        })
+    }
 }
 
 /// One export as declared: a `[[export]]` table of the TOML file, or the command line's.

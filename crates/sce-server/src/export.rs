@@ -1,9 +1,8 @@
-//! Export assembly: checks that no export uses another's device, opens each source (an NBD
-//! client, or a local file held locked) and cache device, and builds the cached volume and
-//! the `sce_nbd::Export` that serves it.
+//! Opening an export: checks that no export uses another's device, parses its settings,
+//! opens its source (an NBD client, or a local file held locked) and cache device, and
+//! opens the cached volume over them. What serves it is assembled in [`crate::group`].
 
 use crate::admission::AdmissionOptions;
-use crate::attach::Attachable;
 use crate::config::{ExportConfig, ServeConfig};
 use crate::ownership::{self, Contents};
 use crate::LOG_TARGET;
@@ -12,19 +11,10 @@ use sce_core::units::parse_size;
 use sce_core::{Admission, CoreConfig, EvictionKind, WriteMode};
 use sce_engine::{CacheVolume, EngineConfig, PersistConfig};
 use sce_io::{BlockDevice, DirectMode, FileDevice, FileOptions, LockMode};
-use sce_nbd::{Export, ExportIo, NbdClient, NbdUri};
+use sce_nbd::{NbdClient, NbdUri};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// An export ready to serve, and its cached volume if it has a cache.
-pub struct Built {
-    /// What the NBD server serves.
-    pub export: Export,
-    /// The cache in front of its source, which can be detached and attached (none for a
-    /// source exported as it is).
-    pub volume: Option<Arc<Attachable>>,
-}
 
 /// Refuses exports that share storage: no export may use a source (its own or another's)
 /// as a cache, nor the same storage under two names as two caches, and no two may cache
@@ -210,64 +200,6 @@ fn admission_options(spec: &ExportConfig) -> Result<AdmissionOptions> {
         partial_fill: spec.partial_fill.unwrap_or(false),
         max_cache_writes: field(&spec.max_cache_writes, "max_cache_writes", n)?,
     })
-}
-
-/// Builds one export: its source, and its cached volume if it has a cache. A cache file
-/// this start created is removed again if the build fails.
-pub fn build(spec: &ExportConfig, cfg: &ServeConfig) -> Result<Built> {
-    let n = &spec.name;
-    if crate::group::share(spec)?.is_some() {
-        bail!(
-            "export {n:?}: cache_share applies to exports that share a cache device (name the \
-             same cache on several exports); this one has its device alone"
-        );
-    }
-    let core = core_config(spec)?;
-    let (source, local) =
-        open_source(spec, cfg).with_context(|| format!("export {n:?}: source {}", spec.source))?;
-    let Some(cache_path) = &spec.cache else {
-        // A local file or device served plainly: through an I/O queue (io_uring).
-        let io = local
-            .map(|f| sce_io::open_queue(f, cfg.io_backend, sce_io::queue::DEFAULT_DEPTH))
-            .transpose()
-            .map(|q| q.map(ExportIo::Queue))
-            .with_context(|| format!("export {n:?}: I/O backend {}", cfg.io_backend))?;
-        if let Some(q) = io.as_ref().and_then(|io| io.queue()) {
-            tracing::info!("export {n:?}: {} I/O on {}", q.backend(), spec.source);
-        }
-        return Ok(Built {
-            export: Export {
-                name: n.clone(),
-                description: format!("{} (no cache)", spec.source),
-                device: source,
-                read_only: spec.read_only,
-                prefetch: None,
-                io,
-            },
-            volume: None,
-        });
-    };
-    let volume = open_volume(spec, cfg, core, source.clone(), cache_path)?;
-    let att = Attachable::new(spec.clone(), cfg.clone(), source, volume);
-    let description = format!("{} cached on {}", spec.source, cache_path.display());
-    Ok(cached(spec, description, att))
-}
-
-/// The export of `spec` served through its cache `att` (NBD CACHE prefetches into it; hits
-/// are read through its I/O queue).
-pub(crate) fn cached(spec: &ExportConfig, description: String, att: Arc<Attachable>) -> Built {
-    let a = att.clone();
-    Built {
-        export: Export {
-            name: spec.name.clone(),
-            description,
-            device: att.clone(),
-            read_only: spec.read_only,
-            prefetch: Some(Arc::new(move |o, l| a.prefetch(o, l))),
-            io: Some(ExportIo::Reads(att.clone())),
-        },
-        volume: Some(att),
-    }
 }
 
 /// Opens the cache device at `cache_path` (created with the spec's size if missing; a file
@@ -480,4 +412,23 @@ pub(crate) fn source_identity(source: &str) -> String {
     std::fs::canonicalize(source)
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| source.to_string())
+}
+
+/// An export's `cache_share`: "40%" or "0.4", a fraction above 0 and at most 1.
+pub fn share(s: &ExportConfig) -> Result<Option<f64>> {
+    let Some(text) = s.cache_share.as_deref() else {
+        return Ok(None);
+    };
+    let t = text.trim();
+    let v = match t.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map(|x| x / 100.0),
+        None => t.parse::<f64>(),
+    };
+    match v {
+        Ok(x) if x > 0.0 && x <= 1.0 => Ok(Some(x)),
+        _ => bail!(
+            "export {:?}: cache_share: {text:?} is not a share of the device (like \"40%\" or 0.4)",
+            s.name
+        ),
+    }
 }

@@ -1,3 +1,7 @@
+//! The exports of a [`ServeConfig`], built: each source and its cache (opened by
+//! [`crate::export`]) made into what the NBD server serves, a cached export as an
+//! [`Attachable`].
+//!
 //! Exports that name the same cache device share it (Mercury's volume table): one cached
 //! volume over their sources, one slot pool and eviction policy, each export with its own
 //! entry in the device's volume table (generation, identity), its own counts, and `forget`
@@ -6,10 +10,11 @@
 
 use crate::attach::{Attachable, Part};
 use crate::config::{ExportConfig, ServeConfig};
-use crate::export::{self, Built};
+use crate::export;
 use crate::ownership::canonical_name;
 use anyhow::{bail, Context, Result};
 use sce_engine::{CacheVolume, VolumePart};
+use sce_nbd::{Export, ExportIo};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -36,7 +41,7 @@ pub fn build_all(cfg: &ServeConfig) -> Result<Vec<Built>> {
     for (spec, b) in cfg.exports.iter().zip(out) {
         built.push(match b {
             Some(b) => b,
-            None => export::build(spec, cfg)?,
+            None => build(spec, cfg)?,
         });
     }
     Ok(built)
@@ -160,7 +165,7 @@ fn parts_of(specs: &[&ExportConfig], cfg: &ServeConfig) -> Result<Vec<VolumePart
                 .clone()
                 .or_else(|| cfg.source_generation.clone()),
             forget: cfg.forget_volume,
-            share: share(s)?,
+            share: export::share(s)?,
         });
     }
     Ok(parts)
@@ -182,24 +187,72 @@ fn member(
         part.siblings.join(", ")
     );
     let att = Attachable::new_part(s.clone(), cfg.clone(), source, volume.clone(), Some(part));
-    export::cached(s, description, att)
+    cached(s, description, att)
 }
 
-/// An export's `cache_share`: "40%" or "0.4", a fraction above 0 and at most 1.
-pub fn share(s: &ExportConfig) -> Result<Option<f64>> {
-    let Some(text) = s.cache_share.as_deref() else {
-        return Ok(None);
+/// An export ready to serve, and its cached volume if it has a cache.
+pub struct Built {
+    /// What the NBD server serves.
+    pub export: Export,
+    /// The cache in front of its source, which can be detached and attached (none for a
+    /// source exported as it is).
+    pub volume: Option<Arc<Attachable>>,
+}
+
+/// Builds one export: its source, and its cached volume if it has a cache. A cache file
+/// this start created is removed again if the build fails.
+pub fn build(spec: &ExportConfig, cfg: &ServeConfig) -> Result<Built> {
+    let n = &spec.name;
+    if export::share(spec)?.is_some() {
+        bail!(
+            "export {n:?}: cache_share applies to exports that share a cache device (name the \
+             same cache on several exports); this one has its device alone"
+        );
+    }
+    let core = export::core_config(spec)?;
+    let (source, local) = export::open_source(spec, cfg)
+        .with_context(|| format!("export {n:?}: source {}", spec.source))?;
+    let Some(cache_path) = &spec.cache else {
+        // A local file or device served plainly: through an I/O queue (io_uring).
+        let io = local
+            .map(|f| sce_io::open_queue(f, cfg.io_backend, sce_io::queue::DEFAULT_DEPTH))
+            .transpose()
+            .map(|q| q.map(ExportIo::Queue))
+            .with_context(|| format!("export {n:?}: I/O backend {}", cfg.io_backend))?;
+        if let Some(q) = io.as_ref().and_then(|io| io.queue()) {
+            tracing::info!("export {n:?}: {} I/O on {}", q.backend(), spec.source);
+        }
+        return Ok(Built {
+            export: Export {
+                name: n.clone(),
+                description: format!("{} (no cache)", spec.source),
+                device: source,
+                read_only: spec.read_only,
+                prefetch: None,
+                io,
+            },
+            volume: None,
+        });
     };
-    let t = text.trim();
-    let v = match t.strip_suffix('%') {
-        Some(p) => p.trim().parse::<f64>().map(|x| x / 100.0),
-        None => t.parse::<f64>(),
-    };
-    match v {
-        Ok(x) if x > 0.0 && x <= 1.0 => Ok(Some(x)),
-        _ => bail!(
-            "export {:?}: cache_share: {text:?} is not a share of the device (like \"40%\" or 0.4)",
-            s.name
-        ),
+    let volume = export::open_volume(spec, cfg, core, source.clone(), cache_path)?;
+    let att = Attachable::new(spec.clone(), cfg.clone(), source, volume);
+    let description = format!("{} cached on {}", spec.source, cache_path.display());
+    Ok(cached(spec, description, att))
+}
+
+/// The export of `spec` served through its cache `att` (NBD CACHE prefetches into it; hits
+/// are read through its I/O queue).
+pub(crate) fn cached(spec: &ExportConfig, description: String, att: Arc<Attachable>) -> Built {
+    let a = att.clone();
+    Built {
+        export: Export {
+            name: spec.name.clone(),
+            description,
+            device: att.clone(),
+            read_only: spec.read_only,
+            prefetch: Some(Arc::new(move |o, l| a.prefetch(o, l))),
+            io: Some(ExportIo::Reads(att.clone())),
+        },
+        volume: Some(att),
     }
 }

@@ -5,6 +5,8 @@
 //! - [`config`]: what to serve and how, and the TOML file of `--config`.
 //! - [`export`]: opening sources and caches, the checks that keep sce off what is not its
 //!   own ([`ownership`]), and the cached volumes.
+//! - [`group`]: every export built into what the NBD server serves; exports that name one
+//!   cache device share it.
 //! - [`metrics`]: the HTTP endpoint, its Prometheus text and its JSON /stats document.
 //! - [`server`]: listeners, the signal hook and the shutdown sequence.
 //! - [`admin`]: the admin socket that `sce ctl` talks to.

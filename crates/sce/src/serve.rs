@@ -13,7 +13,7 @@ use anyhow::{bail, Result};
 use sce_core::{Admission, EvictionKind, WriteMode};
 use sce_io::DirectMode;
 use sce_nbd::ListenAddr;
-use sce_server::coherent::SharedConfig;
+use sce_server::config::SharedConfig;
 use sce_server::{ConfigFile, ExportConfig, ServeConfig, Stopped};
 use std::path::PathBuf;
 use std::time::Duration;

@@ -31,60 +31,16 @@ pub use handoff::{handoff, handoff_verb, refuse_in_shared_mode};
 pub use identity::HostIdentity;
 
 use crate::attach::Attachable;
-use anyhow::{anyhow, bail, Context, Result};
+use crate::config::SharedConfig;
+use anyhow::{bail, Context, Result};
 use parking_lot::Mutex;
 use sce_coord::inval::Listener;
 use sce_coord::{Etcd, EtcdError, Membership, Tracker};
 use sce_io::IoError;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// Shared mode's settings (`--shared`, `--host-name`, `--lease-ttl`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SharedConfig {
-    /// The etcd members' client addresses (HOST:PORT).
-    pub endpoints: Vec<String>,
-    /// The key prefix of this group of hosts (the volumes go under it by export name).
-    pub prefix: String,
-    /// This host's name among them.
-    pub host: String,
-    /// The lease's time to live, in seconds.
-    pub lease_ttl: i64,
-}
-
-impl SharedConfig {
-    /// Parses `etcd://HOST:PORT[,HOST:PORT…]/PREFIX`.
-    pub fn parse(url: &str, host: &str, lease_ttl: Duration) -> Result<SharedConfig> {
-        let rest = url.strip_prefix("etcd://").ok_or_else(|| {
-            anyhow!("--shared {url:?}: give etcd://HOST:PORT[,HOST:PORT...]/PREFIX")
-        })?;
-        let (hosts, prefix) = rest.split_once('/').unwrap_or((rest, "sce"));
-        let endpoints: Vec<String> = hosts
-            .split(',')
-            .filter(|h| !h.is_empty())
-            .map(str::to_string)
-            .collect();
-        if endpoints.is_empty() || endpoints.iter().any(|e| !e.contains(':')) {
-            bail!("--shared {url:?}: each etcd member is HOST:PORT");
-        }
-        let prefix = format!("/{}", prefix.trim_matches('/'));
-        if host.is_empty() || host.contains('/') {
-            bail!("host name {host:?}: give a name without '/' (--host-name)");
-        }
-        let ttl = lease_ttl.as_secs() as i64;
-        if !(1..=3600).contains(&ttl) {
-            bail!("--lease-ttl {lease_ttl:?}: give 1s to 1h");
-        }
-        Ok(SharedConfig {
-            endpoints,
-            prefix,
-            host: host.to_string(),
-            lease_ttl: ttl,
-        })
-    }
-}
 
 /// Counters of shared mode, for `ctl status` and /metrics.
 #[derive(Default, Debug)]
@@ -149,9 +105,34 @@ pub struct Coherence {
     pub(crate) counters: Counters,
 }
 
+/// The exports that joined shared mode, each with its state: [`Coherence::start`] enters
+/// its export once, and [`of`] looks it up. Kept here, not in the export: shared mode wraps
+/// an [`Attachable`], which knows nothing of it. A weak export holds its allocation, so
+/// its address is not reused while its entry stands; entries of dropped exports are
+/// removed as others join.
+static MEMBERS: Mutex<Vec<(Weak<Attachable>, Weak<Coherence>)>> = Mutex::new(Vec::new());
+
 /// The shared-mode state of the export `att`, if it is in shared mode.
 pub fn of(att: &Arc<Attachable>) -> Option<Arc<Coherence>> {
-    att.coherence.get().and_then(std::sync::Weak::upgrade)
+    let members = MEMBERS.lock();
+    let (_, c) = members
+        .iter()
+        .find(|(a, _)| a.as_ptr() == Arc::as_ptr(att))?;
+    c.upgrade()
+}
+
+/// Enters `c` as the shared-mode state of its export; false if the export joined before.
+fn enter(c: &Arc<Coherence>) -> bool {
+    let mut members = MEMBERS.lock();
+    members.retain(|(a, _)| a.strong_count() > 0);
+    if members
+        .iter()
+        .any(|(a, _)| a.as_ptr() == Arc::as_ptr(&c.att))
+    {
+        return false;
+    }
+    members.push((Arc::downgrade(&c.att), Arc::downgrade(c)));
+    true
 }
 
 /// The revision a `seen/HOST` value saves, if the host of id `id` saved it. Another id's
@@ -242,7 +223,7 @@ impl Coherence {
             identity: identity.clone(),
             counters: Counters::default(),
         });
-        if c.att.coherence.set(Arc::downgrade(&c)).is_err() {
+        if !enter(&c) {
             bail!("export {name:?} is in shared mode already");
         }
         let from = c.resume_point()?;
