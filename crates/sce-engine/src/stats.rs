@@ -56,110 +56,74 @@ pub struct Counters {
     pub latencies: Latencies,
 }
 
-/// A point-in-time view of a cached volume.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct VolumeStats {
-    /// Read requests.
-    pub read_requests: u64,
-    /// Read requests served entirely from the cache.
-    pub read_requests_full_hit: u64,
-    /// 4 KiB pages of reads served from the cache.
-    pub read_pages_hit: u64,
-    /// 4 KiB pages of reads served from the source.
-    pub read_pages_missed: u64,
-    /// Write requests.
-    pub write_requests: u64,
-    /// Bytes read from the source.
-    pub source_bytes_read: u64,
-    /// Bytes written to the source.
-    pub source_bytes_written: u64,
-    /// Bytes read from the cache device.
-    pub cache_bytes_read: u64,
-    /// Bytes written to the cache device.
-    pub cache_bytes_written: u64,
-    /// Cache device read errors.
-    pub cache_read_errors: u64,
-    /// Cache device write errors.
-    pub cache_write_errors: u64,
-    /// Cached pages that failed their checksum (corrupt, torn, lost or misdirected writes).
-    pub cache_checksum_errors: u64,
-    /// 1 if the cache disabled itself after device errors and passes I/O through.
-    pub passthrough: u64,
-    /// Populations completed.
-    pub fragments_populated: u64,
-    /// Populations failed.
-    pub populations_failed: u64,
-    /// Pages made valid by population.
-    pub pages_populated: u64,
-    /// Fragments evicted.
-    pub fragments_evicted: u64,
-    /// Writes whose cache copy was sent.
-    pub awt_started: u64,
-    /// Writes whose cache copy completed and re-validated pages.
-    pub awt_completed: u64,
-    /// Writes that fell back to write-around (AWT budget exhausted).
-    pub awt_fallbacks: u64,
-    /// Writes that skipped the cache copy because of a concurrent write to the same pages.
-    pub awt_duplicates: u64,
-    /// Candidates refused by the admission duel (admission `sce`).
-    pub admissions_rejected: u64,
-    /// Requests found to be part of a sequential stream and bypassed (admission `sce`).
-    pub sequential_requests: u64,
-    /// Population picks deferred by the population budget (admission `sce`).
-    pub population_budget_waits: u64,
-    /// Cache writes refused by the endurance budget (`max_cache_writes`).
-    pub endurance_refusals: u64,
-    /// The population rate limit now, bytes per second (0: unlimited).
-    pub population_rate: u64,
-    /// Population workers allowed by the throttle.
-    pub active_workers: u64,
-    /// Free cache slots.
-    pub free_slots: u64,
-    /// All cache slots.
-    pub total_slots: u64,
+sce_core::stats_table! {
+    /// A point-in-time view of a cached volume: its figures, their JSON names (the
+    /// fields'), and their Prometheus families.
+    #[derive(Clone, Debug, Default, PartialEq)]
+    pub struct VolumeStats {
+        /// Read requests.
+        read_requests: u64, Counter("sce_read_requests_total", "", "Read requests served by the cached volume.");
+        /// Read requests served entirely from the cache.
+        read_requests_full_hit: u64, Counter("sce_read_full_hit_requests_total", "", "Read requests served entirely from the cache.");
+        /// 4 KiB pages of reads served from the cache.
+        read_pages_hit: u64, Counter("sce_read_hit_pages_total", "", "4 KiB pages of reads served from the cache.");
+        /// 4 KiB pages of reads served from the source.
+        read_pages_missed: u64, Counter("sce_read_missed_pages_total", "", "4 KiB pages of reads served from the source.");
+        /// Write requests.
+        write_requests: u64, Counter("sce_write_requests_total", "", "Write and discard requests.");
+        /// Bytes read from the source.
+        source_bytes_read: u64, Counter("sce_source_read_bytes_total", "bytes", "Bytes read from the source.");
+        /// Bytes written to the source.
+        source_bytes_written: u64, Counter("sce_source_written_bytes_total", "bytes", "Bytes written to the source.");
+        /// Bytes read from the cache device.
+        cache_bytes_read: u64, Counter("sce_cache_read_bytes_total", "bytes", "Bytes read from the cache device (hits, checks).");
+        /// Bytes written to the cache device.
+        cache_bytes_written: u64, Counter("sce_cache_written_bytes_total", "bytes", "Bytes written to the cache device (population, write copies, metadata, journal).");
+        /// Cache device read errors.
+        cache_read_errors: u64, Counter("sce_cache_read_errors_total", "", "Failed reads of the cache device (served from the source instead).");
+        /// Cache device write errors.
+        cache_write_errors: u64, Counter("sce_cache_write_errors_total", "", "Failed writes to the cache device.");
+        /// Cached pages that failed their checksum (corrupt, torn, lost or misdirected writes).
+        cache_checksum_errors: u64, Counter("sce_cache_checksum_errors_total", "", "Cached pages whose data failed its checksum (served from the source instead).");
+        /// 1 if the cache disabled itself after device errors and passes I/O through.
+        passthrough: u64, Gauge("sce_passthrough", "", "1 if the cache disabled itself after device errors and passes I/O to the source.");
+        /// Populations completed.
+        fragments_populated: u64, Counter("sce_populated_fragments_total", "", "Fragments populated (read from the source into the cache).");
+        /// Populations failed.
+        populations_failed: u64, Counter("sce_population_failures_total", "", "Populations that failed.");
+        /// Pages made valid by population.
+        pages_populated: u64, Counter("sce_populated_pages_total", "", "4 KiB pages made valid by population.");
+        /// Fragments evicted.
+        fragments_evicted: u64, Counter("sce_evicted_fragments_total", "", "Fragments evicted.");
+        /// Writes whose cache copy was sent.
+        awt_started: u64, Counter("sce_awt_copies_started_total", "", "Writes whose cache copy was sent (write-through).");
+        /// Writes whose cache copy completed and re-validated pages.
+        awt_completed: u64, Counter("sce_awt_copies_completed_total", "", "Writes whose cache copy completed and re-validated pages.");
+        /// Writes that fell back to write-around (AWT budget exhausted).
+        awt_fallbacks: u64, Counter("sce_awt_fallbacks_total", "", "Writes that fell back to write-around (AWT budget spent).");
+        /// Writes that skipped the cache copy because of a concurrent write to the same pages.
+        awt_duplicates: u64, Counter("sce_awt_duplicates_total", "", "Writes that skipped the cache copy for a concurrent write to the same pages.");
+        /// Candidates refused by the admission duel (admission `sce`).
+        admissions_rejected: u64, Counter("sce_admission_rejections_total", "", "Candidates refused by the admission duel (admission sce).");
+        /// Requests found to be part of a sequential stream and bypassed (admission `sce`).
+        sequential_requests: u64, Counter("sce_sequential_requests_total", "", "Requests found to be part of a sequential stream and bypassed.");
+        /// Population picks deferred by the population budget (admission `sce`).
+        population_budget_waits: u64, Counter("sce_population_budget_waits_total", "", "Population picks deferred by the population budget.");
+        /// Cache writes refused by the endurance budget (`max_cache_writes`).
+        endurance_refusals: u64, Counter("sce_endurance_refusals_total", "", "Cache writes refused by the endurance budget (max_cache_writes).");
+        /// The population rate limit now, bytes per second (0: unlimited).
+        population_rate: u64, Gauge("sce_population_rate_limit_bytes_per_second", "bytes_per_second", "The population rate allowed now (0: unlimited).");
+        /// Population workers allowed by the throttle.
+        active_workers: u64, Gauge("sce_population_workers", "", "Population workers the throttle lets run now.");
+        /// Free cache slots.
+        free_slots: u64, Gauge("sce_cache_free_slots", "", "Slots that hold no fragment.");
+        /// All cache slots.
+        total_slots: u64, Gauge("sce_cache_slots", "", "Slots (fragment-sized places) of the cache.");
+    }
+    impl delta, add;
 }
 
 impl VolumeStats {
-    /// Every counter by name, for exporters (Prometheus text, JSON). Gauges end in no
-    /// `_total`; the caller decides the naming scheme.
-    pub fn fields(&self) -> [(&'static str, u64, bool); 29] {
-        [
-            ("read_requests", self.read_requests, true),
-            ("read_requests_full_hit", self.read_requests_full_hit, true),
-            ("read_pages_hit", self.read_pages_hit, true),
-            ("read_pages_missed", self.read_pages_missed, true),
-            ("write_requests", self.write_requests, true),
-            ("source_bytes_read", self.source_bytes_read, true),
-            ("source_bytes_written", self.source_bytes_written, true),
-            ("cache_bytes_read", self.cache_bytes_read, true),
-            ("cache_bytes_written", self.cache_bytes_written, true),
-            ("cache_read_errors", self.cache_read_errors, true),
-            ("cache_write_errors", self.cache_write_errors, true),
-            ("cache_checksum_errors", self.cache_checksum_errors, true),
-            ("passthrough", self.passthrough, false),
-            ("fragments_populated", self.fragments_populated, true),
-            ("populations_failed", self.populations_failed, true),
-            ("pages_populated", self.pages_populated, true),
-            ("fragments_evicted", self.fragments_evicted, true),
-            ("awt_started", self.awt_started, true),
-            ("awt_completed", self.awt_completed, true),
-            ("awt_fallbacks", self.awt_fallbacks, true),
-            ("awt_duplicates", self.awt_duplicates, true),
-            ("admissions_rejected", self.admissions_rejected, true),
-            ("sequential_requests", self.sequential_requests, true),
-            (
-                "population_budget_waits",
-                self.population_budget_waits,
-                true,
-            ),
-            ("endurance_refusals", self.endurance_refusals, true),
-            ("population_rate", self.population_rate, false),
-            ("active_workers", self.active_workers, false),
-            ("free_slots", self.free_slots, false),
-            ("total_slots", self.total_slots, false),
-        ]
-    }
-
     /// Read hit ratio over 4 KiB pages (0 when nothing was read).
     pub fn read_hit_ratio(&self) -> f64 {
         let t = self.read_pages_hit + self.read_pages_missed;
@@ -170,39 +134,38 @@ impl VolumeStats {
         }
     }
 
-    /// The difference `self - earlier` of monotonic counters (gauges keep `self`'s value).
-    pub fn delta(&self, earlier: &VolumeStats) -> VolumeStats {
+    /// A core shard's part of a snapshot: its counts and its gauges (the figures the
+    /// engine keeps are zero).
+    fn of_core(core: &CacheCore) -> VolumeStats {
+        let c = core.stats();
         VolumeStats {
-            read_requests: self.read_requests - earlier.read_requests,
-            read_requests_full_hit: self.read_requests_full_hit - earlier.read_requests_full_hit,
-            read_pages_hit: self.read_pages_hit - earlier.read_pages_hit,
-            read_pages_missed: self.read_pages_missed - earlier.read_pages_missed,
-            write_requests: self.write_requests - earlier.write_requests,
-            source_bytes_read: self.source_bytes_read - earlier.source_bytes_read,
-            source_bytes_written: self.source_bytes_written - earlier.source_bytes_written,
-            cache_bytes_read: self.cache_bytes_read - earlier.cache_bytes_read,
-            cache_bytes_written: self.cache_bytes_written - earlier.cache_bytes_written,
-            cache_read_errors: self.cache_read_errors - earlier.cache_read_errors,
-            cache_write_errors: self.cache_write_errors - earlier.cache_write_errors,
-            cache_checksum_errors: self.cache_checksum_errors - earlier.cache_checksum_errors,
-            passthrough: self.passthrough,
-            fragments_populated: self.fragments_populated - earlier.fragments_populated,
-            populations_failed: self.populations_failed - earlier.populations_failed,
-            pages_populated: self.pages_populated - earlier.pages_populated,
-            fragments_evicted: self.fragments_evicted - earlier.fragments_evicted,
-            awt_started: self.awt_started - earlier.awt_started,
-            awt_completed: self.awt_completed - earlier.awt_completed,
-            awt_fallbacks: self.awt_fallbacks - earlier.awt_fallbacks,
-            awt_duplicates: self.awt_duplicates - earlier.awt_duplicates,
-            admissions_rejected: self.admissions_rejected - earlier.admissions_rejected,
-            sequential_requests: self.sequential_requests - earlier.sequential_requests,
-            population_budget_waits: self.population_budget_waits - earlier.population_budget_waits,
-            endurance_refusals: self.endurance_refusals - earlier.endurance_refusals,
-            population_rate: self.population_rate,
-            active_workers: self.active_workers,
-            free_slots: self.free_slots,
-            total_slots: self.total_slots,
+            read_requests: c.read_requests,
+            read_requests_full_hit: c.read_requests_full_hit,
+            read_pages_hit: c.read_pages_hit,
+            read_pages_missed: c.read_pages_missed,
+            write_requests: c.write_requests,
+            fragments_populated: c.populations_completed,
+            populations_failed: c.populations_failed,
+            pages_populated: c.pages_populated,
+            fragments_evicted: c.fragments_evicted,
+            awt_started: c.awt_started,
+            awt_completed: c.awt_completed,
+            awt_fallbacks: c.awt_fallbacks,
+            awt_duplicates: c.awt_duplicates,
+            admissions_rejected: c.admissions_rejected,
+            sequential_requests: c.sequential_requests,
+            population_budget_waits: c.population_budget_waits,
+            endurance_refusals: c.endurance_refusals,
+            population_rate: core.population_rate(),
+            free_slots: core.free_slots() as u64,
+            total_slots: core.geometry().slots() as u64,
+            ..VolumeStats::default()
         }
+    }
+
+    /// Adds another core shard's counts and gauges to a snapshot of the first.
+    pub(crate) fn add_core(&mut self, core: &CacheCore) {
+        *self += &VolumeStats::of_core(core);
     }
 }
 
@@ -232,13 +195,7 @@ impl Counters {
 
     /// Joins these counters with the core's into a snapshot.
     pub fn snapshot(&self, core: &CacheCore, passthrough: bool) -> VolumeStats {
-        let c = core.stats();
         VolumeStats {
-            read_requests: c.read_requests,
-            read_requests_full_hit: c.read_requests_full_hit,
-            read_pages_hit: c.read_pages_hit,
-            read_pages_missed: c.read_pages_missed,
-            write_requests: c.write_requests,
             source_bytes_read: self.source_bytes_read.sum(),
             source_bytes_written: self.source_bytes_written.load(Relaxed),
             cache_bytes_read: self.cache_bytes_read.sum(),
@@ -247,50 +204,9 @@ impl Counters {
             cache_write_errors: self.cache_write_errors.load(Relaxed),
             cache_checksum_errors: self.cache_checksum_errors.load(Relaxed),
             passthrough: passthrough as u64,
-            fragments_populated: c.populations_completed,
-            populations_failed: c.populations_failed,
-            pages_populated: c.pages_populated,
-            fragments_evicted: c.fragments_evicted,
-            awt_started: c.awt_started,
-            awt_completed: c.awt_completed,
-            awt_fallbacks: c.awt_fallbacks,
-            awt_duplicates: c.awt_duplicates,
-            admissions_rejected: c.admissions_rejected,
-            sequential_requests: c.sequential_requests,
-            population_budget_waits: c.population_budget_waits,
-            endurance_refusals: c.endurance_refusals,
-            population_rate: core.population_rate(),
             active_workers: self.active_workers.load(Relaxed),
-            free_slots: core.free_slots() as u64,
-            total_slots: core.geometry().slots() as u64,
+            ..VolumeStats::of_core(core)
         }
-    }
-}
-
-impl VolumeStats {
-    /// Adds another core shard's counts and gauges to a snapshot of the first.
-    pub(crate) fn add_core(&mut self, core: &CacheCore) {
-        let c = core.stats();
-        self.read_requests += c.read_requests;
-        self.read_requests_full_hit += c.read_requests_full_hit;
-        self.read_pages_hit += c.read_pages_hit;
-        self.read_pages_missed += c.read_pages_missed;
-        self.write_requests += c.write_requests;
-        self.fragments_populated += c.populations_completed;
-        self.populations_failed += c.populations_failed;
-        self.pages_populated += c.pages_populated;
-        self.fragments_evicted += c.fragments_evicted;
-        self.awt_started += c.awt_started;
-        self.awt_completed += c.awt_completed;
-        self.awt_fallbacks += c.awt_fallbacks;
-        self.awt_duplicates += c.awt_duplicates;
-        self.admissions_rejected += c.admissions_rejected;
-        self.sequential_requests += c.sequential_requests;
-        self.population_budget_waits += c.population_budget_waits;
-        self.endurance_refusals += c.endurance_refusals;
-        self.population_rate += core.population_rate();
-        self.free_slots += core.free_slots() as u64;
-        self.total_slots += core.geometry().slots() as u64;
     }
 }
 

@@ -128,10 +128,10 @@ fn a_damaged_dirty_page_is_lost_alone_and_the_rest_of_its_run_is_cleaned() {
     let w = vol.writeback_stats().unwrap();
     println!(
         "{n} dirty pages in one run, page {bad} damaged: {} bytes lost, {} cleaned",
-        w.lost_bytes, w.bytes_cleaned
+        w.lost_bytes, w.cleaned_bytes
     );
     assert_eq!((w.lost_bytes, w.dirty_bytes), (PAGE, 0), "{w:?}");
-    assert_eq!(w.bytes_cleaned, (n - 1) * PAGE, "{w:?}");
+    assert_eq!(w.cleaned_bytes, (n - 1) * PAGE, "{w:?}");
     let mut page = AlignedBuf::new(PAGE as usize);
     for p in 0..n {
         let (a, s) = ((base + p * PAGE) as usize, (p * PAGE) as usize);

@@ -502,7 +502,7 @@ fn a_source_outage_is_absorbed_then_drained() {
     println!(
         "source outage: {} dirty bytes absorbed, {} waits, {} failed cleanings before the \
          source came back; then {} bytes written back, {} lost",
-        absorbed.dirty_bytes, absorbed.waits, absorbed.clean_errors, w.bytes_cleaned, w.lost_bytes
+        absorbed.dirty_bytes, absorbed.waits, absorbed.clean_errors, w.cleaned_bytes, w.lost_bytes
     );
     assert_eq!(w.lost_bytes, 0);
     assert_eq!(

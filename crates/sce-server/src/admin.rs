@@ -16,8 +16,8 @@
 
 mod access;
 
-use crate::attach::Attachable;
-use crate::metrics::{stats_json, Volumes};
+use crate::attach::{Attachable, Volumes};
+use crate::metrics::stats_json;
 use crate::rates::Rates;
 use crate::LOG_TARGET;
 pub use access::AdminAccess;

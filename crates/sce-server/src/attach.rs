@@ -36,21 +36,27 @@ pub struct Part {
     pub siblings: Vec<String>,
 }
 
-/// An export's own counts (several exports may share one cached volume, whose counters
-/// are the device's).
-#[derive(Debug, Default)]
-pub struct ExportCounters {
-    /// Reads served while attached.
-    pub read_requests: AtomicU64,
-    /// Of them, reads served wholly from the cache.
-    pub read_hits: AtomicU64,
-    /// Bytes read.
-    pub read_bytes: AtomicU64,
-    /// Writes and discards.
-    pub write_requests: AtomicU64,
-    /// Bytes written.
-    pub write_bytes: AtomicU64,
+sce_core::stats_table! {
+    /// An export's own counts (several exports may share one cached volume, whose counters
+    /// are the device's).
+    #[derive(Debug, Default)]
+    pub struct ExportCounters {
+        /// Reads served while attached.
+        read_requests: AtomicU64, Counter("sce_export_read_requests_total", "", "Reads of this export served while its cache was attached.");
+        /// Of them, reads served wholly from the cache.
+        read_hits: AtomicU64, Counter("sce_export_read_hits_total", "", "Reads of this export served wholly from the cache.");
+        /// Bytes read.
+        read_bytes: AtomicU64, Counter("sce_export_read_bytes_total", "bytes", "Bytes read from this export while its cache was attached.");
+        /// Writes and discards.
+        write_requests: AtomicU64, Counter("sce_export_write_requests_total", "", "Writes and discards of this export.");
+        /// Bytes written.
+        write_bytes: AtomicU64, Counter("sce_export_written_bytes_total", "bytes", "Bytes written to this export.");
+    }
 }
+
+/// Every export's name and its cache, which may be detached (none for a source exported as
+/// it is): what the metrics endpoint, the rates sampler and the admin socket read.
+pub type Volumes = Vec<(String, Option<Arc<Attachable>>)>;
 
 /// A cached export that can lose and regain its cache while it serves.
 pub struct Attachable {

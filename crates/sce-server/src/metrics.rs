@@ -4,72 +4,15 @@
 
 pub mod http;
 
+use crate::attach::Volumes;
 use crate::rates::Rates;
 use anyhow::{anyhow, Context, Result};
-use sce_engine::PersistStats;
+use sce_engine::{PersistStats, VolumeStats, WriteBackStats};
 use sce_nbd::Server;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-
-/// Every export's name and its cache, which may be detached (none for a source exported as
-/// it is).
-pub type Volumes = Vec<(String, Option<Arc<crate::attach::Attachable>>)>;
-
-/// The persistence fields exported as metrics and in /stats: (name, value, is a counter).
-fn persist_fields(p: &PersistStats) -> [(&'static str, u64, bool); 20] {
-    [
-        ("persist_format_version", p.format_version as u64, false),
-        (
-            "persist_previous_shutdown_clean",
-            p.previous_shutdown_clean as u64,
-            false,
-        ),
-        ("persist_last_clean_shutdown", p.last_clean_shutdown, false),
-        ("persist_fragments_restored", p.fragments_restored, false),
-        ("persist_dirty_intents", p.dirty_intents, false),
-        ("persist_intent_syncs", p.intent_syncs, true),
-        ("persist_intent_presets", p.intent_presets, true),
-        ("persist_units_written", p.units_written, true),
-        (
-            "persist_metadata_bytes_written",
-            p.metadata_bytes_written,
-            true,
-        ),
-        ("persist_metadata_errors", p.metadata_errors, true),
-        ("persist_load_millis", p.load_millis, false),
-        (
-            "persist_fragments_dropped_intent",
-            p.fragments_dropped_intent,
-            false,
-        ),
-        ("persist_journal", p.journal as u64, false),
-        (
-            "persist_journal_blocks_replayed",
-            p.journal_blocks_replayed,
-            false,
-        ),
-        (
-            "persist_journal_fragments_hit",
-            p.journal_fragments_hit,
-            false,
-        ),
-        (
-            "persist_journal_pages_dropped",
-            p.journal_pages_dropped,
-            false,
-        ),
-        ("persist_journal_appends", p.journal_appends, true),
-        ("persist_journal_blocks", p.journal_blocks, true),
-        ("persist_journal_bytes", p.journal_bytes, true),
-        (
-            "persist_journal_full_fallbacks",
-            p.journal_full_fallbacks,
-            true,
-        ),
-    ]
-}
 
 /// Prometheus text of every export's counters and the server's (see [`crate::prom`]).
 pub fn prometheus(server: &Server, volumes: &Volumes, rates: Option<&Rates>) -> String {
@@ -95,27 +38,21 @@ pub fn stats_json(server: &Server, volumes: &Volumes) -> serde_json::Value {
                 "active"
             };
             m.insert("state".into(), state.into());
-            for (f, val, _) in st.fields() {
-                m.insert(f.into(), val.into());
+            for s in VolumeStats::STATS {
+                m.insert(s.key.into(), s.value(&st).into());
             }
             m.insert("read_hit_ratio".into(), st.read_hit_ratio().into());
             if let Some(p) = v.persist_stats() {
-                for (f, val, _) in persist_fields(&p) {
-                    m.insert(f.into(), val.into());
+                for s in PersistStats::STATS {
+                    m.insert(format!("persist_{}", s.key), s.value(&p).into());
                 }
                 m.insert("persist_uuid".into(), p.uuid.clone().into());
             } else {
                 m.insert("persist_format_version".into(), serde_json::Value::Null);
             }
             if let Some(w) = v.writeback_stats() {
-                for (f, val) in [
-                    ("writeback_dirty_bytes", w.dirty_bytes),
-                    ("writeback_lost_bytes", w.lost_bytes),
-                    ("writeback_waits", w.waits),
-                    ("writeback_cleaned_bytes", w.bytes_cleaned),
-                    ("writeback_clean_errors", w.clean_errors),
-                ] {
-                    m.insert(f.into(), val.into());
+                for s in WriteBackStats::STATS {
+                    m.insert(format!("writeback_{}", s.key), s.value(&w).into());
                 }
             }
         }
@@ -191,12 +128,9 @@ pub(crate) fn writeback_status(m: &mut serde_json::Value, v: &sce_engine::CacheV
     if w.lost_bytes > 0 {
         m["state"] = serde_json::json!("degraded-lost-data");
     }
-    m["writeback"] = serde_json::json!({
-        "dirty_bytes": w.dirty_bytes,
-        "lost_bytes": w.lost_bytes,
-        "waits": w.waits,
-        "bytes_written_back": w.bytes_cleaned,
-        "clean_errors": w.clean_errors,
-        "last_clean_error": w.last_clean_error,
-    });
+    let mut wb: serde_json::Map<_, _> = (WriteBackStats::STATS.iter())
+        .map(|s| (s.key.to_string(), s.value(&w).into()))
+        .collect();
+    wb.insert("last_clean_error".into(), w.last_clean_error.into());
+    m["writeback"] = wb.into();
 }

@@ -6,9 +6,12 @@
 //!
 //! The values are read at scrape time from the counters the server and the engine keep
 //! anyway (atomics); the latency histograms are the engine's own lock-free ones
-//! ([`sce_engine::stats::LatencyHistogram`]).
+//! ([`sce_engine::stats::LatencyHistogram`]). The families of the stats structs
+//! (`VolumeStats`, `WriteBackStats`, `PersistStats`, `ExportCounters`, shared mode's
+//! `Counters`) are the ones their tables define (`sce_core::stats_table!`); `tables`
+//! holds the rest.
 
-use crate::metrics::Volumes;
+use crate::attach::{ExportCounters, Volumes};
 use crate::rates::Rates;
 
 mod tables;
@@ -16,7 +19,9 @@ use prometheus::proto::{
     Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
 };
 use prometheus::{Encoder, TextEncoder};
+use sce_core::stats::{Kind, Stat};
 use sce_engine::stats::{LatencySnapshot, LATENCY_BOUNDS_NS};
+use sce_engine::{PersistStats, VolumeStats, WriteBackStats};
 use sce_nbd::Server;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
@@ -88,6 +93,19 @@ impl Families {
         self.push(name, help, MetricType::GAUGE, lp, v);
     }
 
+    /// Every exported figure of a stats table, read from `t`.
+    fn stats<T>(&mut self, table: &[Stat<T>], lp: &[(&str, &str)], t: &T) {
+        for s in table {
+            if let Some(m) = s.metric {
+                let kind = match m.kind {
+                    Kind::Counter => MetricType::COUNTER,
+                    Kind::Gauge => MetricType::GAUGE,
+                };
+                self.push(m.name, m.help, kind, lp, s.metric_value(t));
+            }
+        }
+    }
+
     fn histogram(&mut self, name: &str, help: &str, lp: &[(&str, &str)], s: &LatencySnapshot) {
         let mut h = Histogram::default();
         h.set_sample_count(s.count);
@@ -138,40 +156,6 @@ fn server_families(f: &mut Families, server: &Server) {
     }
 }
 
-/// Write-back's families of one export.
-fn writeback_families(f: &mut Families, lp: &[(&str, &str)], w: &sce_engine::WriteBackStats) {
-    f.gauge(
-        "sce_writeback_dirty_bytes",
-        "Bytes only the cache holds (write-back data not yet on the source).",
-        lp,
-        w.dirty_bytes as f64,
-    );
-    f.gauge(
-        "sce_writeback_lost_bytes",
-        "Bytes of write-back data whose only copy was lost on the cache device; reads of them fail.",
-        lp,
-        w.lost_bytes as f64,
-    );
-    f.counter(
-        "sce_writeback_cleaned_bytes_total",
-        "Bytes of write-back data the cleaner wrote to the source.",
-        lp,
-        w.bytes_cleaned,
-    );
-    f.counter(
-        "sce_writeback_clean_errors_total",
-        "Cleaning jobs that failed on the source (the data stays dirty and is retried).",
-        lp,
-        w.clean_errors,
-    );
-    f.counter(
-        "sce_writeback_waits_total",
-        "Writes that waited for cleaning or a metadata round (backpressure).",
-        lp,
-        w.waits,
-    );
-}
-
 /// One cached export's families.
 fn volume_families(
     f: &mut Families,
@@ -186,14 +170,12 @@ fn volume_families(
         config: v.config(),
         in_flight: v.latencies().in_flight.load(Relaxed),
     };
-    for (name, help, get) in tables::VOLUME_COUNTERS {
-        f.counter(name, help, &lp, get(&view.stats));
-    }
+    f.stats(VolumeStats::STATS, &lp, &view.stats);
     for (name, help, get) in tables::VOLUME_GAUGES {
         f.gauge(name, help, &lp, get(&view));
     }
     if let Some(w) = v.writeback_stats() {
-        writeback_families(f, &lp, &w);
+        f.stats(WriteBackStats::STATS, &lp, &w);
     }
     let mode = view.config.write_mode.to_string();
     f.gauge(
@@ -237,12 +219,7 @@ fn volume_families(
         f.histogram(name, help, &lp, &h.snapshot());
     }
     if let Some(p) = v.persist_stats() {
-        for (name, help, get) in tables::PERSIST_COUNTERS {
-            f.counter(name, help, &lp, get(&p));
-        }
-        for (name, help, get) in tables::PERSIST_GAUGES {
-            f.gauge(name, help, &lp, get(&p));
-        }
+        f.stats(PersistStats::STATS, &lp, &p);
     }
 }
 
@@ -250,36 +227,7 @@ fn volume_families(
 /// families above are the device's (the same for each of them), and these are the export's.
 fn export_families(f: &mut Families, export: &str, a: &crate::attach::Attachable) {
     let lp = [("export", export)];
-    let c = &a.counters;
-    for (name, help, n) in [
-        (
-            "sce_export_read_requests_total",
-            "Reads of this export served while its cache was attached.",
-            &c.read_requests,
-        ),
-        (
-            "sce_export_read_hits_total",
-            "Reads of this export served wholly from the cache.",
-            &c.read_hits,
-        ),
-        (
-            "sce_export_read_bytes_total",
-            "Bytes read from this export while its cache was attached.",
-            &c.read_bytes,
-        ),
-        (
-            "sce_export_write_requests_total",
-            "Writes and discards of this export.",
-            &c.write_requests,
-        ),
-        (
-            "sce_export_written_bytes_total",
-            "Bytes written to this export.",
-            &c.write_bytes,
-        ),
-    ] {
-        f.counter(name, help, &lp, n.load(Relaxed));
-    }
+    f.stats(ExportCounters::STATS, &lp, &a.counters);
     f.gauge(
         "sce_export_cached_bytes",
         "Bytes of this export the cache holds now.",
@@ -327,44 +275,74 @@ fn shared_families(f: &mut Families, export: &str, c: &crate::coherent::Coherenc
         c.serving() as u64 as f64,
     );
     let k = &c.counters;
-    for (name, help, n) in [
-        (
-            "sce_shared_publications_total",
-            "Invalidations this host published (one may carry several writes).",
-            &k.published,
-        ),
-        (
-            "sce_shared_writes_published_total",
-            "Writes that waited until the other hosts dropped their range.",
-            &k.writes,
-        ),
-        (
-            "sce_shared_publish_failures_total",
-            "Writes failed because the other hosts could not be told in time.",
-            &k.publish_failures,
-        ),
-        (
-            "sce_shared_invalidations_received_total",
-            "Invalidations of other hosts processed.",
-            &k.received,
-        ),
-        (
-            "sce_shared_dropped_bytes_total",
-            "Bytes those invalidations dropped from this cache.",
-            &k.dropped_bytes,
-        ),
-        (
-            "sce_shared_passthrough_reads_total",
-            "Reads passed through to the source while this host could not vouch for its cache.",
-            &k.passthrough_reads,
-        ),
-    ] {
-        f.counter(name, help, &lp, n.load(SeqCst));
-    }
+    f.stats(crate::coherent::Counters::STATS, &lp, k);
     f.counter(
         "sce_shared_publish_seconds_total",
         "Seconds writes spent publishing their invalidation and waiting for the other hosts.",
         &lp,
         k.publish_ns.load(SeqCst) / 1_000_000_000,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sce_core::stats::Metric;
+
+    fn metrics<T>(table: &[Stat<T>]) -> impl Iterator<Item = Metric> + '_ {
+        table.iter().filter_map(|s| s.metric)
+    }
+
+    /// Every family the stats tables define follows the naming rules of /metrics (`sce_`,
+    /// counters and only they end in `_total`, the unit named last, a HELP text), and no
+    /// name is defined twice, here or in `tables`.
+    #[test]
+    fn table_families_follow_the_naming_rules() {
+        let all: Vec<Metric> = metrics(VolumeStats::STATS)
+            .chain(metrics(WriteBackStats::STATS))
+            .chain(metrics(PersistStats::STATS))
+            .chain(metrics(ExportCounters::STATS))
+            .chain(metrics(crate::coherent::Counters::STATS))
+            .collect();
+        assert!(all.len() >= 65, "{}", all.len());
+        let mut names: Vec<&str> = all.iter().map(|m| m.name).collect();
+        for m in &all {
+            assert!(m.name.starts_with("sce_"), "{}", m.name);
+            assert!(!m.help.is_empty(), "{}", m.name);
+            let base = m.name.strip_suffix("_total");
+            assert_eq!(base.is_some(), m.kind == Kind::Counter, "{}", m.name);
+            let base = base.unwrap_or(m.name);
+            if m.unit.is_empty() {
+                for unit in ["_bytes", "_seconds", "_per_second"] {
+                    assert!(!base.ends_with(unit), "{} names no unit", m.name);
+                }
+            } else {
+                assert!(base.ends_with(&format!("_{}", m.unit)), "{}", m.name);
+            }
+        }
+        names.extend(tables::SERVER_COUNTERS.iter().map(|f| f.0));
+        names.extend(tables::SERVER_GAUGES.iter().map(|f| f.0));
+        names.extend(tables::VOLUME_GAUGES.iter().map(|f| f.0));
+        let n = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), n, "a family name is defined twice");
+    }
+
+    /// The JSON names of each table are distinct.
+    #[test]
+    fn json_names_are_distinct() {
+        fn keys<T>(t: &[Stat<T>]) -> Vec<&'static str> {
+            let mut k: Vec<_> = t.iter().map(|s| s.key).collect();
+            k.sort_unstable();
+            k.dedup();
+            assert_eq!(k.len(), t.len());
+            k
+        }
+        assert_eq!(keys(VolumeStats::STATS).len(), 29);
+        assert!(keys(WriteBackStats::STATS).contains(&"cleaned_bytes"));
+        assert!(keys(PersistStats::STATS).contains(&"load_millis"));
+        keys(ExportCounters::STATS);
+        keys(crate::coherent::Counters::STATS);
+    }
 }

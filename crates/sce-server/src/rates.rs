@@ -2,7 +2,7 @@
 //! `sce ctl status` and the population-rate gauge of /metrics show. Counters only tell
 //! totals since start; an operator asks what the cache does now.
 
-use crate::metrics::Volumes;
+use crate::attach::Volumes;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;

@@ -3,10 +3,11 @@
 //! with ESHUTDOWN), flush every export to its source, and persist the caches' records so
 //! that the next start is warm.
 
+use crate::attach::Volumes;
 use crate::coherent::{Coherence, Coherent, HostIdentity};
 use crate::config::ServeConfig;
 use crate::export;
-use crate::metrics::{metrics_server, Volumes};
+use crate::metrics::metrics_server;
 use crate::LOG_TARGET;
 use anyhow::{Context, Result};
 use sce_nbd::{listen_with, Listener, Server};

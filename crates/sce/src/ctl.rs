@@ -385,7 +385,7 @@ fn print_status(v: &Value) {
                 "writeback",
                 size(&w["dirty_bytes"]),
                 size(&w["lost_bytes"]),
-                size(&w["bytes_written_back"]),
+                size(&w["cleaned_bytes"]),
                 w["waits"],
                 w["clean_errors"],
                 match w["last_clean_error"].as_str() {

@@ -374,16 +374,24 @@ fn the_grafana_dashboard_uses_only_metrics_that_exist() {
     ))
     .unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let src = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../sce-server/src/prom.rs"
-    ))
-    .unwrap()
-        + &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../sce-server/src/prom/tables.rs"
-        ))
-        .unwrap();
+    // The families are defined in the renderer, its tables, and the stats tables of the
+    // engine and the server (`stats_table!`): all of their sources.
+    let mut src = String::new();
+    let mut dirs: Vec<std::path::PathBuf> = ["sce-server", "sce-engine"]
+        .iter()
+        .map(|c| format!("{}/../{c}/src", env!("CARGO_MANIFEST_DIR")).into())
+        .collect();
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                src += &std::fs::read_to_string(&p).unwrap();
+            }
+        }
+    }
+    assert!(src.contains("\"sce_read_requests_total\""));
     let mut n = 0;
     for p in v["panels"].as_array().unwrap() {
         for t in p["targets"].as_array().unwrap() {

@@ -26,21 +26,26 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Write-back's state and counters (`CacheVolume::writeback_stats`).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct WriteBackStats {
-    /// Bytes (4 KiB pages) only the cache holds now.
-    pub dirty_bytes: u64,
-    /// Bytes whose dirty data was lost (reads of them fail).
-    pub lost_bytes: u64,
-    /// Writes that waited for cleaning or a metadata round (backpressure).
-    pub waits: u64,
-    /// Bytes the cleaner wrote to the source.
-    pub bytes_cleaned: u64,
-    /// Cleaning jobs that failed (source errors), retried with backoff.
-    pub clean_errors: u64,
-    /// The last cleaning error ("" if none).
-    pub last_clean_error: String,
+sce_core::stats_table! {
+    /// Write-back's state and counters (`CacheVolume::writeback_stats`). In /stats each
+    /// JSON name has the prefix `writeback_`; `sce ctl status` shows them as they are.
+    #[derive(Clone, Debug, Default, PartialEq)]
+    pub struct WriteBackStats {
+        /// Bytes (4 KiB pages) only the cache holds now.
+        dirty_bytes: u64, Gauge("sce_writeback_dirty_bytes", "bytes", "Bytes only the cache holds (write-back data not yet on the source).");
+        /// Bytes whose dirty data was lost (reads of them fail).
+        lost_bytes: u64, Gauge("sce_writeback_lost_bytes", "bytes", "Bytes of write-back data whose only copy was lost on the cache device; reads of them fail.");
+        /// Bytes the cleaner wrote to the source.
+        cleaned_bytes: u64, Counter("sce_writeback_cleaned_bytes_total", "bytes", "Bytes of write-back data the cleaner wrote to the source.");
+        /// Cleaning jobs that failed (source errors), retried with backoff.
+        clean_errors: u64, Counter("sce_writeback_clean_errors_total", "", "Cleaning jobs that failed on the source (the data stays dirty and is retried).");
+        /// Writes that waited for cleaning or a metadata round (backpressure).
+        waits: u64, Counter("sce_writeback_waits_total", "", "Writes that waited for cleaning or a metadata round (backpressure).");
+    }
+    also {
+        /// The last cleaning error ("" if none).
+        pub last_clean_error: String,
+    }
 }
 
 /// The write-back path's own state.
@@ -192,7 +197,7 @@ impl WriteBack {
             dirty_bytes: dirty * PAGE_SIZE,
             lost_bytes: lost * PAGE_SIZE,
             waits: self.waits.load(Relaxed),
-            bytes_cleaned: self.bytes_cleaned.load(Relaxed),
+            cleaned_bytes: self.bytes_cleaned.load(Relaxed),
             clean_errors: self.clean_errors.load(Relaxed),
             last_clean_error: self.last_clean_error.lock().clone(),
         }

@@ -123,69 +123,74 @@ impl PersistConfig {
     }
 }
 
-/// What loading found, and the persistence counters.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct PersistStats {
-    /// Format version of the device.
-    pub format_version: u32,
-    /// The device UUID.
-    pub uuid: String,
-    /// True if the previous run shut down cleanly.
-    pub previous_shutdown_clean: bool,
-    /// Unix seconds of the last clean shutdown (0: never).
-    pub last_clean_shutdown: u64,
-    /// True if the device was formatted by this open.
-    pub formatted_now: bool,
-    /// Fragments restored at start.
-    pub fragments_restored: u64,
-    /// Why the volume was invalidated at start ("" if it was not): the source's identity
-    /// changed or is unknown, the device was rolled back to an older copy, or asked to.
-    pub invalidated_because: String,
-    /// Fragments dropped at start because their intent bit was set.
-    pub fragments_dropped_intent: u64,
-    /// Pages of restored fragments dropped at start because the write journal names them.
-    pub journal_pages_dropped: u64,
-    /// Fragments that lost pages to the journal at start (restored with the rest, or
-    /// dropped if nothing was left).
-    pub journal_fragments_hit: u64,
-    /// Live journal blocks found at start.
-    pub journal_blocks_replayed: u64,
-    /// Dirty (write-back) pages restored at start.
-    pub dirty_pages_restored: u64,
-    /// Pages of live dirty journal entries checked against their data at start.
-    pub dirty_pages_replayed: u64,
-    /// Dirty pages found torn or bad at start: lost (reads of them fail).
-    pub dirty_pages_lost: u64,
-    /// Fragments dropped at start because their metadata unit was rejected (upper bound).
-    pub fragments_dropped_bad_metadata: u64,
-    /// Metadata units rejected at start.
-    pub units_rejected: u64,
-    /// Milliseconds the start-up load took.
-    pub load_millis: u64,
-    /// Intent bits set now (fragments whose cached copy would be dropped after a crash).
-    pub dirty_intents: u64,
-    /// Synchronous intent writes (a write or population waited for them).
-    pub intent_syncs: u64,
-    /// Intents set ahead of need, on reads of recently written slots.
-    pub intent_presets: u64,
-    /// Metadata units written.
-    pub units_written: u64,
-    /// Metadata bytes written (units, intent blocks, superblocks).
-    pub metadata_bytes_written: u64,
-    /// Metadata write or read-back failures.
-    pub metadata_errors: u64,
-    /// Flush rounds.
-    pub flush_rounds: u64,
-    /// Whether writes are journaled.
-    pub journal: bool,
-    /// Journal entries appended (pages ranges of writes to cached slots).
-    pub journal_appends: u64,
-    /// Journal blocks written (one per group commit).
-    pub journal_blocks: u64,
-    /// Journal bytes written.
-    pub journal_bytes: u64,
-    /// Writes that found the journal ring full and set their slot's intent instead.
-    pub journal_full_fallbacks: u64,
+sce_core::stats_table! {
+    /// What loading found, and the persistence counters. In /stats each JSON name has the
+    /// prefix `persist_`.
+    #[derive(Clone, Debug, Default, PartialEq)]
+    pub struct PersistStats {
+        /// Format version of the device.
+        format_version: u32, Gauge("sce_persist_format_version", "", "Format version of the cache device.");
+        /// True if the previous run shut down cleanly.
+        previous_shutdown_clean: bool, Gauge("sce_persist_previous_shutdown_clean", "", "1 if the previous stop was clean.");
+        /// Unix seconds of the last clean shutdown (0: never).
+        last_clean_shutdown: u64, Gauge("sce_persist_last_clean_shutdown_timestamp_seconds", "seconds", "Unix time of the last clean shutdown (0: never).");
+        /// Fragments restored at start.
+        fragments_restored: u64, Gauge("sce_persist_restored_fragments", "", "Fragments restored at start.");
+        /// Fragments dropped at start because their intent bit was set.
+        fragments_dropped_intent: u64, Gauge("sce_persist_dropped_by_intent_fragments", "", "Fragments dropped at start because a write intent covered them.");
+        /// Pages of restored fragments dropped at start because the write journal names them.
+        journal_pages_dropped: u64, Gauge("sce_persist_journal_dropped_pages", "", "Pages the journal replay dropped at start.");
+        /// Fragments that lost pages to the journal at start (restored with the rest, or
+        /// dropped if nothing was left).
+        journal_fragments_hit: u64, Gauge("sce_persist_journal_hit_fragments", "", "Fragments the journal replay touched at start.");
+        /// Live journal blocks found at start.
+        journal_blocks_replayed: u64, Gauge("sce_persist_journal_replayed_blocks", "", "Write-journal blocks replayed at start.");
+        /// Milliseconds the start-up load took.
+        load_millis: u64, Gauge("sce_persist_load_seconds", "seconds", "Time the start-up load of the cache device took.") / 1e3;
+        /// Intent bits set now (fragments whose cached copy would be dropped after a crash).
+        dirty_intents: u64, Gauge("sce_persist_dirty_intents", "", "Fragments whose cached copy a crash now would drop.");
+        /// Synchronous intent writes (a write or population waited for them).
+        intent_syncs: u64, Counter("sce_persist_intent_syncs_total", "", "Write-intent block writes.");
+        /// Intents set ahead of need, on reads of recently written slots.
+        intent_presets: u64, Counter("sce_persist_intent_presets_total", "", "Intents set ahead of need.");
+        /// Metadata units written.
+        units_written: u64, Counter("sce_persist_metadata_units_written_total", "", "Metadata units written.");
+        /// Metadata bytes written (units, intent blocks, superblocks).
+        metadata_bytes_written: u64, Counter("sce_persist_metadata_written_bytes_total", "bytes", "Bytes of metadata written.");
+        /// Metadata write or read-back failures.
+        metadata_errors: u64, Counter("sce_persist_metadata_errors_total", "", "Failed metadata writes.");
+        /// Whether writes are journaled.
+        journal: bool, Gauge("sce_persist_journal_enabled", "", "1 if writes to cached pages are journaled (--crash-journal on).");
+        /// Journal entries appended (pages ranges of writes to cached slots).
+        journal_appends: u64, Counter("sce_persist_journal_appends_total", "", "Write-journal entries appended.");
+        /// Journal blocks written (one per group commit).
+        journal_blocks: u64, Counter("sce_persist_journal_blocks_total", "", "Write-journal blocks written.");
+        /// Journal bytes written.
+        journal_bytes: u64, Counter("sce_persist_journal_written_bytes_total", "bytes", "Bytes of write-journal blocks written.");
+        /// Writes that found the journal ring full and set their slot's intent instead.
+        journal_full_fallbacks: u64, Counter("sce_persist_journal_full_fallbacks_total", "", "Writes that found the journal ring full and fell back to a fragment intent.");
+    }
+    also {
+        /// The device UUID.
+        pub uuid: String,
+        /// True if the device was formatted by this open.
+        pub formatted_now: bool,
+        /// Why the volume was invalidated at start ("" if it was not): the source's identity
+        /// changed or is unknown, the device was rolled back to an older copy, or asked to.
+        pub invalidated_because: String,
+        /// Dirty (write-back) pages restored at start.
+        pub dirty_pages_restored: u64,
+        /// Pages of live dirty journal entries checked against their data at start.
+        pub dirty_pages_replayed: u64,
+        /// Dirty pages found torn or bad at start: lost (reads of them fail).
+        pub dirty_pages_lost: u64,
+        /// Fragments dropped at start because their metadata unit was rejected (upper bound).
+        pub fragments_dropped_bad_metadata: u64,
+        /// Metadata units rejected at start.
+        pub units_rejected: u64,
+        /// Flush rounds.
+        pub flush_rounds: u64,
+    }
 }
 
 #[derive(Debug, Default)]

@@ -42,30 +42,33 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Counters of shared mode, for `ctl status` and /metrics.
-#[derive(Default, Debug)]
-pub struct Counters {
-    /// Publications of this host's writes (one may carry several writes).
-    pub published: AtomicU64,
-    /// Writes that waited for a publication.
-    pub writes: AtomicU64,
-    /// Nanoseconds writes spent publishing and waiting for the others.
-    pub publish_ns: AtomicU64,
-    /// Writes failed because their invalidation could not be published in time.
-    pub publish_failures: AtomicU64,
-    /// Invalidations of other hosts processed.
-    pub received: AtomicU64,
-    /// Bytes those dropped from this host's cache.
-    pub dropped_bytes: AtomicU64,
-    /// Reads passed through to the source because this host could not vouch for its cache.
-    pub passthrough_reads: AtomicU64,
-    /// Times the whole volume was forgotten (a start without a revision to catch up from,
-    /// or one etcd had compacted).
-    pub forgotten: AtomicU64,
-    /// Hand-offs received and prefetched.
-    pub handoffs: AtomicU64,
-    /// Bytes prefetched for them.
-    pub handoff_bytes: AtomicU64,
+sce_core::stats_table! {
+    /// Counters of shared mode, for `ctl status` and /metrics.
+    #[derive(Default, Debug)]
+    pub struct Counters {
+        /// Publications of this host's writes (one may carry several writes).
+        published: AtomicU64, Counter("sce_shared_publications_total", "", "Invalidations this host published (one may carry several writes).");
+        /// Writes that waited for a publication.
+        writes: AtomicU64, Counter("sce_shared_writes_published_total", "", "Writes that waited until the other hosts dropped their range.");
+        /// Nanoseconds writes spent publishing and waiting for the others (exported in
+        /// whole seconds as `sce_shared_publish_seconds_total`).
+        publish_ns: AtomicU64;
+        /// Writes failed because their invalidation could not be published in time.
+        publish_failures: AtomicU64, Counter("sce_shared_publish_failures_total", "", "Writes failed because the other hosts could not be told in time.");
+        /// Invalidations of other hosts processed.
+        received: AtomicU64, Counter("sce_shared_invalidations_received_total", "", "Invalidations of other hosts processed.");
+        /// Bytes those dropped from this host's cache.
+        dropped_bytes: AtomicU64, Counter("sce_shared_dropped_bytes_total", "bytes", "Bytes those invalidations dropped from this cache.");
+        /// Reads passed through to the source because this host could not vouch for its cache.
+        passthrough_reads: AtomicU64, Counter("sce_shared_passthrough_reads_total", "", "Reads passed through to the source while this host could not vouch for its cache.");
+        /// Times the whole volume was forgotten (a start without a revision to catch up from,
+        /// or one etcd had compacted).
+        forgotten: AtomicU64;
+        /// Hand-offs received and prefetched.
+        handoffs: AtomicU64;
+        /// Bytes prefetched for them.
+        handoff_bytes: AtomicU64;
+    }
 }
 
 /// Why shared mode refuses write-back: said by `sce serve` before it opens anything, and by
