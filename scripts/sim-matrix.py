@@ -6,7 +6,7 @@ working set (distinct 4 KiB blocks, per volume, that reads or writes touch: from
 `sce trace convert --out-format csv`), then runs, for each cache size (a percentage of that
 working set, rounded up to a multiple of 1 MiB and at least 2 MiB), one
 
-    sce sim --json --policy <POLICIES> --cache-size <SIZE> --interval <I>
+    sce sim --json --core-shards 1 --policy <POLICIES> --cache-size <SIZE> --interval <I>
 
 with I = the trace's duration / 40 (rounded up to whole ms and one more; at least 1 s).
 Per policy it reports:
@@ -300,7 +300,7 @@ def markdown(traces, cells, policies, args):
     w("# Policy matrix")
     w("")
     sizes = ", ".join(f"{p}%" for p in args.sizes)
-    w(f"`sce sim --json --policy {','.join(policies)}`, cache sizes {sizes} "
+    w(f"`sce sim --json --core-shards 1 --policy {','.join(policies)}`, cache sizes {sizes} "
       "of each trace's 4 KiB working set (rounded up to whole MiB, at least 2 MiB); interval "
       "a little over duration / 40 (at least 1 s). Generated: `sce gen NAME --size "
       f"{args.gen_size} --requests {args.gen_requests} --seed 1` (hotscan: "
@@ -366,7 +366,10 @@ SIM_ARGS = []
 
 def run_cell(sce, trace, pct, size, policies, done, total):
     t0 = time.monotonic()
-    cmd = [sce, "sim", "--json", "--trace", trace.path, "--format", trace.fmt, "--cache-size",
+    # One core shard: the matrix compares policies, not the server's split budgets (a
+    # sharded flashcache-like with 4 KiB fragments starves on its per-shard AWT budget;
+    # docs/ARCHITECTURE.md, "Core shards").
+    cmd = [sce, "sim", "--json", "--core-shards", "1", "--trace", trace.path, "--format", trace.fmt, "--cache-size",
            str(size), "--policy", ",".join(policies), "--interval", f"{trace.interval:.3f}"]
     cmd += SIM_ARGS
     try:
