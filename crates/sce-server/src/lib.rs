@@ -19,6 +19,7 @@ pub mod admission;
 pub mod attach;
 pub mod coherent;
 pub mod config;
+pub mod counters;
 pub mod export;
 pub mod group;
 pub mod metrics;

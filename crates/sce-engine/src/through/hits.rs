@@ -5,10 +5,11 @@
 //! the way. Every other read takes the blocking path (`read.rs`).
 
 use crate::engine::Engine;
-use sce_core::{Piece, ReadPlan, RunTarget};
-use sce_io::{IoDone, IoOp, IoQueue, OnDone, PooledBuf, StartedRead};
+use sce_core::{HeldRead, Piece, ReadPlan, RunTarget};
+use sce_io::{IoDone, IoError, IoOp, IoQueue, OnDone, PooledBuf, StartedRead};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// The queue hits are read through, and where the cache device the volume was opened with
 /// starts on the queue's device.
@@ -60,58 +61,91 @@ impl HitQueue {
         e.cores.log_read(k, &read);
         let held = read.hold(e.cores.pins(k).clone());
         e.preset_intents(&held);
-        let (shared, at, slow) = (e.clone(), self.base + c.0, self.slow.clone());
+        let hit = Hit {
+            e: e.clone(),
+            at: (self.base + c.0, c.0, offset, len),
+            want,
+            held,
+            slow: self.slow.clone(),
+        };
         Some(Box::new(move |buf: PooledBuf, done: OnDone| {
-            let op = IoOp::Read { offset: at, buf };
-            let t0 = std::time::Instant::now();
-            shared.counters.latencies.in_flight.fetch_add(1, Relaxed);
-            let complete: OnDone = Box::new(move |d: IoDone| {
-                let buf = d.buf.expect("a read gives its buffer back");
-                if d.result.is_ok() && shared.checks.pages_match(offset, &buf, &want) {
-                    shared.counters.cache_bytes_read.add(len);
-                    let lat = &shared.counters.latencies;
-                    lat.read_hit.record_since(t0);
-                    lat.in_flight.fetch_sub(1, Relaxed);
-                    // The pins are released only now that the slot was read.
-                    drop(held);
-                    return done(IoDone {
-                        result: Ok(()),
-                        buf: Some(buf),
-                    });
-                }
-                // Unreadable, or not what was planned (a write since, or a bad device):
-                // finished on a slow-path thread, not on the queue's completion thread,
-                // which every other hit waits for.
-                let s = shared.clone();
-                let job = move || {
-                    let mut buf = buf;
-                    match &d.result {
-                        Ok(()) => {
-                            // Counts and drops the page if the device is at fault.
-                            s.check_pages(c.0, offset, &buf, &want);
-                        }
-                        Err(e) => s.cache_run_failed(e, offset, len),
-                    }
-                    drop(held);
-                    let r = sce_io::BlockDevice::read_at(&*s.dev.source, offset, &mut buf);
-                    if r.is_ok() {
-                        s.counters.source_bytes_read.add(len);
-                    }
-                    let lat = &s.counters.latencies;
-                    lat.read_miss.record_since(t0);
-                    lat.in_flight.fetch_sub(1, Relaxed);
-                    done(IoDone {
-                        result: r,
-                        buf: Some(buf),
-                    });
-                };
-                // On a slow-path thread, or on this one if there is none.
-                if let Err(crossbeam_channel::SendError(job)) = slow.send(Box::new(job)) {
-                    job();
-                }
-            });
-            (op, complete)
+            hit.submit(buf, done)
         }))
+    }
+}
+
+/// A hit started through the queue: its engine, where it reads (queue offset, cache offset,
+/// source offset, length), its expected checksums, its pins, the slow path.
+struct Hit {
+    e: Arc<Engine>,
+    at: (u64, u64, u64, u64),
+    want: Vec<u32>,
+    held: HeldRead,
+    slow: crossbeam_channel::Sender<SlowJob>,
+}
+
+impl Hit {
+    /// The queue's read of the hit and its completion: on the queue's completion thread the
+    /// pages are checked; a read that fails or does not match goes to a slow-path thread.
+    fn submit(self, buf: PooledBuf, done: OnDone) -> (IoOp, OnDone) {
+        let op = IoOp::Read {
+            offset: self.at.0,
+            buf,
+        };
+        let t0 = std::time::Instant::now();
+        self.e.counters.latencies.in_flight.fetch_add(1, Relaxed);
+        let complete: OnDone = Box::new(move |d: IoDone| {
+            let buf = d.buf.expect("a read gives its buffer back");
+            let (_, _, offset, len) = self.at;
+            let e = &self.e;
+            if d.result.is_ok() && e.checks.pages_match(offset, &buf, &self.want) {
+                e.counters.cache_bytes_read.add(len);
+                let lat = &e.counters.latencies;
+                lat.read_hit.record_since(t0);
+                lat.in_flight.fetch_sub(1, Relaxed);
+                // The pins are released only now that the slot was read.
+                drop(self.held);
+                return done(IoDone {
+                    result: Ok(()),
+                    buf: Some(buf),
+                });
+            }
+            // Unreadable, or not what was planned (a write since, or a bad device):
+            // finished on a slow-path thread, not on the queue's completion thread, which
+            // every other hit waits for; on this one if there is none.
+            let slow = self.slow.clone();
+            let job: SlowJob = Box::new(move || self.slow_path(d.result, buf, t0, done));
+            if let Err(crossbeam_channel::SendError(job)) = slow.send(job) {
+                job();
+            }
+        });
+        (op, complete)
+    }
+
+    /// The hit's cached data could not be used: the device's fault counted (the page
+    /// dropped), the pins released, the source read instead.
+    fn slow_path(self, r: Result<(), IoError>, mut buf: PooledBuf, t0: Instant, done: OnDone) {
+        let (_, c, offset, len) = self.at;
+        let s = &self.e;
+        match &r {
+            // Counts and drops the page if the device is at fault.
+            Ok(()) => {
+                s.check_pages(c, offset, &buf, &self.want);
+            }
+            Err(e) => s.cache_run_failed(e, offset, len),
+        }
+        drop(self.held);
+        let r = sce_io::BlockDevice::read_at(&*s.dev.source, offset, &mut buf);
+        if r.is_ok() {
+            s.counters.source_bytes_read.add(len);
+        }
+        let lat = &s.counters.latencies;
+        lat.read_miss.record_since(t0);
+        lat.in_flight.fetch_sub(1, Relaxed);
+        done(IoDone {
+            result: r,
+            buf: Some(buf),
+        });
     }
 }
 
