@@ -13,6 +13,8 @@ trap cleanup EXIT
 
 fio --name=fill --filename="$dir/source" --size="$size" --rw=write --bs=1M --direct=1 \
     --refill_buffers --output=/dev/null
+# Each server locks what it serves: every one gets its own copy of the data.
+for f in source-old source-new file-old file-new; do cp "$dir/source" "$dir/$f"; done
 wait_sock() { for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; exit 1; }
 randread() {  # SOCKET SECONDS -> IOPS
   fio --name=rr --ioengine=nbd --uri="nbd+unix:///?socket=$1" --rw=randread --bs=4k \
@@ -23,11 +25,11 @@ randread() {  # SOCKET SECONDS -> IOPS
 # Each build serves the source with its own warm cache, and the file without one.
 for b in old new; do
   sce=${!b}
-  "$sce" serve --source "$dir/source" --cache "$dir/cache-$b" --cache-size "$size" \
+  "$sce" serve --source "$dir/source-$b" --cache "$dir/cache-$b" --cache-size "$size" \
       --fragment-size 1MiB --target-missrate 0 --listen "unix:$dir/$b.sock" \
       --metrics 127.0.0.1:0 2>"$dir/$b.log" &
   pids+=($!)
-  "$sce" serve --source "$dir/source" --listen "unix:$dir/$b-file.sock" 2>/dev/null &
+  "$sce" serve --source "$dir/file-$b" --listen "unix:$dir/$b-file.sock" 2>/dev/null &
   pids+=($!)
   wait_sock "$dir/$b.sock"
   wait_sock "$dir/$b-file.sock"
