@@ -22,9 +22,9 @@ use std::mem::ManuallyDrop;
 /// [`complete`](Self::complete) it; or [`abort`](Self::abort) it if nothing was written
 /// (its records could not be made durable).
 ///
-/// The engine's `wb_begin` (crates/sce-engine/src/wback.rs) starts it in place of
-/// `core.begin_writeback`, and `wb_piece` completes it (`complete` in place of
-/// `let _ = core.complete_writeback`, `abort` in place of `let _ = core.abort_writeback`).
+/// The engine's `WriteBack::begin` (crates/sce-engine/src/back/write.rs) starts it, and
+/// `WriteBack::piece` completes it, or aborts it when its dirty entries could not be made
+/// durable.
 #[must_use = "a write-back write must be completed with `complete` or `abort`"]
 #[derive(Debug)]
 pub struct WriteBackTxn {
@@ -100,8 +100,8 @@ impl Drop for WriteBackTxn {
 /// A cleaning job in flight: read its runs from the cache, write them to the source, then
 /// [`complete`](Self::complete) it.
 ///
-/// The engine's `clean_some` (crates/sce-engine/src/cleaner.rs) picks it in place of
-/// `core.pick_clean()`, and completes it in place of both `complete_clean(...).ok()`.
+/// The engine's `WriteBack::clean_some` (crates/sce-engine/src/back/clean.rs) picks it and
+/// completes it, failed if the cache device's flush or the source's write failed.
 #[must_use = "a cleaning job must be completed with `complete`"]
 #[derive(Debug)]
 pub struct Cleaning {
