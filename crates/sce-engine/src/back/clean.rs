@@ -121,36 +121,51 @@ impl WriteBack {
         }
     }
 
-    /// One cleaning job per core shard that has one. Returns the jobs done.
+    /// One cleaning job per core shard that has one, as a batch: one cache flush before,
+    /// one source flush after (issue 29: not one per job). Returns the jobs done.
     ///
     /// The cache device is flushed before anything is copied: only data durable on the
     /// cache goes to the source. Otherwise a crash could take back the cache's copy of a
     /// write the source already has, leaving the two disagreeing about a clean page.
     fn clean_some(&self, s: &Engine) -> Result<usize, IoError> {
-        let mut done = 0;
-        let mut flushed = false;
-        for k in 0..s.cores.count() {
-            let job = s.cores.with_shard(k, Cleaning::pick);
-            let Some(job) = job else { continue };
-            if !flushed {
-                if let Err(e) = s.dev.cache.flush() {
-                    s.cores.with_shard(k, |core| job.complete(core, false));
-                    s.device_errors(1, &format!("flush before cleaning failed: {e}"));
-                    return Err(e);
-                }
-                flushed = true;
-            }
-            // Clean only once the source has it durably: the record that says so lets the
-            // slot go.
-            let r = self
-                .clean_job(s, k, &job)
-                .and_then(|()| s.dev.source.flush());
-            s.cores.with_shard(k, |core| job.complete(core, r.is_ok()));
-            self.progressed();
-            r?;
-            done += 1;
+        let jobs: Vec<(usize, Cleaning)> = (0..s.cores.count())
+            .filter_map(|k| s.cores.with_shard(k, Cleaning::pick).map(|job| (k, job)))
+            .collect();
+        if jobs.is_empty() {
+            return Ok(0);
         }
-        Ok(done)
+        let complete = |jobs: Vec<(usize, Cleaning, bool)>| {
+            for (k, job, ok) in jobs {
+                s.cores.with_shard(k, |core| job.complete(core, ok));
+            }
+            self.progressed();
+        };
+        if let Err(e) = s.dev.cache.flush() {
+            complete(jobs.into_iter().map(|(k, j)| (k, j, false)).collect());
+            s.device_errors(1, &format!("flush before cleaning failed: {e}"));
+            return Err(e);
+        }
+        // Every job's runs to the source, then one source flush for the batch: a job is
+        // clean only once the source has it durably (the record that says so lets the slot
+        // go). A failure leaves its job and the ones after it dirty.
+        let mut r = Ok(());
+        let mut copied: Vec<(usize, Cleaning, bool)> = Vec::with_capacity(jobs.len());
+        for (k, job) in jobs {
+            let ok = r.is_ok() && {
+                r = self.clean_job(s, k, &job);
+                r.is_ok()
+            };
+            copied.push((k, job, ok));
+        }
+        let done = copied.iter().filter(|c| c.2).count();
+        if done > 0 {
+            if let Err(e) = s.dev.source.flush() {
+                copied.iter_mut().for_each(|c| c.2 = false);
+                r = Err(e);
+            }
+        }
+        complete(copied);
+        r.map(|()| done)
     }
 
     /// Copies a job's runs (core shard `k`'s coordinates) from the cache to the source.
