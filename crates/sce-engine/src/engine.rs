@@ -106,34 +106,6 @@ impl Signals {
     }
 }
 
-/// The `IoError` for a request the core refused.
-pub(crate) fn request_error(
-    op: Op,
-    e: RequestError,
-    offset: u64,
-    len: u64,
-    size: u64,
-    lbs: u32,
-) -> IoError {
-    match e {
-        RequestError::OutOfRange { .. } => IoError::OutOfRange {
-            op,
-            offset,
-            len,
-            size,
-        },
-        RequestError::Unaligned { .. } => IoError::Unaligned {
-            op,
-            offset,
-            len,
-            align: lbs,
-        },
-        RequestError::UnknownId => IoError::Failed("internal: unknown operation id".into()),
-        RequestError::Lost { .. } => lost_error(op, offset, len),
-        e @ RequestError::Dirty { .. } => IoError::Invalid(e.to_string()),
-    }
-}
-
 /// An I/O error for a range whose dirty data was lost.
 pub(crate) fn lost_error(op: Op, offset: u64, len: u64) -> IoError {
     IoError::Io {
@@ -149,7 +121,23 @@ pub(crate) fn lost_error(op: Op, offset: u64, len: u64) -> IoError {
 impl Engine {
     /// The `IoError` for a request at `offset` the core refused.
     pub(crate) fn refused(&self, op: Op, e: RequestError, offset: u64, len: u64) -> IoError {
-        request_error(op, e, offset, len, self.dev.size, self.dev.lbs)
+        match e {
+            RequestError::OutOfRange { .. } => IoError::OutOfRange {
+                op,
+                offset,
+                len,
+                size: self.dev.size,
+            },
+            RequestError::Unaligned { .. } => IoError::Unaligned {
+                op,
+                offset,
+                len,
+                align: self.dev.lbs,
+            },
+            RequestError::UnknownId => IoError::Failed("internal: unknown operation id".into()),
+            RequestError::Lost { .. } => lost_error(op, offset, len),
+            e @ RequestError::Dirty { .. } => IoError::Invalid(e.to_string()),
+        }
     }
 
     /// Writes to the source, counting the bytes that made it.

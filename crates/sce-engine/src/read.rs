@@ -59,7 +59,8 @@ impl Engine {
     fn read_timed(&self, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
         let len = buf.len() as u64;
         if self.health.passthrough() {
-            if self.cores.any_in(offset, len, CacheCore::dirty_or_lost_in) {
+            // Only write-back keeps pages the source lacks (dirty or lost).
+            if self.writeback && self.cores.any_in(offset, len, CacheCore::dirty_or_lost_in) {
                 // Only the cache had it: never the source's older bytes.
                 return Err(lost_error(Op::Read, offset, len));
             }
@@ -228,7 +229,9 @@ impl Engine {
                         let dst = &mut buf[at as usize..(at + run.len) as usize];
                         if self.read_cache_run(c.0, offset + at, dst, expect) {
                             from_cache += run.len;
-                        } else if self.cores.any_in(offset + at, run.len, CacheCore::lost_in) {
+                        } else if self.writeback
+                            && self.cores.any_in(offset + at, run.len, CacheCore::lost_in)
+                        {
                             // Dirty data that went bad: never the source's older bytes.
                             lost = Some(lost_error(Op::Read, offset + at, run.len));
                         } else {

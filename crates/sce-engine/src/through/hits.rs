@@ -5,7 +5,7 @@
 //! the way. Every other read takes the blocking path (`read.rs`).
 
 use crate::engine::Engine;
-use sce_core::{HeldRead, Piece, ReadPlan, RunTarget};
+use sce_core::{HeldRead, Piece, PinnedRead, ReadPlan, RunTarget};
 use sce_io::{IoDone, IoError, IoOp, IoQueue, OnDone, PooledBuf, StartedRead};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -46,12 +46,12 @@ impl HitQueue {
         let read = e
             .cores
             .plan_read(&piece, &mut plan, |read| {
-                if read.full_hit && !read.needs_commit() && read.runs.len() == 1 {
+                if one_run_hit(read) {
                     e.checks.expected(read, &mut want)
                 }
             })
             .ok()?;
-        if !read.full_hit || read.needs_commit() || read.runs.len() != 1 {
+        if !one_run_hit(&read) {
             return None;
         }
         let RunTarget::Cache(c) = read.runs[0].target else {
@@ -72,6 +72,11 @@ impl HitQueue {
             hit.submit(buf, done)
         }))
     }
+}
+
+/// True if a planned read is what the queue serves: a hit, in one run, with no inline fill.
+fn one_run_hit(read: &PinnedRead) -> bool {
+    read.full_hit && !read.needs_commit() && read.runs.len() == 1
 }
 
 /// A hit started through the queue: its engine, where it reads (queue offset, cache offset,
