@@ -161,12 +161,20 @@ fn without_the_journal_a_crash_drops_the_written_fragments_whole() {
 
 #[test]
 fn writes_to_a_slot_under_an_intent_do_not_keep_it_set() {
-    // With the journal, an intent (here: set at start for a slot that lost pages) is cleared
-    // by the flusher even while the slot keeps being written.
+    // With the journal and no write-hot presets (`warm_rounds` 0), an intent (here: set at
+    // start for a slot that lost pages) is cleared by the flusher even while the slot keeps
+    // being written. (With presets, a slot written every round keeps its intent by design:
+    // `write_hot_slots_keep_their_intents_and_writes_to_them_wait_for_nothing`.)
     let source = random_source(64 * MIB, 3);
     let cache = Arc::new(MemDevice::new(64 * MIB));
     let vol = warm(&source, &cache, true);
     let (_, again) = write_every_fragment_and_crash(&source, &vol, &cache, true);
+    drop(again);
+    let mut cfg = config(true);
+    cfg.persist.as_mut().unwrap().warm_rounds = 0;
+    let image = crash_image(&cache);
+    let again = CacheVolume::open(source.clone(), image, cfg).unwrap();
+    assert!(again.persist_stats().unwrap().dirty_intents > 0);
     let mut page = AlignedBuf::new(4096);
     for round in 0..4 {
         for f in 0..HOT {
@@ -258,4 +266,64 @@ fn torn_garbage_old_and_foreign_journal_blocks_are_ignored() {
         (0, HOT),
         "{p:?}"
     );
+}
+
+#[test]
+fn write_hot_slots_keep_their_intents_and_writes_to_them_wait_for_nothing() {
+    let source = random_source(64 * MIB, 6);
+    // A 128-block ring: 32 journaled writes stay under half of it (no early round).
+    let cache = Arc::new(MemDevice::new(256 * MIB));
+    let vol = warm(&source, &cache, true);
+    let mut page = AlignedBuf::new(4096);
+    let write_all = |vol: &CacheVolume, page: &mut AlignedBuf, i: u64| {
+        for f in 0..HOT {
+            page.fill((i + f) as u8);
+            vol.write_at(f * MIB + (i % 256) * 4096, page).unwrap();
+        }
+    };
+    // The first write to each slot is journaled; the second one too, and it sets the slot's
+    // intent ahead of the next write.
+    write_all(&vol, &mut page, 0);
+    write_all(&vol, &mut page, 1);
+    let p = vol.persist_stats().unwrap();
+    assert_eq!(p.journal_appends, 2 * HOT, "{p:?}");
+    assert_eq!(p.intent_presets, HOT, "{p:?}");
+    assert_eq!(p.dirty_intents, HOT, "{p:?}");
+    // Once the intent writer made them durable (in the background), writes to those slots
+    // are covered by them: no journal entry, no wait.
+    let mut i = 2;
+    while vol.persist_stats().unwrap().intent_hits < HOT {
+        assert!(i < 2000, "the preset intents never became durable");
+        write_all(&vol, &mut page, i);
+        i += 1;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let before = vol.persist_stats().unwrap();
+    for j in 0..10 {
+        write_all(&vol, &mut page, i + j);
+    }
+    vol.quiesce();
+    let after = vol.persist_stats().unwrap();
+    assert_eq!(after.journal_appends, before.journal_appends, "{after:?}");
+    assert_eq!(after.journal_blocks, before.journal_blocks, "{after:?}");
+    assert_eq!(after.intent_syncs, before.intent_syncs, "{after:?}");
+    assert_eq!(
+        after.intent_hits,
+        before.intent_hits + 10 * HOT,
+        "{after:?}"
+    );
+    // A round with writes since the last keeps them; a crash now drops those slots whole,
+    // and nothing read after it is stale.
+    assert_eq!(vol.flush_metadata(), 0);
+    assert_eq!(vol.persist_stats().unwrap().dirty_intents, HOT);
+    let again = CacheVolume::open(source.clone(), crash_image(&cache), config(true)).unwrap();
+    let p = again.persist_stats().unwrap();
+    assert_eq!(p.fragments_dropped_intent, HOT, "{p:?}");
+    assert_eq!(mismatches(&again, &*source), 0);
+    // Rounds without writes clear them.
+    for _ in 0..2 {
+        assert_eq!(vol.flush_metadata(), 0);
+    }
+    assert_eq!(vol.persist_stats().unwrap().dirty_intents, 0);
+    drop(again);
 }

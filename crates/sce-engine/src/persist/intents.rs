@@ -78,6 +78,12 @@ impl State {
         (self.durable[block as usize] < v).then_some(Ticket::Intent { block, version: v })
     }
 
+    /// True if slot `s`'s intent is set, and durable as set.
+    pub(super) fn intent_durable(&self, s: u32) -> bool {
+        let block = (s as u64 / SLOTS_PER_INTENT_BLOCK) as usize;
+        self.intent(s) && self.durable[block] >= self.set_version[s as usize]
+    }
+
     /// True if the ticket's block is durable.
     fn done(&self, t: &Ticket) -> bool {
         match *t {
@@ -107,10 +113,15 @@ impl Persist {
     /// slots its cache copies go to, with the fragment each holds.
     ///
     /// With the journal, a fragment whose record may be claimed by a slot gets an entry
-    /// naming the pages written, and its slot's intent is left alone (even when set: an
-    /// intent that a write kept set would stay set while the slot is written, and a crash
-    /// would drop the slot whole; the entry protects the write whether or not the flusher
-    /// clears the bit meanwhile). A full ring falls back to the intent.
+    /// naming the pages written (a full ring falls back to the intent), unless the slot is
+    /// *write-hot*: its intent is durably set, which covers the write with no I/O at all
+    /// (the write bumps the slot's epoch, so no round clears the bit under it). A slot
+    /// written again within `warm_rounds` rounds of a journaled write becomes write-hot: its
+    /// intent is set now, made durable by the intent writer in the background
+    /// (`take_presets`), and the writes after that wait for nothing, as without the journal
+    /// (md's write-intent bitmap). The bit is cleared by the first round after a whole round
+    /// without writes to the slot. The cost: a crash drops write-hot slots whole, not page
+    /// by page.
     pub(crate) fn guard_write(
         &self,
         range: (u64, u64),
@@ -129,6 +140,12 @@ impl Persist {
                 continue;
             };
             if self.journal_on() {
+                if self.cfg.warm_rounds > 0 && st.intent_durable(s) {
+                    // Write-hot: the durable intent covers this write.
+                    st.touch(s);
+                    self.counters.intent_hits.fetch_add(1, Relaxed);
+                    continue;
+                }
                 let start = f * fsize;
                 let lo = offset.max(start) - start;
                 let hi = (offset + len).min(start + fsize) - start;
@@ -147,6 +164,7 @@ impl Persist {
                 if let Some(ticket) = ticket {
                     self.counters.journal_appends.fetch_add(1, Relaxed);
                     t.push(ticket);
+                    self.write_hot(&mut st, s, warm);
                     continue;
                 }
                 self.counters.journal_full_fallbacks.fetch_add(1, Relaxed);
@@ -162,6 +180,29 @@ impl Persist {
             }
         }
         t
+    }
+
+    /// A journaled write to slot `s` (state locked; `warm`: the round until which it counts
+    /// as written lately): a second one within the window sets the slot's intent ahead of
+    /// the next write, for the intent writer to make durable (nobody waits for it).
+    fn write_hot(&self, st: &mut State, s: u32, warm: u32) {
+        if self.cfg.warm_rounds == 0 {
+            return;
+        }
+        let w = &self.warm_until[s as usize];
+        if w.load(Relaxed) > self.round_no.load(Relaxed) && !st.intent(s) {
+            st.set_intent(s, true);
+            st.epoch[s as usize] = st.epoch[s as usize].wrapping_add(1);
+            self.counters.intent_presets.fetch_add(1, Relaxed);
+            self.presets_pending.store(true, Relaxed);
+        }
+        w.store(warm + 1, Relaxed);
+    }
+
+    /// True (once) if writes set intents ahead of need since the last call: the caller
+    /// wakes the intent writer.
+    pub(crate) fn take_presets(&self) -> bool {
+        self.presets_pending.load(Relaxed) && self.presets_pending.swap(false, Relaxed)
     }
 
     /// Under the core lock, before data for fragment `f` is written into slot `s`

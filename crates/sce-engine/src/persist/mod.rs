@@ -151,8 +151,12 @@ sce_core::stats_table! {
         dirty_intents: u64, Gauge("sce_persist_dirty_intents", "", "Fragments whose cached copy a crash now would drop.");
         /// Synchronous intent writes (a write or population waited for them).
         intent_syncs: u64, Counter("sce_persist_intent_syncs_total", "", "Write-intent block writes.");
-        /// Intents set ahead of need, on reads of recently written slots.
+        /// Intents set ahead of need: on reads of recently written slots (without the
+        /// journal), on a slot's second write within `warm_rounds` rounds (with it).
         intent_presets: u64, Counter("sce_persist_intent_presets_total", "", "Intents set ahead of need.");
+        /// Writes to cached fragments that waited for nothing: their slot's intent was
+        /// durably set (write-hot), so no journal entry was needed.
+        intent_hits: u64, Counter("sce_persist_intent_hit_writes_total", "", "Writes covered by a durable write intent, with no journal entry and no wait.");
         /// Metadata units written.
         units_written: u64, Counter("sce_persist_metadata_units_written_total", "", "Metadata units written.");
         /// Metadata bytes written (units, intent blocks, superblocks).
@@ -201,6 +205,7 @@ struct Counters {
     journal_full_fallbacks: AtomicU64,
     intent_syncs: AtomicU64,
     intent_presets: AtomicU64,
+    intent_hits: AtomicU64,
     units_written: AtomicU64,
     metadata_bytes_written: AtomicU64,
     metadata_errors: AtomicU64,
@@ -251,6 +256,9 @@ pub(crate) struct Persist {
     intent_bits: Arc<[AtomicU64]>,
     /// The journal ring is half full: a flush round should run early.
     round_wanted: std::sync::atomic::AtomicBool,
+    /// Writes set intents ahead of need (write-hot slots) that the intent writer has not
+    /// been asked to make durable yet.
+    presets_pending: std::sync::atomic::AtomicBool,
 }
 
 /// What `open` hands back to the volume.
@@ -370,6 +378,7 @@ impl Persist {
                 .sum(),
             intent_syncs: c.intent_syncs.load(Relaxed),
             intent_presets: c.intent_presets.load(Relaxed),
+            intent_hits: c.intent_hits.load(Relaxed),
             units_written: c.units_written.load(Relaxed),
             metadata_bytes_written: c.metadata_bytes_written.load(Relaxed),
             metadata_errors: c.metadata_errors.load(Relaxed),

@@ -170,7 +170,7 @@ impl Persist {
         let blocks = layout.intent_blocks as usize;
         let intent_bits: Arc<[AtomicU64]> =
             loaded.intents.iter().map(|&w| AtomicU64::new(w)).collect();
-        let warm_rounds = cfg.warm_rounds;
+        let (warm_rounds, journal_on) = (cfg.warm_rounds, cfg.journal);
         let half = super::journal::mirror_half(&layout);
         let ring = match cfg.journal_blocks {
             0 => half,
@@ -196,12 +196,16 @@ impl Persist {
                 // The identity stored now is the source's as opened, before any write.
                 identity_writes: AtomicU64::new(0),
                 round_no: AtomicU32::new(0),
-                // Every slot starts write-warm: the first reads after a start set the intents
-                // of the slots they hit ahead of the first writes.
-                warm_until: (0..slots).map(|_| AtomicU32::new(warm_rounds)).collect(),
+                // Without the journal every slot starts write-warm: the first reads after a
+                // start set the intents of the slots they hit ahead of the first writes.
+                // With it, a slot turns write-hot at its second write (`write_hot`).
+                warm_until: (0..slots)
+                    .map(|_| AtomicU32::new(if journal_on { 0 } else { warm_rounds }))
+                    .collect(),
                 read_touch: (0..slots.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
                 intent_bits,
                 round_wanted: Default::default(),
+                presets_pending: Default::default(),
             },
             loaded,
         })

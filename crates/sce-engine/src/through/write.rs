@@ -160,9 +160,14 @@ impl Engine {
             });
         }
         self.counters.split_request(false, pieces.len() as u64, 0);
-        if self.persist.as_ref().is_some_and(|p| p.round_wanted()) {
-            // The journal ring is half full: the intent writer runs a flush round now (no
-            // core lock is held here; `intent_pending` is a leaf).
+        if self
+            .persist
+            .as_ref()
+            .is_some_and(|p| p.take_presets() || p.round_wanted())
+        {
+            // Intents set ahead of need (write-hot slots): the intent writer makes them
+            // durable. The journal ring is half full: it runs a flush round now. (No core
+            // lock is held here; `intent_pending` is a leaf.)
             self.signals.want_intents();
         }
         Ok((pieces, tickets))
