@@ -30,8 +30,10 @@
 //! does not set S's intent: it appends an entry naming the exact pages to the write journal
 //! and waits until the entry is durable; a load drops just those pages. Intents remain for
 //! data written into a slot whose possible claims name another fragment, and for writes
-//! that find the journal ring full. Writes then no longer make slots sticky, and reads no
-//! longer set intents ahead of need (`warm_rounds` applies only without the journal).
+//! that find the journal ring full. Reads no longer set intents ahead of need; a slot
+//! written again within `warm_rounds` rounds turns write-hot instead (`intents.rs`,
+//! `guard_write`): its intent is set ahead of the next write, and writes to it need nothing
+//! durable while the intent is.
 
 mod intents;
 mod journal;
@@ -76,10 +78,12 @@ pub struct PersistConfig {
     /// appended to the source's own identity: bumping it invalidates what the device holds
     /// for the volume. The only way to tell sce that an NBD export changed while it was down.
     pub source_generation: Option<String>,
-    /// Flush rounds after a write during which the slot counts as "write-warm": a read of it
-    /// keeps (or sets ahead of time) its write intent, so the next write need not wait for
-    /// the cache device. The cost: a crash drops the write-warm slots that were read lately.
-    /// Only without the journal (with it, writes do not set intents).
+    /// Flush rounds after a write during which the slot counts as "write-warm". Without the
+    /// journal, a read of it keeps (or sets ahead of time) its write intent; with it, a
+    /// second write turns the slot write-hot (its intent set ahead of the next write). Either
+    /// way the next write need not wait for the cache device; the cost: a crash drops those
+    /// slots whole. 0: never (with the journal, every write to a cached fragment is
+    /// journaled).
     pub warm_rounds: u32,
     /// Journal writes page by page (on by default): before a source write to a cached slot,
     /// one group-committed write of a journal block to the cache device names the pages it
