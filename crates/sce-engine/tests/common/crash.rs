@@ -34,6 +34,17 @@ impl CrashDevice {
         }
     }
     pub fn crash(&self, rng: &mut SmallRng) -> usize {
+        self.crash_with(rng, false)
+    }
+
+    /// `crash`, with writes also *torn*: of the unflushed writes, a third are kept, a third
+    /// lost whole and a third torn at 512-byte granularity (each sector kept or lost on its
+    /// own), as a power loss may leave a device with a volatile cache and no atomic writes.
+    pub fn crash_torn(&self, rng: &mut SmallRng) -> usize {
+        self.crash_with(rng, true)
+    }
+
+    fn crash_with(&self, rng: &mut SmallRng, tear: bool) -> usize {
         let mut undo = self
             .undo
             .as_ref()
@@ -41,10 +52,28 @@ impl CrashDevice {
             .lock();
         self.frozen.store(true, SeqCst);
         let mut lost = 0;
+        // Newest first: a sector written twice since the flush comes back to its older
+        // content step by step.
         for (off, old) in undo.drain(..).rev() {
-            if rng.gen_bool(0.5) {
-                self.inner.write_at(off, &old).unwrap();
-                lost += 1;
+            let fate = if tear {
+                rng.gen_range(0..3)
+            } else {
+                rng.gen_range(0..2)
+            };
+            match fate {
+                0 => {}
+                1 => {
+                    self.inner.write_at(off, &old).unwrap();
+                    lost += 1;
+                }
+                _ => {
+                    for (i, sector) in old.chunks(512).enumerate() {
+                        if rng.gen_bool(0.5) {
+                            self.inner.write_at(off + i as u64 * 512, sector).unwrap();
+                        }
+                    }
+                    lost += 1;
+                }
             }
         }
         lost
