@@ -94,9 +94,10 @@ pub struct LogInfo {
     /// written into the log can never pass for one (never shown).
     #[serde(skip)]
     pub key: [u8; 16],
-    /// Where replay starts: the position and sequence number of a commit record known
-    /// durable (or, for an empty log, where it begins and the next sequence number).
+    /// Where replay starts: the position of a commit record known durable (or, for an
+    /// empty log, where it begins)...
     pub anchor_lpos: u64,
+    /// ...and that record's sequence number (for an empty log, the next one).
     pub anchor_seq: u64,
     /// The newest commit sequence number known durable when this superblock was written: a
     /// replay that ends before it met damage, not the end of the log.
