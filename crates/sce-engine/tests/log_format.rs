@@ -44,9 +44,9 @@ fn a_device_with_a_write_back_log_is_refused_until_reformatted() {
         },
     )
     .unwrap();
-    let e = CacheVolume::open(source.clone(), cache.clone(), config(false))
-        .err()
-        .expect("refused");
+    let Err(e) = CacheVolume::open(source.clone(), cache.clone(), config(false)) else {
+        panic!("a device with a write-back log was served");
+    };
     assert!(e.to_string().contains("write-back log"), "{e}");
     let vol = CacheVolume::open(source, cache.clone(), config(true)).expect("reformatted");
     drop(vol);
