@@ -4,6 +4,8 @@
 //!   data slots live.
 //! * [`superblock`]: the superblock (two alternating copies) and its volume table.
 //! * [`journal`]: the write journal, a ring naming the pages writes are about to change.
+//! * [`wblog`]: the write-back data log (format 6, not yet used by the engine): dirty data
+//!   written out of place, committed at FLUSH, replayed after a crash.
 //! * [`unit`]: metadata units holding per-slot records: fragment, volume generation,
 //!   page-validity bitmap and per-page CRC-32C checksums.
 //! * This module: formatting ([`format`]), loading ([`load`]), checking ([`check`]) and the
@@ -19,6 +21,7 @@ mod replay;
 pub mod superblock;
 pub mod unit;
 pub mod volumes;
+pub mod wblog;
 pub use volumes::{dirty_by_volume, ensure_volumes, find_volume, refuse_dirty_drop, VolumeDirt};
 
 pub use layout::Layout;

@@ -1,0 +1,214 @@
+//! The write-back data log (issue 29; format 6, not yet used by the engine): dirty data
+//! written out of place into a ring on the cache device, made durable by commit records at
+//! FLUSH/FUA (group commit), replayed after a crash. See `docs/FORMAT.md`, "Write-back log".
+//!
+//! * A **data page** is 4 KiB of client data, raw: a write of N pages is one device write of
+//!   N x 4 KiB at consecutive log positions ([`LogWriter::allocate`]).
+//! * A **commit record** ([`record`]) is two identical 4 KiB copies written as one 8 KiB
+//!   device write; a commit of more entries than one record holds is several consecutive
+//!   records (seq k, k+1, ...), still one device write. Each record names the data pages
+//!   whose writes completed since the previous commit (position, volume, page, CRC-32C of
+//!   the 4 KiB) and is checksummed with the caller's secret key: CRC-32C over the key
+//!   followed by the block with its checksum field zero. Clients cannot read the cache
+//!   device, so they do not know the key, and a data page a client wrote (even a perfect
+//!   copy of a record's fields) never passes for a commit record.
+//! * Records are chained: each holds a hash of the record before it and a random number
+//!   of its writer's incarnation, so a record left behind by a torn commit of an earlier
+//!   life of the log is never taken for the next one.
+//! * [`LogWriter`] is the writer's state in memory (no I/O of its own); [`replay`] reads the
+//!   log back from an [`Anchor`] the caller recorded durably.
+//!
+//! The old version of a page stays intact until a commit naming its newer version is
+//! durable: no flush is needed before any write but the commit's own.
+
+mod record;
+mod replay;
+mod writer;
+
+pub use record::{
+    decode_record, encode_record, record_link, Record, RecordError, RecordHeader, RECORD_ENTRY,
+    RECORD_HEADER, WBLOG_MAGIC, WBLOG_VERSION,
+};
+pub use replay::{replay, Replayed};
+pub use writer::{Full, LogWriter, PreparedCommit};
+
+use std::collections::HashMap;
+
+/// Bytes of a log block.
+pub const LOG_BLOCK: u64 = 4096;
+/// Entries one commit record holds (167).
+pub const ENTRIES_PER_RECORD: usize = (LOG_BLOCK as usize - RECORD_HEADER) / RECORD_ENTRY;
+/// Records one commit writes at most (one device write of up to 64 KiB); a commit with more
+/// completed entries leaves the rest to the next one.
+pub const MAX_COMMIT_RECORDS: usize = 8;
+/// The most positions that may separate a commit from the end of the previous one (64 MiB
+/// of data), for a ring of at least 4 x this; a smaller ring allows a quarter of its length
+/// ([`LogRegion::max_gap`]). The writer refuses a data write that would exceed it (the
+/// caller commits first), so that replay knows how far to look for the next record.
+pub const MAX_GAP: u64 = 16384;
+/// Positions a commit may add past the gap: at most `2 x MAX_COMMIT_RECORDS - 1` skipped at
+/// a lap's end, plus the second copy of its first record.
+pub const COMMIT_SLACK: u64 = 2 * MAX_COMMIT_RECORDS as u64;
+/// Positions a data write leaves free for the commit that must follow it.
+pub const COMMIT_RESERVE: u64 = 4 * MAX_COMMIT_RECORDS as u64;
+/// The smallest ring.
+pub const MIN_LOG_BLOCKS: u64 = 8 * COMMIT_SLACK;
+/// Blocks replay reads per device read (1 MiB).
+pub const REPLAY_CHUNK: u64 = 256;
+
+/// Where the log lives on the cache device: `blocks` blocks of 4 KiB from byte `offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogRegion {
+    /// Byte offset on the device (a multiple of 4 KiB).
+    pub offset: u64,
+    /// Length in 4 KiB blocks (at least [`MIN_LOG_BLOCKS`]).
+    pub blocks: u64,
+}
+
+impl LogRegion {
+    /// Checks the region's geometry.
+    pub fn check(&self) -> Result<(), crate::StoreError> {
+        if !self.offset.is_multiple_of(LOG_BLOCK) || self.blocks < MIN_LOG_BLOCKS {
+            return Err(crate::StoreError::Geometry(format!(
+                "a write-back log region must start on a 4 KiB boundary and hold at least \
+                 {MIN_LOG_BLOCKS} blocks (offset {}, {} blocks)",
+                self.offset, self.blocks
+            )));
+        }
+        Ok(())
+    }
+    /// The device byte offset of log position `lpos`.
+    pub fn offset_of(&self, lpos: u64) -> u64 {
+        self.offset + (lpos % self.blocks) * LOG_BLOCK
+    }
+    /// The most positions between a commit and the end of the previous one.
+    pub fn max_gap(&self) -> u64 {
+        MAX_GAP.min(self.blocks / 4)
+    }
+    /// How far past the end of a commit replay looks for the first copy of the next one.
+    pub fn window(&self) -> u64 {
+        self.max_gap() + COMMIT_SLACK
+    }
+    /// The most pages one data write may take.
+    pub fn max_write(&self) -> u64 {
+        self.max_gap() / 2
+    }
+    /// The first position of the lap after the one `lpos` is in.
+    fn next_lap(&self, lpos: u64) -> u64 {
+        (lpos / self.blocks + 1) * self.blocks
+    }
+    /// Where `n` consecutive positions at or after `lpos` start without crossing the ring's
+    /// end.
+    fn place(&self, lpos: u64, n: u64) -> u64 {
+        if lpos % self.blocks + n > self.blocks {
+            self.next_lap(lpos)
+        } else {
+            lpos
+        }
+    }
+}
+
+/// Where replay starts, recorded durably by the caller (in its superblock).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Anchor {
+    /// A commit record known durable: replay starts with it (its own entries are older than
+    /// its position, so they are not needed: the caller anchors only at or below the tail).
+    Commit {
+        /// Its position.
+        lpos: u64,
+        /// Its sequence number.
+        seq: u64,
+    },
+    /// A log with nothing to replay before `lpos`: the next commit has sequence `next_seq`
+    /// and starts within the window after `lpos` (a fresh log, or one cleaned entirely).
+    Empty {
+        /// Where the log starts.
+        lpos: u64,
+        /// The next commit's sequence number (at least 1).
+        next_seq: u64,
+    },
+}
+
+impl Anchor {
+    /// The first position replay reads.
+    pub fn lpos(&self) -> u64 {
+        match *self {
+            Anchor::Commit { lpos, .. } | Anchor::Empty { lpos, .. } => lpos,
+        }
+    }
+    /// The sequence number of the first record replay looks for.
+    pub fn seq(&self) -> u64 {
+        match *self {
+            Anchor::Commit { seq, .. } => seq,
+            Anchor::Empty { next_seq, .. } => next_seq,
+        }
+    }
+}
+
+/// A committed data page: what a commit record names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogEntry {
+    /// The data page's log position.
+    pub lpos: u64,
+    /// The volume's id.
+    pub volume: u32,
+    /// The 4 KiB page number within the volume.
+    pub page: u64,
+    /// CRC-32C of the page's 4 KiB.
+    pub crc: u32,
+}
+
+/// Where the newest version of a page is in the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogPage {
+    /// Its log position.
+    pub lpos: u64,
+    /// CRC-32C of its 4 KiB.
+    pub crc: u32,
+}
+
+/// The newest logged version of each (volume, page).
+#[derive(Clone, Debug, Default)]
+pub struct LogIndex {
+    map: HashMap<(u32, u64), LogPage>,
+}
+
+impl LogIndex {
+    /// The newest version of `page` of `volume`.
+    pub fn get(&self, volume: u32, page: u64) -> Option<LogPage> {
+        self.map.get(&(volume, page)).copied()
+    }
+    /// Records `e` as its page's newest version.
+    pub fn insert(&mut self, e: &LogEntry) {
+        let v = LogPage {
+            lpos: e.lpos,
+            crc: e.crc,
+        };
+        self.map.insert((e.volume, e.page), v);
+    }
+    /// Forgets a page.
+    pub fn remove(&mut self, volume: u32, page: u64) -> Option<LogPage> {
+        self.map.remove(&(volume, page))
+    }
+    /// Forgets every version below `tail` (cleaned to the source).
+    pub fn drop_below(&mut self, tail: u64) {
+        self.map.retain(|_, v| v.lpos >= tail);
+    }
+    /// Pages indexed.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+    /// True if no page is indexed.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+    /// Every ((volume, page), version), in no order.
+    pub fn iter(&self) -> impl Iterator<Item = ((u32, u64), LogPage)> + '_ {
+        self.map.iter().map(|(k, v)| (*k, *v))
+    }
+}
+
+/// CRC-32C of a data page, as entries carry it.
+pub fn page_crc(data: &[u8]) -> u32 {
+    crc32c::crc32c(data)
+}

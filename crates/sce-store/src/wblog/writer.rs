@@ -1,0 +1,343 @@
+//! The log writer's state: positions, sequence numbers, what is completed and not yet
+//! committed. No I/O: the caller holds it under a mutex and does the device writes.
+
+use super::record::{encode_record, record_link, RecordHeader};
+use super::{
+    Anchor, LogEntry, LogRegion, Replayed, COMMIT_RESERVE, ENTRIES_PER_RECORD, LOG_BLOCK,
+    MAX_COMMIT_RECORDS,
+};
+use sce_io::AlignedBuf;
+use std::collections::VecDeque;
+use std::ops::Range;
+
+/// Why [`LogWriter::allocate`] or [`LogWriter::prepare_commit`] refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Full {
+    /// Commit first: the write would put more than [`LogRegion::max_gap`] positions between
+    /// the last commit and the next. The next `prepare_commit` returns a commit (empty if
+    /// nothing completed).
+    Commit,
+    /// The ring is full up to the durable anchor: clean, move the tail, make a newer anchor
+    /// durable ([`LogWriter::anchor_candidate`]) and call `set_anchor`.
+    Ring,
+    /// More pages than [`LogRegion::max_write`]: split the write.
+    TooLarge,
+}
+
+/// A commit ready to be written: `bytes` at log position `lpos` (device offset
+/// `region.offset_of(lpos)`), as one device write, then a flush of the device, then
+/// [`LogWriter::committed`] (or [`LogWriter::commit_failed`]).
+#[derive(Debug)]
+pub struct PreparedCommit {
+    /// Its first record's position.
+    pub lpos: u64,
+    /// The sequence numbers of its records.
+    pub seqs: Range<u64>,
+    /// The records, each twice: `2 x records` blocks.
+    pub bytes: AlignedBuf,
+    /// Entries it commits.
+    pub entries: usize,
+}
+
+impl PreparedCommit {
+    /// The anchor naming this commit (valid once it is durable).
+    pub fn anchor(&self) -> Anchor {
+        Anchor::Commit {
+            lpos: self.lpos,
+            seq: self.seqs.start,
+        }
+    }
+}
+
+/// A commit written and not yet known durable.
+#[derive(Debug)]
+struct InFlight {
+    lpos: u64,
+    first_seq: u64,
+    entries: Vec<LogEntry>,
+    tail: u64,
+    failed: bool,
+}
+
+/// The writer's state of one log (see the module's doc).
+#[derive(Debug)]
+pub struct LogWriter {
+    region: LogRegion,
+    key: [u8; 16],
+    epoch: u64,
+    head: u64,
+    tail: u64,
+    anchor: Anchor,
+    next_seq: u64,
+    /// [`record_link`] of the last committed record (None: none since the anchor).
+    link: Option<u64>,
+    committed_end: u64,
+    resumed_from: u64,
+    pending: Vec<LogEntry>,
+    in_flight: Option<InFlight>,
+    need_commit: bool,
+    /// (position, seq) of the first record of each committed commit since the anchor.
+    commits: VecDeque<(u64, u64)>,
+}
+
+impl LogWriter {
+    /// A writer of a fresh log starting at `lpos` whose first commit has seq `next_seq`
+    /// (at least 1): its durable anchor is `Anchor::Empty { lpos, next_seq }`.
+    pub fn new(
+        region: LogRegion,
+        key: [u8; 16],
+        lpos: u64,
+        next_seq: u64,
+    ) -> Result<Self, crate::StoreError> {
+        region.check()?;
+        assert!(next_seq >= 1, "sequence numbers start at 1");
+        Ok(LogWriter {
+            region,
+            key,
+            epoch: rand::random(),
+            head: lpos,
+            tail: lpos,
+            anchor: Anchor::Empty { lpos, next_seq },
+            next_seq,
+            link: None,
+            committed_end: lpos,
+            resumed_from: 0,
+            pending: Vec::new(),
+            in_flight: None,
+            need_commit: false,
+            commits: VecDeque::new(),
+        })
+    }
+
+    /// The writer that continues a replayed log (`r` from [`super::replay`] with the same
+    /// region and key). Its first commit names the commit replay ended with, whose data may
+    /// be torn, so that a later replay does not take those pages for damage.
+    pub fn resume(region: LogRegion, key: [u8; 16], r: &Replayed) -> Self {
+        LogWriter {
+            region,
+            key,
+            epoch: rand::random(),
+            head: r.head,
+            tail: r.tail,
+            anchor: r.anchor,
+            next_seq: r.next_seq,
+            link: r.link,
+            committed_end: r.head,
+            resumed_from: r.last_group_first.unwrap_or(0),
+            pending: Vec::new(),
+            in_flight: None,
+            need_commit: false,
+            commits: r.last_commit.into_iter().collect(),
+        }
+    }
+
+    /// The log's region.
+    pub fn region(&self) -> LogRegion {
+        self.region
+    }
+    /// The next free position.
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+    /// The oldest position still needed.
+    pub fn tail(&self) -> u64 {
+        self.tail
+    }
+    /// The durable anchor.
+    pub fn anchor(&self) -> Anchor {
+        self.anchor
+    }
+    /// The next commit's sequence number.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+    /// Where the last committed commit ends.
+    pub fn committed_end(&self) -> u64 {
+        self.committed_end
+    }
+    /// Positions left before the ring reaches the durable anchor.
+    pub fn room(&self) -> u64 {
+        (self.anchor.lpos() + self.region.blocks).saturating_sub(self.head)
+    }
+    /// Completed entries no commit has taken yet.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+    /// True while a prepared commit is neither committed nor failed.
+    pub fn commit_in_flight(&self) -> bool {
+        self.in_flight.as_ref().is_some_and(|f| !f.failed)
+    }
+
+    fn limit(&self) -> u64 {
+        self.anchor.lpos() + self.region.blocks
+    }
+
+    /// `n` consecutive positions for a data write of `n` pages, never crossing the ring's
+    /// end (the positions skipped at the end of a lap stay unused). Refuses if the write
+    /// (with room for the commit that must follow) would reach the durable anchor's
+    /// position one lap on, or lie more than `max_gap` positions past the last commit.
+    pub fn allocate(&mut self, n: u64) -> Result<u64, Full> {
+        if n == 0 || n > self.region.max_write() {
+            return Err(Full::TooLarge);
+        }
+        let at = self.region.place(self.head, n);
+        let end = at + n;
+        if end + COMMIT_RESERVE > self.limit() {
+            return Err(Full::Ring);
+        }
+        if end - self.committed_end > self.region.max_gap() {
+            self.need_commit = true;
+            return Err(Full::Commit);
+        }
+        self.head = end;
+        Ok(at)
+    }
+
+    /// These data pages' writes completed (were acknowledged), in this order. A page must
+    /// not have two writes in flight at once (the newest completion is its newest version).
+    pub fn completed(&mut self, entries: &[LogEntry]) {
+        debug_assert!(entries
+            .iter()
+            .all(|e| e.lpos >= self.tail && e.lpos < self.head));
+        self.pending.extend_from_slice(entries);
+    }
+
+    /// A commit of every completed, uncommitted entry (at most [`MAX_COMMIT_RECORDS`]
+    /// records' worth: call again for the rest), or None if there is nothing to commit.
+    /// After [`Self::commit_failed`] it returns the same commit again (same position, same
+    /// bytes), to be retried. One commit at a time: the caller serialises them.
+    ///
+    /// # Panics
+    /// If a commit is in flight.
+    pub fn prepare_commit(&mut self) -> Result<Option<PreparedCommit>, Full> {
+        if let Some(f) = &mut self.in_flight {
+            assert!(f.failed, "a commit is already in flight");
+            f.failed = false;
+            let (lpos, seq, tail) = (f.lpos, f.first_seq, f.tail);
+            let entries = std::mem::take(&mut f.entries);
+            let p = self.encode(lpos, seq, tail, &entries);
+            self.in_flight.as_mut().expect("in flight").entries = entries;
+            return Ok(Some(p));
+        }
+        if self.pending.is_empty() && !self.need_commit {
+            return Ok(None);
+        }
+        let take = self
+            .pending
+            .len()
+            .min(MAX_COMMIT_RECORDS * ENTRIES_PER_RECORD);
+        let records = take.div_ceil(ENTRIES_PER_RECORD).max(1) as u64;
+        let at = self.region.place(self.head, 2 * records);
+        if at + 2 * records > self.limit() {
+            return Err(Full::Ring);
+        }
+        self.head = at + 2 * records;
+        self.need_commit = false;
+        let entries: Vec<LogEntry> = self.pending.drain(..take).collect();
+        let p = self.encode(at, self.next_seq, self.tail, &entries);
+        self.in_flight = Some(InFlight {
+            lpos: at,
+            first_seq: self.next_seq,
+            entries,
+            tail: self.tail,
+            failed: false,
+        });
+        Ok(Some(p))
+    }
+
+    fn encode(&self, lpos: u64, seq: u64, tail: u64, entries: &[LogEntry]) -> PreparedCommit {
+        let records = entries.len().div_ceil(ENTRIES_PER_RECORD).max(1);
+        let block = LOG_BLOCK as usize;
+        let mut bytes = AlignedBuf::new(2 * records * block);
+        let mut link = self.link.unwrap_or(0);
+        for i in 0..records {
+            let h = RecordHeader {
+                seq: seq + i as u64,
+                lpos: lpos + 2 * i as u64,
+                tail,
+                link,
+                epoch: self.epoch,
+                resumed_from: self.resumed_from,
+                group_index: i as u16,
+                group_len: records as u16,
+            };
+            let part = &entries[(i * ENTRIES_PER_RECORD).min(entries.len())
+                ..((i + 1) * ENTRIES_PER_RECORD).min(entries.len())];
+            let (first, second) = bytes[2 * i * block..(2 * i + 2) * block].split_at_mut(block);
+            encode_record(&self.key, &h, part, first);
+            second.copy_from_slice(first);
+            link = record_link(first);
+        }
+        PreparedCommit {
+            lpos,
+            seqs: seq..seq + records as u64,
+            bytes,
+            entries: entries.len(),
+        }
+    }
+
+    /// `p` is durable (its write and the flush after it completed).
+    pub fn committed(&mut self, p: &PreparedCommit) {
+        let f = self.in_flight.take().expect("a commit in flight");
+        assert_eq!(
+            (f.lpos, f.first_seq),
+            (p.lpos, p.seqs.start),
+            "another commit"
+        );
+        let records = p.seqs.end - p.seqs.start;
+        let block = LOG_BLOCK as usize;
+        let last = (2 * records as usize - 1) * block;
+        self.link = Some(record_link(&p.bytes[last..last + block]));
+        self.next_seq = p.seqs.end;
+        self.committed_end = p.lpos + 2 * records;
+        self.resumed_from = 0;
+        self.commits.push_back((p.lpos, p.seqs.start));
+    }
+
+    /// `p`'s write or flush failed: the next [`Self::prepare_commit`] returns it again.
+    pub fn commit_failed(&mut self, p: &PreparedCommit) {
+        let f = self.in_flight.as_mut().expect("a commit in flight");
+        assert_eq!(
+            (f.lpos, f.first_seq),
+            (p.lpos, p.seqs.start),
+            "another commit"
+        );
+        f.failed = true;
+    }
+
+    /// Positions below `lpos` are no longer needed: their pages' newest versions are on the
+    /// source, and the source was flushed. `lpos` may not pass a write still in flight.
+    pub fn set_tail(&mut self, lpos: u64) {
+        assert!(lpos <= self.head, "the tail passes the head");
+        self.tail = self.tail.max(lpos);
+    }
+
+    /// The caller made `anchor` durable (in its superblock): replay will start there, so
+    /// positions below it may be overwritten one lap on. It must be at or below the tail
+    /// (see [`Self::anchor_candidate`]).
+    pub fn set_anchor(&mut self, anchor: Anchor) {
+        assert!(anchor.lpos() <= self.tail, "an anchor above the tail");
+        assert!(anchor.lpos() >= self.anchor.lpos(), "an anchor moved back");
+        self.anchor = anchor;
+        while self.commits.front().is_some_and(|c| c.0 < anchor.lpos()) {
+            self.commits.pop_front();
+        }
+    }
+
+    /// The newest anchor the caller may make durable now: the end of the log if everything
+    /// committed is older than the tail, else the newest committed commit at or below the
+    /// tail, else the current anchor.
+    pub fn anchor_candidate(&self) -> Anchor {
+        if self.in_flight.is_none() && self.tail >= self.committed_end {
+            return Anchor::Empty {
+                lpos: self.committed_end,
+                next_seq: self.next_seq,
+            };
+        }
+        self.commits
+            .iter()
+            .rev()
+            .find(|c| c.0 <= self.tail)
+            .map_or(self.anchor, |&(lpos, seq)| Anchor::Commit { lpos, seq })
+    }
+}
