@@ -4,6 +4,7 @@
 
 use crate::back::WriteBackStats;
 use crate::parts::Placed;
+use crate::path::WritePath;
 use crate::volume::CacheVolume;
 use sce_core::{CoreConfig, SourceOffset};
 use sce_io::IoError;
@@ -43,8 +44,12 @@ impl CacheVolume {
                     .into(),
             ));
         }
-        // Each shard gets its share, as when the volume was built.
-        let part = e.cores.shard_config(&next);
+        // Each shard gets its share, as when the volume was built. Write-back through the
+        // log runs its shards in write-through: the core never holds dirty pages there.
+        let mut part = e.cores.shard_config(&next);
+        if self.path.log().is_some() {
+            part.write_mode = sce_core::WriteMode::WriteThrough;
+        }
         let shard_tune = sce_core::Retune {
             write_mode: Some(part.write_mode),
             admission: Some(part.admission),
@@ -180,7 +185,17 @@ impl CacheVolume {
 impl CacheVolume {
     /// Write-back's state, None in the other modes.
     pub fn writeback_stats(&self) -> Option<WriteBackStats> {
-        Some(self.path.back()?.stats(&self.engine))
+        match &self.path {
+            WritePath::Back(b) => Some(b.stats(&self.engine)),
+            WritePath::Log(l) => Some(l.stats()),
+            WritePath::Through(_) => None,
+        }
+    }
+
+    /// Write-back through the log: the source writes the cleaner made and the commits
+    /// (None in the other paths).
+    pub fn writeback_log_counts(&self) -> Option<(u64, u64)> {
+        Some(self.path.log()?.log_counts())
     }
 
     /// Writes every dirty page of `range` (global offset, length; everything if None) to
@@ -192,9 +207,11 @@ impl CacheVolume {
         range: Option<(u64, u64)>,
         patience: std::time::Duration,
     ) -> Result<u64, IoError> {
-        match self.path.back() {
-            Some(wb) => wb.flush_to_source(&self.engine, range, patience),
-            None => self.engine.dev.source.flush().map(|()| 0),
+        match &self.path {
+            WritePath::Back(wb) => wb.flush_to_source(&self.engine, range, patience),
+            // Everything, whatever the range: a superset of what was asked.
+            WritePath::Log(l) => l.flush_to_source(&self.engine, patience),
+            WritePath::Through(_) => self.engine.dev.source.flush().map(|()| 0),
         }
     }
 

@@ -14,6 +14,7 @@ mod devices;
 mod engine;
 mod flusher;
 mod health;
+mod log;
 mod open;
 pub mod parts;
 mod path;

@@ -34,6 +34,11 @@ struct OpenedCore {
     persist: Option<Persist>,
     data: Arc<dyn BlockDevice>,
     seeds: Vec<(u64, u16)>,
+    /// The whole cache device (with persistence: the write-back log lies past the data).
+    device: Arc<dyn BlockDevice>,
+    /// Write-back goes through the device's write-back log (its core shards then run in
+    /// write-through: they never hold dirty pages).
+    log: bool,
 }
 
 /// Refuses write-back without a persistent cache and its write journal: dirty data must
@@ -91,6 +96,8 @@ fn open_core(
             config: core_cfg,
             crcs,
             persist: None,
+            device: cache.clone(),
+            log: false,
             data: cache,
             seeds: vols
                 .iter()
@@ -105,9 +112,21 @@ fn open_core(
     let loaded = opened.loaded;
     let seeds = persist.seeds();
     let l = persist.layout;
+    let device = cache.clone();
     let data: Arc<dyn BlockDevice> =
         Arc::new(SliceDevice::new(cache, l.data_offset, l.data_bytes())?);
-    let (mut cores, map) = build_cores(&core_cfg, config, source.size(), data.size())?;
+    // Write-back through the log: the shards run in write-through (the log holds the dirty
+    // data), and the volume's configuration still says writeback.
+    let log = persist.log_info().is_some() && core_cfg.write_mode == sce_core::WriteMode::WriteBack;
+    let shard_cfg = CoreConfig {
+        write_mode: if log {
+            sce_core::WriteMode::WriteThrough
+        } else {
+            core_cfg.write_mode
+        },
+        ..core_cfg.clone()
+    };
+    let (mut cores, map) = build_cores(&shard_cfg, config, source.size(), data.size())?;
     let skipped = crate::back::restore(&mut cores, &map, &loaded, l.bitmap_words());
     if skipped > 0 {
         return Err(ConfigError::new(
@@ -120,7 +139,7 @@ fn open_core(
         )
         .into());
     }
-    crate::back::check_dirty(&core_cfg, &loaded)?;
+    crate::back::check_dirty(&shard_cfg, &loaded)?;
     apply_shares(&mut cores, &map, vols, core_cfg.fragment_size);
     crate::back::hold_dirty(&mut cores, &map, &persist, &loaded);
     persist.start(
@@ -137,6 +156,8 @@ fn open_core(
         config: core_cfg,
         crcs: Some(loaded.crcs),
         persist: Some(persist),
+        device,
+        log,
         data,
         seeds,
     })
@@ -208,6 +229,12 @@ fn start_threads(
                 let (name, wb) = (format!("sce-clean-{i}"), wb.clone());
                 threads.push(spawn(engine, name, "cleaner", move |e| wb.cleaner(e))?);
             }
+        }
+        WritePath::Log(l) => {
+            let l = l.clone();
+            threads.push(spawn(engine, "sce-clean-0".into(), "cleaner", move |e| {
+                l.cleaner(e)
+            })?);
         }
     }
     for i in 0..workers {
@@ -316,7 +343,8 @@ impl CacheVolume {
             .into());
         }
         let o = open_core(&*source, vols, cache, &config)?;
-        let writeback = config.core.write_mode == sce_core::WriteMode::WriteBack;
+        // The core shards hold dirty pages (write-back in the slots).
+        let writeback = config.core.write_mode == sce_core::WriteMode::WriteBack && !o.log;
         let fshift = o.cores[0].geometry().fragment_shift();
         let persist = o.persist.map(Arc::new);
         let engine = Arc::new(Engine {
@@ -332,7 +360,16 @@ impl CacheVolume {
             writeback,
         });
         let (tx, rx) = crossbeam_channel::unbounded::<AwtJob>();
+        let limits = (config.writeback_wait, config.writeback_idle);
+        let log = match &persist {
+            // Replayed in every mode: another mode refuses a log that holds dirty pages.
+            Some(p) => {
+                crate::log::open_log(&o.device, p, WriteThrough::new(tx.clone()), o.log, limits)?
+            }
+            None => None,
+        };
         let path = match persist.filter(|_| writeback) {
+            _ if o.log => WritePath::Log(Arc::new(log.expect("a device with a log"))),
             Some(p) => {
                 // Before anything is served: records that the load found superseded (a slot
                 // whose dirty claims a later journal entry moved elsewhere) are rewritten now,

@@ -1,9 +1,11 @@
 //! The write path, chosen once when the volume opens: write-through (with AWT and
-//! write-around) or write-back. Write-back cannot be entered or left at run time, so each
-//! request is one `match` here and no path asks what mode it is in.
+//! write-around), write-back in the slots (a device without a write-back log), or
+//! write-back through the log (issue 29). Write-back cannot be entered or left at run time,
+//! so each request is one `match` here and no path asks what mode it is in.
 
 use crate::back::WriteBack;
 use crate::engine::Engine;
+use crate::log::LogBack;
 use crate::through::{Payload, WriteThrough};
 use sce_io::{Extent, IoError, StartedRead};
 use std::sync::Arc;
@@ -12,8 +14,11 @@ use std::sync::Arc;
 pub(crate) enum WritePath {
     /// The source holds every acknowledged write.
     Through(WriteThrough),
-    /// The cache device holds the only copy of dirty data (its cleaners share it).
+    /// The cache device holds the only copy of dirty data, in the slots (its cleaners share
+    /// it).
     Back(Arc<WriteBack>),
+    /// The cache device holds the only copy of dirty data, in its write-back log.
+    Log(Arc<LogBack>),
 }
 
 impl WritePath {
@@ -22,6 +27,7 @@ impl WritePath {
         match self {
             WritePath::Through(_) => e.read(offset, buf),
             WritePath::Back(b) => b.read(e, offset, buf),
+            WritePath::Log(l) => l.read(e, offset, buf),
         }
     }
 
@@ -30,6 +36,7 @@ impl WritePath {
         match self {
             WritePath::Through(t) => t.write(e, offset, data),
             WritePath::Back(b) => b.write(e, offset, data.bytes()),
+            WritePath::Log(l) => l.write(e, offset, data.bytes()),
         }
     }
 
@@ -38,6 +45,7 @@ impl WritePath {
         match self {
             WritePath::Through(t) => t.discard(e, offset, len),
             WritePath::Back(b) => b.zero(e, offset, len),
+            WritePath::Log(l) => l.zero(e, offset, len),
         }
     }
 
@@ -46,6 +54,7 @@ impl WritePath {
         match self {
             WritePath::Through(t) => t.flush(e),
             WritePath::Back(b) => b.flush(e),
+            WritePath::Log(l) => l.flush(e),
         }
     }
 
@@ -60,7 +69,7 @@ impl WritePath {
     ) -> Result<Vec<Extent>, IoError> {
         match self {
             WritePath::Through(_) => e.dev.source.extents(offset, len),
-            WritePath::Back(_) => Ok(vec![Extent::data(len)]),
+            WritePath::Back(_) | WritePath::Log(_) => Ok(vec![Extent::data(len)]),
         }
     }
 
@@ -69,15 +78,15 @@ impl WritePath {
     pub(crate) fn start_read(&self, e: &Arc<Engine>, offset: u64, len: u64) -> Option<StartedRead> {
         match self {
             WritePath::Through(t) => t.start_read(e, offset, len),
-            WritePath::Back(_) => None,
+            WritePath::Back(_) | WritePath::Log(_) => None,
         }
     }
 
-    /// The write-back path, if this is it.
-    pub(crate) fn back(&self) -> Option<&Arc<WriteBack>> {
+    /// The write-back path through the log, if this is it.
+    pub(crate) fn log(&self) -> Option<&Arc<LogBack>> {
         match self {
-            WritePath::Back(b) => Some(b),
-            WritePath::Through(_) => None,
+            WritePath::Log(l) => Some(l),
+            _ => None,
         }
     }
 }

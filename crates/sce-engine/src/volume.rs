@@ -116,7 +116,7 @@ impl CacheVolume {
             .map_or(0, |p| p.layout.data_offset);
         match &self.path {
             WritePath::Through(t) => t.serve_hits_from(queue, base + data),
-            WritePath::Back(_) => false,
+            WritePath::Back(_) | WritePath::Log(_) => false,
         }
     }
 
@@ -124,7 +124,7 @@ impl CacheVolume {
     pub(crate) fn hit_queue(&self) -> Option<Arc<dyn IoQueue>> {
         match &self.path {
             WritePath::Through(t) => t.hit_queue(),
-            WritePath::Back(_) => None,
+            WritePath::Back(_) | WritePath::Log(_) => None,
         }
     }
 
@@ -226,6 +226,10 @@ impl CacheVolume {
         }
         for t in threads {
             let _ = t.join();
+        }
+        if let WritePath::Log(l) = &self.path {
+            // A clean stop commits what was written since the last FLUSH.
+            let _ = l.commit();
         }
         if e.persist.is_none() || e.health.passthrough() {
             return false;

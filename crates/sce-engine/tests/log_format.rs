@@ -1,7 +1,7 @@
-//! A cache device formatted with a write-back log (format 6, issue 29) is not served by
-//! this build's engine yet: a start refuses it with a clear error (never a start that
-//! ignores a log that may hold the only copy of data), and `--reformat` makes it a plain
-//! format 5 device.
+//! A cache device formatted with a write-back log (format 6, issue 29): a write-back start
+//! serves write-back through it; a write-through start replays it too, and serves while it
+//! holds nothing (`wb_log.rs` checks the refusal when it holds dirty pages); `--reformat`
+//! keeps the format the start asks for.
 
 mod common;
 
@@ -12,8 +12,12 @@ use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;
 
-fn config(reformat: bool) -> EngineConfig {
+fn config(reformat: bool, mode: sce_core::WriteMode) -> EngineConfig {
     EngineConfig {
+        core: sce_core::CoreConfig {
+            write_mode: mode,
+            ..Default::default()
+        },
         persist: Some(PersistConfig {
             reformat,
             ..PersistConfig::new("log-format")
@@ -23,7 +27,8 @@ fn config(reformat: bool) -> EngineConfig {
 }
 
 #[test]
-fn a_device_with_a_write_back_log_is_refused_until_reformatted() {
+fn a_device_with_a_write_back_log_serves_either_mode() {
+    use sce_core::WriteMode::{WriteBack, WriteThrough};
     let cache = Arc::new(MemDevice::new(64 * MIB));
     let source = random_source(16 * MIB, 1);
     sce_store::format(
@@ -44,12 +49,17 @@ fn a_device_with_a_write_back_log_is_refused_until_reformatted() {
         },
     )
     .unwrap();
-    let Err(e) = CacheVolume::open(source.clone(), cache.clone(), config(false)) else {
-        panic!("a device with a write-back log was served");
-    };
-    assert!(e.to_string().contains("write-back log"), "{e}");
-    let vol = CacheVolume::open(source, cache.clone(), config(true)).expect("reformatted");
+    let vol = CacheVolume::open(source.clone(), cache.clone(), config(false, WriteThrough))
+        .expect("write-through over an empty log");
+    assert!(vol.writeback_stats().is_none());
+    drop(vol);
+    let vol = CacheVolume::open(source.clone(), cache.clone(), config(false, WriteBack))
+        .expect("write-back through the log");
+    assert!(vol.writeback_log_counts().is_some(), "not the log path");
+    drop(vol);
+    // `reformat` reformats only a device the start cannot use: this one keeps its log.
+    let vol = CacheVolume::open(source, cache.clone(), config(true, WriteThrough)).unwrap();
     drop(vol);
     let sb = sce_store::read_superblock(&*cache).unwrap();
-    assert_eq!((sb.version, sb.log), (5, None));
+    assert!(sb.log.is_some(), "a usable device is not reformatted");
 }

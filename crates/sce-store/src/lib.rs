@@ -157,6 +157,7 @@ pub fn format(dev: &dyn BlockDevice, opts: &FormatOptions) -> Result<Superblock,
                 anchor_lpos: 0,
                 anchor_seq: 1,
                 durable_seq: 0,
+                anchor_commit: false,
             }
         }),
     };

@@ -13,8 +13,8 @@ pub const FORMAT_VERSION: u32 = 5;
 /// The format version of a device with a write-back log (`Superblock::log`): format 5 plus
 /// the log's region and state (docs/FORMAT.md). This build reads both.
 pub const LOG_FORMAT_VERSION: u32 = 6;
-/// The least write-back log region (16 MiB).
-pub const MIN_LOG_BLOCKS: u64 = 4096;
+/// The least write-back log region (1 MiB).
+pub const MIN_LOG_BLOCKS: u64 = 256;
 /// Where the log's fields start (format 6; zero on format 5).
 const LOG_AT: usize = 184;
 /// Volume table entries a superblock holds.
@@ -99,6 +99,8 @@ pub struct LogInfo {
     pub anchor_lpos: u64,
     /// ...and that record's sequence number (for an empty log, the next one).
     pub anchor_seq: u64,
+    /// The anchor is a commit record (else: an empty log from there).
+    pub anchor_commit: bool,
     /// The newest commit sequence number known durable when this superblock was written: a
     /// replay that ends before it met damage, not the end of the log.
     pub durable_seq: u64,
@@ -108,6 +110,36 @@ impl LogInfo {
     /// The device offset of the log region on a device of layout `l`.
     pub fn offset(l: &Layout) -> u64 {
         l.cache_size.div_ceil(BLOCK) * BLOCK
+    }
+
+    /// The log's region on a device of layout `l`.
+    pub fn region(&self, l: &Layout) -> crate::wblog::LogRegion {
+        crate::wblog::LogRegion {
+            offset: Self::offset(l),
+            blocks: self.blocks,
+        }
+    }
+
+    /// Where replay starts.
+    pub fn anchor(&self) -> crate::wblog::Anchor {
+        if self.anchor_commit {
+            crate::wblog::Anchor::Commit {
+                lpos: self.anchor_lpos,
+                seq: self.anchor_seq,
+            }
+        } else {
+            crate::wblog::Anchor::Empty {
+                lpos: self.anchor_lpos,
+                next_seq: self.anchor_seq.max(1),
+            }
+        }
+    }
+
+    /// Records `a` as where replay starts.
+    pub fn set_anchor(&mut self, a: crate::wblog::Anchor) {
+        self.anchor_lpos = a.lpos();
+        self.anchor_seq = a.seq();
+        self.anchor_commit = matches!(a, crate::wblog::Anchor::Commit { .. });
     }
 }
 
@@ -242,6 +274,7 @@ impl Superblock {
             w.u64(LOG_AT + 24, log.anchor_lpos);
             w.u64(LOG_AT + 32, log.anchor_seq);
             w.u64(LOG_AT + 40, log.durable_seq);
+            w.u64(LOG_AT + 48, log.anchor_commit as u64);
         }
         w.u32(VOLUMES_AT, self.volumes.len() as u32);
         for (i, v) in self.volumes.iter().enumerate().take(MAX_VOLUMES) {
@@ -378,6 +411,7 @@ fn decode_log(b: &[u8], version: u32) -> Result<Option<LogInfo>, StoreError> {
         anchor_lpos: rd64(b, LOG_AT + 24),
         anchor_seq: rd64(b, LOG_AT + 32),
         durable_seq: rd64(b, LOG_AT + 40),
+        anchor_commit: rd64(b, LOG_AT + 48) & 1 != 0,
     }))
 }
 

@@ -229,12 +229,13 @@ fn a_device_with_a_write_back_log_is_format_6() {
         anchor_lpos: 1234,
         anchor_seq: 56,
         durable_seq: 60,
+        anchor_commit: true,
     });
     let img = sb.encode();
     assert_eq!(&img[8..12], &6u32.to_le_bytes());
     assert_eq!(
         crc32c::crc32c(&img),
-        0x0e41_f71b,
+        0x43c0_292b,
         "the format 6 superblock encoding changed: update docs/FORMAT.md"
     );
     assert_eq!(Superblock::decode(&img).unwrap(), sb);
@@ -277,7 +278,7 @@ fn a_device_with_a_write_back_log_is_format_6() {
             fragment_size: 1 << 20,
             volume: golden().volumes[0].clone(),
             size: None,
-            log_bytes: 1 << 20,
+            log_bytes: 512 << 10,
         },
     )
     .unwrap_err();

@@ -104,6 +104,10 @@ pub struct PersistConfig {
     /// up (`--discard-dirty`): a reformat or a start that leaves them out may drop it.
     /// Without it such a start is refused.
     pub discard_dirty: Vec<String>,
+    /// Bytes of the device to give a write-back log when this start formats it (format 6;
+    /// 0: none). A device with a log serves write-back through it (issue 29,
+    /// docs/WRITEBACK.md); one without serves it in the slots.
+    pub writeback_log: u64,
 }
 
 impl PersistConfig {
@@ -123,6 +127,7 @@ impl PersistConfig {
             reattach: false,
             writeback: false,
             discard_dirty: Vec::new(),
+            writeback_log: 0,
         }
     }
 }

@@ -87,3 +87,29 @@ impl Persist {
         self.write_sb(&mut sb)
     }
 }
+
+impl Persist {
+    /// The device's write-back log, if it was formatted with one (format 6).
+    pub(crate) fn log_info(&self) -> Option<sce_store::LogInfo> {
+        self.sb.lock().log
+    }
+
+    /// Records the log's new anchor and the newest commit known durable in the superblock
+    /// (written and flushed before this returns).
+    pub(crate) fn record_log(
+        &self,
+        anchor: sce_store::wblog::Anchor,
+        durable: u64,
+    ) -> Result<(), sce_io::IoError> {
+        let mut sb = self.sb.lock();
+        let Some(log) = sb.log.as_mut() else {
+            return Ok(());
+        };
+        log.set_anchor(anchor);
+        log.durable_seq = log.durable_seq.max(durable);
+        if sb.state == sce_store::DeviceState::Failed {
+            return Ok(());
+        }
+        self.write_sb_with(&mut sb, false)
+    }
+}

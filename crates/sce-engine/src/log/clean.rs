@@ -1,0 +1,215 @@
+//! The cleaner: one thread that drains the log to the source. It takes the oldest live
+//! versions (up to [`BATCH_PAGES`]), sorts them by source offset and coalesces adjacent
+//! pages into runs of up to [`RUN_PAGES`] (1 MiB), and writes each run through the
+//! write-through path (the source, and the clean cache's copy where the fragment is
+//! cached, with that path's own journal). It takes no range lock (so a writer waiting for
+//! room while it holds its pages never waits for the cleaner's). One source flush per batch; then the versions it wrote leave the index (unless a
+//! newer one came meanwhile), the tail moves, and the anchor follows. It runs while the
+//! log is a quarter full, while writers wait for room, when `flush --to-source` asks, and
+//! after `writeback_idle` without requests; it also commits at least every second.
+
+use super::commit::AUTOCOMMIT;
+use super::LogBack;
+use crate::engine::Engine;
+use crate::through::Payload;
+use sce_core::PAGE_SIZE;
+use sce_io::{AlignedBuf, IoError};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+/// Versions one batch takes (4 MiB of pages).
+const BATCH_PAGES: usize = 1024;
+/// Pages of one source write, at most (1 MiB).
+const RUN_PAGES: u64 = 256;
+
+/// The cleaner thread.
+pub(super) fn cleaner(e: &Engine, lb: &LogBack) {
+    let mut backoff = Duration::ZERO;
+    let mut last_commit = Instant::now();
+    while !e.signals.shutting_down() {
+        if last_commit.elapsed() >= AUTOCOMMIT {
+            last_commit = Instant::now();
+            if lb.uncommitted() {
+                lb.autocommit();
+            }
+        }
+        if !lb.wants_cleaning(e) {
+            lb.nap(e, Duration::from_millis(50));
+            continue;
+        }
+        match lb.clean_batch(e) {
+            Ok(0) => lb.nap(e, Duration::from_millis(50)),
+            Ok(_) => backoff = Duration::ZERO,
+            Err(err) => {
+                lb.clean_errors.fetch_add(1, Relaxed);
+                *lb.last_clean_error.lock() = err.to_string();
+                backoff = (backoff * 2).clamp(Duration::from_millis(50), Duration::from_secs(5));
+                tracing::warn!("write-back cleaning failed, dirty data kept: {err}");
+                lb.nap(e, backoff);
+            }
+        }
+    }
+}
+
+impl LogBack {
+    /// Sleeps up to `d`, or until a writer or `flush --to-source` wants the cleaner, or the
+    /// volume shuts down (looked at every 50 ms).
+    fn nap(&self, e: &Engine, d: Duration) {
+        let until = Instant::now() + d;
+        let mut w = self.wanted.lock();
+        while !*w && !e.signals.shutting_down() {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            self.wanted_cv
+                .wait_for(&mut w, left.min(Duration::from_millis(50)));
+        }
+        *w = false;
+    }
+
+    /// Wakes the cleaner (writers waiting for room, `flush --to-source`).
+    pub(super) fn cleaner_wanted(&self) {
+        *self.wanted.lock() = true;
+        self.wanted_cv.notify_all();
+    }
+
+    /// True if the cleaner should clean now.
+    fn wants_cleaning(&self, e: &Engine) -> bool {
+        let st = self.st.lock();
+        if st.index.is_empty() {
+            return false;
+        }
+        let blocks = self.region.blocks;
+        let used = st.w.head() - st.w.tail();
+        let idle = e
+            .cores
+            .now()
+            .0
+            .saturating_sub(self.last_request.load(Relaxed));
+        used * 4 >= blocks
+            || self.forced.load(Relaxed) > 0
+            || st.w.room() < blocks / 4
+            || idle >= self.idle.as_nanos() as u64
+    }
+
+    /// One batch: cleans up to `BATCH_PAGES` of the oldest live versions, flushes the
+    /// source, lets them go, moves the tail and the anchor. Returns the pages cleaned.
+    /// Versions not yet committed may go too: a crash then finds an older committed version
+    /// in the log, which the last FLUSH allows, and cleans that again.
+    pub(super) fn clean_batch(&self, e: &Engine) -> Result<u64, IoError> {
+        let _one = self.clean_io.lock();
+        let mut pages: Vec<u64> = {
+            let st = self.st.lock();
+            st.live.values().take(BATCH_PAGES).copied().collect()
+        };
+        if pages.is_empty() {
+            return Ok(0);
+        }
+        pages.sort_unstable();
+        pages.dedup();
+        let mut cleaned = Vec::with_capacity(pages.len());
+        let mut i = 0;
+        while i < pages.len() {
+            // A run of consecutive pages within one volume, at most RUN_PAGES.
+            let g0 = pages[i];
+            let stop = self.volume_end(g0);
+            let mut n = 1;
+            while i + (n as usize) < pages.len()
+                && pages[i + n as usize] == g0 + n
+                && g0 + n < stop
+                && n < RUN_PAGES
+            {
+                n += 1;
+            }
+            self.clean_run(e, g0, n, &mut cleaned)?;
+            i += n as usize;
+        }
+        e.dev.source.flush()?;
+        let n = cleaned.len() as u64;
+        {
+            let mut st = self.st.lock();
+            for (g, l) in cleaned {
+                st.cleaned(g, l);
+            }
+            let tail = st.tail();
+            st.w.set_tail(tail);
+        }
+        self.bytes_cleaned.fetch_add(n * PAGE_SIZE, Relaxed);
+        self.advance_anchor()?;
+        self.progressed();
+        Ok(n)
+    }
+
+    /// Writes pages `[g0, g0 + n)` (each has a version in the log, unless it was cleaned
+    /// already) to the source through the write-through path; notes (page, position) of each
+    /// version written.
+    fn clean_run(
+        &self,
+        e: &Engine,
+        g0: u64,
+        n: u64,
+        cleaned: &mut Vec<(u64, u64)>,
+    ) -> Result<(), IoError> {
+        let ps = PAGE_SIZE;
+        // The newest versions now. No range lock: a version's blocks stay as they are until
+        // the tail passes them, which only this thread moves; a client write meanwhile
+        // indexes a newer version, which stays (its position differs).
+        let vers: Vec<_> = {
+            let st = self.st.lock();
+            (g0..g0 + n).map(|g| st.index.get(&g).copied()).collect()
+        };
+        let mut buf = AlignedBuf::new((n * ps) as usize);
+        let mut page = AlignedBuf::new(ps as usize);
+        let mut k = 0;
+        while k < vers.len() {
+            // Sub-runs of pages that still have a version.
+            if vers[k].is_none() {
+                k += 1;
+                continue;
+            }
+            let start = k;
+            while k < vers.len() && vers[k].is_some() {
+                let d = vers[k].expect("checked");
+                self.read_version(g0 + k as u64, d, &mut page)?;
+                buf[k * ps as usize..(k + 1) * ps as usize].copy_from_slice(&page);
+                k += 1;
+            }
+            let (a, b) = (start * ps as usize, k * ps as usize);
+            self.through
+                .write(e, (g0 + start as u64) * ps, Payload::Borrowed(&buf[a..b]))?;
+            self.source_writes.fetch_add(1, Relaxed);
+            for (j, d) in vers.iter().enumerate().take(k).skip(start) {
+                cleaned.push((g0 + j as u64, d.expect("checked").lpos));
+            }
+        }
+        Ok(())
+    }
+
+    /// Cleans every dirty page to the source and flushes it (`sce ctl flush --to-source`,
+    /// detach). Fails if no page could be cleaned for `patience`. Returns the bytes cleaned.
+    pub(crate) fn flush_to_source(&self, e: &Engine, patience: Duration) -> Result<u64, IoError> {
+        self.forced.fetch_add(1, Relaxed);
+        let before = self.bytes_cleaned.load(Relaxed);
+        let mut since = Instant::now();
+        let result = loop {
+            match self.clean_batch(e) {
+                Ok(0) if self.st.lock().index.is_empty() => break e.dev.source.flush(),
+                Ok(0) if since.elapsed() >= patience => {
+                    break Err(IoError::Failed(
+                        "write-back data is left that the cleaner does not take".into(),
+                    ))
+                }
+                Ok(0) => std::thread::sleep(Duration::from_millis(5)),
+                Ok(_) => since = Instant::now(),
+                Err(err) if since.elapsed() >= patience => break Err(err),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+            if e.signals.shutting_down() {
+                break Err(IoError::ShuttingDown("the cache is shutting down".into()));
+            }
+        };
+        self.forced.fetch_sub(1, Relaxed);
+        result.map(|()| self.bytes_cleaned.load(Relaxed) - before)
+    }
+}

@@ -1,0 +1,120 @@
+//! A read in write-back through the log: each page from its newest version in the log if
+//! it has one (checked against its checksum: a version that fails it is the only copy,
+//! damaged, and the read fails; never an older version), the rest from the cache or the
+//! source as in write-through. No range lock: versions are never rewritten in place, so a
+//! read that races a write of the same pages returns, page by page, the version before it
+//! or after it. A version the cleaner let go and the ring reused under the read is seen by
+//! its checksum and the page read again from where it is now.
+
+use super::{Dirty, LogBack};
+use crate::engine::Engine;
+use sce_core::PAGE_SIZE;
+use sce_io::{AlignedBuf, IoError};
+use std::sync::atomic::Ordering::Relaxed;
+
+impl LogBack {
+    /// A client's read; true if every byte came from the cache device.
+    pub(crate) fn read(&self, e: &Engine, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
+        self.last_request.store(e.cores.now().0, Relaxed);
+        self.read_locked(e, offset, buf)
+    }
+
+    /// `read` (a write merging its edge pages holds them in the range lock).
+    pub(super) fn read_locked(
+        &self,
+        e: &Engine,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<bool, IoError> {
+        let ps = PAGE_SIZE;
+        let end = offset + buf.len() as u64;
+        let (p0, p1) = (offset / ps, end.div_ceil(ps));
+        let found: Vec<(u64, Dirty)> = {
+            let st = self.st.lock();
+            let lost = (!st.lost.is_empty())
+                .then(|| (p0..p1).find(|p| st.lost.contains(p)))
+                .flatten();
+            if let Some(p) = lost {
+                return Err(IoError::Failed(format!(
+                    "write-back data at offset {} was found damaged in the log at start (its \
+                     only copy): it reads as an error until it is written again",
+                    p * ps
+                )));
+            }
+            if st.index.is_empty() {
+                Vec::new()
+            } else {
+                (p0..p1)
+                    .filter_map(|p| st.index.get(&p).map(|d| (p, *d)))
+                    .collect()
+            }
+        };
+        if found.is_empty() {
+            return e.read(offset, buf);
+        }
+        let mut hit = true;
+        let mut at = offset;
+        let mut page = AlignedBuf::new(ps as usize);
+        for (p, d) in found {
+            let (lo, hi) = ((p * ps).max(offset), ((p + 1) * ps).min(end));
+            if at < lo {
+                let r = (at - offset) as usize..(lo - offset) as usize;
+                hit &= e.read(at, &mut buf[r])?;
+            }
+            hit &= self.read_current(e, p, d, &mut page)?;
+            let from = (lo - p * ps) as usize;
+            buf[(lo - offset) as usize..(hi - offset) as usize]
+                .copy_from_slice(&page[from..from + (hi - lo) as usize]);
+            at = hi;
+        }
+        if at < end {
+            hit &= e.read(at, &mut buf[(at - offset) as usize..])?;
+        }
+        Ok(hit)
+    }
+
+    /// Reads page `p`'s newest version (`d` when the read began) into `page`: if `d`
+    /// fails its checksum because it was cleaned and its blocks reused meanwhile, the page
+    /// as it is now (a newer version, or the cache's or source's copy). True if it came
+    /// from the cache device.
+    fn read_current(
+        &self,
+        e: &Engine,
+        p: u64,
+        d: Dirty,
+        page: &mut AlignedBuf,
+    ) -> Result<bool, IoError> {
+        let mut d = d;
+        loop {
+            let Err(err) = self.read_version(p, d, page) else {
+                return Ok(true);
+            };
+            match self.st.lock().index.get(&p).copied() {
+                Some(now) if now != d => d = now,
+                Some(_) => return Err(err),
+                None => {
+                    let n = PAGE_SIZE.min(e.dev.size - p * PAGE_SIZE) as usize;
+                    return e.read(p * PAGE_SIZE, &mut page[..n]);
+                }
+            }
+        }
+    }
+
+    /// Reads global page `p`'s version `d` from the log into `page`, checked.
+    pub(super) fn read_version(
+        &self,
+        p: u64,
+        d: Dirty,
+        page: &mut AlignedBuf,
+    ) -> Result<(), IoError> {
+        self.dev.read_at(self.at(d.lpos), page)?;
+        if sce_store::wblog::page_crc(page) != d.crc {
+            return Err(IoError::Failed(format!(
+                "write-back data at offset {} failed its checksum in the log (its only copy \
+                 is damaged on the cache device)",
+                p * PAGE_SIZE
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,168 @@
+//! A write-back write through the log: its pages taken exclusively in the range lock, the
+//! edge pages of an unaligned write read (the newest bytes, from the log or the cache) and
+//! merged, then each chunk of at most [`CHUNK_PAGES`] pages appended to the log in ONE
+//! device write, its pages indexed, and the write acknowledged. Nothing waits for a flush:
+//! the next NBD FLUSH (or FUA) commits it (`commit.rs`).
+
+use super::{Dirty, LogBack};
+use crate::engine::Engine;
+use sce_core::PAGE_SIZE;
+use sce_io::{AlignedBuf, IoError, Op};
+use sce_store::wblog::{page_crc, Full, LogEntry};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+/// Pages of one log append (256 KiB).
+pub(super) const CHUNK_PAGES: u64 = 64;
+
+impl LogBack {
+    /// A client's write (`offset`, `data`: a range the caller checked).
+    pub(crate) fn write(&self, e: &Engine, offset: u64, data: &[u8]) -> Result<(), IoError> {
+        self.last_request.store(e.cores.now().0, Relaxed);
+        if e.health.passthrough() {
+            return Err(IoError::Io {
+                op: Op::Write,
+                offset,
+                len: data.len() as u64,
+                source: std::io::Error::other(
+                    "the cache device failed: write-back cannot take writes (see the log)",
+                ),
+            });
+        }
+        let ps = PAGE_SIZE;
+        let end = offset + data.len() as u64;
+        let (a0, a1) = (offset / ps * ps, end.div_ceil(ps) * ps);
+        let started = Instant::now();
+        let _g = self.ranges.lock(a0, a1, true);
+        let mut b = AlignedBuf::new((a1 - a0) as usize);
+        // The edges as they read now (we hold them): whole pages from here on. A page past
+        // the volume's end reads as zeroes beyond it.
+        let size = e.dev.size;
+        if a0 < offset {
+            let stop = (a0 + ps).min(size);
+            self.read_locked(e, a0, &mut b[..(stop - a0) as usize])?;
+        }
+        let last = a1 - ps;
+        if end < a1 && (last > a0 || a0 == offset) {
+            let stop = a1.min(size);
+            self.read_locked(e, last, &mut b[(last - a0) as usize..(stop - a0) as usize])?;
+        }
+        b[(offset - a0) as usize..(end - a0) as usize].copy_from_slice(data);
+        let pages = (a1 - a0) / ps;
+        let chunk = CHUNK_PAGES.min(self.region.max_write());
+        let mut done = 0;
+        while done < pages {
+            let n = chunk.min(pages - done);
+            let bytes = &b[(done * ps) as usize..((done + n) * ps) as usize];
+            self.append(e, a0 / ps + done, bytes, started)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Zeroes `[offset, offset + len)` (a discard: dirty pages there must read as zeroes,
+    /// and the source is older), through the log.
+    pub(crate) fn zero(&self, e: &Engine, offset: u64, len: u64) -> Result<(), IoError> {
+        let step = CHUNK_PAGES * PAGE_SIZE;
+        let zeros = AlignedBuf::new(step.min(len) as usize);
+        let mut at = offset;
+        while at < offset + len {
+            let n = step.min(offset + len - at);
+            self.write(e, at, &zeros[..n as usize])?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Appends whole pages `bytes` of global page `g0` on: one device write, then indexed.
+    fn append(&self, e: &Engine, g0: u64, bytes: &[u8], started: Instant) -> Result<(), IoError> {
+        let n = bytes.len() as u64 / PAGE_SIZE;
+        let lpos = self.allocate(e, n, started)?;
+        let written = self.dev.write_at(self.at(lpos), bytes);
+        let mut st = self.st.lock();
+        let left = st.inflight.get_mut(&lpos).map(|c| {
+            *c -= 1;
+            *c
+        });
+        if left == Some(0) {
+            st.inflight.remove(&lpos);
+        }
+        if let Err(err) = written {
+            // The positions stay unused (never committed); the pages keep their versions.
+            drop(st);
+            e.device_errors(1, &format!("write-back log write failed: {err}"));
+            return Err(IoError::Failed(format!(
+                "the write-back log could not be written: {err}"
+            )));
+        }
+        let entries: Vec<LogEntry> = bytes
+            .chunks(PAGE_SIZE as usize)
+            .enumerate()
+            .map(|(i, page)| {
+                let (volume, p) = self.local(g0 + i as u64);
+                LogEntry {
+                    lpos: lpos + i as u64,
+                    volume,
+                    page: p,
+                    crc: page_crc(page),
+                }
+            })
+            .collect();
+        st.w.completed(&entries);
+        for (i, en) in entries.iter().enumerate() {
+            let g = g0 + i as u64;
+            let d = Dirty {
+                lpos: en.lpos,
+                crc: en.crc,
+            };
+            st.newest(g, d, true);
+            st.lost.remove(&g);
+        }
+        st.written += 1;
+        Ok(())
+    }
+
+    /// `n` consecutive log positions (counted in flight until the write completes),
+    /// waiting for room (a commit, or cleaning that moves the tail and the anchor) up to the
+    /// wait limit: backpressure, never an error before it.
+    fn allocate(&self, e: &Engine, n: u64, started: Instant) -> Result<u64, IoError> {
+        loop {
+            let seen = self.progress_now();
+            let full = {
+                let mut st = self.st.lock();
+                match st.w.allocate(n) {
+                    Ok(lpos) => {
+                        *st.inflight.entry(lpos).or_default() += 1;
+                        return Ok(lpos);
+                    }
+                    Err(full) => full,
+                }
+            };
+            match full {
+                // Too far from the last commit: commit, then go on.
+                Full::Commit => self.commit()?,
+                // The ring: cleaning (and a new anchor) frees it.
+                Full::Ring => {
+                    self.waits.fetch_add(1, Relaxed);
+                    self.cleaner_wanted();
+                    self.wait_progress(seen, Duration::from_millis(20));
+                }
+                Full::TooLarge => {
+                    return Err(IoError::Invalid(format!(
+                        "{n} pages is more than one write-back log write takes"
+                    )))
+                }
+            }
+            if e.signals.shutting_down() {
+                return Err(IoError::ShuttingDown("the cache is shutting down".into()));
+            }
+            if started.elapsed() > self.wait_limit {
+                return Err(IoError::NoRoom(format!(
+                    "no room in the write-back log after {:?}: it is full of dirty data the \
+                     source is not taking",
+                    self.wait_limit
+                )));
+            }
+        }
+    }
+}

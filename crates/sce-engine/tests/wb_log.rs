@@ -1,0 +1,160 @@
+//! Write-back through the log (issue 29): a write is one device write, a FLUSH one commit
+//! record and one flush; dirty data does not take the read slots; a restart (clean or not)
+//! finds what was committed; the cleaner drains it all to the source.
+
+mod common;
+
+use common::{random_source, read};
+use sce_engine::{CacheVolume, EngineConfig};
+use sce_io::{AlignedBuf, BlockDevice, FaultDevice, MemDevice, Op};
+use std::sync::Arc;
+use std::time::Duration;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+const PAGE: u64 = 4096;
+
+/// Write-back with a 2 MiB log, no idle cleaning (the test says when).
+fn config() -> EngineConfig {
+    let mut c = EngineConfig {
+        writeback_wait: Duration::from_secs(5),
+        writeback_idle: Duration::from_secs(3600),
+        ..common::writeback_config("wb-log", Duration::from_secs(3600))
+    };
+    c.persist.as_mut().unwrap().writeback_log = 2 * MIB;
+    c
+}
+
+fn pattern(seed: u8, len: u64) -> AlignedBuf {
+    let mut b = AlignedBuf::new(len as usize);
+    for (i, x) in b.iter_mut().enumerate() {
+        *x = seed.wrapping_add((i / 512) as u8);
+    }
+    b
+}
+
+#[test]
+fn a_write_is_one_device_write_and_a_flush_one_commit() {
+    let source = random_source(16 * MIB, 1);
+    let before = read(&*source, 0, 16 * MIB);
+    let cache = Arc::new(FaultDevice::new(MemDevice::new(8 * MIB)));
+    let ctl = cache.control();
+    let vol = CacheVolume::open(source.clone(), cache.clone(), config()).unwrap();
+    assert!(vol.writeback_log_counts().is_some(), "not the log path");
+    let w0 = ctl.ops(Op::Write);
+    let f0 = ctl.ops(Op::Flush);
+    let data = pattern(7, PAGE);
+    vol.write_at(5 * MIB, &data).unwrap();
+    assert_eq!(
+        ctl.ops(Op::Write) - w0,
+        1,
+        "one device write for a 4 KiB write"
+    );
+    assert_eq!(
+        ctl.ops(Op::Flush) - f0,
+        0,
+        "no flush before a write is acknowledged"
+    );
+    // Unaligned: the edge pages are merged, still one device write.
+    vol.write_at(6 * MIB + 512, &pattern(9, 5120)).unwrap();
+    assert_eq!(ctl.ops(Op::Write) - w0, 2);
+    vol.flush().unwrap();
+    assert_eq!(ctl.ops(Op::Write) - w0, 3, "one commit record write");
+    assert_eq!(ctl.ops(Op::Flush) - f0, 1, "one cache-device flush");
+    // A FLUSH with nothing new costs nothing.
+    vol.flush().unwrap();
+    assert_eq!((ctl.ops(Op::Write) - w0, ctl.ops(Op::Flush) - f0), (3, 1));
+    let mut want = before.clone();
+    want[(5 * MIB) as usize..(5 * MIB + PAGE) as usize].copy_from_slice(&data);
+    want[(6 * MIB + 512) as usize..(6 * MIB + 5632) as usize].copy_from_slice(&pattern(9, 5120));
+    assert!(
+        read(&vol, 0, 16 * MIB) == want,
+        "reads return the newest writes"
+    );
+    assert!(
+        read(&*source, 0, 16 * MIB) == before,
+        "the source is untouched"
+    );
+    let wb = vol.writeback_stats().unwrap();
+    assert_eq!(wb.dirty_bytes, 3 * PAGE, "{wb:?}");
+    vol.flush_to_source(None, Duration::from_secs(10)).unwrap();
+    assert!(
+        read(&*source, 0, 16 * MIB) == want,
+        "the cleaner wrote it all"
+    );
+    assert_eq!(vol.writeback_stats().unwrap().dirty_bytes, 0);
+    assert!(read(&vol, 0, 16 * MIB) == want);
+}
+
+#[test]
+fn dirty_data_does_not_take_the_read_slots() {
+    let source = random_source(32 * MIB, 2);
+    let cache = Arc::new(MemDevice::new(8 * MIB));
+    let mut cfg = config();
+    cfg.background_population = false;
+    let vol = CacheVolume::open(source.clone(), cache, cfg).unwrap();
+    // A hot read set of 2 MiB, cached.
+    let hot = read(&vol, 0, 2 * MIB);
+    vol.populate_now(100);
+    let s0 = vol.stats();
+    assert!(read(&vol, 0, 2 * MIB) == hot);
+    let warm = vol.stats().delta(&s0);
+    assert_eq!(warm.read_pages_missed, 0, "{warm:?}");
+    // 1.5 MiB of writes elsewhere (three quarters of the log), then the hot set again.
+    for i in 0..6 {
+        vol.write_at(16 * MIB + i * 256 * KIB, &pattern(i as u8, 256 * KIB))
+            .unwrap();
+    }
+    let s1 = vol.stats();
+    assert!(read(&vol, 0, 2 * MIB) == hot);
+    let after = vol.stats().delta(&s1);
+    assert_eq!(
+        after.read_pages_missed, 0,
+        "writes pushed out the read set: {after:?}"
+    );
+}
+
+#[test]
+fn a_crash_after_a_flush_keeps_what_it_committed() {
+    let source = random_source(16 * MIB, 3);
+    let cache = Arc::new(MemDevice::new(8 * MIB));
+    let vol = CacheVolume::open(source.clone(), cache.clone(), config()).unwrap();
+    vol.write_at(MIB, &pattern(1, 64 * KIB)).unwrap();
+    vol.write_at(MIB + 8 * KIB, &pattern(2, 4 * KIB)).unwrap();
+    vol.flush().unwrap();
+    let want = read(&vol, 0, 16 * MIB);
+    // A crash: the volume is never shut down (its threads stop with the test).
+    std::mem::forget(vol);
+    let image = Arc::new(MemDevice::new(8 * MIB));
+    image.write_at(0, &read(&*cache, 0, 8 * MIB)).unwrap();
+    let again = CacheVolume::open(source.clone(), image, config()).unwrap();
+    assert!(read(&again, 0, 16 * MIB) == want, "a committed write lost");
+    assert_eq!(again.writeback_stats().unwrap().dirty_bytes, 16 * PAGE);
+    again
+        .flush_to_source(None, Duration::from_secs(10))
+        .unwrap();
+    assert!(read(&*source, 0, 16 * MIB) == want);
+}
+
+#[test]
+fn another_mode_refuses_a_log_with_dirty_pages() {
+    let source = random_source(16 * MIB, 4);
+    let cache = Arc::new(MemDevice::new(8 * MIB));
+    {
+        let vol = CacheVolume::open(source.clone(), cache.clone(), config()).unwrap();
+        vol.write_at(0, &pattern(3, PAGE)).unwrap();
+        assert!(vol.shutdown());
+    }
+    let mut wt = config();
+    wt.core.write_mode = sce_core::WriteMode::WriteThrough;
+    let Err(e) = CacheVolume::open(source.clone(), cache.clone(), wt.clone()) else {
+        panic!("write-through served over dirty data in the log");
+    };
+    assert!(e.to_string().contains("1 dirty pages"), "{e}");
+    // Cleaned in write-back, the device serves write-through.
+    let vol = CacheVolume::open(source.clone(), cache.clone(), config()).unwrap();
+    vol.flush_to_source(None, Duration::from_secs(10)).unwrap();
+    assert!(vol.shutdown());
+    let vol = CacheVolume::open(source.clone(), cache, wt).unwrap();
+    assert!(read(&vol, 0, PAGE) == pattern(3, PAGE).to_vec());
+}
