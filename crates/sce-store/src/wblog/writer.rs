@@ -3,7 +3,7 @@
 
 use super::record::{encode_record, record_link, RecordHeader};
 use super::{
-    Anchor, LogEntry, LogRegion, Replayed, COMMIT_RESERVE, ENTRIES_PER_RECORD, LOG_BLOCK,
+    commit_reserve, Anchor, LogEntry, LogRegion, Replayed, ENTRIES_PER_RECORD, LOG_BLOCK,
     MAX_COMMIT_RECORDS,
 };
 use sce_io::AlignedBuf;
@@ -173,16 +173,17 @@ impl LogWriter {
     }
 
     /// `n` consecutive positions for a data write of `n` pages, never crossing the ring's
-    /// end (the positions skipped at the end of a lap stay unused). Refuses if the write
-    /// (with room for the commit that must follow) would reach the durable anchor's
-    /// position one lap on, or lie more than `max_gap` positions past the last commit.
+    /// end (the positions skipped at the end of a lap stay unused). Refuses if the write,
+    /// with room for the commits that must follow ([`super::commit_reserve`]), would reach
+    /// the durable anchor's position one lap on, or lie more than `max_gap` positions past
+    /// the last commit.
     pub fn allocate(&mut self, n: u64) -> Result<u64, Full> {
         if n == 0 || n > self.region.max_write() {
             return Err(Full::TooLarge);
         }
         let at = self.region.place(self.head, n);
         let end = at + n;
-        if end + COMMIT_RESERVE > self.limit() {
+        if end + commit_reserve(end - self.tail) > self.limit() {
             return Err(Full::Ring);
         }
         if end - self.committed_end > self.region.max_gap() {
@@ -206,6 +207,8 @@ impl LogWriter {
     /// records' worth: call again for the rest), or None if there is nothing to commit.
     /// After [`Self::commit_failed`] it returns the same commit again (same position, same
     /// bytes), to be retried. One commit at a time: the caller serialises them.
+    /// `Full::Ring` (rare, see [`super::commit_reserve`]): clean, move the tail and the
+    /// anchor, and call again.
     ///
     /// # Panics
     /// If a commit is in flight.
