@@ -39,7 +39,9 @@ impl Log {
     /// Writes `bytes` (whole pages) as one data write, completed as `pages` of `VOL`.
     fn write_raw(&mut self, pages: &[u64], bytes: &[u8]) -> u64 {
         let lpos = self.w.allocate(pages.len() as u64).unwrap();
-        self.dev.write_at(self.region.offset_of(lpos), bytes).unwrap();
+        self.dev
+            .write_at(self.region.offset_of(lpos), bytes)
+            .unwrap();
         let entries: Vec<LogEntry> = pages
             .iter()
             .enumerate()
@@ -60,8 +62,14 @@ impl Log {
     }
     /// Writes the next commit without flushing it.
     fn write_commit(&mut self) -> PreparedCommit {
-        let p = self.w.prepare_commit().unwrap().expect("something to commit");
-        self.dev.write_at(self.region.offset_of(p.lpos), &p.bytes).unwrap();
+        let p = self
+            .w
+            .prepare_commit()
+            .unwrap()
+            .expect("something to commit");
+        self.dev
+            .write_at(self.region.offset_of(p.lpos), &p.bytes)
+            .unwrap();
         p
     }
     /// FLUSH: commits and flushes; the commits' first positions.
@@ -82,7 +90,9 @@ impl Log {
     fn version(&self, r: &Replayed, page: u64) -> Option<u64> {
         let lp = r.index.get(VOL, page)?;
         let mut b = vec![0u8; 4096];
-        self.dev.read_at(self.region.offset_of(lp.lpos), &mut b).unwrap();
+        self.dev
+            .read_at(self.region.offset_of(lp.lpos), &mut b)
+            .unwrap();
         let (vol, p, v) = model::decode(&b).expect("a whole page");
         assert_eq!((vol, p), (VOL, page));
         Some(v)
@@ -190,14 +200,20 @@ fn a_data_page_copying_a_record_is_not_one() {
     let r = log.replay(FRESH);
     assert_eq!((r.last_seq, r.commits), (1, 1));
     assert_eq!(log.version(&r, 1), Some(1));
-    assert!(r.index.get(VOL, 7).is_none(), "the forged record was applied");
+    assert!(
+        r.index.get(VOL, 7).is_none(),
+        "the forged record was applied"
+    );
     // Committed, the pages are what the client wrote: data.
     log.commit();
     let r = log.replay(FRESH);
     assert_eq!(r.last_seq, 2);
     assert_eq!(r.index.get(VOL, 10).map(|p| p.lpos), Some(3));
     assert_eq!(r.index.get(VOL, 11).map(|p| p.lpos), Some(4));
-    assert!(r.index.get(VOL, 7).is_none(), "the forged record was applied");
+    assert!(
+        r.index.get(VOL, 7).is_none(),
+        "the forged record was applied"
+    );
     assert_eq!(r.index.len(), 3);
 }
 
@@ -222,15 +238,29 @@ fn damaged_record(copies: &[u64]) -> (Log, Replayed) {
 fn a_damaged_record_copy_is_read_from_the_other_and_both_end_the_log() {
     for copy in [0, 1] {
         let (log, r) = damaged_record(&[copy]);
-        assert_eq!((r.last_seq, r.commits, r.next_seq), (3, 3, 4), "copy {copy}");
+        assert_eq!(
+            (r.last_seq, r.commits, r.next_seq),
+            (3, 3, 4),
+            "copy {copy}"
+        );
         for page in 1..=3 {
             assert_eq!(log.version(&r, page), Some(page * 10), "copy {copy}");
         }
     }
     let (log, r) = damaged_record(&[0, 1]);
     assert_eq!((r.last_seq, r.commits), (1, 1));
+    assert!(!r.anchor_missing());
     assert_eq!(log.version(&r, 1), Some(10));
     assert!(r.index.get(VOL, 2).is_none() && r.index.get(VOL, 3).is_none());
+    // An anchor at the damaged commit: missing, and refused by `resume`.
+    let anchor = Anchor::Commit { lpos: 4, seq: 2 };
+    let r = log.replay(anchor);
+    assert!(r.anchor_missing() && r.last_seq == 1 && r.index.is_empty());
+    let resumed = std::panic::catch_unwind(|| LogWriter::resume(log.region, KEY, &r));
+    assert!(resumed.is_err());
+    // An anchor at the sound commit after it: found (its own entry is older than it).
+    let r = log.replay(Anchor::Commit { lpos: 7, seq: 3 });
+    assert!(!r.anchor_missing() && r.last_seq == 3 && r.index.is_empty());
 }
 
 /// A torn commit of several records whose later record survived, then a new life of the log
@@ -344,7 +374,9 @@ fn each_write_and_each_commit_is_one_device_write() {
         }
     }
     let end = region.offset + region.blocks * LOG_BLOCK;
-    assert!(expected.iter().all(|&(o, l)| o >= region.offset && o + l <= end));
+    assert!(expected
+        .iter()
+        .all(|&(o, l)| o >= region.offset && o + l <= end));
     assert_eq!(dev.writes(), expected);
     println!(
         "{writes} data writes and {commits} commits: {} device writes, {} laps",

@@ -115,6 +115,12 @@ impl LogRegion {
 }
 
 /// Where replay starts, recorded durably by the caller (in its superblock).
+///
+/// A superblock that keeps only a position and a seq (format 6 does) may replay either kind
+/// as `Empty { lpos, next_seq: seq }`: a commit at `lpos` is the first record with that seq
+/// in the window, so it is found first; if it is damaged in both copies, replay ends before
+/// it (`last_seq` below the newest durable seq the superblock also keeps, which the caller
+/// refuses), where `Commit` reports it as [`Replayed::anchor_missing`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Anchor {
     /// A commit record known durable: replay starts with it (its own entries are older than

@@ -112,7 +112,11 @@ impl LogWriter {
     /// The writer that continues a replayed log (`r` from [`super::replay`] with the same
     /// region and key). Its first commit names the commit replay ended with, whose data may
     /// be torn, so that a later replay does not take those pages for damage.
+    ///
+    /// # Panics
+    /// If the replay did not find its anchor ([`Replayed::anchor_missing`]).
     pub fn resume(region: LogRegion, key: [u8; 16], r: &Replayed) -> Self {
+        assert!(!r.anchor_missing(), "the replay lost its anchor commit");
         LogWriter {
             region,
             key,
@@ -308,8 +312,14 @@ impl LogWriter {
         f.failed = true;
     }
 
-    /// Positions below `lpos` are no longer needed: their pages' newest versions are on the
-    /// source, and the source was flushed. `lpos` may not pass a write still in flight.
+    /// Positions below `lpos` are no longer needed. Before the tail passes *any* version of
+    /// a page, the caller must have written that page's newest completed version (wherever
+    /// it lies in the log) to the source and flushed the source: replay drops every version
+    /// below the tail and may skip the page's newer versions above it (torn: their commit's
+    /// flush never completed), and then the page reads from the source. (Cleaning only the
+    /// pages whose newest version lies below the tail serves older bytes after a crash: the
+    /// crash model fails.) `lpos` may not pass a data write still in flight: its entry would
+    /// be committed below the tail and dropped.
     pub fn set_tail(&mut self, lpos: u64) {
         assert!(lpos <= self.head, "the tail passes the head");
         self.tail = self.tail.max(lpos);

@@ -112,7 +112,13 @@ impl BlockDevice for CrashDev {
         Ok(())
     }
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), IoError> {
-        check_range(Op::Write, offset, buf.len() as u64, self.size, SECTOR as u32)?;
+        check_range(
+            Op::Write,
+            offset,
+            buf.len() as u64,
+            self.size,
+            SECTOR as u32,
+        )?;
         let mut st = self.st.lock().unwrap();
         if st.crashed {
             return Err(IoError::Failed("the machine crashed".into()));

@@ -357,7 +357,11 @@ impl Model {
             self.unclean[i] = live;
             self.busy[i] = false;
         }
-        assert_eq!(r.index.len(), from_log as usize, "pages of no write indexed");
+        assert_eq!(
+            r.index.len(),
+            from_log as usize,
+            "pages of no write indexed"
+        );
         self.inflight.clear();
         self.w = LogWriter::resume(self.region, KEY, &r);
     }
@@ -392,7 +396,10 @@ impl Model {
             self.region.offset + self.cfg.blocks * LOG_BLOCK,
         );
         for &(off, len) in &w {
-            assert!(off >= lo && off + len <= hi, "a write at {off}+{len} leaves the region");
+            assert!(
+                off >= lo && off + len <= hi,
+                "a write at {off}+{len} leaves the region"
+            );
         }
         self.issued = 0;
     }
