@@ -491,3 +491,26 @@ fn timed_replay(what: &str, dev: &dyn BlockDevice, region: LogRegion, committed:
     assert_eq!((r.skipped, r.lost.len()), (0, 0));
     r
 }
+
+/// A commit whose write or flush failed is retried as it was: same position, same bytes, and
+/// entries completed meanwhile wait for the next commit.
+#[test]
+fn a_failed_commit_is_retried_as_it_was() {
+    let mut log = Log::new(128);
+    log.write(&[1], 1);
+    let p = log.w.prepare_commit().unwrap().unwrap();
+    log.w.commit_failed(&p);
+    log.write(&[2], 2);
+    let q = log.write_commit();
+    assert_eq!(
+        (q.lpos, &q.seqs, &q.bytes[..]),
+        (p.lpos, &p.seqs, &p.bytes[..])
+    );
+    log.dev.flush().unwrap();
+    log.w.committed(&q);
+    assert_eq!(log.w.pending(), 1);
+    log.commit();
+    let r = log.replay(FRESH);
+    assert_eq!(r.last_seq, 2);
+    assert_eq!((log.version(&r, 1), log.version(&r, 2)), (Some(1), Some(2)));
+}
