@@ -6,12 +6,11 @@ ratios and the issue's goals met or missed, and writes them as Markdown (--out).
 
 The stack, bottom up:
 - the "SAN": `nbdkit --filter=fua --filter=delay file <copy of the base image> rdelay=2ms
-  wdelay=2ms fuamode=discard` on a Unix socket (a SAN acknowledges flushes from its
-  battery-backed cache: flushes do not reach this machine's shared disk) (or, with --source-uri, any NBD export, reset to the base image with nbdcopy
-  before each configuration);
+  wdelay=2ms fuamode=discard` on a Unix socket (or, with --source-uri, any NBD export, reset
+  to the base image with nbdcopy before each configuration);
 - the configuration under test on a Unix socket: nothing (no cache), `sce serve` caching the
-  source on a cache file, nbdkit's cache filter, or `sce serve` of a local copy of the image
-  (all-flash);
+  source on a cache file (write-through, write-back, flashcache-like, ...), nbdkit's cache
+  filter, or `sce serve` of a local copy of the image (all-flash);
 - `nbdfuse -C 16` turns the export into a file (16 connections: about 8 requests in flight
   where its default 4 allows 4; --fuse-connections), `losetup --direct-io=on` that file into a block
   device (no page cache below the filesystem), ext4 on it (made once, in the base image),
@@ -26,27 +25,39 @@ The stack, bottom up:
   reads); aids drawn from an
   exponential distribution (a hot region, like TPC-E's recent trades), --dist to change it.
 
+Flushes (PostgreSQL's commits wait for them) are not equal work in every configuration:
+FLUSHES below says what each does with one, and --help prints it. The source acknowledges a
+flush at once, as a SAN does from its battery-backed cache (fuamode=discard: flushes do not
+reach this machine's shared disk). All-flash and write-back make a flush durable on the local
+disk (an fdatasync of the image or of the cache file); write-through passes it to the source
+only, for every write it acknowledged is there already.
+
 Figures per configuration: TPS over time (pgbench's per-transaction log, 1 s buckets; an SVG
 plot, one line per configuration), steady-state TPS (the mean over the last third of the
 run), time to 90% of it (the first second from which the trailing 5 s mean reaches 90% of the
 steady TPS), read hit ratio over the last third (sce's /stats, sampled every second), mean and
 p99 transaction latency over the last third, bytes written to the cache device per
-transaction over the whole run (sce: cache_bytes_written + persist_metadata_bytes_written +
-persist_journal_bytes, also shown by cause; nbdkit's cache filter: the write_bytes of its process, /proc/PID/io). After each
+transaction over the whole run, data (pages populated and pages written: sce's
+cache_bytes_written; nbdkit's cache filter: the write_bytes of its process, /proc/PID/io) and
+metadata (sce's persist_metadata_bytes_written + persist_journal_bytes) apart: the goals on
+cache bytes are judged on data, which every cache writes, not on sce's records, which
+flashcache in write-through does not keep. After each
 configuration the database must pass its consistency check: pgbench's invariant (the sum of
 the accounts' balances equals the sum of the history's deltas, tellers and branches sum to 0,
 no account lost) and pg_amcheck (heap and B-tree indexes).
 
---kill-test: sce (defaults) from a cold cache under pgbench, SIGKILL of `sce serve` in the
-middle of the run, then what a user must do: stop PostgreSQL (its device failed), unmount,
-detach the loop device and nbdfuse, restart `sce serve` on the same cache file, rebuild the
-stack, replay the ext4 journal (e2fsck -p), start PostgreSQL (crash recovery from its WAL),
-run the consistency check, and compare the hit ratio of the first minute after the restart
-with the first minute of the cold start.
+--kill-test: for each of --kill-configs (sce write-through and sce write-back by default),
+from a cold cache under pgbench, SIGKILL of `sce serve` in the middle of the run, then what a
+user must do: stop PostgreSQL (its device failed), unmount, detach the loop device and
+nbdfuse, restart `sce serve` on the same cache file, rebuild the stack, replay the ext4
+journal (e2fsck -p), start PostgreSQL (crash recovery from its WAL), run the consistency
+check, check that no transaction pgbench saw committed before the kill is lost (its history
+row is there: a commit returns after its WAL flush), and compare the hit ratio of the first
+minute after the restart with the first minute of the cold start.
 
 Usage: scripts/bench-db.py [--short | --full] [--sce BIN] [--out FILE] [--json FILE]
        [--plot FILE.svg] [--configs a,b,..] [--sizes large,small] [--seconds S] [--scale N]
-       [--kill-test] [--keep-base DIR]
+       [--kill-test [--kill-configs sce,sce-wb]] [--keep-base DIR]
 Needs root, /dev/fuse, loop devices and the Debian packages nbdkit, nbdfuse, libnbd-bin,
 fuse3, mount, e2fsprogs and postgresql: installs those that are missing with apt-get (unless
 --no-install), and refuses to start, saying why, without any of them.
@@ -95,9 +106,13 @@ FLASHCACHE_LIKE = ["--fragment-size", "4KiB", "--admission", "always", "--mode",
 # name -> (label, kind, extra sce serve arguments); kinds: source (no cache), sce, kit, flash.
 CONFIGS = {
     "nocache": ("no cache (the source alone)", "source", []),
-    "sce": ("sce (defaults)", "sce", []),
+    "sce": ("sce write-through (defaults)", "sce", []),
+    "sce-wb": ("sce write-back (--mode writeback)", "sce", ["--mode", "writeback"]),
     "sce-paper": ("sce --admission sce-paper", "sce", ["--admission", "sce-paper"]),
-    "flashcache": ("flashcache-like", "sce", FLASHCACHE_LIKE),
+    # flashcache in write-through keeps no metadata on the SSD and starts cold after a
+    # restart: its like here runs without sce's persistent records and journal.
+    "flashcache": ("flashcache-like (write-through, --no-persist)", "sce",
+                   FLASHCACHE_LIKE + ["--no-persist"]),
     "kit": ("nbdkit cache filter", "kit", []),
     "flash": ("all-flash (sce serve of a local file)", "flash", []),
     # The ablations (not run by default): fragment sizes, and AWT against synchronous
@@ -109,12 +124,40 @@ CONFIGS = {
     # What persistence costs (Holland et al.): no crash journal, and no persistence at all.
     "sce-nojournal": ("sce, --crash-journal off", "sce", ["--crash-journal", "off"]),
     "sce-nopersist": ("sce, --no-persist", "sce", ["--no-persist"]),
+    # The flashcache-like configuration as runs 1-7 of docs/REPRODUCTION.md ran it (named
+    # `flashcache` there): with sce's persistent metadata and write journal.
+    "fc-persist": ("flashcache-like with sce's persistence", "sce", FLASHCACHE_LIKE),
 }
-# What sce writes to the cache device: data (populated pages and the copies of writes),
+# Names used before, and what they are now.
+ALIASES = {"fc-np": "flashcache"}
+# What each configuration does with a client's FLUSH (PostgreSQL's commits wait for it).
+FLUSHES = {
+    "source": "acknowledged at once by the source (a SAN's battery-backed cache)",
+    "flash": "fdatasync of the local image file (this machine's disk)",
+    "sce": "passed to the source, acknowledged at once: every write acknowledged is there "
+           "already (write-through)",
+    "sce-wb": "fdatasync of the cache file (the only copy of dirty data), then passed to "
+              "the source",
+    "kit": "passed to the source (cache=writethrough)",
+}
+# What sce writes to the cache device: data (pages populated and pages written),
 # metadata records, and the write journal's blocks (/stats counters).
 WRITTEN = ("cache_bytes_written", "persist_metadata_bytes_written", "persist_journal_bytes")
-MAIN = ["nocache", "sce", "sce-paper", "flashcache", "kit", "flash"]
+# The default set; --short keeps the set the test suite asserts (tests/bench_db.rs).
+MAIN = ["nocache", "sce", "sce-wb", "sce-paper", "flashcache", "kit", "flash"]
+MAIN_SHORT = ["nocache", "sce", "sce-paper", "flashcache", "kit", "flash"]
+KILL = ["sce", "sce-wb"]
 CACHED = ("sce", "kit")
+
+
+def writeback(name):
+    return "writeback" in CONFIGS[name][2]
+
+
+def flush_of(name):
+    """What configuration `name` does with a client's FLUSH."""
+    kind = CONFIGS[name][1]
+    return FLUSHES["sce-wb" if kind == "sce" and writeback(name) else kind]
 
 
 def log(*a):
@@ -674,7 +717,7 @@ class Sampler(threading.Thread):
                         4096 * (self.last.get("pages_populated", 0)
                                 - self.first.get("pages_populated", 0)))
         return {"populated": populated,
-                "write copies": d["cache_bytes_written"] - populated,
+                "written pages": d["cache_bytes_written"] - populated,
                 "journal": d["persist_journal_bytes"],
                 "metadata": d["persist_metadata_bytes_written"]}
 
@@ -762,23 +805,27 @@ def write_script(ctx):
 
 
 def loop_stat(loop):
-    """(read I/Os, read ms, write I/Os, write ms) of a block device so far (its sysfs stat),
-    or None."""
+    """(read I/Os, read ms, write I/Os, write ms, flush I/Os, flush ms) of a block device so
+    far (its sysfs stat; the flush fields are 0 on kernels before 5.5, which lack them), or
+    None."""
     try:
         f = open(f"/sys/block/{os.path.basename(loop)}/stat").read().split()
-        return int(f[0]), int(f[3]), int(f[4]), int(f[7])
+        flush = (int(f[15]), int(f[16])) if len(f) >= 17 else (0, 0)
+        return (int(f[0]), int(f[3]), int(f[4]), int(f[7])) + flush
     except (OSError, ValueError, IndexError):
         return None
 
 
 def io_latency(before, after):
-    """Mean read and write latency (ms) at the block device between two loop_stat()s: what
-    the filesystem under PostgreSQL waited for, per request, whatever serves it."""
+    """Mean read, write and flush latency (ms) at the block device between two
+    loop_stat()s: what the filesystem under PostgreSQL waited for, per request, whatever
+    serves it (a commit waits for a write of its WAL and a flush)."""
     if not before or not after:
         return {}
     d = [b - a for a, b in zip(before, after)]
     return {"dev_reads": d[0], "dev_read_ms": d[1] / d[0] if d[0] else None,
-            "dev_writes": d[2], "dev_write_ms": d[3] / d[2] if d[2] else None}
+            "dev_writes": d[2], "dev_write_ms": d[3] / d[2] if d[2] else None,
+            "dev_flushes": d[4], "dev_flush_ms": d[5] / d[4] if d[4] else None}
 
 
 def start_pgbench(ctx, pgs, secs, cd, tag):
@@ -849,6 +896,13 @@ def figures(b, secs, sampler):
         parts = sampler.breakdown()
         if parts is not None and total:
             f["cache_bytes_per_tx_by_cause"] = {k: v / total for k, v in parts.items()}
+        # Data (what any cache writes: pages populated and pages written) and sce's metadata
+        # (records and journal) apart; nbdkit's cache filter writes data only.
+        if parts is not None and total:
+            f["cache_data_bytes_per_tx"] = (parts["populated"] + parts["written pages"]) / total
+            f["cache_meta_bytes_per_tx"] = (parts["journal"] + parts["metadata"]) / total
+        elif w is not None and total:
+            f["cache_data_bytes_per_tx"] = w / total
     return f
 
 
@@ -949,18 +1003,19 @@ def run_config(ctx, name, size_name, cache_size):
 # SIGKILL of sce serve under load
 
 
-def kill_test(ctx, size_name, cache_size):
+def kill_test(ctx, name, size_name, cache_size):
     a = ctx.a
     warm, after = a.kill_seconds, a.kill_after
-    log(f"== kill test: sce (defaults), cache {fmt_size(cache_size)}: {warm} s of pgbench "
+    label, _, extra = CONFIGS[name]
+    log(f"== kill test: {label}, cache {fmt_size(cache_size)}: {warm} s of pgbench "
         f"from a cold cache, SIGKILL, restart, {after} s of pgbench")
-    cd = tempfile.mkdtemp(prefix="kill.", dir=ctx.d)
-    res = {"cache_size": cache_size, "size": size_name, "steps": [], "check_ok": False,
-           "error": None}
+    cd = tempfile.mkdtemp(prefix=f"kill-{name}.", dir=ctx.d)
+    res = {"name": name, "label": label, "cache_size": cache_size, "size": size_name,
+           "steps": [], "check_ok": False, "error": None}
     step = lambda s: (res["steps"].append(s), log(f"   {s}"))  # noqa: E731
     outer, upper = Stack(), Stack()
     args = lambda: ["--source", src, "--cache", os.path.join(cd, "cache"), "--cache-size",  # noqa: E731
-                    str(cache_size), "--state-dir", os.path.join(cd, "state")]
+                    str(cache_size), "--state-dir", os.path.join(cd, "state")] + extra
     try:
         src = start_source(ctx, outer, cd)
         srv = start_sce(ctx, outer, cd, "sce", args())
@@ -984,7 +1039,9 @@ def kill_test(ctx, size_name, cache_size):
         b = finish_pgbench(p, t0, logdir, warm, timeout=60)
         errs = [ln for ln in b["stderr"].splitlines() if "progress:" not in ln]
         why = "its clients were aborted by errors" if b["rc"] else "no error"
-        step(f"pgbench ended with exit {b['rc']} ({why}); its last error: "
+        res["committed_before_kill"] = len(b["tx"])
+        step(f"pgbench ended with exit {b['rc']} ({why}); {len(b['tx'])} transactions "
+             f"committed before the kill (its log); its last error: "
              f"{(errs[-1] if errs else '-')[:300]}")
         time.sleep(2)
         old_pm = pgs.pid
@@ -1031,6 +1088,8 @@ def kill_test(ctx, size_name, cache_size):
         res["check_ok"], res["check"] = check_db(ctx, pgs)
         step(f"consistency check after recovery: {'passed' if res['check_ok'] else 'FAILED'}: "
              f"{res['check'][:300]}")
+        res["durable_ok"] = committed_kept(pgs, res, step)
+        res["check_ok"] = res["check_ok"] and res["durable_ok"]
         p, t0, logdir = start_pgbench(ctx, pgs, after, cd, "warm")
         sampler = Sampler(srv, t0)
         sampler.start()
@@ -1056,6 +1115,21 @@ def kill_test(ctx, size_name, cache_size):
     return res
 
 
+def committed_kept(pgs, res, step):
+    """True if every transaction pgbench saw committed before the kill survived it: each one
+    inserted one history row (the table starts empty), and a commit returns only after its
+    WAL is flushed, so after recovery there are at least as many rows (more if commits
+    completed whose answers the kill cut off)."""
+    rows = int(pgs.psql("SELECT count(*) FROM pgbench_history"))
+    n = res["committed_before_kill"]
+    res["history_after_recovery"] = rows
+    ok = rows >= n
+    step(f"committed transactions kept: {rows} history rows after recovery, {n} "
+         f"transactions committed before the kill: "
+         + ("none lost" if ok else f"**{n - rows} LOST**"))
+    return ok
+
+
 # ---------------------------------------------------------------------------------------------
 # Report
 
@@ -1063,7 +1137,7 @@ def kill_test(ctx, size_name, cache_size):
 COLORS = {"nocache": "#777777", "sce": "#d62728", "sce-paper": "#ff7f0e", "flashcache": "#1f77b4",
           "kit": "#9467bd", "flash": "#2ca02c", "sce-128k": "#8c564b", "sce-4m": "#e377c2",
           "sce-wt": "#17becf", "sce-wa": "#bcbd22", "sce-nojournal": "#aec7e8",
-          "sce-nopersist": "#98df8a"}
+          "sce-nopersist": "#98df8a", "sce-wb": "#000000", "fc-persist": "#9edae5"}
 
 
 def svg_plot(panels, path):
@@ -1138,7 +1212,23 @@ def by_cause(r):
     return f"{r['name']}: " + ", ".join(f"{k} {num(v)}" for k, v in parts.items())
 
 
-def report(ctx, rows, sizes, kill, argv):
+def table_row(r, tl, level, against):
+    """One configuration's row of a cache size's table; `against`: the rows its TPS is
+    divided by (no cache, sce write-through, flashcache-like, all-flash), None where not run."""
+    st = r.get("steady_tps")
+    ok = ("passed" if r["check_ok"] else f"**FAILED**: {r['error'] or r['check']}"[:200])
+    tl_s = "—" if not level else num(tl) if tl else f"never in {len(r.get('series', []))}"
+    ratios = " | ".join(ratio(st, x and x.get("steady_tps")) for x in against)
+    dev = " / ".join(num(r.get(k), ".2f") for k in ("dev_read_ms", "dev_write_ms",
+                                                    "dev_flush_ms"))
+    return (f"| {r['label']} | {num(st)} | {ratios} | {num(r.get('t90'))} | {tl_s} | "
+            f"{num(r.get('hit_last_third'), '.3f')} | {num(r.get('lat_mean_ms'), '.1f')} | "
+            f"{num(r.get('lat_p99_ms'), '.1f')} | {dev} | "
+            f"{num(r.get('cache_data_bytes_per_tx'))} | {num(r.get('cache_meta_bytes_per_tx'))} "
+            f"| {ok} |")
+
+
+def report(ctx, rows, sizes, kills, argv):
     a, m = ctx.a, ctx.meta
     rev = run(["git", "rev-parse", "--short", "HEAD"], check=False, cwd=ROOT).stdout.strip()
     by = {(r["name"], r["size"]): r for r in rows}
@@ -1163,25 +1253,27 @@ def report(ctx, rows, sizes, kill, argv):
            f"of pgbench_accounts, one UPDATE of it and one INSERT into the history per "
            f"transaction, aids `{a.dist}`. Loop devices with "
            f"direct I/O: {'yes' if all(r.get('loop_dio') for r in rows if r.get('started')) else 'NOT everywhere'}.",
+           "", "What a client's FLUSH is (each commit waits for one): " + "; ".join(
+               f"{CONFIGS[n][0]}: {flush_of(n)}" for n in a.configs) + ".",
            "", "Steady TPS: the mean over the last third of the run; t90: the first second "
            "from which the trailing 5 s mean reaches 90% of it; hit ratio and latencies over "
-           "the last third; device read / write: the mean latency of a read and of a write at the loop "
-           "device under ext4 over the run (its sysfs stat); t to sce's level: the first second from which the trailing 5 s "
+           "the last third; device read / write / flush: the mean latency of a read, a write and "
+           "a flush at the loop device under ext4 over the run (its sysfs stat); t to sce's level: the first second from which the trailing 5 s "
            "mean reaches 90% of sce's steady TPS with the same cache (one level for every "
            "configuration, so that one that never warms up does not reach it at once); cache "
-           "bytes written per transaction over the whole run (sce: data, metadata and write "
-           "journal blocks written to the cache file; nbdkit's cache filter: write_bytes of "
-           "its process).", ""]
+           "bytes written per transaction over the whole run, data (pages populated and "
+           "pages written; nbdkit's cache filter: write_bytes of its process) and sce's "
+           "metadata (records and write journal) apart: the goals are judged on data.", ""]
     goals = []
     for size, cache in sizes:
         fl, nc, fc = base_row("flash", size), base_row("nocache", size), by.get(("flashcache", size))
         out += [f"## Cache {fmt_size(cache)} ({size}: "
                 f"{'holds the database' if size == 'large' else format(cache / m['db_bytes'], '.0%') + ' of the database'})",
-                "", "| configuration | steady TPS | × no cache | × flashcache-like | × all-flash "
-                "| t90 (s) | t to sce's level (s) | read hit ratio | mean latency (ms) | p99 "
-                "latency (ms) | device read / write (ms) | cache bytes written / tx | "
-                "consistency |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                "", "| configuration | steady TPS | × no cache | × sce write-through | "
+                "× flashcache-like | × all-flash | t90 (s) | t to sce's level (s) | read hit "
+                "ratio | mean latency (ms) | p99 latency (ms) | device read / write / flush "
+                "(ms) | cache data bytes / tx | cache metadata bytes / tx | consistency |",
+                "|---|" + "---:|" * 13 + "---|"]
         panel = []
         sc = by.get(("sce", size))
         level = 0.9 * sc["steady_tps"] if sc and sc.get("steady_tps") else None
@@ -1191,17 +1283,9 @@ def report(ctx, rows, sizes, kill, argv):
             if r is None:
                 continue
             panel.append(r)
-            st = r.get("steady_tps")
-            ok = ("passed" if r["check_ok"] else f"**FAILED**: {r['error'] or r['check']}"[:200])
             tl = t_level(r.get("series", []), level) if level else None
             r.setdefault("t_sce_level", {})[size] = tl
-            tl_s = "—" if not level else num(tl) if tl else f"never in {len(r.get('series', []))}"
-            out.append(f"| {r['label']} | {num(st)} | {ratio(st, nc and nc.get('steady_tps'))} | "
-                       f"{ratio(st, fc and fc.get('steady_tps'))} | "
-                       f"{ratio(st, fl and fl.get('steady_tps'))} | {num(r.get('t90'))} | {tl_s} | "
-                       f"{num(r.get('hit_last_third'), '.3f')} | {num(r.get('lat_mean_ms'), '.1f')} | "
-                       f"{num(r.get('lat_p99_ms'), '.1f')} | {num(r.get('dev_read_ms'), '.2f')} / "
-                       f"{num(r.get('dev_write_ms'), '.2f')} | {num(r.get('cache_bytes_per_tx'))} | {ok} |")
+            out.append(table_row(r, tl, level, [nc, sc, fc, fl]))
         ctx.panels.append((f"TPS over time, cache {fmt_size(cache)} ({size})", panel))
         causes = [c for c in (by_cause(r) for r in panel) if c]
         if causes:
@@ -1211,27 +1295,48 @@ def report(ctx, rows, sizes, kill, argv):
         goals += goal_lines(by, size, nc, fc, fl)
     out += ["## The issue's goals", ""] + (goals or ["- no goal could be evaluated with the "
                                                      "configurations run"]) + [""]
-    if kill:
-        out += ["## SIGKILL of sce serve under pgbench", "",
-                f"sce (defaults), cache {fmt_size(kill['cache_size'])}, {a.clients} clients. "
-                "What happened, step by step:", ""]
-        out += [f"{i + 1}. {s}" for i, s in enumerate(kill["steps"])]
-        out += ["", f"- Consistency after recovery and after the run that followed: "
-                f"**{'passed' if kill['check_ok'] else 'FAILED'}**"
-                + (f" ({kill['error']})" if kill["error"] else "") + ".",
-                f"- Read hit ratio of the first {kill.get('warm_window')} s after the restart: "
-                f"{num(kill.get('warm_hit'), '.3f')}; of the first {kill.get('cold_window')} s "
-                f"of the cold start: {num(kill.get('cold_hit'), '.3f')}.", ""]
+    for k in kills:
+        out += [f"## SIGKILL of sce serve under pgbench: {k['label']}", "",
+                f"`sce serve {' '.join(CONFIGS[k['name']][2]) or '(defaults)'}`, cache "
+                f"{fmt_size(k['cache_size'])}, {a.clients} clients; a FLUSH: "
+                f"{flush_of(k['name'])}. What happened, step by step:", ""]
+        out += [f"{i + 1}. {s}" for i, s in enumerate(k["steps"])]
+        kept = k.get("durable_ok")
+        out += ["", f"- Consistency after recovery and after the run that followed, and no "
+                f"committed transaction lost: **{'passed' if k['check_ok'] else 'FAILED'}**"
+                + (f" ({k['error']})" if k["error"] else "") + ".",
+                f"- Transactions committed before the kill: {num(k.get('committed_before_kill'))}"
+                f"; history rows after recovery: {num(k.get('history_after_recovery'))}: "
+                + ("none lost." if kept else "**some lost**." if kept is False else "not checked."),
+                f"- Read hit ratio of the first {num(k.get('warm_window'))} s after the restart: "
+                f"{num(k.get('warm_hit'), '.3f')}; of the first {num(k.get('cold_window'))} s "
+                f"of the cold start: {num(k.get('cold_hit'), '.3f')}.", ""]
     return out
 
 
+def met(ok):
+    return "**met**" if ok else "**missed**"
+
+
 def goal_lines(by, size, nc, fc, fl):
-    g = []
+    """The goals of issue 13 (sce against the other caches) and of issue 29 (write-back),
+    those the configurations run allow."""
     s = by.get(("sce", size))
     if not s or s.get("steady_tps") is None:
-        return g
+        return []
+    return goals_sce(by, size, s, nc, fc, fl) + goals_writeback(size, s, by.get(("sce-wb", size)),
+                                                                 fl)
+
+
+def data_ratio(x, y):
+    """x's cache data bytes per transaction over y's, or None."""
+    bx, by_ = x.get("cache_data_bytes_per_tx"), y.get("cache_data_bytes_per_tx")
+    return bx / by_ if bx is not None and by_ else None
+
+
+def goals_sce(by, size, s, nc, fc, fl):
+    g = []
     st = s["steady_tps"]
-    met = lambda ok: "**met**" if ok else "**missed**"  # noqa: E731
     if size == "large" and fl and fl.get("steady_tps"):
         r = st / fl["steady_tps"]
         g.append(f"- Cache that holds the database: sce steady TPS ≥ 0.9x all-flash: {r:.2f}x: "
@@ -1239,11 +1344,14 @@ def goal_lines(by, size, nc, fc, fl):
     if fc and fc.get("steady_tps"):
         r = st / fc["steady_tps"]
         if size == "small":
-            bw, fw = s.get("cache_bytes_per_tx"), fc.get("cache_bytes_per_tx")
-            rw = bw / fw if bw is not None and fw else None
+            rw = data_ratio(s, fc)
+            meta = s.get("cache_meta_bytes_per_tx")
             g.append(f"- Small cache: sce ≥ 3x flashcache-like's steady TPS with ≤ 0.5x its "
-                     f"cache bytes per transaction: {r:.2f}x TPS, "
-                     f"{num(rw, '.2f')}x bytes: {met(r >= 3 and rw is not None and rw <= 0.5)}.")
+                     f"cache data bytes per transaction (pages populated and written): "
+                     f"{r:.2f}x TPS, {num(rw, '.2f')}x data bytes "
+                     f"({num(s.get('cache_data_bytes_per_tx'))} against "
+                     f"{num(fc.get('cache_data_bytes_per_tx'))}; sce's metadata apart: "
+                     f"{num(meta)}): {met(r >= 3 and rw is not None and rw <= 0.5)}.")
         if s.get("t90") and fc.get("t90"):
             rt = s["t90"] / fc["t90"]
             ls, lf = s.get("t_sce_level", {}).get(size), fc.get("t_sce_level", {}).get(size)
@@ -1265,6 +1373,41 @@ def goal_lines(by, size, nc, fc, fl):
         r, rl = st / nc["steady_tps"], min(lows) / nc["steady_tps"]
         g.append(f"- Cache {size}: sce never below no cache: steady {r:.2f}x, lowest 5 s mean "
                  f"from 5 s on {rl:.2f}x no cache's steady TPS: {met(r >= 1 and rl >= 1)}.")
+    return g
+
+
+def goals_writeback(size, wt, wb, fl):
+    """Issue 29's goals for write-back (`sce-wb`) against write-through (`sce`) and
+    all-flash: the TPS, the loop device's write latency, and with the small cache the read
+    hit ratio and the cache data bytes per transaction."""
+    if not wb or not wb.get("steady_tps"):
+        return []
+    g = []
+    st, sw = wb["steady_tps"], wt["steady_tps"]
+    r = st / sw if sw else None
+    if size == "large" and fl and fl.get("steady_tps"):
+        rf = st / fl["steady_tps"]
+        lw, lf = wb.get("dev_write_ms"), fl.get("dev_write_ms")
+        rl = lw / lf if lw is not None and lf else None
+        g.append(f"- Cache that holds the database: write-back ≥ 0.9x all-flash and ≥ 1.5x "
+                 f"write-through: {rf:.2f}x and {num(r, '.2f')}x: "
+                 f"{met(rf >= 0.9 and r is not None and r >= 1.5)}.")
+        g.append(f"- Cache that holds the database: write-back's device write latency ≤ 1.2x "
+                 f"all-flash's: {num(lw, '.2f')} against {num(lf, '.2f')} ms, "
+                 f"{num(rl, '.2f')}x: {met(rl is not None and rl <= 1.2)}.")
+    if size == "small":
+        hb, ht = wb.get("hit_last_third"), wt.get("hit_last_third")
+        rw = data_ratio(wb, wt)
+        ok = (r is not None and r >= 1.5 and hb is not None and ht is not None
+              and hb >= ht - 0.02 and rw is not None and rw <= 1.2)
+        g.append(f"- Small cache: write-back ≥ 1.5x write-through's steady TPS, with a read "
+                 f"hit ratio ≥ write-through's − 0.02 and ≤ 1.2x its cache data bytes per "
+                 f"transaction: {num(r, '.2f')}x TPS, hit ratio {num(hb, '.3f')} against "
+                 f"{num(ht, '.3f')}, {num(rw, '.2f')}x data bytes "
+                 f"({num(wb.get('cache_data_bytes_per_tx'))} against "
+                 f"{num(wt.get('cache_data_bytes_per_tx'))}; metadata apart: "
+                 f"{num(wb.get('cache_meta_bytes_per_tx'))} against "
+                 f"{num(wt.get('cache_meta_bytes_per_tx'))}): {met(ok)}.")
     return g
 
 
@@ -1292,16 +1435,52 @@ def parse_size(s):
     return int(s)
 
 
+def config_names(opt, text):
+    """The configurations named in `text` (comma-separated), old names mapped to their new
+    ones (said once); an unknown name ends the script, naming the known ones."""
+    out = []
+    for c in (x.strip() for x in text.split(",")):
+        if not c:
+            continue
+        if c in ALIASES:
+            log(f"{opt}: {c} is now called {ALIASES[c]}")
+            c = ALIASES[c]
+        if c not in CONFIGS:
+            sys.exit(f"{opt}: unknown configuration {c} (of {', '.join(CONFIGS)})")
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def epilog():
+    """--help's list of configurations: what each runs and what it does with a FLUSH."""
+    lines = ["configurations (--configs; * the default set):"]
+    for name, (label, kind, extra) in CONFIGS.items():
+        what = {"source": "nothing in front of the source", "kit": "nbdkit --filter=cache "
+                "cache=writethrough", "flash": "sce serve --source <local copy of the image>"
+                }.get(kind, "sce serve " + (" ".join(extra) or "(its defaults)"))
+        lines.append(f"  {'*' if name in MAIN else ' '} {name:14} {label}: {what}")
+    lines += ["", "what each does with a client's FLUSH (each commit of PostgreSQL waits for "
+              "one):"]
+    for name in ("nocache", "flash", "sce", "sce-wb", "kit"):
+        lines.append(f"  {name:14} {flush_of(name)}")
+    lines += ["", "flashcache runs as flashcache runs in write-through, without persistent "
+              "metadata or journal\n(--no-persist); runs 1-7 of docs/REPRODUCTION.md ran it "
+              "with them, now fc-persist."]
+    return "\n".join(lines)
+
+
 def args():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=epilog(),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--short", action="store_true", help="the test suite's run: about 2 min, "
                     "scale 4, the small cache only, 8 s per configuration")
     ap.add_argument("--full", action="store_true", help="the full run: scale 100, 180 s per "
                     "configuration, both cache sizes (about 50 min)")
     ap.add_argument("--sce", help="a prebuilt sce binary (default: build target/release/sce)")
-    ap.add_argument("--configs", default=",".join(MAIN),
-                    help="of " + ", ".join(CONFIGS) + " (default: " + ", ".join(MAIN) + "; "
-                    "the others are the ablations)")
+    ap.add_argument("--configs", help="of " + ", ".join(CONFIGS) + " (below; default: "
+                    + ", ".join(MAIN) + "; with --short: " + ", ".join(MAIN_SHORT) + ", the "
+                    "test suite's set; the others are the ablations)")
     ap.add_argument("--sizes", help="cache sizes to run: large (holds the database), small "
                     "(--small-fraction of it)")
     ap.add_argument("--small-fraction", type=float, default=0.35)
@@ -1322,6 +1501,9 @@ def args():
                     "contents are overwritten with the base image before each configuration)")
     ap.add_argument("--kill-test", action="store_true", help="also SIGKILL sce serve under "
                     "pgbench and check the recovery")
+    ap.add_argument("--kill-configs", default=",".join(KILL), help="the sce configurations "
+                    "the kill test runs, one after the other (default: " + ",".join(KILL)
+                    + ": write-through and write-back)")
     ap.add_argument("--kill-seconds", type=int)
     ap.add_argument("--kill-after", type=int)
     ap.add_argument("--heapallindexed", action="store_true", help="pg_amcheck --heapallindexed")
@@ -1342,10 +1524,14 @@ def args():
     for k, v in mode.items():
         if getattr(a, k, None) is None:
             setattr(a, k, v)
-    a.configs = [c.strip() for c in a.configs.split(",") if c.strip()]
-    for c in a.configs:
-        if c not in CONFIGS:
-            sys.exit(f"--configs: unknown configuration {c} (of {', '.join(CONFIGS)})")
+    if a.configs is None:
+        a.configs = ",".join(MAIN_SHORT if a.short else MAIN)
+    a.configs = config_names("--configs", a.configs)
+    a.kill_configs = config_names("--kill-configs", a.kill_configs)
+    for c in a.kill_configs:
+        if CONFIGS[c][1] != "sce":
+            sys.exit(f"--kill-configs: {c} is not an sce configuration (the test kills sce "
+                     "serve)")
     a.sizes = [s.strip() for s in a.sizes.split(",")]
     if any(s not in ("large", "small") for s in a.sizes):
         sys.exit("--sizes: large and/or small")
@@ -1379,7 +1565,7 @@ def main():
             raise KeyboardInterrupt(f"signal {sig}")
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
-    rows, kill, t_start = [], None, time.time()
+    rows, kills, t_start = [], [], time.time()
     try:
         write_script(ctx)
         ctx.cgroup = make_cgroup(a.pg_mem, stack)
@@ -1400,7 +1586,8 @@ def main():
             done_uncached = True
         if a.kill_test:
             size, cache = sizes[-1]
-            kill = kill_test(ctx, size, cache)
+            for name in a.kill_configs:
+                kills.append(kill_test(ctx, name, size, cache))
     except KeyboardInterrupt as e:
         log(f"bench-db: interrupted ({e}); cleaning up")
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -1415,7 +1602,7 @@ def main():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stack.unwind()
-    out = report(ctx, rows, sizes, kill, sys.argv[1:])
+    out = report(ctx, rows, sizes, kills, sys.argv[1:])
     out[3:3] = [f"Run time {(time.time() - t_start) / 60:.1f} min.", ""]
     text = "\n".join(out) + "\n"
     print(text, flush=True)
@@ -1428,10 +1615,14 @@ def main():
         with open(a.json, "w") as f:
             json.dump({"meta": ctx.meta, "memory_cgroup": bool(ctx.cgroup),
                        "configs": [{k: v for k, v in r.items() if k != "tx"} for r in rows],
-                       "kill_test": kill}, f, indent=1)
-    bad = [r for r in rows if not r["check_ok"]] + ([kill] if kill and not kill["check_ok"] else [])
+                       # kill_test: the first kill test (write-through by default), as
+                       # before; kill_tests: every one.
+                       "kill_test": kills[0] if kills else None, "kill_tests": kills},
+                      f, indent=1)
+    bad = ([r for r in rows if not r["check_ok"]]
+           + [dict(k, label=f"kill test, {k['label']}") for k in kills if not k["check_ok"]])
     if bad:
-        log("bench-db: FAILED: " + "; ".join(r.get("label", "kill test") + ": " +
+        log("bench-db: FAILED: " + "; ".join(r["label"] + ": " +
                                               str(r.get("error") or r.get("check")) for r in bad))
         sys.exit(1)
 

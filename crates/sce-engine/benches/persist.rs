@@ -348,6 +348,7 @@ fn startup_part(dir: &std::path::Path, cache_size: u64) {
                 writeback: false,
             },
             size: None,
+            log_bytes: 0,
         },
     )
     .expect("format");

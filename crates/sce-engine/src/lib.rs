@@ -19,6 +19,7 @@ pub mod parts;
 mod path;
 pub mod persist;
 mod population;
+mod ranges;
 mod read;
 mod shard;
 pub mod stats;

@@ -26,7 +26,9 @@ pub use volumes::{dirty_by_volume, ensure_volumes, find_volume, refuse_dirty_dro
 
 pub use layout::Layout;
 pub use load::{load, load_volumes, LoadVolume};
-pub use superblock::{uuid_string, DeviceState, Superblock, Volume, FORMAT_VERSION};
+pub use superblock::{
+    uuid_string, DeviceState, LogInfo, Superblock, Volume, FORMAT_VERSION, LOG_FORMAT_VERSION,
+};
 
 use layout::{BLOCK, SLOTS_PER_INTENT_BLOCK};
 use sce_io::{AlignedBuf, BlockDevice, IoError};
@@ -43,7 +45,7 @@ pub enum StoreError {
     #[error("the cache device's superblock is corrupt: {0}")]
     Corrupt(String),
     /// Written by a newer sce.
-    #[error("the cache device has format version {0}, newer than this sce's {FORMAT_VERSION}; use a newer sce or pass --reformat")]
+    #[error("the cache device has format version {0}, newer than this sce's {LOG_FORMAT_VERSION}; use a newer sce or pass --reformat")]
     Version(u32),
     /// The device caches another source.
     #[error("the cache device belongs to another source ({0}); pass --reformat to reuse it for this one")]
@@ -84,6 +86,9 @@ pub struct FormatOptions {
     pub volume: Volume,
     /// Use only this many bytes of the device (default: all of it).
     pub size: Option<u64>,
+    /// Bytes of them to give a write-back log (format 6; 0: none, format 5), taken from
+    /// the end: the slots and their metadata get the rest.
+    pub log_bytes: u64,
 }
 
 /// Formats `dev`: a new UUID, a fresh superblock (both copies), an empty intent bitmap.
@@ -91,7 +96,22 @@ pub struct FormatOptions {
 /// rejected as foreign.
 pub fn format(dev: &dyn BlockDevice, opts: &FormatOptions) -> Result<Superblock, StoreError> {
     let size = opts.size.unwrap_or(dev.size()).min(dev.size());
-    let layout = Layout::compute(size - size % BLOCK, opts.fragment_size)?;
+    let size = size - size % BLOCK;
+    let log_blocks = opts.log_bytes / BLOCK;
+    if log_blocks > 0 && log_blocks < superblock::MIN_LOG_BLOCKS {
+        return Err(StoreError::Geometry(format!(
+            "a write-back log of {} bytes is smaller than the least, {} bytes",
+            opts.log_bytes,
+            superblock::MIN_LOG_BLOCKS * BLOCK
+        )));
+    }
+    let rest = size.checked_sub(log_blocks * BLOCK).ok_or_else(|| {
+        StoreError::Geometry(format!(
+            "a write-back log of {} bytes does not fit a device of {size}",
+            opts.log_bytes
+        ))
+    })?;
+    let layout = Layout::compute(rest, opts.fragment_size)?;
     if opts.volume.name.len() > superblock::MAX_NAME {
         return Err(StoreError::Geometry(format!(
             "the source name is longer than {} bytes",
@@ -110,7 +130,11 @@ pub fn format(dev: &dyn BlockDevice, opts: &FormatOptions) -> Result<Superblock,
     }
     let now = unix_now();
     let sb = Superblock {
-        version: FORMAT_VERSION,
+        version: if log_blocks > 0 {
+            superblock::LOG_FORMAT_VERSION
+        } else {
+            FORMAT_VERSION
+        },
         seq: 1,
         uuid,
         layout,
@@ -124,6 +148,17 @@ pub fn format(dev: &dyn BlockDevice, opts: &FormatOptions) -> Result<Superblock,
         journal_landed: 0,
         other_copy_damaged: false,
         volumes: vec![opts.volume.clone()],
+        log: (log_blocks > 0).then(|| {
+            let mut key = [0u8; 16];
+            rand::Rng::fill(&mut rand::thread_rng(), &mut key[..]);
+            superblock::LogInfo {
+                blocks: log_blocks,
+                key,
+                anchor_lpos: 0,
+                anchor_seq: 1,
+                durable_seq: 0,
+            }
+        }),
     };
     // Write copy B (seq 1) and then A (seq 2), so both are valid and A wins.
     write_superblock(dev, &sb)?;
@@ -173,10 +208,13 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock, StoreError> 
         }
         (Err(e), Err(_)) => return Err(e),
     };
-    if sb.layout.cache_size > dev.size() {
+    let end = match &sb.log {
+        Some(log) => superblock::LogInfo::offset(&sb.layout) + log.blocks * BLOCK,
+        None => sb.layout.cache_size,
+    };
+    if end > dev.size() {
         return Err(StoreError::Corrupt(format!(
-            "the superblock describes {} bytes but the device has {}",
-            sb.layout.cache_size,
+            "the superblock describes {end} bytes but the device has {}",
             dev.size()
         )));
     }

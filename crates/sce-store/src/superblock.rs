@@ -7,8 +7,16 @@ use crate::StoreError;
 
 /// First bytes of a superblock.
 pub const MAGIC: [u8; 8] = *b"SCECACHE";
-/// The on-device format version this build writes and reads.
+/// The on-device format version this build writes for a device without a write-back log
+/// (one an older build can still read).
 pub const FORMAT_VERSION: u32 = 5;
+/// The format version of a device with a write-back log (`Superblock::log`): format 5 plus
+/// the log's region and state (docs/FORMAT.md). This build reads both.
+pub const LOG_FORMAT_VERSION: u32 = 6;
+/// The least write-back log region (16 MiB).
+pub const MIN_LOG_BLOCKS: u64 = 4096;
+/// Where the log's fields start (format 6; zero on format 5).
+const LOG_AT: usize = 184;
 /// Volume table entries a superblock holds.
 pub const MAX_VOLUMES: usize = 16;
 /// Longest volume name, in bytes.
@@ -76,6 +84,33 @@ fn ser_hex<S: serde::Serializer>(u: &[u8; IDENTITY_BYTES], s: S) -> Result<S::Ok
     s.serialize_str(&u.iter().map(|b| format!("{b:02x}")).collect::<String>())
 }
 
+/// The write-back log's region and state (format 6): the region is `blocks` 4 KiB blocks
+/// right after the rest of the layout, at `layout.cache_size` (`LogInfo::offset`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct LogInfo {
+    /// 4 KiB blocks of the log region.
+    pub blocks: u64,
+    /// The secret the log's commit records are checksummed with, so that client data
+    /// written into the log can never pass for one (never shown).
+    #[serde(skip)]
+    pub key: [u8; 16],
+    /// Where replay starts: the position of a commit record known durable (or, for an
+    /// empty log, where it begins)...
+    pub anchor_lpos: u64,
+    /// ...and that record's sequence number (for an empty log, the next one).
+    pub anchor_seq: u64,
+    /// The newest commit sequence number known durable when this superblock was written: a
+    /// replay that ends before it met damage, not the end of the log.
+    pub durable_seq: u64,
+}
+
+impl LogInfo {
+    /// The device offset of the log region on a device of layout `l`.
+    pub fn offset(l: &Layout) -> u64 {
+        l.cache_size.div_ceil(BLOCK) * BLOCK
+    }
+}
+
 /// The decoded superblock.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Superblock {
@@ -115,6 +150,8 @@ pub struct Superblock {
     pub other_copy_damaged: bool,
     /// The volume table.
     pub volumes: Vec<Volume>,
+    /// The write-back log (format 6), if the device was formatted with one.
+    pub log: Option<LogInfo>,
 }
 
 fn ser_uuid<S: serde::Serializer>(u: &[u8; 16], s: S) -> Result<S::Ok, S::Error> {
@@ -199,6 +236,13 @@ impl Superblock {
         w.u32(160, l.journal_blocks);
         w.u64(168, self.journal_tail);
         w.u64(176, self.journal_landed);
+        if let Some(log) = &self.log {
+            w.u64(LOG_AT, log.blocks);
+            w.0[LOG_AT + 8..LOG_AT + 24].copy_from_slice(&log.key);
+            w.u64(LOG_AT + 24, log.anchor_lpos);
+            w.u64(LOG_AT + 32, log.anchor_seq);
+            w.u64(LOG_AT + 40, log.durable_seq);
+        }
         w.u32(VOLUMES_AT, self.volumes.len() as u32);
         for (i, v) in self.volumes.iter().enumerate().take(MAX_VOLUMES) {
             let at = VOLUMES_AT + 8 + i * VOLUME_ENTRY;
@@ -236,14 +280,14 @@ impl Superblock {
         let mut copy = b.to_vec();
         copy[CRC_AT..CRC_AT + 4].fill(0);
         let crc_ok = crc32c::crc32c(&copy) == stored;
-        if version > FORMAT_VERSION && version < 1 << 16 {
+        if version > LOG_FORMAT_VERSION && version < 1 << 16 {
             // A newer format may checksum differently: report the version, not corruption.
             return Err(StoreError::Version(version));
         }
         if !crc_ok {
             return Err(StoreError::Corrupt("superblock checksum mismatch".into()));
         }
-        if version != FORMAT_VERSION {
+        if version != FORMAT_VERSION && version != LOG_FORMAT_VERSION {
             if (1..FORMAT_VERSION).contains(&version) {
                 return Err(StoreError::OldVersion(version));
             }
@@ -257,6 +301,7 @@ impl Superblock {
         };
         let layout = decode_layout(b)?;
         let volumes = decode_volumes(b)?;
+        let log = decode_log(b, version)?;
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&b[24..40]);
         Ok(Superblock {
@@ -274,6 +319,7 @@ impl Superblock {
             journal_landed: rd64(b, 176),
             other_copy_damaged: false,
             volumes,
+            log,
         })
     }
 
@@ -311,6 +357,28 @@ fn decode_layout(b: &[u8]) -> Result<Layout, StoreError> {
         )));
     }
     Ok(layout)
+}
+
+/// The write-back log's fields: present on format 6 (with a region), absent on format 5.
+fn decode_log(b: &[u8], version: u32) -> Result<Option<LogInfo>, StoreError> {
+    if version != LOG_FORMAT_VERSION {
+        return Ok(None);
+    }
+    let blocks = rd64(b, LOG_AT);
+    if blocks == 0 {
+        return Err(StoreError::Corrupt(
+            "format 6 superblock without a write-back log region".into(),
+        ));
+    }
+    let mut key = [0u8; 16];
+    key.copy_from_slice(&b[LOG_AT + 8..LOG_AT + 24]);
+    Ok(Some(LogInfo {
+        blocks,
+        key,
+        anchor_lpos: rd64(b, LOG_AT + 24),
+        anchor_seq: rd64(b, LOG_AT + 32),
+        durable_seq: rd64(b, LOG_AT + 40),
+    }))
 }
 
 /// The volume table.

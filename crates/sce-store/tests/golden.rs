@@ -31,6 +31,7 @@ fn golden() -> Superblock {
             detached: false,
             writeback: false,
         }],
+        log: None,
     }
 }
 
@@ -122,11 +123,11 @@ fn every_damaged_byte_gives_an_error_or_the_other_copy_never_a_panic() {
 #[test]
 fn newer_version_foreign_and_blank_devices_are_named() {
     let mut sb = golden();
-    sb.version = 6;
+    sb.version = 7;
     let d = device_with(&sb);
     let e = read_superblock(&d).unwrap_err();
-    assert!(matches!(e, StoreError::Version(6)), "{e}");
-    assert!(e.to_string().contains("newer than this sce's 5"), "{e}");
+    assert!(matches!(e, StoreError::Version(7)), "{e}");
+    assert!(e.to_string().contains("newer than this sce's 6"), "{e}");
     // Older devices (version 1: checksums not bound to their address; version 2: no write
     // journal; version 3: no dirty bitmaps, so it could not tell write-back data) are named
     // as older, and the message says how to go on. Version 4 has no mirror copies of its
@@ -187,6 +188,7 @@ fn a_stray_bit_in_the_intent_padding_is_refused_by_load_and_check() {
             fragment_size: 1 << 20,
             volume: golden().volumes[0].clone(),
             size: None,
+            log_bytes: 0,
         },
     )
     .unwrap();
@@ -212,4 +214,72 @@ fn a_stray_bit_in_the_intent_padding_is_refused_by_load_and_check() {
     block[4000] = 0x80;
     d.write_at(l.intent_offset, &block).unwrap();
     assert!(sce_store::check(&d, false).is_err());
+}
+
+/// Format 6: a device with a write-back log. Its superblock carries the log's region and
+/// state; a device without one stays format 5, byte for byte (older builds still read it).
+#[test]
+fn a_device_with_a_write_back_log_is_format_6() {
+    use sce_store::{format, FormatOptions};
+    let mut sb = golden();
+    sb.version = sce_store::LOG_FORMAT_VERSION;
+    sb.log = Some(sce_store::LogInfo {
+        blocks: 8192,
+        key: *b"secret-log-key!!",
+        anchor_lpos: 1234,
+        anchor_seq: 56,
+        durable_seq: 60,
+    });
+    let img = sb.encode();
+    assert_eq!(&img[8..12], &6u32.to_le_bytes());
+    assert_eq!(
+        crc32c::crc32c(&img),
+        0x0e41_f71b,
+        "the format 6 superblock encoding changed: update docs/FORMAT.md"
+    );
+    assert_eq!(Superblock::decode(&img).unwrap(), sb);
+    // A format 6 superblock without a region is corrupt, not a log-less device.
+    let mut bad = sb.clone();
+    bad.log.as_mut().unwrap().blocks = 0;
+    let e = Superblock::decode(&bad.encode()).unwrap_err();
+    assert!(e.to_string().contains("without a write-back log"), "{e}");
+
+    // Formatting with a log takes it from the end of the device; the superblock names it.
+    let d = MemDevice::new(256 << 20);
+    let sb = format(
+        &d,
+        &FormatOptions {
+            fragment_size: 1 << 20,
+            volume: golden().volumes[0].clone(),
+            size: None,
+            log_bytes: 32 << 20,
+        },
+    )
+    .unwrap();
+    let log = sb.log.expect("a log");
+    assert_eq!(sb.version, 6);
+    assert_eq!(log.blocks, 8192);
+    let off = sce_store::LogInfo::offset(&sb.layout);
+    assert_eq!(off, 224 << 20);
+    assert!(sb.layout.data_offset + sb.layout.slots as u64 * (1 << 20) <= off);
+    assert_eq!(read_superblock(&d).unwrap().log, sb.log);
+    // The same device cut short of its log is refused, naming the sizes.
+    let short = MemDevice::new(240 << 20);
+    let mut b = AlignedBuf::new(8192);
+    d.read_at(0, &mut b).unwrap();
+    short.write_at(0, &b).unwrap();
+    let e = read_superblock(&short).unwrap_err();
+    assert!(e.to_string().contains("describes 268435456 bytes"), "{e}");
+    // Too small a log is refused.
+    let e = format(
+        &MemDevice::new(64 << 20),
+        &FormatOptions {
+            fragment_size: 1 << 20,
+            volume: golden().volumes[0].clone(),
+            size: None,
+            log_bytes: 1 << 20,
+        },
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("smaller than the least"), "{e}");
 }

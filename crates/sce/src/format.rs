@@ -83,6 +83,7 @@ pub fn format(a: FormatArgs) -> Result<()> {
                 writeback: false,
             },
             size: None,
+            log_bytes: 0,
         },
     )?;
     print_formatted(&a, &sb)

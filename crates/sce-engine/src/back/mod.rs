@@ -19,6 +19,7 @@ pub(crate) use restore::{check_dirty, hold_dirty, restore};
 
 use crate::engine::Engine;
 use crate::persist::Persist;
+use crate::ranges::RangeLock;
 use parking_lot::{Condvar, Mutex};
 use sce_core::PAGE_SIZE;
 use sce_io::IoError;
@@ -76,48 +77,6 @@ pub(crate) struct WriteBack {
     wait_limit: Duration,
     /// Time without requests after which the cleaner cleans everything.
     idle: Duration,
-}
-
-/// Byte ranges in use: (start, end, exclusive); waiting happens on the condition variable.
-#[derive(Default)]
-struct RangeLock {
-    ranges: Mutex<Vec<(u64, u64, bool)>>,
-    cv: Condvar,
-}
-
-/// A held byte range; released when dropped.
-struct RangeGuard<'a> {
-    lock: &'a RangeLock,
-    range: (u64, u64, bool),
-}
-
-impl Drop for RangeGuard<'_> {
-    fn drop(&mut self) {
-        let mut r = self.lock.ranges.lock();
-        if let Some(i) = r.iter().position(|x| *x == self.range) {
-            r.swap_remove(i);
-        }
-        drop(r);
-        self.lock.cv.notify_all();
-    }
-}
-
-impl RangeLock {
-    /// Takes `[start, end)`, shared (reads) or exclusive (writes), waiting for conflicts.
-    fn lock(&self, start: u64, end: u64, exclusive: bool) -> RangeGuard<'_> {
-        let mut r = self.ranges.lock();
-        while r
-            .iter()
-            .any(|&(s, e, x)| s < end && start < e && (x || exclusive))
-        {
-            self.cv.wait(&mut r);
-        }
-        r.push((start, end, exclusive));
-        RangeGuard {
-            lock: self,
-            range: (start, end, exclusive),
-        }
-    }
 }
 
 impl WriteBack {

@@ -238,6 +238,8 @@ impl Persist {
                     fragment_size,
                     volume: volume.clone(),
                     size: None,
+                    // The engine does not serve a write-back log yet (issue 29).
+                    log_bytes: 0,
                 },
             )
         };
@@ -248,6 +250,7 @@ impl Persist {
         let sb = match sce_store::read_superblock(&**dev) {
             Ok(sb) => {
                 let usable = sb.state != sce_store::DeviceState::Failed
+                    && sb.log.is_none()
                     && sb.layout.fragment_size == fragment_size
                     && fits(&sb).is_ok();
                 if usable {
@@ -259,6 +262,12 @@ impl Persist {
                     fmt(&**dev)?
                 } else if sb.state == sce_store::DeviceState::Failed {
                     return Err(StoreError::Failed);
+                } else if sb.log.is_some() {
+                    return Err(StoreError::Geometry(
+                        "the cache device has a write-back log (format 6), which this build \
+                         does not serve yet; pass --reformat to reformat it without one"
+                            .into(),
+                    ));
                 } else if sb.layout.fragment_size != fragment_size {
                     return Err(StoreError::Geometry(format!(
                         "the cache device is formatted with {}-byte fragments, not {fragment_size}; pass --reformat to change it",

@@ -1,0 +1,48 @@
+//! A lock on byte ranges of the volume: reads take theirs shared, writes (and cleaning)
+//! exclusive. The write-back paths use it so that a read never sees a page while it is being
+//! rewritten, nor a page the cleaner is taking away from under it. Outermost in the lock
+//! order (docs/ARCHITECTURE.md: taken before any core lock, never while one is held).
+
+use parking_lot::{Condvar, Mutex};
+
+/// Byte ranges in use: (start, end, exclusive); waiting happens on the condition variable.
+#[derive(Default)]
+pub(crate) struct RangeLock {
+    ranges: Mutex<Vec<(u64, u64, bool)>>,
+    cv: Condvar,
+}
+
+/// A held byte range; released when dropped.
+pub(crate) struct RangeGuard<'a> {
+    lock: &'a RangeLock,
+    range: (u64, u64, bool),
+}
+
+impl Drop for RangeGuard<'_> {
+    fn drop(&mut self) {
+        let mut r = self.lock.ranges.lock();
+        if let Some(i) = r.iter().position(|x| *x == self.range) {
+            r.swap_remove(i);
+        }
+        drop(r);
+        self.lock.cv.notify_all();
+    }
+}
+
+impl RangeLock {
+    /// Takes `[start, end)`, shared (reads) or exclusive (writes), waiting for conflicts.
+    pub(crate) fn lock(&self, start: u64, end: u64, exclusive: bool) -> RangeGuard<'_> {
+        let mut r = self.ranges.lock();
+        while r
+            .iter()
+            .any(|&(s, e, x)| s < end && start < e && (x || exclusive))
+        {
+            self.cv.wait(&mut r);
+        }
+        r.push((start, end, exclusive));
+        RangeGuard {
+            lock: self,
+            range: (start, end, exclusive),
+        }
+    }
+}
