@@ -332,7 +332,7 @@ impl Model {
         // Every other crash, the anchor as format 6's superblock keeps it: a position and a
         // seq, replayed as an empty log's anchor whatever it named.
         let a = self.w.anchor();
-        let anchor = if self.t.crashes % 2 == 0 {
+        let anchor = if self.t.crashes.is_multiple_of(2) {
             Anchor::Empty {
                 lpos: a.lpos(),
                 next_seq: a.seq(),
