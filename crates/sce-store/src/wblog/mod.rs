@@ -49,8 +49,14 @@ pub const MAX_GAP: u64 = 16384;
 /// Positions a commit may add past the gap: at most `2 x MAX_COMMIT_RECORDS - 1` skipped at
 /// a lap's end, plus the second copy of its first record.
 pub const COMMIT_SLACK: u64 = 2 * MAX_COMMIT_RECORDS as u64;
-/// Positions a data write leaves free for the commit that must follow it.
-pub const COMMIT_RESERVE: u64 = 4 * MAX_COMMIT_RECORDS as u64;
+/// Positions a data write leaves free, before the ring reaches the anchor, for the commits
+/// of `k` entries: their records (two blocks each) and one skip at a lap's end. The writer
+/// counts every position since the tail as an entry to commit, so the commits that drain
+/// what is uncommitted always fit; only commits of a few entries each, many in a row after
+/// the last data write, can still find the ring full.
+pub fn commit_reserve(k: u64) -> u64 {
+    2 * k.div_ceil(ENTRIES_PER_RECORD as u64).max(1) + COMMIT_SLACK
+}
 /// The smallest ring.
 pub const MIN_LOG_BLOCKS: u64 = 8 * COMMIT_SLACK;
 /// Blocks replay reads per device read (1 MiB).
@@ -109,6 +115,12 @@ impl LogRegion {
 }
 
 /// Where replay starts, recorded durably by the caller (in its superblock).
+///
+/// A superblock that keeps only a position and a seq (format 6 does) may replay either kind
+/// as `Empty { lpos, next_seq: seq }`: a commit at `lpos` is the first record with that seq
+/// in the window, so it is found first; if it is damaged in both copies, replay ends before
+/// it (`last_seq` below the newest durable seq the superblock also keeps, which the caller
+/// refuses), where `Commit` reports it as [`Replayed::anchor_missing`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Anchor {
     /// A commit record known durable: replay starts with it (its own entries are older than

@@ -46,6 +46,15 @@ pub struct Replayed {
     pub last_commit: Option<(u64, u64)>,
 }
 
+impl Replayed {
+    /// True if replay started from a commit (`Anchor::Commit`) that it did not find: its
+    /// record is damaged in both copies, although the caller knew it durable. Such a log
+    /// must not be resumed (what followed the anchor cannot be found).
+    pub fn anchor_missing(&self) -> bool {
+        matches!(self.anchor, Anchor::Commit { seq, .. } if self.last_seq < seq)
+    }
+}
+
 /// A record found, with whether each entry's data matched.
 struct Found {
     rec: Record,

@@ -3,7 +3,7 @@
 
 use super::record::{encode_record, record_link, RecordHeader};
 use super::{
-    Anchor, LogEntry, LogRegion, Replayed, COMMIT_RESERVE, ENTRIES_PER_RECORD, LOG_BLOCK,
+    commit_reserve, Anchor, LogEntry, LogRegion, Replayed, ENTRIES_PER_RECORD, LOG_BLOCK,
     MAX_COMMIT_RECORDS,
 };
 use sce_io::AlignedBuf;
@@ -112,7 +112,11 @@ impl LogWriter {
     /// The writer that continues a replayed log (`r` from [`super::replay`] with the same
     /// region and key). Its first commit names the commit replay ended with, whose data may
     /// be torn, so that a later replay does not take those pages for damage.
+    ///
+    /// # Panics
+    /// If the replay did not find its anchor ([`Replayed::anchor_missing`]).
     pub fn resume(region: LogRegion, key: [u8; 16], r: &Replayed) -> Self {
+        assert!(!r.anchor_missing(), "the replay lost its anchor commit");
         LogWriter {
             region,
             key,
@@ -173,16 +177,17 @@ impl LogWriter {
     }
 
     /// `n` consecutive positions for a data write of `n` pages, never crossing the ring's
-    /// end (the positions skipped at the end of a lap stay unused). Refuses if the write
-    /// (with room for the commit that must follow) would reach the durable anchor's
-    /// position one lap on, or lie more than `max_gap` positions past the last commit.
+    /// end (the positions skipped at the end of a lap stay unused). Refuses if the write,
+    /// with room for the commits that must follow ([`super::commit_reserve`]), would reach
+    /// the durable anchor's position one lap on, or lie more than `max_gap` positions past
+    /// the last commit.
     pub fn allocate(&mut self, n: u64) -> Result<u64, Full> {
         if n == 0 || n > self.region.max_write() {
             return Err(Full::TooLarge);
         }
         let at = self.region.place(self.head, n);
         let end = at + n;
-        if end + COMMIT_RESERVE > self.limit() {
+        if end + commit_reserve(end - self.tail) > self.limit() {
             return Err(Full::Ring);
         }
         if end - self.committed_end > self.region.max_gap() {
@@ -206,6 +211,8 @@ impl LogWriter {
     /// records' worth: call again for the rest), or None if there is nothing to commit.
     /// After [`Self::commit_failed`] it returns the same commit again (same position, same
     /// bytes), to be retried. One commit at a time: the caller serialises them.
+    /// `Full::Ring` (rare, see [`super::commit_reserve`]): clean, move the tail and the
+    /// anchor, and call again.
     ///
     /// # Panics
     /// If a commit is in flight.
@@ -305,8 +312,14 @@ impl LogWriter {
         f.failed = true;
     }
 
-    /// Positions below `lpos` are no longer needed: their pages' newest versions are on the
-    /// source, and the source was flushed. `lpos` may not pass a write still in flight.
+    /// Positions below `lpos` are no longer needed. Before the tail passes *any* version of
+    /// a page, the caller must have written that page's newest completed version (wherever
+    /// it lies in the log) to the source and flushed the source: replay drops every version
+    /// below the tail and may skip the page's newer versions above it (torn: their commit's
+    /// flush never completed), and then the page reads from the source. (Cleaning only the
+    /// pages whose newest version lies below the tail serves older bytes after a crash: the
+    /// crash model fails.) `lpos` may not pass a data write still in flight: its entry would
+    /// be committed below the tail and dropped.
     pub fn set_tail(&mut self, lpos: u64) {
         assert!(lpos <= self.head, "the tail passes the head");
         self.tail = self.tail.max(lpos);
