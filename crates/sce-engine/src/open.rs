@@ -85,26 +85,7 @@ fn open_core(
         core_cfg.revalidate_partial_pages = false;
     }
     let Some(mut pc) = config.persist.clone() else {
-        let (mut cores, map) = build_cores(&core_cfg, config, source.size(), cache.size())?;
-        apply_shares(&mut cores, &map, vols, core_cfg.fragment_size);
-        let slots = cores.iter().map(|c| c.geometry().slots()).sum();
-        let ppf = cores[0].geometry().pages_per_fragment();
-        let crcs = verify.then(|| CrcTable::new(slots, ppf));
-        return Ok(OpenedCore {
-            cores,
-            map,
-            config: core_cfg,
-            crcs,
-            persist: None,
-            device: cache.clone(),
-            log: false,
-            data: cache,
-            seeds: vols
-                .iter()
-                .enumerate()
-                .map(|(i, v)| (v.base / 4096, i as u16 + 1))
-                .collect(),
-        });
+        return open_memory_core(source, vols, cache, config, (core_cfg, verify));
     };
     pc.writeback = core_cfg.write_mode == sce_core::WriteMode::WriteBack;
     let opened = Persist::open(cache.clone(), pc, core_cfg.fragment_size, vols)?;
@@ -160,6 +141,36 @@ fn open_core(
         log,
         data,
         seeds,
+    })
+}
+
+/// `open_core` without persistence: the cache's contents live in memory only.
+fn open_memory_core(
+    source: &dyn BlockDevice,
+    vols: &[OpenVolume],
+    cache: Arc<dyn BlockDevice>,
+    config: &EngineConfig,
+    (core_cfg, verify): (CoreConfig, bool),
+) -> Result<OpenedCore, EngineError> {
+    let (mut cores, map) = build_cores(&core_cfg, config, source.size(), cache.size())?;
+    apply_shares(&mut cores, &map, vols, core_cfg.fragment_size);
+    let slots = cores.iter().map(|c| c.geometry().slots()).sum();
+    let ppf = cores[0].geometry().pages_per_fragment();
+    let crcs = verify.then(|| CrcTable::new(slots, ppf));
+    Ok(OpenedCore {
+        cores,
+        map,
+        config: core_cfg,
+        crcs,
+        persist: None,
+        device: cache.clone(),
+        log: false,
+        data: cache,
+        seeds: vols
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (v.base / 4096, i as u16 + 1))
+            .collect(),
     })
 }
 

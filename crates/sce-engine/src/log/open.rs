@@ -1,16 +1,15 @@
 //! Opening the log: the region found from the superblock, replayed from its anchor, the
-//! index rebuilt. A replay that ends before the newest commit the superblock knew durable
-//! met damage, and a start is refused rather than served with older versions; so is a
-//! start in another mode than write-back while the log holds dirty pages, and one that
-//! leaves out a volume with dirty pages in the log.
+//! index rebuilt. A replay that ends before the newest commit the superblock knew durable,
+//! or that lost its anchor commit, met damage, and a start is refused rather than served
+//! with older versions; so is a start in another mode than write-back while the log holds
+//! dirty pages, and one that leaves out a volume with dirty pages in the log.
 
 use super::{Dirty, LogBack, St};
 use crate::persist::Persist;
 use crate::through::WriteThrough;
 use parking_lot::{Condvar, Mutex};
 use sce_io::{BlockDevice, IoError};
-use sce_store::wblog::{self, LogWriter};
-use std::collections::HashMap;
+use sce_store::wblog::{self, LogRegion, LogWriter, Replayed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +20,7 @@ pub(crate) fn open_log(
     persist: &Arc<Persist>,
     through: WriteThrough,
     writeback: bool,
-    (wait_limit, idle): (Duration, Duration),
+    limits: (Duration, Duration),
 ) -> Result<Option<LogBack>, IoError> {
     let Some(info) = persist.log_info() else {
         return Ok(None);
@@ -29,72 +28,95 @@ pub(crate) fn open_log(
     let region = info.region(&persist.layout);
     let r = wblog::replay(&**cache, region, &info.key, info.anchor())
         .map_err(|e| IoError::Failed(format!("the write-back log cannot be read: {e}")))?;
-    if r.last_seq < info.durable_seq {
+    if r.anchor_missing() || r.last_seq < info.durable_seq {
         return Err(IoError::Failed(format!(
-            "the write-back log ends at commit {} but commit {} was durable: its records are \
-             damaged, and serving would return older data; `sce format --force` drops it",
+            "the write-back log ends at commit {} but commit {} was durable (or its anchor \
+             commit is gone): its records are damaged, and serving would return older data; \
+             `sce format --force` drops it",
             r.last_seq, info.durable_seq
         )));
     }
-    let seeds = persist.seeds();
-    let lb = LogBack {
-        through,
-        dev: cache.clone(),
-        region,
-        seeds,
-        persist: persist.clone(),
-        st: Mutex::new(St {
-            w: LogWriter::resume(region, info.key, &r),
-            index: HashMap::new(),
-            live: Default::default(),
-            older: Default::default(),
-            pending: Default::default(),
-            inflight: Default::default(),
-            lost: Default::default(),
-            written: 0,
-            committed: 0,
-        }),
-        commit_io: Mutex::new(()),
-        clean_io: Mutex::new(()),
-        ranges: Default::default(),
-        progress: Mutex::new(0),
-        progress_cv: Condvar::new(),
-        wanted: Mutex::new(false),
-        wanted_cv: Condvar::new(),
-        forced: Default::default(),
-        last_request: Default::default(),
-        waits: Default::default(),
-        bytes_cleaned: Default::default(),
-        clean_errors: Default::default(),
-        source_writes: Default::default(),
-        commits: Default::default(),
-        last_clean_error: Mutex::new(String::new()),
-        wait_limit,
-        idle,
-    };
-    {
-        let mut st = lb.st.lock();
-        let mut by_pos: Vec<(u64, u64, u32)> = Vec::with_capacity(r.index.len());
+    let w = LogWriter::resume(region, info.key, &r);
+    let lb = LogBack::new(cache.clone(), region, persist, through, w, limits);
+    lb.restore(&r, writeback)?;
+    if !r.index.is_empty() || !r.lost.is_empty() {
+        tracing::info!(
+            pages = r.index.len(),
+            lost = r.lost.len(),
+            commits = r.commits,
+            skipped = r.skipped,
+            "write-back log replayed: dirty pages restored"
+        );
+    }
+    Ok(Some(lb))
+}
+
+impl LogBack {
+    /// The path over the log `region` of `dev`, written by `w`.
+    fn new(
+        dev: Arc<dyn BlockDevice>,
+        region: LogRegion,
+        persist: &Arc<Persist>,
+        through: WriteThrough,
+        w: LogWriter,
+        (wait_limit, idle): (Duration, Duration),
+    ) -> LogBack {
+        LogBack {
+            through,
+            dev,
+            region,
+            seeds: persist.seeds(),
+            persist: persist.clone(),
+            st: Mutex::new(St {
+                w,
+                index: Default::default(),
+                live: Default::default(),
+                older: Default::default(),
+                pending: Default::default(),
+                inflight: Default::default(),
+                lost: Default::default(),
+                written: 0,
+                committed: 0,
+            }),
+            commit_io: Mutex::new(()),
+            clean_io: Mutex::new(()),
+            ranges: Default::default(),
+            progress: Mutex::new(0),
+            progress_cv: Condvar::new(),
+            wanted: Mutex::new(false),
+            wanted_cv: Condvar::new(),
+            forced: Default::default(),
+            last_request: Default::default(),
+            waits: Default::default(),
+            bytes_cleaned: Default::default(),
+            clean_errors: Default::default(),
+            source_writes: Default::default(),
+            commits: Default::default(),
+            last_clean_error: Mutex::new(String::new()),
+            wait_limit,
+            idle,
+        }
+    }
+
+    /// Puts back what replay `r` found: the newest version of each page, the lost pages.
+    /// Refused if a volume it names is not served, or if it holds anything and the start is
+    /// not in write-back (`writeback`).
+    fn restore(&self, r: &Replayed, writeback: bool) -> Result<(), IoError> {
         let served = |volume: u32, page: u64| {
-            lb.global(volume, page).ok_or_else(|| {
+            self.global(volume, page).ok_or_else(|| {
                 IoError::Failed(format!(
                     "the write-back log holds dirty pages of volume {volume}, which this start \
                      does not serve: start with it, and `sce ctl flush --to-source`"
                 ))
             })
         };
+        let mut st = self.st.lock();
         for &(volume, page) in &r.lost {
             st.lost.insert(served(volume, page)?);
         }
+        let mut by_pos = Vec::with_capacity(r.index.len());
         for ((volume, page), v) in r.index.iter() {
-            let (lpos, crc) = (v.lpos, v.crc);
-            let Some(g) = lb.global(volume, page) else {
-                return Err(IoError::Failed(format!(
-                    "the write-back log holds dirty pages of volume {volume}, which this start \
-                     does not serve: start with it, and `sce ctl flush --to-source`"
-                )));
-            };
-            by_pos.push((lpos, g, crc));
+            by_pos.push((v.lpos, served(volume, page)?, v.crc));
         }
         by_pos.sort_unstable();
         for (lpos, g, crc) in by_pos {
@@ -110,15 +132,6 @@ pub(crate) fn open_log(
                 st.lost.len()
             )));
         }
+        Ok(())
     }
-    if !r.index.is_empty() || !r.lost.is_empty() {
-        tracing::info!(
-            pages = r.index.len(),
-            lost = r.lost.len(),
-            commits = r.commits,
-            skipped = r.skipped,
-            "write-back log replayed: dirty pages restored"
-        );
-    }
-    Ok(Some(lb))
 }

@@ -170,14 +170,8 @@ impl Persist {
         let blocks = layout.intent_blocks as usize;
         let intent_bits: Arc<[AtomicU64]> =
             loaded.intents.iter().map(|&w| AtomicU64::new(w)).collect();
-        let (warm_rounds, journal_on) = (cfg.warm_rounds, cfg.journal);
-        let half = super::journal::mirror_half(&layout);
-        let ring = match cfg.journal_blocks {
-            0 => half,
-            n => n.min(half),
-        };
-        let next = loaded.journal.next_seq(sb.journal_tail);
-        let journal = super::journal::Journal::new(ring as u64, next);
+        let warm_until = warm_until(&cfg, slots);
+        let journal = journal_of(&cfg, &layout, loaded.journal.next_seq(sb.journal_tail));
         let st = State::loaded(&loaded, intent_bits.clone(), (slots, blocks), journal);
         Ok(Opened {
             persist: Persist {
@@ -196,12 +190,7 @@ impl Persist {
                 // The identity stored now is the source's as opened, before any write.
                 identity_writes: AtomicU64::new(0),
                 round_no: AtomicU32::new(0),
-                // Without the journal every slot starts write-warm: the first reads after a
-                // start set the intents of the slots they hit ahead of the first writes.
-                // With it, a slot turns write-hot at its second write (`write_hot`).
-                warm_until: (0..slots)
-                    .map(|_| AtomicU32::new(if journal_on { 0 } else { warm_rounds }))
-                    .collect(),
+                warm_until,
                 read_touch: (0..slots.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
                 intent_bits,
                 round_wanted: Default::default(),
@@ -222,26 +211,21 @@ impl Persist {
         wanted: &[(String, u64)],
         identity_hash: [u8; sce_store::superblock::IDENTITY_BYTES],
     ) -> Result<(Superblock, bool), StoreError> {
-        let volume = sce_store::Volume {
-            id: 1,
-            generation: 1,
-            source_size: wanted[0].1,
-            name: wanted[0].0.clone(),
-            identity: identity_hash,
-            detached: false,
-            writeback: false,
+        let opts = sce_store::FormatOptions {
+            fragment_size,
+            volume: sce_store::Volume {
+                id: 1,
+                generation: 1,
+                source_size: wanted[0].1,
+                name: wanted[0].0.clone(),
+                identity: identity_hash,
+                detached: false,
+                writeback: false,
+            },
+            size: None,
+            log_bytes: cfg.writeback_log,
         };
-        let fmt = |dev: &dyn BlockDevice| {
-            sce_store::format(
-                dev,
-                &sce_store::FormatOptions {
-                    fragment_size,
-                    volume: volume.clone(),
-                    size: None,
-                    log_bytes: cfg.writeback_log,
-                },
-            )
-        };
+        let fmt = |dev: &dyn BlockDevice| sce_store::format(dev, &opts);
         // The device must already hold one of the volumes (a device of other sources is
         // refused: it may be another export's cache), and may gain the others.
         let fits = |sb: &Superblock| fits(sb, wanted);
@@ -457,6 +441,30 @@ impl State {
             wb: super::wb::Wb::new(slots),
         }
     }
+}
+
+/// Per slot, the round until which it counts as written lately. Without the journal every
+/// slot starts write-warm: the first reads after a start set the intents of the slots they
+/// hit ahead of the first writes. With it, a slot turns write-hot at its second write
+/// (`write_hot`).
+fn warm_until(cfg: &PersistConfig, slots: usize) -> Box<[AtomicU32]> {
+    let start = if cfg.journal { 0 } else { cfg.warm_rounds };
+    (0..slots).map(|_| AtomicU32::new(start)).collect()
+}
+
+/// The write journal's ring in memory: the ring of the layout (or fewer blocks, for tests),
+/// its next block `next`.
+fn journal_of(
+    cfg: &PersistConfig,
+    layout: &sce_store::Layout,
+    next: u64,
+) -> super::journal::Journal {
+    let half = super::journal::mirror_half(layout);
+    let ring = match cfg.journal_blocks {
+        0 => half,
+        n => n.min(half),
+    };
+    super::journal::Journal::new(ring as u64, next)
 }
 
 /// An older copy of the device (its superblock sequence is below the one this host last
