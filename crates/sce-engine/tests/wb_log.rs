@@ -158,3 +158,34 @@ fn another_mode_refuses_a_log_with_dirty_pages() {
     let vol = CacheVolume::open(source.clone(), cache, wt).unwrap();
     assert!(read(&vol, 0, PAGE) == pattern(3, PAGE).to_vec());
 }
+
+#[test]
+fn a_reformat_never_drops_the_log_s_dirty_pages_unasked() {
+    let source = random_source(16 * MIB, 5);
+    let cache = Arc::new(MemDevice::new(8 * MIB));
+    {
+        let vol = CacheVolume::open(source.clone(), cache.clone(), config()).unwrap();
+        vol.write_at(0, &pattern(4, 2 * PAGE)).unwrap();
+        assert!(vol.shutdown());
+    }
+    // Another fragment size makes the device unusable as it is: `reformat` would format it.
+    let other = |discard: bool| {
+        let mut c = config();
+        c.core.fragment_size = 128 * KIB;
+        let p = c.persist.as_mut().unwrap();
+        p.reformat = true;
+        if discard {
+            p.discard_dirty = vec!["all".into()];
+        }
+        c
+    };
+    let Err(e) = CacheVolume::open(source.clone(), cache.clone(), other(false)) else {
+        panic!("a reformat dropped dirty pages of the write-back log");
+    };
+    assert!(e.to_string().contains("2 dirty"), "{e}");
+    let vol = CacheVolume::open(source.clone(), cache.clone(), other(true)).unwrap();
+    assert!(
+        read(&vol, 0, PAGE) == read(&*source, 0, PAGE),
+        "asked to drop, dropped"
+    );
+}

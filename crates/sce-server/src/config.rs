@@ -74,6 +74,10 @@ pub struct ServeConfig {
     /// group-committed cache-device write before each source write to a cached slot. Off:
     /// a crash drops every recently written fragment whole.
     pub crash_journal: bool,
+    /// Bytes of a cache device to give a write-back log when sce formats it (0: none).
+    /// A device with one serves `--mode writeback` through it (issue 29, docs/WRITEBACK.md):
+    /// a write costs one cache-device write, a FLUSH one commit and one flush.
+    pub writeback_log: u64,
     /// NBD connections served at once; more are refused.
     pub max_connections: usize,
     /// Close a client connection idle this long between requests (zero: never).
@@ -458,6 +462,7 @@ mod tests {
             error_limit: 16,
             metadata_interval: Duration::from_secs(1),
             crash_journal: true,
+            writeback_log: 0,
             max_connections: 256,
             idle_timeout: Duration::ZERO,
             client_timeout: Duration::from_secs(60),

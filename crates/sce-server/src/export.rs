@@ -365,6 +365,7 @@ pub(crate) fn persist_config(
         state_dir: Some(cfg.state_dir.clone()),
         flush_interval: cfg.metadata_interval,
         journal: spec.crash_journal.unwrap_or(cfg.crash_journal),
+        writeback_log: cfg.writeback_log,
         source_generation: spec
             .source_generation
             .clone()

@@ -187,6 +187,14 @@ pub struct ServeArgs {
     /// An export's `crash_journal` in the config file overrides it.
     #[arg(long, default_value = "on", value_parser = parse_on_off, value_name = "on|off", action = clap::ArgAction::Set)]
     pub crash_journal: bool,
+    /// Give a cache device this much of itself as a write-back log when sce formats it
+    /// (0: none; at least 1MiB). `--mode writeback` on a device with a log writes each
+    /// write once to the log and makes it durable at FLUSH or FUA (one commit and one cache
+    /// flush), and dirty data takes no read slot; without one, dirty pages live in the
+    /// slots and each write waits for its journal entry and a flush first. Only a format
+    /// (a new cache, or --reformat) takes it.
+    #[arg(long, default_value = "0", value_parser = parse_size, value_name = "SIZE")]
+    pub writeback_log: u64,
     /// NBD connections served at once; more are refused. Each costs two threads.
     #[arg(long, default_value_t = 256)]
     pub max_connections: usize,
@@ -332,6 +340,7 @@ impl ServeArgs {
             error_limit: self.error_limit,
             metadata_interval: self.metadata_interval,
             crash_journal: self.crash_journal,
+            writeback_log: self.writeback_log,
             max_connections: self.max_connections,
             idle_timeout: self.idle_timeout,
             client_timeout: self.client_timeout,
