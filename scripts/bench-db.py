@@ -108,6 +108,9 @@ CONFIGS = {
     "nocache": ("no cache (the source alone)", "source", []),
     "sce": ("sce write-through (defaults)", "sce", []),
     "sce-wb": ("sce write-back (--mode writeback)", "sce", ["--mode", "writeback"]),
+    # Write-back through a write-back log (issue 29) of a quarter of the cache.
+    "sce-wblog": ("sce write-back through a write-back log (--writeback-log, 1/4 of the cache)",
+                  "sce", ["--mode", "writeback", "--writeback-log", "{quarter}"]),
     "sce-paper": ("sce --admission sce-paper", "sce", ["--admission", "sce-paper"]),
     # flashcache in write-through keeps no metadata on the SSD and starts cold after a
     # restart: its like here runs without sce's persistent records and journal.
@@ -152,6 +155,11 @@ CACHED = ("sce", "kit")
 
 def writeback(name):
     return "writeback" in CONFIGS[name][2]
+
+
+def sized(extra, cache_size):
+    """A configuration's extra arguments for a cache of `cache_size` bytes."""
+    return [x.replace("{quarter}", str(cache_size // 4)) for x in extra]
 
 
 def flush_of(name):
@@ -625,7 +633,8 @@ def start_server(ctx, stack, cd, name, cache_size, src):
     if kind == "sce":
         return start_sce(ctx, stack, cd, "sce",
                          ["--source", src, "--cache", os.path.join(cd, "cache"), "--cache-size",
-                          str(cache_size), "--state-dir", os.path.join(cd, "state")] + extra)
+                          str(cache_size), "--state-dir", os.path.join(cd, "state")]
+                         + sized(extra, cache_size))
     if kind == "flash":
         img = os.path.join(cd, "flash.img")
         run(["cp", "--sparse=always", ctx.base, img])
@@ -1015,7 +1024,7 @@ def kill_test(ctx, name, size_name, cache_size):
     step = lambda s: (res["steps"].append(s), log(f"   {s}"))  # noqa: E731
     outer, upper = Stack(), Stack()
     args = lambda: ["--source", src, "--cache", os.path.join(cd, "cache"), "--cache-size",  # noqa: E731
-                    str(cache_size), "--state-dir", os.path.join(cd, "state")] + extra
+                    str(cache_size), "--state-dir", os.path.join(cd, "state")] + sized(extra, cache_size)
     try:
         src = start_source(ctx, outer, cd)
         srv = start_sce(ctx, outer, cd, "sce", args())
@@ -1137,7 +1146,7 @@ def committed_kept(pgs, res, step):
 COLORS = {"nocache": "#777777", "sce": "#d62728", "sce-paper": "#ff7f0e", "flashcache": "#1f77b4",
           "kit": "#9467bd", "flash": "#2ca02c", "sce-128k": "#8c564b", "sce-4m": "#e377c2",
           "sce-wt": "#17becf", "sce-wa": "#bcbd22", "sce-nojournal": "#aec7e8",
-          "sce-nopersist": "#98df8a", "sce-wb": "#000000", "fc-persist": "#9edae5"}
+          "sce-nopersist": "#98df8a", "sce-wb": "#000000", "sce-wblog": "#8c564b", "fc-persist": "#9edae5"}
 
 
 def svg_plot(panels, path):

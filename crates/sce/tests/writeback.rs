@@ -34,8 +34,23 @@ fn writeback_server(source: &str, cache: &Path, size: &str, sock: &Path) -> comm
 #[test]
 fn sigkill_in_writeback_loses_nothing_and_flush_to_source_fills_the_source() {
     let iterations: u32 = common::env_or("SCE_WB_KILLS", 100);
+    kill_test("in the slots", &["--mode", "writeback"], iterations);
+}
+
+/// The same through a write-back log (issue 29): 200 kills by default
+/// (`SCE_WBLOG_KILLS`).
+#[test]
+fn sigkill_through_the_write_back_log_loses_nothing() {
+    let iterations: u32 = common::env_or("SCE_WBLOG_KILLS", 200);
+    let extra = ["--mode", "writeback", "--writeback-log", "2MiB"];
+    kill_test("through the log", &extra, iterations);
+}
+
+/// The SIGKILL loop with `extra` arguments, then `flush --to-source`: the source file alone
+/// holds every acknowledged write.
+fn kill_test(name: &str, extra: &[&str], iterations: u32) {
     let d = tempfile::tempdir().unwrap();
-    let r = common::blocks::kill_loop(d.path(), &["--mode", "writeback"], iterations, 15);
+    let r = common::blocks::kill_loop(d.path(), extra, iterations, 15);
     let (src, sock) = (&r.src, &r.sock);
     let sum = |v: &[serde_json::Value], k: &str| v.iter().map(|x| num(x, k)).sum::<u64>();
     let dirty_at_kill = sum(&r.at_kill, "writeback_dirty_bytes");
@@ -72,7 +87,7 @@ fn sigkill_in_writeback_loses_nothing_and_flush_to_source_fills_the_source() {
         stale += (got != Some(want.acked)) as u64;
     }
     println!(
-        "{iterations} SIGKILLs in writeback, {kills_with_dirty} with dirty data: {dirty_at_kill} \
+        "{iterations} SIGKILLs in writeback {name}, {kills_with_dirty} with dirty data: {dirty_at_kill} \
          dirty bytes at the kills, {dirty_restored} restored dirty after them, {cleaned} bytes \
          written back by the cleaner before the kills, {} blocks with a write in flight at a \
          kill; after flush --to-source {stale} blocks of the source differ from the last \

@@ -1,7 +1,7 @@
 //! The cleaner: one thread that drains the log to the source. It takes the oldest live
 //! versions (up to [`BATCH_PAGES`]), sorts them by source offset and coalesces adjacent
-//! pages into runs of up to [`RUN_PAGES`] (1 MiB), and writes each run through the
-//! write-through path (the source, and the clean cache's copy where the fragment is
+//! pages into runs of up to [`RUN_PAGES`] (1 MiB), and writes the runs, up to
+//! [`SOURCE_WRITERS`] at once, through the write-through path (the source, and the clean cache's copy where the fragment is
 //! cached, with that path's own journal). It takes no range lock (so a writer waiting for
 //! room while it holds its pages never waits for the cleaner's). One source flush per batch; then the versions it wrote leave the index (unless a
 //! newer one came meanwhile), the tail moves, and the anchor follows. It runs while the
@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 const BATCH_PAGES: usize = 1024;
 /// Pages of one source write, at most (1 MiB).
 const RUN_PAGES: u64 = 256;
+/// Source writes a batch keeps in flight.
+const SOURCE_WRITERS: usize = 16;
 
 /// The cleaner thread.
 pub(super) fn cleaner(e: &Engine, lb: &LogBack) {
@@ -108,22 +110,33 @@ impl LogBack {
         }
         pages.sort_unstable();
         pages.dedup();
+        let runs = self.runs(&pages);
+        // The runs go to the source from `SOURCE_WRITERS` threads at once (a SAN serves
+        // many writes in flight; one at a time, 4 KiB runs over a 2 ms source drain 2 MB/s).
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let results: Vec<Result<Vec<(u64, u64)>, IoError>> = std::thread::scope(|sc| {
+            let workers: Vec<_> = (0..SOURCE_WRITERS.min(runs.len()))
+                .map(|_| {
+                    sc.spawn(|| {
+                        let mut mine = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, Relaxed);
+                            let Some(&(g0, n)) = runs.get(i) else {
+                                return Ok(mine);
+                            };
+                            self.clean_run(e, g0, n, &mut mine)?;
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("a cleaning thread panicked"))
+                .collect()
+        });
         let mut cleaned = Vec::with_capacity(pages.len());
-        let mut i = 0;
-        while i < pages.len() {
-            // A run of consecutive pages within one volume, at most RUN_PAGES.
-            let g0 = pages[i];
-            let stop = self.volume_end(g0);
-            let mut n = 1;
-            while i + (n as usize) < pages.len()
-                && pages[i + n as usize] == g0 + n
-                && g0 + n < stop
-                && n < RUN_PAGES
-            {
-                n += 1;
-            }
-            self.clean_run(e, g0, n, &mut cleaned)?;
-            i += n as usize;
+        for r in results {
+            cleaned.extend(r?);
         }
         e.dev.source.flush()?;
         let n = cleaned.len() as u64;
@@ -139,6 +152,28 @@ impl LogBack {
         self.advance_anchor()?;
         self.progressed();
         Ok(n)
+    }
+
+    /// Sorted pages cut into runs of consecutive pages within one volume, at most
+    /// `RUN_PAGES` each: (first page, pages).
+    fn runs(&self, pages: &[u64]) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < pages.len() {
+            let g0 = pages[i];
+            let stop = self.volume_end(g0);
+            let mut n = 1;
+            while i + (n as usize) < pages.len()
+                && pages[i + n as usize] == g0 + n
+                && g0 + n < stop
+                && n < RUN_PAGES
+            {
+                n += 1;
+            }
+            out.push((g0, n));
+            i += n as usize;
+        }
+        out
     }
 
     /// Writes pages `[g0, g0 + n)` (each has a version in the log, unless it was cleaned

@@ -1,4 +1,4 @@
-//! The write-back data log (issue 29; format 6, not yet used by the engine): dirty data
+//! The write-back data log (issue 29; format 6; the engine's `log/` serves it): dirty data
 //! written out of place into a ring on the cache device, made durable by commit records at
 //! FLUSH/FUA (group commit), replayed after a crash. See `docs/FORMAT.md`, "Write-back log".
 //!

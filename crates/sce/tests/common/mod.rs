@@ -278,8 +278,11 @@ pub mod blocks {
     }
 
     /// Reads the whole volume through `c` and asserts every block reads as its last
-    /// acknowledged write or the write that was in flight on it (`what` names the round).
-    pub fn assert_never_stale(c: &NbdClient, m: &[BlockState], what: &str) {
+    /// acknowledged write or the write that was in flight on it (`what` names the round);
+    /// with `flushed_ok`, a write acknowledged since the last completed FLUSH may also read
+    /// as any write between it and the flushed one (block-device semantics after a crash:
+    /// nothing older than the last FLUSH).
+    pub fn assert_never_stale(c: &NbdClient, m: &[BlockState], what: &str, flushed_ok: bool) {
         let mut buf = AlignedBuf::new(MIB as usize);
         for chunk in 0..(m.len() as u64 * BLOCK) / MIB {
             c.read_at(chunk * MIB, &mut buf).unwrap();
@@ -287,21 +290,26 @@ pub mod blocks {
                 let b = chunk * MIB / BLOCK + k;
                 let got = decode(b, &buf[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize]);
                 let st = m[b as usize];
+                let since_flush =
+                    flushed_ok && got.is_some_and(|g| g >= st.flushed && g <= st.acked);
                 assert!(
-                    got == Some(st.acked) || (got.is_some() && got == st.in_flight),
-                    "{what}: block {b} reads {got:?}; acknowledged {}, in flight {:?}",
+                    got == Some(st.acked) || (got.is_some() && got == st.in_flight) || since_flush,
+                    "{what}: block {b} reads {got:?}; acknowledged {}, in flight {:?}, flushed {}",
                     st.acked,
-                    st.in_flight
+                    st.in_flight,
+                    st.flushed
                 );
             }
         }
     }
 
-    /// Per block: the last acknowledged write counter, and one in flight (if any).
+    /// Per block: the last acknowledged write counter, and one in flight (if any), and the
+    /// one its writer's last completed FLUSH covered (counters of a block only grow).
     #[derive(Clone, Copy, Default)]
     pub struct BlockState {
         pub acked: u64,
         pub in_flight: Option<u64>,
+        pub flushed: u64,
     }
 
     /// What a kill loop saw: the export's stats at each kill and after each restart, the
@@ -369,6 +377,9 @@ pub mod blocks {
             blocks as usize
         ]));
         let mut rng = SmallRng::seed_from_u64(seed);
+        // Write-back through the log commits at FLUSH: a kill may take back what was
+        // acknowledged since the last one (the writers then FLUSH now and then).
+        let flushes = extra.contains(&"--writeback-log");
         let (mut at_kill, mut after_restart, mut in_flight) = (Vec::new(), Vec::new(), 0u64);
         let mut counter = 0u64;
         let mut it = 0;
@@ -379,7 +390,7 @@ pub mod blocks {
                 after_restart.push(s.export_stats());
             }
             let m = model.lock().clone();
-            assert_never_stale(&c, &m, &format!("iteration {it}"));
+            assert_never_stale(&c, &m, &format!("iteration {it}"), flushes);
             relearn(&c, &mut model.lock(), size);
             if it == iterations {
                 let model = model.lock().clone();
@@ -403,7 +414,7 @@ pub mod blocks {
                 let base = counter + (t + 1) * 1_000_000;
                 let per = blocks / THREADS;
                 handles.push(std::thread::spawn(move || {
-                    load(&c, &model, &stop, (t * per, per), (seed, base))
+                    load(&c, &model, &stop, (t * per, per), (seed, base, flushes))
                 }));
             }
             std::thread::sleep(std::time::Duration::from_millis(rng.gen_range(20..400)));
@@ -439,9 +450,11 @@ pub mod blocks {
             for k in 0..MIB / BLOCK {
                 let b = chunk * MIB / BLOCK + k;
                 let got = decode(b, &buf[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize]);
+                let got = got.expect("checked above");
                 m[b as usize] = BlockState {
-                    acked: got.expect("checked above"),
+                    acked: got,
                     in_flight: None,
+                    flushed: got,
                 };
             }
         }
@@ -475,10 +488,9 @@ pub mod blocks {
         }
         let mut m = model.lock();
         for j in 0..k {
-            m[(b0 + j) as usize] = BlockState {
-                acked: n,
-                in_flight: None,
-            };
+            let b = &mut m[(b0 + j) as usize];
+            b.acked = n;
+            b.in_flight = None;
         }
         true
     }
@@ -491,13 +503,24 @@ pub mod blocks {
         model: &parking_lot::Mutex<Vec<BlockState>>,
         stop: &std::sync::atomic::AtomicBool,
         (first, per): (u64, u64),
-        (seed, base): (u64, u64),
+        (seed, base, flushes): (u64, u64, bool),
     ) {
         use rand::{rngs::SmallRng, Rng, SeedableRng};
         let mut r = SmallRng::seed_from_u64(seed);
         let mut n = base;
         let mut wbuf = AlignedBuf::new(16 * BLOCK as usize);
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            if flushes && r.gen_bool(0.05) {
+                // This thread's writes were all acknowledged before the FLUSH was sent.
+                if c.flush().is_err() {
+                    return;
+                }
+                let mut m = model.lock();
+                for b in &mut m[first as usize..(first + per) as usize] {
+                    b.flushed = b.acked;
+                }
+                continue;
+            }
             let k = r.gen_range(1..=16u64);
             let span = if r.gen_bool(0.5) { per / 8 } else { per };
             let b0 = first + r.gen_range(0..span - k);

@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Issue 29: write-back at the speed of the cache device, side by side in one run. Prints
+three tables with ratios and each goal met or missed, and writes them as Markdown (--out).
+
+Every sce runs over a fresh slow source (`nbdkit --filter=delay memory 2G rdelay=2ms
+wdelay=2ms -t 64`) with a 1 GiB cache file on this filesystem (written through with zeroes
+first, as the device direct's file is), served over a Unix socket;
+"device direct" is fio writing a fully written file on the same filesystem itself, O_DIRECT
+(psync at QD1, libaio at QD16), the same job: the cache device alone, with no NBD path.
+
+1. 4 KiB random writes over 256 MiB at QD1 and QD16: mean and p99 write latency of sce
+   write-back through the log (`--writeback-log 768MiB`), write-back in the slots (a device
+   without a log), AWT write-through, the source alone, and device direct. Goal: write-back
+   through the log within 1.2x of device direct, mean and p99.
+2. A 4 KiB write followed by a FLUSH, QD1 (fio --fsync=1, an NBD FLUSH after every write;
+   device direct: --fdatasync=1). Goal: within 1.3x of device direct.
+3. OLTP (8 KiB, 87% reads, zipf 1.1 over 2 GiB, QD16): write-back through the log against
+   AWT write-through and device direct. Goals: IOPS at least 1.5x write-through's; write
+   mean within 1.2x of device direct's.
+
+Usage: scripts/bench-wblog.py [--sce BIN] [--seconds S] [--out FILE]
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+from benchkit import Procs, fio, log, mean_ms, p99_ms, sce_serve, slow_source, uri
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOG = ["--mode", "writeback", "--writeback-log", "768MiB"]
+
+
+def run(a, procs, d, kind, extra, job, direct_file):
+    """One fio `job` against configuration `kind` ("sce", "source" or "direct")."""
+    src = server = None
+    if kind == "direct":
+        engine = ["--ioengine=libaio"] if "--iodepth=16" in job else ["--ioengine=psync"]
+        j, _ = fio(["--name=j", "--direct=1", f"--filename={direct_file}"] + engine + job)
+        return j
+    if kind == "nbd":
+        # The device through sce's NBD server alone: `sce serve` of the same file, no cache.
+        server, sock, _ = sce_serve(procs, a.sce, d, "plain", ["--source", direct_file])
+        try:
+            j, _ = fio(["--name=j", "--ioengine=nbd", f"--uri={uri(sock)}"] + job)
+        finally:
+            procs.stop(server)
+        return j
+    src, src_sock = slow_source(procs, d)
+    target = uri(src_sock)
+    if kind == "sce":
+        # A cache file written through first, like the device direct's file (and an SSD): a
+        # sparse file would make every first write allocate blocks in the filesystem.
+        cache = os.path.join(d, "wb.cache")
+        subprocess.run(["dd", "if=/dev/zero", f"of={cache}", "bs=1M", "count=1024",
+                        "status=none"], check=True)
+        server, sock, _ = sce_serve(procs, a.sce, d, "wb", [
+            "--source", target, "--cache", cache, "--force", "--state-dir",
+            os.path.join(d, "wb.state")] + extra)
+        target = uri(sock)
+    try:
+        j, _ = fio(["--name=j", "--ioengine=nbd", f"--uri={target}"] + job)
+    finally:
+        for p in (server, src):
+            if p:
+                procs.stop(p)
+        for f in ("wb.cache",):
+            if os.path.exists(os.path.join(d, f)):
+                os.unlink(os.path.join(d, f))
+        subprocess.run(["rm", "-rf", os.path.join(d, "wb.state")])
+    return j
+
+
+def verdict(x, goal):
+    return f"{x:.2f}x ({'met' if x <= goal else 'missed'}, goal ≤ {goal}x)"
+
+
+def part_writes(a, procs, d, direct):
+    configs = [
+        ("device direct (fio, O_DIRECT file)", "direct", []),
+        ("the device through sce's NBD server (no cache)", "nbd", []),
+        ("sce write-back through the log", "sce", LOG),
+        ("sce write-back in the slots", "sce", ["--mode", "writeback"]),
+        ("sce write-through (AWT)", "sce", ["--mode", "writethrough"]),
+        ("source alone (2 ms)", "source", []),
+    ]
+    out = []
+    for qd in (1, 16):
+        job = ["--rw=randwrite", "--bs=4k", "--size=256m", f"--iodepth={qd}", "--time_based",
+               f"--runtime={a.seconds}", "--randseed=7", "--percentile_list=99"]
+        rows = {}
+        for label, kind, extra in configs:
+            log(f"== writes QD{qd}: {label}")
+            j = run(a, procs, d, kind, extra, job, direct)
+            rows[label] = (mean_ms(j, "write"), p99_ms(j, "write"), j["write"]["iops"])
+        dev = rows[configs[0][0]]
+        out += [f"### 4 KiB random writes, QD{qd}", "",
+                "| configuration | write mean (ms) | write p99 (ms) | IOPS | mean × device | "
+                "p99 × device |", "|---|---:|---:|---:|---:|---:|"]
+        for label, _, _ in configs:
+            m, p, i = rows[label]
+            out.append(f"| {label} | {m:.3f} | {p:.3f} | {i:,.0f} | {m / dev[0]:.2f}x | "
+                       f"{p / dev[1]:.2f}x |")
+        m, p, _ = rows[configs[2][0]]
+        nm, np_, _ = rows[configs[1][0]]
+        out += ["", f"Write-back through the log against the device: mean "
+                f"{verdict(m / dev[0], 1.2)}, p99 {verdict(p / dev[1], 1.2)}; against the "
+                f"device through the same NBD server: mean {m / nm:.2f}x, p99 {p / np_:.2f}x.",
+                ""]
+    return out
+
+
+def part_flush(a, procs, d, direct):
+    base = ["--rw=randwrite", "--bs=4k", "--size=256m", "--iodepth=1", "--time_based",
+            f"--runtime={a.seconds}", "--randseed=9", "--percentile_list=99"]
+    rows = []
+    for label, kind, extra, sync in [
+            ("device direct, write + fdatasync", "direct", [], "--fdatasync=1"),
+            ("the device through sce's NBD server, write + FLUSH", "nbd", [], "--fsync=1"),
+            ("sce write-back through the log, write + FLUSH", "sce", LOG, "--fsync=1"),
+            ("sce write-back in the slots, write + FLUSH", "sce", ["--mode", "writeback"],
+             "--fsync=1")]:
+        log(f"== write + flush: {label}")
+        j = run(a, procs, d, kind, extra, base + [sync], direct)
+        # fio counts a write and its sync as one operation; the mean of the pair is the
+        # write's completion latency plus the sync's.
+        sync_mean = j["sync"]["lat_ns"]["mean"] / 1e6 if "sync" in j else 0.0
+        rows.append((label, mean_ms(j, "write"), sync_mean, j["write"]["iops"]))
+    dev = rows[0][1] + rows[0][2]
+    out = ["### A 4 KiB write followed by a FLUSH, QD1", "",
+           "| configuration | write mean (ms) | flush mean (ms) | write + flush (ms) | "
+           "writes/s | × device |", "|---|---:|---:|---:|---:|---:|"]
+    for label, w, s, i in rows:
+        out.append(f"| {label} | {w:.3f} | {s:.3f} | {w + s:.3f} | {i:,.0f} | "
+                   f"{(w + s) / dev:.2f}x |")
+    x = (rows[2][1] + rows[2][2]) / dev
+    nbd = (rows[2][1] + rows[2][2]) / (rows[1][1] + rows[1][2])
+    return out + ["", f"Write-back through the log, write + FLUSH against the device's "
+                  f"write + fdatasync: {verdict(x, 1.3)}; against the device through the same "
+                  f"NBD server: {nbd:.2f}x.", ""]
+
+
+def part_oltp(a, procs, d, big):
+    job = ["--rw=randrw", "--rwmixread=87", "--bs=8k", "--size=2g", "--iodepth=16",
+           "--random_distribution=zipf:1.1", "--time_based", f"--runtime={a.seconds}",
+           "--randseed=11", "--percentile_list=99"]
+    rows = {}
+    configs = [("device direct (fio, O_DIRECT file)", "direct", []),
+               ("sce write-back through the log", "sce", LOG),
+               ("sce write-through (AWT)", "sce", ["--mode", "writethrough"]),
+               ("source alone (2 ms)", "source", [])]
+    for label, kind, extra in configs:
+        log(f"== oltp: {label}")
+        j = run(a, procs, d, kind, extra, job, big)
+        rows[label] = (j["read"]["iops"] + j["write"]["iops"], mean_ms(j, "write"),
+                       mean_ms(j, "read"))
+    dev, wb, wt = (rows[c[0]] for c in configs[:3])
+    out = ["### OLTP: 8 KiB, 87% reads, zipf 1.1 over 2 GiB, QD16", "",
+           "| configuration | IOPS | write mean (ms) | read mean (ms) | IOPS × write-through |",
+           "|---|---:|---:|---:|---:|"]
+    for label, _, _ in configs:
+        i, w, r = rows[label]
+        out.append(f"| {label} | {i:,.0f} | {w:.3f} | {r:.3f} | {i / wt[0]:.2f}x |")
+    ratio = wb[0] / wt[0]
+    return out + ["", f"Write-back through the log: IOPS {ratio:.2f}x write-through's "
+                  f"({'met' if ratio >= 1.5 else 'missed'}, goal ≥ 1.5x); write mean "
+                  f"{verdict(wb[1] / dev[1], 1.2)} of the device's.", ""]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sce", default=os.path.join(ROOT, "target/release/sce"))
+    ap.add_argument("--seconds", type=int, default=15)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    if a.sce == os.path.join(ROOT, "target/release/sce"):
+        subprocess.run(["cargo", "build", "--release", "-p", "sce"], cwd=ROOT, check=True)
+    procs = Procs()
+    try:
+        with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR", "/var/tmp")) as d:
+            direct = os.path.join(d, "direct.img")
+            big = os.path.join(d, "big.img")
+            for path, mib in ((direct, 256), (big, 2048)):
+                subprocess.run(["dd", "if=/dev/urandom", f"of={path}", "bs=1M",
+                                f"count={mib}", "status=none"], check=True)
+            out = ["## Issue 29: write-back at the speed of the cache device", "",
+                   "`scripts/bench-wblog.py " + " ".join(sys.argv[1:]) + "`", ""]
+            out += part_writes(a, procs, d, direct)
+            out += part_flush(a, procs, d, direct)
+            out += part_oltp(a, procs, d, big)
+    finally:
+        procs.stop_all()
+    text = "\n".join(out)
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
