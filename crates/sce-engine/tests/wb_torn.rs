@@ -163,15 +163,20 @@ fn torn_crashes_amid_writers_never_return_older_or_mixed_bytes() {
 /// a FLUSH made durable.
 #[test]
 fn through_the_write_back_log_torn_crashes_lose_nothing_flushed() {
-    let (found, (writes, commits)) = torn_loop("through the log", 2 * MIB, 5 * MIB);
+    let (found, (writes, commits, cleaned)) = torn_loop("through the log", 2 * MIB, 5 * MIB);
     assert_eq!(found.errors, 0, "{found:?}");
-    println!("the last run before the last crash: {writes} source writes, {commits} commits");
+    assert!(cleaned > 0, "the cleaner never ran");
+    println!(
+        "through the log, over all runs: {commits} commits, {cleaned} bytes cleaned in \
+         {writes} source writes: {:.1} source writes per MiB cleaned",
+        writes as f64 / (cleaned as f64 / MIB as f64)
+    );
 }
 
 /// The crash loop, write-back in the slots (`log` 0) or through a log of `log` bytes, on a
-/// cache device of `cache` bytes. Returns what the checks found, and the log's counts of
-/// the last run.
-fn torn_loop(name: &str, log: u64, cache: u64) -> (Found, (u64, u64)) {
+/// cache device of `cache` bytes. Returns what the checks found, and the log's counts over
+/// all runs: source writes, commits, bytes cleaned.
+fn torn_loop(name: &str, log: u64, cache: u64) -> (Found, (u64, u64, u64)) {
     let crashes: u32 = std::env::var("SCE_TORN_CRASHES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -181,7 +186,7 @@ fn torn_loop(name: &str, log: u64, cache: u64) -> (Found, (u64, u64)) {
     let source_mem = random_source(size, 29);
     let source0 = common::read(&*source_mem, 0, size);
     let cache_mem = Arc::new(MemDevice::new(cache));
-    let mut counts = (0, 0);
+    let mut counts = (0, 0, 0);
     let mut rng = SmallRng::seed_from_u64(2929);
     let mut writers: Vec<Writer> = Vec::new();
     let (mut found, mut undone) = (Found::default(), 0usize);
@@ -240,7 +245,10 @@ fn torn_loop(name: &str, log: u64, cache: u64) -> (Found, (u64, u64)) {
             stop.store(true, SeqCst);
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        counts = vol.writeback_log_counts().unwrap_or_default();
+        if let Some((w, c)) = vol.writeback_log_counts() {
+            let cleaned = vol.writeback_stats().map_or(0, |s| s.cleaned_bytes);
+            counts = (counts.0 + w, counts.1 + c, counts.2 + cleaned);
+        }
         drop(vol);
     }
     println!(
