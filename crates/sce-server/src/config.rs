@@ -74,6 +74,10 @@ pub struct ServeConfig {
     /// group-committed cache-device write before each source write to a cached slot. Off:
     /// a crash drops every recently written fragment whole.
     pub crash_journal: bool,
+    /// A slot written twice within 30 metadata rounds turns write-hot: its write intent is
+    /// set ahead of the next write, and writes to it wait for no journal entry (a crash
+    /// drops such slots whole). Off: every write to a cached fragment is journaled.
+    pub write_hot: bool,
     /// Bytes of a cache device to give a write-back log when sce formats it (0: none).
     /// A device with one serves `--mode writeback` through it (issue 29, docs/WRITEBACK.md):
     /// a write costs one cache-device write, a FLUSH one commit and one flush.
@@ -462,6 +466,7 @@ mod tests {
             error_limit: 16,
             metadata_interval: Duration::from_secs(1),
             crash_journal: true,
+            write_hot: true,
             writeback_log: 0,
             max_connections: 256,
             idle_timeout: Duration::ZERO,

@@ -366,6 +366,11 @@ pub(crate) fn persist_config(
         flush_interval: cfg.metadata_interval,
         journal: spec.crash_journal.unwrap_or(cfg.crash_journal),
         writeback_log: cfg.writeback_log,
+        warm_rounds: if cfg.write_hot {
+            PersistConfig::new("").warm_rounds
+        } else {
+            0
+        },
         source_generation: spec
             .source_generation
             .clone()
