@@ -228,8 +228,9 @@ impl CacheVolume {
             let _ = t.join();
         }
         if let WritePath::Log(l) = &self.path {
-            // A clean stop commits what was written since the last FLUSH.
-            let _ = l.commit();
+            // A clean stop commits what was written since the last FLUSH (if the ring has
+            // room: with the cleaner gone, nothing would make more).
+            l.autocommit();
         }
         if e.persist.is_none() || e.health.passthrough() {
             return false;

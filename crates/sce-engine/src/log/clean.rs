@@ -79,10 +79,11 @@ impl LogBack {
     /// True if the cleaner should clean now.
     fn wants_cleaning(&self, e: &Engine) -> bool {
         let st = self.st.lock();
-        if st.index.is_empty() {
-            return false;
-        }
         let blocks = self.region.blocks;
+        if st.index.is_empty() {
+            // Nothing to clean, but a stale anchor may still hold the ring: a batch moves it.
+            return st.w.room() < blocks / 4 && st.w.anchor_candidate() != st.w.anchor();
+        }
         let used = st.w.head() - st.w.tail();
         let idle = e
             .cores
@@ -106,6 +107,11 @@ impl LogBack {
             st.live.values().take(BATCH_PAGES).copied().collect()
         };
         if pages.is_empty() {
+            let mut st = self.st.lock();
+            let tail = st.tail();
+            st.w.set_tail(tail);
+            drop(st);
+            self.advance_anchor()?;
             return Ok(0);
         }
         pages.sort_unstable();

@@ -56,8 +56,9 @@ impl LogBack {
         }
     }
 
-    /// The cleaner's autocommit: commits what it can now, never waits for room.
-    pub(super) fn autocommit(&self) {
+    /// The cleaner's autocommit (and a clean stop's): commits what it can now, never waits
+    /// for room.
+    pub(crate) fn autocommit(&self) {
         let mark = self.st.lock().written;
         while let Ok(Try::More) = self.try_commit(mark) {}
     }
