@@ -20,6 +20,7 @@ pub mod parts;
 mod path;
 pub mod persist;
 mod population;
+mod progress;
 mod ranges;
 mod read;
 mod shard;

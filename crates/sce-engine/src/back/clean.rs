@@ -138,7 +138,7 @@ impl WriteBack {
             for (k, job, ok) in jobs {
                 s.cores.with_shard(k, |core| job.complete(core, ok));
             }
-            self.progressed();
+            self.progress.bump();
         };
         if let Err(e) = s.dev.cache.flush() {
             complete(jobs.into_iter().map(|(k, j)| (k, j, false)).collect());

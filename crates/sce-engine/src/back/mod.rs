@@ -19,8 +19,9 @@ pub(crate) use restore::{check_dirty, hold_dirty, restore};
 
 use crate::engine::Engine;
 use crate::persist::Persist;
+use crate::progress::Progress;
 use crate::ranges::RangeLock;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use sce_core::PAGE_SIZE;
 use sce_io::IoError;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -49,14 +50,26 @@ sce_core::stats_table! {
     }
 }
 
+/// A write-back write refused because the cache device failed (passthrough): it holds the
+/// only copy of dirty data, so no write may go around it. Both write-back paths say so.
+pub(crate) fn cache_failed(offset: u64, len: u64) -> IoError {
+    IoError::Io {
+        op: sce_io::Op::Write,
+        offset,
+        len,
+        source: std::io::Error::other(
+            "the cache device failed: write-back cannot take writes (see the log)",
+        ),
+    }
+}
+
 /// The write-back path's own state.
 pub(crate) struct WriteBack {
     /// The store: write-back always has one (its journal holds the dirty entries).
     persist: Arc<Persist>,
     ranges: RangeLock,
     /// Bumped on every completion that may let a waiting write go on.
-    progress: Mutex<u64>,
-    progress_cv: Condvar,
+    progress: Progress,
     /// `flush --to-source` calls waiting: the cleaner cleans everything meanwhile.
     forced: AtomicU64,
     /// Nanoseconds (engine clock) of the last client request: the cleaner cleans all when
@@ -86,8 +99,7 @@ impl WriteBack {
         WriteBack {
             persist,
             ranges: RangeLock::default(),
-            progress: Mutex::new(0),
-            progress_cv: Condvar::new(),
+            progress: Progress::default(),
             forced: AtomicU64::new(0),
             last_request: AtomicU64::new(0),
             waits: AtomicU64::new(0),
@@ -128,24 +140,6 @@ impl WriteBack {
     /// A cleaner thread's work (`clean.rs`).
     pub(crate) fn cleaner(&self, e: &Engine) {
         clean::cleaner(e, self)
-    }
-
-    /// Something completed: waiting writes retry.
-    fn progressed(&self) {
-        *self.progress.lock() += 1;
-        self.progress_cv.notify_all();
-    }
-
-    /// Waits for progress, at most `d`.
-    fn wait_progress(&self, seen: u64, d: Duration) {
-        let mut p = self.progress.lock();
-        if *p == seen {
-            self.progress_cv.wait_for(&mut p, d);
-        }
-    }
-
-    fn progress_now(&self) -> u64 {
-        *self.progress.lock()
     }
 
     /// Write-back's state and counters.

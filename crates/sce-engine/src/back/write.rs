@@ -43,14 +43,7 @@ impl WriteBack {
     pub(crate) fn write(&self, e: &Engine, offset: u64, data: &[u8]) -> Result<(), IoError> {
         self.last_request.store(e.cores.now().0, Relaxed);
         if e.health.passthrough() {
-            return Err(IoError::Io {
-                op: Op::Write,
-                offset,
-                len: data.len() as u64,
-                source: std::io::Error::other(
-                    "the cache device failed: write-back cannot take writes (see the log)",
-                ),
-            });
+            return Err(crate::back::cache_failed(offset, data.len() as u64));
         }
         let ps = PAGE_SIZE;
         let end = offset + data.len() as u64;
@@ -125,7 +118,7 @@ impl WriteBack {
             }
         });
         self.persist.writeback_done(guard.first);
-        self.progressed();
+        self.progress.bump();
         if !durable {
             return Err(IoError::Failed(
                 "the write-back journal could not be written to the cache device".into(),
@@ -148,7 +141,7 @@ impl WriteBack {
         started: Instant,
     ) -> Result<(WriteBackTxn, WbGuard), IoError> {
         loop {
-            let seen = self.progress_now();
+            let seen = self.progress.now();
             let room = match self.begin(e, p, data) {
                 Ok(Begun::Started(txn, guard)) => return Ok((txn, guard)),
                 Ok(Begun::Busy) => None,
@@ -167,7 +160,7 @@ impl WriteBack {
             }
             e.signals.want_intents();
             e.signals.wake_all();
-            self.wait_progress(seen, Duration::from_millis(20));
+            self.progress.wait(seen, Duration::from_millis(20));
             if e.signals.shutting_down() {
                 return Err(IoError::ShuttingDown("the cache is shutting down".into()));
             }

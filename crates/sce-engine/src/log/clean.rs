@@ -156,7 +156,7 @@ impl LogBack {
         }
         self.bytes_cleaned.fetch_add(n * PAGE_SIZE, Relaxed);
         self.advance_anchor()?;
-        self.progressed();
+        self.progress.bump();
         Ok(n)
     }
 

@@ -36,7 +36,7 @@ impl LogBack {
         let mark = self.st.lock().written;
         let started = std::time::Instant::now();
         loop {
-            let seen = self.progress_now();
+            let seen = self.progress.now();
             match self.try_commit(mark)? {
                 Try::Done => return Ok(()),
                 Try::More => {}
@@ -50,7 +50,7 @@ impl LogBack {
                 Try::NoRoom => {
                     // The cleaner makes room (it never waits for `commit_io`).
                     self.cleaner_wanted();
-                    self.wait_progress(seen, Duration::from_millis(20));
+                    self.progress.wait(seen, Duration::from_millis(20));
                 }
             }
         }
@@ -112,7 +112,7 @@ impl LogBack {
             st.committed = st.committed.max(upto);
         }
         drop(st);
-        self.progressed();
+        self.progress.bump();
         Ok(if more { Try::More } else { Try::Done })
     }
 
@@ -136,7 +136,7 @@ impl LogBack {
         };
         self.persist.record_log(anchor, durable)?;
         self.st.lock().w.set_anchor(anchor);
-        self.progressed();
+        self.progress.bump();
         Ok(())
     }
 }

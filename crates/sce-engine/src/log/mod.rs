@@ -23,6 +23,7 @@ pub(crate) use open::open_log;
 
 use crate::back::WriteBackStats;
 use crate::engine::Engine;
+use crate::progress::Progress;
 use crate::ranges::RangeLock;
 use crate::through::WriteThrough;
 use parking_lot::{Condvar, Mutex};
@@ -152,8 +153,7 @@ pub(crate) struct LogBack {
     wanted: Mutex<bool>,
     wanted_cv: Condvar,
     /// Bumped when room may have come back or a commit completed.
-    progress: Mutex<u64>,
-    progress_cv: Condvar,
+    progress: Progress,
     /// `flush --to-source` callers waiting (the cleaner cleans everything meanwhile).
     forced: AtomicU64,
     /// Engine clock (ns) of the last client request: the cleaner cleans all when idle.
@@ -193,24 +193,6 @@ impl LogBack {
     fn volume_end(&self, g: u64) -> u64 {
         let i = self.seeds.partition_point(|&(base, _)| base <= g);
         self.seeds.get(i).map_or(u64::MAX, |&(base, _)| base)
-    }
-
-    /// Something completed that a waiting writer or `flush --to-source` may want.
-    fn progressed(&self) {
-        *self.progress.lock() += 1;
-        self.progress_cv.notify_all();
-    }
-
-    fn progress_now(&self) -> u64 {
-        *self.progress.lock()
-    }
-
-    /// Waits for progress since `seen`, at most `d`.
-    fn wait_progress(&self, seen: u64, d: Duration) {
-        let mut p = self.progress.lock();
-        if *p == seen {
-            self.progress_cv.wait_for(&mut p, d);
-        }
     }
 
     /// Write-back's state and counters (the same figures as the slot path's).

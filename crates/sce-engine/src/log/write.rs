@@ -7,7 +7,7 @@
 use super::{Dirty, LogBack};
 use crate::engine::Engine;
 use sce_core::PAGE_SIZE;
-use sce_io::{AlignedBuf, IoError, Op};
+use sce_io::{AlignedBuf, IoError};
 use sce_store::wblog::{page_crc, Full, LogEntry};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -20,14 +20,7 @@ impl LogBack {
     pub(crate) fn write(&self, e: &Engine, offset: u64, data: &[u8]) -> Result<(), IoError> {
         self.last_request.store(e.cores.now().0, Relaxed);
         if e.health.passthrough() {
-            return Err(IoError::Io {
-                op: Op::Write,
-                offset,
-                len: data.len() as u64,
-                source: std::io::Error::other(
-                    "the cache device failed: write-back cannot take writes (see the log)",
-                ),
-            });
+            return Err(crate::back::cache_failed(offset, data.len() as u64));
         }
         let ps = PAGE_SIZE;
         let end = offset + data.len() as u64;
@@ -127,7 +120,7 @@ impl LogBack {
     /// wait limit: backpressure, never an error before it.
     fn allocate(&self, e: &Engine, n: u64, started: Instant) -> Result<u64, IoError> {
         loop {
-            let seen = self.progress_now();
+            let seen = self.progress.now();
             let full = {
                 let mut st = self.st.lock();
                 match st.w.allocate(n) {
@@ -145,7 +138,7 @@ impl LogBack {
                 Full::Ring => {
                     self.waits.fetch_add(1, Relaxed);
                     self.cleaner_wanted();
-                    self.wait_progress(seen, Duration::from_millis(20));
+                    self.progress.wait(seen, Duration::from_millis(20));
                 }
                 Full::TooLarge => {
                     return Err(IoError::Invalid(format!(
