@@ -164,7 +164,13 @@ impl CacheVolume {
                 })
             })
             .unzip();
-        (dirty.iter().sum(), lost.iter().sum())
+        let (mut dirty, mut lost): (u64, u64) = (dirty.iter().sum(), lost.iter().sum());
+        if let Some(l) = self.path.log() {
+            let ps = sce_core::PAGE_SIZE;
+            let (d, x) = l.dirty_in(p.at.base / ps, (p.at.base + len).div_ceil(ps));
+            (dirty, lost) = (dirty + d, lost + x);
+        }
+        (dirty, lost)
     }
 
     /// Forgets everything cached for the volume (the source changed behind the cache's

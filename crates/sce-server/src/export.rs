@@ -250,7 +250,7 @@ pub(crate) fn build_cached<'a>(
     let found = check_cache_contents(spec, cfg, &cache_dev, cache_path, persist_wanted)?;
     let cache = cache_device(cache_dev.clone(), persist_wanted)?;
     let persist = persist_wanted
-        .then(|| persist_config(spec, cfg, &found))
+        .then(|| persist_config(spec, cfg, &found, core.write_mode, cache.size()))
         .transpose()?;
     if persist.is_some() && spec.fragment_size.is_none() {
         // A formatted device brings its fragment size unless one is asked for.
@@ -260,6 +260,7 @@ pub(crate) fn build_cached<'a>(
     }
     admission_options(spec)?.apply(&mut core, cache.size());
     let persistent = persist.is_some();
+    let writeback = core.write_mode == sce_core::WriteMode::WriteBack;
     tracing::debug!(
         target: LOG_TARGET,
         export = %n,
@@ -278,6 +279,16 @@ pub(crate) fn build_cached<'a>(
     };
     let volume = Arc::new(open(cache, engine).with_context(|| format!("export {n:?}"))?);
     log_loaded(n, &volume, persistent);
+    if writeback && volume.writeback_log_counts().is_none() {
+        tracing::warn!(
+            target: LOG_TARGET,
+            export = %n,
+            "write-back without a write-back log: the cache device was formatted without one, \
+             so dirty pages live in the read slots and each write waits for a journal entry and \
+             a cache flush first. To give it one: `sce ctl flush --to-source`, then restart with \
+             --reformat (and --writeback-log auto or a size)"
+        );
+    }
     // Hits are read through an I/O queue on the cache device (io_uring), started by the
     // connection's reader; the volume's data starts after the volatile header when it
     // does not persist.
@@ -352,6 +363,8 @@ pub(crate) fn persist_config(
     spec: &ExportConfig,
     cfg: &ServeConfig,
     found: &Contents,
+    mode: sce_core::WriteMode,
+    device_bytes: u64,
 ) -> Result<PersistConfig> {
     let name = spec
         .source_name
@@ -365,7 +378,7 @@ pub(crate) fn persist_config(
         state_dir: Some(cfg.state_dir.clone()),
         flush_interval: cfg.metadata_interval,
         journal: spec.crash_journal.unwrap_or(cfg.crash_journal),
-        writeback_log: cfg.writeback_log,
+        writeback_log: cfg.writeback_log.bytes(device_bytes, mode),
         warm_rounds: if cfg.write_hot {
             PersistConfig::new("").warm_rounds
         } else {

@@ -472,6 +472,8 @@ pub struct CheckReport {
     pub data_dirty_pages_bad: u64,
     /// The other superblock copy is damaged (not merely unwritten).
     pub superblock_copy_damaged: bool,
+    /// The write-back log's replay (format 6 devices with a log).
+    pub log: Option<volumes::LogCheck>,
 }
 
 impl CheckReport {
@@ -480,6 +482,7 @@ impl CheckReport {
         self.data_pages_bad > 0
             || self.superblock_copy_damaged
             || self.volumes.iter().any(|(_, r)| r.damaged())
+            || self.log.as_ref().is_some_and(|l| l.damaged())
     }
 }
 
@@ -524,7 +527,9 @@ pub fn check(dev: &dyn BlockDevice, verify_data: bool) -> Result<CheckReport, St
         }
         volumes.push((v.name.clone(), loaded.report));
     }
+    let log = volumes::check_log(dev, &sb)?;
     Ok(CheckReport {
+        log,
         metadata_bytes: sb.layout.metadata_bytes(),
         superblock: sb,
         volumes,

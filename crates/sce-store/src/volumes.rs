@@ -104,11 +104,20 @@ pub fn dirty_by_volume(
     only: impl Fn(&Volume) -> bool,
 ) -> Result<Vec<VolumeDirt>, StoreError> {
     let mut out = Vec::new();
-    let logged = log_dirt(dev, sb)?;
+    // The log's dirty data, as a start would replay it. A log that cannot be replayed in
+    // full holds an unknown amount: the caller is refused, naming it.
+    let logged = check_log(dev, sb)?.unwrap_or_default();
+    if logged.short {
+        return Err(StoreError::DirtyData(
+            "the write-back log is damaged: the dirty data it held cannot be counted".into(),
+        ));
+    }
     for (i, v) in sb.volumes.iter().enumerate().filter(|(_, v)| only(v)) {
         let frags = v.source_size.div_ceil(sb.layout.fragment_size);
         let r = crate::load(dev, sb.clone(), i, frags)?.report;
-        let (ld, ll) = logged.get(&(v.id as u32)).copied().unwrap_or_default();
+        let (ld, ll) = (logged.volumes.iter())
+            .find(|x| x.0 == v.name)
+            .map_or((0, 0), |x| (x.1, x.2));
         if r.pages_dirty + r.dirty_pages_lost + ld + ll > 0 {
             out.push(VolumeDirt {
                 name: v.name.clone(),
@@ -116,32 +125,6 @@ pub fn dirty_by_volume(
                 lost: r.dirty_pages_lost + ll,
             });
         }
-    }
-    Ok(out)
-}
-
-/// Per volume id, the dirty and lost pages the write-back log holds (format 6), as a
-/// start would replay them. A log that cannot be replayed counts as holding an unknown
-/// amount: the caller is refused, naming it.
-fn log_dirt(
-    dev: &dyn sce_io::BlockDevice,
-    sb: &Superblock,
-) -> Result<std::collections::HashMap<u32, (u64, u64)>, StoreError> {
-    let mut out = std::collections::HashMap::<u32, (u64, u64)>::new();
-    let Some(log) = &sb.log else {
-        return Ok(out);
-    };
-    let r = crate::wblog::replay(dev, log.region(&sb.layout), &log.key, log.anchor())?;
-    if r.anchor_missing() || r.last_seq < log.durable_seq {
-        return Err(StoreError::DirtyData(
-            "the write-back log is damaged: the dirty data it held cannot be counted".into(),
-        ));
-    }
-    for ((volume, _), _) in r.index.iter() {
-        out.entry(volume).or_default().0 += 1;
-    }
-    for &(volume, _) in &r.lost {
-        out.entry(volume).or_default().1 += 1;
     }
     Ok(out)
 }
@@ -172,4 +155,101 @@ pub fn refuse_dirty_drop(
         list.join(", "),
         first.name
     )))
+}
+
+/// What `sce check` finds in the write-back log (format 6): the replay a start would do.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct LogCheck {
+    /// Bytes of the log region.
+    pub bytes: u64,
+    /// Commit records replayed from the anchor.
+    pub commits: u64,
+    /// The last replayed commit's sequence number.
+    pub last_seq: u64,
+    /// The newest commit the superblock records as durable: a replay that ends below it,
+    /// or that cannot find its anchor commit, lost committed data (damage).
+    pub durable_seq: u64,
+    /// The replay fell short of `durable_seq`, or lost its anchor commit.
+    pub short: bool,
+    /// Entries of the last commits whose data did not match (torn or never written before a
+    /// crash: their pages keep their older version; not damage).
+    pub torn_skipped: u64,
+    /// Per volume name: dirty pages the log holds, and lost ones (their newest committed
+    /// version is damaged: reads of them fail).
+    pub volumes: Vec<(String, u64, u64)>,
+}
+
+impl LogCheck {
+    /// True if the log lost committed data.
+    pub fn damaged(&self) -> bool {
+        self.short || self.volumes.iter().any(|v| v.2 > 0)
+    }
+}
+
+/// Replays the write-back log of `sb` (if it has one) as a start would, never writing.
+pub fn check_log(
+    dev: &dyn sce_io::BlockDevice,
+    sb: &Superblock,
+) -> Result<Option<LogCheck>, StoreError> {
+    let Some(log) = &sb.log else {
+        return Ok(None);
+    };
+    let region = log.region(&sb.layout);
+    let r = crate::wblog::replay(dev, region, &log.key, log.anchor())?;
+    let mut per = std::collections::BTreeMap::<u32, (u64, u64)>::new();
+    for ((volume, _), _) in r.index.iter() {
+        per.entry(volume).or_default().0 += 1;
+    }
+    for &(volume, _) in &r.lost {
+        per.entry(volume).or_default().1 += 1;
+    }
+    let name = |id: u32| {
+        sb.volumes.iter().find(|v| v.id as u32 == id).map_or_else(
+            || format!("volume id {id} (not in the table)"),
+            |v| v.name.clone(),
+        )
+    };
+    Ok(Some(LogCheck {
+        bytes: region.blocks * 4096,
+        commits: r.commits,
+        last_seq: r.last_seq,
+        durable_seq: log.durable_seq,
+        short: r.anchor_missing() || r.last_seq < log.durable_seq,
+        torn_skipped: r.skipped,
+        volumes: per
+            .into_iter()
+            .map(|(id, (d, l))| (name(id), d, l))
+            .collect(),
+    }))
+}
+
+/// Refuses a start that would give a new volume (of `wanted`) the place of a volume in a
+/// full table while the write-back log still holds pages of a volume `wanted` leaves out:
+/// the newcomer takes that volume's id, and the log's pages name volumes by id. (With room
+/// in the table a newcomer gets a fresh id; `--discard-dirty` then drops the log's pages of
+/// the volumes left out before anything is served.)
+pub fn refuse_reusing_logged_volume(
+    dev: &dyn sce_io::BlockDevice,
+    sb: &Superblock,
+    wanted: &[(String, u64)],
+) -> Result<(), StoreError> {
+    let newcomer = wanted
+        .iter()
+        .any(|w| sb.volumes.iter().all(|v| v.name != w.0));
+    if sb.log.is_none() || !newcomer || sb.volumes.len() < superblock::MAX_VOLUMES {
+        return Ok(());
+    }
+    let logged = check_log(dev, sb)?.unwrap_or_default();
+    let left_out = |name: &str| wanted.iter().all(|w| w.0 != name);
+    match logged.volumes.iter().find(|v| left_out(&v.0)) {
+        Some(v) => Err(StoreError::DirtyData(format!(
+            "the volume table is full ({} volumes) and a new volume would take the place of \
+             one this start leaves out, while the write-back log still holds {} dirty pages of \
+             {:?}: serve it and run `sce ctl flush --to-source` first",
+            superblock::MAX_VOLUMES,
+            v.1 + v.2,
+            v.0
+        ))),
+        None => Ok(()),
+    }
 }

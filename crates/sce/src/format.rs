@@ -280,7 +280,24 @@ fn print_check(r: &CheckReport, verified: bool) {
         l.slots_per_unit,
         format_size(r.metadata_bytes)
     );
+    if let Some(g) = &r.log {
+        println!(
+            "  write-back log: {}, {} commits replayed (last {}, {} recorded durable{}), {} \
+             torn pages of the last commits skipped (they keep their older version)",
+            format_size(g.bytes),
+            g.commits,
+            g.last_seq,
+            g.durable_seq,
+            if g.short {
+                ": SHORT, committed data lost"
+            } else {
+                ""
+            },
+            g.torn_skipped
+        );
+    }
     for (name, s) in &r.volumes {
+        let (log_dirty, log_lost) = log_pages(r, name);
         println!("  volume {name}:");
         println!(
             "    units: {} ok, {} never written, {} repaired from their mirror copy, damaged in both copies: {} corrupt, {} misplaced; never this device's: {} (another device, format or former content)",
@@ -297,10 +314,15 @@ fn print_check(r: &CheckReport, verified: bool) {
         );
         println!("    write intents set: {}", s.intents_set);
         println!(
-            "    write-back: {} dirty pages ({}), {} lost pages (reads of them fail)",
-            s.pages_dirty,
-            format_size(s.pages_dirty * 4096),
-            s.dirty_pages_lost
+            "    write-back: {} dirty pages ({}), {} lost pages (reads of them fail){}",
+            s.pages_dirty + log_dirty,
+            format_size((s.pages_dirty + log_dirty) * 4096),
+            s.dirty_pages_lost + log_lost,
+            if r.log.is_some() {
+                format!("; in the log: {log_dirty} dirty, {log_lost} lost")
+            } else {
+                String::new()
+            }
         );
         println!(
             "    write journal (every block's checksum verified): {} live blocks of {} ({} \
@@ -324,6 +346,13 @@ fn print_check(r: &CheckReport, verified: bool) {
     for line in damage_summary(r) {
         println!("{line}");
     }
+}
+
+/// The dirty and lost pages the write-back log holds for volume `name`.
+fn log_pages(r: &CheckReport, name: &str) -> (u64, u64) {
+    (r.log.iter().flat_map(|g| &g.volumes))
+        .find(|v| v.0 == name)
+        .map_or((0, 0), |v| (v.1, v.2))
 }
 
 /// What `check` found, in the words an operator acts on: one line per kind of damage, or
@@ -364,11 +393,36 @@ fn damage_summary(r: &sce_store::CheckReport) -> Vec<String> {
             r.data_pages_bad, r.data_dirty_pages_bad
         ));
     }
+    if let Some(g) = r.log.as_ref().filter(|g| g.damaged()) {
+        let lost: u64 = g.volumes.iter().map(|v| v.2).sum();
+        out.push(format!(
+            "damage found in the write-back log: {}{lost} dirty page(s) whose newest committed \
+             version fails its checksum (reads of them fail, never an older version); a start \
+             in write-back is refused while committed data is missing",
+            if g.short {
+                "its replay ends before the last commit recorded durable (committed dirty data \
+                 is missing); "
+            } else {
+                ""
+            }
+        ));
+    }
     if out.is_empty() {
         out.push("no damage found".to_string());
     }
-    let dirty: u64 = r.volumes.iter().map(|(_, s)| s.pages_dirty).sum();
-    let lost: u64 = r.volumes.iter().map(|(_, s)| s.dirty_pages_lost).sum();
+    let (ld, ll) = r.log.as_ref().map_or((0, 0), |g| {
+        (
+            g.volumes.iter().map(|v| v.1).sum(),
+            g.volumes.iter().map(|v| v.2).sum(),
+        )
+    });
+    let dirty: u64 = r.volumes.iter().map(|(_, s)| s.pages_dirty).sum::<u64>() + ld;
+    let lost: u64 = r
+        .volumes
+        .iter()
+        .map(|(_, s)| s.dirty_pages_lost)
+        .sum::<u64>()
+        + ll;
     if dirty + lost > 0 {
         out.push(format!(
             "WARNING: this device holds the only copy of {dirty} dirty pages ({}) of write-back \

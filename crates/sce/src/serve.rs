@@ -195,14 +195,16 @@ pub struct ServeArgs {
     /// fragment waits for its journal entry, and a crash drops only the pages written.
     #[arg(long, default_value = "on", value_parser = parse_on_off, value_name = "on|off", action = clap::ArgAction::Set)]
     pub write_hot: bool,
-    /// Give a cache device this much of itself as a write-back log when sce formats it
-    /// (0: none; at least 1MiB). `--mode writeback` on a device with a log writes each
-    /// write once to the log and makes it durable at FLUSH or FUA (one commit and one cache
-    /// flush), and dirty data takes no read slot; without one, dirty pages live in the
-    /// slots and each write waits for its journal entry and a flush first. Only a format
-    /// (a new cache, or --reformat) takes it.
-    #[arg(long, default_value = "0", value_parser = parse_size, value_name = "SIZE")]
-    pub writeback_log: u64,
+    /// How much of a cache device to give a write-back log when sce formats it: auto (a
+    /// sixteenth of the device, 16MiB to 4GiB, for an export in --mode writeback; none for
+    /// the other modes), a size (at least 1MiB), or 0 (none). `--mode writeback` on a device
+    /// with a log writes each write once to the log and makes it durable at FLUSH or FUA (one
+    /// commit and one cache flush), and dirty data takes no read slot; on a device formatted
+    /// without one, dirty pages live in the slots and each write waits for its journal entry
+    /// and a flush first (a warning says so at start). Only a format (a new cache, or
+    /// --reformat) takes it.
+    #[arg(long, default_value = "auto", value_name = "auto|SIZE")]
+    pub writeback_log: sce_server::config::LogSize,
     /// NBD connections served at once; more are refused. Each costs two threads.
     #[arg(long, default_value_t = 256)]
     pub max_connections: usize,

@@ -132,6 +132,19 @@ fn a_start_that_leaves_out_an_export_with_dirty_data_is_refused() {
         "{log}"
     );
     s.term();
+    // What was given up stays given up: b, served again, reads its source's bytes, not the
+    // dropped writes (through the log, its pages were put out of a replay's reach).
+    let s = common::Server::start(
+        &["--config", both.to_str().unwrap(), "--state-dir", st],
+        &sock,
+    );
+    client(&sock, "b").read_at(0, &mut back).unwrap();
+    let source = std::fs::read(&b).unwrap();
+    assert!(
+        back[..] == source[..data.len()],
+        "b read the dropped writes"
+    );
+    s.term();
 }
 
 /// Item 5: `--reformat` and `sce format --force` used to discard dirty data (INFO only);

@@ -226,6 +226,10 @@ fn round(t: Target, r: u32, seed: u64) -> Outcome {
         "16MiB",
         "--mode",
         "writeback",
+        // The slots' structures (a device without a log); the log's damage loop is
+        // wb_damage_loop.rs.
+        "--writeback-log",
+        "0",
         "--state-dir",
         st_s,
         "--metadata-interval",

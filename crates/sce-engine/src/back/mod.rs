@@ -10,7 +10,7 @@
 //! leaves.
 
 mod clean;
-mod outage;
+pub(crate) mod outage;
 mod restore;
 mod write;
 
@@ -43,6 +43,10 @@ sce_core::stats_table! {
         clean_errors: u64, Counter("sce_writeback_clean_errors_total", "", "Cleaning jobs that failed on the source (the data stays dirty and is retried).");
         /// Writes that waited for cleaning or a metadata round (backpressure).
         waits: u64, Counter("sce_writeback_waits_total", "", "Writes that waited for cleaning or a metadata round (backpressure).");
+        /// Commit records written to the write-back log (0 without one).
+        log_commits: u64, Counter("sce_writeback_log_commits_total", "", "Commit records written to the write-back log (FLUSH, FUA, autocommit and seals); 0 for a device without a log.");
+        /// Source writes the log's cleaner made (0 without a log).
+        log_source_writes: u64, Counter("sce_writeback_log_source_writes_total", "", "Source writes the write-back log's cleaner made (adjacent dirty pages coalesced, up to 1 MiB each); 0 for a device without a log.");
     }
     also {
         /// The last cleaning error ("" if none).
@@ -152,6 +156,8 @@ impl WriteBack {
             waits: self.waits.load(Relaxed),
             cleaned_bytes: self.bytes_cleaned.load(Relaxed),
             clean_errors: self.clean_errors.load(Relaxed),
+            log_commits: 0,
+            log_source_writes: 0,
             last_clean_error: self.last_clean_error.lock().clone(),
         }
     }

@@ -10,6 +10,7 @@
 
 use super::commit::AUTOCOMMIT;
 use super::LogBack;
+use crate::back::outage;
 use crate::engine::Engine;
 use crate::through::Payload;
 use sce_core::PAGE_SIZE;
@@ -35,21 +36,41 @@ pub(super) fn cleaner(e: &Engine, lb: &LogBack) {
                 lb.autocommit();
             }
         }
+        lb.seal_if_due();
         if !lb.wants_cleaning(e) {
-            lb.nap(e, Duration::from_millis(50));
+            lb.nap(e, lb.seal_wait(Duration::from_millis(50)));
             continue;
         }
         match lb.clean_batch(e) {
             Ok(0) => lb.nap(e, Duration::from_millis(50)),
-            Ok(_) => backoff = Duration::ZERO,
+            Ok(_) => {
+                backoff = Duration::ZERO;
+                outage::log(lb.outage.succeeded(Instant::now()));
+            }
             Err(err) => {
+                let err = err.to_string();
                 lb.clean_errors.fetch_add(1, Relaxed);
-                *lb.last_clean_error.lock() = err.to_string();
+                outage::log(lb.outage.failed(Instant::now(), &err));
+                *lb.last_clean_error.lock() = err;
                 backoff = (backoff * 2).clamp(Duration::from_millis(50), Duration::from_secs(5));
-                tracing::warn!("write-back cleaning failed, dirty data kept: {err}");
-                lb.nap(e, backoff);
+                // The backoff holds: writers waiting for room do not cut it short (a source
+                // that is down would be retried at their pace). `flush --to-source` cleans
+                // from its own thread meanwhile.
+                hold(e, backoff);
             }
         }
+    }
+}
+
+/// Sleeps `d`, or until the volume shuts down (looked at every 50 ms).
+fn hold(e: &Engine, d: Duration) {
+    let until = Instant::now() + d;
+    while !e.signals.shutting_down() {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(50)));
     }
 }
 

@@ -15,6 +15,13 @@ use std::time::Duration;
 /// Longest time completed writes stay uncommitted without a FLUSH.
 pub(super) const AUTOCOMMIT: Duration = Duration::from_secs(1);
 
+/// A commit that listed pages and that no later commit followed for this long gets a seal
+/// (an empty commit, written and flushed by the cleaner): until then, a replay after a
+/// crash cannot tell damage to that commit's pages from a write the crash tore, and gives
+/// such a page its older version. Under a steady stream of FLUSHes the next commit is the
+/// seal, and no extra one is written.
+pub(super) const SEAL_AFTER: Duration = Duration::from_millis(10);
+
 /// What one try at a commit came to.
 enum Try {
     Done,
@@ -65,10 +72,19 @@ impl LogBack {
 
     /// One commit toward the first `mark` write completions (group commit).
     fn try_commit(&self, mark: u64) -> Result<Try, IoError> {
+        self.try_commit_with(mark, false)
+    }
+
+    /// A commit even if every completion is committed: the seal the writer was asked for.
+    fn try_commit_forced(&self, mark: u64) -> Result<Try, IoError> {
+        self.try_commit_with(mark, true)
+    }
+
+    fn try_commit_with(&self, mark: u64, seal: bool) -> Result<Try, IoError> {
         let _io = self.commit_io.lock();
         let (prep, upto) = {
             let mut st = self.st.lock();
-            if st.committed >= mark {
+            if st.committed >= mark && !(seal && st.unsealed.is_some()) {
                 return Ok(Try::Done);
             }
             let upto = st.written;
@@ -105,6 +121,8 @@ impl LogBack {
             )));
         }
         st.w.committed(&p);
+        // A commit that listed pages wants a seal; any commit seals the ones before it.
+        st.unsealed = (p.entries > 0).then(std::time::Instant::now);
         st.committed(p.entries);
         self.commits.fetch_add(1, Relaxed);
         let more = st.w.pending() > 0;
@@ -114,6 +132,31 @@ impl LogBack {
         drop(st);
         self.progress.bump();
         Ok(if more { Try::More } else { Try::Done })
+    }
+
+    /// Writes a seal after the last commit if it listed pages and has stood alone for
+    /// [`SEAL_AFTER`] (the cleaner's, never waiting for room).
+    pub(super) fn seal_if_due(&self) {
+        {
+            let mut st = self.st.lock();
+            if st.unsealed.is_none_or(|t| t.elapsed() < SEAL_AFTER) {
+                return;
+            }
+            st.w.request_seal();
+        }
+        let mark = self.st.lock().written;
+        let _ = self.try_commit_forced(mark);
+    }
+
+    /// How long the cleaner may nap, at most `idle`: less while a seal is due sooner.
+    pub(super) fn seal_wait(&self, idle: Duration) -> Duration {
+        match self.st.lock().unsealed {
+            Some(t) => SEAL_AFTER
+                .saturating_sub(t.elapsed())
+                .max(Duration::from_millis(1))
+                .min(idle),
+            None => idle,
+        }
     }
 
     /// True if completed writes wait for a commit.

@@ -68,6 +68,9 @@ struct St {
     /// Write completions so far, and how many of them the last commit covered.
     written: u64,
     committed: u64,
+    /// When the last commit, which listed pages, completed, if no commit followed it yet
+    /// (it wants a seal: `commit.rs`).
+    unsealed: Option<std::time::Instant>,
 }
 
 impl St {
@@ -164,6 +167,8 @@ pub(crate) struct LogBack {
     source_writes: AtomicU64,
     commits: AtomicU64,
     last_clean_error: Mutex<String>,
+    /// The current source outage, for rate-limited logs (as `back/`'s cleaners).
+    outage: crate::back::outage::OutageLog,
     wait_limit: Duration,
     idle: Duration,
 }
@@ -207,8 +212,19 @@ impl LogBack {
             waits: self.waits.load(Relaxed),
             cleaned_bytes: self.bytes_cleaned.load(Relaxed),
             clean_errors: self.clean_errors.load(Relaxed),
+            log_commits: self.commits.load(Relaxed),
+            log_source_writes: self.source_writes.load(Relaxed),
             last_clean_error: self.last_clean_error.lock().clone(),
         }
+    }
+
+    /// Dirty and lost pages among global pages `first..end` (a volume's: `ctl forget`
+    /// keeps them and says how many).
+    pub(crate) fn dirty_in(&self, first: u64, end: u64) -> (u64, u64) {
+        let st = self.st.lock();
+        let inside = |g: &&u64| (first..end).contains(*g);
+        let dirty = st.index.keys().filter(inside).count() as u64;
+        (dirty, st.lost.iter().filter(inside).count() as u64)
     }
 
     /// Source writes the cleaner made, and commits (figures for the benchmarks).

@@ -38,7 +38,10 @@ pub(crate) fn open_log(
     }
     let w = LogWriter::resume(region, info.key, &r);
     let lb = LogBack::new(cache.clone(), region, persist, through, w, limits);
-    lb.restore(&r, writeback)?;
+    let dropped = lb.restore(&r, writeback)?;
+    if dropped > 0 {
+        lb.settle_dropped(cache, dropped)?;
+    }
     if !r.index.is_empty() || !r.lost.is_empty() {
         tracing::info!(
             pages = r.index.len(),
@@ -77,6 +80,7 @@ impl LogBack {
                 lost: Default::default(),
                 written: 0,
                 committed: 0,
+                unsealed: None,
             }),
             commit_io: Mutex::new(()),
             clean_io: Mutex::new(()),
@@ -92,30 +96,42 @@ impl LogBack {
             source_writes: Default::default(),
             commits: Default::default(),
             last_clean_error: Mutex::new(String::new()),
+            outage: Default::default(),
             wait_limit,
             idle,
         }
     }
 
     /// Puts back what replay `r` found: the newest version of each page, the lost pages.
-    /// Refused if a volume it names is not served, or if it holds anything and the start is
-    /// not in write-back (`writeback`).
-    fn restore(&self, r: &Replayed, writeback: bool) -> Result<(), IoError> {
-        let served = |volume: u32, page: u64| {
-            self.global(volume, page).ok_or_else(|| {
-                IoError::Failed(format!(
-                    "the write-back log holds dirty pages of volume {volume}, which this start \
-                     does not serve: start with it, and `sce ctl flush --to-source`"
-                ))
-            })
+    /// The pages of a volume of the table this start does not serve are left out (the
+    /// persistence layer refused the start unless the operator gave them up with
+    /// `--discard-dirty`); returns how many. Refused if a page names a volume the table does
+    /// not hold, or if the log holds anything and the start is not in write-back
+    /// (`writeback`).
+    fn restore(&self, r: &Replayed, writeback: bool) -> Result<u64, IoError> {
+        let mut dropped = 0;
+        let mut served = |volume: u32, page: u64| match self.global(volume, page) {
+            Some(g) => Ok(Some(g)),
+            None if self.persist.table_has(volume) => {
+                dropped += 1;
+                Ok(None)
+            }
+            None => Err(IoError::Failed(format!(
+                "the write-back log holds dirty pages of volume id {volume}, which the volume \
+                 table does not hold: `sce check` the device"
+            ))),
         };
         let mut st = self.st.lock();
         for &(volume, page) in &r.lost {
-            st.lost.insert(served(volume, page)?);
+            if let Some(g) = served(volume, page)? {
+                st.lost.insert(g);
+            }
         }
         let mut by_pos = Vec::with_capacity(r.index.len());
         for ((volume, page), v) in r.index.iter() {
-            by_pos.push((v.lpos, served(volume, page)?, v.crc));
+            if let Some(g) = served(volume, page)? {
+                by_pos.push((v.lpos, g, v.crc));
+            }
         }
         by_pos.sort_unstable();
         for (lpos, g, crc) in by_pos {
@@ -131,6 +147,42 @@ impl LogBack {
                 st.lost.len()
             )));
         }
+        Ok(dropped)
+    }
+
+    /// Makes the `dropped` pages of volumes this start does not serve unreachable before
+    /// anything is served: the anchor moves past them now, durably, so that no later replay
+    /// finds them (their volume's place in the table may be given to another volume).
+    /// Checked by replaying again; refused if older dirty pages of a served volume hold the
+    /// anchor behind them.
+    fn settle_dropped(&self, cache: &Arc<dyn BlockDevice>, dropped: u64) -> Result<(), IoError> {
+        self.autocommit();
+        {
+            let mut st = self.st.lock();
+            let tail = st.tail();
+            st.w.set_tail(tail);
+        }
+        self.advance_anchor()?;
+        let info = self.persist.log_info().expect("a device with a log");
+        let r = wblog::replay(&**cache, self.region, &info.key, info.anchor())
+            .map_err(|e| IoError::Failed(format!("the write-back log cannot be read: {e}")))?;
+        let left = (r.index.iter().map(|((v, _), _)| v))
+            .chain(r.lost.iter().map(|&(v, _)| v))
+            .filter(|&v| self.seeds.iter().all(|&(_, id)| id as u32 != v))
+            .count();
+        if left > 0 {
+            return Err(IoError::Failed(format!(
+                "--discard-dirty: {left} dirty pages of volumes this start does not serve lie \
+                 in the write-back log behind older dirty pages of a served volume, so they \
+                 cannot be dropped yet: start with every volume, run `sce ctl flush \
+                 --to-source`, then start without them"
+            )));
+        }
+        tracing::warn!(
+            pages = dropped,
+            "--discard-dirty: the write-back log's pages of volumes this start does not serve \
+             are dropped"
+        );
         Ok(())
     }
 }

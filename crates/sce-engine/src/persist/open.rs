@@ -568,6 +568,7 @@ fn refuse_leaving_dirty_out(
 ) -> Result<(), StoreError> {
     let served = |v: &sce_store::Volume| wanted.iter().any(|w| w.0 == v.name);
     let dirt = sce_store::dirty_by_volume(&**dev, sb, |v| !served(v))?;
+    sce_store::volumes::refuse_reusing_logged_volume(&**dev, sb, wanted)?;
     dropping_dirty(&dirt, cfg, "a start that does not serve them")
 }
 

@@ -94,6 +94,11 @@ impl Persist {
         self.sb.lock().log
     }
 
+    /// True if volume `id` is in the device's volume table (served or not).
+    pub(crate) fn table_has(&self, id: u32) -> bool {
+        self.sb.lock().volumes.iter().any(|v| v.id as u32 == id)
+    }
+
     /// Records the log's new anchor and the newest commit known durable in the superblock
     /// (written and flushed before this returns).
     pub(crate) fn record_log(

@@ -211,6 +211,14 @@ impl LogWriter {
     /// records' worth: call again for the rest), or None if there is nothing to commit.
     /// After [`Self::commit_failed`] it returns the same commit again (same position, same
     /// bytes), to be retried. One commit at a time: the caller serialises them.
+    /// The next [`Self::prepare_commit`] writes a commit even with no entry pending: a *seal*
+    /// written after the last commit's flush completed, which proves to a replay that this
+    /// commit was durable (a replay treats the last commit's damaged entries as possibly
+    /// torn, for its flush may not have completed; with a seal after it, they are damage).
+    pub fn request_seal(&mut self) {
+        self.need_commit = true;
+    }
+
     /// `Full::Ring` (rare, see [`super::commit_reserve`]): clean, move the tail and the
     /// anchor, and call again.
     ///

@@ -377,9 +377,14 @@ pub mod blocks {
             blocks as usize
         ]));
         let mut rng = SmallRng::seed_from_u64(seed);
-        // Write-back through the log commits at FLUSH: a kill may take back what was
-        // acknowledged since the last one (the writers then FLUSH now and then).
-        let flushes = extra.contains(&"--writeback-log");
+        // Write-back through the log (the default for a new cache in writeback, unless
+        // `--writeback-log 0`) commits at FLUSH: a kill may take back what was acknowledged
+        // since the last one (the writers then FLUSH now and then).
+        let log_size = extra
+            .iter()
+            .position(|a| *a == "--writeback-log")
+            .map(|i| extra[i + 1]);
+        let flushes = extra.contains(&"writeback") && log_size != Some("0");
         let (mut at_kill, mut after_restart, mut in_flight) = (Vec::new(), Vec::new(), 0u64);
         let mut counter = 0u64;
         let mut it = 0;
