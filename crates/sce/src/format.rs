@@ -36,6 +36,11 @@ pub struct FormatArgs {
     /// that holds dirty data is refused. Repeatable.
     #[arg(long, value_name = "VOLUME")]
     pub discard_dirty: Vec<String>,
+    /// Give the device a write-back log of this size, for `sce serve --mode writeback`
+    /// (auto: a sixteenth of the device, 16MiB to 4GiB, as `sce serve` gives a cache it
+    /// formats for write-back; 0: none, and write-back keeps dirty pages in the slots).
+    #[arg(long, default_value = "0", value_name = "auto|SIZE")]
+    pub writeback_log: sce_server::config::LogSize,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -83,7 +88,9 @@ pub fn format(a: FormatArgs) -> Result<()> {
                 writeback: false,
             },
             size: None,
-            log_bytes: 0,
+            log_bytes: a
+                .writeback_log
+                .bytes(dev.size(), sce_core::WriteMode::WriteBack),
         },
     )?;
     print_formatted(&a, &sb)
@@ -280,24 +287,8 @@ fn print_check(r: &CheckReport, verified: bool) {
         l.slots_per_unit,
         format_size(r.metadata_bytes)
     );
-    if let Some(g) = &r.log {
-        println!(
-            "  write-back log: {}, {} commits replayed (last {}, {} recorded durable{}), {} \
-             torn pages of the last commits skipped (they keep their older version)",
-            format_size(g.bytes),
-            g.commits,
-            g.last_seq,
-            g.durable_seq,
-            if g.short {
-                ": SHORT, committed data lost"
-            } else {
-                ""
-            },
-            g.torn_skipped
-        );
-    }
+    print_log(r);
     for (name, s) in &r.volumes {
-        let (log_dirty, log_lost) = log_pages(r, name);
         println!("  volume {name}:");
         println!(
             "    units: {} ok, {} never written, {} repaired from their mirror copy, damaged in both copies: {} corrupt, {} misplaced; never this device's: {} (another device, format or former content)",
@@ -313,17 +304,7 @@ fn print_check(r: &CheckReport, verified: bool) {
             s.slots_in_bad_units
         );
         println!("    write intents set: {}", s.intents_set);
-        println!(
-            "    write-back: {} dirty pages ({}), {} lost pages (reads of them fail){}",
-            s.pages_dirty + log_dirty,
-            format_size((s.pages_dirty + log_dirty) * 4096),
-            s.dirty_pages_lost + log_lost,
-            if r.log.is_some() {
-                format!("; in the log: {log_dirty} dirty, {log_lost} lost")
-            } else {
-                String::new()
-            }
-        );
+        print_dirty(r, name, s);
         println!(
             "    write journal (every block's checksum verified): {} live blocks of {} ({} \
              copies damaged, {} repaired from the mirror, {} missing), {} pages they drop in \
@@ -346,6 +327,59 @@ fn print_check(r: &CheckReport, verified: bool) {
     for line in damage_summary(r) {
         println!("{line}");
     }
+}
+
+/// A volume's write-back line of `sce check`: its dirty pages, in the slots and the log.
+fn print_dirty(r: &CheckReport, name: &str, s: &sce_store::ScanReport) {
+    let (log_dirty, log_lost) = log_pages(r, name);
+    let in_log = match r.log {
+        Some(_) => format!("; in the log: {log_dirty} dirty, {log_lost} lost"),
+        None => String::new(),
+    };
+    println!(
+        "    write-back: {} dirty pages ({}), {} lost pages (reads of them fail){in_log}",
+        s.pages_dirty + log_dirty,
+        format_size((s.pages_dirty + log_dirty) * 4096),
+        s.dirty_pages_lost + log_lost,
+    );
+}
+
+/// The write-back log's line of `sce check`, if the device has one.
+fn print_log(r: &CheckReport) {
+    let Some(g) = &r.log else {
+        return;
+    };
+    println!(
+        "  write-back log: {}, {} commits replayed (last {}, {} recorded durable{}), {} torn \
+         pages of the last commits skipped (they keep their older version)",
+        format_size(g.bytes),
+        g.commits,
+        g.last_seq,
+        g.durable_seq,
+        if g.short {
+            ": SHORT, committed data lost"
+        } else {
+            ""
+        },
+        g.torn_skipped
+    );
+}
+
+/// What `check` found damaged in the write-back log, in an operator's words.
+fn log_damage(r: &CheckReport) -> Option<String> {
+    let g = r.log.as_ref().filter(|g| g.damaged())?;
+    let lost: u64 = g.volumes.iter().map(|v| v.2).sum();
+    let short = if g.short {
+        "its replay ends before the last commit recorded durable (committed dirty data is \
+         missing); "
+    } else {
+        ""
+    };
+    Some(format!(
+        "damage found in the write-back log: {short}{lost} dirty page(s) whose newest committed \
+         version fails its checksum (reads of them fail, never an older version); a start in \
+         write-back is refused while committed data is missing"
+    ))
 }
 
 /// The dirty and lost pages the write-back log holds for volume `name`.
@@ -393,20 +427,7 @@ fn damage_summary(r: &sce_store::CheckReport) -> Vec<String> {
             r.data_pages_bad, r.data_dirty_pages_bad
         ));
     }
-    if let Some(g) = r.log.as_ref().filter(|g| g.damaged()) {
-        let lost: u64 = g.volumes.iter().map(|v| v.2).sum();
-        out.push(format!(
-            "damage found in the write-back log: {}{lost} dirty page(s) whose newest committed \
-             version fails its checksum (reads of them fail, never an older version); a start \
-             in write-back is refused while committed data is missing",
-            if g.short {
-                "its replay ends before the last commit recorded durable (committed dirty data \
-                 is missing); "
-            } else {
-                ""
-            }
-        ));
-    }
+    out.extend(log_damage(r));
     if out.is_empty() {
         out.push("no damage found".to_string());
     }

@@ -410,3 +410,66 @@ fn a_start_refused_at_its_listener_leaves_no_cache_file_it_created() {
         "a refused start removed a cache it did not create"
     );
 }
+
+/// Issue 29: `--mode writeback` gives a cache sce formats a write-back log by default
+/// (`sce check` shows it and counts its dirty pages); a device formatted without one
+/// (`sce format` without `--writeback-log`) serves write-back in the slots and says so.
+#[test]
+fn write_back_gets_a_log_by_default_and_a_device_without_one_says_so() {
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("src.img");
+    source_file(&src);
+    let (sock, state) = (d.path().join("s.sock"), d.path().join("state"));
+    let cache = d.path().join("new.cache");
+    let (src_s, st) = (src.to_str().unwrap(), state.to_str().unwrap());
+    let args = |cache: &Path| {
+        let c = cache.to_str().unwrap().to_string();
+        vec![
+            "--source".to_string(),
+            src_s.into(),
+            "--cache".into(),
+            c,
+            "--cache-size".into(),
+            "64MiB".into(),
+            "--mode".into(),
+            "writeback".into(),
+            "--state-dir".into(),
+            st.into(),
+            "--allow-buffered".into(),
+        ]
+    };
+    let a = args(&cache);
+    let s = common::Server::start(&a.iter().map(|x| x.as_str()).collect::<Vec<_>>(), &sock);
+    let c = client(&sock, "");
+    c.write_at(0, &vec![0x5au8; 64 * 1024]).unwrap();
+    c.flush().unwrap();
+    assert!(!s_warned(&s.log()), "{}", s.log());
+    s.kill();
+    let check = text(&sce(&["check", cache.to_str().unwrap()]));
+    println!("{check}");
+    assert!(check.contains("write-back log: 16.00 MiB"), "{check}");
+    assert!(check.contains("in the log: 16 dirty, 0 lost"), "{check}");
+    // A device formatted without a log: write-back in the slots, with a warning.
+    let old = d.path().join("old.cache");
+    let f = sce(&[
+        "format",
+        old.to_str().unwrap(),
+        "--source",
+        src_s,
+        "--cache-size",
+        "64MiB",
+    ]);
+    assert!(f.status.success(), "{}", text(&f));
+    let a = args(&old);
+    let s = common::Server::start(&a.iter().map(|x| x.as_str()).collect::<Vec<_>>(), &sock);
+    let log = s.log();
+    assert!(s_warned(&log), "{log}");
+    assert!(s.term().success());
+    let check = text(&sce(&["check", old.to_str().unwrap()]));
+    assert!(!check.contains("write-back log:"), "{check}");
+}
+
+/// The start-up warning of write-back without a log.
+fn s_warned(log: &str) -> bool {
+    log.contains("write-back without a write-back log")
+}

@@ -1,0 +1,76 @@
+//! `--writeback-log`: how much of a cache device sce gives a write-back log when it
+//! formats it (issue 29).
+
+/// The size of the write-back log sce gives a cache device it formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogSize {
+    /// A log for an export in `--mode writeback` ([`LogSize::auto_bytes`] of the device);
+    /// none for the other modes.
+    Auto,
+    /// This many bytes (0: none, whatever the mode).
+    Bytes(u64),
+}
+
+impl LogSize {
+    /// The log `auto` gives a device of `device` bytes: a sixteenth of it (6% of the read
+    /// capacity), at least 16 MiB (but at most a quarter of a small device), at most 4 GiB,
+    /// in whole MiB; none if that is under the log's 1 MiB minimum. The log only has to
+    /// absorb the dirty data written between cleanings (the cleaner drains it as fast as
+    /// the source takes writes), so a larger one mostly takes room from the read slots.
+    pub fn auto_bytes(device: u64) -> u64 {
+        const MIB: u64 = 1 << 20;
+        let l = (device / 16).max((16 * MIB).min(device / 4)).min(4 << 30);
+        let l = l / MIB * MIB;
+        if l < MIB {
+            0
+        } else {
+            l
+        }
+    }
+
+    /// The bytes of log to format a device of `device` bytes with, for `mode`.
+    pub fn bytes(self, device: u64, mode: sce_core::WriteMode) -> u64 {
+        match self {
+            LogSize::Bytes(b) => b,
+            LogSize::Auto if mode == sce_core::WriteMode::WriteBack => Self::auto_bytes(device),
+            LogSize::Auto => 0,
+        }
+    }
+}
+
+impl std::str::FromStr for LogSize {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "auto" {
+            return Ok(LogSize::Auto);
+        }
+        sce_core::units::parse_size(s)
+            .map(LogSize::Bytes)
+            .map_err(|e| format!("{e} (or auto)"))
+    }
+}
+
+#[cfg(test)]
+mod log_size_tests {
+    use super::LogSize;
+    use sce_core::WriteMode;
+
+    #[test]
+    fn auto_gives_write_back_a_sixteenth_within_bounds_and_other_modes_none() {
+        const MIB: u64 = 1 << 20;
+        assert_eq!(LogSize::auto_bytes(64 << 30), 4 << 30);
+        assert_eq!(LogSize::auto_bytes(100 << 30), 4 << 30);
+        assert_eq!(LogSize::auto_bytes(16 << 30), 1 << 30);
+        assert_eq!(LogSize::auto_bytes(1 << 30), 64 * MIB);
+        assert_eq!(LogSize::auto_bytes(200 * MIB), 16 * MIB);
+        assert_eq!(LogSize::auto_bytes(32 * MIB), 8 * MIB);
+        assert_eq!(LogSize::auto_bytes(2 * MIB), 0);
+        let auto = LogSize::Auto;
+        assert_eq!(auto.bytes(16 << 30, WriteMode::WriteBack), 1 << 30);
+        assert_eq!(auto.bytes(16 << 30, WriteMode::WriteThrough), 0);
+        assert_eq!(LogSize::Bytes(0).bytes(16 << 30, WriteMode::WriteBack), 0);
+        assert_eq!("auto".parse::<LogSize>(), Ok(LogSize::Auto));
+        assert_eq!("8MiB".parse::<LogSize>(), Ok(LogSize::Bytes(8 * MIB)));
+        assert!("lots".parse::<LogSize>().is_err());
+    }
+}
