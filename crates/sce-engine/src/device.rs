@@ -31,6 +31,21 @@ impl QueuedReads for CacheVolume {
     fn queue(&self) -> Option<Arc<dyn IoQueue>> {
         self.hit_queue()
     }
+
+    /// Write-back through the log: a write of whole pages is one append to the log on the
+    /// cache device (no edge pages to read, perhaps from the source), and a flush one
+    /// commit; both take about what the device's own write or flush takes.
+    fn runs_locally(&self, op: Op, offset: u64, len: u64) -> bool {
+        let ps = sce_core::PAGE_SIZE;
+        if self.path.log().is_none() || self.engine.health.passthrough() {
+            return false;
+        }
+        match op {
+            Op::Write => offset % ps == 0 && len % ps == 0 && self.check(op, offset, len).is_ok(),
+            Op::Flush => true,
+            Op::Read | Op::Discard => false,
+        }
+    }
 }
 
 impl BlockDevice for CacheVolume {

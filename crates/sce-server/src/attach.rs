@@ -583,4 +583,15 @@ impl QueuedReads for Attachable {
         }
         self.draining.lock().as_deref()?.queue()
     }
+
+    fn runs_locally(&self, op: sce_io::Op, offset: u64, len: u64) -> bool {
+        offset
+            .checked_add(len)
+            .is_some_and(|e| e <= self.source.size())
+            && self
+                .gate
+                .read()
+                .as_deref()
+                .is_some_and(|v| v.runs_locally(op, self.base() + offset, len))
+    }
 }

@@ -142,6 +142,15 @@ pub trait QueuedReads: Send + Sync {
     fn start_read(&self, offset: u64, len: u64) -> Option<StartedRead>;
     /// The queue started reads are submitted to (none until the device has one).
     fn queue(&self) -> Option<Arc<dyn IoQueue>>;
+    /// Whether a write of `len` bytes at `offset` (`op` [`Op::Write`]), or a flush
+    /// ([`Op::Flush`]), is served by the local device alone, in about the time of the
+    /// device's own write or flush (a write-back cache's log append, or its commit): a
+    /// server may then run one alone in flight on the thread that received it, as it does
+    /// a local file's, instead of waking another thread for it. Default: no.
+    fn runs_locally(&self, op: Op, offset: u64, len: u64) -> bool {
+        let _ = (op, offset, len);
+        false
+    }
 }
 
 /// An implementation of [`IoQueue`], or the choice of one.
