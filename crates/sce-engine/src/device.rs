@@ -5,6 +5,7 @@ use crate::through::Payload;
 use crate::volume::CacheVolume;
 use sce_io::{
     check_range, BlockDevice, IoError, IoQueue, Op, QueuedReads, SharedBytes, StartedRead,
+    StartedWrite,
 };
 use std::sync::Arc;
 
@@ -41,10 +42,21 @@ impl QueuedReads for CacheVolume {
             return false;
         }
         match op {
-            Op::Write => offset % ps == 0 && len % ps == 0 && self.check(op, offset, len).is_ok(),
+            Op::Write => {
+                offset.is_multiple_of(ps)
+                    && len.is_multiple_of(ps)
+                    && self.check(op, offset, len).is_ok()
+            }
             Op::Flush => true,
             Op::Read | Op::Discard => false,
         }
+    }
+
+    /// Write-back through the log, with a queue: a write of whole pages that needs no
+    /// waiting (`log/queued.rs`).
+    fn start_write(&self, offset: u64, len: u64) -> Option<(StartedWrite, Arc<dyn IoQueue>)> {
+        self.check(Op::Write, offset, len).ok()?;
+        self.path.log()?.start_write(&self.engine, offset, len)
     }
 }
 
