@@ -23,7 +23,8 @@ O_DIRECT), so its row is set beside "device buffered": fio writing the file with
    AWT write-through and device direct. Goals: IOPS at least 1.5x write-through's; write
    mean within 1.2x of device direct's.
 
-Usage: scripts/bench-wblog.py [--sce BIN] [--seconds S] [--parts 1,2,3] [--out FILE]
+Usage: scripts/bench-wblog.py [--sce BIN] [--seconds S] [--parts 1,2,3] [--quick]
+                              [--compare OTHER_BIN]... [--out FILE]
 """
 
 import argparse
@@ -74,13 +75,16 @@ def run(a, procs, d, kind, extra, job, direct_file):
         return j
     src, src_sock = slow_source(procs, d)
     target = uri(src_sock)
+    sce = a.sce
+    if kind.startswith("sce@"):
+        kind, sce = "sce", kind[4:]
     if kind == "sce":
         # A cache file written through first, like the device direct's file (and an SSD): a
         # sparse file would make every first write allocate blocks in the filesystem.
         cache = os.path.join(d, "wb.cache")
         subprocess.run(["dd", "if=/dev/zero", f"of={cache}", "bs=1M", "count=1024",
                         "status=none"], check=True)
-        server, sock, _ = sce_serve(procs, a.sce, d, "wb", [
+        server, sock, _ = sce_serve(procs, sce, d, "wb", [
             "--source", target, "--cache", cache, "--force", "--state-dir",
             os.path.join(d, "wb.state")] + extra)
         target = uri(sock)
@@ -101,6 +105,11 @@ def verdict(x, goal):
     return f"{x:.2f}x ({'met' if x <= goal else 'missed'}, goal ≤ {goal}x)"
 
 
+def compared(a, label, extra, tail):
+    """The rows of `--compare` binaries: `label` served by each (kind "sce@BIN")."""
+    return [(f"{label} ({os.path.basename(b)})", f"sce@{b}", extra, *tail) for b in a.compare]
+
+
 def part_writes(a, procs, d, direct):
     configs = [
         ("device direct (fio, O_DIRECT file)", "direct", []),
@@ -114,6 +123,7 @@ def part_writes(a, procs, d, direct):
     ]
     if a.quick:
         configs = configs[:5]
+    configs += compared(a, "sce write-back through the log", LOG, [])
     out = []
     for qd in (1, 16):
         job = ["--rw=randwrite", "--bs=4k", "--size=256m", f"--iodepth={qd}", "--time_based",
@@ -146,6 +156,7 @@ def part_flush(a, procs, d, direct):
     base = ["--rw=randwrite", "--bs=4k", "--size=256m", "--iodepth=1", "--time_based",
             f"--runtime={a.seconds}", "--randseed=9", "--percentile_list=99"]
     rows = []
+    compare = compared(a, "sce write-back through the log, write + FLUSH", LOG, ["--fsync=1"])
     for label, kind, extra, sync in [
             ("device direct, write + fdatasync", "direct", [], "--fdatasync=1"),
             ("the device through sce's NBD server, write + FLUSH", "nbd", [], "--fsync=1"),
@@ -154,7 +165,7 @@ def part_flush(a, procs, d, direct):
             ("the device through nbdkit's file plugin, write + FLUSH", "nbdkit", [],
              "--fsync=1"),
             ("sce write-back in the slots, write + FLUSH", "sce", ["--mode", "writeback"],
-             "--fsync=1")]:
+             "--fsync=1")] + compare:
         log(f"== write + flush: {label}")
         j = run(a, procs, d, kind, extra, base + [sync], direct)
         # fio counts a write and its sync as one operation; the mean of the pair is the
@@ -211,6 +222,9 @@ def main():
                     "+ flush, 3: OLTP), comma-separated")
     ap.add_argument("--quick", action="store_true", help="part 1 without the slot, "
                     "write-through and source rows (while iterating)")
+    ap.add_argument("--compare", action="append", default=[], metavar="BIN",
+                    help="also run write-back through the log served by BIN (another sce "
+                    "build), in parts 1 and 2")
     ap.add_argument("--out")
     a = ap.parse_args()
     parts = {int(x) for x in a.parts.split(",")}
