@@ -7,6 +7,11 @@ wdelay=2ms -t 64`) with a 1 GiB cache file on this filesystem (written through w
 first, as the device direct's file is), served over a Unix socket;
 "device direct" is fio writing a fully written file on the same filesystem itself, O_DIRECT
 (psync at QD1, libaio at QD16), the same job: the cache device alone, with no NBD path.
+The NBD floor, what serving the device over NBD costs before any cache: `sce serve` of the
+same file with no cache (io_uring, O_DIRECT), and nbdkit's file plugin (`nbdkit -U SOCK file
+FILE`, its default threads), which writes through the page cache (nbdkit 1.32 has no
+O_DIRECT), so its row is set beside "device buffered": fio writing the file without O_DIRECT
+(fdatasync is still a device flush).
 
 1. 4 KiB random writes over 256 MiB at QD1 and QD16: mean and p99 write latency of sce
    write-back through the log (`--writeback-log 768MiB`), write-back in the slots (a device
@@ -18,7 +23,8 @@ first, as the device direct's file is), served over a Unix socket;
    AWT write-through and device direct. Goals: IOPS at least 1.5x write-through's; write
    mean within 1.2x of device direct's.
 
-Usage: scripts/bench-wblog.py [--sce BIN] [--seconds S] [--out FILE]
+Usage: scripts/bench-wblog.py [--sce BIN] [--seconds S] [--parts 1,2,3] [--quick]
+                              [--compare OTHER_BIN]... [--out FILE]
 """
 
 import argparse
@@ -27,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchkit import Procs, fio, log, mean_ms, p99_ms, sce_serve, slow_source, uri
+from benchkit import Procs, fio, log, mean_ms, p99_ms, sce_serve, slow_source, uri, wait_sock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOG = ["--mode", "writeback", "--writeback-log", "768MiB"]
@@ -36,9 +42,28 @@ LOG = ["--mode", "writeback", "--writeback-log", "768MiB"]
 def run(a, procs, d, kind, extra, job, direct_file):
     """One fio `job` against configuration `kind` ("sce", "source" or "direct")."""
     src = server = None
-    if kind == "direct":
+    if kind in ("direct", "buffered"):
         engine = ["--ioengine=libaio"] if "--iodepth=16" in job else ["--ioengine=psync"]
-        j, _ = fio(["--name=j", "--direct=1", f"--filename={direct_file}"] + engine + job)
+        if kind == "buffered":
+            # libaio is synchronous on buffered files: several jobs give QD16 instead.
+            qd16 = "--iodepth=16" in job
+            engine = ["--ioengine=psync", "--direct=0"] + (["--numjobs=16"] if qd16 else [])
+            job = [x for x in job if not x.startswith("--iodepth")]
+        else:
+            engine.append("--direct=1")
+        j, _ = fio(["--name=j", f"--filename={direct_file}"] + engine + job)
+        return j
+    if kind == "nbdkit":
+        # nbdkit's file plugin serving the same file (its default threads).
+        sock = os.path.join(d, "nbdkit.sock")
+        if os.path.exists(sock):
+            os.unlink(sock)
+        server = procs.start(["nbdkit", "-f", "-U", sock, "file", direct_file])
+        wait_sock(sock, server, "nbdkit (file)")
+        try:
+            j, _ = fio(["--name=j", "--ioengine=nbd", f"--uri={uri(sock)}"] + job)
+        finally:
+            procs.stop(server)
         return j
     if kind == "nbd":
         # The device through sce's NBD server alone: `sce serve` of the same file, no cache.
@@ -50,13 +75,16 @@ def run(a, procs, d, kind, extra, job, direct_file):
         return j
     src, src_sock = slow_source(procs, d)
     target = uri(src_sock)
+    sce = a.sce
+    if kind.startswith("sce@"):
+        kind, sce = "sce", kind[4:]
     if kind == "sce":
         # A cache file written through first, like the device direct's file (and an SSD): a
         # sparse file would make every first write allocate blocks in the filesystem.
         cache = os.path.join(d, "wb.cache")
         subprocess.run(["dd", "if=/dev/zero", f"of={cache}", "bs=1M", "count=1024",
                         "status=none"], check=True)
-        server, sock, _ = sce_serve(procs, a.sce, d, "wb", [
+        server, sock, _ = sce_serve(procs, sce, d, "wb", [
             "--source", target, "--cache", cache, "--force", "--state-dir",
             os.path.join(d, "wb.state")] + extra)
         target = uri(sock)
@@ -77,15 +105,25 @@ def verdict(x, goal):
     return f"{x:.2f}x ({'met' if x <= goal else 'missed'}, goal ≤ {goal}x)"
 
 
+def compared(a, label, extra, tail):
+    """The rows of `--compare` binaries: `label` served by each (kind "sce@BIN")."""
+    return [(f"{label} ({os.path.basename(b)})", f"sce@{b}", extra, *tail) for b in a.compare]
+
+
 def part_writes(a, procs, d, direct):
     configs = [
         ("device direct (fio, O_DIRECT file)", "direct", []),
         ("the device through sce's NBD server (no cache)", "nbd", []),
         ("sce write-back through the log", "sce", LOG),
+        ("device buffered (fio, page cache)", "buffered", []),
+        ("the device through nbdkit's file plugin (page cache)", "nbdkit", []),
         ("sce write-back in the slots", "sce", ["--mode", "writeback"]),
         ("sce write-through (AWT)", "sce", ["--mode", "writethrough"]),
         ("source alone (2 ms)", "source", []),
     ]
+    if a.quick:
+        configs = configs[:5]
+    configs += compared(a, "sce write-back through the log", LOG, [])
     out = []
     for qd in (1, 16):
         job = ["--rw=randwrite", "--bs=4k", "--size=256m", f"--iodepth={qd}", "--time_based",
@@ -98,11 +136,13 @@ def part_writes(a, procs, d, direct):
         dev = rows[configs[0][0]]
         out += [f"### 4 KiB random writes, QD{qd}", "",
                 "| configuration | write mean (ms) | write p99 (ms) | IOPS | mean × device | "
-                "p99 × device |", "|---|---:|---:|---:|---:|---:|"]
+                "p99 × device | mean × NBD floor | p99 × NBD floor |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        floor = rows[configs[1][0]]
         for label, _, _ in configs:
             m, p, i = rows[label]
             out.append(f"| {label} | {m:.3f} | {p:.3f} | {i:,.0f} | {m / dev[0]:.2f}x | "
-                       f"{p / dev[1]:.2f}x |")
+                       f"{p / dev[1]:.2f}x | {m / floor[0]:.2f}x | {p / floor[1]:.2f}x |")
         m, p, _ = rows[configs[2][0]]
         nm, np_, _ = rows[configs[1][0]]
         out += ["", f"Write-back through the log against the device: mean "
@@ -116,12 +156,16 @@ def part_flush(a, procs, d, direct):
     base = ["--rw=randwrite", "--bs=4k", "--size=256m", "--iodepth=1", "--time_based",
             f"--runtime={a.seconds}", "--randseed=9", "--percentile_list=99"]
     rows = []
+    compare = compared(a, "sce write-back through the log, write + FLUSH", LOG, ["--fsync=1"])
     for label, kind, extra, sync in [
             ("device direct, write + fdatasync", "direct", [], "--fdatasync=1"),
             ("the device through sce's NBD server, write + FLUSH", "nbd", [], "--fsync=1"),
             ("sce write-back through the log, write + FLUSH", "sce", LOG, "--fsync=1"),
+            ("device buffered, write + fdatasync", "buffered", [], "--fdatasync=1"),
+            ("the device through nbdkit's file plugin, write + FLUSH", "nbdkit", [],
+             "--fsync=1"),
             ("sce write-back in the slots, write + FLUSH", "sce", ["--mode", "writeback"],
-             "--fsync=1")]:
+             "--fsync=1")] + compare:
         log(f"== write + flush: {label}")
         j = run(a, procs, d, kind, extra, base + [sync], direct)
         # fio counts a write and its sync as one operation; the mean of the pair is the
@@ -129,12 +173,13 @@ def part_flush(a, procs, d, direct):
         sync_mean = j["sync"]["lat_ns"]["mean"] / 1e6 if "sync" in j else 0.0
         rows.append((label, mean_ms(j, "write"), sync_mean, j["write"]["iops"]))
     dev = rows[0][1] + rows[0][2]
+    floor = rows[1][1] + rows[1][2]
     out = ["### A 4 KiB write followed by a FLUSH, QD1", "",
            "| configuration | write mean (ms) | flush mean (ms) | write + flush (ms) | "
-           "writes/s | × device |", "|---|---:|---:|---:|---:|---:|"]
+           "writes/s | × device | × NBD floor |", "|---|---:|---:|---:|---:|---:|---:|"]
     for label, w, s, i in rows:
         out.append(f"| {label} | {w:.3f} | {s:.3f} | {w + s:.3f} | {i:,.0f} | "
-                   f"{(w + s) / dev:.2f}x |")
+                   f"{(w + s) / dev:.2f}x | {(w + s) / floor:.2f}x |")
     x = (rows[2][1] + rows[2][2]) / dev
     nbd = (rows[2][1] + rows[2][2]) / (rows[1][1] + rows[1][2])
     return out + ["", f"Write-back through the log, write + FLUSH against the device's "
@@ -173,8 +218,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sce", default=os.path.join(ROOT, "target/release/sce"))
     ap.add_argument("--seconds", type=int, default=15)
+    ap.add_argument("--parts", default="1,2,3", help="which tables to run (1: writes, 2: write "
+                    "+ flush, 3: OLTP), comma-separated")
+    ap.add_argument("--quick", action="store_true", help="part 1 without the slot, "
+                    "write-through and source rows (while iterating)")
+    ap.add_argument("--compare", action="append", default=[], metavar="BIN",
+                    help="also run write-back through the log served by BIN (another sce "
+                    "build), in parts 1 and 2")
     ap.add_argument("--out")
     a = ap.parse_args()
+    parts = {int(x) for x in a.parts.split(",")}
     if a.sce == os.path.join(ROOT, "target/release/sce"):
         subprocess.run(["cargo", "build", "--release", "-p", "sce"], cwd=ROOT, check=True)
     procs = Procs()
@@ -182,14 +235,19 @@ def main():
         with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR", "/var/tmp")) as d:
             direct = os.path.join(d, "direct.img")
             big = os.path.join(d, "big.img")
-            for path, mib in ((direct, 256), (big, 2048)):
+            for path, mib in ((direct, 256), (big, 2048 if 3 in parts else 0)):
+                if not mib:
+                    continue
                 subprocess.run(["dd", "if=/dev/urandom", f"of={path}", "bs=1M",
                                 f"count={mib}", "status=none"], check=True)
             out = ["## Issue 29: write-back at the speed of the cache device", "",
                    "`scripts/bench-wblog.py " + " ".join(sys.argv[1:]) + "`", ""]
-            out += part_writes(a, procs, d, direct)
-            out += part_flush(a, procs, d, direct)
-            out += part_oltp(a, procs, d, big)
+            if 1 in parts:
+                out += part_writes(a, procs, d, direct)
+            if 2 in parts:
+                out += part_flush(a, procs, d, direct)
+            if 3 in parts:
+                out += part_oltp(a, procs, d, big)
     finally:
         procs.stop_all()
     text = "\n".join(out)

@@ -5,6 +5,7 @@ use crate::through::Payload;
 use crate::volume::CacheVolume;
 use sce_io::{
     check_range, BlockDevice, IoError, IoQueue, Op, QueuedReads, SharedBytes, StartedRead,
+    StartedWrite,
 };
 use std::sync::Arc;
 
@@ -30,6 +31,32 @@ impl QueuedReads for CacheVolume {
 
     fn queue(&self) -> Option<Arc<dyn IoQueue>> {
         self.hit_queue()
+    }
+
+    /// Write-back through the log: a write of whole pages is one append to the log on the
+    /// cache device (no edge pages to read, perhaps from the source), and a flush one
+    /// commit; both take about what the device's own write or flush takes.
+    fn runs_locally(&self, op: Op, offset: u64, len: u64) -> bool {
+        let ps = sce_core::PAGE_SIZE;
+        if self.path.log().is_none() || self.engine.health.passthrough() {
+            return false;
+        }
+        match op {
+            Op::Write => {
+                offset.is_multiple_of(ps)
+                    && len.is_multiple_of(ps)
+                    && self.check(op, offset, len).is_ok()
+            }
+            Op::Flush => true,
+            Op::Read | Op::Discard => false,
+        }
+    }
+
+    /// Write-back through the log, with a queue: a write of whole pages that needs no
+    /// waiting (`log/queued.rs`).
+    fn start_write(&self, offset: u64, len: u64) -> Option<(StartedWrite, Arc<dyn IoQueue>)> {
+        self.check(Op::Write, offset, len).ok()?;
+        self.path.log()?.start_write(&self.engine, offset, len)
     }
 }
 

@@ -20,12 +20,7 @@ pub(crate) struct RangeGuard<'a> {
 
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
-        let mut r = self.lock.ranges.lock();
-        if let Some(i) = r.iter().position(|x| *x == self.range) {
-            r.swap_remove(i);
-        }
-        drop(r);
-        self.lock.cv.notify_all();
+        self.lock.release_range(self.range);
     }
 }
 
@@ -44,5 +39,30 @@ impl RangeLock {
             lock: self,
             range: (start, end, exclusive),
         }
+    }
+
+    /// Takes `[start, end)` exclusive if nothing overlaps it now (for a write that must not
+    /// wait: it holds the range past this call, until it gives it back with `release`).
+    pub(crate) fn try_take(&self, start: u64, end: u64) -> bool {
+        let mut r = self.ranges.lock();
+        if r.iter().any(|&(s, e, _)| s < end && start < e) {
+            return false;
+        }
+        r.push((start, end, true));
+        true
+    }
+
+    /// Gives back a range `try_take` took.
+    pub(crate) fn release(&self, start: u64, end: u64) {
+        self.release_range((start, end, true));
+    }
+
+    fn release_range(&self, range: (u64, u64, bool)) {
+        let mut r = self.ranges.lock();
+        if let Some(i) = r.iter().position(|x| *x == range) {
+            r.swap_remove(i);
+        }
+        drop(r);
+        self.cv.notify_all();
     }
 }

@@ -107,7 +107,8 @@ impl CacheVolume {
     /// there: a read whose every page is a hit is then started by
     /// [`sce_io::QueuedReads::start_read`] and completes on the queue's thread. Once per
     /// volume; false if it already has one, or in write-back (whose reads take the range
-    /// lock).
+    /// lock). Write-back through the log starts its writes of whole pages through it
+    /// instead ([`sce_io::QueuedReads::start_write`]).
     pub fn serve_hits_from(&self, queue: Arc<dyn IoQueue>, base: u64) -> bool {
         let data = self
             .engine
@@ -116,15 +117,17 @@ impl CacheVolume {
             .map_or(0, |p| p.layout.data_offset);
         match &self.path {
             WritePath::Through(t) => t.serve_hits_from(queue, base + data),
-            WritePath::Back(_) | WritePath::Log(_) => false,
+            WritePath::Log(l) => l.serve_writes_from(queue, base),
+            WritePath::Back(_) => false,
         }
     }
 
-    /// The queue hits are read through, if any.
+    /// The queue hits are read (or log writes started) through, if any.
     pub(crate) fn hit_queue(&self) -> Option<Arc<dyn IoQueue>> {
         match &self.path {
             WritePath::Through(t) => t.hit_queue(),
-            WritePath::Back(_) | WritePath::Log(_) => None,
+            WritePath::Log(l) => l.queue(),
+            WritePath::Back(_) => None,
         }
     }
 

@@ -6,7 +6,7 @@ mod common;
 
 use common::{random_source, read};
 use sce_engine::{CacheVolume, EngineConfig};
-use sce_io::{AlignedBuf, BlockDevice, FaultDevice, MemDevice, Op};
+use sce_io::{AlignedBuf, BlockDevice, BufPool, FaultDevice, IoQueue, MemDevice, Op, QueuedReads};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -215,4 +215,63 @@ fn the_log_wraps_round_many_times_through_cleaning() {
     assert!(read(&*source, 0, 16 * MIB) == want);
     let wb = vol.writeback_stats().unwrap();
     assert!(wb.cleaned_bytes >= 8 * MIB, "{wb:?}");
+}
+
+/// A write started without blocking (as the NBD reader starts one, through the cache
+/// device's queue) is the same one device write, visible once its completion ran,
+/// committed by the next FLUSH and found after a crash. Only whole pages whose range is
+/// free start; a started write dropped unsubmitted writes nothing and holds nothing.
+#[test]
+fn a_write_started_through_the_queue_is_one_device_write_acknowledged_when_done() {
+    let source = random_source(16 * MIB, 4);
+    let before = read(&*source, 0, 16 * MIB);
+    let cache = Arc::new(FaultDevice::new(MemDevice::new(8 * MIB)));
+    let ctl = cache.control();
+    let vol = CacheVolume::open(source.clone(), cache.clone(), config()).unwrap();
+    assert!(
+        vol.start_write(0, PAGE).is_none(),
+        "no queue: the blocking path"
+    );
+    let q: Arc<dyn IoQueue> = Arc::new(sce_io::ThreadQueue::new(cache.clone(), 2));
+    assert!(vol.serve_hits_from(q, 0));
+    assert!(vol.start_write(512, PAGE).is_none(), "not whole pages");
+    let pool = BufPool::new(MIB);
+    let w0 = ctl.ops(Op::Write);
+    let (start, queue) = vol.start_write(3 * MIB, 2 * PAGE).expect("started");
+    assert!(
+        vol.start_write(3 * MIB + PAGE, PAGE).is_none(),
+        "its pages are held until it completes"
+    );
+    let mut buf = pool.take((2 * PAGE) as usize);
+    buf.copy_from_slice(&pattern(5, 2 * PAGE));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (op, done) = start(buf, Box::new(move |d| tx.send(d.result).unwrap()));
+    queue.submit(op, done);
+    rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+    assert_eq!(ctl.ops(Op::Write) - w0, 1, "one device write");
+    let mut want = before.clone();
+    want[(3 * MIB) as usize..(3 * MIB + 2 * PAGE) as usize].copy_from_slice(&pattern(5, 2 * PAGE));
+    assert!(read(&vol, 0, 16 * MIB) == want, "visible once done");
+    // Dropped unsubmitted: nothing written, its pages and positions given back.
+    let (s2, _) = vol
+        .start_write(3 * MIB + PAGE, PAGE)
+        .expect("released at completion");
+    drop(s2);
+    assert_eq!(ctl.ops(Op::Write) - w0, 1);
+    assert!(read(&vol, 0, 16 * MIB) == want);
+    vol.write_at(3 * MIB + PAGE, &pattern(8, PAGE)).unwrap();
+    want[(3 * MIB + PAGE) as usize..(3 * MIB + 2 * PAGE) as usize]
+        .copy_from_slice(&pattern(8, PAGE));
+    vol.flush().unwrap();
+    assert_eq!(vol.writeback_stats().unwrap().dirty_bytes, 2 * PAGE);
+    // A crash after the FLUSH keeps both.
+    std::mem::forget(vol);
+    let image = Arc::new(MemDevice::new(8 * MIB));
+    image.write_at(0, &read(&*cache, 0, 8 * MIB)).unwrap();
+    let again = CacheVolume::open(source.clone(), image, config()).unwrap();
+    assert!(read(&again, 0, 16 * MIB) == want, "a committed write lost");
+    again
+        .flush_to_source(None, Duration::from_secs(10))
+        .unwrap();
+    assert!(read(&*source, 0, 16 * MIB) == want);
 }

@@ -45,8 +45,8 @@ pub use latency::{Delay, LatencyConfig, LatencyDevice};
 pub use mem::MemDevice;
 pub use pool::{BufPool, PooledBuf};
 pub use queue::{
-    open_queue, Backend, IoDone, IoOp, IoQueue, OnDone, QueuedReads, StartedRead, ThreadQueue,
-    UringQueue,
+    open_queue, Backend, IoDone, IoOp, IoQueue, OnDone, QueuedReads, StartedRead, StartedWrite,
+    ThreadQueue, UringQueue,
 };
 pub use slice::SliceDevice;
 

@@ -10,8 +10,7 @@
 
 use crate::proto::{self, Request};
 use crate::uri::NbdUri;
-use crossbeam_channel::{bounded, Sender};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -247,7 +246,35 @@ pub(crate) type Reply = io::Result<(u32, Vec<u8>)>;
 struct Waiter {
     /// Bytes of data that follow a successful reply (a read's length, else 0).
     read_len: u32,
-    reply: Sender<Reply>,
+    reply: Arc<ReplySlot>,
+}
+
+/// Where a request's reply is handed over: the request sleeps on it until the reader
+/// thread (or a failure) fills it. Never spins: a request to a remote source waits for
+/// milliseconds, and many requests spinning (yielding the processor in a loop, as a
+/// channel's receive does first) take a small host's processors from everything else.
+#[derive(Default)]
+struct ReplySlot {
+    reply: Mutex<Option<Reply>>,
+    filled: Condvar,
+}
+
+impl ReplySlot {
+    fn send(&self, r: Reply) {
+        *self.reply.lock() = Some(r);
+        self.filled.notify_one();
+    }
+
+    /// The reply, or `None` at `deadline`.
+    fn recv_deadline(&self, deadline: Instant) -> Option<Reply> {
+        let mut r = self.reply.lock();
+        while r.is_none() {
+            if self.filled.wait_until(&mut r, deadline).timed_out() {
+                break;
+            }
+        }
+        r.take()
+    }
 }
 
 /// The part of a connection its reader thread shares with the requests.
@@ -274,7 +301,7 @@ impl Shared {
             self.shut.shutdown();
         }
         for (_, w) in pending.drain() {
-            let _ = w.reply.send(Err(io::Error::new(kind, why.to_string())));
+            w.reply.send(Err(io::Error::new(kind, why.to_string())));
         }
     }
 }
@@ -331,7 +358,7 @@ impl Conn {
         deadline: Instant,
     ) -> Reply {
         let cookie = self.cookie.fetch_add(1, Relaxed);
-        let (tx, rx) = bounded(1);
+        let slot = Arc::new(ReplySlot::default());
         let read_len = if command == proto::CMD_READ { len } else { 0 };
         {
             let mut pending = self.shared.pending.lock();
@@ -345,7 +372,7 @@ impl Conn {
                 cookie,
                 Waiter {
                     read_len,
-                    reply: tx,
+                    reply: slot.clone(),
                 },
             );
         }
@@ -366,15 +393,16 @@ impl Conn {
             self.shared
                 .fail(e.kind(), &format!("sending a request: {e}"));
         }
-        match rx.recv_deadline(deadline) {
-            Ok(r) => r,
-            Err(_) => {
+        match slot.recv_deadline(deadline) {
+            Some(r) => r,
+            None => {
                 self.shared.fail(
                     io::ErrorKind::TimedOut,
                     "a request on this connection timed out",
                 );
-                // The reader may have answered between the timeout and `fail`.
-                rx.try_recv().unwrap_or_else(|_| {
+                // The reader may have answered between the timeout and `fail` (which
+                // answers every request still waiting).
+                slot.reply.lock().take().unwrap_or_else(|| {
                     Err(io::Error::new(io::ErrorKind::TimedOut, "request timed out"))
                 })
             }
@@ -431,10 +459,10 @@ fn read_reply(rd: &mut Stream, sh: &Shared) -> io::Result<()> {
     if error == 0 && w.read_len > 0 {
         data = vec![0u8; w.read_len as usize];
         if let Err(e) = rd.read_full(&mut data) {
-            let _ = w.reply.send(Err(io::Error::new(e.kind(), e.to_string())));
+            w.reply.send(Err(io::Error::new(e.kind(), e.to_string())));
             return Err(e);
         }
     }
-    let _ = w.reply.send(Ok((error, data)));
+    w.reply.send(Ok((error, data)));
     Ok(())
 }

@@ -770,6 +770,189 @@ fn reads_a_device_can_start_are_answered_from_its_queue_and_the_rest_by_workers(
     conformance::run_all(&c);
 }
 
+/// A device whose writes and flushes the local device alone serves, or not (`local`), as
+/// a cached volume's in write-back through the log.
+struct LocalWrites {
+    local: bool,
+}
+
+impl sce_io::QueuedReads for LocalWrites {
+    fn start_read(&self, _offset: u64, _len: u64) -> Option<sce_io::StartedRead> {
+        None
+    }
+    fn queue(&self) -> Option<Arc<dyn sce_io::IoQueue>> {
+        None
+    }
+    fn runs_locally(&self, op: sce_io::Op, _offset: u64, _len: u64) -> bool {
+        self.local && matches!(op, sce_io::Op::Write | sce_io::Op::Flush)
+    }
+}
+
+/// Writes and flushes alone in flight run on the reader when the device serves them
+/// locally, and go to the workers when it does not, or when requests are pipelined.
+#[test]
+fn writes_and_flushes_a_device_serves_locally_run_on_the_reader_when_alone() {
+    for local in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("nbd.sock");
+        let dev = Arc::new(MemDevice::new(8 << 20));
+        let server = Server::new(vec![Export {
+            name: "vol".into(),
+            description: String::new(),
+            device: dev.clone(),
+            read_only: false,
+            prefetch: None,
+            io: Some(ExportIo::Reads(Arc::new(LocalWrites { local }))),
+        }]);
+        let _l = listen(&server, &ListenAddr::Unix(sock.clone())).unwrap();
+        let inline = || server.stats().inline_requests.load(Relaxed);
+        let mut r = Raw::go(&sock, "vol");
+        r.request(proto::CMD_WRITE, 0, 1, 4096, 4096, &[5u8; 4096]);
+        assert_eq!(r.reply(), (0, 1));
+        r.request(proto::CMD_FLUSH, 0, 2, 0, 0, &[]);
+        assert_eq!(r.reply(), (0, 2));
+        // A read the device cannot start goes to the workers either way.
+        r.request(proto::CMD_READ, 0, 3, 4096, 4096, &[]);
+        assert_eq!(r.reply(), (0, 3));
+        let mut data = vec![0u8; 4096];
+        r.0.read_exact(&mut data).unwrap();
+        assert!(data.iter().all(|&b| b == 5));
+        let want = if local { 2 } else { 0 };
+        assert_eq!(
+            inline(),
+            want,
+            "local {local}: a write and a flush alone in flight"
+        );
+        // Two writes sent at once: the first has the second behind it, so a worker runs it.
+        let mut two = Vec::new();
+        for (cookie, at) in [(4u64, 8192u64), (5, 12288)] {
+            two.extend_from_slice(&proto::encode_request(&proto::Request {
+                flags: 0,
+                command: proto::CMD_WRITE,
+                cookie,
+                offset: at,
+                len: 4096,
+            }));
+            two.extend_from_slice(&[cookie as u8; 4096]);
+        }
+        r.0.write_all(&two).unwrap();
+        let mut cookies = [r.reply(), r.reply()].map(|(e, c)| {
+            assert_eq!(e, 0);
+            c
+        });
+        cookies.sort_unstable();
+        assert_eq!(cookies, [4, 5]);
+        assert!(
+            inline() <= want + 1,
+            "local {local}: {} ran inline",
+            inline()
+        );
+        let mut b = vec![0u8; 4096];
+        dev.read_at(8192, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == 4));
+        dev.read_at(12288, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == 5));
+    }
+}
+
+/// A device that starts its writes without blocking, through a queue on itself, unless
+/// they touch its last MiB, which the workers write (as a cached volume's log writes that
+/// must wait).
+struct StartsWrites {
+    queue: Arc<dyn sce_io::IoQueue>,
+    started: std::sync::atomic::AtomicU64,
+}
+
+impl sce_io::QueuedReads for StartsWrites {
+    fn start_read(&self, _offset: u64, _len: u64) -> Option<sce_io::StartedRead> {
+        None
+    }
+    fn queue(&self) -> Option<Arc<dyn sce_io::IoQueue>> {
+        None
+    }
+    fn start_write(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> Option<(sce_io::StartedWrite, Arc<dyn sce_io::IoQueue>)> {
+        if offset + len > 7 << 20 {
+            return None;
+        }
+        self.started.fetch_add(1, Relaxed);
+        let start: sce_io::StartedWrite =
+            Box::new(move |buf, done| (sce_io::IoOp::Write { offset, buf }, done));
+        Some((start, self.queue.clone()))
+    }
+}
+
+/// Writes a device can start go to the queue it names and are answered from their
+/// completion; FUA writes, and those it does not start, go to the workers.
+#[test]
+fn writes_a_device_starts_are_answered_from_its_queue_and_fua_by_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("nbd.sock");
+    let dev = Arc::new(MemDevice::new(8 << 20));
+    let queue: Arc<dyn sce_io::IoQueue> = Arc::new(sce_io::ThreadQueue::new(dev.clone(), 2));
+    let starts = Arc::new(StartsWrites {
+        queue,
+        started: Default::default(),
+    });
+    let export = Export {
+        name: "vol".into(),
+        description: String::new(),
+        device: dev.clone(),
+        read_only: false,
+        prefetch: None,
+        io: Some(ExportIo::Reads(starts.clone())),
+    };
+    // Nothing runs on the reader: every write is started or handed over.
+    let cfg = sce_nbd::ServerConfig {
+        inline_when_idle: false,
+        ..Default::default()
+    };
+    let server = Server::with_config(vec![export], cfg);
+    let _l = listen(&server, &ListenAddr::Unix(sock.clone())).unwrap();
+    let queued = || server.stats().queued_requests.load(Relaxed);
+    let mut r = Raw::go(&sock, "vol");
+    let mut all = Vec::new();
+    for (cookie, at, flags) in [
+        (1u64, 0u64, 0u16),
+        (2, 4096, 0),
+        (3, 8192, proto::CMD_FLAG_FUA),
+        (4, 7 << 20, 0),
+    ] {
+        all.extend_from_slice(&proto::encode_request(&proto::Request {
+            flags,
+            command: proto::CMD_WRITE,
+            cookie,
+            offset: at,
+            len: 4096,
+        }));
+        all.extend_from_slice(&[cookie as u8; 4096]);
+    }
+    r.0.write_all(&all).unwrap();
+    let mut cookies: Vec<u64> = (0..4)
+        .map(|_| {
+            let (e, c) = r.reply();
+            assert_eq!(e, 0, "cookie {c}");
+            c
+        })
+        .collect();
+    cookies.sort_unstable();
+    assert_eq!(cookies, [1, 2, 3, 4]);
+    assert_eq!(queued(), 2, "the two plain writes it starts");
+    assert_eq!(
+        starts.started.load(Relaxed),
+        2,
+        "never asked for the FUA write"
+    );
+    let mut b = vec![0u8; 4096];
+    for (cookie, at) in [(1u8, 0u64), (2, 4096), (3, 8192), (4, 7 << 20)] {
+        dev.read_at(at, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == cookie), "write {cookie}");
+    }
+}
+
 /// A memory device that records the writes and flushes it receives, in order.
 struct Recorder {
     dev: MemDevice,

@@ -4,7 +4,9 @@
 //!
 //! **Never stale across a detach.** A detach takes the gate exclusively: it waits for every
 //! request on the volume to finish (requests hold the gate shared for their whole length),
-//! and no request starts on the volume after it. It then flushes the volume (every
+//! and no request starts on the volume after it (a write-back log write the NBD reader
+//! started through the volume's queue holds it only to start, and is waited for by the
+//! detach's drain of the log instead: `attach/queued.rs`). It then flushes the volume (every
 //! acknowledged write is on the source), shuts it down (its records written, the device
 //! marked clean) and drops it, which closes the cache device and releases its lock.
 //! Writes served while detached never reach the cache device, which therefore no longer
@@ -15,12 +17,14 @@
 //! Lock order: `ops` (one detach or attach at a time) before `gate`; `gate` is held shared
 //! by requests across their I/O, exclusively only to swap the volume in or out.
 
+mod queued;
+
 use crate::config::{ExportConfig, ServeConfig};
 pub use crate::counters::ExportCounters;
 use anyhow::{anyhow, bail, Result};
 use parking_lot::{Mutex, RwLock};
 use sce_engine::CacheVolume;
-use sce_io::{BlockDevice, IoError, IoQueue, QueuedReads, SharedBytes, StartedRead};
+use sce_io::{BlockDevice, IoError, SharedBytes};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -555,32 +559,5 @@ impl BlockDevice for Attachable {
     fn extents(&self, offset: u64, len: u64) -> Result<Vec<sce_io::Extent>, IoError> {
         let b = self.base();
         self.with(|v| v.extents(b + offset, len), |s| s.extents(offset, len))
-    }
-}
-
-impl QueuedReads for Attachable {
-    fn start_read(&self, offset: u64, len: u64) -> Option<StartedRead> {
-        if offset
-            .checked_add(len)
-            .is_none_or(|e| e > self.source.size())
-        {
-            return None;
-        }
-        let r = self
-            .gate
-            .read()
-            .as_deref()?
-            .start_read(self.base() + offset, len);
-        if r.is_some() {
-            self.count_read(len as usize, true);
-        }
-        r
-    }
-
-    fn queue(&self) -> Option<Arc<dyn IoQueue>> {
-        if let Some(v) = self.gate.read().as_deref() {
-            return v.queue();
-        }
-        self.draining.lock().as_deref()?.queue()
     }
 }

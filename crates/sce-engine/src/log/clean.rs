@@ -248,6 +248,12 @@ impl LogBack {
         Ok(())
     }
 
+    /// True if no page is dirty and no write is in flight.
+    fn nothing_dirty(&self) -> bool {
+        let st = self.st.lock();
+        st.index.is_empty() && st.inflight.is_empty()
+    }
+
     /// Cleans every dirty page to the source and flushes it (`sce ctl flush --to-source`,
     /// detach). Fails if no page could be cleaned for `patience`. Returns the bytes cleaned.
     pub(crate) fn flush_to_source(&self, e: &Engine, patience: Duration) -> Result<u64, IoError> {
@@ -256,7 +262,9 @@ impl LogBack {
         let mut since = Instant::now();
         let result = loop {
             match self.clean_batch(e) {
-                Ok(0) if self.st.lock().index.is_empty() => break e.dev.source.flush(),
+                // Writes started through the queue and not completed yet (a detach holds
+                // the gate, so no more start) are waited for: their pages go too.
+                Ok(0) if self.nothing_dirty() => break e.dev.source.flush(),
                 Ok(0) if since.elapsed() >= patience => {
                     break Err(IoError::Failed(
                         "write-back data is left that the cleaner does not take".into(),

@@ -9,6 +9,10 @@
 //! oldest first, to the source through the write-through path, which keeps the clean
 //! cache's copies right; dirty data never takes a read slot.
 //!
+//! A write of whole pages that can go out at once may also be started by the NBD reader
+//! and finished on the cache device's I/O queue (`queued.rs`): the same device write,
+//! acknowledged from its completion.
+//!
 //! Lock order: the range lock (outermost, as in `back/`; only writes take it), then
 //! `clean_io`, then `commit_io`, then `st` (a leaf: no other lock is taken while it is held,
 //! and no device I/O happens under it). `progress` and `wanted` are leaves.
@@ -16,6 +20,7 @@
 mod clean;
 mod commit;
 mod open;
+mod queued;
 mod read;
 mod write;
 
@@ -32,7 +37,7 @@ use sce_io::BlockDevice;
 use sce_store::wblog::{LogRegion, LogWriter};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// A dirty page's newest version: its log position and checksum.
@@ -125,6 +130,17 @@ impl St {
         }
     }
 
+    /// The write allocated at `lpos` is no longer in flight (completed, or given up).
+    fn landed(&mut self, lpos: u64) {
+        let left = self.inflight.get_mut(&lpos).map(|c| {
+            *c -= 1;
+            *c
+        });
+        if left == Some(0) {
+            self.inflight.remove(&lpos);
+        }
+    }
+
     /// The oldest position still needed: the oldest live version, or write in flight.
     fn tail(&self) -> u64 {
         let live = self.live.keys().next().copied().unwrap_or(u64::MAX);
@@ -150,8 +166,12 @@ pub(crate) struct LogBack {
     /// One cleaning batch at a time (the cleaner's, `flush --to-source`'s).
     clean_io: Mutex<()>,
     /// Writes hold their pages exclusively (a write merging a partial page must not lose a
-    /// concurrent write's other bytes of it); reads and the cleaner take none.
+    /// concurrent write's other bytes of it); reads and the cleaner take none. A write
+    /// started through the queue holds them until its completion ran.
     ranges: RangeLock,
+    /// The cache device's I/O queue writes may start through, and where the cache device
+    /// starts on its device (`queued.rs`).
+    queue: OnceLock<(Arc<dyn sce_io::IoQueue>, u64)>,
     /// The cleaner is wanted now (writers waiting for room, `flush --to-source`).
     wanted: Mutex<bool>,
     wanted_cv: Condvar,

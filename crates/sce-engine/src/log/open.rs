@@ -10,7 +10,7 @@ use crate::through::WriteThrough;
 use parking_lot::{Condvar, Mutex};
 use sce_io::{BlockDevice, IoError};
 use sce_store::wblog::{self, LogRegion, LogWriter, Replayed};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// The log of the cache device `cache` (the whole device), if the superblock has one:
@@ -85,6 +85,7 @@ impl LogBack {
             commit_io: Mutex::new(()),
             clean_io: Mutex::new(()),
             ranges: Default::default(),
+            queue: OnceLock::new(),
             progress: Default::default(),
             wanted: Mutex::new(false),
             wanted_cv: Condvar::new(),

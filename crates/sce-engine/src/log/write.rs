@@ -72,14 +72,38 @@ impl LogBack {
         let n = bytes.len() as u64 / PAGE_SIZE;
         let lpos = self.allocate(e, n, started)?;
         let written = self.dev.write_at(self.at(lpos), bytes);
+        self.appended(e, g0, lpos, bytes, written)
+    }
+
+    /// After the device write (`written`) of pages `bytes` of global page `g0` on at log
+    /// position `lpos` (allocated, counted in flight): no longer in flight, and, if the
+    /// write succeeded, each page's newest version, pending the next commit.
+    pub(super) fn appended(
+        &self,
+        e: &Engine,
+        g0: u64,
+        lpos: u64,
+        bytes: &[u8],
+        written: Result<(), IoError>,
+    ) -> Result<(), IoError> {
+        let entries: Vec<LogEntry> = match written {
+            Ok(()) => bytes
+                .chunks(PAGE_SIZE as usize)
+                .enumerate()
+                .map(|(i, page)| {
+                    let (volume, p) = self.local(g0 + i as u64);
+                    LogEntry {
+                        lpos: lpos + i as u64,
+                        volume,
+                        page: p,
+                        crc: page_crc(page),
+                    }
+                })
+                .collect(),
+            Err(_) => Vec::new(),
+        };
         let mut st = self.st.lock();
-        let left = st.inflight.get_mut(&lpos).map(|c| {
-            *c -= 1;
-            *c
-        });
-        if left == Some(0) {
-            st.inflight.remove(&lpos);
-        }
+        st.landed(lpos);
         if let Err(err) = written {
             // The positions stay unused (never committed); the pages keep their versions.
             drop(st);
@@ -88,19 +112,6 @@ impl LogBack {
                 "the write-back log could not be written: {err}"
             )));
         }
-        let entries: Vec<LogEntry> = bytes
-            .chunks(PAGE_SIZE as usize)
-            .enumerate()
-            .map(|(i, page)| {
-                let (volume, p) = self.local(g0 + i as u64);
-                LogEntry {
-                    lpos: lpos + i as u64,
-                    volume,
-                    page: p,
-                    crc: page_crc(page),
-                }
-            })
-            .collect();
         st.w.completed(&entries);
         for (i, en) in entries.iter().enumerate() {
             let g = g0 + i as u64;

@@ -131,6 +131,12 @@ pub trait IoQueue: Send + Sync {
 /// queue ([`QueuedReads::queue`]), so that the caller can submit several together.
 pub type StartedRead = Box<dyn FnOnce(PooledBuf, OnDone) -> (IoOp, OnDone) + Send>;
 
+/// A write started by [`QueuedReads::start_write`]: given the buffer of exactly the length
+/// it was started for, and what to run when it completes, it returns the operation and
+/// completion to submit to the queue `start_write` named with it. Dropped unsubmitted, it
+/// gives back what it held and writes nothing.
+pub type StartedWrite = StartedRead;
+
 /// A device that can serve some reads without blocking the caller: a cached volume, whose
 /// hits are reads of its cache device through an [`IoQueue`], while its misses wait for a
 /// remote source and stay blocking calls.
@@ -142,6 +148,25 @@ pub trait QueuedReads: Send + Sync {
     fn start_read(&self, offset: u64, len: u64) -> Option<StartedRead>;
     /// The queue started reads are submitted to (none until the device has one).
     fn queue(&self) -> Option<Arc<dyn IoQueue>>;
+    /// Whether a write of `len` bytes at `offset` (`op` [`Op::Write`]), or a flush
+    /// ([`Op::Flush`]), is served by the local device alone, in about the time of the
+    /// device's own write or flush (a write-back cache's log append, or its commit): a
+    /// server may then run one alone in flight on the thread that received it, as it does
+    /// a local file's, instead of waking another thread for it. Default: no.
+    fn runs_locally(&self, op: Op, offset: u64, len: u64) -> bool {
+        let _ = (op, offset, len);
+        false
+    }
+    /// Starts a write of `len` bytes at `offset` if it can complete without blocking the
+    /// caller (a write-back cache's log append that needs no waiting), with the queue to
+    /// submit it to; or `None` for the caller to use the blocking `write_at`. It never
+    /// blocks (a started write may hold what others wait for until it completes, so the
+    /// caller must submit what it started before it blocks). Acknowledge it only from its
+    /// completion: it is written, and visible to reads, then. Default: never.
+    fn start_write(&self, offset: u64, len: u64) -> Option<(StartedWrite, Arc<dyn IoQueue>)> {
+        let _ = (offset, len);
+        None
+    }
 }
 
 /// An implementation of [`IoQueue`], or the choice of one.

@@ -22,7 +22,9 @@
 //!   buffer, and the queue's completion thread sends the reply the same way a worker does.
 //!   No worker and no hand-off on the way in; the device sees as many requests in flight
 //!   as the clients send; a cached volume ([`ExportIo::Reads`]) its hits. The rest goes to
-//!   the workers; a request alone in flight runs on the reader (`inline_when_idle`).
+//!   the workers; a request alone in flight runs on the reader (`inline_when_idle`): a
+//!   read, write or flush of a local file, and a cached volume's write or flush that its
+//!   cache device alone serves (write-back through the log).
 //!
 //! - A TCP connection that starts TLS (NBD_OPT_STARTTLS, see `tls.rs`) gets a *pump*
 //!   thread that owns the TLS session and moves plaintext to and from one end of a Unix
@@ -239,7 +241,8 @@ pub struct ServerStats {
     /// worker.
     pub queued_requests: AtomicU64,
     /// Requests the reader ran itself: alone in flight on their connection, on an export
-    /// with an I/O queue (see [`ServerConfig::inline_when_idle`]).
+    /// with an I/O queue, or a cached volume's write or flush that its cache device alone
+    /// serves (see [`ServerConfig::inline_when_idle`]).
     pub inline_requests: AtomicU64,
     /// Connections ended because of a protocol violation.
     pub protocol_errors: AtomicU64,
@@ -294,10 +297,11 @@ pub struct ServerConfig {
     /// After [`Server::shutdown`], how long replies may still take to be written before the
     /// sockets are shut down regardless. Default 5 s.
     pub shutdown_grace: Duration,
-    /// On an export with an I/O queue (a local file or device), a read or write that is
-    /// alone in flight on its connection, with nothing more arriving, runs on the reader
+    /// On an export with an I/O queue (a local file or device), a read, write or flush that
+    /// is alone in flight on its connection, with nothing more arriving, runs on the reader
     /// itself: a client at queue depth 1 then costs one thread wake-up per request instead
-    /// of two. Default on.
+    /// of two. So does a cached volume's write or flush that its cache device alone serves
+    /// ([`sce_io::QueuedReads::runs_locally`]: write-back through the log). Default on.
     pub inline_when_idle: bool,
 }
 

@@ -20,6 +20,9 @@ use sce_io::{IoOp, IoQueue, OnDone, QueuedReads};
 #[derive(Default)]
 pub(super) struct Batch {
     ops: Vec<(IoOp, OnDone)>,
+    /// The queue they go to when the device named it (a started write), rather than the
+    /// export's: asking the export may block, which a started write must not wait on.
+    queue: Option<Arc<dyn IoQueue>>,
 }
 
 /// Most operations submitted at once.
@@ -28,13 +31,15 @@ const BATCH_MAX: usize = 64;
 impl Batch {
     /// Submits what is batched, to the queue of the connection's export.
     pub(super) fn submit(&mut self, conn: &Session) {
+        let named = self.queue.take();
         if self.ops.is_empty() {
             return;
         }
-        let q = match &conn.export.io {
-            Some(ExportIo::Queue(q)) => Some(q.clone()),
-            Some(ExportIo::Reads(r)) => r.queue(),
-            None => None,
+        let q = match (named, &conn.export.io) {
+            (Some(q), _) => Some(q),
+            (None, Some(ExportIo::Queue(q))) => Some(q.clone()),
+            (None, Some(ExportIo::Reads(r))) => r.queue(),
+            (None, None) => None,
         };
         match q {
             Some(q) => q.submit_batch(std::mem::take(&mut self.ops)),
@@ -50,6 +55,20 @@ impl Batch {
                     });
                 }
             }
+        }
+    }
+
+    /// Adds a started operation that goes to queue `q` (submitting first what is batched
+    /// for another queue).
+    fn push_to(&mut self, q: Arc<dyn IoQueue>, op: IoOp, done: OnDone, conn: &Session) {
+        let same = |a: &Arc<dyn IoQueue>| std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(&q));
+        if self.queue.as_ref().is_some_and(|a| !same(a)) {
+            self.submit(conn);
+        }
+        self.queue = Some(q);
+        self.ops.push((op, done));
+        if self.ops.len() >= BATCH_MAX {
+            self.submit(conn);
         }
     }
 }
@@ -73,6 +92,13 @@ pub(super) fn prepare(
         Some(ExportIo::Reads(r)) if job.req.command == proto::CMD_READ => {
             let r = r.clone();
             return start_read(shared, &*r, job, batch, alone);
+        }
+        // Not FUA: a cached volume's FUA is its own flush (a commit), on a worker.
+        Some(ExportIo::Reads(r))
+            if job.req.command == proto::CMD_WRITE && job.req.flags & proto::CMD_FLAG_FUA == 0 =>
+        {
+            let r = r.clone();
+            return start_write(shared, &*r, job, batch);
         }
         _ => return Err(job),
     };
@@ -180,5 +206,45 @@ fn start_read(
     if batch.ops.len() >= BATCH_MAX {
         batch.submit(&session);
     }
+    Ok(())
+}
+
+/// A write of a device that starts some writes without blocking (a cached volume in
+/// write-back through the log): started here, submitted with the batch to the queue the
+/// device named, and answered from its completion; or given back for the workers.
+fn start_write(
+    shared: &Shared,
+    r: &dyn QueuedReads,
+    job: Job,
+    batch: &mut Batch,
+) -> Result<(), Job> {
+    if let Err(code) = may_run(shared, &job.conn).and_then(|()| check(&job.conn, &job.req)) {
+        answer(&job.conn, &job.req, Err(code), job.ticket);
+        return Ok(());
+    }
+    let len = job.req.len as u64;
+    let payload_fits = job.payload.as_ref().is_some_and(|b| b.len() as u64 == len);
+    let started = payload_fits
+        .then(|| r.start_write(job.req.offset, len))
+        .flatten();
+    let Some((start, q)) = started else {
+        return Err(job);
+    };
+    let Job {
+        conn,
+        req,
+        payload,
+        ticket,
+    } = job;
+    let session = conn.clone();
+    let (op, done) = start(
+        payload.expect("checked above"),
+        Box::new(move |done| {
+            let r = done.result.map(|()| None).map_err(|e| errno_of(&e, true));
+            answer(&conn, &req, r, ticket)
+        }),
+    );
+    shared.stats.queued_requests.fetch_add(1, Relaxed);
+    batch.push_to(q, op, done, &session);
     Ok(())
 }

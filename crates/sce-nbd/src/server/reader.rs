@@ -145,14 +145,7 @@ impl Server {
             // Alone in flight, with nothing more from the client yet: run it here, and
             // save the hand-off to a worker (or to a queue's completion thread).
             let alone = cfg.inline_when_idle && inb.len() == 0 && alone(&job, rd.raw_fd());
-            if alone
-                && job
-                    .conn
-                    .export
-                    .io
-                    .as_ref()
-                    .is_some_and(|io| io.queue().is_some())
-            {
+            if alone && runs_here(&job) {
                 super::worker::run_inline(&self.shared, job);
                 continue;
             }
@@ -256,16 +249,38 @@ impl Server {
     }
 }
 
-/// Whether a request may run on the reader itself: a read or write of an export served
-/// through a queue (a local device, whose I/O takes microseconds; or a cached volume's hit),
-/// the only request of its connection in flight, with no further request already arriving.
-/// That is a client at queue depth 1, waiting for this reply before it sends anything:
-/// running the request here saves a wake-up of another thread, and delays nobody.
+/// Whether a request may run on the reader itself: a read, write or flush of an export
+/// served through a queue (a local device, whose I/O takes microseconds; or a cached
+/// volume's hit, or its write or flush that the cache device alone serves), the only
+/// request of its connection in flight, with no further request already arriving. That is
+/// a client at queue depth 1, waiting for this reply before it sends anything: running the
+/// request here saves a wake-up of another thread, and delays nobody.
 fn alone(job: &Job, fd: RawFd) -> bool {
     job.conn.export.io.is_some()
-        && matches!(job.req.command, proto::CMD_READ | proto::CMD_WRITE)
+        && matches!(
+            job.req.command,
+            proto::CMD_READ | proto::CMD_WRITE | proto::CMD_FLUSH
+        )
         && job.conn.state.requests.load(Relaxed) == 1
         && !readable(fd)
+}
+
+/// Whether a request alone in flight runs whole on the reader (by a blocking call): any
+/// on an export with a queue on the local device; on a cached volume, a write or flush
+/// the cache device alone serves ([`sce_io::QueuedReads::runs_locally`]). A cached
+/// volume's read hit is started by `queued::prepare` instead (and misses go to the
+/// workers).
+fn runs_here(job: &Job) -> bool {
+    let req = &job.req;
+    match &job.conn.export.io {
+        Some(ExportIo::Queue(_)) => true,
+        Some(ExportIo::Reads(r)) => match req.command {
+            proto::CMD_WRITE => r.runs_locally(sce_io::Op::Write, req.offset, req.len as u64),
+            proto::CMD_FLUSH => r.runs_locally(sce_io::Op::Flush, 0, 0),
+            _ => false,
+        },
+        None => false,
+    }
 }
 
 /// True if the socket has bytes to read now.
