@@ -14,7 +14,8 @@ O_DIRECT), so its row is set beside "device buffered": fio writing the file with
 (fdatasync is still a device flush).
 
 1. 4 KiB random writes over 256 MiB at QD1 and QD16: mean and p99 write latency of sce
-   write-back through the log (`--writeback-log 768MiB`), write-back in the slots (a device
+   write-back through the log (`--writeback-log 768MiB`), `--mode writeback` as it comes (a
+   64 MiB log), write-back in the slots (`--writeback-log 0`: a device
    without a log), AWT write-through, the source alone, and device direct. Goal: write-back
    through the log within 1.2x of device direct, mean and p99.
 2. A 4 KiB write followed by a FLUSH, QD1 (fio --fsync=1, an NBD FLUSH after every write;
@@ -37,6 +38,10 @@ from benchkit import Procs, fio, log, mean_ms, p99_ms, sce_serve, slow_source, u
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOG = ["--mode", "writeback", "--writeback-log", "768MiB"]
+# `--mode writeback` as it comes: a new 1 GiB cache gets a log of a sixteenth (64 MiB).
+DEFAULT = ["--mode", "writeback"]
+# Write-back in the slots: a device formatted without a log.
+SLOTS = ["--mode", "writeback", "--writeback-log", "0"]
 
 
 def run(a, procs, d, kind, extra, job, direct_file):
@@ -117,7 +122,8 @@ def part_writes(a, procs, d, direct):
         ("sce write-back through the log", "sce", LOG),
         ("device buffered (fio, page cache)", "buffered", []),
         ("the device through nbdkit's file plugin (page cache)", "nbdkit", []),
-        ("sce write-back in the slots", "sce", ["--mode", "writeback"]),
+        ("sce --mode writeback as it comes (a 64 MiB log)", "sce", DEFAULT),
+        ("sce write-back in the slots", "sce", SLOTS),
         ("sce write-through (AWT)", "sce", ["--mode", "writethrough"]),
         ("source alone (2 ms)", "source", []),
     ]
@@ -164,8 +170,7 @@ def part_flush(a, procs, d, direct):
             ("device buffered, write + fdatasync", "buffered", [], "--fdatasync=1"),
             ("the device through nbdkit's file plugin, write + FLUSH", "nbdkit", [],
              "--fsync=1"),
-            ("sce write-back in the slots, write + FLUSH", "sce", ["--mode", "writeback"],
-             "--fsync=1")] + compare:
+            ("sce write-back in the slots, write + FLUSH", "sce", SLOTS, "--fsync=1")] + compare:
         log(f"== write + flush: {label}")
         j = run(a, procs, d, kind, extra, base + [sync], direct)
         # fio counts a write and its sync as one operation; the mean of the pair is the
