@@ -275,3 +275,39 @@ fn a_write_started_through_the_queue_is_one_device_write_acknowledged_when_done(
         .unwrap();
     assert!(read(&*source, 0, 16 * MIB) == want);
 }
+
+/// Log writes that fail still take their positions; once they fill the gap a commit must
+/// close, a writer needs a commit even though nothing completed since the last one. Found by
+/// review: the commit saw nothing to commit and wrote none, and every later write waited for
+/// room until it failed.
+#[test]
+fn failed_log_writes_never_leave_the_log_waiting_for_a_commit() {
+    let source = random_source(16 * MIB, 3);
+    let cache = Arc::new(FaultDevice::new(MemDevice::new(8 * MIB)));
+    let ctl = cache.control();
+    let mut cfg = config();
+    cfg.error_limit = u64::MAX;
+    cfg.writeback_wait = Duration::from_secs(1);
+    let vol = CacheVolume::open(source.clone(), cache.clone(), cfg).unwrap();
+    const FAILING: u64 = 200;
+    let w0 = ctl.ops(Op::Write);
+    for k in 0..FAILING {
+        ctl.fail_nth(Op::Write, w0 + k);
+    }
+    let data = pattern(3, PAGE);
+    for i in 0..2 * FAILING {
+        if ctl.ops(Op::Write) >= w0 + FAILING {
+            break;
+        }
+        if let Err(sce_io::IoError::NoRoom(m)) = vol.write_at(i * PAGE, &data) {
+            panic!(
+                "after {} failed device writes: {m}",
+                ctl.ops(Op::Write) - w0
+            );
+        }
+    }
+    assert!(ctl.ops(Op::Write) >= w0 + FAILING);
+    vol.write_at(3 * MIB, &data).unwrap();
+    vol.flush().unwrap();
+    assert!(read(&vol, 3 * MIB, PAGE)[..] == data[..]);
+}

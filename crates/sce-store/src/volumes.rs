@@ -224,7 +224,7 @@ pub fn check_log(
 }
 
 /// Refuses a start that would give a new volume (of `wanted`) the place of a volume in a
-/// full table while the write-back log still holds pages of a volume `wanted` leaves out:
+/// table that is full (or that the newcomers fill) while the write-back log still holds pages of a volume `wanted` leaves out:
 /// the newcomer takes that volume's id, and the log's pages name volumes by id. (With room
 /// in the table a newcomer gets a fresh id; `--discard-dirty` then drops the log's pages of
 /// the volumes left out before anything is served.)
@@ -233,10 +233,13 @@ pub fn refuse_reusing_logged_volume(
     sb: &Superblock,
     wanted: &[(String, u64)],
 ) -> Result<(), StoreError> {
-    let newcomer = wanted
-        .iter()
-        .any(|w| sb.volumes.iter().all(|v| v.name != w.0));
-    if sb.log.is_none() || !newcomer || sb.volumes.len() < superblock::MAX_VOLUMES {
+    let newcomers = (wanted.iter())
+        .filter(|w| sb.volumes.iter().all(|v| v.name != w.0))
+        .count();
+    // A newcomer takes a place given up only once the table is full: the ones before it
+    // take fresh ids.
+    if sb.log.is_none() || newcomers == 0 || sb.volumes.len() + newcomers <= superblock::MAX_VOLUMES
+    {
         return Ok(());
     }
     let logged = check_log(dev, sb)?.unwrap_or_default();

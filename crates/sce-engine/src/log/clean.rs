@@ -56,21 +56,31 @@ pub(super) fn cleaner(e: &Engine, lb: &LogBack) {
                 // The backoff holds: writers waiting for room do not cut it short (a source
                 // that is down would be retried at their pace). `flush --to-source` cleans
                 // from its own thread meanwhile.
-                hold(e, backoff);
+                hold(e, lb, backoff);
             }
         }
     }
 }
 
-/// Sleeps `d`, or until the volume shuts down (looked at every 50 ms).
-fn hold(e: &Engine, d: Duration) {
+/// Sleeps `d`, or until the volume shuts down (looked at every 10 ms), still sealing and
+/// committing at least every [`AUTOCOMMIT`]: an outage of the source must not stretch
+/// what a crash may take back.
+fn hold(e: &Engine, lb: &LogBack, d: Duration) {
     let until = Instant::now() + d;
+    let mut last_commit = Instant::now();
     while !e.signals.shutting_down() {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return;
         }
-        std::thread::sleep(left.min(Duration::from_millis(50)));
+        lb.seal_if_due();
+        if last_commit.elapsed() >= AUTOCOMMIT {
+            last_commit = Instant::now();
+            if lb.uncommitted() {
+                lb.autocommit();
+            }
+        }
+        std::thread::sleep(left.min(Duration::from_millis(10)));
     }
 }
 

@@ -84,7 +84,11 @@ impl LogBack {
         let _io = self.commit_io.lock();
         let (prep, upto) = {
             let mut st = self.st.lock();
-            if st.committed >= mark && !(seal && st.unsealed.is_some()) {
+            // Done unless a commit is wanted anyway: a seal, or a writer that found the
+            // gap since the last commit full (`Full::Commit`: only a commit lets it on,
+            // whether or not anything completed since).
+            let wanted = (seal && st.unsealed.is_some()) || st.w.commit_wanted();
+            if st.committed >= mark && !wanted {
                 return Ok(Try::Done);
             }
             let upto = st.written;
@@ -145,7 +149,23 @@ impl LogBack {
             st.w.request_seal();
         }
         let mark = self.st.lock().written;
-        let _ = self.try_commit_forced(mark);
+        let failed = match self.try_commit_forced(mark) {
+            Ok(Try::NoRoom) => Some(None),
+            Err(err) => Some(Some(err)),
+            Ok(_) => None,
+        };
+        if let Some(err) = failed {
+            // Tried again in a second, not at once: a device that fails its writes or a
+            // ring without room would have it retried a thousand times a second.
+            let mut st = self.st.lock();
+            if st.unsealed.is_some() {
+                st.unsealed = Some(std::time::Instant::now() + Duration::from_secs(1));
+            }
+            drop(st);
+            if let Some(err) = err {
+                tracing::warn!("write-back log: the seal after the last commit failed: {err}");
+            }
+        }
     }
 
     /// How long the cleaner may nap, at most `idle`: less while a seal is due sooner.

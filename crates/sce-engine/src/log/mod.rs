@@ -206,12 +206,13 @@ impl LogBack {
         (id as u32, g - base)
     }
 
-    /// Global page of (volume id, page), if the volume is served.
+    /// Global page of (volume id, page), if the volume is served and the page lies before
+    /// the next volume's first.
     fn global(&self, volume: u32, page: u64) -> Option<u64> {
-        self.seeds
-            .iter()
-            .find(|&&(_, id)| id as u32 == volume)
-            .map(|&(base, _)| base + page)
+        let i = self.seeds.iter().position(|&(_, id)| id as u32 == volume)?;
+        let g = self.seeds[i].0 + page;
+        let end = self.seeds.get(i + 1).map_or(u64::MAX, |&(base, _)| base);
+        (g < end).then_some(g)
     }
 
     /// The volume boundary after global page `g` (runs never cross one).

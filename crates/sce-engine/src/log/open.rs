@@ -174,9 +174,9 @@ impl LogBack {
         if left > 0 {
             return Err(IoError::Failed(format!(
                 "--discard-dirty: {left} dirty pages of volumes this start does not serve lie \
-                 in the write-back log behind older dirty pages of a served volume, so they \
-                 cannot be dropped yet: start with every volume, run `sce ctl flush \
-                 --to-source`, then start without them"
+                 in the write-back log behind older dirty or lost pages of a served volume, so \
+                 they cannot be dropped yet: start with every volume, run `sce ctl flush \
+                 --to-source` (and rewrite any lost page), then start without them"
             )));
         }
         tracing::warn!(

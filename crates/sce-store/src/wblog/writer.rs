@@ -207,10 +207,6 @@ impl LogWriter {
         self.pending.extend_from_slice(entries);
     }
 
-    /// A commit of every completed, uncommitted entry (at most [`MAX_COMMIT_RECORDS`]
-    /// records' worth: call again for the rest), or None if there is nothing to commit.
-    /// After [`Self::commit_failed`] it returns the same commit again (same position, same
-    /// bytes), to be retried. One commit at a time: the caller serialises them.
     /// The next [`Self::prepare_commit`] writes a commit even with no entry pending: a *seal*
     /// written after the last commit's flush completed, which proves to a replay that this
     /// commit was durable (a replay treats the last commit's damaged entries as possibly
@@ -219,6 +215,16 @@ impl LogWriter {
         self.need_commit = true;
     }
 
+    /// True if the next [`Self::prepare_commit`] writes a commit even with no entry pending
+    /// (a seal was asked for, or [`Self::allocate`] said `Full::Commit`).
+    pub fn commit_wanted(&self) -> bool {
+        self.need_commit
+    }
+
+    /// A commit of every completed, uncommitted entry (at most [`MAX_COMMIT_RECORDS`]
+    /// records' worth: call again for the rest), or None if there is nothing to commit.
+    /// After [`Self::commit_failed`] it returns the same commit again (same position, same
+    /// bytes), to be retried. One commit at a time: the caller serialises them.
     /// `Full::Ring` (rare, see [`super::commit_reserve`]): clean, move the tail and the
     /// anchor, and call again.
     ///
