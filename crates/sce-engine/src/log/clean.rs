@@ -30,13 +30,7 @@ pub(super) fn cleaner(e: &Engine, lb: &LogBack) {
     let mut backoff = Duration::ZERO;
     let mut last_commit = Instant::now();
     while !e.signals.shutting_down() {
-        if last_commit.elapsed() >= AUTOCOMMIT {
-            last_commit = Instant::now();
-            if lb.uncommitted() {
-                lb.autocommit();
-            }
-        }
-        lb.seal_if_due();
+        commit_duties(lb, &mut last_commit);
         if !lb.wants_cleaning(e) {
             lb.nap(e, lb.seal_wait(Duration::from_millis(50)));
             continue;
@@ -56,7 +50,7 @@ pub(super) fn cleaner(e: &Engine, lb: &LogBack) {
                 // The backoff holds: writers waiting for room do not cut it short (a source
                 // that is down would be retried at their pace). `flush --to-source` cleans
                 // from its own thread meanwhile.
-                hold(e, lb, backoff);
+                hold(e, lb, backoff, &mut last_commit);
             }
         }
     }
@@ -65,23 +59,28 @@ pub(super) fn cleaner(e: &Engine, lb: &LogBack) {
 /// Sleeps `d`, or until the volume shuts down (looked at every 10 ms), still sealing and
 /// committing at least every [`AUTOCOMMIT`]: an outage of the source must not stretch
 /// what a crash may take back.
-fn hold(e: &Engine, lb: &LogBack, d: Duration) {
+fn hold(e: &Engine, lb: &LogBack, d: Duration, last_commit: &mut Instant) {
     let until = Instant::now() + d;
-    let mut last_commit = Instant::now();
     while !e.signals.shutting_down() {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return;
         }
-        lb.seal_if_due();
-        if last_commit.elapsed() >= AUTOCOMMIT {
-            last_commit = Instant::now();
-            if lb.uncommitted() {
-                lb.autocommit();
-            }
-        }
+        commit_duties(lb, last_commit);
         std::thread::sleep(left.min(Duration::from_millis(10)));
     }
+}
+
+/// What the cleaner owes the log whatever else it does: an autocommit once
+/// [`AUTOCOMMIT`] passed since `last_commit` (if writes wait for one), and a due seal.
+fn commit_duties(lb: &LogBack, last_commit: &mut Instant) {
+    if last_commit.elapsed() >= AUTOCOMMIT {
+        *last_commit = Instant::now();
+        if lb.uncommitted() {
+            lb.autocommit();
+        }
+    }
+    lb.seal_if_due();
 }
 
 impl LogBack {
