@@ -35,7 +35,8 @@ import tempfile
 import threading
 import time
 
-from benchkit import Procs, fio, http_json, log, mean_ms, p99_ms, sce_serve, slow_source, uri
+from benchkit import (Procs, fio, http_json, log, mean_ms, p99_ms, report, sce_serve,
+                      slow_source, uri)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -271,10 +272,7 @@ def main():
     text = "\n".join(["## The protocol's latency: QD1 writes on one host, the others idle", ""]
                      + qd1 + ["", "## The cost of coherence under load on every host", ""] + cost
                      + ["", "## Warm migration", ""] + mig)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
+    report(text, a.out)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ import subprocess
 import sys
 import tempfile
 
-from benchkit import Procs, fio, log, mean_ms, p99_ms, sce_serve, slow_source, uri, wait_sock
+from benchkit import (Procs, fio, log, mean_ms, p99_ms, report, sce_serve, slow_source, uri,
+                      wait_sock)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOG = ["--mode", "writeback", "--writeback-log", "768MiB"]
@@ -255,11 +256,7 @@ def main():
                 out += part_oltp(a, procs, d, big)
     finally:
         procs.stop_all()
-    text = "\n".join(out)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
+    report("\n".join(out), a.out)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchkit import Procs, fio, log, mean_ms, p99_ms, sce_serve, slow_source, uri
+from benchkit import Procs, fio, log, mean_ms, p99_ms, sce_serve, report, slow_source, uri
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -139,11 +139,7 @@ def main():
             out += part_demo(a, a.sce)
     finally:
         procs.stop_all()
-    text = "\n".join(out)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
+    report("\n".join(out), a.out)
 
 
 if __name__ == "__main__":

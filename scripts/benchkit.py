@@ -45,6 +45,14 @@ class Procs:
             self.stop(p)
 
 
+def report(text, path=None):
+    """Prints a benchmark's Markdown `text` and, with `path` (--out), writes it there."""
+    print(text, flush=True)
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+
+
 def wait_sock(path, proc, what):
     end = time.time() + 60
     while time.time() < end:
