@@ -311,3 +311,36 @@ fn failed_log_writes_never_leave_the_log_waiting_for_a_commit() {
     vol.flush().unwrap();
     assert!(read(&vol, 3 * MIB, PAGE)[..] == data[..]);
 }
+
+/// The cleaner reads the log's versions in spans (one device read for neighbouring
+/// positions), not one read per page: 64 pages scattered over the volume, written one by
+/// one, sit together in the log and clean in a handful of reads, each page to its place.
+#[test]
+fn the_cleaner_reads_neighbouring_versions_in_one_device_read() {
+    let source = random_source(16 * MIB, 8);
+    let cache = Arc::new(FaultDevice::new(MemDevice::new(8 * MIB)));
+    let ctl = cache.control();
+    let vol = CacheVolume::open(source.clone(), cache.clone(), config()).unwrap();
+    let mut want = read(&*source, 0, 16 * MIB);
+    for i in 0..64u64 {
+        // Pages 61 apart (mod 4,096): no two adjacent, so 64 source runs of one page.
+        let at = (i * 61 * 67 % 4096) * PAGE;
+        let data = pattern(i as u8 + 1, PAGE);
+        vol.write_at(at, &data).unwrap();
+        want[at as usize..(at + PAGE) as usize].copy_from_slice(&data);
+    }
+    vol.flush().unwrap();
+    let r0 = ctl.ops(Op::Read);
+    vol.flush_to_source(None, Duration::from_secs(10)).unwrap();
+    let reads = ctl.ops(Op::Read) - r0;
+    assert!(
+        reads <= 4,
+        "{reads} device reads to clean 64 neighbouring versions"
+    );
+    assert!(
+        read(&*source, 0, 16 * MIB) == want,
+        "each page in its place"
+    );
+    let wb = vol.writeback_stats().unwrap();
+    assert_eq!((wb.dirty_bytes, wb.log_source_writes), (0, 64), "{wb:?}");
+}

@@ -35,6 +35,7 @@ pub mod mem;
 pub mod pool;
 pub mod queue;
 pub mod slice;
+pub mod thread;
 
 pub use buf::{AlignedBuf, DIRECT_IO_ALIGN};
 pub use error::{check_range, IoError, Op};

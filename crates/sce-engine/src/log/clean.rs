@@ -9,6 +9,7 @@
 //! after `writeback_idle` without requests; it also commits at least every second.
 
 use super::commit::AUTOCOMMIT;
+use super::prefetch::Prefetched;
 use super::LogBack;
 use crate::back::outage;
 use crate::engine::Engine;
@@ -29,12 +30,14 @@ const SOURCE_WRITERS: usize = 16;
 pub(super) fn cleaner(e: &Engine, lb: &LogBack) {
     let mut backoff = Duration::ZERO;
     let mut last_commit = Instant::now();
+    let mut priority = Priority::new();
     while !e.signals.shutting_down() {
         commit_duties(lb, &mut last_commit);
         if !lb.wants_cleaning(e) {
             lb.nap(e, lb.seal_wait(Duration::from_millis(50)));
             continue;
         }
+        priority.set(lb.urgent());
         match lb.clean_batch(e) {
             Ok(0) => lb.nap(e, Duration::from_millis(50)),
             Ok(_) => {
@@ -52,6 +55,50 @@ pub(super) fn cleaner(e: &Engine, lb: &LogBack) {
                 // from its own thread meanwhile.
                 hold(e, lb, backoff, &mut last_commit);
             }
+        }
+    }
+}
+
+/// Nice values the cleaner adds to its own while cleaning is not urgent.
+const BACKGROUND_NICE: i32 = 10;
+
+/// The cleaner's CPU priority (its batch's source writers inherit it): below the threads
+/// that serve clients while the log has room, theirs when it runs short or `flush
+/// --to-source` waits (so that a reader on another export cannot starve a writer waiting
+/// for room). Going back up needs `CAP_SYS_NICE` (sce usually runs as root); without it the
+/// cleaner stays below, which slows it but never stops it (a writer waiting for room
+/// frees the CPU it needs).
+struct Priority {
+    base: Option<i32>,
+    lowered: bool,
+    stuck: bool,
+}
+
+impl Priority {
+    fn new() -> Self {
+        Priority {
+            base: sce_io::thread::nice().ok(),
+            lowered: false,
+            stuck: false,
+        }
+    }
+
+    fn set(&mut self, urgent: bool) {
+        let Some(base) = self.base else { return };
+        if urgent && self.lowered && !self.stuck {
+            match sce_io::thread::set_nice(base) {
+                Ok(()) => self.lowered = false,
+                Err(err) => {
+                    self.stuck = true;
+                    tracing::info!(
+                        "the write-back log's cleaner cannot raise its CPU priority back \
+                         ({err}); it keeps cleaning at nice {}",
+                        base + BACKGROUND_NICE
+                    );
+                }
+            }
+        } else if !urgent && !self.lowered {
+            self.lowered = sce_io::thread::set_nice((base + BACKGROUND_NICE).min(19)).is_ok();
         }
     }
 }
@@ -106,6 +153,12 @@ impl LogBack {
         self.wanted_cv.notify_all();
     }
 
+    /// True if cleaning is urgent: the ring is three quarters full, or `flush --to-source`
+    /// waits.
+    fn urgent(&self) -> bool {
+        self.forced.load(Relaxed) > 0 || self.st.lock().w.room() < self.region.blocks / 4
+    }
+
     /// True if the cleaner should clean now.
     fn wants_cleaning(&self, e: &Engine) -> bool {
         let st = self.st.lock();
@@ -132,9 +185,12 @@ impl LogBack {
     /// in the log, which the last FLUSH allows, and cleans that again.
     pub(super) fn clean_batch(&self, e: &Engine) -> Result<u64, IoError> {
         let _one = self.clean_io.lock();
-        let mut pages: Vec<u64> = {
+        let (mut pages, positions): (Vec<u64>, Vec<u64>) = {
             let st = self.st.lock();
-            st.live.values().take(BATCH_PAGES).copied().collect()
+            let pages: Vec<u64> = st.live.values().take(BATCH_PAGES).copied().collect();
+            let positions = pages.iter().filter_map(|g| st.index.get(g)).map(|d| d.lpos);
+            let positions = positions.collect();
+            (pages, positions)
         };
         if pages.is_empty() {
             let mut st = self.st.lock();
@@ -147,6 +203,7 @@ impl LogBack {
         pages.sort_unstable();
         pages.dedup();
         let runs = self.runs(&pages);
+        let pre = Prefetched::read(self, positions);
         // The runs go to the source from `SOURCE_WRITERS` threads at once (a SAN serves
         // many writes in flight; one at a time, 4 KiB runs over a 2 ms source drain 2 MB/s).
         let next = std::sync::atomic::AtomicUsize::new(0);
@@ -160,7 +217,7 @@ impl LogBack {
                             let Some(&(g0, n)) = runs.get(i) else {
                                 return Ok(mine);
                             };
-                            self.clean_run(e, g0, n, &mut mine)?;
+                            self.clean_run(e, &pre, g0, n, &mut mine)?;
                         }
                     })
                 })
@@ -218,6 +275,7 @@ impl LogBack {
     fn clean_run(
         &self,
         e: &Engine,
+        pre: &Prefetched,
         g0: u64,
         n: u64,
         cleaned: &mut Vec<(u64, u64)>,
@@ -242,8 +300,16 @@ impl LogBack {
             let start = k;
             while k < vers.len() && vers[k].is_some() {
                 let d = vers[k].expect("checked");
-                self.read_version(g0 + k as u64, d, &mut page)?;
-                buf[k * ps as usize..(k + 1) * ps as usize].copy_from_slice(&page);
+                let to = &mut buf[k * ps as usize..(k + 1) * ps as usize];
+                match pre.block(d.lpos) {
+                    // Read ahead and intact (a damaged block is read again on its own: the
+                    // error names the page).
+                    Some(b) if sce_store::wblog::page_crc(b) == d.crc => to.copy_from_slice(b),
+                    _ => {
+                        self.read_version(g0 + k as u64, d, &mut page)?;
+                        to.copy_from_slice(&page);
+                    }
+                }
                 k += 1;
             }
             let (a, b) = (start * ps as usize, k * ps as usize);

@@ -20,6 +20,7 @@
 mod clean;
 mod commit;
 mod open;
+mod prefetch;
 mod queued;
 mod read;
 mod write;
