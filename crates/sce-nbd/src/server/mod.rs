@@ -77,6 +77,7 @@
 mod errors;
 mod exec;
 mod handshake;
+mod jobs;
 mod listen;
 mod psk;
 mod queued;
@@ -91,6 +92,7 @@ mod worker;
 pub use listen::{bind_unix, listen, listen_with, unix_path, ListenAddr, ListenOptions, Listener};
 pub use tls::{ServerTls, TlsMode};
 
+use jobs::JobQueue;
 use transmission::{Deadlined, Job, HANDSHAKE, IDLE};
 use worker::work;
 
@@ -393,8 +395,7 @@ impl Shared {
 pub struct Server {
     exports: Vec<Export>,
     shared: Arc<Shared>,
-    jobs: Sender<Job>,
-    job_queue: Receiver<Job>,
+    jobs: Arc<JobQueue>,
     /// Worker threads started.
     workers: Mutex<usize>,
     conns: Mutex<Vec<(u64, Closer)>>,
@@ -404,6 +405,14 @@ pub struct Server {
     started: Instant,
     /// Dropped by `shutdown` (see `Shared::shutdown_signal`).
     shutdown_sender: Mutex<Option<Sender<()>>>,
+}
+
+impl Drop for Server {
+    /// The workers finish the jobs queued and leave (a reader holds the server, so none is
+    /// left to queue more).
+    fn drop(&mut self) {
+        self.jobs.close();
+    }
 }
 
 impl std::fmt::Debug for Server {
@@ -425,7 +434,6 @@ impl Server {
     /// A server of `exports` with the limits and timeouts of `cfg`. Worker threads start
     /// with the first connection.
     pub fn with_config(exports: Vec<Export>, cfg: ServerConfig) -> Arc<Server> {
-        let (jobs, job_queue) = unbounded();
         let (shutdown_sender, shutdown_signal) = bounded(0);
         Arc::new(Server {
             exports,
@@ -439,8 +447,7 @@ impl Server {
                 freed: Condvar::new(),
                 pool: BufPool::new(POOL_BYTES),
             }),
-            jobs,
-            job_queue,
+            jobs: Arc::new(JobQueue::default()),
             workers: Mutex::new(0),
             conns: Mutex::new(Vec::new()),
             next_conn: AtomicU64::new(0),
@@ -533,7 +540,7 @@ impl Server {
     fn start_workers(&self) -> Result<(), String> {
         let mut n = self.workers.lock();
         while *n < self.shared.cfg.workers.max(1) {
-            let (queue, shared) = (self.job_queue.clone(), self.shared.clone());
+            let (queue, shared) = (self.jobs.clone(), self.shared.clone());
             match std::thread::Builder::new()
                 .name("nbd-worker".into())
                 .spawn(move || work(&shared, &queue))

@@ -153,7 +153,7 @@ impl Server {
             let Err(job) = queued::prepare(&self.shared, job, batch, alone) else {
                 continue;
             };
-            if self.jobs.send(job).is_err() {
+            if self.jobs.push(job).is_err() {
                 return Ok(());
             }
         }

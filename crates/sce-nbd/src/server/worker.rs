@@ -7,8 +7,8 @@ use super::transmission::{Reply, Session, Ticket};
 use super::*;
 
 /// A worker: runs jobs of any connection until the server is dropped.
-pub(super) fn work(shared: &Shared, queue: &Receiver<Job>) {
-    for job in queue.iter() {
+pub(super) fn work(shared: &Shared, queue: &JobQueue) {
+    while let Some(job) = queue.pop() {
         let conn = job.conn.clone();
         let req = job.req;
         let (result, ticket) = run_job(shared, job);
