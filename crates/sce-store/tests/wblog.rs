@@ -325,6 +325,74 @@ fn damaged_flushed_data_is_lost_and_torn_data_keeps_the_older_version() {
     assert_eq!((log.version(&r, 5), r.skipped), (Some(1), 1));
 }
 
+/// A tombstone carries a loss forward: replayed from an anchor past the damaged version, the
+/// page is still lost (at the tombstone's commit), even when that commit is the last one
+/// (it names no data a crash could have torn); a later version of the page ends the loss.
+/// A version 6 record (written before tombstones) is still read.
+#[test]
+fn a_tombstone_keeps_a_page_lost_past_its_damaged_version_until_it_is_rewritten() {
+    let mut log = Log::new(128);
+    let v1 = log.write(&[5], 1);
+    log.commit();
+    log.write(&[6], 2);
+    log.commit();
+    log.dev.flip(log.region.offset_of(v1) + 7);
+    let r = log.replay(FRESH);
+    assert_eq!(r.lost, vec![(VOL, 5)]);
+    assert_eq!(r.lost_at.get(&(VOL, 5)), Some(&v1));
+    // Carried forward in a commit of its own, the last one.
+    log.w.carry_lost(VOL, 5);
+    let at = log.commit();
+    assert_eq!(at.len(), 1);
+    let past = Anchor::Commit {
+        lpos: at[0],
+        seq: log.w.next_seq() - 1,
+    };
+    let r = log.replay(past);
+    assert_eq!((r.lost.clone(), r.skipped), (vec![(VOL, 5)], 0));
+    assert_eq!(r.lost_at.get(&(VOL, 5)), Some(&at[0]));
+    assert!(r.index.get(VOL, 5).is_none());
+    // Written again: the newest version wins, from either anchor.
+    log.write(&[5], 4);
+    log.commit();
+    log.write(&[7], 5);
+    log.commit();
+    for a in [FRESH, past] {
+        let r = log.replay(a);
+        assert!(r.lost.is_empty(), "{:?}", r.lost);
+        assert_eq!(log.version(&r, 5), Some(4));
+    }
+    // A record of version 6 decodes as before.
+    let h = RecordHeader {
+        seq: 1,
+        ..Default::default()
+    };
+    let mut b = vec![0u8; LOG_BLOCK as usize];
+    encode_record(&KEY, &h, &[], &mut b);
+    b[8..12].copy_from_slice(&6u32.to_le_bytes());
+    assert_eq!(
+        sce_store::wblog::decode_record(&KEY, &b),
+        Err(sce_store::wblog::RecordError::Checksum),
+        "the checksum covers the version"
+    );
+    let mut six = b.clone();
+    six[12..16].fill(0);
+    let crc = {
+        let mut c = crc32c::crc32c(&KEY);
+        c = crc32c::crc32c_append(c, &six);
+        c
+    };
+    six[12..16].copy_from_slice(&crc.to_le_bytes());
+    let r = sce_store::wblog::decode_record(&KEY, &six).expect("a version 6 record");
+    assert_eq!(r.header.seq, 1);
+    six[8..12].copy_from_slice(&5u32.to_le_bytes());
+    assert_eq!(
+        sce_store::wblog::decode_record(&KEY, &six),
+        Err(sce_store::wblog::RecordError::NotARecord),
+        "version 5 is not ours"
+    );
+}
+
 /// Every data write of N pages is one device write of N x 4 KiB at its position, and every
 /// commit one device write of its records, over many laps of a small ring: none crosses the
 /// ring's end.

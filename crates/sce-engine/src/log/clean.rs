@@ -128,6 +128,7 @@ fn commit_duties(lb: &LogBack, last_commit: &mut Instant) {
         }
     }
     lb.seal_if_due();
+    lb.carry_lost();
 }
 
 impl LogBack {

@@ -8,7 +8,7 @@
 use super::LogBack;
 use crate::engine::Engine;
 use sce_io::IoError;
-use sce_store::wblog::PreparedCommit;
+use sce_store::wblog::{PreparedCommit, TOMBSTONE};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -127,7 +127,7 @@ impl LogBack {
         st.w.committed(&p);
         // A commit that listed pages wants a seal; any commit seals the ones before it.
         st.unsealed = (p.entries > 0).then(std::time::Instant::now);
-        st.committed(p.entries);
+        st.committed(p.entries, p.lpos);
         self.commits.fetch_add(1, Relaxed);
         let more = st.w.pending() > 0;
         if !more {
@@ -185,14 +185,60 @@ impl LogBack {
         st.committed < st.written
     }
 
+    /// Carries forward each loss recorded more than half a ring behind the head (the
+    /// cleaner's, never waiting for room): a tombstone for the page in a commit of its own,
+    /// after which the tail, and the anchor, may pass the damaged version or the older
+    /// tombstone. A lost page then never stops the ring.
+    pub(super) fn carry_lost(&self) {
+        let head = self.st.lock().w.head();
+        self.carry_lost_before(head.saturating_sub(self.region.blocks / 2));
+    }
+
+    /// Carries forward each loss recorded below position `before` (all: `u64::MAX`).
+    pub(super) fn carry_lost_before(&self, before: u64) {
+        let mark = {
+            let mut st = self.st.lock();
+            if st.lost.is_empty() {
+                return;
+            }
+            let due: Vec<u64> = st
+                .lost
+                .iter()
+                .filter(|&(g, &at)| at < before && !st.carrying.contains(g))
+                .map(|(&g, _)| g)
+                .collect();
+            if due.is_empty() {
+                return;
+            }
+            for g in due {
+                let (volume, page) = self.local(g);
+                st.w.carry_lost(volume, page);
+                st.pending.push_back((TOMBSTONE, g));
+                st.carrying.insert(g);
+            }
+            st.written
+        };
+        loop {
+            match self.try_commit_forced(mark) {
+                Ok(Try::More) => {}
+                Ok(_) => return,
+                Err(err) => {
+                    // Retried with the next commit (its entries stay in the writer).
+                    tracing::warn!("write-back log: carrying lost pages forward failed: {err}");
+                    return;
+                }
+            }
+        }
+    }
+
     /// Makes the newest anchor the writer allows durable in the superblock (with the
-    /// newest commit known durable), then lets the ring reuse what lies before it. Not
-    /// while pages are lost: the replay that found them must find them again.
+    /// newest commit known durable), then lets the ring reuse what lies before it. A lost
+    /// page's record holds the tail, so the replay from any anchor finds the loss.
     pub(super) fn advance_anchor(&self) -> Result<(), IoError> {
         let (anchor, durable) = {
             let st = self.st.lock();
             let a = st.w.anchor_candidate();
-            if a == st.w.anchor() || !st.lost.is_empty() {
+            if a == st.w.anchor() {
                 return Ok(());
             }
             (a, st.w.next_seq() - 1)

@@ -35,7 +35,7 @@ use crate::through::WriteThrough;
 use parking_lot::{Condvar, Mutex};
 use sce_core::PAGE_SIZE;
 use sce_io::BlockDevice;
-use sce_store::wblog::{LogRegion, LogWriter};
+use sce_store::wblog::{LogRegion, LogWriter, TOMBSTONE};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
@@ -67,10 +67,14 @@ struct St {
     /// Data writes allocated and not yet completed, by first position (count): the tail
     /// never passes one.
     inflight: BTreeMap<u64, u32>,
-    /// Pages whose newest committed version was found damaged at start: reads fail until a
-    /// write covers them whole (never an older version), and the anchor stays where the
-    /// replay that found them started, so that a restart finds them again.
-    lost: HashSet<u64>,
+    /// Pages whose newest committed version was found damaged at start → where the log
+    /// records the loss (the damaged version, or the commit whose tombstone carries it).
+    /// Reads fail until a write covers the page whole (never an older version); the tail
+    /// does not pass that position until a later commit carries the loss (`carry_lost`),
+    /// so that a restart finds it again.
+    lost: HashMap<u64, u64>,
+    /// Lost pages whose tombstone is pending or in a commit not yet durable.
+    carrying: HashSet<u64>,
     /// Write completions so far, and how many of them the last commit covered.
     written: u64,
     committed: u64,
@@ -105,13 +109,21 @@ impl St {
         }
     }
 
-    /// A commit of the first `n` pending versions is durable.
-    fn committed(&mut self, n: usize) {
+    /// A commit (at `at`) of the first `n` pending entries is durable.
+    fn committed(&mut self, n: usize, at: u64) {
         for _ in 0..n {
             let Some((l, g)) = self.pending.pop_front() else {
                 break;
             };
-            self.drop_older(g, l);
+            if l == TOMBSTONE {
+                // The loss now lives in this commit (unless a write replaced the page).
+                self.carrying.remove(&g);
+                if let Some(c) = self.lost.get_mut(&g) {
+                    *c = (*c).max(at);
+                }
+            } else {
+                self.drop_older(g, l);
+            }
         }
     }
 
@@ -142,11 +154,13 @@ impl St {
         }
     }
 
-    /// The oldest position still needed: the oldest live version, or write in flight.
+    /// The oldest position still needed: the oldest live version, write in flight, or
+    /// record of a loss.
     fn tail(&self) -> u64 {
         let live = self.live.keys().next().copied().unwrap_or(u64::MAX);
         let inflight = self.inflight.keys().next().copied().unwrap_or(u64::MAX);
-        live.min(inflight).min(self.w.head())
+        let lost = self.lost.values().copied().min().unwrap_or(u64::MAX);
+        live.min(inflight).min(lost).min(self.w.head())
     }
 }
 
@@ -246,7 +260,7 @@ impl LogBack {
         let st = self.st.lock();
         let inside = |g: &&u64| (first..end).contains(*g);
         let dirty = st.index.keys().filter(inside).count() as u64;
-        (dirty, st.lost.iter().filter(inside).count() as u64)
+        (dirty, st.lost.keys().filter(inside).count() as u64)
     }
 
     /// Source writes the cleaner made, and commits (figures for the benchmarks).

@@ -78,6 +78,7 @@ impl LogBack {
                 pending: Default::default(),
                 inflight: Default::default(),
                 lost: Default::default(),
+                carrying: Default::default(),
                 written: 0,
                 committed: 0,
                 unsealed: None,
@@ -125,7 +126,8 @@ impl LogBack {
         let mut st = self.st.lock();
         for &(volume, page) in &r.lost {
             if let Some(g) = served(volume, page)? {
-                st.lost.insert(g);
+                let at = r.lost_at.get(&(volume, page)).copied();
+                st.lost.insert(g, at.unwrap_or(r.tail));
             }
         }
         let mut by_pos = Vec::with_capacity(r.index.len());
@@ -157,6 +159,8 @@ impl LogBack {
     /// Checked by replaying again; refused if older dirty pages of a served volume hold the
     /// anchor behind them.
     fn settle_dropped(&self, cache: &Arc<dyn BlockDevice>, dropped: u64) -> Result<(), IoError> {
+        // Lost pages of served volumes are carried past the dropped ones first.
+        self.carry_lost_before(u64::MAX);
         self.autocommit();
         {
             let mut st = self.st.lock();
@@ -174,9 +178,9 @@ impl LogBack {
         if left > 0 {
             return Err(IoError::Failed(format!(
                 "--discard-dirty: {left} dirty pages of volumes this start does not serve lie \
-                 in the write-back log behind older dirty or lost pages of a served volume, so \
+                 in the write-back log behind older dirty pages of a served volume, so \
                  they cannot be dropped yet: start with every volume, run `sce ctl flush \
-                 --to-source` (and rewrite any lost page), then start without them"
+                 --to-source`, then start without them"
             )));
         }
         tracing::warn!(

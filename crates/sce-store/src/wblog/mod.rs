@@ -27,7 +27,7 @@ mod writer;
 
 pub use record::{
     decode_record, encode_record, record_link, Record, RecordError, RecordHeader, RECORD_ENTRY,
-    RECORD_HEADER, WBLOG_MAGIC, WBLOG_VERSION,
+    RECORD_HEADER, WBLOG_MAGIC, WBLOG_VERSION, WBLOG_VERSION_FIRST,
 };
 pub use replay::{replay, Replayed};
 pub use writer::{Full, LogWriter, PreparedCommit};
@@ -157,6 +157,12 @@ impl Anchor {
     }
 }
 
+/// The position a **tombstone** entry names instead of a data page's: the page is lost
+/// (its only copy was found damaged), and stays lost until a later entry names a new
+/// version of it. The writer carries each lost page forward in such entries, so that the
+/// log may drop the damaged version (and the ring move on) without forgetting the loss.
+pub const TOMBSTONE: u64 = u64::MAX;
+
 /// A committed data page: what a commit record names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LogEntry {
@@ -168,6 +174,22 @@ pub struct LogEntry {
     pub page: u64,
     /// CRC-32C of the page's 4 KiB.
     pub crc: u32,
+}
+
+impl LogEntry {
+    /// The tombstone of `page` of `volume` ([`TOMBSTONE`]).
+    pub fn tombstone(volume: u32, page: u64) -> Self {
+        LogEntry {
+            lpos: TOMBSTONE,
+            volume,
+            page,
+            crc: 0,
+        }
+    }
+    /// True if this entry is a tombstone.
+    pub fn is_tombstone(&self) -> bool {
+        self.lpos == TOMBSTONE
+    }
 }
 
 /// Where the newest version of a page is in the log.

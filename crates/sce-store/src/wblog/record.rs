@@ -3,7 +3,7 @@
 //! | at | type | field |
 //! |---|---|---|
 //! | 0 | [u8; 8] | magic `SCEWBLOG` |
-//! | 8 | u32 | format version (6) |
+//! | 8 | u32 | record version: 7 (6 before tombstones; both are read) |
 //! | 12 | u32 | CRC-32C of the caller's 16-byte key followed by the block with this field zero |
 //! | 16 | u64 | seq: the commit's number (each the previous + 1) |
 //! | 24 | u64 | lpos: its own log position (of the first copy) |
@@ -14,15 +14,20 @@
 //! | 64 | u32 | entries (at most 167) |
 //! | 68 | u16, u16 | index of this record in its commit, records in the commit |
 //! | 72 | [u8; 8] | zero |
-//! | 80 + 24*i | entry | data position u64, page u64, volume u32, CRC-32C of the page u32 |
+//! | 80 + 24*i | entry | data position u64, page u64, volume u32, CRC-32C of the page u32; a position of `u64::MAX` is a tombstone (the page is lost; CRC 0) |
+//!
+//! Records of version 7 may hold tombstones; a reader of version 6 alone refuses them (its
+//! replay ends before them, and the start is refused rather than a lost page served).
 
 use super::{LogEntry, ENTRIES_PER_RECORD, LOG_BLOCK};
 use crate::superblock::{rd16, rd32, rd64};
 
 /// First bytes of a commit record.
 pub const WBLOG_MAGIC: [u8; 8] = *b"SCEWBLOG";
-/// The format version records carry.
-pub const WBLOG_VERSION: u32 = 6;
+/// The record version written (7: entries may be tombstones).
+pub const WBLOG_VERSION: u32 = 7;
+/// The oldest record version read (6: written before tombstones; a log goes on from it).
+pub const WBLOG_VERSION_FIRST: u32 = 6;
 /// Bytes of a record's header.
 pub const RECORD_HEADER: usize = 80;
 /// Bytes of one entry.
@@ -119,7 +124,9 @@ pub(super) fn looks_like_record(b: &[u8]) -> bool {
 pub fn decode_record(key: &[u8; 16], b: &[u8]) -> Result<Record, RecordError> {
     let b = b.get(..LOG_BLOCK as usize).ok_or(RecordError::NotARecord)?;
     let n = rd32(b, 64) as usize;
-    if !looks_like_record(b) || rd32(b, 8) != WBLOG_VERSION || n > ENTRIES_PER_RECORD {
+    let version = rd32(b, 8);
+    let known = (WBLOG_VERSION_FIRST..=WBLOG_VERSION).contains(&version);
+    if !looks_like_record(b) || !known || n > ENTRIES_PER_RECORD {
         return Err(RecordError::NotARecord);
     }
     if keyed_crc(key, b) != rd32(b, CRC_AT) {

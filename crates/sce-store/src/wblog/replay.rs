@@ -15,8 +15,13 @@ pub struct Replayed {
     /// Pages whose newest committed version failed its checksum although its commit was
     /// followed by a later one (so its flush completed): **damage**, not a torn write. The
     /// page's older versions are not served: reads of it should fail (lost), never return
-    /// older bytes. (volume, page), sorted.
+    /// older bytes. So is a page whose newest entry is a tombstone (a loss found before and
+    /// carried forward). (volume, page), sorted.
     pub lost: Vec<(u32, u64)>,
+    /// Where the log records each lost page's loss: the damaged version's position, or the
+    /// commit whose tombstone carries it. A writer that goes on keeps that position (its
+    /// tail may not pass it) until a later commit carries the loss again.
+    pub lost_at: HashMap<(u32, u64), u64>,
     /// Where writing resumes: the end of the last commit found.
     pub head: u64,
     /// The next commit's sequence number.
@@ -185,6 +190,13 @@ fn apply(s: Scan<'_>, anchor: Anchor) -> Replayed {
         let seq = f.rec.header.seq;
         let may_be_torn = unsure.iter().any(|&(lo, hi)| seq >= lo && seq < hi);
         for (e, &ok) in f.rec.entries.iter().zip(&f.ok) {
+            if e.is_tombstone() {
+                // A loss carried forward: it holds in any commit, the last one too (a
+                // tombstone names no data that a crash could have torn).
+                index.remove(e.volume, e.page);
+                lost.insert((e.volume, e.page), f.rec.header.lpos);
+                continue;
+            }
             if e.lpos < s.start {
                 continue;
             }
@@ -202,16 +214,15 @@ fn apply(s: Scan<'_>, anchor: Anchor) -> Replayed {
     }
     let tail = last.map_or(s.start, |h| h.tail.max(s.start));
     index.drop_below(tail);
-    let mut lost: Vec<(u32, u64)> = lost
-        .into_iter()
-        .filter(|&(_, lpos)| lpos >= tail)
-        .map(|(k, _)| k)
-        .collect();
+    lost.retain(|_, lpos| *lpos >= tail);
+    let mut lost_at = lost;
+    let mut lost: Vec<(u32, u64)> = lost_at.keys().copied().collect();
     lost.sort_unstable();
     let next_seq = s.expect_seq;
     Replayed {
         index,
         lost,
+        lost_at: std::mem::take(&mut lost_at),
         head: s.end,
         next_seq,
         last_seq: next_seq - 1,

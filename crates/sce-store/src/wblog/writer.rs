@@ -207,6 +207,14 @@ impl LogWriter {
         self.pending.extend_from_slice(entries);
     }
 
+    /// Carries the loss of `page` of `volume` forward: a tombstone for it goes into the next
+    /// commit (which is then wanted even if no write completed), after which the caller may
+    /// let its tail pass where the loss was recorded before.
+    pub fn carry_lost(&mut self, volume: u32, page: u64) {
+        self.pending.push(LogEntry::tombstone(volume, page));
+        self.need_commit = true;
+    }
+
     /// The next [`Self::prepare_commit`] writes a commit even with no entry pending: a *seal*
     /// written after the last commit's flush completed, which proves to a replay that this
     /// commit was durable (a replay treats the last commit's damaged entries as possibly
