@@ -4,7 +4,7 @@
 //!   data slots live.
 //! * [`superblock`]: the superblock (two alternating copies) and its volume table.
 //! * [`journal`]: the write journal, a ring naming the pages writes are about to change.
-//! * [`wblog`]: the write-back data log (format 6, not yet used by the engine): dirty data
+//! * [`wblog`]: the write-back data log (formats 6 and 7; the engine's `log/` serves it): dirty data
 //!   written out of place, committed at FLUSH, replayed after a crash.
 //! * [`unit`]: metadata units holding per-slot records: fragment, volume generation,
 //!   page-validity bitmap and per-page CRC-32C checksums.

@@ -11,8 +11,12 @@ pub const MAGIC: [u8; 8] = *b"SCECACHE";
 /// (one an older build can still read).
 pub const FORMAT_VERSION: u32 = 5;
 /// The format version of a device with a write-back log (`Superblock::log`): format 5 plus
-/// the log's region and state (docs/FORMAT.md). This build reads both.
-pub const LOG_FORMAT_VERSION: u32 = 6;
+/// the log's region and state (docs/FORMAT.md); 7 since the log's records may hold
+/// tombstones, which a build that reads only 6 would skip. This build reads 5, 6 and 7, and
+/// writes 7 for a device with a log (so an older build refuses it rather than misread it).
+pub const LOG_FORMAT_VERSION: u32 = 7;
+/// The first format version with a write-back log (6: before tombstones).
+pub const LOG_FORMAT_VERSION_FIRST: u32 = 6;
 /// The least write-back log region (1 MiB).
 pub const MIN_LOG_BLOCKS: u64 = 256;
 /// Where the log's fields start (format 6; zero on format 5).
@@ -235,7 +239,13 @@ impl Superblock {
         let mut b = vec![0u8; BLOCK as usize];
         b[0..8].copy_from_slice(&MAGIC);
         let mut w = W(&mut b);
-        w.u32(8, self.version);
+        // A device with a log is written as the newest log format, whatever it was read as.
+        let version = if self.log.is_some() {
+            LOG_FORMAT_VERSION
+        } else {
+            self.version
+        };
+        w.u32(8, version);
         w.u64(16, self.seq);
         w.0[24..40].copy_from_slice(&self.uuid);
         let l = &self.layout;
@@ -320,7 +330,8 @@ impl Superblock {
         if !crc_ok {
             return Err(StoreError::Corrupt("superblock checksum mismatch".into()));
         }
-        if version != FORMAT_VERSION && version != LOG_FORMAT_VERSION {
+        let log_format = (LOG_FORMAT_VERSION_FIRST..=LOG_FORMAT_VERSION).contains(&version);
+        if version != FORMAT_VERSION && !log_format {
             if (1..FORMAT_VERSION).contains(&version) {
                 return Err(StoreError::OldVersion(version));
             }
@@ -392,16 +403,16 @@ fn decode_layout(b: &[u8]) -> Result<Layout, StoreError> {
     Ok(layout)
 }
 
-/// The write-back log's fields: present on format 6 (with a region), absent on format 5.
+/// The write-back log's fields: present on formats 6 and 7 (with a region), absent on 5.
 fn decode_log(b: &[u8], version: u32) -> Result<Option<LogInfo>, StoreError> {
-    if version != LOG_FORMAT_VERSION {
+    if version < LOG_FORMAT_VERSION_FIRST {
         return Ok(None);
     }
     let blocks = rd64(b, LOG_AT);
     if blocks == 0 {
-        return Err(StoreError::Corrupt(
-            "format 6 superblock without a write-back log region".into(),
-        ));
+        return Err(StoreError::Corrupt(format!(
+            "format {version} superblock without a write-back log region"
+        )));
     }
     let mut key = [0u8; 16];
     key.copy_from_slice(&b[LOG_AT + 8..LOG_AT + 24]);

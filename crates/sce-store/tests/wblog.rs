@@ -362,6 +362,43 @@ fn a_tombstone_keeps_a_page_lost_past_its_damaged_version_until_it_is_rewritten(
         assert!(r.lost.is_empty(), "{:?}", r.lost);
         assert_eq!(log.version(&r, 5), Some(4));
     }
+    // A write of the lost page that was in flight when its tombstone was committed, and
+    // committed after it at a position below it: replayed from the tombstone's commit (its
+    // version was cleaned, so the tail passed it), the page is no longer lost.
+    let mut log = Log::new(128);
+    let v1 = log.write(&[9], 1);
+    log.commit();
+    log.write(&[8], 2);
+    log.commit();
+    log.dev.flip(log.region.offset_of(v1) + 7);
+    assert_eq!(log.replay(FRESH).lost, vec![(VOL, 9)]);
+    let d = log.w.allocate(1).unwrap();
+    let bytes = image(VOL, 9, 3);
+    log.dev.write_at(log.region.offset_of(d), &bytes).unwrap();
+    log.w.carry_lost(VOL, 9);
+    let c1 = log.commit()[0];
+    assert!(c1 > d);
+    log.w.completed(&[LogEntry {
+        lpos: d,
+        volume: VOL,
+        page: 9,
+        crc: page_crc(&bytes),
+    }]);
+    log.commit();
+    let from_c1 = Anchor::Commit {
+        lpos: c1,
+        seq: log.w.next_seq() - 2,
+    };
+    let r = log.replay(from_c1);
+    assert!(
+        r.lost.is_empty(),
+        "a cleaned rewrite left the page lost: {:?}",
+        r.lost
+    );
+    assert!(
+        r.index.get(VOL, 9).is_none(),
+        "below the anchor: on the source"
+    );
     // A record of version 6 decodes as before.
     let h = RecordHeader {
         seq: 1,

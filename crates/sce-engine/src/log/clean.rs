@@ -66,8 +66,7 @@ const BACKGROUND_NICE: i32 = 10;
 /// that serve clients while the log has room, theirs when it runs short or `flush
 /// --to-source` waits (so that a reader on another export cannot starve a writer waiting
 /// for room). Going back up needs `CAP_SYS_NICE` (sce usually runs as root); without it the
-/// cleaner stays below, which slows it but never stops it (a writer waiting for room
-/// frees the CPU it needs).
+/// cleaner never goes below.
 struct Priority {
     base: Option<i32>,
     lowered: bool,
@@ -75,9 +74,26 @@ struct Priority {
 }
 
 impl Priority {
+    /// Lowers the priority only where it can be raised back: a throwaway thread tries both
+    /// first (without `CAP_SYS_NICE` the cleaner keeps its priority, rather than be stuck
+    /// below readers that could starve a writer waiting for room).
     fn new() -> Self {
+        let base = sce_io::thread::nice().ok();
+        let can_raise = base.is_some_and(|b| {
+            std::thread::spawn(move || {
+                sce_io::thread::set_nice((b + BACKGROUND_NICE).min(19)).is_ok()
+                    && sce_io::thread::set_nice(b).is_ok()
+            })
+            .join()
+            .unwrap_or(false)
+        });
+        if !can_raise {
+            tracing::debug!(
+                "the write-back log's cleaner keeps its CPU priority (it could not raise it back)"
+            );
+        }
         Priority {
-            base: sce_io::thread::nice().ok(),
+            base: base.filter(|_| can_raise),
             lowered: false,
             stuck: false,
         }

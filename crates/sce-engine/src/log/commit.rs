@@ -198,13 +198,15 @@ impl LogBack {
     pub(super) fn carry_lost_before(&self, before: u64) {
         let mark = {
             let mut st = self.st.lock();
-            if st.lost.is_empty() {
+            if st.loss_at.is_empty() {
                 return;
             }
+            // Not a page rewritten since (its loss ends when that write is committed).
             let due: Vec<u64> = st
-                .lost
+                .loss_at
                 .iter()
-                .filter(|&(g, &at)| at < before && !st.carrying.contains(g))
+                .filter(|&(g, &at)| at < before && st.lost.contains(g))
+                .filter(|&(g, _)| !st.carrying.contains(g))
                 .map(|(&g, _)| g)
                 .collect();
             if due.is_empty() {

@@ -67,12 +67,14 @@ struct St {
     /// Data writes allocated and not yet completed, by first position (count): the tail
     /// never passes one.
     inflight: BTreeMap<u64, u32>,
-    /// Pages whose newest committed version was found damaged at start → where the log
-    /// records the loss (the damaged version, or the commit whose tombstone carries it).
-    /// Reads fail until a write covers the page whole (never an older version); the tail
-    /// does not pass that position until a later commit carries the loss (`carry_lost`),
-    /// so that a restart finds it again.
-    lost: HashMap<u64, u64>,
+    /// Pages whose newest committed version was found damaged at start: reads fail until a
+    /// write covers the page whole (never an older version).
+    lost: HashSet<u64>,
+    /// Where the log records each loss (the damaged version, or the commit whose tombstone
+    /// carries it): the tail does not pass it until a later commit carries the loss
+    /// (`carry_lost`) or a write that replaced the page is committed, so that a replay from
+    /// any anchor finds the loss or the newer version.
+    loss_at: HashMap<u64, u64>,
     /// Lost pages whose tombstone is pending or in a commit not yet durable.
     carrying: HashSet<u64>,
     /// Write completions so far, and how many of them the last commit covered.
@@ -116,13 +118,16 @@ impl St {
                 break;
             };
             if l == TOMBSTONE {
-                // The loss now lives in this commit (unless a write replaced the page).
+                // The loss now lives in this commit (until a committed write ends it).
                 self.carrying.remove(&g);
-                if let Some(c) = self.lost.get_mut(&g) {
+                if let Some(c) = self.loss_at.get_mut(&g) {
                     *c = (*c).max(at);
                 }
             } else {
                 self.drop_older(g, l);
+                // A new version of a lost page is durable: the loss is over for any replay
+                // (this entry follows every tombstone of it).
+                self.loss_at.remove(&g);
             }
         }
     }
@@ -159,7 +164,7 @@ impl St {
     fn tail(&self) -> u64 {
         let live = self.live.keys().next().copied().unwrap_or(u64::MAX);
         let inflight = self.inflight.keys().next().copied().unwrap_or(u64::MAX);
-        let lost = self.lost.values().copied().min().unwrap_or(u64::MAX);
+        let lost = self.loss_at.values().copied().min().unwrap_or(u64::MAX);
         live.min(inflight).min(lost).min(self.w.head())
     }
 }
@@ -260,7 +265,7 @@ impl LogBack {
         let st = self.st.lock();
         let inside = |g: &&u64| (first..end).contains(*g);
         let dirty = st.index.keys().filter(inside).count() as u64;
-        (dirty, st.lost.keys().filter(inside).count() as u64)
+        (dirty, st.lost.iter().filter(inside).count() as u64)
     }
 
     /// Source writes the cleaner made, and commits (figures for the benchmarks).

@@ -78,6 +78,7 @@ impl LogBack {
                 pending: Default::default(),
                 inflight: Default::default(),
                 lost: Default::default(),
+                loss_at: Default::default(),
                 carrying: Default::default(),
                 written: 0,
                 committed: 0,
@@ -127,9 +128,13 @@ impl LogBack {
         for &(volume, page) in &r.lost {
             if let Some(g) = served(volume, page)? {
                 let at = r.lost_at.get(&(volume, page)).copied();
-                st.lost.insert(g, at.unwrap_or(r.tail));
+                st.lost.insert(g);
+                st.loss_at.insert(g, at.unwrap_or(r.tail));
             }
         }
+        // Room for their tombstones stays kept (never given back: a handful of blocks).
+        let carried = st.loss_at.len() as u64;
+        st.w.set_carried(carried);
         let mut by_pos = Vec::with_capacity(r.index.len());
         for ((volume, page), v) in r.index.iter() {
             if let Some(g) = served(volume, page)? {

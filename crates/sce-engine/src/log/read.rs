@@ -32,7 +32,7 @@ impl LogBack {
         let found: Vec<(u64, Dirty)> = {
             let st = self.st.lock();
             let lost = (!st.lost.is_empty())
-                .then(|| (p0..p1).find(|p| st.lost.contains_key(p)))
+                .then(|| (p0..p1).find(|p| st.lost.contains(p)))
                 .flatten();
             if let Some(p) = lost {
                 return Err(IoError::Failed(format!(

@@ -16,8 +16,8 @@
 //! | 72 | [u8; 8] | zero |
 //! | 80 + 24*i | entry | data position u64, page u64, volume u32, CRC-32C of the page u32; a position of `u64::MAX` is a tombstone (the page is lost; CRC 0) |
 //!
-//! Records of version 7 may hold tombstones; a reader of version 6 alone refuses them (its
-//! replay ends before them, and the start is refused rather than a lost page served).
+//! Records of version 7 may hold tombstones; the superblock of a device that may hold them
+//! is format 7, which a build that reads only format 6 refuses.
 
 use super::{LogEntry, ENTRIES_PER_RECORD, LOG_BLOCK};
 use crate::superblock::{rd16, rd32, rd64};

@@ -198,6 +198,9 @@ fn apply(s: Scan<'_>, anchor: Anchor) -> Replayed {
                 continue;
             }
             if e.lpos < s.start {
+                // A version the tail passed: cleaned to the source (or replaced by a newer
+                // entry, which follows). A loss recorded before it is over.
+                lost.remove(&(e.volume, e.page));
                 continue;
             }
             if ok {

@@ -78,6 +78,8 @@ pub struct LogWriter {
     need_commit: bool,
     /// (position, seq) of the first record of each committed commit since the anchor.
     commits: VecDeque<(u64, u64)>,
+    /// Lost pages carried forward in tombstones ([`Self::set_carried`]).
+    carried: u64,
 }
 
 impl LogWriter {
@@ -106,6 +108,7 @@ impl LogWriter {
             in_flight: None,
             need_commit: false,
             commits: VecDeque::new(),
+            carried: 0,
         })
     }
 
@@ -132,6 +135,7 @@ impl LogWriter {
             in_flight: None,
             need_commit: false,
             commits: r.last_commit.into_iter().collect(),
+            carried: 0,
         }
     }
 
@@ -187,7 +191,7 @@ impl LogWriter {
         }
         let at = self.region.place(self.head, n);
         let end = at + n;
-        if end + commit_reserve(end - self.tail) > self.limit() {
+        if end + commit_reserve(end - self.tail + self.carried) > self.limit() {
             return Err(Full::Ring);
         }
         if end - self.committed_end > self.region.max_gap() {
@@ -213,6 +217,13 @@ impl LogWriter {
     pub fn carry_lost(&mut self, volume: u32, page: u64) {
         self.pending.push(LogEntry::tombstone(volume, page));
         self.need_commit = true;
+    }
+
+    /// Lost pages the caller carries forward: [`Self::allocate`] keeps room for commits of
+    /// that many tombstones besides the entries of every position since the tail, so that
+    /// a loss holding the tail can always be carried on and the ring never stops for it.
+    pub fn set_carried(&mut self, lost: u64) {
+        self.carried = lost;
     }
 
     /// The next [`Self::prepare_commit`] writes a commit even with no entry pending: a *seal*
