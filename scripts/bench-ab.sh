@@ -19,7 +19,8 @@ TICK=$(getconf CLK_TCK)
 one() {
     local sce=$1 src srv
     rm -rf "$D/run"; mkdir -p "$D/run"
-    nbdkit -f -U "$D/run/src.sock" --filter=delay memory 2G rdelay=2ms wdelay=2ms -t 64 &
+    nbdkit -f -U "$D/run/src.sock" --filter=delay memory 2G rdelay=2ms wdelay=2ms -t 64 \
+        2>"$D/run/src.log" &
     src=$!
     dd if=/dev/zero of="$D/run/wb.cache" bs=1M count=1024 status=none
     for _ in $(seq 100); do [ -S "$D/run/src.sock" ] && break; sleep 0.05; done
