@@ -270,10 +270,14 @@ fn interval_cache_bytes_add_up() {
         let engine: u64 = r.engines.iter().map(|e| e.cache_bytes_written).sum();
         let (_, misses) = r.reference.expect("a reference host");
         assert!(engine > 0);
-        // LRU inserts every block it misses.
+        // LRU inserts every block it misses, and rewrites every block a write hits.
+        assert!(
+            r.reference_updates > 0,
+            "{replay}: the trace has write hits"
+        );
         assert_eq!(
             r.interval_cache_bytes.iter().sum::<u64>(),
-            engine + misses * 4096,
+            engine + (misses + r.reference_updates) * 4096,
             "{replay}"
         );
         // Writes are spread over the trace, not lumped in one interval.

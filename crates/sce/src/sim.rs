@@ -125,7 +125,8 @@ Reference policies, over 4 KiB blocks, every block of a request (read or write) 
 lru, fifo, lfu (in-cache counts) and s3fifo (S3-FIFO as libCacheSim's S3FIFO: small FIFO of
 10%, main FIFO of 90% with reinsertion, ghost of 90%, to main after 2 hits) write every missed
 block into the cache; larc (LARC) writes a block only on a miss that finds it in its adaptive
-ghost queue of recent misses. Their cache bytes written are 4 KiB per block written.
+ghost queue of recent misses. Their cache bytes written are 4 KiB per block written: each
+block inserted, and each block a write finds cached (its copy is rewritten).
 
 Output per policy: read hit ratio (4 KiB pages of reads, RAM and flash), hit ratio of all
 block accesses (reference policies, comparable to libCacheSim), warm-up seconds (until the

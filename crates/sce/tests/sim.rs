@@ -635,7 +635,14 @@ fn replay_modes_and_the_overload_warning() {
                 assert_eq!(sum, v["cache_bytes_written"].as_u64().unwrap(), "{name}");
             } else {
                 let miss = (f(v, "miss_ratio") * v["accesses"].as_u64().unwrap() as f64).round();
-                assert_eq!(sum, miss as u64 * 4096, "lru: a block per insertion");
+                let rewritten = v["cache_blocks_rewritten"].as_u64().unwrap();
+                assert!(rewritten > 0, "{name}: the trace has write hits");
+                assert_eq!(
+                    sum,
+                    (miss as u64 + rewritten) * 4096,
+                    "lru: a block per insertion and per write hit"
+                );
+                assert_eq!(sum, v["cache_bytes_written"].as_u64().unwrap(), "{name}");
             }
         }
     }

@@ -22,10 +22,10 @@ impl Flash {
     }
 
     /// Bytes written to the cache device so far: the engine's count, or one block per
-    /// insertion of a reference policy.
+    /// insertion and per write hit (an update in place) of a reference policy.
     pub(super) fn cache_bytes_written(&self) -> u64 {
         match self {
-            Flash::Reference(c) => inserted(c) * PAGE,
+            Flash::Reference(c) => c.blocks_written() * PAGE,
             Flash::Engine(e) => e.cache_bytes_written(),
         }
     }
@@ -162,21 +162,14 @@ impl Down<'_> {
     pub(super) fn write(&mut self, t: u64, offset: u64, len: u64) -> u64 {
         match &mut *self.flash {
             Flash::Reference(c) => {
+                // The blocks the cache holds afterwards (hit or inserted) are the ones
+                // written to the cache device.
+                let copied = c.write(offset, len);
                 let Some(tm) = self.timing.as_deref_mut() else {
-                    c.request(offset, len);
                     return t;
                 };
                 if len == 0 {
                     return t;
-                }
-                // The same accesses as `request`; the blocks the cache holds afterwards
-                // (hit or inserted) are the ones written to the cache device.
-                let mut copied = 0;
-                for b in offset / PAGE..=(offset + len - 1) / PAGE {
-                    let i0 = inserted(c);
-                    if c.access(b) || inserted(c) > i0 {
-                        copied += 1;
-                    }
                 }
                 let done = tm.source.io(t, len, true);
                 if copied > 0 {

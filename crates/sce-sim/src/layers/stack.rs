@@ -38,10 +38,12 @@ pub struct StackResult {
     pub engines: Vec<EngineResult>,
     /// Block accesses and misses summed over hosts (reference policies only).
     pub reference: Option<(u64, u64)>,
+    /// Blocks reference caches rewrote for write hits, summed over hosts.
+    pub reference_updates: u64,
     /// Memory of the largest host's reference cache at the end, bytes.
     pub reference_bytes: u64,
     /// Cache bytes written in each interval of `intervals` (all hosts; engine: its count of
-    /// cache writes issued, reference: 4 KiB per insertion).
+    /// cache writes issued, reference: 4 KiB per insertion and per write hit).
     pub interval_cache_bytes: Vec<u64>,
     /// How the requests were issued.
     pub replay: Replay,
@@ -310,6 +312,7 @@ impl Stack {
                     self.res.reference_bytes = self.res.reference_bytes.max(c.memory_bytes());
                     let (a, m) = reference.unwrap_or((0, 0));
                     reference = Some((a + c.accesses, m + c.misses));
+                    self.res.reference_updates += c.updates;
                     if let Some(tm) = host.timing {
                         self.res.read_latency.merge(&tm.read_latency);
                         self.res.write_latency.merge(&tm.write_latency);

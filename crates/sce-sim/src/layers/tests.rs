@@ -100,3 +100,27 @@ fn ram_policy_parses() {
     assert!("periodic:0".parse::<RamPolicy>().is_err());
     assert!("sometimes".parse::<RamPolicy>().is_err());
 }
+
+/// Flash writes of a reference policy count every 4 KiB it writes to the cache device: an
+/// insertion, and a write that finds its block cached and rewrites it (issue 30: the
+/// matrix counted insertions only, so LRU's writes looked a third of what they are on
+/// cloudPhysics). Read hits write nothing.
+#[test]
+fn a_write_hit_in_a_reference_cache_counts_4_kib_of_flash_writes() {
+    let mut s = Stack::new(vec![Host::new(lru(8), None)], 1.0);
+    s.request(0, 0, IoKind::Read, 0, 8192); // two insertions
+    s.request(0, 1, IoKind::Read, 0, 8192); // two read hits: nothing written
+    s.request(0, 2, IoKind::Write, 4096, 4096); // a write hit: one update
+    s.request(0, 3, IoKind::Write, 1 << 20, 8192); // two write misses: two insertions
+    let r = s.finish();
+    let written: u64 = r.interval_cache_bytes.iter().sum();
+    assert_eq!(written, 5 * PAGE, "2 + 1 + 2 blocks");
+    let mut c = BlockCache::new(ReferencePolicy::Lru, 4);
+    assert_eq!(c.write(0, 12288), 3);
+    assert_eq!(c.write(4096, 4096), 1);
+    assert_eq!((c.inserts, c.updates, c.blocks_written()), (3, 1, 4));
+    // LARC admits a block on its second miss: a first write to it writes nothing.
+    let mut l = BlockCache::new(ReferencePolicy::Larc, 4);
+    assert_eq!(l.write(0, 4096), 0);
+    assert_eq!(l.blocks_written(), 0);
+}

@@ -18,7 +18,10 @@
 //! eviction passes over at most three reinsertions per hit).
 //!
 //! [`BlockCache::inserts`] counts the blocks written into the cache: every miss for LRU,
-//! FIFO, LFU and S3-FIFO, admissions only for LARC.
+//! FIFO, LFU and S3-FIFO, admissions only for LARC. [`BlockCache::updates`] counts the
+//! blocks a write ([`BlockCache::write`]) found cached and rewrote: a cache device writes
+//! those 4 KiB too (a write-through cache keeps its copy current), so flash writes are
+//! both together.
 
 use sce_core::hotness::IntMap;
 use std::collections::BTreeSet;
@@ -120,6 +123,8 @@ pub struct BlockCache {
     pub misses: u64,
     /// Blocks written into the cache (misses, but LARC's admissions only).
     pub inserts: u64,
+    /// Blocks a write found cached and rewrote in the cache.
+    pub updates: u64,
 }
 
 impl BlockCache {
@@ -166,6 +171,7 @@ impl BlockCache {
             accesses: 0,
             misses: 0,
             inserts: 0,
+            updates: 0,
         }
     }
 
@@ -429,6 +435,31 @@ impl BlockCache {
         for b in offset / 4096..=(offset + len - 1) / 4096 {
             self.access(b);
         }
+    }
+
+    /// A write: the same accesses as [`Self::request`]; each block it hits is rewritten in
+    /// the cache ([`Self::updates`]). Returns the blocks the cache holds afterwards (hit or
+    /// inserted): the ones the cache device writes.
+    pub fn write(&mut self, offset: u64, len: u64) -> u64 {
+        if len == 0 {
+            return 0;
+        }
+        let mut written = 0;
+        for b in offset / 4096..=(offset + len - 1) / 4096 {
+            let i0 = self.inserts;
+            if self.access(b) {
+                self.updates += 1;
+                written += 1;
+            } else if self.inserts > i0 {
+                written += 1;
+            }
+        }
+        written
+    }
+
+    /// Blocks the cache device wrote: insertions and updates.
+    pub fn blocks_written(&self) -> u64 {
+        self.inserts + self.updates
     }
 
     /// Misses over accesses (0 before any access).

@@ -25,8 +25,11 @@ pub struct PolicyResult {
     pub flash_hit_ratio: Option<f64>,
     /// Trace seconds until the interval read hit ratio first reached 90% of its final value.
     pub warmup_seconds: Option<f64>,
-    /// Bytes written to the cache devices (engine policies).
+    /// Bytes written to the cache devices (engine policies: the engine's count; reference
+    /// policies: 4 KiB per block inserted and per block a write hit rewrote).
     pub cache_bytes_written: Option<u64>,
+    /// Blocks reference policies rewrote for write hits (part of `cache_bytes_written`).
+    pub cache_blocks_rewritten: Option<u64>,
     /// Bytes written to the cache devices per trace request.
     pub cache_bytes_written_per_request: Option<f64>,
     /// Bytes read from the source.
@@ -82,7 +85,7 @@ pub struct PolicyResult {
     /// Warm-up curve: (trace seconds, interval read hit ratio; null if no read).
     pub intervals: Vec<(f64, Option<f64>)>,
     /// Cache bytes written in each interval of `intervals` (engine: its cache writes,
-    /// reference: 4 KiB per block inserted).
+    /// reference: 4 KiB per block inserted and per block a write hit rewrote).
     pub interval_cache_bytes_written: Vec<u64>,
     /// Write-back (`--mode writeback`, engine policies): bytes the cleaner wrote to the
     /// source.
@@ -217,9 +220,11 @@ pub(super) fn result(
         out.miss_ratio = Some(m);
         out.accesses = Some(acc);
         out.accesses_per_second = Some(acc as f64 / secs.max(1e-9));
-        // 4 KiB per block inserted, every interval's (LARC inserts only what it admits).
+        // 4 KiB per block inserted (LARC inserts only what it admits) and per block a
+        // write hit rewrote, every interval's.
         let written: u64 = r.interval_cache_bytes.iter().sum();
         out.cache_bytes_written = Some(written);
+        out.cache_blocks_rewritten = Some(r.reference_updates);
         out.cache_bytes_written_per_request = Some(written as f64 / requests.max(1) as f64);
     }
     if !r.engines.is_empty() {
