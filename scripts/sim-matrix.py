@@ -3,8 +3,10 @@
 
 For each trace (the real ones in --traces, and generated ones) the script computes the 4 KiB
 working set (distinct 4 KiB blocks, per volume, that reads or writes touch: from
-`sce trace convert --out-format csv`), then runs, for each cache size (a percentage of that
-working set, rounded up to a multiple of 1 MiB and at least 2 MiB), one
+`sce trace convert --out-format csv`), the fragment footprint (distinct 1 MiB fragments
+touched) and how many requests are not 4 KiB-aligned (offset or length), then runs, for
+each cache size (a percentage of the working set, or a multiple of the fragment footprint
+such as "2x"; rounded up to a multiple of 1 MiB and at least 2 MiB), one
 
     sce sim --json --core-shards 1 --policy <POLICIES> --cache-size <SIZE> --interval <I>
 
@@ -24,7 +26,9 @@ Per policy it reports:
                 (`read_hits`, or read_hit_ratio x the read pages counted from the trace)
                 / (cache_bytes_written / 2^20)
 
-A value `sce sim` does not report for a policy is printed as "–".
+A value `sce sim` does not report for a policy is printed as "–". A policy whose open
+replay found the modelled source or cache device over 100% busy (`overloaded`) is marked
+with a dagger, and a trace with more than half its requests misaligned is marked.
 
 Goals, checked per cell (trace x size) for `sce` against `flashcache-like`:
   (a) wr/req of sce <= 0.5 x flashcache-like's;
@@ -71,7 +75,29 @@ POLICIES = "sce,sce-paper,flashcache-like,larc,s3fifo,lru"
 SUBJECT = "sce"
 BASELINE = "flashcache-like"
 
-SIZES = [10, 25, 50, 100, 150]
+# Cache sizes: percentages of the 4 KiB working set, and ("2x", "4x") multiples of the
+# fragment footprint (distinct 1 MiB fragments the trace touches, x 1 MiB): the cache that
+# holds what 1 MiB fragments need, the SCE paper's "cache holds the data" case.
+SIZES = ["10", "25", "50", "100", "150", "2x", "4x"]
+
+
+def parse_size(tok):
+    """A --sizes entry: "50" (percent of the working set) or "2x" (of the fragment
+    footprint); returns ("pct", 50) or ("fp", 2.0), or None if it is neither."""
+    tok = tok.strip()
+    try:
+        if tok.endswith("x"):
+            v = float(tok[:-1])
+            return ("fp", v) if v > 0 else None
+        v = int(tok)
+        return ("pct", v) if v > 0 else None
+    except ValueError:
+        return None
+
+
+def spec_label(spec):
+    kind, v = spec
+    return f"{v}%" if kind == "pct" else f"{v:g}x footprint"
 
 MIB = 1 << 20
 PAGE = 4096
@@ -134,6 +160,8 @@ class Trace:
         self.name, self.path, self.fmt = name, path, fmt
         self.requests = 0
         self.blocks = 0
+        self.fragments = 0
+        self.misaligned = 0
         self.read_pages = 0
         self.duration = 0.0
 
@@ -151,6 +179,7 @@ class Trace:
             f"converting {self.name}",
         )
         blocks = set()
+        frags = set()
         t0 = t1 = None
         with open(csv) as f:
             for line in f:
@@ -166,15 +195,25 @@ class Trace:
                 first, last = off // PAGE, (off + ln - 1) // PAGE
                 vol = int(vol)
                 blocks.update((vol, b) for b in range(first, last + 1))
+                frags.update((vol, f) for f in range(off // MIB, (off + ln - 1) // MIB + 1))
+                if off % PAGE or ln % PAGE:
+                    self.misaligned += 1
                 if op == "R":
                     self.read_pages += last - first + 1
         os.unlink(csv)
         self.blocks = len(blocks)
+        self.fragments = len(frags)
         self.duration = (t1 - t0) / 1e9 if t0 is not None else 0.0
 
-    def cache_size(self, pct):
-        want = self.blocks * PAGE * pct / 100.0
+    def cache_size(self, spec):
+        """The cache of size spec ("pct", P) or ("fp", X), in bytes (whole MiB, >= 2)."""
+        kind, v = spec if isinstance(spec, tuple) else ("pct", spec)
+        want = self.blocks * PAGE * v / 100.0 if kind == "pct" else self.fragments * MIB * v
         return max(2, math.ceil(want / MIB)) * MIB
+
+    @property
+    def misaligned_share(self):
+        return self.misaligned / self.requests if self.requests else 0.0
 
 
 def generate(sce, name, args, workdir):
@@ -229,6 +268,7 @@ def metrics(p, trace, target, interval):
         "mean_read_latency": p.get("mean_read_latency_seconds"),
         "p99_read_latency": p.get("p99_read_latency_seconds"),
         "read_hits": hits,
+        "overloaded": bool(p.get("overloaded")),
         "read_hits_per_mib_written": hits / (written / MIB)
         if hits is not None and written
         else None,
@@ -299,25 +339,38 @@ def markdown(traces, cells, policies, args):
     w = out.append
     w("# Policy matrix")
     w("")
-    sizes = ", ".join(f"{p}%" for p in args.sizes)
+    sizes = ", ".join(spec_label(x) for x in args.sizes)
     w(f"`sce sim --json --core-shards 1 --policy {','.join(policies)}`, cache sizes {sizes} "
-      "of each trace's 4 KiB working set (rounded up to whole MiB, at least 2 MiB); interval "
+      "(percentages of each trace's 4 KiB working set; \"footprint\": its distinct 1 MiB "
+      "fragments x 1 MiB, what 1 MiB fragments need to hold it all; rounded up to whole MiB, "
+      "at least 2 MiB); interval "
       "a little over duration / 40 (at least 1 s). Generated: `sce gen NAME --size "
       f"{args.gen_size} --requests {args.gen_requests} --seed 1` (hotscan: "
-      f"`{' '.join(GENERATED['hotscan'][1:])}`).")
+      f"`{' '.join(GENERATED['hotscan'][1:])}`). One core shard: the matrix compares "
+      "policies, not the server's split budgets (`sce sim`'s default runs the server's "
+      "automatic shard count). The reference policies (`larc`, `s3fifo`, `lru`) are charged "
+      "4 KiB of cache writes per block inserted and per block a write hit rewrote.")
     w("")
     w("Columns: read hit ratio; cache bytes written per request (KiB); warm-up (s, to 90% of "
       f"{BASELINE}'s final interval read hit ratio, from the first interval with a read); "
       "modelled mean and p99 read latency (ms); read pages hit per MiB written to the cache. "
       f"Goals for {SUBJECT} against {BASELINE}: (a) wr/req <= 0.5x, (b) read hit >= its - "
-      "0.01, (c) warm-up <= half its (one interval always meets it).")
+      "0.01, (c) warm-up <= half its (one interval always meets it). A policy marked "
+      "\u2020 was replayed open into a modelled source or cache device more than 100% busy: "
+      "its latencies, and the hits of a policy that fills by re-reading the source, measure "
+      "overload, not policy. A trace marked **misaligned** has most requests not on 4 KiB "
+      "boundaries: flashcache-like caches only whole aligned pages there, so its hits are "
+      "not a 4 KiB cache's (`lru` and `s3fifo` cover every page a request touches).")
     for t in traces:
         w("")
         w(f"## {t.name}")
         w("")
+        mis = t.misaligned_share
         w(f"{t.requests:,} requests, {t.duration:,.0f} s, working set {t.blocks:,} blocks "
-          f"({size_label(t.blocks * PAGE)}), {t.read_pages:,} read pages, interval "
-          f"{t.interval:g} s.")
+          f"({size_label(t.blocks * PAGE)}), fragment footprint {t.fragments:,} fragments "
+          f"({size_label(t.fragments * MIB)}), {t.read_pages:,} read pages, interval "
+          f"{t.interval:g} s; {t.misaligned:,} requests ({mis:.0%}) not 4 KiB-aligned"
+          + (" (**misaligned**)." if mis > 0.5 else "."))
         w("")
         w("| cache | policy | read hit | wr/req KiB | warm-up s | mean ms | p99 ms | hits/MiB |")
         w("|---|---|---|---|---|---|---|---|")
@@ -325,7 +378,7 @@ def markdown(traces, cells, policies, args):
         for c in cells:
             if c["trace"] != t.name:
                 continue
-            label = f"{c['pct']}% {size_label(c['cache_size'])}"
+            label = f"{c['size']} {size_label(c['cache_size'])}"
             if c.get("error"):
                 w(f"| {label} | (failed) | | | | | | |")
                 lines.append(f"- {label}: FAILED ({c['error'].splitlines()[0]})")
@@ -336,7 +389,8 @@ def markdown(traces, cells, policies, args):
                 m = c["policies"].get(p)
                 if m is None:
                     continue
-                w(f"| {label if first else ''} | {p} | {fmt(m['read_hit_ratio'], '.4f')} | "
+                mark = " \u2020" if m.get("overloaded") else ""
+                w(f"| {label if first else ''} | {p}{mark} | {fmt(m['read_hit_ratio'], '.4f')} | "
                   f"{fmt(m['cache_bytes_written_per_request'], '.1f', 1 / 1024)} | "
                   f"{fmt_warm(m, has_target)} | {fmt(m['mean_read_latency'], '.3f', 1e3)} | "
                   f"{fmt(m['p99_read_latency'], '.3f', 1e3)} | "
@@ -364,7 +418,7 @@ def markdown(traces, cells, policies, args):
 SIM_ARGS = []
 
 
-def run_cell(sce, trace, pct, size, policies, done, total):
+def run_cell(sce, trace, spec, size, policies, done, total):
     t0 = time.monotonic()
     # One core shard: the matrix compares policies, not the server's split budgets (a
     # sharded flashcache-like with 4 KiB fragments starves on its per-shard AWT budget;
@@ -379,7 +433,7 @@ def run_cell(sce, trace, pct, size, policies, done, total):
         out, err = None, str(e)
     with _print_lock:
         done[0] += 1
-        print(f"[{done[0]}/{total}] {trace.name} {size_label(size)} ({pct}%): "
+        print(f"[{done[0]}/{total}] {trace.name} {size_label(size)} ({spec_label(spec)}): "
               f"{'FAILED' if err else 'done'} in {time.monotonic() - t0:.1f} s",
               file=sys.stderr, flush=True)
     return out, err
@@ -397,6 +451,12 @@ def self_test():
     t.blocks, t.read_pages, t.duration = 1000, 5000, 400.0
     check(t.interval == 10.001)
     check([t.cache_size(p) for p in (10, 50, 150)] == [2 * MIB, 2 * MIB, 6 * MIB])
+    t.fragments = 3
+    check([t.cache_size(parse_size(x)) for x in ("150", "2x", "4x")] == [6 * MIB, 6 * MIB,
+                                                                         12 * MIB])
+    check(parse_size("0") is None and parse_size("2.5x") == ("fp", 2.5) and
+          parse_size("x") is None and parse_size("fifty") is None)
+    check(spec_label(("fp", 2.0)) == "2x footprint" and spec_label(("pct", 50)) == "50%")
     t.blocks = 100_000
     check(t.cache_size(10) == 40 * MIB)  # 39.06 MiB, rounded up
     t.duration = 10.0
@@ -445,8 +505,9 @@ def main(argv=None):
     ap.add_argument("--traces-subset", default=None,
                     help="comma-separated trace names to run (real file names and "
                          f"{', '.join(GENERATED)}) [all]")
-    ap.add_argument("--sizes", default=",".join(map(str, SIZES)),
-                    help="cache sizes in percent of the working set [%(default)s]")
+    ap.add_argument("--sizes", default=",".join(SIZES),
+                    help="cache sizes: percentages of the 4 KiB working set, and multiples "
+                    "of the 1 MiB fragment footprint ending in x [%(default)s]")
     ap.add_argument("--policies", default=POLICIES, help="policies to run [%(default)s]")
     ap.add_argument("--sce", default=None,
                     help="the sce binary [$CARGO_TARGET_DIR or <repo>/target, release/sce]")
@@ -473,12 +534,11 @@ def main(argv=None):
     sce = args.sce or default_sce()
     if not os.access(sce, os.X_OK):
         ap.error(f"no sce binary at {sce} (build it: cargo build --release -p sce, or --sce PATH)")
-    try:
-        args.sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
-    except ValueError:
-        ap.error(f"--sizes {args.sizes!r}: expected percentages such as 10,50,150")
-    if not args.sizes or any(p <= 0 for p in args.sizes):
-        ap.error("--sizes: at least one percentage, each > 0")
+    specs = [parse_size(x) for x in args.sizes.split(",") if x.strip()]
+    if not specs or None in specs:
+        ap.error(f"--sizes {args.sizes!r}: expected percentages of the working set and "
+                 "multiples of the fragment footprint, each > 0, such as 10,50,150,2x")
+    args.sizes = specs
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:
         ap.error("--policies: at least one")
@@ -520,24 +580,27 @@ def main(argv=None):
         # One run per distinct (trace, cache size): small traces round several sizes to 2 MiB.
         jobs = {}
         for t in traces:
-            for pct in args.sizes:
-                jobs.setdefault((t.name, t.cache_size(pct)), (t, pct))
+            for spec in args.sizes:
+                jobs.setdefault((t.name, t.cache_size(spec)), (t, spec))
         done = [0]
         results = {}
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as ex:
             futs = {
-                ex.submit(run_cell, sce, t, pct, key[1], policies, done, len(jobs)): key
-                for key, (t, pct) in jobs.items()
+                ex.submit(run_cell, sce, t, spec, key[1], policies, done, len(jobs)): key
+                for key, (t, spec) in jobs.items()
             }
             for f in concurrent.futures.as_completed(futs):
                 results[futs[f]] = f.result()
 
         cells = []
         for t in traces:
-            for pct in args.sizes:
-                size = t.cache_size(pct)
+            for spec in args.sizes:
+                size = t.cache_size(spec)
                 out, err = results[(t.name, size)]
-                cell = {"trace": t.name, "pct": pct, "cache_size": size,
+                cell = {"trace": t.name, "size": spec_label(spec),
+                        "pct": spec[1] if spec[0] == "pct" else None,
+                        "footprint_x": spec[1] if spec[0] == "fp" else None,
+                        "cache_size": size,
                         "interval": t.interval}
                 if err:
                     cell.update(error=err, target=None, policies={},
@@ -566,13 +629,16 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({
-                "sce": sce, "policies": policies, "sizes": args.sizes,
+                "sce": sce, "policies": policies,
+                "sizes": [spec_label(x) for x in args.sizes],
                 "subject": SUBJECT, "baseline": BASELINE,
                 "generated": {"size": args.gen_size, "requests": args.gen_requests,
                               "args": GENERATED},
                 "traces": [{"name": t.name, "path": t.path, "format": t.fmt,
                             "requests": t.requests, "duration": t.duration,
                             "working_set_blocks": t.blocks, "read_pages": t.read_pages,
+                            "fragment_footprint": t.fragments,
+                            "misaligned_requests": t.misaligned,
                             "interval": t.interval} for t in traces],
                 "cells": cells,
                 "seconds": elapsed,
@@ -581,7 +647,7 @@ def main(argv=None):
     failed = [c for c in cells if c.get("error")]
     if failed:
         for c in failed:
-            log(f"FAILED: {c['trace']} {c['pct']}%: {c['error']}")
+            log(f"FAILED: {c['trace']} {c['size']}: {c['error']}")
         return 2
     if args.check:
         checked = [c for c in cells if c["goals"]["checked"]]
@@ -592,7 +658,7 @@ def main(argv=None):
         if missed:
             log(f"--check: goals missed in {len(missed)} of {len(checked)} cells:")
             for c in missed:
-                log(f"  {c['trace']} {c['pct']}% ({size_label(c['cache_size'])}): "
+                log(f"  {c['trace']} {c['size']} ({size_label(c['cache_size'])}): "
                     + "; ".join(c["goals"]["missed"]))
             return 1
         log(f"--check: goals met in all {len(checked)} cells")
