@@ -6,7 +6,7 @@
 use crate::alloc::{live_bytes, COUNTING};
 use crate::units::{format_size, parse_size};
 use anyhow::{bail, Context, Result};
-use sce_core::{Admission, CoreConfig, WriteMode};
+use sce_core::{Admission, CoreConfig, EvictionKind, WriteMode};
 use sce_sim::layers::{RamPolicy, Replay};
 use sce_sim::plot::plot_svg;
 use sce_sim::run::{
@@ -89,6 +89,11 @@ pub struct SimArgs {
     /// each), so that the results say what the server does; 1 is one unsharded core.
     #[arg(long, default_value_t = 0)]
     pub core_shards: usize,
+    /// Eviction of every engine policy, flashcache-like included: clock (generalized CLOCK,
+    /// sce's default), lru (flashcache-like's default) or fifo, e.g. to check Mercury's
+    /// finding that FIFO does about as well as CLOCK. [default: each policy's own]
+    #[arg(long, value_name = "clock|lru|fifo")]
+    pub eviction: Option<EvictionKind>,
     /// Options of admission sce (and the endurance budget of every engine policy).
     #[command(flatten)]
     pub admission_opts: crate::policy_args::AdmissionArgs,
@@ -159,6 +164,9 @@ fn policy(p: &str, a: &SimArgs) -> Result<PolicyKind> {
             ..CoreConfig::default()
         };
         a.admission_opts.apply(&mut cfg, a.cache_size);
+        if let Some(k) = a.eviction {
+            cfg.eviction = k;
+        }
         cfg
     };
     Ok(match p {
@@ -173,7 +181,11 @@ fn policy(p: &str, a: &SimArgs) -> Result<PolicyKind> {
         "flashcache-like" => PolicyKind::Engine({
             // The baseline as it is, but under the same endurance budget if one is set.
             let mut cfg = CoreConfig::flashcache_like();
-            cfg.max_cache_writes = engine(Admission::Always).max_cache_writes;
+            let like = engine(Admission::Always);
+            cfg.max_cache_writes = like.max_cache_writes;
+            if a.eviction.is_some() {
+                cfg.eviction = like.eviction;
+            }
             cfg
         }),
         _ => match p.parse::<Admission>() {
@@ -270,7 +282,8 @@ fn print_json(
         "ram_policy": a.ram_size.map(|_| a.ram_policy.to_string()),
         "ssd_model": model_json(&devices.0), "source_model": model_json(&devices.1),
         "threads": sim.threads(), "replay": replay.to_string(), "replay_reason": replay_why,
-        "interval_seconds": a.interval, "core_shards": a.core_shards, "warnings": warnings,
+        "interval_seconds": a.interval, "core_shards": a.core_shards,
+        "eviction": a.eviction.map(|k| k.to_string()), "warnings": warnings,
         "policies": results,
     });
     println!("{}", serde_json::to_string_pretty(&v)?);

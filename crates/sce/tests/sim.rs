@@ -460,6 +460,46 @@ fn volumes_are_separate() {
     assert_eq!(policy(&v, "always")["read_hit_ratio"], 0.0, "{v}");
 }
 
+/// `--eviction` sets the engine policies' eviction: two slots, fragments A B A C A a second
+/// apart. LRU and CLOCK keep A (used again) and evict B for C, so the last A hits; FIFO
+/// evicts A, the first in, so it misses. A value it does not know is refused.
+#[test]
+fn eviction_is_chosen_for_the_engine_policies() {
+    let d = tempfile::tempdir().unwrap();
+    let mut body = String::new();
+    for (i, f) in [0u64, 1, 0, 2, 0].iter().enumerate() {
+        body += &format!("{},R,0,{},4096\n", i as u64 * 1_000_000_000, f << 20);
+    }
+    let t = write(d.path(), "e.csv", body.as_bytes());
+    let hit = |eviction: &str| {
+        let v = json(&sim_args(
+            &t,
+            "csv",
+            "2MiB",
+            &[
+                "--policy",
+                "always",
+                "--core-shards",
+                "1",
+                "--eviction",
+                eviction,
+                "--json",
+            ],
+        ));
+        assert_eq!(v["eviction"], eviction, "{v}");
+        policy(&v, "always")["read_hit_ratio"].as_f64().unwrap()
+    };
+    let (lru, clock, fifo) = (hit("lru"), hit("clock"), hit("fifo"));
+    assert_eq!(
+        (lru, clock),
+        (0.4, 0.4),
+        "A kept: hits at the 3rd and 5th reads"
+    );
+    assert_eq!(fifo, 0.2, "A evicted for C: only the 3rd read hits");
+    let e = fails(&sim_args(&t, "csv", "2MiB", &["--eviction", "arc"]));
+    assert!(e.contains("clock, lru or fifo"), "{e}");
+}
+
 /// Hosts over a shared volume invalidate each other's copies; one host has nobody to
 /// invalidate. With a RAM layer, h2 is reported and consistent with h and h1.
 #[test]
