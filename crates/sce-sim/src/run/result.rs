@@ -163,6 +163,32 @@ impl Metadata {
     }
 }
 
+/// A reference policy's own figures: its block accesses and misses (`counts`), and its
+/// cache writes.
+fn reference_figures(
+    out: &mut PolicyResult,
+    r: &StackResult,
+    (acc, miss): (u64, u64),
+    secs: f64,
+    requests: u64,
+) {
+    let m = if acc == 0 {
+        0.0
+    } else {
+        miss as f64 / acc as f64
+    };
+    out.hit_ratio = Some(1.0 - m);
+    out.miss_ratio = Some(m);
+    out.accesses = Some(acc);
+    out.accesses_per_second = Some(acc as f64 / secs.max(1e-9));
+    // 4 KiB per block inserted (LARC inserts only what it admits) and per block a write hit
+    // rewrote, every interval's.
+    let written: u64 = r.interval_cache_bytes.iter().sum();
+    out.cache_bytes_written = Some(written);
+    out.cache_blocks_rewritten = Some(r.reference_updates);
+    out.cache_bytes_written_per_request = Some(written as f64 / requests.max(1) as f64);
+}
+
 pub(super) fn result(
     name: &str,
     r: &StackResult,
@@ -210,22 +236,8 @@ pub(super) fn result(
         out.writes_invalidating = Some(r.writes_invalidating as f64 / r.writes.max(1) as f64);
         out.coherence_puts_per_write = Some(a.hosts as f64);
     }
-    if let Some((acc, miss)) = r.reference {
-        let m = if acc == 0 {
-            0.0
-        } else {
-            miss as f64 / acc as f64
-        };
-        out.hit_ratio = Some(1.0 - m);
-        out.miss_ratio = Some(m);
-        out.accesses = Some(acc);
-        out.accesses_per_second = Some(acc as f64 / secs.max(1e-9));
-        // 4 KiB per block inserted (LARC inserts only what it admits) and per block a
-        // write hit rewrote, every interval's.
-        let written: u64 = r.interval_cache_bytes.iter().sum();
-        out.cache_bytes_written = Some(written);
-        out.cache_blocks_rewritten = Some(r.reference_updates);
-        out.cache_bytes_written_per_request = Some(written as f64 / requests.max(1) as f64);
+    if let Some(counts) = r.reference {
+        reference_figures(&mut out, r, counts, secs, requests);
     }
     if !r.engines.is_empty() {
         let e = aggregate_engines(&r.engines);
