@@ -210,7 +210,7 @@ pub fn check_log(
         )
     };
     Ok(Some(LogCheck {
-        bytes: region.blocks * 4096,
+        bytes: region.blocks * crate::wblog::LOG_BLOCK,
         commits: r.commits,
         last_seq: r.last_seq,
         durable_seq: log.durable_seq,

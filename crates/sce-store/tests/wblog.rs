@@ -325,18 +325,25 @@ fn damaged_flushed_data_is_lost_and_torn_data_keeps_the_older_version() {
     assert_eq!((log.version(&r, 5), r.skipped), (Some(1), 1));
 }
 
+/// A log whose first commit's page `lost` (version 1) is damaged, a second commit (page
+/// `other`, version 2) after it: damage, not a torn write. Returns the damaged position.
+fn damaged_in_a_flushed_commit(lost: u64, other: u64) -> (Log, u64) {
+    let mut log = Log::new(128);
+    let v1 = log.write(&[lost], 1);
+    log.commit();
+    log.write(&[other], 2);
+    log.commit();
+    log.dev.flip(log.region.offset_of(v1) + 7);
+    (log, v1)
+}
+
 /// A tombstone carries a loss forward: replayed from an anchor past the damaged version, the
 /// page is still lost (at the tombstone's commit), even when that commit is the last one
 /// (it names no data a crash could have torn); a later version of the page ends the loss.
 /// A version 6 record (written before tombstones) is still read.
 #[test]
 fn a_tombstone_keeps_a_page_lost_past_its_damaged_version_until_it_is_rewritten() {
-    let mut log = Log::new(128);
-    let v1 = log.write(&[5], 1);
-    log.commit();
-    log.write(&[6], 2);
-    log.commit();
-    log.dev.flip(log.region.offset_of(v1) + 7);
+    let (mut log, v1) = damaged_in_a_flushed_commit(5, 6);
     let r = log.replay(FRESH);
     assert_eq!(r.lost, vec![(VOL, 5)]);
     assert_eq!(r.lost_at.get(&(VOL, 5)), Some(&v1));
@@ -365,12 +372,7 @@ fn a_tombstone_keeps_a_page_lost_past_its_damaged_version_until_it_is_rewritten(
     // A write of the lost page that was in flight when its tombstone was committed, and
     // committed after it at a position below it: replayed from the tombstone's commit (its
     // version was cleaned, so the tail passed it), the page is no longer lost.
-    let mut log = Log::new(128);
-    let v1 = log.write(&[9], 1);
-    log.commit();
-    log.write(&[8], 2);
-    log.commit();
-    log.dev.flip(log.region.offset_of(v1) + 7);
+    let (mut log, _) = damaged_in_a_flushed_commit(9, 8);
     assert_eq!(log.replay(FRESH).lost, vec![(VOL, 9)]);
     let d = log.w.allocate(1).unwrap();
     let bytes = image(VOL, 9, 3);

@@ -68,9 +68,10 @@ const BACKGROUND_NICE: i32 = 10;
 /// for room). Going back up needs `CAP_SYS_NICE` (sce usually runs as root); without it the
 /// cleaner never goes below.
 struct Priority {
+    /// The cleaner's own nice value; `None` once it is not to be changed (it cannot be
+    /// raised back, or raising it back failed).
     base: Option<i32>,
     lowered: bool,
-    stuck: bool,
 }
 
 impl Priority {
@@ -95,17 +96,16 @@ impl Priority {
         Priority {
             base: base.filter(|_| can_raise),
             lowered: false,
-            stuck: false,
         }
     }
 
     fn set(&mut self, urgent: bool) {
         let Some(base) = self.base else { return };
-        if urgent && self.lowered && !self.stuck {
+        if urgent && self.lowered {
             match sce_io::thread::set_nice(base) {
                 Ok(()) => self.lowered = false,
                 Err(err) => {
-                    self.stuck = true;
+                    self.base = None;
                     tracing::info!(
                         "the write-back log's cleaner cannot raise its CPU priority back \
                          ({err}); it keeps cleaning at nice {}",
