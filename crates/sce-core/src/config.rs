@@ -221,6 +221,20 @@ pub struct CoreConfig {
     /// Admission `sce`: populate only the 64ths of a fragment that were touched (the slot is
     /// still allocated whole), instead of the whole fragment.
     pub partial_fill: bool,
+    /// Admission `sce`: a read miss in a line that population would fill (a line with a
+    /// slot, free space, or a region touched before in the window that wins the eviction
+    /// duel) writes the pages it read to the cache before completing: the fill costs the
+    /// source nothing, so a saturated source still fills the cache. Background population
+    /// then only prefetches the rest of a hot line. Off by default for now (issue 30): the
+    /// server writes inline fills before the read completes, after their intents.
+    pub miss_fills: bool,
+    /// Bytes over which heat is tracked (the hotness window, the frequency sketch, the stream
+    /// detector and the eviction duel): a fragment in the SCE paper's sense. 0 means
+    /// `fragment_size`. When it is larger, `fragment_size` is a *line*: the unit of cache
+    /// space and of filling, so that a hot fragment costs only the lines of it that were
+    /// touched, not a whole slot of `heat_size` bytes. A power of two, from `fragment_size`
+    /// to 64 lines.
+    pub heat_size: u64,
     /// Bytes written to the cache device per day at most (population, fills and write
     /// copies, any admission); once reached, the cache serves hits and admits nothing more.
     pub max_cache_writes: Option<u64>,
@@ -247,6 +261,8 @@ impl Default for CoreConfig {
             population_adaptive: true,
             population_min_rate: 1 << 20,
             partial_fill: false,
+            heat_size: 0,
+            miss_fills: false,
             max_cache_writes: None,
             revalidate_partial_pages: true,
         }
@@ -254,6 +270,11 @@ impl Default for CoreConfig {
 }
 
 impl CoreConfig {
+    /// Bytes over which heat is tracked: `heat_size`, or `fragment_size` if that is 0.
+    pub fn heat_bytes(&self) -> u64 {
+        self.heat_size.max(self.fragment_size)
+    }
+
     /// The flashcache-like baseline: 4 KiB fragments, admission `always`, synchronous
     /// write-through, LRU.
     pub fn flashcache_like() -> Self {
@@ -279,6 +300,16 @@ impl CoreConfig {
             return Err(ConfigError::new(
                 "fragment_size",
                 format!("{fs} is outside the range 4 KiB ..= 64 MiB"),
+            ));
+        }
+        let hs = self.heat_size;
+        if hs != 0 && (!hs.is_power_of_two() || hs < fs || hs / fs > 64) {
+            return Err(ConfigError::new(
+                "heat_size",
+                format!(
+                    "{hs} must be a power of two from the line size ({fs}) to 64 lines ({})",
+                    fs * 64
+                ),
             ));
         }
         if self.clock_ceiling == 0 {

@@ -164,6 +164,13 @@ impl MruWindow {
         }
     }
 
+    /// Forgets the 64ths in `mask` of what `f` touched (they were filled); the count stays.
+    pub fn clear_parts(&mut self, f: FragNo, mask: u64) {
+        if let Some(&i) = self.index.get(&f.0) {
+            self.entries[i as usize].mask &= !mask;
+        }
+    }
+
     /// The 64ths of `f` touched since its count was last reset (0 if not in the window).
     pub fn parts(&self, f: FragNo) -> u64 {
         self.index

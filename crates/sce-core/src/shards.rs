@@ -1,10 +1,12 @@
 //! `ShardMap`: a volume cut into shards by fragment, each an ordinary [`CacheCore`] of its
 //! own, so that a multi-threaded driver can lock them independently.
 //!
-//! Fragment `f` belongs to shard `f % n` (a stripe of one fragment: a hot region spreads
-//! over every shard). Shard `k` sees its fragments compacted, as a source of its own: its
-//! local fragment `f / n` is global fragment `f`, so the byte at global offset `o` is at
-//! local offset `(f / n) * fragment_size + o % fragment_size`. Shard `k` owns a contiguous
+//! The source is striped over the shards in stripes of one heat region (`heat_size` bytes;
+//! one fragment unless fragments are lines of a larger region): stripe `r` belongs to shard
+//! `r % n`, so a hot area spreads over every shard while each region, whose heat decides what
+//! is populated, stays whole in one. Shard `k` sees its stripes compacted, as a source of its
+//! own: its local stripe `r / n` is global stripe `r`, so the byte at global offset `o` is at
+//! local offset `(r / n) * stripe + o % stripe`, and fragments keep their order within it. Shard `k` owns a contiguous
 //! range of the cache's slots, `[base(k), base(k + 1))`; its local slot `s` is global slot
 //! `base(k) + s`, and local cache offsets shift by `base(k) * fragment_size`.
 //!
@@ -39,7 +41,10 @@ pub fn shards_for(core_shards: usize, slots: u64) -> usize {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShardMap {
     n: u64,
+    /// log2 of the fragment (slot) size.
     shift: u32,
+    /// log2 of the stripe (the heat region, at least one fragment).
+    stripe: u32,
     source_size: u64,
     /// `n + 1` entries: shard `k` owns global slots `[base[k], base[k + 1])`.
     base: Box<[u32]>,
@@ -66,9 +71,22 @@ impl ShardMap {
     /// into `wanted` shards, or fewer: never more than `slots / 2` (a shard needs two slots)
     /// nor more than the source's fragments; at least one.
     pub fn new(wanted: usize, fragment_size: u64, source_size: u64, slots: u32) -> Self {
+        Self::striped(wanted, fragment_size, fragment_size, source_size, slots)
+    }
+
+    /// Like [`ShardMap::new`], striped in regions of `heat_size` bytes (a power of two, at
+    /// least `fragment_size`): never more shards than the source has regions.
+    pub fn striped(
+        wanted: usize,
+        fragment_size: u64,
+        heat_size: u64,
+        source_size: u64,
+        slots: u32,
+    ) -> Self {
         let shift = fragment_size.trailing_zeros();
-        let frags = source_size.div_ceil(fragment_size).max(1);
-        let n = (wanted as u64).min(slots as u64 / 2).min(frags).max(1);
+        let stripe = heat_size.max(fragment_size).trailing_zeros();
+        let stripes = source_size.div_ceil(1 << stripe).max(1);
+        let n = (wanted as u64).min(slots as u64 / 2).min(stripes).max(1);
         let mut base = Vec::with_capacity(n as usize + 1);
         let (per, extra) = (slots as u64 / n, slots as u64 % n);
         let mut at = 0u64;
@@ -80,6 +98,7 @@ impl ShardMap {
         ShardMap {
             n,
             shift,
+            stripe,
             source_size,
             base: base.into_boxed_slice(),
         }
@@ -96,13 +115,18 @@ impl ShardMap {
     ) -> Self {
         let slots = cache_size / cfg.fragment_size.max(1);
         let ok = cfg.validate().is_ok() && slots < u32::MAX as u64;
-        ShardMap::new(
+        ShardMap::striped(
             if ok {
                 shards_for(core_shards, slots)
             } else {
                 1
             },
             cfg.fragment_size,
+            if ok {
+                cfg.heat_bytes()
+            } else {
+                cfg.fragment_size
+            },
             source_size,
             slots.min(u32::MAX as u64 - 1) as u32,
         )
@@ -126,7 +150,7 @@ impl ShardMap {
     /// The size of shard `k`'s local source: its fragments, compacted (the volume's last
     /// fragment may be partial).
     fn local_source_size(&self, k: usize) -> u64 {
-        let fsize = 1u64 << self.shift;
+        let fsize = 1u64 << self.stripe;
         let frags = self.source_size.div_ceil(fsize);
         let k = k as u64;
         if k >= frags {
@@ -182,20 +206,36 @@ impl ShardMap {
             .collect()
     }
 
+    /// log2 of the fragments per stripe.
+    fn per_stripe(&self) -> u32 {
+        self.stripe - self.shift
+    }
+
     /// The shard of global fragment `f`, and its local number there.
     pub fn frag_to_local(&self, f: FragNo) -> (usize, FragNo) {
-        ((f.0 % self.n) as usize, FragNo(f.0 / self.n))
+        let b = self.per_stripe();
+        let (r, i) = (f.0 >> b, f.0 & ((1 << b) - 1));
+        ((r % self.n) as usize, FragNo(((r / self.n) << b) | i))
     }
 
     /// Shard `k`'s first local fragment whose global fragment is `g` or after: where a
     /// range of global fragments starting at `g` starts in shard `k`.
     pub fn first_local_from(&self, k: usize, g: FragNo) -> FragNo {
-        FragNo(g.0.saturating_sub(k as u64).div_ceil(self.n))
+        let b = self.per_stripe();
+        let (r, i) = (g.0 >> b, g.0 & ((1 << b) - 1));
+        let j = r.saturating_sub(k as u64).div_ceil(self.n);
+        if j * self.n + k as u64 == r {
+            FragNo((j << b) | i)
+        } else {
+            FragNo(j << b)
+        }
     }
 
     /// Global fragment of shard `k`'s local fragment `f`.
     pub fn frag_to_global(&self, k: usize, f: FragNo) -> FragNo {
-        FragNo(f.0 * self.n + k as u64)
+        let b = self.per_stripe();
+        let (r, i) = (f.0 >> b, f.0 & ((1 << b) - 1));
+        FragNo(((r * self.n + k as u64) << b) | i)
     }
 
     /// The shard owning global slot `s`, and its local number there.
@@ -211,19 +251,19 @@ impl ShardMap {
 
     /// The shard holding global source offset `o`, and the offset on its local source.
     pub fn source_to_local(&self, o: SourceOffset) -> (usize, SourceOffset) {
-        let f = o.0 >> self.shift;
-        let within = o.0 & ((1 << self.shift) - 1);
+        let r = o.0 >> self.stripe;
+        let within = o.0 & ((1 << self.stripe) - 1);
         (
-            (f % self.n) as usize,
-            SourceOffset(((f / self.n) << self.shift) | within),
+            (r % self.n) as usize,
+            SourceOffset(((r / self.n) << self.stripe) | within),
         )
     }
 
     /// Global source offset of offset `o` on shard `k`'s local source.
     pub fn source_to_global(&self, k: usize, o: SourceOffset) -> SourceOffset {
-        let lf = o.0 >> self.shift;
-        let within = o.0 & ((1 << self.shift) - 1);
-        SourceOffset(((lf * self.n + k as u64) << self.shift) | within)
+        let lr = o.0 >> self.stripe;
+        let within = o.0 & ((1 << self.stripe) - 1);
+        SourceOffset(((lr * self.n + k as u64) << self.stripe) | within)
     }
 
     /// Global cache-device offset of shard `k`'s local cache offset `c`.
@@ -232,10 +272,10 @@ impl ShardMap {
     }
 
     /// The pieces of a request of `len` bytes at global `offset`: with one shard the request
-    /// itself, otherwise one per fragment it covers (none if `len` is 0).
+    /// itself, otherwise one per stripe it covers (none if `len` is 0).
     pub fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = Piece> + '_ {
         let one = self.n == 1;
-        let fsize = 1u64 << self.shift;
+        let fsize = 1u64 << self.stripe;
         let end = offset.saturating_add(len);
         let mut at = offset;
         let mut first = true;
@@ -254,7 +294,7 @@ impl ShardMap {
             if at >= end {
                 return None;
             }
-            let next = ((at >> self.shift) + 1) * fsize;
+            let next = ((at >> self.stripe) + 1) * fsize;
             let b = next.min(end);
             let (shard, local) = self.source_to_local(SourceOffset(at));
             let p = Piece {
@@ -378,5 +418,36 @@ mod tests {
         assert_eq!(p.iter().map(|p| p.len).sum::<u64>(), fs + 1024);
         assert_eq!((p[1].shard, p[1].local, p[1].buf_offset), (1, 0, 512));
         assert_eq!(m.pieces(0, 0).count(), 0);
+    }
+
+    #[test]
+    fn striped_by_region_keeps_each_region_in_one_shard() {
+        let (fs, heat) = (4096u64, 16384u64);
+        let size = 23 * fs + 1024;
+        let m = ShardMap::striped(3, fs, heat, size, 9);
+        assert_eq!((0..3).map(|k| m.local_source_size(k)).sum::<u64>(), size);
+        let frags = size.div_ceil(fs);
+        for f in 0..frags {
+            let (k, l) = m.frag_to_local(FragNo(f));
+            assert_eq!(k as u64, (f * fs / heat) % 3, "fragment {f}");
+            assert_eq!(m.frag_to_global(k, l), FragNo(f));
+            let (ks, ls) = m.source_to_local(SourceOffset(f * fs + 512));
+            assert_eq!((ks, ls.0), (k, l.0 * fs + 512));
+            assert_eq!(m.source_to_global(k, ls), SourceOffset(f * fs + 512));
+            for j in 0..3 {
+                // The first local fragment at or after global f, by brute force.
+                let want = (0..frags)
+                    .filter(|&g| g >= f && m.frag_to_local(FragNo(g)).0 == j)
+                    .map(|g| m.frag_to_local(FragNo(g)).1 .0)
+                    .min();
+                let got = m.first_local_from(j, FragNo(f)).0;
+                if let Some(w) = want {
+                    assert_eq!(got, w, "shard {j} from {f}");
+                }
+            }
+        }
+        let p: Vec<_> = m.pieces(heat - 512, heat + 1024).collect();
+        assert_eq!(p.len(), 3);
+        assert_eq!((p[1].shard, p[1].local, p[1].len), (1, 0, heat));
     }
 }

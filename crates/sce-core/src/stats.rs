@@ -257,6 +257,9 @@ stats_table! {
         /// Requests found to be part of a sequential stream (no heat, no admission, writes
         /// bypass).
         sequential_requests: u64;
+        /// Fills from a read miss's own data (admission `sce`): pages the read brought from the
+        /// source written to the cache with it, costing the source nothing more.
+        miss_fills: u64;
         /// Population picks deferred because the population budget was spent.
         population_budget_waits: u64;
         /// Cache writes (populations, fills, write copies) refused by the endurance budget.
@@ -298,7 +301,7 @@ mod tests {
         assert_eq!((b.read_requests, b.pages_cleaned), (9, 3));
         let s = &CoreStats::STATS[0];
         assert_eq!((s.key, s.value(&a), s.metric), ("read_requests", 7, None));
-        assert_eq!(CoreStats::STATS.len(), 29);
+        assert_eq!(CoreStats::STATS.len(), 30);
         assert_eq!(Kind::Gauge.delta(4, 9), 4);
     }
 }

@@ -127,6 +127,9 @@ fn shape() -> impl Strategy<Value = (CoreConfig, u64, u64)> {
                     // Admission `sce`: sometimes partial fills, and streams from two fragments.
                     partial_fill: src_frags % 2 == 1,
                     sequential_cutoff: if slots % 2 == 0 { 2 * fs } else { 0 },
+                    // Lines in heat regions of four, and fills from read misses (issue 30).
+                    heat_size: if slots % 3 == 1 { 4 * fs } else { 0 },
+                    miss_fills: slots % 3 != 2 && src_frags % 2 == 0,
                     ..CoreConfig::default()
                 };
                 // Source sizes that are not a multiple of the page or fragment size on purpose.
@@ -184,7 +187,13 @@ impl Harness {
             *b = (i / 512) as u8 ^ 0x5a;
         }
         let slots = (cache_size / cfg.fragment_size) as u32;
-        let map = ShardMap::new(shards, cfg.fragment_size, source_size, slots);
+        let map = ShardMap::striped(
+            shards,
+            cfg.fragment_size,
+            cfg.heat_bytes(),
+            source_size,
+            slots,
+        );
         Harness {
             cores: map.build(&cfg, cache_size).expect("valid config"),
             map,

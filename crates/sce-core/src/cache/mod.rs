@@ -40,6 +40,7 @@
 
 mod evict;
 mod guard;
+mod heat;
 mod plan;
 mod population;
 mod read;
@@ -127,7 +128,10 @@ impl Policy {
         let selective = cfg.admission == Admission::Sce;
         let sketch = selective.then(|| FreqSketch::new(slots.max(cfg.hot_window)));
         let streams = (selective && cfg.sequential_cutoff > 0).then(|| {
-            std::sync::Mutex::new(Streams::new(cfg.sequential_cutoff, geo.fragment_shift()))
+            std::sync::Mutex::new(Streams::new(
+                cfg.sequential_cutoff,
+                cfg.heat_bytes().trailing_zeros().max(geo.fragment_shift()),
+            ))
         });
         let budget = PopBudget::new(
             if selective { cfg.population_rate } else { 0 },
@@ -405,6 +409,11 @@ impl CacheCore {
         if let Some(e) = &mut self.endurance {
             e.advance(now);
         }
+        if self.cfg.admission == Admission::Sce && self.cfg.miss_fills {
+            // The adaptive budget follows the hit ratio also while no population runs.
+            let full = self.slots.free_count() == 0;
+            self.budget.advance(now, full, self.geo.fragment_size());
+        }
     }
 
     /// The population throttle's view now (Algorithm 1).
@@ -445,57 +454,6 @@ impl CacheCore {
             },
             _ => StreamVerdict::default(),
         }
-    }
-
-    /// The 64ths of a fragment that pages `[lo, hi)` fall in.
-    fn parts_mask(&self, lo: u32, hi: u32) -> u64 {
-        let per = self.geo.pages_per_fragment().div_ceil(64).max(1);
-        let (a, b) = (lo / per, (hi.max(lo + 1) - 1) / per);
-        let upper = if b >= 63 {
-            u64::MAX
-        } else {
-            (1u64 << (b + 1)) - 1
-        };
-        upper & !((1u64 << a) - 1)
-    }
-
-    /// Accounts one request of `len` bytes at `offset` (a read or a write): per fragment it
-    /// covers, one touch of the hotness window, the sketch, the `nhit` counters and the
-    /// eviction policy. Under admission `sce`, a request that continues a stream inside the
-    /// fragment it last touched adds no touch, and a request of a sequential stream adds
-    /// nothing at all; returns true for those.
-    fn note_access(&mut self, offset: u64, len: u64, verdict: StreamVerdict) -> bool {
-        if !self.cfg.write_mode.caches_reads() {
-            // Passthrough: nothing is learnt, so nothing is populated.
-            return false;
-        }
-        // A stream is bypassed only once the cache is full: free space is there to be
-        // filled, and data read or written in sequence is often read again.
-        if verdict.sequential && self.slots.free_count() == 0 {
-            self.stats.sequential_requests += 1;
-            return true;
-        }
-        for (f, lo, hi, _, _) in fragments(self.geo, offset, len) {
-            let parts = self.parts_mask(lo, hi);
-            if verdict.same_fragment {
-                self.window.add_parts(f, parts);
-                continue;
-            }
-            self.window.touch_parts(f, parts);
-            if let Some(sk) = &mut self.sketch {
-                sk.add(f.0);
-            }
-            let slot = self.map.get(f);
-            if let Some(n) = &mut self.nhit {
-                if slot.is_none() {
-                    n.touch(f);
-                }
-            }
-            if let Some(s) = slot {
-                self.evict.accessed(s);
-            }
-        }
-        false
     }
 
     /// True if the endurance budget (if any) would allow `bytes` more cache writes now.

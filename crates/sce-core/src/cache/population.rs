@@ -130,6 +130,17 @@ impl CacheCore {
         f: FragNo,
         hint: Option<&PageSet>,
     ) -> Result<PopId, NoPop> {
+        self.start_population_as(f, hint, false)
+    }
+
+    /// `start_population`; an `inline` fill (from a read's own data) leaves the hotness
+    /// window as it is, so that the rest of the line may still be prefetched.
+    pub(super) fn start_population_as(
+        &mut self,
+        f: FragNo,
+        hint: Option<&PageSet>,
+        inline: bool,
+    ) -> Result<PopId, NoPop> {
         let fill = self.fillable(f, hint).ok_or(NoPop::Nothing)?;
         let bytes = fill.len() as u64 * PAGE_SIZE;
         if !self.endurance_allows(bytes) {
@@ -153,7 +164,9 @@ impl CacheCore {
             fresh_slot,
         }));
         self.activity.entry(f.0).or_default().pop = Some(id);
-        self.window.reset(f);
+        if !inline {
+            self.line_picked(f);
+        }
         self.stats.populations_started += 1;
         Ok(id)
     }
@@ -180,24 +193,21 @@ impl CacheCore {
         self.budget.rate()
     }
 
-    /// Admission `sce`: the hottest candidate of the window, if it earns its place. Once the
-    /// cache is full a candidate needs two touches in the window, and a fragment not cached
-    /// must win a duel against the eviction victim in the frequency sketch.
+    /// Admission `sce`: a line of the hottest region of the window, if it earns its place.
+    /// Once the cache is full a region needs two touches in the window unless the line has
+    /// a slot already (filling it evicts nothing), and a line not cached must win a duel
+    /// against the eviction victim in the frequency sketch (region against region).
     pub(super) fn pick_selective(&mut self) -> Option<PopulationJob> {
         let full = self.slots.free_count() == 0;
         let this = &*self;
-        let f = self.window.hottest_by(|f, n| {
-            // A fragment with a slot only needs filling, which evicts nothing. Another
-            // needs a second touch in the window once the cache is full.
-            let eligible = n >= 2 || !full || this.map.get(f).is_some();
-            eligible
-                && this.worth_populating(f)
-                && (!this.cfg.partial_fill
-                    || this.fillable(f, this.fill_hint(f).as_ref()).is_some())
-        })?;
+        let r = self
+            .window
+            .hottest_by(|r, n| this.candidate_line(r, full && n < 2).is_some())?;
+        let n = self.window.count(r);
+        let f = self.candidate_line(r, full && n < 2)?;
         let hint = self.fill_hint(f);
         let Some(fill) = self.fillable(f, hint.as_ref()) else {
-            self.window.reset(f);
+            self.window.reset(r);
             return None;
         };
         let bytes = fill.len() as u64 * PAGE_SIZE;
@@ -207,11 +217,10 @@ impl CacheCore {
         }
         if self.map.get(f).is_none() && (self.slots.free_count() == 0 || self.at_cap(f).is_some()) {
             let victim = self.victim_for(f)?;
-            let heat = |core: &Self, g: FragNo| core.sketch.as_ref().map_or(0, |s| s.estimate(g.0));
             let vf = self.slots.fragment(victim).expect("victims hold fragments");
-            if heat(self, f) < heat(self, vf).saturating_add(self.cfg.admission_margin) {
+            if self.heat(f) < self.heat(vf).saturating_add(self.cfg.admission_margin) {
                 self.stats.admissions_rejected += 1;
-                self.window.reset(f);
+                self.window.reset(r);
                 return None;
             }
             self.evict_slot(victim);
@@ -219,36 +228,10 @@ impl CacheCore {
         }
         self.budget.take(bytes);
         let Ok(id) = self.start_population(f, Some(&fill)) else {
-            self.window.reset(f);
+            self.window.reset(r);
             return None;
         };
         Some(self.job(id))
-    }
-
-    /// With `partial_fill`, the pages of the 64ths of `f` touched since it was last picked;
-    /// the whole fragment if half of it or more was touched.
-    pub(super) fn fill_hint(&self, f: FragNo) -> Option<PageSet> {
-        if !self.cfg.partial_fill {
-            return None;
-        }
-        let parts = self.window.parts(f);
-        let parts_per_fragment = self.geo.pages_per_fragment().min(64);
-        if parts.count_ones() * 2 >= parts_per_fragment || parts == 0 {
-            return None;
-        }
-        let per = self.geo.pages_per_fragment().div_ceil(64).max(1);
-        let mut set = PageSet::new(self.geo.pages_per_fragment());
-        let n = self.geo.fragment_pages(f);
-        for i in 0..64 {
-            if parts & (1 << i) != 0 {
-                let lo = (i * per).min(n);
-                let hi = ((i + 1) * per).min(n);
-                if lo < hi {
-                    set.insert_range(lo, hi);
-                }
-            }
-        }
-        Some(set)
     }
 
     /// Like `pick_population` but ignores the throttle (for tests and explicit prefetch).
@@ -266,7 +249,10 @@ impl CacheCore {
                 // Eligible: something to fill now. A hot cached fragment whose only invalid
                 // pages are under writes in flight (AWT copies) is not, or it would win every
                 // pick and starve the rest.
-                self.window.hottest(|f| this.worth_populating(f))
+                let r = self
+                    .window
+                    .hottest(|r| this.candidate_line(r, false).is_some())?;
+                self.candidate_line(r, false)
             }
             Admission::NHit(_) => {
                 let mut found = None;
@@ -285,7 +271,8 @@ impl CacheCore {
             Err(NoPop::Endurance) => None,
             Err(_) => {
                 // No slot could be had (all pinned): try again next cycle.
-                self.window.reset(f);
+                let r = self.region(f);
+                self.window.reset(r);
                 None
             }
         }

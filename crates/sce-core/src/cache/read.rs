@@ -44,7 +44,16 @@ impl CacheCore {
         // Passthrough: every run goes to the source, and nothing is filled; but dirty
         // pages (write-back data not yet on the source) are only in the cache.
         let caching = self.cfg.write_mode.caches_reads() || dirty;
-        let want_fills = caching && self.cfg.admission == Admission::Always;
+        let want_fills = caching
+            && match self.cfg.admission {
+                Admission::Always => true,
+                Admission::Sce => {
+                    self.cfg.miss_fills
+                        && self.cfg.write_mode.caches_reads()
+                        && !(plan.verdict.sequential && self.slots.free_count() == 0)
+                }
+                _ => false,
+            };
         for (f, lo, hi, a, b) in fragments(self.geo, offset.0, len) {
             let fstart = self.geo.fragment_start(f).0;
             let slot = self.map.get(f);
@@ -93,7 +102,9 @@ impl CacheCore {
                 p = run_hi;
             }
             if let Some(set) = missed_full.filter(|s| !s.is_empty()) {
-                plan.fill_wanted.push((f, set));
+                if self.cfg.admission == Admission::Always || self.miss_fill_wanted(f) {
+                    plan.fill_wanted.push((f, set));
+                }
             }
         }
         Ok(())
@@ -105,9 +116,16 @@ impl CacheCore {
         self.note_access(offset, plan.len, plan.verdict);
         self.account_read(1, plan.full_hit as u64, plan.hit_pages, plan.missed_pages);
         for (f, set) in std::mem::take(&mut plan.fill_wanted) {
-            let Ok(pop) = self.start_population(f, Some(&set)) else {
+            let selective = self.cfg.admission == Admission::Sce;
+            if selective && !self.admit_miss_fill(f) {
+                continue;
+            }
+            let Ok(pop) = self.start_population_as(f, Some(&set), selective) else {
                 continue;
             };
+            if selective {
+                self.stats.miss_fills += 1;
+            }
             let fstart = self.geo.fragment_start(f).0;
             let st = self.pops.get(pop.0).expect("just started");
             let slot_off = self.geo.slot_offset(st.slot).0;
@@ -124,6 +142,37 @@ impl CacheCore {
             }
             plan.pops.push(pop);
         }
+    }
+
+    /// Admission `sce`: whether a read miss in line `f` should fill the pages it reads (the
+    /// cheap test, made while planning under a shared lock): the line has a slot, or the
+    /// cache has free space, or the line's region was touched before in the window (this
+    /// miss is its second touch, when population would consider it).
+    fn miss_fill_wanted(&self, f: crate::addr::FragNo) -> bool {
+        self.map.get(f).is_some()
+            || self.slots.free_count() > 0
+            || self.window.count(self.region(f)) >= 1
+    }
+
+    /// Admission `sce`: decides a miss fill into line `f` under the exclusive lock: if a
+    /// slot must be taken from another line, only by winning the duel against the eviction
+    /// victim, which is then evicted. The population budget does not apply: it bounds the
+    /// source reads of population, and a miss fill reads nothing (the endurance budget
+    /// does apply, in `start_population`).
+    fn admit_miss_fill(&mut self, f: crate::addr::FragNo) -> bool {
+        if self.map.get(f).is_none() && (self.slots.free_count() == 0 || self.at_cap(f).is_some()) {
+            let Some(victim) = self.victim_for(f) else {
+                return false;
+            };
+            let vf = self.slots.fragment(victim).expect("victims hold fragments");
+            if self.heat(f) < self.heat(vf).saturating_add(self.cfg.admission_margin) {
+                self.stats.admissions_rejected += 1;
+                return false;
+            }
+            self.evict_slot(victim);
+            self.slots.put_free(victim);
+        }
+        true
     }
 
     pub(super) fn account_read(&mut self, requests: u64, full_hits: u64, hits: u64, misses: u64) {

@@ -1,0 +1,191 @@
+//! Heat regions and lines: heat is tracked per region of `heat_size` bytes (the SCE paper's
+//! fragment: the hotness window, the frequency sketch, the stream detector and the eviction
+//! duel all count regions), while cache space is allocated and filled per line of
+//! `fragment_size` bytes (the core's `FragNo` and `SlotNo`). With `heat_size` equal to
+//! `fragment_size` a region is one line and the two are the same thing.
+//!
+//! A hot region is populated one line at a time, and only the lines of it that were touched
+//! since it was last picked: the window remembers which 64ths of a region were touched, and a
+//! line whose 64ths were not is left to the source. So a region whose hot part is 64 KiB
+//! costs its lines, not `heat_size` bytes of cache.
+
+use super::{fragments, CacheCore};
+use crate::addr::{FragNo, PAGE_SHIFT, PAGE_SIZE};
+use crate::admit::StreamVerdict;
+use crate::bitmap::PageSet;
+
+/// The bits `[a, b]` (inclusive) of a 64-bit mask.
+fn bits(a: u32, b: u32) -> u64 {
+    let upper = if b >= 63 {
+        u64::MAX
+    } else {
+        (1u64 << (b + 1)) - 1
+    };
+    upper & !((1u64 << a.min(63)) - 1)
+}
+
+impl CacheCore {
+    /// log2 of the lines per region.
+    pub(super) fn line_bits(&self) -> u32 {
+        (self.cfg.heat_bytes() / self.cfg.fragment_size).trailing_zeros()
+    }
+
+    /// The region (heat unit) line `f` belongs to.
+    #[inline]
+    pub(super) fn region(&self, f: FragNo) -> FragNo {
+        FragNo(f.0 >> self.line_bits())
+    }
+
+    /// The lines of region `r` that exist on the source.
+    pub(super) fn lines(&self, r: FragNo) -> impl Iterator<Item = FragNo> {
+        let b = self.line_bits();
+        let end = ((r.0 + 1) << b).min(self.geo.source_fragments());
+        ((r.0 << b)..end).map(FragNo)
+    }
+
+    /// Pages per region.
+    fn region_pages(&self) -> u32 {
+        self.geo.pages_per_fragment() << self.line_bits()
+    }
+
+    /// Pages per 64th of a region (at least one page).
+    fn part_pages(&self) -> u32 {
+        self.region_pages().div_ceil(64).max(1)
+    }
+
+    /// The 64ths of a region that its pages `[lo, hi)` fall in.
+    fn parts_mask(&self, lo: u32, hi: u32) -> u64 {
+        let per = self.part_pages();
+        bits(lo / per, (hi.max(lo + 1) - 1) / per)
+    }
+
+    /// The 64ths of its region that line `f` covers.
+    pub(super) fn line_parts(&self, f: FragNo) -> u64 {
+        let ppf = self.geo.pages_per_fragment();
+        let lo = (f.0 & ((1 << self.line_bits()) - 1)) as u32 * ppf;
+        self.parts_mask(lo, lo + ppf)
+    }
+
+    /// The heat of line `f`'s region in the frequency sketch (0 without one).
+    pub(super) fn heat(&self, f: FragNo) -> u32 {
+        let r = self.region(f);
+        self.sketch.as_ref().map_or(0, |s| s.estimate(r.0))
+    }
+
+    /// A line of region `r` to populate: the first one touched since the region was last
+    /// picked that has pages to fill (and, with `only_cached`, already a slot, so that
+    /// filling it evicts nothing).
+    pub(super) fn candidate_line(&self, r: FragNo, only_cached: bool) -> Option<FragNo> {
+        let touched = self.window.parts(r);
+        self.lines(r).find(|&f| {
+            touched & self.line_parts(f) != 0
+                && (!only_cached || self.map.get(f).is_some())
+                && self.worth_populating(f)
+                && (!self.cfg.partial_fill
+                    || self.fillable(f, self.fill_hint(f).as_ref()).is_some())
+        })
+    }
+
+    /// Line `f` was picked: its 64ths are no longer owed a fill, and the region's count
+    /// starts over once none is.
+    pub(super) fn line_picked(&mut self, f: FragNo) {
+        let r = self.region(f);
+        self.window.clear_parts(r, self.line_parts(f));
+        if self.window.parts(r) == 0 {
+            self.window.reset(r);
+        }
+    }
+
+    /// With `partial_fill`, the pages of line `f` in the 64ths of its region touched since it
+    /// was last picked; the whole line if half of its 64ths or more were.
+    pub(super) fn fill_hint(&self, f: FragNo) -> Option<PageSet> {
+        if !self.cfg.partial_fill {
+            return None;
+        }
+        let mine = self.line_parts(f);
+        let parts = self.window.parts(self.region(f)) & mine;
+        if parts.count_ones() * 2 >= mine.count_ones() || parts == 0 {
+            return None;
+        }
+        let ppf = self.geo.pages_per_fragment();
+        let base = (f.0 & ((1 << self.line_bits()) - 1)) as u32 * ppf;
+        let per = self.part_pages();
+        let n = self.geo.fragment_pages(f);
+        let mut set = PageSet::new(ppf);
+        for i in (0..64).filter(|i| parts & (1 << i) != 0) {
+            let lo = (i * per).max(base) - base;
+            let hi = ((i + 1) * per).min(base + ppf) - base;
+            let (lo, hi) = (lo.min(n), hi.min(n));
+            if lo < hi {
+                set.insert_range(lo, hi);
+            }
+        }
+        Some(set)
+    }
+
+    /// Accounts one request of `len` bytes at `offset` (a read or a write): per region it
+    /// covers, one touch of the hotness window and the sketch; per line, the `nhit` counters
+    /// and the eviction policy. Under admission `sce`, a request that continues a stream
+    /// inside the region it last touched adds no touch, and a request of a sequential stream
+    /// adds nothing at all; returns true for those.
+    pub(super) fn note_access(&mut self, offset: u64, len: u64, verdict: StreamVerdict) -> bool {
+        if !self.cfg.write_mode.caches_reads() {
+            // Passthrough: nothing is learnt, so nothing is populated.
+            return false;
+        }
+        // A stream is bypassed only once the cache is full: free space is there to be
+        // filled, and data read or written in sequence is often read again.
+        if verdict.sequential && self.slots.free_count() == 0 {
+            self.stats.sequential_requests += 1;
+            return true;
+        }
+        let shift = self.geo.fragment_shift() + self.line_bits();
+        let end = offset + len;
+        let mut at = offset;
+        while at < end {
+            let r = at >> shift;
+            let rstart = r << shift;
+            let b = end.min(rstart + (1 << shift));
+            let lo = ((at - rstart) >> PAGE_SHIFT) as u32;
+            let hi = (b - rstart).div_ceil(PAGE_SIZE) as u32;
+            let parts = self.parts_mask(lo, hi);
+            if verdict.same_fragment {
+                self.window.add_parts(FragNo(r), parts);
+            } else {
+                self.window.touch_parts(FragNo(r), parts);
+                if let Some(sk) = &mut self.sketch {
+                    sk.add(r);
+                }
+            }
+            at = b;
+        }
+        if verdict.same_fragment {
+            return false;
+        }
+        for (f, ..) in fragments(self.geo, offset, len) {
+            let slot = self.map.get(f);
+            if let Some(n) = &mut self.nhit {
+                if slot.is_none() {
+                    n.touch(f);
+                }
+            }
+            if let Some(s) = slot {
+                self.evict.accessed(s);
+            }
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bits;
+
+    #[test]
+    fn bit_ranges() {
+        assert_eq!(bits(0, 0), 1);
+        assert_eq!(bits(0, 63), u64::MAX);
+        assert_eq!(bits(2, 3), 0b1100);
+        assert_eq!(bits(63, 63), 1 << 63);
+    }
+}
