@@ -40,6 +40,16 @@ pub struct SimArgs {
     /// Fragment size of the engine policies (flashcache-like always uses 4KiB).
     #[arg(long, default_value = "1MiB", value_parser = parse_size)]
     pub fragment_size: u64,
+    /// Line size of the engine policies: the unit of cache space and of filling inside a
+    /// fragment, whose heat decides what is populated (a power of two from fragment/64 to
+    /// the fragment size) [default: the fragment size].
+    #[arg(long, value_parser = parse_size)]
+    pub line_size: Option<u64>,
+    /// Admission sce: fill the cache from a read miss's own data (in a line population would
+    /// fill), and populate in the background only while the modelled source has room
+    /// (issue 30; not yet the server's default).
+    #[arg(long)]
+    pub miss_fills: bool,
     /// Cache mode of the engine policies: writethrough (asynchronous), writethrough-sync,
     /// writearound, passthrough or writeback (a cleaner writes dirty data back in source
     /// order above 10% dirty, harder above 50%, and all of it when idle; JSON then adds
@@ -157,8 +167,11 @@ Examples:
 /// The policy named `p`, with the engine options of `a`.
 fn policy(p: &str, a: &SimArgs) -> Result<PolicyKind> {
     let engine = |admission| {
+        let line = a.line_size.unwrap_or(a.fragment_size);
         let mut cfg = CoreConfig {
-            fragment_size: a.fragment_size,
+            fragment_size: line,
+            heat_size: a.fragment_size,
+            miss_fills: a.miss_fills,
             admission,
             write_mode: a.mode,
             ..CoreConfig::default()

@@ -77,6 +77,19 @@ impl Device {
         self.busy_ns = self.busy_ns.saturating_add(service);
         done
     }
+    /// How long an I/O issued at `now` would wait for a channel: 0 while one is idle.
+    pub(crate) fn backlog_ns(&self, now: u64) -> u64 {
+        self.free_at
+            .iter()
+            .min()
+            .map_or(0, |&t| t.saturating_sub(now))
+    }
+
+    /// Nanoseconds one read of `bytes` takes on this device, without queueing.
+    pub(crate) fn read_service_ns(&self, bytes: u64) -> u64 {
+        self.model.read_ns + bytes.saturating_mul(1_000_000_000) / self.model.read_bw.max(1)
+    }
+
     /// Busy time per channel so far: the summed service times over the channels. Over a span
     /// of time, this divided by the span is the device's utilization (above 1, the I/O
     /// offered in the span needs more time than the span: it queues).
@@ -149,5 +162,27 @@ impl LatencyHistogram {
             }
         }
         0.0
+    }
+}
+
+impl super::EngineSim {
+    /// Models the I/O of a population job started at `now` (`PopulationJob::len` and
+    /// `runs`): the source span is read, then
+    /// each run is written to the cache device. Returns when the last of them completes: the
+    /// runs go to different channels, so a later run may complete before an earlier one.
+    pub(super) fn population_io(
+        &mut self,
+        now: u64,
+        len: u64,
+        runs: &[(u64, u64, sce_core::CacheOffset)],
+    ) -> u64 {
+        let read_done = self.source.io(now, len, false);
+        self.res.source_bytes_read += len;
+        let mut done = read_done;
+        for &(_, l, _) in runs {
+            done = done.max(self.ssd.io(read_done, l, true));
+            self.res.cache_bytes_written += l;
+        }
+        done
     }
 }

@@ -17,8 +17,8 @@
 
 use crate::trace::{IoKind, TraceRequest};
 use sce_core::{
-    CacheCopy, CacheOffset, Cleaning, CoreConfig, Nanos, OnShard, Populating, RunTarget,
-    ShardedCore, SourceOffset, SourceWrite, WriteBackTxn, WriteKind,
+    CacheCopy, Cleaning, CoreConfig, Nanos, OnShard, Populating, RunTarget, ShardedCore,
+    SourceOffset, SourceWrite, WriteBackTxn, WriteKind,
 };
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -109,6 +109,10 @@ pub struct EngineResult {
     pub cache_busy_ns: u64,
     /// Fragments populated.
     pub fragments_populated: u64,
+    /// Population wake-ups that found the source busy and left it to the clients.
+    pub population_source_busy: u64,
+    /// Read misses whose own data filled the cache (admission `sce`).
+    pub miss_fills: u64,
     /// Fragments evicted.
     pub fragments_evicted: u64,
     /// Write-back: bytes the cleaner wrote to the source.
@@ -275,7 +279,16 @@ impl EngineSim {
                     self.turns[w as usize] = (k + 1) % self.core.shards();
                     let st = self.core.throttle(k, Nanos(et));
                     let mut next = et + st.period.as_nanos() as u64;
-                    if w < st.active_workers {
+                    // With miss fills, background population (which re-reads the source) is
+                    // spent only while the source has room (a read issued now would not
+                    // queue behind more than one request's worth of work): a saturated
+                    // source serves its clients, and the cache fills from their misses.
+                    let room = !self.core.config().miss_fills
+                        || self.source.backlog_ns(et) <= self.source.read_service_ns(64 << 10);
+                    if !room {
+                        self.res.population_source_busy += 1;
+                    }
+                    if w < st.active_workers && room {
                         if let Some(job) = self.core.pick_population(k, Nanos(et)) {
                             let done = self.population_io(et, job.len, &job.runs);
                             self.push(done, Event::PopDone(job.into_token()));
@@ -308,21 +321,6 @@ impl EngineSim {
             self.now = self.now.max(t);
             self.close_intervals(t);
         }
-    }
-
-    /// Models the I/O of a population job started at `now` (`PopulationJob::len` and
-    /// `runs`): the source span is read, then
-    /// each run is written to the cache device. Returns when the last of them completes: the
-    /// runs go to different channels, so a later run may complete before an earlier one.
-    fn population_io(&mut self, now: u64, len: u64, runs: &[(u64, u64, CacheOffset)]) -> u64 {
-        let read_done = self.source.io(now, len, false);
-        self.res.source_bytes_read += len;
-        let mut done = read_done;
-        for &(_, l, _) in runs {
-            done = done.max(self.ssd.io(read_done, l, true));
-            self.res.cache_bytes_written += l;
-        }
-        done
     }
 
     /// Runs what the simulation has due up to trace time `t` (population workers, completions)
@@ -565,6 +563,7 @@ impl EngineSim {
         self.res.source_busy_ns = self.source.busy_ns();
         self.res.cache_busy_ns = self.ssd.busy_ns();
         self.res.fragments_populated = self.core.stat(|s| s.populations_completed);
+        self.res.miss_fills = self.core.stat(|s| s.miss_fills);
         self.res.fragments_evicted = self.core.stat(|s| s.fragments_evicted);
         self.res.dirty_bytes_at_end = self.core.dirty_pages() * 4096;
         std::mem::take(&mut self.res)

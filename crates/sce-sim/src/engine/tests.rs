@@ -1,6 +1,7 @@
 //! Tests of the engine simulation.
 
 use super::*;
+use sce_core::CacheOffset;
 
 fn sim(ssd: DeviceModel) -> EngineSim {
     EngineSim::new(

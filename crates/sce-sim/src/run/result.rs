@@ -56,8 +56,12 @@ pub struct PolicyResult {
     /// A device model's utilization is above 1 under open-loop replay: the trace offers more
     /// than the model sustains, and the latencies are mostly queueing.
     pub overloaded: bool,
-    /// Fragments populated (engine policies).
+    /// Fragments populated (engine policies): background populations and miss fills.
     pub fragments_populated: Option<u64>,
+    /// Read misses whose own data filled the cache (admission `sce`).
+    pub miss_fills: Option<u64>,
+    /// Population wake-ups that left the source to the clients because it had no room.
+    pub population_source_busy: Option<u64>,
     /// Metadata bytes of one host's flash cache: for the engine, counted by the allocator
     /// when the core is built (none when the process has no counting allocator); for the
     /// reference policies, their structures at the end.
@@ -108,6 +112,8 @@ fn aggregate_engines(es: &[EngineResult]) -> EngineResult {
         out.source_bytes_written += e.source_bytes_written;
         out.requests += e.requests;
         out.fragments_populated += e.fragments_populated;
+        out.miss_fills += e.miss_fills;
+        out.population_source_busy += e.population_source_busy;
         out.fragments_evicted += e.fragments_evicted;
         out.bytes_written_back += e.bytes_written_back;
         out.dirty_bytes_at_end += e.dirty_bytes_at_end;
@@ -247,6 +253,8 @@ pub(super) fn result(
         out.source_bytes_read = Some(e.source_bytes_read);
         out.source_bytes_written = Some(e.source_bytes_written);
         out.fragments_populated = Some(e.fragments_populated);
+        out.miss_fills = Some(e.miss_fills);
+        out.population_source_busy = Some(e.population_source_busy);
         if !r.engines[0].dirty_intervals.is_empty() || e.bytes_written_back > 0 {
             out.bytes_written_back = Some(e.bytes_written_back);
             out.dirty_bytes_at_end = Some(e.dirty_bytes_at_end);
