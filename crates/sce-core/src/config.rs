@@ -228,6 +228,13 @@ pub struct CoreConfig {
     /// then only prefetches the rest of a hot line. Off by default for now (issue 30): the
     /// server writes inline fills before the read completes, after their intents.
     pub miss_fills: bool,
+    /// A driver instruction, not a policy: requests are widened to whole 4 KiB pages before
+    /// they are planned (a read that covers part of a page reads all of it from the source),
+    /// so that misaligned I/O fills and hits whole pages. The simulator's `flashcache-4k`
+    /// baseline (issue 30: a 4 KiB cache that handles misalignment, against which
+    /// flashcache-like's refusal of misaligned pages is measured) sets it; the server does
+    /// not offer it.
+    pub widen_to_pages: bool,
     /// Bytes over which heat is tracked (the hotness window, the frequency sketch, the stream
     /// detector and the eviction duel): a fragment in the SCE paper's sense. 0 means
     /// `fragment_size`. When it is larger, `fragment_size` is a *line*: the unit of cache
@@ -263,6 +270,7 @@ impl Default for CoreConfig {
             partial_fill: false,
             heat_size: 0,
             miss_fills: false,
+            widen_to_pages: false,
             max_cache_writes: None,
             revalidate_partial_pages: true,
         }

@@ -34,7 +34,9 @@ pub struct SimArgs {
     #[arg(long, value_parser = parse_size)]
     pub cache_size: u64,
     /// Policies to run side by side (repeatable or comma-separated): the engine's sce,
-    /// flashcache-like, always, nhit:K; the reference lru, fifo, lfu, s3fifo, larc.
+    /// flashcache-like, flashcache-4k (flashcache-like with misaligned requests widened to
+    /// whole pages, so that it caches them), always, nhit:K; the reference lru, fifo, lfu,
+    /// s3fifo, larc.
     #[arg(long, value_delimiter = ',', default_value = "sce")]
     pub policy: Vec<String>,
     /// Fragment size of the engine policies (flashcache-like always uses 4KiB).
@@ -182,6 +184,18 @@ fn policy(p: &str, a: &SimArgs) -> Result<PolicyKind> {
         }
         cfg
     };
+    // The baseline as it is (`widen`: with misaligned requests widened to whole pages, so
+    // that it caches them), but under the same endurance budget and eviction if set.
+    let flashcache = |widen| {
+        let mut cfg = CoreConfig::flashcache_like();
+        let like = engine(Admission::Always);
+        cfg.max_cache_writes = like.max_cache_writes;
+        if a.eviction.is_some() {
+            cfg.eviction = like.eviction;
+        }
+        cfg.widen_to_pages = widen;
+        cfg
+    };
     Ok(match p {
         "lru" => PolicyKind::Reference(ReferencePolicy::Lru),
         "fifo" => PolicyKind::Reference(ReferencePolicy::Fifo),
@@ -191,21 +205,13 @@ fn policy(p: &str, a: &SimArgs) -> Result<PolicyKind> {
         "sce" => PolicyKind::Engine(engine(Admission::Sce)),
         "sce-paper" => PolicyKind::Engine(engine(Admission::ScePaper)),
         "always" => PolicyKind::Engine(engine(Admission::Always)),
-        "flashcache-like" => PolicyKind::Engine({
-            // The baseline as it is, but under the same endurance budget if one is set.
-            let mut cfg = CoreConfig::flashcache_like();
-            let like = engine(Admission::Always);
-            cfg.max_cache_writes = like.max_cache_writes;
-            if a.eviction.is_some() {
-                cfg.eviction = like.eviction;
-            }
-            cfg
-        }),
+        "flashcache-like" => PolicyKind::Engine(flashcache(false)),
+        "flashcache-4k" => PolicyKind::Engine(flashcache(true)),
         _ => match p.parse::<Admission>() {
             Ok(adm @ Admission::NHit(_)) => PolicyKind::Engine(engine(adm)),
             _ => {
                 bail!(
-                    "unknown policy {p:?} (sce, flashcache-like, always, nhit:K, lru, fifo, lfu, \
+                    "unknown policy {p:?} (sce, flashcache-like, flashcache-4k, always, nhit:K, lru, fifo, lfu, \
                      s3fifo, larc)"
                 )
             }

@@ -426,10 +426,15 @@ impl EngineSim {
         self.core.advance_clock(Nanos(t));
         let size = self.core.geometry().source_size();
         // Clip to the volume and round to sectors, as a block layer would have.
-        let off = (r.offset / 512 * 512).min(size);
+        let unit = if self.core.config().widen_to_pages {
+            4096
+        } else {
+            512
+        };
+        let off = (r.offset / unit * unit).min(size);
         let end = (r.offset + r.len)
-            .div_ceil(512)
-            .saturating_mul(512)
+            .div_ceil(unit)
+            .saturating_mul(unit)
             .min(size);
         if end <= off {
             return t;
