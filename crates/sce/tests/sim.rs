@@ -1048,3 +1048,46 @@ fn flashcache_4k_caches_misaligned_reads() {
     assert!(hits("flashcache-like") < 0.01, "{v}");
     assert!(hits("flashcache-4k") > 0.7, "{v}");
 }
+
+/// With a RAM cache the JSON gives the application's latencies: an asynchronous RAM cache
+/// acknowledges writes at once, a synchronous one when the flash layer has them; reads that
+/// hit RAM cost nothing, so the application's mean read latency is below the flash layer's.
+#[test]
+fn application_latencies_follow_the_ram_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = gen_trace(
+        dir.path(),
+        "oltp.sce",
+        "oltp",
+        &[
+            "--size",
+            "256MiB",
+            "--requests",
+            "20000",
+            "--read-fraction",
+            "0.7",
+        ],
+    );
+    let run = |policy: &str| {
+        let v = json(&sim_args(
+            &t,
+            "sce",
+            "64MiB",
+            &["--json", "--ram-size", "16MiB", "--ram-policy", policy],
+        ));
+        policy_of(&v)
+    };
+    let f = |p: &serde_json::Value, k: &str| p[k].as_f64().unwrap();
+    let (sync, asy) = (run("sync"), run("async"));
+    assert_eq!(f(&asy, "app_mean_write_latency_seconds"), 0.0, "{asy}");
+    let w = f(&sync, "app_mean_write_latency_seconds");
+    assert!(
+        w > 0.0 && w >= 0.9 * f(&sync, "mean_write_latency_seconds"),
+        "{sync}"
+    );
+    assert!(f(&asy, "app_mean_read_latency_seconds") < f(&asy, "mean_read_latency_seconds"));
+}
+
+fn policy_of(v: &serde_json::Value) -> serde_json::Value {
+    v["policies"][0].clone()
+}

@@ -56,6 +56,11 @@ pub struct StackResult {
     pub read_latency: LatencyHistogram,
     /// Modelled latency of every write that reached a flash cache, until acknowledged.
     pub write_latency: LatencyHistogram,
+    /// Modelled latency of every read as the application sees it, RAM cache included (a
+    /// RAM hit costs nothing), all hosts.
+    pub app_read_latency: LatencyHistogram,
+    /// The same for writes, until the RAM cache's policy acknowledges them.
+    pub app_write_latency: LatencyHistogram,
     /// The most any host's source model was busy (service time per channel) over
     /// `duration_ns`; above 1, the requests offered more than the model sustains.
     pub source_utilization: f64,
@@ -264,6 +269,10 @@ impl Stack {
             }
         };
         let done = done.saturating_sub(origin).max(rel);
+        match kind {
+            IoKind::Read => self.res.app_read_latency.record(done - rel),
+            IoKind::Write => self.res.app_write_latency.record(done - rel),
+        }
         self.last_done = self.last_done.max(done);
         if let Replay::Closed(_) = self.replay {
             self.in_flight.push(Reverse(done));

@@ -48,6 +48,14 @@ pub struct PolicyResult {
     /// Modelled p99 write latency at the flash layer, seconds (all hosts).
     #[serde(rename = "p99_write_latency_seconds")]
     pub p99_write_latency: Option<f64>,
+    /// With --ram-size: the mean read latency the application sees, RAM hits (which cost
+    /// nothing) included, seconds.
+    #[serde(rename = "app_mean_read_latency_seconds")]
+    pub app_mean_read_latency: Option<f64>,
+    /// With --ram-size: the mean write latency the application sees, until the RAM cache's
+    /// policy acknowledges the write, seconds.
+    #[serde(rename = "app_mean_write_latency_seconds")]
+    pub app_mean_write_latency: Option<f64>,
     /// Busy time of the source model (service time per channel) over the duration of the
     /// replay; the most loaded host's. Null if infinite (work in a zero-length replay).
     pub source_utilization: Option<f64>,
@@ -221,6 +229,9 @@ pub(super) fn result(
     if a.ram_size.is_some() {
         out.ram_hit_ratio = Some(r.ram_hit_ratio());
         out.flash_hit_ratio = Some(r.flash_hit_ratio());
+        let (ar, aw) = (&r.app_read_latency, &r.app_write_latency);
+        out.app_mean_read_latency = (ar.count() > 0).then(|| ar.mean());
+        out.app_mean_write_latency = (aw.count() > 0).then(|| aw.mean());
     }
     // Modelled latencies and load: every policy runs over the device models.
     let (rl, wl) = (&r.read_latency, &r.write_latency);
