@@ -30,7 +30,7 @@ MIB = 1 << 20
 KIB = 1 << 10
 RAM = "32MiB"
 # The issue-30 options that keep population off a busy source (not yet the default).
-FED = ["--miss-fills", "--line-size", "256KiB"]
+FED = ["--miss-fills", "on", "--line-size", "256KiB"]
 FED_NAME = "miss fills, 256 KiB lines"
 
 

@@ -12,6 +12,7 @@
 //! | `persist` | the on-device store (`persist/`) |
 //! | `counters` | the engine's counters (`stats.rs`) |
 //! | `signals` | shutdown and the background threads' wake-ups (here) |
+//! | `source_load` | whether the source has room for population (`load.rs`) |
 
 use crate::checks::Checks;
 use crate::cores::Cores;
@@ -44,6 +45,9 @@ pub(crate) struct Engine {
     /// Write-back: the cache device holds the only copy of dirty data (disabling the cache
     /// keeps it, and refuses writes).
     pub(crate) writeback: bool,
+    /// The clients' source read latency against its floor (population's gate, with miss
+    /// fills).
+    pub(crate) source_load: crate::load::SourceLoad,
 }
 
 /// Shutdown, and the background threads' sleeps and wake-ups (leaf locks).

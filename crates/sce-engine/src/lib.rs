@@ -14,6 +14,7 @@ mod devices;
 mod engine;
 mod flusher;
 mod health;
+mod load;
 mod log;
 mod open;
 pub mod parts;

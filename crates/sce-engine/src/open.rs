@@ -369,6 +369,7 @@ impl CacheVolume {
             signals: Signals::default(),
             fshift,
             writeback,
+            source_load: Default::default(),
         });
         let (tx, rx) = crossbeam_channel::unbounded::<AwtJob>();
         let limits = (config.writeback_wait, config.writeback_idle);

@@ -87,6 +87,12 @@ pub(crate) fn population_worker(s: &Engine, index: u32) {
         if index >= st.active_workers || s.health.passthrough() {
             continue;
         }
+        // With miss fills the cache fills from the clients' misses; re-reading the source
+        // for population waits until it shows no queue.
+        if !s.source_load.has_room() && s.config.lock().miss_fills {
+            s.counters.population_source_busy.fetch_add(1, Relaxed);
+            continue;
+        }
         let job = cores.with_shard(k, |core| {
             // The misses since the throttle was read: a batch of hits applied meanwhile has
             // pushed those applied then out of the hotness window.

@@ -1,7 +1,8 @@
 //! The read path: a request is cut into pieces, one per core shard it touches (with one
 //! shard, the request itself). Every piece is planned first: under its core shard's shared
 //! lock (its accounting deferred to a log shard), or under the shard's exclusive lock when
-//! admission `always` wants inline fills. Then the planned I/O runs on the caller's thread:
+//! admission `always` (or `sce` with miss fills) wants inline fills. Then the planned I/O
+//! runs on the caller's thread:
 //! cached runs verified against their checksums, and source runs that follow each other
 //! across pieces merged into one source read (a request over several fragments costs one
 //! round trip to the source, not one per fragment). Then the inline fills are written, and
@@ -87,9 +88,11 @@ impl Engine {
                     read,
                     want,
                 };
-                self.guard_fills(&tickets, std::slice::from_mut(&mut piece));
                 self.preset_intents(&piece.read);
                 let result = self.read_runs(offset, buf, &[&piece]);
+                // The fills' intents were written while the source read ran: a miss that
+                // fills pays for them only if they take longer.
+                self.guard_fills(&tickets, std::slice::from_mut(&mut piece));
                 let full = piece.read.full_hit;
                 self.finish_piece(p.shard, p.offset, buf, &mut piece, result.is_ok());
                 return result.map(|_| full);
@@ -116,12 +119,13 @@ impl Engine {
                     }
                 }
             }
-            // The fills' intents, all pieces' at once: one wait, not one per piece.
-            self.guard_fills(&tickets, &mut pieces);
             if result.is_ok() {
                 let planned: Vec<&PlannedPiece> = pieces.iter().collect();
                 result = self.read_runs(offset, buf, &planned);
             }
+            // The fills' intents, all pieces' at once (one wait, not one per piece), after
+            // the source read they were written alongside; before any fill is written.
+            self.guard_fills(&tickets, &mut pieces);
             let full = pieces.iter().filter(|x| x.read.full_hit).count() as u64;
             self.counters.split_request(true, pieces.len() as u64, full);
             let all_hit = full == pieces.len() as u64 && pieces.len() == n;
@@ -174,7 +178,7 @@ impl Engine {
             self.cores.log_read(p.shard, &read);
             return Ok(read);
         }
-        // An inline fill is wanted (admission `always`): redo it exclusively.
+        // An inline fill is wanted (admission `always`, or a miss fill): redo it exclusively.
         self.cores
             .commit_read(p.shard, &mut read, |read, _| {
                 self.checks.expected(read, want)
@@ -207,12 +211,16 @@ impl Engine {
         let mut span: Option<SourceSpan> = None;
         let mut source_read = |span: SourceSpan, buf: &mut [u8], from_source: &mut u64| {
             let (so, at, len) = span;
+            let t0 = std::time::Instant::now();
             match self
                 .dev
                 .source
                 .read_at(so, &mut buf[at as usize..(at + len) as usize])
             {
-                Ok(()) => *from_source += len,
+                Ok(()) => {
+                    *from_source += len;
+                    self.source_load.record(len, t0.elapsed());
+                }
                 Err(e) => result = Err(e),
             }
         };
@@ -266,7 +274,8 @@ impl Engine {
         }
     }
 
-    /// Writes a read's inline fills (admission `always`, core shard `k`) from the data it read into `buf`
+    /// Writes a read's inline fills (admission `always`, and admission `sce`'s miss fills;
+    /// core shard `k`) from the data it read into `buf`
     /// and completes their populations: failed if the read failed, if a population has no
     /// fill left, or if a fill could not be written.
     fn write_fills(

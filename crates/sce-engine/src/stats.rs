@@ -45,6 +45,8 @@ pub struct Counters {
     pub cache_checksum_errors: AtomicU64,
     /// Population workers the throttle lets run.
     pub active_workers: AtomicU64,
+    /// Population wake-ups that left a busy source to the clients (miss fills on).
+    pub population_source_busy: AtomicU64,
     /// Read requests cut into several pieces count once per piece in the core shards: the
     /// pieces beyond the first, and the full-hit pieces beyond the request's own full hit,
     /// subtracted when read.
@@ -109,6 +111,10 @@ sce_core::stats_table! {
         sequential_requests: u64, Counter("sce_sequential_requests_total", "", "Requests found to be part of a sequential stream and bypassed.");
         /// Population picks deferred by the population budget (admission `sce`).
         population_budget_waits: u64, Counter("sce_population_budget_waits_total", "", "Population picks deferred by the population budget.");
+        /// Read misses whose own data filled the cache (admission `sce` with miss fills).
+        miss_fills: u64, Counter("sce_miss_fills_total", "", "Read misses whose own data filled the cache (admission sce with miss fills).");
+        /// Population wake-ups that left a busy source to the clients (miss fills on).
+        population_source_busy: u64, Counter("sce_population_source_busy_total", "", "Population wake-ups that left a busy source to the clients (miss fills on).");
         /// Cache writes refused by the endurance budget (`max_cache_writes`).
         endurance_refusals: u64, Counter("sce_endurance_refusals_total", "", "Cache writes refused by the endurance budget (max_cache_writes).");
         /// The population rate limit now, bytes per second (0: unlimited).
@@ -155,6 +161,7 @@ impl VolumeStats {
             admissions_rejected: c.admissions_rejected,
             sequential_requests: c.sequential_requests,
             population_budget_waits: c.population_budget_waits,
+            miss_fills: c.miss_fills,
             endurance_refusals: c.endurance_refusals,
             population_rate: core.population_rate(),
             free_slots: core.free_slots() as u64,
@@ -205,6 +212,7 @@ impl Counters {
             cache_checksum_errors: self.cache_checksum_errors.load(Relaxed),
             passthrough: passthrough as u64,
             active_workers: self.active_workers.load(Relaxed),
+            population_source_busy: self.population_source_busy.load(Relaxed),
             ..VolumeStats::of_core(core)
         }
     }

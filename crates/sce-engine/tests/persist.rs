@@ -159,18 +159,20 @@ fn crash_iterations_with(
     seed: u64,
     journal: Journal,
 ) {
-    crash_loop(iterations, (mode, admission), seed, journal, false);
+    crash_loop(iterations, (mode, admission), seed, journal, false, false);
 }
 
 /// The crash loop; `shared`: the source is cut in two volumes (4 MiB each) that share the
 /// cache device, so records, journal entries and checksums go through each volume's own
-/// numbering.
+/// numbering; `miss_fills`: reads fill the cache from their misses, in 64 KiB lines of
+/// 256 KiB heat regions (issue 30).
 fn crash_loop(
     iterations: u32,
     (mode, admission): (WriteMode, Admission),
     seed: u64,
     journal: Journal,
     shared: bool,
+    miss_fills: bool,
 ) {
     let source_mem = random_source(8 * MIB, seed);
     let cache_mem = Arc::new(MemDevice::new(3 * MIB));
@@ -183,6 +185,10 @@ fn crash_loop(
         cfg.core.write_mode = mode;
         cfg.core.admission = admission;
         cfg.core.throttle.period = Duration::from_millis(1);
+        if miss_fills {
+            cfg.core.miss_fills = true;
+            cfg.core.heat_size = 256 * KIB;
+        }
         let p = cfg.persist.as_mut().unwrap();
         match journal {
             Journal::On => {}
@@ -286,6 +292,12 @@ fn crashes_never_expose_stale_data_write_through_always() {
 }
 
 #[test]
+fn crashes_never_expose_stale_data_with_miss_fills_and_lines() {
+    let awt = (WriteMode::Awt, Admission::Sce);
+    crash_loop(80, awt, 21, Journal::On, false, true);
+}
+
+#[test]
 fn crashes_never_expose_stale_data_write_around() {
     crash_iterations(40, WriteMode::WriteAround, Admission::Sce, 13);
 }
@@ -293,8 +305,8 @@ fn crashes_never_expose_stale_data_write_around() {
 #[test]
 fn crashes_never_expose_stale_data_on_a_shared_device() {
     let awt = (WriteMode::Awt, Admission::Sce);
-    crash_loop(80, awt, 18, Journal::On, true);
-    crash_loop(40, awt, 19, Journal::Off, true);
+    crash_loop(80, awt, 18, Journal::On, true, false);
+    crash_loop(40, awt, 19, Journal::Off, true, false);
 }
 
 #[test]

@@ -237,6 +237,21 @@ fn stress_sce_small_fragments_write_around() {
     );
 }
 
+/// Miss fills in 64 KiB lines of 1 MiB heat regions (issue 30): reads fill the cache from
+/// their own data, under writes to the same pages.
+#[test]
+fn stress_sce_miss_fills_in_lines() {
+    let mut c = cfg(
+        64 << 10,
+        Admission::Sce,
+        WriteMode::Awt,
+        EvictionKind::Clock,
+    );
+    c.heat_size = 1 << 20;
+    c.miss_fills = true;
+    stress(c, 4, 1500);
+}
+
 #[test]
 fn stress_flashcache_like() {
     stress(CoreConfig::flashcache_like(), 4, 1500);

@@ -103,6 +103,9 @@ pub struct AdmissionOptions {
     pub admission_margin: Option<u32>,
     /// Populate only the touched parts of a fragment.
     pub partial_fill: bool,
+    /// Fill the cache from read misses' own data (and populate only while the source has
+    /// room); None keeps the core's default.
+    pub miss_fills: Option<bool>,
     /// Endurance budget of the cache device.
     pub max_cache_writes: Option<WriteBudget>,
 }
@@ -135,6 +138,9 @@ impl AdmissionOptions {
         if self.partial_fill {
             cfg.partial_fill = true;
         }
+        if let Some(on) = self.miss_fills {
+            cfg.miss_fills = on;
+        }
         if let Some(b) = self.max_cache_writes {
             cfg.max_cache_writes = Some(b.per_day(cache_size));
         }
@@ -152,10 +158,11 @@ impl AdmissionOptions {
             .map_or("none".to_string(), |b| format!("{}/day", format_size(b)));
         format!(
             "population rate {rate}, sequential cutoff {}, margin {}, partial fill {}, \
-             cache write budget {budget}",
+             miss fills {}, cache write budget {budget}",
             format_size(cfg.sequential_cutoff),
             cfg.admission_margin,
             if cfg.partial_fill { "on" } else { "off" },
+            if cfg.miss_fills { "on" } else { "off" },
         )
     }
 }

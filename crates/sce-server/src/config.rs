@@ -204,6 +204,8 @@ pub struct ExportConfig {
     pub admission_margin: Option<u32>,
     /// Admission sce: fill only the touched parts of a fragment.
     pub partial_fill: Option<bool>,
+    /// Admission sce: fill the cache from read misses' own data.
+    pub miss_fills: Option<bool>,
     /// Endurance budget: SIZE per day or N dwpd.
     pub max_cache_writes: Option<String>,
     /// Admission options already parsed (the command line's): when given, they replace the

@@ -198,6 +198,7 @@ fn admission_options(spec: &ExportConfig) -> Result<AdmissionOptions> {
         sequential_cutoff: size_field(&spec.sequential_cutoff, "sequential_cutoff", n)?,
         admission_margin: spec.admission_margin,
         partial_fill: spec.partial_fill.unwrap_or(false),
+        miss_fills: spec.miss_fills,
         max_cache_writes: field(&spec.max_cache_writes, "max_cache_writes", n)?,
     })
 }

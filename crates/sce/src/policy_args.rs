@@ -27,6 +27,12 @@ pub struct AdmissionArgs {
     /// still allocated whole) unless half of it was.
     #[arg(long)]
     pub partial_fill: bool,
+    /// Admission sce: a read miss in a line population would fill writes the pages it read
+    /// to the cache with the read (no second source read), and background population runs
+    /// only while the source shows no queue, so a saturated source still fills the cache
+    /// [default: off].
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    pub miss_fills: Option<bool>,
     /// Endurance budget of the cache device: SIZE per day (e.g. 200GiB) or N dwpd (drive
     /// writes per day of the cache size). Population, fills and write copies stop once it is
     /// spent; hits continue. [default: none]
@@ -42,6 +48,7 @@ impl AdmissionArgs {
             sequential_cutoff: self.sequential_cutoff,
             admission_margin: self.admission_margin,
             partial_fill: self.partial_fill,
+            miss_fills: self.miss_fills,
             max_cache_writes: self.max_cache_writes,
         }
     }

@@ -47,11 +47,6 @@ pub struct SimArgs {
     /// the fragment size) [default: the fragment size].
     #[arg(long, value_parser = parse_size)]
     pub line_size: Option<u64>,
-    /// Admission sce: fill the cache from a read miss's own data (in a line population would
-    /// fill), and populate in the background only while the modelled source has room
-    /// (issue 30; not yet the server's default).
-    #[arg(long)]
-    pub miss_fills: bool,
     /// Cache mode of the engine policies: writethrough (asynchronous), writethrough-sync,
     /// writearound, passthrough or writeback (a cleaner writes dirty data back in source
     /// order above 10% dirty, harder above 50%, and all of it when idle; JSON then adds
@@ -173,7 +168,6 @@ fn policy(p: &str, a: &SimArgs) -> Result<PolicyKind> {
         let mut cfg = CoreConfig {
             fragment_size: line,
             heat_size: a.fragment_size,
-            miss_fills: a.miss_fills,
             admission,
             write_mode: a.mode,
             ..CoreConfig::default()

@@ -1004,7 +1004,14 @@ fn a_saturated_source_still_fills_the_cache_from_misses() {
         );
         let hits = |v: &serde_json::Value| v["read_hit_ratio"].as_f64().unwrap();
         let starved = policy(&base, "sce");
-        let fills = run(&["--policy", "sce", "--line-size", "256KiB", "--miss-fills"]);
+        let fills = run(&[
+            "--policy",
+            "sce",
+            "--line-size",
+            "256KiB",
+            "--miss-fills",
+            "on",
+        ]);
         let fed = policy(&fills, "sce");
         assert!(
             hits(fed) >= hits(fc),
