@@ -225,8 +225,9 @@ pub struct CoreConfig {
     /// slot, free space, or a region touched before in the window that wins the eviction
     /// duel) writes the pages it read to the cache before completing: the fill costs the
     /// source nothing, so a saturated source still fills the cache. Background population
-    /// then only prefetches the rest of a hot line. Off by default for now (issue 30): the
-    /// server writes inline fills before the read completes, after their intents.
+    /// then only prefetches the rest of a hot line; a driver that can tell runs it only
+    /// while the source has room. Off by default for now (issue 30): with it on, tests of
+    /// the engine and the server that count populations need revisiting first.
     pub miss_fills: bool,
     /// A driver instruction, not a policy: requests are widened to whole 4 KiB pages before
     /// they are planned (a read that covers part of a page reads all of it from the source),

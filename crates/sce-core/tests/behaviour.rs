@@ -9,12 +9,15 @@ fn core(cfg: CoreConfig, source: u64, cache: u64) -> CacheCore {
     CacheCore::new(cfg, source, cache).expect("valid")
 }
 
+/// These tests are about background population, planning and completion: misses do not
+/// fill the cache themselves (`tests/lines.rs` has miss fills).
 fn small(admission: Admission, write_mode: WriteMode) -> CoreConfig {
     CoreConfig {
         fragment_size: 16 * KIB,
         admission,
         write_mode,
         hot_window: 8,
+        miss_fills: false,
         ..CoreConfig::default()
     }
 }

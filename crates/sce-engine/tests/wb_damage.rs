@@ -78,10 +78,7 @@ fn crash_with_dirty_data(records: bool, seed: u64) -> Crashed {
     // The state directory first, then the device: the volume may still write (an early
     // flush round), and a state file newer than the image would mark it an older copy.
     let state = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(live_state.path()).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), state.path().join(e.file_name())).unwrap();
-    }
+    copy_dir_while_written(live_state.path(), state.path());
     let cache_img = image(&cache);
     drop(vol);
     Crashed {
@@ -91,6 +88,27 @@ fn crash_with_dirty_data(records: bool, seed: u64) -> Crashed {
         state,
         pages,
     }
+}
+
+/// Copies the files of `from` into `to` while the volume may still replace them (a new
+/// file is written under a temporary name and renamed over the old): a file listed but
+/// gone when copied was such a temporary, so the listing is taken again.
+fn copy_dir_while_written(from: &std::path::Path, to: &std::path::Path) {
+    for _ in 0..100 {
+        let mut vanished = false;
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            match std::fs::copy(e.path(), to.join(e.file_name())) {
+                Ok(_) => {}
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => vanished = true,
+                Err(err) => panic!("copy {:?}: {err}", e.path()),
+            }
+        }
+        if !vanished {
+            return;
+        }
+    }
+    panic!("{from:?} kept changing while it was copied");
 }
 
 fn flip(dev: &MemDevice, at: u64) {
