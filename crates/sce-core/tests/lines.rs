@@ -148,3 +148,35 @@ fn a_miss_fill_in_a_full_cache_must_win_the_duel() {
     assert!(p.full_hit);
     c.end_read(&mut p);
 }
+
+#[test]
+fn a_miss_fill_refused_by_the_endurance_budget_evicts_nothing() {
+    let cfg = CoreConfig {
+        max_cache_writes: Some(16 * KIB),
+        ..lines(true)
+    };
+    let mut c = CacheCore::new(cfg, 64 << 20, 128 * KIB).unwrap();
+    // Two lines cached by misses in free space: the budget's 16 KiB are spent.
+    touch(&mut c, 0);
+    touch(&mut c, 64 * KIB);
+    for _ in 0..4 {
+        touch(&mut c, 4 * KIB);
+        touch(&mut c, 8 * KIB);
+    }
+    assert_eq!(c.free_slots(), 0);
+    let cached = |c: &mut CacheCore| {
+        let mut p = read(c, 0, 4096);
+        let hit = p.full_hit;
+        c.end_read(&mut p);
+        hit
+    };
+    assert!(cached(&mut c));
+    // A region hot enough to win every duel: its misses would evict, but nothing may be
+    // written, so nothing is evicted.
+    for _ in 0..20 {
+        assert_eq!(touch(&mut c, (9 << 20) + 4 * KIB).0, 0);
+    }
+    assert!(c.stats().endurance_refusals > 0);
+    assert_eq!(c.free_slots(), 0);
+    assert!(cached(&mut c), "the cached line stayed");
+}

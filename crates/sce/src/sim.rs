@@ -163,6 +163,14 @@ Examples:
 
 /// The policy named `p`, with the engine options of `a`.
 fn policy(p: &str, a: &SimArgs) -> Result<PolicyKind> {
+    if let Some(l) = a.line_size.filter(|&l| l > a.fragment_size) {
+        bail!(
+            "invalid --line-size {}: larger than --fragment-size {} (a line is a part of a \
+             fragment)",
+            format_size(l),
+            format_size(a.fragment_size)
+        );
+    }
     let engine = |admission| {
         let line = a.line_size.unwrap_or(a.fragment_size);
         let mut cfg = CoreConfig {

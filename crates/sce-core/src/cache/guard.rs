@@ -75,13 +75,14 @@ impl<'a> PinnedRead<'a> {
         Ok(PinnedRead { plan, pins })
     }
 
-    /// Redoes a read that `needs_commit()` (an inline fill is wanted, admission `always`)
-    /// under the exclusive lock: releases its pins and plans it again with
-    /// [`CacheCore::begin_read`], which starts the fills' populations.
+    /// Redoes a read that `needs_commit()` (an inline fill is wanted: admission `always`, or
+    /// a miss fill) under the exclusive lock: releases its pins and plans it again as
+    /// [`CacheCore::begin_read`] does, which starts the fills' populations, keeping the
+    /// stream detector's verdict of the first plan.
     pub fn commit(&mut self, core: &mut CacheCore) -> Result<(), RequestError> {
         self.plan.release_pins(self.pins);
         let (offset, len) = (self.plan.offset, self.plan.len);
-        core.begin_read(SourceOffset(offset), len, self.plan)
+        core.redo_read(SourceOffset(offset), len, self.plan)
     }
 
     /// The populations of this read's inline fills, each to complete after its fills were

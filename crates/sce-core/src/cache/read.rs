@@ -23,6 +23,20 @@ impl CacheCore {
         Ok(())
     }
 
+    /// `begin_read` again for a read planned under the shared lock that wants inline fills
+    /// (`PinnedRead::commit`): planned afresh, but with the verdict it was classified with.
+    pub(super) fn redo_read(
+        &mut self,
+        offset: SourceOffset,
+        len: u64,
+        plan: &mut ReadPlan,
+    ) -> Result<(), RequestError> {
+        let verdict = plan.verdict;
+        self.plan_read_as(offset, len, plan, Some(verdict))?;
+        self.commit_read(plan);
+        Ok(())
+    }
+
     /// The read-only half of `begin_read`, for drivers that share the core among threads
     /// behind a read-write lock: plans the runs and takes the pins (atomically) without
     /// changing anything else. If `plan.needs_commit()` (an inline fill is wanted), the
@@ -35,12 +49,25 @@ impl CacheCore {
         len: u64,
         plan: &mut ReadPlan,
     ) -> Result<(), RequestError> {
+        self.plan_read_as(offset, len, plan, None)
+    }
+
+    /// `plan_read`, with the stream detector's verdict given when the read was classified
+    /// already (a redo under the exclusive lock: observing the same request twice would
+    /// look like a new stream to the detector).
+    pub(super) fn plan_read_as(
+        &self,
+        offset: SourceOffset,
+        len: u64,
+        plan: &mut ReadPlan,
+        verdict: Option<crate::admit::StreamVerdict>,
+    ) -> Result<(), RequestError> {
         self.check(offset.0, len)?;
         let dirty = self.wb_check_read(offset.0, len)?;
         plan.clear();
         plan.offset = offset.0;
         plan.len = len;
-        plan.verdict = self.classify(offset.0, len);
+        plan.verdict = verdict.unwrap_or_else(|| self.classify(offset.0, len));
         // Passthrough: every run goes to the source, and nothing is filled; but dirty
         // pages (write-back data not yet on the source) are only in the cache.
         let caching = self.cfg.write_mode.caches_reads() || dirty;
@@ -117,14 +144,22 @@ impl CacheCore {
         self.account_read(1, plan.full_hit as u64, plan.hit_pages, plan.missed_pages);
         for (f, set) in std::mem::take(&mut plan.fill_wanted) {
             let selective = self.cfg.admission == Admission::Sce;
-            if selective && !self.admit_miss_fill(f) {
-                continue;
+            let mut completes_line = false;
+            if selective {
+                match self.admit_miss_fill(f, &set) {
+                    None => continue,
+                    Some(c) => completes_line = c,
+                }
             }
             let Ok(pop) = self.start_population_as(f, Some(&set), selective) else {
                 continue;
             };
             if selective {
                 self.stats.miss_fills += 1;
+                if completes_line {
+                    // Nothing left of the line to prefetch: it owes the window nothing.
+                    self.line_picked(f);
+                }
             }
             let fstart = self.geo.fragment_start(f).0;
             let st = self.pops.get(pop.0).expect("just started");
@@ -157,22 +192,30 @@ impl CacheCore {
     /// Admission `sce`: decides a miss fill into line `f` under the exclusive lock: if a
     /// slot must be taken from another line, only by winning the duel against the eviction
     /// victim, which is then evicted. The population budget does not apply: it bounds the
-    /// source reads of population, and a miss fill reads nothing (the endurance budget
-    /// does apply, in `start_population`).
-    fn admit_miss_fill(&mut self, f: crate::addr::FragNo) -> bool {
+    /// source reads of population, and a miss fill reads nothing; the endurance budget
+    /// does. Nothing is evicted unless the fill can then start (it has pages to fill, within
+    /// the endurance budget). None skips the fill; otherwise, whether it leaves nothing of
+    /// the line to fill.
+    fn admit_miss_fill(&mut self, f: crate::addr::FragNo, set: &PageSet) -> Option<bool> {
+        let fill = self.fillable(f, Some(set))?;
+        if !self.endurance_allows(fill.len() as u64 * PAGE_SIZE) {
+            self.stats.endurance_refusals += 1;
+            return None;
+        }
+        let rest = self.fillable(f, None);
+        let completes =
+            rest.is_none_or(|r| r.words().iter().zip(fill.words()).all(|(r, s)| r & !s == 0));
         if self.map.get(f).is_none() && (self.slots.free_count() == 0 || self.at_cap(f).is_some()) {
-            let Some(victim) = self.victim_for(f) else {
-                return false;
-            };
+            let victim = self.victim_for(f)?;
             let vf = self.slots.fragment(victim).expect("victims hold fragments");
             if self.heat(f) < self.heat(vf).saturating_add(self.cfg.admission_margin) {
                 self.stats.admissions_rejected += 1;
-                return false;
+                return None;
             }
             self.evict_slot(victim);
             self.slots.put_free(victim);
         }
-        true
+        Some(completes)
     }
 
     pub(super) fn account_read(&mut self, requests: u64, full_hits: u64, hits: u64, misses: u64) {
