@@ -128,6 +128,8 @@ CONFIGS = {
     "sce-4m": ("sce, 4 MiB fragments", "sce", ["--fragment-size", "4MiB"]),
     "sce-wt": ("sce, synchronous write-through", "sce", ["--mode", "write-through"]),
     "sce-wa": ("sce, write-around (no AWT)", "sce", ["--mode", "write-around"]),
+    # Fills from read misses' own data (issue 30; not yet the default).
+    "sce-mf": ("sce --miss-fills on", "sce", ["--miss-fills", "on"]),
     # What persistence costs (Holland et al.): no crash journal, and no persistence at all.
     "sce-nojournal": ("sce, --crash-journal off", "sce", ["--crash-journal", "off"]),
     "sce-nopersist": ("sce, --no-persist", "sce", ["--no-persist"]),

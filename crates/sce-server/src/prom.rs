@@ -339,7 +339,7 @@ mod tests {
             assert_eq!(k.len(), t.len());
             k
         }
-        assert_eq!(keys(VolumeStats::STATS).len(), 29);
+        assert_eq!(keys(VolumeStats::STATS).len(), 31);
         assert!(keys(WriteBackStats::STATS).contains(&"cleaned_bytes"));
         assert!(keys(PersistStats::STATS).contains(&"load_millis"));
         keys(ExportCounters::STATS);
