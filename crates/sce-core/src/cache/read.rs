@@ -71,16 +71,7 @@ impl CacheCore {
         // Passthrough: every run goes to the source, and nothing is filled; but dirty
         // pages (write-back data not yet on the source) are only in the cache.
         let caching = self.cfg.write_mode.caches_reads() || dirty;
-        let want_fills = caching
-            && match self.cfg.admission {
-                Admission::Always => true,
-                Admission::Sce => {
-                    self.cfg.miss_fills
-                        && self.cfg.write_mode.caches_reads()
-                        && !(plan.verdict.sequential && self.slots.free_count() == 0)
-                }
-                _ => false,
-            };
+        let want_fills = caching && self.wants_fills(plan.verdict);
         for (f, lo, hi, a, b) in fragments(self.geo, offset.0, len) {
             let fstart = self.geo.fragment_start(f).0;
             let slot = self.map.get(f);
@@ -176,6 +167,21 @@ impl CacheCore {
                 });
             }
             plan.pops.push(pop);
+        }
+    }
+
+    /// Whether a read's misses may fill the cache inline: always under admission `always`;
+    /// under `sce` with miss fills, unless the read is part of a stream the full cache
+    /// bypasses.
+    fn wants_fills(&self, verdict: crate::admit::StreamVerdict) -> bool {
+        match self.cfg.admission {
+            Admission::Always => true,
+            Admission::Sce => {
+                self.cfg.miss_fills
+                    && self.cfg.write_mode.caches_reads()
+                    && !(verdict.sequential && self.slots.free_count() == 0)
+            }
+            _ => false,
         }
     }
 
