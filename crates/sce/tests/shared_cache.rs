@@ -328,7 +328,7 @@ fn two_exports_share_a_cache_device() {
     let hit_a2 = pass_hit_ratio(&sock, "a", &ca, 8 * MIB);
     eprintln!("export a's hit ratio {hit_a:.3} before forget b, {hit_a2:.3} after");
     // Not all of it: a's share of the 16 MiB device, and population still running from the
-    // fio phase, leave 0.78-0.94 of its 256 KiB reads whole hits (nine runs on a 2-CPU
+    // fio phase, leave 0.78-0.94 of its 256 KiB reads whole hits (seven runs on a 2-CPU
     // machine); without the prefetch it would be near 0.
     assert!(hit_a > 0.6, "a's prefetched 8 MiB hit {hit_a}");
     assert!(hit_a2 >= 0.99 * hit_a, "{hit_a2} after, {hit_a} before");
