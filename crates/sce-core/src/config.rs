@@ -279,6 +279,12 @@ impl Default for CoreConfig {
 }
 
 impl CoreConfig {
+    /// True if read misses fill the cache (admission `sce` with `miss_fills`), and so
+    /// background population should leave a busy source to the clients.
+    pub fn fills_from_misses(&self) -> bool {
+        self.admission == Admission::Sce && self.miss_fills
+    }
+
     /// Bytes over which heat is tracked: `heat_size`, or `fragment_size` if that is 0.
     pub fn heat_bytes(&self) -> u64 {
         self.heat_size.max(self.fragment_size)

@@ -89,10 +89,7 @@ pub(crate) fn population_worker(s: &Engine, index: u32) {
         }
         // With miss fills the cache fills from the clients' misses; re-reading the source
         // for population waits until it shows no queue.
-        if !s.source_load.has_room() && {
-            let c = s.config.lock();
-            c.miss_fills && c.admission == sce_core::Admission::Sce
-        } {
+        if !s.source_load.has_room() && s.config.lock().fills_from_misses() {
             s.counters.population_source_busy.fetch_add(1, Relaxed);
             continue;
         }

@@ -1075,14 +1075,14 @@ fn application_latencies_follow_the_ram_policy() {
             "0.7",
         ],
     );
-    let run = |policy: &str| {
+    let run = |ram_policy: &str| {
         let v = json(&sim_args(
             &t,
             "sce",
             "64MiB",
-            &["--json", "--ram-size", "16MiB", "--ram-policy", policy],
+            &["--json", "--ram-size", "16MiB", "--ram-policy", ram_policy],
         ));
-        policy_of(&v)
+        policy(&v, "sce").clone()
     };
     let f = |p: &serde_json::Value, k: &str| p[k].as_f64().unwrap();
     let (sync, asy) = (run("sync"), run("async"));
@@ -1093,8 +1093,4 @@ fn application_latencies_follow_the_ram_policy() {
         "{sync}"
     );
     assert!(f(&asy, "app_mean_read_latency_seconds") < f(&asy, "mean_read_latency_seconds"));
-}
-
-fn policy_of(v: &serde_json::Value) -> serde_json::Value {
-    v["policies"][0].clone()
 }

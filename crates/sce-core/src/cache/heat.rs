@@ -14,6 +14,15 @@ use crate::addr::{FragNo, PAGE_SHIFT, PAGE_SIZE};
 use crate::admit::StreamVerdict;
 use crate::bitmap::PageSet;
 
+/// Why [`CacheCore::room_by_duel`] made no room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Duel {
+    /// No slot can be evicted (all pinned or dirty).
+    NoVictim,
+    /// The line's region is not hotter than the victim's by the margin.
+    Lost,
+}
+
 /// The bits `[a, b]` (inclusive) of a 64-bit mask.
 fn bits(a: u32, b: u32) -> u64 {
     let upper = if b >= 63 {
@@ -26,8 +35,14 @@ fn bits(a: u32, b: u32) -> u64 {
 
 impl CacheCore {
     /// log2 of the lines per region.
+    #[inline]
     pub(super) fn line_bits(&self) -> u32 {
-        (self.cfg.heat_bytes() / self.cfg.fragment_size).trailing_zeros()
+        self.cfg.heat_bytes().trailing_zeros() - self.geo.fragment_shift()
+    }
+
+    /// The first page of line `f` within its region.
+    fn line_base(&self, f: FragNo) -> u32 {
+        (f.0 & ((1 << self.line_bits()) - 1)) as u32 * self.geo.pages_per_fragment()
     }
 
     /// The region (heat unit) line `f` belongs to.
@@ -61,15 +76,33 @@ impl CacheCore {
 
     /// The 64ths of its region that line `f` covers.
     pub(super) fn line_parts(&self, f: FragNo) -> u64 {
-        let ppf = self.geo.pages_per_fragment();
-        let lo = (f.0 & ((1 << self.line_bits()) - 1)) as u32 * ppf;
-        self.parts_mask(lo, lo + ppf)
+        let lo = self.line_base(f);
+        self.parts_mask(lo, lo + self.geo.pages_per_fragment())
     }
 
     /// The heat of line `f`'s region in the frequency sketch (0 without one).
     pub(super) fn heat(&self, f: FragNo) -> u32 {
         let r = self.region(f);
         self.sketch.as_ref().map_or(0, |s| s.estimate(r.0))
+    }
+
+    /// Makes room for line `f` if it needs a slot and the cache (or its volume's share) is
+    /// full: the eviction victim is evicted only if `f`'s region is hotter than the victim's
+    /// by the admission margin in the frequency sketch (the duel of admission `sce`, for
+    /// population and miss fills alike).
+    pub(super) fn room_by_duel(&mut self, f: FragNo) -> Result<(), Duel> {
+        if self.map.get(f).is_some() || (self.slots.free_count() > 0 && self.at_cap(f).is_none()) {
+            return Ok(());
+        }
+        let victim = self.victim_for(f).ok_or(Duel::NoVictim)?;
+        let vf = self.slots.fragment(victim).expect("victims hold fragments");
+        if self.heat(f) < self.heat(vf).saturating_add(self.cfg.admission_margin) {
+            self.stats.admissions_rejected += 1;
+            return Err(Duel::Lost);
+        }
+        self.evict_slot(victim);
+        self.slots.put_free(victim);
+        Ok(())
     }
 
     /// A line of region `r` to populate: the first one touched since the region was last
@@ -108,7 +141,7 @@ impl CacheCore {
             return None;
         }
         let ppf = self.geo.pages_per_fragment();
-        let base = (f.0 & ((1 << self.line_bits()) - 1)) as u32 * ppf;
+        let base = self.line_base(f);
         let per = self.part_pages();
         let n = self.geo.fragment_pages(f);
         let mut set = PageSet::new(ppf);

@@ -130,7 +130,7 @@ impl Policy {
         let streams = (selective && cfg.sequential_cutoff > 0).then(|| {
             std::sync::Mutex::new(Streams::new(
                 cfg.sequential_cutoff,
-                cfg.heat_bytes().trailing_zeros().max(geo.fragment_shift()),
+                cfg.heat_bytes().trailing_zeros(),
             ))
         });
         let budget = PopBudget::new(
@@ -409,7 +409,7 @@ impl CacheCore {
         if let Some(e) = &mut self.endurance {
             e.advance(now);
         }
-        if self.cfg.admission == Admission::Sce && self.cfg.miss_fills {
+        if self.cfg.fills_from_misses() {
             // The adaptive budget follows the hit ratio also while no population runs.
             let full = self.slots.free_count() == 0;
             self.budget.advance(now, full, self.geo.fragment_size());

@@ -1,5 +1,6 @@
 //! Population: picking (Algorithm 1, `sce`, `nhit:K`), starting and completing it.
 
+use super::heat::Duel;
 use super::plan::{PopId, PopulationJob, RequestError};
 use super::CacheCore;
 use crate::addr::{CacheOffset, FragNo, Nanos, SlotNo, SourceOffset, PAGE_SIZE};
@@ -215,16 +216,13 @@ impl CacheCore {
             self.stats.endurance_refusals += 1;
             return None;
         }
-        if self.map.get(f).is_none() && (self.slots.free_count() == 0 || self.at_cap(f).is_some()) {
-            let victim = self.victim_for(f)?;
-            let vf = self.slots.fragment(victim).expect("victims hold fragments");
-            if self.heat(f) < self.heat(vf).saturating_add(self.cfg.admission_margin) {
-                self.stats.admissions_rejected += 1;
+        match self.room_by_duel(f) {
+            Ok(()) => {}
+            Err(Duel::NoVictim) => return None,
+            Err(Duel::Lost) => {
                 self.window.reset(r);
                 return None;
             }
-            self.evict_slot(victim);
-            self.slots.put_free(victim);
         }
         self.budget.take(bytes);
         let Ok(id) = self.start_population(f, Some(&fill)) else {

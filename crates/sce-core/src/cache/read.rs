@@ -177,7 +177,7 @@ impl CacheCore {
         match self.cfg.admission {
             Admission::Always => true,
             Admission::Sce => {
-                self.cfg.miss_fills
+                self.cfg.fills_from_misses()
                     && self.cfg.write_mode.caches_reads()
                     && !(verdict.sequential && self.slots.free_count() == 0)
             }
@@ -211,16 +211,7 @@ impl CacheCore {
         let rest = self.fillable(f, None);
         let completes =
             rest.is_none_or(|r| r.words().iter().zip(fill.words()).all(|(r, s)| r & !s == 0));
-        if self.map.get(f).is_none() && (self.slots.free_count() == 0 || self.at_cap(f).is_some()) {
-            let victim = self.victim_for(f)?;
-            let vf = self.slots.fragment(victim).expect("victims hold fragments");
-            if self.heat(f) < self.heat(vf).saturating_add(self.cfg.admission_margin) {
-                self.stats.admissions_rejected += 1;
-                return None;
-            }
-            self.evict_slot(victim);
-            self.slots.put_free(victim);
-        }
+        self.room_by_duel(f).ok()?;
         Some(completes)
     }
 

@@ -283,8 +283,7 @@ impl EngineSim {
                     // spent only while the source has room (a read issued now would not
                     // queue behind more than one request's worth of work): a saturated
                     // source serves its clients, and the cache fills from their misses.
-                    let cfg = self.core.config();
-                    let room = !(cfg.miss_fills && cfg.admission == sce_core::Admission::Sce)
+                    let room = !self.core.config().fills_from_misses()
                         || self.source.backlog_ns(et) <= self.source.read_service_ns(64 << 10);
                     if !room && w < st.active_workers {
                         self.res.population_source_busy += 1;
