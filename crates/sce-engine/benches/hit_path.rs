@@ -1,11 +1,15 @@
 //! Benchmark of the in-process hit path: 4 KiB reads that all hit, through a `CacheVolume` on
 //! memory devices, from 1 and 2 threads, in one run. Prints operations per second and the
-//! ratio between the two. Run: `cargo bench -p sce-engine --bench hit_path`.
+//! ratio between the two, for checksums verified without persistence (every page's checksum
+//! in memory), with persistence (checksums in the records, in memory for the units in use:
+//! the default capacity, then one unit only, the worst case where nearly every hit reads its
+//! unit's records), and without checksums. Run: `cargo bench -p sce-engine --bench
+//! hit_path`.
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use sce_core::CoreConfig;
-use sce_engine::{CacheVolume, EngineConfig};
+use sce_engine::{CacheVolume, EngineConfig, PersistConfig};
 use sce_io::{AlignedBuf, BlockDevice, MemDevice};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
@@ -40,13 +44,49 @@ fn run(vol: &Arc<CacheVolume>, threads: usize, dur: Duration) -> f64 {
     ops as f64 / t0.elapsed().as_secs_f64()
 }
 
-fn warm_volume(verify: bool) -> Arc<CacheVolume> {
+/// How a benchmarked volume keeps its checksums.
+#[derive(Clone, Copy)]
+enum Checksums {
+    Off,
+    /// Verified, no persistence: every page's checksum in memory.
+    Memory,
+    /// Persistence, with this many units' checksums in memory (0: the default).
+    Records(usize),
+}
+
+impl std::fmt::Display for Checksums {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Checksums::Off => f.write_str("off"),
+            Checksums::Memory => f.write_str("verified, every page's in memory (no persistence)"),
+            Checksums::Records(0) => {
+                f.write_str("verified, persistent, in the records (default units in memory)")
+            }
+            Checksums::Records(n) => write!(
+                f,
+                "verified, persistent, in the records ({n} unit in memory)"
+            ),
+        }
+    }
+}
+
+fn warm_volume(sums: Checksums) -> Arc<CacheVolume> {
     let source: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 30));
     let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(256 << 20));
+    let persist = match sums {
+        Checksums::Records(n) => {
+            let mut p = PersistConfig::new("bench");
+            p.flush_interval = Duration::from_millis(100);
+            p.checksum_units = n;
+            Some(p)
+        }
+        _ => None,
+    };
     let cfg = EngineConfig {
         core: CoreConfig::default(),
         background_population: false,
-        verify,
+        verify: !matches!(sums, Checksums::Off),
+        persist,
         ..EngineConfig::default()
     };
     let vol = Arc::new(CacheVolume::open(source, cache, cfg).expect("open"));
@@ -80,8 +120,16 @@ fn main() {
     // report the medians.
     let rounds = if quick { 1 } else { 5 };
     let mut results = Vec::new();
-    for verify in [true, false] {
-        let vol = warm_volume(verify);
+    let kinds = [
+        Checksums::Memory,
+        Checksums::Records(0),
+        Checksums::Records(1),
+        Checksums::Off,
+    ];
+    for sums in kinds {
+        let vol = warm_volume(sums);
+        // The round after the population: the records hold every checksum.
+        vol.flush_metadata();
         let before = vol.stats();
         let (mut ones, mut twos) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
@@ -95,11 +143,16 @@ fn main() {
         );
         let (one, two) = (median(&mut ones), median(&mut twos));
         println!(
-            "hit path, 4 KiB reads, memory devices, {} MiB working set, all hits ({} reads), checksums {}, median of {rounds}",
+            "hit path, 4 KiB reads, memory devices, {} MiB working set, all hits ({} reads), checksums {sums}, median of {rounds}",
             WORKING_SET >> 20,
             d.read_requests,
-            if verify { "verified" } else { "off" }
         );
+        if let Some(p) = vol.persist_stats() {
+            println!(
+                "  units' checksums read from the records: {}, {} units in memory",
+                p.checksum_unit_loads, p.checksum_units_resident
+            );
+        }
         println!("  1 thread : {:>12.0} ops/s", one);
         println!(
             "  2 threads: {:>12.0} ops/s  ({:.0} per thread)",
@@ -107,12 +160,20 @@ fn main() {
             two / 2.0
         );
         println!("  ratio 2 threads / 1 thread: {:.2}", two / one);
-        results.push((verify, one, two));
+        results.push((one, two));
+    }
+    let off = results[3];
+    for (k, sums) in kinds.iter().enumerate().take(3) {
+        println!(
+            "checksums {sums}: 1 thread {:.2}x, 2 threads {:.2}x the ops/s without",
+            results[k].0 / off.0,
+            results[k].1 / off.1
+        );
     }
     println!(
-        "per-page checksum verification costs: 1 thread {:.2}x, 2 threads {:.2}x the ops/s without",
-        results[0].1 / results[1].1,
-        results[0].2 / results[1].2
+        "in the records (default) against every page's in memory: 1 thread {:.2}x, 2 threads {:.2}x",
+        results[1].0 / results[0].0,
+        results[1].1 / results[0].1
     );
 }
 

@@ -1,13 +1,26 @@
-//! Page checksums: a CRC-32C per cached page, recorded before the core marks the page
-//! valid, taken with a read's plan under the core lock, and compared after the read. Pure
-//! state and arithmetic: no lock, no I/O (what a mismatch means is `verify.rs`'s).
+//! Page checksums: a checksum per cached page, recorded before the core marks the page
+//! valid, taken with a read's plan under the core lock, and compared after the read. A
+//! persistent cache keeps them in its records and in memory only for the units in use
+//! (`crcs.rs`); taking them under a lock never does I/O (a unit not in memory is named for
+//! the caller to read with no lock held). What a mismatch means is `verify.rs`'s.
 
+use crate::crcs::CrcCache;
 use sce_core::{ReadPlan, RunTarget, PAGE_SIZE};
+use sce_io::IoError;
 use sce_store::{page_checksum, page_seed, CrcTable};
+use std::sync::Arc;
 
-/// The checksums of a cached volume (none without `verify` and persistence).
+/// Where a volume's page checksums live.
+pub(crate) enum Crcs {
+    /// In memory, every page's (a cache without persistence: nothing else holds them).
+    Memory(CrcTable),
+    /// In the device's records, and in memory for the units in use (`crcs.rs`).
+    Device(Arc<CrcCache>),
+}
+
+/// The checksums of a cached volume (none without `verify`).
 pub(crate) struct Checks {
-    crcs: Option<CrcTable>,
+    crcs: Option<Crcs>,
     /// What seeds page checksums: per volume, in address order, its first page in the
     /// cache's address space and its id (the volume table's, or 1).
     seeds: Vec<(u64, u16)>,
@@ -17,7 +30,7 @@ pub(crate) struct Checks {
 
 impl Checks {
     pub(crate) fn new(
-        crcs: Option<CrcTable>,
+        crcs: Option<Crcs>,
         seeds: Vec<(u64, u16)>,
         source_size: u64,
         fshift: u32,
@@ -35,9 +48,12 @@ impl Checks {
         self.crcs.is_some()
     }
 
-    /// The table (persistence always keeps one).
-    pub(crate) fn table(&self) -> Option<&CrcTable> {
-        self.crcs.as_ref()
+    /// The device's checksum cache (a persistent cache's flush rounds write its changes).
+    pub(crate) fn cache(&self) -> Option<&CrcCache> {
+        match &self.crcs {
+            Some(Crcs::Device(c)) => Some(c),
+            _ => None,
+        }
     }
 
     /// Splits a cache (or source) offset into its slot (or fragment) number and the page
@@ -49,10 +65,36 @@ impl Checks {
         )
     }
 
-    /// The recorded checksum of the page at cache offset `c` (0 without checksums).
-    pub(crate) fn get(&self, c: u64) -> u32 {
+    /// The recorded checksum of the page at cache offset `c` (0 without checksums), if
+    /// known without I/O (always, but for a unit of a persistent cache that is not in
+    /// memory: None names it, for the caller to `pin` with no lock held).
+    pub(crate) fn try_get(&self, c: u64) -> Result<u32, u32> {
         let (slot, p) = self.slot_page(c);
-        self.crcs.as_ref().map_or(0, |t| t.get(slot as u32, p))
+        match &self.crcs {
+            None => Ok(0),
+            Some(Crcs::Memory(t)) => Ok(t.get(slot as u32, p)),
+            Some(Crcs::Device(d)) => d.get(slot as u32, p).ok_or(d.unit_of(slot as u32)),
+        }
+    }
+
+    /// The recorded checksum of the page at cache offset `c` (0 without checksums), reading
+    /// its unit's records from the device if they are not in memory (I/O: an error path
+    /// under a shared core lock, or a path that holds none).
+    pub(crate) fn get(&self, c: u64) -> Result<u32, IoError> {
+        let (slot, p) = self.slot_page(c);
+        match &self.crcs {
+            Some(Crcs::Device(d)) => d.get_or_load(slot as u32, p),
+            _ => Ok(self.try_get(c).unwrap_or(0)),
+        }
+    }
+
+    /// Holds the unit named by `try_get` or `expected` in memory (I/O; no lock held) for as
+    /// long as the pin lives.
+    pub(crate) fn pin(&self, unit: u32) -> Result<Option<crate::crcs::UnitPin<'_>>, IoError> {
+        match &self.crcs {
+            Some(Crcs::Device(d)) => d.pin(unit).map(Some),
+            _ => Ok(None),
+        }
     }
 
     /// The checksum of `bytes`, the page at source offset `src`.
@@ -64,6 +106,10 @@ impl Checks {
     /// `src` and cache offset `cache` (the same position within their pages).
     pub(crate) fn record(&self, src: u64, cache: u64, data: &[u8]) {
         let Some(crcs) = &self.crcs else { return };
+        let set = |slot: u32, p: u32, crc: u32| match crcs {
+            Crcs::Memory(t) => t.set(slot, p, crc),
+            Crcs::Device(d) => d.set(slot, p, crc),
+        };
         let ps = PAGE_SIZE;
         let end = src + data.len() as u64;
         let mut sp = src.div_ceil(ps) * ps;
@@ -74,7 +120,7 @@ impl Checks {
             }
             let (slot, p) = self.slot_page(cache + (sp - src));
             let bytes = &data[(sp - src) as usize..(pe - src) as usize];
-            crcs.set(slot as u32, p, page_checksum(bytes, self.seed(sp)));
+            set(slot as u32, p, page_checksum(bytes, self.seed(sp)));
             sp += ps;
         }
     }
@@ -87,19 +133,23 @@ impl Checks {
     /// Sets `want` to the checksum of every page of every cache run of `plan`. The caller
     /// holds the core lock (read or write) under which the plan was made: a page that is
     /// valid under it has its final checksum recorded (writers record a page's checksum
-    /// before the core marks it valid, and invalidate it before they change it).
-    pub(crate) fn expected(&self, plan: &ReadPlan, want: &mut Vec<u32>) {
+    /// before the core marks it valid, and invalidate it before they change it). No I/O:
+    /// Err names a unit of a persistent cache whose checksums are not in memory (the caller
+    /// lets the lock go, pins it and plans again).
+    pub(crate) fn expected(&self, plan: &ReadPlan, want: &mut Vec<u32>) -> Result<(), u32> {
         want.clear();
-        let Some(crcs) = &self.crcs else { return };
+        if self.crcs.is_none() {
+            return Ok(());
+        }
         for run in &plan.runs {
             if let RunTarget::Cache(c) = run.target {
                 let first = c.0 / PAGE_SIZE;
                 for k in 0..Self::run_pages(c.0, run.len) as u64 {
-                    let (slot, p) = self.slot_page((first + k) * PAGE_SIZE);
-                    want.push(crcs.get(slot as u32, p));
+                    want.push(self.try_get((first + k) * PAGE_SIZE)?);
                 }
             }
         }
+        Ok(())
     }
 
     /// The checksum seed of the page at source offset `src` (page-aligned).

@@ -239,7 +239,7 @@ impl Engine {
     /// Runs one metadata flush round now; returns the metadata errors it met (0 without
     /// persistence).
     pub(crate) fn flush_metadata(&self) -> u64 {
-        match (&self.persist, self.checks.table()) {
+        match (&self.persist, self.checks.cache()) {
             (Some(p), Some(crcs)) => p.round(&self.cores, crcs, false),
             _ => 0,
         }
@@ -248,7 +248,7 @@ impl Engine {
     /// Clean shutdown of the store (nothing in flight): see `Persist::close`. False without
     /// persistence.
     pub(crate) fn close_store(&self) -> bool {
-        let (Some(p), Some(crcs)) = (&self.persist, self.checks.table()) else {
+        let (Some(p), Some(crcs)) = (&self.persist, self.checks.cache()) else {
             return false;
         };
         let (ids, taken) = self.dev.identities();

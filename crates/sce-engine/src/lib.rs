@@ -9,6 +9,7 @@ mod brlock;
 mod checks;
 mod control;
 mod cores;
+mod crcs;
 mod device;
 mod devices;
 mod engine;

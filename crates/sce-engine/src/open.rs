@@ -4,7 +4,9 @@
 
 use crate::back::WriteBack;
 use crate::checks::Checks;
+use crate::checks::Crcs;
 use crate::cores::Cores;
+use crate::crcs::CrcCache;
 use crate::devices::{Devices, PartInfo};
 use crate::engine::{Engine, Signals};
 use crate::flusher::{flusher, intent_writer};
@@ -30,7 +32,7 @@ struct OpenedCore {
     cores: Vec<CacheCore>,
     map: ShardMap,
     config: CoreConfig,
-    crcs: Option<CrcTable>,
+    crcs: Option<Crcs>,
     persist: Option<Persist>,
     data: Arc<dyn BlockDevice>,
     seeds: Vec<(u64, u16)>,
@@ -131,11 +133,21 @@ fn open_core(
         },
         &loaded,
     )?;
+    let units = match config.persist.as_ref().map_or(0, |p| p.checksum_units) {
+        0 => crate::crcs::default_capacity(l.units),
+        n => n,
+    };
+    let cache = CrcCache::new(device.clone(), l, persist.uuid(), units);
+    // The replay's checksums are newer than the records': kept until a round writes them.
+    for &(s, p, c) in &loaded.replayed_crcs {
+        cache.set(s, p, c);
+    }
+    let crcs = Crcs::Device(Arc::new(cache));
     Ok(OpenedCore {
         cores,
         map,
         config: core_cfg,
-        crcs: Some(loaded.crcs),
+        crcs: Some(crcs),
         persist: Some(persist),
         device,
         log,
@@ -156,7 +168,7 @@ fn open_memory_core(
     apply_shares(&mut cores, &map, vols, core_cfg.fragment_size);
     let slots = cores.iter().map(|c| c.geometry().slots()).sum();
     let ppf = cores[0].geometry().pages_per_fragment();
-    let crcs = verify.then(|| CrcTable::new(slots, ppf));
+    let crcs = verify.then(|| Crcs::Memory(CrcTable::new(slots, ppf)));
     Ok(OpenedCore {
         cores,
         map,

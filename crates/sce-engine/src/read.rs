@@ -170,10 +170,16 @@ impl Engine {
         tickets: &mut Vec<Ticket>,
     ) -> Result<PinnedRead<'p>, IoError> {
         let err = |e| self.refused(Op::Read, e, p.offset, p.len);
+        let mut missing = None;
         let mut read = self
             .cores
-            .plan_read(p, plan, |read| self.checks.expected(read, want))
+            .plan_read(p, plan, |read| {
+                missing = self.checks.expected(read, want).err();
+            })
             .map_err(err)?;
+        // Checksums not in memory: read with no lock held (the plan's pins keep its slots).
+        let mut units = Vec::new();
+        self.expected_unlocked(&read, want, missing, &mut units)?;
         if !read.needs_commit() {
             self.cores.log_read(p.shard, &read);
             return Ok(read);
@@ -181,9 +187,15 @@ impl Engine {
         // An inline fill is wanted (admission `always`, or a miss fill): redo it exclusively.
         self.cores
             .commit_read(p.shard, &mut read, |read, _| {
-                self.checks.expected(read, want)
+                missing = self.checks.expected(read, want).err();
             })
             .map_err(err)?;
+        if let Err(e) = self.expected_unlocked(&read, want, missing, &mut units) {
+            // Its fills complete as failed: nothing was written.
+            let pops = read.take_populations();
+            self.write_fills(p.shard, p.offset, &[], &read, pops, false);
+            return Err(e);
+        }
         if let Some(persist) = &self.persist {
             // Inline fills go to freshly allocated slots: guard them as populations.
             for f in &read.fills {
@@ -193,6 +205,30 @@ impl Engine {
             }
         }
         Ok(read)
+    }
+
+    /// Completes `want` for `read` when its plan named a unit whose checksums are not in
+    /// memory (`missing`): pins that unit (reads its records; kept in `units`), and again
+    /// until every page's checksum is known. Taken after the lock, a checksum may be newer
+    /// than the plan (a write replaced the page since): the page then fails verification
+    /// and is read from the source, as when a write replaces it after its checksum was
+    /// taken (see `read_cache_run`).
+    fn expected_unlocked<'c>(
+        &'c self,
+        read: &ReadPlan,
+        want: &mut Vec<u32>,
+        mut missing: Option<u32>,
+        units: &mut Vec<crate::crcs::UnitPin<'c>>,
+    ) -> Result<(), IoError> {
+        while let Some(u) = missing {
+            units.extend(
+                self.checks
+                    .pin(u)
+                    .inspect_err(|e| self.cache_read_failed(e))?,
+            );
+            missing = self.checks.expected(read, want).err();
+        }
+        Ok(())
     }
 
     /// Runs the I/O of a request's planned pieces into `buf` (the request at `offset`):

@@ -97,7 +97,7 @@ impl Engine {
         self.cores.read_shard(k, |core| {
             let still = core.is_cached(local)
                 && core.exists(f).map(|x| self.cores.slot_global(k, x.0)) == Some(slot as u32)
-                && self.checks.get(c) == expect;
+                && self.checks.get(c).is_ok_and(|x| x == expect);
             if !still {
                 return false;
             }

@@ -171,7 +171,38 @@ impl CacheVolume {
 
     /// The persistent store's state and counters (None without persistence).
     pub fn persist_stats(&self) -> Option<PersistStats> {
-        self.engine.persist.as_ref().map(|p| p.stats())
+        let mut s = self.engine.persist.as_ref().map(|p| p.stats())?;
+        if let Some(c) = self.engine.checks.cache() {
+            s.checksum_units_resident = c.resident() as u64;
+            s.checksum_memory_bytes = c.bytes() as u64;
+            s.checksum_unit_loads = c.counters.loads.load(std::sync::atomic::Ordering::Relaxed);
+            s.checksum_unit_evictions = c
+                .counters
+                .evictions
+                .load(std::sync::atomic::Ordering::Relaxed);
+            s.checksum_units_damaged = c
+                .counters
+                .damaged
+                .load(std::sync::atomic::Ordering::Relaxed);
+        }
+        Some(s)
+    }
+
+    /// Fills the page-checksum cache of a persistent volume to its capacity with units
+    /// that have nothing to write, and returns how many were added (`sce footprint`: the
+    /// checksums' memory once the cache is in use). None without persistence.
+    #[doc(hidden)]
+    pub fn fill_checksum_cache(&self) -> Option<usize> {
+        self.engine.checks.cache().map(|c| c.fill_for_footprint())
+    }
+
+    /// Drops from memory the page checksums of every metadata unit whose records hold
+    /// them (tests: the next read of their pages takes them from the device).
+    #[doc(hidden)]
+    pub fn forget_checksums(&self) {
+        if let Some(c) = self.engine.checks.cache() {
+            c.evict_clean();
+        }
     }
 
     /// True once the cache disabled itself after device errors.

@@ -159,26 +159,47 @@ fn crash_iterations_with(
     seed: u64,
     journal: Journal,
 ) {
-    crash_loop(iterations, (mode, admission), seed, journal, false, false);
+    crash_loop(
+        iterations,
+        (mode, admission),
+        seed,
+        journal,
+        Variant::default(),
+    );
 }
 
-/// The crash loop; `shared`: the source is cut in two volumes (4 MiB each) that share the
-/// cache device, so records, journal entries and checksums go through each volume's own
-/// numbering; `miss_fills`: reads fill the cache from their misses, in 64 KiB lines of
-/// 256 KiB heat regions (issue 30).
+/// What a crash loop varies beside the mode: `shared`: the source is cut in two volumes
+/// (4 MiB each) that share the cache device, so records, journal entries and checksums go
+/// through each volume's own numbering; `miss_fills`: reads fill the cache from their
+/// misses, in 64 KiB lines of 256 KiB heat regions (issue 30); `checksum_units`: metadata
+/// units whose page checksums stay in memory (0: the default), so that with 1 they are
+/// read back from the records all the time (issue 30).
+#[derive(Default)]
+struct Variant {
+    shared: bool,
+    miss_fills: bool,
+    checksum_units: usize,
+}
+
+/// The crash loop (see `Variant` for what `v` varies).
 fn crash_loop(
     iterations: u32,
     (mode, admission): (WriteMode, Admission),
     seed: u64,
     journal: Journal,
-    shared: bool,
-    miss_fills: bool,
+    v: Variant,
 ) {
+    let Variant {
+        shared,
+        miss_fills,
+        checksum_units,
+    } = v;
     let source_mem = random_source(8 * MIB, seed);
     let cache_mem = Arc::new(MemDevice::new(3 * MIB));
     let mut rng = SmallRng::seed_from_u64(seed);
     let (mut cached_before, mut restored_after, mut lost_writes) = (0u64, 0u64, 0usize);
     let (mut syncs, mut appends, mut fallbacks, mut journal_drops) = (0, 0, 0, 0);
+    let mut loads = 0;
     for it in 0..iterations {
         let (cache, source) = common::crash::machine(&cache_mem, &source_mem);
         let mut cfg = config(64 * KIB, true, 2);
@@ -190,6 +211,7 @@ fn crash_loop(
             cfg.core.heat_size = 256 * KIB;
         }
         let p = cfg.persist.as_mut().unwrap();
+        p.checksum_units = checksum_units;
         match journal {
             Journal::On => {}
             Journal::Off => p.journal = false,
@@ -258,6 +280,7 @@ fn crash_loop(
             lost_writes += cache.crash(&mut rng);
         }
         let p = vol.persist_stats().unwrap();
+        loads += p.checksum_unit_loads;
         syncs += p.intent_syncs;
         appends += p.journal_appends;
         fallbacks += p.journal_full_fallbacks;
@@ -271,6 +294,14 @@ fn crash_loop(
         100.0 * restored_after as f64 / cached_before.max(1) as f64
     );
     assert!(restored_after > 0, "nothing ever survived a crash");
+    if checksum_units > 0 {
+        // Two units of records on this device and one kept in memory: read back all along.
+        println!("{loads} units' checksums read from the records");
+        assert!(
+            loads > iterations as u64,
+            "checksums were hardly read back: {loads}"
+        );
+    }
     match journal {
         Journal::Off => assert_eq!(appends, 0),
         Journal::On if mode != WriteMode::WriteAround || admission != Admission::Sce => {
@@ -294,7 +325,22 @@ fn crashes_never_expose_stale_data_write_through_always() {
 #[test]
 fn crashes_never_expose_stale_data_with_miss_fills_and_lines() {
     let awt = (WriteMode::Awt, Admission::Sce);
-    crash_loop(80, awt, 21, Journal::On, false, true);
+    let v = Variant {
+        miss_fills: true,
+        ..Variant::default()
+    };
+    crash_loop(80, awt, 21, Journal::On, v);
+}
+
+/// Page checksums kept in memory for one metadata unit only: the rest are read back from
+/// the records as reads, writes and rounds need them (issue 30), through every crash.
+#[test]
+fn crashes_never_expose_stale_data_with_checksums_read_from_the_records() {
+    let v = Variant {
+        checksum_units: 1,
+        ..Variant::default()
+    };
+    crash_loop(80, (WriteMode::Awt, Admission::Sce), 23, Journal::On, v);
 }
 
 #[test]
@@ -305,8 +351,12 @@ fn crashes_never_expose_stale_data_write_around() {
 #[test]
 fn crashes_never_expose_stale_data_on_a_shared_device() {
     let awt = (WriteMode::Awt, Admission::Sce);
-    crash_loop(80, awt, 18, Journal::On, true, false);
-    crash_loop(40, awt, 19, Journal::Off, true, false);
+    let shared = || Variant {
+        shared: true,
+        ..Variant::default()
+    };
+    crash_loop(80, awt, 18, Journal::On, shared());
+    crash_loop(40, awt, 19, Journal::Off, shared());
 }
 
 #[test]
@@ -426,11 +476,17 @@ type Faulty = (
 );
 
 fn faulty_volume(limit: u64) -> Faulty {
+    faulty_volume_with(limit, 0)
+}
+
+/// `faulty_volume` with `checksum_units` units' page checksums in memory (0: the default).
+fn faulty_volume_with(limit: u64, checksum_units: usize) -> Faulty {
     let source = random_source(8 * MIB, 31);
     let cache_mem = Arc::new(MemDevice::new(4 * MIB));
     let fault = Arc::new(FaultDevice::new(cache_mem.clone()));
     let mut cfg = config(64 * KIB, false, 1000);
     cfg.error_limit = limit;
+    cfg.persist.as_mut().unwrap().checksum_units = checksum_units;
     let vol = CacheVolume::open(source.clone(), fault.clone(), cfg).expect("open");
     let mut buf = AlignedBuf::new(64 * KIB as usize);
     for i in 0..16u64 {
@@ -447,6 +503,18 @@ fn data_range(cache: &MemDevice) -> std::ops::Range<u64> {
 
 #[test]
 fn data_faults_are_detected_and_served_from_the_source() {
+    data_faults(0);
+}
+
+/// The same faults with one metadata unit's page checksums in memory: the expected
+/// checksums of most pages come from the records on the device (issue 30), and detect the
+/// same damage.
+#[test]
+fn data_faults_are_detected_with_checksums_read_from_the_records() {
+    data_faults(1);
+}
+
+fn data_faults(checksum_units: usize) {
     type Inject = fn(&sce_io::FaultControl, std::ops::Range<u64>);
     let cases: [(&str, Inject, bool); 5] = [
         ("read EIO", |c, r| c.fail_range(&[Op::Read], r), false),
@@ -456,7 +524,13 @@ fn data_faults_are_detected_and_served_from_the_source() {
         ("torn write", |c, r| c.tear_writes(r), true),
     ];
     for (name, inject, on_write) in cases {
-        let (vol, source, fault, cache_mem) = faulty_volume(1000);
+        let (vol, source, fault, cache_mem) = faulty_volume_with(1000, checksum_units);
+        if checksum_units > 0 {
+            // The records hold every checksum so far: none stays in memory.
+            vol.flush_metadata();
+            vol.forget_checksums();
+            assert_eq!(vol.persist_stats().unwrap().checksum_units_resident, 0);
+        }
         let r = data_range(&cache_mem);
         inject(&fault.control(), r.clone());
         if on_write {
@@ -484,10 +558,14 @@ fn data_faults_are_detected_and_served_from_the_source() {
             mismatches(&vol, &*source, 4096).is_empty(),
             "{name}: wrong data"
         );
+        let loads = vol.persist_stats().unwrap().checksum_unit_loads;
         println!(
-            "{name}: {} checksum errors, {} read errors",
+            "{name}: {} checksum errors, {} read errors, {loads} units' checksums read back",
             d.cache_checksum_errors, d.cache_read_errors
         );
+        if checksum_units > 0 {
+            assert!(loads > 0, "{name}: checksums were not read back ({loads})");
+        }
     }
 }
 

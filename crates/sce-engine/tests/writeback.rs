@@ -151,6 +151,24 @@ fn page_hash(b: &[u8]) -> u64 {
 
 #[test]
 fn crashes_in_write_back_never_lose_a_flushed_write_nor_return_older_bytes() {
+    write_back_crashes(0);
+}
+
+/// With one metadata unit's page checksums in memory, the checksums of the dirty pages a
+/// write replaces (which a crash's replay needs) and of every read are taken from the
+/// records on the device (issue 30).
+#[test]
+fn write_back_crashes_with_checksums_read_from_the_records() {
+    write_back_crashes(1);
+}
+
+fn write_back_crashes(checksum_units: usize) {
+    let config = |interval| {
+        let mut c = config(interval);
+        c.persist.as_mut().unwrap().checksum_units = checksum_units;
+        c
+    };
+    let mut loads = 0;
     let size = 8 * MIB;
     let source_mem = random_source(size, 5);
     let cache_mem = Arc::new(MemDevice::new(3 * MIB));
@@ -195,6 +213,10 @@ fn crashes_in_write_back_never_lose_a_flushed_write_nor_return_older_bytes() {
                 cache.crash(&mut rng);
                 break;
             }
+            if checksum_units > 0 && op % 4 == 0 {
+                // Whatever the records hold leaves memory: taken from the device when needed.
+                vol.forget_checksums();
+            }
             let len = rng.gen_range(1..=32u64) * 512;
             let hot = rng.gen_bool(0.5);
             let span = if hot { MIB } else { size };
@@ -233,12 +255,19 @@ fn crashes_in_write_back_never_lose_a_flushed_write_nor_return_older_bytes() {
                 }
             }
         }
+        loads += vol.persist_stats().unwrap().checksum_unit_loads;
         drop(vol);
     }
     println!(
         "{iterations} crashes in write-back, {crashes_with_dirty} with dirty data: \
-         {restored_dirty} dirty bytes restored in all"
+         {restored_dirty} dirty bytes restored in all; {loads} units' checksums read back"
     );
+    if checksum_units > 0 {
+        assert!(
+            loads > iterations as u64,
+            "checksums hardly read back: {loads}"
+        );
+    }
     assert!(crashes_with_dirty > 0 && restored_dirty > 0);
     // At last everything goes to the source.
     let vol = CacheVolume::open(source_mem.clone(), cache_mem.clone(), config(2)).expect("open");

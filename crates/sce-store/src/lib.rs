@@ -9,12 +9,15 @@
 //! * [`unit`]: metadata units holding per-slot records: fragment, volume generation,
 //!   page-validity bitmap and per-page CRC-32C checksums.
 //! * This module: formatting ([`format`]), loading ([`load`]), checking ([`check`]) and the
-//!   in-memory checksum table ([`CrcTable`]).
+//!   checksums: the in-memory table of a cache without persistence ([`CrcTable`]) and a
+//!   unit's checksums read back from the device ([`read_unit_crcs`]).
 //!
 //! The ordering rules that make the records safe to trust after a crash are the engine's
 //! (`sce-engine`'s `persist` module); this crate only reads and writes the structures.
 
+mod crcs;
 mod format;
+pub use crcs::{read_unit_crcs, CrcTable, UnitCrcs};
 pub use format::{format, FormatOptions};
 pub mod journal;
 pub mod layout;
@@ -34,7 +37,6 @@ pub use superblock::{
 
 use layout::{BLOCK, SLOTS_PER_INTENT_BLOCK};
 use sce_io::{AlignedBuf, BlockDevice, IoError};
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use unit::{decode_unit, UnitError};
 
 /// Why a cache device cannot be used.
@@ -130,39 +132,6 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock, StoreError> 
         )));
     }
     Ok(sb)
-}
-
-/// Per-page checksums of every slot, in memory (4 bytes per 4 KiB page).
-#[derive(Debug)]
-pub struct CrcTable {
-    pages: usize,
-    v: Box<[AtomicU32]>,
-}
-
-impl CrcTable {
-    /// A table for `slots` slots of `pages` pages.
-    pub fn new(slots: u32, pages: u32) -> Self {
-        CrcTable {
-            pages: pages as usize,
-            v: (0..slots as usize * pages as usize)
-                .map(|_| AtomicU32::new(0))
-                .collect(),
-        }
-    }
-    /// The checksum of page `p` of slot `s`.
-    #[inline]
-    pub fn get(&self, s: u32, p: u32) -> u32 {
-        self.v[s as usize * self.pages + p as usize].load(Relaxed)
-    }
-    /// Sets the checksum of page `p` of slot `s`.
-    #[inline]
-    pub fn set(&self, s: u32, p: u32, crc: u32) {
-        self.v[s as usize * self.pages + p as usize].store(crc, Relaxed)
-    }
-    /// Bytes the table takes.
-    pub fn bytes(&self) -> usize {
-        self.v.len() * 4
-    }
 }
 
 /// The checksum sce keeps for a page of data: the low 32 bits of XXH3-64 seeded with the
@@ -272,8 +241,10 @@ pub struct Loaded {
     pub dirty: Vec<u64>,
     /// Per slot: the journal block below which its record reflects every entry (0: none).
     pub notes: Vec<u64>,
-    /// Checksums of their valid pages.
-    pub crcs: CrcTable,
+    /// Checksums the journal's replay gave pages of loaded slots (slot, page, checksum),
+    /// newer than their records' (which hold every other valid page's checksum: see
+    /// [`read_unit_crcs`]).
+    pub replayed_crcs: Vec<(u32, u32, u32)>,
     /// The write-intent bitmap as found (one bit per slot).
     pub intents: Vec<u64>,
     /// Slots whose on-device entry claims pages but which were not loaded (a set intent, an
@@ -396,7 +367,7 @@ fn ours(e: UnitError) -> bool {
 /// damaged copy to be rewritten. Only two copies that were both this device's units and are
 /// both damaged (torn, corrupt, misdirected) lose what the unit held.
 #[allow(clippy::type_complexity)]
-fn choose_copy<'a>(
+pub(crate) fn choose_copy<'a>(
     l: &Layout,
     uuid: &[u8; 16],
     unit: u32,
@@ -500,7 +471,21 @@ pub fn check(dev: &dyn BlockDevice, verify_data: bool) -> Result<CheckReport, St
             let l = &sb.layout;
             let mut page = AlignedBuf::new(4096);
             let words = l.bitmap_words();
+            let replayed: std::collections::HashMap<(u32, u32), u32> = loaded
+                .replayed_crcs
+                .iter()
+                .map(|&(s, p, c)| ((s, p), c))
+                .collect();
+            let mut unit_crcs = std::collections::HashMap::new();
             for (k, &(s, f)) in loaded.entries.iter().enumerate() {
+                let (u, i) = l.unit_of(s);
+                if let std::collections::hash_map::Entry::Vacant(v) = unit_crcs.entry(u) {
+                    v.insert(read_unit_crcs(dev, l, &sb.uuid, u)?);
+                }
+                let recorded = |p: u32| match &unit_crcs[&u] {
+                    UnitCrcs::Found(c) => c[(i * l.pages_per_fragment + p) as usize],
+                    _ => 0,
+                };
                 let bits = &loaded.bitmaps[k * words..(k + 1) * words];
                 let dirty = &loaded.dirty[k * words..(k + 1) * words];
                 for p in 0..l.pages_per_fragment {
@@ -517,7 +502,11 @@ pub fn check(dev: &dyn BlockDevice, verify_data: bool) -> Result<CheckReport, St
                     let at = l.data_offset + s as u64 * l.fragment_size + p as u64 * 4096;
                     let seed = page_seed(v.id, start / 4096);
                     let ok = dev.read_at(at, &mut page).is_ok()
-                        && page_checksum(&page[..len], seed) == loaded.crcs.get(s, p);
+                        && page_checksum(&page[..len], seed)
+                            == replayed
+                                .get(&(s, p))
+                                .copied()
+                                .unwrap_or_else(|| recorded(p));
                     if !ok {
                         bad += 1;
                         dirty_bad += bit(dirty, p) as u64;

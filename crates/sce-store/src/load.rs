@@ -3,8 +3,8 @@
 
 use crate::unit::{EntryRef, NO_FRAGMENT};
 use crate::{
-    any_valid, bit, count_bad_units, journal, read_intents, replay, scan_units, CrcTable,
-    DeviceState, Loaded, ScanReport, StoreError, Superblock,
+    any_valid, bit, count_bad_units, journal, read_intents, replay, scan_units, DeviceState,
+    Loaded, ScanReport, StoreError, Superblock,
 };
 use sce_io::BlockDevice;
 use std::collections::BTreeSet;
@@ -55,7 +55,7 @@ pub fn load_volumes(
         entries: Vec::new(),
         bitmaps: Vec::new(),
         dirty: Vec::new(),
-        crcs: CrcTable::new(l.slots, l.pages_per_fragment),
+        replayed_crcs: Vec::new(),
         report: ScanReport {
             intents_set: intents.iter().map(|w| w.count_ones() as u64).sum(),
             ..ScanReport::default()
@@ -154,9 +154,6 @@ impl Loaded {
             r.pages_valid += bits.count_ones() as u64;
             self.bitmaps.push(bits);
             self.dirty.push(d);
-        }
-        for p in 0..l.pages_per_fragment {
-            self.crcs.set(s, p, e.crc(p));
         }
     }
 }

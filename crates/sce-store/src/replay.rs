@@ -224,7 +224,7 @@ fn check_pages(
         clear(&mut c.dirty, p);
         if valid {
             set(&mut c.valid, p);
-            loaded.crcs.set(s, p, want);
+            loaded.replayed_crcs.push((s, p, want));
         }
         if dirty {
             set(&mut c.dirty, p);

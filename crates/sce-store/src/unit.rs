@@ -128,6 +128,21 @@ impl<'a> UnitBuilder<'a> {
         }
     }
 
+    /// Sets the page checksums of entry `i` to `crc(p)` for every page, valid or not (a
+    /// cache that keeps checksums in memory only for the units in use writes every page's
+    /// checksum it knows: a page whose write completes after the round is valid with the
+    /// checksum the record holds, though the round saw it invalid).
+    pub fn set_crcs(&mut self, i: u32, crc: impl Fn(u32) -> u32) {
+        let words = self.layout.bitmap_words();
+        let pages = self.layout.pages_per_fragment;
+        let b = self.entry_mut(i);
+        let crcs = ENTRY_HEADER as usize + 2 * words * 8;
+        for p in 0..pages {
+            let at = crcs + p as usize * 4;
+            b[at..at + 4].copy_from_slice(&crc(p).to_le_bytes());
+        }
+    }
+
     /// Seals the unit (computes its checksum) and returns its image.
     pub fn finish(mut self) -> Vec<u8> {
         self.buf[CRC_AT..CRC_AT + 4].fill(0);

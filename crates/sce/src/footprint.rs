@@ -13,8 +13,12 @@
 //!
 //! * **core**: a `CacheCore` of the same geometry built alone (slot table, eviction state,
 //!   hotness, the fragment map's directory);
-//! * **page checksums**: a `CrcTable` built alone for the volume's slots (kept with verify
-//!   on, and always with persistence);
+//! * **page checksums**: without persistence (verify on), a `CrcTable` built alone for the
+//!   volume's slots (4 bytes per page: nothing else holds them); with persistence, the
+//!   checksums live in the device's records and in memory for the units in use, up to a
+//!   capacity (one unit in 32 by default): counted as the growth of filling the open
+//!   volume's checksum cache to that capacity, and added to the total like the map's
+//!   leaves (at open none is resident);
 //! * **engine**: the rest of a plain open (no persistence, no verify): read-log shards,
 //!   queues, threads' bookkeeping;
 //! * **persistence**: what is left of the real open (mirror of the on-device records, owner
@@ -90,7 +94,10 @@ pub struct Footprint {
     /// The fragment map's leaves when every one is allocated (the worst case; they are
     /// allocated as fragments are first cached).
     pub map_leaves_worst_case: u64,
-    /// `bytes_at_open + map_leaves_worst_case`: what to budget for.
+    /// With persistence: the page checksums of the units kept in memory, the cache's
+    /// capacity of them resident (none is at open).
+    pub checksums_resident: u64,
+    /// `bytes_at_open + map_leaves_worst_case + checksums_resident`: what to budget for.
     pub bytes_total: u64,
     /// Threads the volume runs (AWT writers, metadata flusher, population workers). Their
     /// stacks are reserved address space, resident only as far as used; not in the totals.
@@ -121,7 +128,7 @@ fn threads() -> u64 {
 
 /// Opens a volume over sparse devices as `serve` would; returns the bytes it allocated and
 /// the threads it started.
-fn open(o: &Options, verify: bool, persist: bool) -> Result<(u64, u64)> {
+fn open(o: &Options, verify: bool, persist: bool) -> Result<(u64, u64, u64)> {
     let source: Arc<dyn BlockDevice> = Arc::new(SparseDevice::new(o.source_size)?);
     let cache: Arc<dyn BlockDevice> = Arc::new(SparseDevice::new(o.cache_size)?);
     let config = EngineConfig {
@@ -139,9 +146,11 @@ fn open(o: &Options, verify: bool, persist: bool) -> Result<(u64, u64)> {
     let (bytes, volume) = growth(|| CacheVolume::open(source, cache, config));
     let volume = volume.context("opening a volume over sparse devices")?;
     let started = threads().saturating_sub(t0);
+    // With persistence, the checksums of the units in use, at the cache's capacity.
+    let (resident, _) = growth(|| volume.fill_checksum_cache());
     volume.shutdown();
     drop(volume);
-    Ok((bytes, started))
+    Ok((bytes, started, resident))
 }
 
 /// A core of the volume's geometry, measured alone.
@@ -212,16 +221,16 @@ pub fn measure(o: &Options) -> Result<Footprint> {
         o.cache_size
     };
     let core = core_sizes(o, data_size, o.persist, true)?;
-    let (plain, plain_threads) = open(o, false, false)?;
+    let (plain, plain_threads, _) = open(o, false, false)?;
     let plain_core = core_sizes(o, o.cache_size, false, false)?.at_open;
     let engine = plain.saturating_sub(plain_core);
-    let (at_open, threads) = if checksums {
+    let (at_open, threads, resident) = if checksums {
         open(o, o.verify, o.persist)?
     } else {
-        (plain, plain_threads)
+        (plain, plain_threads, 0)
     };
     let pages = (o.core.fragment_size / 4096) as u32;
-    let (crcs, table) = if checksums {
+    let (crcs, table) = if checksums && !o.persist {
         growth(|| sce_store::CrcTable::new(core.slots as u32, pages))
     } else {
         (0, sce_store::CrcTable::new(0, pages))
@@ -233,7 +242,7 @@ pub fn measure(o: &Options) -> Result<Footprint> {
     let map_leaves = core.touched - core.at_open;
     let frags = o.source_size.div_ceil(o.core.fragment_size);
     let slots = core.slots.max(1) as f64;
-    let bytes_total = at_open + map_leaves;
+    let bytes_total = at_open + map_leaves + resident;
     Ok(Footprint {
         cache_size: o.cache_size,
         source_size: o.source_size,
@@ -246,6 +255,7 @@ pub fn measure(o: &Options) -> Result<Footprint> {
         parts,
         bytes_at_open: at_open,
         map_leaves_worst_case: map_leaves,
+        checksums_resident: resident,
         bytes_total,
         threads: threads + o.core.throttle.max_workers as u64,
         bytes_per_cached_fragment: (core.touched - core.map_touched) as f64 / slots,
@@ -265,7 +275,7 @@ fn parts(o: &Options, core: u64, crcs: u64, at_open: u64, engine: u64) -> Vec<Pa
         bytes: core,
         what: "slot descriptors, eviction state, hotness, fragment-map directory",
     }];
-    if checksums {
+    if checksums && !o.persist {
         parts.push(Part {
             name: "page checksums",
             bytes: crcs,
@@ -283,7 +293,7 @@ fn parts(o: &Options, core: u64, crcs: u64, at_open: u64, engine: u64) -> Vec<Pa
         parts.push(Part {
             name: "persistence",
             bytes: rest - engine,
-            what: "record mirror, owner map, intents, epochs",
+            what: "record mirror, owner map, intents, epochs, checksum units' table",
         });
     } else {
         parts.push(Part {
@@ -323,6 +333,13 @@ pub fn print(f: &Footprint) {
         "+ map leaves",
         format_size(f.map_leaves_worst_case)
     );
+    if f.persist {
+        println!(
+            "  {:<16} {:>12}   page checksums of the units kept in memory, at capacity",
+            "+ checksums",
+            format_size(f.checksums_resident)
+        );
+    }
     println!(
         "  {:<16} {:>12}   ({} bytes) to budget, plus I/O buffers in flight",
         "total",

@@ -104,7 +104,12 @@ fn serve_rss(args: &[&str], sock: &Path) -> (u64, u64) {
 #[cfg(feature = "footprint")]
 #[test]
 fn footprint_is_what_serve_takes() {
-    let f = footprint(&["--cache-size", "64GiB", "--source-size", "256GiB"]);
+    // 64 KiB fragments: a million slots, so that what is measured (some 60 MiB) stands well
+    // above the noise of the RSS (untouched zeroed pages, the allocator's arenas). With
+    // 1 MiB fragments the volume takes under 10 MiB at open, now that page checksums are
+    // not all in memory.
+    let geometry = ["--cache-size", "64GiB", "--fragment-size", "64KiB"];
+    let f = footprint(&[&geometry[..], &["--source-size", "256GiB"]].concat());
     let at_open = f["bytes_at_open"].as_u64().expect("bytes_at_open");
     let parts: u64 = f["parts"]
         .as_array()
@@ -131,8 +136,10 @@ fn footprint_is_what_serve_takes() {
             &src_b,
             "--cache",
             &cache,
-            "--cache-size",
-            "64GiB",
+            geometry[0],
+            geometry[1],
+            geometry[2],
+            geometry[3],
             // Some temp directories refuse O_DIRECT; it changes no memory.
             "--allow-buffered",
         ][..],
@@ -154,10 +161,13 @@ fn footprint_is_what_serve_takes() {
         mib(anon)
     );
     eprintln!("{msg}");
-    assert!(
-        growth.abs_diff(at_open) * 10 <= at_open,
-        "more than 10% apart: {msg}"
-    );
+    // The footprint is what serve allocates: its RSS never grows more (10% for the
+    // allocator's own overhead). It may grow less: zeroed arrays (the persistence's per-slot
+    // words) are not resident until written, which the cache does as it fills. Measured:
+    // 94.9 MiB allocated, 55.8 MiB resident at open. When every page's checksum was in
+    // memory, a table written whole at open, the two were within 10%.
+    assert!(growth * 10 <= at_open * 11, "serve holds more: {msg}");
+    assert!(growth * 2 >= at_open, "serve holds under half: {msg}");
 }
 
 #[cfg(feature = "footprint")]
@@ -171,9 +181,11 @@ fn part(f: &serde_json::Value, name: &str) -> Option<u64> {
 }
 
 #[cfg(feature = "footprint")]
-/// The flags change what is measured as they change what `serve` allocates: checksums are
-/// 4 bytes per 4 KiB page of every slot, kept with `--verify on` and always with
-/// persistence; persistence has its own part; the total adds the map's leaves.
+/// The flags change what is measured as they change what `serve` allocates: without
+/// persistence, checksums are 4 bytes per 4 KiB page of every slot, kept with `--verify
+/// on`; with persistence they live in the records and in memory for one metadata unit (3
+/// slots) in 32, at least 256 units, counted beside the total at open; persistence has its
+/// own part; the total adds the map's leaves and the resident checksums.
 #[test]
 fn flags_change_the_parts_as_serve_allocates() {
     let geo = ["--cache-size", "4GiB", "--source-size", "64GiB"];
@@ -196,7 +208,14 @@ fn flags_change_the_parts_as_serve_allocates() {
         // Fewer slots: the metadata takes its share of the device.
         let slots = f["cached_fragments"].as_u64().unwrap();
         assert!(slots < 4096, "{f}");
-        assert_eq!(part(f, "page checksums"), Some(slots * 256 * 4), "{f}");
+        assert_eq!(part(f, "page checksums"), None, "{f}");
+        let units = slots.div_ceil(3);
+        let crcs = (units / 32).max(256).min(units) * 3 * 256 * 4;
+        let resident = f["checksums_resident"].as_u64().unwrap();
+        assert!(
+            resident >= crcs && resident <= crcs + crcs / 5,
+            "resident checksums {resident}, their crcs {crcs}: {f}"
+        );
         // At least a mirror word and two epochs per slot.
         assert!(part(f, "persistence").unwrap() >= slots * 16, "{f}");
         assert_eq!(f["verify"], true, "persistence keeps checksums: {f}");
@@ -204,7 +223,13 @@ fn flags_change_the_parts_as_serve_allocates() {
     for f in [&plain, &verify, &persist_only, &full] {
         let at_open = f["bytes_at_open"].as_u64().unwrap();
         let leaves = f["map_leaves_worst_case"].as_u64().unwrap();
-        assert_eq!(f["bytes_total"].as_u64(), Some(at_open + leaves), "{f}");
+        let resident = f["checksums_resident"].as_u64().unwrap();
+        assert_eq!(resident > 0, f["persist"] == true, "{f}");
+        assert_eq!(
+            f["bytes_total"].as_u64(),
+            Some(at_open + leaves + resident),
+            "{f}"
+        );
         let parts: u64 = f["parts"]
             .as_array()
             .unwrap()
@@ -249,6 +274,21 @@ fn footprint_meets_the_memory_goals() {
         "per source fragment: {per_source}"
     );
     assert!(total > 300 << 20 && total < 400 << 20, "total {total}");
+
+    // Issue 30's goal: with checksums and persistence on, at most 160 bytes per cached MiB
+    // in all but the fragment map (SCE's 76 B is the core's alone), the checksums of the
+    // units kept in memory counted at capacity. It was 1,135 B with every page's checksum in
+    // memory.
+    let full = footprint(&["--cache-size", "2TiB", "--source-size", "100TiB"]);
+    let all = full["bytes_per_cached_fragment_all"].as_f64().unwrap();
+    assert!(
+        all <= 160.0,
+        "all but the map per cached MiB: {all}: {full}"
+    );
+    assert!(
+        full["checksums_resident"].as_u64().unwrap() > 32 << 20,
+        "the resident checksums are counted: {full}"
+    );
 }
 
 #[cfg(feature = "footprint")]

@@ -178,7 +178,7 @@ impl WriteBack {
             let global = fstart + (src.0 - fstart_local);
             let c = s.cores.cache_global(k, cache);
             let mut buf = AlignedBuf::new(len as usize);
-            let good = read_dirty_run(s, c, global, &mut buf);
+            let good = read_dirty_run(s, c, global, &mut buf)?;
             let first = ((src.0 - fstart_local) / PAGE_SIZE) as u32;
             for (lo, hi, ok) in page_runs(&good) {
                 let (a, b) = (lo as u64 * PAGE_SIZE, (hi as u64 * PAGE_SIZE).min(len));
@@ -252,19 +252,21 @@ impl WriteBack {
 }
 /// Reads a run of dirty pages (cache offset `c`, source offset `global`) into `buf`;
 /// per page, whether it read and matched its checksum. A failed read of the whole run
-/// is retried page by page, so that one unreadable page does not take the others.
-fn read_dirty_run(s: &Engine, c: u64, global: u64, buf: &mut [u8]) -> Vec<bool> {
+/// is retried page by page, so that one unreadable page does not take the others. An
+/// error if the pages' checksums cannot be read from the records (nothing is lost: the
+/// batch is tried again).
+fn read_dirty_run(s: &Engine, c: u64, global: u64, buf: &mut [u8]) -> Result<Vec<bool>, IoError> {
     let ps = PAGE_SIZE as usize;
     let pages = buf.len().div_ceil(ps);
     let want: Vec<u32> = (0..pages as u64)
         .map(|i| s.checks.get(c + i * PAGE_SIZE))
-        .collect();
+        .collect::<Result<_, _>>()?;
     let whole = s.dev.cache.read_at(c, buf);
     if let Err(e) = &whole {
         s.cache_read_failed(e);
     }
     let len = buf.len();
-    (0..pages)
+    Ok((0..pages)
         .map(|i| {
             let page = &mut buf[i * ps..((i + 1) * ps).min(len)];
             let at = (i * ps) as u64;
@@ -280,7 +282,7 @@ fn read_dirty_run(s: &Engine, c: u64, global: u64, buf: &mut [u8]) -> Vec<bool> 
             }
             ok
         })
-        .collect()
+        .collect())
 }
 
 /// The spans of equal values in `good`: (first page, end page, value), in order.

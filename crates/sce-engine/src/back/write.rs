@@ -33,6 +33,8 @@ enum Begun {
     Full,
     /// No room in the journal ring.
     NoJournal,
+    /// The checksums of a page the write replaces are not in memory: this unit's.
+    Unknown(u32),
 }
 
 /// Bytes of one write-back step (its entries must fit the journal ring at once).
@@ -140,10 +142,15 @@ impl WriteBack {
         data: &[u8],
         started: Instant,
     ) -> Result<(WriteBackTxn, WbGuard), IoError> {
+        let mut units = Vec::new();
         loop {
             let seen = self.progress.now();
             let room = match self.begin(e, p, data) {
                 Ok(Begun::Started(txn, guard)) => return Ok((txn, guard)),
+                Ok(Begun::Unknown(unit)) => {
+                    units.extend(e.checks.pin(unit)?);
+                    continue;
+                }
                 Ok(Begun::Busy) => None,
                 Ok(Begun::Full) => Some(true),
                 Ok(Begun::NoJournal) => Some(false),
@@ -216,10 +223,19 @@ impl WriteBack {
                     let local = SourceOffset(p.local + c.buf_offset + q);
                     let prev = if !core.is_cached(local) {
                         PrevPage::Invalid
-                    } else if core.page_dirty(local) {
-                        PrevPage::Dirty(e.checks.get(cache + q))
                     } else {
-                        PrevPage::Clean(e.checks.get(cache + q))
+                        let crc = match e.checks.try_get(cache + q) {
+                            Ok(crc) => crc,
+                            Err(unit) => {
+                                // Its checksums are read with no lock held; then again.
+                                txn.abort(core);
+                                return Ok(Begun::Unknown(unit));
+                            }
+                        };
+                        match core.page_dirty(local) {
+                            true => PrevPage::Dirty(crc),
+                            false => PrevPage::Clean(crc),
+                        }
                     };
                     pages.push(WbPage {
                         slot,

@@ -108,6 +108,9 @@ pub struct PersistConfig {
     /// 0: none). A device with a log serves write-back through it (issue 29,
     /// docs/WRITEBACK.md); one without serves it in the slots.
     pub writeback_log: u64,
+    /// Metadata units whose page checksums stay in memory (0: the default, one in 32 of
+    /// the device's units; `crcs.rs`): the rest are read from the records when used.
+    pub checksum_units: usize,
 }
 
 impl PersistConfig {
@@ -128,6 +131,7 @@ impl PersistConfig {
             writeback: false,
             discard_dirty: Vec::new(),
             writeback_log: 0,
+            checksum_units: 0,
         }
     }
 }
@@ -182,6 +186,19 @@ sce_core::stats_table! {
         journal_bytes: u64, Counter("sce_persist_journal_written_bytes_total", "bytes", "Bytes of write-journal blocks written.");
         /// Writes that found the journal ring full and set their slot's intent instead.
         journal_full_fallbacks: u64, Counter("sce_persist_journal_full_fallbacks_total", "", "Writes that found the journal ring full and fell back to a fragment intent.");
+        /// Metadata units whose page checksums are in memory now (the rest are read from
+        /// the records when used).
+        checksum_units_resident: u64, Gauge("sce_persist_checksum_units_resident", "", "Metadata units whose page checksums are in memory.");
+        /// Bytes the page checksums take in memory (the units' table and the resident units).
+        checksum_memory_bytes: u64, Gauge("sce_persist_checksum_memory_bytes", "bytes", "Memory taken by page checksums.");
+        /// Units whose checksums were read from the records (a read, write or round needed
+        /// them and they were not in memory).
+        checksum_unit_loads: u64, Counter("sce_persist_checksum_unit_loads_total", "", "Metadata units read for their page checksums.");
+        /// Units whose checksums left memory.
+        checksum_unit_evictions: u64, Counter("sce_persist_checksum_unit_evictions_total", "", "Metadata units whose page checksums left memory.");
+        /// Units read for their checksums whose two copies were both damaged (their pages
+        /// fail verification, as damaged data does).
+        checksum_units_damaged: u64, Counter("sce_persist_checksum_units_damaged_total", "", "Metadata units read for their checksums with both copies damaged.");
     }
     also {
         /// The device UUID.
@@ -222,7 +239,15 @@ struct Counters {
 }
 
 /// A unit's index, its image, and its slots with whether each record claims pages.
-type UnitImage = (u32, Vec<u8>, Vec<(u32, bool)>);
+struct UnitImage {
+    unit: u32,
+    image: Vec<u8>,
+    slots: Vec<(u32, bool)>,
+    /// The unit's checksum changes the image holds (`CrcCache::changes`).
+    changes: crate::crcs::Changes,
+    /// Every record that claims pages was written as it is (none left for the next round).
+    whole: bool,
+}
 
 /// What a write or population waits for before it sends anything.
 #[derive(Clone, Copy, Debug)]
@@ -372,6 +397,11 @@ impl Persist {
             }
         }
         r
+    }
+
+    /// The device's uuid.
+    pub(crate) fn uuid(&self) -> [u8; 16] {
+        self.sb.lock().uuid
     }
 
     /// A snapshot of the counters.

@@ -6,11 +6,11 @@
 use super::intents::State;
 use super::{Persist, UnitImage};
 use crate::cores::Cores;
+use crate::crcs::{CrcCache, UnitPin};
 use sce_core::{CacheCore, FragNo, SlotNo};
 use sce_io::{AlignedBuf, BlockDevice};
 use sce_store::layout::SLOTS_PER_INTENT_BLOCK;
 use sce_store::unit::{EntryIn, UnitBuilder, NO_FRAGMENT};
-use sce_store::CrcTable;
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -38,7 +38,7 @@ impl Persist {
     /// every intent as quiet (clean shutdown, nothing in flight). Returns the number of
     /// metadata errors. `cores` are the volume's core shards (each locked twice, one at a
     /// time, for the snapshot) and `crcs` its page checksums.
-    pub(crate) fn round(&self, cores: &Cores, crcs: &CrcTable, force: bool) -> u64 {
+    pub(crate) fn round(&self, cores: &Cores, crcs: &CrcCache, force: bool) -> u64 {
         let _one_at_a_time = self.round_lock.lock();
         self.counters.flush_rounds.fetch_add(1, Relaxed);
         if std::mem::take(&mut self.st.lock().scrub) {
@@ -79,14 +79,23 @@ impl Persist {
         // 2. Make the data the records vouch for durable.
         if self.dev.flush().is_err() {
             let mut st = self.st.lock();
-            st.units.extend(images.iter().map(|i| i.0));
+            st.units.extend(images.iter().map(|i| i.unit));
             self.counters.metadata_errors.fetch_add(1, Relaxed);
             return 1;
         }
         // 3. Write the units, adjacent ones in one request; 4. read them back.
         let ok_units = self.write_units(&images);
-        // 5. Forget claims the device no longer holds; clear intents that stayed quiet.
+        // 5. Forget claims the device no longer holds; clear intents that stayed quiet. The
+        // checksums the durable images hold may leave memory.
         let (mut errors, blocks) = self.settle(&images, &ok_units, clear, covered);
+        for (img, _) in images
+            .iter()
+            .zip(&ok_units)
+            .filter(|(i, &ok)| ok && i.whole)
+        {
+            crcs.written(img.unit, img.changes);
+        }
+        crcs.trim();
         if !blocks.is_empty() {
             let _io = self.intent_io.lock();
             if self.write_intent_blocks(&blocks).is_err() {
@@ -129,7 +138,7 @@ impl Persist {
     fn snapshot(
         &self,
         cores: &Cores,
-        crcs: &CrcTable,
+        crcs: &CrcCache,
         (record, covered): (&Record, u64),
         force: bool,
         read: &[u64],
@@ -150,11 +159,34 @@ impl Persist {
             clear.extend(Self::quiet_intents(&mut st, core, (k, cores), force, read));
         });
         units.extend(clear.iter().map(|&(s, _)| l.unit_of(s).0));
+        units.extend(crcs.take_dirty());
         if units.is_empty() {
             return None;
         }
+        // Every page's checksum of the units to write, read from the records where not in
+        // memory (no lock held). A unit whose records cannot be read waits for a round that
+        // can (its intents stay).
+        let mut pins = Vec::with_capacity(units.len());
+        let mut unread = Vec::new();
+        for &u in &units {
+            match crcs.pin(u) {
+                Ok(pin) => pins.push(pin),
+                Err(_) => unread.push(u),
+            }
+        }
+        if !unread.is_empty() {
+            self.counters
+                .metadata_errors
+                .fetch_add(unread.len() as u64, Relaxed);
+            units.retain(|u| !unread.contains(u));
+            clear.retain(|&(s, _)| !unread.contains(&l.unit_of(s).0));
+            self.st.lock().units.extend(unread);
+            if units.is_empty() {
+                return None;
+            }
+        }
         let seq = self.seq.fetch_add(1, Relaxed);
-        let images = self.unit_images(cores, crcs, record, &units, (seq, covered));
+        let images = self.unit_images(cores, (crcs, &pins), record, &units, (seq, covered));
         Some((images, clear))
     }
 
@@ -205,27 +237,32 @@ impl Persist {
     fn unit_images(
         &self,
         cores: &Cores,
-        crcs: &CrcTable,
+        (crcs, pins): (&CrcCache, &[UnitPin]),
         record: &Record,
         units: &BTreeSet<u32>,
         (seq, covered): (u64, u64),
     ) -> Vec<UnitImage> {
         let l = self.layout;
+        // The changes counted before the checksums are read: a change made meanwhile keeps
+        // the unit in memory until a later round writes it.
         let mut b: Vec<_> = units
             .iter()
-            .map(|&u| {
+            .zip(pins)
+            .map(|(&u, pin)| {
+                debug_assert_eq!(pin.unit(), u);
                 let mut b = UnitBuilder::new(&l, &record.uuid, u, seq);
                 b.set_note(covered);
-                (u, b, Vec::new())
+                (u, b, Vec::new(), crcs.changes(pin), true)
             })
             .collect();
         cores.each_shard(|k, core| {
             let (lo, hi) = cores.slot_range(k);
             let mut st = self.st.lock();
-            for (u, builder, slots) in b.iter_mut() {
+            for (u, builder, slots, _, whole) in b.iter_mut() {
                 let (first, end) = l.unit_slots(*u);
                 for s in first.max(lo)..end.min(hi) {
                     let local = SlotNo(s - lo);
+                    let redo = st.redo.len();
                     let ok = self.slot_record(
                         &mut st,
                         core,
@@ -236,12 +273,23 @@ impl Persist {
                         s,
                         local,
                     );
+                    *whole &= st.redo.len() == redo;
+                    // Every page's checksum, valid or not: a page becomes valid after its
+                    // checksum is set, and may after this snapshot; the records must hold
+                    // what memory does once the unit may leave memory.
+                    builder.set_crcs(s - first, |p| crcs.pinned(s, p));
                     slots.push((s, ok));
                 }
             }
         });
         b.into_iter()
-            .map(|(u, builder, slots)| (u, builder.finish(), slots))
+            .map(|(unit, builder, slots, changes, whole)| UnitImage {
+                unit,
+                image: builder.finish(),
+                slots,
+                changes,
+                whole,
+            })
             .collect()
     }
 
@@ -255,7 +303,7 @@ impl Persist {
         st: &mut State,
         core: &CacheCore,
         (k, cores): (usize, &Cores),
-        crcs: &CrcTable,
+        crcs: &CrcCache,
         record: &Record,
         b: &mut UnitBuilder,
         s: u32,
@@ -288,7 +336,7 @@ impl Persist {
                 bitmap: &bits[..words],
                 dirty: dirty.as_deref().unwrap_or(&[]),
             };
-            b.set(s - first, &entry, |p| crcs.get(s, p));
+            b.set(s - first, &entry, |p| crcs.pinned(s, p));
             st.mirror[s as usize] = x.0;
             st.owner.insert(x.0, s);
         }
@@ -320,9 +368,9 @@ impl Persist {
         if self.cfg.verify_metadata {
             let mut back = AlignedBuf::new(l.unit_size as usize);
             for (k, img) in images.iter().enumerate() {
-                for at in [l.unit_offset(img.0), l.unit_mirror_offset(img.0)] {
+                for at in [l.unit_offset(img.unit), l.unit_mirror_offset(img.unit)] {
                     if ok_units[k]
-                        && (self.dev.read_at(at, &mut back).is_err() || back[..] != img.1[..])
+                        && (self.dev.read_at(at, &mut back).is_err() || back[..] != img.image[..])
                     {
                         ok_units[k] = false;
                     }
@@ -344,14 +392,14 @@ impl Persist {
         let mut i = 0;
         while i < images.len() {
             let mut j = i + 1;
-            while j < images.len() && images[j].0 == images[j - 1].0 + 1 && j - i < 256 {
+            while j < images.len() && images[j].unit == images[j - 1].unit + 1 && j - i < 256 {
                 j += 1;
             }
             let mut buf = AlignedBuf::new((j - i) * us);
             for (k, img) in images[i..j].iter().enumerate() {
-                buf[k * us..(k + 1) * us].copy_from_slice(&img.1);
+                buf[k * us..(k + 1) * us].copy_from_slice(&img.image);
             }
-            let ok = self.dev.write_at(at(images[i].0), &buf).is_ok();
+            let ok = self.dev.write_at(at(images[i].unit), &buf).is_ok();
             self.counters
                 .metadata_bytes_written
                 .fetch_add(buf.len() as u64, Relaxed);
@@ -379,7 +427,8 @@ impl Persist {
         let mut errors = 0;
         let mut blocks = Vec::new();
         let mut st = self.st.lock();
-        for (k, (u, _, slots)) in images.iter().enumerate() {
+        for (k, img) in images.iter().enumerate() {
+            let (u, slots) = (&img.unit, &img.slots);
             if !ok_units[k] {
                 errors += 1;
                 st.units.insert(*u);
@@ -402,7 +451,7 @@ impl Persist {
         }
         for (s, e) in clear {
             let k = images
-                .binary_search_by_key(&l.unit_of(s).0, |i| i.0)
+                .binary_search_by_key(&l.unit_of(s).0, |i| i.unit)
                 .expect("unit snapshotted");
             if ok_units[k] && st.epoch[s as usize] == e && st.intent(s) {
                 st.set_intent(s, false);
@@ -460,7 +509,7 @@ impl Persist {
     pub(crate) fn close(
         &self,
         cores: &Cores,
-        crcs: &CrcTable,
+        crcs: &CrcCache,
         identities: &[Option<String>],
         writes_done: u64,
     ) -> bool {

@@ -42,16 +42,18 @@ impl HitQueue {
         };
         let mut plan = ReadPlan::default();
         let mut want = Vec::new();
+        let mut known = true;
         // The checksums under the lock that made the pages hits (see `Checks::expected`).
         let read = e
             .cores
             .plan_read(&piece, &mut plan, |read| {
                 if one_run_hit(read) {
-                    e.checks.expected(read, &mut want)
+                    known = e.checks.expected(read, &mut want).is_ok();
                 }
             })
             .ok()?;
-        if !one_run_hit(&read) {
+        // A unit whose checksums are not in memory is read by the blocking path, not here.
+        if !one_run_hit(&read) || !known {
             return None;
         }
         let RunTarget::Cache(c) = read.runs[0].target else {

@@ -1,0 +1,88 @@
+//! Page checksums outside the records: the in-memory table of a cache without persistence,
+//! and one unit's checksums read back from the device (a persistent cache keeps its page
+//! checksums in its records and in memory only for the units in use: the engine's
+//! `crcs.rs`).
+
+use crate::choose_copy;
+use crate::layout::Layout;
+use crate::unit::decode_unit;
+use sce_io::{AlignedBuf, BlockDevice, IoError};
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+
+/// Per-page checksums of every slot, in memory (4 bytes per 4 KiB page): what a cache
+/// without persistence keeps, since nothing else holds its checksums.
+#[derive(Debug)]
+pub struct CrcTable {
+    pages: usize,
+    v: Box<[AtomicU32]>,
+}
+
+impl CrcTable {
+    /// A table for `slots` slots of `pages` pages.
+    pub fn new(slots: u32, pages: u32) -> Self {
+        CrcTable {
+            pages: pages as usize,
+            v: (0..slots as usize * pages as usize)
+                .map(|_| AtomicU32::new(0))
+                .collect(),
+        }
+    }
+    /// The checksum of page `p` of slot `s`.
+    #[inline]
+    pub fn get(&self, s: u32, p: u32) -> u32 {
+        self.v[s as usize * self.pages + p as usize].load(Relaxed)
+    }
+    /// Sets the checksum of page `p` of slot `s`.
+    #[inline]
+    pub fn set(&self, s: u32, p: u32, crc: u32) {
+        self.v[s as usize * self.pages + p as usize].store(crc, Relaxed)
+    }
+    /// Bytes the table takes.
+    pub fn bytes(&self) -> usize {
+        self.v.len() * 4
+    }
+}
+
+/// What the device's records say of one unit's page checksums.
+#[derive(Debug, PartialEq, Eq)]
+pub enum UnitCrcs {
+    /// The unit's copy that loading would choose: the checksums of its slots' pages, slot
+    /// by slot (`slots_per_unit` x `pages_per_fragment`; an invalid page's is 0).
+    Found(Vec<u32>),
+    /// Neither copy holds a record of this device's (never written, or only a copy no
+    /// round completed): the unit claims nothing.
+    Blank,
+    /// Both copies were this device's units and are damaged: what it held is unknown.
+    Damaged,
+}
+
+/// Reads both copies of unit `unit` and returns the checksums of the copy loading would
+/// choose (the same rule: the valid one, or of two the later round's).
+pub fn read_unit_crcs(
+    dev: &dyn BlockDevice,
+    l: &Layout,
+    uuid: &[u8; 16],
+    unit: u32,
+) -> Result<UnitCrcs, IoError> {
+    let us = l.unit_size as usize;
+    let mut buf = AlignedBuf::new(2 * us);
+    let (prim, mirr) = buf.split_at_mut(us);
+    dev.read_at(l.unit_offset(unit), prim)?;
+    dev.read_at(l.unit_mirror_offset(unit), mirr)?;
+    let img = match choose_copy(l, uuid, unit, [&buf[..us], &buf[us..]]) {
+        Ok((Some(img), _)) => img,
+        Ok((None, _))
+        | Err(crate::unit::UnitError::Blank)
+        | Err(crate::unit::UnitError::Foreign) => return Ok(UnitCrcs::Blank),
+        Err(_) => return Ok(UnitCrcs::Damaged),
+    };
+    let pages = l.pages_per_fragment;
+    let mut crcs = vec![0u32; (l.slots_per_unit * pages) as usize];
+    let r = decode_unit(l, uuid, unit, img, |i, e| {
+        for p in 0..pages {
+            crcs[(i * pages + p) as usize] = e.crc(p);
+        }
+    });
+    debug_assert!(r.is_ok(), "the chosen copy decodes");
+    Ok(UnitCrcs::Found(crcs))
+}
