@@ -83,6 +83,9 @@ struct Entry {
     unit: RwLock<Option<Box<Resident>>>,
     /// Pins held: a pinned unit is not evicted.
     pins: AtomicU32,
+    /// The low 32 bits of the sequence of the image the device holds for the unit (loaded,
+    /// or written by a round; 0: unknown): a primary copy with it is read alone.
+    seq: AtomicU32,
 }
 
 /// Counters of the checksum cache.
@@ -254,7 +257,8 @@ impl CrcCache {
             return Ok(pin);
         }
         self.counters.loads.fetch_add(1, Relaxed);
-        let recorded = read_unit_crcs(self.dev.as_ref(), &self.layout, &self.uuid, u)?;
+        let seq = e.seq.load(Acquire);
+        let recorded = read_unit_crcs(self.dev.as_ref(), &self.layout, &self.uuid, u, seq)?;
         let n = self.pages_per_unit();
         let crcs = match recorded {
             UnitCrcs::Found(c) => c,
@@ -313,6 +317,18 @@ impl CrcCache {
     /// The checksum of page `p` of slot `s`, whose unit is pinned (so every page is known).
     pub(crate) fn pinned(&self, s: u32, p: u32) -> u32 {
         self.get(s, p).expect("a pinned unit knows every page")
+    }
+
+    /// Unit `u`'s image of sequence `seq` is durable on the device (both copies).
+    pub(crate) fn image_written(&self, u: u32, seq: u64) {
+        self.entries[u as usize].seq.store(seq as u32, Release);
+    }
+
+    /// The sequences of the images loaded at start, per unit (`Loaded::unit_seqs`).
+    pub(crate) fn loaded_seqs(&self, seqs: &[u32]) {
+        for (e, &s) in self.entries.iter().zip(seqs) {
+            e.seq.store(s, Relaxed);
+        }
     }
 
     /// Unit `u`'s records on the device hold the `changes` a round took. A unit evicted

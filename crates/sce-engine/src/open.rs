@@ -138,6 +138,7 @@ fn open_core(
         n => n,
     };
     let cache = CrcCache::new(device.clone(), l, persist.uuid(), units);
+    cache.loaded_seqs(&loaded.unit_seqs);
     // The replay's checksums are newer than the records': kept until a round writes them.
     for &(s, p, c) in &loaded.replayed_crcs {
         cache.set(s, p, c);

@@ -56,20 +56,32 @@ pub enum UnitCrcs {
     Damaged,
 }
 
-/// Reads both copies of unit `unit` and returns the checksums of the copy loading would
-/// choose (the same rule: the valid one, or of two the later round's).
+/// Returns the checksums of unit `unit`'s copy that loading would choose (the same rule:
+/// the valid one, or of two the later round's). `seq`: the low 32 bits of the sequence of
+/// the last image this device is known to hold for the unit (written by a round, or loaded;
+/// 0: unknown). A primary copy that decodes with that sequence is that image, and is used
+/// alone: one read. Otherwise both copies are read and chosen between.
 pub fn read_unit_crcs(
     dev: &dyn BlockDevice,
     l: &Layout,
     uuid: &[u8; 16],
     unit: u32,
+    seq: u32,
 ) -> Result<UnitCrcs, IoError> {
     let us = l.unit_size as usize;
     let mut buf = AlignedBuf::new(2 * us);
     let (prim, mirr) = buf.split_at_mut(us);
     dev.read_at(l.unit_offset(unit), prim)?;
-    dev.read_at(l.unit_mirror_offset(unit), mirr)?;
-    let img = match choose_copy(l, uuid, unit, [&buf[..us], &buf[us..]]) {
+    let known = seq != 0
+        && decode_unit(l, uuid, unit, prim, |_, _| {}).is_ok()
+        && crate::unit::unit_seq(prim) as u32 == seq;
+    let img = if known {
+        Ok((Some(&buf[..us]), false))
+    } else {
+        dev.read_at(l.unit_mirror_offset(unit), mirr)?;
+        choose_copy(l, uuid, unit, [&buf[..us], &buf[us..]])
+    };
+    let img = match img {
         Ok((Some(img), _)) => img,
         Ok((None, _))
         | Err(crate::unit::UnitError::Blank)

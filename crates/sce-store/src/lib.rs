@@ -245,6 +245,9 @@ pub struct Loaded {
     /// newer than their records' (which hold every other valid page's checksum: see
     /// [`read_unit_crcs`]).
     pub replayed_crcs: Vec<(u32, u32, u32)>,
+    /// Per unit, the low 32 bits of the round sequence of the copy loaded (0: none): a
+    /// primary copy that still has it is the one to trust ([`read_unit_crcs`]).
+    pub unit_seqs: Vec<u32>,
     /// The write-intent bitmap as found (one bit per slot).
     pub intents: Vec<u64>,
     /// Slots whose on-device entry claims pages but which were not loaded (a set intent, an
@@ -307,6 +310,7 @@ fn scan_units(
     mut each: impl FnMut(u32, unit::EntryRef<'_>, u64),
     mut bad: impl FnMut(u32, UnitError),
     mut repaired: impl FnMut(u32),
+    mut chosen: impl FnMut(u32, u64),
 ) -> Result<(), IoError> {
     let l = &sb.layout;
     let us = l.unit_size as usize;
@@ -340,6 +344,7 @@ fn scan_units(
             };
             let (first, end) = l.unit_slots(unit);
             let note = unit::unit_note(img);
+            chosen(unit, unit::unit_seq(img));
             let r = decode_unit(l, &sb.uuid, unit, img, |i, e| {
                 if first + i < end {
                     each(first + i, e, note)
@@ -480,7 +485,7 @@ pub fn check(dev: &dyn BlockDevice, verify_data: bool) -> Result<CheckReport, St
             for (k, &(s, f)) in loaded.entries.iter().enumerate() {
                 let (u, i) = l.unit_of(s);
                 if let std::collections::hash_map::Entry::Vacant(v) = unit_crcs.entry(u) {
-                    v.insert(read_unit_crcs(dev, l, &sb.uuid, u)?);
+                    v.insert(read_unit_crcs(dev, l, &sb.uuid, u, 0)?);
                 }
                 let recorded = |p: u32| match &unit_crcs[&u] {
                     UnitCrcs::Found(c) => c[(i * l.pages_per_fragment + p) as usize],

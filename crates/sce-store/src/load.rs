@@ -56,6 +56,7 @@ pub fn load_volumes(
         bitmaps: Vec::new(),
         dirty: Vec::new(),
         replayed_crcs: Vec::new(),
+        unit_seqs: vec![0; l.units as usize],
         report: ScanReport {
             intents_set: intents.iter().map(|w| w.count_ones() as u64).sum(),
             ..ScanReport::default()
@@ -71,13 +72,16 @@ pub fn load_volumes(
     let mut rewrite = BTreeSet::new();
     let mut bad_units = Vec::new();
     let mut repaired = Vec::new();
+    let mut seqs = std::mem::take(&mut loaded.unit_seqs);
     scan_units(
         dev,
         &sb,
         |s, e, note| loaded.record(&want, failed, (s, e, note), &mut rewrite),
         |u, err| bad_units.push((u, err)),
         |u| repaired.push(u),
+        |u, seq| seqs[u as usize] = seq as u32,
     )?;
+    loaded.unit_seqs = seqs;
     // A damaged copy is rewritten from the other before anything is served.
     loaded.report.units_repaired = repaired.len() as u32;
     rewrite.extend(repaired);

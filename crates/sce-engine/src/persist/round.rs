@@ -88,12 +88,11 @@ impl Persist {
         // 5. Forget claims the device no longer holds; clear intents that stayed quiet. The
         // checksums the durable images hold may leave memory.
         let (mut errors, blocks) = self.settle(&images, &ok_units, clear, covered);
-        for (img, _) in images
-            .iter()
-            .zip(&ok_units)
-            .filter(|(i, &ok)| ok && i.whole)
-        {
-            crcs.written(img.unit, img.changes);
+        for (img, _) in images.iter().zip(&ok_units).filter(|(_, &ok)| ok) {
+            crcs.image_written(img.unit, sce_store::unit::unit_seq(&img.image));
+            if img.whole {
+                crcs.written(img.unit, img.changes);
+            }
         }
         crcs.trim();
         if !blocks.is_empty() {
