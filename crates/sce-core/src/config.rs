@@ -229,6 +229,13 @@ pub struct CoreConfig {
     /// while the source has room. Off by default for now (issue 30): with it on, tests of
     /// the engine and the server that count populations need revisiting first.
     pub miss_fills: bool,
+    /// Admission `sce`: thousandths of the cache's slots kept as a *recency window* in front
+    /// of the frequency duel (W-TinyLFU, Einziger et al.; Caffeine's default is 1%): when the
+    /// cache is full, a new line enters without a duel into the window, and the window's
+    /// oldest line, to stay, must win the duel against the eviction victim, else it is the
+    /// one evicted. It lets recently touched lines of low frequency (data read soon after it
+    /// was written, a new burst) be cached the duel alone would refuse. 0: off.
+    pub recency_window: u32,
     /// A driver instruction, not a policy: requests are widened to whole 4 KiB pages before
     /// they are planned (a read that covers part of a page reads all of it from the source),
     /// so that misaligned I/O fills and hits whole pages. The simulator's `flashcache-4k`
@@ -271,6 +278,7 @@ impl Default for CoreConfig {
             partial_fill: false,
             heat_size: 0,
             miss_fills: false,
+            recency_window: 0,
             widen_to_pages: false,
             max_cache_writes: None,
             revalidate_partial_pages: true,
@@ -324,6 +332,15 @@ impl CoreConfig {
                 format!(
                     "{hs} must be a power of two from the line size ({fs}) to 64 lines ({})",
                     fs * 64
+                ),
+            ));
+        }
+        if self.recency_window > 500 {
+            return Err(ConfigError::new(
+                "recency_window",
+                format!(
+                    "{} thousandths of the cache is more than half of it",
+                    self.recency_window
                 ),
             ));
         }

@@ -130,6 +130,8 @@ fn shape() -> impl Strategy<Value = (CoreConfig, u64, u64)> {
                     // Lines in heat regions of four, and fills from read misses (issue 30).
                     heat_size: if slots % 3 == 1 { 4 * fs } else { 0 },
                     miss_fills: slots % 3 != 2 && src_frags % 2 == 0,
+                    // A recency window in front of the duel in half the cases (issue 30).
+                    recency_window: if (slots + src_frags) % 2 == 0 { 250 } else { 0 },
                     ..CoreConfig::default()
                 };
                 // Source sizes that are not a multiple of the page or fragment size on purpose.

@@ -106,8 +106,38 @@ pub struct AdmissionOptions {
     /// Fill the cache from read misses' own data (and populate only while the source has
     /// room); None keeps the core's default.
     pub miss_fills: Option<bool>,
+    /// The recency window in front of the frequency duel.
+    pub recency_window: Option<RecencyWindow>,
     /// Endurance budget of the cache device.
     pub max_cache_writes: Option<WriteBudget>,
+}
+
+/// The recency window of admission `sce` (`CoreConfig::recency_window`): a share of the
+/// cache's slots, given as a percentage ("1%", "0.5%") or "off"; kept in thousandths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecencyWindow(pub u32);
+
+impl std::str::FromStr for RecencyWindow {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if matches!(s, "off" | "0" | "0%") {
+            return Ok(RecencyWindow(0));
+        }
+        let pct = s
+            .strip_suffix('%')
+            .and_then(|n| n.parse::<f64>().ok())
+            .filter(|p| p.is_finite() && (0.0..=50.0).contains(p))
+            .ok_or_else(|| {
+                format!(
+                    "{s}: expected a percentage of the cache from 0.1% to 50% (e.g. 1%), or off"
+                )
+            })?;
+        let permille = (pct * 10.0).round() as u32;
+        if permille == 0 && pct > 0.0 {
+            return Err(format!("{s}: the smallest window is 0.1% of the cache"));
+        }
+        Ok(RecencyWindow(permille))
+    }
 }
 
 impl AdmissionOptions {
@@ -141,6 +171,9 @@ impl AdmissionOptions {
         if let Some(on) = self.miss_fills {
             cfg.miss_fills = on;
         }
+        if let Some(RecencyWindow(w)) = self.recency_window {
+            cfg.recency_window = w;
+        }
         if let Some(b) = self.max_cache_writes {
             cfg.max_cache_writes = Some(b.per_day(cache_size));
         }
@@ -158,11 +191,15 @@ impl AdmissionOptions {
             .map_or("none".to_string(), |b| format!("{}/day", format_size(b)));
         format!(
             "population rate {rate}, sequential cutoff {}, margin {}, partial fill {}, \
-             miss fills {}, cache write budget {budget}",
+             miss fills {}, recency window {}, cache write budget {budget}",
             format_size(cfg.sequential_cutoff),
             cfg.admission_margin,
             if cfg.partial_fill { "on" } else { "off" },
             if cfg.miss_fills { "on" } else { "off" },
+            match cfg.recency_window {
+                0 => "off".to_string(),
+                w => format!("{}%", w as f64 / 10.0),
+            },
         )
     }
 }

@@ -206,6 +206,8 @@ pub struct ExportConfig {
     pub partial_fill: Option<bool>,
     /// Admission sce: fill the cache from read misses' own data.
     pub miss_fills: Option<bool>,
+    /// Admission sce: the recency window, a percentage of the cache ("1%") or "off".
+    pub recency_window: Option<String>,
     /// Endurance budget: SIZE per day or N dwpd.
     pub max_cache_writes: Option<String>,
     /// Admission options already parsed (the command line's): when given, they replace the

@@ -199,6 +199,7 @@ fn admission_options(spec: &ExportConfig) -> Result<AdmissionOptions> {
         admission_margin: spec.admission_margin,
         partial_fill: spec.partial_fill.unwrap_or(false),
         miss_fills: spec.miss_fills,
+        recency_window: field(&spec.recency_window, "recency_window", n)?,
         max_cache_writes: field(&spec.max_cache_writes, "max_cache_writes", n)?,
     })
 }

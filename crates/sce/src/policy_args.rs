@@ -33,6 +33,12 @@ pub struct AdmissionArgs {
     /// [default: off].
     #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
     pub miss_fills: Option<bool>,
+    /// Admission sce: a share of the cache kept as a recency window in front of the
+    /// frequency duel (W-TinyLFU): a new line enters it without a duel, and stays once it
+    /// leaves the window only by out-heating the eviction victim; a percentage (e.g. 1%) or
+    /// off [default: off].
+    #[arg(long, value_name = "PERCENT")]
+    pub recency_window: Option<sce_server::admission::RecencyWindow>,
     /// Endurance budget of the cache device: SIZE per day (e.g. 200GiB) or N dwpd (drive
     /// writes per day of the cache size). Population, fills and write copies stop once it is
     /// spent; hits continue. [default: none]
@@ -49,6 +55,7 @@ impl AdmissionArgs {
             admission_margin: self.admission_margin,
             partial_fill: self.partial_fill,
             miss_fills: self.miss_fills,
+            recency_window: self.recency_window,
             max_cache_writes: self.max_cache_writes,
         }
     }

@@ -94,6 +94,9 @@ impl CacheCore {
         if self.map.get(f).is_some() || (self.slots.free_count() > 0 && self.at_cap(f).is_none()) {
             return Ok(());
         }
+        if self.cfg.recency_window > 0 && self.at_cap(f).is_none() {
+            return self.room_by_window(f);
+        }
         let victim = self.victim_for(f).ok_or(Duel::NoVictim)?;
         let vf = self.slots.fragment(victim).expect("victims hold fragments");
         if self.heat(f) < self.heat(vf).saturating_add(self.cfg.admission_margin) {
@@ -102,6 +105,45 @@ impl CacheCore {
         }
         self.evict_slot(victim);
         self.slots.put_free(victim);
+        Ok(())
+    }
+
+    /// Lines the recency window holds at most.
+    fn recent_cap(&self) -> usize {
+        ((self.geo.slots() as u64 * self.cfg.recency_window as u64) / 1000).max(1) as usize
+    }
+
+    /// `room_by_duel` with a recency window (W-TinyLFU): line `f` always gets room and
+    /// joins the window; while the window is full, its oldest line still cached duels the
+    /// eviction victim: it stays (leaving the window for the main cache) if its region is
+    /// hotter by the admission margin, and the victim is evicted; otherwise it is the one
+    /// evicted. Until the window is full, the victim is evicted without a duel.
+    fn room_by_window(&mut self, f: FragNo) -> Result<(), Duel> {
+        while self.recent.len() >= self.recent_cap() {
+            let c = self.recent.pop_front().expect("a full window");
+            let Some(cs) = self.map.get(c) else {
+                continue; // left the cache since
+            };
+            let victim = self.victim_for(f).ok_or(Duel::NoVictim)?;
+            let vf = self.slots.fragment(victim).expect("victims hold fragments");
+            let stays =
+                vf != c && self.heat(c) >= self.heat(vf).saturating_add(self.cfg.admission_margin);
+            // A window line in use (pinned, dirty) cannot go: it stays, the victim goes.
+            let out = if stays || self.slots.pins(cs) > 0 || self.wb.is_dirty(c) {
+                victim
+            } else {
+                self.stats.admissions_rejected += 1;
+                cs
+            };
+            self.evict_slot(out);
+            self.slots.put_free(out);
+            self.recent.push_back(f);
+            return Ok(());
+        }
+        let victim = self.victim_for(f).ok_or(Duel::NoVictim)?;
+        self.evict_slot(victim);
+        self.slots.put_free(victim);
+        self.recent.push_back(f);
         Ok(())
     }
 

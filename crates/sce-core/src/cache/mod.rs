@@ -90,6 +90,9 @@ pub struct CacheCore {
     slots: SlotTable,
     evict: Eviction,
     window: MruWindow,
+    /// The recency window's lines, oldest first (`CoreConfig::recency_window`; an entry
+    /// whose line left the cache since is skipped).
+    recent: std::collections::VecDeque<FragNo>,
     nhit: Option<NHitFilter>,
     sketch: Option<FreqSketch>,
     /// The stream detector, a leaf lock: requests are classified when they are planned,
@@ -210,6 +213,7 @@ impl CacheCore {
             slots: SlotTable::new(geo.slots(), geo.bitmap_words()),
             evict: Eviction::new(cfg.eviction, geo.slots(), cfg.clock_ceiling),
             window: MruWindow::new(cfg.hot_window),
+            recent: std::collections::VecDeque::new(),
             nhit,
             missrate: MissRate::default(),
             writes: Slab::default(),
