@@ -139,11 +139,16 @@ impl UnitPin<'_> {
     }
 }
 
-/// The units a cache of `slots` slots keeps resident by default: one in 32 (about 32 bytes
-/// per cached MiB at 1 MiB slots, against 1 KiB for every page's checksum), at least 256.
+/// The units a cache of `units` metadata units keeps resident by default: one in 32 (about
+/// 32 bytes per cached MiB at 1 MiB slots, against 1 KiB for every page's checksum), and at
+/// least 8,192 (25 MiB, every unit of a cache up to 24 GiB at 1 MiB slots: a cache that
+/// small keeps all its checksums in memory, and its hits never wait for a unit's records).
 pub(crate) fn default_capacity(units: u32) -> usize {
-    (units as usize / 32).max(256)
+    (units as usize / 32).max(MIN_RESIDENT)
 }
+
+/// The fewest units a cache keeps resident by default.
+const MIN_RESIDENT: usize = 8192;
 
 impl CrcCache {
     /// The checksum cache of the device `dev` (laid out as `layout`, of uuid `uuid`),

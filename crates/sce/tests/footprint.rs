@@ -184,7 +184,7 @@ fn part(f: &serde_json::Value, name: &str) -> Option<u64> {
 /// The flags change what is measured as they change what `serve` allocates: without
 /// persistence, checksums are 4 bytes per 4 KiB page of every slot, kept with `--verify
 /// on`; with persistence they live in the records and in memory for one metadata unit (3
-/// slots) in 32, at least 256 units, counted beside the total at open; persistence has its
+/// slots) in 32, at least 8,192 units, counted beside the total at open; persistence has its
 /// own part; the total adds the map's leaves and the resident checksums.
 #[test]
 fn flags_change_the_parts_as_serve_allocates() {
@@ -210,7 +210,7 @@ fn flags_change_the_parts_as_serve_allocates() {
         assert!(slots < 4096, "{f}");
         assert_eq!(part(f, "page checksums"), None, "{f}");
         let units = slots.div_ceil(3);
-        let crcs = (units / 32).max(256).min(units) * 3 * 256 * 4;
+        let crcs = (units / 32).max(8192).min(units) * 3 * 256 * 4;
         let resident = f["checksums_resident"].as_u64().unwrap();
         assert!(
             resident >= crcs && resident <= crcs + crcs / 5,
