@@ -363,7 +363,12 @@ impl LogBack {
                     ))
                 }
                 Ok(0) => std::thread::sleep(Duration::from_millis(5)),
-                Ok(_) => since = Instant::now(),
+                Ok(_) => {
+                    since = Instant::now();
+                    // A batch cleaned here ends an outage as one of the cleaner's does (the
+                    // cleaner may be holding its backoff while this drains everything).
+                    outage::log(self.outage.succeeded(since));
+                }
                 Err(err) if since.elapsed() >= patience => break Err(err),
                 Err(_) => std::thread::sleep(Duration::from_millis(50)),
             }
