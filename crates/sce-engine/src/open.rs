@@ -133,17 +133,7 @@ fn open_core(
         },
         &loaded,
     )?;
-    let units = match config.persist.as_ref().map_or(0, |p| p.checksum_units) {
-        0 => crate::crcs::default_capacity(l.units),
-        n => n,
-    };
-    let cache = CrcCache::new(device.clone(), l, persist.uuid(), units);
-    cache.loaded_seqs(&loaded.unit_seqs);
-    // The replay's checksums are newer than the records': kept until a round writes them.
-    for &(s, p, c) in &loaded.replayed_crcs {
-        cache.set(s, p, c);
-    }
-    let crcs = Crcs::Device(Arc::new(cache));
+    let crcs = checksum_cache(config, &persist, device.clone(), &loaded);
     Ok(OpenedCore {
         cores,
         map,
@@ -155,6 +145,28 @@ fn open_core(
         data,
         seeds,
     })
+}
+
+/// The page checksums of a persistent cache just loaded: in its records, the units in use in
+/// memory (`crcs.rs`), with the checksums the journal's replay gave.
+fn checksum_cache(
+    config: &EngineConfig,
+    persist: &Persist,
+    device: Arc<dyn BlockDevice>,
+    loaded: &sce_store::Loaded,
+) -> Crcs {
+    let l = persist.layout;
+    let units = match config.persist.as_ref().map_or(0, |p| p.checksum_units) {
+        0 => crate::crcs::default_capacity(l.units),
+        n => n,
+    };
+    let cache = CrcCache::new(device, l, persist.uuid(), units);
+    cache.loaded_seqs(&loaded.unit_seqs);
+    // The replay's checksums are newer than the records': kept until a round writes them.
+    for &(s, p, c) in &loaded.replayed_crcs {
+        cache.set(s, p, c);
+    }
+    Crcs::Device(Arc::new(cache))
 }
 
 /// `open_core` without persistence: the cache's contents live in memory only.
