@@ -83,7 +83,7 @@ fn wire(reply: &Reply) -> (&[u8], &[u8]) {
     }
 }
 
-/// Counts a reply as served (written, or dropped with a broken connection).
+/// Counts a reply as served (as its sending begins, or dropped with a broken connection).
 fn count(shared: &Shared, reply: &Reply) {
     shared.stats.requests.fetch_add(1, Relaxed);
     if reply.error != 0 {
@@ -112,21 +112,20 @@ pub(super) fn send_now(
     if o.tail.is_some() {
         return Some(ToWriter::Reply(reply));
     }
+    // Counted before its bytes go out: a client that has its reply finds it counted (a
+    // metrics scrape right after the last reply saw one request short).
+    count(shared, &reply);
     let (h, data) = wire(&reply);
     let total = h.len() + data.len();
     match send_nowait(o.sock.fd(), h, data) {
-        Ok(n) if n == total => {
-            count(shared, &reply);
-            None
-        }
-        Ok(0) => Some(ToWriter::Reply(reply)),
+        Ok(n) if n == total => None,
         Ok(n) => {
+            // The writer sends the rest (all of it if nothing went out).
             o.tail = Some((reply, n));
             Some(ToWriter::Tail)
         }
         Err(_) => {
             // The client is gone: stop the reader too, drop what is left.
-            count(shared, &reply);
             state.break_off(&*o.sock);
             None
         }
@@ -170,9 +169,13 @@ fn send_nowait(fd: RawFd, a: &[u8], b: &[u8]) -> io::Result<usize> {
 fn write_blocking(shared: &Shared, out: &Out, state: &ConnState, reply: Option<Reply>) {
     let mut o = out.lock();
     let o = &mut *o;
+    // A tail was counted when its sending began (`send_now`); a new reply is counted here,
+    // before its bytes go out.
+    if let Some(r) = &reply {
+        count(shared, r);
+    }
     let tail = o.tail.take();
     for (r, done) in tail.into_iter().chain(reply.map(|r| (r, 0))) {
-        count(shared, &r);
         if state.broken.load(Relaxed) {
             continue;
         }
