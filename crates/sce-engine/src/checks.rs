@@ -88,6 +88,32 @@ impl Checks {
         }
     }
 
+    /// Holds in memory the unit of the page at cache offset `c` (I/O; no lock held).
+    pub(crate) fn pin_page(&self, c: u64) -> Result<Option<crate::crcs::UnitPin<'_>>, IoError> {
+        match &self.crcs {
+            Some(Crcs::Device(d)) => d.pin(d.unit_of(self.slot_page(c).0 as u32)).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// `expected`, with 0 for the pages whose checksums are not in memory: they fail
+    /// verification (but by a 2^-32 chance) and are read from the source, which a
+    /// write-through cache may do when a unit's records cannot be read.
+    pub(crate) fn expected_or_unknown(&self, plan: &ReadPlan, want: &mut Vec<u32>) {
+        want.clear();
+        if self.crcs.is_none() {
+            return;
+        }
+        for run in &plan.runs {
+            if let RunTarget::Cache(c) = run.target {
+                let first = c.0 / PAGE_SIZE;
+                for k in 0..Self::run_pages(c.0, run.len) as u64 {
+                    want.push(self.try_get((first + k) * PAGE_SIZE).unwrap_or(0));
+                }
+            }
+        }
+    }
+
     /// Holds the unit named by `try_get` or `expected` in memory (I/O; no lock held) for as
     /// long as the pin lives.
     pub(crate) fn pin(&self, unit: u32) -> Result<Option<crate::crcs::UnitPin<'_>>, IoError> {

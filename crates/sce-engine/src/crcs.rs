@@ -225,7 +225,7 @@ impl CrcCache {
                 if let Some(r) = g.as_ref() {
                     r.crcs[i].store(crc, Relaxed);
                     r.known[i / 64].fetch_or(1 << (i % 64), Release);
-                    r.changed.fetch_add(1, Release);
+                    r.changed.fetch_add(1, SeqCst);
                     if !r.queued.swap(true, SeqCst) {
                         self.dirty.lock().push(u);
                     }
@@ -304,7 +304,7 @@ impl CrcCache {
         let units = std::mem::take(&mut *self.dirty.lock());
         for &u in &units {
             if let Some(r) = self.entries[u as usize].unit.read().as_ref() {
-                r.queued.store(false, SeqCst);
+                r.queued.swap(false, SeqCst);
             }
         }
         units
@@ -316,7 +316,7 @@ impl CrcCache {
     pub(crate) fn changes(&self, pin: &UnitPin) -> Changes {
         let g = self.entries[pin.unit as usize].unit.read();
         g.as_ref()
-            .map_or(Changes(0, 0), |r| Changes(r.life, r.changed.load(Acquire)))
+            .map_or(Changes(0, 0), |r| Changes(r.life, r.changed.load(SeqCst)))
     }
 
     /// The checksum of page `p` of slot `s`, whose unit is pinned (so every page is known).
@@ -348,27 +348,68 @@ impl CrcCache {
     }
 
     /// Evicts clean, unpinned units not asked for since the hand last passed, while more
-    /// than the capacity are resident (a pass of at most twice the resident count).
+    /// than the capacity are resident: a step of at most 64 units per unit made resident
+    /// (many units pinned or dirty at once must not make every insertion scan them all;
+    /// `trim` catches up after a round).
     fn evict_over_capacity(&self) {
-        self.evict_down_to(self.capacity);
+        self.evict_down_to(self.capacity, Some(64));
+    }
+
+    /// Units a flush round pins at once: half the capacity, at least 64.
+    pub(crate) fn round_part(&self) -> usize {
+        (self.capacity / 2).max(64)
+    }
+
+    /// A round could not write unit `u`'s image, whose checksums are `image`: the unit
+    /// stays in memory, dirty, with them (where no write has set a newer one since), until
+    /// a round writes it (its copies on the device may both be bad now).
+    pub(crate) fn unwritten(&self, u: u32, image: &[u32]) {
+        let e = &self.entries[u as usize];
+        let inserted = {
+            let mut g = e.unit.write();
+            let inserted = g.is_none();
+            let r = g.get_or_insert_with(|| Resident::new(image.len()));
+            if !r.complete.load(Acquire) {
+                for (i, &c) in image.iter().enumerate() {
+                    if !r.known(i) {
+                        r.crcs[i].store(c, Relaxed);
+                    }
+                }
+                for w in r.known.iter() {
+                    w.store(u64::MAX, Release);
+                }
+                r.complete.store(true, Release);
+            }
+            r.changed.fetch_add(1, SeqCst);
+            if !r.queued.swap(true, SeqCst) {
+                self.dirty.lock().push(u);
+            }
+            inserted
+        };
+        if inserted {
+            self.ring.lock().push_back(u);
+            self.evict_over_capacity();
+        }
     }
 
     /// Evicts down to the capacity (after a round made units clean: a burst of writes may
     /// have left more resident than the capacity, all dirty until then).
     pub(crate) fn trim(&self) {
         if self.resident() > self.capacity {
-            self.evict_over_capacity();
+            self.evict_down_to(self.capacity, None);
         }
     }
 
     /// Evicts every clean unit no one pins (tests: the next use reads the records).
     pub(crate) fn evict_clean(&self) {
-        self.evict_down_to(0);
+        self.evict_down_to(0, None);
     }
 
-    fn evict_down_to(&self, target: usize) {
+    /// Evicts while more than `target` units are resident, visiting at most `step` units
+    /// (None: twice the resident count, a whole pass of the clock and a second chance).
+    fn evict_down_to(&self, target: usize, step: Option<usize>) {
         let mut ring = self.ring.lock();
-        let mut budget = 2 * ring.len();
+        let mut budget = step.unwrap_or(2 * ring.len());
         while ring.len() > target && budget > 0 {
             budget -= 1;
             let Some(u) = ring.pop_front() else { break };

@@ -221,11 +221,20 @@ impl Engine {
         units: &mut Vec<crate::crcs::UnitPin<'c>>,
     ) -> Result<(), IoError> {
         while let Some(u) = missing {
-            units.extend(
-                self.checks
-                    .pin(u)
-                    .inspect_err(|e| self.cache_read_failed(e))?,
-            );
+            match self.checks.pin(u) {
+                Ok(pin) => units.extend(pin),
+                // Write-through: the source has every page; those of this unit are read
+                // from it (their checksums unknown, they fail verification).
+                Err(e) if !self.writeback => {
+                    self.cache_read_failed(&e);
+                    self.checks.expected_or_unknown(read, want);
+                    return Ok(());
+                }
+                Err(e) => {
+                    self.cache_read_failed(&e);
+                    return Err(e);
+                }
+            }
             missing = self.checks.expected(read, want).err();
         }
         Ok(())
@@ -274,9 +283,13 @@ impl Engine {
                         if self.read_cache_run(c.0, offset + at, dst, expect) {
                             from_cache += run.len;
                         } else if self.writeback
-                            && self.cores.any_in(offset + at, run.len, CacheCore::lost_in)
+                            && self
+                                .cores
+                                .any_in(offset + at, run.len, CacheCore::dirty_or_lost_in)
                         {
-                            // Dirty data that went bad: never the source's older bytes.
+                            // Dirty data that went bad, or could not be checked: never the
+                            // source's older bytes (no write can replace a dirty page under
+                            // a read: the range lock keeps them apart).
                             lost = Some(lost_error(Op::Read, offset + at, run.len));
                         } else {
                             // Unreadable or bad cached data: serve the run from the source.

@@ -86,18 +86,30 @@ impl Engine {
     /// bytes): true if the page is still valid with checksum `expect` and a re-read still
     /// mismatches. The re-read runs under the core's read lock, so no write can invalidate
     /// and rewrite the page meanwhile (writers take the write lock first); this holds the
-    /// lock across one 4 KiB read, on this error path only.
+    /// lock across one 4 KiB read, on this error path only (the checksum's unit is pinned
+    /// in memory before the lock is taken).
     fn genuine_mismatch(&self, c: u64, sp: u64, plen: u64, expect: u32) -> bool {
         if !self.checks.on() {
             return false;
         }
         let (slot, _) = self.checks.slot_page(c);
+        // The page's checksum in memory for the check (its unit's records read now, with no
+        // lock held): under the lock it is taken without I/O. Records that cannot be read
+        // leave the mismatch unjudged: not counted, the page kept (a write-back read of a
+        // dirty page then fails rather than serve the source).
+        let unit = match self.checks.pin_page(c) {
+            Ok(u) => u,
+            Err(e) => {
+                self.cache_read_failed(&e);
+                return false;
+            }
+        };
         let (k, local) = self.cores.source(sp);
         let (_, f) = self.cores.frag(sp >> self.fshift);
-        self.cores.read_shard(k, |core| {
+        let genuine = self.cores.read_shard(k, |core| {
             let still = core.is_cached(local)
                 && core.exists(f).map(|x| self.cores.slot_global(k, x.0)) == Some(slot as u32)
-                && self.checks.get(c).is_ok_and(|x| x == expect);
+                && self.checks.try_get(c) == Ok(expect);
             if !still {
                 return false;
             }
@@ -107,6 +119,8 @@ impl Engine {
                 // A read error is a device error in its own right.
                 Err(_) => true,
             }
-        })
+        });
+        drop(unit);
+        genuine
     }
 }

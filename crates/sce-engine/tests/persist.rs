@@ -569,6 +569,41 @@ fn data_faults(checksum_units: usize) {
     }
 }
 
+/// The records that hold the page checksums cannot be read (both copies of every unit fail
+/// their reads) while most checksums are out of memory: reads are served right (from the
+/// source, in write-through), a flush round reports the units it could not write rather
+/// than success, and once the device reads again everything is as before (issue 30).
+#[test]
+fn unreadable_records_are_errors_never_wrong_data() {
+    let (vol, source, fault, cache_mem) = faulty_volume_with(1000, 1);
+    assert_eq!(vol.flush_metadata(), 0);
+    vol.forget_checksums();
+    let l = sce_store::read_superblock(&*cache_mem).unwrap().layout;
+    fault
+        .control()
+        .fail_range(&[Op::Read], l.meta_offset..l.data_offset);
+    assert!(mismatches(&vol, &*source, 4096).is_empty(), "wrong data");
+    // Writes record their checksums without the records; the round that must write them
+    // cannot read the rest of the units: errors, not success.
+    let mut buf = AlignedBuf::new(64 * KIB as usize);
+    rand::thread_rng().fill(&mut buf[..]);
+    vol.write_at(0, &buf).unwrap();
+    vol.quiesce();
+    assert!(
+        vol.flush_metadata() > 0,
+        "a round hid the units it could not write"
+    );
+    assert!(mismatches(&vol, &*source, 4096).is_empty(), "wrong data");
+    fault.control().clear();
+    assert_eq!(vol.flush_metadata(), 0);
+    assert!(mismatches(&vol, &*source, 4096).is_empty(), "wrong data");
+    let p = vol.persist_stats().unwrap();
+    assert!(
+        p.checksum_unit_loads > 0 && p.checksum_units_damaged == 0,
+        "{p:?}"
+    );
+}
+
 #[test]
 fn misdirected_writes_are_detected() {
     let (vol, source, fault, cache_mem) = faulty_volume(1000);

@@ -60,7 +60,9 @@ pub enum UnitCrcs {
 /// the valid one, or of two the later round's). `seq`: the low 32 bits of the sequence of
 /// the last image this device is known to hold for the unit (written by a round, or loaded;
 /// 0: unknown). A primary copy that decodes with that sequence is that image, and is used
-/// alone: one read. Otherwise both copies are read and chosen between.
+/// alone: one read. Otherwise both copies are read and chosen between. If one copy cannot
+/// be read, the other is used if it is the image known (or, with none known, if it is
+/// valid); otherwise the read error is returned: an I/O error never passes for damage.
 pub fn read_unit_crcs(
     dev: &dyn BlockDevice,
     l: &Layout,
@@ -71,30 +73,55 @@ pub fn read_unit_crcs(
     let us = l.unit_size as usize;
     let mut buf = AlignedBuf::new(2 * us);
     let (prim, mirr) = buf.split_at_mut(us);
-    dev.read_at(l.unit_offset(unit), prim)?;
-    let known = seq != 0
+    let primary = dev.read_at(l.unit_offset(unit), prim);
+    let known = primary.is_ok()
+        && seq != 0
         && decode_unit(l, uuid, unit, prim, |_, _| {}).is_ok()
         && crate::unit::unit_seq(prim) as u32 == seq;
-    let img = if known {
-        Ok((Some(&buf[..us]), false))
-    } else {
-        dev.read_at(l.unit_mirror_offset(unit), mirr)?;
-        choose_copy(l, uuid, unit, [&buf[..us], &buf[us..]])
+    if known {
+        return Ok(found(l, uuid, unit, &buf[..us]));
+    }
+    let mirror = dev.read_at(l.unit_mirror_offset(unit), mirr);
+    // One copy unreadable: the other is used only if it is the image known (or, with none
+    // known, valid); otherwise the read error stands (nothing is assumed of the unit).
+    let alone = |img: &[u8]| {
+        decode_unit(l, uuid, unit, img, |_, _| {}).is_ok()
+            && (seq == 0 || crate::unit::unit_seq(img) as u32 == seq)
     };
-    let img = match img {
-        Ok((Some(img), _)) => img,
+    let img = match (primary, mirror) {
+        (Ok(()), Ok(())) => choose_copy(l, uuid, unit, [&buf[..us], &buf[us..]]),
+        (Ok(()), Err(e)) => match alone(&buf[..us]) {
+            true => return Ok(found(l, uuid, unit, &buf[..us])),
+            false => return Err(e),
+        },
+        (Err(e), Ok(())) => match alone(&buf[us..]) {
+            true => return Ok(found(l, uuid, unit, &buf[us..])),
+            false => return Err(e),
+        },
+        (Err(e), Err(_)) => return Err(e),
+    };
+    match img {
+        Ok((Some(img), _)) => Ok(found(l, uuid, unit, img)),
         Ok((None, _))
         | Err(crate::unit::UnitError::Blank)
-        | Err(crate::unit::UnitError::Foreign) => return Ok(UnitCrcs::Blank),
-        Err(_) => return Ok(UnitCrcs::Damaged),
-    };
+        | Err(crate::unit::UnitError::Foreign) => Ok(UnitCrcs::Blank),
+        Err(_) => Ok(UnitCrcs::Damaged),
+    }
+}
+
+/// The page checksums a valid image of unit `unit` holds, slot by slot.
+pub fn image_crcs(l: &Layout, uuid: &[u8; 16], unit: u32, img: &[u8]) -> Option<Vec<u32>> {
     let pages = l.pages_per_fragment;
     let mut crcs = vec![0u32; (l.slots_per_unit * pages) as usize];
-    let r = decode_unit(l, uuid, unit, img, |i, e| {
+    decode_unit(l, uuid, unit, img, |i, e| {
         for p in 0..pages {
             crcs[(i * pages + p) as usize] = e.crc(p);
         }
-    });
-    debug_assert!(r.is_ok(), "the chosen copy decodes");
-    Ok(UnitCrcs::Found(crcs))
+    })
+    .ok()?;
+    Some(crcs)
+}
+
+fn found(l: &Layout, uuid: &[u8; 16], unit: u32, img: &[u8]) -> UnitCrcs {
+    image_crcs(l, uuid, unit, img).map_or(UnitCrcs::Damaged, UnitCrcs::Found)
 }

@@ -17,7 +17,7 @@
 
 mod crcs;
 mod format;
-pub use crcs::{read_unit_crcs, CrcTable, UnitCrcs};
+pub use crcs::{image_crcs, read_unit_crcs, CrcTable, UnitCrcs};
 pub use format::{format, FormatOptions};
 pub mod journal;
 pub mod layout;

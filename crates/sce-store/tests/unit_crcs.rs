@@ -100,8 +100,22 @@ fn the_copy_loading_would_choose_and_the_primary_alone_when_it_is_known() {
         first_crcs(read_unit_crcs(&f, &l, &uuid, 0, 8).unwrap()),
         primary
     );
-    // Any other sequence needs the mirror too: here, its read fails and so does the call.
+    // Any other sequence needs the mirror too: here, its read fails and so does the call
+    // (an I/O error is not taken for damage).
     assert!(read_unit_crcs(&f, &l, &uuid, 0, 7).is_err());
+    // The primary unreadable: the mirror, if it is the image known.
+    let p = l.unit_offset(0);
+    let g = FaultDevice::new(d.clone());
+    g.control()
+        .fail_range(&[Op::Read], p..p + l.unit_size as u64);
+    assert_eq!(
+        first_crcs(read_unit_crcs(&g, &l, &uuid, 0, 7).unwrap()),
+        later
+    );
+    assert!(
+        read_unit_crcs(&g, &l, &uuid, 0, 8).is_err(),
+        "not the image known"
+    );
 
     // A damaged primary: the mirror, whatever was known.
     let mut torn = image(&l, &uuid, 8, 300);

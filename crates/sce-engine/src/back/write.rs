@@ -148,7 +148,11 @@ impl WriteBack {
             let room = match self.begin(e, p, data) {
                 Ok(Begun::Started(txn, guard)) => return Ok((txn, guard)),
                 Ok(Begun::Unknown(unit)) => {
-                    units.extend(e.checks.pin(unit)?);
+                    units.extend(
+                        e.checks
+                            .pin(unit)
+                            .inspect_err(|err| e.cache_read_failed(err))?,
+                    );
                     continue;
                 }
                 Ok(Begun::Busy) => None,

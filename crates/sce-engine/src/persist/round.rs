@@ -66,8 +66,11 @@ impl Persist {
             st.wb.held_from(st.journal.covered())
         };
         // 1. Snapshot under the core shards' locks.
-        let snap = self.snapshot(cores, crcs, (&record, covered), force, &read);
+        let (snap, unread) = self.snapshot(cores, crcs, (&record, covered), force, &read);
         let Some((images, clear)) = snap else {
+            if unread > 0 {
+                return unread;
+            }
             // Nothing changed since the last round, whose records are durable (a failed
             // unit would have been queued again): they cover the journal up to here.
             let errors = self.journal_covered(covered, 0);
@@ -81,14 +84,23 @@ impl Persist {
             let mut st = self.st.lock();
             st.units.extend(images.iter().map(|i| i.unit));
             self.counters.metadata_errors.fetch_add(1, Relaxed);
-            return 1;
+            return 1 + unread;
         }
         // 3. Write the units, adjacent ones in one request; 4. read them back.
         let ok_units = self.write_units(&images);
         // 5. Forget claims the device no longer holds; clear intents that stayed quiet. The
         // checksums the durable images hold may leave memory.
         let (mut errors, blocks) = self.settle(&images, &ok_units, clear, covered);
-        for (img, _) in images.iter().zip(&ok_units).filter(|(_, &ok)| ok) {
+        for (img, &ok) in images.iter().zip(&ok_units) {
+            if !ok {
+                // Its checksums stay in memory until a round writes them: the copies on the
+                // device may both be bad now.
+                let l = &self.layout;
+                if let Some(c) = sce_store::image_crcs(l, &record.uuid, img.unit, &img.image) {
+                    crcs.unwritten(img.unit, &c);
+                }
+                continue;
+            }
             crcs.image_written(img.unit, sce_store::unit::unit_seq(&img.image));
             if img.whole {
                 crcs.written(img.unit, img.changes);
@@ -102,6 +114,8 @@ impl Persist {
             }
         }
         self.counters.metadata_errors.fetch_add(errors, Relaxed);
+        // Units left unwritten (counted already) keep the journal's tail where it is.
+        errors += unread;
         // 6. Every record taken since `covered` was noted is durable: move the journal's tail.
         let errors = self.journal_covered(covered, errors);
         // 7. Slots whose dirty claims are gone from the device may be reused.
@@ -141,7 +155,7 @@ impl Persist {
         (record, covered): (&Record, u64),
         force: bool,
         read: &[u64],
-    ) -> Option<(Vec<UnitImage>, Quiet)> {
+    ) -> (Option<(Vec<UnitImage>, Quiet)>, u64) {
         let l = self.layout;
         let mut units: BTreeSet<u32> = {
             let mut st = self.st.lock();
@@ -160,33 +174,41 @@ impl Persist {
         units.extend(clear.iter().map(|&(s, _)| l.unit_of(s).0));
         units.extend(crcs.take_dirty());
         if units.is_empty() {
-            return None;
+            return (None, 0);
         }
         // Every page's checksum of the units to write, read from the records where not in
-        // memory (no lock held). A unit whose records cannot be read waits for a round that
-        // can (its intents stay).
-        let mut pins = Vec::with_capacity(units.len());
+        // memory (no lock held), in parts of at most the checksum cache's capacity (a round
+        // after `forget` writes every unit: pinned all at once they would fill memory). A
+        // unit whose records cannot be read waits for a round that can (its intents stay,
+        // and the round counts an error: the journal's tail does not move past it).
+        let seq = self.seq.fetch_add(1, Relaxed);
+        let list: Vec<u32> = units.into_iter().collect();
+        let mut images = Vec::with_capacity(list.len());
         let mut unread = Vec::new();
-        for &u in &units {
-            match crcs.pin(u) {
-                Ok(pin) => pins.push(pin),
-                Err(_) => unread.push(u),
+        for part in list.chunks(crcs.round_part()) {
+            let mut pins = Vec::with_capacity(part.len());
+            let mut set = BTreeSet::new();
+            for &u in part {
+                match crcs.pin(u) {
+                    Ok(pin) => {
+                        pins.push(pin);
+                        set.insert(u);
+                    }
+                    Err(_) => unread.push(u),
+                }
             }
+            images.extend(self.unit_images(cores, (crcs, &pins), record, &set, (seq, covered)));
         }
-        if !unread.is_empty() {
-            self.counters
-                .metadata_errors
-                .fetch_add(unread.len() as u64, Relaxed);
-            units.retain(|u| !unread.contains(u));
+        let n = unread.len() as u64;
+        if n > 0 {
+            self.counters.metadata_errors.fetch_add(n, Relaxed);
             clear.retain(|&(s, _)| !unread.contains(&l.unit_of(s).0));
             self.st.lock().units.extend(unread);
-            if units.is_empty() {
-                return None;
-            }
         }
-        let seq = self.seq.fetch_add(1, Relaxed);
-        let images = self.unit_images(cores, (crcs, &pins), record, &units, (seq, covered));
-        Some((images, clear))
+        if images.is_empty() {
+            return (None, n);
+        }
+        (Some((images, clear)), n)
     }
 
     /// The intents of core shard `k`'s slots that stayed quiet since the last round (no
