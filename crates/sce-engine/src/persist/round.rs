@@ -91,22 +91,7 @@ impl Persist {
         // 5. Forget claims the device no longer holds; clear intents that stayed quiet. The
         // checksums the durable images hold may leave memory.
         let (mut errors, blocks) = self.settle(&images, &ok_units, clear, covered);
-        for (img, &ok) in images.iter().zip(&ok_units) {
-            if !ok {
-                // Its checksums stay in memory until a round writes them: the copies on the
-                // device may both be bad now.
-                let l = &self.layout;
-                if let Some(c) = sce_store::image_crcs(l, &record.uuid, img.unit, &img.image) {
-                    crcs.unwritten(img.unit, &c);
-                }
-                continue;
-            }
-            crcs.image_written(img.unit, sce_store::unit::unit_seq(&img.image));
-            if img.whole {
-                crcs.written(img.unit, img.changes);
-            }
-        }
-        crcs.trim();
+        self.checksums_written(crcs, &images, &ok_units, &record.uuid);
         if !blocks.is_empty() {
             let _io = self.intent_io.lock();
             if self.write_intent_blocks(&blocks).is_err() {
@@ -123,6 +108,31 @@ impl Persist {
             self.release_holds(cores);
         }
         errors
+    }
+
+    /// After a round's unit writes (`ok_units`: which are durable): the checksums the durable
+    /// images hold may leave memory; those of the others stay, dirty, until written (the
+    /// copies on the device may both be bad now).
+    fn checksums_written(
+        &self,
+        crcs: &CrcCache,
+        images: &[UnitImage],
+        ok_units: &[bool],
+        uuid: &[u8; 16],
+    ) {
+        for (img, &ok) in images.iter().zip(ok_units) {
+            if !ok {
+                if let Some(c) = sce_store::image_crcs(&self.layout, uuid, img.unit, &img.image) {
+                    crcs.unwritten(img.unit, &c);
+                }
+                continue;
+            }
+            crcs.image_written(img.unit, sce_store::unit::unit_seq(&img.image));
+            if img.whole {
+                crcs.written(img.unit, img.changes);
+            }
+        }
+        crcs.trim();
     }
 
     /// The end of a round with `errors` metadata errors: if none, the journal blocks below
