@@ -68,14 +68,15 @@ enum Command {
   sce ctl -s /run/sce/lun0.sock stats --watch 2     # the same through the admin socket")]
     Stats(serve::StatsArgs),
     /// Simulate caches on a block trace: the engine's own policies in virtual time, and the
-    /// reference lru, fifo and lfu.
+    /// reference lru, fifo, lfu, s3fifo and larc.
     #[command(after_help = "Examples:
   sce sim --trace ../shared/traces/msr-cambridge1-sample.csv --format msr --cache-size 64MiB \\
           --policy sce,flashcache-like,lru
   sce gen oltp --seed 7 --out /tmp/oltp.sce && \\
     sce sim --trace /tmp/oltp.sce --format sce --cache-size 256MiB --json")]
     Sim(sim::SimArgs),
-    /// Generate a synthetic block trace (oltp, zipf, scan, phase, shared) from a seed.
+    /// Generate a synthetic block trace (oltp, zipf, scan, phase, shared, hotscan, scanmid)
+    /// from a seed.
     #[command(after_help = "Examples:
   sce gen oltp --seed 7 --out /tmp/oltp.sce
   sce gen zipf --size 4GiB --skew 1.1 --out /tmp/zipf.csv --out-format csv")]

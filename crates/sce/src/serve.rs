@@ -390,8 +390,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
 #[derive(clap::Args, Debug)]
 pub struct StatsArgs {
     /// The metrics endpoint of a running `sce serve`: HOST:PORT or its URL
-    /// (http://HOST:PORT/metrics).
-    #[arg(long, value_name = "ADDR|URL", conflicts_with = "socket")]
+    /// (http://HOST:PORT/metrics). Given, it is used whatever -s or $SCE_CTL say (an
+    /// operator who exported SCE_CTL, as the README shows, can still ask an endpoint).
+    #[arg(long, value_name = "ADDR|URL")]
     pub metrics: Option<String>,
     /// Or its admin socket (or data socket) [default: $SCE_CTL].
     #[arg(short = 's', long, env = "SCE_CTL", value_name = "PATH")]

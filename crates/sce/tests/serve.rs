@@ -569,8 +569,11 @@ fn metrics_endpoint_and_sce_stats() {
         "{text}"
     );
     assert!(text.contains("sce_nbd_requests_total 3"), "{text}");
-    let out =
-        run(Command::new(env!("CARGO_BIN_EXE_sce")).args(["stats", "--metrics", &addr, "--json"]));
+    // With SCE_CTL exported, as the README shows: --metrics still works (it was refused as
+    // conflicting with the socket the variable gives).
+    let out = run(Command::new(env!("CARGO_BIN_EXE_sce"))
+        .env("SCE_CTL", "/nonexistent/sce.ctl")
+        .args(["stats", "--metrics", &addr, "--json"]));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["exports"]["m"]["read_requests"].as_u64(), Some(3));
     assert_eq!(v["exports"]["m"]["cached"].as_bool(), Some(true));
