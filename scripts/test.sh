@@ -23,7 +23,14 @@ for pair in $tools; do
 done
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
+  echo "installing ${need[*]} (apt-get)" >&2
+  apt_log=$(mktemp)
+  # Quiet when it works; when it does not, say why (the tail of apt-get's own words).
+  if ! { apt-get update -qq && apt-get install -y -qq "${need[@]}"; } >"$apt_log" 2>&1; then
+    echo "WARNING: apt-get could not install ${need[*]}; it said:" >&2
+    tail -n 20 "$apt_log" >&2
+  fi
+  rm -f "$apt_log"
 fi
 for pair in $tools; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing "${pair%%:*} is not installed (Debian package ${pair#*:})"
