@@ -93,9 +93,40 @@ pub fn format_size(n: u64) -> String {
     }
 }
 
+/// A time in Unix seconds as a UTC date and time, `2026-11-27 15:02:01 UTC` (for people:
+/// `sce check` prints when a device was last shut down cleanly).
+pub fn format_unix_time(secs: u64) -> String {
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Days since 1970-01-01 to a civil date (the proleptic Gregorian calendar, in eras of
+    // 400 years that start on March 1st).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + (month <= 2) as i64;
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unix_times() {
+        assert_eq!(format_unix_time(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(format_unix_time(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(format_unix_time(1_700_000_000), "2023-11-14 22:13:20 UTC");
+        assert_eq!(format_unix_time(4_107_542_399), "2100-02-28 23:59:59 UTC");
+    }
 
     #[test]
     fn sizes() {

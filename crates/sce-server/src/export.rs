@@ -126,6 +126,16 @@ pub(crate) fn open_cache(
     match FileDevice::open(path, &opts) {
         Ok(d) => {
             let created = d.created();
+            if created {
+                // The size as understood, in both units: `1GB` is 10^9 bytes, `1G` 2^30.
+                let n = d.size();
+                tracing::info!(
+                    target: LOG_TARGET,
+                    "created the cache {} of {} ({n} bytes)",
+                    path.display(),
+                    sce_core::units::format_size(n)
+                );
+            }
             Ok((Arc::new(d), created))
         }
         Err(sce_io::IoError::Invalid(m)) if m.contains("refusing to resize") => bail!(

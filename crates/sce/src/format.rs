@@ -260,7 +260,7 @@ fn print_check(r: &CheckReport, verified: bool) {
         if t == 0 {
             "never".to_string()
         } else {
-            format!("{t} (unix seconds)")
+            crate::units::format_unix_time(t)
         }
     };
     println!(

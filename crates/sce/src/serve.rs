@@ -59,8 +59,11 @@ pub struct ServeArgs {
     #[arg(long, default_value = "")]
     pub export: String,
     /// Create the cache file with this size if it does not exist. An existing cache is never
-    /// resized: a different size is refused before anything is written.
-    #[arg(long, value_parser = parse_size)]
+    /// resized: a different size is refused before anything is written. Sizes here and
+    /// everywhere: K, M, G, T and KiB, MiB, GiB, TiB are powers of 1024 (1G = 1GiB = 2^30
+    /// bytes); kB, MB, GB, TB powers of 1000 (1GB = 10^9 bytes). The size created is logged
+    /// in bytes.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub cache_size: Option<u64>,
     /// Use a cache device that holds data which is not an sce cache (its contents are lost).
     /// Without it such a device is refused.

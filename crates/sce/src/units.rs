@@ -2,4 +2,4 @@
 //! and their display. They live in `sce_core::units`, which the server's configuration and
 //! the simulator's device models and plots share.
 
-pub use sce_core::units::{format_size, parse_duration, parse_size};
+pub use sce_core::units::{format_size, format_unix_time, parse_duration, parse_size};

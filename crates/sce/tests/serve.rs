@@ -509,6 +509,39 @@ fn config_file_with_two_exports_and_bad_configs() {
     let _: PathBuf = cfg;
 }
 
+/// `--cache-size 1GB` is 10^9 bytes (GB decimal, G and GiB binary), and serve says so in
+/// bytes when it creates the cache (issue 32, item 5).
+#[test]
+fn a_created_cache_size_is_logged_in_bytes() {
+    use std::io::BufRead;
+    let d = tempfile::tempdir().unwrap();
+    let (src, cache, sock) = (
+        d.path().join("src"),
+        d.path().join("cache"),
+        d.path().join("s.sock"),
+    );
+    common::sized_file(&src, 32 << 20);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sce"))
+        .args(["serve", "--source", src.to_str().unwrap()])
+        .args(["--cache", cache.to_str().unwrap(), "--cache-size", "1GB"])
+        .args(["--allow-buffered", "--listen"])
+        .arg(format!("unix:{}", sock.display()))
+        .env("SCE_LOG", "info")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let _p = Proc(child);
+    // Up to the line that says it listens (logged after the cache is open), or the end.
+    let line = lines
+        .map(|l| l.unwrap())
+        .take_while(|l| !l.contains("listening on"))
+        .find(|l| l.contains("created the cache"))
+        .expect("the creation is logged before serve listens");
+    assert!(line.contains("(1000000000 bytes)"), "{line}");
+    assert_eq!(std::fs::metadata(&cache).unwrap().len(), 1_000_000_000);
+}
+
 #[test]
 fn metrics_endpoint_and_sce_stats() {
     use sce_io::BlockDevice;
