@@ -103,10 +103,17 @@ impl<'a> UnitBuilder<'a> {
     }
 
     /// Sets entry `i` (the slot's index in the unit); `crc(p)` gives the checksum of page `p`,
-    /// asked only for valid pages.
+    /// asked only for valid pages (an invalid page's is 0).
     pub fn set(&mut self, i: u32, e: &EntryIn<'_>, crc: impl Fn(u32) -> u32) {
+        self.set_entry(i, e);
+        let valid = |p: u32| e.bitmap[p as usize / 64] >> (p % 64) & 1 == 1;
+        self.set_crcs(i, |p| if valid(p) { crc(p) } else { 0 });
+    }
+
+    /// Sets entry `i`'s fragment, generation, volume and bitmaps, not its page checksums
+    /// (`set_crcs` writes those).
+    pub fn set_entry(&mut self, i: u32, e: &EntryIn<'_>) {
         let words = self.layout.bitmap_words();
-        let pages = self.layout.pages_per_fragment;
         let b = self.entry_mut(i);
         b[0..8].copy_from_slice(&e.frag.to_le_bytes());
         b[8..12].copy_from_slice(&e.generation.to_le_bytes());
@@ -118,13 +125,6 @@ impl<'a> UnitBuilder<'a> {
             let d = e.dirty.get(w).copied().unwrap_or(0);
             let at = ENTRY_HEADER as usize + (words + w) * 8;
             b[at..at + 8].copy_from_slice(&d.to_le_bytes());
-        }
-        let crcs = ENTRY_HEADER as usize + 2 * words * 8;
-        for p in 0..pages {
-            let valid = e.bitmap[p as usize / 64] >> (p % 64) & 1 == 1;
-            let v = if valid { crc(p) } else { 0 };
-            let at = crcs + p as usize * 4;
-            b[at..at + 4].copy_from_slice(&v.to_le_bytes());
         }
     }
 

@@ -294,16 +294,7 @@ impl Persist {
                 for s in first.max(lo)..end.min(hi) {
                     let local = SlotNo(s - lo);
                     let redo = st.redo.len();
-                    let ok = self.slot_record(
-                        &mut st,
-                        core,
-                        (k, cores),
-                        crcs,
-                        record,
-                        builder,
-                        s,
-                        local,
-                    );
+                    let ok = self.slot_record(&mut st, core, (k, cores), record, builder, s, local);
                     *whole &= st.redo.len() == redo;
                     // Every page's checksum, valid or not: a page becomes valid after its
                     // checksum is set, and may after this snapshot; the records must hold
@@ -334,7 +325,6 @@ impl Persist {
         st: &mut State,
         core: &CacheCore,
         (k, cores): (usize, &Cores),
-        crcs: &CrcCache,
         record: &Record,
         b: &mut UnitBuilder,
         s: u32,
@@ -367,7 +357,8 @@ impl Persist {
                 bitmap: &bits[..words],
                 dirty: dirty.as_deref().unwrap_or(&[]),
             };
-            b.set(s - first, &entry, |p| crcs.pinned(s, p));
+            // Its checksums: every page's, written by the caller (`unit_images`).
+            b.set_entry(s - first, &entry);
             st.mirror[s as usize] = x.0;
             st.owner.insert(x.0, s);
         }
