@@ -72,6 +72,29 @@ impl Resident {
         self.known[i / 64].load(Acquire) >> (i % 64) & 1 == 1
     }
 
+    /// Knows every page: those not set by a write since take the records' `crcs`.
+    fn complete_with(&self, crcs: &[u32]) {
+        if self.complete.load(Acquire) {
+            return;
+        }
+        for (i, &c) in crcs.iter().enumerate() {
+            if !self.known(i) {
+                self.crcs[i].store(c, Relaxed);
+            }
+        }
+        for w in self.known.iter() {
+            w.store(u64::MAX, Release);
+        }
+        self.complete.store(true, Release);
+    }
+
+    /// Marks the unit as asked for (the clock's second chance).
+    fn touch(&self) {
+        if !self.referenced.load(Relaxed) {
+            self.referenced.store(true, Relaxed);
+        }
+    }
+
     fn clean(&self) -> bool {
         self.written.load(Acquire) >= self.changed.load(Acquire)
     }
@@ -196,10 +219,32 @@ impl CrcCache {
         if !r.known(i) {
             return None;
         }
-        if !r.referenced.load(Relaxed) {
-            r.referenced.store(true, Relaxed);
-        }
+        r.touch();
         Some(r.crcs[i].load(Relaxed))
+    }
+
+    /// Appends the checksums of pages `pages` of slot `s` to `want`, under one look at their
+    /// unit; a page not known in memory takes `unknown`, or with None names its unit (Err).
+    /// No I/O, as `get`.
+    pub(crate) fn get_pages(
+        &self,
+        s: u32,
+        pages: std::ops::Range<u32>,
+        want: &mut Vec<u32>,
+        unknown: Option<u32>,
+    ) -> Result<(), u32> {
+        let (u, i0) = self.index(s, pages.start);
+        let g = self.entries[u as usize].unit.read();
+        for i in i0..i0 + pages.len() {
+            match g.as_ref().filter(|r| r.known(i)) {
+                Some(r) => {
+                    r.touch();
+                    want.push(r.crcs[i].load(Relaxed));
+                }
+                None => want.push(unknown.ok_or(u)?),
+            }
+        }
+        Ok(())
     }
 
     /// The checksum of page `p` of slot `s`, reading its unit from the device if needed
@@ -225,10 +270,7 @@ impl CrcCache {
                 if let Some(r) = g.as_ref() {
                     r.crcs[i].store(crc, Relaxed);
                     r.known[i / 64].fetch_or(1 << (i % 64), Release);
-                    r.changed.fetch_add(1, SeqCst);
-                    if !r.queued.swap(true, SeqCst) {
-                        self.dirty.lock().push(u);
-                    }
+                    self.changed(u, r);
                     break;
                 }
             }
@@ -239,9 +281,41 @@ impl CrcCache {
             }
         }
         if inserted {
-            self.ring.lock().push_back(u);
-            self.evict_over_capacity();
+            self.admitted(u);
         }
+    }
+
+    /// Unit `u`, resident as `r`, changed: the next round writes it.
+    fn changed(&self, u: u32, r: &Resident) {
+        r.changed.fetch_add(1, SeqCst);
+        if !r.queued.swap(true, SeqCst) {
+            self.dirty.lock().push(u);
+        }
+    }
+
+    /// Unit `u` just became resident: the clock takes it, and may evict another.
+    fn admitted(&self, u: u32) {
+        self.ring.lock().push_back(u);
+        self.evict_over_capacity();
+    }
+
+    /// Makes unit `u` resident with every page known (those not set by a write since take
+    /// `crcs`), and with `change` changed too. No I/O. True if it was not resident.
+    fn complete_with(&self, u: u32, crcs: &[u32], change: bool) -> bool {
+        let inserted = {
+            let mut g = self.entries[u as usize].unit.write();
+            let inserted = g.is_none();
+            let r = g.get_or_insert_with(|| Resident::new(crcs.len()));
+            r.complete_with(crcs);
+            if change {
+                self.changed(u, r);
+            }
+            inserted
+        };
+        if inserted {
+            self.admitted(u);
+        }
+        inserted
     }
 
     /// Pins unit `u` with every page's checksum known: reads the device's records for the
@@ -273,28 +347,8 @@ impl CrcCache {
                 vec![0; n]
             }
         };
-        let inserted = {
-            let mut g = e.unit.write();
-            let inserted = g.is_none();
-            let r = g.get_or_insert_with(|| Resident::new(n));
-            if !r.complete.load(Acquire) {
-                // Pages set by writes since are newer than the records: only the rest.
-                for (i, &c) in crcs.iter().enumerate() {
-                    if !r.known(i) {
-                        r.crcs[i].store(c, Relaxed);
-                    }
-                }
-                for w in r.known.iter() {
-                    w.store(u64::MAX, Release);
-                }
-                r.complete.store(true, Release);
-            }
-            inserted
-        };
-        if inserted {
-            self.ring.lock().push_back(u);
-            self.evict_over_capacity();
-        }
+        // Pages set by writes since are newer than the records: only the rest.
+        self.complete_with(u, &crcs, false);
         Ok(pin)
     }
 
@@ -364,32 +418,7 @@ impl CrcCache {
     /// stays in memory, dirty, with them (where no write has set a newer one since), until
     /// a round writes it (its copies on the device may both be bad now).
     pub(crate) fn unwritten(&self, u: u32, image: &[u32]) {
-        let e = &self.entries[u as usize];
-        let inserted = {
-            let mut g = e.unit.write();
-            let inserted = g.is_none();
-            let r = g.get_or_insert_with(|| Resident::new(image.len()));
-            if !r.complete.load(Acquire) {
-                for (i, &c) in image.iter().enumerate() {
-                    if !r.known(i) {
-                        r.crcs[i].store(c, Relaxed);
-                    }
-                }
-                for w in r.known.iter() {
-                    w.store(u64::MAX, Release);
-                }
-                r.complete.store(true, Release);
-            }
-            r.changed.fetch_add(1, SeqCst);
-            if !r.queued.swap(true, SeqCst) {
-                self.dirty.lock().push(u);
-            }
-            inserted
-        };
-        if inserted {
-            self.ring.lock().push_back(u);
-            self.evict_over_capacity();
-        }
+        self.complete_with(u, image, true);
     }
 
     /// Evicts down to the capacity (after a round made units clean: a burst of writes may
@@ -441,23 +470,11 @@ impl CrcCache {
     /// nothing to write (for `sce footprint`: what the checksums take once the cache is in
     /// use). Returns the units made resident.
     pub(crate) fn fill_for_footprint(&self) -> usize {
-        let n = self.pages_per_unit();
-        let mut made = 0;
-        for (u, e) in self.entries.iter().enumerate().take(self.capacity) {
-            let mut g = e.unit.write();
-            if g.is_none() {
-                let r = Resident::new(n);
-                for w in r.known.iter() {
-                    w.store(u64::MAX, Relaxed);
-                }
-                r.complete.store(true, Relaxed);
-                *g = Some(r);
-                drop(g);
-                self.ring.lock().push_back(u as u32);
-                made += 1;
-            }
-        }
-        made
+        let none = vec![0; self.pages_per_unit()];
+        let units = (self.entries.len().min(self.capacity)) as u32;
+        (0..units)
+            .filter(|&u| self.complete_with(u, &none, false))
+            .count()
     }
 
     /// Units resident now.
