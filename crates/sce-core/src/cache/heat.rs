@@ -99,13 +99,19 @@ impl CacheCore {
         }
         let victim = self.victim_for(f).ok_or(Duel::NoVictim)?;
         let vf = self.slots.fragment(victim).expect("victims hold fragments");
-        if self.heat(f) < self.heat(vf).saturating_add(self.cfg.admission_margin) {
+        if !self.out_heats(f, vf) {
             self.stats.admissions_rejected += 1;
             return Err(Duel::Lost);
         }
         self.evict_slot(victim);
         self.slots.put_free(victim);
         Ok(())
+    }
+
+    /// True if `f`'s region is hotter than `vf`'s by the admission margin in the frequency
+    /// sketch: `f` wins the duel against the victim `vf`.
+    fn out_heats(&self, f: FragNo, vf: FragNo) -> bool {
+        self.heat(f) >= self.heat(vf).saturating_add(self.cfg.admission_margin)
     }
 
     /// Lines the recency window holds at most.
@@ -119,30 +125,33 @@ impl CacheCore {
     /// hotter by the admission margin, and the victim is evicted; otherwise it is the one
     /// evicted. Until the window is full, the victim is evicted without a duel.
     fn room_by_window(&mut self, f: FragNo) -> Result<(), Duel> {
-        while self.recent.len() >= self.recent_cap() {
+        let mut out = None;
+        while out.is_none() && self.recent.len() >= self.recent_cap() {
             let c = self.recent.pop_front().expect("a full window");
             let Some(cs) = self.map.get(c) else {
                 continue; // left the cache since
             };
             let victim = self.victim_for(f).ok_or(Duel::NoVictim)?;
             let vf = self.slots.fragment(victim).expect("victims hold fragments");
-            let stays =
-                vf != c && self.heat(c) >= self.heat(vf).saturating_add(self.cfg.admission_margin);
             // A window line in use (pinned, dirty) cannot go: it stays, the victim goes.
-            let out = if stays || self.slots.pins(cs) > 0 || self.wb.is_dirty(c) {
-                victim
-            } else {
-                self.stats.admissions_rejected += 1;
-                cs
-            };
-            self.evict_slot(out);
-            self.slots.put_free(out);
-            self.recent.push_back(f);
-            return Ok(());
+            out = Some(
+                if (vf != c && self.out_heats(c, vf))
+                    || self.slots.pins(cs) > 0
+                    || self.wb.is_dirty(c)
+                {
+                    victim
+                } else {
+                    self.stats.admissions_rejected += 1;
+                    cs
+                },
+            );
         }
-        let victim = self.victim_for(f).ok_or(Duel::NoVictim)?;
-        self.evict_slot(victim);
-        self.slots.put_free(victim);
+        let out = match out {
+            Some(s) => s,
+            None => self.victim_for(f).ok_or(Duel::NoVictim)?,
+        };
+        self.evict_slot(out);
+        self.slots.put_free(out);
         self.recent.push_back(f);
         Ok(())
     }
