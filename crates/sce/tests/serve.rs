@@ -60,11 +60,7 @@ fn serve(args: &[&str], sock: &Path) -> Proc {
 
 /// A sparse source of `size` bytes in `d`, served with a cache file of `cache_size`.
 fn cached(d: &tempfile::TempDir, size: u64, cache_size: &str) -> (PathBuf, PathBuf, Proc) {
-    let (src, cache, sock) = (
-        d.path().join("src"),
-        d.path().join("cache"),
-        d.path().join("s.sock"),
-    );
+    let (src, cache, sock) = paths(d);
     common::sized_file(&src, size);
     let p = serve(
         &[
@@ -82,14 +78,17 @@ fn cached(d: &tempfile::TempDir, size: u64, cache_size: &str) -> (PathBuf, PathB
 
 /// Starts `cmd`, a `sce serve` with `--metrics`, listening on `sock` and logging at info:
 /// the server, its metrics address, and the rest of its log (kept open while the server runs).
-fn serve_with_metrics(
-    cmd: &mut Command,
-    sock: &Path,
-) -> (
-    Proc,
-    String,
-    std::io::Lines<std::io::BufReader<ChildStderr>>,
-) {
+/// The lines a server writes to stderr.
+type LogLines = std::io::Lines<std::io::BufReader<ChildStderr>>;
+
+fn serve_with_metrics(cmd: &mut Command, sock: &Path) -> (Proc, String, LogLines) {
+    let (p, mut lines) = serve_logged(cmd, sock);
+    let addr = common::metrics_addr(&mut lines);
+    (p, addr, lines)
+}
+
+/// Starts `cmd` (a `serve` command line) listening on `sock`, logging at info to a pipe.
+fn serve_logged(cmd: &mut Command, sock: &Path) -> (Proc, LogLines) {
     use std::io::BufRead;
     let mut child = cmd
         .arg("--listen")
@@ -98,9 +97,14 @@ fn serve_with_metrics(
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = common::metrics_addr(&mut lines);
-    (Proc(child), addr, lines)
+    let lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    (Proc(child), lines)
+}
+
+/// The source, cache and socket paths of a test's server in `d`.
+fn paths(d: &tempfile::TempDir) -> (PathBuf, PathBuf, PathBuf) {
+    let p = |name: &str| d.path().join(name);
+    (p("src"), p("cache"), p("s.sock"))
 }
 
 fn uri(sock: &Path) -> String {
@@ -513,25 +517,14 @@ fn config_file_with_two_exports_and_bad_configs() {
 /// bytes when it creates the cache (issue 32, item 5).
 #[test]
 fn a_created_cache_size_is_logged_in_bytes() {
-    use std::io::BufRead;
     let d = tempfile::tempdir().unwrap();
-    let (src, cache, sock) = (
-        d.path().join("src"),
-        d.path().join("cache"),
-        d.path().join("s.sock"),
-    );
+    let (src, cache, sock) = paths(&d);
     common::sized_file(&src, 32 << 20);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sce"))
-        .args(["serve", "--source", src.to_str().unwrap()])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sce"));
+    cmd.args(["serve", "--source", src.to_str().unwrap()])
         .args(["--cache", cache.to_str().unwrap(), "--cache-size", "1GB"])
-        .args(["--allow-buffered", "--listen"])
-        .arg(format!("unix:{}", sock.display()))
-        .env("SCE_LOG", "info")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let _p = Proc(child);
+        .arg("--allow-buffered");
+    let (_p, lines) = serve_logged(&mut cmd, &sock);
     // Up to the line that says it listens (logged after the cache is open), or the end.
     let line = lines
         .map(|l| l.unwrap())
@@ -546,11 +539,7 @@ fn a_created_cache_size_is_logged_in_bytes() {
 fn metrics_endpoint_and_sce_stats() {
     use sce_io::BlockDevice;
     let d = tempfile::tempdir().unwrap();
-    let (src, cache, sock) = (
-        d.path().join("src"),
-        d.path().join("cache"),
-        d.path().join("s.sock"),
-    );
+    let (src, cache, sock) = paths(&d);
     common::sized_file(&src, 32 << 20);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sce"));
     cmd.args([
@@ -641,11 +630,7 @@ fn hits_read_through_io_uring_persistent_or_not() {
     use sce_io::BlockDevice;
     for extra in [&[][..], &["--no-persist"][..]] {
         let d = tempfile::tempdir().unwrap();
-        let (src, cache, sock) = (
-            d.path().join("src"),
-            d.path().join("cache"),
-            d.path().join("s.sock"),
-        );
+        let (src, cache, sock) = paths(&d);
         let mut data = vec![0u8; 8 << 20];
         rand::rngs::SmallRng::seed_from_u64(5).fill_bytes(&mut data);
         std::fs::write(&src, &data).unwrap();
