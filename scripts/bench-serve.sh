@@ -3,7 +3,9 @@
 # against (1) sce serve with a fully warm cache as large as the data, (2) "all-flash": the
 # same server exporting a file on the fast device directly, (3) nbdkit's file plugin on that
 # file (through the page cache: this nbdkit has no O_DIRECT), (4) sce serve --buffered on that
-# file, which compares the two servers on equal terms. Prints IOPS and the ratios. Usage: scripts/bench-serve.sh [DATA_SIZE] [SECONDS]
+# file, which compares the two servers on equal terms. Prints IOPS and the ratios. Then runs
+# scripts/bench-convert.sh (qemu-img convert of a sparse image, against nbdkit).
+# Usage: scripts/bench-serve.sh [DATA_SIZE] [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 size=${1:-512M}
@@ -75,3 +77,8 @@ print(f"  ratio cached / all-flash: {c/f:.3f}")
 print(f"  ratio cached / nbdkit:    {c/k:.3f}   (sce reads with O_DIRECT, nbdkit from the page cache)")
 print(f"  ratio sce --buffered / nbdkit (both page cache, server overhead only): {kd/k:.3f}")
 PY
+
+# Second part: qemu-img convert of a sparse image against nbdkit (scripts/bench-convert.sh).
+cleanup
+trap - EXIT
+exec bash scripts/bench-convert.sh

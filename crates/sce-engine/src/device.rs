@@ -95,7 +95,11 @@ impl BlockDevice for CacheVolume {
         self.timed_write(|| self.path.discard(&self.engine, offset, len))
     }
 
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<sce_io::Extent>, IoError> {
-        self.path.extents(&self.engine, offset, len)
+    fn extents(&self, offset: u64, len: u64, max: usize) -> Result<Vec<sce_io::Extent>, IoError> {
+        self.path.extents(&self.engine, offset, len, max)
+    }
+
+    fn extents_are_local(&self) -> bool {
+        self.path.extents_are_local(&self.engine)
     }
 }

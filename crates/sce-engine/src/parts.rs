@@ -194,13 +194,20 @@ impl BlockDevice for Concat {
         None
     }
 
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>, IoError> {
+    fn extents_are_local(&self) -> bool {
+        self.parts.iter().all(|p| p.1.extents_are_local())
+    }
+
+    fn extents(&self, offset: u64, len: u64, max: usize) -> Result<Vec<Extent>, IoError> {
         self.check(sce_io::Op::Read, offset, len)?;
         let mut out = Vec::new();
         for (k, at, _, n) in self.pieces(offset, len) {
+            if out.len() >= max.max(1) {
+                break;
+            }
             match k {
                 Some(k) => {
-                    let e = self.parts[k].1.extents(at, n)?;
+                    let e = self.parts[k].1.extents(at, n, max.max(1) - out.len())?;
                     let got: u64 = e.iter().map(|x| x.len).sum();
                     out.extend(e);
                     if got < n {
@@ -245,7 +252,9 @@ mod tests {
             c.write_at(12288, &[7; 4096]).is_err(),
             "a gap is never written"
         );
-        let e = c.extents(0, 65536 + 8192).unwrap();
+        let e = c
+            .extents(0, 65536 + 8192, sce_io::extent::MAX_EXTENTS)
+            .unwrap();
         assert_eq!(e.iter().map(|x| x.len).sum::<u64>(), 65536 + 8192);
         assert!(e.iter().any(|x| x.hole && x.len == 65536 - 12288));
     }

@@ -66,10 +66,20 @@ impl WritePath {
         e: &Engine,
         offset: u64,
         len: u64,
+        max: usize,
     ) -> Result<Vec<Extent>, IoError> {
         match self {
-            WritePath::Through(_) => e.dev.source.extents(offset, len),
+            WritePath::Through(_) => e.dev.source.extents(offset, len, max),
             WritePath::Back(_) | WritePath::Log(_) => Ok(vec![Extent::data(len)]),
+        }
+    }
+
+    /// Whether `extents` asks nothing remote: the source's answer in write-through, none
+    /// in write-back.
+    pub(crate) fn extents_are_local(&self, e: &Engine) -> bool {
+        match self {
+            WritePath::Through(_) => e.dev.source.extents_are_local(),
+            WritePath::Back(_) | WritePath::Log(_) => true,
         }
     }
 

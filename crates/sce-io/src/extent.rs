@@ -41,12 +41,14 @@ pub fn all_data(offset: u64, len: u64, size: u64, lbs: u32) -> Result<Vec<Extent
 
 /// Extents of `[offset, offset + len)` of a file, from `lseek(SEEK_DATA / SEEK_HOLE)`. A file
 /// system that cannot tell (or a block device) reports all data, which is always true.
-/// Extents are merged when adjacent and equal, and cut at the end of the range.
-pub fn file_extents(fd: RawFd, offset: u64, len: u64) -> Vec<Extent> {
+/// Extents are merged when adjacent and equal, and cut at the end of the range; at most
+/// `max` of them (and [`MAX_EXTENTS`]), each whole but one cut at the range's end.
+pub fn file_extents(fd: RawFd, offset: u64, len: u64, max: usize) -> Vec<Extent> {
+    let max = max.clamp(1, MAX_EXTENTS);
     let end = offset + len;
     let mut out: Vec<Extent> = Vec::new();
     let mut at = offset;
-    while at < end && out.len() < MAX_EXTENTS {
+    while at < end && out.len() < max {
         let Some(data) = seek(fd, at, libc::SEEK_DATA) else {
             // ENXIO: no data at or after `at` (the rest is a hole); any other error: the
             // file system cannot tell, so the rest is reported as data.
@@ -111,7 +113,7 @@ mod tests {
         f.set_len(8 << 20).unwrap();
         f.write_all_at(&[7u8; 1 << 20], 2 << 20).unwrap();
         f.sync_all().unwrap();
-        let e = file_extents(f.as_raw_fd(), 0, 8 << 20);
+        let e = file_extents(f.as_raw_fd(), 0, 8 << 20, MAX_EXTENTS);
         let total: u64 = e.iter().map(|e| e.len).sum();
         assert_eq!(total, 8 << 20, "{e:?}");
         // Every Linux file system of today (ext4, xfs, btrfs, tmpfs, overlayfs) knows its
@@ -124,8 +126,8 @@ mod tests {
                 Extent::hole(5 << 20)
             ]
         );
-        let mid = file_extents(f.as_raw_fd(), (2 << 20) + 4096, 8192);
+        let mid = file_extents(f.as_raw_fd(), (2 << 20) + 4096, 8192, MAX_EXTENTS);
         assert_eq!(mid, vec![Extent::data(8192)]);
-        assert!(file_extents(f.as_raw_fd(), 0, 0).is_empty());
+        assert!(file_extents(f.as_raw_fd(), 0, 0, MAX_EXTENTS).is_empty());
     }
 }

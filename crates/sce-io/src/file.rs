@@ -512,8 +512,13 @@ impl BlockDevice for FileDevice {
             .map_err(|e| Self::io_err(Op::Flush, 0, 0, e))
     }
 
+    /// `lseek`, or nothing for a block device.
+    fn extents_are_local(&self) -> bool {
+        true
+    }
+
     /// A regular file's holes, from `SEEK_DATA`/`SEEK_HOLE`; a block device: all data.
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<crate::Extent>, IoError> {
+    fn extents(&self, offset: u64, len: u64, max: usize) -> Result<Vec<crate::Extent>, IoError> {
         check_range(Op::Read, offset, len, self.size, self.lbs)?;
         if self.block_device {
             return crate::extent::all_data(offset, len, self.size, self.lbs);
@@ -522,6 +527,7 @@ impl BlockDevice for FileDevice {
             self.file.as_raw_fd(),
             offset,
             len,
+            max,
         ))
     }
 

@@ -12,8 +12,16 @@ macro_rules! forward_metadata {
         fn identity(&self) -> Option<String> {
             self.inner.identity()
         }
-        fn extents(&self, offset: u64, len: u64) -> Result<Vec<crate::Extent>, IoError> {
-            self.inner.extents(offset, len)
+        fn extents(
+            &self,
+            offset: u64,
+            len: u64,
+            max: usize,
+        ) -> Result<Vec<crate::Extent>, IoError> {
+            self.inner.extents(offset, len, max)
+        }
+        fn extents_are_local(&self) -> bool {
+            self.inner.extents_are_local()
         }
         fn size(&self) -> u64 {
             self.inner.size()
@@ -98,11 +106,20 @@ pub trait BlockDevice: Send + Sync {
         self.write_at(offset, &data)
     }
     /// The allocation of `[offset, offset + len)`: extents in order from `offset`, covering
-    /// the range or (for a badly fragmented one) a nonempty prefix of it; empty for `len`
-    /// 0. A hole reads as zeroes. Range rules as for `read_at`. The default, for a device
-    /// that cannot tell, is one data extent, which is always true.
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>, IoError> {
+    /// the range or a nonempty prefix of it (at most `max` extents, and fewer for a badly
+    /// fragmented range); empty for `len` 0. Each extent but a cut last one is whole, so
+    /// `max` 1 (NBD's REQ_ONE, what qemu asks) costs one look, not a walk of the range. A
+    /// hole reads as zeroes. Range rules as for `read_at`. The default, for a device that
+    /// cannot tell, is one data extent, which is always true.
+    fn extents(&self, offset: u64, len: u64, max: usize) -> Result<Vec<Extent>, IoError> {
+        let _ = max;
         extent::all_data(offset, len, self.size(), self.logical_block_size())
+    }
+    /// Whether `extents` is answered on this host alone, in about a system call's time (a
+    /// local file's `lseek`, or memory), never waiting on a network: a server may then
+    /// answer block status on the thread that received the request. Default: no.
+    fn extents_are_local(&self) -> bool {
+        false
     }
 }
 
@@ -137,8 +154,11 @@ macro_rules! forward {
             fn write_shared(&self, offset: u64, data: SharedBytes) -> Result<(), IoError> {
                 (**self).write_shared(offset, data)
             }
-            fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>, IoError> {
-                (**self).extents(offset, len)
+            fn extents(&self, offset: u64, len: u64, max: usize) -> Result<Vec<Extent>, IoError> {
+                (**self).extents(offset, len, max)
+            }
+            fn extents_are_local(&self) -> bool {
+                (**self).extents_are_local()
             }
         }
     };

@@ -104,6 +104,9 @@ impl std::fmt::Debug for MemDevice {
 impl BlockDevice for MemDevice {
     /// The device's number in this process: nobody but its users in this process can change
     /// its content, and it does not outlive the process.
+    fn extents_are_local(&self) -> bool {
+        true
+    }
     fn identity(&self) -> Option<String> {
         Some(format!(
             "memory:{}:{}:{}",

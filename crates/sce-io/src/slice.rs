@@ -83,8 +83,11 @@ impl BlockDevice for SliceDevice {
         )?;
         self.inner.discard(self.offset + offset, len)
     }
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<crate::Extent>, IoError> {
+    fn extents(&self, offset: u64, len: u64, max: usize) -> Result<Vec<crate::Extent>, IoError> {
         check_range(Op::Read, offset, len, self.len, self.logical_block_size())?;
-        self.inner.extents(self.offset + offset, len)
+        self.inner.extents(self.offset + offset, len, max)
+    }
+    fn extents_are_local(&self) -> bool {
+        self.inner.extents_are_local()
     }
 }

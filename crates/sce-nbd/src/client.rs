@@ -358,8 +358,8 @@ impl Drop for NbdClient {
 impl NbdClient {
     /// The source's allocation from its `base:allocation` context; all data when it has
     /// none or the query fails (always true). A range longer than 4 GiB is answered for a
-    /// prefix.
-    fn source_extents(&self, offset: u64, len: u64) -> Vec<sce_io::Extent> {
+    /// prefix. `one`: the first extent only (REQ_ONE), which the server finds in one look.
+    fn source_extents(&self, offset: u64, len: u64, one: bool) -> Vec<sce_io::Extent> {
         let all_data = vec![sce_io::Extent::data(len)];
         let ask = len.min(u32::MAX as u64 & !511) as u32;
         let mut st = self.status.lock();
@@ -376,7 +376,7 @@ impl NbdClient {
         let StatusState::Conn(c) = &mut *st else {
             return all_data;
         };
-        match c.extents(offset, ask, Instant::now() + self.opts.request_timeout) {
+        match c.extents(offset, ask, one, Instant::now() + self.opts.request_timeout) {
             Ok(v) => v,
             Err(e) => {
                 tracing::debug!("block status of {}: {e}", self.uri);
@@ -388,12 +388,14 @@ impl NbdClient {
 }
 
 impl BlockDevice for NbdClient {
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<sce_io::Extent>, IoError> {
+    fn extents(&self, offset: u64, len: u64, max: usize) -> Result<Vec<sce_io::Extent>, IoError> {
         check_range(Op::Read, offset, len, self.size, 512)?;
         if len == 0 {
             return Ok(Vec::new());
         }
-        Ok(self.source_extents(offset, len))
+        let mut out = self.source_extents(offset, len, max == 1);
+        out.truncate(max.max(1));
+        Ok(out)
     }
     /// The export's URI and size. An NBD export's content can change on its server without
     /// either changing: a persistent cache adds the operator's `--source-generation`.

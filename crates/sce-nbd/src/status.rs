@@ -68,12 +68,13 @@ impl StatusConn {
         &mut self,
         offset: u64,
         len: u32,
+        one: bool,
         deadline: Instant,
     ) -> io::Result<Vec<Extent>> {
         let cookie = self.cookie;
         self.cookie += 1;
         let req = proto::encode_request(&Request {
-            flags: 0,
+            flags: if one { proto::CMD_FLAG_REQ_ONE } else { 0 },
             command: proto::CMD_BLOCK_STATUS,
             cookie,
             offset,

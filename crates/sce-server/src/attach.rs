@@ -556,8 +556,15 @@ impl BlockDevice for Attachable {
 
     /// The cached volume's while attached (the source's, except in write-back, where the
     /// cache holds data the source lacks), the source's when detached.
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<sce_io::Extent>, IoError> {
+    fn extents(&self, offset: u64, len: u64, max: usize) -> Result<Vec<sce_io::Extent>, IoError> {
         let b = self.base();
-        self.with(|v| v.extents(b + offset, len), |s| s.extents(offset, len))
+        self.with(
+            |v| v.extents(b + offset, len, max),
+            |s| s.extents(offset, len, max),
+        )
+    }
+
+    fn extents_are_local(&self) -> bool {
+        self.with(|v| v.extents_are_local(), |s| s.extents_are_local())
     }
 }

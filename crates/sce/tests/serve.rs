@@ -804,3 +804,66 @@ fn map_through_the_cache(d: &tempfile::TempDir, tag: &str, source: &str) {
     assert!(!out.contains("verification failed"), "{tag}: {out}");
     assert!(p.term().success());
 }
+
+/// `qemu-img convert` from a cached export of a sparse source reads exactly what the
+/// export's map calls data (block status asked one extent at a time, REQ_ONE, as qemu
+/// asks it), and copies the image whole.
+#[test]
+fn qemu_img_convert_reads_only_what_the_map_calls_data() {
+    if !have("nbdinfo") || !have("qemu-img") {
+        return;
+    }
+    let (d, src) = common::temp_source(256 << 20);
+    let mut written = 0u64;
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&src).unwrap();
+        // Scattered extents of 4 KiB to 1 MiB, on 64 KiB boundaries, apart from each other.
+        for i in 0..60u64 {
+            let len = 4096 << (i % 9);
+            let at = i * (4 << 20) + (i % 7) * 65536;
+            f.write_all_at(&vec![i as u8 + 1; len as usize], at)
+                .unwrap();
+            written += len;
+        }
+    }
+    let sock = d.path().join("c.sock");
+    let cache = d.path().join("c.cache");
+    let s = common::Server::start(
+        &[
+            "--source",
+            src.to_str().unwrap(),
+            "--cache",
+            cache.to_str().unwrap(),
+            "--cache-size",
+            "64MiB",
+        ],
+        &sock,
+    );
+    let u = uri(&sock);
+    let map = run(Command::new("nbdinfo").args(["--map", "--json", &u]));
+    let map: serde_json::Value = serde_json::from_str(&map).unwrap();
+    let data: u64 = map
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"].as_u64().unwrap() & 1 == 0)
+        .map(|e| e["length"].as_u64().unwrap())
+        .sum();
+    // The map is the file system's: whole blocks, at least what was written.
+    assert!(
+        data >= written && data < written + (1 << 20),
+        "map data {data}, written {written}"
+    );
+    let out = d.path().join("out.raw");
+    run(Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "raw", &u])
+        .arg(&out));
+    assert!(std::fs::read(&out).unwrap() == std::fs::read(&src).unwrap());
+    let st = s.export_stats();
+    let read = 4096 * (common::num(&st, "read_pages_hit") + common::num(&st, "read_pages_missed"));
+    assert_eq!(
+        read, data,
+        "bytes read by the convert, bytes of data in the map"
+    );
+}

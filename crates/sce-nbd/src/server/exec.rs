@@ -94,8 +94,11 @@ pub(super) fn execute(
             fua(Ok(()))
         }
         proto::CMD_BLOCK_STATUS => {
-            let ext = dev.extents(off, len).map_err(|x| errno_of(&x, false))?;
             let one = req.flags & proto::CMD_FLAG_REQ_ONE != 0;
+            let max = if one { 1 } else { sce_io::extent::MAX_EXTENTS };
+            let ext = dev
+                .extents(off, len, max)
+                .map_err(|x| errno_of(&x, false))?;
             Ok(Some(block_status(&ext, len, one, pool)))
         }
         proto::CMD_CACHE => match &e.prefetch {

@@ -249,8 +249,8 @@ impl Server {
     }
 }
 
-/// Whether a request may run on the reader itself: a read, write or flush of an export
-/// served through a queue (a local device, whose I/O takes microseconds; or a cached
+/// Whether a request may run on the reader itself: a read, write, flush or block status of
+/// an export served through a queue (a local device, whose I/O takes microseconds; or a cached
 /// volume's hit, or its write or flush that the cache device alone serves), the only
 /// request of its connection in flight, with no further request already arriving. That is
 /// a client at queue depth 1, waiting for this reply before it sends anything: running the
@@ -259,19 +259,23 @@ fn alone(job: &Job, fd: RawFd) -> bool {
     job.conn.export.io.is_some()
         && matches!(
             job.req.command,
-            proto::CMD_READ | proto::CMD_WRITE | proto::CMD_FLUSH
+            proto::CMD_READ | proto::CMD_WRITE | proto::CMD_FLUSH | proto::CMD_BLOCK_STATUS
         )
         && job.conn.state.requests.load(Relaxed) == 1
         && !readable(fd)
 }
 
-/// Whether a request alone in flight runs whole on the reader (by a blocking call): any
-/// on an export with a queue on the local device; on a cached volume, a write or flush
+/// Whether a request alone in flight runs whole on the reader (by a blocking call): block
+/// status answered on this host (qemu-img asks it before every read, one extent at a
+/// time); any on an export with a queue on the local device; on a cached volume, a write or flush
 /// the cache device alone serves ([`sce_io::QueuedReads::runs_locally`]). A cached
 /// volume's read hit is started by `queued::prepare` instead (and misses go to the
 /// workers).
 fn runs_here(job: &Job) -> bool {
     let req = &job.req;
+    if req.command == proto::CMD_BLOCK_STATUS {
+        return job.conn.export.device.extents_are_local();
+    }
     match &job.conn.export.io {
         Some(ExportIo::Queue(_)) => true,
         Some(ExportIo::Reads(r)) => match req.command {

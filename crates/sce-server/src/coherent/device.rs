@@ -79,8 +79,12 @@ impl BlockDevice for Coherent {
         self.published(r, offset, len)
     }
 
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<sce_io::Extent>, IoError> {
-        self.att.extents(offset, len)
+    fn extents(&self, offset: u64, len: u64, max: usize) -> Result<Vec<sce_io::Extent>, IoError> {
+        self.att.extents(offset, len, max)
+    }
+
+    fn extents_are_local(&self) -> bool {
+        self.att.extents_are_local()
     }
 }
 
