@@ -79,7 +79,8 @@ pub enum WriteMode {
     Passthrough,
     /// Write-back (issue 15): writes land in the cache only (`begin_writeback`) and are
     /// cleaned to the source later. `sce serve` runs it on a persistent cache with its write
-    /// journal (docs/WRITEBACK.md); chosen when the cache starts, not at run time.
+    /// journal (docs/WRITEBACK.md); entered and left at run time by reopening the volume
+    /// (`sce ctl set mode`), never by a retune of a running core.
     WriteBack,
 }
 

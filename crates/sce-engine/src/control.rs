@@ -20,27 +20,14 @@ impl CacheVolume {
     pub fn retune(&self, t: &sce_core::Retune) -> Result<CoreConfig, sce_core::ConfigError> {
         let e = &self.engine;
         let mut cfg = e.config.lock();
-        let mut next = cfg.clone();
-        if let Some(m) = t.write_mode {
-            next.write_mode = m;
-        }
-        if let Some(a) = t.admission {
-            next.admission = a;
-        }
-        if let Some(c) = t.sequential_cutoff {
-            next.sequential_cutoff = c;
-        }
-        if let Some((r, adaptive)) = t.population_rate {
-            next.population_rate = r;
-            next.population_adaptive = adaptive;
-        }
+        let next = t.applied_to(&cfg);
         next.validate()?;
         let wb = sce_core::WriteMode::WriteBack;
         if (next.write_mode == wb) != (cfg.write_mode == wb) {
             return Err(sce_core::ConfigError::new(
                 "mode",
-                "writeback is chosen when the cache starts: restart it with --mode to enter or \
-                 leave it (leaving: `sce ctl flush --to-source` first)"
+                "writeback is entered and left by reopening the volume: `sce ctl set mode` does \
+                 it for a served export"
                     .into(),
             ));
         }
@@ -50,12 +37,7 @@ impl CacheVolume {
         if self.path.log().is_some() {
             part.write_mode = sce_core::WriteMode::WriteThrough;
         }
-        let shard_tune = sce_core::Retune {
-            write_mode: Some(part.write_mode),
-            admission: Some(part.admission),
-            sequential_cutoff: Some(part.sequential_cutoff),
-            population_rate: Some((part.population_rate, part.population_adaptive)),
-        };
+        let shard_tune = sce_core::Retune::all_of(&part);
         for k in 0..e.cores.count() {
             e.cores.with_shard(k, |core| core.retune(&shard_tune))?;
         }

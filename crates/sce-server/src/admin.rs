@@ -15,6 +15,7 @@
 //! root's or a member's of `--admin-group` is refused (see [`AdminAccess`]).
 
 mod access;
+mod settings;
 
 use crate::attach::{Attachable, Volumes};
 use crate::metrics::stats_json;
@@ -22,11 +23,12 @@ use crate::rates::Rates;
 use crate::LOG_TARGET;
 pub use access::AdminAccess;
 use anyhow::{anyhow, bail, Context, Result};
-use sce_core::{Admission, Retune, WriteMode};
+use sce_core::WriteMode;
 use sce_engine::CacheVolume;
 use sce_nbd::Server;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+pub use settings::retune;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -64,6 +66,10 @@ pub struct Request {
     /// flush: write write-back data to the source too (and flush it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub to_source: bool,
+    /// set mode, leaving writeback: refuse if there is dirty data, rather than write it to
+    /// the source first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_wait: bool,
 }
 
 /// What the admin thread needs of the server.
@@ -362,7 +368,7 @@ impl Ctx {
 
     /// exists, evict, prefetch and clean: a range of a cached export.
     fn range_verb(&self, req: &Request) -> Result<Value> {
-        let (n, _) = self.volume(req.export.as_deref())?;
+        let (n, vol) = self.volume(req.export.as_deref())?;
         let (_, v) = self.attachable(req.export.as_deref())?;
         let (o, l) = Self::range(req, v)?;
         let cached = |v: &Attachable| -> Result<u64> {
@@ -388,63 +394,18 @@ impl Ctx {
                 Ok(json!({"export": n, "offset": o, "len": l, "evicted_bytes": bytes}))
             }
             _ => {
-                let before = cached(v)?;
+                let before = (cached(v)?, vol.stats().endurance_refusals);
                 v.prefetch(o, l)?;
                 let after = cached(v)?;
+                let refused = vol.stats().endurance_refusals - before.1;
                 Ok(json!({
                     "export": n, "offset": o, "len": l,
                     "cached_bytes": after,
-                    "fetched_bytes": after.saturating_sub(before),
+                    "fetched_bytes": after.saturating_sub(before.0),
+                    "short_because": (after < l).then(|| short_because(&vol, l, refused)),
                 }))
             }
         }
-    }
-
-    fn set(&self, req: &Request) -> Result<Value> {
-        let (n, v) = self.volume(req.export.as_deref())?;
-        let (Some(key), Some(value)) = (req.key.as_deref(), req.value.as_deref()) else {
-            bail!("set needs a key and a value");
-        };
-        let t = retune(key, value)?;
-        let cfg = v.retune(&t).map_err(|e| anyhow!("{e}"))?;
-        tracing::info!(target: LOG_TARGET, export = %n, key, value, "ctl set");
-        // Settings are the cache device's: exports that share it change together.
-        let (_, a) = self.attachable(req.export.as_deref())?;
-        let also: Vec<String> = a.part().map_or_else(Vec::new, |p| p.siblings.clone());
-        Ok(json!({
-            "export": n,
-            "also_applies_to": also,
-            "mode": cfg.write_mode.to_string(),
-            "admission": cfg.admission.to_string(),
-            "sequential_cutoff_bytes": cfg.sequential_cutoff,
-            "population_rate_bytes_per_second": cfg.population_rate,
-            "population_rate_adaptive": cfg.population_adaptive,
-        }))
-    }
-
-    fn attach(&self, req: &Request) -> Result<Value> {
-        let (n, a) = self.attachable(req.export.as_deref())?;
-        let cache = req.value.as_deref().map(std::path::PathBuf::from);
-        // The other exports as they are now (their caches may have moved).
-        let others: Vec<_> = self
-            .exports
-            .iter()
-            .map(|e| {
-                let mut e = e.clone();
-                if let Some((_, Some(att))) = self.volumes.iter().find(|(x, _)| *x == e.name) {
-                    e.cache = att.cache_path().or(e.cache);
-                }
-                e
-            })
-            .collect();
-        let r = a.attach(cache, &others)?;
-        Ok(json!({
-            "export": n,
-            "cache": r.cache.display().to_string(),
-            "warm": r.forgot.is_none(),
-            "fragments_restored": r.fragments_restored,
-            "cold_because": r.forgot,
-        }))
     }
 
     fn status(&self, name: Option<&str>) -> Result<Value> {
@@ -525,6 +486,30 @@ impl Ctx {
     }
 }
 
+/// Why a prefetch left part of its range uncached.
+fn short_because(v: &CacheVolume, len: u64, endurance_refusals: u64) -> String {
+    let cfg = v.config();
+    let s = v.stats();
+    let capacity = s.total_slots * cfg.fragment_size;
+    if !cfg.write_mode.caches_reads() {
+        format!("the cache is in {}: nothing is populated", cfg.write_mode)
+    } else if v.is_passthrough() {
+        "the cache device failed: it passes everything through".into()
+    } else if endurance_refusals > 0 {
+        format!("the endurance budget (max_cache_writes) refused {endurance_refusals} fragment(s)")
+    } else if len > capacity {
+        format!(
+            "the range is larger than the cache ({} bytes): its first fragments were evicted \
+             for the last",
+            capacity
+        )
+    } else {
+        "no slot could be had for the rest: every slot was held (by reads, populations or \
+         dirty data) or its fragment is being written"
+            .into()
+    }
+}
+
 /// The export's own figures, apart from its cache device's (which exports that share the
 /// device have in common): its reads, their hit ratio, and the bytes the cache holds of it.
 fn export_figures(m: &mut Value, a: &Attachable) {
@@ -536,33 +521,6 @@ fn export_figures(m: &mut Value, a: &Attachable) {
     if let Some(p) = a.part() {
         m["shared_with"] = json!(p.siblings);
     }
-}
-
-/// What `set KEY VALUE` changes.
-pub fn retune(key: &str, value: &str) -> Result<Retune> {
-    let mut t = Retune::default();
-    match key {
-        "mode" => t.write_mode = Some(value.parse::<WriteMode>().map_err(|e| anyhow!(e))?),
-        "admission" => t.admission = Some(value.parse::<Admission>().map_err(|e| anyhow!(e))?),
-        "seq-cutoff" | "sequential-cutoff" => {
-            t.sequential_cutoff =
-                Some(sce_core::units::parse_size(value).map_err(|e| anyhow!("seq-cutoff: {e}"))?)
-        }
-        "population-rate" => {
-            let r = value
-                .parse::<crate::admission::PopulationRate>()
-                .map_err(|e| anyhow!(e))?;
-            let d = sce_core::CoreConfig::default();
-            t.population_rate = Some(match r {
-                crate::admission::PopulationRate::Auto => (d.population_rate, true),
-                crate::admission::PopulationRate::AutoUpTo(n) => (n, true),
-                crate::admission::PopulationRate::Fixed(n) => (n, false),
-                crate::admission::PopulationRate::Unlimited => (0, false),
-            });
-        }
-        k => bail!("cannot set {k:?} at run time (mode, admission, seq-cutoff, population-rate)"),
-    }
-    Ok(t)
 }
 
 /// Sends one request to the admin socket at `path` and returns its result, or the server's

@@ -14,10 +14,18 @@
 //! the device holds (it starts cold, and says why), and writes that arrive while the attach
 //! opens the device make it forget again before the volume takes a request.
 //!
-//! Lock order: `ops` (one detach or attach at a time) before `gate`; `gate` is held shared
-//! by requests across their I/O, exclusively only to swap the volume in or out.
+//! **Settings stick.** What `sce ctl set` changed (mode, admission, sequential cutoff,
+//! population rate) is kept across a detach and put back by the next attach, and a switch
+//! into or out of write-back reopens the volume under the gate with them (`attach/mode.rs`).
+//!
+//! Lock order: `ops` (one detach, attach or mode switch at a time) before `gate`, before
+//! `kept`; `gate` is held shared by requests across their I/O, exclusively only to swap the
+//! volume in or out.
 
+mod mode;
 mod queued;
+
+pub use mode::{Drain, SetDone};
 
 use crate::config::{ExportConfig, ServeConfig};
 pub use crate::counters::ExportCounters;
@@ -28,7 +36,7 @@ use sce_io::{BlockDevice, IoError, SharedBytes};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Where an export sits in a cache device it shares with other exports.
 #[derive(Clone, Debug)]
@@ -63,10 +71,13 @@ pub struct Attachable {
     ops: Mutex<()>,
     /// Writes and discards served while detached, since the last attach.
     writes_detached: AtomicU64,
+    /// The settings in effect when the cache was detached, or set while it was: the next
+    /// attach opens the volume with them (None: the export's configuration's).
+    kept: Mutex<Option<sce_core::CoreConfig>>,
 }
 
 /// What `attach` did.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Attached {
     /// The cache device.
     pub cache: PathBuf,
@@ -74,6 +85,11 @@ pub struct Attached {
     pub fragments_restored: u64,
     /// Why it starts cold, if it does.
     pub forgot: Option<String>,
+    /// The settings it runs with.
+    pub settings: sce_core::CoreConfig,
+    /// Whether they are those in effect at the detach (or set since), not the
+    /// configuration's.
+    pub settings_kept: bool,
 }
 
 impl Attachable {
@@ -105,6 +121,7 @@ impl Attachable {
             draining: Mutex::new(None),
             ops: Mutex::new(()),
             writes_detached: AtomicU64::new(0),
+            kept: Mutex::new(None),
         })
     }
 
@@ -281,7 +298,10 @@ impl Attachable {
         if let Some(v) = self.volume() {
             self.drain(&v)?;
         }
-        let v = {
+        // Reads started on the volume before the swap are submitted to its queue from now
+        // on, not waiting for the gate (`attach/queued.rs`).
+        *self.draining.lock() = self.volume();
+        let swapped = || -> Result<Arc<CacheVolume>> {
             let mut g = self.gate.write();
             let v = g
                 .clone()
@@ -294,20 +314,13 @@ impl Attachable {
                 anyhow!("detach refused: the cache device cannot be marked detached: {e}")
             })?;
             *g = None;
-            v
+            Ok(v)
         };
+        let v = swapped().inspect_err(|_| *self.draining.lock() = None)?;
         self.writes_detached.store(0, Relaxed);
-        // Reads started through the hit queue before the swap finish on it.
-        *self.draining.lock() = Some(v.clone());
-        let t0 = Instant::now();
-        while v.latencies().in_flight.load(Relaxed) > 0 && t0.elapsed() < Duration::from_secs(30) {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        let flushed = v.flush();
-        let clean = flushed.is_ok() && v.shutdown();
-        *self.draining.lock() = None;
+        *self.kept.lock() = Some(v.config());
+        let (flushed, clean) = self.close(v);
         let path = self.cache_path().unwrap_or_default();
-        drop(v);
         if let Err(e) = flushed {
             tracing::error!(target: crate::LOG_TARGET, export = %name, "detach: flushing failed: {e}; the cache device is left as after a crash");
             bail!("detached, but flushing failed: {e}; the cache device is left as after a crash (the next attach recovers it)");
@@ -352,8 +365,8 @@ impl Attachable {
                 "{written} write(s) reached the source while the cache was detached"
             ));
         }
-        let core = crate::export::core_of(&spec)?;
-        let v = crate::export::open_volume(&spec, &cfg, core, self.source.clone(), &path)?;
+        let kept = self.kept.lock().clone();
+        let v = self.open(&spec, &cfg, kept.as_ref(), &path)?;
         let restored = v.persist_stats().map_or(0, |p| p.fragments_restored);
         let mut g = self.gate.write();
         let late = self.writes_detached.load(Relaxed);
@@ -376,11 +389,14 @@ impl Attachable {
         drop(g);
         *self.spec.lock() = spec;
         let fragments_restored = if forgot.is_some() { 0 } else { restored };
-        tracing::info!(target: crate::LOG_TARGET, export = %name, cache = %path.display(), fragments_restored, forgot = forgot.as_deref().unwrap_or(""), "cache attached");
+        let settings = self.volume().map(|v| v.config()).unwrap_or_default();
+        tracing::info!(target: crate::LOG_TARGET, export = %name, cache = %path.display(), fragments_restored, forgot = forgot.as_deref().unwrap_or(""), mode = %settings.write_mode, admission = %settings.admission, settings_kept = kept.is_some(), "cache attached");
         Ok(Attached {
             cache: path,
             fragments_restored,
             forgot,
+            settings,
+            settings_kept: kept.is_some(),
         })
     }
 }
@@ -447,10 +463,14 @@ impl Attachable {
         }
         v.set_detached(p.index, false)?;
         let written = self.writes_detached.swap(0, Relaxed);
+        let settings = v.config();
         *g = Some(v);
         drop(g);
         tracing::info!(target: crate::LOG_TARGET, export = %name, cache = %path.display(), "cache attached again (cold: a shared device keeps nothing of a detached export)");
         Ok(Attached {
+            settings,
+            // The device stayed open with the others: its settings never left.
+            settings_kept: true,
             cache: path,
             fragments_restored: 0,
             forgot: Some(format!(

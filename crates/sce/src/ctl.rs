@@ -7,6 +7,9 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod status;
+use status::print_status;
+
 /// Options of `sce ctl`.
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Examples:
@@ -102,8 +105,12 @@ pub enum Verb {
         to: String,
     },
     /// Change a setting of a running export: mode (writethrough, writethrough-sync,
-    /// writearound, passthrough), admission (sce, sce-paper, always, nhit:K), seq-cutoff
-    /// (SIZE, 0 for none) or population-rate (auto, auto:SIZE, SIZE, unlimited).
+    /// writearound, passthrough, writeback), admission (sce, sce-paper, always, nhit:K),
+    /// seq-cutoff (SIZE, 0 for none) or population-rate (auto, auto:SIZE, SIZE,
+    /// unlimited). Settings stay across a detach and attach. Entering or leaving writeback
+    /// reopens the cache (requests wait a moment, it stays warm); leaving it writes the
+    /// dirty data to the source first, with progress in the server's log. Example: sce ctl
+    /// set "" mode writethrough --no-wait
     Set {
         /// The export ("" for the default one).
         export: String,
@@ -111,6 +118,10 @@ pub enum Verb {
         key: String,
         /// The new value.
         value: String,
+        /// Leaving writeback: refuse if the cache holds dirty data, instead of writing it
+        /// to the source first.
+        #[arg(long)]
+        no_wait: bool,
     },
 }
 
@@ -192,6 +203,9 @@ fn request(verb: Verb) -> (Request, Render) {
                 size(&v["cached_bytes"]),
                 size(&v["len"])
             );
+            if let Some(why) = v["short_because"].as_str() {
+                println!("not all of it: {why}");
+            }
         }),
         Verb::Forget { export } => (simple("forget", Some(export)), print_forget),
         Verb::Detach { export } => (simple("detach", Some(export)), print_detach),
@@ -215,12 +229,18 @@ fn request(verb: Verb) -> (Request, Render) {
             },
             print_attach,
         ),
-        Verb::Set { export, key, value } => (
+        Verb::Set {
+            export,
+            key,
+            value,
+            no_wait,
+        } => (
             Request {
                 verb: "set".into(),
                 export: Some(export),
                 key: Some(key),
                 value: Some(value),
+                no_wait,
                 ..Request::default()
             },
             print_set,
@@ -309,9 +329,16 @@ fn print_attach(v: &Value) {
         v["cache"].as_str().unwrap_or("?"),
         v["export"]
     );
+    let whose = if v["settings_kept"] == Value::Bool(true) {
+        "as before the detach, or as set since"
+    } else {
+        "the configuration's"
+    };
+    println!("settings ({whose}): {}", settings(v));
 }
 
-fn print_set(v: &Value) {
+/// The settings in a `set` or `attach` reply, in a line.
+fn settings(v: &Value) -> String {
     let rate = match v["population_rate_bytes_per_second"].as_u64() {
         Some(0) => "unlimited".to_string(),
         Some(n) => format!("{}/s", format_size(n)),
@@ -322,13 +349,25 @@ fn print_set(v: &Value) {
     } else {
         ""
     };
-    println!(
-        "export {}: mode {}, admission {}, seq-cutoff {}, population rate {rate}{adaptive}",
-        v["export"],
+    format!(
+        "mode {}, admission {}, seq-cutoff {}, population rate {rate}{adaptive}",
         v["mode"].as_str().unwrap_or("?"),
         v["admission"].as_str().unwrap_or("?"),
         size(&v["sequential_cutoff_bytes"]),
-    );
+    )
+}
+
+fn print_set(v: &Value) {
+    println!("export {}: {}", v["export"], settings(v));
+    if v["reopened"] == Value::Bool(true) {
+        println!(
+            "the cache was reopened in the new mode ({} of dirty data written to the source first)",
+            size(&v["drained_bytes"])
+        );
+    }
+    if v["detached"] == Value::Bool(true) {
+        println!("the cache is detached: the next attach opens it with these settings");
+    }
 }
 
 fn size(v: &Value) -> String {
@@ -347,107 +386,6 @@ fn list(v: &Value) -> String {
     } else {
         names.join(", ")
     }
-}
-
-fn print_status(v: &Value) {
-    println!(
-        "sce {} up {:.0} s, {} open connection(s)",
-        v["version"].as_str().unwrap_or("?"),
-        v["uptime_seconds"].as_f64().unwrap_or(0.0),
-        v["open_connections"]
-    );
-    for e in v["exports"].as_array().into_iter().flatten() {
-        println!(
-            "export {}  {}  {}",
-            e["name"],
-            size(&e["size_bytes"]),
-            e["state"].as_str().unwrap_or("?")
-        );
-        if e["cached"] != Value::Bool(true) {
-            continue;
-        }
-        let pct = |x: &Value| format!("{:.1}%", x.as_f64().unwrap_or(0.0) * 100.0);
-        println!(
-            "  {:<12} {}  admission {}  fragment {}  {}",
-            "mode",
-            e["mode"].as_str().unwrap_or("?"),
-            e["admission"].as_str().unwrap_or("?"),
-            size(&e["fragment_size_bytes"]),
-            if e["persistent"] == Value::Bool(true) {
-                "persistent"
-            } else {
-                "not persistent"
-            }
-        );
-        if let Some(w) = e.get("writeback") {
-            println!(
-                "  {:<12} {} dirty, {} lost, {} written back, {} waits, {} clean errors{}",
-                "writeback",
-                size(&w["dirty_bytes"]),
-                size(&w["lost_bytes"]),
-                size(&w["cleaned_bytes"]),
-                w["waits"],
-                w["clean_errors"],
-                match w["last_clean_error"].as_str() {
-                    Some(x) if !x.is_empty() => format!(" (last: {x})"),
-                    _ => String::new(),
-                }
-            );
-        }
-        print_shared(e);
-        println!(
-            "  {:<12} {} of {} ({})",
-            "occupancy",
-            size(&e["occupancy_bytes"]),
-            size(&e["cache_bytes"]),
-            pct(&e["occupancy_ratio"])
-        );
-        let recent = match e["recent_read_hit_ratio"].as_f64() {
-            Some(r) => format!(
-                ", last {:.0} s {:.1}%",
-                e["rates_window_seconds"].as_f64().unwrap_or(0.0),
-                r * 100.0
-            ),
-            None => String::new(),
-        };
-        println!(
-            "  {:<12} {}{recent}",
-            "read hits",
-            pct(&e["read_hit_ratio"])
-        );
-        println!(
-            "  {:<12} populations {:.1}/s, evictions {:.1}/s",
-            "rates",
-            e["populations_per_second"].as_f64().unwrap_or(0.0),
-            e["evictions_per_second"].as_f64().unwrap_or(0.0)
-        );
-        let er = &e["errors"];
-        println!(
-            "  {:<12} cache read {}, cache write {}, checksum {}",
-            "errors", er["cache_read"], er["cache_write"], er["cache_checksum"]
-        );
-        print_own(e, &pct);
-    }
-}
-
-/// An export's own figures; for one that shares its cache device, the lines above are the
-/// device's.
-fn print_own(e: &Value, pct: &dyn Fn(&Value) -> String) {
-    if let Some(with) = e["shared_with"].as_array() {
-        let names: Vec<&str> = with.iter().filter_map(Value::as_str).collect();
-        println!(
-            "  {:<12} with {} (the figures above are the device's)",
-            "shared",
-            names.join(", ")
-        );
-    }
-    println!(
-        "  {:<12} {} cached, {} of {} reads hit",
-        "this export",
-        size(&e["export_cached_bytes"]),
-        pct(&e["export_read_hit_ratio"]),
-        e["export_read_requests"]
-    );
 }
 
 /// The counters `stats` shows per export, with how to render each.
@@ -549,27 +487,4 @@ fn watch_stats(path: &Path, req: &Request, secs: f64, count: u64, json: bool) ->
         }
         std::thread::sleep(Duration::from_secs_f64(secs));
     }
-}
-
-/// The shared-mode line of an export in `status`.
-fn print_shared(e: &Value) {
-    let Some(sh) = e.get("shared") else { return };
-    println!(
-        "  {:<12} {} as {}: {}, revision {}, {} writes published ({:.2} ms mean, {} failed), {} invalidations received ({} dropped), {} reads passed through",
-        "shared",
-        sh["volume"].as_str().unwrap_or("?"),
-        sh["host"].as_str().unwrap_or("?"),
-        if sh["serving_hits"] == Value::Bool(true) {
-            "serving hits"
-        } else {
-            "passing reads through (no valid lease or not caught up)"
-        },
-        sh["revision_processed"],
-        sh["writes_published"],
-        sh["mean_publish_seconds"].as_f64().unwrap_or(0.0) * 1e3,
-        sh["publish_failures"],
-        sh["invalidations_received"],
-        size(&sh["dropped_bytes"]),
-        sh["passthrough_reads"],
-    );
 }

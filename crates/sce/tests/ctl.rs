@@ -226,6 +226,7 @@ fn each_verb_does_what_it_says() {
     // prefetch fills, exists sees it, evict drops it.
     let p = ctl_json(&sock, &["prefetch", "1MiB", "2MiB"]);
     assert_eq!(p["cached_bytes"], 2 << 20, "{p}");
+    assert!(p["short_because"].is_null(), "{p}");
     assert_eq!(cached_bytes(&sock, "1MiB", "2MiB"), 2 << 20);
     assert_eq!(cached_bytes(&sock, "8MiB", "1MiB"), 0);
     let ev = ctl_json(&sock, &["evict", "1MiB", "1MiB"]);
@@ -239,8 +240,16 @@ fn each_verb_does_what_it_says() {
     );
     let p = ctl_json(&sock, &["prefetch", "8MiB", "1MiB"]);
     assert_eq!(p["fetched_bytes"], 0, "{p}");
+    let why = p["short_because"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("passthrough"),
+        "a short prefetch says why: {p}"
+    );
     assert_eq!(cached_bytes(&sock, "2MiB", "1MiB"), 1 << 20);
     ctl_json(&sock, &["set", "", "mode", "writethrough"]);
+    // More than the cache holds (16 MiB): fetched in part, and why.
+    let (ok, out, err) = ctl(&sock, &["prefetch", "0", "64MiB"]);
+    assert!(ok && out.contains("larger than the cache"), "{out}{err}");
     // set: every key, and the reply shows the settings in force.
     let s = ctl_json(&sock, &["set", "", "admission", "nhit:2"]);
     assert_eq!(s["admission"], "nhit:2");
@@ -276,10 +285,6 @@ fn each_verb_does_what_it_says() {
     for (args, says) in [
         (&["set", "nope", "mode", "passthrough"][..], "no export"),
         (&["set", "", "mode", "writebehind"], "unknown mode"),
-        (
-            &["set", "", "mode", "writeback"],
-            "chosen when the cache starts",
-        ),
         (&["set", "", "fragment-size", "1MiB"], "cannot set"),
         (&["evict", "60MiB", "8MiB"], "out of range"),
         (&["exists", "0", "65MiB"], "out of range"),

@@ -166,6 +166,38 @@ pub struct Retune {
     pub population_rate: Option<(u64, bool)>,
 }
 
+impl Retune {
+    /// Every setting a running cache may change, as `cfg` has it: what puts a reopened
+    /// cache back where an operator left it.
+    pub fn all_of(cfg: &CoreConfig) -> Retune {
+        Retune {
+            write_mode: Some(cfg.write_mode),
+            admission: Some(cfg.admission),
+            sequential_cutoff: Some(cfg.sequential_cutoff),
+            population_rate: Some((cfg.population_rate, cfg.population_adaptive)),
+        }
+    }
+
+    /// `cfg` with the fields given here replaced (not validated).
+    pub fn applied_to(&self, cfg: &CoreConfig) -> CoreConfig {
+        let mut cfg = cfg.clone();
+        if let Some(m) = self.write_mode {
+            cfg.write_mode = m;
+        }
+        if let Some(a) = self.admission {
+            cfg.admission = a;
+        }
+        if let Some(c) = self.sequential_cutoff {
+            cfg.sequential_cutoff = c;
+        }
+        if let Some((r, adaptive)) = self.population_rate {
+            cfg.population_rate = r;
+            cfg.population_adaptive = adaptive;
+        }
+        cfg
+    }
+}
+
 impl CacheCore {
     /// How often the adaptive population rate is re-decided (virtual or real time).
     const BUDGET_EPOCH_NS: u64 = 1_000_000_000;
@@ -242,20 +274,7 @@ impl CacheCore {
     /// state over (sketch, filters, streams, budget). Nothing is changed if the result
     /// would not validate.
     pub fn retune(&mut self, t: &Retune) -> Result<(), ConfigError> {
-        let mut cfg = self.cfg.clone();
-        if let Some(m) = t.write_mode {
-            cfg.write_mode = m;
-        }
-        if let Some(a) = t.admission {
-            cfg.admission = a;
-        }
-        if let Some(c) = t.sequential_cutoff {
-            cfg.sequential_cutoff = c;
-        }
-        if let Some((r, adaptive)) = t.population_rate {
-            cfg.population_rate = r;
-            cfg.population_adaptive = adaptive;
-        }
+        let cfg = t.applied_to(&self.cfg);
         cfg.validate()?;
         if cfg.write_mode != WriteMode::WriteBack && !self.wb.is_clean() {
             return Err(ConfigError::new(

@@ -28,7 +28,18 @@ impl QueuedReads for Attachable {
         r
     }
 
+    /// The attached volume's queue; while a swap holds the gate (or waits for it), the
+    /// queue of the volume being swapped out, which every operation started and not yet
+    /// submitted came from (nothing starts on a gate a swap holds). Never waiting for the
+    /// gate there: a mode switch holds it while it waits for those operations.
     fn queue(&self) -> Option<Arc<dyn IoQueue>> {
+        if let Some(g) = self.gate.try_read() {
+            if let Some(v) = g.as_deref() {
+                return v.queue();
+            }
+        } else if let Some(v) = self.draining.lock().as_deref() {
+            return v.queue();
+        }
         if let Some(v) = self.gate.read().as_deref() {
             return v.queue();
         }

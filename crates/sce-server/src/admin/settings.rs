@@ -1,0 +1,104 @@
+//! `set` and `attach`: the settings an operator changes at run time, and what both report.
+
+use super::{Ctx, Request};
+use crate::attach::Drain;
+use crate::LOG_TARGET;
+use anyhow::{anyhow, bail, Result};
+use sce_core::{Admission, Retune, WriteMode};
+use serde_json::{json, Value};
+
+impl Ctx {
+    pub(super) fn set(&self, req: &Request) -> Result<Value> {
+        let (n, a) = self.attachable(req.export.as_deref())?;
+        let (Some(key), Some(value)) = (req.key.as_deref(), req.value.as_deref()) else {
+            bail!("set needs a key and a value");
+        };
+        let t = retune(key, value)?;
+        if t.write_mode == Some(WriteMode::WriteBack) && crate::coherent::of(a).is_some() {
+            bail!(
+                "shared mode does not run write-back: another host would read the source \
+                 without this host's dirty data"
+            );
+        }
+        let drain = if req.no_wait {
+            Drain::Refuse
+        } else {
+            Drain::Wait
+        };
+        let done = a.set(&t, drain)?;
+        tracing::info!(target: LOG_TARGET, export = %n, key, value, reopened = done.reopened, detached = done.detached, "ctl set");
+        // Settings are the cache device's: exports that share it change together.
+        let also: Vec<String> = a.part().map_or_else(Vec::new, |p| p.siblings.clone());
+        let mut m = settings_json(&done.settings);
+        m["export"] = json!(n);
+        m["also_applies_to"] = json!(also);
+        m["reopened"] = json!(done.reopened);
+        m["drained_bytes"] = json!(done.drained_bytes);
+        m["detached"] = json!(done.detached);
+        Ok(m)
+    }
+
+    pub(super) fn attach(&self, req: &Request) -> Result<Value> {
+        let (n, a) = self.attachable(req.export.as_deref())?;
+        let cache = req.value.as_deref().map(std::path::PathBuf::from);
+        // The other exports as they are now (their caches may have moved).
+        let others: Vec<_> = self
+            .exports
+            .iter()
+            .map(|e| {
+                let mut e = e.clone();
+                if let Some((_, Some(att))) = self.volumes.iter().find(|(x, _)| *x == e.name) {
+                    e.cache = att.cache_path().or(e.cache);
+                }
+                e
+            })
+            .collect();
+        let r = a.attach(cache, &others)?;
+        let mut m = settings_json(&r.settings);
+        m["export"] = json!(n);
+        m["cache"] = json!(r.cache.display().to_string());
+        m["warm"] = json!(r.forgot.is_none());
+        m["fragments_restored"] = json!(r.fragments_restored);
+        m["cold_because"] = json!(r.forgot);
+        m["settings_kept"] = json!(r.settings_kept);
+        Ok(m)
+    }
+}
+
+/// The settings `set` changes, as `set` and `attach` report them.
+fn settings_json(cfg: &sce_core::CoreConfig) -> Value {
+    json!({
+        "mode": cfg.write_mode.to_string(),
+        "admission": cfg.admission.to_string(),
+        "sequential_cutoff_bytes": cfg.sequential_cutoff,
+        "population_rate_bytes_per_second": cfg.population_rate,
+        "population_rate_adaptive": cfg.population_adaptive,
+    })
+}
+
+/// What `set KEY VALUE` changes.
+pub fn retune(key: &str, value: &str) -> Result<Retune> {
+    let mut t = Retune::default();
+    match key {
+        "mode" => t.write_mode = Some(value.parse::<WriteMode>().map_err(|e| anyhow!(e))?),
+        "admission" => t.admission = Some(value.parse::<Admission>().map_err(|e| anyhow!(e))?),
+        "seq-cutoff" | "sequential-cutoff" => {
+            t.sequential_cutoff =
+                Some(sce_core::units::parse_size(value).map_err(|e| anyhow!("seq-cutoff: {e}"))?)
+        }
+        "population-rate" => {
+            let r = value
+                .parse::<crate::admission::PopulationRate>()
+                .map_err(|e| anyhow!(e))?;
+            let d = sce_core::CoreConfig::default();
+            t.population_rate = Some(match r {
+                crate::admission::PopulationRate::Auto => (d.population_rate, true),
+                crate::admission::PopulationRate::AutoUpTo(n) => (n, true),
+                crate::admission::PopulationRate::Fixed(n) => (n, false),
+                crate::admission::PopulationRate::Unlimited => (0, false),
+            });
+        }
+        k => bail!("cannot set {k:?} at run time (mode, admission, seq-cutoff, population-rate)"),
+    }
+    Ok(t)
+}

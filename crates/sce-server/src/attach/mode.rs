@@ -1,0 +1,280 @@
+//! Settings changed at run time (`sce ctl set`), and a switch of write mode into or out of
+//! write-back, which reopens the volume: the engine chooses its write path (and whether it
+//! keeps a log) when it opens.
+//!
+//! **The switch.** Leaving write-back first writes every dirty page to the source while
+//! requests go on (progress logged every few seconds), or refuses at once if the operator
+//! asked it not to wait. Then, under the gate taken exclusively (requests wait, as for a
+//! detach), what was written meanwhile is drained again, the volume is flushed, shut down
+//! clean and closed, and the same device is opened again in the new mode, warm: nothing
+//! reached the source behind its back. Should the reopen fail, the old mode is tried, and
+//! should that fail too the export is left detached, serving from its source (which holds
+//! every acknowledged write), and the error says so.
+
+use super::Attachable;
+use crate::config::{ExportConfig, ServeConfig};
+use crate::LOG_TARGET;
+use anyhow::{anyhow, bail, Result};
+use sce_core::{CoreConfig, Retune, WriteMode};
+use sce_engine::CacheVolume;
+use sce_io::BlockDevice;
+use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How leaving write-back treats dirty data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drain {
+    /// Write it to the source first, however long that takes (the switch fails if the
+    /// source takes no page for a minute).
+    Wait,
+    /// Refuse if there is any.
+    Refuse,
+}
+
+/// What `set` did.
+#[derive(Debug, Clone)]
+pub struct SetDone {
+    /// The settings in effect now (or, detached, those the next attach takes).
+    pub settings: CoreConfig,
+    /// Bytes of dirty data written to the source before leaving write-back.
+    pub drained_bytes: u64,
+    /// Whether the volume was closed and opened again (a switch into or out of write-back).
+    pub reopened: bool,
+    /// Whether the export is detached (the settings wait for the attach).
+    pub detached: bool,
+}
+
+/// How long a drain may go without cleaning a page.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Whether opening failed because the device is locked (by this process's old volume, a
+/// moment after its close).
+fn busy(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<sce_io::IoError>(),
+            Some(sce_io::IoError::Busy { .. })
+        )
+    })
+}
+
+fn is_wb(m: WriteMode) -> bool {
+    m == WriteMode::WriteBack
+}
+
+impl Attachable {
+    /// `sce ctl set`: changes the settings of the attached volume, reopening it to enter or
+    /// leave write-back; detached, keeps them for the next attach.
+    pub fn set(&self, t: &Retune, drain: Drain) -> Result<SetDone> {
+        let _op = self.ops.lock();
+        let Some(v) = self.volume() else {
+            return self.set_detached(t);
+        };
+        let cur = v.config();
+        let crossing = t
+            .write_mode
+            .is_some_and(|m| is_wb(m) != is_wb(cur.write_mode));
+        if !crossing {
+            let settings = v.retune(t).map_err(|e| anyhow!("{e}"))?;
+            return Ok(SetDone {
+                settings,
+                drained_bytes: 0,
+                reopened: false,
+                detached: false,
+            });
+        }
+        if let Some(p) = &self.part {
+            bail!(
+                "the cache device is shared with {:?}: write-back is entered or left for the \
+                 whole device, at its start (restart with --mode)",
+                p.siblings
+            );
+        }
+        let next = t.applied_to(&cur);
+        next.validate().map_err(|e| anyhow!("{e}"))?;
+        let mut drained = 0;
+        if is_wb(cur.write_mode) {
+            let dirty = v
+                .writeback_stats()
+                .map_or(0, |s| s.dirty_bytes + s.lost_bytes);
+            if dirty > 0 && drain == Drain::Refuse {
+                bail!(
+                    "the cache holds {} of write-back data the source lacks: not leaving \
+                     writeback without waiting (run without --no-wait to write it to the \
+                     source first, or `sce ctl flush --to-source` and try again)",
+                    sce_core::units::format_size(dirty)
+                );
+            }
+            drained = self.drain_logged(&v)?;
+        }
+        drop(v);
+        self.reopen(&cur, &next)?;
+        Ok(SetDone {
+            settings: self.volume().map_or(next, |v| v.config()),
+            drained_bytes: drained,
+            reopened: true,
+            detached: false,
+        })
+    }
+
+    /// `set` while detached: the next attach opens the volume with it.
+    fn set_detached(&self, t: &Retune) -> Result<SetDone> {
+        let mut kept = self.kept.lock();
+        let base = match kept.clone() {
+            Some(k) => k,
+            None => crate::export::core_of(&self.spec.lock())?,
+        };
+        let next = t.applied_to(&base);
+        next.validate().map_err(|e| anyhow!("{e}"))?;
+        *kept = Some(next.clone());
+        Ok(SetDone {
+            settings: next,
+            drained_bytes: 0,
+            reopened: false,
+            detached: true,
+        })
+    }
+
+    /// Leaving write-back: every dirty byte to the source while requests go on, with the
+    /// bytes left logged every 5 s. Returns the bytes cleaned.
+    fn drain_logged(&self, v: &Arc<CacheVolume>) -> Result<u64> {
+        let name = self.spec.lock().name.clone();
+        let left = || v.writeback_stats().map_or(0, |s| s.dirty_bytes);
+        tracing::info!(target: LOG_TARGET, export = %name, dirty_bytes = left(), "leaving writeback: writing the dirty data to the source first");
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let r = std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut last = Instant::now();
+                while !done.load(Relaxed) {
+                    std::thread::sleep(Duration::from_millis(50));
+                    if last.elapsed() >= Duration::from_secs(5) {
+                        last = Instant::now();
+                        tracing::info!(target: LOG_TARGET, export = %name, dirty_bytes = left(), "leaving writeback: draining");
+                    }
+                }
+            });
+            let r = v.flush_to_source(self.range(), PATIENCE);
+            done.store(true, Relaxed);
+            r
+        });
+        r.map_err(|e| {
+            anyhow!("still in writeback: the dirty data could not be written to the source: {e}")
+        })
+    }
+
+    /// Closes the volume and opens its device again with `next`, under the gate; on
+    /// failure the old settings (`cur`), and detached if those fail too.
+    fn reopen(&self, cur: &CoreConfig, next: &CoreConfig) -> Result<()> {
+        let spec = self.spec.lock().clone();
+        let path = self
+            .cache_path()
+            .ok_or_else(|| anyhow!("the export has no cache device"))?;
+        // Reads started on the volume before the swap are submitted to its queue (not
+        // waiting for the gate held below: `attach/queued.rs`).
+        *self.draining.lock() = self.volume();
+        let mut g = self.gate.write();
+        let Some(v) = g.clone() else {
+            *self.draining.lock() = None;
+            bail!("the cache is detached");
+        };
+        // What was written since the drain: nothing more can come now.
+        if let Err(e) = self.drain(&v) {
+            *self.draining.lock() = None;
+            return Err(e);
+        }
+        *g = None;
+        let (flushed, clean) = self.close(v);
+        if let Err(e) = flushed {
+            // As after a crash: the reopen recovers it, and the records have every
+            // acknowledged write.
+            tracing::error!(target: LOG_TARGET, export = %spec.name, "mode switch: flushing the cache failed: {e}");
+        }
+        let mut cfg = self.cfg.clone();
+        cfg.reattach = true;
+        let err = match self.open(&spec, &cfg, Some(next), &path) {
+            Ok(nv) => {
+                *g = Some(nv);
+                tracing::warn!(target: LOG_TARGET, export = %spec.name, from = %cur.write_mode, to = %next.write_mode, clean, "write mode switched (the volume was reopened)");
+                return Ok(());
+            }
+            Err(e) => e,
+        };
+        tracing::error!(target: LOG_TARGET, export = %spec.name, "mode switch to {}: reopening the cache failed: {err:#}; back to {}", next.write_mode, cur.write_mode);
+        match self.open(&spec, &cfg, Some(cur), &path) {
+            Ok(nv) => {
+                *g = Some(nv);
+                Err(err.context(format!(
+                    "not switched to {}: the cache could not be opened so; it serves in {} again",
+                    next.write_mode, cur.write_mode
+                )))
+            }
+            Err(e2) => {
+                *self.kept.lock() = Some(cur.clone());
+                self.writes_detached.store(0, Relaxed);
+                tracing::error!(target: LOG_TARGET, export = %spec.name, "the cache could not be opened again: {e2:#}; the export serves from its source, detached");
+                Err(err.context(format!(
+                    "the cache could not be opened again ({e2:#}): the export is detached and \
+                     serves from its source, which holds every acknowledged write; `sce ctl \
+                     attach` once the cause is fixed"
+                )))
+            }
+        }
+    }
+
+    /// Opens the export's cache device at `path`, with `settings` where given (those an
+    /// operator set at run time) over the configuration's.
+    pub(super) fn open(
+        &self,
+        spec: &ExportConfig,
+        cfg: &ServeConfig,
+        settings: Option<&CoreConfig>,
+        path: &Path,
+    ) -> Result<Arc<CacheVolume>> {
+        let mut core = crate::export::core_of(spec)?;
+        if let Some(s) = settings {
+            core.write_mode = s.write_mode;
+        }
+        // Right after a close, the last of the old volume's threads may still hold the
+        // device (and its lock) for a moment.
+        let t0 = Instant::now();
+        let v = loop {
+            match crate::export::open_volume(spec, cfg, core.clone(), self.source.clone(), path) {
+                Err(e) if busy(&e) && t0.elapsed() < Duration::from_secs(10) => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                r => break r?,
+            }
+        };
+        if let Some(s) = settings {
+            v.retune(&Retune::all_of(s)).map_err(|e| anyhow!("{e}"))?;
+        }
+        Ok(v)
+    }
+
+    /// Closes a volume swapped out of the gate: reads started through its hit queue before
+    /// the swap finish first, then it is flushed and shut down, and the last reference to
+    /// it is waited for (briefly), so that its device's lock is released when this
+    /// returns. Returns the flush's result and whether the device was left clean.
+    pub(super) fn close(&self, v: Arc<CacheVolume>) -> (Result<(), sce_io::IoError>, bool) {
+        *self.draining.lock() = Some(v.clone());
+        let t0 = Instant::now();
+        while v.latencies().in_flight.load(Relaxed) > 0 && t0.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let flushed = v.flush();
+        let clean = flushed.is_ok() && v.shutdown();
+        *self.draining.lock() = None;
+        // A metrics scrape or status may hold it for a moment.
+        let t0 = Instant::now();
+        while Arc::strong_count(&v) > 1 && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        if Arc::strong_count(&v) > 1 {
+            tracing::warn!(target: LOG_TARGET, "a closed cache volume is still referenced: its device stays open (and locked) until that ends");
+        }
+        drop(v);
+        (flushed, clean)
+    }
+}

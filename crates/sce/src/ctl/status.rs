@@ -1,0 +1,128 @@
+//! How `sce ctl status` prints a server's status.
+
+use super::size;
+use serde_json::Value;
+
+pub(super) fn print_status(v: &Value) {
+    println!(
+        "sce {} up {:.0} s, {} open connection(s)",
+        v["version"].as_str().unwrap_or("?"),
+        v["uptime_seconds"].as_f64().unwrap_or(0.0),
+        v["open_connections"]
+    );
+    for e in v["exports"].as_array().into_iter().flatten() {
+        println!(
+            "export {}  {}  {}",
+            e["name"],
+            size(&e["size_bytes"]),
+            e["state"].as_str().unwrap_or("?")
+        );
+        if e["cached"] != Value::Bool(true) {
+            continue;
+        }
+        let pct = |x: &Value| format!("{:.1}%", x.as_f64().unwrap_or(0.0) * 100.0);
+        println!(
+            "  {:<12} {}  admission {}  fragment {}  {}",
+            "mode",
+            e["mode"].as_str().unwrap_or("?"),
+            e["admission"].as_str().unwrap_or("?"),
+            size(&e["fragment_size_bytes"]),
+            if e["persistent"] == Value::Bool(true) {
+                "persistent"
+            } else {
+                "not persistent"
+            }
+        );
+        if let Some(w) = e.get("writeback") {
+            println!(
+                "  {:<12} {} dirty, {} lost, {} written back, {} waits, {} clean errors{}",
+                "writeback",
+                size(&w["dirty_bytes"]),
+                size(&w["lost_bytes"]),
+                size(&w["cleaned_bytes"]),
+                w["waits"],
+                w["clean_errors"],
+                match w["last_clean_error"].as_str() {
+                    Some(x) if !x.is_empty() => format!(" (last: {x})"),
+                    _ => String::new(),
+                }
+            );
+        }
+        print_shared(e);
+        println!(
+            "  {:<12} {} of {} ({})",
+            "occupancy",
+            size(&e["occupancy_bytes"]),
+            size(&e["cache_bytes"]),
+            pct(&e["occupancy_ratio"])
+        );
+        let recent = match e["recent_read_hit_ratio"].as_f64() {
+            Some(r) => format!(
+                ", {:.1}% over the last {:.0} s",
+                r * 100.0,
+                e["rates_window_seconds"].as_f64().unwrap_or(0.0),
+            ),
+            None => String::new(),
+        };
+        println!(
+            "  {:<12} {} of the pages read since start{recent}",
+            "read hits",
+            pct(&e["read_hit_ratio"])
+        );
+        println!(
+            "  {:<12} populations {:.1}/s, evictions {:.1}/s",
+            "rates",
+            e["populations_per_second"].as_f64().unwrap_or(0.0),
+            e["evictions_per_second"].as_f64().unwrap_or(0.0)
+        );
+        let er = &e["errors"];
+        println!(
+            "  {:<12} cache read {}, cache write {}, checksum {}",
+            "errors", er["cache_read"], er["cache_write"], er["cache_checksum"]
+        );
+        print_own(e, &pct);
+    }
+}
+
+/// An export's own figures; for one that shares its cache device, the lines above are the
+/// device's.
+fn print_own(e: &Value, pct: &dyn Fn(&Value) -> String) {
+    if let Some(with) = e["shared_with"].as_array() {
+        let names: Vec<&str> = with.iter().filter_map(Value::as_str).collect();
+        println!(
+            "  {:<12} with {} (the figures above are the device's)",
+            "shared",
+            names.join(", ")
+        );
+    }
+    println!(
+        "  {:<12} {} cached; {} of its {} read requests hit whole",
+        "this export",
+        size(&e["export_cached_bytes"]),
+        pct(&e["export_read_hit_ratio"]),
+        e["export_read_requests"]
+    );
+}
+
+/// The shared-mode line of an export in `status`.
+fn print_shared(e: &Value) {
+    let Some(sh) = e.get("shared") else { return };
+    println!(
+        "  {:<12} {} as {}: {}, revision {}, {} writes published ({:.2} ms mean, {} failed), {} invalidations received ({} dropped), {} reads passed through",
+        "shared",
+        sh["volume"].as_str().unwrap_or("?"),
+        sh["host"].as_str().unwrap_or("?"),
+        if sh["serving_hits"] == Value::Bool(true) {
+            "serving hits"
+        } else {
+            "passing reads through (no valid lease or not caught up)"
+        },
+        sh["revision_processed"],
+        sh["writes_published"],
+        sh["mean_publish_seconds"].as_f64().unwrap_or(0.0) * 1e3,
+        sh["publish_failures"],
+        sh["invalidations_received"],
+        size(&sh["dropped_bytes"]),
+        sh["passthrough_reads"],
+    );
+}
