@@ -26,6 +26,8 @@ pub enum Event {
     Listening(String),
     /// The metrics endpoint is up at this address (HOST:PORT).
     Metrics(String),
+    /// Every listener is up and every export serves (systemd's READY=1).
+    Ready,
     /// A signal came: the shutdown begins.
     ShuttingDown,
 }
@@ -78,6 +80,7 @@ pub fn run(cfg: ServeConfig, report: &mut dyn FnMut(Event)) -> Result<Stopped> {
     let (stop, running) = stop_on_signal()
         .and_then(|stop| Ok((stop, start(assembled, &cfg, report)?)))
         .inspect_err(|_| remove_new_caches(&new_caches, Some(&volumes)))?;
+    report(Event::Ready);
     let _ = stop.recv();
     tracing::info!(target: LOG_TARGET, "signal received: shutting down");
     report(Event::ShuttingDown);

@@ -8,6 +8,7 @@ mod format;
 mod gen;
 mod load;
 mod logging;
+mod notify;
 mod packaging;
 mod policy_args;
 mod serve;

@@ -21,165 +21,171 @@ use std::time::Duration;
 /// Options of `sce serve`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
+    /// A TOML file declaring listeners and one or more exports (see README and
+    /// contrib/sce.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// The source volume: a file, a block device, or an NBD URI (nbd://HOST:PORT/NAME,
     /// nbd+unix:///NAME?socket=PATH).
-    #[arg(long)]
+    #[arg(help_heading = "Source and export", long)]
     pub source: Option<String>,
     /// The cache device (file or block device). Without it the source is exported as is.
-    #[arg(long)]
+    #[arg(help_heading = "Cache device", long)]
     pub cache: Option<PathBuf>,
     /// Where to listen: unix:PATH or tcp:HOST:PORT (repeatable). A TCP address other than
     /// loopback is refused unless TLS is required (--tls-cert) or --insecure is given.
-    #[arg(long)]
+    #[arg(help_heading = "Network and TLS", long)]
     pub listen: Vec<ListenAddr>,
     /// Allow TCP listeners on addresses other than loopback, without TLS or authentication
     /// (a warning is logged).
-    #[arg(long)]
+    #[arg(help_heading = "Network and TLS", long)]
     pub insecure: bool,
     /// TLS on TCP listeners (NBD STARTTLS): off, on (offered) or require. Default: require
     /// when --tls-cert or --tls-psk is given, else off. Unix sockets stay plain.
-    #[arg(long)]
+    #[arg(help_heading = "Network and TLS", long)]
     pub tls: Option<sce_nbd::TlsMode>,
     /// The server's X.509 certificate chain (PEM).
-    #[arg(long, requires = "tls_key")]
+    #[arg(help_heading = "Network and TLS", long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
     /// The certificate's private key (PEM).
-    #[arg(long, requires = "tls_cert")]
+    #[arg(help_heading = "Network and TLS", long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
     /// CA certificates (PEM) of the clients to accept: every client must then present a
     /// certificate they signed (mutual TLS).
-    #[arg(long, requires = "tls_cert")]
+    #[arg(help_heading = "Network and TLS", long, requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
     /// TLS-PSK instead of certificates, as qemu-nbd and nbdkit do it: a key file of
     /// USERNAME:HEXKEY lines (`psktool -u alice -p keys.psk` writes one). Clients need one
     /// of its keys. Runs on the system's GnuTLS (libgnutls30).
-    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key", "tls_client_ca"])]
+    #[arg(help_heading = "Network and TLS", long, conflicts_with_all = ["tls_cert", "tls_key", "tls_client_ca"])]
     pub tls_psk: Option<PathBuf>,
     /// Export name ("" is the default export).
-    #[arg(long, default_value = "")]
+    #[arg(help_heading = "Source and export", long, default_value = "")]
     pub export: String,
     /// Create the cache file with this size if it does not exist. An existing cache is never
     /// resized: a different size is refused before anything is written. Sizes here and
     /// everywhere: K, M, G, T and KiB, MiB, GiB, TiB are powers of 1024 (1G = 1GiB = 2^30
     /// bytes); kB, MB, GB, TB powers of 1000 (1GB = 10^9 bytes). The size created is logged
     /// in bytes.
-    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    #[arg(help_heading = "Cache device", long, value_parser = parse_size, value_name = "SIZE")]
     pub cache_size: Option<u64>,
     /// Use a cache device that holds data which is not an sce cache (its contents are lost).
     /// Without it such a device is refused.
-    #[arg(long)]
+    #[arg(help_heading = "Cache device", long)]
     pub force: bool,
     /// A version string for the source's content, recorded with the cache: change it
     /// whenever the source was changed while sce was not running and sce cannot see it
     /// (an NBD export, a block device written by another host). A different value drops
     /// everything cached for the source at start.
-    #[arg(long)]
+    #[arg(help_heading = "Source and export", long)]
     pub source_generation: Option<String>,
     /// Cache mode: writethrough (asynchronous, as SCE's AWT; --awt off for the synchronous
     /// flavour), writearound, writeback or passthrough. The old names awt, write-through and
-    /// write-around work too. Change it at run time with `sce ctl set EXPORT mode M`, except
-    /// into or out of writeback, which is chosen at start (write-back acknowledges writes
-    /// once they are on the cache device; a cleaner copies them to the source; `sce ctl
-    /// flush --to-source` drains it; one SSD is then the only copy of that data).
+    /// write-around work too. Change it at run time with `sce ctl set EXPORT mode M`
+    /// (into or out of writeback too: the cache is reopened, and leaving drains it first).
+    /// Write-back acknowledges writes once they are on the cache device and a cleaner
+    /// copies them to the source; `sce ctl flush --to-source` drains it; one SSD is then
+    /// the only copy of that data.
     /// [default: writethrough]
-    #[arg(long)]
+    #[arg(help_heading = "Policy", long)]
     pub mode: Option<WriteMode>,
     /// The engine's tuning knobs (as in demo and the TOML file).
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Policy")]
     pub tuning: crate::policy_args::TuningArgs,
     /// Admission: sce (flash-conscious), sce-paper (the paper's Algorithm 1), always or
     /// nhit:K. [default: sce]
-    #[arg(long)]
+    #[arg(help_heading = "Policy", long)]
     pub admission: Option<Admission>,
     /// Options of admission sce and the endurance budget.
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Policy")]
     pub admission_opts: crate::policy_args::AdmissionArgs,
     /// Fragment size (the cache line, lvmcache's chunk): a power of two from 4KiB to 64MiB.
     /// A formatted cache device keeps its own. [default: 1MiB]
-    #[arg(long, visible_alias = "chunk-size", value_parser = parse_size)]
+    #[arg(help_heading = "Cache device", long, visible_alias = "chunk-size", value_parser = parse_size)]
     pub fragment_size: Option<u64>,
     /// Eviction policy: clock, lru or fifo. [default: clock]
-    #[arg(long)]
+    #[arg(help_heading = "Policy", long)]
     pub eviction: Option<EvictionKind>,
     /// Algorithm 1: populate only while the read miss rate is at least this (0..=1).
     /// [default: 0.01]
-    #[arg(long)]
+    #[arg(help_heading = "Policy", long)]
     pub target_missrate: Option<f64>,
     /// Export read-only.
-    #[arg(long)]
+    #[arg(help_heading = "Source and export", long)]
     pub read_only: bool,
-    /// A TOML file declaring listeners and one or more exports (see README).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
     /// Serve counters over HTTP at HOST:PORT: /metrics (Prometheus text), /stats (JSON).
     /// An address other than loopback is refused unless --metrics-public is given.
-    #[arg(long)]
+    #[arg(help_heading = "Control and metrics", long)]
     pub metrics: Option<String>,
     /// Allow --metrics on an address other than loopback: anyone who can reach it reads
     /// the counters (export names, sizes, rates) without authentication.
-    #[arg(long)]
+    #[arg(help_heading = "Control and metrics", long)]
     pub metrics_public: bool,
     /// The admin socket `sce ctl` talks to (mode 0600). [default: the first --listen
     /// unix:PATH with .ctl added, e.g. /run/sce/lun0.sock.ctl]
-    #[arg(long, value_name = "PATH")]
+    #[arg(help_heading = "Control and metrics", long, value_name = "PATH")]
     pub admin: Option<PathBuf>,
     /// A group (name or number) whose members may use the admin socket too; without it,
     /// only the server's own uid and root may (checked on every connection).
-    #[arg(long, value_name = "GROUP")]
+    #[arg(help_heading = "Control and metrics", long, value_name = "GROUP")]
     pub admin_group: Option<String>,
     /// Fall back to buffered I/O where the filesystem refuses O_DIRECT.
-    #[arg(long)]
+    #[arg(help_heading = "Cache device", long)]
     pub allow_buffered: bool,
     /// Use buffered I/O (the page cache) for files and devices instead of O_DIRECT.
-    #[arg(long)]
+    #[arg(help_heading = "Cache device", long)]
     pub buffered: bool,
     /// Connections to an NBD source (if it allows several, CAN_MULTI_CONN; else 1).
-    #[arg(long, default_value_t = 4)]
+    #[arg(help_heading = "Source and export", long, default_value_t = 4)]
     pub source_connections: usize,
     /// Requests in flight on each connection to an NBD source (pipelined, answered by
     /// cookie). With the default 4 connections, up to 128 requests reach the source at once.
-    #[arg(long, default_value_t = 32)]
+    #[arg(help_heading = "Source and export", long, default_value_t = 32)]
     pub source_queue_depth: usize,
     /// How an export of a local file or block device without a cache does its I/O:
     /// io_uring (many requests in flight from one thread, replies sent as they complete),
     /// threads (a pool of 32 doing blocking I/O), or auto (io_uring where a probe read
     /// through it works, else threads). Cached exports run through the cache engine.
-    #[arg(long, default_value_t = sce_io::Backend::Auto, value_parser = parse_backend)]
+    #[arg(help_heading = "Cache device", long, default_value_t = sce_io::Backend::Auto, value_parser = parse_backend)]
     pub io_backend: sce_io::Backend,
     /// Do not keep the cache contents across restarts: the cache device holds data only and
     /// starts cold every time.
-    #[arg(long)]
+    #[arg(help_heading = "Persistence and failures", long)]
     pub no_persist: bool,
     /// Reformat the cache device if it belongs to another source, has another fragment size
     /// or format version, is corrupt, or was disabled after errors. Its contents are lost;
     /// refused if it holds dirty write-back data, unless --discard-dirty.
-    #[arg(long)]
+    #[arg(help_heading = "Persistence and failures", long)]
     pub reformat: bool,
     /// Invalidate everything the cache device holds for this source, at start (dirty
     /// write-back data is kept: it is newer than the source).
-    #[arg(long)]
+    #[arg(help_heading = "Persistence and failures", long)]
     pub forget_volume: bool,
     /// Give up the dirty write-back data of this volume (its name in the cache device's
     /// table, as `sce check` prints it; or `all`): without it, `--reformat` or a start that
     /// leaves a volume holding dirty data out is refused. Repeatable. What is dropped is
     /// logged at ERROR.
-    #[arg(long, value_name = "VOLUME")]
+    #[arg(help_heading = "Persistence and failures", long, value_name = "VOLUME")]
     pub discard_dirty: Vec<String>,
     /// The source's name in the cache device's volume table (default: the source's
     /// canonical path, or its URI).
-    #[arg(long)]
+    #[arg(help_heading = "Source and export", long)]
     pub source_name: Option<String>,
     /// Host directory for failure markers of cache devices that failed and could not record
     /// it themselves.
-    #[arg(long, default_value = "/var/lib/sce")]
+    #[arg(
+        help_heading = "Persistence and failures",
+        long,
+        default_value = "/var/lib/sce"
+    )]
     pub state_dir: PathBuf,
     /// Cache-device errors (I/O errors, checksum mismatches) after which the cache disables
     /// itself and passes I/O through to the source.
-    #[arg(long, default_value_t = 16)]
+    #[arg(help_heading = "Persistence and failures", long, default_value_t = 16)]
     pub error_limit: u64,
     /// How often changed slot records are written and quiet write intents cleared. Shorter:
     /// more of the cache survives a crash, more metadata writes.
-    #[arg(long, default_value = "1s", value_parser = parse_metadata_interval)]
+    #[arg(help_heading = "Persistence and failures", long, default_value = "1s", value_parser = parse_metadata_interval)]
     pub metadata_interval: Duration,
     /// What a crash of sce serve costs a persistent cache. on: each write to a cached
     /// fragment first names its pages in a journal on the cache device (one 4 KiB write and
@@ -188,7 +194,7 @@ pub struct ServeArgs {
     /// write for a fragment written lately), and a crash drops every fragment written in the
     /// last seconds, whole: after a crash under a database load the cache restarts cold.
     /// An export's `crash_journal` in the config file overrides it.
-    #[arg(long, default_value = "on", value_parser = parse_on_off, value_name = "on|off", action = clap::ArgAction::Set)]
+    #[arg(help_heading = "Persistence and failures", long, default_value = "on", value_parser = parse_on_off, value_name = "on|off", action = clap::ArgAction::Set)]
     pub crash_journal: bool,
     /// on: a cached slot written twice within 30 metadata intervals turns write-hot: its
     /// write intent is set ahead of the next write (in the background), and writes to it
@@ -196,7 +202,7 @@ pub struct ServeArgs {
     /// they cost without persistence. The price: a crash drops the write-hot slots whole
     /// (the cache restarts colder after a SIGKILL amid writes). off: every write to a cached
     /// fragment waits for its journal entry, and a crash drops only the pages written.
-    #[arg(long, default_value = "on", value_parser = parse_on_off, value_name = "on|off", action = clap::ArgAction::Set)]
+    #[arg(help_heading = "Policy", long, default_value = "on", value_parser = parse_on_off, value_name = "on|off", action = clap::ArgAction::Set)]
     pub write_hot: bool,
     /// How much of a cache device to give a write-back log when sce formats it: auto (a
     /// sixteenth of the device, 16MiB to 4GiB, for an export in --mode writeback; none for
@@ -206,45 +212,58 @@ pub struct ServeArgs {
     /// without one, dirty pages live in the slots and each write waits for its journal entry
     /// and a flush first (a warning says so at start). Only a format (a new cache, or
     /// --reformat) takes it.
-    #[arg(long, default_value = "auto", value_name = "auto|SIZE")]
+    #[arg(
+        help_heading = "Persistence and failures",
+        long,
+        default_value = "auto",
+        value_name = "auto|SIZE"
+    )]
     pub writeback_log: sce_server::config::LogSize,
     /// NBD connections served at once; more are refused. Each costs two threads.
-    #[arg(long, default_value_t = 256)]
+    #[arg(help_heading = "Limits", long, default_value_t = 256)]
     pub max_connections: usize,
     /// Close a client connection idle this long between requests (0: never; NBD clients
     /// such as qemu keep idle connections for hours).
-    #[arg(long, default_value = "0s", value_parser = crate::units::parse_duration)]
+    #[arg(help_heading = "Limits", long, default_value = "0s", value_parser = crate::units::parse_duration)]
     pub idle_timeout: Duration,
     /// Longest time a client may take to send a request once it started, or to read a
     /// reply: slower clients are disconnected.
-    #[arg(long, default_value = "60s", value_parser = crate::units::parse_duration)]
+    #[arg(help_heading = "Limits", long, default_value = "60s", value_parser = crate::units::parse_duration)]
     pub client_timeout: Duration,
     /// Payload bytes held in flight for all clients together (write data received, read
     /// replies not yet sent); clients wait beyond it.
-    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+    #[arg(help_heading = "Limits", long, default_value = "256MiB", value_parser = parse_size)]
     pub inflight_budget: u64,
     /// Permission bits of Unix sockets, in octal, whatever the umask.
-    #[arg(long, default_value = "600", value_parser = parse_mode)]
+    #[arg(help_heading = "Network and TLS", long, default_value = "600", value_parser = parse_mode)]
     pub socket_mode: u32,
     /// An NBD source request that takes longer fails (EIO) and its connection is reopened;
     /// while the source is unreachable requests fail at once, never hang.
-    #[arg(long, default_value = "60s", value_parser = crate::units::parse_duration)]
+    #[arg(help_heading = "Source and export", long, default_value = "60s", value_parser = crate::units::parse_duration)]
     pub source_timeout: Duration,
     /// Shared mode: other hosts cache the same volumes (same source, same export name),
     /// kept coherent through etcd: etcd://HOST:PORT[,HOST:PORT...]/PREFIX. A write is
     /// acknowledged once every other host has dropped its range; a host that loses its
     /// etcd lease passes reads through to the source until it has caught up
     /// (docs/SHARED.md). Not with --mode writeback.
-    #[arg(long, value_name = "etcd://HOSTS/PREFIX")]
+    #[arg(
+        help_heading = "Shared mode (several hosts)",
+        long,
+        value_name = "etcd://HOSTS/PREFIX"
+    )]
     pub shared: Option<String>,
     /// This host's name among the hosts of --shared (default: the machine's host name).
     /// One server per name: a name another live server holds is refused (clones share
     /// host names); the host's id is kept in --state-dir, so a restart is recognised.
-    #[arg(long, requires = "shared")]
+    #[arg(
+        help_heading = "Shared mode (several hosts)",
+        long,
+        requires = "shared"
+    )]
     pub host_name: Option<String>,
     /// Shared mode: the etcd lease's time to live. A host that cannot renew it stops
     /// serving hits within this time; a host that died is waited for at most about twice it.
-    #[arg(long, default_value = "5s", value_parser = crate::units::parse_duration)]
+    #[arg(help_heading = "Shared mode (several hosts)", long, default_value = "5s", value_parser = crate::units::parse_duration)]
     pub lease_ttl: Duration,
 }
 
@@ -378,7 +397,12 @@ impl ServeArgs {
 /// Runs the server until SIGTERM or SIGINT. The server logs what it does (listening,
 /// metrics, shutting down), each line once; this only ends the process as the stop asks.
 pub fn serve(a: ServeArgs) -> Result<()> {
-    match sce_server::run(a.config()?, &mut |_| {})? {
+    let mut told = |e: sce_server::Event| match e {
+        sce_server::Event::Ready => crate::notify::tell("READY=1\nSTATUS=serving"),
+        sce_server::Event::ShuttingDown => crate::notify::tell("STOPPING=1"),
+        _ => {}
+    };
+    match sce_server::run(a.config()?, &mut told)? {
         Stopped::Clean => {
             tracing::info!(target: "sce::serve", "stopped cleanly");
             Ok(())

@@ -867,3 +867,40 @@ fn qemu_img_convert_reads_only_what_the_map_calls_data() {
         "bytes read by the convert, bytes of data in the map"
     );
 }
+
+/// `Type=notify`: with NOTIFY_SOCKET set, serve tells systemd READY=1 once it serves (its
+/// socket answers by then) and STOPPING=1 when SIGTERM starts the shutdown.
+#[test]
+fn readiness_and_stopping_are_told_to_systemd() {
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("src");
+    common::sized_file(&src, 8 << 20);
+    let notify = d.path().join("notify");
+    let listener = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
+    listener
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let sock = d.path().join("s.sock");
+    let child = Command::new(env!("CARGO_BIN_EXE_sce"))
+        .args(["serve", "--source", src.to_str().unwrap(), "--listen"])
+        .arg(format!("unix:{}", sock.display()))
+        .env("NOTIFY_SOCKET", &notify)
+        .env("SCE_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let p = Proc(child);
+    let mut buf = [0u8; 256];
+    let n = listener.recv(&mut buf).expect("READY=1 within a minute");
+    let msg = String::from_utf8_lossy(&buf[..n]).to_string();
+    assert!(msg.starts_with("READY=1\n"), "{msg:?}");
+    // Ready means serving: the export answers at once.
+    let c = common::unix_client(&sock, 1);
+    let mut b = vec![0u8; 4096];
+    sce_io::BlockDevice::read_at(&c, 0, &mut b).unwrap();
+    drop(c);
+    let st = p.term();
+    let n = listener.recv(&mut buf).expect("STOPPING=1");
+    assert_eq!(&buf[..n], b"STOPPING=1");
+    assert!(st.success());
+}
