@@ -65,8 +65,9 @@ fn esc(s: &str) -> String {
 /// hit ratio above, the cumulative bytes written to the cache device below.
 pub fn plot_svg(results: &[PolicyResult], a: &SimConfig, replay: Replay) -> String {
     let f = Frame::new(results);
+    let width = W + legend_width(results) + 16.0;
     let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" \
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{H}\" \
          font-family=\"sans-serif\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
          <text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"14\">{} \u{2014} cache {} \u{2014} replay {replay}</text>\n",
@@ -189,30 +190,41 @@ fn text_width(s: &str) -> f64 {
     s.chars().count() as f64 * 7.2
 }
 
-/// A legend inside each panel, where the lines seldom are: bottom right of the hit ratios
-/// (which rise from the left), top left of the bytes written (which rise to the right). A
-/// white box behind it keeps it legible over a line that does pass there.
+/// Each panel's legend labels: policy and its figure (hit ratio above, bytes below).
+fn legend_labels(results: &[PolicyResult], panel: usize) -> Vec<String> {
+    results
+        .iter()
+        .map(|r| {
+            let value = if panel == 0 {
+                format!("{:.3}", r.read_hit_ratio)
+            } else {
+                format_size(r.interval_cache_bytes_written.iter().sum())
+            };
+            format!("{} ({value})", r.policy)
+        })
+        .collect()
+}
+
+/// The width of the legends' column, to the right of the panels.
+fn legend_width(results: &[PolicyResult]) -> f64 {
+    let widest = [0, 1]
+        .iter()
+        .flat_map(|&p| legend_labels(results, p))
+        .map(|l| text_width(&l))
+        .fold(0.0, f64::max);
+    widest + 44.0
+}
+
+/// A legend beside each panel, at its top right, outside the area the lines are drawn in:
+/// it never hides a line.
 fn legends(results: &[PolicyResult]) -> String {
     let mut s = String::new();
+    let bw = legend_width(results);
     for panel in [0, 1] {
-        let labels: Vec<String> = results
-            .iter()
-            .map(|r| {
-                let value = if panel == 0 {
-                    format!("{:.3}", r.read_hit_ratio)
-                } else {
-                    format_size(r.interval_cache_bytes_written.iter().sum())
-                };
-                format!("{} ({value})", r.policy)
-            })
-            .collect();
-        let widest = labels.iter().map(|l| text_width(l)).fold(0.0, f64::max);
-        let (bw, bh) = (widest + 44.0, 20.0 * labels.len() as f64 + 8.0);
-        let (x, y) = if panel == 0 {
-            (W - R - bw - 8.0, T + P - bh - 8.0)
-        } else {
-            (L + 8.0, T2 + 8.0)
-        };
+        let labels = legend_labels(results, panel);
+        let bh = 20.0 * labels.len() as f64 + 8.0;
+        let x = W - R + 8.0;
+        let y = if panel == 0 { T } else { T2 };
         s += &format!(
             "<rect class=\"legend\" x=\"{x:.1}\" y=\"{y:.1}\" width=\"{bw:.1}\" height=\"{bh:.1}\" \
              fill=\"white\" fill-opacity=\"0.85\" stroke=\"#999\"/>\n"
@@ -244,7 +256,7 @@ mod tests {
     }
 
     #[test]
-    fn legends_sit_inside_their_panels_whatever_the_names() {
+    fn legends_sit_beside_their_panels_whatever_the_names() {
         let results: Vec<PolicyResult> = ["sce", "flashcache-like", "a-very-long-policy-name:42"]
             .iter()
             .map(|p| PolicyResult {
@@ -265,17 +277,20 @@ mod tests {
                 attr(b, "width"),
                 attr(b, "height"),
             );
+            // Right of the area lines are drawn in, inside the canvas.
+            let canvas = W + legend_width(&results) + 16.0;
             assert!(
-                x >= L && x + w <= W - R,
-                "{x} + {w} outside [{L}, {}]",
+                x > W - R && x + w <= canvas,
+                "{x} + {w} outside ({}, {canvas}]",
                 W - R
             );
             assert!(y >= top && y + h <= top + P, "{y} + {h}");
         }
         // Every label's estimated end is inside its box.
+        let right = W - R + 8.0 + legend_width(&results);
         for t in svg.split("<text").skip(1) {
             let label = t.split('>').nth(1).unwrap().split('<').next().unwrap();
-            assert!(attr(t, "x") + text_width(label) <= W - R, "{label}");
+            assert!(attr(t, "x") + text_width(label) <= right, "{label}");
         }
         assert!(svg.contains("a-very-long-policy-name:42 (0.500)"));
     }

@@ -29,8 +29,9 @@ pub struct DemoArgs {
     /// Size of the cache device.
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     pub cache_size: u64,
-    /// Cache mode: writethrough (asynchronous: --awt off for the synchronous flavour),
-    /// writearound or passthrough. The old names awt, write-through and write-around work too.
+    /// Cache mode: writethrough (asynchronous), writethrough-sync (or --awt off),
+    /// writearound, writeback (on a fresh persistent cache in the demo's directory) or
+    /// passthrough. The old names awt, write-through and write-around work too.
     #[arg(long, default_value = "writethrough")]
     pub mode: WriteMode,
     /// Admission: sce (flash-conscious, the default), sce-paper (the paper's Algorithm 1, as
@@ -320,6 +321,49 @@ fn config_line(a: &DemoArgs, core: &CoreConfig) -> String {
     }
 }
 
+/// What runs, in words, and what the columns mean (the whole configuration is `config` in
+/// `--json`, and `--help` has every option).
+fn print_header(a: &DemoArgs, core: &CoreConfig, dir: &Path) {
+    let link = if a.source_bandwidth > 0 {
+        format!("{}/s", format_size(a.source_bandwidth))
+    } else {
+        "unlimited".into()
+    };
+    println!(
+        "sce demo: a {} source volume that takes {:?} per I/O ({} at once, link {link}), cached on a {} file",
+        format_size(a.source_size),
+        a.source_latency,
+        a.source_depth,
+        format_size(a.cache_size),
+    );
+    println!(
+        "  load:  {} clients doing {} I/Os, {}% reads, most of them to a few hot {} regions",
+        a.depth,
+        format_size(a.block_size),
+        a.read_pct,
+        format_size(a.cluster_size),
+    );
+    println!(
+        "  cache: mode {}, admission {}, {} fragments, {} eviction; first with the cache, then the source alone",
+        core.write_mode,
+        core.admission,
+        format_size(core.fragment_size),
+        core.eviction,
+    );
+    println!(
+        "  columns: read hit = share of pages read from the cache; populating = hot data copied from \
+         the source into the cache; cache writes = that plus the clients' writes copied there \
+         ({}); workers = population threads the throttle lets run (fewer once the hit ratio \
+         no longer rises)",
+        match core.write_mode {
+            m if m.copies_writes() => "write-through keeps the cached copy current",
+            WriteMode::WriteBack => "write-back keeps them there until cleaned",
+            _ => "none in this mode",
+        }
+    );
+    println!("  files in {} (removed at the end)", dir.display());
+}
+
 /// The cache run, then the no-cache run, over devices in `dir`.
 fn run_both(
     a: &DemoArgs,
@@ -330,8 +374,7 @@ fn run_both(
     let (source, cache) = open_devices(a, dir)?;
     let cfg_line = config_line(a, &core);
     if !a.json {
-        println!("sce demo: {cfg_line}");
-        println!("files in {} (removed at the end)", dir.display());
+        print_header(a, &core, dir);
     }
     // Write-back keeps its dirty data on a persistent cache (a fresh one: the files are
     // the demo's own).

@@ -68,8 +68,9 @@ enum Command {
   sce stats --metrics http://127.0.0.1:9100/metrics --json
   sce ctl -s /run/sce/lun0.sock stats --watch 2     # the same through the admin socket")]
     Stats(serve::StatsArgs),
-    /// Simulate caches on a block trace: the engine's own policies in virtual time, and the
-    /// reference lru, fifo, lfu, s3fifo and larc.
+    /// Simulate caches on a block trace: the engine's policies (sce, sce-paper, always,
+    /// nhit:K, flashcache-like, flashcache-4k) in virtual time, and the reference lru, fifo,
+    /// lfu, s3fifo and larc.
     #[command(after_help = "Examples:
   sce sim --trace ../shared/traces/msr-cambridge1-sample.csv --format msr --cache-size 64MiB \\
           --policy sce,flashcache-like,lru

@@ -34,9 +34,9 @@ pub struct SimArgs {
     #[arg(long, value_parser = parse_size)]
     pub cache_size: u64,
     /// Policies to run side by side (repeatable or comma-separated): the engine's sce,
-    /// flashcache-like, flashcache-4k (flashcache-like with misaligned requests widened to
-    /// whole pages, so that it caches them), always, nhit:K; the reference lru, fifo, lfu,
-    /// s3fifo, larc.
+    /// sce-paper (the paper's Algorithm 1 as written), always, nhit:K, flashcache-like,
+    /// flashcache-4k (flashcache-like with misaligned requests widened to whole pages, so
+    /// that it caches them); the reference lru, fifo, lfu, s3fifo, larc.
     #[arg(long, value_delimiter = ',', default_value = "sce")]
     pub policy: Vec<String>,
     /// Fragment size of the engine policies (flashcache-like always uses 4KiB).
@@ -161,6 +161,23 @@ Examples:
   sce gen oltp --seed 7 --out /tmp/oltp.sce && \\
     sce sim --trace /tmp/oltp.sce --cache-size 256MiB --json";
 
+/// Every policy `--policy` takes (`nhit:K` for any K): the engine's, then the reference
+/// ones. The help texts name each (a test checks them against this list, and this list
+/// against `policy`).
+pub const POLICIES: [&str; 11] = [
+    "sce",
+    "sce-paper",
+    "always",
+    "nhit:K",
+    "flashcache-like",
+    "flashcache-4k",
+    "lru",
+    "fifo",
+    "lfu",
+    "s3fifo",
+    "larc",
+];
+
 /// The policy named `p`, with the engine options of `a`.
 fn policy(p: &str, a: &SimArgs) -> Result<PolicyKind> {
     if let Some(l) = a.line_size.filter(|&l| l > a.fragment_size) {
@@ -212,10 +229,7 @@ fn policy(p: &str, a: &SimArgs) -> Result<PolicyKind> {
         _ => match p.parse::<Admission>() {
             Ok(adm @ Admission::NHit(_)) => PolicyKind::Engine(engine(adm)),
             _ => {
-                bail!(
-                    "unknown policy {p:?} (sce, flashcache-like, flashcache-4k, always, nhit:K, lru, fifo, lfu, \
-                     s3fifo, larc)"
-                )
+                bail!("unknown policy {p:?} (one of: {})", POLICIES.join(", "))
             }
         },
     })
@@ -479,5 +493,29 @@ fn progress_bar(what: &str, done: &AtomicBool, progress: &AtomicU64, total: Opti
     if drawn {
         let _ = write!(err, "\r{}\r", " ".repeat(78));
         let _ = err.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: SimArgs,
+    }
+
+    /// Every name in POLICIES is one `policy` takes, and nothing else is.
+    #[test]
+    fn the_list_of_policies_is_what_policy_takes() {
+        let a = Cli::parse_from(["sim", "--trace", "t", "--cache-size", "64MiB"]).a;
+        for name in POLICIES {
+            let name = name.replace(":K", ":2");
+            assert!(policy(&name, &a).is_ok(), "{name} is listed but refused");
+        }
+        let err = policy("mru", &a).err().unwrap().to_string();
+        assert!(err.contains(&POLICIES.join(", ")), "{err}");
     }
 }

@@ -176,3 +176,88 @@ fn gen_reports_its_workload_by_name() {
     assert!(o.status.success(), "{err}");
     assert!(err.contains("wrote 100 requests (oltp, seed 7)"), "{err}");
 }
+
+/// What a help text lists is what the code takes: the policies `sim` accepts (its error for
+/// an unknown one lists them, from the list a unit test checks against the parser), the
+/// loads of `gen` (clap's own list of its values) and the cache modes (the parser's list),
+/// each named in the top-level help, the subcommand's help and the README's table.
+#[test]
+fn help_texts_name_every_policy_load_and_mode() {
+    let text = |out: std::process::Output| {
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+    };
+    let top = text(sce(&["--help"]));
+    let trace = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/traces/msr-cambridge1-sample.csv"
+    );
+    let err = text(sce(&[
+        "sim",
+        "--trace",
+        trace,
+        "--format",
+        "msr",
+        "--cache-size",
+        "1MiB",
+        "--policy",
+        "bogus",
+    ]));
+    let list = err
+        .split_once("(one of: ")
+        .map(|x| x.1)
+        .unwrap_or_else(|| panic!("{err}"));
+    let policies: Vec<&str> = list.trim_end().trim_end_matches(')').split(", ").collect();
+    assert!(
+        policies.len() >= 10 && policies.contains(&"s3fifo"),
+        "{policies:?}"
+    );
+    let sim_help = text(sce(&["sim", "--help"]));
+    for p in &policies {
+        assert!(top.contains(p), "sce --help does not name policy {p}");
+        assert!(
+            sim_help.contains(p),
+            "sce sim --help does not name policy {p}"
+        );
+    }
+    let gen_help = text(sce(&["gen", "--help"]));
+    let loads: Vec<&str> = gen_help
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("- "))
+        .filter_map(|l| l.split_once(':').map(|x| x.0))
+        .collect();
+    assert!(loads.len() >= 7 && loads.contains(&"hotscan"), "{gen_help}");
+    for l in &loads {
+        assert!(top.contains(l), "sce --help does not name load {l}");
+    }
+    let err = text(sce(&["serve", "--mode", "bogus"]));
+    let list = err
+        .split_once("(expected ")
+        .map(|x| x.1)
+        .unwrap_or_else(|| panic!("{err}"));
+    let modes: Vec<&str> = list
+        .split(" (old names")
+        .next()
+        .unwrap()
+        .split(", ")
+        .collect();
+    assert!(
+        modes.contains(&"writeback") && modes.len() >= 5,
+        "{modes:?}"
+    );
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let row = readme
+        .lines()
+        .find(|l| l.starts_with("| `--mode`"))
+        .expect("README --mode row");
+    for (what, help) in [
+        ("sce serve --help", text(sce(&["serve", "--help"]))),
+        ("sce demo --help", text(sce(&["demo", "--help"]))),
+        ("sce ctl set --help", text(sce(&["ctl", "set", "--help"]))),
+        ("README's --mode row", row.to_string()),
+    ] {
+        for m in &modes {
+            assert!(help.contains(m), "{what} does not name mode {m}");
+        }
+    }
+}
