@@ -42,6 +42,8 @@ lcs_ok || python3 -m pip install -q libcachesim==0.3.5 \
   || python3 -m pip install -q --break-system-packages libcachesim==0.3.5 || true
 lcs_ok || missing "pip could not install libcachesim==0.3.5"
 
+# The pinned toolchain (rust-toolchain.toml), installed or linked if it is missing.
+source scripts/toolchain.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # --all-targets also runs the benchmarks once, briefly, as tests.

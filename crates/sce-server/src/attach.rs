@@ -74,6 +74,9 @@ pub struct Attachable {
     /// The settings in effect when the cache was detached, or set while it was: the next
     /// attach opens the volume with them (None: the export's configuration's).
     kept: Mutex<Option<sce_core::CoreConfig>>,
+    /// Hits started through the volume's queue (under the gate) and not yet handed their
+    /// buffer, when the volume's own in-flight count begins: a close waits for both.
+    started: Arc<AtomicU64>,
 }
 
 /// What `attach` did.
@@ -122,6 +125,7 @@ impl Attachable {
             ops: Mutex::new(()),
             writes_detached: AtomicU64::new(0),
             kept: Mutex::new(None),
+            started: Arc::new(AtomicU64::new(0)),
         })
     }
 
@@ -280,7 +284,7 @@ impl Attachable {
         v.flush_to_source(self.range(), Duration::from_secs(60))
             .map(|_| ())
             .map_err(|e| {
-                anyhow!("detach refused: the export's write-back data could not be written to its source: {e}")
+                anyhow!("the export's write-back data could not be written to its source: {e}")
             })
     }
 
@@ -296,7 +300,7 @@ impl Attachable {
         // Write-back: the dirty data goes to the source first, while I/O goes on, and what
         // was written meanwhile again under the gate, so the source is whole at the swap.
         if let Some(v) = self.volume() {
-            self.drain(&v)?;
+            self.drain(&v).map_err(|e| e.context("detach refused"))?;
         }
         // Reads started on the volume before the swap are submitted to its queue from now
         // on, not waiting for the gate (`attach/queued.rs`).
@@ -306,7 +310,7 @@ impl Attachable {
             let v = g
                 .clone()
                 .ok_or_else(|| anyhow!("export {name:?} is detached already"))?;
-            self.drain(&v)?;
+            self.drain(&v).map_err(|e| e.context("detach refused"))?;
             // Marked detached on the device before the swap: writes from then on reach the
             // source only, so a start (rather than an attach that knows better) must not
             // trust the device. If the mark cannot be written, the export stays attached.
@@ -314,10 +318,11 @@ impl Attachable {
                 anyhow!("detach refused: the cache device cannot be marked detached: {e}")
             })?;
             *g = None;
+            // Zeroed under the gate: a write waiting for it counts after this.
+            self.writes_detached.store(0, Relaxed);
             Ok(v)
         };
         let v = swapped().inspect_err(|_| *self.draining.lock() = None)?;
-        self.writes_detached.store(0, Relaxed);
         *self.kept.lock() = Some(v.config());
         let (flushed, clean) = self.close(v);
         let path = self.cache_path().unwrap_or_default();

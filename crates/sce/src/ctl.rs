@@ -366,7 +366,7 @@ fn print_set(v: &Value) {
         );
     }
     if v["detached"] == Value::Bool(true) {
-        println!("the cache is detached: the next attach opens it with these settings");
+        println!("the export is detached: its cache serves it with these settings once attached");
     }
 }
 

@@ -339,8 +339,20 @@ fn two_exports_share_a_cache_device() {
     assert_eq!(export_status(&sock, "a")["state"], "active");
     let new = stamp(1, 3, 999_999);
     cb.write_at(3 * BLOCK, &new).unwrap();
+    // A setting given to detached b is the shared device's at once (a has it too), and
+    // entering write-back, which a shared device chooses at its start, is refused.
+    let set = ctl(&sock, &["set", "b", "admission", "nhit:3"]);
+    assert_eq!(
+        (&set["admission"], &set["detached"]),
+        (&"nhit:3".into(), &true.into()),
+        "{set}"
+    );
+    assert_eq!(export_status(&sock, "a")["admission"], "nhit:3");
+    let out = common::ctl_output(&sock, &["set", "b", "mode", "writeback"]);
+    assert!(!out.status.success());
     let att = ctl(&sock, &["attach", "b"]);
     assert_eq!(att["warm"], false, "{att}");
+    assert_eq!(att["admission"], "nhit:3", "{att}");
     let mut got = vec![0u8; BLOCK as usize];
     cb.read_at(3 * BLOCK, &mut got).unwrap();
     assert_eq!(got, new, "b serves the write made while detached");

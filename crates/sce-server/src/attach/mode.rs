@@ -94,6 +94,24 @@ impl Attachable {
         }
         let next = t.applied_to(&cur);
         next.validate().map_err(|e| anyhow!("{e}"))?;
+        if v.is_passthrough() {
+            bail!(
+                "the cache device failed (it passes I/O through): a mode that needs it cannot \
+                 be entered or left now; restart on a healthy device"
+            );
+        }
+        if is_wb(next.write_mode) && v.persist_stats().is_none() {
+            bail!("writeback needs a persistent cache (this one runs with --no-persist)");
+        }
+        let lost = v.writeback_stats().map_or(0, |s| s.lost_bytes);
+        if lost > 0 {
+            bail!(
+                "the cache lost {} of write-back data the source lacks (reads of it fail): \
+                 leaving writeback would serve the source's older bytes there; write those \
+                 pages again first",
+                sce_core::units::format_size(lost)
+            );
+        }
         let mut drained = 0;
         if is_wb(cur.write_mode) {
             let dirty = v
@@ -119,8 +137,24 @@ impl Attachable {
         })
     }
 
-    /// `set` while detached: the next attach opens the volume with it.
+    /// `set` while detached: the next attach opens the volume with it. An export that
+    /// shares its device: the device, open with the others, takes it now.
     fn set_detached(&self, t: &Retune) -> Result<SetDone> {
+        if self.part.is_some() {
+            let v = (self.draining.lock().clone())
+                .ok_or_else(|| anyhow!("the export's shared cache is gone"))?;
+            let cur = v.config().write_mode;
+            if t.write_mode.is_some_and(|m| is_wb(m) != is_wb(cur)) {
+                bail!("the cache device is shared: write-back is entered or left at its start");
+            }
+            let settings = v.retune(t).map_err(|e| anyhow!("{e}"))?;
+            return Ok(SetDone {
+                settings,
+                drained_bytes: 0,
+                reopened: false,
+                detached: true,
+            });
+        }
         let mut kept = self.kept.lock();
         let base = match kept.clone() {
             Some(k) => k,
@@ -179,17 +213,19 @@ impl Attachable {
             *self.draining.lock() = None;
             bail!("the cache is detached");
         };
-        // What was written since the drain: nothing more can come now.
-        if let Err(e) = self.drain(&v) {
+        if let Err(e) = self.ready_to_close(&v) {
             *self.draining.lock() = None;
-            return Err(e);
+            return Err(e.context(format!(
+                "not switched to {}: it serves in {} as before",
+                next.write_mode, cur.write_mode
+            )));
         }
         *g = None;
         let (flushed, clean) = self.close(v);
         if let Err(e) = flushed {
-            // As after a crash: the reopen recovers it, and the records have every
-            // acknowledged write.
-            tracing::error!(target: LOG_TARGET, export = %spec.name, "mode switch: flushing the cache failed: {e}");
+            // Flushed a moment ago under the gate; the device is marked detached, so a
+            // start that finds it so trusts nothing of it.
+            tracing::error!(target: LOG_TARGET, export = %spec.name, "mode switch: flushing the closed cache failed: {e}");
         }
         let mut cfg = self.cfg.clone();
         cfg.reattach = true;
@@ -221,6 +257,30 @@ impl Attachable {
                 )))
             }
         }
+    }
+
+    /// Under the gate, before a switch closes the volume `v`: what was written since the
+    /// drain goes to the source; nothing dirty or lost may remain (the cache's copy is the
+    /// only one: a lost page is refused, never dropped); every acknowledged write is
+    /// flushed; and the device is marked detached, so that should neither reopen succeed,
+    /// a start does not trust it (the reopen, knowing better, clears the mark). Any
+    /// failure leaves the volume as it was.
+    fn ready_to_close(&self, v: &CacheVolume) -> Result<()> {
+        self.drain(v)?;
+        if let Some(w) = v.writeback_stats() {
+            if w.dirty_bytes + w.lost_bytes > 0 {
+                bail!(
+                    "the cache still holds {} of write-back data the source lacks ({} of it \
+                     lost: reads of it fail until it is written again)",
+                    sce_core::units::format_size(w.dirty_bytes + w.lost_bytes),
+                    sce_core::units::format_size(w.lost_bytes)
+                );
+            }
+        }
+        v.flush()
+            .map_err(|e| anyhow!("flushing the cache and the source failed: {e}"))?;
+        v.set_detached(0, true)
+            .map_err(|e| anyhow!("the cache device cannot be marked for the reopen: {e}"))
     }
 
     /// Opens the export's cache device at `path`, with `settings` where given (those an
@@ -260,7 +320,8 @@ impl Attachable {
     pub(super) fn close(&self, v: Arc<CacheVolume>) -> (Result<(), sce_io::IoError>, bool) {
         *self.draining.lock() = Some(v.clone());
         let t0 = Instant::now();
-        while v.latencies().in_flight.load(Relaxed) > 0 && t0.elapsed() < Duration::from_secs(30) {
+        let busy = || self.started.load(Relaxed) > 0 || v.latencies().in_flight.load(Relaxed) > 0;
+        while busy() && t0.elapsed() < Duration::from_secs(30) {
             std::thread::sleep(Duration::from_millis(2));
         }
         let flushed = v.flush();

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The README's first command: builds sce with the pinned toolchain and runs `sce demo` (the
+# cache against the source alone, side by side) with its defaults, or with ARGS.
+# Usage: bash scripts/demo.sh [ARGS]   (e.g. --seconds 10 --json)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/toolchain.sh
+exec cargo run --release -p sce -- demo "$@"
