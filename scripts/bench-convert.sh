@@ -2,7 +2,7 @@
 # qemu-img convert of a sparse image, one run, side by side: `qemu-img convert -O raw` of a
 # 2 GiB file holding 320 MiB of scattered data (1 MiB and 4-64 KiB extents), read over NBD
 # from (1) nbdkit's file plugin, (2) sce serve without a cache, (3) sce serve with a cache,
-# first cold (every read a miss) and then warm. Each convert runs with the page cache
+# first cold (every read a miss) and then warm, (4) the same in write-back, cold. Each convert runs with the page cache
 # dropped first (root), so that every server reads the source from the disk, as a server of
 # a SAN volume would. Three rounds, alternated; prints each time, the medians, and the
 # speed ratios against nbdkit (time of nbdkit / time of sce: >= 1.0 is at least as fast).
@@ -52,7 +52,7 @@ pids+=($!)
 "$sce" serve --source "$dir/src.img" --listen "unix:$dir/plain.sock" 2>/dev/null &
 pids+=($!)
 wait_sock "$dir/kit.sock"; wait_sock "$dir/plain.sock"
-kit=(); plain=(); cold=(); warm=()
+kit=(); plain=(); cold=(); warm=(); wb=()
 for r in $(seq "$rounds"); do
   kit+=("$(convert "$dir/kit.sock")")
   plain+=("$(convert "$dir/plain.sock")")
@@ -67,16 +67,25 @@ for r in $(seq "$rounds"); do
   cold+=("$(convert "$dir/cached.sock")")
   warm+=("$(convert "$dir/cached.sock")")
   kill "$p"; wait "$p" 2>/dev/null || true
+  # Write-back reports the source's holes less where it holds dirty data.
+  rm -f "$dir/cache"
+  "$sce" serve --source "$dir/src.img" --cache "$dir/cache" --cache-size 1GiB --mode writeback \
+      --listen "unix:$dir/cached.sock" 2>/dev/null &
+  p=$!
+  wait_sock "$dir/cached.sock"
+  wb+=("$(convert "$dir/cached.sock")")
+  kill "$p"; wait "$p" 2>/dev/null || true
 done
-python3 - "$drop" "${kit[*]}" "${plain[*]}" "${cold[*]}" "${warm[*]}" <<'PY'
+python3 - "$drop" "${kit[*]}" "${plain[*]}" "${cold[*]}" "${warm[*]}" "${wb[*]}" <<'PY'
 import statistics as st, sys
 drop, *runs = sys.argv[1:]
-kit, plain, cold, warm = ([float(x) for x in r.split()] for r in runs)
+kit, plain, cold, warm, wb = ([float(x) for x in r.split()] for r in runs)
 k = st.median(kit)
 print("qemu-img convert -O raw, 2 GiB sparse image with 320 MiB of scattered data")
 print(f"  page cache dropped before each convert: {drop}")
 rows = [("nbdkit file plugin", kit), ("sce serve, no cache", plain),
-        ("sce serve, cache cold (all misses)", cold), ("sce serve, cache warm", warm)]
+        ("sce serve, cache cold (all misses)", cold), ("sce serve, cache warm", warm),
+        ("sce serve, writeback, cache cold", wb)]
 for name, r in rows:
     m = st.median(r)
     print(f"  {name:<36} median {m:6.3f} s  runs {' '.join(f'{x:.3f}' for x in r)}"

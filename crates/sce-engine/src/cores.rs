@@ -156,6 +156,18 @@ impl Cores {
         self.map.pieces(offset, len)
     }
 
+    /// The first global fragment of `from..end` any shard holds dirty or lost pages of.
+    pub(crate) fn first_dirty_fragment(&self, from: u64, end: u64) -> Option<u64> {
+        (0..self.count())
+            .filter_map(|k| {
+                let lo = self.map.first_local_from(k, FragNo(from));
+                let hi = self.map.first_local_from(k, FragNo(end));
+                let f = self.read_shard(k, |c| c.first_dirty_fragment(lo, hi))?;
+                Some(self.frag_global(k, f))
+            })
+            .min()
+    }
+
     /// The shard holding global fragment `f`, and `f`'s number there.
     pub(crate) fn frag(&self, f: u64) -> (usize, FragNo) {
         self.map.frag_to_local(FragNo(f))

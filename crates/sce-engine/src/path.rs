@@ -21,6 +21,46 @@ pub(crate) enum WritePath {
     Log(Arc<LogBack>),
 }
 
+/// The source's `extents` from `offset`, with the dirty range `dirty` (if any) reported as
+/// data: the answer stops after the extent it falls in (what lies beyond was not looked
+/// up), at most `max` extents.
+fn dirty_as_data(
+    source: Vec<Extent>,
+    offset: u64,
+    dirty: Option<(u64, u64)>,
+    max: usize,
+) -> Vec<Extent> {
+    let Some((d0, d1)) = dirty else {
+        return source;
+    };
+    let mut out: Vec<Extent> = Vec::new();
+    let mut push = |x: Extent| match out.last_mut() {
+        Some(last) if last.hole == x.hole => last.len += x.len,
+        _ => out.push(x),
+    };
+    let mut at = offset;
+    for x in source {
+        let end = at + x.len;
+        if end <= d0 {
+            push(x);
+            at = end;
+            continue;
+        }
+        // The dirty range starts in this extent (every one before ended at or before it).
+        if !x.hole {
+            push(x);
+        } else {
+            if d0 > at {
+                push(Extent::hole(d0 - at));
+            }
+            push(Extent::data(d1.min(end) - d0));
+        }
+        break;
+    }
+    out.truncate(max.max(1));
+    out
+}
+
 impl WritePath {
     /// A client's read; true if every byte came from the cache.
     pub(crate) fn read(&self, e: &Engine, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
@@ -59,8 +99,16 @@ impl WritePath {
     }
 
     /// The allocation of `[offset, offset + len)`: the source's, the system of record
-    /// (where a discard punched its hole); in write-back the source is not, and everything
-    /// is reported as data.
+    /// (where a discard punched its hole). In write-back the source lacks the dirty data:
+    /// its map, less the holes where the cache holds dirty or lost pages (by 1 MiB or
+    /// fragment), which are data.
+    ///
+    /// Never a hole that holds an acknowledged write: where the cache holds dirty data is
+    /// looked up first, the source's map after. A write acknowledged before the request is
+    /// dirty at that look (reported as data), or was cleaned before it, and so is on the
+    /// source when its map is read (the cleaner writes the source before it marks a page
+    /// clean). Only the first dirty place is looked up, so the answer may stop there (a
+    /// prefix, which a block status may be).
     pub(crate) fn extents(
         &self,
         e: &Engine,
@@ -68,19 +116,27 @@ impl WritePath {
         len: u64,
         max: usize,
     ) -> Result<Vec<Extent>, IoError> {
-        match self {
-            WritePath::Through(_) => e.dev.source.extents(offset, len, max),
-            WritePath::Back(_) | WritePath::Log(_) => Ok(vec![Extent::data(len)]),
-        }
+        let end = offset + len;
+        let dirty = match self {
+            WritePath::Through(_) => return e.dev.source.extents(offset, len, max),
+            WritePath::Back(_) => {
+                let fs = 1u64 << e.fshift;
+                (e.cores.first_dirty_fragment(offset / fs, end.div_ceil(fs)))
+                    .map(|f| ((f * fs).max(offset), ((f + 1) * fs).min(end)))
+            }
+            WritePath::Log(l) => {
+                let ps = sce_core::PAGE_SIZE;
+                (l.dirty_group_from(offset / ps, end.div_ceil(ps)))
+                    .map(|(a, b)| ((a * ps).max(offset), (b * ps).min(end)))
+            }
+        };
+        let source = e.dev.source.extents(offset, len, max)?;
+        Ok(dirty_as_data(source, offset, dirty, max))
     }
 
-    /// Whether `extents` asks nothing remote: the source's answer in write-through, none
-    /// in write-back.
+    /// Whether `extents` asks nothing remote: the source's map is, in every mode.
     pub(crate) fn extents_are_local(&self, e: &Engine) -> bool {
-        match self {
-            WritePath::Through(_) => e.dev.source.extents_are_local(),
-            WritePath::Back(_) | WritePath::Log(_) => true,
-        }
+        e.dev.source.extents_are_local()
     }
 
     /// Starts a hit through the I/O queue (write-through only: write-back's reads take the
@@ -98,5 +154,40 @@ impl WritePath {
             WritePath::Log(l) => Some(l),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const M: u64 = 1 << 20;
+
+    #[test]
+    fn dirty_data_in_a_hole_of_the_source_is_data() {
+        let src = vec![Extent::data(M), Extent::hole(8 * M), Extent::data(M)];
+        // None dirty: the source's map.
+        assert_eq!(dirty_as_data(src.clone(), 0, None, 64), src);
+        // Dirty 3-4 MiB in the hole: the hole is cut there, and the answer stops after it.
+        assert_eq!(
+            dirty_as_data(src.clone(), 0, Some((3 * M, 4 * M)), 64),
+            [Extent::data(M), Extent::hole(2 * M), Extent::data(M)]
+        );
+        // Dirty at the hole's start: the data before and the dirty part merge.
+        assert_eq!(
+            dirty_as_data(src.clone(), 0, Some((M, 2 * M)), 64),
+            [Extent::data(2 * M)]
+        );
+        // Dirty inside a data extent: that extent, and nothing after it.
+        assert_eq!(
+            dirty_as_data(src.clone(), 0, Some((M / 2, M)), 64),
+            [Extent::data(M)]
+        );
+        // One extent asked (REQ_ONE): the first, cut at the dirty range.
+        let from_hole = vec![Extent::hole(8 * M), Extent::data(M)];
+        assert_eq!(
+            dirty_as_data(from_hole, M, Some((5 * M, 6 * M)), 1),
+            [Extent::hole(4 * M)]
+        );
     }
 }

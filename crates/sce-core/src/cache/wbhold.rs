@@ -18,6 +18,18 @@ impl CacheCore {
         self.wb.lost.get(&f.0)
     }
 
+    /// The first fragment of `from..end` that holds a dirty or lost page (block status
+    /// reports it as data whatever the source's map says).
+    pub fn first_dirty_fragment(&self, from: FragNo, end: FragNo) -> Option<FragNo> {
+        let first = |m: &std::collections::BTreeMap<u64, PageSet>| {
+            m.range(from.0..end.0).next().map(|(&f, _)| f)
+        };
+        match (first(&self.wb.dirty), first(&self.wb.lost)) {
+            (Some(a), Some(b)) => Some(FragNo(a.min(b))),
+            (a, b) => a.or(b).map(FragNo),
+        }
+    }
+
     /// True if `[offset, offset + len)` holds a page whose only copy was lost.
     pub fn lost_in(&self, offset: SourceOffset, len: u64) -> bool {
         !self.wb.lost.is_empty()

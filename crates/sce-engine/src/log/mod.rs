@@ -41,6 +41,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+/// Pages per group of `St::groups` (2^8 pages: 1 MiB).
+const GROUP_SHIFT: u32 = 8;
+
 /// A dirty page's newest version: its log position and checksum.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Dirty {
@@ -53,6 +56,9 @@ struct St {
     w: LogWriter,
     /// Global page number → its newest version in the log.
     index: HashMap<u64, Dirty>,
+    /// Pages of `index` per 1 MiB of the address space (`g >> GROUP_SHIFT`), in address
+    /// order: where dirty data is, for block status (`dirty_group_from`).
+    groups: BTreeMap<u64, u32>,
     /// The versions the tail may not pass, by log position (→ page): each page's newest,
     /// and older ones until a newer version is committed or cleaned (a crash before that
     /// must find the older one: it may be what the last FLUSH made durable). The cleaner
@@ -88,8 +94,9 @@ struct St {
 impl St {
     /// Page `g`'s newest version is now `d`, just completed (`pending`: not committed).
     fn newest(&mut self, g: u64, d: Dirty, pending: bool) {
-        if let Some(old) = self.index.insert(g, d) {
-            self.older.entry(g).or_default().push(old.lpos);
+        match self.index.insert(g, d) {
+            Some(old) => self.older.entry(g).or_default().push(old.lpos),
+            None => *self.groups.entry(g >> GROUP_SHIFT).or_default() += 1,
         }
         self.live.insert(d.lpos, g);
         if pending {
@@ -138,6 +145,14 @@ impl St {
         self.drop_older(g, lpos);
         if self.index.get(&g).is_some_and(|d| d.lpos == lpos) {
             self.index.remove(&g);
+            if let std::collections::btree_map::Entry::Occupied(mut n) =
+                self.groups.entry(g >> GROUP_SHIFT)
+            {
+                *n.get_mut() -= 1;
+                if *n.get() == 0 {
+                    n.remove();
+                }
+            }
             self.live.remove(&lpos);
         } else {
             // A newer version is the newest; this one is now merely older.
@@ -266,6 +281,26 @@ impl LogBack {
         let inside = |g: &&u64| (first..end).contains(*g);
         let dirty = st.index.keys().filter(inside).count() as u64;
         (dirty, st.lost.iter().filter(inside).count() as u64)
+    }
+
+    /// The first 1 MiB group of global pages at or after page `first` and before `end`
+    /// that holds a dirty or lost page, as its page range: what block status must report
+    /// as data whatever the source's map says.
+    pub(crate) fn dirty_group_from(&self, first: u64, end: u64) -> Option<(u64, u64)> {
+        let st = self.st.lock();
+        let dirty = (st.groups.range(first >> GROUP_SHIFT..).next()).map(|(&k, _)| k);
+        let lost = (st.lost.iter().filter(|&&g| g >= first))
+            .map(|g| g >> GROUP_SHIFT)
+            .min();
+        let k = match (dirty, lost) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
+        let (lo, hi) = (
+            (k << GROUP_SHIFT).max(first),
+            ((k + 1) << GROUP_SHIFT).min(end),
+        );
+        (lo < hi).then_some((lo, hi))
     }
 
     /// Source writes the cleaner made, and commits (figures for the benchmarks).

@@ -73,6 +73,7 @@ impl LogBack {
             st: Mutex::new(St {
                 w,
                 index: Default::default(),
+                groups: Default::default(),
                 live: Default::default(),
                 older: Default::default(),
                 pending: Default::default(),
