@@ -233,3 +233,56 @@ fn leaving_writeback_refuses_or_drains_as_asked() {
     drop((c, direct));
     assert!(s.term().success());
 }
+
+/// A switch whose reopen fails in both modes (the cache's path is no longer a cache: here a
+/// directory took its place) leaves the export detached, serving from its source, and the
+/// device marked so: after writes while detached, a restart on the device put back starts
+/// cold and serves those writes, never the pages the cache held before. The source is an
+/// nbdkit memory disk, whose changes sce cannot see by itself: only the mark tells.
+#[test]
+fn a_reopen_that_fails_leaves_the_export_detached_and_the_device_untrusted() {
+    if !sce_testkit::require_known_tool("nbdkit") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let ksock = d.path().join("k.sock");
+    let _kit = Kit(Command::new("nbdkit")
+        .args(["-f", "-U"])
+        .arg(&ksock)
+        .args(["memory", "32M"])
+        .spawn()
+        .unwrap());
+    common::wait_for(&ksock);
+    let src = format!("nbd+unix:///?socket={}", ksock.display());
+    let (cache, away) = (d.path().join("cache"), d.path().join("cache.away"));
+    let sock = d.path().join("s.sock");
+    let s = serve(d.path(), &src, &sock);
+    let c = common::unix_client(&sock, 1);
+    let old = vec![0x11u8; 65536];
+    sce_io::BlockDevice::write_at(&c, 1 << 20, &old).unwrap();
+    let p = ok(&sock, &["prefetch", "0", "4MiB"]);
+    assert_eq!(p["cached_bytes"], 4 << 20, "{p}");
+    std::fs::rename(&cache, &away).unwrap();
+    std::fs::create_dir(&cache).unwrap();
+    let err = ctl(&sock, &["set", "", "mode", "writeback"]).unwrap_err();
+    assert!(err.contains("detached"), "{err}");
+    assert_eq!(status(&sock)["state"], "detached");
+    // Served from the source while detached.
+    let new = vec![0x22u8; 65536];
+    sce_io::BlockDevice::write_at(&c, 1 << 20, &new).unwrap();
+    drop(c);
+    assert!(s.term().success());
+    std::fs::remove_dir(&cache).unwrap();
+    std::fs::rename(&away, &cache).unwrap();
+    let s = serve(d.path(), &src, &sock);
+    let c = common::unix_client(&sock, 1);
+    let mut b = vec![0u8; 65536];
+    sce_io::BlockDevice::read_at(&c, 1 << 20, &mut b).unwrap();
+    assert!(
+        b == new,
+        "the restart served what the cache held before the detach"
+    );
+    assert_eq!(num(&s.export_stats(), "persist_fragments_restored"), 0);
+    drop(c);
+    assert!(s.term().success());
+}
