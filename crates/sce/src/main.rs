@@ -32,7 +32,16 @@ static ALLOC: alloc::Counting = alloc::Counting;
 /// selective background population of the hottest fragments, asynchronous write-through and
 /// generalized CLOCK eviction.
 #[derive(Parser, Debug)]
-#[command(name = "sce", version, about, long_about = None, arg_required_else_help = true)]
+#[command(
+    name = "sce",
+    version,
+    about,
+    long_about = None,
+    arg_required_else_help = true,
+    after_help = "Sizes, in every option and the TOML file: K, M, G, T, P and KiB, MiB, GiB, TiB, PiB \
+are powers of 1024 (1G = 1GiB); kB, MB, GB, TB, PB powers of 1000 (1GB = 10^9 bytes); a bare \
+number is bytes. Durations: ns, us, ms, s (the default), m."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -87,6 +87,11 @@ fn help_explains_itself() {
     let out = sce(&["--help"]);
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(s.contains("demo") && s.contains("footprint"));
+    // Which size units are binary and which decimal, once for every option.
+    assert!(
+        s.contains("powers of 1024") && s.contains("powers of 1000"),
+        "{s}"
+    );
     let out = sce(&["demo", "--help"]);
     let s = String::from_utf8_lossy(&out.stdout);
     for flag in [
