@@ -21,6 +21,40 @@ pub(crate) enum WritePath {
     Log(Arc<LogBack>),
 }
 
+/// The source's map of `[offset, offset + len)`, which need not be aligned to the source's
+/// blocks (NBD lets a client that did not ask for block sizes ask any range): the source is
+/// asked for the blocks that cover it, and the answer cut back to the range. A hole cut so
+/// still reads as zeroes.
+fn source_extents(e: &Engine, offset: u64, len: u64, max: usize) -> Result<Vec<Extent>, IoError> {
+    let src = &e.dev.source;
+    let lbs = u64::from(src.logical_block_size().max(1));
+    let end = offset + len;
+    let (a, b) = (
+        offset / lbs * lbs,
+        end.div_ceil(lbs).saturating_mul(lbs).min(src.size()),
+    );
+    // Empty, aligned, or out of range (the source refuses it, and says why).
+    if len == 0 || end > src.size() || (a == offset && b == end) {
+        return src.extents(offset, len, max);
+    }
+    let mut out = Vec::new();
+    let mut at = a;
+    for x in src.extents(a, b - a, max)? {
+        let (lo, hi) = (at.max(offset), (at + x.len).min(end));
+        if lo < hi {
+            out.push(Extent {
+                len: hi - lo,
+                hole: x.hole,
+            });
+        }
+        at += x.len;
+        if at >= end {
+            break;
+        }
+    }
+    Ok(out)
+}
+
 /// The source's `extents` from `offset`, with the dirty range `dirty` (if any) reported as
 /// data: the answer stops after the extent it falls in (what lies beyond was not looked
 /// up), at most `max` extents.
@@ -116,9 +150,16 @@ impl WritePath {
         len: u64,
         max: usize,
     ) -> Result<Vec<Extent>, IoError> {
-        let end = offset + len;
+        let Some(end) = offset.checked_add(len).filter(|&x| x <= e.dev.size) else {
+            return Err(IoError::OutOfRange {
+                op: sce_io::Op::Read,
+                offset,
+                len,
+                size: e.dev.size,
+            });
+        };
         let dirty = match self {
-            WritePath::Through(_) => return e.dev.source.extents(offset, len, max),
+            WritePath::Through(_) => return source_extents(e, offset, len, max),
             WritePath::Back(_) => {
                 let fs = 1u64 << e.fshift;
                 (e.cores.first_dirty_fragment(offset / fs, end.div_ceil(fs)))
@@ -130,7 +171,7 @@ impl WritePath {
                     .map(|(a, b)| ((a * ps).max(offset), (b * ps).min(end)))
             }
         };
-        let source = e.dev.source.extents(offset, len, max)?;
+        let source = source_extents(e, offset, len, max)?;
         Ok(dirty_as_data(source, offset, dirty, max))
     }
 

@@ -278,3 +278,42 @@ fn stats_count_every_read_before_the_logs_are_applied() {
         s.read_pages_missed + s.read_pages_hit
     );
 }
+
+/// Block status may ask any byte range (NBD does not make a client that asked no block
+/// sizes align it): the volume answers an unaligned range from the source's blocks that
+/// cover it, cut back to the range, in write-through and in write-back alike.
+#[test]
+fn extents_of_an_unaligned_range_are_answered() {
+    for mode in [WriteMode::Awt, WriteMode::WriteBack] {
+        let core = CoreConfig {
+            write_mode: mode,
+            ..CoreConfig::default()
+        };
+        let src: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(16 << 20));
+        let cch: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(4 << 20));
+        let persist = (mode == WriteMode::WriteBack)
+            .then(|| sce_engine::PersistConfig::new("unaligned".to_string()));
+        let v = CacheVolume::open(
+            src,
+            cch,
+            EngineConfig {
+                core,
+                persist,
+                ..EngineConfig::default()
+            },
+        )
+        .expect("open");
+        for (offset, len) in [(100, 5000), (4096, 1), ((16 << 20) - 7, 7)] {
+            let all = v
+                .extents(offset, len, sce_io::extent::MAX_EXTENTS)
+                .unwrap_or_else(|e| panic!("{mode}: {len}@{offset}: {e}"));
+            assert_eq!(
+                all.iter().map(|x| x.len).sum::<u64>(),
+                len,
+                "{mode}: {all:?}"
+            );
+            let one = v.extents(offset, len, 1).unwrap();
+            assert_eq!(one, all[..1], "{mode}");
+        }
+    }
+}

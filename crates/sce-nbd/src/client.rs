@@ -393,6 +393,13 @@ impl BlockDevice for NbdClient {
         if len == 0 {
             return Ok(Vec::new());
         }
+        // Block status goes over a connection of its own: only a server that allows
+        // several connections (CAN_MULTI_CONN) promises that one sees what another wrote
+        // and flushed. Without it, a hole it reports may be one a write just filled: all
+        // data then, which is always true.
+        if self.flags & proto::TFLAG_CAN_MULTI_CONN == 0 {
+            return Ok(vec![sce_io::Extent::data(len)]);
+        }
         let mut out = self.source_extents(offset, len, max == 1);
         out.truncate(max.max(1));
         Ok(out)

@@ -36,7 +36,7 @@ use parking_lot::{Condvar, Mutex};
 use sce_core::PAGE_SIZE;
 use sce_io::BlockDevice;
 use sce_store::wblog::{LogRegion, LogWriter, TOMBSTONE};
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -75,7 +75,7 @@ struct St {
     inflight: BTreeMap<u64, u32>,
     /// Pages whose newest committed version was found damaged at start: reads fail until a
     /// write covers the page whole (never an older version).
-    lost: HashSet<u64>,
+    lost: BTreeSet<u64>,
     /// Where the log records each loss (the damaged version, or the commit whose tombstone
     /// carries it): the tail does not pass it until a later commit carries the loss
     /// (`carry_lost`) or a write that replaced the page is committed, so that a replay from
@@ -145,12 +145,15 @@ impl St {
         self.drop_older(g, lpos);
         if self.index.get(&g).is_some_and(|d| d.lpos == lpos) {
             self.index.remove(&g);
-            if let std::collections::btree_map::Entry::Occupied(mut n) =
-                self.groups.entry(g >> GROUP_SHIFT)
-            {
-                *n.get_mut() -= 1;
-                if *n.get() == 0 {
-                    n.remove();
+            match self.groups.entry(g >> GROUP_SHIFT) {
+                std::collections::btree_map::Entry::Occupied(mut n) => {
+                    *n.get_mut() -= 1;
+                    if *n.get() == 0 {
+                        n.remove();
+                    }
+                }
+                std::collections::btree_map::Entry::Vacant(_) => {
+                    debug_assert!(false, "page {g} left the index uncounted in its group")
                 }
             }
             self.live.remove(&lpos);
@@ -289,9 +292,7 @@ impl LogBack {
     pub(crate) fn dirty_group_from(&self, first: u64, end: u64) -> Option<(u64, u64)> {
         let st = self.st.lock();
         let dirty = (st.groups.range(first >> GROUP_SHIFT..).next()).map(|(&k, _)| k);
-        let lost = (st.lost.iter().filter(|&&g| g >= first))
-            .map(|g| g >> GROUP_SHIFT)
-            .min();
+        let lost = st.lost.range(first..).next().map(|g| g >> GROUP_SHIFT);
         let k = match (dirty, lost) {
             (Some(a), Some(b)) => a.min(b),
             (a, b) => a.or(b)?,
