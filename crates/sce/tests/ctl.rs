@@ -104,34 +104,14 @@ fn every_verb_under_fio_verify_load() {
         rounds
     });
     let u = format!("nbd+unix:///?socket={}", sock.display());
-    let mut fio_out = String::new();
     for rw in ["randwrite", "randrw"] {
-        let out = Command::new("fio")
-            .current_dir(d.path())
-            .args([
-                "--name=v",
-                "--ioengine=nbd",
-                &format!("--uri={u}"),
-                &format!("--rw={rw}"),
-                "--bs=4k",
-                "--iodepth=16",
-                "--size=64M",
-                "--io_size=48M",
-                "--verify=crc32c",
-                "--verify_fatal=1",
-                "--randrepeat=0",
-                "--output-format=terse",
-            ])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "fio {rw} failed:\n{text}");
-        assert!(
-            !text.contains("verify: bad") && !text.contains("verify failed"),
-            "{text}"
-        );
-        fio_out += &text;
+        let load = [
+            &format!("--rw={rw}"),
+            "--iodepth=16",
+            "--size=64M",
+            "--io_size=48M",
+        ];
+        common::fio_verify(d.path(), &u, &load);
     }
     done.store(true, Relaxed);
     let rounds = operator.join().unwrap();

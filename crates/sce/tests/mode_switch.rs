@@ -7,7 +7,6 @@ mod common;
 
 use common::{num, Server};
 use std::path::Path;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -126,31 +125,13 @@ fn writeback_switched_on_and_off_under_fio_verify_load() {
     });
     let u = format!("nbd+unix:///?socket={}", sock.display());
     for rw in ["randwrite", "randrw"] {
-        let out = Command::new("fio")
-            .current_dir(d.path())
-            .args([
-                "--name=v",
-                "--ioengine=nbd",
-                &format!("--uri={u}"),
-                &format!("--rw={rw}"),
-                "--bs=4k",
-                "--iodepth=16",
-                "--size=64M",
-                "--io_size=48M",
-                "--verify=crc32c",
-                "--verify_fatal=1",
-                "--randrepeat=0",
-                "--output-format=terse",
-            ])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "fio {rw} failed:\n{text}");
-        assert!(
-            !text.contains("verify: bad") && !text.contains("verify failed"),
-            "{text}"
-        );
+        let load = [
+            &format!("--rw={rw}"),
+            "--iodepth=16",
+            "--size=64M",
+            "--io_size=48M",
+        ];
+        common::fio_verify(d.path(), &u, &load);
     }
     done.store(true, Relaxed);
     let (rounds, drained) = operator.join().unwrap_or_else(|_| {
@@ -173,16 +154,6 @@ fn writeback_switched_on_and_off_under_fio_verify_load() {
     assert!(s.term().success());
 }
 
-/// An nbdkit source, killed on drop.
-struct Kit(std::process::Child);
-
-impl Drop for Kit {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Leaving write-back while the source refuses writes (nbdkit's error filter, while a flag
 /// file exists): `--no-wait` refuses at once and says how much is dirty; once the source
 /// takes writes again, leaving writes the dirty data there first, and the source, read
@@ -198,16 +169,8 @@ fn leaving_writeback_refuses_or_drains_as_asked() {
         d.path().join("outage"),
         d.path().join("s.sock"),
     );
-    let _kit = Kit(Command::new("nbdkit")
-        .args(["-f", "-U"])
-        .arg(&ksock)
-        .args(["--filter=error", "memory", "32M", "error-pwrite-rate=100%"])
-        .arg(format!("error-pwrite-file={}", flag.display()))
-        .spawn()
-        .unwrap());
-    common::wait_for(&ksock);
-    let src_uri = format!("nbd+unix:///?socket={}", ksock.display());
-    let s = serve(d.path(), &src_uri, &sock);
+    let kit = common::nbdkit_with_outage(&ksock, &flag, "32M");
+    let s = serve(d.path(), &kit.uri, &sock);
     ok(&sock, &["set", "", "admission", "nhit:2"]);
     ok(&sock, &["set", "", "mode", "writeback"]);
     std::fs::write(&flag, b"").unwrap();
@@ -246,14 +209,8 @@ fn a_reopen_that_fails_leaves_the_export_detached_and_the_device_untrusted() {
     }
     let d = tempfile::tempdir().unwrap();
     let ksock = d.path().join("k.sock");
-    let _kit = Kit(Command::new("nbdkit")
-        .args(["-f", "-U"])
-        .arg(&ksock)
-        .args(["memory", "32M"])
-        .spawn()
-        .unwrap());
-    common::wait_for(&ksock);
-    let src = format!("nbd+unix:///?socket={}", ksock.display());
+    let kit = common::nbdkit(&ksock, &["memory", "32M"], false);
+    let src = kit.uri.clone();
     let (cache, away) = (d.path().join("cache"), d.path().join("cache.away"));
     let sock = d.path().join("s.sock");
     let s = serve(d.path(), &src, &sock);

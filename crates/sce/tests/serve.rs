@@ -257,24 +257,13 @@ fn fio_verify_with_population_and_eviction() {
     let u = uri(&sock);
     for rw in ["randwrite", "randrw"] {
         // fio leaves verify state files in its working directory: keep them in the temp dir.
-        let out = run(Command::new("fio").current_dir(d.path()).args([
-            "--name=v",
-            "--ioengine=nbd",
-            &format!("--uri={u}"),
+        let load = [
             &format!("--rw={rw}"),
-            "--bs=4k",
             "--iodepth=16",
             "--size=128M",
             "--io_size=64M",
-            "--verify=crc32c",
-            "--verify_fatal=1",
-            "--randrepeat=0",
-            "--output-format=terse",
-        ]));
-        assert!(
-            !out.contains("verify: bad") && !out.contains("crc32c: verify failed"),
-            "{out}"
-        );
+        ];
+        common::fio_verify(d.path(), &u, &load);
     }
     assert!(p.term().success());
 }

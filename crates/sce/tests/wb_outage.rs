@@ -12,16 +12,6 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// An nbdkit source, killed on drop.
-struct Kit(std::process::Child);
-
-impl Drop for Kit {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A child (fio), killed on drop.
 struct Killed(std::process::Child);
 
@@ -83,17 +73,8 @@ fn a_15_s_source_outage_under_fio_costs_few_cleanings_and_few_log_lines() {
         d.path().join("s"),
     );
     std::fs::write(&flag, b"").unwrap();
-    let _kit = Kit(Command::new("nbdkit")
-        .args(["-f", "-U"])
-        .arg(&ksock)
-        .args(["--filter=error", "memory", "64M", "error-pwrite-rate=100%"])
-        .arg(format!("error-pwrite-file={}", flag.display()))
-        // One line per injected error: not the server's log.
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap());
-    common::wait_for(&ksock);
-    let src_uri = format!("nbd+unix:///?socket={}", ksock.display());
+    let kit = common::nbdkit_with_outage(&ksock, &flag, "64M");
+    let src_uri = kit.uri.clone();
     let s = common::Server::start(
         &[
             "--source",

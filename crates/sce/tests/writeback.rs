@@ -7,7 +7,6 @@ mod common;
 use common::blocks::{decode, BLOCK};
 use common::num;
 use std::path::Path;
-use std::process::Command;
 
 /// `sce serve` of `source` in write-back, with a `size` cache of 256 KiB fragments at
 /// `cache`, listening on `sock`.
@@ -124,33 +123,16 @@ fn fio_verify_in_writeback_through_eviction_and_cleaning() {
         .set_len(128 << 20)
         .unwrap();
     let s = writeback_server(src.to_str().unwrap(), &cache, "16MiB", &sock);
-    let out = Command::new("fio")
-        .current_dir(d.path())
-        .args([
-            "--name=v",
-            "--ioengine=nbd",
-            &format!("--uri=nbd+unix:///?socket={}", sock.display()),
-            "--rw=randrw",
-            "--bs=4k",
-            "--iodepth=16",
-            "--size=128M",
-            "--time_based",
-            &format!("--runtime={seconds}"),
-            "--verify=crc32c",
-            "--verify_backlog=4096",
-            "--verify_fatal=1",
-            "--randrepeat=0",
-            "--output-format=terse",
-        ])
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "fio failed: {text}");
-    assert!(
-        !text.contains("verify: bad") && !text.contains("crc32c: verify failed"),
-        "{text}"
-    );
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    let load = [
+        "--rw=randrw",
+        "--iodepth=16",
+        "--size=128M",
+        "--time_based",
+        &format!("--runtime={seconds}"),
+        "--verify_backlog=4096",
+    ];
+    common::fio_verify(d.path(), &uri, &load);
     let st = s.export_stats();
     let (cleaned, waits) = (
         num(&st, "writeback_cleaned_bytes"),
@@ -172,16 +154,6 @@ fn fio_verify_in_writeback_through_eviction_and_cleaning() {
     assert!(s.term().success());
 }
 
-/// An nbdkit source, killed on drop.
-struct Kit(std::process::Child);
-
-impl Drop for Kit {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A source outage through `sce serve`: nbdkit's error filter fails every write to the
 /// source while a flag file exists. Writes are absorbed until the cache is full of dirty
 /// data, then wait (the writer does not finish, and status counts waits and cleaning
@@ -200,15 +172,8 @@ fn a_source_outage_through_nbdkit_is_absorbed_then_drained() {
         d.path().join("s"),
     );
     std::fs::write(&flag, b"").unwrap();
-    let _kit = Kit(Command::new("nbdkit")
-        .args(["-f", "-U"])
-        .arg(&ksock)
-        .args(["--filter=error", "memory", "32M", "error-pwrite-rate=100%"])
-        .arg(format!("error-pwrite-file={}", flag.display()))
-        .spawn()
-        .unwrap());
-    common::wait_for(&ksock);
-    let src_uri = format!("nbd+unix:///?socket={}", ksock.display());
+    let kit = common::nbdkit_with_outage(&ksock, &flag, "32M");
+    let src_uri = kit.uri.clone();
     let s = writeback_server(&src_uri, &cache, "8MiB", &sock);
     // 16 MiB of writes, twice what the cache holds, from a thread.
     let mut data = vec![0u8; 16 << 20];

@@ -554,3 +554,78 @@ pub mod blocks {
         }
     }
 }
+
+/// An nbdkit serving on a Unix socket, killed on drop.
+pub struct Nbdkit {
+    child: Child,
+    /// Its NBD URI (the default export).
+    pub uri: String,
+}
+
+impl Drop for Nbdkit {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `nbdkit -f -U SOCK ARGS` (its stderr dropped when `quiet`) and waits for its socket.
+pub fn nbdkit(sock: &Path, args: &[&str], quiet: bool) -> Nbdkit {
+    let mut cmd = Command::new("nbdkit");
+    cmd.args(["-f", "-U"]).arg(sock).args(args);
+    if quiet {
+        cmd.stderr(Stdio::null());
+    }
+    let child = cmd.spawn().unwrap();
+    let kit = Nbdkit {
+        child,
+        uri: format!("nbd+unix:///?socket={}", sock.display()),
+    };
+    wait_for(sock);
+    kit
+}
+
+/// An nbdkit memory disk of `size` (e.g. "32M") whose writes all fail while the file `flag`
+/// exists (its error filter; one stderr line per error, dropped): a source outage.
+pub fn nbdkit_with_outage(sock: &Path, flag: &Path, size: &str) -> Nbdkit {
+    let file = format!("error-pwrite-file={}", flag.display());
+    let args = [
+        "--filter=error",
+        "memory",
+        size,
+        "error-pwrite-rate=100%",
+        &file,
+    ];
+    nbdkit(sock, &args, true)
+}
+
+/// fio's nbd engine on `uri`, 4 KiB requests verified by crc32c (fatally), run in `dir`
+/// (where fio leaves its verify state files), with `load` (`--rw`, `--size`, ...). Fails
+/// the test if fio fails or reports a verify error; returns what it printed.
+pub fn fio_verify(dir: &Path, uri: &str, load: &[&str]) -> String {
+    let out = Command::new("fio")
+        .current_dir(dir)
+        .args([
+            "--name=v",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--bs=4k",
+        ])
+        .args(load)
+        .args([
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--randrepeat=0",
+            "--output-format=terse",
+        ])
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "fio {load:?} failed:\n{text}");
+    assert!(
+        !text.contains("verify: bad") && !text.contains("verify failed"),
+        "fio {load:?}: {text}"
+    );
+    text
+}
