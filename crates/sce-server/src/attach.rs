@@ -74,9 +74,6 @@ pub struct Attachable {
     /// The settings in effect when the cache was detached, or set while it was: the next
     /// attach opens the volume with them (None: the export's configuration's).
     kept: Mutex<Option<sce_core::CoreConfig>>,
-    /// Hits started through the volume's queue (under the gate) and not yet handed their
-    /// buffer, when the volume's own in-flight count begins: a close waits for both.
-    started: Arc<AtomicU64>,
 }
 
 /// What `attach` did.
@@ -125,7 +122,6 @@ impl Attachable {
             ops: Mutex::new(()),
             writes_detached: AtomicU64::new(0),
             kept: Mutex::new(None),
-            started: Arc::new(AtomicU64::new(0)),
         })
     }
 

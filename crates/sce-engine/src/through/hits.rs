@@ -64,7 +64,7 @@ impl HitQueue {
         let held = read.hold(e.cores.pins(k).clone());
         e.preset_intents(&held);
         let hit = Hit {
-            e: e.clone(),
+            e: Counted::new(e),
             at: (self.base + c.0, c.0, offset, len),
             want,
             held,
@@ -81,10 +81,35 @@ fn one_run_hit(read: &PinnedRead) -> bool {
     read.full_hit && !read.needs_commit() && read.runs.len() == 1
 }
 
-/// A hit started through the queue: its engine, where it reads (queue offset, cache offset,
+/// The engine of a hit, which counts the hit in flight from its start (under the lock the
+/// caller may hold to keep the volume from being closed: a close waits for it) until this
+/// is dropped: when it completes, or if it is never submitted.
+struct Counted(Arc<Engine>);
+
+impl Counted {
+    fn new(e: &Arc<Engine>) -> Counted {
+        e.counters.latencies.in_flight.fetch_add(1, Relaxed);
+        Counted(e.clone())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.counters.latencies.in_flight.fetch_sub(1, Relaxed);
+    }
+}
+
+impl std::ops::Deref for Counted {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        &self.0
+    }
+}
+
+/// A hit started through the queue: its engine (counted in flight), where it reads (queue offset, cache offset,
 /// source offset, length), its expected checksums, its pins, the slow path.
 struct Hit {
-    e: Arc<Engine>,
+    e: Counted,
     at: (u64, u64, u64, u64),
     want: Vec<u32>,
     held: HeldRead,
@@ -100,7 +125,6 @@ impl Hit {
             buf,
         };
         let t0 = std::time::Instant::now();
-        self.e.counters.latencies.in_flight.fetch_add(1, Relaxed);
         let complete: OnDone = Box::new(move |d: IoDone| {
             let buf = d.buf.expect("a read gives its buffer back");
             let (_, _, offset, len) = self.at;
@@ -109,7 +133,7 @@ impl Hit {
                 e.counters.cache_bytes_read.add(len);
                 let lat = &e.counters.latencies;
                 lat.read_hit.record_since(t0);
-                lat.in_flight.fetch_sub(1, Relaxed);
+                drop(self.e);
                 // The pins are released only now that the slot was read.
                 drop(self.held);
                 return done(IoDone {
@@ -148,7 +172,7 @@ impl Hit {
         }
         let lat = &s.counters.latencies;
         lat.read_miss.record_since(t0);
-        lat.in_flight.fetch_sub(1, Relaxed);
+        drop(self.e);
         done(IoDone {
             result: r,
             buf: Some(buf),

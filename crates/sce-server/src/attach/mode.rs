@@ -320,8 +320,7 @@ impl Attachable {
     pub(super) fn close(&self, v: Arc<CacheVolume>) -> (Result<(), sce_io::IoError>, bool) {
         *self.draining.lock() = Some(v.clone());
         let t0 = Instant::now();
-        let busy = || self.started.load(Relaxed) > 0 || v.latencies().in_flight.load(Relaxed) > 0;
-        while busy() && t0.elapsed() < Duration::from_secs(30) {
+        while v.latencies().in_flight.load(Relaxed) > 0 && t0.elapsed() < Duration::from_secs(30) {
             std::thread::sleep(Duration::from_millis(2));
         }
         let flushed = v.flush();

@@ -4,24 +4,8 @@
 
 use super::Attachable;
 use sce_io::{IoQueue, Op, QueuedReads, StartedRead, StartedWrite};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-
-/// One started hit of [`Attachable::start_read`], until it is given its buffer (or dropped).
-struct Started(Arc<AtomicU64>);
-
-impl Started {
-    fn new(count: &Arc<AtomicU64>) -> Started {
-        count.fetch_add(1, Relaxed);
-        Started(count.clone())
-    }
-}
-
-impl Drop for Started {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Relaxed);
-    }
-}
 
 impl QueuedReads for Attachable {
     fn start_read(&self, offset: u64, len: u64) -> Option<StartedRead> {
@@ -33,18 +17,17 @@ impl QueuedReads for Attachable {
         }
         // Not waiting for the gate: the reader may hold started writes that a detach
         // waiting for it waits for (`start_write`); the workers take the read instead.
-        let gate = self.gate.try_read()?;
-        let r = gate.as_deref()?.start_read(self.base() + offset, len)?;
-        // Counted before the gate is let go, so that a swap's close waits for it until
-        // the volume counts it in flight (when it is given its buffer, at once).
-        let started = Started::new(&self.started);
-        drop(gate);
-        self.count_read(len as usize, true);
-        Some(Box::new(move |buf, done| {
-            let op = r(buf, done);
-            drop(started);
-            op
-        }))
+        // The volume counts a started hit in flight at once, under the gate: a swap's
+        // close waits for it.
+        let r = self
+            .gate
+            .try_read()?
+            .as_deref()?
+            .start_read(self.base() + offset, len);
+        if r.is_some() {
+            self.count_read(len as usize, true);
+        }
+        r
     }
 
     /// The attached volume's queue; while a swap holds the gate (or waits for it), the
