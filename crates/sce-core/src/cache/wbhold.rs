@@ -24,10 +24,8 @@ impl CacheCore {
         let first = |m: &std::collections::BTreeMap<u64, PageSet>| {
             m.range(from.0..end.0).next().map(|(&f, _)| f)
         };
-        match (first(&self.wb.dirty), first(&self.wb.lost)) {
-            (Some(a), Some(b)) => Some(FragNo(a.min(b))),
-            (a, b) => a.or(b).map(FragNo),
-        }
+        let (dirty, lost) = (first(&self.wb.dirty), first(&self.wb.lost));
+        dirty.into_iter().chain(lost).min().map(FragNo)
     }
 
     /// True if `[offset, offset + len)` holds a page whose only copy was lost.

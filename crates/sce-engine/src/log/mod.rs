@@ -293,10 +293,7 @@ impl LogBack {
         let st = self.st.lock();
         let dirty = (st.groups.range(first >> GROUP_SHIFT..).next()).map(|(&k, _)| k);
         let lost = st.lost.range(first..).next().map(|g| g >> GROUP_SHIFT);
-        let k = match (dirty, lost) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => a.or(b)?,
-        };
+        let k = dirty.into_iter().chain(lost).min()?;
         let (lo, hi) = (
             (k << GROUP_SHIFT).max(first),
             ((k + 1) << GROUP_SHIFT).min(end),
