@@ -302,6 +302,46 @@ impl Etcd {
         self.range(json!({"key": b64(prefix), "range_end": b64(&prefix_end(prefix))}))
     }
 
+    /// The keys starting with `prefix` as they were at `revision` (a read of history), and
+    /// that revision. [`EtcdError::Compacted`] if the cluster no longer keeps it.
+    pub fn range_prefix_at(
+        &self,
+        prefix: &[u8],
+        revision: i64,
+    ) -> Result<(Vec<Kv>, i64), EtcdError> {
+        let body = json!({
+            "key": b64(prefix),
+            "range_end": b64(&prefix_end(prefix)),
+            "revision": revision.to_string(),
+        });
+        match self.range(body) {
+            Err(EtcdError::Server(e)) if e.contains("compacted") => {
+                Err(EtcdError::Compacted(revision))
+            }
+            Ok((kvs, _)) => Ok((kvs, revision)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The key `key` exactly with its revision and lease, if there is one.
+    pub fn get_kv(&self, key: &[u8]) -> Result<Option<Kv>, EtcdError> {
+        let (kvs, _) = self.range(json!({"key": b64(key)}))?;
+        Ok(kvs.into_iter().next())
+    }
+
+    /// Deletes `key` in one transaction only if it was last changed at revision `expect`;
+    /// false if it was not (changed since, or absent).
+    pub fn delete_if(&self, key: &[u8], expect: i64) -> Result<bool, EtcdError> {
+        let v = self.call(
+            "/v3/kv/txn",
+            &json!({
+                "compare": [{"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": expect.to_string()}],
+                "success": [{"request_delete_range": {"key": b64(key)}}],
+            }),
+        )?;
+        Ok(v["succeeded"] == json!(true))
+    }
+
     /// The value at `key` exactly, if there is one.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, EtcdError> {
         let (kvs, _) = self.range(json!({"key": b64(key)}))?;
@@ -322,6 +362,12 @@ impl Etcd {
     pub fn delete(&self, key: &[u8]) -> Result<(), EtcdError> {
         self.call("/v3/kv/deleterange", &json!({"key": b64(key)}))
             .map(|_| ())
+    }
+
+    /// Deletes every key starting with `prefix`.
+    pub fn delete_prefix(&self, prefix: &[u8]) -> Result<(), EtcdError> {
+        let body = json!({"key": b64(prefix), "range_end": b64(&prefix_end(prefix))});
+        self.call("/v3/kv/deleterange", &body).map(|_| ())
     }
 
     /// Compacts the key history up to `revision`: watches can no longer start before it.

@@ -45,12 +45,34 @@ pub fn decode(text: &str) -> Option<Vec<(u64, u64)>> {
         .collect()
 }
 
-/// The newest invalidation any host published under `prefix` (0: none): a host that
-/// registers again has processed everything others may have stopped waiting for once its
-/// listener is past it.
+/// The newest invalidation or ownership any host published under `prefix` (0: none): a
+/// host that registers again has processed everything others may have stopped waiting for
+/// once its listener is past it. (A release is not among them: until its listener passes
+/// one, a host counts the region as another's, which only passes its reads through.)
 pub fn newest(etcd: &Etcd, prefix: &str) -> Result<i64, EtcdError> {
-    let (kvs, _) = etcd.range_prefix(format!("{prefix}/inval/").as_bytes())?;
-    Ok(kvs.iter().map(|kv| kv.mod_revision).max().unwrap_or(0))
+    let mut newest = 0;
+    for kind in ["inval", "owner"] {
+        let (kvs, _) = etcd.range_prefix(format!("{prefix}/{kind}/").as_bytes())?;
+        newest = kvs.iter().map(|kv| kv.mod_revision).fold(newest, i64::max);
+    }
+    Ok(newest)
+}
+
+/// What a listener hands the cache, in revision order.
+#[derive(Debug)]
+pub enum Change<'a> {
+    /// Another host wrote this range (offset, length): drop its pages.
+    Drop(u64, u64),
+    /// The owner of a region changed (`crate::own`): the key as it is now, None if it was
+    /// deleted (released, or its lease expired).
+    Owner {
+        /// The region.
+        region: u64,
+        /// The owner's key, or None.
+        holder: Option<&'a crate::etcd::Kv>,
+        /// The revision of the change.
+        revision: i64,
+    },
 }
 
 /// A host's side: the invalidations the others publish, in revision order.
@@ -71,7 +93,9 @@ impl Listener {
     /// Listens from revision `from` (the last one this host processed, plus one; 0: from
     /// now on).
     pub fn new(etcd: &Etcd, prefix: &str, me: &str, from: i64) -> Result<Listener, EtcdError> {
-        let watch = etcd.watch_prefix(format!("{prefix}/inval/").as_bytes(), from)?;
+        // The whole volume, so that invalidations and ownership come in one revision order;
+        // the other keys' changes (acknowledgements, registrations) are passed over.
+        let watch = etcd.watch_prefix(format!("{prefix}/").as_bytes(), from)?;
         Ok(Listener {
             prefix: prefix.to_string(),
             me: me.to_string(),
@@ -98,10 +122,47 @@ impl Listener {
         timeout: Duration,
         drop_pages: &mut dyn FnMut(u64, u64),
     ) -> Result<usize, EtcdError> {
+        self.pump_all(etcd, lease, timeout, &mut |c| {
+            if let Change::Drop(o, n) = c {
+                drop_pages(o, n)
+            }
+        })
+    }
+
+    /// `pump`, with the changes of regions' owners too: each invalidation of another host
+    /// and each change of an owner key goes to `on` (which must have applied it when it
+    /// returns) before the revision is acknowledged.
+    pub fn pump_all(
+        &mut self,
+        etcd: &Etcd,
+        lease: i64,
+        timeout: Duration,
+        on: &mut dyn FnMut(Change),
+    ) -> Result<usize, EtcdError> {
         let events = self.watch.next_events(timeout)?;
         let mut n = 0;
         for e in events {
+            let (k, revision) = match &e {
+                Event::Put(kv) => (&kv.key, kv.mod_revision),
+                Event::Delete { key, mod_revision } => (key, *mod_revision),
+            };
+            if let Some(region) = crate::own::region_of(&self.prefix, k) {
+                let holder = match &e {
+                    Event::Put(kv) => Some(kv),
+                    Event::Delete { .. } => None,
+                };
+                on(Change::Owner {
+                    region,
+                    holder,
+                    revision,
+                });
+                self.done = self.done.max(revision);
+                continue;
+            }
             let Event::Put(kv) = e else { continue };
+            if host_of(&self.prefix, "inval", &kv.key).is_none() {
+                continue;
+            }
             let from_me =
                 kv.key == key(&self.prefix, "inval", &self.me) && kv.mod_revision > self.registered;
             if !from_me {
@@ -116,7 +177,7 @@ impl Listener {
                     vec![(0, u64::MAX)]
                 });
                 for (o, l) in ranges {
-                    drop_pages(o, l);
+                    on(Change::Drop(o, l));
                 }
                 n += 1;
             }

@@ -7,12 +7,14 @@
 //! * [`member`]: a host's registration under a lease, kept alive, with the local deadline
 //!   until which the host can count on it.
 //! * [`inval`]: invalidations: listen, drop, acknowledge.
+//! * [`own`]: ownership of a volume's regions: the owner writes without asking the others.
 //! * [`track`]: the other hosts and their acknowledgements, kept current by one watch:
 //!   publish a write's range and wait for every other host's acknowledgement (or departure).
 
 pub mod etcd;
 pub mod inval;
 pub mod member;
+pub mod own;
 pub mod track;
 
 pub use etcd::{Etcd, EtcdError, Event, Kv, Watch};

@@ -21,6 +21,8 @@ struct State {
     hosts: HashMap<String, i64>,
     /// The last revision each host acknowledged.
     acks: HashMap<String, i64>,
+    /// Registered hosts' leases.
+    leases: HashMap<String, i64>,
 }
 
 impl State {
@@ -30,6 +32,7 @@ impl State {
             Event::Delete { key, mod_revision } => {
                 if let Some(h) = host_of(prefix, "hosts", key) {
                     self.hosts.remove(h);
+                    self.leases.remove(h);
                 }
                 if let Some(h) = host_of(prefix, "ack", key) {
                     self.acks.remove(h);
@@ -42,6 +45,7 @@ impl State {
     fn put(&mut self, prefix: &str, kv: &Kv) {
         if let Some(h) = host_of(prefix, "hosts", &kv.key) {
             self.hosts.insert(h.to_string(), kv.mod_revision);
+            self.leases.insert(h.to_string(), kv.lease);
         }
         if let Some(h) = host_of(prefix, "ack", &kv.key) {
             let r = String::from_utf8_lossy(&kv.value).parse().unwrap_or(0);
@@ -108,20 +112,25 @@ impl Tracker {
         let deadline = Instant::now() + timeout;
         let p = &self.shared.prefix;
         let rev = etcd.put(&key(p, "inval", &self.me), encode(ranges).as_bytes(), 0)?;
+        self.wait_acked(rev, deadline)?;
+        Ok(rev)
+    }
+
+    /// Waits until every other host registered before revision `rev` has acknowledged it
+    /// (its listener processed every change up to it), or left, until `deadline`.
+    pub fn wait_acked(&self, rev: i64, deadline: Instant) -> Result<(), EtcdError> {
         let mut st = self.shared.state.lock().unwrap();
         loop {
-            // Only a state at or past the put knows every host registered before it.
+            // Only a state at or past the revision knows every host registered before it.
             let pending = (st.rev >= rev).then(|| st.pending(&self.me, rev));
             if pending.as_ref().is_some_and(Vec::is_empty) {
-                return Ok(rev);
+                return Ok(());
             }
             let now = Instant::now();
             if now >= deadline {
                 return Err(EtcdError::Server(match pending {
-                    Some(p) => format!(
-                        "hosts {p:?} did not acknowledge invalidation {rev} within {timeout:?}"
-                    ),
-                    None => format!("etcd's changes up to {rev} did not come within {timeout:?}"),
+                    Some(p) => format!("hosts {p:?} did not acknowledge revision {rev} in time"),
+                    None => format!("etcd's changes up to {rev} did not come in time"),
                 }));
             }
             st = self
@@ -131,6 +140,12 @@ impl Tracker {
                 .unwrap()
                 .0;
         }
+    }
+
+    /// The lease of host `host`'s registration, as the tracker last saw it (None: not
+    /// registered).
+    pub fn lease_of(&self, host: &str) -> Option<i64> {
+        self.shared.state.lock().unwrap().leases.get(host).copied()
     }
 }
 

@@ -84,6 +84,21 @@ impl CacheVolume {
         Ok(())
     }
 
+    /// The heat of the fragment at each of `offsets` (source offsets within the volume;
+    /// one past its end counts 0): see `CacheCore::heat_at`.
+    pub fn heats(&self, offsets: &[u64]) -> Vec<u32> {
+        let cores = &self.engine.cores;
+        let size = sce_io::BlockDevice::size(self);
+        (offsets.iter())
+            .map(|&o| match cores.pieces(o, 1).next() {
+                Some(p) if o < size => {
+                    cores.read_shard(p.shard, |c| c.heat_at(SourceOffset(p.local)))
+                }
+                _ => 0,
+            })
+            .collect()
+    }
+
     /// FlashTier's `exists` over `[offset, offset+len)`: the fragments the cache holds there,
     /// each as (source offset, bytes valid within the range), in source order.
     pub fn exists(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64)>, IoError> {

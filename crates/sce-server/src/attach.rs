@@ -173,6 +173,13 @@ impl Attachable {
         )
     }
 
+    /// The heat of the fragment at each of the export's `offsets` (all 0 when detached).
+    pub fn heats(&self, offsets: &[u64]) -> Vec<u32> {
+        let global: Vec<u64> = offsets.iter().map(|o| self.base() + o).collect();
+        let heats = |v: &CacheVolume| Ok::<_, IoError>(v.heats(&global));
+        (self.with(heats, |_| Ok(vec![0; offsets.len()]))).unwrap_or_default()
+    }
+
     /// Bytes of the export the cache holds.
     pub fn cached_bytes(&self) -> u64 {
         let size = self.source.size();

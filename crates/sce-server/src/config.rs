@@ -109,7 +109,15 @@ pub struct SharedConfig {
     pub host: String,
     /// The lease's time to live, in seconds.
     pub lease_ttl: i64,
+    /// The size of the regions a host owns for writing (a power of two; 0: no ownership,
+    /// every write is published to the others, as before issue 31).
+    pub region_size: u64,
+    /// An owned region no write used for this long is released.
+    pub ownership_idle: Duration,
 }
+
+/// The default region size: see `--region-size`.
+pub const DEFAULT_REGION_SIZE: u64 = 1 << 30;
 
 impl SharedConfig {
     /// Parses `etcd://HOST:PORT[,HOST:PORT…]/PREFIX`.
@@ -139,7 +147,22 @@ impl SharedConfig {
             prefix,
             host: host.to_string(),
             lease_ttl: ttl,
+            region_size: DEFAULT_REGION_SIZE,
+            ownership_idle: Duration::from_secs(10),
         })
+    }
+
+    /// With regions of `size` bytes (0: no ownership) released after `idle`.
+    pub fn with_ownership(mut self, size: u64, idle: Duration) -> Result<SharedConfig> {
+        if size != 0 && (!size.is_power_of_two() || size < 1 << 20) {
+            bail!("--region-size {size}: give a power of two of at least 1MiB, or 0 (no ownership: every write is published)");
+        }
+        if idle.is_zero() || idle > Duration::from_secs(3600) {
+            bail!("--ownership-idle {idle:?}: give more than 0 and at most 1h");
+        }
+        self.region_size = size;
+        self.ownership_idle = idle;
+        Ok(self)
     }
 }
 

@@ -265,6 +265,22 @@ pub struct ServeArgs {
     /// serving hits within this time; a host that died is waited for at most about twice it.
     #[arg(help_heading = "Shared mode (several hosts)", long, default_value = "5s", value_parser = crate::units::parse_duration)]
     pub lease_ttl: Duration,
+    /// Shared mode: the size of the regions a host owns for writing. A host's first write
+    /// to a region nobody owns takes it (one etcd transaction and every other host's
+    /// acknowledgement); its later writes there need no etcd call, while the other hosts
+    /// read that region from the source. A region written by two hosts at once stays with
+    /// one of them and the other's writes are published one by one. 0: no ownership, every
+    /// write is published and waits for every other host. Larger regions cost fewer
+    /// acquisitions and etcd keys; smaller ones let hosts that write near each other cache
+    /// what the others do not write
+    #[arg(help_heading = "Shared mode (several hosts)", long, default_value = "1GiB", value_parser = parse_size, value_name = "SIZE")]
+    pub region_size: u64,
+    /// Shared mode: an owned region that no write used for this long is released, so
+    /// that other hosts cache it again (or take it for their writes). A region another
+    /// host wrote within this time is not taken: several hosts writing one region at once
+    /// publish every write and all cache it, as with --region-size 0.
+    #[arg(help_heading = "Shared mode (several hosts)", long, default_value = "10s", value_parser = crate::units::parse_duration)]
+    pub ownership_idle: Duration,
 }
 
 /// The machine's host name (for --shared without --host-name).
@@ -384,7 +400,10 @@ impl ServeArgs {
                     let host = (self.host_name.clone())
                         .or(file.host_name.clone())
                         .unwrap_or_else(machine_name);
-                    Some(SharedConfig::parse(url, &host, self.lease_ttl)?)
+                    Some(
+                        SharedConfig::parse(url, &host, self.lease_ttl)?
+                            .with_ownership(self.region_size, self.ownership_idle)?,
+                    )
                 }
                 (None, None) => None,
             },

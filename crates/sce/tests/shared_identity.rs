@@ -155,8 +155,9 @@ fn a_host_restarting_on_its_own_state_dir_is_not_refused() {
     assert_eq!(counter_of_block0(&sock), 0);
 }
 
-/// Cut off from etcd, a host passes reads through: it says so once (WARN), however many
-/// reads pass through, and once (INFO) when it serves hits again. (A 5 s lease: a shorter
+/// Cut off from etcd, a host passes reads through: it says so once (WARN, with the
+/// reason), however many reads pass through, and once (WARN) when it serves hits again;
+/// both moves are counted. (A 5 s lease: a shorter
 /// one can lapse on a loaded machine, which is one more stall, logged as such.)
 #[test]
 fn passing_reads_through_is_logged_once_in_and_once_out() {
@@ -198,21 +199,24 @@ fn passing_reads_through_is_logged_once_in_and_once_out() {
     for _ in 0..20 {
         assert_eq!(counter_of_block0(&sock), 0);
     }
-    wait_until("the INFO", 30, || count(out) > 0);
+    wait_until("the serving-again WARN", 30, || count(out) > 0);
     // Once each per stall: a lease renewal that was late on this loaded machine may have
     // made one more (and said so), never one per read (20 passed through in the cut).
     let log = h.log();
     let (ins, outs) = (count(into), count(out));
-    eprintln!("passthrough WARNs {ins}, serving-again INFOs {outs}");
+    eprintln!("passthrough WARNs {ins}, serving-again WARNs {outs}");
     assert!(ins == outs && ins <= 3, "{log}");
+    let why = "its lease is not valid by its own clock";
     assert!(
-        log.lines().any(|l| l.contains(into) && l.contains("WARN")),
+        log.lines()
+            .any(|l| l.contains(into) && l.contains("WARN") && l.contains(why)),
         "{log}"
     );
     assert!(
-        log.lines().any(|l| l.contains(out) && l.contains("INFO")),
+        log.lines().any(|l| l.contains(out) && l.contains("WARN")),
         "{log}"
     );
+    assert_eq!(shared("passthrough_entered"), ins as u64, "{log}");
 }
 
 /// Two servers that held one host name in turn (never at once, so neither was refused):

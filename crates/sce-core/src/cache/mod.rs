@@ -418,6 +418,12 @@ impl CacheCore {
         out
     }
 
+    /// The heat of the fragment holding byte `offset` (its region's count in the frequency
+    /// sketch; 0 without one): what a hand-off orders its list by.
+    pub fn heat_at(&self, offset: SourceOffset) -> u32 {
+        self.heat(self.geo.fragment_of(offset))
+    }
+
     /// True if byte `offset` of the source is in a valid cached page.
     pub fn is_cached(&self, offset: SourceOffset) -> bool {
         let f = self.geo.fragment_of(offset);

@@ -2,6 +2,7 @@
 //! hosts before they are acknowledged and reads passed through to the source while this
 //! host cannot vouch for its cache.
 
+use super::own::WriteKind;
 use super::Coherence;
 use crate::attach::Attachable;
 use sce_io::{BlockDevice, IoError, IoQueue, Op, QueuedReads, SharedBytes, StartedRead};
@@ -20,14 +21,38 @@ impl Coherent {
         Arc::new(Coherent { att, coherence })
     }
 
-    /// Publishes a write once the source answered. A write that failed is announced too
-    /// (part of it may have landed), and fails with its own error.
-    fn published(&self, result: Result<(), IoError>, offset: u64, len: u64) -> Result<(), IoError> {
+    /// Runs the write `w` of `[offset, offset+len)`: in a region this host owns, with no
+    /// etcd call (fenced by the lease when it ends); elsewhere published once the source
+    /// answered. A published write that failed is announced too (part of it may have
+    /// landed), and fails with its own error.
+    fn written(
+        &self,
+        op: Op,
+        offset: u64,
+        len: u64,
+        w: impl FnOnce() -> Result<(), IoError>,
+    ) -> Result<(), IoError> {
+        self.coherence.check_writable(op, offset, len)?;
         if len == 0 {
-            return result;
+            return w();
         }
-        let announced = self.coherence.publish(offset, len);
-        result.and(announced)
+        match self.coherence.begin_write(offset, len) {
+            WriteKind::Owned { regions, lease } => {
+                let r = w();
+                (self.coherence).end_owned((&regions, lease), r, offset, len)
+            }
+            WriteKind::Published => {
+                let r = w();
+                let announced = self.coherence.publish(offset, len);
+                r.and(announced)
+            }
+        }
+    }
+
+    /// True if a read of `[offset, offset+len)` may be served by the cache: this host can
+    /// vouch for it, and no other host owns a region of it.
+    fn cached_read(&self, offset: u64, len: u64) -> bool {
+        self.coherence.serving_logged() && !self.coherence.others_own(offset, len)
     }
 }
 
@@ -41,28 +66,28 @@ impl BlockDevice for Coherent {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
-        if self.coherence.serving_logged() {
+        if self.cached_read(offset, buf.len() as u64) {
             return self.att.read_at(offset, buf);
         }
-        self.coherence
-            .counters
-            .passthrough_reads
-            .fetch_add(1, SeqCst);
+        let c = &self.coherence.counters;
+        match self.coherence.serving() {
+            true => c.region_reads.fetch_add(1, SeqCst),
+            false => c.passthrough_reads.fetch_add(1, SeqCst),
+        };
         sce_io::check_range(sce_io::Op::Read, offset, buf.len() as u64, self.size(), 1)?;
         self.att.source().read_at(offset, buf)
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), IoError> {
-        (self.coherence).check_writable(Op::Write, offset, buf.len() as u64)?;
-        let r = self.att.write_at(offset, buf);
-        self.published(r, offset, buf.len() as u64)
+        let len = buf.len() as u64;
+        self.written(Op::Write, offset, len, || self.att.write_at(offset, buf))
     }
 
     fn write_shared(&self, offset: u64, data: SharedBytes) -> Result<(), IoError> {
         let len = data.len() as u64;
-        (self.coherence).check_writable(Op::Write, offset, len)?;
-        let r = self.att.write_shared(offset, data);
-        self.published(r, offset, len)
+        self.written(Op::Write, offset, len, || {
+            self.att.write_shared(offset, data)
+        })
     }
 
     fn identity(&self) -> Option<String> {
@@ -74,9 +99,7 @@ impl BlockDevice for Coherent {
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
-        (self.coherence).check_writable(Op::Discard, offset, len)?;
-        let r = self.att.discard(offset, len);
-        self.published(r, offset, len)
+        self.written(Op::Discard, offset, len, || self.att.discard(offset, len))
     }
 
     fn extents(&self, offset: u64, len: u64, max: usize) -> Result<Vec<sce_io::Extent>, IoError> {
@@ -90,8 +113,9 @@ impl BlockDevice for Coherent {
 
 impl QueuedReads for Coherent {
     fn start_read(&self, offset: u64, len: u64) -> Option<StartedRead> {
-        // Not serving: the read goes to the workers, and `read_at` passes it through.
-        if !self.coherence.serving_logged() {
+        // Not served from the cache: the read goes to the workers, and `read_at` passes it
+        // through.
+        if !self.cached_read(offset, len) {
             return None;
         }
         self.att.start_read(offset, len)

@@ -1,6 +1,10 @@
-//! Warm migration (Mercury): `sce ctl handoff EXPORT --to HOST` puts what this host's cache
-//! holds of the volume under `PREFIX/VOLUME/handoff/HOST`, fullest fragments first; the
-//! receiving server reads it into its own cache in the background (NBD CACHE's prefetch),
+//! Warm migration (Mercury): `sce ctl handoff EXPORT --to HOST` moves what this host owns
+//! of the volume to HOST and puts what its cache holds under
+//! `PREFIX/VOLUME/handoff/HOST/NNNNNN`, hottest fragments first, in chunks of at most
+//! [`CHUNK`] fragments (as many as the cache holds), then `PREFIX/VOLUME/handoff/HOST`:
+//! `chunks N fragments F bytes B`. The receiving server reads the chunks once the head is
+//! there, waits until its listener has applied the move of the regions, and reads the
+//! fragments into its own cache in the background (NBD CACHE's prefetch), hottest first,
 //! so that a VM moved there starts warm. Prefetching reads the source, which is always
 //! current in write-through, so the list can never bring stale data: at worst it names
 //! cold fragments.
@@ -10,12 +14,13 @@ use anyhow::{bail, Result};
 use sce_io::BlockDevice;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-/// At most this many fragments go in one hand-off (etcd's value limit is 1.5 MiB; a line is
-/// at most 21 bytes).
-const MAX_FRAGMENTS: usize = 60_000;
+/// Fragments per chunk: etcd's request limit is 1.5 MiB by default, and a line is at most
+/// 21 bytes.
+pub(crate) const CHUNK: usize = 40_000;
 
-/// `ctl handoff` of export `n`: its hot list for host `to`.
+/// `ctl handoff` of export `n`: its regions and hot list to host `to`.
 pub fn handoff_verb(
     n: &str,
     a: &Arc<crate::attach::Attachable>,
@@ -23,8 +28,10 @@ pub fn handoff_verb(
 ) -> Result<serde_json::Value> {
     let c = super::of(a)
         .ok_or_else(|| anyhow::anyhow!("export {n:?} is not in shared mode (--shared)"))?;
-    let (fragments, bytes) = handoff(&c, to.unwrap_or(""))?;
-    Ok(serde_json::json!({"export": n, "fragments": fragments, "bytes": bytes}))
+    let (fragments, bytes, regions) = handoff(&c, to.unwrap_or(""))?;
+    Ok(
+        serde_json::json!({"export": n, "fragments": fragments, "bytes": bytes, "regions_moved": regions}),
+    )
 }
 
 /// Refuses `verb` on export `n` in shared mode: a detached cache hears no invalidation,
@@ -43,49 +50,90 @@ pub fn refuse_in_shared_mode(
     Ok(())
 }
 
-/// Publishes the export's hot list for host `to`: (fragments, bytes) listed.
-pub fn handoff(c: &Coherence, to: &str) -> Result<(u64, u64)> {
+/// Moves the regions this host owns to host `to`, then publishes the export's hot list for
+/// it: (fragments, bytes, regions moved).
+pub fn handoff(c: &Coherence, to: &str) -> Result<(u64, u64, u64)> {
     if to.is_empty() || to.contains('/') {
         bail!("handoff: give the receiving host's --host-name (no '/'), as --to HOST");
     }
     if to == c.cfg.host {
         bail!("handoff: {to:?} is this host");
     }
-    let size = c.att.size();
-    let mut held = c.att.exists(0, size)?;
-    // Fullest first: the receiver reads them in this order.
-    held.sort_by_key(|&(o, n)| (std::cmp::Reverse(n), o));
-    held.truncate(MAX_FRAGMENTS);
-    let bytes = held.iter().map(|x| x.1).sum();
-    let text = sce_coord::inval::encode(&held);
-    let key = format!("{}/handoff/{to}", c.volume_prefix);
-    c.etcd.put(key.as_bytes(), text.as_bytes(), 0)?;
-    tracing::info!(volume = %c.volume_prefix, to, fragments = held.len(), bytes, "handoff published");
-    Ok((held.len() as u64, bytes))
+    let moved = c.hand_regions(to)?;
+    let list = hot_list(c)?;
+    let bytes = list.iter().map(|x| x.1).sum();
+    let head = format!("{}/handoff/{to}", c.volume_prefix);
+    c.etcd.delete_prefix(format!("{head}/").as_bytes())?;
+    let chunks: Vec<&[(u64, u64)]> = list.chunks(CHUNK).collect();
+    for (i, chunk) in chunks.iter().enumerate() {
+        let text = sce_coord::inval::encode(chunk);
+        c.etcd
+            .put(format!("{head}/{i:06}").as_bytes(), text.as_bytes(), 0)?;
+    }
+    let value = format!(
+        "chunks {} fragments {} bytes {bytes}",
+        chunks.len(),
+        list.len()
+    );
+    c.etcd.put(head.as_bytes(), value.as_bytes(), 0)?;
+    tracing::info!(volume = %c.volume_prefix, to, fragments = list.len(), bytes, chunks = chunks.len(), regions = moved, "handoff published");
+    Ok((list.len() as u64, bytes, moved))
+}
+
+/// What the cache holds of the export, hottest first (fuller first among equals).
+fn hot_list(c: &Coherence) -> Result<Vec<(u64, u64)>> {
+    let held = c.att.exists(0, c.att.size())?;
+    let offsets: Vec<u64> = held.iter().map(|x| x.0).collect();
+    let heats = c.att.heats(&offsets);
+    let mut ranked: Vec<(u32, u64, u64)> = (held.iter().zip(heats))
+        .map(|(&(o, n), h)| (h, n, o))
+        .collect();
+    ranked.sort_by_key(|&(h, n, o)| (std::cmp::Reverse(h), std::cmp::Reverse(n), o));
+    Ok(ranked.into_iter().map(|(_, n, o)| (o, n)).collect())
+}
+
+/// A hand-off's head: the number of chunks.
+fn chunks_of(head: &str) -> Option<usize> {
+    match head.split(' ').collect::<Vec<_>>()[..] {
+        ["chunks", n, "fragments", _, "bytes", _] => n.parse().ok(),
+        _ => None,
+    }
 }
 
 impl Coherence {
-    /// Looks for a hand-off to this host; prefetches a new one from a thread of its own and
-    /// deletes it (one at a time).
+    /// Looks for a hand-off to this host; takes a new one (its chunks, in order), deletes
+    /// it, and prefetches it from a thread of its own (one at a time).
     pub(super) fn take_handoff(self: &Arc<Self>, etcd: &sce_coord::Etcd) {
         if self.handoff_running.load(SeqCst) {
             return;
         }
-        let key = format!("{}/handoff/{}", self.volume_prefix, self.cfg.host);
-        let Ok(Some(value)) = etcd.get(key.as_bytes()) else {
+        let head = format!("{}/handoff/{}", self.volume_prefix, self.cfg.host);
+        let Ok(Some(kv)) = etcd.get_kv(head.as_bytes()) else {
             return;
         };
-        let text = String::from_utf8_lossy(&value).to_string();
-        let _ = etcd.delete(key.as_bytes());
-        let Some(list) = sce_coord::inval::decode(&text) else {
+        let Ok((kvs, _)) = etcd.range_prefix(format!("{head}/").as_bytes()) else {
+            return;
+        };
+        let _ = etcd.delete(head.as_bytes());
+        let _ = etcd.delete_prefix(format!("{head}/").as_bytes());
+        let chunks = chunks_of(&String::from_utf8_lossy(&kv.value));
+        // The chunks in key order; every one the head counts, each readable.
+        let list: Option<Vec<(u64, u64)>> = chunks.filter(|n| *n == kvs.len()).and_then(|_| {
+            let texts = kvs
+                .iter()
+                .map(|c| String::from_utf8_lossy(&c.value).to_string());
+            let lists: Option<Vec<_>> = texts.map(|t| sce_coord::inval::decode(&t)).collect();
+            lists.map(|l| l.concat())
+        });
+        let Some(list) = list else {
             tracing::warn!(volume = %self.volume_prefix, "ignoring a malformed handoff");
             return;
         };
         self.handoff_running.store(true, SeqCst);
-        let me = self.clone();
+        let (me, moved_at) = (self.clone(), kv.mod_revision);
         match std::thread::Builder::new()
             .name("sce-handoff".into())
-            .spawn(move || me.prefetch_list(&list))
+            .spawn(move || me.prefetch_list(&list, moved_at))
         {
             // Joined by `leave` with the others.
             Ok(t) => self.threads.lock().push(t),
@@ -93,7 +141,16 @@ impl Coherence {
         }
     }
 
-    fn prefetch_list(&self, list: &[(u64, u64)]) {
+    fn prefetch_list(&self, list: &[(u64, u64)], moved_at: i64) {
+        // The regions were moved before the list was put: once the listener applied the
+        // move (each moved region dropped, then owned), what is prefetched stays.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.done.load(SeqCst) < moved_at && Instant::now() < deadline {
+            if self.stop.load(SeqCst) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let size = self.att.size();
         let frag = self
             .att

@@ -5,7 +5,7 @@
 //! revision after a metadata round, and taking hand-offs.
 
 use super::{batch, Coherence, SERVING, STARTING};
-use sce_coord::inval::{self, Listener};
+use sce_coord::inval::{self, Change, Listener};
 use sce_coord::{Etcd, EtcdError};
 use sce_io::BlockDevice;
 use std::sync::atomic::Ordering::SeqCst;
@@ -21,6 +21,7 @@ impl Coherence {
     /// every page the range touches; the whole volume for an invalidation this host cannot
     /// read).
     pub(super) fn drop_range(&self, offset: u64, len: u64) {
+        self.regions.foreign_write(offset, len);
         let end = offset.saturating_add(len).min(self.att.size());
         if offset < end {
             let n = self.att.evict(offset, end - offset).unwrap_or(0);
@@ -53,8 +54,13 @@ impl Coherence {
             // What was published under this host's name before it registered is not its own.
             l.set_registered(self.member.registered_at());
             let lease = self.member.lease();
-            let pumped = l.pump(&etcd, lease, Duration::from_millis(200), &mut |o, n| {
-                self.drop_range(o, n)
+            let pumped = l.pump_all(&etcd, lease, Duration::from_millis(200), &mut |c| match c {
+                Change::Drop(o, n) => self.drop_range(o, n),
+                Change::Owner {
+                    region,
+                    holder,
+                    revision,
+                } => self.owner_changed(region, holder, revision),
             });
             self.done.store(l.done(), SeqCst);
             if let Err(e) = pumped {
@@ -75,17 +81,34 @@ impl Coherence {
         let (p, me) = (&self.volume_prefix, &self.cfg.host);
         let from = self.done.load(SeqCst) + 1;
         match Listener::new(etcd, p, me, from) {
-            Ok(l) => Some(l),
-            Err(EtcdError::Compacted(_)) => {
+            // The owners as of the revision before the watch's first: the watch goes on
+            // from there in order.
+            Ok(l) => match self.resync_owners(from - 1) {
+                Ok(()) => Some(l),
+                Err(EtcdError::Compacted(_)) => self.listen_after_compaction(etcd),
+                Err(_) => None,
+            },
+            Err(EtcdError::Compacted(_)) => self.listen_after_compaction(etcd),
+            Err(_) => None,
+        }
+    }
+
+    /// A listener from now on, after the cache forgot the volume: etcd no longer has the
+    /// history it missed.
+    fn listen_after_compaction(&self, etcd: &Etcd) -> Option<Listener> {
+        let (p, me) = (&self.volume_prefix, &self.cfg.host);
+        {
+            {
                 // The revision only: the hosts' keys are few.
                 let (_, now) = etcd.range_prefix(format!("{p}/hosts/").as_bytes()).ok()?;
                 // Nothing counts as caught up until the forget is done.
                 self.caught_up.store(0, SeqCst);
                 self.forget("etcd compacted the invalidations this host missed");
                 self.done.store(now, SeqCst);
-                Listener::new(etcd, p, me, now + 1).ok()
+                let l = Listener::new(etcd, p, me, now + 1).ok()?;
+                self.resync_owners(now).ok()?;
+                Some(l)
             }
-            Err(_) => None,
         }
     }
 
@@ -143,6 +166,7 @@ impl Coherence {
         while !self.stop.load(SeqCst) {
             std::thread::sleep(Duration::from_millis(200));
             self.republish();
+            self.release_idle();
             if saved.1.elapsed() > Duration::from_secs(1) {
                 self.take_handoff(&etcd);
                 if self.done.load(SeqCst) > saved.0 {

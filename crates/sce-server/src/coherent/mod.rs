@@ -25,6 +25,7 @@ mod device;
 mod handoff;
 mod identity;
 mod listen;
+mod own;
 
 pub use device::Coherent;
 pub use handoff::{handoff, handoff_verb, refuse_in_shared_mode};
@@ -64,6 +65,22 @@ sce_core::stats_table! {
         /// Times the whole volume was forgotten (a start without a revision to catch up from,
         /// or one etcd had compacted).
         forgotten: AtomicU64;
+        /// Regions this host acquired for its writes.
+        acquisitions: AtomicU64, Counter("sce_shared_region_acquisitions_total", "", "Regions this host took for its writes (one etcd transaction and every other host's acknowledgement each).");
+        /// Acquisitions refused: another host owned the region.
+        acquisitions_refused: AtomicU64, Counter("sce_shared_region_acquisitions_refused_total", "", "Acquisitions refused because another host owned the region (its writes there are then published).");
+        /// Owned regions released after their idle time.
+        releases: AtomicU64, Counter("sce_shared_region_releases_total", "", "Owned regions released after going unwritten for the idle time.");
+        /// Writes to owned regions: no etcd call.
+        owned_writes: AtomicU64, Counter("sce_shared_owned_writes_total", "", "Writes to regions this host owns, acknowledged without an etcd call.");
+        /// Owned writes failed because the lease lapsed while they were in flight.
+        owned_writes_fenced: AtomicU64, Counter("sce_shared_owned_writes_fenced_total", "", "Owned writes failed because this host's lease lapsed while they were in flight (announced to the others later).");
+        /// Regions handed to this host.
+        handoff_regions: AtomicU64, Counter("sce_shared_handoff_regions_total", "", "Regions another host handed to this one with a hand-off.");
+        /// Reads of regions another host owns (from the source).
+        region_reads: AtomicU64, Counter("sce_shared_region_reads_total", "", "Reads passed to the source because another host owns their region for writing.");
+        /// Moves into shared passthrough (every read to the source).
+        passthrough_entered: AtomicU64, Counter("sce_shared_passthrough_entered_total", "", "Times this host started passing every read through to the source (lease not valid by its clock, or catching up).");
         /// Hand-offs received and prefetched.
         handoffs: AtomicU64;
         /// Bytes prefetched for them.
@@ -91,6 +108,8 @@ pub struct Coherence {
     member: Membership,
     tracker: Tracker,
     batcher: batch::Batcher,
+    /// Ownership of the volume's regions.
+    regions: own::Regions,
     /// The registration the listener has caught up with (see `serving`).
     caught_up: AtomicU64,
     /// The last revision the listener processed.
@@ -216,6 +235,7 @@ impl Coherence {
             member,
             tracker,
             batcher: Default::default(),
+            regions: own::Regions::new(cfg.region_size, cfg.ownership_idle),
             caught_up: AtomicU64::new(0),
             done: AtomicI64::new(0),
             unpublished: Mutex::new(Vec::new()),
@@ -317,10 +337,16 @@ impl Coherence {
             let volume = &self.volume_prefix;
             if serving {
                 let passed = self.counters.passthrough_reads.load(SeqCst);
-                tracing::info!(%volume, passthrough_reads = passed, "shared volume: serving hits again");
+                tracing::warn!(%volume, passthrough_reads = passed, "shared volume: serving hits again: its lease is valid and it caught up with the other hosts");
             } else {
+                self.counters.passthrough_entered.fetch_add(1, SeqCst);
                 let lease_valid = self.member.valid();
-                tracing::warn!(%volume, lease_valid, "shared volume: passing reads through to the source until this host can vouch for its cache again (etcd or this host stalled, or it is catching up after registering again)");
+                let why = if lease_valid {
+                    "it registered again and is catching up with what the others published"
+                } else {
+                    "its lease is not valid by its own clock: etcd or this host stalled"
+                };
+                tracing::warn!(%volume, lease_valid, "shared volume: passing reads through to the source until this host can vouch for its cache again: {why}");
             }
         }
         serving
@@ -421,6 +447,7 @@ impl Coherence {
     pub fn status(&self) -> serde_json::Value {
         let c = &self.counters;
         let writes = c.writes.load(SeqCst);
+        let (owned, others) = self.regions.counts();
         serde_json::json!({
             "volume": self.volume_prefix,
             "host": self.cfg.host,
@@ -436,6 +463,16 @@ impl Coherence {
             "dropped_bytes": c.dropped_bytes.load(SeqCst),
             "passthrough_reads": c.passthrough_reads.load(SeqCst),
             "forgotten": c.forgotten.load(SeqCst),
+            "regions_owned": owned,
+            "regions_of_others": others,
+            "region_size": self.cfg.region_size,
+            "region_acquisitions": c.acquisitions.load(SeqCst),
+            "region_acquisitions_refused": c.acquisitions_refused.load(SeqCst),
+            "region_releases": c.releases.load(SeqCst),
+            "owned_writes": c.owned_writes.load(SeqCst),
+            "region_reads": c.region_reads.load(SeqCst),
+            "owned_writes_fenced": c.owned_writes_fenced.load(SeqCst),
+            "passthrough_entered": c.passthrough_entered.load(SeqCst),
             "handoffs_received": c.handoffs.load(SeqCst),
             "handoff_prefetched_bytes": c.handoff_bytes.load(SeqCst),
         })

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod coherence;
+
 use parking_lot::Mutex;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
