@@ -87,6 +87,8 @@ pub struct Listener {
     /// server's (a clone that held the name meanwhile), or its own earlier ones: dropped.
     registered: i64,
     watch: crate::etcd::Watch,
+    /// Acknowledgements put so far.
+    acks: u64,
 }
 
 impl Listener {
@@ -103,6 +105,7 @@ impl Listener {
             acked: (0, 0),
             registered: 0,
             watch,
+            acks: 0,
         })
     }
 
@@ -190,8 +193,14 @@ impl Listener {
                 self.done.to_string().as_bytes(),
                 lease,
             )?;
+            self.acks += 1;
         }
         Ok(n)
+    }
+
+    /// Acknowledgements put so far (etcd puts).
+    pub fn acks(&self) -> u64 {
+        self.acks
     }
 
     /// The last revision processed.

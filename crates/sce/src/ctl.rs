@@ -94,9 +94,11 @@ pub enum Verb {
         /// The cache device (default: the one detached).
         cache: Option<PathBuf>,
     },
-    /// Shared mode's warm migration: publish what this host caches of an export for host
-    /// HOST, which reads it into its own cache in the background (a VM moved there starts
-    /// warm). Example: sce ctl -s /run/sce.sock handoff vm1 --to host-b
+    /// Shared mode's warm migration: move the regions this host owns for writing to host
+    /// HOST, and publish what it caches of an export, hottest first, for HOST, which reads
+    /// it into its own cache in the background (a VM moved there starts warm; this host's
+    /// later writes there are published to HOST). Example: sce ctl -s /run/sce.sock
+    /// handoff vm1 --to host-b
     Handoff {
         /// The export ("" for the default one).
         export: String,
@@ -214,9 +216,10 @@ fn request(verb: Verb) -> (Request, Render) {
             r.value = Some(to);
             (r, |v| {
                 println!(
-                    "handed off {} fragment(s), {} cached",
+                    "handed off {} fragment(s), {} cached, hottest first; {} owned region(s) moved",
                     v["fragments"],
-                    size(&v["bytes"])
+                    size(&v["bytes"]),
+                    v["regions_moved"]
                 );
             })
         }

@@ -12,13 +12,16 @@
 use super::Coherence;
 use anyhow::{bail, Result};
 use sce_io::BlockDevice;
-use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Fragments per chunk: etcd's request limit is 1.5 MiB by default, and a line is at most
 /// 21 bytes.
 pub(crate) const CHUNK: usize = 40_000;
+
+/// Fragments a receiving host reads at once.
+const PREFETCHERS: usize = 8;
 
 /// `ctl handoff` of export `n`: its regions and hot list to host `to`.
 pub fn handoff_verb(
@@ -59,7 +62,7 @@ pub fn handoff(c: &Coherence, to: &str) -> Result<(u64, u64, u64)> {
     if to == c.cfg.host {
         bail!("handoff: {to:?} is this host");
     }
-    let moved = c.hand_regions(to)?;
+    let (moved, moved_at) = c.hand_regions(to)?;
     let list = hot_list(c)?;
     let bytes = list.iter().map(|x| x.1).sum();
     let head = format!("{}/handoff/{to}", c.volume_prefix);
@@ -71,7 +74,7 @@ pub fn handoff(c: &Coherence, to: &str) -> Result<(u64, u64, u64)> {
             .put(format!("{head}/{i:06}").as_bytes(), text.as_bytes(), 0)?;
     }
     let value = format!(
-        "chunks {} fragments {} bytes {bytes}",
+        "chunks {} fragments {} bytes {bytes} moved {moved} at {moved_at}",
         chunks.len(),
         list.len()
     );
@@ -92,10 +95,13 @@ fn hot_list(c: &Coherence) -> Result<Vec<(u64, u64)>> {
     Ok(ranked.into_iter().map(|(_, n, o)| (o, n)).collect())
 }
 
-/// A hand-off's head: the number of chunks.
-fn chunks_of(head: &str) -> Option<usize> {
+/// A hand-off's head: the number of chunks, and the revision of the last region moved
+/// (0: none).
+fn chunks_of(head: &str) -> Option<(usize, i64)> {
     match head.split(' ').collect::<Vec<_>>()[..] {
-        ["chunks", n, "fragments", _, "bytes", _] => n.parse().ok(),
+        ["chunks", n, "fragments", _, "bytes", _, "moved", _, "at", r] => {
+            Some((n.parse().ok()?, r.parse().ok()?))
+        }
         _ => None,
     }
 }
@@ -118,7 +124,7 @@ impl Coherence {
         let _ = etcd.delete_prefix(format!("{head}/").as_bytes());
         let chunks = chunks_of(&String::from_utf8_lossy(&kv.value));
         // The chunks in key order; every one the head counts, each readable.
-        let list: Option<Vec<(u64, u64)>> = chunks.filter(|n| *n == kvs.len()).and_then(|_| {
+        let list: Option<Vec<(u64, u64)>> = chunks.filter(|c| c.0 == kvs.len()).and_then(|_| {
             let texts = kvs
                 .iter()
                 .map(|c| String::from_utf8_lossy(&c.value).to_string());
@@ -130,7 +136,7 @@ impl Coherence {
             return;
         };
         self.handoff_running.store(true, SeqCst);
-        let (me, moved_at) = (self.clone(), kv.mod_revision);
+        let (me, moved_at) = (self.clone(), chunks.map_or(0, |c| c.1));
         match std::thread::Builder::new()
             .name("sce-handoff".into())
             .spawn(move || me.prefetch_list(&list, moved_at))
@@ -143,7 +149,7 @@ impl Coherence {
 
     fn prefetch_list(&self, list: &[(u64, u64)], moved_at: i64) {
         // The regions were moved before the list was put: once the listener applied the
-        // move (each moved region dropped, then owned), what is prefetched stays.
+        // last move (each moved region dropped, then owned), what is prefetched stays.
         let deadline = Instant::now() + Duration::from_secs(10);
         while self.done.load(SeqCst) < moved_at && Instant::now() < deadline {
             if self.stop.load(SeqCst) {
@@ -157,15 +163,24 @@ impl Coherence {
             .live_volume()
             .map_or(1 << 20, |v| v.config().fragment_size);
         tracing::info!(volume = %self.volume_prefix, fragments = list.len(), "handoff received: prefetching");
-        for &(o, _) in list {
-            if self.stop.load(SeqCst) {
-                break;
+        // A few readers, each taking the hottest fragment not yet taken: the source serves
+        // several reads at once, and the hottest still come first.
+        let next = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..PREFETCHERS {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, SeqCst);
+                    let Some(&(o, _)) = list.get(i) else { break };
+                    if self.stop.load(SeqCst) {
+                        break;
+                    }
+                    let len = frag.min(size.saturating_sub(o));
+                    if len > 0 && self.att.prefetch(o, len).is_ok() {
+                        self.counters.handoff_bytes.fetch_add(len, SeqCst);
+                    }
+                });
             }
-            let len = frag.min(size.saturating_sub(o));
-            if len > 0 && self.att.prefetch(o, len).is_ok() {
-                self.counters.handoff_bytes.fetch_add(len, SeqCst);
-            }
-        }
+        });
         self.counters.handoffs.fetch_add(1, SeqCst);
         self.handoff_running.store(false, SeqCst);
         tracing::info!(volume = %self.volume_prefix, "handoff prefetched");

@@ -33,6 +33,8 @@ impl Coherence {
     /// The listener's thread: watch, drop, acknowledge; catch up after a registration.
     pub(super) fn run(self: Arc<Self>, etcd: Etcd) {
         let mut listener: Option<Listener> = None;
+        // The acknowledgements of the current listener counted so far.
+        let mut acked = 0;
         // The registration `caught_up` waits for, and the revision the listener must pass.
         let mut target = (0, 0);
         // The member's displacements this listener has forgotten the cache for.
@@ -44,7 +46,10 @@ impl Coherence {
             let l = match listener.as_mut() {
                 Some(l) => l,
                 None => match self.listen(&etcd) {
-                    Some(l) => listener.insert(l),
+                    Some(l) => {
+                        acked = 0;
+                        listener.insert(l)
+                    }
                     None => {
                         std::thread::sleep(Duration::from_millis(100));
                         continue;
@@ -63,6 +68,8 @@ impl Coherence {
                 } => self.owner_changed(region, holder, revision),
             });
             self.done.store(l.done(), SeqCst);
+            let acks = l.acks();
+            self.counters.acks.fetch_add(acks - std::mem::replace(&mut acked, acks), SeqCst);
             if let Err(e) = pumped {
                 tracing::debug!(volume = %self.volume_prefix, "shared volume: listening again ({e})");
                 listener = None;

@@ -79,6 +79,8 @@ sce_core::stats_table! {
         handoff_regions: AtomicU64, Counter("sce_shared_handoff_regions_total", "", "Regions another host handed to this one with a hand-off.");
         /// Reads of regions another host owns (from the source).
         region_reads: AtomicU64, Counter("sce_shared_region_reads_total", "", "Reads passed to the source because another host owns their region for writing.");
+        /// Acknowledgements this host put (one may cover several changes).
+        acks: AtomicU64, Counter("sce_shared_acknowledgements_total", "", "Acknowledgements this host put in etcd (one may cover several invalidations and ownership changes).");
         /// Moves into shared passthrough (every read to the source).
         passthrough_entered: AtomicU64, Counter("sce_shared_passthrough_entered_total", "", "Times this host started passing every read through to the source (lease not valid by its clock, or catching up).");
         /// Hand-offs received and prefetched.
@@ -471,6 +473,7 @@ impl Coherence {
             "region_releases": c.releases.load(SeqCst),
             "owned_writes": c.owned_writes.load(SeqCst),
             "region_reads": c.region_reads.load(SeqCst),
+            "acknowledgements": c.acks.load(SeqCst),
             "owned_writes_fenced": c.owned_writes_fenced.load(SeqCst),
             "passthrough_entered": c.passthrough_entered.load(SeqCst),
             "handoffs_received": c.handoffs.load(SeqCst),

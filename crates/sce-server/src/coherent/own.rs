@@ -431,8 +431,9 @@ impl Coherence {
 
     /// Hands every region this host owns to host `to` (its registration's lease), each once
     /// no owned write is in flight there: from then on this host's writes there are
-    /// published, and its reads go to the source. Returns the regions moved.
-    pub(super) fn hand_regions(&self, to: &str) -> anyhow::Result<u64> {
+    /// published, and its reads go to the source. Returns the regions moved and the
+    /// revision of the last move (0: none).
+    pub(super) fn hand_regions(&self, to: &str) -> anyhow::Result<(u64, i64)> {
         let g = &self.regions;
         let Some(lease) = self.tracker.lease_of(to) else {
             anyhow::bail!("handoff: host {to:?} is not registered under this volume");
@@ -452,14 +453,14 @@ impl Coherence {
                 .collect()
         };
         let value = own::value(to, "-", Some(&self.cfg.host));
-        let mut moved = 0;
+        let (mut moved, mut last) = (0, 0);
         for (r, rev) in mine {
             let out = own::transfer(&self.etcd, &self.volume_prefix, r, rev, &value, lease);
             let mut st = g.st.lock();
             st.mine.remove(&r);
             if let Ok(Ok(new)) = out {
                 g.set_theirs(&mut st, r, Some(new));
-                moved += 1;
+                (moved, last) = (moved + 1, new);
             } else {
                 // Not moved: released (or lapsed), so that the region is nobody's.
                 drop(st);
@@ -467,7 +468,7 @@ impl Coherence {
             }
             g.changed.notify_all();
         }
-        Ok(moved)
+        Ok((moved, last))
     }
 }
 
