@@ -109,16 +109,13 @@ impl RamCache {
     }
 
     pub(super) fn invalidate(&mut self, offset: u64, len: u64) -> bool {
-        let mut held = false;
-        if len > 0 {
-            for b in offset / PAGE..=(offset + len - 1) / PAGE {
-                if let Some(slot) = self.pages.remove(b) {
-                    self.dirty[slot as usize] = false;
-                    held = true;
-                }
-            }
-        }
-        held
+        let dirty = &mut self.dirty;
+        len > 0
+            && self
+                .pages
+                .remove_range(offset / PAGE, (offset + len - 1) / PAGE + 1, |slot| {
+                    dirty[slot as usize] = false
+                })
     }
 }
 
