@@ -131,6 +131,9 @@ pub struct Host {
     pub(super) ram_hits: u64,
     pub(super) flash_read_pages: u64,
     pub(super) flash_read_hits: u64,
+    /// Read pages served from the source past the caches (their region owned by another
+    /// host), counted in `read_pages` too.
+    pub(super) read_pages_bypassed: u64,
 }
 
 impl Host {
@@ -147,6 +150,7 @@ impl Host {
             ram_hits: 0,
             flash_read_pages: 0,
             flash_read_hits: 0,
+            read_pages_bypassed: 0,
         }
     }
 
@@ -204,6 +208,26 @@ impl Host {
                 self.flash_read_hits += h;
                 done
             }
+        }
+    }
+
+    /// A read at `t` past the caches, from the source (shared mode: another host owns the
+    /// region): no hit, nothing filled, neither cache touched; returns its completion.
+    pub(super) fn read_uncached(&mut self, t: u64, offset: u64, len: u64) -> u64 {
+        if len == 0 {
+            return t;
+        }
+        let pages = (offset + len - 1) / PAGE - offset / PAGE + 1;
+        self.read_pages += pages;
+        self.read_pages_bypassed += pages;
+        match (&mut self.flash, &mut self.timing) {
+            (Flash::Engine(e), _) => e.read_uncached(t, offset, len),
+            (Flash::Reference(_), Some(tm)) => {
+                let done = tm.source.io(t, len, false);
+                tm.read_latency.record(done - t);
+                done
+            }
+            (Flash::Reference(_), None) => t,
         }
     }
 

@@ -1,0 +1,167 @@
+//! Ownership of a volume's regions (issue 31, Mercury's release consistency), the rule
+//! `sce serve --shared` runs: a volume is cut into regions of `region_size` bytes, and each
+//! region has at most one owner host.
+//!
+//! - A write by the owner costs no etcd operation (an *owned* write).
+//! - A write to a region nobody owns first acquires it: one etcd transaction (the owner key
+//!   under the writer's lease) and one acknowledgement put per other host, each of which
+//!   drops everything it caches of the region; then it is an owned write.
+//! - A write to a region another host owns is *contended*: today's per-write rule (one
+//!   publication, one acknowledgement per other host; the others drop the written range).
+//! - The owner releases a region once it has not written it for `idle`: one etcd delete,
+//!   and every other host drops the region again (it may have cached some of it by its own
+//!   contended writes). The simulator counts one acknowledgement per other host for a
+//!   release too, to be conservative.
+//! - A host reads a region another host owns from the source: no hit, no fill.
+//!
+//! [`Owners`] is the table the [`super::Stack`] keeps: region -> (owner, last write), and
+//! the regions ordered by their last write, so that the idle ones are found without a scan.
+
+use std::collections::{BTreeSet, HashMap};
+
+/// The ownership rule's settings.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Ownership {
+    /// Bytes per region (a multiple of 4 KiB).
+    pub region_size: u64,
+    /// Virtual nanoseconds without a write from its owner after which a region is
+    /// released.
+    pub idle_ns: u64,
+}
+
+impl Ownership {
+    /// The default region size: 1 GiB.
+    pub const DEFAULT_REGION_SIZE: u64 = 1 << 30;
+    /// The default idle time before a release: 1 s.
+    pub const DEFAULT_IDLE_SECS: f64 = 1.0;
+
+    /// The rule with regions of `region_size` bytes released after `idle_secs` seconds
+    /// without a write; an error names the setting at fault.
+    pub fn new(region_size: u64, idle_secs: f64) -> Result<Self, String> {
+        if region_size == 0 || !region_size.is_multiple_of(4096) {
+            return Err(format!(
+                "invalid --region-size {region_size}: a positive multiple of 4 KiB"
+            ));
+        }
+        if !(idle_secs.is_finite() && (0.0..=1e9).contains(&idle_secs)) {
+            return Err(format!(
+                "invalid --ownership-idle {idle_secs}: seconds, at least 0"
+            ));
+        }
+        Ok(Ownership {
+            region_size,
+            idle_ns: (idle_secs * 1e9).round() as u64,
+        })
+    }
+}
+
+impl Default for Ownership {
+    fn default() -> Self {
+        Ownership {
+            region_size: Self::DEFAULT_REGION_SIZE,
+            idle_ns: (Self::DEFAULT_IDLE_SECS * 1e9) as u64,
+        }
+    }
+}
+
+/// Who owns which region, and since when it was last written by its owner.
+#[derive(Debug)]
+pub(super) struct Owners {
+    rule: Ownership,
+    /// Region -> (owner host, the owner's last write to it).
+    owner: HashMap<u64, (usize, u64)>,
+    /// (last write, region) of every owned region: the oldest first.
+    by_last: BTreeSet<(u64, u64)>,
+}
+
+impl Owners {
+    pub(super) fn new(rule: Ownership) -> Self {
+        Owners {
+            rule,
+            owner: HashMap::new(),
+            by_last: BTreeSet::new(),
+        }
+    }
+
+    /// The regions `[offset, offset + len)` touches (none if `len` is 0).
+    pub(super) fn regions(&self, offset: u64, len: u64) -> std::ops::Range<u64> {
+        if len == 0 {
+            return 0..0;
+        }
+        let r = self.rule.region_size;
+        offset / r..(offset.saturating_add(len - 1)) / r + 1
+    }
+
+    /// The byte range of region `r`.
+    pub(super) fn span(&self, r: u64) -> (u64, u64) {
+        let s = self.rule.region_size;
+        (r.saturating_mul(s), s)
+    }
+
+    /// The owner of region `r`, if any.
+    pub(super) fn owner(&self, r: u64) -> Option<usize> {
+        self.owner.get(&r).map(|o| o.0)
+    }
+
+    /// `host` writes region `r` at `t`: it becomes (or stays) its owner, last written at
+    /// `t`. Returns true if the region had no owner (an acquisition). The region must not
+    /// be owned by another host.
+    pub(super) fn write(&mut self, r: u64, host: usize, t: u64) -> bool {
+        let prev = self.owner.insert(r, (host, t));
+        debug_assert!(prev.is_none_or(|p| p.0 == host), "{r} owned by another");
+        if let Some((_, last)) = prev {
+            self.by_last.remove(&(last, r));
+        }
+        self.by_last.insert((t, r));
+        prev.is_none()
+    }
+
+    /// Releases the first region idle at `t` (its owner's last write at least the idle
+    /// time ago); returns it and its former owner. Call until None.
+    pub(super) fn release_idle(&mut self, t: u64) -> Option<(u64, usize)> {
+        let &(last, r) = self.by_last.first()?;
+        if last.saturating_add(self.rule.idle_ns) > t {
+            return None;
+        }
+        self.by_last.pop_first();
+        let (host, _) = self.owner.remove(&r)?;
+        Some((r, host))
+    }
+
+    /// Regions owned now.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.owner.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regions_are_released_oldest_first_once_idle() {
+        let mut o = Owners::new(Ownership {
+            region_size: 1 << 20,
+            idle_ns: 100,
+        });
+        assert_eq!(o.regions(0, 0), 0..0);
+        assert_eq!(o.regions((1 << 20) - 1, 2), 0..2);
+        assert_eq!(o.regions(3 << 20, 1 << 20), 3..4);
+        assert!(o.write(5, 1, 10), "acquired");
+        assert!(o.write(2, 0, 20));
+        assert!(!o.write(5, 1, 30), "owned: no acquisition");
+        assert_eq!(
+            (o.owner(5), o.owner(2), o.owner(3)),
+            (Some(1), Some(0), None)
+        );
+        assert_eq!(o.release_idle(119), None, "region 2 idle for 99 ns");
+        assert_eq!(o.release_idle(120), Some((2, 0)));
+        assert_eq!(o.release_idle(129), None, "region 5 was rewritten at 30");
+        assert_eq!(o.release_idle(1000), Some((5, 1)));
+        assert_eq!((o.release_idle(1000), o.len()), (None, 0));
+        assert!(Ownership::new(1000, 1.0).is_err());
+        assert!(Ownership::new(4096, -1.0).is_err());
+        assert_eq!(Ownership::new(1 << 30, 1.0), Ok(Ownership::default()));
+    }
+}
