@@ -15,9 +15,12 @@
 //! - A host reads a region another host owns from the source: no hit, no fill.
 //!
 //! [`Owners`] is the table the [`super::Stack`] keeps: region -> (owner, last write), and
-//! the regions ordered by their last write, so that the idle ones are found without a scan.
+//! the regions ordered by their last write, so that the idle ones are found without a scan;
+//! and per host the regions it may cache something of (it read or wrote them through its
+//! caches since it last dropped them), so that dropping a region skips the hosts that
+//! cannot hold any of it instead of searching their caches.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// The ownership rule's settings.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -72,15 +75,30 @@ pub(super) struct Owners {
     owner: HashMap<u64, (usize, u64)>,
     /// (last write, region) of every owned region: the oldest first.
     by_last: BTreeSet<(u64, u64)>,
+    /// Per host, the regions it may cache something of.
+    touched: Vec<HashSet<u64>>,
 }
 
 impl Owners {
-    pub(super) fn new(rule: Ownership) -> Self {
+    pub(super) fn new(rule: Ownership, hosts: usize) -> Self {
         Owners {
             rule,
             owner: HashMap::new(),
             by_last: BTreeSet::new(),
+            touched: vec![HashSet::new(); hosts],
         }
+    }
+
+    /// `host` read or wrote region `r` through its caches: it may cache something of it
+    /// from now on.
+    pub(super) fn touch(&mut self, host: usize, r: u64) {
+        self.touched[host].insert(r);
+    }
+
+    /// Forgets that `host` may cache region `r` (it is dropping it); returns whether it
+    /// might have.
+    pub(super) fn untouch(&mut self, host: usize, r: u64) -> bool {
+        self.touched[host].remove(&r)
     }
 
     /// The regions `[offset, offset + len)` touches (none if `len` is 0).
@@ -141,10 +159,13 @@ mod tests {
 
     #[test]
     fn regions_are_released_oldest_first_once_idle() {
-        let mut o = Owners::new(Ownership {
-            region_size: 1 << 20,
-            idle_ns: 100,
-        });
+        let mut o = Owners::new(
+            Ownership {
+                region_size: 1 << 20,
+                idle_ns: 100,
+            },
+            2,
+        );
         assert_eq!(o.regions(0, 0), 0..0);
         assert_eq!(o.regions((1 << 20) - 1, 2), 0..2);
         assert_eq!(o.regions(3 << 20, 1 << 20), 3..4);
@@ -160,6 +181,9 @@ mod tests {
         assert_eq!(o.release_idle(129), None, "region 5 was rewritten at 30");
         assert_eq!(o.release_idle(1000), Some((5, 1)));
         assert_eq!((o.release_idle(1000), o.len()), (None, 0));
+        o.touch(1, 0);
+        o.touch(1, 1);
+        assert!(o.untouch(1, 0) && o.untouch(1, 1) && !o.untouch(1, 0) && !o.untouch(0, 1));
         assert!(Ownership::new(1000, 1.0).is_err());
         assert!(Ownership::new(4096, -1.0).is_err());
         assert_eq!(Ownership::new(1 << 30, 1.0), Ok(Ownership::default()));

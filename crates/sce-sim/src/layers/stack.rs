@@ -202,7 +202,7 @@ impl Stack {
     /// every write (`None`, the default: today's per-write rule, each write contended).
     /// Set before the first request.
     pub fn with_ownership(mut self, rule: Option<Ownership>) -> Self {
-        self.owners = rule.map(Owners::new);
+        self.owners = rule.map(|r| Owners::new(r, self.hosts.len()));
         self
     }
 
@@ -343,7 +343,16 @@ impl Stack {
                 (from, cur) = (cut, !cur);
             }
         }
-        done.max(part(cur, from, offset + len))
+        done = done.max(part(cur, from, offset + len));
+        // What it read through its caches, it may cache from now on.
+        if let Some(o) = &mut self.owners {
+            for r in o.regions(offset, len) {
+                if o.owner(r).is_none_or(|h| h == me) {
+                    o.touch(me, r);
+                }
+            }
+        }
+        done
     }
 
     /// Host `me` writes at `t`: acquires the regions nobody owns; the write is owned if
@@ -356,13 +365,13 @@ impl Stack {
         let mut found = 0;
         if let Some(o) = &mut self.owners {
             for r in o.regions(offset, len) {
+                o.touch(me, r);
                 match o.owner(r) {
                     Some(h) if h != me => contended = true,
                     _ if o.write(r, me, t) => {
                         self.res.region_acquisitions += 1;
                         self.res.acknowledgements += others;
-                        let (at, size) = o.span(r);
-                        found += drop_others(&mut self.hosts, me, at, size);
+                        found += drop_region(&mut self.hosts, o, me, r);
                     }
                     _ => {}
                 }
@@ -389,8 +398,7 @@ impl Stack {
         while let Some((r, owner)) = o.release_idle(t) {
             self.res.region_releases += 1;
             self.res.acknowledgements += others;
-            let (at, size) = o.span(r);
-            self.res.release_invalidations += drop_others(&mut self.hosts, owner, at, size);
+            self.res.release_invalidations += drop_region(&mut self.hosts, o, owner, r);
         }
     }
 
@@ -460,6 +468,19 @@ impl Stack {
         self.res.reference = reference;
         self.res
     }
+}
+
+/// Every host but `except` that may cache something of region `r` drops it; returns how
+/// many held some of it.
+fn drop_region(hosts: &mut [Host], o: &mut Owners, except: usize, r: u64) -> u64 {
+    let (at, size) = o.span(r);
+    let mut found = 0;
+    for (i, h) in hosts.iter_mut().enumerate() {
+        if i != except && o.untouch(i, r) && h.invalidate(at, size) {
+            found += 1;
+        }
+    }
+    found
 }
 
 /// Every host but `except` drops `[offset, offset + len)` from its caches; returns how many
