@@ -76,7 +76,8 @@ pub struct SimArgs {
     /// Bytes per region of --ownership on.
     #[arg(long, default_value = "1GiB", value_parser = parse_size, help_heading = SHARED)]
     pub region_size: u64,
-    /// Virtual seconds without a write after which the owner of a region releases it.
+    /// Virtual seconds without a write after which the owner of a region releases it, and
+    /// for which a region written by two hosts counts as contended.
     #[arg(long, default_value_t = Ownership::DEFAULT_IDLE_SECS, value_name = "SECONDS", help_heading = SHARED)]
     pub ownership_idle: f64,
     /// A RAM cache (LRU, 4 KiB pages) of this size above each flash cache.
@@ -173,15 +174,22 @@ Shared mode (--hosts N, the volume field of the trace the host id): the rule of 
 --shared`. With --ownership on (the default), the volume is cut into regions of --region-size
 bytes, each with at most one owner host. A write by the owner costs no etcd operation (owned);
 a write to a free region first acquires it: one transaction and one acknowledgement per other
-host, which drop all they cache of the region; a write to a region another host owns is
-contended: one publication and one acknowledgement per other host, which drop the written
-range. After --ownership-idle virtual seconds without a write from it, the owner releases the
-region: one delete and (counted to be conservative) one acknowledgement per other host, which
-drop the region again. A host reads a region another host owns from the source: no hit, no
-fill. With --ownership off every write is contended. Reported: coherence_ops_per_write (all of
-these), coherence_puts_per_write (all but the deletes; --ownership off: N), owned_writes,
-contended_writes, region_acquisitions, region_releases, read_pages_bypassed. The replay does
-not model the server's group commit: the figures are an upper bound.
+host, which drop all they cache of the region. A write to a region another host owns is
+contended: published, one publication and one acknowledgement per other host, which drop the
+written range; the writer and every host that hears it count the region as contended for
+--ownership-idle virtual seconds, and its owner releases it at once. A free region the writer
+counts as contended is not acquired: the write is published the same way. So a region several
+hosts write at once becomes nobody's, every write there published (the rule before
+ownership), while a region one host writes stays its. After --ownership-idle virtual seconds
+without a write from it, the owner releases its region. A release costs one delete and
+(counted to be conservative) one acknowledgement per other host, which drop the region again.
+A host reads a region another host owns from the source: no hit, no fill; a region nobody
+owns every host caches. With --ownership off every write is published. Reported:
+coherence_ops_per_write (all of these), coherence_puts_per_write (all but the deletes;
+--ownership off: N), owned_writes, contended_writes (the published ones), region_acquisitions,
+region_releases, contention_releases (of those, by an owner that heard another host's write),
+read_pages_bypassed. The replay does not model the server's group commit: the figures are an
+upper bound.
 
 Examples:
   sce sim --trace ../shared/traces/msr-cambridge1-sample.csv --cache-size 64MiB \\
@@ -495,7 +503,7 @@ fn print_notes(results: &[PolicyResult]) {
         }
         if let (Some(ipw), Some(wi)) = (r.invalidations_per_write, r.writes_invalidating) {
             println!(
-                "{}: {} writes ({} owned, {} contended), {:.1}% invalidated another host's copy, {ipw:.3} invalidations per write",
+                "{}: {} writes ({} owned, {} published), {:.1}% invalidated another host's copy, {ipw:.3} invalidations per write",
                 r.policy,
                 r.writes,
                 r.owned_writes.unwrap_or(0),
@@ -503,12 +511,13 @@ fn print_notes(results: &[PolicyResult]) {
                 wi * 100.0,
             );
             println!(
-                "{}: {:.4} etcd ops per write ({:.4} puts; sce serve --shared, no group commit), {} region acquisitions, {} releases, {} read pages from the source (another host's region)",
+                "{}: {:.4} etcd ops per write ({:.4} puts; sce serve --shared, no group commit), {} region acquisitions, {} releases ({} on contention), {} read pages from the source (another host's region)",
                 r.policy,
                 r.coherence_ops_per_write.unwrap_or(0.0),
                 r.coherence_puts_per_write.unwrap_or(0.0),
                 r.region_acquisitions.unwrap_or(0),
                 r.region_releases.unwrap_or(0),
+                r.contention_releases.unwrap_or(0),
                 r.read_pages_bypassed.unwrap_or(0),
             );
         }

@@ -1,24 +1,31 @@
 //! Ownership of a volume's regions (issue 31, Mercury's release consistency), the rule
 //! `sce serve --shared` runs: a volume is cut into regions of `region_size` bytes, and each
-//! region has at most one owner host.
+//! region has at most one owner host. Host H writing region R at virtual time t:
 //!
-//! - A write by the owner costs no etcd operation (an *owned* write).
-//! - A write to a region nobody owns first acquires it: one etcd transaction (the owner key
-//!   under the writer's lease) and one acknowledgement put per other host, each of which
-//!   drops everything it caches of the region; then it is an owned write.
-//! - A write to a region another host owns is *contended*: today's per-write rule (one
-//!   publication, one acknowledgement per other host; the others drop the written range).
-//! - The owner releases a region once it has not written it for `idle`: one etcd delete,
-//!   and every other host drops the region again (it may have cached some of it by its own
-//!   contended writes). The simulator counts one acknowledgement per other host for a
-//!   release too, to be conservative.
-//! - A host reads a region another host owns from the source: no hit, no fill.
+//! - R owned by H: an *owned* write, no etcd operation.
+//! - R owned by another host O: today's per-write rule (one publication, one acknowledgement
+//!   per other host; the others drop the written range). H counts R as *contended* until
+//!   t + idle; so does every other host that hears the publication, and O, which owns it,
+//!   releases it at once (as a release below).
+//! - R free but contended in H's view: published the same way, no acquisition.
+//! - R free and not contended: H acquires it, one etcd transaction (the owner key under its
+//!   lease) and one acknowledgement put per other host, each of which drops everything it
+//!   caches of the region; then it is an owned write.
+//! - The owner releases a region once it has not written it for `idle`: one etcd delete, and
+//!   every other host drops the region again. The simulator counts one acknowledgement per
+//!   other host for a release too, to be conservative.
+//! - A host reads a region another host owns from the source: no hit, no fill. A region
+//!   nobody owns, contended or not, every host caches.
+//!
+//! So a region several hosts write at once ends up nobody's, every write there published
+//! (the rule before ownership), while a region one host writes stays that host's.
 //!
 //! [`Owners`] is the table the [`super::Stack`] keeps: region -> (owner, last write), and
 //! the regions ordered by their last write, so that the idle ones are found without a scan;
-//! and per host the regions it may cache something of (it read or wrote them through its
-//! caches since it last dropped them), so that dropping a region skips the hosts that
-//! cannot hold any of it instead of searching their caches.
+//! per host the regions it counts as contended, until when; and per host the regions it may
+//! cache something of (it read or wrote them through its caches since it last dropped
+//! them), so that dropping a region skips the hosts that cannot hold any of it instead of
+//! searching their caches.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -28,14 +35,15 @@ pub struct Ownership {
     /// Bytes per region (a multiple of 4 KiB).
     pub region_size: u64,
     /// Virtual nanoseconds without a write from its owner after which a region is
-    /// released.
+    /// released; also how long a host counts a region as contended after a write there by
+    /// two hosts.
     pub idle_ns: u64,
 }
 
 impl Ownership {
     /// The default region size: 1 GiB.
     pub const DEFAULT_REGION_SIZE: u64 = 1 << 30;
-    /// The default idle time before a release: 1 s.
+    /// The default idle time before a release, and of a contended region: 1 s.
     pub const DEFAULT_IDLE_SECS: f64 = 1.0;
 
     /// The rule with regions of `region_size` bytes released after `idle_secs` seconds
@@ -77,7 +85,15 @@ pub(super) struct Owners {
     by_last: BTreeSet<(u64, u64)>,
     /// Per host, the regions it may cache something of.
     touched: Vec<HashSet<u64>>,
+    /// Per host, the regions it counts as contended, until when (expired entries are
+    /// purged when the map doubles).
+    contended: Vec<HashMap<u64, u64>>,
+    /// Per host, the size of its `contended` map at which expired entries are purged.
+    purge_at: Vec<usize>,
 }
+
+/// The least size of a host's `contended` map at which expired entries are purged.
+const PURGE_MIN: usize = 64;
 
 impl Owners {
     pub(super) fn new(rule: Ownership, hosts: usize) -> Self {
@@ -86,6 +102,24 @@ impl Owners {
             owner: HashMap::new(),
             by_last: BTreeSet::new(),
             touched: vec![HashSet::new(); hosts],
+            contended: vec![HashMap::new(); hosts],
+            purge_at: vec![PURGE_MIN; hosts],
+        }
+    }
+
+    /// Whether `host` counts region `r` as contended at `t`.
+    pub(super) fn contended(&self, host: usize, r: u64, t: u64) -> bool {
+        self.contended[host].get(&r).is_some_and(|&until| until > t)
+    }
+
+    /// `host` counts region `r` as contended from `t` for the idle time (it wrote a region
+    /// another host owned, or heard another host's write there).
+    pub(super) fn mark_contended(&mut self, host: usize, r: u64, t: u64) {
+        let m = &mut self.contended[host];
+        m.insert(r, t.saturating_add(self.rule.idle_ns));
+        if m.len() >= self.purge_at[host] {
+            m.retain(|_, until| *until > t);
+            self.purge_at[host] = (2 * m.len()).max(PURGE_MIN);
         }
     }
 
@@ -132,6 +166,14 @@ impl Owners {
         }
         self.by_last.insert((t, r));
         prev.is_none()
+    }
+
+    /// Releases region `r` now (its owner heard another host write it); returns its former
+    /// owner, if it had one.
+    pub(super) fn release(&mut self, r: u64) -> Option<usize> {
+        let (host, last) = self.owner.remove(&r)?;
+        self.by_last.remove(&(last, r));
+        Some(host)
     }
 
     /// Releases the first region idle at `t` (its owner's last write at least the idle
@@ -181,6 +223,20 @@ mod tests {
         assert_eq!(o.release_idle(129), None, "region 5 was rewritten at 30");
         assert_eq!(o.release_idle(1000), Some((5, 1)));
         assert_eq!((o.release_idle(1000), o.len()), (None, 0));
+        // A region released at once leaves the idle order too.
+        assert!(o.write(7, 0, 2000) && o.write(8, 0, 2000));
+        assert_eq!((o.release(7), o.release(7), o.len()), (Some(0), None, 1));
+        assert_eq!(o.release_idle(2100), Some((8, 0)));
+        assert_eq!(o.release_idle(1 << 40), None);
+        // Contended until 100 ns after the mark, in the marking host's view only.
+        o.mark_contended(1, 4, 50);
+        assert!(o.contended(1, 4, 149) && !o.contended(1, 4, 150) && !o.contended(0, 4, 60));
+        o.mark_contended(1, 4, 120);
+        assert!(o.contended(1, 4, 219));
+        for r in 0..PURGE_MIN as u64 {
+            o.mark_contended(0, 100 + r, r * 200);
+        }
+        assert_eq!(o.contended[0].len(), 1, "the expired marks were purged");
         o.touch(1, 0);
         o.touch(1, 1);
         assert!(o.untouch(1, 0) && o.untouch(1, 1) && !o.untouch(1, 0) && !o.untouch(0, 1));

@@ -35,15 +35,19 @@ pub struct StackResult {
     /// Writes by the owner of every region they touch (after acquiring the free ones): no
     /// etcd operation. Without ownership, none.
     pub owned_writes: u64,
-    /// Writes to a region another host owns, and every write without ownership: one
-    /// publication and one acknowledgement per other host each (today's per-write rule).
+    /// Published writes: to a region another host owns or that the writer counts as
+    /// contended, and every write without ownership; one publication and one
+    /// acknowledgement per other host each (today's per-write rule).
     pub contended_writes: u64,
     /// Regions acquired by a write: one etcd transaction and one acknowledgement per other
     /// host each.
     pub region_acquisitions: u64,
-    /// Regions released by their owner after the idle time: one etcd delete and (counted
-    /// to be conservative) one acknowledgement per other host each.
+    /// Regions released by their owner, after the idle time or on hearing another host's
+    /// write there: one etcd delete and (counted to be conservative) one acknowledgement
+    /// per other host each.
     pub region_releases: u64,
+    /// Of `region_releases`, those on hearing another host's write (contention).
+    pub contention_releases: u64,
     /// Publications of contended writes (etcd puts).
     pub publications: u64,
     /// Acknowledgement puts by the other hosts, of publications, acquisitions and releases.
@@ -167,7 +171,7 @@ pub struct Stack {
     /// The latest completion of a request so far (virtual, from the origin).
     last_done: u64,
     /// Ownership of regions (shared mode, issue 31); None: every write is published.
-    owners: Option<Owners>,
+    pub(super) owners: Option<Owners>,
     res: StackResult,
 }
 
@@ -355,39 +359,82 @@ impl Stack {
         done
     }
 
-    /// Host `me` writes at `t`: acquires the regions nobody owns; the write is owned if
-    /// it owns every region it touches, else contended (as every write without ownership).
+    /// Host `me` writes at `t`: owned if it owns (or acquires) every region it touches,
+    /// else published (as every write without ownership).
     fn write(&mut self, me: usize, t: u64, offset: u64, len: u64) -> u64 {
         let done = self.hosts[me].write(t, offset, len);
         self.res.writes += 1;
-        let others = self.hosts.len() as u64 - 1;
-        let mut contended = self.owners.is_none();
-        let mut found = 0;
-        if let Some(o) = &mut self.owners {
-            for r in o.regions(offset, len) {
-                o.touch(me, r);
-                match o.owner(r) {
-                    Some(h) if h != me => contended = true,
-                    _ if o.write(r, me, t) => {
-                        self.res.region_acquisitions += 1;
-                        self.res.acknowledgements += others;
-                        found += drop_region(&mut self.hosts, o, me, r);
-                    }
-                    _ => {}
-                }
-            }
-        }
-        if contended {
-            self.res.contended_writes += 1;
-            self.res.publications += 1;
-            self.res.acknowledgements += others;
-            found += drop_others(&mut self.hosts, me, offset, len);
-        } else {
+        let (owned, mut found) = self.take_regions(me, t, offset, len);
+        if owned {
             self.res.owned_writes += 1;
+        } else {
+            found += self.publish(me, t, offset, len);
         }
         self.res.invalidations += found;
         self.res.writes_invalidating += (found > 0) as u64;
         done
+    }
+
+    /// The server's `begin_write`: takes the regions of the write in order, acquiring the
+    /// free ones, until one it cannot take: another host's (which `me` counts as contended
+    /// from now on) or one `me` counts as contended. Returns whether it took them all (the
+    /// write is owned; the regions taken before a failure stay `me`'s) and how many other
+    /// hosts' caches held part of a region acquired.
+    fn take_regions(&mut self, me: usize, t: u64, offset: u64, len: u64) -> (bool, u64) {
+        let Some(o) = &mut self.owners else {
+            return (false, 0);
+        };
+        let others = self.hosts.len() as u64 - 1;
+        let mut found = 0;
+        for r in o.regions(offset, len) {
+            o.touch(me, r);
+        }
+        for r in o.regions(offset, len) {
+            match o.owner(r) {
+                Some(h) if h == me => {
+                    o.write(r, me, t);
+                }
+                Some(_) => {
+                    o.mark_contended(me, r, t);
+                    return (false, found);
+                }
+                None if o.contended(me, r, t) => return (false, found),
+                None => {
+                    o.write(r, me, t);
+                    self.res.region_acquisitions += 1;
+                    self.res.acknowledgements += others;
+                    found += drop_region(&mut self.hosts, o, me, r);
+                }
+            }
+        }
+        (true, found)
+    }
+
+    /// Publishes host `me`'s write at `t`: every other host drops the range and counts its
+    /// regions as contended, and releases at once those it owns (each other host but the
+    /// owner drops them again). Returns how many other hosts' caches held part of the range.
+    fn publish(&mut self, me: usize, t: u64, offset: u64, len: u64) -> u64 {
+        let others = self.hosts.len() as u64 - 1;
+        self.res.contended_writes += 1;
+        self.res.publications += 1;
+        self.res.acknowledgements += others;
+        let found = drop_others(&mut self.hosts, me, offset, len);
+        let Some(o) = &mut self.owners else {
+            return found;
+        };
+        for r in o.regions(offset, len) {
+            for h in (0..self.hosts.len()).filter(|&h| h != me) {
+                o.mark_contended(h, r, t);
+            }
+            if o.owner(r).is_some_and(|h| h != me) {
+                let owner = o.release(r).expect("owned");
+                self.res.region_releases += 1;
+                self.res.contention_releases += 1;
+                self.res.acknowledgements += others;
+                self.res.release_invalidations += drop_region(&mut self.hosts, o, owner, r);
+            }
+        }
+        found
     }
 
     /// Releases the regions whose owner has not written them for the idle time by `t`:

@@ -93,13 +93,17 @@ pub struct PolicyResult {
     pub coherence_puts_per_write: Option<f64>,
     /// Writes by the owner of every region they touch: no etcd operation.
     pub owned_writes: Option<u64>,
-    /// Writes to a region another host owns, or every write with `--ownership off`: a
-    /// publication and an acknowledgement per other host each.
+    /// Published writes: to a region another host owns or that the writer counts as
+    /// contended (several hosts wrote it within `--ownership-idle`), or every write with
+    /// `--ownership off`; a publication and an acknowledgement per other host each.
     pub contended_writes: Option<u64>,
     /// Regions acquired by a write (their other hosts dropped them).
     pub region_acquisitions: Option<u64>,
-    /// Regions released by their owner after `--ownership-idle` without a write.
+    /// Regions released by their owner: after `--ownership-idle` without a write, or on
+    /// hearing another host's write there.
     pub region_releases: Option<u64>,
+    /// Of `region_releases`, those on hearing another host's write (contention).
+    pub contention_releases: Option<u64>,
     /// Read pages served from the source past the caches because another host owned their
     /// region (counted in the read hit ratio as misses).
     pub read_pages_bypassed: Option<u64>,
@@ -231,6 +235,7 @@ fn coherence_figures(out: &mut PolicyResult, r: &StackResult) {
     out.contended_writes = Some(r.contended_writes);
     out.region_acquisitions = Some(r.region_acquisitions);
     out.region_releases = Some(r.region_releases);
+    out.contention_releases = Some(r.contention_releases);
     out.read_pages_bypassed = Some(r.read_pages_bypassed);
 }
 
