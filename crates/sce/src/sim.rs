@@ -77,7 +77,8 @@ pub struct SimArgs {
     #[arg(long, default_value = "1GiB", value_parser = parse_size, help_heading = SHARED)]
     pub region_size: u64,
     /// Virtual seconds without a write after which the owner of a region releases it, and
-    /// for which a region written by two hosts counts as contended.
+    /// for which a region written by two hosts counts as contended. The default is the
+    /// server's.
     #[arg(long, default_value_t = Ownership::DEFAULT_IDLE_SECS, value_name = "SECONDS", help_heading = SHARED)]
     pub ownership_idle: f64,
     /// A RAM cache (LRU, 4 KiB pages) of this size above each flash cache.

@@ -547,6 +547,7 @@ fn shared_hosts_and_ram_layer() {
         let ops = r["coherence_ops_per_write"].as_f64().unwrap();
         assert!((1.99..2.01).contains(&ops), "{name}: {ops}");
     }
+    assert_eq!(v["ownership"]["idle_seconds"].as_f64(), Some(10.0));
     assert_eq!(v["ownership"]["region_size_bytes"].as_u64(), Some(1 << 30));
     let svg = std::fs::read_to_string(&plot).unwrap();
     assert!(svg.starts_with("<svg") && svg.matches("<polyline").count() >= 2);

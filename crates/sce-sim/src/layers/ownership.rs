@@ -43,8 +43,9 @@ pub struct Ownership {
 impl Ownership {
     /// The default region size: 1 GiB.
     pub const DEFAULT_REGION_SIZE: u64 = 1 << 30;
-    /// The default idle time before a release, and of a contended region: 1 s.
-    pub const DEFAULT_IDLE_SECS: f64 = 1.0;
+    /// The default idle time before a release, and of a contended region: 10 s, the
+    /// server's `--ownership-idle` default.
+    pub const DEFAULT_IDLE_SECS: f64 = 10.0;
 
     /// The rule with regions of `region_size` bytes released after `idle_secs` seconds
     /// without a write; an error names the setting at fault.
@@ -242,6 +243,6 @@ mod tests {
         assert!(o.untouch(1, 0) && o.untouch(1, 1) && !o.untouch(1, 0) && !o.untouch(0, 1));
         assert!(Ownership::new(1000, 1.0).is_err());
         assert!(Ownership::new(4096, -1.0).is_err());
-        assert_eq!(Ownership::new(1 << 30, 1.0), Ok(Ownership::default()));
+        assert_eq!(Ownership::new(1 << 30, 10.0), Ok(Ownership::default()));
     }
 }
