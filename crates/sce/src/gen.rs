@@ -20,7 +20,7 @@ pub enum WorkloadKind {
     /// The OLTP mix whose working set moves --phases times.
     Phase,
     /// --hosts hosts over one volume, OLTP-like with 30% writes (Holland); the host id is
-    /// written in the volume field.
+    /// written in the volume field (--disjoint: each host on a part of its own).
     Shared,
     /// The OLTP mix with periodic sequential read scans (bursts) over the volume: every
     /// --scan-every s a scan of --scan-size in --scan-request reads over --scan-duration s.
@@ -114,6 +114,11 @@ pub struct GenArgs {
     /// shared: number of hosts.
     #[arg(long, default_value_t = 2)]
     pub hosts: u32,
+    /// shared: each host on a part of the volume of its own, host h addressing --size bytes
+    /// from h x --size (as VMs each with its own disk); by default all hosts address the
+    /// same --size bytes.
+    #[arg(long)]
+    pub disjoint: bool,
 }
 
 /// The generator configuration the options describe.
@@ -154,6 +159,7 @@ pub fn config(a: &GenArgs) -> GenConfig {
         WorkloadKind::Shared => Workload::Shared {
             base,
             hosts: a.hosts,
+            disjoint: a.disjoint,
         },
         WorkloadKind::Hotscan => Workload::HotScan {
             base,

@@ -7,7 +7,7 @@ use crate::alloc::{live_bytes, COUNTING};
 use crate::units::{format_size, parse_size};
 use anyhow::{bail, Context, Result};
 use sce_core::{Admission, CoreConfig, EvictionKind, WriteMode};
-use sce_sim::layers::{RamPolicy, Replay};
+use sce_sim::layers::{Ownership, RamPolicy, Replay};
 use sce_sim::plot::plot_svg;
 use sce_sim::run::{
     overload_warning, parse_device_models, PolicyKind, PolicyResult, SimConfig, Simulation,
@@ -18,7 +18,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-/// Options of `sce sim`.
 /// Options of `sce sim`.
 #[derive(clap::Args, Debug)]
 #[command(after_long_help = SIM_HELP)]
@@ -64,9 +63,24 @@ pub struct SimArgs {
     #[arg(long)]
     pub skip_bad: bool,
     /// Hosts sharing one volume: the volume field of the trace is the host id (modulo N);
-    /// each host has its own caches, and a write by one invalidates the others' copies.
-    #[arg(long, default_value_t = 1)]
+    /// each host has its own caches, and writes invalidate the others' copies as
+    /// `sce serve --shared` does (see --ownership).
+    #[arg(long, default_value_t = 1, help_heading = SHARED)]
     pub hosts: u32,
+    /// Shared mode's coherence: on, ownership of regions (a host's writes to a region it
+    /// owns need no etcd operation; see below), or off, every write published and
+    /// acknowledged by every other host (the rule before ownership). Given with --hosts 1,
+    /// the etcd figures are reported for one host in shared mode. [default: on]
+    #[arg(long, value_name = "on|off", value_parser = crate::policy_args::parse_on_off, help_heading = SHARED)]
+    pub ownership: Option<bool>,
+    /// Bytes per region of --ownership on.
+    #[arg(long, default_value = "1GiB", value_parser = parse_size, help_heading = SHARED)]
+    pub region_size: u64,
+    /// Virtual seconds without a write after which the owner of a region releases it, and
+    /// for which a region written by two hosts counts as contended. The default is the
+    /// server's.
+    #[arg(long, default_value_t = Ownership::DEFAULT_IDLE_SECS, value_name = "SECONDS", help_heading = SHARED)]
+    pub ownership_idle: f64,
     /// A RAM cache (LRU, 4 KiB pages) of this size above each flash cache.
     #[arg(long, value_parser = parse_size)]
     pub ram_size: Option<u64>,
@@ -105,6 +119,9 @@ pub struct SimArgs {
     #[command(flatten)]
     pub admission_opts: crate::policy_args::AdmissionArgs,
 }
+
+/// The help heading of the options of shared mode.
+const SHARED: &str = "Shared mode (several hosts)";
 
 const SIM_HELP: &str = "\
 Formats: auto (the default) recognises vscsi, msr, systor, tencent, disksim, sce and sce's own
@@ -148,12 +165,32 @@ hit costs nothing), source and cache device utilization (busy time per channel o
 replay's duration: open loop the trace's span, closed loop until the last request completes;
 the most loaded host's; above 1 in an open-loop replay, a warning says the latencies are
 queueing), metadata bytes (engine: allocated when the core is built, counted only by a
-build with --features footprint, `-` otherwise; reference: its structures at the end), and with --hosts the invalidations per write and the etcd puts per
-write of `sce serve --shared`'s protocol (one publication, one acknowledgement per other
-host). JSON keys carry their units (cache_size_bytes, mean_read_latency_seconds, wall_seconds, ...; ratios are plain);
+build with --features footprint, `-` otherwise; reference: its structures at the end), and with
+--hosts the invalidations per write and the etcd operations of shared mode (below). JSON keys carry their units (cache_size_bytes, mean_read_latency_seconds, wall_seconds, ...; ratios are plain);
 `intervals` holds [end of the interval in seconds, read hit ratio or null]. JSON adds per interval
 the cache bytes written (interval_cache_bytes_written, parallel to intervals); --plot draws
 them, cumulated, under the hit ratio.
+
+Shared mode (--hosts N, the volume field of the trace the host id): the rule of `sce serve
+--shared`. With --ownership on (the default), the volume is cut into regions of --region-size
+bytes, each with at most one owner host. A write by the owner costs no etcd operation (owned);
+a write to a free region first acquires it: one transaction and one acknowledgement per other
+host, which drop all they cache of the region. A write to a region another host owns is
+contended: published, one publication and one acknowledgement per other host, which drop the
+written range; the writer and every host that hears it count the region as contended for
+--ownership-idle virtual seconds, and its owner releases it at once. A free region the writer
+counts as contended is not acquired: the write is published the same way. So a region several
+hosts write at once becomes nobody's, every write there published (the rule before
+ownership), while a region one host writes stays its. After --ownership-idle virtual seconds
+without a write from it, the owner releases its region. A release costs one delete and
+(counted to be conservative) one acknowledgement per other host, which drop the region again.
+A host reads a region another host owns from the source: no hit, no fill; a region nobody
+owns every host caches. With --ownership off every write is published. Reported:
+coherence_ops_per_write (all of these), coherence_puts_per_write (all but the deletes;
+--ownership off: N), owned_writes, contended_writes (the published ones), region_acquisitions,
+region_releases, contention_releases (of those, by an owner that heard another host's write),
+read_pages_bypassed. The replay does not model the server's group commit: the figures are an
+upper bound.
 
 Examples:
   sce sim --trace ../shared/traces/msr-cambridge1-sample.csv --cache-size 64MiB \\
@@ -251,6 +288,11 @@ fn config(a: &SimArgs, format: TraceFormat) -> Result<SimConfig> {
         reads_only: a.reads_only,
         skip_bad: a.skip_bad,
         hosts: a.hosts,
+        ownership: match a.ownership {
+            Some(false) => None,
+            _ => Some(Ownership::new(a.region_size, a.ownership_idle).map_err(anyhow::Error::msg)?),
+        },
+        report_coherence: a.ownership.is_some(),
         ram_size: a.ram_size,
         ram_policy: a.ram_policy,
         replay: a.replay,
@@ -313,7 +355,7 @@ fn print_json(
         "trace": a.trace, "format": sim.config().format.to_string(), "format_detected": detected,
         "cache_size_bytes": a.cache_size, "reads_only": a.reads_only, "requests": s.requests,
         "skipped": s.skipped, "volumes": s.layout.volumes(), "source_size_bytes": s.layout.size(),
-        "hosts": a.hosts, "ram_size_bytes": a.ram_size,
+        "hosts": a.hosts, "ownership": ownership_json(sim.config()), "ram_size_bytes": a.ram_size,
         "ram_policy": a.ram_size.map(|_| a.ram_policy.to_string()),
         "ssd_model": model_json(&devices.0), "source_model": model_json(&devices.1),
         "threads": sim.threads(), "replay": replay.to_string(), "replay_reason": replay_why,
@@ -323,6 +365,16 @@ fn print_json(
     });
     println!("{}", serde_json::to_string_pretty(&v)?);
     Ok(())
+}
+
+/// Shared mode's ownership as JSON: null if off (or not simulated: one host, not asked).
+fn ownership_json(c: &SimConfig) -> serde_json::Value {
+    match c.ownership {
+        Some(o) if c.hosts > 1 || c.report_coherence => serde_json::json!({
+            "region_size_bytes": o.region_size, "idle_seconds": o.idle_ns as f64 / 1e9,
+        }),
+        _ => serde_json::Value::Null,
+    }
 }
 
 /// A device model as JSON, with units in its keys.
@@ -374,14 +426,30 @@ fn print_heading(a: &SimArgs, detected: bool, sim: &Simulation) {
             format_size(r),
             a.ram_policy
         )),
-        if a.hosts > 1 {
-            format!(", {} hosts", a.hosts)
-        } else {
-            String::new()
-        },
+        shared_heading(sim.config()),
     );
     let (replay, why) = sim.replay();
     println!("replay: {replay} ({why})");
+}
+
+/// The hosts and their coherence rule, if shared mode is simulated.
+fn shared_heading(c: &SimConfig) -> String {
+    if c.hosts <= 1 && !c.report_coherence {
+        return String::new();
+    }
+    let rule = match c.ownership {
+        Some(o) => format!(
+            "ownership of {} regions, released after {} s idle",
+            format_size(o.region_size),
+            o.idle_ns as f64 / 1e9
+        ),
+        None => "ownership off: every write published".into(),
+    };
+    format!(
+        ", {} host{}, {rule}",
+        c.hosts,
+        if c.hosts > 1 { "s" } else { "" }
+    )
 }
 
 /// One row per policy, under a header.
@@ -436,11 +504,22 @@ fn print_notes(results: &[PolicyResult]) {
         }
         if let (Some(ipw), Some(wi)) = (r.invalidations_per_write, r.writes_invalidating) {
             println!(
-                "{}: {} writes, {:.1}% invalidated another host's copy, {ipw:.3} invalidations per write, {} etcd puts per write (sce serve --shared, no group commit)",
+                "{}: {} writes ({} owned, {} published), {:.1}% invalidated another host's copy, {ipw:.3} invalidations per write",
                 r.policy,
                 r.writes,
+                r.owned_writes.unwrap_or(0),
+                r.contended_writes.unwrap_or(0),
                 wi * 100.0,
-                r.coherence_puts_per_write.unwrap_or(0.0)
+            );
+            println!(
+                "{}: {:.4} etcd ops per write ({:.4} puts; sce serve --shared, no group commit), {} region acquisitions, {} releases ({} on contention), {} read pages from the source (another host's region)",
+                r.policy,
+                r.coherence_ops_per_write.unwrap_or(0.0),
+                r.coherence_puts_per_write.unwrap_or(0.0),
+                r.region_acquisitions.unwrap_or(0),
+                r.region_releases.unwrap_or(0),
+                r.contention_releases.unwrap_or(0),
+                r.read_pages_bypassed.unwrap_or(0),
             );
         }
         if let Some(aps) = r.accesses_per_second {

@@ -532,12 +532,42 @@ fn shared_hosts_and_ram_layer() {
         let r = policy(&v, name);
         let ipw = r["invalidations_per_write"].as_f64().unwrap();
         assert!(ipw > 0.2 && ipw <= 1.0, "{name}: {ipw}");
-        assert!(r["writes"].as_u64().unwrap() > 5000);
-        // The server's protocol: a publication and the other host's acknowledgement.
-        assert_eq!(r["coherence_puts_per_write"].as_f64(), Some(2.0), "{name}");
+        let writes = r["writes"].as_u64().unwrap();
+        assert!(writes > 5000);
+        // Ownership (the default): both hosts write the volume's one region at once, so
+        // the first owner releases it on the other's first write and from then on nobody
+        // owns it: every write published (2 ops each), as without ownership.
+        let n = |k: &str| r[k].as_u64().unwrap();
+        let (owned, contended) = (n("owned_writes"), n("contended_writes"));
+        assert_eq!(owned + contended, writes, "{name}");
+        assert!((1..10).contains(&owned), "{name}: {owned}");
+        assert!(n("region_acquisitions") >= 1 && n("contention_releases") >= 1);
+        assert_eq!(n("region_releases"), n("contention_releases"), "{name}");
+        assert!(n("read_pages_bypassed") < 100, "{name}");
+        let ops = r["coherence_ops_per_write"].as_f64().unwrap();
+        assert!((1.99..2.01).contains(&ops), "{name}: {ops}");
     }
+    assert_eq!(v["ownership"]["idle_seconds"].as_f64(), Some(10.0));
+    assert_eq!(v["ownership"]["region_size_bytes"].as_u64(), Some(1 << 30));
     let svg = std::fs::read_to_string(&plot).unwrap();
     assert!(svg.starts_with("<svg") && svg.matches("<polyline").count() >= 2);
+    // Without ownership, the server's per-write protocol: a publication and the other
+    // host's acknowledgement.
+    let off = [
+        "--policy",
+        "lru",
+        "--hosts",
+        "2",
+        "--ownership",
+        "off",
+        "--json",
+    ];
+    let v = json(&sim_args(&t, "sce", "128MiB", &off));
+    let r = policy(&v, "lru");
+    assert_eq!(r["coherence_puts_per_write"].as_f64(), Some(2.0));
+    assert_eq!(r["coherence_ops_per_write"].as_f64(), Some(2.0));
+    assert_eq!(r["owned_writes"].as_u64(), Some(0));
+    assert!(v["ownership"].is_null());
     let v = json(&sim_args(
         &t,
         "sce",
@@ -557,6 +587,7 @@ fn shared_hosts_and_ram_layer() {
     let r = policy(&v, "lru");
     assert!(r["invalidations_per_write"].is_null());
     assert!(r["coherence_puts_per_write"].is_null());
+    assert!(r["coherence_ops_per_write"].is_null() && v["ownership"].is_null());
     let (h, h1, h2) = (
         r["read_hit_ratio"].as_f64().unwrap(),
         r["ram_hit_ratio"].as_f64().unwrap(),

@@ -24,6 +24,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 mod device;
+mod passthrough;
 #[cfg(test)]
 mod tests;
 mod writeback;

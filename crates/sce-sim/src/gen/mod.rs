@@ -112,6 +112,10 @@ pub enum Workload {
         base: ZipfParams,
         /// Number of hosts.
         hosts: u32,
+        /// Each host on a part of the volume of its own: host `h` addresses `base.size`
+        /// bytes from `h * base.size` (VMs each with its own disk on a shared LUN), rather
+        /// than all hosts the same `base.size` bytes.
+        disjoint: bool,
     },
     /// A Zipf workload with periodic sequential read scans over its volume (a nightly
     /// backup, a report): a scan starts at every multiple of `every` seconds (the first at
@@ -315,6 +319,13 @@ fn check_workload(cfg: &GenConfig, base: &ZipfParams) -> Result<(), GenError> {
         }
         Workload::Phase { phases: 0, .. } => return Err(err("phases", "must be >= 1")),
         Workload::Shared { hosts: 0, .. } => return Err(err("hosts", "must be >= 1")),
+        Workload::Shared {
+            hosts,
+            disjoint: true,
+            ..
+        } if base.size.checked_mul(*hosts as u64).is_none() => {
+            return Err(err("size", "the hosts' disjoint parts pass 2^64 bytes"))
+        }
         _ => {}
     }
     Ok(())
@@ -502,11 +513,20 @@ impl Iterator for Generator {
                     // Move the hot set by a large, fixed fraction of the clusters each phase.
                     shift = phase * (self.place.clusters / 3 + 1);
                 }
-                if let Workload::Shared { hosts, .. } = w {
+                let mut part = 0;
+                if let Workload::Shared {
+                    hosts, disjoint, ..
+                } = w
+                {
                     volume = self.rng.gen_range(0..hosts);
+                    part = if disjoint {
+                        volume as u64 * self.base.size
+                    } else {
+                        0
+                    };
                 }
                 let rank = self.rank();
-                offset = self.place.item(rank, shift) * self.base.request_size;
+                offset = part + self.place.item(rank, shift) * self.base.request_size;
             }
         }
         Some(TraceRequest {

@@ -61,14 +61,25 @@ fn workloads_have_their_shape() {
         .windows(2)
         .all(|w| w[1].offset == w[0].offset + 65536 && w[1].kind == IoKind::Read));
 
-    let shared: Vec<_> = Generator::new(cfg(Workload::Shared {
-        base: ZipfParams::oltp(1 << 30),
-        hosts: 3,
-    }))
-    .unwrap()
-    .collect();
-    assert!(shared.iter().all(|r| r.volume < 3));
-    assert!((0..3).all(|h| shared.iter().filter(|r| r.volume == h).count() > 6000));
+    let shared = |disjoint| -> Vec<_> {
+        Generator::new(cfg(Workload::Shared {
+            base: ZipfParams::oltp(1 << 30),
+            hosts: 3,
+            disjoint,
+        }))
+        .unwrap()
+        .collect()
+    };
+    let (one, own) = (shared(false), shared(true));
+    assert!(one
+        .iter()
+        .all(|r| r.volume < 3 && r.offset + r.len <= 1 << 30));
+    assert!((0..3).all(|h| one.iter().filter(|r| r.volume == h).count() > 6000));
+    // Disjoint: the same requests, each host's moved to its own GiB.
+    assert_eq!(one.len(), own.len());
+    assert!(one.iter().zip(&own).all(|(a, b)| b.volume == a.volume
+        && b.offset == a.offset + ((a.volume as u64) << 30)
+        && (b.time_ns, b.kind, b.len) == (a.time_ns, a.kind, a.len)));
 
     // The hottest item of the first phase is not the hottest of the second.
     let phase: Vec<_> = Generator::new(cfg(Workload::Phase {
@@ -293,6 +304,7 @@ fn bad_parameters_are_rejected() {
     let e = Generator::new(cfg(Workload::Shared {
         base: ZipfParams::oltp(1 << 20),
         hosts: 0,
+        disjoint: false,
     }))
     .err()
     .unwrap();

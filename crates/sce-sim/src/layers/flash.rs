@@ -33,13 +33,7 @@ impl Flash {
     pub(super) fn invalidate(&mut self, offset: u64, len: u64) -> bool {
         match self {
             Flash::Reference(c) => {
-                let mut held = false;
-                if len > 0 {
-                    for b in offset / PAGE..=(offset + len - 1) / PAGE {
-                        held |= c.remove(b).is_some();
-                    }
-                }
-                held
+                len > 0 && c.remove_range(offset / PAGE, (offset + len - 1) / PAGE + 1, |_| {})
             }
             Flash::Engine(e) => e.invalidate(offset, len),
         }

@@ -109,16 +109,13 @@ impl RamCache {
     }
 
     pub(super) fn invalidate(&mut self, offset: u64, len: u64) -> bool {
-        let mut held = false;
-        if len > 0 {
-            for b in offset / PAGE..=(offset + len - 1) / PAGE {
-                if let Some(slot) = self.pages.remove(b) {
-                    self.dirty[slot as usize] = false;
-                    held = true;
-                }
-            }
-        }
-        held
+        let dirty = &mut self.dirty;
+        len > 0
+            && self
+                .pages
+                .remove_range(offset / PAGE, (offset + len - 1) / PAGE + 1, |slot| {
+                    dirty[slot as usize] = false
+                })
     }
 }
 
@@ -134,6 +131,9 @@ pub struct Host {
     pub(super) ram_hits: u64,
     pub(super) flash_read_pages: u64,
     pub(super) flash_read_hits: u64,
+    /// Read pages served from the source past the caches (their region owned by another
+    /// host), counted in `read_pages` too.
+    pub(super) read_pages_bypassed: u64,
 }
 
 impl Host {
@@ -150,6 +150,7 @@ impl Host {
             ram_hits: 0,
             flash_read_pages: 0,
             flash_read_hits: 0,
+            read_pages_bypassed: 0,
         }
     }
 
@@ -207,6 +208,26 @@ impl Host {
                 self.flash_read_hits += h;
                 done
             }
+        }
+    }
+
+    /// A read at `t` past the caches, from the source (shared mode: another host owns the
+    /// region): no hit, nothing filled, neither cache touched; returns its completion.
+    pub(super) fn read_uncached(&mut self, t: u64, offset: u64, len: u64) -> u64 {
+        if len == 0 {
+            return t;
+        }
+        let pages = (offset + len - 1) / PAGE - offset / PAGE + 1;
+        self.read_pages += pages;
+        self.read_pages_bypassed += pages;
+        match (&mut self.flash, &mut self.timing) {
+            (Flash::Engine(e), _) => e.read_uncached(t, offset, len),
+            (Flash::Reference(_), Some(tm)) => {
+                let done = tm.source.io(t, len, false);
+                tm.read_latency.record(done - t);
+                done
+            }
+            (Flash::Reference(_), None) => t,
         }
     }
 

@@ -5,7 +5,9 @@
 //!   policies towards it (synchronous, asynchronous, periodic, none);
 //! - [`Stack`]: one or several hosts, each with its RAM cache and flash cache, over one
 //!   shared source; a write by one host invalidates the other hosts' copies (the global-
-//!   knowledge scheme of Holland's simulator), and the invalidations are counted.
+//!   knowledge scheme of Holland's simulator), and the invalidations are counted, with the
+//!   etcd operations `sce serve --shared` would spend: per write, or with [`Ownership`] of
+//!   regions (issue 31) only when a region changes hands or several hosts write it.
 //!
 //! The stack also keeps the read hit ratio and the cache bytes written per interval of
 //! virtual time (the warm-up curve), issues the requests as [`Replay`] says (at their trace
@@ -15,12 +17,16 @@
 
 mod flash;
 mod host;
+mod ownership;
+#[cfg(test)]
+mod ownership_tests;
 mod stack;
 #[cfg(test)]
 mod tests;
 
 pub use flash::Flash;
 pub use host::{Host, RamCache};
+pub use ownership::Ownership;
 pub use stack::{warmup, Stack, StackResult};
 
 #[cfg(doc)]

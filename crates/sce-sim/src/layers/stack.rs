@@ -2,6 +2,7 @@
 
 use super::flash::Flash;
 use super::host::Host;
+use super::ownership::{Owners, Ownership};
 use super::Replay;
 use crate::engine::{EngineResult, LatencyHistogram};
 use crate::request::IoKind;
@@ -25,10 +26,38 @@ pub struct StackResult {
     pub ram_pages_written_down: u64,
     /// Write requests.
     pub writes: u64,
-    /// Writes that found a copy of their pages in another host's cache.
+    /// Writes that made another host's cache drop a copy it held: of the written range
+    /// (a contended write), or of the region the write acquired.
     pub writes_invalidating: u64,
-    /// Other hosts' caches that held a copy, summed over writes.
+    /// Other hosts' caches that held a copy of what a write made them drop, summed over
+    /// writes (over the drops of a write that both acquires and contends).
     pub invalidations: u64,
+    /// Writes by the owner of every region they touch (after acquiring the free ones): no
+    /// etcd operation. Without ownership, none.
+    pub owned_writes: u64,
+    /// Published writes: to a region another host owns or that the writer counts as
+    /// contended, and every write without ownership; one publication and one
+    /// acknowledgement per other host each (today's per-write rule).
+    pub contended_writes: u64,
+    /// Regions acquired by a write: one etcd transaction and one acknowledgement per other
+    /// host each.
+    pub region_acquisitions: u64,
+    /// Regions released by their owner, after the idle time or on hearing another host's
+    /// write there: one etcd delete and (counted to be conservative) one acknowledgement
+    /// per other host each.
+    pub region_releases: u64,
+    /// Of `region_releases`, those on hearing another host's write (contention).
+    pub contention_releases: u64,
+    /// Publications of contended writes (etcd puts).
+    pub publications: u64,
+    /// Acknowledgement puts by the other hosts, of publications, acquisitions and releases.
+    pub acknowledgements: u64,
+    /// Other hosts' caches that held part of a region when it was released, summed over
+    /// releases.
+    pub release_invalidations: u64,
+    /// Read pages served from the source past the caches because another host owned their
+    /// region (part of `read_pages`, never hits).
+    pub read_pages_bypassed: u64,
     /// Read hit ratio per interval: (end of interval, trace seconds; ratio or NaN).
     pub intervals: Vec<(f64, f64)>,
     /// Trace seconds until the interval read hit ratio first reached 90% of its final
@@ -85,6 +114,20 @@ impl StackResult {
     pub fn invalidations_per_write(&self) -> f64 {
         ratio(self.invalidations, self.writes)
     }
+    /// etcd operations of shared mode: publications, acknowledgements, acquisitions
+    /// (transactions) and releases (deletes).
+    pub fn coherence_ops(&self) -> u64 {
+        self.publications + self.acknowledgements + self.region_acquisitions + self.region_releases
+    }
+    /// etcd operations per write.
+    pub fn coherence_ops_per_write(&self) -> f64 {
+        ratio(self.coherence_ops(), self.writes)
+    }
+    /// etcd puts per write: every operation but the releases' deletes (an acquisition's
+    /// transaction puts the owner key). Without ownership, the hosts' number.
+    pub fn coherence_puts_per_write(&self) -> f64 {
+        ratio(self.coherence_ops() - self.region_releases, self.writes)
+    }
 }
 
 /// Busy time over a span (infinite if work was done in no time at all).
@@ -127,6 +170,8 @@ pub struct Stack {
     in_flight: BinaryHeap<Reverse<u64>>,
     /// The latest completion of a request so far (virtual, from the origin).
     last_done: u64,
+    /// Ownership of regions (shared mode, issue 31); None: every write is published.
+    pub(super) owners: Option<Owners>,
     res: StackResult,
 }
 
@@ -146,6 +191,7 @@ impl Stack {
             replay: Replay::Open,
             in_flight: BinaryHeap::new(),
             last_done: 0,
+            owners: None,
             res: StackResult::default(),
         }
     }
@@ -153,6 +199,14 @@ impl Stack {
     /// Issues the requests as `replay` says (set before the first request).
     pub fn with_replay(mut self, replay: Replay) -> Self {
         self.replay = replay;
+        self
+    }
+
+    /// Runs shared mode's ownership of regions (see [`Ownership`]) instead of publishing
+    /// every write (`None`, the default: today's per-write rule, each write contended).
+    /// Set before the first request.
+    pub fn with_ownership(mut self, rule: Option<Ownership>) -> Self {
+        self.owners = rule.map(|r| Owners::new(r, self.hosts.len()));
         self
     }
 
@@ -204,6 +258,7 @@ impl Stack {
             h.ram_hits = 0;
             h.flash_read_pages = 0;
             h.flash_read_hits = 0;
+            h.read_pages_bypassed = 0;
         }
         self.last = (0, 0);
     }
@@ -249,24 +304,14 @@ impl Stack {
             h.advance_ram(t);
         }
         let n = self.hosts.len();
-        let Some(me) = self.hosts.get_mut(host % n.max(1)) else {
+        if n == 0 {
             return;
-        };
+        }
+        let me = host % n;
+        self.release_idle(t);
         let done = match kind {
-            IoKind::Read => me.read(t, offset, len),
-            IoKind::Write => {
-                let done = me.write(t, offset, len);
-                self.res.writes += 1;
-                let mut found = 0;
-                for (i, h) in self.hosts.iter_mut().enumerate() {
-                    if i != host % n && h.invalidate(offset, len) {
-                        found += 1;
-                    }
-                }
-                self.res.invalidations += found;
-                self.res.writes_invalidating += (found > 0) as u64;
-                done
-            }
+            IoKind::Read => self.read(me, t, offset, len),
+            IoKind::Write => self.write(me, t, offset, len),
         };
         let done = done.saturating_sub(origin).max(rel);
         match kind {
@@ -276,6 +321,131 @@ impl Stack {
         self.last_done = self.last_done.max(done);
         if let Replay::Closed(_) = self.replay {
             self.in_flight.push(Reverse(done));
+        }
+    }
+
+    /// Host `me` reads at `t`: from its caches, except the regions another host owns,
+    /// which it reads from the source.
+    fn read(&mut self, me: usize, t: u64, offset: u64, len: u64) -> u64 {
+        let Some(o) = &self.owners else {
+            return self.hosts[me].read(t, offset, len);
+        };
+        let host = &mut self.hosts[me];
+        let bypass = |r| o.owner(r).is_some_and(|h| h != me);
+        let regions = o.regions(offset, len);
+        let mut part = |bypass: bool, from: u64, to: u64| match bypass {
+            true => host.read_uncached(t, from, to - from),
+            false => host.read(t, from, to - from),
+        };
+        // Cut where the regions change from cached to bypassed or back.
+        let (mut from, mut done) = (offset, t);
+        let mut cur = bypass(regions.start);
+        for r in regions.start + 1..regions.end {
+            if bypass(r) != cur {
+                let cut = o.span(r).0;
+                done = done.max(part(cur, from, cut));
+                (from, cur) = (cut, !cur);
+            }
+        }
+        done = done.max(part(cur, from, offset + len));
+        // What it read through its caches, it may cache from now on.
+        if let Some(o) = &mut self.owners {
+            for r in o.regions(offset, len) {
+                if o.owner(r).is_none_or(|h| h == me) {
+                    o.touch(me, r);
+                }
+            }
+        }
+        done
+    }
+
+    /// Host `me` writes at `t`: owned if it owns (or acquires) every region it touches,
+    /// else published (as every write without ownership).
+    fn write(&mut self, me: usize, t: u64, offset: u64, len: u64) -> u64 {
+        let done = self.hosts[me].write(t, offset, len);
+        self.res.writes += 1;
+        let (owned, mut found) = self.take_regions(me, t, offset, len);
+        if owned {
+            self.res.owned_writes += 1;
+        } else {
+            found += self.publish(me, t, offset, len);
+        }
+        self.res.invalidations += found;
+        self.res.writes_invalidating += (found > 0) as u64;
+        done
+    }
+
+    /// The server's `begin_write`: takes the regions of the write in order, acquiring the
+    /// free ones, until one it cannot take: another host's (which `me` counts as contended
+    /// from now on) or one `me` counts as contended. Returns whether it took them all (the
+    /// write is owned; the regions taken before a failure stay `me`'s) and how many other
+    /// hosts' caches held part of a region acquired.
+    fn take_regions(&mut self, me: usize, t: u64, offset: u64, len: u64) -> (bool, u64) {
+        let Some(o) = &mut self.owners else {
+            return (false, 0);
+        };
+        let others = self.hosts.len() as u64 - 1;
+        let mut found = 0;
+        for r in o.regions(offset, len) {
+            o.touch(me, r);
+        }
+        for r in o.regions(offset, len) {
+            match o.owner(r) {
+                Some(h) if h == me => {
+                    o.write(r, me, t);
+                }
+                Some(_) => {
+                    o.mark_contended(me, r, t);
+                    return (false, found);
+                }
+                None if o.contended(me, r, t) => return (false, found),
+                None => {
+                    o.write(r, me, t);
+                    self.res.region_acquisitions += 1;
+                    self.res.acknowledgements += others;
+                    found += drop_region(&mut self.hosts, o, me, r);
+                }
+            }
+        }
+        (true, found)
+    }
+
+    /// Publishes host `me`'s write at `t`: every other host drops the range and counts its
+    /// regions as contended, and releases at once those it owns (each other host but the
+    /// owner drops them again). Returns how many other hosts' caches held part of the range.
+    fn publish(&mut self, me: usize, t: u64, offset: u64, len: u64) -> u64 {
+        let others = self.hosts.len() as u64 - 1;
+        self.res.contended_writes += 1;
+        self.res.publications += 1;
+        self.res.acknowledgements += others;
+        let found = drop_others(&mut self.hosts, me, offset, len);
+        let Some(o) = &mut self.owners else {
+            return found;
+        };
+        for r in o.regions(offset, len) {
+            for h in (0..self.hosts.len()).filter(|&h| h != me) {
+                o.mark_contended(h, r, t);
+            }
+            if o.owner(r).is_some_and(|h| h != me) {
+                let owner = o.release(r).expect("owned");
+                self.res.region_releases += 1;
+                self.res.contention_releases += 1;
+                self.res.acknowledgements += others;
+                self.res.release_invalidations += drop_region(&mut self.hosts, o, owner, r);
+            }
+        }
+        found
+    }
+
+    /// Releases the regions whose owner has not written them for the idle time by `t`:
+    /// every other host drops them.
+    fn release_idle(&mut self, t: u64) {
+        let Some(o) = &mut self.owners else { return };
+        let others = self.hosts.len() as u64 - 1;
+        while let Some((r, owner)) = o.release_idle(t) {
+            self.res.region_releases += 1;
+            self.res.acknowledgements += others;
+            self.res.release_invalidations += drop_region(&mut self.hosts, o, owner, r);
         }
     }
 
@@ -316,6 +486,7 @@ impl Stack {
             self.res.ram_hits += host.ram_hits;
             self.res.flash_read_pages += host.flash_read_pages;
             self.res.flash_read_hits += host.flash_read_hits;
+            self.res.read_pages_bypassed += host.read_pages_bypassed;
             match host.flash {
                 Flash::Reference(c) => {
                     self.res.reference_bytes = self.res.reference_bytes.max(c.memory_bytes());
@@ -344,4 +515,29 @@ impl Stack {
         self.res.reference = reference;
         self.res
     }
+}
+
+/// Every host but `except` that may cache something of region `r` drops it; returns how
+/// many held some of it.
+fn drop_region(hosts: &mut [Host], o: &mut Owners, except: usize, r: u64) -> u64 {
+    let (at, size) = o.span(r);
+    let mut found = 0;
+    for (i, h) in hosts.iter_mut().enumerate() {
+        if i != except && o.untouch(i, r) && h.invalidate(at, size) {
+            found += 1;
+        }
+    }
+    found
+}
+
+/// Every host but `except` drops `[offset, offset + len)` from its caches; returns how many
+/// held some of it.
+fn drop_others(hosts: &mut [Host], except: usize, offset: u64, len: u64) -> u64 {
+    let mut found = 0;
+    for (i, h) in hosts.iter_mut().enumerate() {
+        if i != except && h.invalidate(offset, len) {
+            found += 1;
+        }
+    }
+    found
 }

@@ -412,6 +412,34 @@ impl BlockCache {
         Some(i)
     }
 
+    /// Drops every cached block of `first..end` (another host wrote them, or took their
+    /// region), in ascending order, calling `dropped` with each one's slot; returns true if
+    /// any was cached. Walks the cached blocks instead of the range when they are fewer (a
+    /// whole region of a shared volume is far more blocks than a cache holds).
+    pub fn remove_range(&mut self, first: u64, end: u64, mut dropped: impl FnMut(u32)) -> bool {
+        let mut any = false;
+        let mut drop_one = |c: &mut Self, b: u64| {
+            if let Some(slot) = c.remove(b) {
+                dropped(slot);
+                any = true;
+            }
+        };
+        if end.saturating_sub(first) > self.index.len() as u64 {
+            let mut blocks: Vec<u64> = (self.index.keys().copied())
+                .filter(|b| (first..end).contains(b))
+                .collect();
+            blocks.sort_unstable();
+            for b in blocks {
+                drop_one(self, b);
+            }
+        } else {
+            for b in first..end {
+                drop_one(self, b);
+            }
+        }
+        any
+    }
+
     /// The cached blocks and their slots, in no particular order.
     pub fn cached(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
         self.index.iter().map(|(&b, &s)| (b, s))

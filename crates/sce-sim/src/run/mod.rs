@@ -16,7 +16,7 @@ pub use result::{overload_warning, PolicyResult};
 pub use survey::Survey;
 
 use crate::engine::{DeviceModel, EngineSim};
-use crate::layers::{Flash, Host, RamCache, RamPolicy, Replay, Stack, StackResult};
+use crate::layers::{Flash, Host, Ownership, RamCache, RamPolicy, Replay, Stack, StackResult};
 use crate::reference::{BlockCache, ReferencePolicy};
 use crate::request::IoKind;
 use crate::trace::{TraceFormat, TraceReader};
@@ -94,6 +94,12 @@ pub struct SimConfig {
     pub skip_bad: bool,
     /// Hosts sharing one volume (the volume field of the trace is the host id).
     pub hosts: u32,
+    /// Shared mode's ownership of regions (issue 31, see [`Ownership`]); `None`: every
+    /// write is published and acknowledged by every other host (the rule before it).
+    pub ownership: Option<Ownership>,
+    /// Reports shared mode's etcd operations with one host too (with several hosts they
+    /// always are): one host registered in shared mode.
+    pub report_coherence: bool,
     /// A RAM cache of this size above each flash cache.
     pub ram_size: Option<u64>,
     /// When the RAM cache writes down to flash.
@@ -342,7 +348,9 @@ impl Simulation {
             let ram = a.ram_size.map(|s| RamCache::new(s, a.ram_policy));
             hosts.push(Host::new(flash, ram).with_devices(devices.0.clone(), devices.1.clone()));
         }
-        Ok(Stack::new(hosts, a.interval).with_replay(self.replay))
+        Ok(Stack::new(hosts, a.interval)
+            .with_replay(self.replay)
+            .with_ownership(a.ownership))
     }
 
     /// Streams the trace through one policy's stack; its result and the seconds it took.

@@ -80,11 +80,33 @@ pub struct PolicyResult {
     pub invalidations_per_write: Option<f64>,
     /// Fraction of writes that invalidated a copy on another host (Holland's Figure 4).
     pub writes_invalidating: Option<f64>,
-    /// etcd puts per write under `sce serve --shared`'s protocol (docs/SHARED.md): the
-    /// writer's publication and every other host's acknowledgement (each also delivered to
-    /// the watchers). The server's group commit shares them among writes in flight together,
-    /// which the replay does not model: an upper bound.
+    /// etcd operations per write under `sce serve --shared`'s protocol (docs/SHARED.md),
+    /// with --hosts: contended writes' publications, region acquisitions (a transaction
+    /// each), releases (a delete each), and every other host's acknowledgement of each of
+    /// these (a put each, also delivered to the watchers; counted for releases too, to be
+    /// conservative). The server's group commit shares puts among writes in flight
+    /// together, which the replay does not model: an upper bound.
+    pub coherence_ops_per_write: Option<f64>,
+    /// The same without the releases' deletes: etcd puts per write. Without ownership
+    /// (`--ownership off`), the number of hosts: the writer's publication and every other
+    /// host's acknowledgement.
     pub coherence_puts_per_write: Option<f64>,
+    /// Writes by the owner of every region they touch: no etcd operation.
+    pub owned_writes: Option<u64>,
+    /// Published writes: to a region another host owns or that the writer counts as
+    /// contended (several hosts wrote it within `--ownership-idle`), or every write with
+    /// `--ownership off`; a publication and an acknowledgement per other host each.
+    pub contended_writes: Option<u64>,
+    /// Regions acquired by a write (their other hosts dropped them).
+    pub region_acquisitions: Option<u64>,
+    /// Regions released by their owner: after `--ownership-idle` without a write, or on
+    /// hearing another host's write there.
+    pub region_releases: Option<u64>,
+    /// Of `region_releases`, those on hearing another host's write (contention).
+    pub contention_releases: Option<u64>,
+    /// Read pages served from the source past the caches because another host owned their
+    /// region (counted in the read hit ratio as misses).
+    pub read_pages_bypassed: Option<u64>,
     /// Seconds this policy took to simulate (including parsing the trace).
     #[serde(rename = "wall_seconds")]
     pub seconds: f64,
@@ -203,6 +225,20 @@ fn reference_figures(
     out.cache_bytes_written_per_request = Some(written as f64 / requests.max(1) as f64);
 }
 
+/// Shared mode's figures: invalidations and etcd operations.
+fn coherence_figures(out: &mut PolicyResult, r: &StackResult) {
+    out.invalidations_per_write = Some(r.invalidations_per_write());
+    out.writes_invalidating = Some(r.writes_invalidating as f64 / r.writes.max(1) as f64);
+    out.coherence_ops_per_write = Some(r.coherence_ops_per_write());
+    out.coherence_puts_per_write = Some(r.coherence_puts_per_write());
+    out.owned_writes = Some(r.owned_writes);
+    out.contended_writes = Some(r.contended_writes);
+    out.region_acquisitions = Some(r.region_acquisitions);
+    out.region_releases = Some(r.region_releases);
+    out.contention_releases = Some(r.contention_releases);
+    out.read_pages_bypassed = Some(r.read_pages_bypassed);
+}
+
 pub(super) fn result(
     name: &str,
     r: &StackResult,
@@ -248,10 +284,8 @@ pub(super) fn result(
     out.overloaded =
         r.replay == Replay::Open && (r.source_utilization > 1.0 || r.cache_utilization > 1.0);
     out.interval_cache_bytes_written = r.interval_cache_bytes.clone();
-    if a.hosts > 1 {
-        out.invalidations_per_write = Some(r.invalidations_per_write());
-        out.writes_invalidating = Some(r.writes_invalidating as f64 / r.writes.max(1) as f64);
-        out.coherence_puts_per_write = Some(a.hosts as f64);
+    if a.hosts > 1 || a.report_coherence {
+        coherence_figures(&mut out, r);
     }
     if let Some(counts) = r.reference {
         reference_figures(&mut out, r, counts, secs, requests);
