@@ -266,6 +266,19 @@ impl Etcd {
         lease: i64,
         expect: i64,
     ) -> Result<Result<i64, Option<Kv>>, EtcdError> {
+        self.put_if_and(key, value, lease, expect, None)
+    }
+
+    /// `put_if`, putting `also` (a key and a value, with no lease) in the same transaction
+    /// when it succeeds: both get the same revision.
+    pub fn put_if_and(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        lease: i64,
+        expect: i64,
+        also: Option<(&[u8], &[u8])>,
+    ) -> Result<Result<i64, Option<Kv>>, EtcdError> {
         let compare = match expect {
             0 => {
                 json!({"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"})
@@ -278,11 +291,15 @@ impl Etcd {
         if lease != 0 {
             put["lease"] = json!(lease.to_string());
         }
+        let mut success = vec![json!({"request_put": put})];
+        if let Some((k, v)) = also {
+            success.push(json!({"request_put": {"key": b64(k), "value": b64(v)}}));
+        }
         let v = self.call(
             "/v3/kv/txn",
             &json!({
                 "compare": [compare],
-                "success": [{"request_put": put}],
+                "success": success,
                 "failure": [{"request_range": {"key": b64(key)}}],
             }),
         )?;

@@ -45,17 +45,22 @@ pub fn decode(text: &str) -> Option<Vec<(u64, u64)>> {
         .collect()
 }
 
-/// The newest invalidation or ownership any host published under `prefix` (0: none): a
+/// The newest invalidation or acquisition any host published under `prefix` (0: none): a
 /// host that registers again has processed everything others may have stopped waiting for
 /// once its listener is past it. (A release is not among them: until its listener passes
 /// one, a host counts the region as another's, which only passes its reads through.)
 pub fn newest(etcd: &Etcd, prefix: &str) -> Result<i64, EtcdError> {
-    let mut newest = 0;
-    for kind in ["inval", "owner"] {
-        let (kvs, _) = etcd.range_prefix(format!("{prefix}/{kind}/").as_bytes())?;
-        newest = kvs.iter().map(|kv| kv.mod_revision).fold(newest, i64::max);
-    }
-    Ok(newest)
+    let (kvs, _) = etcd.range_prefix(format!("{prefix}/inval/").as_bytes())?;
+    let mut newest = kvs.iter().map(|kv| kv.mod_revision).max().unwrap_or(0);
+    // The owner keys the listener applies, and the trace of every acquisition (an owner
+    // key released since has gone, but not its acquisition's revision).
+    let (kvs, _) = etcd.range_prefix(format!("{prefix}/owner/").as_bytes())?;
+    let owners = kvs
+        .iter()
+        .filter(|kv| crate::own::region_of(prefix, &kv.key).is_some());
+    newest = owners.map(|kv| kv.mod_revision).fold(newest, i64::max);
+    let trace = etcd.get_kv(&crate::own::trace_key(prefix))?;
+    Ok(trace.map_or(newest, |kv| newest.max(kv.mod_revision)))
 }
 
 /// What a listener hands the cache, in revision order.

@@ -9,8 +9,37 @@
 //!
 //! The value is `HOST ID` (the host name and the id of the server that holds it), followed
 //! by `handoff FROM` when a hand-off moved the region to HOST from host FROM.
+//!
+//! Every put of an owner key also puts `PREFIX/owned` (no lease) in the same transaction:
+//! a trace that outlives the key, so that a host that catches up (whose target is the
+//! newest such revision) processes every acquisition, even of a region released since.
+//! The volume's region size is agreed in `PREFIX/region-size`, put by the first host.
 
 use crate::etcd::{Etcd, EtcdError, Kv};
+
+/// The key every acquisition and move also puts (see the module's doc).
+pub fn trace_key(prefix: &str) -> Vec<u8> {
+    format!("{prefix}/owned").into_bytes()
+}
+
+/// The key of the volume's region size.
+pub fn size_key(prefix: &str) -> Vec<u8> {
+    format!("{prefix}/region-size").into_bytes()
+}
+
+/// Records `size` as the volume's region size if no host did; the size agreed.
+pub fn agree_size(etcd: &Etcd, prefix: &str, size: u64) -> Result<u64, EtcdError> {
+    let text = size.to_string();
+    match etcd.put_if(&size_key(prefix), text.as_bytes(), 0, 0)? {
+        Ok(_) => Ok(size),
+        Err(Some(kv)) => String::from_utf8_lossy(&kv.value)
+            .parse()
+            .ok()
+            .filter(|s: &u64| s.is_power_of_two())
+            .ok_or_else(|| EtcdError::Protocol(format!("a region size that is not one: {kv:?}"))),
+        Err(None) => agree_size(etcd, prefix, size),
+    }
+}
 
 /// The owner key of `region`.
 pub fn key(prefix: &str, region: u64) -> Vec<u8> {
@@ -47,7 +76,9 @@ pub fn acquire(
     value: &str,
     lease: i64,
 ) -> Result<Result<i64, Option<Kv>>, EtcdError> {
-    etcd.put_if(&key(prefix, region), value.as_bytes(), lease, 0)
+    let trace = (trace_key(prefix), region.to_string());
+    let also = Some((&trace.0[..], trace.1.as_bytes()));
+    etcd.put_if_and(&key(prefix, region), value.as_bytes(), lease, 0, also)
 }
 
 /// Gives `region` up if the key is still the one put at `revision`; false if it was not.
@@ -65,7 +96,15 @@ pub fn transfer(
     value: &str,
     lease: i64,
 ) -> Result<Result<i64, Option<Kv>>, EtcdError> {
-    etcd.put_if(&key(prefix, region), value.as_bytes(), lease, revision)
+    let trace = (trace_key(prefix), region.to_string());
+    let also = Some((&trace.0[..], trace.1.as_bytes()));
+    etcd.put_if_and(
+        &key(prefix, region),
+        value.as_bytes(),
+        lease,
+        revision,
+        also,
+    )
 }
 
 /// The regions owned at `revision`, with their keys.

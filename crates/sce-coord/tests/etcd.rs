@@ -347,3 +347,49 @@ fn a_host_whose_name_was_taken_while_it_was_away_is_displaced() {
     assert_eq!(e.get(key).unwrap(), Some(b"id-a".to_vec()));
     a.leave().unwrap();
 }
+
+/// Ownership's keys (issue 31): an acquisition succeeds only for an absent key; a release
+/// deletes only the key it names; a move changes the holder's lease; every acquisition
+/// leaves a trace that outlives its key, so that a host catching up counts it in its target
+/// (`inval::newest`); the history read sees the owners of a past revision; the first host
+/// sets the volume's region size for all.
+#[test]
+fn owner_keys_acquire_release_move_and_leave_a_trace() {
+    use sce_coord::own;
+    let Some(g) = ground() else { return };
+    let e = g.client();
+    let p = "/sce/own";
+    let (la, lb) = (e.grant(30).unwrap(), e.grant(30).unwrap());
+    let rev = own::acquire(&e, p, 3, "a id", la).unwrap().unwrap();
+    let held = own::acquire(&e, p, 3, "b id", lb)
+        .unwrap()
+        .unwrap_err()
+        .unwrap();
+    assert_eq!((held.lease, held.mod_revision), (la, rev));
+    // Released: the key is gone, its acquisition still counts.
+    assert!(
+        !own::release(&e, p, 3, rev - 1).unwrap(),
+        "another revision's key"
+    );
+    assert!(own::release(&e, p, 3, rev).unwrap());
+    assert!(sce_coord::inval::newest(&e, p).unwrap() >= rev);
+    assert_eq!(own::owners_at(&e, p, rev).unwrap().len(), 1);
+    assert!(own::owners_at(&e, p, 0).unwrap().is_empty());
+    // Taken again, then moved to b's lease.
+    let r2 = own::acquire(&e, p, 3, "a id", la).unwrap().unwrap();
+    let r3 = own::transfer(&e, p, 3, r2, "b - handoff a", lb)
+        .unwrap()
+        .unwrap();
+    let owners = own::owners_at(&e, p, 0).unwrap();
+    assert_eq!(owners.len(), 1);
+    assert_eq!((owners[0].1.lease, owners[0].1.mod_revision), (lb, r3));
+    assert!(own::is_handoff(&owners[0].1.value));
+    assert!(
+        own::transfer(&e, p, 3, r2, "a id", la).unwrap().is_err(),
+        "a stale move"
+    );
+    assert_eq!(sce_coord::inval::newest(&e, p).unwrap(), r3);
+    // The region size: the first one stays.
+    assert_eq!(own::agree_size(&e, p, 1 << 30).unwrap(), 1 << 30);
+    assert_eq!(own::agree_size(&e, p, 1 << 20).unwrap(), 1 << 30);
+}

@@ -206,3 +206,115 @@ fn an_owner_paused_past_its_lease_is_fenced() {
     );
     assert!(num(&hosts[1].0, "region_acquisitions") >= 1, "{h1}");
 }
+
+/// A hand-off under load, as a VM moves: host 0 writes its region and both hosts read;
+/// the writer stops (the VM is paused on host 0), `handoff --to h1` moves the region to
+/// host 1 while the readers go on, then the writer runs on host 1, whose writes are owned
+/// at once (no acquisition); no read is stale.
+#[test]
+fn handoff_under_load_moves_the_region_and_its_heat() {
+    let Some(g) = Ground::new() else { return };
+    let hosts = two_hosts(&g, "sce-own-handoff", "10s");
+    let clients: Vec<_> = hosts.iter().map(|h| h.1.clone()).collect();
+    let log = Arc::new(Log::new());
+    phase(&log, &clients, Some(0), 2.0);
+    assert_eq!(num(&hosts[0].0, "regions_owned"), 1);
+    let writer = std::sync::atomic::AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let sock = g.d.path().join("s0");
+    std::thread::scope(|s| {
+        let handed = s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(500));
+            writer.store(2, SeqCst);
+            let out = common::ctl_output(&sock, &["--json", "handoff", "", "--to", "h1"]);
+            // The VM runs on host 1 now.
+            writer.store(1, SeqCst);
+            std::thread::sleep(Duration::from_secs(3));
+            stop.store(true, SeqCst);
+            out
+        });
+        turns(&log, &clients, &|| Some(writer.load(SeqCst)), &stop);
+        let out = handed.join().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "{out:?}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["regions_moved"], 1, "{text}");
+        assert!(v["fragments"].as_u64().unwrap() > 0, "{text}");
+    });
+    assert_fresh(&log, "hand-off under load");
+    let (h0, h1) = (&hosts[0].0, &hosts[1].0);
+    wait_until("host 1 never prefetched the hand-off", 60, || {
+        num(h1, "handoffs_received") == 1
+    });
+    eprintln!("host 0: {}\nhost 1: {}", shared_of(h0), shared_of(h1));
+    assert_eq!(num(h1, "handoff_regions"), 1, "{}", shared_of(h1));
+    assert_eq!(num(h1, "region_acquisitions"), 0, "{}", shared_of(h1));
+    assert!(num(h1, "owned_writes") > 0, "{}", shared_of(h1));
+    assert_eq!(num(h0, "regions_of_others"), 1, "{}", shared_of(h0));
+    for (i, (_, c)) in hosts.iter().enumerate() {
+        check_all(&log, i, c);
+    }
+    assert_fresh(&log, "at rest after the hand-off");
+}
+
+/// Every host counts regions alike: a host with another `--region-size` is refused, naming
+/// the volume's; a host with `--region-size 0` takes no region but honours the others' (it
+/// reads a region another host owns from the source, and reads nothing stale).
+#[test]
+fn hosts_agree_on_the_region_size() {
+    let Some(g) = Ground::new() else { return };
+    let url = g.etcd.url("sce-own-size");
+    let dir = g.d.path();
+    let h0 = host_with(dir, 0, g.src(), Some(&url), "always", &[]);
+    let cache = dir.join("cache-odd");
+    let state = dir.join("state-odd");
+    let odd = Server::try_start(
+        &[
+            "--source",
+            g.src(),
+            "--cache",
+            cache.to_str().unwrap(),
+            "--cache-size",
+            "8MiB",
+            "--allow-buffered",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--shared",
+            &url,
+            "--host-name",
+            "odd",
+            "--region-size",
+            "256MiB",
+        ],
+        &dir.join("s-odd"),
+    );
+    let err = odd
+        .err()
+        .expect("a host with another region size was not refused");
+    assert!(err.contains("--region-size 1073741824"), "{err}");
+    let h1 = host_with(
+        dir,
+        1,
+        g.src(),
+        Some(&url),
+        "always",
+        &["--region-size", "0"],
+    );
+    let hosts = vec![h0, h1];
+    serving_again(&hosts);
+    let clients: Vec<_> = hosts.iter().map(|h| h.1.clone()).collect();
+    let log = Arc::new(Log::new());
+    for turn in 0..4 {
+        phase(&log, &clients, Some(turn % 2), 1.0);
+        assert_fresh(&log, &format!("turn {turn}"));
+    }
+    let (s0, s1) = (&hosts[0].0, &hosts[1].0);
+    eprintln!("host 0: {}\nhost 1: {}", shared_of(s0), shared_of(s1));
+    assert_eq!(num(s1, "region_acquisitions"), 0, "{}", shared_of(s1));
+    assert!(num(s1, "writes_published") > 0, "{}", shared_of(s1));
+    assert!(num(s0, "region_acquisitions") >= 1, "{}", shared_of(s0));
+    for (i, (_, c)) in hosts.iter().enumerate() {
+        check_all(&log, i, c);
+    }
+    assert_fresh(&log, "at rest");
+}

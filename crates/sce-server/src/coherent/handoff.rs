@@ -62,8 +62,9 @@ pub fn handoff(c: &Coherence, to: &str) -> Result<(u64, u64, u64)> {
     if to == c.cfg.host {
         bail!("handoff: {to:?} is this host");
     }
-    let (moved, moved_at) = c.hand_regions(to)?;
+    // The list first: once a region is moved, this host drops it.
     let list = hot_list(c)?;
+    let (moved, moved_at) = c.hand_regions(to)?;
     let bytes = list.iter().map(|x| x.1).sum();
     let head = format!("{}/handoff/{to}", c.volume_prefix);
     c.etcd.delete_prefix(format!("{head}/").as_bytes())?;

@@ -69,7 +69,9 @@ impl Coherence {
             });
             self.done.store(l.done(), SeqCst);
             let acks = l.acks();
-            self.counters.acks.fetch_add(acks - std::mem::replace(&mut acked, acks), SeqCst);
+            self.counters
+                .acks
+                .fetch_add(acks - std::mem::replace(&mut acked, acks), SeqCst);
             if let Err(e) = pumped {
                 tracing::debug!(volume = %self.volume_prefix, "shared volume: listening again ({e})");
                 listener = None;

@@ -26,6 +26,7 @@ mod handoff;
 mod identity;
 mod listen;
 mod own;
+mod owners;
 
 pub use device::Coherent;
 pub use handoff::{handoff, handoff_verb, refuse_in_shared_mode};
@@ -171,6 +172,28 @@ fn saved_by(value: &[u8], id: &str) -> Option<i64> {
     }
 }
 
+/// The volume's regions: the size the first host recorded (every host must count regions
+/// alike, or one would serve a region another owns), which this host's `--region-size`
+/// must match unless it is 0 (this host takes no region but honours the others').
+fn agree_regions(cfg: &SharedConfig, etcd: &Etcd, volume: &str) -> Result<own::Regions> {
+    let wanted = match cfg.region_size {
+        0 => crate::config::DEFAULT_REGION_SIZE,
+        n => n,
+    };
+    let size = sce_coord::own::agree_size(etcd, volume, wanted)
+        .with_context(|| format!("agreeing on the region size of {volume} in etcd"))?;
+    if cfg.region_size != 0 && size != cfg.region_size {
+        bail!(
+            "the shared volume {volume} has regions of {size} bytes (set by the first host              that joined it); give --region-size {size} (every host must count regions              alike), or 0 to take none"
+        );
+    }
+    Ok(own::Regions::new(
+        size,
+        cfg.region_size != 0,
+        cfg.ownership_idle,
+    ))
+}
+
 /// How long a write waits for the other hosts: long enough for a host that died to lose
 /// its lease (then it is not waited for).
 fn ack_timeout(ttl: i64) -> Duration {
@@ -225,6 +248,7 @@ impl Coherence {
             cfg.prefix,
             if name.is_empty() { "_" } else { name }
         );
+        let regions = agree_regions(cfg, &etcd, &volume_prefix)?;
         let member_key = format!("{volume_prefix}/hosts/{}", cfg.host);
         let member = join(cfg, identity, client()?, &member_key)
             .with_context(|| format!("joining the shared volume {volume_prefix} in etcd"))?;
@@ -237,7 +261,7 @@ impl Coherence {
             member,
             tracker,
             batcher: Default::default(),
-            regions: own::Regions::new(cfg.region_size, cfg.ownership_idle),
+            regions,
             caught_up: AtomicU64::new(0),
             done: AtomicI64::new(0),
             unpublished: Mutex::new(Vec::new()),
@@ -467,7 +491,7 @@ impl Coherence {
             "forgotten": c.forgotten.load(SeqCst),
             "regions_owned": owned,
             "regions_of_others": others,
-            "region_size": self.cfg.region_size,
+            "region_size": self.regions.span(0).1,
             "region_acquisitions": c.acquisitions.load(SeqCst),
             "region_acquisitions_refused": c.acquisitions_refused.load(SeqCst),
             "region_releases": c.releases.load(SeqCst),
@@ -477,6 +501,7 @@ impl Coherence {
             "owned_writes_fenced": c.owned_writes_fenced.load(SeqCst),
             "passthrough_entered": c.passthrough_entered.load(SeqCst),
             "handoffs_received": c.handoffs.load(SeqCst),
+            "handoff_regions": c.handoff_regions.load(SeqCst),
             "handoff_prefetched_bytes": c.handoff_bytes.load(SeqCst),
         })
     }
