@@ -24,12 +24,10 @@ struct Inner {
     key: Vec<u8>,
     value: Vec<u8>,
     ttl: i64,
-    /// The origin of the deadlines below.
-    base: Instant,
     /// The lease now.
     lease: AtomicI64,
-    /// Until when this host may count on its registration, in nanoseconds after `base`
-    /// (0: not at all).
+    /// Until when this host may count on its registration, in nanoseconds of
+    /// CLOCK_BOOTTIME (`now_ns`; 0: not at all).
     until: AtomicU64,
     /// Registrations so far, and the revision of the last one's put.
     generation: AtomicU64,
@@ -62,10 +60,24 @@ fn usable(ttl: i64) -> Duration {
     Duration::from_millis((ttl.max(1) as u64) * 900)
 }
 
+/// Now on the clock deadlines are kept on, in nanoseconds: CLOCK_BOOTTIME, which goes on
+/// while the machine is suspended (a monotonic clock stops then, and a host resumed after
+/// its lease expired would still count on it).
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given, which lives on this stack.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_BOOTTIME) failed");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 impl Inner {
-    /// `t` as a deadline: nanoseconds after `base`.
-    fn at(&self, t: Instant) -> u64 {
-        t.saturating_duration_since(self.base).as_nanos() as u64
+    /// A deadline `d` after the instant `t_ns` (of [`now_ns`]).
+    fn at(&self, t_ns: u64, d: Duration) -> u64 {
+        t_ns + d.as_nanos() as u64
     }
 
     /// Grants a new lease and puts the key under it.
@@ -75,7 +87,7 @@ impl Inner {
         // under the old registration meanwhile. The count rises before the new deadline
         // is set, so whoever sees the deadline sees the count.
         self.until.store(0, SeqCst);
-        let sent = Instant::now();
+        let sent = now_ns();
         let lease = self.etcd.grant(self.ttl)?;
         let rev = match self.claim(lease) {
             Ok(rev) => rev,
@@ -93,7 +105,7 @@ impl Inner {
         self.registered_at.store(rev, SeqCst);
         self.generation.fetch_add(1, SeqCst);
         self.lease.store(lease, SeqCst);
-        self.until.store(self.at(sent + usable(self.ttl)), SeqCst);
+        self.until.store(self.at(sent, usable(self.ttl)), SeqCst);
         Ok(())
     }
 
@@ -131,11 +143,11 @@ impl Inner {
     /// One renewal: the lease is renewed, or (expired) replaced.
     fn renew(&self) -> Result<(), EtcdError> {
         let lease = self.lease.load(SeqCst);
-        let sent = Instant::now();
+        let sent = now_ns();
         match self.etcd.keep_alive(lease)? {
             left if left > 0 => {
                 if self.lease.load(SeqCst) == lease {
-                    self.until.fetch_max(self.at(sent + usable(left)), SeqCst);
+                    self.until.fetch_max(self.at(sent, usable(left)), SeqCst);
                 }
                 Ok(())
             }
@@ -186,7 +198,6 @@ impl Membership {
             key: key.to_vec(),
             value: value.to_vec(),
             ttl: ttl.max(1),
-            base: Instant::now(),
             lease: AtomicI64::new(0),
             until: AtomicU64::new(0),
             generation: AtomicU64::new(0),
@@ -220,12 +231,13 @@ impl Membership {
 
     /// True while this host can count on its registration (see the module's doc).
     pub fn valid(&self) -> bool {
-        self.inner.at(Instant::now()) < self.inner.until.load(SeqCst)
+        now_ns() < self.inner.until.load(SeqCst)
     }
 
     /// Until when this host can count on its registration.
     pub fn valid_until(&self) -> Instant {
-        self.inner.base + Duration::from_nanos(self.inner.until.load(SeqCst))
+        let left = self.inner.until.load(SeqCst).saturating_sub(now_ns());
+        Instant::now() + Duration::from_nanos(left)
     }
 
     /// The lease now.

@@ -39,15 +39,18 @@ impl Coherence {
         let mut target = (0, 0);
         // The member's displacements this listener has forgotten the cache for.
         let mut displaced = 0;
+        // The owners were read from etcd once: a watch started again after an error goes
+        // on from the last revision processed, over a state that is right up to it.
+        let mut synced = false;
         while !self.stop.load(SeqCst) {
             // A change is logged even while no read comes (and while etcd is unreachable).
             self.serving_logged();
             let generation = self.member.generation();
             let l = match listener.as_mut() {
                 Some(l) => l,
-                None => match self.listen(&etcd) {
+                None => match self.listen(&etcd, !synced) {
                     Some(l) => {
-                        acked = 0;
+                        (acked, synced) = (0, true);
                         listener.insert(l)
                     }
                     None => {
@@ -83,15 +86,16 @@ impl Coherence {
         }
     }
 
-    /// A watch from the revision after the last processed; after compaction, the cache
-    /// forgets the volume and the watch starts from the revision read before the forget
-    /// (whatever was published up to it reached the source before the forget began).
-    fn listen(&self, etcd: &Etcd) -> Option<Listener> {
+    /// A watch from the revision after the last processed (with the owners as of the
+    /// revision before it, read from etcd's history, if `resync`: at the start); after
+    /// compaction, the cache forgets the volume and the watch starts from the revision read
+    /// before the forget (whatever was published up to it reached the source before the
+    /// forget began).
+    fn listen(&self, etcd: &Etcd, resync: bool) -> Option<Listener> {
         let (p, me) = (&self.volume_prefix, &self.cfg.host);
         let from = self.done.load(SeqCst) + 1;
         match Listener::new(etcd, p, me, from) {
-            // The owners as of the revision before the watch's first: the watch goes on
-            // from there in order.
+            Ok(l) if !resync => Some(l),
             Ok(l) => match self.resync_owners(from - 1) {
                 Ok(()) => Some(l),
                 Err(EtcdError::Compacted(_)) => self.listen_after_compaction(etcd),
@@ -103,22 +107,18 @@ impl Coherence {
     }
 
     /// A listener from now on, after the cache forgot the volume: etcd no longer has the
-    /// history it missed.
+    /// history it missed; the owners are read as they are now.
     fn listen_after_compaction(&self, etcd: &Etcd) -> Option<Listener> {
         let (p, me) = (&self.volume_prefix, &self.cfg.host);
-        {
-            {
-                // The revision only: the hosts' keys are few.
-                let (_, now) = etcd.range_prefix(format!("{p}/hosts/").as_bytes()).ok()?;
-                // Nothing counts as caught up until the forget is done.
-                self.caught_up.store(0, SeqCst);
-                self.forget("etcd compacted the invalidations this host missed");
-                self.done.store(now, SeqCst);
-                let l = Listener::new(etcd, p, me, now + 1).ok()?;
-                self.resync_owners(now).ok()?;
-                Some(l)
-            }
-        }
+        // The revision only: the hosts' keys are few.
+        let (_, now) = etcd.range_prefix(format!("{p}/hosts/").as_bytes()).ok()?;
+        // Nothing counts as caught up until the forget is done.
+        self.caught_up.store(0, SeqCst);
+        self.forget("etcd compacted the invalidations this host missed");
+        self.done.store(now, SeqCst);
+        let l = Listener::new(etcd, p, me, now + 1).ok()?;
+        self.resync_owners(now).ok()?;
+        Some(l)
     }
 
     /// After registration `generation`: serve hits again once the listener is past every

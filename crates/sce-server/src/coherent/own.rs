@@ -142,6 +142,11 @@ impl Regions {
         self.theirs.read().contains_key(&r)
     }
 
+    /// The revision that made region `r` another's, if it is.
+    pub(super) fn theirs_rev(&self, r: u64) -> Option<i64> {
+        self.theirs.read().get(&r).copied()
+    }
+
     /// Counts region `r` as another's (from `revision`) or not (None). Called with `st`
     /// held, so that the two agree.
     pub(super) fn set_theirs(&self, _st: &mut State, r: u64, revision: Option<i64>) {

@@ -22,12 +22,16 @@ impl Coherence {
     ///   owned; any other is deleted.
     pub(super) fn owner_changed(&self, r: u64, holder: Option<&Kv>, revision: i64) {
         let g = &self.regions;
-        let lease = self.member.lease();
         let mut st = g.st.lock();
+        // Under the lock: a registration that changes it meanwhile is seen whole.
+        let lease = self.member.lease();
         let stale =
             |m: &Mine| m.lease != lease || (m.phase != Phase::Acquiring && revision > m.revision);
         match holder {
             Some(kv) if kv.lease == lease => {
+                if st.mine.get(&r).is_some_and(|m| m.lease != lease) {
+                    st.mine.remove(&r);
+                }
                 if st.mine.contains_key(&r) {
                     // Its own acquisition (or one it took over): nothing to change.
                 } else if own::is_handoff(&kv.value) {
@@ -41,6 +45,8 @@ impl Coherence {
                     (m.revision, m.phase) = (kv.mod_revision, Phase::Held);
                     st.mine.insert(r, m);
                     st.contended.remove(&r);
+                    st.stray
+                        .retain(|&(sr, srev)| (sr, srev) != (r, kv.mod_revision));
                     self.counters.handoff_regions.fetch_add(1, SeqCst);
                     tracing::info!(volume = %self.volume_prefix, region = r, "shared volume: region handed to this host");
                 } else {
@@ -60,15 +66,19 @@ impl Coherence {
                 if st.mine.get(&r).is_some_and(stale) {
                     st.mine.remove(&r);
                 }
-                if !g.is_theirs(r) {
+                let Some(seen) = g.theirs_rev(r) else {
                     drop(st);
                     g.changed.notify_all();
                     return;
-                }
+                };
                 drop(st);
                 self.drop_region(r);
                 st = g.st.lock();
-                g.set_theirs(&mut st, r, None);
+                // Unless it was counted as another's again meanwhile (a hand-off of this
+                // host's, say): that stays.
+                if g.theirs_rev(r) == Some(seen) {
+                    g.set_theirs(&mut st, r, None);
+                }
             }
         }
         g.changed.notify_all();
@@ -102,27 +112,15 @@ impl Coherence {
     }
 
     /// Releases the regions no owned write used for the idle time, or that another host
-    /// writes too, and deletes keys left over (the background thread).
+    /// writes too, one at a time, and deletes keys left over (the background thread). It
+    /// stops when the server stops or the lease stops counting (the keys go with it).
     pub(super) fn release_idle(&self) {
         let g = &self.regions;
-        let (idle, stray) = {
-            let mut st = g.st.lock();
-            let now = Instant::now();
-            st.contended.retain(|_, t| *t > now);
-            let State {
-                mine, contended, ..
-            } = &mut *st;
-            let idle: Vec<(u64, u64, i64)> = (mine.iter_mut())
-                .filter(|(_, m)| m.phase == Phase::Held && m.inflight == 0)
-                .filter(|(r, m)| now.duration_since(m.last) >= g.idle || contended.contains_key(r))
-                .map(|(r, m)| {
-                    m.phase = Phase::Leaving;
-                    (*r, m.token, m.revision)
-                })
-                .collect();
-            (idle, std::mem::take(&mut st.stray))
-        };
-        for (r, token, rev) in idle {
+        let going = || !self.stop.load(SeqCst) && self.member.valid();
+        while going() {
+            let Some((r, token, rev)) = self.next_release() else {
+                break;
+            };
             let out = own::release(&self.etcd, &self.volume_prefix, r, rev);
             let mut st = g.st.lock();
             if st.entry(r, token).is_some() {
@@ -142,11 +140,30 @@ impl Coherence {
             drop(st);
             g.changed.notify_all();
         }
-        for (r, rev) in stray {
-            if own::release(&self.etcd, &self.volume_prefix, r, rev).is_err() {
-                g.st.lock().stray.push((r, rev));
+        let stray = std::mem::take(&mut g.st.lock().stray);
+        for (i, &(r, rev)) in stray.iter().enumerate() {
+            if !going() || own::release(&self.etcd, &self.volume_prefix, r, rev).is_err() {
+                g.st.lock().stray.extend_from_slice(&stray[i..]);
+                break;
             }
         }
+    }
+
+    /// The next region to release (idle, or contended, with no owned write in flight),
+    /// marked leaving: (region, token, revision).
+    fn next_release(&self) -> Option<(u64, u64, i64)> {
+        let g = &self.regions;
+        let mut st = g.st.lock();
+        let now = Instant::now();
+        st.contended.retain(|_, t| *t > now);
+        let State {
+            mine, contended, ..
+        } = &mut *st;
+        let (r, m) = (mine.iter_mut())
+            .filter(|(_, m)| m.phase == Phase::Held && m.inflight == 0)
+            .find(|(r, m)| now.duration_since(m.last) >= g.idle || contended.contains_key(*r))?;
+        m.phase = Phase::Leaving;
+        Some((*r, m.token, m.revision))
     }
 
     /// Hands every region this host owns to host `to` (its registration's lease), each once
@@ -169,6 +186,10 @@ impl Coherence {
             }
             match out {
                 Ok(Ok(new)) => (moved, last) = (moved + 1, new),
+                // A retried move whose first try went through: moved.
+                Ok(Err(Some(kv))) if kv.lease == lease && own::is_handoff(&kv.value) => {
+                    (moved, last) = (moved + 1, kv.mod_revision)
+                }
                 // Not moved (the key changed, or the answer was lost): deleted, so that the
                 // region is nobody's; it stays another's here until the listener says so.
                 _ => st.stray.push((r, rev)),
