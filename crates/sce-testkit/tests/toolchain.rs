@@ -42,8 +42,17 @@ fn rust_version_covers_the_locked_dependencies_and_the_pin_covers_it() {
         "rust-version {ours:?} is newer than the pinned {channel:?}"
     );
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // The dependencies built here (a fresh machine has fetched only those: offline, the
+    // other platforms' would be missing).
+    let rustc = Command::new("rustc").arg("-vV").output().unwrap();
+    let info = String::from_utf8_lossy(&rustc.stdout).to_string();
+    let host = info
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .unwrap_or_else(|| panic!("no host in rustc -vV: {info}"));
     let out = Command::new(cargo)
         .args(["metadata", "--format-version", "1", "--locked", "--offline"])
+        .args(["--filter-platform", host])
         .current_dir(root())
         .output()
         .unwrap();
