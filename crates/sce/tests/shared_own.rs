@@ -292,6 +292,10 @@ fn hosts_agree_on_the_region_size() {
         .err()
         .expect("a host with another region size was not refused");
     assert!(err.contains("--region-size 1073741824"), "{err}");
+    assert!(
+        err.contains("(set by the first host that joined it)"),
+        "{err}"
+    );
     let h1 = host_with(
         dir,
         1,

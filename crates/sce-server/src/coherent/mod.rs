@@ -184,7 +184,9 @@ fn agree_regions(cfg: &SharedConfig, etcd: &Etcd, volume: &str) -> Result<own::R
         .with_context(|| format!("agreeing on the region size of {volume} in etcd"))?;
     if cfg.region_size != 0 && size != cfg.region_size {
         bail!(
-            "the shared volume {volume} has regions of {size} bytes (set by the first host              that joined it); give --region-size {size} (every host must count regions              alike), or 0 to take none"
+            "the shared volume {volume} has regions of {size} bytes (set by the first host \
+             that joined it); give --region-size {size} (every host must count regions \
+             alike), or 0 to take none"
         );
     }
     Ok(own::Regions::new(
