@@ -319,13 +319,9 @@ impl Etcd {
         self.range(json!({"key": b64(prefix), "range_end": b64(&prefix_end(prefix))}))
     }
 
-    /// The keys starting with `prefix` as they were at `revision` (a read of history), and
-    /// that revision. [`EtcdError::Compacted`] if the cluster no longer keeps it.
-    pub fn range_prefix_at(
-        &self,
-        prefix: &[u8],
-        revision: i64,
-    ) -> Result<(Vec<Kv>, i64), EtcdError> {
+    /// The keys starting with `prefix` as they were at `revision` (a read of history).
+    /// [`EtcdError::Compacted`] if the cluster no longer keeps it.
+    pub fn range_prefix_at(&self, prefix: &[u8], revision: i64) -> Result<Vec<Kv>, EtcdError> {
         let body = json!({
             "key": b64(prefix),
             "range_end": b64(&prefix_end(prefix)),
@@ -335,7 +331,7 @@ impl Etcd {
             Err(EtcdError::Server(e)) if e.contains("compacted") => {
                 Err(EtcdError::Compacted(revision))
             }
-            Ok((kvs, _)) => Ok((kvs, revision)),
+            Ok((kvs, _)) => Ok(kvs),
             Err(e) => Err(e),
         }
     }

@@ -150,15 +150,11 @@ impl Listener {
         let events = self.watch.next_events(timeout)?;
         let mut n = 0;
         for e in events {
-            let (k, revision) = match &e {
-                Event::Put(kv) => (&kv.key, kv.mod_revision),
-                Event::Delete { key, mod_revision } => (key, *mod_revision),
+            let (k, revision, holder) = match &e {
+                Event::Put(kv) => (&kv.key, kv.mod_revision, Some(kv)),
+                Event::Delete { key, mod_revision } => (key, *mod_revision, None),
             };
             if let Some(region) = crate::own::region_of(&self.prefix, k) {
-                let holder = match &e {
-                    Event::Put(kv) => Some(kv),
-                    Event::Delete { .. } => None,
-                };
                 on(Change::Owner {
                     region,
                     holder,

@@ -110,10 +110,10 @@ pub fn transfer(
 /// The regions owned at `revision`, with their keys.
 pub fn owners_at(etcd: &Etcd, prefix: &str, revision: i64) -> Result<Vec<(u64, Kv)>, EtcdError> {
     let p = format!("{prefix}/owner/");
-    let (kvs, _) = if revision > 0 {
+    let kvs = if revision > 0 {
         etcd.range_prefix_at(p.as_bytes(), revision)?
     } else {
-        etcd.range_prefix(p.as_bytes())?
+        etcd.range_prefix(p.as_bytes())?.0
     };
     Ok(kvs
         .into_iter()

@@ -22,12 +22,17 @@ impl Coherence {
     /// read).
     pub(super) fn drop_range(&self, offset: u64, len: u64) {
         self.regions.foreign_write(offset, len);
+        self.evict(offset, len);
+        self.counters.received.fetch_add(1, SeqCst);
+    }
+
+    /// Drops `[offset, offset+len)` (cut to the volume) from the cache, counting the bytes.
+    pub(super) fn evict(&self, offset: u64, len: u64) {
         let end = offset.saturating_add(len).min(self.att.size());
         if offset < end {
             let n = self.att.evict(offset, end - offset).unwrap_or(0);
             self.counters.dropped_bytes.fetch_add(n, SeqCst);
         }
-        self.counters.received.fetch_add(1, SeqCst);
     }
 
     /// The listener's thread: watch, drop, acknowledge; catch up after a registration.

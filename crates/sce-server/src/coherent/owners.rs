@@ -6,7 +6,6 @@
 use super::own::{Mine, Phase, State};
 use super::Coherence;
 use sce_coord::{own, EtcdError, Kv};
-use sce_io::BlockDevice;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
@@ -104,11 +103,7 @@ impl Coherence {
 
     pub(super) fn drop_region(&self, r: u64) {
         let (o, n) = self.regions.span(r);
-        let end = o.saturating_add(n).min(self.att.size());
-        if o < end {
-            let n = self.att.evict(o, end - o).unwrap_or(0);
-            self.counters.dropped_bytes.fetch_add(n, SeqCst);
-        }
+        self.evict(o, n);
     }
 
     /// Releases the regions no owned write used for the idle time, or that another host
