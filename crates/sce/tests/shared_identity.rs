@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::blocks::{block, client, decode, initial_source, BLOCK};
+use common::blocks::{block, client, decode, BLOCK};
 use common::Server;
 use sce_io::BlockDevice;
 use sce_testkit::wait_until;
@@ -80,14 +80,7 @@ fn ground() -> Option<(
     sce_testkit::etcd::Cluster,
     std::path::PathBuf,
 )> {
-    if !sce_testkit::require_known_tool("etcd") {
-        return None;
-    }
-    let d = tempfile::tempdir().unwrap();
-    let src = d.path().join("src");
-    initial_source(&src, SIZE);
-    let etcd = sce_testkit::etcd::Cluster::start(&d.path().join("etcd"));
-    Some((d, etcd, src))
+    common::coherence::Ground::sized(SIZE).map(|g| (g.d, g.etcd, g.src))
 }
 
 /// Two servers on one machine under the same host name (as the machine's host name makes

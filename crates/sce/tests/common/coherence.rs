@@ -279,12 +279,17 @@ pub struct Ground {
 
 impl Ground {
     pub fn new() -> Option<Ground> {
+        Ground::sized(SIZE)
+    }
+
+    /// `new` with a volume of `size` bytes.
+    pub fn sized(size: u64) -> Option<Ground> {
         if !sce_testkit::require_known_tool("etcd") {
             return None;
         }
         let d = tempfile::tempdir().unwrap();
         let src = d.path().join("src");
-        initial_source(&src, SIZE);
+        initial_source(&src, size);
         let etcd = sce_testkit::etcd::Cluster::start(&d.path().join("etcd"));
         Some(Ground {
             secs: env_or("SCE_SHARED_SECONDS", 6.0),
