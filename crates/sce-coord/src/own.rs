@@ -76,9 +76,7 @@ pub fn acquire(
     value: &str,
     lease: i64,
 ) -> Result<Result<i64, Option<Kv>>, EtcdError> {
-    let trace = (trace_key(prefix), region.to_string());
-    let also = Some((&trace.0[..], trace.1.as_bytes()));
-    etcd.put_if_and(&key(prefix, region), value.as_bytes(), lease, 0, also)
+    put_owner(etcd, prefix, region, 0, value, lease)
 }
 
 /// Gives `region` up if the key is still the one put at `revision`; false if it was not.
@@ -96,15 +94,22 @@ pub fn transfer(
     value: &str,
     lease: i64,
 ) -> Result<Result<i64, Option<Kv>>, EtcdError> {
+    put_owner(etcd, prefix, region, revision, value, lease)
+}
+
+/// Puts the owner key of `region` under `lease` if it was last changed at `expect` (0:
+/// absent), with the trace in the same transaction.
+fn put_owner(
+    etcd: &Etcd,
+    prefix: &str,
+    region: u64,
+    expect: i64,
+    value: &str,
+    lease: i64,
+) -> Result<Result<i64, Option<Kv>>, EtcdError> {
     let trace = (trace_key(prefix), region.to_string());
     let also = Some((&trace.0[..], trace.1.as_bytes()));
-    etcd.put_if_and(
-        &key(prefix, region),
-        value.as_bytes(),
-        lease,
-        revision,
-        also,
-    )
+    etcd.put_if_and(&key(prefix, region), value.as_bytes(), lease, expect, also)
 }
 
 /// The regions owned at `revision`, with their keys.

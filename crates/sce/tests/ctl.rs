@@ -103,16 +103,7 @@ fn every_verb_under_fio_verify_load() {
         }
         rounds
     });
-    let u = format!("nbd+unix:///?socket={}", sock.display());
-    for rw in ["randwrite", "randrw"] {
-        let load = [
-            &format!("--rw={rw}"),
-            "--iodepth=16",
-            "--size=64M",
-            "--io_size=48M",
-        ];
-        common::fio_verify(d.path(), &u, &load);
-    }
+    common::fio_verify_rounds(d.path(), &sock);
     done.store(true, Relaxed);
     let rounds = operator.join().unwrap();
     assert!(rounds >= 1, "every verb ran at least once under load");

@@ -123,16 +123,7 @@ fn writeback_switched_on_and_off_under_fio_verify_load() {
         }
         (rounds, drained)
     });
-    let u = format!("nbd+unix:///?socket={}", sock.display());
-    for rw in ["randwrite", "randrw"] {
-        let load = [
-            &format!("--rw={rw}"),
-            "--iodepth=16",
-            "--size=64M",
-            "--io_size=48M",
-        ];
-        common::fio_verify(d.path(), &u, &load);
-    }
+    common::fio_verify_rounds(d.path(), &sock);
     done.store(true, Relaxed);
     let (rounds, drained) = operator.join().unwrap_or_else(|_| {
         let log = s.log();

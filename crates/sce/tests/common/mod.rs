@@ -601,6 +601,21 @@ pub fn nbdkit_with_outage(sock: &Path, flag: &Path, size: &str) -> Nbdkit {
     nbdkit(sock, &args, true)
 }
 
+/// fio's verify load against the export on `sock`: random writes, then random reads and
+/// writes, 16 in flight over 64 MiB (`fio_verify` each).
+pub fn fio_verify_rounds(dir: &Path, sock: &Path) {
+    let u = format!("nbd+unix:///?socket={}", sock.display());
+    for rw in ["randwrite", "randrw"] {
+        let load = [
+            &format!("--rw={rw}"),
+            "--iodepth=16",
+            "--size=64M",
+            "--io_size=48M",
+        ];
+        fio_verify(dir, &u, &load);
+    }
+}
+
 /// fio's nbd engine on `uri`, 4 KiB requests verified by crc32c (fatally), run in `dir`
 /// (where fio leaves its verify state files), with `load` (`--rw`, `--size`, ...). Fails
 /// the test if fio fails or reports a verify error; returns what it printed.
