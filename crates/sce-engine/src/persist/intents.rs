@@ -5,7 +5,6 @@
 
 use super::journal::Journal;
 use super::{Persist, Ticket};
-use sce_core::hotness::IntMap;
 use sce_io::{AlignedBuf, BlockDevice, IoError};
 use sce_store::journal::JournalEntry;
 use sce_store::layout::{BLOCK, SLOTS_PER_INTENT_BLOCK};
@@ -15,10 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 pub(super) struct State {
-    /// Per slot: the fragment its on-device record may claim, or NO_FRAGMENT.
-    pub(super) mirror: Vec<u64>,
-    /// Fragment -> the slot whose record may claim it.
-    pub(super) owner: IntMap<u64, u32>,
+    /// Per slot, the fragment its on-device record may claim, and the inverse.
+    pub(super) claims: super::claims::Claims,
     /// The intent bitmap as wanted (one bit per slot).
     pub(super) intents: Vec<u64>,
     /// Per intent block: version of the in-memory content, and version known durable.
@@ -136,7 +133,7 @@ impl Persist {
             .load(Relaxed)
             .saturating_add(self.cfg.warm_rounds);
         for f in offset / fsize..=(offset + len - 1) / fsize {
-            let Some(&s) = st.owner.get(&f) else {
+            let Some(s) = st.claims.owner(f) else {
                 continue;
             };
             if self.journal_on() {
@@ -174,7 +171,7 @@ impl Persist {
             t.extend(st.touch(s));
         }
         for (s, f) in copies {
-            let m = st.mirror[s as usize];
+            let m = st.claims.of(s);
             if m != NO_FRAGMENT && m != f {
                 t.extend(st.touch(s));
             }
@@ -209,7 +206,7 @@ impl Persist {
     /// (population, inline fill).
     pub(crate) fn guard_slot(&self, s: u32, f: u64) -> Option<Ticket> {
         let mut st = self.st.lock();
-        let m = st.mirror[s as usize];
+        let m = st.claims.of(s);
         if m != NO_FRAGMENT && m != f {
             st.touch(s)
         } else {

@@ -35,6 +35,7 @@
 //! `guard_write`): its intent is set ahead of the next write, and writes to it need nothing
 //! durable while the intent is.
 
+mod claims;
 mod intents;
 mod journal;
 mod open;

@@ -115,10 +115,8 @@ struct Trusted<'a> {
     name: &'a str,
 }
 use parking_lot::Mutex;
-use sce_core::hotness::IntMap;
 
 use sce_io::{BlockDevice, IoError};
-use sce_store::unit::NO_FRAGMENT;
 use sce_store::{ScanReport, StoreError, Superblock};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::Arc;
@@ -380,9 +378,7 @@ impl Persist {
         {
             let st = self.st.get_mut();
             for &(s, f) in &loaded.entries {
-                if holds(s) == Some(f) {
-                    st.mirror[s as usize] = f;
-                    st.owner.insert(f, s);
+                if holds(s) == Some(f) && st.claims.claim(s, f) {
                     restored += 1;
                 } else {
                     // A duplicate claim: it must not survive a crash unguarded.
@@ -427,8 +423,7 @@ impl State {
         State {
             intent_bits,
             set_version: vec![1; slots],
-            mirror: vec![NO_FRAGMENT; slots],
-            owner: IntMap::default(),
+            claims: super::claims::Claims::new(slots),
             intents: loaded.intents.clone(),
             version: vec![1; blocks],
             durable: vec![1; blocks],
@@ -438,7 +433,7 @@ impl State {
             units: loaded.rewrite_units.iter().copied().collect(),
             scrub: false,
             journal,
-            wb: super::wb::Wb::new(slots),
+            wb: super::wb::Wb::default(),
         }
     }
 }

@@ -248,7 +248,7 @@ impl Persist {
                     continue;
                 }
                 let (x, _) = core.slot_state(cores.slot(s).1);
-                let m = st.mirror[s as usize];
+                let m = st.claims.of(s);
                 // A slot's possible claims are always of its own shard's fragments; if one
                 // were not, it would count as busy (its intent stays).
                 let m_busy = m != NO_FRAGMENT && {
@@ -339,9 +339,9 @@ impl Persist {
         // bad, and the record must keep saying so).
         let dirty = lx.and_then(|f| dirty_and_lost(core, f));
         let claim = x.filter(|_| bits.iter().any(|&w| w != 0) || dirty.is_some());
-        let m = st.mirror[s as usize];
+        let m = st.claims.of(s);
         let ok = claim.filter(|x| {
-            (m == NO_FRAGMENT || m == x.0) && st.owner.get(&x.0).is_none_or(|&o| o == s)
+            (m == NO_FRAGMENT || m == x.0) && st.claims.owner(x.0).is_none_or(|o| o == s)
         });
         if claim.is_some() && ok.is_none() {
             st.redo.push(s);
@@ -359,8 +359,8 @@ impl Persist {
             };
             // Its checksums: every page's, written by the caller (`unit_images`).
             b.set_entry(s - first, &entry);
-            st.mirror[s as usize] = x.0;
-            st.owner.insert(x.0, s);
+            let claimed = st.claims.claim(s, x.0);
+            debug_assert!(claimed, "checked above");
         }
         st.wb.snapshot(
             s,
@@ -462,12 +462,8 @@ impl Persist {
                 if st.wb.settled(s, claimed, covered) {
                     st.redo.push(s);
                 }
-                let m = st.mirror[s as usize];
-                if !claimed && m != NO_FRAGMENT {
-                    if st.owner.get(&m) == Some(&s) {
-                        st.owner.remove(&m);
-                    }
-                    st.mirror[s as usize] = NO_FRAGMENT;
+                if !claimed {
+                    st.claims.clear(s);
                 }
             }
         }

@@ -28,21 +28,54 @@ use std::sync::atomic::Ordering::Relaxed;
 /// No live entry.
 const NONE: u64 = u64::MAX;
 
-/// The write-back state of the store (part of the persistence state, under its lock).
+/// The write-back state of one slot. A slot has one only while some of it is not the
+/// default: a cache served in write-through (or a write-back cache's clean slots) keeps none,
+/// so write-back costs memory per slot it holds, not per slot of the device.
 #[derive(Debug)]
+struct WbSlot {
+    /// The first journal block its dirty claims may still need (`NONE`: none).
+    from: u64,
+    /// The block of its newest dirty entry.
+    last: u64,
+    /// Its last durable record claims dirty pages.
+    rec_dirty: bool,
+    /// The record being written claims dirty pages; it was refused its claim (written
+    /// empty without reflecting the journal).
+    snap_dirty: bool,
+    snap_refused: bool,
+    /// Its hold in the core, if held.
+    held: Option<SlotHold>,
+}
+
+impl Default for WbSlot {
+    fn default() -> Self {
+        WbSlot {
+            from: NONE,
+            last: 0,
+            rec_dirty: false,
+            snap_dirty: false,
+            snap_refused: false,
+            held: None,
+        }
+    }
+}
+
+impl WbSlot {
+    /// Nothing of it differs from a slot without write-back state.
+    fn idle(&self) -> bool {
+        self.from == NONE
+            && !self.rec_dirty
+            && !self.snap_dirty
+            && !self.snap_refused
+            && self.held.is_none()
+    }
+}
+
+/// The write-back state of the store (part of the persistence state, under its lock).
+#[derive(Debug, Default)]
 pub(super) struct Wb {
-    /// Per slot: the first journal block its dirty claims may still need (`NONE`: none).
-    from: Vec<u64>,
-    /// Per slot: the block of its newest dirty entry.
-    last: Vec<u64>,
-    /// Per slot: its last durable record claims dirty pages.
-    rec_dirty: Vec<bool>,
-    /// Per slot: the record being written claims dirty pages; it was refused its claim
-    /// (written empty without reflecting the journal).
-    snap_dirty: Vec<bool>,
-    snap_refused: Vec<bool>,
-    /// Per slot: its hold in the core, if held.
-    held: Vec<Option<SlotHold>>,
+    /// The slots with write-back state, by global slot (ordered: a shard releases its range).
+    slots: BTreeMap<u32, WbSlot>,
     /// Write-back writes in flight, by the block of their first entry.
     inflight: BTreeMap<u64, usize>,
 }
@@ -50,29 +83,29 @@ pub(super) struct Wb {
 impl Drop for Wb {
     /// The store goes away with the cores: the holds are given up with them.
     fn drop(&mut self) {
-        for h in self.held.iter_mut().filter_map(Option::take) {
+        for h in self.slots.values_mut().filter_map(|w| w.held.take()) {
             h.abandon();
         }
     }
 }
 
 impl Wb {
-    pub(super) fn new(slots: usize) -> Self {
-        Wb {
-            from: vec![NONE; slots],
-            last: vec![0; slots],
-            rec_dirty: vec![false; slots],
-            snap_dirty: vec![false; slots],
-            snap_refused: vec![false; slots],
-            held: std::iter::repeat_with(|| None).take(slots).collect(),
-            inflight: BTreeMap::new(),
+    /// Slot `s`'s state, made if it had none.
+    fn slot(&mut self, s: u32) -> &mut WbSlot {
+        self.slots.entry(s).or_default()
+    }
+
+    /// Forgets slot `s`'s state if none of it is left.
+    fn prune(&mut self, s: u32) {
+        if self.slots.get(&s).is_some_and(WbSlot::idle) {
+            self.slots.remove(&s);
         }
     }
 
     /// The tail a round that noted `covered` may establish.
     pub(super) fn tail(&self, covered: u64) -> u64 {
         let inflight = self.inflight.keys().next().copied().unwrap_or(NONE);
-        let from = self.from.iter().copied().min().unwrap_or(NONE);
+        let from = self.slots.values().map(|w| w.from).min().unwrap_or(NONE);
         covered.min(inflight).min(from)
     }
 
@@ -85,8 +118,13 @@ impl Wb {
     /// The record of slot `s` being written claims dirty pages (`dirty`), or was refused
     /// its claim (`refused`).
     pub(super) fn snapshot(&mut self, s: u32, dirty: bool, refused: bool) {
-        self.snap_dirty[s as usize] = dirty;
-        self.snap_refused[s as usize] = refused;
+        if !dirty && !refused && !self.slots.contains_key(&s) {
+            return;
+        }
+        let w = self.slot(s);
+        w.snap_dirty = dirty;
+        w.snap_refused = refused;
+        self.prune(s);
     }
 
     /// The record of slot `s` taken after `covered` was noted is durable (`claimed`: it
@@ -94,36 +132,54 @@ impl Wb {
     /// may not reflect entries from `covered` on, and until a record does they hold the
     /// journal (a slot written no more would hold it for ever).
     pub(super) fn settled(&mut self, s: u32, claimed: bool, covered: u64) -> bool {
-        let s = s as usize;
-        self.rec_dirty[s] = claimed && self.snap_dirty[s];
-        if self.from[s] == NONE {
+        let Some(w) = self.slots.get_mut(&s) else {
             return false;
-        }
-        // A record that claims nothing because the slot holds nothing (not one refused its
-        // claim) reflects the journal as well: its entries are over.
-        let reflects = claimed || !self.snap_refused[s];
-        if reflects && self.last[s] < covered {
-            self.from[s] = NONE;
-            return false;
-        }
-        if reflects {
-            self.from[s] = covered;
-        }
-        true
+        };
+        let again = w.settle(claimed, covered);
+        self.prune(s);
+        again
     }
 
     /// True if nothing holds the journal for write-back.
     pub(super) fn quiet(&self) -> bool {
-        self.inflight.is_empty() && self.from.iter().all(|&f| f == NONE)
+        self.inflight.is_empty() && self.slots.values().all(|w| w.from == NONE)
     }
 
     /// A restart restored dirty pages into slot `s` from records and the live journal
     /// from block `tail`.
     pub(super) fn restored(&mut self, s: u32, tail: u64, hold: SlotHold) {
-        let s = s as usize;
-        self.held[s] = Some(hold);
-        self.rec_dirty[s] = true;
-        self.from[s] = tail;
+        let w = self.slot(s);
+        w.held = Some(hold);
+        w.rec_dirty = true;
+        w.from = tail;
+    }
+
+    /// Some slot is held.
+    fn any_held(&self) -> bool {
+        self.slots.values().any(|w| w.held.is_some())
+    }
+}
+
+impl WbSlot {
+    /// [`Wb::settled`] for this slot; the snapshot's flags are used up.
+    fn settle(&mut self, claimed: bool, covered: u64) -> bool {
+        self.rec_dirty = claimed && self.snap_dirty;
+        let refused = self.snap_refused;
+        (self.snap_dirty, self.snap_refused) = (false, false);
+        if self.from == NONE {
+            return false;
+        }
+        // A record that claims nothing because the slot holds nothing (not one refused its
+        // claim) reflects the journal as well: its entries are over.
+        let reflects = claimed || !refused;
+        if reflects && self.last < covered {
+            self.from = NONE;
+            return false;
+        }
+        if reflects {
+            self.from = covered;
+        }
+        true
     }
 }
 
@@ -185,20 +241,19 @@ impl Persist {
                 unreachable!("room was checked");
             };
             last = Some(Ticket::Journal(seq));
-            let s = p.slot as usize;
-            let wb = &mut st.wb;
-            wb.last[s] = seq;
-            if wb.from[s] == NONE {
-                wb.from[s] = seq;
+            let w = st.wb.slot(p.slot);
+            w.last = seq;
+            if w.from == NONE {
+                w.from = seq;
             }
-            if wb.held[s].is_none() && !hold.contains(&p.slot) {
+            if w.held.is_none() && !hold.contains(&p.slot) {
                 hold.push(p.slot);
             }
         }
         *st.wb.inflight.entry(first).or_default() += 1;
         let mut tickets: Vec<Ticket> = last.into_iter().collect();
         for (s, f) in copies {
-            let m = st.mirror[s as usize];
+            let m = st.claims.of(s);
             if m != sce_store::unit::NO_FRAGMENT && m != f {
                 tickets.extend(st.touch(s));
             }
@@ -267,11 +322,15 @@ impl Persist {
         let mut st = self.st.lock();
         let wb = &mut st.wb;
         let mut out = Vec::new();
-        for s in lo..hi {
-            let i = s as usize;
-            if wb.held[i].is_some() && !wb.rec_dirty[i] && wb.from[i] == NONE && !dirty(s) {
-                out.extend(wb.held[i].take());
+        let mut gone = Vec::new();
+        for (&s, w) in wb.slots.range_mut(lo..hi) {
+            if w.held.is_some() && !w.rec_dirty && w.from == NONE && !dirty(s) {
+                out.extend(w.held.take());
+                gone.push(s);
             }
+        }
+        for s in gone {
+            wb.prune(s);
         }
         out
     }
@@ -281,7 +340,7 @@ impl Persist {
     pub(crate) fn keep_holds(&self, holds: Vec<(u32, SlotHold)>) {
         let mut st = self.st.lock();
         for (s, h) in holds {
-            if let Some(old) = st.wb.held[s as usize].replace(h) {
+            if let Some(old) = st.wb.slot(s).held.replace(h) {
                 // Never: a slot is asked to be held only while it is not. Give it up rather
                 // than lose it.
                 debug_assert!(false, "slot {s} held twice");
@@ -293,7 +352,7 @@ impl Persist {
     /// After a round: releases the holds of slots whose dirty claims are gone from the
     /// device (core, then state, shard by shard).
     pub(super) fn release_holds(&self, cores: &crate::cores::Cores) {
-        if !self.st.lock().wb.held.iter().any(Option::is_some) {
+        if !self.st.lock().wb.any_held() {
             return;
         }
         cores.each_shard(|k, core| {
