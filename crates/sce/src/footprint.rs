@@ -75,8 +75,11 @@ pub struct Footprint {
     pub cache_size: u64,
     /// Source size in bytes.
     pub source_size: u64,
-    /// Fragment size in bytes.
+    /// Fragment size in bytes: the unit of heat (`--fragment-size`).
     pub fragment_size: u64,
+    /// Line size in bytes: the unit of cache space, one per slot (`--line-size`; the
+    /// fragment size when fragments are not cut into lines).
+    pub line_size: u64,
     /// Cache slots (with persistence, what fits beside the on-device metadata).
     pub cached_fragments: u64,
     /// Source fragments.
@@ -106,6 +109,10 @@ pub struct Footprint {
     pub bytes_per_cached_fragment: f64,
     /// Everything but the fragment map, per cache slot.
     pub bytes_per_cached_fragment_all: f64,
+    /// `bytes_at_open` per MiB of cache slots (the issue-30 goal: at most 160).
+    pub bytes_per_cached_mib_at_open: f64,
+    /// Everything but the fragment map, per MiB of cache slots.
+    pub bytes_per_cached_mib_all: f64,
     /// The fragment map with every leaf allocated, per source fragment.
     pub bytes_per_source_fragment: f64,
     /// The fragment map before any fragment is cached.
@@ -242,11 +249,13 @@ pub fn measure(o: &Options) -> Result<Footprint> {
     let map_leaves = core.touched - core.at_open;
     let frags = o.source_size.div_ceil(o.core.fragment_size);
     let slots = core.slots.max(1) as f64;
+    let mibs = slots * o.core.fragment_size as f64 / f64::from(1 << 20);
     let bytes_total = at_open + map_leaves + resident;
     Ok(Footprint {
         cache_size: o.cache_size,
         source_size: o.source_size,
-        fragment_size: o.core.fragment_size,
+        fragment_size: o.core.heat_bytes(),
+        line_size: o.core.fragment_size,
         cached_fragments: core.slots,
         source_fragments: frags,
         map_entry_bits: core.map_bits,
@@ -260,6 +269,8 @@ pub fn measure(o: &Options) -> Result<Footprint> {
         threads: threads + o.core.throttle.max_workers as u64,
         bytes_per_cached_fragment: (core.touched - core.map_touched) as f64 / slots,
         bytes_per_cached_fragment_all: (bytes_total - core.map_touched) as f64 / slots,
+        bytes_per_cached_mib_at_open: at_open as f64 / mibs,
+        bytes_per_cached_mib_all: (bytes_total - core.map_touched) as f64 / mibs,
         bytes_per_source_fragment: core.map_touched as f64 / frags.max(1) as f64,
         map_bytes_untouched: core.map_untouched,
         paper_bytes_per_cached_fragment: 76,
@@ -308,8 +319,13 @@ fn parts(o: &Options, core: u64, crcs: u64, at_open: u64, engine: u64) -> Vec<Pa
 /// Prints a footprint for people.
 pub fn print(f: &Footprint) {
     let on = |b: bool| if b { "on" } else { "off" };
+    let lines = if f.line_size == f.fragment_size {
+        String::new()
+    } else {
+        format!(" in lines of {}", format_size(f.line_size))
+    };
     println!(
-        "geometry: {} cache over {} source, {} fragments; checksums {}, persistence {}",
+        "geometry: {} cache over {} source, {} fragments{lines}; checksums {}, persistence {}",
         format_size(f.cache_size),
         format_size(f.source_size),
         format_size(f.fragment_size),
@@ -355,6 +371,10 @@ pub fn print(f: &Footprint) {
         f.bytes_per_cached_fragment,
         f.paper_bytes_per_cached_fragment,
         f.bytes_per_cached_fragment_all
+    );
+    println!(
+        "per cached MiB:             {:.2} B at open, {:.2} B all but the map",
+        f.bytes_per_cached_mib_at_open, f.bytes_per_cached_mib_all
     );
     println!(
         "per source fragment:        {:.4} B   ({}-bit packed map entries)",

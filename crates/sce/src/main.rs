@@ -114,7 +114,8 @@ enum Command {
     /// build with `--features footprint` (the counting allocator).
     #[command(after_help = "Examples:
   sce footprint --cache-size 2TiB --source-size 100TiB
-  sce footprint --cache-size 64GiB --source-size 4TiB --fragment-size 256KiB --json")]
+  sce footprint --cache-size 64GiB --source-size 4TiB --fragment-size 256KiB --json
+  sce footprint --cache-size 2TiB --source-size 100TiB --line-size 256KiB")]
     Footprint(FootprintArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     #[command(after_help = "Examples:
@@ -139,6 +140,11 @@ struct FootprintArgs {
     /// Fragment size: a power of two from 4KiB to 64MiB.
     #[arg(long, default_value = "1MiB", value_parser = parse_size)]
     fragment_size: u64,
+    /// Lines inside fragments, as `sim --line-size` runs them: heat is counted per fragment,
+    /// cache slots are lines of this size (a power of two, the fragment size down to a 64th
+    /// of it) [default: the fragment size].
+    #[arg(long, value_parser = parse_size)]
+    line_size: Option<u64>,
     /// Eviction policy (its per-slot state counts too): clock, lru or fifo.
     #[arg(long, default_value = "clock")]
     eviction: EvictionKind,
@@ -191,7 +197,8 @@ fn main() {
         Command::Footprint(a) => (|| {
             let opts = footprint::Options {
                 core: CoreConfig {
-                    fragment_size: a.fragment_size,
+                    fragment_size: a.line_size.unwrap_or(a.fragment_size),
+                    heat_size: a.fragment_size,
                     eviction: a.eviction,
                     ..CoreConfig::default()
                 },
