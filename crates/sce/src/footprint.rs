@@ -22,7 +22,7 @@
 //! * **engine**: the rest of a plain open (no persistence, no verify): read-log shards,
 //!   queues, threads' bookkeeping;
 //! * **persistence**: what is left of the real open (mirror of the on-device records, owner
-//!   map, intents, epochs ...).
+//!   index, intents, touched bits ...).
 //!
 //! Not in the totals: the fragment map's leaves, allocated as fragments are first cached
 //! (reported as the worst case, every leaf allocated), I/O buffers in flight (AWT copies,
@@ -304,7 +304,7 @@ fn parts(o: &Options, core: u64, crcs: u64, at_open: u64, engine: u64) -> Vec<Pa
         parts.push(Part {
             name: "persistence",
             bytes: rest - engine,
-            what: "record mirror, owner map, intents, epochs, checksum units' table",
+            what: "record mirror, owner index, intents, touched bits, checksum units' table",
         });
     } else {
         parts.push(Part {

@@ -21,10 +21,11 @@ pub(super) struct State {
     /// Per intent block: version of the in-memory content, and version known durable.
     pub(super) version: Vec<u64>,
     pub(super) durable: Vec<u64>,
-    /// Per slot: bumped by every write that touches its claims.
-    pub(super) epoch: Vec<u32>,
-    /// Per slot: the epoch seen by the previous flush round.
-    pub(super) epoch_seen: Vec<u32>,
+    /// Per slot, a bit: a write touched its claims since a flush round last looked at its
+    /// intent (the round clears it when it looks, and clears the intent only if no write set
+    /// it again meanwhile). One bit where a pair of per-slot epoch counters took 8 bytes and
+    /// could, in principle, wrap back to the value seen.
+    pub(super) touched: Vec<u64>,
     /// Slots whose record must be written next round.
     pub(super) redo: Vec<u32>,
     /// Units to rewrite next round.
@@ -33,9 +34,9 @@ pub(super) struct State {
     pub(super) scrub: bool,
     /// The intent bits, readable without this lock (kept equal to `intents`).
     pub(super) intent_bits: Arc<[AtomicU64]>,
-    /// Per slot: the version of its intent block that set its bit (the bit is durable once
-    /// the block is durable at that version).
-    pub(super) set_version: Vec<u64>,
+    /// Per slot: the low 32 bits of the version of its intent block that set its bit (the
+    /// bit is durable once the block is durable at that version; [`State::set_version`]).
+    pub(super) set_version: Vec<u32>,
     /// The write journal's blocks in memory.
     pub(super) journal: Journal,
     /// Write-back's claims on the journal and holds on slots.
@@ -58,27 +59,55 @@ impl State {
         let block = (s as u64 / SLOTS_PER_INTENT_BLOCK) as usize;
         self.version[block] += 1;
         if on {
-            self.set_version[s as usize] = self.version[block];
+            self.set_version[s as usize] = self.version[block] as u32;
         }
     }
 
-    /// A write touches slot `s`'s claims: bump its epoch, set its intent; the ticket to wait
+    /// The version of slot `s`'s intent block that set its bit, from its low 32 bits: the
+    /// newest version not above the block's own with those bits. Exact unless the block
+    /// changed 2^32 times since the bit was set; then it is newer than the truth (never above
+    /// the block's version), and a write only waits for, or journals under, an intent that
+    /// was durable already.
+    fn set_version(&self, s: u32) -> u64 {
+        let now = self.version[(s as u64 / SLOTS_PER_INTENT_BLOCK) as usize];
+        now - u64::from((now as u32).wrapping_sub(self.set_version[s as usize]))
+    }
+
+    /// A write touched slot `s`'s claims (see `touched`).
+    pub(super) fn mark_touched(&mut self, s: u32) {
+        self.touched[s as usize / 64] |= 1 << (s % 64);
+    }
+
+    /// Whether a write touched slot `s` since the last look.
+    pub(super) fn touched(&self, s: u32) -> bool {
+        self.touched[s as usize / 64] & (1 << (s % 64)) != 0
+    }
+
+    /// Whether a write touched slot `s` since the last look, and forgets that it did.
+    pub(super) fn take_touched(&mut self, s: u32) -> bool {
+        let (w, b) = (s as usize / 64, 1u64 << (s % 64));
+        let t = self.touched[w] & b != 0;
+        self.touched[w] &= !b;
+        t
+    }
+
+    /// A write touches slot `s`'s claims: mark it touched, set its intent; the ticket to wait
     /// for, if the intent is not durable yet. Only the version that set *this* bit matters:
     /// other bits of the block changing since (presets, clears) do not make it wait.
     pub(super) fn touch(&mut self, s: u32) -> Option<Ticket> {
-        self.epoch[s as usize] = self.epoch[s as usize].wrapping_add(1);
+        self.mark_touched(s);
         if !self.intent(s) {
             self.set_intent(s, true);
         }
         let block = (s as u64 / SLOTS_PER_INTENT_BLOCK) as u32;
-        let v = self.set_version[s as usize];
+        let v = self.set_version(s);
         (self.durable[block as usize] < v).then_some(Ticket::Intent { block, version: v })
     }
 
     /// True if slot `s`'s intent is set, and durable as set.
     pub(super) fn intent_durable(&self, s: u32) -> bool {
         let block = (s as u64 / SLOTS_PER_INTENT_BLOCK) as usize;
-        self.intent(s) && self.durable[block] >= self.set_version[s as usize]
+        self.intent(s) && self.durable[block] >= self.set_version(s)
     }
 
     /// True if the ticket's block is durable.
@@ -112,7 +141,7 @@ impl Persist {
     /// With the journal, a fragment whose record may be claimed by a slot gets an entry
     /// naming the pages written (a full ring falls back to the intent), unless the slot is
     /// *write-hot*: its intent is durably set, which covers the write with no I/O at all
-    /// (the write bumps the slot's epoch, so no round clears the bit under it). A slot
+    /// (the write marks the slot touched, so no round clears the bit under it). A slot
     /// written again within `warm_rounds` rounds of a journaled write becomes write-hot: its
     /// intent is set now, made durable by the intent writer in the background
     /// (`take_presets`), and the writes after that wait for nothing, as without the journal
@@ -189,7 +218,7 @@ impl Persist {
         let w = &self.warm_until[s as usize];
         if w.load(Relaxed) > self.round_no.load(Relaxed) && !st.intent(s) {
             st.set_intent(s, true);
-            st.epoch[s as usize] = st.epoch[s as usize].wrapping_add(1);
+            st.mark_touched(s);
             self.counters.intent_presets.fetch_add(1, Relaxed);
             self.presets_pending.store(true, Relaxed);
         }

@@ -13,7 +13,7 @@
 //!   set.
 //! * **A bit is cleared** only by the flusher, after it rewrote S's record from the in-memory
 //!   state, flushed it, read it back, and saw no write touch S since it took the snapshot
-//!   (per-slot epochs) and for a whole flush period before (so hot fragments keep their bit
+//!   (a per-slot touched bit) and for a whole flush period before (so hot fragments keep their bit
 //!   and repeated writes cost no synchronous I/O, like md's write-intent bitmap).
 //!
 //! "Possible claims" (`mirror`, `owner`) are an over-approximation of what the device may

@@ -423,12 +423,11 @@ impl State {
         State {
             intent_bits,
             set_version: vec![1; slots],
+            touched: vec![0; slots.div_ceil(64)],
             claims: super::claims::Claims::new(slots),
             intents: loaded.intents.clone(),
             version: vec![1; blocks],
             durable: vec![1; blocks],
-            epoch: vec![0; slots],
-            epoch_seen: vec![0; slots],
             redo: Vec::new(),
             units: loaded.rewrite_units.iter().copied().collect(),
             scrub: false,

@@ -14,8 +14,8 @@ use sce_store::unit::{EntryIn, UnitBuilder, NO_FRAGMENT};
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering::Relaxed;
 
-/// Quiet intents to clear: each slot with the epoch it had when the round took it.
-type Quiet = Vec<(u32, u32)>;
+/// Quiet intents to clear: slots no write touched since the round took them.
+type Quiet = Vec<u32>;
 
 /// What every record of a round carries: the volume's id and generation, the device's uuid.
 struct Record {
@@ -152,12 +152,12 @@ impl Persist {
     }
 
     /// Step 1 of a round: the images of every unit to write (changed slots, queued units,
-    /// the units of quiet intents) and the quiet intents to clear, with the epoch each had.
+    /// the units of quiet intents) and the quiet intents to clear.
     /// None if nothing is to be written. Two passes over the shards, each shard under its
     /// own lock and the state lock (core, then state): the changed slots and quiet intents,
     /// then the records. A slot that changes between the passes is dirty again and written
-    /// next round; a write that touches a quiet intent between them bumps its epoch, so the
-    /// intent is not cleared.
+    /// next round; a write that touches a quiet intent between them marks it touched, so
+    /// the intent is not cleared.
     fn snapshot(
         &self,
         cores: &Cores,
@@ -181,7 +181,7 @@ impl Persist {
             }
             clear.extend(Self::quiet_intents(&mut st, core, (k, cores), force, read));
         });
-        units.extend(clear.iter().map(|&(s, _)| l.unit_of(s).0));
+        units.extend(clear.iter().map(|&s| l.unit_of(s).0));
         units.extend(crcs.take_dirty());
         if units.is_empty() {
             return (None, 0);
@@ -212,7 +212,7 @@ impl Persist {
         let n = unread.len() as u64;
         if n > 0 {
             self.counters.metadata_errors.fetch_add(n, Relaxed);
-            clear.retain(|&(s, _)| !unread.contains(&l.unit_of(s).0));
+            clear.retain(|&s| !unread.contains(&l.unit_of(s).0));
             self.st.lock().units.extend(unread);
         }
         if images.is_empty() {
@@ -223,7 +223,8 @@ impl Persist {
 
     /// The intents of core shard `k`'s slots that stayed quiet since the last round (no
     /// write touched their slot, no read while write-warm, or `force`) and whose fragments
-    /// have nothing in flight: each slot with its epoch now. Records the epochs seen.
+    /// have nothing in flight. Forgets the touches it looked at: a write from now on marks
+    /// the slot again, and `settle` then leaves its intent set.
     fn quiet_intents(
         st: &mut State,
         core: &CacheCore,
@@ -241,9 +242,8 @@ impl Persist {
                 if s < lo || s >= hi {
                     continue;
                 }
-                let e = st.epoch[s as usize];
-                let quiet = force || (e == st.epoch_seen[s as usize] && !sce_store::bit(read, s));
-                st.epoch_seen[s as usize] = e;
+                let touched = st.take_touched(s);
+                let quiet = force || (!touched && !sce_store::bit(read, s));
                 if !quiet {
                     continue;
                 }
@@ -258,7 +258,7 @@ impl Persist {
                 if x.is_some_and(|x| core.fragment_busy(x)) || m_busy {
                     continue;
                 }
-                clear.push((s, e));
+                clear.push(s);
             }
         }
         clear
@@ -467,11 +467,11 @@ impl Persist {
                 }
             }
         }
-        for (s, e) in clear {
+        for s in clear {
             let k = images
                 .binary_search_by_key(&l.unit_of(s).0, |i| i.unit)
                 .expect("unit snapshotted");
-            if ok_units[k] && st.epoch[s as usize] == e && st.intent(s) {
+            if ok_units[k] && !st.touched(s) && st.intent(s) {
                 st.set_intent(s, false);
                 blocks.push((s as u64 / SLOTS_PER_INTENT_BLOCK) as u32);
             }
