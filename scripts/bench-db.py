@@ -130,6 +130,12 @@ CONFIGS = {
     "sce-wa": ("sce, write-around (no AWT)", "sce", ["--mode", "write-around"]),
     # Fills from read misses' own data (issue 30; not yet the default).
     "sce-mf": ("sce --miss-fills on", "sce", ["--miss-fills", "on"]),
+    # Lines inside 1 MiB fragments (issue 30), alone and with miss fills.
+    "sce-l512": ("sce --line-size 512KiB", "sce", ["--line-size", "512KiB"]),
+    "sce-l512-mf": ("sce --line-size 512KiB --miss-fills on", "sce",
+                    ["--line-size", "512KiB", "--miss-fills", "on"]),
+    "sce-l256-mf": ("sce --line-size 256KiB --miss-fills on", "sce",
+                    ["--line-size", "256KiB", "--miss-fills", "on"]),
     # What persistence costs (Holland et al.): no crash journal, and no persistence at all.
     "sce-nojournal": ("sce, --crash-journal off", "sce", ["--crash-journal", "off"]),
     "sce-nopersist": ("sce, --no-persist", "sce", ["--no-persist"]),

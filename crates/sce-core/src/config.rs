@@ -227,9 +227,14 @@ pub struct CoreConfig {
     /// duel) writes the pages it read to the cache before completing: the fill costs the
     /// source nothing, so a saturated source still fills the cache. Background population
     /// then only prefetches the rest of a hot line; a driver that can tell runs it only
-    /// while the source has room. Off by default for now (issue 30): with it on, tests of
-    /// the engine and the server that count populations need revisiting first.
+    /// while the source has room.
     pub miss_fills: bool,
+    /// With `miss_fills`: fill from misses only while the driver says the source is busy
+    /// ([`CacheCore::set_source_busy`](crate::CacheCore::set_source_busy)), which is when
+    /// it also holds background population back; while the source has room, population
+    /// alone fills (it picks the hottest lines, where a miss fill takes every line a miss
+    /// touches that wins the duel). The servers' and the simulator's `--miss-fills auto`.
+    pub miss_fills_when_busy: bool,
     /// Admission `sce`: thousandths of the cache's slots kept as a *recency window* in front
     /// of the frequency duel (W-TinyLFU, Einziger et al.; Caffeine's default is 1%): when the
     /// cache is full, a new line enters without a duel into the window, and the window's
@@ -279,6 +284,7 @@ impl Default for CoreConfig {
             partial_fill: false,
             heat_size: 0,
             miss_fills: false,
+            miss_fills_when_busy: false,
             recency_window: 0,
             widen_to_pages: false,
             max_cache_writes: None,

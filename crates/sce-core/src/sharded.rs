@@ -257,6 +257,11 @@ impl ShardedCore {
         self.cores[k].throttle(now)
     }
 
+    /// Shard `k`'s source is busy or not ([`CacheCore::set_source_busy`]).
+    pub fn set_source_busy(&mut self, k: usize, busy: bool) {
+        self.cores[k].set_source_busy(busy);
+    }
+
     /// Shard `k`'s next population job, in global addresses.
     pub fn pick_population(&mut self, k: usize, now: Nanos) -> Option<OnShard<Population>> {
         let job = Population::new(self.cores[k].pick_population(now)?);

@@ -68,7 +68,11 @@ pub(crate) fn population_worker(s: &Engine, index: u32) {
     loop {
         let k = turn;
         turn = (turn + 1) % shards;
+        // With miss fills the cache fills from the clients' misses while the source shows a
+        // queue; re-reading the source for population waits until it shows none.
+        let busy = !s.source_load.has_room() && s.config.lock().fills_from_misses();
         let st = cores.with_shard(k, |core| {
+            core.set_source_busy(busy);
             if index == 0 {
                 // Reads batch their accounting per shard; a slow trickle of reads would
                 // otherwise never reach the hotness window and the miss rate.
@@ -87,9 +91,7 @@ pub(crate) fn population_worker(s: &Engine, index: u32) {
         if index >= st.active_workers || s.health.passthrough() {
             continue;
         }
-        // With miss fills the cache fills from the clients' misses; re-reading the source
-        // for population waits until it shows no queue.
-        if !s.source_load.has_room() && s.config.lock().fills_from_misses() {
+        if busy {
             s.counters.population_source_busy.fetch_add(1, Relaxed);
             continue;
         }

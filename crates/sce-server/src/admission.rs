@@ -104,12 +104,107 @@ pub struct AdmissionOptions {
     /// Populate only the touched parts of a fragment.
     pub partial_fill: bool,
     /// Fill the cache from read misses' own data (and populate only while the source has
-    /// room); None keeps the core's default.
-    pub miss_fills: Option<bool>,
+    /// room): on, off, or auto (only while the source is busy); None is
+    /// [`DEFAULT_MISS_FILLS`].
+    pub miss_fills: Option<MissFills>,
     /// The recency window in front of the frequency duel.
     pub recency_window: Option<RecencyWindow>,
     /// Endurance budget of the cache device.
     pub max_cache_writes: Option<WriteBudget>,
+}
+
+/// The line of admission sce's default geometry: heat is counted per 1 MiB fragment (the
+/// SCE paper's), cache space is allocated and filled per 512 KiB line of one, so a fragment
+/// whose hot part is small costs half a MiB of cache, not a whole one. Measured on the
+/// policy matrix, PostgreSQL and the memory footprint (docs/SIM-REPORT.md, issue 30):
+/// 256 KiB lines hit a little more but cost 245 B of RAM per cached MiB, over the 160 B goal.
+pub const DEFAULT_LINE_SIZE: u64 = 512 << 10;
+
+/// Miss fills of admission sce by default: only while the source is busy.
+pub const DEFAULT_MISS_FILLS: MissFills = MissFills::Auto;
+
+/// Gives `cfg` the default lines unless a fragment or a line size was `asked` for: under
+/// admission sce its fragments, still counted for heat, are cut into lines of
+/// [`DEFAULT_LINE_SIZE`]; other admissions keep whole fragments.
+pub fn default_lines(cfg: &mut CoreConfig, asked: bool) {
+    if !asked && cfg.admission == sce_core::Admission::Sce && cfg.fragment_size > DEFAULT_LINE_SIZE
+    {
+        cfg.heat_size = cfg.heat_bytes();
+        cfg.fragment_size = DEFAULT_LINE_SIZE;
+    }
+}
+
+/// A TOML setting that is a boolean or a word ("auto").
+#[derive(serde::Deserialize, Debug, Clone, PartialEq)]
+#[serde(untagged)]
+pub enum OnOffAuto {
+    /// true or false.
+    Bool(bool),
+    /// A word, parsed by the setting.
+    Word(String),
+}
+
+impl OnOffAuto {
+    /// As text: "on", "off", or the word.
+    pub fn text(&self) -> String {
+        match self {
+            OnOffAuto::Bool(true) => "on".into(),
+            OnOffAuto::Bool(false) => "off".into(),
+            OnOffAuto::Word(w) => w.clone(),
+        }
+    }
+}
+
+/// Fills from read misses (`CoreConfig::miss_fills`, `miss_fills_when_busy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissFills {
+    /// Population alone fills the cache.
+    Off,
+    /// Every read miss that population would fill fills the cache with its own data;
+    /// population re-reads the source only while it has room.
+    On,
+    /// Misses fill only while the source is busy (when population waits for room), so a
+    /// saturated source still fills the cache and an idle one is left to population.
+    Auto,
+}
+
+impl std::str::FromStr for MissFills {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "on" | "true" | "yes" => Ok(MissFills::On),
+            "off" | "false" | "no" => Ok(MissFills::Off),
+            "auto" => Ok(MissFills::Auto),
+            _ => Err(format!("{s}: expected on, off or auto")),
+        }
+    }
+}
+
+impl MissFills {
+    /// The setting of `cfg`.
+    pub fn of(cfg: &CoreConfig) -> Self {
+        match (cfg.miss_fills, cfg.miss_fills_when_busy) {
+            (false, _) => MissFills::Off,
+            (true, false) => MissFills::On,
+            (true, true) => MissFills::Auto,
+        }
+    }
+
+    /// Sets `cfg` to it.
+    pub fn apply(self, cfg: &mut CoreConfig) {
+        cfg.miss_fills = self != MissFills::Off;
+        cfg.miss_fills_when_busy = self == MissFills::Auto;
+    }
+}
+
+impl std::fmt::Display for MissFills {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MissFills::Off => "off",
+            MissFills::On => "on",
+            MissFills::Auto => "auto",
+        })
+    }
 }
 
 /// The recency window of admission `sce` (`CoreConfig::recency_window`): a share of the
@@ -168,9 +263,7 @@ impl AdmissionOptions {
         if self.partial_fill {
             cfg.partial_fill = true;
         }
-        if let Some(on) = self.miss_fills {
-            cfg.miss_fills = on;
-        }
+        self.miss_fills.unwrap_or(DEFAULT_MISS_FILLS).apply(cfg);
         if let Some(RecencyWindow(w)) = self.recency_window {
             cfg.recency_window = w;
         }
@@ -195,7 +288,7 @@ impl AdmissionOptions {
             format_size(cfg.sequential_cutoff),
             cfg.admission_margin,
             if cfg.partial_fill { "on" } else { "off" },
-            if cfg.miss_fills { "on" } else { "off" },
+            MissFills::of(cfg),
             match cfg.recency_window {
                 0 => "off".to_string(),
                 w => format!("{}%", w as f64 / 10.0),
@@ -243,5 +336,42 @@ mod tests {
             ),
             (0, 0, Some(2 << 30))
         );
+    }
+
+    /// An export's geometry and miss fills as the TOML file gives them, and their defaults:
+    /// 1 MiB fragments in 512 KiB lines with miss fills while the source is busy under
+    /// admission sce; whole fragments when a size is asked for or under another admission.
+    #[test]
+    fn lines_and_miss_fills_from_an_export() {
+        let core = |text: &str| {
+            let spec: crate::config::ExportConfig =
+                toml::from_str(&format!("source = \"/a\"\n{text}")).unwrap();
+            crate::export::core_config(&spec)
+        };
+        let geometry = |c: &CoreConfig| (c.fragment_size, c.heat_bytes());
+        for (text, fills) in [
+            ("", (true, true)),
+            ("miss_fills = \"auto\"", (true, true)),
+            ("miss_fills = \"on\"", (true, false)),
+            ("miss_fills = true", (true, false)),
+            ("miss_fills = false", (false, false)),
+        ] {
+            let c = core(text).unwrap();
+            assert_eq!((c.miss_fills, c.miss_fills_when_busy), fills, "{text}");
+            assert_eq!(geometry(&c), (512 << 10, 1 << 20), "{text}");
+        }
+        let c = core("line_size = \"256KiB\"").unwrap();
+        assert_eq!(geometry(&c), (256 << 10, 1 << 20));
+        let c = core("fragment_size = \"1MiB\"").unwrap();
+        assert_eq!(geometry(&c), (1 << 20, 1 << 20));
+        let c = core("admission = \"sce-paper\"").unwrap();
+        assert_eq!(geometry(&c), (1 << 20, 1 << 20));
+        let e = core("miss_fills = \"sometimes\"").unwrap_err().to_string();
+        assert!(
+            e.contains("miss_fills") && e.contains("on, off or auto"),
+            "{e}"
+        );
+        let e = core("line_size = \"2MiB\"").unwrap_err().to_string();
+        assert!(e.contains("larger than the fragment size"), "{e}");
     }
 }

@@ -203,6 +203,9 @@ pub struct ExportConfig {
     /// Fragment size: a power of two from 4KiB to 64MiB (`chunk_size` is the same).
     #[serde(alias = "chunk_size")]
     pub fragment_size: Option<String>,
+    /// Lines inside fragments: cache space is allocated and filled per line of this size,
+    /// heat counted per fragment (a power of two from a 64th of the fragment size to it).
+    pub line_size: Option<String>,
     /// Eviction policy: clock, lru or fifo.
     pub eviction: Option<String>,
     /// Algorithm 1: populate only while the read miss rate is at least this.
@@ -227,8 +230,9 @@ pub struct ExportConfig {
     pub admission_margin: Option<u32>,
     /// Admission sce: fill only the touched parts of a fragment.
     pub partial_fill: Option<bool>,
-    /// Admission sce: fill the cache from read misses' own data.
-    pub miss_fills: Option<bool>,
+    /// Admission sce: fill the cache from read misses' own data: "on", "off" or "auto" (a
+    /// boolean is on or off).
+    pub miss_fills: Option<crate::admission::OnOffAuto>,
     /// Admission sce: the recency window, a percentage of the cache ("1%") or "off".
     pub recency_window: Option<String>,
     /// Endurance budget: SIZE per day or N dwpd.

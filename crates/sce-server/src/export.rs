@@ -167,6 +167,20 @@ pub(crate) fn core_config(spec: &ExportConfig) -> Result<CoreConfig> {
         core.fragment_size =
             parse_size(f).map_err(|e| anyhow!("export {n:?}: fragment_size: {e}"))?;
     }
+    if let Some(l) = size_field(&spec.line_size, "line_size", n)? {
+        if l > core.fragment_size {
+            bail!(
+                "export {n:?}: line_size {l} is larger than the fragment size {} (a line is a \
+                 part of a fragment)",
+                core.fragment_size
+            );
+        }
+        // Heat per fragment, cache space per line: the core's fragment is the line.
+        core.heat_size = core.fragment_size;
+        core.fragment_size = l;
+    }
+    let asked = spec.fragment_size.is_some() || spec.line_size.is_some();
+    crate::admission::default_lines(&mut core, asked);
     if let Some(t) = spec.target_missrate {
         core.throttle.target_missrate = t;
     }
@@ -208,7 +222,7 @@ fn admission_options(spec: &ExportConfig) -> Result<AdmissionOptions> {
         sequential_cutoff: size_field(&spec.sequential_cutoff, "sequential_cutoff", n)?,
         admission_margin: spec.admission_margin,
         partial_fill: spec.partial_fill.unwrap_or(false),
-        miss_fills: spec.miss_fills,
+        miss_fills: field(&spec.miss_fills.as_ref().map(|m| m.text()), "miss_fills", n)?,
         recency_window: field(&spec.recency_window, "recency_window", n)?,
         max_cache_writes: field(&spec.max_cache_writes, "max_cache_writes", n)?,
     })
@@ -264,10 +278,18 @@ pub(crate) fn build_cached<'a>(
     let persist = persist_wanted
         .then(|| persist_config(spec, cfg, &found, core.write_mode, cache.size()))
         .transpose()?;
-    if persist.is_some() && spec.fragment_size.is_none() {
-        // A formatted device brings its fragment size unless one is asked for.
+    if persist.is_some() && spec.fragment_size.is_none() && spec.line_size.is_none() {
+        // A formatted device brings its slot size (the line) unless one is asked for; heat
+        // stays per fragment where that is a whole number of its lines.
         if let Ok(sb) = sce_store::read_superblock(&*cache) {
+            let heat = core.heat_bytes();
             core.fragment_size = sb.layout.fragment_size;
+            let lines = heat / core.fragment_size;
+            core.heat_size = if heat >= core.fragment_size && lines <= 64 {
+                heat
+            } else {
+                0
+            };
         }
     }
     admission_options(spec)?.apply(&mut core, cache.size());

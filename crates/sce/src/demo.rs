@@ -41,9 +41,11 @@ pub struct DemoArgs {
     /// Options of admission sce and the endurance budget.
     #[command(flatten)]
     pub admission_opts: crate::policy_args::AdmissionArgs,
-    /// Fragment size: a power of two from 4KiB to 64MiB.
-    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
-    pub fragment_size: u64,
+    /// Fragment size: a power of two from 4KiB to 64MiB. Given, the cache line is the
+    /// fragment; by default admission sce counts heat per 1MiB fragment and fills 512KiB
+    /// lines of it. [default: 1MiB in lines of 512KiB]
+    #[arg(long, value_parser = parse_size)]
+    pub fragment_size: Option<u64>,
     /// Eviction policy: clock, lru or fifo.
     #[arg(long, default_value = "clock")]
     pub eviction: EvictionKind,
@@ -229,13 +231,15 @@ fn core_config(a: &DemoArgs) -> Result<CoreConfig> {
     let mut core = if a.flashcache_like {
         CoreConfig::flashcache_like()
     } else {
-        CoreConfig {
-            fragment_size: a.fragment_size,
+        let mut core = CoreConfig {
+            fragment_size: a.fragment_size.unwrap_or(1 << 20),
             admission: a.admission,
             write_mode: a.mode,
             eviction: a.eviction,
             ..CoreConfig::default()
-        }
+        };
+        sce_server::admission::default_lines(&mut core, a.fragment_size.is_some());
+        core
     };
     core.throttle.target_missrate = a.target_missrate;
     a.tuning.apply(&mut core);

@@ -21,9 +21,11 @@ pub struct FormatArgs {
     /// The source's name in the volume table (default: its canonical path, or its URI).
     #[arg(long)]
     pub source_name: Option<String>,
-    /// Fragment size: a power of two from 4KiB to 64MiB.
-    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
-    pub fragment_size: u64,
+    /// Slot size (the cache line; `serve` counts heat per 1MiB fragment over slots smaller
+    /// than that): a power of two from 4KiB to 64MiB. [default: 512KiB, the line of
+    /// `serve`'s default geometry]
+    #[arg(long, value_parser = parse_size)]
+    pub fragment_size: Option<u64>,
     /// Create the cache file with this size if it does not exist.
     #[arg(long, value_parser = parse_size)]
     pub cache_size: Option<u64>,
@@ -77,7 +79,9 @@ pub fn format(a: FormatArgs) -> Result<()> {
     let sb = sce_store::format(
         &dev,
         &FormatOptions {
-            fragment_size: a.fragment_size,
+            fragment_size: a
+                .fragment_size
+                .unwrap_or(sce_server::admission::DEFAULT_LINE_SIZE),
             volume: Volume {
                 id: 1,
                 generation: 1,

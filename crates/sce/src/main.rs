@@ -137,12 +137,14 @@ struct FootprintArgs {
     /// Size of the source volume.
     #[arg(long, default_value = "100TiB", value_parser = parse_size)]
     source_size: u64,
-    /// Fragment size: a power of two from 4KiB to 64MiB.
-    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
-    fragment_size: u64,
-    /// Lines inside fragments, as `sim --line-size` runs them: heat is counted per fragment,
-    /// cache slots are lines of this size (a power of two, the fragment size down to a 64th
-    /// of it) [default: the fragment size].
+    /// Fragment size: a power of two from 4KiB to 64MiB. [default: 1MiB in lines of
+    /// 512KiB, as `serve`]
+    #[arg(long, value_parser = parse_size)]
+    fragment_size: Option<u64>,
+    /// Lines inside fragments, as `serve --line-size` runs them: heat is counted per
+    /// fragment, cache slots are lines of this size (a power of two, the fragment size down
+    /// to a 64th of it) [default: 512KiB with the default fragment size, else the fragment
+    /// size].
     #[arg(long, value_parser = parse_size)]
     line_size: Option<u64>,
     /// Eviction policy (its per-slot state counts too): clock, lru or fifo.
@@ -195,13 +197,17 @@ fn main() {
         Command::Format(a) => format::format(a),
         Command::Check(a) => format::check(a),
         Command::Footprint(a) => (|| {
+            let fragment = a.fragment_size.unwrap_or(1 << 20);
+            let mut core = CoreConfig {
+                fragment_size: a.line_size.unwrap_or(fragment),
+                heat_size: fragment,
+                eviction: a.eviction,
+                ..CoreConfig::default()
+            };
+            let asked = a.fragment_size.is_some() || a.line_size.is_some();
+            sce_server::admission::default_lines(&mut core, asked);
             let opts = footprint::Options {
-                core: CoreConfig {
-                    fragment_size: a.line_size.unwrap_or(a.fragment_size),
-                    heat_size: a.fragment_size,
-                    eviction: a.eviction,
-                    ..CoreConfig::default()
-                },
+                core,
                 cache_size: a.cache_size,
                 source_size: a.source_size,
                 verify: a.verify,

@@ -29,10 +29,11 @@ pub struct AdmissionArgs {
     pub partial_fill: bool,
     /// Admission sce: a read miss in a line population would fill writes the pages it read
     /// to the cache with the read (no second source read), and background population runs
-    /// only while the source shows no queue, so a saturated source still fills the cache
+    /// only while the source shows no queue, so a saturated source still fills the cache;
+    /// auto: misses fill only while the source shows a queue, population alone otherwise
     /// [default: off].
-    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
-    pub miss_fills: Option<bool>,
+    #[arg(long, value_name = "on|off|auto")]
+    pub miss_fills: Option<sce_server::admission::MissFills>,
     /// Admission sce: a share of the cache kept as a recency window in front of the
     /// frequency duel (W-TinyLFU): a new line enters it without a duel, and stays once it
     /// leaves the window only by out-heating the eviction victim; a percentage (e.g. 1%) or

@@ -103,6 +103,11 @@ pub struct ServeArgs {
     /// A formatted cache device keeps its own. [default: 1MiB]
     #[arg(help_heading = "Cache device", long, visible_alias = "chunk-size", value_parser = parse_size)]
     pub fragment_size: Option<u64>,
+    /// Lines inside fragments: cache space is allocated and filled per line of this size,
+    /// heat is counted per fragment (a power of two from a 64th of the fragment to it). A
+    /// formatted cache device keeps its own. [default: the fragment size]
+    #[arg(help_heading = "Cache device", long, value_parser = parse_size)]
+    pub line_size: Option<u64>,
     /// Eviction policy: clock, lru or fifo. [default: clock]
     #[arg(help_heading = "Policy", long)]
     pub eviction: Option<EvictionKind>,
@@ -336,6 +341,7 @@ impl ServeArgs {
             mode: self.mode.map(|m| m.to_string()),
             admission: self.admission.map(|m| m.to_string()),
             fragment_size: self.fragment_size.map(|n| n.to_string()),
+            line_size: self.line_size.map(|n| n.to_string()),
             eviction: self.eviction.map(|m| m.to_string()),
             target_missrate: self.target_missrate,
             read_only: self.read_only,

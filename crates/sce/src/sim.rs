@@ -43,7 +43,7 @@ pub struct SimArgs {
     pub fragment_size: u64,
     /// Line size of the engine policies: the unit of cache space and of filling inside a
     /// fragment, whose heat decides what is populated (a power of two from fragment/64 to
-    /// the fragment size) [default: the fragment size].
+    /// it) [default: 512KiB for sce with 1MiB fragments, as serve; else the fragment size].
     #[arg(long, value_parser = parse_size)]
     pub line_size: Option<u64>,
     /// Cache mode of the engine policies: writethrough (asynchronous), writethrough-sync,
@@ -218,22 +218,19 @@ pub const POLICIES: [&str; 11] = [
 /// The policy named `p`, with the engine options of `a`.
 fn policy(p: &str, a: &SimArgs) -> Result<PolicyKind> {
     if let Some(l) = a.line_size.filter(|&l| l > a.fragment_size) {
-        bail!(
-            "invalid --line-size {}: larger than --fragment-size {} (a line is a part of a \
-             fragment)",
-            format_size(l),
-            format_size(a.fragment_size)
-        );
+        let (l, f) = (format_size(l), format_size(a.fragment_size));
+        bail!("invalid --line-size {l}: larger than --fragment-size {f} (a line is a part of one)");
     }
     let engine = |admission| {
-        let line = a.line_size.unwrap_or(a.fragment_size);
         let mut cfg = CoreConfig {
-            fragment_size: line,
+            fragment_size: a.line_size.unwrap_or(a.fragment_size),
             heat_size: a.fragment_size,
             admission,
             write_mode: a.mode,
             ..CoreConfig::default()
         };
+        let asked = a.line_size.is_some() || a.fragment_size != 1 << 20;
+        sce_server::admission::default_lines(&mut cfg, asked); // serve's default
         a.admission_opts.apply(&mut cfg, a.cache_size);
         if let Some(k) = a.eviction {
             cfg.eviction = k;

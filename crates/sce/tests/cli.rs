@@ -58,7 +58,8 @@ fn bad_input_gets_a_clear_message() {
         "{err}"
     );
 
-    let out = sce(&["demo", "--cache-size", "1MiB", "--seconds", "1"]);
+    // The default geometry's cache line is 512 KiB (1 MiB fragments in lines).
+    let out = sce(&["demo", "--cache-size", "512KiB", "--seconds", "1"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least 2 fragments"));
 

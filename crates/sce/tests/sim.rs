@@ -994,9 +994,13 @@ fn writeback_in_the_simulator_reports_cleaning_and_dirty_occupancy() {
 
 /// Issue 30: a source saturated by an open replay (an OLTP mix with periodic 1 GiB read
 /// scans, arriving faster than the modelled disk serves) starves background population,
-/// which re-reads the source. With fills from the misses' own data and 256 KiB lines, sce
-/// hits at least as often as flashcache-like (which fills from its misses) while writing
-/// far less to the cache; with neither, it starves. Ratios of modelled figures only.
+/// which re-reads the source. The default (512 KiB lines, miss fills while the source is
+/// busy) fills from the misses' own data instead: with 256 MiB it hits at least as often as
+/// flashcache-like (which fills from its misses) while writing under half as much to the
+/// cache; population alone (`--miss-fills off`) starves. With 1 GiB the default falls short
+/// of flashcache-like (0.094 against 0.103: 2,048 lines of 512 KiB hold fewer of the hot set's
+/// scattered pages than 262,144 blocks), and 256 KiB lines with miss fills reach it.
+/// Ratios of modelled figures only.
 #[test]
 fn a_saturated_source_still_fills_the_cache_from_misses() {
     let dir = tempfile::tempdir().unwrap();
@@ -1021,6 +1025,7 @@ fn a_saturated_source_still_fills_the_cache_from_misses() {
             "1GiB",
         ],
     );
+    let hits = |v: &serde_json::Value| v["read_hit_ratio"].as_f64().unwrap();
     for cache in ["256MiB", "1GiB"] {
         let run = |more: &[&str]| {
             let mut a = sim_args(&t, "sce", cache, &["--json", "--replay", "open"]);
@@ -1033,9 +1038,10 @@ fn a_saturated_source_still_fills_the_cache_from_misses() {
             fc["overloaded"].as_bool() == Some(true),
             "{cache}: the source must be saturated for this test to mean anything"
         );
-        let hits = |v: &serde_json::Value| v["read_hit_ratio"].as_f64().unwrap();
-        let starved = policy(&base, "sce");
-        let fills = run(&[
+        let default = policy(&base, "sce");
+        let off = run(&["--policy", "sce", "--miss-fills", "off"]);
+        let starved = policy(&off, "sce");
+        let lines = run(&[
             "--policy",
             "sce",
             "--line-size",
@@ -1043,21 +1049,24 @@ fn a_saturated_source_still_fills_the_cache_from_misses() {
             "--miss-fills",
             "on",
         ]);
-        let fed = policy(&fills, "sce");
+        let fine = policy(&lines, "sce");
+        let best = if cache == "256MiB" { default } else { fine };
         assert!(
-            hits(fed) >= hits(fc),
-            "{cache}: sce with miss fills {} < flashcache-like {}",
-            hits(fed),
+            hits(best) >= hits(fc),
+            "{cache}: sce {} < flashcache-like {}",
+            hits(best),
             hits(fc)
         );
-        assert!(hits(fed) > hits(starved), "{cache}: fills help");
-        assert!(fed["miss_fills"].as_u64().unwrap() > 1000, "{cache}: {fed}");
-        assert!(fed["population_source_busy"].as_u64().unwrap() > 0);
-        let (w, wfc) = (
-            fed["cache_bytes_written"].as_u64().unwrap(),
-            fc["cache_bytes_written"].as_u64().unwrap(),
-        );
-        assert!(w * 2 < wfc, "{cache}: {w} bytes written against {wfc}");
+        assert!(hits(default) > 2.0 * hits(starved), "{cache}: fills help");
+        for fed in [default, fine] {
+            assert!(fed["miss_fills"].as_u64().unwrap() > 1000, "{cache}: {fed}");
+            assert!(fed["population_source_busy"].as_u64().unwrap() > 0);
+            let (w, wfc) = (
+                fed["cache_bytes_written"].as_u64().unwrap(),
+                fc["cache_bytes_written"].as_u64().unwrap(),
+            );
+            assert!(w * 2 < wfc, "{cache}: {w} bytes written against {wfc}");
+        }
     }
 }
 

@@ -110,6 +110,8 @@ pub struct CacheCore {
     shares: share::Shares,
     /// Write-back: dirty and lost pages, write-back writes and cleaning in flight.
     wb: writeback::WriteBack,
+    /// The driver's word that the source has no room for population now.
+    source_busy: bool,
 }
 
 /// The admission policy's state, built from the configuration: rebuilt whole when a
@@ -255,6 +257,7 @@ impl CacheCore {
             stats: CoreStats::default(),
             shares: share::Shares::default(),
             wb: writeback::WriteBack::default(),
+            source_busy: false,
             geo,
             cfg,
         })
@@ -443,6 +446,12 @@ impl CacheCore {
             let full = self.slots.free_count() == 0;
             self.budget.advance(now, full, self.geo.fragment_size());
         }
+    }
+
+    /// The driver's word on the source: `busy` while it holds background population back
+    /// for want of room (with `miss_fills_when_busy`, misses fill the cache only then).
+    pub fn set_source_busy(&mut self, busy: bool) {
+        self.source_busy = busy;
     }
 
     /// The population throttle's view now (Algorithm 1).

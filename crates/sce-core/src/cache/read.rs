@@ -178,6 +178,7 @@ impl CacheCore {
             Admission::Always => true,
             Admission::Sce => {
                 self.cfg.fills_from_misses()
+                    && (self.source_busy || !self.cfg.miss_fills_when_busy)
                     && self.cfg.write_mode.caches_reads()
                     && !(verdict.sequential && self.slots.free_count() == 0)
             }

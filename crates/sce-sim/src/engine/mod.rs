@@ -286,6 +286,7 @@ impl EngineSim {
                     // source serves its clients, and the cache fills from their misses.
                     let room = !self.core.config().fills_from_misses()
                         || self.source.backlog_ns(et) <= self.source.read_service_ns(64 << 10);
+                    self.core.set_source_busy(k, !room);
                     if !room && w < st.active_workers {
                         self.res.population_source_busy += 1;
                     }

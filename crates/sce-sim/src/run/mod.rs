@@ -66,8 +66,9 @@ macro_rules! bail {
 const MAX_ENGINE_SLOTS: u64 = 1 << 27;
 
 /// What a policy runs: a reference policy over 4 KiB blocks, or the engine with a
-/// configuration.
+/// configuration. One per policy of a run, so the engine's configuration is kept inline.
 #[derive(Clone, Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum PolicyKind {
     /// A reference policy.
     Reference(ReferencePolicy),
