@@ -128,8 +128,12 @@ CONFIGS = {
     "sce-4m": ("sce, 4 MiB fragments", "sce", ["--fragment-size", "4MiB"]),
     "sce-wt": ("sce, synchronous write-through", "sce", ["--mode", "write-through"]),
     "sce-wa": ("sce, write-around (no AWT)", "sce", ["--mode", "write-around"]),
-    # Fills from read misses' own data (issue 30; not yet the default).
+    # Fills from every read miss's own data (issue 30; the default fills only while busy).
     "sce-mf": ("sce --miss-fills on", "sce", ["--miss-fills", "on"]),
+    # The default before issue 30 made lines and miss fills while busy the default: whole
+    # 1 MiB fragments, population alone.
+    "sce-1m": ("sce, whole 1 MiB fragments, no miss fills (the default before issue 30)", "sce",
+               ["--fragment-size", "1MiB", "--miss-fills", "off"]),
     # Lines inside 1 MiB fragments (issue 30), alone and with miss fills.
     "sce-l512": ("sce --line-size 512KiB", "sce", ["--line-size", "512KiB"]),
     "sce-l512-mf": ("sce --line-size 512KiB --miss-fills on", "sce",
