@@ -116,8 +116,9 @@ fn open_core(
             "core_shards",
             format!(
                 "{skipped} dirty (write-back) pages on the cache device belong to records this \
-                 start cannot place (the core shard count changed): start with the previous \
-                 core_shards setting and run `sce ctl flush --to-source` first"
+                 start cannot place (the core shard count or the fragment size over the \
+                 device's lines changed): start with the previous core_shards, fragment and \
+                 line sizes and run `sce ctl flush --to-source` first"
             ),
         )
         .into());

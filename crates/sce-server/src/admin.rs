@@ -446,6 +446,7 @@ impl Ctx {
                     m["mode"] = json!(cfg.write_mode.to_string());
                     m["admission"] = json!(cfg.admission.to_string());
                     m["fragment_size_bytes"] = json!(slot_bytes);
+                    m["heat_size_bytes"] = json!(cfg.heat_bytes());
                     m["cache_bytes"] = json!(s.total_slots * slot_bytes);
                     m["occupancy_bytes"] = json!(used * slot_bytes);
                     m["occupancy_ratio"] = json!(used as f64 / s.total_slots.max(1) as f64);

@@ -279,17 +279,19 @@ pub(crate) fn build_cached<'a>(
         .then(|| persist_config(spec, cfg, &found, core.write_mode, cache.size()))
         .transpose()?;
     if persist.is_some() && spec.fragment_size.is_none() && spec.line_size.is_none() {
-        // A formatted device brings its slot size (the line) unless one is asked for; heat
-        // stays per fragment where that is a whole number of its lines.
+        // A formatted device brings its slot size unless one is asked for. Its heat size is
+        // not recorded, and the core shards stripe the source by it, so a restart must find
+        // the one the device was served with: the default geometry's (1 MiB over 512 KiB
+        // lines) for slots of the default line under admission sce, and the slot itself for
+        // any other (as every device was served before lines).
         if let Ok(sb) = sce_store::read_superblock(&*cache) {
-            let heat = core.heat_bytes();
-            core.fragment_size = sb.layout.fragment_size;
-            let lines = heat / core.fragment_size;
-            core.heat_size = if heat >= core.fragment_size && lines <= 64 {
-                heat
-            } else {
-                0
-            };
+            let slot = sb.layout.fragment_size;
+            let default_lines =
+                core.heat_size > core.fragment_size && slot == crate::admission::DEFAULT_LINE_SIZE;
+            core.fragment_size = slot;
+            if !default_lines {
+                core.heat_size = 0;
+            }
         }
     }
     admission_options(spec)?.apply(&mut core, cache.size());

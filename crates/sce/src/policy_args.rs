@@ -31,7 +31,7 @@ pub struct AdmissionArgs {
     /// to the cache with the read (no second source read), and background population runs
     /// only while the source shows no queue, so a saturated source still fills the cache;
     /// auto: misses fill only while the source shows a queue, population alone otherwise
-    /// [default: off].
+    /// [default: auto].
     #[arg(long, value_name = "on|off|auto")]
     pub miss_fills: Option<sce_server::admission::MissFills>,
     /// Admission sce: a share of the cache kept as a recency window in front of the

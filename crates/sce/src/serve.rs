@@ -99,13 +99,15 @@ pub struct ServeArgs {
     /// Options of admission sce and the endurance budget.
     #[command(flatten, next_help_heading = "Policy")]
     pub admission_opts: crate::policy_args::AdmissionArgs,
-    /// Fragment size (the cache line, lvmcache's chunk): a power of two from 4KiB to 64MiB.
-    /// A formatted cache device keeps its own. [default: 1MiB]
+    /// Fragment size, the unit of heat: a power of two from 4KiB to 64MiB. Given without
+    /// --line-size it is the cache line too (lvmcache's chunk). A formatted cache device
+    /// keeps its own. [default: 1MiB, in lines of 512KiB under admission sce]
     #[arg(help_heading = "Cache device", long, visible_alias = "chunk-size", value_parser = parse_size)]
     pub fragment_size: Option<u64>,
     /// Lines inside fragments: cache space is allocated and filled per line of this size,
     /// heat is counted per fragment (a power of two from a 64th of the fragment to it). A
-    /// formatted cache device keeps its own. [default: the fragment size]
+    /// formatted cache device keeps its own. [default: 512KiB under admission sce with the
+    /// default fragment size, else the fragment size]
     #[arg(help_heading = "Cache device", long, value_parser = parse_size)]
     pub line_size: Option<u64>,
     /// Eviction policy: clock, lru or fifo. [default: clock]

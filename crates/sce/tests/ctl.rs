@@ -290,3 +290,41 @@ fn each_verb_does_what_it_says() {
         "the admin socket is removed at shutdown"
     );
 }
+
+/// The default geometry (1 MiB fragments of heat over 512 KiB lines) survives a restart
+/// without sizes, and a device formatted with other slots keeps them as whole fragments, as
+/// every device was served before lines (the core shards stripe by the heat size, so a
+/// restart that changed it could not place the records).
+#[test]
+fn a_restart_keeps_the_devices_geometry() {
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("src");
+    common::sized_file(&src, 64 << 20);
+    let geometry = |cache: &str, more: &[&str]| {
+        let sock = d.path().join(format!("{cache}.sock"));
+        let mut args = vec![
+            "--source",
+            src.to_str().unwrap(),
+            "--cache-size",
+            "16MiB",
+            "--state-dir",
+            d.path().to_str().unwrap(),
+        ];
+        let path = d.path().join(cache);
+        args.extend_from_slice(&["--cache", path.to_str().unwrap()]);
+        args.extend_from_slice(more);
+        let server = Server::start(&args, &sock);
+        let e = ctl_json(&sock, &["status"])["exports"][0].clone();
+        assert!(server.term().success());
+        (
+            e["fragment_size_bytes"].clone(),
+            e["heat_size_bytes"].clone(),
+        )
+    };
+    let lines = (serde_json::json!(512 << 10), serde_json::json!(1 << 20));
+    assert_eq!(geometry("default", &[]), lines, "a blank device");
+    assert_eq!(geometry("default", &[]), lines, "restarted");
+    let whole = (serde_json::json!(256 << 10), serde_json::json!(256 << 10));
+    assert_eq!(geometry("small", &["--fragment-size", "256KiB"]), whole);
+    assert_eq!(geometry("small", &[]), whole, "restarted without a size");
+}

@@ -135,10 +135,17 @@ impl Claims {
         if f == NO_FRAGMENT {
             return;
         }
-        let Some(mut hole) = self.find(f) else {
-            unreachable!("slot {s} claims fragment {f} but the index does not name it");
-        };
+        let found = self.find(f);
         self.mirror[s as usize] = NO_FRAGMENT;
+        let Some(mut hole) = found else {
+            // Never: `claim` indexes every fragment it records. The slot claims nothing now
+            // either way, which only forgets a claim the device may still hold less of.
+            debug_assert!(
+                false,
+                "slot {s} claims fragment {f} but the index does not name it"
+            );
+            return;
+        };
         self.index[hole] = EMPTY;
         // Backward shift: move up every later entry of the run whose home does not lie
         // cyclically in (hole, j], so that no lookup stops at the hole.
