@@ -392,16 +392,24 @@ fn hostile_requests(backing: Backing) -> Fixture {
     r.request(proto::CMD_READ, 0, 8, 100, 512, &[]);
     assert_eq!(r.reply(), (0, 8));
     r.0.read_exact(&mut [0u8; 512]).unwrap();
-    // Still a working connection: pipelined requests, replies matched by cookie.
-    r.request(
-        proto::CMD_WRITE,
-        proto::CMD_FLAG_FUA,
-        9,
-        0,
-        4096,
-        &[9u8; 4096],
-    );
-    r.request(proto::CMD_FLUSH, 0, 10, 0, 0, &[]);
+    // Still a working connection: pipelined requests (one send, as a pipelining client's:
+    // the write has the flush behind it, so neither runs alone on the reader), replies
+    // matched by cookie.
+    let mut both = Vec::new();
+    for (command, flags, cookie, len) in [
+        (proto::CMD_WRITE, proto::CMD_FLAG_FUA, 9u64, 4096u32),
+        (proto::CMD_FLUSH, 0, 10, 0),
+    ] {
+        both.extend_from_slice(&proto::encode_request(&proto::Request {
+            flags,
+            command,
+            cookie,
+            offset: 0,
+            len,
+        }));
+        both.extend(std::iter::repeat_n(9u8, len as usize));
+    }
+    r.0.write_all(&both).unwrap();
     let mut got = vec![r.reply(), r.reply()];
     got.sort();
     assert_eq!(got, vec![(0, 9), (0, 10)]);
