@@ -260,6 +260,23 @@ pub fn core_of(spec: &ExportConfig) -> Result<CoreConfig> {
     core_config(spec)
 }
 
+/// A formatted device brings its slot size when none is asked for. Its heat size is not
+/// recorded, and the core shards stripe the source by it, so a restart must find the one the
+/// device was served with: the default geometry's (1 MiB over 512 KiB lines) for slots of the
+/// default line under admission sce (`core` has it then), and the slot itself for any other
+/// (as every device was served before lines).
+fn device_geometry(core: &mut CoreConfig, cache: &dyn BlockDevice) {
+    if let Ok(sb) = sce_store::read_superblock(cache) {
+        let slot = sb.layout.fragment_size;
+        let default_lines =
+            core.heat_size > core.fragment_size && slot == crate::admission::DEFAULT_LINE_SIZE;
+        core.fragment_size = slot;
+        if !default_lines {
+            core.heat_size = 0;
+        }
+    }
+}
+
 /// The rest of `open_volume` once the cache device is open (`open` opens the volume: over
 /// one source, or several sharing the device).
 pub(crate) fn build_cached<'a>(
@@ -279,20 +296,7 @@ pub(crate) fn build_cached<'a>(
         .then(|| persist_config(spec, cfg, &found, core.write_mode, cache.size()))
         .transpose()?;
     if persist.is_some() && spec.fragment_size.is_none() && spec.line_size.is_none() {
-        // A formatted device brings its slot size unless one is asked for. Its heat size is
-        // not recorded, and the core shards stripe the source by it, so a restart must find
-        // the one the device was served with: the default geometry's (1 MiB over 512 KiB
-        // lines) for slots of the default line under admission sce, and the slot itself for
-        // any other (as every device was served before lines).
-        if let Ok(sb) = sce_store::read_superblock(&*cache) {
-            let slot = sb.layout.fragment_size;
-            let default_lines =
-                core.heat_size > core.fragment_size && slot == crate::admission::DEFAULT_LINE_SIZE;
-            core.fragment_size = slot;
-            if !default_lines {
-                core.heat_size = 0;
-            }
-        }
+        device_geometry(&mut core, &*cache);
     }
     admission_options(spec)?.apply(&mut core, cache.size());
     let persistent = persist.is_some();
