@@ -123,14 +123,28 @@ pub const DEFAULT_LINE_SIZE: u64 = 512 << 10;
 /// Miss fills of admission sce by default: only while the source is busy.
 pub const DEFAULT_MISS_FILLS: MissFills = MissFills::Auto;
 
-/// Gives `cfg` the default lines unless a fragment or a line size was `asked` for: under
-/// admission sce its fragments, still counted for heat, are cut into lines of
-/// [`DEFAULT_LINE_SIZE`]; other admissions keep whole fragments.
-pub fn default_lines(cfg: &mut CoreConfig, asked: bool) {
-    if !asked && cfg.admission == sce_core::Admission::Sce && cfg.fragment_size > DEFAULT_LINE_SIZE
-    {
-        cfg.heat_size = cfg.heat_bytes();
+/// Sets `cfg`'s geometry (its admission already set) from the sizes asked for: heat per
+/// `fragment` (default: `cfg`'s fragment size), cache space per `line` (default: the
+/// fragment). With neither asked for, admission sce gets the default lines: its fragments,
+/// still counted for heat, are cut into lines of [`DEFAULT_LINE_SIZE`]; other admissions
+/// keep whole fragments. A line larger than its fragment is left for the caller to refuse
+/// (`CoreConfig::validate` does).
+pub fn geometry(cfg: &mut CoreConfig, fragment: Option<u64>, line: Option<u64>) {
+    let f = fragment.unwrap_or(cfg.fragment_size);
+    cfg.heat_size = f;
+    cfg.fragment_size = line.unwrap_or(f);
+    let asked = fragment.is_some() || line.is_some();
+    if !asked && cfg.admission == sce_core::Admission::Sce && f > DEFAULT_LINE_SIZE {
         cfg.fragment_size = DEFAULT_LINE_SIZE;
+    }
+}
+
+/// `on` or `off` (also true/false, yes/no).
+pub fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "true" | "yes" => Ok(true),
+        "off" | "false" | "no" => Ok(false),
+        _ => Err(format!("{s}: expected on or off")),
     }
 }
 
@@ -171,11 +185,10 @@ pub enum MissFills {
 impl std::str::FromStr for MissFills {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "on" | "true" | "yes" => Ok(MissFills::On),
-            "off" | "false" | "no" => Ok(MissFills::Off),
-            "auto" => Ok(MissFills::Auto),
-            _ => Err(format!("{s}: expected on, off or auto")),
+        match (s, parse_on_off(s)) {
+            ("auto", _) => Ok(MissFills::Auto),
+            (_, Ok(on)) => Ok(if on { MissFills::On } else { MissFills::Off }),
+            (_, Err(_)) => Err(format!("{s}: expected on, off or auto")),
         }
     }
 }

@@ -163,24 +163,16 @@ pub(crate) fn core_config(spec: &ExportConfig) -> Result<CoreConfig> {
     if let Some(e) = field::<EvictionKind>(&spec.eviction, "eviction", n)? {
         core.eviction = e;
     }
-    if let Some(f) = &spec.fragment_size {
-        core.fragment_size =
-            parse_size(f).map_err(|e| anyhow!("export {n:?}: fragment_size: {e}"))?;
+    let fragment = size_field(&spec.fragment_size, "fragment_size", n)?;
+    let line = size_field(&spec.line_size, "line_size", n)?;
+    let heat = fragment.unwrap_or(core.fragment_size);
+    if let Some(l) = line.filter(|&l| l > heat) {
+        bail!(
+            "export {n:?}: line_size {l} is larger than the fragment size {heat} (a line is a \
+             part of a fragment)"
+        );
     }
-    if let Some(l) = size_field(&spec.line_size, "line_size", n)? {
-        if l > core.fragment_size {
-            bail!(
-                "export {n:?}: line_size {l} is larger than the fragment size {} (a line is a \
-                 part of a fragment)",
-                core.fragment_size
-            );
-        }
-        // Heat per fragment, cache space per line: the core's fragment is the line.
-        core.heat_size = core.fragment_size;
-        core.fragment_size = l;
-    }
-    let asked = spec.fragment_size.is_some() || spec.line_size.is_some();
-    crate::admission::default_lines(&mut core, asked);
+    crate::admission::geometry(&mut core, fragment, line);
     if let Some(t) = spec.target_missrate {
         core.throttle.target_missrate = t;
     }

@@ -232,13 +232,12 @@ fn core_config(a: &DemoArgs) -> Result<CoreConfig> {
         CoreConfig::flashcache_like()
     } else {
         let mut core = CoreConfig {
-            fragment_size: a.fragment_size.unwrap_or(1 << 20),
             admission: a.admission,
             write_mode: a.mode,
             eviction: a.eviction,
             ..CoreConfig::default()
         };
-        sce_server::admission::default_lines(&mut core, a.fragment_size.is_some());
+        sce_server::admission::geometry(&mut core, a.fragment_size, None);
         core
     };
     core.throttle.target_missrate = a.target_missrate;

@@ -197,15 +197,11 @@ fn main() {
         Command::Format(a) => format::format(a),
         Command::Check(a) => format::check(a),
         Command::Footprint(a) => (|| {
-            let fragment = a.fragment_size.unwrap_or(1 << 20);
             let mut core = CoreConfig {
-                fragment_size: a.line_size.unwrap_or(fragment),
-                heat_size: fragment,
                 eviction: a.eviction,
                 ..CoreConfig::default()
             };
-            let asked = a.fragment_size.is_some() || a.line_size.is_some();
-            sce_server::admission::default_lines(&mut core, asked);
+            sce_server::admission::geometry(&mut core, a.fragment_size, a.line_size);
             let opts = footprint::Options {
                 core,
                 cache_size: a.cache_size,

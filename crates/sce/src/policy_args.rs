@@ -101,14 +101,7 @@ pub struct TuningArgs {
     pub no_evict_for_population: bool,
 }
 
-/// `on` or `off` (also true/false, yes/no).
-pub fn parse_on_off(s: &str) -> Result<bool, String> {
-    match s {
-        "on" | "true" | "yes" => Ok(true),
-        "off" | "false" | "no" => Ok(false),
-        _ => Err(format!("{s}: expected on or off")),
-    }
-}
+pub use sce_server::admission::parse_on_off;
 
 impl TuningArgs {
     /// Applies the knobs given to `cfg` (`--awt` turns its write-through mode's flavour).

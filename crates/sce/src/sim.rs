@@ -223,14 +223,13 @@ fn policy(p: &str, a: &SimArgs) -> Result<PolicyKind> {
     }
     let engine = |admission| {
         let mut cfg = CoreConfig {
-            fragment_size: a.line_size.unwrap_or(a.fragment_size),
-            heat_size: a.fragment_size,
             admission,
             write_mode: a.mode,
             ..CoreConfig::default()
         };
-        let asked = a.line_size.is_some() || a.fragment_size != 1 << 20;
-        sce_server::admission::default_lines(&mut cfg, asked); // serve's default
+        // serve's default geometry unless sizes are given (1 MiB given counts as none)
+        let fragment = (a.fragment_size != 1 << 20).then_some(a.fragment_size);
+        sce_server::admission::geometry(&mut cfg, fragment, a.line_size);
         a.admission_opts.apply(&mut cfg, a.cache_size);
         if let Some(k) = a.eviction {
             cfg.eviction = k;
