@@ -21,9 +21,10 @@ const EMPTY: u32 = u32::MAX;
 pub(super) struct Claims {
     /// Per slot: the fragment its on-device record may claim, or NO_FRAGMENT.
     mirror: Vec<u64>,
-    /// Entries: a slot number in the low `slot_bits` bits, hash bits of its fragment above.
+    /// Entries: a slot number in the bits of `slot_mask`, hash bits of its fragment above.
     index: Box<[u32]>,
-    slot_bits: u32,
+    /// The low bits that hold a slot number (all 32 when the slots need them all).
+    slot_mask: u32,
 }
 
 /// The hash of fragment `f` (a multiplicative hash with the high bits folded down).
@@ -45,7 +46,7 @@ impl Claims {
         Claims {
             mirror: vec![NO_FRAGMENT; slots],
             index: vec![EMPTY; cap].into_boxed_slice(),
-            slot_bits,
+            slot_mask: u32::MAX >> (32 - slot_bits),
         }
     }
 
@@ -57,19 +58,12 @@ impl Claims {
 
     /// The entry bits above the slot number for a fragment of hash `h`.
     fn tag(&self, h: u64) -> u32 {
-        if self.slot_bits >= 32 {
-            return 0;
-        }
-        ((h as u32) >> self.slot_bits) << self.slot_bits
+        h as u32 & !self.slot_mask
     }
 
     /// The entry's slot.
     fn slot(&self, e: u32) -> u32 {
-        if self.slot_bits >= 32 {
-            e
-        } else {
-            e & ((1 << self.slot_bits) - 1)
-        }
+        e & self.slot_mask
     }
 
     /// The first position a fragment of hash `h` is looked for.
@@ -95,7 +89,7 @@ impl Claims {
             if e == EMPTY {
                 return None;
             }
-            if e & !self.slot(e) == tag && self.mirror[self.slot(e) as usize] == f {
+            if e & !self.slot_mask == tag && self.mirror[self.slot(e) as usize] == f {
                 return Some(i);
             }
             i = self.next(i);

@@ -80,14 +80,13 @@ impl State {
 
     /// Whether a write touched slot `s` since the last look.
     pub(super) fn touched(&self, s: u32) -> bool {
-        self.touched[s as usize / 64] & (1 << (s % 64)) != 0
+        sce_store::bit(&self.touched, s)
     }
 
     /// Whether a write touched slot `s` since the last look, and forgets that it did.
     pub(super) fn take_touched(&mut self, s: u32) -> bool {
-        let (w, b) = (s as usize / 64, 1u64 << (s % 64));
-        let t = self.touched[w] & b != 0;
-        self.touched[w] &= !b;
+        let t = self.touched(s);
+        self.touched[s as usize / 64] &= !(1 << (s % 64));
         t
     }
 
