@@ -256,20 +256,14 @@ fn flags_change_the_parts_as_serve_allocates() {
 #[cfg(feature = "footprint")]
 #[test]
 fn footprint_meets_the_memory_goals() {
+    // A 2 TiB cache over a 100 TiB source, with `extra`.
+    let big = |extra: &[&str]| {
+        footprint(&[&["--cache-size", "2TiB", "--source-size", "100TiB"], extra].concat())
+    };
     // The core and the map alone: no page checksums, no persistence (the full footprint is
-    // tested below).
-    // Whole 1 MiB fragments, the SCE paper's unit (its 76 B per cached fragment).
-    let v = footprint(&[
-        "--cache-size",
-        "2TiB",
-        "--source-size",
-        "100TiB",
-        "--fragment-size",
-        "1MiB",
-        "--verify",
-        "off",
-        "--no-persist",
-    ]);
+    // tested below), whole 1 MiB fragments, the SCE paper's unit (its 76 B per cached
+    // fragment).
+    let v = big(&["--fragment-size", "1MiB", "--verify", "off", "--no-persist"]);
     let per_cached = v["bytes_per_cached_fragment"].as_f64().unwrap();
     let per_source = v["bytes_per_source_fragment"].as_f64().unwrap();
     let total = v["bytes_total"].as_u64().unwrap();
@@ -293,7 +287,7 @@ fn footprint_meets_the_memory_goals() {
     // before write-back state was kept only for the slots that have some, the owner index
     // was sized at open, and the epochs became a bit; 1,135 B with every page's checksum in
     // memory).
-    let full = footprint(&["--cache-size", "2TiB", "--source-size", "100TiB"]);
+    let full = big(&[]);
     assert_eq!(full["line_size"].as_u64(), Some(512 << 10), "{full}");
     assert_eq!(full["fragment_size"].as_u64(), Some(1 << 20), "{full}");
     let open = full["bytes_per_cached_mib_at_open"].as_f64().unwrap();
@@ -307,14 +301,7 @@ fn footprint_meets_the_memory_goals() {
         full["checksums_resident"].as_u64().unwrap() > 32 << 20,
         "the resident checksums are counted: {full}"
     );
-    let whole = footprint(&[
-        "--cache-size",
-        "2TiB",
-        "--source-size",
-        "100TiB",
-        "--fragment-size",
-        "1MiB",
-    ]);
+    let whole = big(&["--fragment-size", "1MiB"]);
     assert_eq!(whole["line_size"].as_u64(), Some(1 << 20), "{whole}");
     let all = whole["bytes_per_cached_mib_all"].as_f64().unwrap();
     assert!(
