@@ -195,6 +195,12 @@ impl CacheVolume {
         }
     }
 
+    /// True if the cache device has a write-back log (formats 6 on): write-back is served
+    /// through it. A device formatted without one needs a format to get one.
+    pub fn has_writeback_log(&self) -> bool {
+        (self.engine.persist.as_ref()).is_some_and(|p| p.log_info().is_some())
+    }
+
     /// Write-back through the log: the source writes the cleaner made and the commits
     /// (None in the other paths).
     pub fn writeback_log_counts(&self) -> Option<(u64, u64)> {
@@ -204,17 +210,55 @@ impl CacheVolume {
     /// Writes every dirty page of `range` (global offset, length; everything if None) to
     /// the source and flushes it (`sce ctl flush --to-source`, detach). Returns the bytes
     /// cleaned meanwhile. Fails if no page could be cleaned for `patience` (the source
-    /// keeps failing). Without write-back, flushes the source.
+    /// keeps failing). Without write-back, flushes the source. Through the log, writes to
+    /// the range go through to the source while it runs, so it ends under any load
+    /// ([`Self::drain_writeback`]).
     pub fn flush_to_source(
         &self,
         range: Option<(u64, u64)>,
         patience: std::time::Duration,
     ) -> Result<u64, IoError> {
+        let ctl = crate::log::DrainControl {
+            cancelled: &|| false,
+            progress: &|_| {},
+            patience,
+        };
+        self.drain_writeback(range, &ctl).map(|d| d.cleaned_bytes)
+    }
+
+    /// Drains write-back's dirty data of `range` (global offset, length; everything if
+    /// None) to the source and flushes it, as `ctl` says: through the log, writes to the
+    /// range go through to the source meanwhile (superseding the log's versions), so the
+    /// drain is bounded by what was dirty when it began; it stops if `ctl.cancelled` says
+    /// so, and fails if nothing is cleaned for `ctl.patience`. In the slots, as before
+    /// (cleaning while writes add to it). Without write-back, flushes the source.
+    pub fn drain_writeback(
+        &self,
+        range: Option<(u64, u64)>,
+        ctl: &crate::log::DrainControl<'_>,
+    ) -> Result<crate::log::DrainDone, IoError> {
+        let e = &self.engine;
         match &self.path {
-            WritePath::Back(wb) => wb.flush_to_source(&self.engine, range, patience),
-            // Everything, whatever the range: a superset of what was asked.
-            WritePath::Log(l) => l.flush_to_source(&self.engine, patience),
-            WritePath::Through(_) => self.engine.dev.source.flush().map(|()| 0),
+            WritePath::Back(wb) => {
+                let t0 = Instant::now();
+                let before = wb.stats(e).dirty_bytes;
+                let cleaned = wb.flush_to_source(e, range, ctl.patience)?;
+                Ok(crate::log::DrainDone {
+                    dirty_at_start: before,
+                    cleaned_bytes: cleaned,
+                    elapsed: t0.elapsed(),
+                    ..Default::default()
+                })
+            }
+            WritePath::Log(l) => {
+                let ps = sce_core::PAGE_SIZE;
+                let pages = match range {
+                    Some((o, len)) => (o / ps, (o + len).div_ceil(ps)),
+                    None => (0, u64::MAX),
+                };
+                l.drain(e, pages, ctl)
+            }
+            WritePath::Through(_) => e.dev.source.flush().map(|()| Default::default()),
         }
     }
 

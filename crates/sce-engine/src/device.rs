@@ -38,7 +38,11 @@ impl QueuedReads for CacheVolume {
     /// commit; both take about what the device's own write or flush takes.
     fn runs_locally(&self, op: Op, offset: u64, len: u64) -> bool {
         let ps = sce_core::PAGE_SIZE;
-        if self.path.log().is_none() || self.engine.health.passthrough() {
+        let Some(log) = self.path.log() else {
+            return false;
+        };
+        // A drain sends writes through to the source, and FLUSH flushes it.
+        if self.engine.health.passthrough() || log.drain_under_way() {
             return false;
         }
         match op {

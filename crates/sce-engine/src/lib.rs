@@ -32,6 +32,7 @@ mod verify;
 pub mod volume;
 
 pub use back::WriteBackStats;
+pub use log::{DrainControl, DrainDone};
 pub use parts::VolumePart;
 pub use persist::{PersistConfig, PersistStats};
 pub use stats::VolumeStats;

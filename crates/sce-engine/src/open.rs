@@ -41,6 +41,8 @@ struct OpenedCore {
     /// Write-back goes through the device's write-back log (its core shards then run in
     /// write-through: they never hold dirty pages).
     log: bool,
+    /// Dirty data of volumes left out that the operator gave up (logged once open).
+    given_up: Vec<sce_store::VolumeDirt>,
 }
 
 /// Refuses write-back without a persistent cache and its write journal: dirty data must
@@ -93,6 +95,7 @@ fn open_core(
     let opened = Persist::open(cache.clone(), pc, core_cfg.fragment_size, vols)?;
     let mut persist = opened.persist;
     let loaded = opened.loaded;
+    let given_up = opened.given_up;
     let seeds = persist.seeds();
     let l = persist.layout;
     let device = cache.clone();
@@ -145,6 +148,7 @@ fn open_core(
         log,
         data,
         seeds,
+        given_up,
     })
 }
 
@@ -197,6 +201,7 @@ fn open_memory_core(
             .enumerate()
             .map(|(i, v)| (v.base / 4096, i as u16 + 1))
             .collect(),
+        given_up: Vec::new(),
     })
 }
 
@@ -380,6 +385,8 @@ impl CacheVolume {
             .into());
         }
         let o = open_core(&*source, vols, cache, &config)?;
+        // Where each volume ends (the log clamps its cleaning there).
+        let ends: Vec<u64> = parts.iter().map(|p| p.at.base + p.at.size).collect();
         // The core shards hold dirty pages (write-back in the slots).
         let writeback = config.core.write_mode == sce_core::WriteMode::WriteBack && !o.log;
         let fshift = o.cores[0].geometry().fragment_shift();
@@ -402,7 +409,8 @@ impl CacheVolume {
         let log = match &persist {
             // Replayed in every mode: another mode refuses a log that holds dirty pages.
             Some(p) => {
-                crate::log::open_log(&o.device, p, WriteThrough::new(tx.clone()), o.log, limits)?
+                let through = WriteThrough::new(tx.clone());
+                crate::log::open_log(&o.device, p, through, o.log, limits, &ends)?
             }
             None => None,
         };
@@ -426,6 +434,8 @@ impl CacheVolume {
             None => WritePath::Through(WriteThrough::new(tx)),
         };
         let threads = start_threads(&engine, &path, &config, rx)?;
+        // The whole open went through: what the operator gave up is gone now.
+        crate::persist::log_dropped(&o.given_up, "a start that does not serve them");
         Ok(CacheVolume {
             engine,
             path,

@@ -17,7 +17,7 @@
 mod access;
 mod settings;
 
-use crate::attach::{Attachable, Volumes};
+use crate::attach::{Attachable, Volumes, Watch};
 use crate::metrics::stats_json;
 use crate::rates::Rates;
 use crate::LOG_TARGET;
@@ -202,8 +202,9 @@ impl Ctx {
                 );
                 return;
             }
+            let gone = || client_gone(&conn);
             let reply = match serde_json::from_str::<Request>(line.trim()) {
-                Ok(req) => match self.handle(&req) {
+                Ok(req) => match self.handle(&req, Watch::new(&gone)) {
                     Ok(v) => json!({"ok": true, "result": v}),
                     Err(e) => json!({"ok": false, "error": crate::error_text(&e)}),
                 },
@@ -284,12 +285,12 @@ impl Ctx {
         Ok((o, l))
     }
 
-    fn handle(&self, req: &Request) -> Result<Value> {
+    fn handle(&self, req: &Request, watch: Watch<'_>) -> Result<Value> {
         let name = req.export.as_deref();
         match req.verb.as_str() {
             "status" => self.status(name),
             "stats" => self.stats(name),
-            "flush" if req.to_source => self.flush_to_source(name),
+            "flush" if req.to_source => self.flush_to_source(name, watch),
             "flush" => self.flush(name),
             "exists" | "evict" | "prefetch" | "clean" => self.range_verb(req),
             "forget" => {
@@ -304,12 +305,14 @@ impl Ctx {
                 }
                 Ok(json!({"export": n, "fragments_dropped": frags, "dirty_pages_kept": dirty, "lost_pages_kept": lost}))
             }
-            "set" => self.set(req),
+            "set" => self.set(req, watch),
             "detach" => {
                 let (n, a) = self.attachable(name)?;
                 crate::coherent::refuse_in_shared_mode(n, a, "detach")?;
-                let (path, clean) = a.detach()?;
-                Ok(json!({"export": n, "cache": path.display().to_string(), "left_clean": clean}))
+                let t0 = Instant::now();
+                let (path, clean) = a.detach(watch)?;
+                let seconds = t0.elapsed().as_secs_f64();
+                Ok(json!({"export": n, "cache": path.display().to_string(), "left_clean": clean, "seconds": seconds}))
             }
             "attach" => self.attach(req),
             "handoff" => {
@@ -345,21 +348,23 @@ impl Ctx {
     }
 
     /// `flush --to-source`: every write-back byte of the export(s) to the source, which is
-    /// then flushed. Waits as long as cleaning makes progress; fails after a minute without.
-    fn flush_to_source(&self, name: Option<&str>) -> Result<Value> {
+    /// then flushed; writes to them go through to the source meanwhile, so it ends. Waits as
+    /// long as cleaning makes progress (fails after a minute without) and the client stays.
+    fn flush_to_source(&self, name: Option<&str>, watch: Watch<'_>) -> Result<Value> {
         let mut done = Vec::new();
         for (i, e) in self.selected(name)? {
-            let bytes = match self.volumes.get(i).and_then(|(_, v)| v.as_ref()) {
+            let d = match self.volumes.get(i).and_then(|(_, v)| v.as_ref()) {
                 Some(a) => a
-                    .flush_to_source(std::time::Duration::from_secs(60))
+                    .flush_to_source(watch)
                     .with_context(|| format!("export {:?}", e.name))?,
                 None => {
                     e.device.flush()?;
-                    0
+                    Default::default()
                 }
             };
-            tracing::info!(target: LOG_TARGET, export = %e.name, bytes, "ctl flush --to-source");
-            done.push(json!({"export": e.name, "bytes_written_back": bytes}));
+            let (bytes, seconds) = (d.cleaned_bytes, d.elapsed.as_secs_f64());
+            tracing::info!(target: LOG_TARGET, export = %e.name, bytes, seconds, "ctl flush --to-source");
+            done.push(json!({"export": e.name, "bytes_written_back": bytes, "seconds": seconds}));
         }
         Ok(
             json!({ "flushed": done.iter().map(|d| d["export"].clone()).collect::<Vec<_>>(), "to_source": done }),
@@ -547,4 +552,36 @@ pub fn call(path: &Path, req: &Request) -> Result<Value> {
                 .unwrap_or("the server refused the request")
         )
     }
+}
+
+/// True if the client of `conn` went away (closed its end, or the connection broke): a
+/// long verb it asked for may stop. A client that sent more (a pipelined request) stays.
+fn client_gone(conn: &UnixStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut pfd = libc::pollfd {
+        fd: conn.as_raw_fd(),
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: `pfd` is one valid pollfd for the duration of the call; a timeout of 0 never
+    // blocks.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    if n <= 0 {
+        return false;
+    }
+    if pfd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0 {
+        return true;
+    }
+    let mut b = [0u8; 1];
+    // SAFETY: `b` is a writable buffer of 1 byte that outlives the call; MSG_PEEK leaves
+    // the data for the reader and MSG_DONTWAIT never blocks.
+    let r = unsafe {
+        libc::recv(
+            conn.as_raw_fd(),
+            b.as_mut_ptr().cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    r == 0
 }

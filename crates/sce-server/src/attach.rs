@@ -26,12 +26,35 @@ mod mode;
 mod queued;
 
 pub use mode::{Drain, SetDone};
+pub use sce_engine::DrainDone;
+
+/// How an operator's long verb (a drain) learns that the operator gave up, their `sce ctl`
+/// gone: it then stops, and everything stays as it was.
+#[derive(Clone, Copy)]
+pub struct Watch<'a> {
+    gone: &'a (dyn Fn() -> bool + Sync),
+}
+
+impl<'a> Watch<'a> {
+    /// Stops once `gone` says so.
+    pub fn new(gone: &'a (dyn Fn() -> bool + Sync)) -> Self {
+        Watch { gone }
+    }
+    /// Never stops (nobody to go away: a shutdown, a test).
+    pub fn never() -> Watch<'static> {
+        Watch { gone: &|| false }
+    }
+}
+
+/// How long a drain may go without cleaning a page before it fails.
+const DRAIN_PATIENCE: Duration = Duration::from_secs(60);
 
 use crate::config::{ExportConfig, ServeConfig};
 pub use crate::counters::ExportCounters;
 use anyhow::{anyhow, bail, Result};
 use parking_lot::{Mutex, RwLock};
-use sce_engine::CacheVolume;
+use sce_core::units::format_size;
+use sce_engine::{CacheVolume, DrainControl};
 use sce_io::{BlockDevice, IoError, SharedBytes};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -259,14 +282,19 @@ impl Attachable {
     }
 
     /// Write-back: writes the export's dirty data to the source and flushes it
-    /// (`sce ctl flush --to-source`). Returns the bytes cleaned; 0 when detached or in
-    /// another mode (the source is then whole already, and flushed).
-    pub fn flush_to_source(&self, patience: Duration) -> Result<u64, IoError> {
-        let range = self.range();
-        self.with(
-            |v| v.flush_to_source(range, patience),
-            |s| s.flush().map(|()| 0),
-        )
+    /// (`sce ctl flush --to-source`), while writes to it go through to the source, so that
+    /// it ends under any load; stops if `watch` says the operator went away. Returns how
+    /// it went; nothing when detached or in another mode (the source is then whole
+    /// already, and flushed).
+    pub fn flush_to_source(&self, watch: Watch<'_>) -> Result<DrainDone> {
+        let gate = self.gate.read();
+        match gate.as_deref() {
+            Some(v) => self.drain_watched(v, "flush --to-source", watch),
+            None => {
+                self.source.flush()?;
+                Ok(DrainDone::default())
+            }
+        }
     }
 
     /// Write-back: writes the dirty data of the export's `[offset, offset + len)` to the
@@ -279,31 +307,62 @@ impl Attachable {
         )
     }
 
-    /// Before a detach in write-back: every dirty byte of the export to its source.
-    fn drain(&self, v: &CacheVolume) -> Result<()> {
+    /// Drains the export's write-back data to its source while requests go on (writes to
+    /// it go through to the source meanwhile, so the drain ends), logging every 5 s what is
+    /// left and how fast it goes; stops, leaving everything as it was, if `watch` says the
+    /// operator went away. `what` names the operation in the logs.
+    fn drain_watched(&self, v: &CacheVolume, what: &str, watch: Watch<'_>) -> Result<DrainDone> {
         if v.writeback_stats().is_none() {
-            return Ok(());
+            v.flush()?;
+            return Ok(DrainDone::default());
         }
-        v.flush_to_source(self.range(), Duration::from_secs(60))
-            .map(|_| ())
-            .map_err(|e| {
-                anyhow!("the export's write-back data could not be written to its source: {e}")
-            })
+        let name = self.spec.lock().name.clone();
+        let told = Mutex::new(std::time::Instant::now());
+        let progress = |d: &DrainDone| {
+            let mut t = told.lock();
+            if t.elapsed() >= Duration::from_secs(5) {
+                *t = std::time::Instant::now();
+                let rate = d.rate();
+                let eta = if rate > 0.0 {
+                    format!("about {:.0} s to go", d.left_bytes as f64 / rate)
+                } else {
+                    "no page cleaned yet".to_string()
+                };
+                tracing::info!(target: crate::LOG_TARGET, export = %name, left_bytes = d.left_bytes, cleaned_bytes = d.cleaned_bytes, bytes_per_second = rate as u64, "{what}: draining: {} left of {}, cleaning {}/s, {eta}", format_size(d.left_bytes), format_size(d.dirty_at_start), format_size(rate as u64));
+            }
+        };
+        let ctl = DrainControl {
+            cancelled: watch.gone,
+            progress: &progress,
+            patience: DRAIN_PATIENCE,
+        };
+        let d = v.drain_writeback(self.range(), &ctl).map_err(|e| {
+            anyhow!("the export's write-back data could not be written to its source: {e}")
+        })?;
+        tracing::info!(target: crate::LOG_TARGET, export = %name, bytes = d.cleaned_bytes, seconds = d.elapsed.as_secs_f64(), "{what}: drained {} in {:.1} s", format_size(d.cleaned_bytes), d.elapsed.as_secs_f64());
+        Ok(d)
+    }
+
+    /// Before a detach in write-back, under the gate: what was written since the drain
+    /// (nothing new can come: requests wait at the gate) goes to the source too.
+    fn drain(&self, v: &CacheVolume, watch: Watch<'_>) -> Result<()> {
+        self.drain_watched(v, "the last pass", watch).map(|_| ())
     }
 
     /// Detaches the cache: the export serves from the source alone from now on, and the
     /// cache device is flushed, left clean and released. Returns the device's path and
     /// whether it was left clean.
-    pub fn detach(&self) -> Result<(PathBuf, bool)> {
+    pub fn detach(&self, watch: Watch<'_>) -> Result<(PathBuf, bool)> {
         if let Some(p) = &self.part {
-            return self.detach_part(p);
+            return self.detach_part(p, watch);
         }
         let _op = self.ops.lock();
         let name = self.spec.lock().name.clone();
-        // Write-back: the dirty data goes to the source first, while I/O goes on, and what
-        // was written meanwhile again under the gate, so the source is whole at the swap.
+        // Write-back: the dirty data goes to the source first, while I/O goes on (writes
+        // go through to the source meanwhile, so this ends), and what was written before
+        // that began again under the gate, so the source is whole at the swap.
         if let Some(v) = self.volume() {
-            self.drain(&v).map_err(|e| e.context("detach refused"))?;
+            (self.drain_watched(&v, "detach", watch)).map_err(|e| e.context("detach refused"))?;
         }
         // Reads started on the volume before the swap are submitted to its queue from now
         // on, not waiting for the gate (`attach/queued.rs`).
@@ -313,7 +372,8 @@ impl Attachable {
             let v = g
                 .clone()
                 .ok_or_else(|| anyhow!("export {name:?} is detached already"))?;
-            self.drain(&v).map_err(|e| e.context("detach refused"))?;
+            self.drain(&v, watch)
+                .map_err(|e| e.context("detach refused"))?;
             // Marked detached on the device before the swap: writes from then on reach the
             // source only, so a start (rather than an attach that knows better) must not
             // trust the device. If the mark cannot be written, the export stays attached.
@@ -413,14 +473,18 @@ impl Attachable {
     /// `detach` of an export that shares its cache device: the device stays with the other
     /// exports; this one serves from its source, and what the cache held for it is dropped
     /// (writes while detached do not reach the cache).
-    fn detach_part(&self, p: &Part) -> Result<(PathBuf, bool)> {
+    fn detach_part(&self, p: &Part, watch: Watch<'_>) -> Result<(PathBuf, bool)> {
         let _op = self.ops.lock();
         let name = self.spec.lock().name.clone();
+        // The export's dirty data first, while I/O goes on; then the rest under the gate.
+        if let Some(v) = self.volume() {
+            (self.drain_watched(&v, "detach", watch)).map_err(|e| e.context("detach refused"))?;
+        }
         let mut g = self.gate.write();
         let v = g
             .clone()
             .ok_or_else(|| anyhow!("export {name:?} is detached already"))?;
-        self.drain(&v)?;
+        self.drain(&v, watch)?;
         // Under the gate, before the swap: first marked detached (durably, and nothing of
         // it is populated from now on), then its pages dropped. Whatever fails after the
         // mark, no start trusts what the device holds for it.

@@ -87,6 +87,7 @@ pub fn format(dev: &dyn BlockDevice, opts: &FormatOptions) -> Result<Superblock,
                 anchor_seq: 1,
                 durable_seq: 0,
                 anchor_commit: false,
+                mirror_blocks: crate::wblog::LogRegion::mirror_for(log_blocks),
             }
         }),
     };

@@ -12,9 +12,11 @@ pub const MAGIC: [u8; 8] = *b"SCECACHE";
 pub const FORMAT_VERSION: u32 = 5;
 /// The format version of a device with a write-back log (`Superblock::log`): format 5 plus
 /// the log's region and state (docs/FORMAT.md); 7 since the log's records may hold
-/// tombstones, which a build that reads only 6 would skip. This build reads 5, 6 and 7, and
-/// writes 7 for a device with a log (so an older build refuses it rather than misread it).
-pub const LOG_FORMAT_VERSION: u32 = 7;
+/// tombstones, which a build that reads only 6 would skip; 8 since they may hold cleaned
+/// entries and keep their second copies in the log's mirror area. This build reads 5 to 8,
+/// and writes 8 for a device with a log (so an older build refuses it rather than misread
+/// it).
+pub const LOG_FORMAT_VERSION: u32 = 8;
 /// The first format version with a write-back log (6: before tombstones).
 pub const LOG_FORMAT_VERSION_FIRST: u32 = 6;
 /// The least write-back log region (1 MiB).
@@ -108,6 +110,10 @@ pub struct LogInfo {
     /// The newest commit sequence number known durable when this superblock was written: a
     /// replay that ends before it met damage, not the end of the log.
     pub durable_seq: u64,
+    /// Blocks at the end of the region that are its mirror area (second copies of commit
+    /// records; format 8). 0: none (format 6 and 7, whose records keep both copies side by
+    /// side in the ring).
+    pub mirror_blocks: u64,
 }
 
 impl LogInfo {
@@ -116,11 +122,20 @@ impl LogInfo {
         l.cache_size.div_ceil(BLOCK) * BLOCK
     }
 
-    /// The log's region on a device of layout `l`.
+    /// The log's region on a device of layout `l`: its ring, and its mirror area (the last
+    /// `mirror_blocks` blocks) if it has one.
     pub fn region(&self, l: &Layout) -> crate::wblog::LogRegion {
+        let offset = Self::offset(l);
+        let ring = self.blocks - self.mirror_blocks;
         crate::wblog::LogRegion {
-            offset: Self::offset(l),
-            blocks: self.blocks,
+            offset,
+            blocks: ring,
+            mirror_offset: if self.mirror_blocks > 0 {
+                offset + ring * BLOCK
+            } else {
+                0
+            },
+            mirror_blocks: self.mirror_blocks,
         }
     }
 
@@ -285,6 +300,7 @@ impl Superblock {
             w.u64(LOG_AT + 32, log.anchor_seq);
             w.u64(LOG_AT + 40, log.durable_seq);
             w.u64(LOG_AT + 48, log.anchor_commit as u64);
+            w.u64(LOG_AT + 56, log.mirror_blocks);
         }
         w.u32(VOLUMES_AT, self.volumes.len() as u32);
         for (i, v) in self.volumes.iter().enumerate().take(MAX_VOLUMES) {
@@ -403,7 +419,7 @@ fn decode_layout(b: &[u8]) -> Result<Layout, StoreError> {
     Ok(layout)
 }
 
-/// The write-back log's fields: present on formats 6 and 7 (with a region), absent on 5.
+/// The write-back log's fields: present on formats 6 to 8 (with a region), absent on 5.
 fn decode_log(b: &[u8], version: u32) -> Result<Option<LogInfo>, StoreError> {
     if version < LOG_FORMAT_VERSION_FIRST {
         return Ok(None);
@@ -412,6 +428,16 @@ fn decode_log(b: &[u8], version: u32) -> Result<Option<LogInfo>, StoreError> {
     if blocks == 0 {
         return Err(StoreError::Corrupt(format!(
             "format {version} superblock without a write-back log region"
+        )));
+    }
+    let mirror_blocks = if version >= 8 {
+        rd64(b, LOG_AT + 56)
+    } else {
+        0
+    };
+    if mirror_blocks >= blocks || blocks - mirror_blocks < crate::wblog::MIN_LOG_BLOCKS {
+        return Err(StoreError::Corrupt(format!(
+            "a write-back log of {blocks} blocks with a mirror area of {mirror_blocks}"
         )));
     }
     let mut key = [0u8; 16];
@@ -423,6 +449,8 @@ fn decode_log(b: &[u8], version: u32) -> Result<Option<LogInfo>, StoreError> {
         anchor_seq: rd64(b, LOG_AT + 32),
         durable_seq: rd64(b, LOG_AT + 40),
         anchor_commit: rd64(b, LOG_AT + 48) & 1 != 0,
+        // Zero before format 8 (the field was unused).
+        mirror_blocks,
     }))
 }
 

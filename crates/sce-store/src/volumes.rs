@@ -177,12 +177,19 @@ pub struct LogCheck {
     /// Per volume name: dirty pages the log holds, and lost ones (their newest committed
     /// version is damaged: reads of them fail).
     pub volumes: Vec<(String, u64, u64)>,
+    /// A commit damaged in both copies with a sound later commit after it: (its seq, the
+    /// later commit's seq). A start is refused (what it named cannot be told).
+    pub broken: Option<(u64, u64)>,
+    /// Commit records whose ring copy is damaged, read from their second copy.
+    pub records_repaired: u64,
+    /// Blocks of the log's mirror area (second copies of commit records; 0 before format 8).
+    pub mirror_bytes: u64,
 }
 
 impl LogCheck {
     /// True if the log lost committed data.
     pub fn damaged(&self) -> bool {
-        self.short || self.volumes.iter().any(|v| v.2 > 0)
+        self.short || self.broken.is_some() || self.volumes.iter().any(|v| v.2 > 0)
     }
 }
 
@@ -216,6 +223,9 @@ pub fn check_log(
         durable_seq: log.durable_seq,
         short: r.anchor_missing() || r.last_seq < log.durable_seq,
         torn_skipped: r.skipped,
+        broken: r.broken.map(|b| (b.missing, b.evidence)),
+        records_repaired: r.repaired,
+        mirror_bytes: region.mirror_blocks * crate::wblog::LOG_BLOCK,
         volumes: per
             .into_iter()
             .map(|(id, (d, l))| (name(id), d, l))

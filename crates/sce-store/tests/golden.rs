@@ -35,8 +35,8 @@ fn golden() -> Superblock {
     }
 }
 
-/// CRC-32C of the whole format 7 superblock image of `a_device_with_a_write_back_log_is_format_7`.
-const GOLDEN_LOG_CRC: u32 = 0xd7cb_e6d8;
+/// CRC-32C of the whole format 8 superblock image of `a_device_with_a_write_back_log_is_format_8`.
+const GOLDEN_LOG_CRC: u32 = 0xb9ac_786d;
 
 #[test]
 fn format_version_and_golden_superblock() {
@@ -126,11 +126,11 @@ fn every_damaged_byte_gives_an_error_or_the_other_copy_never_a_panic() {
 #[test]
 fn newer_version_foreign_and_blank_devices_are_named() {
     let mut sb = golden();
-    sb.version = 8;
+    sb.version = 9;
     let d = device_with(&sb);
     let e = read_superblock(&d).unwrap_err();
-    assert!(matches!(e, StoreError::Version(8)), "{e}");
-    assert!(e.to_string().contains("newer than this sce's 7"), "{e}");
+    assert!(matches!(e, StoreError::Version(9)), "{e}");
+    assert!(e.to_string().contains("newer than this sce's 8"), "{e}");
     // Older devices (version 1: checksums not bound to their address; version 2: no write
     // journal; version 3: no dirty bitmaps, so it could not tell write-back data) are named
     // as older, and the message says how to go on. Version 4 has no mirror copies of its
@@ -219,12 +219,13 @@ fn a_stray_bit_in_the_intent_padding_is_refused_by_load_and_check() {
     assert!(sce_store::check(&d, false).is_err());
 }
 
-/// Format 7 (6 before tombstones): a device with a write-back log. Its superblock carries
-/// the log's region and state; a device without one stays format 5, byte for byte (older
-/// builds still read it). A format 6 superblock is read, and written back as 7 (a build
-/// that reads only 6 then refuses the device rather than skip the log's tombstones).
+/// Format 8 (7 before the mirror area and cleaned entries, 6 before tombstones): a device
+/// with a write-back log. Its superblock carries the log's region and state; a device
+/// without one stays format 5, byte for byte (older builds still read it). Formats 6 and 7
+/// are read (no mirror area), and written back as 8 (a build that reads only an older
+/// format then refuses the device rather than misread the log).
 #[test]
-fn a_device_with_a_write_back_log_is_format_7() {
+fn a_device_with_a_write_back_log_is_format_8() {
     use sce_store::{format, FormatOptions};
     let mut sb = golden();
     sb.version = sce_store::LOG_FORMAT_VERSION;
@@ -235,24 +236,35 @@ fn a_device_with_a_write_back_log_is_format_7() {
         anchor_seq: 56,
         durable_seq: 60,
         anchor_commit: true,
+        mirror_blocks: 512,
     });
     let img = sb.encode();
-    assert_eq!(&img[8..12], &7u32.to_le_bytes());
+    assert_eq!(&img[8..12], &8u32.to_le_bytes());
     assert_eq!(
         crc32c::crc32c(&img),
         GOLDEN_LOG_CRC,
-        "the format 7 superblock encoding changed: update docs/FORMAT.md"
+        "the format 8 superblock encoding changed: update docs/FORMAT.md"
     );
     assert_eq!(Superblock::decode(&img).unwrap(), sb);
-    // The same superblock as format 6 wrote it (the version field and its checksum apart).
-    let mut six = img.clone();
-    six[8..12].copy_from_slice(&6u32.to_le_bytes());
-    six[12..16].fill(0);
-    let crc = crc32c::crc32c(&six);
-    six[12..16].copy_from_slice(&crc.to_le_bytes());
-    let read = Superblock::decode(&six).unwrap();
-    assert_eq!((read.version, read.log), (6, sb.log));
-    assert_eq!(read.encode(), img, "written back as format 7");
+    // The same log as formats 6 and 7 wrote it (no mirror area; the version field and its
+    // checksum apart).
+    let mut older = sb.clone();
+    older.log.as_mut().unwrap().mirror_blocks = 0;
+    let img8 = older.encode();
+    for v in [6u32, 7] {
+        let mut b = img8.clone();
+        b[8..12].copy_from_slice(&v.to_le_bytes());
+        b[12..16].fill(0);
+        let crc = crc32c::crc32c(&b);
+        b[12..16].copy_from_slice(&crc.to_le_bytes());
+        let read = Superblock::decode(&b).unwrap();
+        assert_eq!((read.version, read.log), (v, older.log));
+        assert_eq!(read.encode(), img8, "written back as format 8");
+    }
+    // A mirror area that leaves too small a ring is corrupt.
+    let mut bad = sb.clone();
+    bad.log.as_mut().unwrap().mirror_blocks = 8192;
+    assert!(Superblock::decode(&bad.encode()).is_err());
     // A format 6 superblock without a region is corrupt, not a log-less device.
     let mut bad = sb.clone();
     bad.log.as_mut().unwrap().blocks = 0;
@@ -272,8 +284,11 @@ fn a_device_with_a_write_back_log_is_format_7() {
     )
     .unwrap();
     let log = sb.log.expect("a log");
-    assert_eq!(sb.version, 7);
-    assert_eq!(log.blocks, 8192);
+    assert_eq!(sb.version, 8);
+    assert_eq!((log.blocks, log.mirror_blocks), (8192, 512));
+    let region = log.region(&sb.layout);
+    assert_eq!((region.blocks, region.mirror_blocks), (7680, 512));
+    assert_eq!(region.mirror_offset, region.offset + 7680 * 4096);
     let off = sce_store::LogInfo::offset(&sb.layout);
     assert_eq!(off, 224 << 20);
     assert!(sb.layout.data_offset + sb.layout.slots as u64 * (1 << 20) <= off);

@@ -28,10 +28,19 @@ struct Log {
 }
 
 impl Log {
+    /// A ring of `blocks` blocks without a mirror area (format 7's layout).
     fn new(blocks: u64) -> Log {
-        let region = LogRegion { offset: 0, blocks };
+        Self::in_region(LogRegion::ring(0, blocks))
+    }
+    /// A ring of `blocks` blocks and a mirror area of `mirror` blocks after it.
+    fn with_mirror(blocks: u64, mirror: u64) -> Log {
+        Self::in_region(LogRegion::laid_out(0, blocks + mirror))
+    }
+    fn in_region(region: LogRegion) -> Log {
+        let end = (region.offset + region.blocks * LOG_BLOCK)
+            .max(region.mirror_offset + region.mirror_blocks * LOG_BLOCK);
         Log {
-            dev: CrashDev::new(blocks * LOG_BLOCK),
+            dev: CrashDev::new(end),
             region,
             w: LogWriter::new(region, KEY, 0, 1).unwrap(),
         }
@@ -70,6 +79,9 @@ impl Log {
         self.dev
             .write_at(self.region.offset_of(p.lpos), &p.bytes)
             .unwrap();
+        if let Some(m) = p.mirror_at {
+            self.dev.write_at(m, &p.bytes).unwrap();
+        }
         p
     }
     /// FLUSH: commits and flushes; the commits' first positions.
@@ -137,6 +149,7 @@ fn crash_model_small_ring() {
         max_steps: 80,
         flush_pct: 8,
         seed: 29,
+        mirror: 0,
     });
     m.run();
     print_totals("small ring", &m.t);
@@ -157,12 +170,37 @@ fn crash_model_multi_record_commits() {
         max_steps: 400,
         flush_pct: 1,
         seed: 2929,
+        mirror: 0,
     });
     m.run();
     print_totals("multi-record", &m.t);
     let t = &m.t;
     assert!(t.crashes >= 150 && t.multi_record_commits > 0 && t.laps >= 2);
     assert!(t.from_log > 0 && t.newer > 0);
+}
+
+/// The crash model with a mirror area (format 8): second copies of records go there as a
+/// device write of their own, a mirror too small for every commit since the anchor makes
+/// some commits keep both copies side by side, and writes through to the source supersede
+/// the log's versions. Same rules: nothing older than flushed, nothing torn, no break.
+#[test]
+fn crash_model_with_a_mirror_area() {
+    let mut m = Model::new(Config {
+        blocks: 256,
+        pages: 64,
+        max_write: 8,
+        crashes: 400,
+        max_steps: 120,
+        flush_pct: 10,
+        seed: 44,
+        mirror: 8,
+    });
+    m.run();
+    print_totals("mirror area", &m.t);
+    let t = &m.t;
+    assert!(t.crashes >= 400 && t.laps >= 10 && t.writes_torn > 0);
+    assert!(t.from_log > 0 && t.from_source > 0 && t.through_writes > 0);
+    assert!(t.commits_beside > 0, "the mirror area never ran short");
 }
 
 /// A data page holding a perfect copy of a commit record, the expected seq, position and
@@ -232,8 +270,8 @@ fn damaged_record(copies: &[u64]) -> (Log, Replayed) {
     (log, r)
 }
 
-/// One copy of a record damaged (either one): read from the other. Both: the log ends
-/// before it, and `last_seq` says so (the caller, which recorded seq 3 elsewhere, refuses).
+/// One copy of a record damaged (either one): read from the other. Both: the chain ends
+/// before it, and the commit after it shows that this is damage (`broken`).
 #[test]
 fn a_damaged_record_copy_is_read_from_the_other_and_both_end_the_log() {
     for copy in [0, 1] {
@@ -250,6 +288,8 @@ fn a_damaged_record_copy_is_read_from_the_other_and_both_end_the_log() {
     let (log, r) = damaged_record(&[0, 1]);
     assert_eq!((r.last_seq, r.commits), (1, 1));
     assert!(!r.anchor_missing());
+    // Commit 3 follows it: damage, not the end of the log.
+    assert_eq!(r.broken.map(|b| (b.missing, b.evidence)), Some((2, 3)));
     assert_eq!(log.version(&r, 1), Some(10));
     assert!(r.index.get(VOL, 2).is_none() && r.index.get(VOL, 3).is_none());
     // An anchor at the damaged commit: missing, and refused by `resume`.
@@ -437,10 +477,7 @@ fn a_tombstone_keeps_a_page_lost_past_its_damaged_version_until_it_is_rewritten(
 /// ring's end.
 #[test]
 fn each_write_and_each_commit_is_one_device_write() {
-    let region = LogRegion {
-        offset: 3 * LOG_BLOCK,
-        blocks: 128,
-    };
+    let region = LogRegion::ring(3 * LOG_BLOCK, 128);
     let dev = CrashDev::new((3 + 128 + 5) * LOG_BLOCK);
     let mut w = LogWriter::new(region, KEY, 0, 1).unwrap();
     let mut rng = SmallRng::seed_from_u64(4);
@@ -498,11 +535,8 @@ fn each_write_and_each_commit_is_one_device_write() {
 /// where the filesystem allows it. One measurement each, printed.
 #[test]
 fn replay_of_a_64_mib_log_full_of_data() {
-    let region = LogRegion {
-        offset: 0,
-        blocks: 16384,
-    };
-    let mem = MemDevice::new(region.blocks * LOG_BLOCK);
+    let region = LogRegion::laid_out(0, 16384);
+    let mem = MemDevice::new(16384 * LOG_BLOCK);
     let (pages, committed) = fill(&mem, region);
     let r = timed_replay("memory device", &mem, region, committed);
     assert_eq!(r.index.len(), pages.len());
@@ -513,12 +547,12 @@ fn replay_of_a_64_mib_log_full_of_data() {
     let _ = std::fs::remove_file(&path);
     let opts = sce_io::file::FileOptions {
         direct: sce_io::file::DirectMode::Preferred,
-        create_size: Some(region.blocks * LOG_BLOCK),
+        create_size: Some(16384 * LOG_BLOCK),
         ..Default::default()
     };
     let file = sce_io::FileDevice::open(&path, &opts).unwrap();
     let mut buf = sce_io::AlignedBuf::new(1 << 20);
-    for at in (0..region.blocks * LOG_BLOCK).step_by(1 << 20) {
+    for at in (0..16384 * LOG_BLOCK).step_by(1 << 20) {
         mem.read_at(at, &mut buf).unwrap();
         file.write_at(at, &buf).unwrap();
     }
@@ -573,6 +607,9 @@ fn flush(dev: &dyn BlockDevice, region: LogRegion, w: &mut LogWriter) -> u64 {
     let mut n = 0;
     while let Some(p) = w.prepare_commit().unwrap() {
         dev.write_at(region.offset_of(p.lpos), &p.bytes).unwrap();
+        if let Some(m) = p.mirror_at {
+            dev.write_at(m, &p.bytes).unwrap();
+        }
         dev.flush().unwrap();
         w.committed(&p);
         n += p.entries as u64;
@@ -620,4 +657,143 @@ fn a_failed_commit_is_retried_as_it_was() {
     let r = log.replay(FRESH);
     assert_eq!(r.last_seq, 2);
     assert_eq!((log.version(&r, 1), log.version(&r, 2)), (Some(1), Some(2)));
+}
+
+/// Three commits on a log with a mirror area, the second's record damaged where `damage`
+/// says (0: its ring copy, 1: its mirror copy).
+fn damaged_with_mirror(damage: &[u8]) -> (Log, Replayed, u64) {
+    let mut log = Log::with_mirror(192, 64);
+    let mut ps = Vec::new();
+    for page in 1..=3 {
+        log.write(&[page], page * 10);
+        let p = log.write_commit();
+        assert!(
+            p.mirror_at.is_some(),
+            "the second copy goes to the mirror area"
+        );
+        log.dev.flush().unwrap();
+        log.w.committed(&p);
+        ps.push(p);
+    }
+    let p = &ps[1];
+    for &d in damage {
+        let at = match d {
+            0 => log.region.offset_of(p.lpos),
+            _ => p.mirror_at.unwrap(),
+        };
+        log.dev.flip(at + 100);
+    }
+    let r = log.replay(FRESH);
+    (log, r, p.seqs.start)
+}
+
+/// The two copies of a record lie apart (the ring and the mirror area, a separate device
+/// write): either one damaged, the record is read from the other; both damaged, the sound
+/// commit after it shows the chain was broken by damage, not torn at its end: `broken`
+/// names it, and no page is served from before it as if the log ended there.
+#[test]
+fn a_record_is_read_from_its_mirror_copy_and_a_break_is_never_the_end() {
+    for copy in [0u8, 1] {
+        let (log, r, _) = damaged_with_mirror(&[copy]);
+        assert_eq!((r.last_seq, r.commits), (3, 3), "copy {copy}");
+        assert_eq!(r.broken, None);
+        assert_eq!(r.repaired, (copy == 0) as u64);
+        for page in 1..=3 {
+            assert_eq!(log.version(&r, page), Some(page * 10), "copy {copy}");
+        }
+    }
+    let (_, r, seq) = damaged_with_mirror(&[0, 1]);
+    assert_eq!(r.last_seq, seq - 1);
+    let b = r.broken.expect("a break, not the end of the log");
+    assert_eq!((b.missing, b.evidence), (seq, seq + 1));
+    // The copies are apart: a mirror slot is never next to its ring copy.
+    let mut log = Log::with_mirror(1024, 64);
+    for k in 0..200 {
+        log.write(&[k % 50], k);
+        let p = log.write_commit();
+        let m = p.mirror_at.expect("a mirror slot");
+        let ring = log.region.offset_of(p.lpos);
+        let gap = if ring < m {
+            m - ring - p.bytes.len() as u64
+        } else {
+            ring - m - p.bytes.len() as u64
+        };
+        assert!(gap >= 32 * LOG_BLOCK, "copies {gap} bytes apart");
+        log.dev.flush().unwrap();
+        log.w.committed(&p);
+        log.w.set_tail(log.w.head());
+        log.w.set_anchor(log.w.anchor_candidate());
+    }
+}
+
+/// A commit of several records torn at a crash (its first record lost, a later record of
+/// the same commit intact, nothing after it) is the end of the log, not a break: the next
+/// commit is only written after the one before is durable.
+#[test]
+fn a_torn_commit_of_several_records_is_the_end_not_a_break() {
+    let mut log = Log::with_mirror(1024, 64);
+    log.write(&[0], 1);
+    log.commit();
+    let n = ENTRIES_PER_RECORD as u64 + 20;
+    for k in 0..n / 8 + 1 {
+        let pages: Vec<u64> = (k * 8 + 100..(k * 8 + 108).min(100 + n)).collect();
+        log.write(&pages, 2);
+    }
+    let p = log.write_commit();
+    assert_eq!(p.seqs, 2..4);
+    log.dev.flush().unwrap();
+    log.dev.flip(log.region.offset_of(p.lpos) + 200);
+    log.dev.flip(p.mirror_at.unwrap() + 200);
+    let r = log.replay(FRESH);
+    assert_eq!((r.last_seq, r.broken), (1, None));
+    // A commit after it (which only a durable commit allows) makes it a break.
+    log.w.committed(&p);
+    log.write(&[7], 3);
+    log.commit();
+    let r = log.replay(FRESH);
+    assert_eq!(r.last_seq, 1);
+    assert_eq!(r.broken.map(|b| (b.missing, b.evidence)), Some((2, 4)));
+}
+
+/// A cleaned entry (the source holds the page's newest bytes) supersedes every version the
+/// log held before it and ends a loss; a version written after it is the newest again.
+#[test]
+fn a_cleaned_entry_supersedes_the_logs_versions_and_ends_a_loss() {
+    let mut log = Log::with_mirror(192, 64);
+    log.write(&[5], 1);
+    log.write(&[6], 1);
+    log.commit();
+    log.w.supersede(VOL, 5);
+    log.commit();
+    let r = log.replay(FRESH);
+    assert!(r.index.get(VOL, 5).is_none(), "superseded");
+    assert_eq!(log.version(&r, 6), Some(1));
+    log.write(&[5], 2);
+    log.commit();
+    assert_eq!(log.version(&log.replay(FRESH), 5), Some(2));
+    // A lost page (damaged, then carried in a tombstone) is no longer lost once cleaned.
+    let (mut log, _) = damaged_in_a_flushed_commit(9, 8);
+    assert_eq!(log.replay(FRESH).lost, vec![(VOL, 9)]);
+    log.w.supersede(VOL, 9);
+    log.commit();
+    let r = log.replay(FRESH);
+    assert!(r.lost.is_empty() && r.index.get(VOL, 9).is_none());
+}
+
+/// When every mirror slot holds a record replay still needs (the anchor has not moved), a
+/// commit keeps both copies side by side in the ring; replay reads both layouts, and a
+/// format 7 log (no mirror area) goes on as before.
+#[test]
+fn a_full_mirror_area_keeps_both_copies_in_the_ring() {
+    let mut log = Log::with_mirror(512, 32);
+    for k in 0..100 {
+        log.write(&[k % 40], k);
+        log.commit();
+    }
+    assert!(log.w.commits_beside() > 0 && log.w.commits_beside() < 100);
+    let r = log.replay(FRESH);
+    assert_eq!((r.last_seq, r.broken), (100, None));
+    for p in 0..40 {
+        assert!(log.version(&r, p).is_some());
+    }
 }

@@ -184,9 +184,10 @@ fn request(verb: Verb) -> (Request, Render) {
                 println!("flushed: {}", list(&v["flushed"]));
                 for d in v["to_source"].as_array().into_iter().flatten() {
                     println!(
-                        "  {}: {} written back to the source",
+                        "  export {:?}: {} written back to the source in {}",
                         d["export"].as_str().unwrap_or("?"),
-                        size(&d["bytes_written_back"])
+                        size(&d["bytes_written_back"]),
+                        seconds(&d["seconds"])
                     );
                 }
             })
@@ -311,15 +312,22 @@ fn print_forget(v: &Value) {
 
 fn print_detach(v: &Value) {
     println!(
-        "detached {} from export {}{}",
+        "detached {} from export {} in {}{}",
         v["cache"].as_str().unwrap_or("?"),
         v["export"],
+        seconds(&v["seconds"]),
         if v["left_clean"] == Value::Bool(true) {
             "; left clean"
         } else {
             "; NOT left clean: the next attach recovers it as after a crash"
         }
     );
+}
+
+/// A duration in seconds, as a reply gives it.
+fn seconds(v: &Value) -> String {
+    v.as_f64()
+        .map_or_else(|| "?".into(), |s| format!("{s:.1} s"))
 }
 
 fn print_attach(v: &Value) {
@@ -364,8 +372,10 @@ fn print_set(v: &Value) {
     println!("export {}: {}", v["export"], settings(v));
     if v["reopened"] == Value::Bool(true) {
         println!(
-            "the cache was reopened in the new mode ({} of dirty data written to the source first)",
-            size(&v["drained_bytes"])
+            "the cache was reopened in the new mode ({} of dirty data written to the source \
+             first, in {})",
+            size(&v["drained_bytes"]),
+            seconds(&v["drain_seconds"])
         );
     }
     if v["detached"] == Value::Bool(true) {

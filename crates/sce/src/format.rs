@@ -353,9 +353,18 @@ fn print_log(r: &CheckReport) {
     let Some(g) = &r.log else {
         return;
     };
+    let mirror = if g.mirror_bytes > 0 {
+        format!(
+            " (records' second copies in a mirror area of {})",
+            format_size(g.mirror_bytes)
+        )
+    } else {
+        " (records' two copies side by side: format 7)".to_string()
+    };
     println!(
-        "  write-back log: {}, {} commits replayed (last {}, {} recorded durable{}), {} torn \
-         pages of the last commits skipped (they keep their older version)",
+        "  write-back log: {}{mirror}, {} commits replayed (last {}, {} recorded durable{}), \
+         {} record(s) read from their second copy, {} torn pages of the last commits skipped \
+         (they keep their older version)",
         format_size(g.bytes),
         g.commits,
         g.last_seq,
@@ -365,25 +374,48 @@ fn print_log(r: &CheckReport) {
         } else {
             ""
         },
+        g.records_repaired,
         g.torn_skipped
     );
 }
 
 /// What `check` found damaged in the write-back log, in an operator's words.
-fn log_damage(r: &CheckReport) -> Option<String> {
-    let g = r.log.as_ref().filter(|g| g.damaged())?;
+fn log_damage(r: &CheckReport) -> Vec<String> {
+    let mut out = Vec::new();
+    let Some(g) = r.log.as_ref() else {
+        return out;
+    };
+    if g.records_repaired > 0 {
+        out.push(format!(
+            "damage found in the write-back log: {} commit record(s) have a damaged copy; the \
+             other copy is read (nothing lost)",
+            g.records_repaired
+        ));
+    }
+    if let Some((missing, later)) = g.broken {
+        out.push(format!(
+            "damage found in the write-back log: commit {missing} is damaged in both copies \
+             and commit {later} was written after it (so it had been durable): the pages it \
+             named cannot be told, and a start is refused rather than serve older bytes for \
+             them; `sce format --force` (or a start with --reformat --discard-dirty all) gives \
+             up the log's dirty data"
+        ));
+    }
     let lost: u64 = g.volumes.iter().map(|v| v.2).sum();
+    if !g.short && lost == 0 {
+        return out;
+    }
     let short = if g.short {
         "its replay ends before the last commit recorded durable (committed dirty data is \
-         missing); "
+         missing, and a start is refused); "
     } else {
         ""
     };
-    Some(format!(
+    out.push(format!(
         "damage found in the write-back log: {short}{lost} dirty page(s) whose newest committed \
-         version fails its checksum (reads of them fail, never an older version); a start in \
-         write-back is refused while committed data is missing"
-    ))
+         version fails its checksum (reads of them fail, never an older version)"
+    ));
+    out
 }
 
 /// The dirty and lost pages the write-back log holds for volume `name`.
@@ -415,11 +447,20 @@ fn damage_summary(r: &sce_store::CheckReport) -> Vec<String> {
             ));
         }
         if both > 0 || s.journal_blocks_missing > 0 {
+            // Only write-back in the slots keeps dirty data where units and the journal name
+            // it (the volume's flag); through the log, the units hold clean data alone.
+            let slots_wb = s.pages_dirty + s.dirty_pages_lost > 0
+                || (r.superblock.volumes.iter()).any(|v| v.name == *name && v.writeback);
+            let start = if slots_wb {
+                "the volume was served in write-back in the slots, so what they named may be \
+                 the only copy of its data: a start is refused"
+            } else {
+                "the clean data they vouched for is dropped at the next start (never served), \
+                 which goes ahead (dirty data, if any, lives in the write-back log)"
+            };
             out.push(format!(
                 "damage found in volume {name}: {both} metadata unit(s) and {} write-journal \
-                 block(s) are damaged in both copies: the clean data they vouched for is \
-                 dropped at the next start (never served); a volume served in write-back is \
-                 refused (what they named may be the only copy of its data)",
+                 block(s) are damaged in both copies: {start}",
                 s.journal_blocks_missing
             ));
         }

@@ -47,6 +47,12 @@ sce_core::stats_table! {
         log_commits: u64, Counter("sce_writeback_log_commits_total", "", "Commit records written to the write-back log (FLUSH, FUA, autocommit and seals); 0 for a device without a log.");
         /// Source writes the log's cleaner made (0 without a log).
         log_source_writes: u64, Counter("sce_writeback_log_source_writes_total", "", "Source writes the write-back log's cleaner made (adjacent dirty pages coalesced, up to 1 MiB each); 0 for a device without a log.");
+        /// Dirty bytes whose write to the source failed, retried with backoff (the log).
+        stuck_bytes: u64, Gauge("sce_writeback_stuck_bytes", "bytes", "Dirty bytes the cleaner could not write to the source (their writes failed): retried with backoff; the rest is cleaned meanwhile.");
+        /// Dirty bytes the log copied forward past the pages it could not clean yet (the log).
+        relocated_bytes: u64, Counter("sce_writeback_relocated_bytes_total", "bytes", "Dirty bytes the write-back log copied to its head so that pages it cannot clean yet hold only their own room.");
+        /// Dirty pages found damaged on the cache device while serving (the log).
+        damaged_pages: u64, Counter("sce_writeback_damaged_pages_total", "", "Dirty pages whose only copy failed its checksum on the cache device while serving: counted lost (reads of them fail until written again).");
     }
     also {
         /// The last cleaning error ("" if none).
@@ -156,9 +162,8 @@ impl WriteBack {
             waits: self.waits.load(Relaxed),
             cleaned_bytes: self.bytes_cleaned.load(Relaxed),
             clean_errors: self.clean_errors.load(Relaxed),
-            log_commits: 0,
-            log_source_writes: 0,
             last_clean_error: self.last_clean_error.lock().clone(),
+            ..Default::default()
         }
     }
 }

@@ -8,7 +8,7 @@
 use super::LogBack;
 use crate::engine::Engine;
 use sce_io::IoError;
-use sce_store::wblog::{PreparedCommit, TOMBSTONE};
+use sce_store::wblog::PreparedCommit;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -23,7 +23,7 @@ pub(super) const AUTOCOMMIT: Duration = Duration::from_secs(1);
 pub(super) const SEAL_AFTER: Duration = Duration::from_millis(10);
 
 /// What one try at a commit came to.
-enum Try {
+pub(super) enum Try {
     Done,
     /// Some of it committed; more is pending (a commit takes a bounded number of entries).
     More,
@@ -32,8 +32,15 @@ enum Try {
 }
 
 impl LogBack {
-    /// A client's FLUSH: every write acknowledged before it durable on the cache device.
-    pub(crate) fn flush(&self, _e: &Engine) -> Result<(), IoError> {
+    /// A client's FLUSH: every write acknowledged before it durable on the cache device,
+    /// and on the source for those a drain sent through to it.
+    pub(crate) fn flush(&self, e: &Engine) -> Result<(), IoError> {
+        if self.through_unflushed.swap(false, Relaxed) {
+            if let Err(err) = e.dev.source.flush() {
+                self.through_unflushed.store(true, Relaxed);
+                return Err(err);
+            }
+        }
         self.commit()
     }
 
@@ -76,7 +83,7 @@ impl LogBack {
     }
 
     /// A commit even if every completion is committed: the seal the writer was asked for.
-    fn try_commit_forced(&self, mark: u64) -> Result<Try, IoError> {
+    pub(super) fn try_commit_forced(&self, mark: u64) -> Result<Try, IoError> {
         self.try_commit_with(mark, true)
     }
 
@@ -103,9 +110,15 @@ impl LogBack {
             self.st.lock().committed = upto;
             return Ok(Try::Done);
         };
+        // The ring copies, the mirror area's second copies (another place on the device),
+        // then one flush for both.
         let result = self
             .dev
             .write_at(self.at(p.lpos), &p.bytes)
+            .and_then(|()| {
+                p.mirror_at
+                    .map_or(Ok(()), |m| self.dev.write_at(m, &p.bytes))
+            })
             .and_then(|()| self.dev.flush());
         self.committed(p, upto, result)
     }
@@ -179,58 +192,10 @@ impl LogBack {
         }
     }
 
-    /// True if completed writes wait for a commit.
+    /// True if completed writes wait for a commit (or tombstones and cleaned entries).
     pub(super) fn uncommitted(&self) -> bool {
         let st = self.st.lock();
-        st.committed < st.written
-    }
-
-    /// Carries forward each loss recorded more than half a ring behind the head (the
-    /// cleaner's, never waiting for room): a tombstone for the page in a commit of its own,
-    /// after which the tail, and the anchor, may pass the damaged version or the older
-    /// tombstone. A lost page then never stops the ring.
-    pub(super) fn carry_lost(&self) {
-        let head = self.st.lock().w.head();
-        self.carry_lost_before(head.saturating_sub(self.region.blocks / 2));
-    }
-
-    /// Carries forward each loss recorded below position `before` (all: `u64::MAX`).
-    pub(super) fn carry_lost_before(&self, before: u64) {
-        let mark = {
-            let mut st = self.st.lock();
-            if st.loss_at.is_empty() {
-                return;
-            }
-            // Not a page rewritten since (its loss ends when that write is committed).
-            let due: Vec<u64> = st
-                .loss_at
-                .iter()
-                .filter(|&(g, &at)| at < before && st.lost.contains(g))
-                .filter(|&(g, _)| !st.carrying.contains(g))
-                .map(|(&g, _)| g)
-                .collect();
-            if due.is_empty() {
-                return;
-            }
-            for g in due {
-                let (volume, page) = self.local(g);
-                st.w.carry_lost(volume, page);
-                st.pending.push_back((TOMBSTONE, g));
-                st.carrying.insert(g);
-            }
-            st.written
-        };
-        loop {
-            match self.try_commit_forced(mark) {
-                Ok(Try::More) => {}
-                Ok(_) => return,
-                Err(err) => {
-                    // Retried with the next commit (its entries stay in the writer).
-                    tracing::warn!("write-back log: carrying lost pages forward failed: {err}");
-                    return;
-                }
-            }
-        }
+        st.committed < st.written || st.w.commit_wanted()
     }
 
     /// Makes the newest anchor the writer allows durable in the superblock (with the

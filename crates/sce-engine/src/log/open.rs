@@ -4,7 +4,7 @@
 //! with older versions; so is a start in another mode than write-back while the log holds
 //! dirty pages, and one that leaves out a volume with dirty pages in the log.
 
-use super::{Dirty, LogBack, St};
+use super::{Dirty, LogBack, St, Vol};
 use crate::persist::Persist;
 use crate::through::WriteThrough;
 use parking_lot::{Condvar, Mutex};
@@ -15,43 +15,127 @@ use std::time::Duration;
 
 /// The log of the cache device `cache` (the whole device), if the superblock has one:
 /// replayed, ready to serve in write-back (`writeback`), or empty and idle otherwise.
+/// `ends` are the global bytes where the volumes end, in address order.
 pub(crate) fn open_log(
     cache: &Arc<dyn BlockDevice>,
     persist: &Arc<Persist>,
     through: WriteThrough,
     writeback: bool,
     limits: (Duration, Duration),
+    ends: &[u64],
 ) -> Result<Option<LogBack>, IoError> {
+    let opened = Opening {
+        cache,
+        persist,
+        writeback,
+        limits,
+        ends,
+    };
     let Some(info) = persist.log_info() else {
         return Ok(None);
     };
     let region = info.region(&persist.layout);
     let r = wblog::replay(&**cache, region, &info.key, info.anchor())
         .map_err(|e| IoError::Failed(format!("the write-back log cannot be read: {e}")))?;
-    if r.anchor_missing() || r.last_seq < info.durable_seq {
+    refuse_damage(&r, info.durable_seq)?;
+    let (region, w) = match upgraded(persist, &r)? {
+        Some(up) => up,
+        None => (region, LogWriter::resume(region, info.key, &r)),
+    };
+    opened.replayed(through, region, w, &r)
+}
+
+/// What `open_log` was given.
+struct Opening<'a> {
+    cache: &'a Arc<dyn BlockDevice>,
+    persist: &'a Arc<Persist>,
+    writeback: bool,
+    limits: (Duration, Duration),
+    ends: &'a [u64],
+}
+
+/// Refuses a log whose chain damage broke: a commit the superblock knew durable that
+/// replay did not reach, a lost anchor commit, or a commit damaged in both copies with a
+/// sound later commit after it. Serving such a log would return older bytes for the pages
+/// the unreadable commit named, and which those are cannot be told.
+pub(crate) fn refuse_damage(r: &Replayed, durable_seq: u64) -> Result<(), IoError> {
+    let drop = "`sce check` shows the damage; `sce format --force` (or a start with \
+                --reformat --discard-dirty all) gives up every dirty page the log holds";
+    if let Some(b) = r.broken {
+        return Err(IoError::Failed(format!(
+            "the write-back log's commit {} is damaged in both copies, and commit {} (at log \
+             position {}) was written after it, so it had been durable: the pages it named \
+             cannot be told, and serving the log would return older data for them; {drop}",
+            b.missing, b.evidence, b.evidence_lpos
+        )));
+    }
+    if r.anchor_missing() || r.last_seq < durable_seq {
         return Err(IoError::Failed(format!(
             "the write-back log ends at commit {} but commit {} was durable (or its anchor \
              commit is gone): its records are damaged, and serving would return older data; \
-             `sce format --force` drops it",
-            r.last_seq, info.durable_seq
+             {drop}",
+            r.last_seq, durable_seq
         )));
     }
-    let w = LogWriter::resume(region, info.key, &r);
-    let lb = LogBack::new(cache.clone(), region, persist, through, w, limits);
-    let dropped = lb.restore(&r, writeback)?;
-    if dropped > 0 {
-        lb.settle_dropped(cache, dropped)?;
-    }
+    Ok(())
+}
+
+/// A log written before format 8 that holds nothing gets its mirror area now (a start is
+/// the one moment nothing is written to it): the new region, and a writer of it.
+fn upgraded(
+    persist: &Arc<Persist>,
+    r: &Replayed,
+) -> Result<Option<(LogRegion, LogWriter)>, IoError> {
     if !r.index.is_empty() || !r.lost.is_empty() {
-        tracing::info!(
-            pages = r.index.len(),
-            lost = r.lost.len(),
-            commits = r.commits,
-            skipped = r.skipped,
-            "write-back log replayed: dirty pages restored"
-        );
+        return Ok(None);
     }
-    Ok(Some(lb))
+    let anchor = wblog::Anchor::Empty {
+        lpos: r.head,
+        next_seq: r.next_seq,
+    };
+    let Some(info) = persist.give_log_mirror(anchor)? else {
+        return Ok(None);
+    };
+    let region = info.region(&persist.layout);
+    let w = LogWriter::new(region, info.key, r.head, r.next_seq)
+        .map_err(|e| IoError::Failed(format!("the write-back log: {e}")))?;
+    tracing::info!(
+        mirror_blocks = region.mirror_blocks,
+        "write-back log: its records' second copies go to a mirror area from now on (format 8)"
+    );
+    Ok(Some((region, w)))
+}
+
+impl Opening<'_> {
+    /// The rest of `open_log` once the writer is known.
+    fn replayed(
+        &self,
+        through: WriteThrough,
+        region: LogRegion,
+        w: LogWriter,
+        r: &Replayed,
+    ) -> Result<Option<LogBack>, IoError> {
+        let p = self.persist;
+        let vols: Vec<Vol> = (p.seeds().into_iter().zip(self.ends))
+            .map(|((base, id), &end)| Vol { base, id, end })
+            .collect();
+        let lb = LogBack::new(self.cache.clone(), region, p, through, w, self.limits, vols);
+        let dropped = lb.restore(r, self.writeback)?;
+        if dropped > 0 {
+            lb.settle_dropped(self.cache, dropped)?;
+        }
+        if !r.index.is_empty() || !r.lost.is_empty() {
+            tracing::info!(
+                pages = r.index.len(),
+                lost = r.lost.len(),
+                commits = r.commits,
+                skipped = r.skipped,
+                repaired = r.repaired,
+                "write-back log replayed: dirty pages restored"
+            );
+        }
+        Ok(Some(lb))
+    }
 }
 
 impl LogBack {
@@ -63,42 +147,35 @@ impl LogBack {
         through: WriteThrough,
         w: LogWriter,
         (wait_limit, idle): (Duration, Duration),
+        vols: Vec<Vol>,
     ) -> LogBack {
+        let bases = vols.iter().map(|v| v.base).collect();
         LogBack {
             through,
             dev,
             region,
-            seeds: persist.seeds(),
+            vols,
             persist: persist.clone(),
-            st: Mutex::new(St {
-                w,
-                index: Default::default(),
-                groups: Default::default(),
-                live: Default::default(),
-                older: Default::default(),
-                pending: Default::default(),
-                inflight: Default::default(),
-                lost: Default::default(),
-                loss_at: Default::default(),
-                carrying: Default::default(),
-                written: 0,
-                committed: 0,
-                unsealed: None,
-            }),
+            st: Mutex::new(St::new(w, bases)),
             commit_io: Mutex::new(()),
             clean_io: Mutex::new(()),
             ranges: Default::default(),
+            source_order: Default::default(),
             queue: OnceLock::new(),
             progress: Default::default(),
             wanted: Mutex::new(false),
             wanted_cv: Condvar::new(),
             forced: Default::default(),
+            draining: Default::default(),
+            through_unflushed: Default::default(),
             last_request: Default::default(),
             waits: Default::default(),
             bytes_cleaned: Default::default(),
             clean_errors: Default::default(),
             source_writes: Default::default(),
             commits: Default::default(),
+            relocated: Default::default(),
+            damaged_found: Default::default(),
             last_clean_error: Mutex::new(String::new()),
             outage: Default::default(),
             wait_limit,
@@ -166,7 +243,7 @@ impl LogBack {
     /// anchor behind them.
     fn settle_dropped(&self, cache: &Arc<dyn BlockDevice>, dropped: u64) -> Result<(), IoError> {
         // Lost pages of served volumes are carried past the dropped ones first.
-        self.carry_lost_before(u64::MAX);
+        self.carry_losses(u64::MAX);
         self.autocommit();
         {
             let mut st = self.st.lock();
@@ -177,9 +254,10 @@ impl LogBack {
         let info = self.persist.log_info().expect("a device with a log");
         let r = wblog::replay(&**cache, self.region, &info.key, info.anchor())
             .map_err(|e| IoError::Failed(format!("the write-back log cannot be read: {e}")))?;
+        refuse_damage(&r, info.durable_seq)?;
         let left = (r.index.iter().map(|((v, _), _)| v))
             .chain(r.lost.iter().map(|&(v, _)| v))
-            .filter(|&v| self.seeds.iter().all(|&(_, id)| id as u32 != v))
+            .filter(|&v| self.vols.iter().all(|x| x.id as u32 != v))
             .count();
         if left > 0 {
             return Err(IoError::Failed(format!(

@@ -92,6 +92,10 @@ impl LogBack {
         {
             return None;
         }
+        if self.goes_through(offset / ps, offset / ps + n) {
+            // A drain: the write goes through to the source, on the blocking path.
+            return None;
+        }
         self.last_request.store(e.cores.now().0, Relaxed);
         if !self.ranges.try_take(offset, offset + len) {
             return None;
@@ -107,7 +111,10 @@ impl LogBack {
         };
         {
             let mut st = self.st.lock();
-            held.lpos = st.w.allocate(n).ok()?;
+            if self.over_share(&st, offset / ps) {
+                return None;
+            }
+            held.lpos = st.w.allocate_leaving(n, self.spare()).ok()?;
             *st.inflight.entry(held.lpos).or_default() += 1;
         }
         held.finished = false;

@@ -6,7 +6,9 @@
 //! or after it. A version the cleaner let go and the ring reused under the read is seen by
 //! its checksum and the page read again from where it is now.
 
-use super::{Dirty, LogBack};
+use super::batch::Unread;
+use super::state::Dirty;
+use super::LogBack;
 use crate::engine::Engine;
 use sce_core::PAGE_SIZE;
 use sce_io::{AlignedBuf, IoError};
@@ -36,8 +38,8 @@ impl LogBack {
                 .flatten();
             if let Some(p) = lost {
                 return Err(IoError::Failed(format!(
-                    "write-back data at offset {} was found damaged in the log at start (its \
-                     only copy): it reads as an error until it is written again",
+                    "write-back data at offset {} was found damaged in the log (its only \
+                     copy): it reads as an error until it is written again",
                     p * ps
                 )));
             }
@@ -75,8 +77,9 @@ impl LogBack {
 
     /// Reads page `p`'s newest version (`d` when the read began) into `page`: if `d`
     /// fails its checksum because it was cleaned and its blocks reused meanwhile, the page
-    /// as it is now (a newer version, or the cache's or source's copy). True if it came
-    /// from the cache device.
+    /// as it is now (a newer version, or the cache's or source's copy). A version that
+    /// fails its checksum and is still the newest is damaged: the page is lost from now on
+    /// (`found_damaged`), and the read fails. True if it came from the cache device.
     fn read_current(
         &self,
         e: &Engine,
@@ -86,35 +89,33 @@ impl LogBack {
     ) -> Result<bool, IoError> {
         let mut d = d;
         loop {
-            let Err(err) = self.read_version(p, d, page) else {
-                return Ok(true);
+            let err = match self.read_checked(d, page) {
+                Ok(()) => return Ok(true),
+                Err(Unread::Io(err)) => {
+                    e.cache_read_failed(&err);
+                    err
+                }
+                Err(Unread::Damaged) => IoError::Failed(format!(
+                    "write-back data at offset {} failed its checksum in the log (its only \
+                     copy is damaged on the cache device)",
+                    p * PAGE_SIZE
+                )),
             };
             match self.st.lock().index.get(&p).copied() {
-                Some(now) if now != d => d = now,
-                Some(_) => return Err(err),
+                Some(now) if now != d => {
+                    d = now;
+                    continue;
+                }
+                Some(_) => {}
                 None => {
                     let n = PAGE_SIZE.min(e.dev.size - p * PAGE_SIZE) as usize;
                     return e.read(p * PAGE_SIZE, &mut page[..n]);
                 }
             }
+            if matches!(err, IoError::Failed(_)) {
+                self.found_damaged(p, d);
+            }
+            return Err(err);
         }
-    }
-
-    /// Reads global page `p`'s version `d` from the log into `page`, checked.
-    pub(super) fn read_version(
-        &self,
-        p: u64,
-        d: Dirty,
-        page: &mut AlignedBuf,
-    ) -> Result<(), IoError> {
-        self.dev.read_at(self.at(d.lpos), page)?;
-        if sce_store::wblog::page_crc(page) != d.crc {
-            return Err(IoError::Failed(format!(
-                "write-back data at offset {} failed its checksum in the log (its only copy \
-                 is damaged on the cache device)",
-                p * PAGE_SIZE
-            )));
-        }
-        Ok(())
     }
 }

@@ -2,9 +2,11 @@
 //! edge pages of an unaligned write read (the newest bytes, from the log or the cache) and
 //! merged, then each chunk of at most [`CHUNK_PAGES`] pages appended to the log in ONE
 //! device write, its pages indexed, and the write acknowledged. Nothing waits for a flush:
-//! the next NBD FLUSH (or FUA) commits it (`commit.rs`).
+//! the next NBD FLUSH (or FUA) commits it (`commit.rs`). A write to a range being drained
+//! goes through to the source instead (`drain.rs`).
 
-use super::{Dirty, LogBack};
+use super::state::Dirty;
+use super::LogBack;
 use crate::engine::Engine;
 use sce_core::PAGE_SIZE;
 use sce_io::{AlignedBuf, IoError};
@@ -25,22 +27,12 @@ impl LogBack {
         let ps = PAGE_SIZE;
         let end = offset + data.len() as u64;
         let (a0, a1) = (offset / ps * ps, end.div_ceil(ps) * ps);
+        if self.goes_through(a0 / ps, a1 / ps) {
+            return self.write_through(e, offset, data);
+        }
         let started = Instant::now();
         let _g = self.ranges.lock(a0, a1, true);
-        let mut b = AlignedBuf::new((a1 - a0) as usize);
-        // The edges as they read now (we hold them): whole pages from here on. A page past
-        // the volume's end reads as zeroes beyond it.
-        let size = e.dev.size;
-        if a0 < offset {
-            let stop = (a0 + ps).min(size);
-            self.read_locked(e, a0, &mut b[..(stop - a0) as usize])?;
-        }
-        let last = a1 - ps;
-        if end < a1 && (last > a0 || a0 == offset) {
-            let stop = a1.min(size);
-            self.read_locked(e, last, &mut b[(last - a0) as usize..(stop - a0) as usize])?;
-        }
-        b[(offset - a0) as usize..(end - a0) as usize].copy_from_slice(data);
+        let b = self.merged(e, offset, data)?;
         let pages = (a1 - a0) / ps;
         let chunk = CHUNK_PAGES.min(self.region.max_write());
         let mut done = 0;
@@ -53,26 +45,54 @@ impl LogBack {
         Ok(())
     }
 
-    /// Zeroes `[offset, offset + len)` (a discard: dirty pages there must read as zeroes,
-    /// and the source is older), through the log.
-    pub(crate) fn zero(&self, e: &Engine, offset: u64, len: u64) -> Result<(), IoError> {
-        let step = CHUNK_PAGES * PAGE_SIZE;
-        let zeros = AlignedBuf::new(step.min(len) as usize);
-        let mut at = offset;
-        while at < offset + len {
-            let n = step.min(offset + len - at);
-            self.write(e, at, &zeros[..n as usize])?;
-            at += n;
+    /// `data` at `offset` within whole pages: the edge pages as they read now (the caller
+    /// holds them in the range lock), merged. A page past the volume's end reads as zeroes
+    /// beyond it.
+    pub(super) fn merged(
+        &self,
+        e: &Engine,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<AlignedBuf, IoError> {
+        let ps = PAGE_SIZE;
+        let end = offset + data.len() as u64;
+        let (a0, a1) = (offset / ps * ps, end.div_ceil(ps) * ps);
+        let mut b = AlignedBuf::new((a1 - a0) as usize);
+        let size = e.dev.size;
+        if a0 < offset {
+            let stop = (a0 + ps).min(size);
+            self.read_locked(e, a0, &mut b[..(stop - a0) as usize])?;
         }
-        Ok(())
+        let last = a1 - ps;
+        if end < a1 && (last > a0 || a0 == offset) {
+            let stop = a1.min(size);
+            self.read_locked(e, last, &mut b[(last - a0) as usize..(stop - a0) as usize])?;
+        }
+        b[(offset - a0) as usize..(end - a0) as usize].copy_from_slice(data);
+        Ok(b)
     }
 
     /// Appends whole pages `bytes` of global page `g0` on: one device write, then indexed.
     fn append(&self, e: &Engine, g0: u64, bytes: &[u8], started: Instant) -> Result<(), IoError> {
         let n = bytes.len() as u64 / PAGE_SIZE;
-        let lpos = self.allocate(e, n, started)?;
+        let lpos = self.allocate(e, g0, n, started)?;
         let written = self.dev.write_at(self.at(lpos), bytes);
         self.appended(e, g0, lpos, bytes, written)
+    }
+
+    /// The log entries of whole pages `bytes` of global page `g0` on, written at `lpos`.
+    pub(super) fn entries(&self, g0: u64, lpos: u64, bytes: &[u8]) -> Vec<LogEntry> {
+        (bytes.chunks(PAGE_SIZE as usize).enumerate())
+            .map(|(i, page)| {
+                let (volume, p) = self.local(g0 + i as u64);
+                LogEntry {
+                    lpos: lpos + i as u64,
+                    volume,
+                    page: p,
+                    crc: page_crc(page),
+                }
+            })
+            .collect()
     }
 
     /// After the device write (`written`) of pages `bytes` of global page `g0` on at log
@@ -86,20 +106,8 @@ impl LogBack {
         bytes: &[u8],
         written: Result<(), IoError>,
     ) -> Result<(), IoError> {
-        let entries: Vec<LogEntry> = match written {
-            Ok(()) => bytes
-                .chunks(PAGE_SIZE as usize)
-                .enumerate()
-                .map(|(i, page)| {
-                    let (volume, p) = self.local(g0 + i as u64);
-                    LogEntry {
-                        lpos: lpos + i as u64,
-                        volume,
-                        page: p,
-                        crc: page_crc(page),
-                    }
-                })
-                .collect(),
+        let entries = match written {
+            Ok(()) => self.entries(g0, lpos, bytes),
             Err(_) => Vec::new(),
         };
         let mut st = self.st.lock();
@@ -121,25 +129,32 @@ impl LogBack {
             };
             st.newest(g, d, true);
             st.lost.remove(&g);
+            st.stuck.remove(&g);
         }
         st.written += 1;
         Ok(())
     }
 
-    /// `n` consecutive log positions (counted in flight until the write completes),
-    /// waiting for room (a commit, or cleaning that moves the tail and the anchor) up to the
-    /// wait limit: backpressure, never an error before it.
-    fn allocate(&self, e: &Engine, n: u64, started: Instant) -> Result<u64, IoError> {
+    /// `n` consecutive log positions for pages from global page `g0` on (counted in flight
+    /// until the write completes), waiting for room (a commit, or cleaning that moves the
+    /// tail and the anchor) up to the wait limit: backpressure, never an error before it.
+    /// A client's write leaves the room that copying the tail forward needs
+    /// ([`super::room`]), and a volume whose source fails takes no more than its share.
+    fn allocate(&self, e: &Engine, g0: u64, n: u64, started: Instant) -> Result<u64, IoError> {
         loop {
             let seen = self.progress.now();
             let full = {
                 let mut st = self.st.lock();
-                match st.w.allocate(n) {
-                    Ok(lpos) => {
-                        *st.inflight.entry(lpos).or_default() += 1;
-                        return Ok(lpos);
+                if self.over_share(&st, g0) {
+                    Full::Ring
+                } else {
+                    match st.w.allocate_leaving(n, self.spare()) {
+                        Ok(lpos) => {
+                            *st.inflight.entry(lpos).or_default() += 1;
+                            return Ok(lpos);
+                        }
+                        Err(full) => full,
                     }
-                    Err(full) => full,
                 }
             };
             match full {

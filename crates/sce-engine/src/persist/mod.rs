@@ -39,6 +39,7 @@ mod claims;
 mod intents;
 mod journal;
 mod open;
+pub(crate) use open::log_dropped;
 mod round;
 mod vols;
 mod wb;
@@ -300,6 +301,9 @@ pub(crate) struct Persist {
 pub(crate) struct Opened {
     pub persist: Persist,
     pub loaded: sce_store::Loaded,
+    /// The dirty data of volumes this start leaves out that the operator gave up
+    /// (`--discard-dirty`): dropped only if the whole open succeeds, and logged then.
+    pub given_up: Vec<sce_store::VolumeDirt>,
 }
 
 impl Persist {

@@ -142,9 +142,11 @@ impl Persist {
             sce_store::identity_hash,
         );
         let (mut sb, formatted_now) = Self::superblock(&dev, &cfg, fragment_size, &wanted, first)?;
-        if !formatted_now {
-            refuse_leaving_dirty_out(&dev, &cfg, &sb, &wanted)?;
-        }
+        let given_up = if formatted_now {
+            Vec::new()
+        } else {
+            refuse_leaving_dirty_out(&dev, &cfg, &sb, &wanted)?
+        };
         let indices = sce_store::ensure_volumes(&mut sb, &wanted)?;
         let trusted: Vec<Trusted> = (0..vols.len())
             .map(|k| Trusted {
@@ -195,6 +197,7 @@ impl Persist {
                 presets_pending: Default::default(),
             },
             loaded,
+            given_up,
         })
     }
 
@@ -530,25 +533,31 @@ fn refuse_unlocatable_damage(
 }
 
 /// Refuses an `action` that would drop the dirty data `dirt` unless the operator gave each
-/// volume's up (`--discard-dirty`); logs at ERROR what is then dropped.
+/// volume's up (`--discard-dirty`); logs at ERROR what is then dropped (the caller drops it
+/// right after).
 fn dropping_dirty(
     dirt: &[sce_store::VolumeDirt],
     cfg: &PersistConfig,
     action: &str,
 ) -> Result<(), StoreError> {
     sce_store::refuse_dirty_drop(dirt, &cfg.discard_dirty, action)?;
-    for d in dirt {
+    log_dropped(dirt, action);
+    Ok(())
+}
+
+/// Logs at ERROR the dirty data `dirt` that `action` dropped.
+pub(crate) fn log_dropped(dirt: &[sce_store::VolumeDirt], action: &str) {
+    for d in dirt.iter().filter(|d| d.dirty + d.lost > 0) {
         tracing::error!(
             volume = %d.name,
             dirty_pages = d.dirty,
             lost_pages = d.lost,
-            "--discard-dirty: {action} drops {} dirty and {} lost pages (write-back data the \
+            "--discard-dirty: {action} dropped {} dirty and {} lost pages (write-back data the \
              source never received)",
             d.dirty,
             d.lost
         );
     }
-    Ok(())
 }
 
 /// A volume of the table this start does not serve gets its generation bumped and its slots
@@ -559,11 +568,18 @@ fn refuse_leaving_dirty_out(
     cfg: &PersistConfig,
     sb: &Superblock,
     wanted: &[(String, u64)],
-) -> Result<(), StoreError> {
+) -> Result<Vec<sce_store::VolumeDirt>, StoreError> {
     let served = |v: &sce_store::Volume| wanted.iter().any(|w| w.0 == v.name);
     let dirt = sce_store::dirty_by_volume(&**dev, sb, |v| !served(v))?;
     sce_store::volumes::refuse_reusing_logged_volume(&**dev, sb, wanted)?;
-    dropping_dirty(&dirt, cfg, "a start that does not serve them")
+    // What is given up is dropped only if the start goes through (it may still be refused,
+    // e.g. when older dirty pages of a served volume hold the log's anchor): logged then.
+    sce_store::refuse_dirty_drop(
+        &dirt,
+        &cfg.discard_dirty,
+        "a start that does not serve them",
+    )?;
+    Ok(dirt)
 }
 
 /// `--reformat` of a device this sce cannot read (`e`: damaged superblocks, a newer format,

@@ -117,4 +117,28 @@ impl Persist {
         }
         self.write_sb_with(&mut sb, false)
     }
+
+    /// Gives a log written before format 8 its mirror area (the last blocks of its region),
+    /// which changes where ring positions lie: only for a log that holds nothing, whose
+    /// replay starts afresh at `anchor` (an empty log's). Written and flushed before this
+    /// returns; the new region's state.
+    pub(crate) fn give_log_mirror(
+        &self,
+        anchor: sce_store::wblog::Anchor,
+    ) -> Result<Option<sce_store::LogInfo>, sce_io::IoError> {
+        let mut sb = self.sb.lock();
+        let failed = sb.state == sce_store::DeviceState::Failed;
+        let Some(log) = sb.log.as_mut() else {
+            return Ok(None);
+        };
+        let mirror = sce_store::wblog::LogRegion::mirror_for(log.blocks);
+        if log.mirror_blocks > 0 || mirror == 0 || failed {
+            return Ok(None);
+        }
+        log.mirror_blocks = mirror;
+        log.set_anchor(anchor);
+        let info = *log;
+        self.write_sb_with(&mut sb, false)?;
+        Ok(Some(info))
+    }
 }

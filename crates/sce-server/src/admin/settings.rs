@@ -8,7 +8,7 @@ use sce_core::{Admission, Retune, WriteMode};
 use serde_json::{json, Value};
 
 impl Ctx {
-    pub(super) fn set(&self, req: &Request) -> Result<Value> {
+    pub(super) fn set(&self, req: &Request, watch: crate::attach::Watch<'_>) -> Result<Value> {
         let (n, a) = self.attachable(req.export.as_deref())?;
         let (Some(key), Some(value)) = (req.key.as_deref(), req.value.as_deref()) else {
             bail!("set needs a key and a value");
@@ -25,7 +25,7 @@ impl Ctx {
         } else {
             Drain::Wait
         };
-        let done = a.set(&t, drain)?;
+        let done = a.set(&t, drain, watch)?;
         tracing::info!(target: LOG_TARGET, export = %n, key, value, reopened = done.reopened, detached = done.detached, "ctl set");
         // Settings are the cache device's: exports that share it change together.
         let also: Vec<String> = a.part().map_or_else(Vec::new, |p| p.siblings.clone());
@@ -34,6 +34,7 @@ impl Ctx {
         m["also_applies_to"] = json!(also);
         m["reopened"] = json!(done.reopened);
         m["drained_bytes"] = json!(done.drained_bytes);
+        m["drain_seconds"] = json!(done.drain_seconds);
         m["detached"] = json!(done.detached);
         Ok(m)
     }

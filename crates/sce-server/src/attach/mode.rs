@@ -3,15 +3,19 @@
 //! keeps a log) when it opens.
 //!
 //! **The switch.** Leaving write-back first writes every dirty page to the source while
-//! requests go on (progress logged every few seconds), or refuses at once if the operator
+//! requests go on, their writes going through to the source meanwhile so that the drain
+//! ends (progress logged every 5 s: what is left, how fast it goes); it stops, and the
+//! mode stays, if the operator's client goes away; it is refused at once if the operator
 //! asked it not to wait. Then, under the gate taken exclusively (requests wait, as for a
-//! detach), what was written meanwhile is drained again, the volume is flushed, shut down
-//! clean and closed, and the same device is opened again in the new mode, warm: nothing
-//! reached the source behind its back. Should the reopen fail, the old mode is tried, and
-//! should that fail too the export is left detached, serving from its source (which holds
-//! every acknowledged write), and the error says so.
+//! detach), what was written before the drain began is drained again, the volume is
+//! flushed, shut down clean and closed, and the same device is opened again in the new
+//! mode, warm: nothing reached the source behind its back. Should the reopen fail, the old
+//! mode is tried, and should that fail too the export is left detached, serving from its
+//! source (which holds every acknowledged write), and the error says so. Entering
+//! write-back needs a device with a write-back log: one formatted without is refused,
+//! naming the command that gives it one.
 
-use super::Attachable;
+use super::{Attachable, Watch};
 use crate::config::{ExportConfig, ServeConfig};
 use crate::LOG_TARGET;
 use anyhow::{anyhow, bail, Result};
@@ -40,14 +44,13 @@ pub struct SetDone {
     pub settings: CoreConfig,
     /// Bytes of dirty data written to the source before leaving write-back.
     pub drained_bytes: u64,
+    /// How long that drain took.
+    pub drain_seconds: f64,
     /// Whether the volume was closed and opened again (a switch into or out of write-back).
     pub reopened: bool,
     /// Whether the export is detached (the settings wait for the attach).
     pub detached: bool,
 }
-
-/// How long a drain may go without cleaning a page.
-const PATIENCE: Duration = Duration::from_secs(60);
 
 /// Whether opening failed because the device is locked (by this process's old volume, a
 /// moment after its close).
@@ -66,8 +69,9 @@ fn is_wb(m: WriteMode) -> bool {
 
 impl Attachable {
     /// `sce ctl set`: changes the settings of the attached volume, reopening it to enter or
-    /// leave write-back; detached, keeps them for the next attach.
-    pub fn set(&self, t: &Retune, drain: Drain) -> Result<SetDone> {
+    /// leave write-back; detached, keeps them for the next attach. A drain stops if `watch`
+    /// says the operator went away.
+    pub fn set(&self, t: &Retune, drain: Drain, watch: Watch<'_>) -> Result<SetDone> {
         let _op = self.ops.lock();
         let Some(v) = self.volume() else {
             return self.set_detached(t);
@@ -81,6 +85,7 @@ impl Attachable {
             return Ok(SetDone {
                 settings,
                 drained_bytes: 0,
+                drain_seconds: 0.0,
                 reopened: false,
                 detached: false,
             });
@@ -103,6 +108,20 @@ impl Attachable {
         if is_wb(next.write_mode) && v.persist_stats().is_none() {
             bail!("writeback needs a persistent cache (this one runs with --no-persist)");
         }
+        if is_wb(next.write_mode) && !v.has_writeback_log() {
+            let cache = self.cache_path().unwrap_or_default();
+            bail!(
+                "the cache device {} has no write-back log (it was formatted for {}): \
+                 write-back needs one, and only a format gives it one. Restart the export \
+                 with `sce serve ... --mode writeback --reformat --writeback-log auto` (a \
+                 sixteenth of the device, or a size), or `sce ctl detach`, `sce format \
+                 --writeback-log 256MiB --force {}`, `sce ctl attach` and set the mode again; \
+                 the cache starts cold either way",
+                cache.display(),
+                cur.write_mode,
+                cache.display()
+            );
+        }
         let lost = v.writeback_stats().map_or(0, |s| s.lost_bytes);
         if lost > 0 {
             bail!(
@@ -112,7 +131,7 @@ impl Attachable {
                 sce_core::units::format_size(lost)
             );
         }
-        let mut drained = 0;
+        let mut drained = super::DrainDone::default();
         if is_wb(cur.write_mode) {
             let dirty = v
                 .writeback_stats()
@@ -125,13 +144,16 @@ impl Attachable {
                     sce_core::units::format_size(dirty)
                 );
             }
-            drained = self.drain_logged(&v)?;
+            drained = (self.drain_watched(&v, "leaving writeback", watch)).map_err(|e| {
+                e.context(format!("still in {}: the drain stopped", cur.write_mode))
+            })?;
         }
         drop(v);
-        self.reopen(&cur, &next)?;
+        self.reopen(&cur, &next, watch)?;
         Ok(SetDone {
             settings: self.volume().map_or(next, |v| v.config()),
-            drained_bytes: drained,
+            drained_bytes: drained.cleaned_bytes,
+            drain_seconds: drained.elapsed.as_secs_f64(),
             reopened: true,
             detached: false,
         })
@@ -151,6 +173,7 @@ impl Attachable {
             return Ok(SetDone {
                 settings,
                 drained_bytes: 0,
+                drain_seconds: 0.0,
                 reopened: false,
                 detached: true,
             });
@@ -166,41 +189,15 @@ impl Attachable {
         Ok(SetDone {
             settings: next,
             drained_bytes: 0,
+            drain_seconds: 0.0,
             reopened: false,
             detached: true,
         })
     }
 
-    /// Leaving write-back: every dirty byte to the source while requests go on, with the
-    /// bytes left logged every 5 s. Returns the bytes cleaned.
-    fn drain_logged(&self, v: &Arc<CacheVolume>) -> Result<u64> {
-        let name = self.spec.lock().name.clone();
-        let left = || v.writeback_stats().map_or(0, |s| s.dirty_bytes);
-        tracing::info!(target: LOG_TARGET, export = %name, dirty_bytes = left(), "leaving writeback: writing the dirty data to the source first");
-        let done = std::sync::atomic::AtomicBool::new(false);
-        let r = std::thread::scope(|s| {
-            s.spawn(|| {
-                let mut last = Instant::now();
-                while !done.load(Relaxed) {
-                    std::thread::sleep(Duration::from_millis(50));
-                    if last.elapsed() >= Duration::from_secs(5) {
-                        last = Instant::now();
-                        tracing::info!(target: LOG_TARGET, export = %name, dirty_bytes = left(), "leaving writeback: draining");
-                    }
-                }
-            });
-            let r = v.flush_to_source(self.range(), PATIENCE);
-            done.store(true, Relaxed);
-            r
-        });
-        r.map_err(|e| {
-            anyhow!("still in writeback: the dirty data could not be written to the source: {e}")
-        })
-    }
-
     /// Closes the volume and opens its device again with `next`, under the gate; on
     /// failure the old settings (`cur`), and detached if those fail too.
-    fn reopen(&self, cur: &CoreConfig, next: &CoreConfig) -> Result<()> {
+    fn reopen(&self, cur: &CoreConfig, next: &CoreConfig, watch: Watch<'_>) -> Result<()> {
         let spec = self.spec.lock().clone();
         let path = self
             .cache_path()
@@ -213,7 +210,7 @@ impl Attachable {
             *self.draining.lock() = None;
             bail!("the cache is detached");
         };
-        if let Err(e) = self.ready_to_close(&v) {
+        if let Err(e) = self.ready_to_close(&v, watch) {
             *self.draining.lock() = None;
             return Err(e.context(format!(
                 "not switched to {}: it serves in {} as before",
@@ -265,8 +262,8 @@ impl Attachable {
     /// flushed; and the device is marked detached, so that should neither reopen succeed,
     /// a start does not trust it (the reopen, knowing better, clears the mark). Any
     /// failure leaves the volume as it was.
-    fn ready_to_close(&self, v: &CacheVolume) -> Result<()> {
-        self.drain(v)?;
+    fn ready_to_close(&self, v: &CacheVolume, watch: Watch<'_>) -> Result<()> {
+        self.drain(v, watch)?;
         if let Some(w) = v.writeback_stats() {
             if w.dirty_bytes + w.lost_bytes > 0 {
                 bail!(

@@ -4,9 +4,13 @@
 //!
 //! * A **data page** is 4 KiB of client data, raw: a write of N pages is one device write of
 //!   N x 4 KiB at consecutive log positions ([`LogWriter::allocate`]).
-//! * A **commit record** ([`record`]) is two identical 4 KiB copies written as one 8 KiB
-//!   device write; a commit of more entries than one record holds is several consecutive
-//!   records (seq k, k+1, ...), still one device write. Each record names the data pages
+//! * A **commit record** ([`record`]) is two identical 4 KiB copies: the first in the ring,
+//!   the second in the region's **mirror area** (format 8), a separate device write to
+//!   another place, so that one bad area of flash does not take both; a device without a
+//!   mirror area (format 7), or a commit that finds every mirror slot still needed by replay,
+//!   writes the second copy beside the first, in the same device write. A commit of more
+//!   entries than one record holds is several consecutive records (seq k, k+1, ...), still
+//!   one device write in the ring (and one in the mirror area). Each record names the data pages
 //!   whose writes completed since the previous commit (position, volume, page, CRC-32C of
 //!   the 4 KiB) and is checksummed with the caller's secret key: CRC-32C over the key
 //!   followed by the block with its checksum field zero. Clients cannot read the cache
@@ -29,7 +33,7 @@ pub use record::{
     decode_record, encode_record, record_link, Record, RecordError, RecordHeader, RECORD_ENTRY,
     RECORD_HEADER, WBLOG_MAGIC, WBLOG_VERSION, WBLOG_VERSION_FIRST,
 };
-pub use replay::{replay, Replayed};
+pub use replay::{replay, Broken, Replayed};
 pub use writer::{Full, LogWriter, PreparedCommit};
 
 use std::collections::HashMap;
@@ -62,26 +66,89 @@ pub const MIN_LOG_BLOCKS: u64 = 8 * COMMIT_SLACK;
 /// Blocks replay reads per device read (1 MiB).
 pub const REPLAY_CHUNK: u64 = 256;
 
-/// Where the log lives on the cache device: `blocks` blocks of 4 KiB from byte `offset`.
+/// Where the log lives on the cache device: a ring of `blocks` blocks of 4 KiB from byte
+/// `offset`, and a mirror area of `mirror_blocks` slots (second copies of commit records)
+/// from byte `mirror_offset` (none if 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LogRegion {
-    /// Byte offset on the device (a multiple of 4 KiB).
+    /// Byte offset of the ring on the device (a multiple of 4 KiB).
     pub offset: u64,
-    /// Length in 4 KiB blocks (at least [`MIN_LOG_BLOCKS`]).
+    /// Length of the ring in 4 KiB blocks (at least [`MIN_LOG_BLOCKS`]).
     pub blocks: u64,
+    /// Byte offset of the mirror area (a multiple of 4 KiB, outside the ring).
+    pub mirror_offset: u64,
+    /// Slots of the mirror area, 4 KiB each (0: none, records keep both copies in the ring).
+    pub mirror_blocks: u64,
 }
 
+/// The least mirror area a format gives a log (128 KiB).
+pub const MIN_MIRROR_BLOCKS: u64 = 32;
+/// The largest mirror area a format gives a log (32 MiB).
+pub const MAX_MIRROR_BLOCKS: u64 = 8192;
+/// How far apart (bytes) the two copies of a record should lie: one bad area of flash (an
+/// erase block) then does not take both. A mirror area smaller than this keeps them as far
+/// apart as it can.
+pub const COPIES_APART: u64 = 1 << 20;
+
 impl LogRegion {
+    /// A ring of `blocks` blocks at `offset` with no mirror area (format 7's layout).
+    pub fn ring(offset: u64, blocks: u64) -> Self {
+        LogRegion {
+            offset,
+            blocks,
+            mirror_offset: 0,
+            mirror_blocks: 0,
+        }
+    }
+
+    /// How a region of `blocks` blocks at `offset` is laid out by a format: a sixteenth of
+    /// it (between [`MIN_MIRROR_BLOCKS`] and [`MAX_MIRROR_BLOCKS`]) is the mirror area, at
+    /// its end; the rest is the ring.
+    pub fn laid_out(offset: u64, blocks: u64) -> Self {
+        let mirror = Self::mirror_for(blocks);
+        LogRegion {
+            offset,
+            blocks: blocks - mirror,
+            mirror_offset: offset + (blocks - mirror) * LOG_BLOCK,
+            mirror_blocks: mirror,
+        }
+    }
+
+    /// The mirror area a format gives a region of `blocks` blocks (0 if the ring would be
+    /// too small with one).
+    pub fn mirror_for(blocks: u64) -> u64 {
+        let m = (blocks / 16).clamp(MIN_MIRROR_BLOCKS, MAX_MIRROR_BLOCKS);
+        if blocks >= m + MIN_LOG_BLOCKS {
+            m
+        } else {
+            0
+        }
+    }
+
     /// Checks the region's geometry.
     pub fn check(&self) -> Result<(), crate::StoreError> {
-        if !self.offset.is_multiple_of(LOG_BLOCK) || self.blocks < MIN_LOG_BLOCKS {
+        let ring_end = self.offset + self.blocks * LOG_BLOCK;
+        let mirror_end = self.mirror_offset + self.mirror_blocks * LOG_BLOCK;
+        let overlap =
+            self.mirror_blocks > 0 && self.mirror_offset < ring_end && self.offset < mirror_end;
+        if !self.offset.is_multiple_of(LOG_BLOCK)
+            || self.blocks < MIN_LOG_BLOCKS
+            || !self.mirror_offset.is_multiple_of(LOG_BLOCK)
+            || overlap
+        {
             return Err(crate::StoreError::Geometry(format!(
-                "a write-back log region must start on a 4 KiB boundary and hold at least \
-                 {MIN_LOG_BLOCKS} blocks (offset {}, {} blocks)",
-                self.offset, self.blocks
+                "a write-back log ring must start on a 4 KiB boundary and hold at least \
+                 {MIN_LOG_BLOCKS} blocks, its mirror area apart from it (ring at {} of {} \
+                 blocks, mirror at {} of {} blocks)",
+                self.offset, self.blocks, self.mirror_offset, self.mirror_blocks
             )));
         }
         Ok(())
+    }
+
+    /// The device byte offset of mirror slot `slot`.
+    pub fn mirror_at(&self, slot: u64) -> u64 {
+        self.mirror_offset + slot * LOG_BLOCK
     }
     /// The device byte offset of log position `lpos`.
     pub fn offset_of(&self, lpos: u64) -> u64 {
@@ -163,6 +230,12 @@ impl Anchor {
 /// log may drop the damaged version (and the ring move on) without forgetting the loss.
 pub const TOMBSTONE: u64 = u64::MAX;
 
+/// The position a **cleaned** entry names instead of a data page's: the source holds the
+/// page's newest bytes (a write or a discard that went through to the source, flushed,
+/// while the log held a version of the page), so every version of it the log holds before
+/// this entry is superseded, and a loss of it is over.
+pub const CLEANED: u64 = u64::MAX - 1;
+
 /// A committed data page: what a commit record names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LogEntry {
@@ -189,6 +262,23 @@ impl LogEntry {
     /// True if this entry is a tombstone.
     pub fn is_tombstone(&self) -> bool {
         self.lpos == TOMBSTONE
+    }
+    /// The cleaned entry of `page` of `volume` ([`CLEANED`]).
+    pub fn cleaned(volume: u32, page: u64) -> Self {
+        LogEntry {
+            lpos: CLEANED,
+            volume,
+            page,
+            crc: 0,
+        }
+    }
+    /// True if this entry is a cleaned entry.
+    pub fn is_cleaned(&self) -> bool {
+        self.lpos == CLEANED
+    }
+    /// True if this entry names a data page (neither a tombstone nor a cleaned entry).
+    pub fn is_data(&self) -> bool {
+        self.lpos < CLEANED
     }
 }
 

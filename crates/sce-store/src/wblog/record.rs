@@ -3,7 +3,7 @@
 //! | at | type | field |
 //! |---|---|---|
 //! | 0 | [u8; 8] | magic `SCEWBLOG` |
-//! | 8 | u32 | record version: 7 (6 before tombstones; both are read) |
+//! | 8 | u32 | record version: 8 (7 before `copy2` and cleaned entries, 6 before tombstones; all are read) |
 //! | 12 | u32 | CRC-32C of the caller's 16-byte key followed by the block with this field zero |
 //! | 16 | u64 | seq: the commit's number (each the previous + 1) |
 //! | 24 | u64 | lpos: its own log position (of the first copy) |
@@ -13,19 +13,22 @@
 //! | 56 | u64 | resumed_from: in the first commit after a replay, the first seq of the commit the replay ended with (its data may be torn); else 0 |
 //! | 64 | u32 | entries (at most 167) |
 //! | 68 | u16, u16 | index of this record in its commit, records in the commit |
-//! | 72 | [u8; 8] | zero |
-//! | 80 + 24*i | entry | data position u64, page u64, volume u32, CRC-32C of the page u32; a position of `u64::MAX` is a tombstone (the page is lost; CRC 0) |
+//! | 72 | u32 | copy2: where the record's second copy is: 0 beside the first (position + 1, as versions 6 and 7 always had it), k > 0 in slot k - 1 of the log's mirror area |
+//! | 76 | [u8; 4] | zero |
+//! | 80 + 24*i | entry | data position u64, page u64, volume u32, CRC-32C of the page u32; a position of `u64::MAX` is a tombstone (the page is lost; CRC 0), `u64::MAX - 1` a cleaned entry (the source holds the page's newest bytes; CRC 0) |
 //!
-//! Records of version 7 may hold tombstones; the superblock of a device that may hold them
-//! is format 7, which a build that reads only format 6 refuses.
+//! Records of version 7 may hold tombstones, and of version 8 cleaned entries and copies in
+//! the mirror area; the superblock of a device that may hold them is format 7 or 8, which a
+//! build that reads only an older format refuses.
 
 use super::{LogEntry, ENTRIES_PER_RECORD, LOG_BLOCK};
 use crate::superblock::{rd16, rd32, rd64};
 
 /// First bytes of a commit record.
 pub const WBLOG_MAGIC: [u8; 8] = *b"SCEWBLOG";
-/// The record version written (7: entries may be tombstones).
-pub const WBLOG_VERSION: u32 = 7;
+/// The record version written (8: a second copy may lie in the mirror area, and entries may
+/// be cleaned entries; 7: entries may be tombstones).
+pub const WBLOG_VERSION: u32 = 8;
 /// The oldest record version read (6: written before tombstones; a log goes on from it).
 pub const WBLOG_VERSION_FIRST: u32 = 6;
 /// Bytes of a record's header.
@@ -54,6 +57,25 @@ pub struct RecordHeader {
     pub group_index: u16,
     /// Records in its commit.
     pub group_len: u16,
+    /// Where its second copy is: 0 beside the first (at `lpos + 1`), `k > 0` in slot `k - 1`
+    /// of the mirror area.
+    pub copy2: u32,
+}
+
+impl RecordHeader {
+    /// The first seq of the commit this record belongs to.
+    pub fn group_first(&self) -> u64 {
+        self.seq - self.group_index as u64
+    }
+    /// The ring positions its copies take there: 2 beside each other, 1 with the second in
+    /// the mirror area.
+    pub fn ring_blocks(&self) -> u64 {
+        if self.copy2 == 0 {
+            2
+        } else {
+            1
+        }
+    }
 }
 
 /// A decoded commit record.
@@ -104,6 +126,7 @@ pub fn encode_record(key: &[u8; 16], h: &RecordHeader, entries: &[LogEntry], out
     out[64..68].copy_from_slice(&(entries.len() as u32).to_le_bytes());
     out[68..70].copy_from_slice(&h.group_index.to_le_bytes());
     out[70..72].copy_from_slice(&h.group_len.to_le_bytes());
+    out[72..76].copy_from_slice(&h.copy2.to_le_bytes());
     for (i, e) in entries.iter().enumerate() {
         let at = RECORD_HEADER + i * RECORD_ENTRY;
         out[at..at + 8].copy_from_slice(&e.lpos.to_le_bytes());
@@ -141,6 +164,7 @@ pub fn decode_record(key: &[u8; 16], b: &[u8]) -> Result<Record, RecordError> {
         resumed_from: rd64(b, 56),
         group_index: rd16(b, 68),
         group_len: rd16(b, 70),
+        copy2: rd32(b, 72),
     };
     let entries = (0..n)
         .map(|i| {

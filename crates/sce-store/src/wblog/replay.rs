@@ -1,10 +1,33 @@
 //! Replay of the write-back log after a crash (or a clean stop).
+//!
+//! Replay reads the mirror area and one whole lap of the ring from the anchor, keeping every
+//! sound commit record (either copy) at or after the anchor's seq, then follows the chain
+//! from the anchor: each next record has the next seq, its own position (within the window
+//! after the previous one's end) and the previous record's link. Where the chain ends, the
+//! records left over tell a torn end from damage: a torn commit is the last write of its
+//! writer (the next commit is prepared only once its flush completed), so a sound record of
+//! a *later* commit than the one that cannot be read means that commit was durable and is
+//! now damaged in both copies: [`Replayed::broken`], never the end of the log.
 
 use super::record::{decode_record, looks_like_record, record_link, Record};
 use super::{page_crc, Anchor, LogIndex, LogRegion, LOG_BLOCK, REPLAY_CHUNK};
 use crate::StoreError;
 use sce_io::{AlignedBuf, BlockDevice};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+
+/// A break in the commit chain that damage made: the commit of seq `missing` cannot be
+/// read (both copies damaged), yet a later commit (`evidence`, its first record's seq) was
+/// written after it, so it was durable. The pages it named cannot be told: a log with a
+/// break must not be served as if it ended there (that would return older bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Broken {
+    /// The first seq the chain could not find.
+    pub missing: u64,
+    /// The first seq of a sound later commit.
+    pub evidence: u64,
+    /// Where that later commit's record lies (its ring position).
+    pub evidence_lpos: u64,
+}
 
 /// What replaying the log found.
 #[derive(Clone, Debug)]
@@ -27,10 +50,10 @@ pub struct Replayed {
     /// The next commit's sequence number.
     pub next_seq: u64,
     /// The last commit's sequence number (`next_seq - 1`). A commit whose record is damaged
-    /// in both copies ends the log there, as if it had never been written, and so does any
-    /// damage that breaks the chain: the caller must record the last commit's seq durably
-    /// elsewhere now and then (at its metadata rounds, say) and refuse a replay whose
-    /// `last_seq` is below it.
+    /// in both copies ends the chain there; a later commit found past it is reported in
+    /// [`Self::broken`], but if none was written (or all are damaged too) only the caller's
+    /// own record of the newest durable seq (the superblock's) can tell: it must refuse a
+    /// replay whose `last_seq` is below it.
     pub last_seq: u64,
     /// The tail: the last commit's, or the anchor's position if higher.
     pub tail: u64,
@@ -49,6 +72,14 @@ pub struct Replayed {
     pub last_group_first: Option<u64>,
     /// The last commit found: (position, seq) of its first record.
     pub last_commit: Option<(u64, u64)>,
+    /// Damage broke the chain: the log must not be served as replayed.
+    pub broken: Option<Broken>,
+    /// Records of the chain whose copy in the ring was damaged and were read from their
+    /// second copy (beside it, or in the mirror area).
+    pub repaired: u64,
+    /// The seq of the sound record each mirror slot holds (0: none), for the writer that
+    /// continues the log.
+    pub mirror_seqs: Vec<u64>,
 }
 
 impl Replayed {
@@ -60,65 +91,109 @@ impl Replayed {
     }
 }
 
-/// A record found, with whether each entry's data matched.
+/// A sound record found on the device.
+struct Cand {
+    rec: Record,
+    /// [`record_link`] of its image: what the next record's link must be.
+    link: u64,
+    /// Read from the ring at its own position (else from its second copy).
+    first_copy: bool,
+}
+
+/// A record of the chain, with whether each entry's data matched.
 struct Found {
     rec: Record,
     ok: Vec<bool>,
 }
 
-/// The forward scan: block checksums since the anchor and the chain of records.
-struct Scan<'a> {
-    region: LogRegion,
-    key: &'a [u8; 16],
-    start: u64,
+/// What reading the device gave: each ring block's checksum from the anchor on, and the
+/// sound records at or after the anchor's seq, by seq.
+struct Read {
     crcs: Vec<u32>,
-    expect_seq: u64,
-    expect_at: Option<u64>,
-    link: Option<u64>,
-    end: u64,
-    window_end: u64,
-    found: Vec<Found>,
+    cands: BTreeMap<u64, Vec<Cand>>,
+    mirror_seqs: Vec<u64>,
 }
 
-impl Scan<'_> {
-    /// Looks at block `p` (its bytes `b`, its checksum already recorded).
-    fn block(&mut self, p: u64, b: &[u8]) {
-        if !looks_like_record(b) {
-            return;
+/// Reads the mirror area and one lap of the ring from `start`.
+fn read_all(
+    dev: &dyn BlockDevice,
+    region: LogRegion,
+    key: &[u8; 16],
+    start: u64,
+    min_seq: u64,
+) -> Result<Read, StoreError> {
+    let block = LOG_BLOCK as usize;
+    let mut buf = AlignedBuf::new(REPLAY_CHUNK as usize * block);
+    let mut read = Read {
+        crcs: Vec::with_capacity(region.blocks as usize),
+        cands: BTreeMap::new(),
+        mirror_seqs: vec![0; region.mirror_blocks as usize],
+    };
+    let keep = |rec: Record, b: &[u8], first_copy: bool, cands: &mut BTreeMap<u64, Vec<Cand>>| {
+        if rec.header.seq >= min_seq {
+            let c = Cand {
+                link: record_link(b),
+                rec,
+                first_copy,
+            };
+            cands.entry(c.rec.header.seq).or_default().push(c);
         }
-        let Ok(rec) = decode_record(self.key, b) else {
-            return;
-        };
-        let h = &rec.header;
-        let placed = h.lpos == p || h.lpos + 1 == p;
-        if !placed || h.lpos < self.start || h.seq != self.expect_seq {
-            return;
+    };
+    let mut s = 0;
+    while s < region.mirror_blocks {
+        let n = REPLAY_CHUNK.min(region.mirror_blocks - s);
+        let bytes = &mut buf[..n as usize * block];
+        dev.read_at(region.mirror_at(s), bytes)?;
+        for (k, b) in bytes.chunks_exact(block).enumerate() {
+            let slot = s + k as u64;
+            let Some(rec) = looks_like_record(b)
+                .then(|| decode_record(key, b).ok())
+                .flatten()
+            else {
+                continue;
+            };
+            if rec.header.copy2 as u64 == slot + 1 {
+                read.mirror_seqs[slot as usize] = rec.header.seq;
+                keep(rec, b, false, &mut read.cands);
+            }
         }
-        if self.expect_at.is_some_and(|a| a != h.lpos) || self.link.is_some_and(|l| l != h.link) {
-            return;
-        }
-        let ok = rec
-            .entries
-            .iter()
-            .map(|e| {
-                e.lpos >= self.start
-                    && e.lpos < h.lpos
-                    && self.crcs[(e.lpos - self.start) as usize] == e.crc
-            })
-            .collect();
-        self.link = Some(record_link(b));
-        self.expect_seq += 1;
-        self.expect_at = None;
-        self.end = h.lpos + 2;
-        self.window_end = self.end + self.region.window();
-        self.found.push(Found { rec, ok });
+        s += n;
     }
+    let limit = start + region.blocks;
+    let mut p = start;
+    while p < limit {
+        let n = REPLAY_CHUNK
+            .min(limit - p)
+            .min(region.blocks - p % region.blocks);
+        let bytes = &mut buf[..n as usize * block];
+        dev.read_at(region.offset_of(p), bytes)?;
+        for (k, b) in bytes.chunks_exact(block).enumerate() {
+            read.crcs.push(page_crc(b));
+            let at = p + k as u64;
+            let Some(rec) = looks_like_record(b)
+                .then(|| decode_record(key, b).ok())
+                .flatten()
+            else {
+                continue;
+            };
+            let h = &rec.header;
+            // Its own position, or (beside) the one after it.
+            let first = h.lpos == at;
+            if first || (h.copy2 == 0 && h.lpos + 1 == at) {
+                keep(rec, b, first, &mut read.cands);
+            }
+        }
+        p += n;
+    }
+    Ok(read)
 }
 
-/// Replays the log of `region` on `dev` from `anchor`: reads forward in chunks of 1 MiB,
-/// finds each next commit record (either copy sound, the expected seq, its own position,
-/// chained to the one before), and applies its entries in order. The log ends where no
-/// next record lies within [`LogRegion::window`] positions of the last one's end.
+/// Replays the log of `region` on `dev` from `anchor`: reads the mirror area and one lap of
+/// the ring in chunks of 1 MiB, follows the chain of commit records (either copy sound, the
+/// expected seq, its own position within [`LogRegion::window`] of the previous one's end,
+/// chained to the one before), and applies its entries in order. Where the chain ends, a
+/// sound record of a later commit means damage ([`Replayed::broken`]); else the log ends
+/// there.
 ///
 /// An entry whose data matches its checksum is its page's newest version. One that does
 /// not, in a commit whose flush may not have completed (the last commit found, or one a
@@ -132,51 +207,93 @@ pub fn replay(
 ) -> Result<Replayed, StoreError> {
     region.check()?;
     let start = anchor.lpos();
-    let (expect_at, window_end) = match anchor {
-        Anchor::Commit { lpos, .. } => (Some(lpos), lpos + 2),
-        Anchor::Empty { lpos, .. } => (None, lpos + region.window()),
+    let read = read_all(dev, region, key, start, anchor.seq())?;
+    let mut found: Vec<Found> = Vec::new();
+    let mut repaired = 0;
+    let mut expect_seq = anchor.seq();
+    let mut link: Option<u64> = None;
+    // Where the next record may start: [lo, hi).
+    let (mut lo, mut hi) = match anchor {
+        Anchor::Commit { lpos, .. } => (lpos, lpos + 1),
+        Anchor::Empty { lpos, .. } => (lpos, lpos + region.window()),
     };
-    let mut s = Scan {
-        region,
-        key,
-        start,
-        crcs: Vec::new(),
-        expect_seq: anchor.seq(),
-        expect_at,
-        link: None,
-        end: start,
-        window_end,
-        found: Vec::new(),
-    };
-    let limit = start + region.blocks;
-    let block = LOG_BLOCK as usize;
-    let mut buf = AlignedBuf::new(REPLAY_CHUNK as usize * block);
-    let mut p = start;
-    while p < s.window_end.min(limit) {
-        let to = s.window_end.min(limit);
-        let n = REPLAY_CHUNK
-            .min(to - p)
-            .min(region.blocks - p % region.blocks);
-        let bytes = &mut buf[..n as usize * block];
-        dev.read_at(region.offset_of(p), bytes)?;
-        for (k, b) in bytes.chunks_exact(block).enumerate() {
-            s.crcs.push(page_crc(b));
-            s.block(p + k as u64, b);
-        }
-        p += n;
+    let mut end = start;
+    loop {
+        let next = read.cands.get(&expect_seq).and_then(|cs| {
+            (cs.iter())
+                .filter(|c| {
+                    c.rec.header.lpos >= lo && c.rec.header.lpos < hi.min(start + region.blocks)
+                })
+                .filter(|c| link.is_none_or(|l| l == c.rec.header.link))
+                .min_by_key(|c| (c.rec.header.lpos, !c.first_copy))
+        });
+        let Some(c) = next else { break };
+        let h = c.rec.header;
+        repaired += !c.first_copy as u64;
+        let ok = (c.rec.entries.iter())
+            .map(|e| {
+                e.is_data()
+                    && e.lpos >= start
+                    && e.lpos < h.lpos
+                    && read.crcs[(e.lpos - start) as usize] == e.crc
+            })
+            .collect();
+        link = Some(c.link);
+        expect_seq += 1;
+        end = h.lpos + h.ring_blocks();
+        (lo, hi) = (end, end + region.window());
+        found.push(Found {
+            rec: c.rec.clone(),
+            ok,
+        });
     }
-    Ok(apply(s, anchor))
+    // A sound record of a commit after the one that is missing: that one was durable.
+    // (Records of the missing seq's own commit may survive a tear of its one write.)
+    let broken = (read.cands.range(expect_seq..).flat_map(|(_, cs)| cs))
+        .filter(|c| c.rec.header.group_first() > expect_seq)
+        .min_by_key(|c| c.rec.header.group_first())
+        .map(|c| Broken {
+            missing: expect_seq,
+            evidence: c.rec.header.group_first(),
+            evidence_lpos: c.rec.header.lpos,
+        });
+    Ok(apply(
+        found,
+        anchor,
+        start,
+        end,
+        expect_seq,
+        link,
+        Extra {
+            broken,
+            repaired,
+            mirror_seqs: read.mirror_seqs,
+        },
+    ))
+}
+
+/// What the scan adds to the applied chain.
+struct Extra {
+    broken: Option<Broken>,
+    repaired: u64,
+    mirror_seqs: Vec<u64>,
 }
 
 /// Applies the records found, in order.
-fn apply(s: Scan<'_>, anchor: Anchor) -> Replayed {
-    let last = s.found.last().map(|f| f.rec.header);
-    let last_group_first = last.map(|h| h.seq - h.group_index as u64);
+fn apply(
+    found: Vec<Found>,
+    anchor: Anchor,
+    start: u64,
+    end: u64,
+    next_seq: u64,
+    link: Option<u64>,
+    x: Extra,
+) -> Replayed {
+    let last = found.last().map(|f| f.rec.header);
+    let last_group_first = last.map(|h| h.group_first());
     // Commits whose flush may not have completed: the last one, and those a writer that
     // resumed after a replay named.
-    let mut unsure: Vec<(u64, u64)> = s
-        .found
-        .iter()
+    let mut unsure: Vec<(u64, u64)> = (found.iter())
         .filter(|f| f.rec.header.resumed_from != 0)
         .map(|f| (f.rec.header.resumed_from, f.rec.header.seq))
         .collect();
@@ -186,7 +303,7 @@ fn apply(s: Scan<'_>, anchor: Anchor) -> Replayed {
     let mut index = LogIndex::default();
     let mut lost: HashMap<(u32, u64), u64> = HashMap::new();
     let (mut pages, mut skipped) = (0, 0);
-    for f in &s.found {
+    for f in &found {
         let seq = f.rec.header.seq;
         let may_be_torn = unsure.iter().any(|&(lo, hi)| seq >= lo && seq < hi);
         for (e, &ok) in f.rec.entries.iter().zip(&f.ok) {
@@ -197,7 +314,14 @@ fn apply(s: Scan<'_>, anchor: Anchor) -> Replayed {
                 lost.insert((e.volume, e.page), f.rec.header.lpos);
                 continue;
             }
-            if e.lpos < s.start {
+            if e.is_cleaned() {
+                // The source holds the page's newest bytes: every version before is gone,
+                // and so is a loss of it.
+                index.remove(e.volume, e.page);
+                lost.remove(&(e.volume, e.page));
+                continue;
+            }
+            if e.lpos < start {
                 // A version the tail passed: cleaned to the source (or replaced by a newer
                 // entry, which follows). A loss recorded before it is over.
                 lost.remove(&(e.volume, e.page));
@@ -215,32 +339,34 @@ fn apply(s: Scan<'_>, anchor: Anchor) -> Replayed {
             }
         }
     }
-    let tail = last.map_or(s.start, |h| h.tail.max(s.start));
+    let tail = last.map_or(start, |h| h.tail.max(start));
     index.drop_below(tail);
     lost.retain(|_, lpos| *lpos >= tail);
     let mut lost_at = lost;
     let mut lost: Vec<(u32, u64)> = lost_at.keys().copied().collect();
     lost.sort_unstable();
-    let next_seq = s.expect_seq;
     Replayed {
         index,
         lost,
         lost_at: std::mem::take(&mut lost_at),
-        head: s.end,
+        head: end,
         next_seq,
         last_seq: next_seq - 1,
         tail,
         anchor,
-        commits: s.found.len() as u64,
+        commits: found.len() as u64,
         pages,
         skipped,
-        link: s.link,
+        link,
         last_group_first,
         last_commit: last.map(|h| {
             (
-                h.lpos - 2 * h.group_index as u64,
-                h.seq - h.group_index as u64,
+                h.lpos - h.ring_blocks() * h.group_index as u64,
+                h.group_first(),
             )
         }),
+        broken: x.broken,
+        repaired: x.repaired,
+        mirror_seqs: x.mirror_seqs,
     }
 }

@@ -3,8 +3,8 @@
 
 use super::record::{encode_record, record_link, RecordHeader};
 use super::{
-    commit_reserve, Anchor, LogEntry, LogRegion, Replayed, ENTRIES_PER_RECORD, LOG_BLOCK,
-    MAX_COMMIT_RECORDS,
+    commit_reserve, Anchor, LogEntry, LogRegion, Replayed, COPIES_APART, ENTRIES_PER_RECORD,
+    LOG_BLOCK, MAX_COMMIT_RECORDS,
 };
 use sce_io::AlignedBuf;
 use std::collections::VecDeque;
@@ -25,16 +25,22 @@ pub enum Full {
 }
 
 /// A commit ready to be written: `bytes` at log position `lpos` (device offset
-/// `region.offset_of(lpos)`), as one device write, then a flush of the device, then
-/// [`LogWriter::committed`] (or [`LogWriter::commit_failed`]).
+/// `region.offset_of(lpos)`) as one device write, and the same `bytes` at `mirror_at` if
+/// set (the second copies, in the mirror area: another device write, which may run beside
+/// the first), then a flush of the device, then [`LogWriter::committed`] (or
+/// [`LogWriter::commit_failed`]).
 #[derive(Debug)]
 pub struct PreparedCommit {
     /// Its first record's position.
     pub lpos: u64,
     /// The sequence numbers of its records.
     pub seqs: Range<u64>,
-    /// The records, each twice: `2 x records` blocks.
+    /// The records: once each (`records` blocks) when their second copies go to the mirror
+    /// area, else each twice, side by side (`2 x records` blocks).
     pub bytes: AlignedBuf,
+    /// Where the second copies go on the device (the mirror area), if they do not lie in
+    /// `bytes`.
+    pub mirror_at: Option<u64>,
     /// Entries it commits.
     pub entries: usize,
 }
@@ -56,6 +62,7 @@ struct InFlight {
     first_seq: u64,
     entries: Vec<LogEntry>,
     tail: u64,
+    mirror_slot: Option<u64>,
     failed: bool,
 }
 
@@ -80,6 +87,13 @@ pub struct LogWriter {
     commits: VecDeque<(u64, u64)>,
     /// Lost pages carried forward in tombstones ([`Self::set_carried`]).
     carried: u64,
+    /// The seq of the record each mirror slot holds (0: none known).
+    mirror_seq: Vec<u64>,
+    /// The mirror slot the next commit's second copies go to first.
+    mirror_next: u64,
+    /// Commits whose second copies went beside the first because every mirror slot was
+    /// still needed by replay.
+    beside: u64,
 }
 
 impl LogWriter {
@@ -109,6 +123,9 @@ impl LogWriter {
             need_commit: false,
             commits: VecDeque::new(),
             carried: 0,
+            mirror_seq: vec![0; region.mirror_blocks as usize],
+            mirror_next: 0,
+            beside: 0,
         })
     }
 
@@ -120,6 +137,13 @@ impl LogWriter {
     /// If the replay did not find its anchor ([`Replayed::anchor_missing`]).
     pub fn resume(region: LogRegion, key: [u8; 16], r: &Replayed) -> Self {
         assert!(!r.anchor_missing(), "the replay lost its anchor commit");
+        let mut mirror_seq = r.mirror_seqs.clone();
+        mirror_seq.resize(region.mirror_blocks as usize, 0);
+        // After the newest record the mirror holds: the oldest come next.
+        let newest = (mirror_seq.iter().enumerate())
+            .max_by_key(|&(_, &s)| s)
+            .filter(|&(_, &s)| s > 0)
+            .map(|(i, _)| i as u64 + 1);
         LogWriter {
             region,
             key,
@@ -136,6 +160,9 @@ impl LogWriter {
             need_commit: false,
             commits: r.last_commit.into_iter().collect(),
             carried: 0,
+            mirror_seq,
+            mirror_next: newest.unwrap_or(0) % region.mirror_blocks.max(1),
+            beside: 0,
         }
     }
 
@@ -171,6 +198,11 @@ impl LogWriter {
     pub fn pending(&self) -> usize {
         self.pending.len()
     }
+    /// Commits whose second copies went beside the first, in the ring, because every slot
+    /// of the mirror area still held a record replay needs (or the region has none).
+    pub fn commits_beside(&self) -> u64 {
+        self.beside
+    }
     /// True while a prepared commit is neither committed nor failed.
     pub fn commit_in_flight(&self) -> bool {
         self.in_flight.as_ref().is_some_and(|f| !f.failed)
@@ -186,12 +218,19 @@ impl LogWriter {
     /// the durable anchor's position one lap on, or lie more than `max_gap` positions past
     /// the last commit.
     pub fn allocate(&mut self, n: u64) -> Result<u64, Full> {
+        self.allocate_leaving(n, 0)
+    }
+
+    /// [`Self::allocate`], leaving `spare` more positions free before the anchor: what a
+    /// client's write leaves for the writes that copy forward the versions holding the tail
+    /// (which allocate with none), so that those always find room.
+    pub fn allocate_leaving(&mut self, n: u64, spare: u64) -> Result<u64, Full> {
         if n == 0 || n > self.region.max_write() {
             return Err(Full::TooLarge);
         }
         let at = self.region.place(self.head, n);
         let end = at + n;
-        if end + commit_reserve(end - self.tail + self.carried) > self.limit() {
+        if end + commit_reserve(end - self.tail + self.carried) + spare > self.limit() {
             return Err(Full::Ring);
         }
         if end - self.committed_end > self.region.max_gap() {
@@ -207,8 +246,17 @@ impl LogWriter {
     pub fn completed(&mut self, entries: &[LogEntry]) {
         debug_assert!(entries
             .iter()
-            .all(|e| e.lpos >= self.tail && e.lpos < self.head));
+            .all(|e| !e.is_data() || (e.lpos >= self.tail && e.lpos < self.head)));
         self.pending.extend_from_slice(entries);
+    }
+
+    /// The source now holds the newest bytes of `page` of `volume` (written there and
+    /// flushed): a cleaned entry for it goes into the next commit, after which no replay
+    /// brings back a version of it the log held before. The caller makes sure the source
+    /// write is durable before the commit is.
+    pub fn supersede(&mut self, volume: u32, page: u64) {
+        self.pending.push(LogEntry::cleaned(volume, page));
+        self.need_commit = true;
     }
 
     /// Carries the loss of `page` of `volume` forward: a tombstone for it goes into the next
@@ -253,9 +301,9 @@ impl LogWriter {
         if let Some(f) = &mut self.in_flight {
             assert!(f.failed, "a commit is already in flight");
             f.failed = false;
-            let (lpos, seq, tail) = (f.lpos, f.first_seq, f.tail);
+            let (lpos, seq, tail, slot) = (f.lpos, f.first_seq, f.tail, f.mirror_slot);
             let entries = std::mem::take(&mut f.entries);
-            let p = self.encode(lpos, seq, tail, &entries);
+            let p = self.encode(lpos, seq, tail, &entries, slot);
             self.in_flight.as_mut().expect("in flight").entries = entries;
             return Ok(Some(p));
         }
@@ -267,51 +315,110 @@ impl LogWriter {
             .len()
             .min(MAX_COMMIT_RECORDS * ENTRIES_PER_RECORD);
         let records = take.div_ceil(ENTRIES_PER_RECORD).max(1) as u64;
-        let at = self.region.place(self.head, 2 * records);
-        if at + 2 * records > self.limit() {
+        // Second copies in the mirror area when a slot run is free there; else beside the
+        // first copies.
+        let at = self.region.place(self.head, records);
+        let slot = self.mirror_slots(records, at);
+        let ring = if slot.is_some() { records } else { 2 * records };
+        let at = self.region.place(self.head, ring);
+        if at + ring > self.limit() {
             return Err(Full::Ring);
         }
-        self.head = at + 2 * records;
+        if slot.is_none() {
+            self.beside += 1;
+        }
+        if let Some(s) = slot {
+            for i in 0..records {
+                self.mirror_seq[(s + i) as usize] = self.next_seq + i;
+            }
+            self.mirror_next = (s + records) % self.region.mirror_blocks;
+        }
+        self.head = at + ring;
         self.need_commit = false;
         let entries: Vec<LogEntry> = self.pending.drain(..take).collect();
-        let p = self.encode(at, self.next_seq, self.tail, &entries);
+        let p = self.encode(at, self.next_seq, self.tail, &entries, slot);
         self.in_flight = Some(InFlight {
             lpos: at,
             first_seq: self.next_seq,
             entries,
             tail: self.tail,
+            mirror_slot: slot,
             failed: false,
         });
         Ok(Some(p))
     }
 
-    fn encode(&self, lpos: u64, seq: u64, tail: u64, entries: &[LogEntry]) -> PreparedCommit {
+    /// The first of `records` consecutive mirror slots for the second copies of a commit
+    /// whose first copies go to ring position `lpos`, if there are such slots whose records
+    /// replay no longer needs (older than the durable anchor) lying far enough from the ring
+    /// copies ([`COPIES_APART`], or half the mirror area if it is smaller).
+    fn mirror_slots(&self, records: u64, lpos: u64) -> Option<u64> {
+        let m = self.region.mirror_blocks;
+        if m < records {
+            return None;
+        }
+        let needed = self.anchor.seq();
+        let len = records * LOG_BLOCK;
+        let ring = self.region.offset_of(lpos);
+        let want = COPIES_APART.min(m * LOG_BLOCK / 2);
+        let ok = |s: u64| {
+            let mirror = self.region.mirror_at(s);
+            let gap = if ring + len <= mirror {
+                mirror - (ring + len)
+            } else {
+                ring.saturating_sub(mirror + len)
+            };
+            gap >= want && (s..s + records).all(|i| self.mirror_seq[i as usize] < needed)
+        };
+        let next = if self.mirror_next + records > m {
+            0
+        } else {
+            self.mirror_next
+        };
+        // The next slots in turn (they hold the oldest records); else the far end.
+        [next, m - records].into_iter().find(|&s| ok(s))
+    }
+
+    fn encode(
+        &self,
+        lpos: u64,
+        seq: u64,
+        tail: u64,
+        entries: &[LogEntry],
+        slot: Option<u64>,
+    ) -> PreparedCommit {
         let records = entries.len().div_ceil(ENTRIES_PER_RECORD).max(1);
         let block = LOG_BLOCK as usize;
-        let mut bytes = AlignedBuf::new(2 * records * block);
+        let per = if slot.is_some() { 1 } else { 2 };
+        let mut bytes = AlignedBuf::new(per * records * block);
         let mut link = self.link.unwrap_or(0);
         for i in 0..records {
             let h = RecordHeader {
                 seq: seq + i as u64,
-                lpos: lpos + 2 * i as u64,
+                lpos: lpos + (per * i) as u64,
                 tail,
                 link,
                 epoch: self.epoch,
                 resumed_from: self.resumed_from,
                 group_index: i as u16,
                 group_len: records as u16,
+                copy2: slot.map_or(0, |s| (s + i as u64 + 1) as u32),
             };
             let part = &entries[(i * ENTRIES_PER_RECORD).min(entries.len())
                 ..((i + 1) * ENTRIES_PER_RECORD).min(entries.len())];
-            let (first, second) = bytes[2 * i * block..(2 * i + 2) * block].split_at_mut(block);
+            let mine = &mut bytes[per * i * block..(per * i + per) * block];
+            let (first, second) = mine.split_at_mut(block);
             encode_record(&self.key, &h, part, first);
-            second.copy_from_slice(first);
+            if per == 2 {
+                second.copy_from_slice(first);
+            }
             link = record_link(first);
         }
         PreparedCommit {
             lpos,
             seqs: seq..seq + records as u64,
             bytes,
+            mirror_at: slot.map(|s| self.region.mirror_at(s)),
             entries: entries.len(),
         }
     }
@@ -324,12 +431,11 @@ impl LogWriter {
             (p.lpos, p.seqs.start),
             "another commit"
         );
-        let records = p.seqs.end - p.seqs.start;
         let block = LOG_BLOCK as usize;
-        let last = (2 * records as usize - 1) * block;
+        let last = p.bytes.len() - block;
         self.link = Some(record_link(&p.bytes[last..last + block]));
         self.next_seq = p.seqs.end;
-        self.committed_end = p.lpos + 2 * records;
+        self.committed_end = p.lpos + (p.bytes.len() / block) as u64;
         self.resumed_from = 0;
         self.commits.push_back((p.lpos, p.seqs.start));
     }

@@ -4,6 +4,9 @@
 //! write, replay, and a check of every page: its last write acknowledged before the last
 //! completed FLUSH, or a later one (acknowledged or in flight); never older, never a torn
 //! mix. A page the log no longer holds reads from the model source, under the same rule.
+//! With a mirror area, second copies of records go there (another device write); writes
+//! that go through to the source (a drain's, a discard's) supersede the log's versions with
+//! cleaned entries, acknowledged once their commit is durable.
 
 use super::crash::CrashDev;
 use rand::{rngs::SmallRng, Rng, SeedableRng};
@@ -61,6 +64,8 @@ pub struct Config {
     /// Percent of steps that FLUSH.
     pub flush_pct: u32,
     pub seed: u64,
+    /// Blocks of the mirror area (0: none, records keep both copies in the ring).
+    pub mirror: u64,
 }
 
 /// What the runs did and found.
@@ -82,6 +87,8 @@ pub struct Totals {
     pub replayed_commits: u64,
     pub replayed_skipped: u64,
     pub laps: u64,
+    pub through_writes: u64,
+    pub commits_beside: u64,
 }
 
 /// The test chose to crash here.
@@ -120,15 +127,18 @@ pub struct Model {
 
 impl Model {
     pub fn new(cfg: Config) -> Model {
+        let mirror_at = (2 * GUARD + cfg.blocks) * LOG_BLOCK;
         let region = LogRegion {
             offset: GUARD * LOG_BLOCK,
             blocks: cfg.blocks,
+            mirror_offset: if cfg.mirror > 0 { mirror_at } else { 0 },
+            mirror_blocks: cfg.mirror,
         };
         let n = cfg.pages as usize;
         Model {
             rng: SmallRng::seed_from_u64(cfg.seed),
             region,
-            dev: CrashDev::new((cfg.blocks + 2 * GUARD) * LOG_BLOCK),
+            dev: CrashDev::new((cfg.blocks + cfg.mirror + 3 * GUARD) * LOG_BLOCK),
             w: LogWriter::new(region, KEY, 0, 1).unwrap(),
             version: 0,
             source: vec![0; n],
@@ -166,11 +176,12 @@ impl Model {
                 self.complete_one();
                 Ok(())
             }
-            x if x < f + 90 => {
+            x if x < f + 87 => {
                 let to = self.w.tail() + self.rng.gen_range(0..=self.cfg.blocks / 3);
                 self.clean(to);
                 Ok(())
             }
+            x if x < f + 90 => self.through_write(),
             _ => {
                 self.anchor();
                 Ok(())
@@ -269,6 +280,10 @@ impl Model {
                 Err(e) => panic!("a commit refused: {e:?}"),
             };
             self.write_dev(p.lpos, &p.bytes);
+            if let Some(m) = p.mirror_at {
+                self.dev.write_at(m, &p.bytes).unwrap();
+                self.issued += 1;
+            }
             self.t.commits += 1;
             self.t.multi_record_commits += (p.seqs.end - p.seqs.start > 1) as u64;
             if self.rng.gen_ratio(1, 6) {
@@ -280,6 +295,30 @@ impl Model {
         for (f, s) in self.floor.iter_mut().zip(snapshot) {
             *f = (*f).max(s);
         }
+        Ok(())
+    }
+
+    /// A write that goes through to the source while the log holds a version of its page
+    /// (a drain's): the source has it (durable at once in this model), a cleaned entry
+    /// supersedes the log's versions, and it is acknowledged once that is committed. May
+    /// crash before: the page then reads as its log version or the new one.
+    fn through_write(&mut self) -> Result<(), Crash> {
+        let p = self.rng.gen_range(0..self.cfg.pages);
+        let i = p as usize;
+        if self.busy[i] {
+            return Ok(());
+        }
+        self.version += 1;
+        let v = self.version;
+        self.source[i] = v;
+        self.written[i].insert(v);
+        self.acked[i] = v;
+        self.w.supersede(VOL, p);
+        self.t.through_writes += 1;
+        self.flush()?;
+        // Superseded durably: the log's versions of it no longer hold the tail.
+        self.live[i] = None;
+        self.unclean[i] = None;
         Ok(())
     }
 
@@ -379,7 +418,9 @@ impl Model {
             from_log as usize,
             "pages of no write indexed"
         );
+        assert!(r.broken.is_none(), "no damage, yet a break: {:?}", r.broken);
         self.inflight.clear();
+        self.t.commits_beside += self.w.commits_beside();
         self.w = LogWriter::resume(self.region, KEY, &r);
     }
 
@@ -412,9 +453,13 @@ impl Model {
             self.region.offset,
             self.region.offset + self.cfg.blocks * LOG_BLOCK,
         );
+        let (mlo, mhi) = (
+            self.region.mirror_offset,
+            self.region.mirror_offset + self.cfg.mirror * LOG_BLOCK,
+        );
         for &(off, len) in &w {
             assert!(
-                off >= lo && off + len <= hi,
+                (off >= lo && off + len <= hi) || (off >= mlo && off + len <= mhi),
                 "a write at {off}+{len} leaves the region"
             );
         }

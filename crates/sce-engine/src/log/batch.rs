@@ -1,0 +1,320 @@
+//! One cleaning batch: the oldest live versions (up to [`BATCH_PAGES`]; a drain's range
+//! first), sorted by source offset and coalesced into runs of up to [`RUN_PAGES`] (1 MiB),
+//! written up to [`SOURCE_WRITERS`] at once through the write-through path (the source, and
+//! the clean cache's copy where the fragment is cached, with that path's own journal), one
+//! source flush, then the versions written leave the index (unless a newer one came
+//! meanwhile), the tail moves, and the anchor follows.
+//!
+//! **Per page, never per batch.** A run the source refuses fails alone: its pages stay
+//! dirty, *stuck*, each retried on its own after its backoff (so one bad block is found and
+//! holds only itself), while every other run of the batch is cleaned and released. A page
+//! whose copy in the log fails its checksum is lost at once (counted, logged, a tombstone
+//! queued: reads of it fail, never an older version) and the rest of its run is cleaned.
+//! A page past the end of a source that is not a whole number of pages is written up to
+//! that end.
+
+use super::prefetch::Prefetched;
+use super::state::{Dirty, Stuck};
+use super::LogBack;
+use crate::engine::Engine;
+use crate::through::Payload;
+use sce_core::PAGE_SIZE;
+use sce_io::{AlignedBuf, IoError};
+use sce_store::wblog::TOMBSTONE;
+use std::collections::HashSet;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+/// Versions one batch takes (4 MiB of pages).
+const BATCH_PAGES: usize = 1024;
+/// Pages of one source write, at most (1 MiB).
+const RUN_PAGES: u64 = 256;
+/// Source writes a batch keeps in flight.
+const SOURCE_WRITERS: usize = 16;
+/// Stuck pages one batch retries, each on its own.
+const RETRIES_PER_BATCH: usize = 2 * SOURCE_WRITERS;
+
+/// What one batch came to.
+#[derive(Debug, Default)]
+pub(super) struct Batch {
+    /// Pages written to the source and released.
+    pub(super) cleaned: u64,
+    /// Pages whose source write failed (stuck, retried later).
+    pub(super) failed: u64,
+    /// The last source error.
+    pub(super) error: Option<String>,
+}
+
+/// What one run came to: (page, position) of each version written, and the pages whose
+/// write failed.
+#[derive(Default)]
+struct RunOut {
+    cleaned: Vec<(u64, u64)>,
+    failed: Vec<u64>,
+    error: Option<String>,
+}
+
+/// Why a version could not be taken from the log.
+pub(super) enum Unread {
+    /// Its copy fails its checksum: damaged, the page is lost.
+    Damaged,
+    /// The device would not read it.
+    Io(IoError),
+}
+
+impl LogBack {
+    /// The pages a batch takes: in `focus` first (a drain's range), then those of the
+    /// oldest live versions; stuck pages only once due, at most [`RETRIES_PER_BATCH`] of
+    /// them. Returns the pages and which of them are retries (written alone).
+    fn pick(&self, focus: Option<(u64, u64)>, now: Instant) -> (Vec<u64>, HashSet<u64>) {
+        let st = self.st.lock();
+        let mut pages = match focus {
+            Some((a, b)) => st.dirty_pages_in(a, b, BATCH_PAGES, now),
+            None => Vec::new(),
+        };
+        let mut seen: HashSet<u64> = pages.iter().copied().collect();
+        for &g in st.live.values() {
+            if pages.len() >= BATCH_PAGES {
+                break;
+            }
+            if st.stuck.get(&g).is_none_or(|s| s.retry_at <= now) && seen.insert(g) {
+                pages.push(g);
+            }
+        }
+        let mut alone = HashSet::new();
+        pages.retain(|g| match st.stuck.get(g) {
+            None => true,
+            Some(_) if alone.len() < RETRIES_PER_BATCH => alone.insert(*g),
+            Some(_) => false,
+        });
+        pages.retain(|g| st.index.contains_key(g));
+        (pages, alone)
+    }
+
+    /// One batch (see the module's doc), of `focus` first if given. Never fails as a
+    /// whole: what was cleaned is released, what failed is counted.
+    pub(super) fn clean_batch(&self, e: &Engine, focus: Option<(u64, u64)>) -> Batch {
+        let _one = self.clean_io.lock();
+        let now = Instant::now();
+        let (mut pages, alone) = self.pick(focus, now);
+        if pages.is_empty() {
+            self.settle_tail();
+            return Batch::default();
+        }
+        pages.sort_unstable();
+        pages.dedup();
+        let runs = self.runs(&pages, &alone);
+        let positions: Vec<u64> = {
+            let st = self.st.lock();
+            pages
+                .iter()
+                .filter_map(|g| st.index.get(g))
+                .map(|d| d.lpos)
+                .collect()
+        };
+        let pre = Prefetched::read(self, positions);
+        let outs = self.write_runs(e, &pre, &runs);
+        let mut b = Batch::default();
+        let mut cleaned: Vec<(u64, u64)> = Vec::with_capacity(pages.len());
+        let mut failed = Vec::new();
+        for o in outs {
+            cleaned.extend(o.cleaned);
+            failed.extend(o.failed);
+            b.error = o.error.or(b.error);
+        }
+        if !cleaned.is_empty() {
+            if let Err(err) = e.dev.source.flush() {
+                // Nothing is on the source for sure: all of it stays dirty.
+                failed.extend(cleaned.drain(..).map(|(g, _)| g));
+                b.error = Some(format!("the source could not be flushed: {err}"));
+            }
+        }
+        (b.cleaned, b.failed) = (cleaned.len() as u64, failed.len() as u64);
+        {
+            let mut st = self.st.lock();
+            for (g, l) in cleaned {
+                st.cleaned(g, l);
+            }
+            for g in failed {
+                if st.index.contains_key(&g) {
+                    let s = st.stuck.entry(g).or_insert(Stuck {
+                        tries: 0,
+                        retry_at: now,
+                    });
+                    s.tries += 1;
+                    s.retry_at = Instant::now() + Stuck::backoff(s.tries);
+                }
+            }
+        }
+        self.bytes_cleaned.fetch_add(b.cleaned * PAGE_SIZE, Relaxed);
+        self.settle_tail();
+        b
+    }
+
+    /// Moves the tail as far as the log's state allows, and the anchor after it.
+    pub(super) fn settle_tail(&self) {
+        {
+            let mut st = self.st.lock();
+            let tail = st.tail();
+            st.w.set_tail(tail);
+        }
+        if let Err(err) = self.advance_anchor() {
+            tracing::warn!("write-back log: the anchor could not be moved: {err}");
+        }
+        self.progress.bump();
+    }
+
+    /// Writes `runs` from [`SOURCE_WRITERS`] threads at once (a SAN serves many writes in
+    /// flight; one at a time, 4 KiB runs over a 2 ms source drain 2 MB/s).
+    fn write_runs(&self, e: &Engine, pre: &Prefetched, runs: &[(u64, u64)]) -> Vec<RunOut> {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|sc| {
+            let workers: Vec<_> = (0..SOURCE_WRITERS.min(runs.len()))
+                .map(|_| {
+                    sc.spawn(|| {
+                        let mut mine = RunOut::default();
+                        while let Some(&(g0, n)) = runs.get(next.fetch_add(1, Relaxed)) {
+                            self.clean_run(e, pre, g0, n, &mut mine);
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            (workers.into_iter())
+                .map(|w| w.join().expect("a cleaning thread panicked"))
+                .collect()
+        })
+    }
+
+    /// Sorted pages cut into runs of consecutive pages within one volume, at most
+    /// `RUN_PAGES` each, a page of `alone` a run of its own: (first page, pages).
+    fn runs(&self, pages: &[u64], alone: &HashSet<u64>) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < pages.len() {
+            let g0 = pages[i];
+            let stop = self.volume_end(g0);
+            let mut n = 1;
+            while !alone.contains(&g0)
+                && i + (n as usize) < pages.len()
+                && pages[i + n as usize] == g0 + n
+                && !alone.contains(&(g0 + n))
+                && g0 + n < stop
+                && n < RUN_PAGES
+            {
+                n += 1;
+            }
+            out.push((g0, n));
+            i += n as usize;
+        }
+        out
+    }
+
+    /// Writes the newest versions of pages `[g0, g0 + n)` (those that still have one) to
+    /// the source through the write-through path, holding them in `source_order`; notes in
+    /// `out` what was written and what failed. A damaged copy is lost there and then, and
+    /// the rest of the run goes on.
+    fn clean_run(&self, e: &Engine, pre: &Prefetched, g0: u64, n: u64, out: &mut RunOut) {
+        let ps = PAGE_SIZE;
+        let _o = self.source_order.lock(g0 * ps, (g0 + n) * ps, true);
+        // The newest versions now, read under `source_order`: a write that went through to
+        // the source and superseded them meanwhile left none. A version's blocks stay as
+        // they are until the tail passes them, which only the cleaner moves.
+        let vers: Vec<Option<Dirty>> = {
+            let st = self.st.lock();
+            (g0..g0 + n).map(|g| st.index.get(&g).copied()).collect()
+        };
+        let mut buf = AlignedBuf::new((n * ps) as usize);
+        let mut k = 0;
+        while k < vers.len() {
+            let start = k;
+            while k < vers.len() {
+                let Some(d) = vers[k] else { break };
+                let g = g0 + k as u64;
+                match self.take(pre, d, &mut buf[k * ps as usize..(k + 1) * ps as usize]) {
+                    Ok(()) => k += 1,
+                    Err(Unread::Damaged) => {
+                        self.found_damaged(g, d);
+                        break;
+                    }
+                    Err(Unread::Io(err)) => {
+                        e.cache_read_failed(&err);
+                        out.failed.push(g);
+                        out.error = Some(format!("reading the write-back log failed: {err}"));
+                        break;
+                    }
+                }
+            }
+            if k > start {
+                let first = g0 + start as u64;
+                let len = self.bytes_within(first, (k - start) as u64) as usize;
+                let (a, b) = (start * ps as usize, start * ps as usize + len);
+                let written = self
+                    .through
+                    .write(e, first * ps, Payload::Borrowed(&buf[a..b]));
+                let done = (start..k).map(|j| (g0 + j as u64, vers[j].expect("read").lpos));
+                match written {
+                    Ok(()) => {
+                        self.source_writes.fetch_add(1, Relaxed);
+                        out.cleaned.extend(done);
+                    }
+                    Err(err) => {
+                        out.failed.extend(done.map(|(g, _)| g));
+                        out.error = Some(err.to_string());
+                    }
+                }
+            }
+            // Past the page that stopped the sub-run (none, damaged, or unreadable).
+            k += 1;
+        }
+    }
+
+    /// Version `d` into `to`: from the read-ahead if it holds it intact, else read on its
+    /// own (a damaged block is read again alone: the error names the page).
+    fn take(&self, pre: &Prefetched, d: Dirty, to: &mut [u8]) -> Result<(), Unread> {
+        if let Some(b) = pre.block(d.lpos) {
+            if sce_store::wblog::page_crc(b) == d.crc {
+                to.copy_from_slice(b);
+                return Ok(());
+            }
+        }
+        self.read_checked(d, to)
+    }
+
+    /// Version `d` read from the log into `to` (4 KiB), checked against its checksum.
+    pub(super) fn read_checked(&self, d: Dirty, to: &mut [u8]) -> Result<(), Unread> {
+        let mut page = AlignedBuf::new(PAGE_SIZE as usize);
+        self.dev
+            .read_at(self.at(d.lpos), &mut page)
+            .map_err(Unread::Io)?;
+        if sce_store::wblog::page_crc(&page) != d.crc {
+            return Err(Unread::Damaged);
+        }
+        to.copy_from_slice(&page);
+        Ok(())
+    }
+
+    /// Page `g`'s version `d` fails its checksum in the log (read twice): its only copy is
+    /// damaged. If it is still the newest, the page is lost from now on (reads fail, never
+    /// an older version), which a tombstone in the next commit records; logged once.
+    pub(super) fn found_damaged(&self, g: u64, d: Dirty) {
+        {
+            let mut st = self.st.lock();
+            if !st.damaged(g, d) {
+                return;
+            }
+            if st.carrying.insert(g) {
+                let (volume, page) = self.local(g);
+                st.w.carry_lost(volume, page);
+                st.pending.push_back((TOMBSTONE, g));
+            }
+        }
+        self.damaged_found.fetch_add(1, Relaxed);
+        tracing::error!(
+            offset = g * PAGE_SIZE,
+            "write-back data failed its checksum in the log (its only copy is damaged on the \
+             cache device): the page is lost, and reads of it fail until it is written again"
+        );
+        self.cleaner_wanted();
+    }
+}

@@ -1,0 +1,182 @@
+//! Room in the ring (issue 44): one page the cleaner cannot take holds back at most its own
+//! room, never the ring.
+//!
+//! The ring is freed from its tail only, so a version that stays behind (its source write
+//! fails: *stuck*) or the record of a loss would hold every position after it, and the log
+//! would fill behind it. When the log wants room the cleaner copies each stuck version that
+//! holds the tail to the head (a new version of the same bytes, committed, after which the
+//! old one is no longer needed: a log-structured store's garbage collection) and carries
+//! each loss that holds it forward in a tombstone. The copies allocate from a spare that
+//! clients' writes leave free ([`LogBack::spare`]), so they always find room.
+//!
+//! On a device several exports share, a volume whose source fails writes takes at most its
+//! share of the ring, so that one failing source never stops another export's writes.
+
+use super::batch::Unread;
+use super::commit::Try;
+use super::state::{Dirty, St};
+use super::LogBack;
+use sce_core::PAGE_SIZE;
+use sce_io::AlignedBuf;
+use sce_store::wblog::{page_crc, LogEntry, TOMBSTONE};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Stuck versions copied forward per round, at most.
+const RELOCATE_MAX: usize = 64;
+
+impl LogBack {
+    /// Positions a client's write leaves free before the anchor for the copies that move
+    /// stuck versions forward (a 64th of the ring, 16 to 1,024).
+    pub(super) fn spare(&self) -> u64 {
+        (self.region.blocks / 64).clamp(16, 1024)
+    }
+
+    /// True if the volume of global page `g` shares the device, has pages its source
+    /// refused, and holds its share of the ring already (half the ring over the volumes):
+    /// its writers wait, the others go on.
+    pub(super) fn over_share(&self, st: &St, g: u64) -> bool {
+        if self.vols.len() < 2 || st.stuck.is_empty() {
+            return false;
+        }
+        let v = st.vol_of(g);
+        let share = self.region.blocks / 2 / self.vols.len() as u64;
+        st.vol_dirty[v] >= share && st.stuck.keys().any(|&p| st.vol_of(p) == v)
+    }
+
+    /// True if the log wants room now: a quarter of the ring used, or a drain under way.
+    pub(super) fn room_wanted(&self) -> bool {
+        let used = {
+            let st = self.st.lock();
+            st.w.head() - st.w.tail()
+        };
+        used * 4 >= self.region.blocks || self.forced.load(Relaxed) > 0
+    }
+
+    /// Frees what holds the tail and cannot be cleaned: losses carried forward, stuck
+    /// versions copied to the head. Returns the versions copied.
+    pub(super) fn make_room(&self) -> u64 {
+        let data_tail = self.st.lock().tail_of_data();
+        self.carry_losses(data_tail);
+        let holders = self.holders();
+        let moved = holders
+            .into_iter()
+            .filter(|&(g, d)| self.relocate(g, d))
+            .count() as u64;
+        if moved > 0 {
+            self.relocated.fetch_add(moved, Relaxed);
+            // The copies committed, the old versions are no longer needed.
+            self.autocommit();
+            self.settle_tail();
+        }
+        moved
+    }
+
+    /// The stuck versions at the tail worth copying forward: those before the first live
+    /// version that is not stuck (at most [`RELOCATE_MAX`]), if copying them frees at least
+    /// twice the room the copies take. (Under an outage of the only source every version is
+    /// stuck, side by side: copying them would free nothing and only rewrite the log.)
+    fn holders(&self) -> Vec<(u64, Dirty)> {
+        let st = self.st.lock();
+        let mut out = Vec::new();
+        let mut next = st.w.head();
+        for (&l, &g) in &st.live {
+            let newest = st.index.get(&g).filter(|d| d.lpos == l);
+            match (newest, st.stuck.contains_key(&g)) {
+                (Some(&d), true) if out.len() < RELOCATE_MAX => out.push((g, d)),
+                _ => {
+                    next = l;
+                    break;
+                }
+            }
+        }
+        let first = out.first().map_or(next, |(_, d)| d.lpos);
+        if next - first < 2 * out.len() as u64 {
+            out.clear();
+        }
+        out
+    }
+
+    /// Copies page `g`'s version `d` to the head: a new version of the same bytes, which
+    /// counts only if `d` is still the newest when it lands (a client's write meanwhile
+    /// wins). False if it could not be read or written, or there was no room.
+    fn relocate(&self, g: u64, d: Dirty) -> bool {
+        let mut page = AlignedBuf::new(PAGE_SIZE as usize);
+        match self.read_checked(d, &mut page) {
+            Ok(()) => {}
+            Err(Unread::Damaged) => {
+                self.found_damaged(g, d);
+                return false;
+            }
+            Err(Unread::Io(_)) => return false,
+        }
+        let lpos = {
+            let mut st = self.st.lock();
+            match st.w.allocate_leaving(1, 0) {
+                Ok(l) => {
+                    *st.inflight.entry(l).or_default() += 1;
+                    l
+                }
+                Err(_) => return false,
+            }
+        };
+        let written = self.dev.write_at(self.at(lpos), &page);
+        let mut st = self.st.lock();
+        st.landed(lpos);
+        if written.is_err() || st.index.get(&g) != Some(&d) {
+            return false;
+        }
+        let (volume, p) = self.local(g);
+        let crc = page_crc(&page);
+        st.w.completed(&[LogEntry {
+            lpos,
+            volume,
+            page: p,
+            crc,
+        }]);
+        st.newest(g, Dirty { lpos, crc }, true);
+        st.written += 1;
+        true
+    }
+
+    /// Carries forward each loss recorded below position `before` (all: `u64::MAX`): a
+    /// tombstone for the page in a commit of its own, after which the tail, and the anchor,
+    /// may pass the damaged version or the older tombstone. A lost page then never stops
+    /// the ring.
+    pub(super) fn carry_losses(&self, before: u64) {
+        let mark = {
+            let mut st = self.st.lock();
+            if st.loss_at.is_empty() {
+                return;
+            }
+            // Not a page rewritten since (its loss ends when that write is committed).
+            let due: Vec<u64> = st
+                .loss_at
+                .iter()
+                .filter(|&(g, &at)| at < before && st.lost.contains(g))
+                .filter(|&(g, _)| !st.carrying.contains(g))
+                .map(|(&g, _)| g)
+                .collect();
+            if due.is_empty() {
+                return;
+            }
+            for g in due {
+                let (volume, page) = self.local(g);
+                st.w.carry_lost(volume, page);
+                st.pending.push_back((TOMBSTONE, g));
+                st.carrying.insert(g);
+            }
+            st.written
+        };
+        loop {
+            match self.try_commit_forced(mark) {
+                Ok(Try::More) => {}
+                Ok(_) => return,
+                Err(err) => {
+                    // Retried with the next commit (its entries stay in the writer).
+                    tracing::warn!("write-back log: carrying lost pages forward failed: {err}");
+                    return;
+                }
+            }
+        }
+    }
+}
