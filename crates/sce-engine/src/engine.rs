@@ -42,9 +42,12 @@ pub(crate) struct Engine {
     pub(crate) signals: Signals,
     /// log2 of the fragment size.
     pub(crate) fshift: u32,
-    /// Write-back: the cache device holds the only copy of dirty data (disabling the cache
-    /// keeps it, and refuses writes).
+    /// Write-back in the slots: the core shards hold dirty pages (reads of them never go to
+    /// the source).
     pub(crate) writeback: bool,
+    /// Write-back, in the slots or through the log: the cache device holds the only copy of
+    /// dirty data (disabling the cache keeps the device unmarked, and refuses writes).
+    pub(crate) holds_dirty: bool,
     /// The clients' source read latency against its floor (population's gate, with miss
     /// fills).
     pub(crate) source_load: crate::load::SourceLoad,
@@ -195,7 +198,7 @@ impl Engine {
         if self.health.enter_passthrough() {
             return;
         }
-        if self.writeback {
+        if self.holds_dirty {
             // Write-back: the device holds the only copy of the dirty data. It is not marked
             // failed (a restart on a healthy device recovers what it holds, each page checked
             // against its checksum); until then dirty pages read as errors, writes are

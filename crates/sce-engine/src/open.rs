@@ -402,6 +402,7 @@ impl CacheVolume {
             signals: Signals::default(),
             fshift,
             writeback,
+            holds_dirty: config.core.write_mode == sce_core::WriteMode::WriteBack,
             source_load: Default::default(),
         });
         let (tx, rx) = crossbeam_channel::unbounded::<AwtJob>();

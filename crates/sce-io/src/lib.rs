@@ -2,8 +2,9 @@
 //!
 //! [`BlockDevice`] is what every layer above speaks: the cached volume is one, the NBD server
 //! serves one. Implementations: [`FileDevice`] (files and block devices, O_DIRECT),
-//! [`MemDevice`], and the wrappers [`LatencyDevice`] (a slow SAN or disk) and
-//! [`FaultDevice`] (injected faults). [`conformance`] is the one test suite they all pass.
+//! [`MemDevice`], [`PowerCutDevice`] (a volatile write cache that loses power, for crash
+//! tests), and the wrappers [`LatencyDevice`] (a slow SAN or disk) and [`FaultDevice`]
+//! (injected faults). [`conformance`] is the one test suite they all pass.
 
 /// Inside a wrapper's `impl BlockDevice`: the metadata methods (identity, extents, size,
 /// logical block size), answered by the wrapped device `self.inner` unchanged.
@@ -41,6 +42,7 @@ pub mod file;
 pub mod latency;
 pub mod mem;
 pub mod pool;
+pub mod powercut;
 pub mod queue;
 pub mod slice;
 pub mod thread;
@@ -53,6 +55,7 @@ pub use file::{DirectMode, FileDevice, FileOptions, LockMode};
 pub use latency::{Delay, LatencyConfig, LatencyDevice};
 pub use mem::MemDevice;
 pub use pool::{BufPool, PooledBuf};
+pub use powercut::{CutCounts, Power, PowerCutDevice};
 pub use queue::{
     open_queue, Backend, IoDone, IoOp, IoQueue, OnDone, QueuedReads, StartedRead, StartedWrite,
     ThreadQueue, UringQueue,

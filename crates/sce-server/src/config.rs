@@ -96,6 +96,82 @@ pub struct ServeConfig {
     /// Shared mode: the cached exports are volumes other hosts cache too, kept coherent
     /// through etcd (`--shared`).
     pub shared: Option<SharedConfig>,
+    /// Devices opened by name instead of from the filesystem (tests: a power-cut model of
+    /// the cache device and the sources, in process). Empty in a server.
+    #[doc(hidden)]
+    pub devices: DeviceTable,
+}
+
+/// Devices by name: an export whose source or cache names one of them uses that device
+/// (no file is opened or locked, and hits and log writes go through a pool of I/O
+/// threads over it). For tests that put the server's devices behind models.
+#[doc(hidden)]
+#[derive(Clone, Default)]
+pub struct DeviceTable(
+    pub std::sync::Arc<parking_lot::Mutex<std::collections::HashMap<String, DeviceRef>>>,
+);
+
+/// A device of a [`DeviceTable`].
+pub type DeviceRef = std::sync::Arc<dyn sce_io::BlockDevice>;
+
+impl DeviceTable {
+    /// The device named `name`, if the table has one.
+    pub fn get(&self, name: &str) -> Option<DeviceRef> {
+        self.0.lock().get(name).cloned()
+    }
+    /// Names `dev` `name` (replacing what had the name).
+    pub fn put(&self, name: &str, dev: DeviceRef) {
+        self.0.lock().insert(name.to_string(), dev);
+    }
+}
+
+impl std::fmt::Debug for DeviceTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self.0.lock().keys().cloned().collect();
+        f.debug_tuple("DeviceTable").field(&names).finish()
+    }
+}
+
+/// The defaults of `sce serve`: nothing exported or listened on yet, every setting as the
+/// command line's default.
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            exports: Vec::new(),
+            listen: Vec::new(),
+            metrics: None,
+            admin: None,
+            admin_group: None,
+            metrics_public: false,
+            insecure: false,
+            tls: TlsConfig::default(),
+            direct: DirectMode::Required,
+            source_connections: 4,
+            source_queue_depth: 32,
+            io_backend: sce_io::Backend::Auto,
+            source_timeout: Duration::from_secs(60),
+            persist: true,
+            force: false,
+            reformat: false,
+            forget_volume: false,
+            discard_dirty: Vec::new(),
+            reattach: false,
+            source_generation: None,
+            state_dir: "/var/lib/sce".into(),
+            error_limit: 16,
+            metadata_interval: Duration::from_secs(1),
+            crash_journal: true,
+            write_hot: true,
+            writeback_log: crate::log_size::LogSize::Auto,
+            max_connections: 256,
+            idle_timeout: Duration::ZERO,
+            client_timeout: Duration::from_secs(60),
+            inflight_budget: 256 << 20,
+            socket_mode: 0o600,
+            shared: None,
+            devices: Default::default(),
+        }
+    }
 }
 
 /// Shared mode's settings (`--shared`, `--host-name`, `--lease-ttl`).
@@ -477,35 +553,7 @@ mod tests {
                 .collect(),
             listen: listen.iter().map(|l| l.parse().unwrap()).collect(),
             metrics: metrics.map(str::to_string),
-            admin: None,
-            admin_group: None,
-            metrics_public: false,
-            insecure: false,
-            tls: TlsConfig::default(),
-            direct: DirectMode::Required,
-            source_connections: 4,
-            source_queue_depth: 32,
-            io_backend: sce_io::Backend::Auto,
-            source_timeout: Duration::from_secs(60),
-            persist: true,
-            force: false,
-            reformat: false,
-            forget_volume: false,
-            discard_dirty: Vec::new(),
-            reattach: false,
-            source_generation: None,
-            state_dir: "/var/lib/sce".into(),
-            error_limit: 16,
-            metadata_interval: Duration::from_secs(1),
-            crash_journal: true,
-            write_hot: true,
-            writeback_log: crate::log_size::LogSize::Auto,
-            max_connections: 256,
-            idle_timeout: Duration::ZERO,
-            client_timeout: Duration::from_secs(60),
-            inflight_budget: 256 << 20,
-            socket_mode: 0o600,
-            shared: None,
+            ..ServeConfig::default()
         }
     }
 

@@ -10,7 +10,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use sce_core::units::parse_size;
 use sce_core::{Admission, CoreConfig, EvictionKind, WriteMode};
 use sce_engine::{CacheVolume, EngineConfig, PersistConfig};
-use sce_io::{BlockDevice, DirectMode, FileDevice, FileOptions, LockMode};
+use sce_io::{BlockDevice, FileDevice, FileOptions, LockMode};
 use sce_nbd::{NbdClient, NbdUri};
 use std::path::Path;
 use std::sync::Arc;
@@ -80,6 +80,9 @@ type OpenedSource = (Arc<dyn BlockDevice>, Option<Arc<FileDevice>>);
 /// Opens an export's source: an NBD client, or a local file or device (also returned as
 /// such, for its I/O queue).
 pub(crate) fn open_source(spec: &ExportConfig, cfg: &ServeConfig) -> Result<OpenedSource> {
+    if let Some(dev) = cfg.devices.get(&spec.source) {
+        return Ok((dev, None));
+    }
     if spec.source.starts_with("nbd://") || spec.source.starts_with("nbd+unix://") {
         let uri: NbdUri = spec.source.parse().map_err(|e: String| anyhow!(e))?;
         let opts = sce_nbd::ClientOptions {
@@ -109,16 +112,27 @@ pub(crate) fn open_source(spec: &ExportConfig, cfg: &ServeConfig) -> Result<Open
     Ok((f.clone(), Some(f)))
 }
 
+/// An export's cache device, opened: as a device, and as the file or block device it is
+/// (for its I/O queue) unless a test's device table gave it.
+#[derive(Clone)]
+pub(crate) struct CacheDev {
+    pub(crate) dev: Arc<dyn BlockDevice>,
+    pub(crate) file: Option<Arc<FileDevice>>,
+}
+
 /// Opens the cache device, locked exclusively, refusing to resize an existing file. The
 /// flag says whether this open created the file (so that a failed start removes it).
 pub(crate) fn open_cache(
     path: &Path,
     size: Option<u64>,
-    direct: DirectMode,
+    cfg: &ServeConfig,
     export: &str,
-) -> Result<(Arc<FileDevice>, bool)> {
+) -> Result<(CacheDev, bool)> {
+    if let Some(dev) = cfg.devices.get(&path.to_string_lossy()) {
+        return Ok((CacheDev { dev, file: None }, false));
+    }
     let opts = FileOptions {
-        direct,
+        direct: cfg.direct,
         create_size: size,
         read_only: false,
         lock: LockMode::Exclusive,
@@ -136,7 +150,14 @@ pub(crate) fn open_cache(
                     sce_core::units::format_size(n)
                 );
             }
-            Ok((Arc::new(d), created))
+            let f = Arc::new(d);
+            Ok((
+                CacheDev {
+                    dev: f.clone(),
+                    file: Some(f),
+                },
+                created,
+            ))
         }
         Err(sce_io::IoError::Invalid(m)) if m.contains("refusing to resize") => bail!(
             "export {export:?}: cache {}: {m}. sce never resizes a cache: omit --cache-size to \
@@ -231,13 +252,14 @@ pub fn open_volume(
 ) -> Result<Arc<CacheVolume>> {
     let n = &spec.name;
     let cache_size = size_field(&spec.cache_size, "cache_size", n)?;
-    if cache_size.is_none() && !cache_path.exists() {
+    let named = cfg.devices.get(&cache_path.to_string_lossy()).is_some();
+    if cache_size.is_none() && !cache_path.exists() && !named {
         bail!(
             "export {n:?}: cache {} does not exist; give a cache size to create it",
             cache_path.display()
         );
     }
-    let (cache_dev, created) = open_cache(cache_path, cache_size, cfg.direct, n)?;
+    let (cache_dev, created) = open_cache(cache_path, cache_size, cfg, n)?;
     let open = |cache, engine| CacheVolume::open(source, cache, engine);
     let built = build_cached(spec, cfg, core, open, cache_dev, cache_path);
     if built.is_err() && created {
@@ -277,13 +299,13 @@ pub(crate) fn build_cached<'a>(
     mut core: CoreConfig,
     open: impl FnOnce(Arc<dyn BlockDevice>, EngineConfig) -> Result<CacheVolume, sce_engine::EngineError>
         + 'a,
-    cache_dev: Arc<FileDevice>,
+    cache_dev: CacheDev,
     cache_path: &Path,
 ) -> Result<Arc<CacheVolume>> {
     let n = &spec.name;
     let persist_wanted = spec.persist.unwrap_or(true) && cfg.persist;
-    let found = check_cache_contents(spec, cfg, &cache_dev, cache_path, persist_wanted)?;
-    let cache = cache_device(cache_dev.clone(), persist_wanted)?;
+    let found = check_cache_contents(spec, cfg, &*cache_dev.dev, cache_path, persist_wanted)?;
+    let cache = cache_device(cache_dev.dev.clone(), persist_wanted)?;
     let persist = persist_wanted
         .then(|| persist_config(spec, cfg, &found, core.write_mode, cache.size()))
         .transpose()?;
@@ -324,8 +346,14 @@ pub(crate) fn build_cached<'a>(
     // Hits are read through an I/O queue on the cache device (io_uring), started by the
     // connection's reader; the volume's data starts after the volatile header when it
     // does not persist.
-    let hits = sce_io::open_queue(cache_dev, cfg.io_backend, sce_io::queue::DEFAULT_DEPTH)
-        .with_context(|| format!("export {n:?}: I/O backend {}", cfg.io_backend))?;
+    let hits: Arc<dyn sce_io::IoQueue> = match cache_dev.file {
+        Some(f) => sce_io::open_queue(f, cfg.io_backend, sce_io::queue::DEFAULT_DEPTH)
+            .with_context(|| format!("export {n:?}: I/O backend {}", cfg.io_backend))?,
+        None => Arc::new(sce_io::queue::ThreadQueue::new(
+            cache_dev.dev,
+            sce_io::queue::DEFAULT_THREADS,
+        )),
+    };
     tracing::info!(
         "export {n:?}: hits through {} on {}",
         hits.backend(),
@@ -346,7 +374,7 @@ pub(crate) fn build_cached<'a>(
 fn check_cache_contents(
     spec: &ExportConfig,
     cfg: &ServeConfig,
-    cache_dev: &FileDevice,
+    cache_dev: &dyn BlockDevice,
     cache_path: &Path,
     persist_wanted: bool,
 ) -> Result<Contents> {
@@ -376,7 +404,7 @@ fn check_cache_contents(
 
 /// The device the cache uses: all of it when persistent; else all but a first 8 KiB that
 /// hold a marker, so that the next start knows the device is sce's to overwrite.
-fn cache_device(cache_dev: Arc<FileDevice>, persist: bool) -> Result<Arc<dyn BlockDevice>> {
+fn cache_device(cache_dev: Arc<dyn BlockDevice>, persist: bool) -> Result<Arc<dyn BlockDevice>> {
     if persist {
         return Ok(cache_dev);
     }

@@ -93,14 +93,14 @@ fn build_group(specs: &[&ExportConfig], cfg: &ServeConfig) -> Result<Vec<Built>>
     for s in specs {
         cache_size = cache_size.or(export::size_field(&s.cache_size, "cache_size", &s.name)?);
     }
-    if cache_size.is_none() && !cache_path.exists() {
+    let named = cfg.devices.get(&cache_path.to_string_lossy()).is_some();
+    if cache_size.is_none() && !cache_path.exists() && !named {
         bail!(
             "exports {names:?}: cache {} does not exist; give a cache size to create it",
             cache_path.display()
         );
     }
-    let (cache_dev, created) =
-        export::open_cache(&cache_path, cache_size, cfg.direct, &first.name)?;
+    let (cache_dev, created) = export::open_cache(&cache_path, cache_size, cfg, &first.name)?;
     let core = export::core_config(first)?;
     let open = |cache, engine| CacheVolume::open_shared(parts, cache, engine);
     let volume = export::build_cached(first, cfg, core, open, cache_dev, &cache_path)

@@ -415,6 +415,7 @@ impl ServeArgs {
                 }
                 (None, None) => None,
             },
+            devices: Default::default(),
         };
         cfg.merge_file(file)?;
         Ok(cfg)

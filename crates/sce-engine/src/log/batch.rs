@@ -41,6 +41,9 @@ pub(super) struct Batch {
     pub(super) cleaned: u64,
     /// Pages whose source write failed (stuck, retried later).
     pub(super) failed: u64,
+    /// Of those, pages taken for the first time (not retries of stuck pages): when every
+    /// page failed and some were fresh, the source itself is failing (an outage).
+    pub(super) fresh_failed: u64,
     /// The last source error.
     pub(super) error: Option<String>,
 }
@@ -130,6 +133,7 @@ impl LogBack {
             }
         }
         (b.cleaned, b.failed) = (cleaned.len() as u64, failed.len() as u64);
+        b.fresh_failed = failed.iter().filter(|g| !alone.contains(g)).count() as u64;
         {
             let mut st = self.st.lock();
             for (g, l) in cleaned {
@@ -246,26 +250,69 @@ impl LogBack {
                 }
             }
             if k > start {
-                let first = g0 + start as u64;
-                let len = self.bytes_within(first, (k - start) as u64) as usize;
-                let (a, b) = (start * ps as usize, start * ps as usize + len);
-                let written = self
-                    .through
-                    .write(e, first * ps, Payload::Borrowed(&buf[a..b]));
-                let done = (start..k).map(|j| (g0 + j as u64, vers[j].expect("read").lpos));
-                match written {
-                    Ok(()) => {
-                        self.source_writes.fetch_add(1, Relaxed);
-                        out.cleaned.extend(done);
-                    }
-                    Err(err) => {
-                        out.failed.extend(done.map(|(g, _)| g));
-                        out.error = Some(err.to_string());
-                    }
-                }
+                let pages: Vec<(u64, u64)> = (start..k)
+                    .map(|j| (g0 + j as u64, vers[j].expect("read").lpos))
+                    .collect();
+                let bytes = &buf[start * ps as usize..k * ps as usize];
+                self.write_source(e, &pages, bytes, out);
             }
             // Past the page that stopped the sub-run (none, damaged, or unreadable).
             k += 1;
+        }
+    }
+
+    /// Writes consecutive pages `pages` ((page, version's position), `bytes` their bytes) to
+    /// the source through the write-through path, cut at the volume's end. If the source
+    /// refuses, the run is split (`split`) down to the page that fails.
+    fn write_source(&self, e: &Engine, pages: &[(u64, u64)], bytes: &[u8], out: &mut RunOut) {
+        match self.write_run(e, pages, bytes) {
+            Ok(()) => out.cleaned.extend_from_slice(pages),
+            Err(err) => self.split(e, pages, bytes, err, out),
+        }
+    }
+
+    /// A run the source refused (`err`): each half written on its own; a half that fails
+    /// is split again, so one bad block is found in a few writes. If both halves fail, the
+    /// source itself is failing here and splitting stops: every page is noted failed.
+    fn split(&self, e: &Engine, pages: &[(u64, u64)], bytes: &[u8], err: String, out: &mut RunOut) {
+        if pages.len() == 1 {
+            out.failed.push(pages[0].0);
+            out.error = Some(err);
+            return;
+        }
+        let half = pages.len() / 2;
+        let at = half * PAGE_SIZE as usize;
+        let (p1, p2) = pages.split_at(half);
+        let (b1, b2) = bytes.split_at(at);
+        match (self.write_run(e, p1, b1), self.write_run(e, p2, b2)) {
+            (Ok(()), Ok(())) => out.cleaned.extend_from_slice(pages),
+            (Err(err), Err(_)) => {
+                out.failed.extend(pages.iter().map(|p| p.0));
+                out.error = Some(err);
+            }
+            (Err(err), Ok(())) => {
+                out.cleaned.extend_from_slice(p2);
+                self.split(e, p1, b1, err, out);
+            }
+            (Ok(()), Err(err)) => {
+                out.cleaned.extend_from_slice(p1);
+                self.split(e, p2, b2, err, out);
+            }
+        }
+    }
+
+    /// One source write of consecutive pages `pages` (their `bytes`), cut at the volume's
+    /// end.
+    fn write_run(&self, e: &Engine, pages: &[(u64, u64)], bytes: &[u8]) -> Result<(), String> {
+        let first = pages[0].0;
+        let len = self.bytes_within(first, pages.len() as u64) as usize;
+        let at = first * PAGE_SIZE;
+        match (self.through).write(e, at, Payload::Borrowed(&bytes[..len])) {
+            Ok(()) => {
+                self.source_writes.fetch_add(1, Relaxed);
+                Ok(())
+            }
+            Err(err) => Err(err.to_string()),
         }
     }
 
@@ -307,6 +354,8 @@ impl LogBack {
                 let (volume, page) = self.local(g);
                 st.w.carry_lost(volume, page);
                 st.pending.push_back((TOMBSTONE, g));
+                // A completion: the next FLUSH commits the tombstone.
+                st.written += 1;
             }
         }
         self.damaged_found.fetch_add(1, Relaxed);

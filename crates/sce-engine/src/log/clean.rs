@@ -21,6 +21,11 @@ pub(super) fn cleaner(e: &Engine, lb: &LogBack) {
     while !e.signals.shutting_down() {
         commit_duties(lb, &mut last_commit);
         if !lb.wants_cleaning(e) {
+            if lb.room_short() {
+                // Nothing to clean, yet room is short: commits since the last batch may let
+                // the tail and the anchor move on (a writer waiting for room woke us).
+                lb.settle_tail();
+            }
             lb.nap(e, lb.seal_wait(Duration::from_millis(50)));
             continue;
         }
@@ -38,7 +43,7 @@ pub(super) fn cleaner(e: &Engine, lb: &LogBack) {
         if b.cleaned > 0 {
             backoff = Duration::ZERO;
             outage::log(lb.outage.succeeded(Instant::now()));
-        } else if b.failed > 0 {
+        } else if b.fresh_failed > 0 {
             let err = b.error.unwrap_or_default();
             outage::log(lb.outage.failed(Instant::now(), &err));
             backoff = (backoff * 2).clamp(Duration::from_millis(50), Duration::from_secs(5));
@@ -163,6 +168,11 @@ impl LogBack {
         self.wanted_cv.notify_all();
     }
 
+    /// True if less than a quarter of the ring is left, or writers wait for room.
+    fn room_short(&self) -> bool {
+        self.waiting.load(Relaxed) > 0 || self.st.lock().w.room() < self.region.blocks / 4
+    }
+
     /// True if cleaning is urgent: the ring is three quarters full, or `flush --to-source`
     /// waits.
     fn urgent(&self) -> bool {
@@ -173,11 +183,11 @@ impl LogBack {
     fn wants_cleaning(&self, e: &Engine) -> bool {
         let st = self.st.lock();
         let blocks = self.region.blocks;
+        let short = self.waiting.load(Relaxed) > 0 || st.w.room() < blocks / 4;
         if st.index.is_empty() {
-            // Nothing to clean, but a stale anchor or the record of a loss may still hold
-            // the ring: a batch moves the one, making room carries the other.
-            let held = st.w.anchor_candidate() != st.w.anchor() || !st.loss_at.is_empty();
-            return st.w.room() < blocks / 4 && held;
+            // Nothing to clean, but the record of a loss may still hold the ring: making
+            // room (after a batch) carries it.
+            return short && !st.loss_at.is_empty();
         }
         let used = st.w.head() - st.w.tail();
         let idle = e
@@ -187,7 +197,7 @@ impl LogBack {
             .saturating_sub(self.last_request.load(Relaxed));
         used * 4 >= blocks
             || self.forced.load(Relaxed) > 0
-            || st.w.room() < blocks / 4
+            || short
             || idle >= self.idle.as_nanos() as u64
     }
 }

@@ -63,8 +63,10 @@ impl LogBack {
                 }
                 Try::NoRoom => {
                     // The cleaner makes room (it never waits for `commit_io`).
+                    self.waiting.fetch_add(1, Relaxed);
                     self.cleaner_wanted();
                     self.progress.wait(seen, Duration::from_millis(20));
+                    self.waiting.fetch_sub(1, Relaxed);
                 }
             }
         }
@@ -141,6 +143,8 @@ impl LogBack {
         // A commit that listed pages wants a seal; any commit seals the ones before it.
         st.unsealed = (p.entries > 0).then(std::time::Instant::now);
         st.committed(p.entries, p.lpos);
+        let floor = st.w.replay_floor();
+        st.release_cleaned(floor);
         self.commits.fetch_add(1, Relaxed);
         let more = st.w.pending() > 0;
         if !more {
@@ -211,7 +215,11 @@ impl LogBack {
             (a, st.w.next_seq() - 1)
         };
         self.persist.record_log(anchor, durable)?;
-        self.st.lock().w.set_anchor(anchor);
+        let mut st = self.st.lock();
+        st.w.set_anchor(anchor);
+        let floor = st.w.replay_floor();
+        st.release_cleaned(floor);
+        drop(st);
         self.progress.bump();
         Ok(())
     }

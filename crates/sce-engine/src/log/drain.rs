@@ -125,6 +125,11 @@ impl LogBack {
             };
             if left.0 == 0 && landed {
                 e.dev.source.flush()?;
+                // What was cleaned may still come back in a replay: after the drain the
+                // source is written behind the log (write-through, a detach), so nothing of
+                // the range may (cleaned entries, committed). Lost pages stay lost.
+                self.supersede(g0, g1, false);
+                self.commit()?;
                 return Ok(report(left));
             }
             if left.0 < best {
@@ -161,30 +166,36 @@ impl LogBack {
         }
     }
 
-    /// Pages of `[g0, g1)` the log holds a version of, or has lost: what a write through
-    /// or a discard there supersedes.
+    /// True if the log holds a version of a page of `[g0, g1)` a replay could bring back,
+    /// or has one lost: what a write through or a discard there supersedes.
     fn held_in(&self, g0: u64, g1: u64) -> bool {
-        let st = self.st.lock();
-        st.dirty_in(g0, g1) != (0, 0)
+        self.st.lock().held_in(g0, g1)
     }
 
     /// Marks pages `[g0, g1)` superseded (the source holds their newest bytes, flushed):
-    /// cleaned entries for each the log held a version of, or had lost, go into the next
-    /// commit.
-    fn supersede(&self, g0: u64, g1: u64) {
+    /// cleaned entries for each the log holds a version of that a replay could bring back
+    /// (and each it had lost, if `lost`: a write or discard over a lost page ends the loss)
+    /// go into the next commit.
+    fn supersede(&self, g0: u64, g1: u64, lost: bool) {
         let mut st = self.st.lock();
         let pages: Vec<u64> = {
             let mut v = st.dirty_pages_in(g0, g1, usize::MAX, far_future());
-            v.extend(st.lost.range(g0..g1).copied());
+            if lost {
+                v.extend(st.lost.range(g0..g1).copied());
+            }
+            v.extend(st.cleaned_pages.range(g0..g1).map(|(&g, _)| g));
             v.sort_unstable();
             v.dedup();
             v
         };
         for g in pages {
-            if st.supersede(g) {
+            if st.supersede(g, lost) {
                 let (volume, page) = self.local(g);
                 st.w.supersede(volume, page);
                 st.pending.push_back((CLEANED, g));
+                // Counted as a completion: a FLUSH from now on commits it (a group commit
+                // prepared before it did not take it).
+                st.written += 1;
             }
         }
     }
@@ -212,7 +223,7 @@ impl LogBack {
             let _o = self.source_order.lock(a0, a1, true);
             self.through.write(e, a0, Payload::Borrowed(&b[..len]))?;
             e.dev.source.flush()?;
-            self.supersede(g0, g1);
+            self.supersede(g0, g1, true);
         }
         self.commit()
     }
@@ -245,7 +256,7 @@ impl LogBack {
             self.through.discard(e, w0, w1 - w0)?;
             if held {
                 e.dev.source.flush()?;
-                self.supersede(g0, g1);
+                self.supersede(g0, g1, true);
             } else {
                 self.through_unflushed.store(true, Relaxed);
             }

@@ -105,6 +105,10 @@ pub(crate) struct LogBack {
     draining: AtomicUsize,
     /// A write went through to the source since its last flush: a FLUSH flushes it too.
     through_unflushed: AtomicBool,
+    /// Writers waiting for room in the ring now: the cleaner works while there are any,
+    /// whatever its thresholds say (they do not count the room writes leave for commits
+    /// and copies).
+    waiting: AtomicU64,
     /// Engine clock (ns) of the last client request: the cleaner cleans all when idle.
     last_request: AtomicU64,
     waits: AtomicU64,

@@ -168,6 +168,7 @@ impl LogBack {
             forced: Default::default(),
             draining: Default::default(),
             through_unflushed: Default::default(),
+            waiting: Default::default(),
             last_request: Default::default(),
             waits: Default::default(),
             bytes_cleaned: Default::default(),

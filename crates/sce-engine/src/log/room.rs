@@ -18,15 +18,13 @@ use super::state::{Dirty, St};
 use super::LogBack;
 use sce_core::PAGE_SIZE;
 use sce_io::AlignedBuf;
-use sce_store::wblog::{page_crc, LogEntry, TOMBSTONE};
+use sce_store::wblog::{page_crc, LogEntry, LogWriter, TOMBSTONE};
 use std::sync::atomic::Ordering::Relaxed;
 
-/// Stuck versions copied forward per round, at most.
-const RELOCATE_MAX: usize = 64;
-
 impl LogBack {
-    /// Positions a client's write leaves free before the anchor for the copies that move
-    /// stuck versions forward (a 64th of the ring, 16 to 1,024).
+    /// Positions a client's write leaves free before the anchor besides what the writer
+    /// keeps for copies (a 64th of the ring, 16 to 1,024): room that commits, seals and
+    /// tombstones take while writers wait.
     pub(super) fn spare(&self) -> u64 {
         (self.region.blocks / 64).clamp(16, 1024)
     }
@@ -43,18 +41,26 @@ impl LogBack {
         st.vol_dirty[v] >= share && st.stuck.keys().any(|&p| st.vol_of(p) == v)
     }
 
-    /// True if the log wants room now: a quarter of the ring used, or a drain under way.
+    /// True if the log wants room now: a quarter of the ring used or less than a quarter
+    /// left (the anchor may lag the tail: after a restart, until a commit at or below the
+    /// tail is durable), or a drain under way.
     pub(super) fn room_wanted(&self) -> bool {
-        let used = {
+        let (used, room) = {
             let st = self.st.lock();
-            st.w.head() - st.w.tail()
+            (st.w.head() - st.w.tail(), st.w.room())
         };
-        used * 4 >= self.region.blocks || self.forced.load(Relaxed) > 0
+        let blocks = self.region.blocks;
+        used * 4 >= blocks
+            || room * 4 < blocks
+            || self.forced.load(Relaxed) > 0
+            || self.waiting.load(Relaxed) > 0
     }
 
     /// Frees what holds the tail and cannot be cleaned: losses carried forward, stuck
-    /// versions copied to the head. Returns the versions copied.
+    /// versions copied to the head. Returns the versions copied. The cleaner's (one round
+    /// at a time: it holds `clean_io`).
     pub(super) fn make_room(&self) -> u64 {
+        let _one = self.clean_io.lock();
         let data_tail = self.st.lock().tail_of_data();
         self.carry_losses(data_tail);
         let holders = self.holders();
@@ -72,17 +78,20 @@ impl LogBack {
     }
 
     /// The stuck versions at the tail worth copying forward: those before the first live
-    /// version that is not stuck (at most [`RELOCATE_MAX`]), if copying them frees at least
+    /// version that is not stuck (at most a round's worth), if copying them frees at least
     /// twice the room the copies take. (Under an outage of the only source every version is
-    /// stuck, side by side: copying them would free nothing and only rewrite the log.)
+    /// stuck, side by side: copying them would free nothing and only rewrite the log.) At
+    /// most a round's worth (`LogWriter::copies_per_round`), which the writer keeps room
+    /// for.
     fn holders(&self) -> Vec<(u64, Dirty)> {
         let st = self.st.lock();
         let mut out = Vec::new();
         let mut next = st.w.head();
+        let max = LogWriter::copies_per_round(self.region) as usize;
         for (&l, &g) in &st.live {
             let newest = st.index.get(&g).filter(|d| d.lpos == l);
             match (newest, st.stuck.contains_key(&g)) {
-                (Some(&d), true) if out.len() < RELOCATE_MAX => out.push((g, d)),
+                (Some(&d), true) if out.len() < max => out.push((g, d)),
                 _ => {
                     next = l;
                     break;
@@ -111,7 +120,7 @@ impl LogBack {
         }
         let lpos = {
             let mut st = self.st.lock();
-            match st.w.allocate_leaving(1, 0) {
+            match st.w.allocate_copy(1) {
                 Ok(l) => {
                     *st.inflight.entry(l).or_default() += 1;
                     l
@@ -164,6 +173,7 @@ impl LogBack {
                 st.w.carry_lost(volume, page);
                 st.pending.push_back((TOMBSTONE, g));
                 st.carrying.insert(g);
+                st.written += 1;
             }
             st.written
         };

@@ -71,6 +71,12 @@ pub(super) struct St {
     pub(super) superseded: HashMap<u64, Vec<u64>>,
     /// Pages whose write to the source failed, retried after their backoff.
     pub(super) stuck: HashMap<u64, Stuck>,
+    /// Cleaned versions a replay could still bring back (at or above the writer's replay
+    /// floor), by position → page, and their pages (→ how many): harmless while the source
+    /// holds those bytes, so a write or discard that goes to the source behind the log
+    /// supersedes them with a cleaned entry, and so does the end of a drain.
+    pub(super) cleaned_at: BTreeMap<u64, u64>,
+    pub(super) cleaned_pages: BTreeMap<u64, u32>,
     /// Global page ranges `[first, end)` being drained: writes there go through to the
     /// source (one per drain under way).
     pub(super) drains: Vec<(u64, u64)>,
@@ -101,6 +107,8 @@ impl St {
             carrying: Default::default(),
             superseded: Default::default(),
             stuck: Default::default(),
+            cleaned_at: Default::default(),
+            cleaned_pages: Default::default(),
             drains: Vec::new(),
             vol_dirty: vec![0; bases.len().max(1)],
             bases,
@@ -201,6 +209,9 @@ impl St {
             self.unindex(g);
             self.live.remove(&lpos);
             self.stuck.remove(&g);
+            if self.cleaned_at.insert(lpos, g).is_none() {
+                *self.cleaned_pages.entry(g).or_default() += 1;
+            }
         } else if !self.superseded.get(&g).is_some_and(|v| v.contains(&lpos)) {
             // A newer version is the newest; this one is now merely older.
             self.live.remove(&lpos);
@@ -210,17 +221,46 @@ impl St {
         }
     }
 
+    /// Cleaned versions below `floor` (the writer's replay floor) can no longer come back.
+    pub(super) fn release_cleaned(&mut self, floor: u64) {
+        while let Some(e) = self.cleaned_at.first_entry() {
+            if *e.key() >= floor {
+                break;
+            }
+            let g = e.remove();
+            if let std::collections::btree_map::Entry::Occupied(mut n) = self.cleaned_pages.entry(g)
+            {
+                *n.get_mut() -= 1;
+                if *n.get() == 0 {
+                    n.remove();
+                }
+            }
+        }
+    }
+
+    /// True if a replay could bring back a version of a page of `[g0, g1)`, or it is lost:
+    /// a write or discard that goes to the source there must supersede it.
+    pub(super) fn held_in(&self, g0: u64, g1: u64) -> bool {
+        self.dirty_in(g0, g1) != (0, 0) || self.cleaned_pages.range(g0..g1).next().is_some()
+    }
+
     /// The source holds page `g`'s newest bytes now (written through and flushed): its
     /// versions leave the index and wait in `superseded` for the cleaned entry's commit,
-    /// and a loss of it ends. True if the log held a version of it, or had it lost (a
-    /// cleaned entry is then due).
-    pub(super) fn supersede(&mut self, g: u64) -> bool {
+    /// and a loss of it ends. True if the log held a version of it, had it lost, or holds a
+    /// cleaned version a replay could bring back (a cleaned entry is then due).
+    /// A lost page is left as it is unless `end_loss` (a write or discard over it ends it;
+    /// the end of a drain does not).
+    pub(super) fn supersede(&mut self, g: u64, end_loss: bool) -> bool {
+        if !end_loss && self.lost.contains(&g) {
+            return false;
+        }
         let newest = self.unindex(g).map(|d| d.lpos);
         let older = self.older.remove(&g).unwrap_or_default();
         let lost = self.lost.remove(&g);
         self.stuck.remove(&g);
+        let replayable = self.cleaned_pages.contains_key(&g);
         if newest.is_none() && older.is_empty() && !lost {
-            return false;
+            return replayable;
         }
         let s = self.superseded.entry(g).or_default();
         s.extend(newest.into_iter().chain(older));

@@ -129,7 +129,8 @@ impl LogBack {
             };
             st.newest(g, d, true);
             st.lost.remove(&g);
-            st.stuck.remove(&g);
+            // A page the source refused stays stuck (its retries keep their backoff): a
+            // new version of it does not mend the source's block.
         }
         st.written += 1;
         Ok(())
@@ -163,8 +164,10 @@ impl LogBack {
                 // The ring: cleaning (and a new anchor) frees it.
                 Full::Ring => {
                     self.waits.fetch_add(1, Relaxed);
+                    self.waiting.fetch_add(1, Relaxed);
                     self.cleaner_wanted();
                     self.progress.wait(seen, Duration::from_millis(20));
+                    self.waiting.fetch_sub(1, Relaxed);
                 }
                 Full::TooLarge => {
                     return Err(IoError::Invalid(format!(
@@ -174,6 +177,10 @@ impl LogBack {
             }
             if e.signals.shutting_down() {
                 return Err(IoError::ShuttingDown("the cache is shutting down".into()));
+            }
+            if e.health.passthrough() {
+                // The cache device failed meanwhile: nothing will make room.
+                return Err(crate::back::cache_failed(g0 * PAGE_SIZE, n * PAGE_SIZE));
             }
             if started.elapsed() > self.wait_limit {
                 return Err(IoError::NoRoom(format!(

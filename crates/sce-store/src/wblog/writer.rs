@@ -94,6 +94,14 @@ pub struct LogWriter {
     /// Commits whose second copies went beside the first because every mirror slot was
     /// still needed by replay.
     beside: u64,
+    /// The tail the newest durable commit records: a replay drops every version below it.
+    committed_tail: u64,
+    /// Positions before the anchor that only copies ([`Self::allocate_copy`]) and the commit
+    /// that follows them may take ([`LogWriter::copy_reserve`]).
+    copy_reserve: u64,
+    /// Copies were allocated (or a loss carried) since the last commit: the next one may
+    /// use the reserve.
+    copies: bool,
 }
 
 impl LogWriter {
@@ -126,6 +134,9 @@ impl LogWriter {
             mirror_seq: vec![0; region.mirror_blocks as usize],
             mirror_next: 0,
             beside: 0,
+            committed_tail: lpos,
+            copy_reserve: Self::copy_reserve(region),
+            copies: false,
         })
     }
 
@@ -163,7 +174,24 @@ impl LogWriter {
             mirror_seq,
             mirror_next: newest.unwrap_or(0) % region.mirror_blocks.max(1),
             beside: 0,
+            committed_tail: r.tail,
+            copy_reserve: Self::copy_reserve(region),
+            copies: false,
         }
+    }
+
+    /// The most versions one round of copies moves forward ([`Self::allocate_copy`]): 64,
+    /// or a 32nd of the ring if less.
+    pub fn copies_per_round(region: LogRegion) -> u64 {
+        (region.blocks / 32).clamp(1, 64)
+    }
+
+    /// Positions kept before the anchor for one round of copies and their commit: no
+    /// client write and no other commit takes them, so that a ring full behind a version
+    /// that cannot be cleaned can always move it forward, after a restart too.
+    fn copy_reserve(region: LogRegion) -> u64 {
+        let n = Self::copies_per_round(region);
+        n + commit_reserve(n)
     }
 
     /// The log's region.
@@ -198,6 +226,15 @@ impl LogWriter {
     pub fn pending(&self) -> usize {
         self.pending.len()
     }
+    /// The lowest position a replay may still bring a version back from: versions below it
+    /// are below the durable anchor, or below the tail the newest durable commit records.
+    /// (A version the caller cleaned at or above it would come back after a crash: harmless
+    /// while the source holds those bytes, stale once the source was written behind the
+    /// log, which a cleaned entry must then supersede.)
+    pub fn replay_floor(&self) -> u64 {
+        self.committed_tail.max(self.anchor.lpos())
+    }
+
     /// Commits whose second copies went beside the first, in the ring, because every slot
     /// of the mirror area still held a record replay needs (or the region has none).
     pub fn commits_beside(&self) -> u64 {
@@ -206,6 +243,12 @@ impl LogWriter {
     /// True while a prepared commit is neither committed nor failed.
     pub fn commit_in_flight(&self) -> bool {
         self.in_flight.as_ref().is_some_and(|f| !f.failed)
+    }
+
+    /// Where data writes and commits other than the copies' must end: the copy reserve
+    /// before the anchor's position one lap on.
+    fn limit_but_copies(&self) -> u64 {
+        self.limit() - self.copy_reserve
     }
 
     fn limit(&self) -> u64 {
@@ -221,6 +264,32 @@ impl LogWriter {
         self.allocate_leaving(n, 0)
     }
 
+    /// `n` positions for copies of versions the caller moves forward (from the tail to
+    /// the head: the same bytes, committed as new versions), reserving room only for the
+    /// commits of what is uncommitted now (positions allocated since the last commit, the
+    /// pending entries, these copies and carried losses), not for every position since the
+    /// tail as [`Self::allocate`] does: the copies are what lets the tail move when the ring
+    /// is full behind a version that cannot be cleaned. Clients' writes leave a spare for
+    /// them ([`Self::allocate_leaving`]).
+    pub fn allocate_copy(&mut self, n: u64) -> Result<u64, Full> {
+        if n == 0 || n > self.region.max_write() {
+            return Err(Full::TooLarge);
+        }
+        let at = self.region.place(self.head, n);
+        let end = at + n;
+        let uncommitted = end - self.committed_end + self.pending.len() as u64 + self.carried;
+        if end + commit_reserve(uncommitted) > self.limit() {
+            return Err(Full::Ring);
+        }
+        if end - self.committed_end > self.region.max_gap() {
+            self.need_commit = true;
+            return Err(Full::Commit);
+        }
+        self.head = end;
+        self.copies = true;
+        Ok(at)
+    }
+
     /// [`Self::allocate`], leaving `spare` more positions free before the anchor: what a
     /// client's write leaves for the writes that copy forward the versions holding the tail
     /// (which allocate with none), so that those always find room.
@@ -230,7 +299,7 @@ impl LogWriter {
         }
         let at = self.region.place(self.head, n);
         let end = at + n;
-        if end + commit_reserve(end - self.tail + self.carried) + spare > self.limit() {
+        if end + commit_reserve(end - self.tail + self.carried) + spare > self.limit_but_copies() {
             return Err(Full::Ring);
         }
         if end - self.committed_end > self.region.max_gap() {
@@ -265,6 +334,8 @@ impl LogWriter {
     pub fn carry_lost(&mut self, volume: u32, page: u64) {
         self.pending.push(LogEntry::tombstone(volume, page));
         self.need_commit = true;
+        // It lets the tail move past the loss: its commit may take the copy reserve.
+        self.copies = true;
     }
 
     /// Lost pages the caller carries forward: [`Self::allocate`] keeps room for commits of
@@ -321,7 +392,12 @@ impl LogWriter {
         let slot = self.mirror_slots(records, at);
         let ring = if slot.is_some() { records } else { 2 * records };
         let at = self.region.place(self.head, ring);
-        if at + ring > self.limit() {
+        let limit = if self.copies {
+            self.limit()
+        } else {
+            self.limit_but_copies()
+        };
+        if at + ring > limit {
             return Err(Full::Ring);
         }
         if slot.is_none() {
@@ -335,6 +411,7 @@ impl LogWriter {
         }
         self.head = at + ring;
         self.need_commit = false;
+        self.copies = false;
         let entries: Vec<LogEntry> = self.pending.drain(..take).collect();
         let p = self.encode(at, self.next_seq, self.tail, &entries, slot);
         self.in_flight = Some(InFlight {
@@ -437,6 +514,7 @@ impl LogWriter {
         self.next_seq = p.seqs.end;
         self.committed_end = p.lpos + (p.bytes.len() / block) as u64;
         self.resumed_from = 0;
+        self.committed_tail = self.committed_tail.max(f.tail);
         self.commits.push_back((p.lpos, p.seqs.start));
     }
 
