@@ -337,6 +337,7 @@ impl Attachable {
             patience: DRAIN_PATIENCE,
         };
         let d = v.drain_writeback(self.range(), &ctl).map_err(|e| {
+            tracing::warn!(target: crate::LOG_TARGET, export = %name, "{what}: the drain stopped, and the export stays as it was: {e}");
             anyhow!("the export's write-back data could not be written to its source: {e}")
         })?;
         tracing::info!(target: crate::LOG_TARGET, export = %name, bytes = d.cleaned_bytes, seconds = d.elapsed.as_secs_f64(), "{what}: drained {} in {:.1} s", format_size(d.cleaned_bytes), d.elapsed.as_secs_f64());

@@ -217,7 +217,7 @@ pub fn check_log(
         )
     };
     Ok(Some(LogCheck {
-        bytes: region.blocks * crate::wblog::LOG_BLOCK,
+        bytes: (region.blocks + region.mirror_blocks) * crate::wblog::LOG_BLOCK,
         commits: r.commits,
         last_seq: r.last_seq,
         durable_seq: log.durable_seq,

@@ -449,8 +449,9 @@ fn damage_summary(r: &sce_store::CheckReport) -> Vec<String> {
         if both > 0 || s.journal_blocks_missing > 0 {
             // Only write-back in the slots keeps dirty data where units and the journal name
             // it (the volume's flag); through the log, the units hold clean data alone.
-            let slots_wb = s.pages_dirty + s.dirty_pages_lost > 0
-                || (r.superblock.volumes.iter()).any(|v| v.name == *name && v.writeback);
+            let flagged = (r.superblock.volumes.iter()).any(|v| v.name == *name && v.writeback);
+            let slots_wb =
+                s.pages_dirty + s.dirty_pages_lost > 0 || (flagged && r.superblock.log.is_none());
             let start = if slots_wb {
                 "the volume was served in write-back in the slots, so what they named may be \
                  the only copy of its data: a start is refused"

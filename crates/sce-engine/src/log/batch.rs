@@ -95,8 +95,15 @@ impl LogBack {
     }
 
     /// One batch (see the module's doc), of `focus` first if given. Never fails as a
-    /// whole: what was cleaned is released, what failed is counted.
-    pub(super) fn clean_batch(&self, e: &Engine, focus: Option<(u64, u64)>) -> Batch {
+    /// whole: what was cleaned is released, what failed is counted. Once `stop` says so
+    /// (its caller gave up, the volume shuts down), no further run starts: what was not
+    /// written stays dirty.
+    pub(super) fn clean_batch(
+        &self,
+        e: &Engine,
+        focus: Option<(u64, u64)>,
+        stop: &(dyn Fn() -> bool + Sync),
+    ) -> Batch {
         let _one = self.clean_io.lock();
         let now = Instant::now();
         let (mut pages, alone) = self.pick(focus, now);
@@ -116,7 +123,7 @@ impl LogBack {
                 .collect()
         };
         let pre = Prefetched::read(self, positions);
-        let outs = self.write_runs(e, &pre, &runs);
+        let outs = self.write_runs(e, &pre, &runs, stop);
         let mut b = Batch::default();
         let mut cleaned: Vec<(u64, u64)> = Vec::with_capacity(pages.len());
         let mut failed = Vec::new();
@@ -170,7 +177,13 @@ impl LogBack {
 
     /// Writes `runs` from [`SOURCE_WRITERS`] threads at once (a SAN serves many writes in
     /// flight; one at a time, 4 KiB runs over a 2 ms source drain 2 MB/s).
-    fn write_runs(&self, e: &Engine, pre: &Prefetched, runs: &[(u64, u64)]) -> Vec<RunOut> {
+    fn write_runs(
+        &self,
+        e: &Engine,
+        pre: &Prefetched,
+        runs: &[(u64, u64)],
+        stop: &(dyn Fn() -> bool + Sync),
+    ) -> Vec<RunOut> {
         let next = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|sc| {
             let workers: Vec<_> = (0..SOURCE_WRITERS.min(runs.len()))
@@ -178,6 +191,9 @@ impl LogBack {
                     sc.spawn(|| {
                         let mut mine = RunOut::default();
                         while let Some(&(g0, n)) = runs.get(next.fetch_add(1, Relaxed)) {
+                            if stop() {
+                                break;
+                            }
                             self.clean_run(e, pre, g0, n, &mut mine);
                         }
                         mine

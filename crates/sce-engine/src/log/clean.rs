@@ -30,7 +30,7 @@ pub(super) fn cleaner(e: &Engine, lb: &LogBack) {
             continue;
         }
         priority.set(lb.urgent());
-        let b = lb.clean_batch(e, None);
+        let b = lb.clean_batch(e, None, &|| e.signals.shutting_down());
         if lb.room_wanted() {
             lb.make_room();
         }

@@ -147,7 +147,8 @@ impl LogBack {
             if e.signals.shutting_down() {
                 return Err(IoError::ShuttingDown("the cache is shutting down".into()));
             }
-            let batch = self.clean_batch(e, Some((g0, g1)));
+            let stop = || (ctl.cancelled)() || e.signals.shutting_down();
+            let batch = self.clean_batch(e, Some((g0, g1)), &stop);
             if batch.cleaned > 0 {
                 since = Instant::now();
             } else if since.elapsed() >= ctl.patience {

@@ -512,10 +512,12 @@ fn refuse_unlocatable_damage(
     let r = &loaded.report;
     let units = r.units_corrupt + r.units_misplaced;
     let blocks = loaded.journal.blocks_missing;
+    // A device with a write-back log keeps dirty data in the log, never in the slots that
+    // units and journal blocks name (a volume's write-back flag says nothing then).
     let wb: Vec<&str> = indices
         .iter()
         .map(|&i| &sb.volumes[i])
-        .filter(|v| v.writeback)
+        .filter(|v| v.writeback && sb.log.is_none())
         .map(|v| v.name.as_str())
         .collect();
     let dirty = r.pages_dirty + r.dirty_pages_lost > 0;

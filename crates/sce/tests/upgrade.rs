@@ -1,0 +1,118 @@
+//! Issue 44's upgrade in place: a cache device written by the sce before it (format 7, a
+//! commit record's copies side by side; `tests/data/README.md` says how it was made) with
+//! flushed dirty data in its write-back log, found after a crash, opens under this build:
+//! every page reads as it was written, `flush --to-source` writes them all back, and once
+//! the log holds nothing a restart gives it its mirror area (format 8).
+
+mod common;
+
+use common::{ctl, sce_bin, unix_client, Server};
+use sce_io::BlockDevice;
+use std::io::Read;
+use std::path::Path;
+
+const PAGE: u64 = 4096;
+
+/// Generation `g` of page `p`, as the fixture's writer wrote it.
+fn page(p: u64, g: u32) -> Vec<u8> {
+    let mut b = vec![0u8; PAGE as usize];
+    for c in b.chunks_mut(16) {
+        c[..4].copy_from_slice(b"UPGR");
+        c[4..8].copy_from_slice(&g.to_le_bytes());
+        c[8..16].copy_from_slice(&p.to_le_bytes());
+    }
+    b
+}
+
+/// Every page the fixture's writer wrote, as it should read: (page, bytes).
+fn expected() -> Vec<(u64, Vec<u8>)> {
+    let mut out: Vec<(u64, Vec<u8>)> = (0..64)
+        .map(|p| (p, page(p, if p % 2 == 0 { 2 } else { 1 })))
+        .collect();
+    let mut partial = vec![0u8; PAGE as usize];
+    partial[512..1024].fill(0x77);
+    out.push((100, partial));
+    out
+}
+
+fn check_json(cache: &Path) -> serde_json::Value {
+    let out = std::process::Command::new(sce_bin())
+        .args(["check", "--json"])
+        .arg(cache)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn a_format_7_device_with_flushed_dirty_data_opens_reads_and_drains() {
+    let d = tempfile::tempdir().unwrap();
+    let cache = d.path().join("cache.img");
+    let src = d.path().join("src.img");
+    let gz = std::fs::File::open(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/log-format7-1cb482d.cache.gz"),
+    )
+    .unwrap();
+    let mut img = Vec::new();
+    flate2::read::GzDecoder::new(gz)
+        .read_to_end(&mut img)
+        .unwrap();
+    std::fs::write(&cache, &img).unwrap();
+    common::sized_file(&src, 16 << 20);
+    let before = check_json(&cache);
+    assert_eq!(before["superblock"]["version"], 7, "{before}");
+    let sock = d.path().join("s.sock");
+    let (c, s, st) = (
+        cache.to_str().unwrap(),
+        src.to_str().unwrap(),
+        d.path().join("st"),
+    );
+    // The volume table names the source as the fixture's writer saw it.
+    let args = [
+        "--source",
+        s,
+        "--source-name",
+        "/tmp/upg/src.img",
+        "--cache",
+        c,
+        "--mode",
+        "writeback",
+        "--state-dir",
+        st.to_str().unwrap(),
+        "--allow-buffered",
+    ];
+    let server = Server::start(&args, &sock);
+    let client = unix_client(&sock, 1);
+    let mut b = vec![0u8; PAGE as usize];
+    for (p, want) in expected() {
+        client.read_at(p * PAGE, &mut b).unwrap();
+        assert!(b == want, "page {p} after the upgrade");
+    }
+    drop(client);
+    let (ok, out) = ctl(&sock, &["flush", "--to-source"]);
+    assert!(ok, "{out}");
+    let on_source = std::fs::read(&src).unwrap();
+    for (p, want) in expected() {
+        let at = (p * PAGE) as usize;
+        assert!(
+            on_source[at..at + PAGE as usize] == want[..],
+            "page {p} on the source"
+        );
+    }
+    assert!(server.term().success());
+    // The log is empty: the next start lays out its mirror area.
+    let server = Server::start(&args, &sock);
+    let client = unix_client(&sock, 1);
+    for (p, want) in expected() {
+        client.read_at(p * PAGE, &mut b).unwrap();
+        assert!(b == want, "page {p} after the mirror area");
+    }
+    drop(client);
+    assert!(server.term().success());
+    let after = check_json(&cache);
+    assert_eq!(after["superblock"]["version"], 8, "{after}");
+    assert!(
+        after["superblock"]["log"]["mirror_blocks"].as_u64() > Some(0),
+        "{after}"
+    );
+}

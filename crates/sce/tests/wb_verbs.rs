@@ -1,0 +1,377 @@
+//! Issue 44, as an operator meets it through `sce serve` and `sce ctl`: leaving write-back
+//! and detaching end under a writer that never stops, and say how long they took; a drain
+//! stops, leaving the mode as it was, when its client goes away; a live switch into
+//! write-back on a device without a log is refused with the commands that give it one; a
+//! start refused after `--discard-dirty` says it dropped nothing; `sce check` says what a
+//! start does with metadata units damaged in both copies on a device with a log. Each
+//! fails on the main before issue 44 (the first: the switch never ends while the writer
+//! runs; the hang guard here is two minutes).
+
+mod common;
+
+use common::{ctl, nbdkit, sized_file, unix_client, Server};
+use sce_io::BlockDevice;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const PAGE: u64 = 4096;
+const MIB: u64 = 1 << 20;
+
+fn page(p: u64, tag: u8) -> Vec<u8> {
+    let mut b = vec![tag; PAGE as usize];
+    b[..8].copy_from_slice(&p.to_le_bytes());
+    b
+}
+
+/// `sce ctl ARGS` with a bound: Err after `limit` (the child killed).
+fn ctl_within(sock: &Path, args: &[&str], limit: Duration) -> Result<(bool, String), String> {
+    let mut child = Command::new(common::sce_bin())
+        .arg("ctl")
+        .arg("-s")
+        .arg(format!("{}.ctl", sock.display()))
+        .args(args)
+        .env_remove("SCE_CTL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr);
+            return Ok((st.success(), text));
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("sce ctl {args:?} did not end within {limit:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A server over an nbdkit memory source whose writes take `wdelay`, in write-back with an
+/// 8 MiB log.
+fn slow_writeback(d: &Path, wdelay: &str) -> (common::Nbdkit, Server) {
+    let kit = nbdkit(
+        &d.join("src.sock"),
+        &[
+            "--filter=delay",
+            "memory",
+            "64M",
+            &format!("wdelay={wdelay}"),
+        ],
+        true,
+    );
+    let cache = d.join("cache");
+    let args = [
+        "--source",
+        &kit.uri,
+        "--cache",
+        cache.to_str().unwrap(),
+        "--cache-size",
+        "48MiB",
+        "--writeback-log",
+        "8MiB",
+        "--mode",
+        "writeback",
+        "--state-dir",
+        d.to_str().unwrap(),
+        "--allow-buffered",
+    ];
+    let s = Server::start(&args, &d.join("s.sock"));
+    (kit, s)
+}
+
+/// Leaving write-back, then detaching, while one writer (QD1, a FLUSH every 32 writes)
+/// writes without a pause over a source with 5 ms writes: both end (the main before kept
+/// draining as the writer dirtied), their replies say how long they took, and every write
+/// reads back.
+#[test]
+fn leaving_write_back_and_detach_end_under_a_writer_that_never_stops() {
+    let d = tempfile::tempdir().unwrap();
+    let (_kit, s) = slow_writeback(d.path(), "5ms");
+    let sock = d.path().join("s.sock");
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (stop, writes, sock) = (stop.clone(), writes.clone(), sock.clone());
+        std::thread::spawn(move || {
+            let c = unix_client(&sock, 1);
+            let mut last = vec![0u8; 4096];
+            let mut x = 0x9e37_79b9_u64;
+            while !stop.load(Relaxed) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let p = x % 4096;
+                let tag = 1 + (writes.load(Relaxed) % 250) as u8;
+                c.write_at(p * PAGE, &page(p, tag)).unwrap();
+                last[p as usize] = tag;
+                if writes.fetch_add(1, Relaxed) % 32 == 31 {
+                    c.flush().unwrap();
+                }
+            }
+            c.flush().unwrap();
+            last
+        })
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let limit = Duration::from_secs(120);
+    let (ok, out) = ctl_within(&sock, &["set", "", "mode", "writethrough"], limit).unwrap();
+    assert!(ok, "{out}");
+    assert!(out.contains("written to the source first, in"), "{out}");
+    println!("leaving writeback under the writer: {out}");
+    let (ok, out) = ctl_within(&sock, &["set", "", "mode", "writeback"], limit).unwrap();
+    assert!(ok, "{out}");
+    std::thread::sleep(Duration::from_secs(2));
+    let (ok, out) = ctl_within(&sock, &["detach", ""], limit).unwrap();
+    assert!(ok && out.contains("detached"), "{out}");
+    println!("detach under the writer: {out}");
+    let n = writes.load(Relaxed);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(writes.load(Relaxed) > n, "the writer stopped");
+    stop.store(true, Relaxed);
+    let last = writer.join().unwrap();
+    let c = unix_client(&sock, 1);
+    let mut b = vec![0u8; PAGE as usize];
+    for (p, &tag) in last.iter().enumerate() {
+        c.read_at(p as u64 * PAGE, &mut b).unwrap();
+        let want = if tag == 0 {
+            vec![0; 4096]
+        } else {
+            page(p as u64, tag)
+        };
+        assert!(b == want, "page {p}");
+    }
+    drop(c);
+    drop(s);
+}
+
+/// A drain whose `sce ctl` goes away stops: the export stays in write-back, with its dirty
+/// data, and says so in its log.
+#[test]
+fn a_drain_whose_client_goes_away_stops_and_the_mode_stays() {
+    let d = tempfile::tempdir().unwrap();
+    let (_kit, s) = slow_writeback(d.path(), "200ms");
+    let sock = d.path().join("s.sock");
+    let c = unix_client(&sock, 1);
+    // 1,024 scattered pages (half the log): 13 s of single-page writes, 16 at once, to a
+    // source whose writes take 200 ms.
+    for k in 0..1024u64 {
+        let p = k * 7 % 16384;
+        c.write_at(p * PAGE, &page(p, 3)).unwrap();
+    }
+    c.flush().unwrap();
+    let mut child = Command::new(common::sce_bin())
+        .arg("ctl")
+        .arg("-s")
+        .arg(format!("{}.ctl", sock.display()))
+        .args(["set", "", "mode", "writethrough"])
+        .env_remove("SCE_CTL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let t0 = Instant::now();
+    while !s.log().contains("the drain was cancelled") {
+        assert!(t0.elapsed() < Duration::from_secs(30), "{}", s.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (ok, out) = ctl(&sock, &["status"]);
+    assert!(ok && out.contains("writeback"), "{out}");
+    let mut b = vec![0u8; PAGE as usize];
+    for k in (0..1024u64).step_by(31) {
+        let p = k * 7 % 16384;
+        c.read_at(p * PAGE, &mut b).unwrap();
+        assert!(b == page(p, 3), "page {p}");
+    }
+}
+
+/// `sce ctl set "" mode writeback` on a cache formatted in write-through (by default: no
+/// log) is refused, naming the commands that give the device a log (the main before went
+/// to the slot path, whose torn overwrites lose flushed pages at a power cut).
+#[test]
+fn a_live_switch_into_write_back_without_a_log_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("src");
+    sized_file(&src, 32 * MIB);
+    let sock = d.path().join("s.sock");
+    let cache = d.path().join("cache");
+    let args = [
+        "--source",
+        src.to_str().unwrap(),
+        "--cache",
+        cache.to_str().unwrap(),
+        "--cache-size",
+        "48MiB",
+        "--state-dir",
+        d.path().to_str().unwrap(),
+        "--allow-buffered",
+    ];
+    let _s = Server::start(&args, &sock);
+    let (ok, out) = ctl(&sock, &["set", "", "mode", "writeback"]);
+    assert!(!ok, "switched into write-back without a log: {out}");
+    assert!(
+        out.contains("no write-back log") && out.contains("--writeback-log"),
+        "{out}"
+    );
+    let (_, st) = ctl(&sock, &["status"]);
+    assert!(st.contains("writethrough"), "{st}");
+}
+
+/// Two exports on one cache device in write-back, dirty data of both in the log, export
+/// b's behind a's: a start without b that gives b's data up is refused (a's older pages
+/// hold the log's anchor), and says it dropped nothing (the main before logged at ERROR
+/// that it dropped b's pages).
+#[test]
+fn a_start_refused_after_discard_dirty_says_it_dropped_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    for n in ["a.img", "b.img"] {
+        sized_file(&dir.join(n), 16 * MIB);
+    }
+    let cache = dir.join("cache");
+    let toml = |both: bool| {
+        let mut t = format!(
+            "listen = [\"unix:{}\"]\n[[export]]\nname = \"a\"\nsource = \"{}\"\ncache = \"{}\"\n\
+             cache_size = \"32MiB\"\nmode = \"writeback\"\n",
+            dir.join("s.sock").display(),
+            dir.join("a.img").display(),
+            cache.display()
+        );
+        if both {
+            t += &format!(
+                "[[export]]\nname = \"b\"\nsource = \"{}\"\ncache = \"{}\"\nmode = \"writeback\"\n",
+                dir.join("b.img").display(),
+                cache.display()
+            );
+        }
+        let p = dir.join(if both { "two.toml" } else { "one.toml" });
+        std::fs::write(&p, t).unwrap();
+        p
+    };
+    let serve = |cfg: &Path, extra: &[&str]| {
+        let mut c = Command::new(common::sce_bin());
+        c.arg("serve")
+            .arg("--config")
+            .arg(cfg)
+            .args(["--state-dir", dir.to_str().unwrap(), "--allow-buffered"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        c
+    };
+    let mut child = serve(&toml(true), &[]).spawn().unwrap();
+    common::wait_for(&dir.join("s.sock"));
+    for (name, tag) in [("a", 1u8), ("b", 2)] {
+        let uri = format!("nbd+unix:///{name}?socket={}", dir.join("s.sock").display());
+        let c = sce_nbd::NbdClient::connect(&uri.parse().unwrap(), 1).unwrap();
+        for p in 0..8 {
+            c.write_at(p * PAGE, &page(p, tag)).unwrap();
+        }
+        c.flush().unwrap();
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let b_name = std::fs::canonicalize(dir.join("b.img")).unwrap();
+    let out = serve(&toml(false), &["--discard-dirty", b_name.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{log}");
+    assert!(log.contains("cannot be dropped yet"), "{log}");
+    assert!(
+        !log.contains("dropped 8") && !log.contains("drops 8"),
+        "a refused start says it dropped data: {log}"
+    );
+}
+
+/// `sce check` of a device with a log whose metadata units are damaged in both copies
+/// says the start goes ahead (the dirty data lives in the log), as it does (the main
+/// before said such a start is refused).
+#[test]
+fn check_says_a_log_device_with_damaged_units_starts() {
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("src");
+    sized_file(&src, 32 * MIB);
+    let cache = d.path().join("cache");
+    let sock = d.path().join("s.sock");
+    let args = [
+        "--source",
+        src.to_str().unwrap(),
+        "--cache",
+        cache.to_str().unwrap(),
+        "--cache-size",
+        "48MiB",
+        "--mode",
+        "writeback",
+        "--metadata-interval",
+        "100ms",
+        "--state-dir",
+        d.path().to_str().unwrap(),
+        "--allow-buffered",
+    ];
+    let s = Server::start(&args, &sock);
+    // Clean data in the slots (their records in the units), dirty data in the log.
+    let (ok, out) = ctl(&sock, &["prefetch", "0", "8MiB"]);
+    assert!(ok, "{out}");
+    let c = unix_client(&sock, 1);
+    for p in 0..64 {
+        c.write_at((4096 + p) * PAGE, &page(p, 4)).unwrap();
+    }
+    c.flush().unwrap();
+    drop(c);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(s.term().success());
+    let v: serde_json::Value = serde_json::from_slice(
+        &Command::new(common::sce_bin())
+            .args(["check", "--json"])
+            .arg(&cache)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let l = &v["superblock"]["layout"];
+    let (units, unit, meta) = (
+        l["units"].as_u64().unwrap(),
+        l["unit_size"].as_u64().unwrap(),
+        l["meta_offset"].as_u64().unwrap(),
+    );
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&cache)
+        .unwrap();
+    use std::os::unix::fs::FileExt;
+    for u in [0, units] {
+        f.write_all_at(&[0xa5; 8], meta + u * unit + 100).unwrap();
+    }
+    drop(f);
+    let out = Command::new(common::sce_bin())
+        .arg("check")
+        .arg(&cache)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("damaged in both copies"), "{text}");
+    assert!(text.contains("which goes ahead"), "{text}");
+    assert!(!text.contains("is refused"), "{text}");
+    let s = Server::start(&args, &sock);
+    let c = unix_client(&sock, 1);
+    let mut b = vec![0u8; PAGE as usize];
+    for p in 0..64 {
+        c.read_at((4096 + p) * PAGE, &mut b).unwrap();
+        assert!(b == page(p, 4), "page {p}");
+    }
+    drop(c);
+    drop(s);
+}
