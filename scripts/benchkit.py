@@ -130,13 +130,13 @@ def sce_serve(procs, sce, d, name, args):
     return p, sock, addr
 
 
-def slow_source(procs, d, size="2G"):
-    """A fresh slow source: `nbdkit --filter=delay memory SIZE rdelay=2ms wdelay=2ms -t 64`
-    on D/src.sock. Returns the process and the socket."""
+def slow_source(procs, d, size="2G", delay="2ms"):
+    """A fresh slow source: `nbdkit --filter=delay memory SIZE rdelay=DELAY wdelay=DELAY -t
+    64` on D/src.sock (DELAY 2 ms unless given). Returns the process and the socket."""
     src_sock = os.path.join(d, "src.sock")
     if os.path.exists(src_sock):
         os.unlink(src_sock)
     src = procs.start(["nbdkit", "-f", "-U", src_sock, "--filter=delay", "memory", size,
-                       "rdelay=2ms", "wdelay=2ms", "-t", "64"])
+                       f"rdelay={delay}", f"wdelay={delay}", "-t", "64"])
     wait_sock(src_sock, src, "nbdkit (source)")
     return src, src_sock

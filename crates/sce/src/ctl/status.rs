@@ -34,14 +34,23 @@ pub(super) fn print_status(v: &Value) {
             }
         );
         if let Some(w) = e.get("writeback") {
+            // What the source refuses and what was found damaged, when there is any.
+            let mut trouble = String::new();
+            if w["stuck_bytes"].as_u64().is_some_and(|n| n > 0) {
+                trouble += &format!(", {} the source refuses (retried)", size(&w["stuck_bytes"]));
+            }
+            if w["damaged_pages"].as_u64().is_some_and(|n| n > 0) {
+                trouble += &format!(", {} pages found damaged", w["damaged_pages"]);
+            }
             println!(
-                "  {:<12} {} dirty, {} lost, {} written back, {} waits, {} clean errors{}",
+                "  {:<12} {} dirty, {} lost, {} written back, {} waits, {} clean errors{}{}",
                 "writeback",
                 size(&w["dirty_bytes"]),
                 size(&w["lost_bytes"]),
                 size(&w["cleaned_bytes"]),
                 w["waits"],
                 w["clean_errors"],
+                trouble,
                 match w["last_clean_error"].as_str() {
                     Some(x) if !x.is_empty() => format!(" (last: {x})"),
                     _ => String::new(),
