@@ -119,7 +119,8 @@ fn region(cache: &Path) -> (u64, u64, u64, u64) {
     let sb = &v["superblock"];
     let size = sb["layout"]["cache_size"].as_u64().unwrap();
     let blocks = sb["log"]["blocks"].as_u64().unwrap();
-    let mirror = sb["log"]["mirror_blocks"].as_u64().unwrap();
+    // None before format 8 (`SCE_BIN` an older build): the copies lie side by side.
+    let mirror = sb["log"]["mirror_blocks"].as_u64().unwrap_or(0);
     let off = size.div_ceil(PAGE) * PAGE;
     (off, blocks - mirror, off + (blocks - mirror) * PAGE, mirror)
 }
@@ -191,16 +192,14 @@ fn damage(run: &Run, target: Target) -> u64 {
     let recs = records(&cache);
     let (ring_start, _, mirror_start, _) = region(&cache);
     // The ring and mirror copies of the newest record naming a version 2 (or the records
-    // after it: the seal).
+    // after it: the seal). Before format 8 (`SCE_BIN` an older build) both copies lie in the
+    // ring, side by side: the first and the second.
     let copies = |later: bool| -> (u64, u64) {
         let (c, l) = listing(&recs, 0, true);
-        let c = if later { l } else { c };
-        let ring = c.iter().find(|r| r.at < mirror_start).expect("a ring copy");
-        let mirror = c
-            .iter()
-            .find(|r| r.at >= mirror_start)
-            .expect("a mirror copy");
-        (ring.at, mirror.at)
+        let mut c: Vec<u64> = (if later { l } else { c }).iter().map(|r| r.at).collect();
+        c.sort_unstable();
+        assert_eq!(c.len(), 2, "two copies of the record: {c:?}");
+        (c[0], c[1])
     };
     match target {
         Target::RingCopy => flip(&cache, copies(false).0 + 100),
@@ -228,11 +227,8 @@ fn damage(run: &Run, target: Target) -> u64 {
         }
         Target::Tombstone => {
             let (t, _) = listing(&recs, 5, false);
-            let r = t
-                .iter()
-                .find(|r| r.at < mirror_start)
-                .expect("a tombstone in the ring");
-            flip(&cache, r.at + 100);
+            let r = t.iter().map(|r| r.at).min().expect("a tombstone record");
+            flip(&cache, r + 100);
             return 1;
         }
         Target::Anchor => {
