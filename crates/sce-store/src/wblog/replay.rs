@@ -291,8 +291,48 @@ fn apply(
 ) -> Replayed {
     let last = found.last().map(|f| f.rec.header);
     let last_group_first = last.map(|h| h.group_first());
-    // Commits whose flush may not have completed: the last one, and those a writer that
-    // resumed after a replay named.
+    let unsure = unsure_commits(&found, last_group_first);
+    let Applied {
+        mut index,
+        mut lost,
+        pages,
+        skipped,
+    } = apply_entries(&found, &unsure, start);
+    let tail = last.map_or(start, |h| h.tail.max(start));
+    index.drop_below(tail);
+    lost.retain(|_, lpos| *lpos >= tail);
+    let mut lost_at = lost;
+    let mut lost: Vec<(u32, u64)> = lost_at.keys().copied().collect();
+    lost.sort_unstable();
+    Replayed {
+        index,
+        lost,
+        lost_at: std::mem::take(&mut lost_at),
+        head: end,
+        next_seq,
+        last_seq: next_seq - 1,
+        tail,
+        anchor,
+        commits: found.len() as u64,
+        pages,
+        skipped,
+        link,
+        last_group_first,
+        last_commit: last.map(|h| {
+            (
+                h.lpos - h.ring_blocks() * h.group_index as u64,
+                h.group_first(),
+            )
+        }),
+        broken: x.broken,
+        repaired: x.repaired,
+        mirror_seqs: x.mirror_seqs,
+    }
+}
+
+/// Commits whose flush may not have completed, as seq ranges `[lo, hi)`: the last one
+/// (from `last_group_first` on), and those a writer that resumed after a replay named.
+fn unsure_commits(found: &[Found], last_group_first: Option<u64>) -> Vec<(u64, u64)> {
     let mut unsure: Vec<(u64, u64)> = (found.iter())
         .filter(|f| f.rec.header.resumed_from != 0)
         .map(|f| (f.rec.header.resumed_from, f.rec.header.seq))
@@ -300,10 +340,25 @@ fn apply(
     if let Some(g) = last_group_first {
         unsure.push((g, u64::MAX));
     }
+    unsure
+}
+
+/// What applying the entries of the chain gave, before the tail cuts it.
+struct Applied {
+    index: LogIndex,
+    /// Lost pages, with where the log records each loss.
+    lost: HashMap<(u32, u64), u64>,
+    pages: u64,
+    skipped: u64,
+}
+
+/// Applies the entries of the records found, in order. A record whose seq is in one of
+/// the `unsure` ranges may be torn: its entries whose data did not match are skipped.
+fn apply_entries(found: &[Found], unsure: &[(u64, u64)], start: u64) -> Applied {
     let mut index = LogIndex::default();
     let mut lost: HashMap<(u32, u64), u64> = HashMap::new();
     let (mut pages, mut skipped) = (0, 0);
-    for f in &found {
+    for f in found {
         let seq = f.rec.header.seq;
         let may_be_torn = unsure.iter().any(|&(lo, hi)| seq >= lo && seq < hi);
         for (e, &ok) in f.rec.entries.iter().zip(&f.ok) {
@@ -339,34 +394,10 @@ fn apply(
             }
         }
     }
-    let tail = last.map_or(start, |h| h.tail.max(start));
-    index.drop_below(tail);
-    lost.retain(|_, lpos| *lpos >= tail);
-    let mut lost_at = lost;
-    let mut lost: Vec<(u32, u64)> = lost_at.keys().copied().collect();
-    lost.sort_unstable();
-    Replayed {
+    Applied {
         index,
         lost,
-        lost_at: std::mem::take(&mut lost_at),
-        head: end,
-        next_seq,
-        last_seq: next_seq - 1,
-        tail,
-        anchor,
-        commits: found.len() as u64,
         pages,
         skipped,
-        link,
-        last_group_first,
-        last_commit: last.map(|h| {
-            (
-                h.lpos - h.ring_blocks() * h.group_index as u64,
-                h.group_first(),
-            )
-        }),
-        broken: x.broken,
-        repaired: x.repaired,
-        mirror_seqs: x.mirror_seqs,
     }
 }

@@ -34,28 +34,7 @@ pub(super) fn print_status(v: &Value) {
             }
         );
         if let Some(w) = e.get("writeback") {
-            // What the source refuses and what was found damaged, when there is any.
-            let mut trouble = String::new();
-            if w["stuck_bytes"].as_u64().is_some_and(|n| n > 0) {
-                trouble += &format!(", {} the source refuses (retried)", size(&w["stuck_bytes"]));
-            }
-            if w["damaged_pages"].as_u64().is_some_and(|n| n > 0) {
-                trouble += &format!(", {} pages found damaged", w["damaged_pages"]);
-            }
-            println!(
-                "  {:<12} {} dirty, {} lost, {} written back, {} waits, {} clean errors{}{}",
-                "writeback",
-                size(&w["dirty_bytes"]),
-                size(&w["lost_bytes"]),
-                size(&w["cleaned_bytes"]),
-                w["waits"],
-                w["clean_errors"],
-                trouble,
-                match w["last_clean_error"].as_str() {
-                    Some(x) if !x.is_empty() => format!(" (last: {x})"),
-                    _ => String::new(),
-                }
-            );
+            print_writeback(w);
         }
         print_shared(e);
         println!(
@@ -91,6 +70,32 @@ pub(super) fn print_status(v: &Value) {
         );
         print_own(e, &pct);
     }
+}
+
+/// The write-back line of an export in `status`, from its `writeback` object `w`.
+fn print_writeback(w: &Value) {
+    // What the source refuses and what was found damaged, when there is any.
+    let mut trouble = String::new();
+    if w["stuck_bytes"].as_u64().is_some_and(|n| n > 0) {
+        trouble += &format!(", {} the source refuses (retried)", size(&w["stuck_bytes"]));
+    }
+    if w["damaged_pages"].as_u64().is_some_and(|n| n > 0) {
+        trouble += &format!(", {} pages found damaged", w["damaged_pages"]);
+    }
+    println!(
+        "  {:<12} {} dirty, {} lost, {} written back, {} waits, {} clean errors{}{}",
+        "writeback",
+        size(&w["dirty_bytes"]),
+        size(&w["lost_bytes"]),
+        size(&w["cleaned_bytes"]),
+        w["waits"],
+        w["clean_errors"],
+        trouble,
+        match w["last_clean_error"].as_str() {
+            Some(x) if !x.is_empty() => format!(" (last: {x})"),
+            _ => String::new(),
+        }
+    );
 }
 
 /// An export's own figures; for one that shares its cache device, the lines above are the
