@@ -9,7 +9,7 @@ use super::LogBack;
 use crate::engine::Engine;
 use sce_io::IoError;
 use sce_store::wblog::PreparedCommit;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{AcqRel, Relaxed};
 use std::time::Duration;
 
 /// Longest time completed writes stay uncommitted without a FLUSH.
@@ -35,7 +35,9 @@ impl LogBack {
     /// A client's FLUSH: every write acknowledged before it durable on the cache device,
     /// and on the source for those a drain sent through to it.
     pub(crate) fn flush(&self, e: &Engine) -> Result<(), IoError> {
-        if self.through_unflushed.swap(false, Relaxed) {
+        // The mark is set once a write through completed: one that completed before the
+        // swap is flushed below, one that completes after it sets the mark again.
+        if self.through_unflushed.swap(false, AcqRel) {
             if let Err(err) = e.dev.source.flush() {
                 self.through_unflushed.store(true, Relaxed);
                 return Err(err);
@@ -204,13 +206,19 @@ impl LogBack {
 
     /// Makes the newest anchor the writer allows durable in the superblock (with the
     /// newest commit known durable), then lets the ring reuse what lies before it. A lost
-    /// page's record holds the tail, so the replay from any anchor finds the loss.
-    pub(super) fn advance_anchor(&self) -> Result<(), IoError> {
+    /// page's record holds the tail, so the replay from any anchor finds the loss. Returns
+    /// true if the anchor moved.
+    ///
+    /// One at a time (`anchor_io`): two callers that each took a candidate could otherwise
+    /// record them out of order, leaving the superblock's anchor behind the one the ring
+    /// already reuses the blocks before.
+    pub(super) fn advance_anchor(&self) -> Result<bool, IoError> {
+        let _one = self.anchor_io.lock();
         let (anchor, durable) = {
             let st = self.st.lock();
             let a = st.w.anchor_candidate();
-            if a == st.w.anchor() {
-                return Ok(());
+            if a == st.w.anchor() || a.lpos() < st.w.anchor().lpos() {
+                return Ok(false);
             }
             (a, st.w.next_seq() - 1)
         };
@@ -221,6 +229,6 @@ impl LogBack {
         st.release_cleaned(floor);
         drop(st);
         self.progress.bump();
-        Ok(())
+        Ok(true)
     }
 }

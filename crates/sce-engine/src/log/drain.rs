@@ -5,7 +5,11 @@
 //! (as in write-through) instead of adding to the log, so the dirty data only shrinks and
 //! the drain is bounded by what was dirty when it began over the cleaning rate. It stops,
 //! leaving everything as it was, if its caller cancels it (the operator's client went
-//! away), and fails if nothing can be cleaned for its patience.
+//! away), and fails if nothing can be cleaned for its patience. A write that checked the
+//! range before the drain began and had not yet taken log positions (waiting for room, say)
+//! finds the drain where it takes them, under the state lock in which the drain notes the
+//! writes in flight it waits for, and goes through too: none lands in the log after the
+//! drain found the range clean.
 //!
 //! **A write through never goes back in time.** A write to a page the log holds a version
 //! of is merged with that version, written through to the source, and the source flushed;
@@ -26,7 +30,7 @@ use crate::through::Payload;
 use sce_core::PAGE_SIZE;
 use sce_io::{AlignedBuf, IoError};
 use sce_store::wblog::CLEANED;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Relaxed, Release};
 use std::time::{Duration, Instant};
 
 /// What a drain is told while it runs.
@@ -92,21 +96,7 @@ impl LogBack {
         ctl: &DrainControl<'_>,
     ) -> Result<DrainDone, IoError> {
         let started = Instant::now();
-        let before: Vec<u64>;
-        let dirty_at_start;
-        {
-            let mut st = self.st.lock();
-            st.drains.push((g0, g1));
-            before = st.inflight.keys().copied().collect();
-            dirty_at_start = st.dirty_in(g0, g1).0 * PAGE_SIZE;
-        }
-        self.draining.fetch_add(1, Relaxed);
-        self.forced.fetch_add(1, Relaxed);
-        let _reg = Draining {
-            lb: self,
-            range: (g0, g1),
-        };
-        self.cleaner_wanted();
+        let (before, dirty_at_start, _reg) = self.register_drain(g0, g1);
         let cleaned0 = self.bytes_cleaned.load(Relaxed);
         let report = |left: (u64, u64)| DrainDone {
             dirty_at_start,
@@ -148,23 +138,45 @@ impl LogBack {
                 return Err(IoError::ShuttingDown("the cache is shutting down".into()));
             }
             let stop = || (ctl.cancelled)() || e.signals.shutting_down();
+            // Patience runs from the last time the range's own dirty count fell (a batch
+            // also cleans other volumes' pages of a shared device, which is no progress of
+            // this drain).
             let batch = self.clean_batch(e, Some((g0, g1)), &stop);
-            if batch.cleaned > 0 {
-                since = Instant::now();
-            } else if since.elapsed() >= ctl.patience {
+            if since.elapsed() >= ctl.patience {
                 let why = batch
                     .error
                     .unwrap_or_else(|| self.last_clean_error.lock().clone());
                 return Err(IoError::Failed(format!(
-                    "no dirty page could be written to the source for {:?} ({} left): {why}",
+                    "no dirty page of the range could be written to the source for {:?} ({} \
+                     left): {why}",
                     ctl.patience,
                     sce_core::units::format_size(left.0 * PAGE_SIZE)
                 )));
-            } else {
+            } else if batch.cleaned == 0 {
                 // Stuck pages wait for their backoff, writes in flight to land.
                 std::thread::sleep(Duration::from_millis(5));
             }
         }
+    }
+
+    /// Registers a drain of `[g0, g1)`: writes there go through from now on. Returns the
+    /// log writes in flight (the drain waits for them to land), the range's dirty bytes and
+    /// the registration, which ends the drain's hold when dropped.
+    fn register_drain(&self, g0: u64, g1: u64) -> (Vec<u64>, u64, Draining<'_>) {
+        let (before, dirty_at_start) = {
+            let mut st = self.st.lock();
+            st.drains.push((g0, g1));
+            let before = st.inflight.keys().copied().collect();
+            (before, st.dirty_in(g0, g1).0 * PAGE_SIZE)
+        };
+        self.draining.fetch_add(1, Relaxed);
+        self.forced.fetch_add(1, Relaxed);
+        let reg = Draining {
+            lb: self,
+            range: (g0, g1),
+        };
+        self.cleaner_wanted();
+        (before, dirty_at_start, reg)
     }
 
     /// True if the log holds a version of a page of `[g0, g1)` a replay could bring back,
@@ -214,9 +226,13 @@ impl LogBack {
         let (a0, a1) = (offset / ps * ps, end.div_ceil(ps) * ps);
         let (g0, g1) = (a0 / ps, a1 / ps);
         let _g = self.ranges.lock(a0, a1, true);
-        self.through_unflushed.store(true, Relaxed);
         if !self.held_in(g0, g1) {
-            return self.through.write(e, offset, Payload::Borrowed(data));
+            self.through.write(e, offset, Payload::Borrowed(data))?;
+            // Once it completed, not before: a FLUSH that took the mark while this write
+            // was still on its way would flush the source ahead of it, and the next FLUSH,
+            // finding no mark, would acknowledge it unflushed.
+            self.through_unflushed.store(true, Release);
+            return Ok(());
         }
         let b = self.merged(e, offset, data)?;
         let len = self.bytes_within(g0, g1 - g0) as usize;
@@ -259,7 +275,8 @@ impl LogBack {
                 e.dev.source.flush()?;
                 self.supersede(g0, g1, true);
             } else {
-                self.through_unflushed.store(true, Relaxed);
+                // After the discard completed (as a write through's mark).
+                self.through_unflushed.store(true, Release);
             }
         }
         if held && self.goes_through(g0, g1) {

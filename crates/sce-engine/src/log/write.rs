@@ -39,7 +39,13 @@ impl LogBack {
         while done < pages {
             let n = chunk.min(pages - done);
             let bytes = &b[(done * ps) as usize..((done + n) * ps) as usize];
-            self.append(e, a0 / ps + done, bytes, started)?;
+            if !self.append(e, a0 / ps + done, bytes, started)? {
+                // A drain of the range began before this write took log positions: the
+                // write goes through to the source, all of it (chunks already in the
+                // log are dirty there, and the drain cleans them too).
+                drop(_g);
+                return self.write_through(e, offset, data);
+            }
             done += n;
         }
         Ok(())
@@ -73,11 +79,15 @@ impl LogBack {
     }
 
     /// Appends whole pages `bytes` of global page `g0` on: one device write, then indexed.
-    fn append(&self, e: &Engine, g0: u64, bytes: &[u8], started: Instant) -> Result<(), IoError> {
+    /// False, with nothing written, if a drain of those pages began first.
+    fn append(&self, e: &Engine, g0: u64, bytes: &[u8], started: Instant) -> Result<bool, IoError> {
         let n = bytes.len() as u64 / PAGE_SIZE;
-        let lpos = self.allocate(e, g0, n, started)?;
+        let Some(lpos) = self.allocate(e, g0, n, started)? else {
+            return Ok(false);
+        };
         let written = self.dev.write_at(self.at(lpos), bytes);
-        self.appended(e, g0, lpos, bytes, written)
+        self.appended(e, g0, lpos, bytes, written)?;
+        Ok(true)
     }
 
     /// The log entries of whole pages `bytes` of global page `g0` on, written at `lpos`.
@@ -141,18 +151,30 @@ impl LogBack {
     /// tail and the anchor) up to the wait limit: backpressure, never an error before it.
     /// A client's write leaves the room that copying the tail forward needs
     /// ([`super::room`]), and a volume whose source fails takes no more than its share.
-    fn allocate(&self, e: &Engine, g0: u64, n: u64, started: Instant) -> Result<u64, IoError> {
+    /// `None` if a drain of the pages began: checked under the state lock in which the
+    /// positions are taken and in which a drain notes the writes in flight it waits for,
+    /// so a write the drain did not see can no longer enter the log there.
+    fn allocate(
+        &self,
+        e: &Engine,
+        g0: u64,
+        n: u64,
+        started: Instant,
+    ) -> Result<Option<u64>, IoError> {
         loop {
             let seen = self.progress.now();
             let full = {
                 let mut st = self.st.lock();
+                if !st.drains.is_empty() && st.draining(g0, g0 + n) {
+                    return Ok(None);
+                }
                 if self.over_share(&st, g0) {
                     Full::Ring
                 } else {
                     match st.w.allocate_leaving(n, self.spare()) {
                         Ok(lpos) => {
                             *st.inflight.entry(lpos).or_default() += 1;
-                            return Ok(lpos);
+                            return Ok(Some(lpos));
                         }
                         Err(full) => full,
                     }
