@@ -45,6 +45,9 @@ sce_core::stats_table! {
         waits: u64, Counter("sce_writeback_waits_total", "", "Writes that waited for cleaning or a metadata round (backpressure).");
         /// Commit records written to the write-back log (0 without one).
         log_commits: u64, Counter("sce_writeback_log_commits_total", "", "Commit records written to the write-back log (FLUSH, FUA, autocommit and seals); 0 for a device without a log.");
+        /// Commits whose record's second copies went beside the first in the ring, not to
+        /// the mirror area (every mirror slot still needed by replay).
+        log_commits_beside: u64, Counter("sce_writeback_log_commits_beside_total", "", "Commits of the write-back log whose record's second copy went beside the first in the ring (same device write) because every slot of the mirror area was still needed; 0 for a device without a log.");
         /// Source writes the log's cleaner made (0 without a log).
         log_source_writes: u64, Counter("sce_writeback_log_source_writes_total", "", "Source writes the write-back log's cleaner made (adjacent dirty pages coalesced, up to 1 MiB each); 0 for a device without a log.");
         /// Dirty bytes whose write to the source failed, retried with backoff (the log).

@@ -162,17 +162,23 @@ impl LogBack {
         b
     }
 
-    /// Moves the tail as far as the log's state allows, and the anchor after it.
+    /// Moves the tail as far as the log's state allows, and the anchor after it; wakes the
+    /// writers waiting for room only if either moved (else a writer that wakes the cleaner
+    /// for room and a cleaner with nothing it may take would wake each other in a loop).
     pub(super) fn settle_tail(&self) {
-        {
+        let moved = {
             let mut st = self.st.lock();
-            let tail = st.tail();
+            let (tail, was) = (st.tail(), st.w.tail());
             st.w.set_tail(tail);
-        }
-        if let Err(err) = self.advance_anchor() {
+            st.w.tail() != was
+        };
+        let anchored = self.advance_anchor().unwrap_or_else(|err| {
             tracing::warn!("write-back log: the anchor could not be moved: {err}");
+            false
+        });
+        if moved || anchored {
+            self.progress.bump();
         }
-        self.progress.bump();
     }
 
     /// Writes `runs` from [`SOURCE_WRITERS`] threads at once (a SAN serves many writes in
@@ -366,13 +372,15 @@ impl LogBack {
             if !st.damaged(g, d) {
                 return;
             }
-            if st.carrying.insert(g) {
-                let (volume, page) = self.local(g);
-                st.w.carry_lost(volume, page);
-                st.pending.push_back((TOMBSTONE, g));
-                // A completion: the next FLUSH commits the tombstone.
-                st.written += 1;
-            }
+            // Always a tombstone of its own, even if one of an earlier loss is pending: that
+            // one comes before this version's entry, and a replay must find the loss after
+            // it.
+            st.carrying.insert(g);
+            let (volume, page) = self.local(g);
+            st.w.carry_lost(volume, page);
+            st.pending.push_back((TOMBSTONE, g));
+            // A completion: the next FLUSH commits the tombstone.
+            st.written += 1;
         }
         self.damaged_found.fetch_add(1, Relaxed);
         tracing::error!(

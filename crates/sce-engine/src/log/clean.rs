@@ -21,9 +21,10 @@ pub(super) fn cleaner(e: &Engine, lb: &LogBack) {
     while !e.signals.shutting_down() {
         commit_duties(lb, &mut last_commit);
         if !lb.wants_cleaning(e) {
-            if lb.room_short() {
-                // Nothing to clean, yet room is short: commits since the last batch may let
-                // the tail and the anchor move on (a writer waiting for room woke us).
+            if lb.room_short() || lb.st.lock().w.mirror_short() {
+                // Nothing to clean, yet room (or the mirror area) is short: commits since the
+                // last batch may let the tail and the anchor move on (a writer waiting for
+                // room woke us).
                 lb.settle_tail();
             }
             lb.nap(e, lb.seal_wait(Duration::from_millis(50)));
@@ -51,6 +52,11 @@ pub(super) fn cleaner(e: &Engine, lb: &LogBack) {
             // that is down would be retried at their pace). A drain cleans from its own
             // thread meanwhile.
             hold(e, lb, backoff, &mut last_commit);
+        } else if b.failed == 0 {
+            // Nothing it may take: every dirty page is stuck until its retry, or none is
+            // left. Held, not napped: writers waiting for room would wake it at once, and
+            // it can do no more for them until a retry is due or a write comes.
+            hold(e, lb, lb.until_retry(), &mut last_commit);
         } else {
             lb.nap(e, Duration::from_millis(50));
         }
@@ -168,6 +174,16 @@ impl LogBack {
         self.wanted_cv.notify_all();
     }
 
+    /// How long until the first stuck page's retry is due, 5 to 200 ms (200 with none).
+    fn until_retry(&self) -> Duration {
+        let first = self.st.lock().stuck.values().map(|s| s.retry_at).min();
+        first
+            .map_or(Duration::MAX, |t| {
+                t.saturating_duration_since(Instant::now())
+            })
+            .clamp(Duration::from_millis(5), Duration::from_millis(200))
+    }
+
     /// True if less than a quarter of the ring is left, or writers wait for room.
     fn room_short(&self) -> bool {
         self.waiting.load(Relaxed) > 0 || self.st.lock().w.room() < self.region.blocks / 4
@@ -196,6 +212,7 @@ impl LogBack {
             .0
             .saturating_sub(self.last_request.load(Relaxed));
         used * 4 >= blocks
+            || st.w.mirror_short()
             || self.forced.load(Relaxed) > 0
             || short
             || idle >= self.idle.as_nanos() as u64

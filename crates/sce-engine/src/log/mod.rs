@@ -24,8 +24,9 @@
 //! Lock order: the range lock (outermost, as in `back/`; only writes take it), then
 //! `clean_io`, then `source_order` (the cleaner and writes through to the source, around
 //! their source writes of the same pages), then `commit_io`, then `st` (a leaf: no other
-//! lock is taken while it is held, and no device I/O happens under it). `progress` and
-//! `wanted` are leaves.
+//! lock is taken while it is held, and no device I/O happens under it). `anchor_io` comes
+//! after `clean_io` and is never taken with `source_order` or `commit_io` held; under it
+//! only `st` and the superblock's lock (`persist`). `progress` and `wanted` are leaves.
 
 mod batch;
 mod clean;
@@ -82,6 +83,8 @@ pub(crate) struct LogBack {
     commit_io: Mutex<()>,
     /// One cleaning batch at a time (the cleaner's, a drain's).
     clean_io: Mutex<()>,
+    /// One anchor move at a time (`commit.rs`: candidate, superblock write, writer).
+    anchor_io: Mutex<()>,
     /// Writes hold their pages exclusively (a write merging a partial page must not lose a
     /// concurrent write's other bytes of it); reads and the cleaner take none. A write
     /// started through the queue holds them until its completion ran.
@@ -167,9 +170,10 @@ impl LogBack {
 
     /// Write-back's state and counters (the same figures as the slot path's).
     pub(crate) fn stats(&self) -> WriteBackStats {
-        let (dirty, lost, stuck) = {
+        let (dirty, lost, stuck, beside) = {
             let st = self.st.lock();
-            (st.index.len(), st.lost.len(), st.stuck.len())
+            let beside = st.w.commits_beside();
+            (st.index.len(), st.lost.len(), st.stuck.len(), beside)
         };
         WriteBackStats {
             dirty_bytes: dirty as u64 * PAGE_SIZE,
@@ -178,6 +182,7 @@ impl LogBack {
             cleaned_bytes: self.bytes_cleaned.load(Relaxed),
             clean_errors: self.clean_errors.load(Relaxed),
             log_commits: self.commits.load(Relaxed),
+            log_commits_beside: beside,
             log_source_writes: self.source_writes.load(Relaxed),
             stuck_bytes: stuck as u64 * PAGE_SIZE,
             relocated_bytes: self.relocated.load(Relaxed) * PAGE_SIZE,

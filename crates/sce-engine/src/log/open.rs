@@ -159,6 +159,7 @@ impl LogBack {
             st: Mutex::new(St::new(w, bases)),
             commit_io: Mutex::new(()),
             clean_io: Mutex::new(()),
+            anchor_io: Mutex::new(()),
             ranges: Default::default(),
             source_order: Default::default(),
             queue: OnceLock::new(),

@@ -194,8 +194,12 @@ impl St {
             } else {
                 self.drop_older(g, l);
                 // A new version of a lost page is durable: the loss is over for any replay
-                // (this entry follows every tombstone of it).
-                self.loss_at.remove(&g);
+                // (this entry follows every tombstone of it). Not if the page is lost now:
+                // then this version is the damaged one (found while its entry was pending)
+                // or older than it, and the loss must stay recorded.
+                if !self.lost.contains(&g) {
+                    self.loss_at.remove(&g);
+                }
             }
         }
     }

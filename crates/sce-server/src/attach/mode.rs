@@ -90,6 +90,40 @@ impl Attachable {
                 detached: false,
             });
         }
+        let next = t.applied_to(&cur);
+        next.validate().map_err(|e| anyhow!("{e}"))?;
+        self.may_cross(&v, &cur, &next)?;
+        let mut drained = super::DrainDone::default();
+        if is_wb(cur.write_mode) {
+            let dirty = v
+                .writeback_stats()
+                .map_or(0, |s| s.dirty_bytes + s.lost_bytes);
+            if dirty > 0 && drain == Drain::Refuse {
+                bail!(
+                    "the cache holds {} of write-back data the source lacks: not leaving \
+                     writeback without waiting (run without --no-wait to write it to the \
+                     source first, or `sce ctl flush --to-source` and try again)",
+                    sce_core::units::format_size(dirty)
+                );
+            }
+            drained = (self.drain_watched(&v, "leaving writeback", watch)).map_err(|e| {
+                e.context(format!("still in {}: the drain stopped", cur.write_mode))
+            })?;
+        }
+        drop(v);
+        self.reopen(&cur, &next, watch)?;
+        Ok(SetDone {
+            settings: self.volume().map_or(next, |v| v.config()),
+            drained_bytes: drained.cleaned_bytes,
+            drain_seconds: drained.elapsed.as_secs_f64(),
+            reopened: true,
+            detached: false,
+        })
+    }
+
+    /// Why the volume may not enter or leave write-back now (a shared device, a failed one,
+    /// no persistence or no log to enter with, lost pages to leave with), if it may not.
+    fn may_cross(&self, v: &CacheVolume, cur: &CoreConfig, next: &CoreConfig) -> Result<()> {
         if let Some(p) = &self.part {
             bail!(
                 "the cache device is shared with {:?}: write-back is entered or left for the \
@@ -97,8 +131,6 @@ impl Attachable {
                 p.siblings
             );
         }
-        let next = t.applied_to(&cur);
-        next.validate().map_err(|e| anyhow!("{e}"))?;
         if v.is_passthrough() {
             bail!(
                 "the cache device failed (it passes I/O through): a mode that needs it cannot \
@@ -131,32 +163,7 @@ impl Attachable {
                 sce_core::units::format_size(lost)
             );
         }
-        let mut drained = super::DrainDone::default();
-        if is_wb(cur.write_mode) {
-            let dirty = v
-                .writeback_stats()
-                .map_or(0, |s| s.dirty_bytes + s.lost_bytes);
-            if dirty > 0 && drain == Drain::Refuse {
-                bail!(
-                    "the cache holds {} of write-back data the source lacks: not leaving \
-                     writeback without waiting (run without --no-wait to write it to the \
-                     source first, or `sce ctl flush --to-source` and try again)",
-                    sce_core::units::format_size(dirty)
-                );
-            }
-            drained = (self.drain_watched(&v, "leaving writeback", watch)).map_err(|e| {
-                e.context(format!("still in {}: the drain stopped", cur.write_mode))
-            })?;
-        }
-        drop(v);
-        self.reopen(&cur, &next, watch)?;
-        Ok(SetDone {
-            settings: self.volume().map_or(next, |v| v.config()),
-            drained_bytes: drained.cleaned_bytes,
-            drain_seconds: drained.elapsed.as_secs_f64(),
-            reopened: true,
-            detached: false,
-        })
+        Ok(())
     }
 
     /// `set` while detached: the next attach opens the volume with it. An export that
@@ -304,6 +311,22 @@ impl Attachable {
                 r => break r?,
             }
         };
+        if settings.is_some_and(|s| is_wb(s.write_mode))
+            && !is_wb(crate::export::core_of(spec)?.write_mode)
+            && !v.has_writeback_log()
+        {
+            // Write-back set while detached, on a device formatted without a log: refused
+            // as a live `set` is (the slot path it would open is slower than no cache).
+            let _ = self.close(v);
+            bail!(
+                "the cache device {} has no write-back log, and writeback was set while the \
+                 export was detached: write-back needs a log, and only a format gives it one \
+                 (`sce format --writeback-log 256MiB --force {}`), or set another mode and \
+                 attach again",
+                path.display(),
+                path.display()
+            );
+        }
         if let Some(s) = settings {
             v.retune(&Retune::all_of(s)).map_err(|e| anyhow!("{e}"))?;
         }

@@ -235,6 +235,14 @@ impl LogWriter {
         self.committed_tail.max(self.anchor.lpos())
     }
 
+    /// True if the records committed since the anchor take three quarters of the mirror
+    /// area: only cleaning (which moves the anchor) frees its slots, and once they are all
+    /// needed, the second copies go beside the first.
+    pub fn mirror_short(&self) -> bool {
+        let m = self.region.mirror_blocks;
+        m > 0 && self.next_seq.saturating_sub(self.anchor.seq()) * 4 >= m * 3
+    }
+
     /// Commits whose second copies went beside the first, in the ring, because every slot
     /// of the mirror area still held a record replay needs (or the region has none).
     pub fn commits_beside(&self) -> u64 {
