@@ -763,7 +763,7 @@ fn a_cleaned_entry_supersedes_the_logs_versions_and_ends_a_loss() {
     log.write(&[5], 1);
     log.write(&[6], 1);
     log.commit();
-    log.w.supersede(VOL, 5);
+    log.w.supersede(VOL, 5, false);
     log.commit();
     let r = log.replay(FRESH);
     assert!(r.index.get(VOL, 5).is_none(), "superseded");
@@ -774,7 +774,7 @@ fn a_cleaned_entry_supersedes_the_logs_versions_and_ends_a_loss() {
     // A lost page (damaged, then carried in a tombstone) is no longer lost once cleaned.
     let (mut log, _) = damaged_in_a_flushed_commit(9, 8);
     assert_eq!(log.replay(FRESH).lost, vec![(VOL, 9)]);
-    log.w.supersede(VOL, 9);
+    log.w.supersede(VOL, 9, false);
     log.commit();
     let r = log.replay(FRESH);
     assert!(r.lost.is_empty() && r.index.get(VOL, 9).is_none());

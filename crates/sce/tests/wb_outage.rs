@@ -134,7 +134,7 @@ fn a_15_s_source_outage_under_fio_costs_few_cleanings_and_few_log_lines() {
     // again until nothing is dirty.
     let st = sce_testkit::poll("nothing dirty after flush --to-source", 120, || {
         let (ok, out) = common::ctl(&sock, &["flush", "--to-source"]);
-        assert!(ok, "{out}");
+        assert!(ok, "{out}\n{}\n{}", s.export_stats(), s.log());
         let st = s.export_stats();
         (num(&st, "writeback_dirty_bytes") == 0)
             .then_some(st.clone())

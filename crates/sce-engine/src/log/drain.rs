@@ -202,9 +202,12 @@ impl LogBack {
             v
         };
         for g in pages {
+            // A loss the cleaned entry ends holds the tail until it is durable: its commit
+            // may take the copy reserve.
+            let holds = lost && st.loss_at.contains_key(&g);
             if st.supersede(g, lost) {
                 let (volume, page) = self.local(g);
-                st.w.supersede(volume, page);
+                st.w.supersede(volume, page, holds);
                 st.pending.push_back((CLEANED, g));
                 // Counted as a completion: a FLUSH from now on commits it (a group commit
                 // prepared before it did not take it).

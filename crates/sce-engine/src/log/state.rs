@@ -66,8 +66,8 @@ pub(super) struct St {
     pub(super) loss_at: HashMap<u64, u64>,
     /// Lost pages whose tombstone is pending or in a commit not yet durable.
     pub(super) carrying: HashSet<u64>,
-    /// Versions superseded by a cleaned entry not yet durable (page → positions): they hold
-    /// the tail until it is (a crash before must find them).
+    /// Versions superseded by a cleaned entry not yet durable (page → positions). They do
+    /// not hold the tail (`supersede`).
     pub(super) superseded: HashMap<u64, Vec<u64>>,
     /// Pages whose write to the source failed, retried after their backoff.
     pub(super) stuck: HashMap<u64, Stuck>,
@@ -249,8 +249,8 @@ impl St {
     }
 
     /// The source holds page `g`'s newest bytes now (written through and flushed): its
-    /// versions leave the index and wait in `superseded` for the cleaned entry's commit,
-    /// and a loss of it ends. True if the log held a version of it, had it lost, or holds a
+    /// versions leave the index (and no longer hold the tail) and wait in `superseded` for
+    /// the cleaned entry's commit, and a loss of it ends. True if the log held a version of it, had it lost, or holds a
     /// cleaned version a replay could bring back (a cleaned entry is then due).
     /// A lost page is left as it is unless `end_loss` (a write or discard over it ends it;
     /// the end of a drain does not).
@@ -265,6 +265,13 @@ impl St {
         let replayable = self.cleaned_pages.contains_key(&g);
         if newest.is_none() && older.is_empty() && !lost {
             return replayable;
+        }
+        // They no longer hold the tail: the source holds newer bytes, flushed, so a replay
+        // that no longer finds them serves those (the write through is acknowledged only
+        // once the cleaned entry is durable; until then it may land or not). Held, they
+        // could keep a full ring waiting for room only that commit's durability frees.
+        for p in newest.iter().chain(&older) {
+            self.live.remove(p);
         }
         let s = self.superseded.entry(g).or_default();
         s.extend(newest.into_iter().chain(older));

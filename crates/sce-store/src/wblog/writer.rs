@@ -330,10 +330,14 @@ impl LogWriter {
     /// The source now holds the newest bytes of `page` of `volume` (written there and
     /// flushed): a cleaned entry for it goes into the next commit, after which no replay
     /// brings back a version of it the log held before. The caller makes sure the source
-    /// write is durable before the commit is.
-    pub fn supersede(&mut self, volume: u32, page: u64) {
+    /// write is durable before the commit is. `frees_tail`: the caller holds versions of the
+    /// page (or a loss) at the tail until this entry is durable, so its commit may take the
+    /// copy reserve (as a tombstone's): else a ring full up to that reserve would wait for
+    /// room only this commit's durability frees.
+    pub fn supersede(&mut self, volume: u32, page: u64, frees_tail: bool) {
         self.pending.push(LogEntry::cleaned(volume, page));
         self.need_commit = true;
+        self.copies |= frees_tail;
     }
 
     /// Carries the loss of `page` of `volume` forward: a tombstone for it goes into the next
@@ -368,7 +372,8 @@ impl LogWriter {
     }
 
     /// A commit of every completed, uncommitted entry (at most [`MAX_COMMIT_RECORDS`]
-    /// records' worth: call again for the rest), or None if there is nothing to commit.
+    /// records' worth, and fewer if the ring has room for fewer: call again for the rest),
+    /// or None if there is nothing to commit.
     /// After [`Self::commit_failed`] it returns the same commit again (same position, same
     /// bytes), to be retried. One commit at a time: the caller serialises them.
     /// `Full::Ring` (rare, see [`super::commit_reserve`]): clean, move the tail and the
@@ -389,25 +394,31 @@ impl LogWriter {
         if self.pending.is_empty() && !self.need_commit {
             return Ok(None);
         }
-        let take = self
-            .pending
-            .len()
-            .min(MAX_COMMIT_RECORDS * ENTRIES_PER_RECORD);
-        let records = take.div_ceil(ENTRIES_PER_RECORD).max(1) as u64;
-        // Second copies in the mirror area when a slot run is free there; else beside the
-        // first copies.
-        let at = self.region.place(self.head, records);
-        let slot = self.mirror_slots(records, at);
-        let ring = if slot.is_some() { records } else { 2 * records };
-        let at = self.region.place(self.head, ring);
+        let want = (self.pending.len())
+            .min(MAX_COMMIT_RECORDS * ENTRIES_PER_RECORD)
+            .div_ceil(ENTRIES_PER_RECORD)
+            .max(1) as u64;
         let limit = if self.copies {
             self.limit()
         } else {
             self.limit_but_copies()
         };
-        if at + ring > limit {
+        // As many records as fit, down to one: a ring short of room commits the oldest
+        // entries first, and what they release (versions a cleaned entry supersedes hold
+        // the tail until it is durable) makes room for the rest. All or nothing, a commit of
+        // many cleaned entries could wait for room only its own durability frees.
+        let placed = (1..=want).rev().find_map(|records| {
+            // Second copies in the mirror area when a slot run is free there; else beside
+            // the first copies.
+            let slot = self.mirror_slots(records, self.region.place(self.head, records));
+            let ring = if slot.is_some() { records } else { 2 * records };
+            let at = self.region.place(self.head, ring);
+            (at + ring <= limit).then_some((records, slot, ring, at))
+        });
+        let Some((records, slot, ring, at)) = placed else {
             return Err(Full::Ring);
-        }
+        };
+        let take = (self.pending.len()).min(records as usize * ENTRIES_PER_RECORD);
         if slot.is_none() {
             self.beside += 1;
         }

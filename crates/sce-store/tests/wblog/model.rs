@@ -313,7 +313,9 @@ impl Model {
         self.source[i] = v;
         self.written[i].insert(v);
         self.acked[i] = v;
-        self.w.supersede(VOL, p);
+        // Its live version holds the tail until the cleaned entry is durable.
+        let holds = self.live[i].is_some();
+        self.w.supersede(VOL, p, holds);
         self.t.through_writes += 1;
         self.flush()?;
         // Superseded durably: the log's versions of it no longer hold the tail.
