@@ -151,7 +151,7 @@ fn warm_restart_on_a_loop_device_with_direct_io() {
 
 #[test]
 fn sigkill_crashes_never_serve_stale_or_torn_blocks() {
-    let iterations: u32 = common::env_or("SCE_CRASH_ITERATIONS", 200);
+    let iterations: u32 = common::env_or("SCE_CRASH_ITERATIONS", 120);
     let d = tempfile::tempdir().unwrap();
     let r = common::blocks::kill_loop(d.path(), &[], iterations, 2026);
     let sum = |v: &[serde_json::Value], k: &str| v.iter().map(|x| num(x, k)).sum::<u64>();
