@@ -9,7 +9,7 @@ use super::LogBack;
 use crate::engine::Engine;
 use sce_io::IoError;
 use sce_store::wblog::PreparedCommit;
-use std::sync::atomic::Ordering::{AcqRel, Relaxed};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 use std::time::Duration;
 
 /// Longest time completed writes stay uncommitted without a FLUSH.
@@ -35,13 +35,13 @@ impl LogBack {
     /// A client's FLUSH: every write acknowledged before it durable on the cache device,
     /// and on the source for those a drain sent through to it.
     pub(crate) fn flush(&self, e: &Engine) -> Result<(), IoError> {
-        // The mark is set once a write through completed: one that completed before the
-        // swap is flushed below, one that completes after it sets the mark again.
-        if self.through_unflushed.swap(false, AcqRel) {
-            if let Err(err) = e.dev.source.flush() {
-                self.through_unflushed.store(true, Relaxed);
-                return Err(err);
-            }
+        // Writes through are counted once they completed: those counted now are covered
+        // by a source flush started after this point, this one's or another FLUSH's that
+        // completed with them counted.
+        let done = self.through_done.load(Acquire);
+        if self.through_flushed.load(Acquire) < done {
+            e.dev.source.flush()?;
+            self.through_flushed.fetch_max(done, AcqRel);
         }
         self.commit()
     }

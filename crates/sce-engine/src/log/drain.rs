@@ -231,10 +231,9 @@ impl LogBack {
         let _g = self.ranges.lock(a0, a1, true);
         if !self.held_in(g0, g1) {
             self.through.write(e, offset, Payload::Borrowed(data))?;
-            // Once it completed, not before: a FLUSH that took the mark while this write
-            // was still on its way would flush the source ahead of it, and the next FLUSH,
-            // finding no mark, would acknowledge it unflushed.
-            self.through_unflushed.store(true, Release);
+            // Counted once it completed, not before: a FLUSH that counted it while it was
+            // still on its way would flush the source ahead of it.
+            self.through_done.fetch_add(1, Release);
             return Ok(());
         }
         let b = self.merged(e, offset, data)?;
@@ -278,8 +277,8 @@ impl LogBack {
                 e.dev.source.flush()?;
                 self.supersede(g0, g1, true);
             } else {
-                // After the discard completed (as a write through's mark).
-                self.through_unflushed.store(true, Release);
+                // Counted after the discard completed (as a write through).
+                self.through_done.fetch_add(1, Release);
             }
         }
         if held && self.goes_through(g0, g1) {

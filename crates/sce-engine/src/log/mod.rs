@@ -53,7 +53,7 @@ use sce_core::PAGE_SIZE;
 use sce_io::BlockDevice;
 use sce_store::wblog::LogRegion;
 use state::{Dirty, St, GROUP_SHIFT};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -106,8 +106,13 @@ pub(crate) struct LogBack {
     forced: AtomicU64,
     /// Drains under way, for the writers' quick look (`St::drains` has their ranges).
     draining: AtomicUsize,
-    /// A write went through to the source since its last flush: a FLUSH flushes it too.
-    through_unflushed: AtomicBool,
+    /// Writes and discards that went through to the source without flushing it, counted
+    /// once each completed (`through_done`), and how many of them a completed source flush
+    /// covers (`through_flushed`): a FLUSH that finds the second behind flushes the source
+    /// itself. (A mark one FLUSH clears before its source flush lets a second FLUSH, which
+    /// finds it clear, be acknowledged before that flush is done.)
+    through_done: AtomicU64,
+    through_flushed: AtomicU64,
     /// Writers waiting for room in the ring now: the cleaner works while there are any,
     /// whatever its thresholds say (they do not count the room writes leave for commits
     /// and copies).

@@ -430,7 +430,9 @@ impl LogWriter {
         }
         self.head = at + ring;
         self.need_commit = false;
-        self.copies = false;
+        // The reserve stays open to the rest if this commit took only part (the entry that
+        // opened it may be in the rest).
+        self.copies &= take < self.pending.len();
         let entries: Vec<LogEntry> = self.pending.drain(..take).collect();
         let p = self.encode(at, self.next_seq, self.tail, &entries, slot);
         self.in_flight = Some(InFlight {
