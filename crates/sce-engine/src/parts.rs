@@ -26,6 +26,20 @@ pub struct VolumePart {
     pub share: Option<f64>,
 }
 
+impl VolumePart {
+    /// Volume `name` of `source`, with no source generation, nothing forgotten and no cap
+    /// on its share of the cache.
+    pub fn new(name: impl Into<String>, source: Arc<dyn BlockDevice>) -> VolumePart {
+        VolumePart {
+            name: name.into(),
+            source,
+            source_generation: None,
+            forget: false,
+            share: None,
+        }
+    }
+}
+
 impl std::fmt::Debug for VolumePart {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VolumePart")
@@ -229,13 +243,7 @@ mod tests {
     fn part(name: &str, size: u64, fill: u8) -> VolumePart {
         let d = MemDevice::new(size);
         d.write_at(0, &vec![fill; size as usize]).unwrap();
-        VolumePart {
-            name: name.into(),
-            source: Arc::new(d),
-            source_generation: None,
-            forget: false,
-            share: None,
-        }
+        VolumePart::new(name, Arc::new(d))
     }
 
     #[test]

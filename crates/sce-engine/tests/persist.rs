@@ -218,12 +218,11 @@ fn crash_loop(
             Journal::Ring(n) => p.journal_blocks = n,
         }
         let vol = if shared {
-            let half = |k: u64| sce_engine::VolumePart {
-                name: format!("half-{k}"),
-                source: Arc::new(SliceDevice::new(source.clone(), k * 4 * MIB, 4 * MIB).unwrap()),
-                source_generation: None,
-                forget: false,
-                share: None,
+            let half = |k: u64| {
+                sce_engine::VolumePart::new(
+                    format!("half-{k}"),
+                    Arc::new(SliceDevice::new(source.clone(), k * 4 * MIB, 4 * MIB).unwrap()),
+                )
             };
             CacheVolume::open_shared(vec![half(0), half(1)], cache.clone(), cfg).expect("open")
         } else {

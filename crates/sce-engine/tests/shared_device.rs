@@ -31,19 +31,10 @@ fn config() -> EngineConfig {
 fn parts(a: &Arc<MemDevice>, b: &Arc<MemDevice>, gen_a: &str) -> Vec<VolumePart> {
     vec![
         VolumePart {
-            name: "volume-a".into(),
-            source: a.clone(),
             source_generation: Some(gen_a.into()),
-            forget: false,
-            share: None,
+            ..VolumePart::new("volume-a", a.clone())
         },
-        VolumePart {
-            name: "volume-b".into(),
-            source: b.clone(),
-            source_generation: None,
-            forget: false,
-            share: None,
-        },
+        VolumePart::new("volume-b", b.clone()),
     ]
 }
 
@@ -313,20 +304,8 @@ fn writes_to_one_volume_never_vouch_for_another() {
     let (_, b) = file("b", 2);
     let parts = || {
         vec![
-            VolumePart {
-                name: "a".into(),
-                source: a.clone(),
-                source_generation: None,
-                forget: false,
-                share: None,
-            },
-            VolumePart {
-                name: "b".into(),
-                source: b.clone(),
-                source_generation: None,
-                forget: false,
-                share: None,
-            },
+            VolumePart::new("a", a.clone()),
+            VolumePart::new("b", b.clone()),
         ]
     };
     let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(8 * MIB));

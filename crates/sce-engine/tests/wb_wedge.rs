@@ -94,20 +94,8 @@ fn one_source_block_that_fails_writes_holds_only_itself() {
     let faults = a.control();
     let b = Arc::new(MemDevice::new(16 * MIB));
     let parts = vec![
-        VolumePart {
-            name: "a".into(),
-            source: a.clone(),
-            source_generation: None,
-            forget: false,
-            share: None,
-        },
-        VolumePart {
-            name: "b".into(),
-            source: b.clone(),
-            source_generation: None,
-            forget: false,
-            share: None,
-        },
+        VolumePart::new("a", a.clone()),
+        VolumePart::new("b", b.clone()),
     ];
     let cache = Arc::new(MemDevice::new(8 * MIB));
     let vol = CacheVolume::open_shared(parts, cache, config(Duration::from_secs(3))).unwrap();

@@ -73,26 +73,13 @@ struct Shape {
 }
 
 /// The bytes of sector `s` at generation `gen` (0: zeroes).
-fn sector(s: u64, gen: u32) -> [u8; SECT as usize] {
-    let mut b = [0u8; SECT as usize];
-    if gen == 0 {
-        return b;
-    }
-    for c in b.chunks_mut(16) {
-        c[..4].copy_from_slice(b"RT4S");
-        c[4..8].copy_from_slice(&gen.to_le_bytes());
-        c[8..16].copy_from_slice(&s.to_le_bytes());
-    }
-    b
+fn sector(s: u64, gen: u32) -> Vec<u8> {
+    sce_testkit::stamp::stamped(SECT as usize, b"RT4S", s, gen)
 }
 
 /// The generation of sector `s`'s bytes, or None for garbage.
 fn decode(s: u64, b: &[u8]) -> Option<u32> {
-    if b.iter().all(|&x| x == 0) {
-        return Some(0);
-    }
-    let g = u32::from_le_bytes(b[4..8].try_into().unwrap());
-    (b == sector(s, g)).then_some(g)
+    sce_testkit::stamp::version_of(b, b"RT4S", s)
 }
 
 /// A writer's knowledge of its sectors: every generation it issued since the last check,

@@ -17,6 +17,7 @@
 //! `scripts/test.sh` installs every requirement the tests name here.
 
 pub mod etcd;
+pub mod stamp;
 
 use std::path::Path;
 use std::process::Command;

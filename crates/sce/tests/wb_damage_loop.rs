@@ -148,18 +148,6 @@ fn write_dirty(run: &Run, records: bool, rng: &mut SmallRng) -> Vec<(u64, Vec<u8
     pages
 }
 
-fn flip(file: &Path, at: u64) {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(file)
-        .unwrap();
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, at).unwrap();
-    f.write_all_at(&[b[0] ^ 0xa5], at).unwrap();
-}
-
 fn layout(cache: &Path) -> serde_json::Value {
     let out = Command::new(bin())
         .args(["check", "--json"])
@@ -177,21 +165,23 @@ fn damage(cache: &Path, target: Target, victim: &[u8]) -> u64 {
     let (units, unit) = (n("units"), n("unit_size"));
     match target {
         // Every unit's primary copy (the mirror stays).
-        Target::Unit => (0..units).for_each(|u| flip(cache, n("meta_offset") + u * unit + 100)),
-        // A record (the first slot's entry) in every unit's mirror copy.
-        Target::Record => {
-            (0..units).for_each(|u| flip(cache, n("meta_offset") + (units + u) * unit + 64 + 20))
+        Target::Unit => {
+            (0..units).for_each(|u| common::flip_byte(cache, n("meta_offset") + u * unit + 100))
         }
+        // A record (the first slot's entry) in every unit's mirror copy.
+        Target::Record => (0..units).for_each(|u| {
+            common::flip_byte(cache, n("meta_offset") + (units + u) * unit + 64 + 20)
+        }),
         // Every block of the journal ring's first copy.
         Target::Journal => (0..n("journal_blocks") / 2)
-            .for_each(|b| flip(cache, n("journal_offset") + b * PAGE + 200)),
+            .for_each(|b| common::flip_byte(cache, n("journal_offset") + b * PAGE + 200)),
         Target::DirtyPage => {
             let img = std::fs::read(cache).unwrap();
             let at = img
                 .chunks(PAGE as usize)
                 .position(|p| p == victim)
                 .expect("the page is on the cache device") as u64;
-            flip(cache, at * PAGE + 17);
+            common::flip_byte(cache, at * PAGE + 17);
             return 1;
         }
         Target::Superblock => {
@@ -202,7 +192,7 @@ fn damage(cache: &Path, target: Target, victim: &[u8]) -> u64 {
             } else {
                 PAGE
             };
-            flip(cache, newest + 300);
+            common::flip_byte(cache, newest + 300);
         }
     }
     0

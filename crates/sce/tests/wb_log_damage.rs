@@ -21,24 +21,14 @@ const PAGE: u64 = 4096;
 const NP: u64 = 64;
 const MIB: u64 = 1 << 20;
 
-/// Version `v` of page `p`: every 16 bytes name them.
+/// Version `v` of page `p` (v > 0): every 16 bytes name them.
 fn page(p: u64, v: u32) -> Vec<u8> {
-    let mut b = vec![0u8; PAGE as usize];
-    for c in b.chunks_mut(16) {
-        c[..4].copy_from_slice(b"DMPG");
-        c[4..8].copy_from_slice(&v.to_le_bytes());
-        c[8..16].copy_from_slice(&p.to_le_bytes());
-    }
-    b
+    sce_testkit::stamp::stamped(PAGE as usize, b"DMPG", p, v)
 }
 
 /// The version a page reads as (0: zeroes), or None for bytes nobody wrote there.
 fn version(p: u64, b: &[u8]) -> Option<u32> {
-    if b.iter().all(|&x| x == 0) {
-        return Some(0);
-    }
-    let v = u32::from_le_bytes(b[4..8].try_into().unwrap());
-    (b == page(p, v)).then_some(v)
+    sce_testkit::stamp::version_of(b, b"DMPG", p)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -154,18 +144,6 @@ fn records(cache: &Path) -> Vec<Rec> {
     out
 }
 
-fn flip(file: &Path, at: u64) {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(file)
-        .unwrap();
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, at).unwrap();
-    f.write_all_at(&[b[0] ^ 0xa5], at).unwrap();
-}
-
 /// The two copies (ring and mirror) of the newest record naming a data entry of page `p`,
 /// and the records after it.
 fn listing(recs: &[Rec], p: u64, data: bool) -> (Vec<Rec>, Vec<Rec>) {
@@ -202,18 +180,18 @@ fn damage(run: &Run, target: Target) -> u64 {
         (c[0], c[1])
     };
     match target {
-        Target::RingCopy => flip(&cache, copies(false).0 + 100),
-        Target::MirrorCopy => flip(&cache, copies(false).1 + 100),
+        Target::RingCopy => common::flip_byte(&cache, copies(false).0 + 100),
+        Target::MirrorCopy => common::flip_byte(&cache, copies(false).1 + 100),
         Target::BothCopies => {
             let (r, m) = copies(false);
-            flip(&cache, r + 100);
-            flip(&cache, m + 100);
+            common::flip_byte(&cache, r + 100);
+            common::flip_byte(&cache, m + 100);
             return NP;
         }
         Target::Seal => {
             let (r, m) = copies(true);
-            flip(&cache, r + 100);
-            flip(&cache, m + 100);
+            common::flip_byte(&cache, r + 100);
+            common::flip_byte(&cache, m + 100);
         }
         Target::DataPage => {
             let img = std::fs::read(&cache).unwrap();
@@ -222,20 +200,20 @@ fn damage(run: &Run, target: Target) -> u64 {
                 .step_by(PAGE as usize)
                 .find(|&o| img[o as usize..(o + PAGE) as usize] == want[..])
                 .expect("page 5's version 2 in the log");
-            flip(&cache, at + 17);
+            common::flip_byte(&cache, at + 17);
             return 1;
         }
         Target::Tombstone => {
             let (t, _) = listing(&recs, 5, false);
             let r = t.iter().map(|r| r.at).min().expect("a tombstone record");
-            flip(&cache, r + 100);
+            common::flip_byte(&cache, r + 100);
             return 1;
         }
         Target::Anchor => {
             let img = std::fs::read(&cache).unwrap();
             let seq = |c: usize| u64::from_le_bytes(img[c + 16..c + 24].try_into().unwrap());
             let newest = if seq(0) >= seq(4096) { 0 } else { 4096 };
-            flip(&cache, newest + 220);
+            common::flip_byte(&cache, newest + 220);
             return NP;
         }
     }

@@ -223,6 +223,19 @@ impl Drop for Server {
     }
 }
 
+/// Flips the bits of the byte at `at` of `file` (damage, in place).
+pub fn flip_byte(file: &Path, at: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(file)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ 0xa5], at).unwrap();
+}
+
 /// The value of environment variable `name` (a test's knob), or `default`.
 pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
