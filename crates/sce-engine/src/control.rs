@@ -258,7 +258,7 @@ impl CacheVolume {
                 };
                 l.drain(e, pages, ctl)
             }
-            WritePath::Through(_) => e.dev.source.flush().map(|()| Default::default()),
+            WritePath::Through(_) => e.dev.flush_source().map(|()| Default::default()),
         }
     }
 

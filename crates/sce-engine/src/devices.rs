@@ -3,7 +3,7 @@
 //! the cache wrote since their identity was last recorded.
 
 use crate::parts::Placed;
-use sce_io::BlockDevice;
+use sce_io::{BlockDevice, IoError};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 
@@ -33,6 +33,8 @@ pub(crate) struct Devices {
     /// records the source's identity only when the two are equal.
     started: AtomicU64,
     done: AtomicU64,
+    /// Of `done`, those a completed source flush covers (counted before it began).
+    flushed: AtomicU64,
 }
 
 impl Devices {
@@ -50,6 +52,7 @@ impl Devices {
             volumes,
             started: AtomicU64::new(0),
             done: AtomicU64::new(0),
+            flushed: AtomicU64::new(0),
         }
     }
 
@@ -72,6 +75,25 @@ impl Devices {
         let r = f(&*self.source);
         self.done.fetch_add(1, SeqCst);
         r
+    }
+
+    /// Flushes the source: every source write completed before the call is durable once
+    /// it returns Ok.
+    pub(crate) fn flush_source(&self) -> Result<(), IoError> {
+        let done = self.done.load(SeqCst);
+        self.source.flush()?;
+        self.flushed.fetch_max(done, SeqCst);
+        Ok(())
+    }
+
+    /// Makes every source write completed so far durable: a flush of the source, unless
+    /// one that began after the last of them completed already.
+    pub(crate) fn sync_source(&self) -> Result<(), IoError> {
+        if self.flushed.load(SeqCst) < self.done.load(SeqCst) {
+            self.flush_source()
+        } else {
+            Ok(())
+        }
     }
 
     /// Source writes done so far, if none is in flight now.

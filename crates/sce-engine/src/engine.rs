@@ -243,7 +243,7 @@ impl Engine {
     /// persistence).
     pub(crate) fn flush_metadata(&self) -> u64 {
         match (&self.persist, self.checks.cache()) {
-            (Some(p), Some(crcs)) => p.round(&self.cores, crcs, false),
+            (Some(p), Some(crcs)) => p.round(&self.cores, crcs, &self.dev, false),
             _ => 0,
         }
     }
@@ -255,7 +255,7 @@ impl Engine {
             return false;
         };
         let (ids, taken) = self.dev.identities();
-        let closed = p.close(&self.cores, crcs, &ids, self.dev.writes_done());
+        let closed = p.close(&self.cores, crcs, &self.dev, &ids);
         if !closed {
             self.dev.restore_written(&taken);
         }

@@ -159,7 +159,7 @@ impl WriteBack {
         }
         let done = copied.iter().filter(|c| c.2).count();
         if done > 0 {
-            if let Err(e) = s.dev.source.flush() {
+            if let Err(e) = s.dev.flush_source() {
                 copied.iter_mut().for_each(|c| c.2 = false);
                 r = Err(e);
             }
@@ -214,7 +214,7 @@ impl WriteBack {
         let r = self.drain(s, range, patience);
         self.forced.fetch_sub(1, Relaxed);
         let cleaned = r?;
-        s.dev.source.flush()?;
+        s.dev.flush_source()?;
         Ok(cleaned)
     }
 

@@ -147,7 +147,7 @@ impl WriteBack {
         let mark = self.persist.landed_mark();
         e.dev.cache.flush()?;
         self.persist.record_landed(mark)?;
-        e.dev.source.flush()
+        e.dev.flush_source()
     }
 
     /// A cleaner thread's work (`clean.rs`).

@@ -133,7 +133,7 @@ impl LogBack {
             b.error = o.error.or(b.error);
         }
         if !cleaned.is_empty() {
-            if let Err(err) = e.dev.source.flush() {
+            if let Err(err) = e.dev.flush_source() {
                 // Nothing is on the source for sure: all of it stays dirty.
                 failed.extend(cleaned.drain(..).map(|(g, _)| g));
                 b.error = Some(format!("the source could not be flushed: {err}"));

@@ -40,7 +40,7 @@ impl LogBack {
         // completed with them counted.
         let done = self.through_done.load(Acquire);
         if self.through_flushed.load(Acquire) < done {
-            e.dev.source.flush()?;
+            e.dev.flush_source()?;
             self.through_flushed.fetch_max(done, AcqRel);
         }
         self.commit()

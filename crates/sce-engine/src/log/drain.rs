@@ -114,7 +114,7 @@ impl LogBack {
                 (st.dirty_in(g0, g1), landed)
             };
             if left.0 == 0 && landed {
-                e.dev.source.flush()?;
+                e.dev.flush_source()?;
                 // What was cleaned may still come back in a replay: after the drain the
                 // source is written behind the log (write-through, a detach), so nothing of
                 // the range may (cleaned entries, committed). Lost pages stay lost.
@@ -241,7 +241,7 @@ impl LogBack {
         {
             let _o = self.source_order.lock(a0, a1, true);
             self.through.write(e, a0, Payload::Borrowed(&b[..len]))?;
-            e.dev.source.flush()?;
+            e.dev.flush_source()?;
             self.supersede(g0, g1, true);
         }
         self.commit()
@@ -274,7 +274,7 @@ impl LogBack {
             let _o = self.source_order.lock(w0, w1, true);
             self.through.discard(e, w0, w1 - w0)?;
             if held {
-                e.dev.source.flush()?;
+                e.dev.flush_source()?;
                 self.supersede(g0, g1, true);
             } else {
                 // Counted after the discard completed (as a write through).

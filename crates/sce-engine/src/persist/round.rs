@@ -7,6 +7,7 @@ use super::intents::State;
 use super::{Persist, UnitImage};
 use crate::cores::Cores;
 use crate::crcs::{CrcCache, UnitPin};
+use crate::devices::Devices;
 use sce_core::{CacheCore, FragNo, SlotNo};
 use sce_io::{AlignedBuf, BlockDevice};
 use sce_store::layout::SLOTS_PER_INTENT_BLOCK;
@@ -37,8 +38,9 @@ impl Persist {
     /// and verifies the records, then clears the intents that stayed quiet. `force` treats
     /// every intent as quiet (clean shutdown, nothing in flight). Returns the number of
     /// metadata errors. `cores` are the volume's core shards (each locked twice, one at a
-    /// time, for the snapshot) and `crcs` its page checksums.
-    pub(crate) fn round(&self, cores: &Cores, crcs: &CrcCache, force: bool) -> u64 {
+    /// time, for the snapshot), `crcs` its page checksums, and `dev` its devices: the
+    /// source is flushed before a record vouches for a copy of what was written to it.
+    pub(crate) fn round(&self, cores: &Cores, crcs: &CrcCache, dev: &Devices, force: bool) -> u64 {
         let _one_at_a_time = self.round_lock.lock();
         self.counters.flush_rounds.fetch_add(1, Relaxed);
         if std::mem::take(&mut self.st.lock().scrub) {
@@ -79,7 +81,18 @@ impl Persist {
             }
             return errors;
         };
-        // 2. Make the data the records vouch for durable.
+        // 2. Make the data the records vouch for durable: first on the source, whose
+        // writes the valid pages copy (a page is valid only once its source write completed,
+        // so a flush begun after the snapshot covers every one it found), for a source with
+        // a volatile cache loses unflushed writes at a power cut, and a record must never
+        // outlive the write its copy holds (the cache would serve it, newer than the source,
+        // until an eviction brought the source's older bytes back); then on the cache device.
+        if let Err(e) = dev.sync_source() {
+            // The records wait for the next round; the cache device is not at fault.
+            self.st.lock().units.extend(images.iter().map(|i| i.unit));
+            tracing::debug!("metadata round put off: the source cannot flush: {e}");
+            return unread;
+        }
         if self.dev.flush().is_err() {
             let mut st = self.st.lock();
             st.units.extend(images.iter().map(|i| i.unit));
@@ -528,11 +541,12 @@ impl Persist {
         &self,
         cores: &Cores,
         crcs: &CrcCache,
+        dev: &Devices,
         identities: &[Option<String>],
-        writes_done: u64,
     ) -> bool {
+        let writes_done = dev.writes_done();
         for _ in 0..4 {
-            if self.round(cores, crcs, true) > 0 {
+            if self.round(cores, crcs, dev, true) > 0 {
                 return false;
             }
             if self.settled() {

@@ -44,7 +44,7 @@ impl WriteThrough {
     /// Every acknowledged write is on the source, and the cache's records need no flush
     /// here (their ordering is the intents' business).
     pub(crate) fn flush(&self, e: &Engine) -> Result<(), IoError> {
-        e.dev.source.flush()
+        e.dev.flush_source()
     }
 
     /// Serves whole-page hits through `queue`, the cache device's data area starting at
