@@ -81,23 +81,9 @@ impl Persist {
             }
             return errors;
         };
-        // 2. Make the data the records vouch for durable: first on the source, whose
-        // writes the valid pages copy (a page is valid only once its source write completed,
-        // so a flush begun after the snapshot covers every one it found), for a source with
-        // a volatile cache loses unflushed writes at a power cut, and a record must never
-        // outlive the write its copy holds (the cache would serve it, newer than the source,
-        // until an eviction brought the source's older bytes back); then on the cache device.
-        if let Err(e) = dev.sync_source() {
-            // The records wait for the next round; the cache device is not at fault.
-            self.st.lock().units.extend(images.iter().map(|i| i.unit));
-            tracing::debug!("metadata round put off: the source cannot flush: {e}");
-            return unread;
-        }
-        if self.dev.flush().is_err() {
-            let mut st = self.st.lock();
-            st.units.extend(images.iter().map(|i| i.unit));
-            self.counters.metadata_errors.fetch_add(1, Relaxed);
-            return 1 + unread;
+        // 2. Make the data the records vouch for durable.
+        if let Err(errors) = self.data_durable(dev, &images) {
+            return errors + unread;
         }
         // 3. Write the units, adjacent ones in one request; 4. read them back.
         let ok_units = self.write_units(&images);
@@ -121,6 +107,29 @@ impl Persist {
             self.release_holds(cores);
         }
         errors
+    }
+
+    /// Step 2 of a round: the data the records `images` vouch for made durable, first on
+    /// the source, whose writes the valid pages copy (a page is valid only once its source
+    /// write completed, so a flush begun after the snapshot covers every one it found), for
+    /// a source with a volatile cache loses unflushed writes at a power cut, and a record
+    /// must never outlive the write its copy holds (the cache would serve it, newer than the
+    /// source, until an eviction brought the source's older bytes back); then on the cache
+    /// device. On failure the images' units wait for the next round; `Err` holds the
+    /// metadata errors to count (none if the source could not flush: the cache device is
+    /// not at fault).
+    fn data_durable(&self, dev: &Devices, images: &[UnitImage]) -> Result<(), u64> {
+        if let Err(e) = dev.sync_source() {
+            self.st.lock().units.extend(images.iter().map(|i| i.unit));
+            tracing::debug!("metadata round put off: the source cannot flush: {e}");
+            return Err(0);
+        }
+        if self.dev.flush().is_err() {
+            self.st.lock().units.extend(images.iter().map(|i| i.unit));
+            self.counters.metadata_errors.fetch_add(1, Relaxed);
+            return Err(1);
+        }
+        Ok(())
     }
 
     /// After a round's unit writes (`ok_units`: which are durable): the checksums the durable
