@@ -307,7 +307,7 @@ pub(crate) fn build_cached<'a>(
     let found = check_cache_contents(spec, cfg, &*cache_dev.dev, cache_path, persist_wanted)?;
     let cache = cache_device(cache_dev.dev.clone(), persist_wanted)?;
     let persist = persist_wanted
-        .then(|| persist_config(spec, cfg, &found, core.write_mode, cache.size()))
+        .then(|| persist_config(spec, cfg, &found, cache.size()))
         .transpose()?;
     if persist.is_some() && spec.fragment_size.is_none() && spec.line_size.is_none() {
         device_geometry(&mut core, &*cache);
@@ -423,7 +423,6 @@ pub(crate) fn persist_config(
     spec: &ExportConfig,
     cfg: &ServeConfig,
     found: &Contents,
-    mode: sce_core::WriteMode,
     device_bytes: u64,
 ) -> Result<PersistConfig> {
     let name = spec
@@ -438,7 +437,7 @@ pub(crate) fn persist_config(
         state_dir: Some(cfg.state_dir.clone()),
         flush_interval: cfg.metadata_interval,
         journal: spec.crash_journal.unwrap_or(cfg.crash_journal),
-        writeback_log: cfg.writeback_log.bytes(device_bytes, mode),
+        writeback_log: cfg.writeback_log.bytes(device_bytes),
         warm_rounds: if cfg.write_hot {
             PersistConfig::new("").warm_rounds
         } else {

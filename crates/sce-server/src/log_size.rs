@@ -4,8 +4,9 @@
 /// The size of the write-back log sce gives a cache device it formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogSize {
-    /// A log for an export in `--mode writeback` ([`LogSize::auto_bytes`] of the device);
-    /// none for the other modes.
+    /// [`LogSize::auto_bytes`] of the device, whatever the mode: an export served in
+    /// write-through can be switched live into write-back (`sce ctl set mode writeback`),
+    /// and write-back needs a log.
     Auto,
     /// This many bytes (0: none, whatever the mode).
     Bytes(u64),
@@ -28,12 +29,11 @@ impl LogSize {
         }
     }
 
-    /// The bytes of log to format a device of `device` bytes with, for `mode`.
-    pub fn bytes(self, device: u64, mode: sce_core::WriteMode) -> u64 {
+    /// The bytes of log to format a device of `device` bytes with.
+    pub fn bytes(self, device: u64) -> u64 {
         match self {
             LogSize::Bytes(b) => b,
-            LogSize::Auto if mode == sce_core::WriteMode::WriteBack => Self::auto_bytes(device),
-            LogSize::Auto => 0,
+            LogSize::Auto => Self::auto_bytes(device),
         }
     }
 }
@@ -53,10 +53,9 @@ impl std::str::FromStr for LogSize {
 #[cfg(test)]
 mod log_size_tests {
     use super::LogSize;
-    use sce_core::WriteMode;
 
     #[test]
-    fn auto_gives_write_back_a_sixteenth_within_bounds_and_other_modes_none() {
+    fn auto_gives_every_mode_a_sixteenth_within_bounds() {
         const MIB: u64 = 1 << 20;
         assert_eq!(LogSize::auto_bytes(64 << 30), 4 << 30);
         assert_eq!(LogSize::auto_bytes(100 << 30), 4 << 30);
@@ -66,9 +65,8 @@ mod log_size_tests {
         assert_eq!(LogSize::auto_bytes(32 * MIB), 8 * MIB);
         assert_eq!(LogSize::auto_bytes(2 * MIB), 0);
         let auto = LogSize::Auto;
-        assert_eq!(auto.bytes(16 << 30, WriteMode::WriteBack), 1 << 30);
-        assert_eq!(auto.bytes(16 << 30, WriteMode::WriteThrough), 0);
-        assert_eq!(LogSize::Bytes(0).bytes(16 << 30, WriteMode::WriteBack), 0);
+        assert_eq!(auto.bytes(16 << 30), 1 << 30);
+        assert_eq!(LogSize::Bytes(0).bytes(16 << 30), 0);
         assert_eq!("auto".parse::<LogSize>(), Ok(LogSize::Auto));
         assert_eq!("8MiB".parse::<LogSize>(), Ok(LogSize::Bytes(8 * MIB)));
         assert!("lots".parse::<LogSize>().is_err());

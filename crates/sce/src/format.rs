@@ -38,10 +38,10 @@ pub struct FormatArgs {
     /// that holds dirty data is refused. Repeatable.
     #[arg(long, value_name = "VOLUME")]
     pub discard_dirty: Vec<String>,
-    /// Give the device a write-back log of this size, for `sce serve --mode writeback`
-    /// (auto: a sixteenth of the device, 16MiB to 4GiB, as `sce serve` gives a cache it
-    /// formats for write-back; 0: none, and write-back keeps dirty pages in the slots).
-    #[arg(long, default_value = "0", value_name = "auto|SIZE")]
+    /// Give the device a write-back log of this size, for `--mode writeback` and live
+    /// switches into it (auto: a sixteenth of the device, 16MiB to 4GiB, as `sce serve`
+    /// gives a cache it formats; 0: none, and write-back is refused on the device).
+    #[arg(long, default_value = "auto", value_name = "auto|SIZE")]
     pub writeback_log: sce_server::config::LogSize,
     /// Print JSON.
     #[arg(long)]
@@ -92,9 +92,7 @@ pub fn format(a: FormatArgs) -> Result<()> {
                 writeback: false,
             },
             size: None,
-            log_bytes: a
-                .writeback_log
-                .bytes(dev.size(), sce_core::WriteMode::WriteBack),
+            log_bytes: a.writeback_log.bytes(dev.size()),
         },
     )?;
     print_formatted(&a, &sb)

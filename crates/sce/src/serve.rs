@@ -212,8 +212,9 @@ pub struct ServeArgs {
     #[arg(help_heading = "Policy", long, default_value = "on", value_parser = parse_on_off, value_name = "on|off", action = clap::ArgAction::Set)]
     pub write_hot: bool,
     /// How much of a cache device to give a write-back log when sce formats it: auto (a
-    /// sixteenth of the device, 16MiB to 4GiB, for an export in --mode writeback; none for
-    /// the other modes), a size (at least 1MiB), or 0 (none). `--mode writeback` on a device
+    /// sixteenth of the device, 16MiB to 4GiB, in every mode, so that `sce ctl set mode
+    /// writeback` can switch a write-through export live), a size (at least 1MiB), or 0
+    /// (none). `--mode writeback` on a device
     /// with a log writes each write once to the log and makes it durable at FLUSH or FUA (one
     /// commit and one cache flush), and dirty data takes no read slot; on a device formatted
     /// without one, dirty pages live in the slots and each write waits for its journal entry

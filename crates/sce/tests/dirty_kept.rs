@@ -412,8 +412,9 @@ fn a_start_refused_at_its_listener_leaves_no_cache_file_it_created() {
 }
 
 /// Issue 29: `--mode writeback` gives a cache sce formats a write-back log by default
-/// (`sce check` shows it and counts its dirty pages); a device formatted without one
-/// (`sce format` without `--writeback-log`) serves write-back in the slots and says so.
+/// (`sce check` shows it and counts its dirty pages); so does `sce format` (issue 45); a
+/// device formatted without one (`--writeback-log 0`) serves write-back in the slots and
+/// says so.
 #[test]
 fn write_back_gets_a_log_by_default_and_a_device_without_one_says_so() {
     let d = tempfile::tempdir().unwrap();
@@ -458,6 +459,8 @@ fn write_back_gets_a_log_by_default_and_a_device_without_one_says_so() {
         src_s,
         "--cache-size",
         "64MiB",
+        "--writeback-log",
+        "0",
     ]);
     assert!(f.status.success(), "{}", text(&f));
     let a = args(&old);
