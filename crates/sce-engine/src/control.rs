@@ -34,8 +34,10 @@ impl CacheVolume {
         // Each shard gets its share, as when the volume was built. Write-back through the
         // log runs its shards in write-through: the core never holds dirty pages there.
         let mut part = e.cores.shard_config(&next);
-        if self.path.log().is_some() {
+        if let Some(l) = self.path.log() {
             part.write_mode = sce_core::WriteMode::WriteThrough;
+            // Its large sequential writes go through to the source from the same cutoff.
+            l.set_sequential_cutoff(next.sequential_cutoff);
         }
         let shard_tune = sce_core::Retune::all_of(&part);
         for k in 0..e.cores.count() {

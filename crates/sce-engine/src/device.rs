@@ -50,6 +50,7 @@ impl QueuedReads for CacheVolume {
                 offset.is_multiple_of(ps)
                     && len.is_multiple_of(ps)
                     && self.check(op, offset, len).is_ok()
+                    && !log.sequential(offset, len)
             }
             Op::Flush => true,
             Op::Read | Op::Discard => false,

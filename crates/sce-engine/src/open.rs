@@ -416,7 +416,11 @@ impl CacheVolume {
             None => None,
         };
         let path = match persist.filter(|_| writeback) {
-            _ if o.log => WritePath::Log(Arc::new(log.expect("a device with a log"))),
+            _ if o.log => {
+                let l = log.expect("a device with a log");
+                l.set_sequential_cutoff(config.core.sequential_cutoff);
+                WritePath::Log(Arc::new(l))
+            }
             Some(p) => {
                 // Before anything is served: records that the load found superseded (a slot
                 // whose dirty claims a later journal entry moved elsewhere) are rewritten now,

@@ -471,6 +471,16 @@ impl Ctx {
                     });
                     m["persistent"] = json!(v.persist_stats().is_some());
                     crate::metrics::writeback_status(&mut m, &v);
+                    if let (Some(r), Some(w)) = (self.rates.recent(i), v.writeback_stats()) {
+                        // How fast the cleaner goes now, and how long what is dirty would
+                        // take at that pace (none while it is not cleaning).
+                        let rate = r.cleaned_bytes_per_second;
+                        m["writeback"]["cleaned_bytes_per_second"] = json!(rate);
+                        if rate > 0.0 {
+                            m["writeback"]["clean_eta_seconds"] =
+                                json!(w.dirty_bytes as f64 / rate);
+                        }
+                    }
                     export_figures(&mut m, a);
                     if let Some(c) = crate::coherent::of(a) {
                         if !c.serving() {

@@ -197,6 +197,22 @@ fn volume_families(
             &lp,
             r.read_hit_ratio,
         );
+        if let Some(w) = v.writeback_stats() {
+            f.gauge(
+                "sce_writeback_cleaned_bytes_per_second",
+                "Bytes of write-back data the cleaner wrote to the source per second, over the last ten seconds.",
+                &lp,
+                r.cleaned_bytes_per_second,
+            );
+            if r.cleaned_bytes_per_second > 0.0 {
+                f.gauge(
+                    "sce_writeback_clean_eta_seconds",
+                    "Seconds the dirty data would take to clean at the last ten seconds' cleaning rate (absent while nothing is cleaned).",
+                    &lp,
+                    w.dirty_bytes as f64 / r.cleaned_bytes_per_second,
+                );
+            }
+        }
     }
     let lat = v.latencies();
     for (name, help, h) in [

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 const SAMPLES: usize = 11;
 
 /// One sample: when, and (fragments populated, fragments evicted, pages hit, pages missed,
-/// pages populated).
-type Sample = (Instant, [u64; 5]);
+/// pages populated, bytes written back).
+type Sample = (Instant, [u64; 6]);
 
 /// What happened over the last seconds (up to ten) of an export.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -26,6 +26,8 @@ pub struct Recent {
     pub population_bytes_per_second: f64,
     /// Read hit ratio over the window's pages (0 if nothing was read).
     pub read_hit_ratio: f64,
+    /// Write-back: bytes the cleaner wrote to the source per second.
+    pub cleaned_bytes_per_second: f64,
     /// The window's length.
     pub window_seconds: f64,
 }
@@ -82,6 +84,7 @@ impl Rates {
                 s.read_pages_hit,
                 s.read_pages_missed,
                 s.pages_populated,
+                v.writeback_stats().map_or(0, |w| w.cleaned_bytes),
             ];
             let q = &mut all[i];
             q.push((now, row));
@@ -107,6 +110,7 @@ impl Rates {
             evictions_per_second: d(1) / dt,
             population_bytes_per_second: d(4) * sce_core::PAGE_SIZE as f64 / dt,
             read_hit_ratio: if reads > 0.0 { d(2) / reads } else { 0.0 },
+            cleaned_bytes_per_second: d(5) / dt,
             window_seconds: dt,
         })
     }

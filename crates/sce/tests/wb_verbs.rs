@@ -2,7 +2,9 @@
 //! and detaching end under a writer that never stops, and say how long they took; a drain
 //! stops, leaving the mode as it was, when its client goes away; a live switch into
 //! write-back on a device without a log is refused with the commands that give it one; a
-//! start refused after `--discard-dirty` says it dropped nothing; `sce check` says what a
+//! start refused after `--discard-dirty` says it dropped nothing; write-back on a cache
+//! made with the defaults goes through the log, and a stop keeps dirty data in the log
+//! without draining it (issue 45); `sce check` says what a
 //! start does with metadata units damaged in both copies on a device with a log. Each
 //! fails on the main before issue 44 (the first: the switch never ends while the writer
 //! runs; the hang guard here is two minutes).
@@ -196,8 +198,8 @@ fn a_drain_whose_client_goes_away_stops_and_the_mode_stays() {
     }
 }
 
-/// `sce ctl set "" mode writeback` on a cache formatted in write-through (by default: no
-/// log) is refused, naming the commands that give the device a log (the main before went
+/// `sce ctl set "" mode writeback` on a cache formatted without a log (`--writeback-log
+/// 0`) is refused, naming the commands that give the device a log (the main before went
 /// to the slot path, whose torn overwrites lose flushed pages at a power cut).
 #[test]
 fn a_live_switch_into_write_back_without_a_log_is_refused() {
@@ -213,6 +215,8 @@ fn a_live_switch_into_write_back_without_a_log_is_refused() {
         cache.to_str().unwrap(),
         "--cache-size",
         "48MiB",
+        "--writeback-log",
+        "0",
         "--state-dir",
         d.path().to_str().unwrap(),
         "--allow-buffered",
@@ -226,6 +230,135 @@ fn a_live_switch_into_write_back_without_a_log_is_refused() {
     );
     let (_, st) = ctl(&sock, &["status"]);
     assert!(st.contains("writethrough"), "{st}");
+}
+
+/// Issue 45, as a new user reaches write-back: a cache `sce serve` formats with its
+/// defaults, served in write-through, is switched live with `sce ctl set "" mode writeback`,
+/// and one `sce format` made with its defaults is served in `--mode writeback`: both write
+/// through the log (`sce check` counts the dirty pages in it), neither falls back to the
+/// slots (the main before: the first was refused, having no log; the second served from the
+/// slots with a warning, slower than the source alone).
+#[test]
+fn write_back_on_a_cache_made_with_the_defaults_goes_through_the_log() {
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("src");
+    sized_file(&src, 32 * MIB);
+    let (src_s, dir) = (src.to_str().unwrap(), d.path().to_str().unwrap());
+    let served = d.path().join("served.cache");
+    let formatted = d.path().join("formatted.cache");
+    let f = Command::new(common::sce_bin())
+        .args(["format", formatted.to_str().unwrap(), "--source", src_s])
+        .args(["--cache-size", "48MiB"])
+        .output()
+        .unwrap();
+    assert!(f.status.success(), "{f:?}");
+    for (cache, live) in [(&served, true), (&formatted, false)] {
+        let sock = d.path().join("s.sock");
+        let mut args = vec!["--source", src_s, "--cache", cache.to_str().unwrap()];
+        args.extend([
+            "--cache-size",
+            "48MiB",
+            "--state-dir",
+            dir,
+            "--allow-buffered",
+        ]);
+        if !live {
+            args.extend(["--mode", "writeback"]);
+        }
+        let s = Server::start(&args, &sock);
+        if live {
+            let (ok, out) = ctl(&sock, &["set", "", "mode", "writeback"]);
+            assert!(ok, "{out}");
+        }
+        let c = unix_client(&sock, 1);
+        for p in 0..32 {
+            c.write_at(p * PAGE, &page(p, 7)).unwrap();
+        }
+        c.flush().unwrap();
+        drop(c);
+        let log = s.log();
+        assert!(!log.contains("without a write-back log"), "{log}");
+        s.kill();
+        let check = Command::new(common::sce_bin())
+            .args(["check", cache.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let check = String::from_utf8_lossy(&check.stdout).to_string();
+        assert!(check.contains("write-back log: 12.00 MiB"), "{check}");
+        assert!(check.contains("in the log: 32 dirty, 0 lost"), "{check}");
+    }
+}
+
+/// Issue 45: a stop (SIGTERM) makes the dirty data durable and leaves it in the log, not
+/// drained: a unit's stop timeout could never cover draining a large cache over a slow
+/// source. The source (writes of 500 ms) holds few of the pages after the stop; the next
+/// start serves them all from the log.
+#[test]
+fn a_stop_keeps_dirty_data_in_the_log_without_draining_it() {
+    let d = tempfile::tempdir().unwrap();
+    let (kit, s) = slow_writeback(d.path(), "500ms");
+    let sock = d.path().join("s.sock");
+    let c = unix_client(&sock, 1);
+    // 256 pages 64 KiB apart: no two coalesce into one source write.
+    for p in 0..256 {
+        c.write_at(p * 16 * PAGE, &page(p, 5)).unwrap();
+    }
+    c.flush().unwrap();
+    drop(c);
+    assert!(s.term().success());
+    let src = sce_nbd::NbdClient::connect(&kit.uri.parse().unwrap(), 1).unwrap();
+    let mut b = vec![0u8; PAGE as usize];
+    let on_source = (0..256)
+        .filter(|&p| {
+            src.read_at(p * 16 * PAGE, &mut b).unwrap();
+            b == page(p, 5)
+        })
+        .count();
+    drop(src);
+    assert!(
+        on_source < 128,
+        "the stop drained the log: {on_source} of 256 pages on the source"
+    );
+    let cache = d.path().join("cache");
+    let check = Command::new(common::sce_bin())
+        .args(["check", cache.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let check = String::from_utf8_lossy(&check.stdout).to_string();
+    assert!(check.contains("state clean"), "{check}");
+    assert!(
+        check.contains(&format!("in the log: {} dirty", 256 - on_source)),
+        "{on_source} on the source: {check}"
+    );
+    let (_kit, s) = (kit, restart_writeback(d.path()));
+    let c = unix_client(&sock, 1);
+    for p in 0..256 {
+        c.read_at(p * 16 * PAGE, &mut b).unwrap();
+        assert!(b == page(p, 5), "page {p} after the restart");
+    }
+    drop(s);
+}
+
+/// `slow_writeback`'s server again, over the source already running.
+fn restart_writeback(d: &Path) -> Server {
+    let kit_uri = format!("nbd+unix:///?socket={}", d.join("src.sock").display());
+    let cache = d.join("cache");
+    let args = [
+        "--source",
+        &kit_uri,
+        "--cache",
+        cache.to_str().unwrap(),
+        "--cache-size",
+        "48MiB",
+        "--writeback-log",
+        "8MiB",
+        "--mode",
+        "writeback",
+        "--state-dir",
+        d.to_str().unwrap(),
+        "--allow-buffered",
+    ];
+    Server::start(&args, &d.join("s.sock"))
 }
 
 /// Two exports on one cache device in write-back, dirty data of both in the log, export

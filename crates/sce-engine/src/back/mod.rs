@@ -56,6 +56,9 @@ sce_core::stats_table! {
         relocated_bytes: u64, Counter("sce_writeback_relocated_bytes_total", "bytes", "Dirty bytes the write-back log copied to its head so that pages it cannot clean yet hold only their own room.");
         /// Dirty pages found damaged on the cache device while serving (the log).
         damaged_pages: u64, Counter("sce_writeback_damaged_pages_total", "", "Dirty pages whose only copy failed its checksum on the cache device while serving: counted lost (reads of them fail until written again).");
+        /// Bytes of large writes in long sequential streams that went through to the source
+        /// rather than into the log (the log).
+        sequential_bytes: u64, Counter("sce_writeback_sequential_bypass_bytes_total", "bytes", "Bytes of large writes in sequential streams past the sequential cutoff that went through to the source instead of into the write-back log.");
     }
     also {
         /// The last cleaning error ("" if none).

@@ -37,6 +37,7 @@ mod prefetch;
 mod queued;
 mod read;
 mod room;
+mod seq;
 mod state;
 mod write;
 
@@ -127,6 +128,10 @@ pub(crate) struct LogBack {
     relocated: AtomicU64,
     damaged_found: AtomicU64,
     last_clean_error: Mutex<String>,
+    /// Large writes of a sequential stream go through to the source (`seq.rs`), and the
+    /// bytes that did.
+    seq: seq::Bypass,
+    bypassed: AtomicU64,
     /// The current source outage, for rate-limited logs (as `back/`'s cleaners).
     outage: crate::back::outage::OutageLog,
     wait_limit: Duration,
@@ -192,6 +197,7 @@ impl LogBack {
             stuck_bytes: stuck as u64 * PAGE_SIZE,
             relocated_bytes: self.relocated.load(Relaxed) * PAGE_SIZE,
             damaged_pages: self.damaged_found.load(Relaxed),
+            sequential_bytes: self.bypassed.load(Relaxed),
             last_clean_error: self.last_clean_error.lock().clone(),
         }
     }
@@ -220,6 +226,19 @@ impl LogBack {
     /// Source writes the cleaner made, and commits (figures for the benchmarks).
     pub(crate) fn log_counts(&self) -> (u64, u64) {
         (self.source_writes.load(Relaxed), self.commits.load(Relaxed))
+    }
+
+    /// Sequential runs of large writes from `cutoff` bytes on go through to the source (0:
+    /// none does).
+    pub(crate) fn set_sequential_cutoff(&self, cutoff: u64) {
+        self.seq.set_cutoff(cutoff);
+    }
+
+    /// True if a client's write of `len` bytes at `offset` is a large write of a sequential
+    /// stream past the cutoff, which goes through to the source (`seq.rs`). The same
+    /// request asked again gets the same answer.
+    pub(crate) fn sequential(&self, offset: u64, len: u64) -> bool {
+        self.seq.goes_around(offset, len)
     }
 
     /// True if a write of global pages `[g0, g1)` goes through to the source now (a drain

@@ -180,6 +180,8 @@ impl LogBack {
             relocated: Default::default(),
             damaged_found: Default::default(),
             last_clean_error: Mutex::new(String::new()),
+            seq: super::seq::Bypass::new(0),
+            bypassed: Default::default(),
             outage: Default::default(),
             wait_limit,
             idle,

@@ -92,8 +92,9 @@ impl LogBack {
         {
             return None;
         }
-        if self.goes_through(offset / ps, offset / ps + n) {
-            // A drain: the write goes through to the source, on the blocking path.
+        if self.sequential(offset, len) || self.goes_through(offset / ps, offset / ps + n) {
+            // A drain, or a sequential stream: the write goes through to the source, on the
+            // blocking path.
             return None;
         }
         self.last_request.store(e.cores.now().0, Relaxed);

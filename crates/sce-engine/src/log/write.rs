@@ -2,8 +2,9 @@
 //! edge pages of an unaligned write read (the newest bytes, from the log or the cache) and
 //! merged, then each chunk of at most [`CHUNK_PAGES`] pages appended to the log in ONE
 //! device write, its pages indexed, and the write acknowledged. Nothing waits for a flush:
-//! the next NBD FLUSH (or FUA) commits it (`commit.rs`). A write to a range being drained
-//! goes through to the source instead (`drain.rs`).
+//! the next NBD FLUSH (or FUA) commits it (`commit.rs`). A write to a range being drained,
+//! and a large write of a long sequential stream (`seq.rs`), go through to the source
+//! instead (`drain.rs`).
 
 use super::state::Dirty;
 use super::LogBack;
@@ -27,6 +28,11 @@ impl LogBack {
         let ps = PAGE_SIZE;
         let end = offset + data.len() as u64;
         let (a0, a1) = (offset / ps * ps, end.div_ceil(ps) * ps);
+        if self.sequential(offset, data.len() as u64) {
+            self.write_through(e, offset, data)?;
+            self.bypassed.fetch_add(data.len() as u64, Relaxed);
+            return Ok(());
+        }
         if self.goes_through(a0 / ps, a1 / ps) {
             return self.write_through(e, offset, data);
         }

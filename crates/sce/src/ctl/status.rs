@@ -82,6 +82,19 @@ fn print_writeback(w: &Value) {
     if w["damaged_pages"].as_u64().is_some_and(|n| n > 0) {
         trouble += &format!(", {} pages found damaged", w["damaged_pages"]);
     }
+    if let Some(r) = w["cleaned_bytes_per_second"].as_f64().filter(|&r| r > 0.0) {
+        let eta = w["clean_eta_seconds"].as_f64().unwrap_or(0.0);
+        trouble += &format!(
+            ", cleaning {}/s (the dirty data in {eta:.0} s at this pace)",
+            sce_core::units::format_size(r as u64)
+        );
+    }
+    if w["sequential_bytes"].as_u64().is_some_and(|n| n > 0) {
+        trouble += &format!(
+            ", {} of sequential streams written through",
+            size(&w["sequential_bytes"])
+        );
+    }
     println!(
         "  {:<12} {} dirty, {} lost, {} written back, {} waits, {} clean errors{}{}",
         "writeback",
