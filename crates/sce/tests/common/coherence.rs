@@ -250,6 +250,10 @@ pub fn host_with(
         admission,
         "--metadata-interval",
         "50ms",
+        // Shared mode is write-through: all 8 MiB are read slots, as these loads were
+        // sized for (a log by default would take a quarter of so small a cache).
+        "--writeback-log",
+        "0",
         "--allow-buffered",
         "--state-dir",
         state.to_str().unwrap(),
