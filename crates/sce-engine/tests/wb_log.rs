@@ -449,8 +449,8 @@ fn a_long_sequential_stream_of_large_writes_goes_through_to_the_source() {
     }
     vol.flush().unwrap();
     let w2 = vol.writeback_stats().unwrap();
+    // (The log is smaller than the run: the cleaner drains it meanwhile.)
     assert_eq!(w2.sequential_bytes, 13 * MIB, "{w2:?}");
-    assert!(w2.dirty_bytes >= w.dirty_bytes, "{w2:?}");
     // A crash: the superseded page stays superseded.
     drop(vol);
     let vol = CacheVolume::open(source.clone(), cache.clone(), c).unwrap();

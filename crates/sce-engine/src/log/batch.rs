@@ -1,6 +1,7 @@
-//! One cleaning batch: the oldest live versions (up to [`BATCH_PAGES`]; a drain's range
-//! first), sorted by source offset and coalesced into runs of up to [`RUN_PAGES`] (1 MiB),
-//! written up to [`SOURCE_WRITERS`] at once through the write-through path (the source, and
+//! One cleaning batch: the oldest live versions (up to [`BATCH_PAGES`] per source writer; a
+//! drain's range first), sorted by source offset and coalesced into runs of up to
+//! [`RUN_PAGES`] (1 MiB), written up to [`SOURCE_WRITERS`] at once (four times as many while
+//! cleaning is urgent) through the write-through path (the source, and
 //! the clean cache's copy where the fragment is cached, with that path's own journal), one
 //! source flush, then the versions written leave the index (unless a newer one came
 //! meanwhile), the tail moves, and the anchor follows.
@@ -25,12 +26,16 @@ use std::collections::HashSet;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
-/// Versions one batch takes (4 MiB of pages).
-const BATCH_PAGES: usize = 1024;
+/// Versions one batch takes per source writer (4 MiB of pages for 16 writers).
+const BATCH_PAGES: usize = 64;
 /// Pages of one source write, at most (1 MiB).
 const RUN_PAGES: u64 = 256;
-/// Source writes a batch keeps in flight.
+/// Source writes a batch keeps in flight, and while cleaning is urgent (the room is short,
+/// writers wait for it, or a drain runs): a SAN LUN or an NBD export serves many writes at
+/// once, and the cleaner must outpace the writers it keeps waiting, who would have had the
+/// source's whole depth to themselves without a cache.
 const SOURCE_WRITERS: usize = 16;
+const URGENT_WRITERS: usize = 4 * SOURCE_WRITERS;
 /// Stuck pages one batch retries, each on its own.
 const RETRIES_PER_BATCH: usize = 2 * SOURCE_WRITERS;
 
@@ -66,18 +71,24 @@ pub(super) enum Unread {
 }
 
 impl LogBack {
-    /// The pages a batch takes: in `focus` first (a drain's range), then those of the
-    /// oldest live versions; stuck pages only once due, at most [`RETRIES_PER_BATCH`] of
-    /// them. Returns the pages and which of them are retries (written alone).
-    fn pick(&self, focus: Option<(u64, u64)>, now: Instant) -> (Vec<u64>, HashSet<u64>) {
+    /// The pages a batch takes (up to `max`): in `focus` first (a drain's range), then
+    /// those of the oldest live versions; stuck pages only once due, at most
+    /// [`RETRIES_PER_BATCH`] of them. Returns the pages and which of them are retries
+    /// (written alone).
+    fn pick(
+        &self,
+        focus: Option<(u64, u64)>,
+        now: Instant,
+        max: usize,
+    ) -> (Vec<u64>, HashSet<u64>) {
         let st = self.st.lock();
         let mut pages = match focus {
-            Some((a, b)) => st.dirty_pages_in(a, b, BATCH_PAGES, now),
+            Some((a, b)) => st.dirty_pages_in(a, b, max, now),
             None => Vec::new(),
         };
         let mut seen: HashSet<u64> = pages.iter().copied().collect();
         for &g in st.live.values() {
-            if pages.len() >= BATCH_PAGES {
+            if pages.len() >= max {
                 break;
             }
             if st.stuck.get(&g).is_none_or(|s| s.retry_at <= now) && seen.insert(g) {
@@ -106,7 +117,12 @@ impl LogBack {
     ) -> Batch {
         let _one = self.clean_io.lock();
         let now = Instant::now();
-        let (mut pages, alone) = self.pick(focus, now);
+        let depth = if self.urgent() || self.waiting.load(Relaxed) > 0 {
+            URGENT_WRITERS
+        } else {
+            SOURCE_WRITERS
+        };
+        let (mut pages, alone) = self.pick(focus, now, depth * BATCH_PAGES);
         if pages.is_empty() {
             self.settle_tail();
             return Batch::default();
@@ -123,7 +139,7 @@ impl LogBack {
                 .collect()
         };
         let pre = Prefetched::read(self, positions);
-        let outs = self.write_runs(e, &pre, &runs, stop);
+        let outs = self.write_runs(e, &pre, &runs, depth, stop);
         let mut b = Batch::default();
         let mut cleaned: Vec<(u64, u64)> = Vec::with_capacity(pages.len());
         let mut failed = Vec::new();
@@ -181,18 +197,19 @@ impl LogBack {
         }
     }
 
-    /// Writes `runs` from [`SOURCE_WRITERS`] threads at once (a SAN serves many writes in
-    /// flight; one at a time, 4 KiB runs over a 2 ms source drain 2 MB/s).
+    /// Writes `runs` from `depth` threads at once (a SAN serves many writes in flight; one
+    /// at a time, 4 KiB runs over a 2 ms source drain 2 MB/s).
     fn write_runs(
         &self,
         e: &Engine,
         pre: &Prefetched,
         runs: &[(u64, u64)],
+        depth: usize,
         stop: &(dyn Fn() -> bool + Sync),
     ) -> Vec<RunOut> {
         let next = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|sc| {
-            let workers: Vec<_> = (0..SOURCE_WRITERS.min(runs.len()))
+            let workers: Vec<_> = (0..depth.min(runs.len()))
                 .map(|_| {
                     sc.spawn(|| {
                         let mut mine = RunOut::default();

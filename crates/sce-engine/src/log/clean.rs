@@ -191,7 +191,7 @@ impl LogBack {
 
     /// True if cleaning is urgent: the ring is three quarters full, or `flush --to-source`
     /// waits.
-    fn urgent(&self) -> bool {
+    pub(super) fn urgent(&self) -> bool {
         self.forced.load(Relaxed) > 0 || self.st.lock().w.room() < self.region.blocks / 4
     }
 
