@@ -28,8 +28,13 @@ O_DIRECT), so its row is set beside "device buffered": fio writing the file with
    ctl set "" mode writeback`), on one made by `sce format` with its defaults and served
    in `--mode writeback`, and on `--mode writeback` as it comes, against the source alone.
    Goal: at least 2x the source alone's IOPS.
+5. Sustained (issue 45): `--sustain` seconds (120) of 4 KiB random writes at QD16 over
+   512 MiB and over 2 GiB through `serve --mode writeback` on a new 1 GiB cache, IOPS per
+   10 s window, against the source alone at QD16; and the cleaner's source writes per
+   second against the source alone at the cleaner's urgent depth (QD64). Goals: no window
+   below the source alone's rate; the cleaner at least 0.8x the source at its depth.
 
-Usage: scripts/bench-wblog.py [--sce BIN] [--seconds S] [--parts 1,2,3,4] [--quick]
+Usage: scripts/bench-wblog.py [--sce BIN] [--seconds S] [--parts 1,2,3,4,5] [--quick]
                               [--compare OTHER_BIN]... [--out FILE]
 """
 
@@ -38,6 +43,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import urllib.request
 
 from benchkit import (Procs, fio, log, mean_ms, p99_ms, report, sce_serve, slow_source, uri,
                       wait_sock)
@@ -296,17 +302,96 @@ def part_default(a, procs, d):
                   f"({'met' if worst >= 2 else 'missed'}, goal ≥ 2x).", ""]
 
 
+def windows(series, width=10):
+    """Per-second IOPS summed into `width`-second windows (the last partial one dropped)."""
+    return [sum(series[k:k + width]) / width for k in range(0, len(series) - width + 1, width)]
+
+
+def sustained(a, procs, d, size, sce):
+    """`--sustain` s of 4 KiB random writes at QD16 over `size`: through `serve --mode
+    writeback` on a new cache (`sce`), or the source alone (`sce` None). Returns the job, its
+    per-10 s IOPS, and the cleaner's source writes per second (sce only)."""
+    job = ["--rw=randwrite", "--bs=4k", f"--size={size}", "--iodepth=16", "--time_based",
+           f"--runtime={a.sustain}", "--randseed=17"]
+    src, src_sock = slow_source(procs, d)
+    server, target = None, uri(src_sock)
+    cache, state = os.path.join(d, "sus.cache"), os.path.join(d, "sus.state")
+    try:
+        if sce:
+            subprocess.run(["dd", "if=/dev/zero", f"of={cache}", "bs=1M", "count=1024",
+                            "status=none"], check=True)
+            server, sock, addr = sce_serve(procs, sce, d, "sus", [
+                "--source", target, "--cache", cache, "--force", "--state-dir", state,
+                "--mode", "writeback"])
+            target = uri(sock)
+        j, series = fio(["--name=j", "--ioengine=nbd", f"--uri={target}"] + job,
+                        iops_log=os.path.join(d, "sus"))
+        cleaner = None
+        if sce:
+            m = urllib.request.urlopen(f"http://{addr}/metrics").read().decode()
+            n = sum(float(x.split()[-1]) for x in m.splitlines()
+                    if x.startswith("sce_writeback_log_source_writes_total"))
+            cleaner = n / a.sustain
+    finally:
+        for p in (server, src):
+            if p:
+                procs.stop(p)
+        subprocess.run(["rm", "-rf", cache, state])
+    return j, windows(series), cleaner
+
+
+def part_sustained(a, procs, d):
+    out = [f"### Sustained 4 KiB random writes at QD16, {a.sustain} s, IOPS per 10 s window",
+           "", "| configuration | IOPS | windows (IOPS) | lowest window × source |",
+           "|---|---:|---|---:|"]
+    verdicts = []
+    for size in ("512m", "2g"):
+        log(f"== sustained over {size}: source alone")
+        sj, sw, _ = sustained(a, procs, d, size, None)
+        base = sj["write"]["iops"]
+        out.append(f"| source alone, over {size} | {base:,.0f} | "
+                   f"{', '.join(f'{x:,.0f}' for x in sw)} | |")
+        for b in [a.sce] + a.compare:
+            log(f"== sustained over {size}: {os.path.basename(b)}")
+            j, w, cleaner = sustained(a, procs, d, size, b)
+            low = min(w) / base if w else 0.0
+            out.append(f"| write-back ({os.path.basename(b)}), over {size} | "
+                       f"{j['write']['iops']:,.0f} | {', '.join(f'{x:,.0f}' for x in w)} | "
+                       f"{low:.2f}x |")
+            if b == a.sce:
+                verdicts.append((size, low, cleaner))
+    log("== the source alone at QD64 (the cleaner's urgent depth)")
+    src, src_sock = slow_source(procs, d)
+    try:
+        j, _ = fio(["--name=j", "--ioengine=nbd", f"--uri={uri(src_sock)}", "--rw=randwrite",
+                    "--bs=4k", "--size=2g", "--iodepth=64", "--time_based", "--runtime=10",
+                    "--randseed=19"])
+    finally:
+        procs.stop(src)
+    qd64 = j["write"]["iops"]
+    out += ["", f"The source alone at QD64: {qd64:,.0f} writes/s.", ""]
+    for size, low, cleaner in verdicts:
+        out.append(f"Over {size}: lowest window {low:.2f}x the source alone "
+                   f"({'met' if low >= 1 else 'missed'}, goal ≥ 1x); the cleaner "
+                   f"{cleaner:,.0f} source writes/s = {cleaner / qd64:.2f}x the source at "
+                   f"QD64 ({'met' if cleaner / qd64 >= 0.8 else 'missed'}, goal ≥ 0.8x).")
+    return out + [""]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sce", default=os.path.join(ROOT, "target/release/sce"))
     ap.add_argument("--seconds", type=int, default=15)
-    ap.add_argument("--parts", default="1,2,3,4", help="which tables to run (1: writes, 2: "
-                    "write + flush, 3: OLTP, 4: write-back as users reach it), comma-separated")
+    ap.add_argument("--parts", default="1,2,3,4,5", help="which tables to run (1: writes, 2: "
+                    "write + flush, 3: OLTP, 4: write-back as users reach it, 5: sustained), "
+                    "comma-separated")
+    ap.add_argument("--sustain", type=int, default=120, help="seconds of each sustained run "
+                    "(part 5)")
     ap.add_argument("--quick", action="store_true", help="part 1 without the slot, "
                     "write-through and source rows (while iterating)")
     ap.add_argument("--compare", action="append", default=[], metavar="BIN",
                     help="also run write-back through the log served by BIN (another sce "
-                    "build), in parts 1, 2 and 4")
+                    "build), in parts 1, 2, 4 and 5")
     ap.add_argument("--out")
     a = ap.parse_args()
     parts = {int(x) for x in a.parts.split(",")}
@@ -332,6 +417,8 @@ def main():
                 out += part_oltp(a, procs, d, big)
             if 4 in parts:
                 out += part_default(a, procs, d)
+            if 5 in parts:
+                out += part_sustained(a, procs, d)
     finally:
         procs.stop_all()
     report("\n".join(out), a.out)
