@@ -33,7 +33,12 @@ pub(crate) struct Devices {
     /// records the source's identity only when the two are equal.
     started: AtomicU64,
     done: AtomicU64,
-    /// Of `done`, those a completed source flush covers (counted before it began).
+    /// Source writes and discards that succeeded, plus one for what the source may hold
+    /// unflushed from before this volume opened (a previous process's writes, writes made
+    /// while detached, another host's); and how many of them a completed source flush
+    /// covers (counted before it began). A failed write makes nothing valid: it needs no
+    /// flush, and a source that fails every write keeps the rounds going.
+    written: AtomicU64,
     flushed: AtomicU64,
 }
 
@@ -52,6 +57,7 @@ impl Devices {
             volumes,
             started: AtomicU64::new(0),
             done: AtomicU64::new(0),
+            written: AtomicU64::new(1),
             flushed: AtomicU64::new(0),
         }
     }
@@ -62,8 +68,12 @@ impl Devices {
     }
 
     /// Runs `f`, a source write or discard at `offset` (of the shared address space),
-    /// counted as started and done around it.
-    pub(crate) fn source_write<R>(&self, offset: u64, f: impl FnOnce(&dyn BlockDevice) -> R) -> R {
+    /// counted as started and done around it (and as written if it succeeded).
+    pub(crate) fn source_write<T>(
+        &self,
+        offset: u64,
+        f: impl FnOnce(&dyn BlockDevice) -> Result<T, IoError>,
+    ) -> Result<T, IoError> {
         let k = self
             .volumes
             .partition_point(|p| p.at.base <= offset)
@@ -73,6 +83,9 @@ impl Devices {
         }
         self.started.fetch_add(1, SeqCst);
         let r = f(&*self.source);
+        if r.is_ok() {
+            self.written.fetch_add(1, SeqCst);
+        }
         self.done.fetch_add(1, SeqCst);
         r
     }
@@ -80,16 +93,17 @@ impl Devices {
     /// Flushes the source: every source write completed before the call is durable once
     /// it returns Ok.
     pub(crate) fn flush_source(&self) -> Result<(), IoError> {
-        let done = self.done.load(SeqCst);
+        let written = self.written.load(SeqCst);
         self.source.flush()?;
-        self.flushed.fetch_max(done, SeqCst);
+        self.flushed.fetch_max(written, SeqCst);
         Ok(())
     }
 
-    /// Makes every source write completed so far durable: a flush of the source, unless
-    /// one that began after the last of them completed already.
+    /// Makes every source write completed so far durable (and what the source held
+    /// unflushed when the volume opened): a flush of the source, unless one that began
+    /// after the last of them completed already.
     pub(crate) fn sync_source(&self) -> Result<(), IoError> {
-        if self.flushed.load(SeqCst) < self.done.load(SeqCst) {
+        if self.flushed.load(SeqCst) < self.written.load(SeqCst) {
             self.flush_source()
         } else {
             Ok(())

@@ -240,11 +240,23 @@ impl Engine {
     }
 
     /// Runs one metadata flush round now; returns the metadata errors it met (0 without
-    /// persistence).
+    /// persistence), a round put off because the source could not flush counted as one:
+    /// its records are not durable, and a caller that needs them so must not go on.
     pub(crate) fn flush_metadata(&self) -> u64 {
+        let (errors, put_off) = self.metadata_round();
+        errors + u64::from(put_off)
+    }
+
+    /// The background threads' round: one put off because the source could not flush is
+    /// not the cache device's error (the next round writes its records).
+    pub(crate) fn flush_metadata_background(&self) -> u64 {
+        self.metadata_round().0
+    }
+
+    fn metadata_round(&self) -> (u64, bool) {
         match (&self.persist, self.checks.cache()) {
             (Some(p), Some(crcs)) => p.round(&self.cores, crcs, &self.dev, false),
-            _ => 0,
+            _ => (0, false),
         }
     }
 

@@ -18,7 +18,7 @@ pub(crate) fn intent_writer(s: &Engine) {
         }
         // The write journal's ring is half full: a round now frees its blocks.
         if p.take_round_wanted() {
-            let errors = s.flush_metadata();
+            let errors = s.flush_metadata_background();
             if errors > 0 {
                 s.device_errors(errors, "metadata write failed or read back wrong");
             }
@@ -36,7 +36,7 @@ pub(crate) fn flusher(s: &Engine) {
         if s.health.passthrough() {
             continue;
         }
-        let mut errors = s.flush_metadata();
+        let mut errors = s.flush_metadata_background();
         // Record the source's identity once its writes have settled (our own writes change
         // a file's modification time), so that a start after a crash can tell whether anyone
         // else changed it since.

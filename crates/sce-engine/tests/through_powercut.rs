@@ -12,6 +12,7 @@ mod common;
 use sce_core::WriteMode;
 use sce_engine::{CacheVolume, EngineConfig};
 use sce_io::{AlignedBuf, BlockDevice, Power, PowerCutDevice};
+use std::sync::Arc;
 use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
@@ -110,4 +111,41 @@ fn a_cut_never_leaves_the_cache_holding_a_write_the_source_lost() {
         lost_on_source > 0,
         "no cut lost the source's copy of the write"
     );
+}
+
+/// A source that cannot flush puts a round off (its records would vouch for copies the
+/// source may lose): `forget`, which promises that no crash brings the old pages back, says
+/// its records were not written; a source whose writes fail needs no flush for them (they
+/// made nothing valid), so rounds go on once the last good write is flushed.
+#[test]
+fn a_round_the_source_cannot_flush_for_is_put_off_and_said() {
+    use sce_io::{FaultDevice, MemDevice, Op};
+    let source = Arc::new(FaultDevice::new(MemDevice::new(4 * MIB)));
+    let ctl = source.control();
+    let cache = Arc::new(MemDevice::new(16 * MIB));
+    let vol = CacheVolume::open(source.clone(), cache, config()).unwrap();
+    vol.write_at(0, &pattern(1, FRAG)).unwrap();
+    vol.prefetch(0, FRAG).unwrap();
+    vol.quiesce();
+    assert_eq!(vol.flush_metadata(), 0, "a round with a healthy source");
+    // A write the source took, then its flushes fail: the round is put off, and said.
+    ctl.fail_from(&[Op::Flush], ctl.ops(Op::Flush));
+    vol.write_at(0, &pattern(2, 4096)).unwrap();
+    vol.quiesce();
+    assert_eq!(
+        vol.flush_metadata(),
+        1,
+        "a round put off must not pass for done"
+    );
+    let (_, errors) = vol.forget();
+    assert!(errors > 0, "forget said its records were written");
+    // The source back: the round goes through.
+    ctl.clear();
+    assert_eq!(vol.flush_metadata(), 0);
+    // Every write fails (and every flush): nothing made valid, nothing to flush for.
+    ctl.fail_from(&[Op::Write], ctl.ops(Op::Write));
+    ctl.fail_from(&[Op::Flush], ctl.ops(Op::Flush));
+    assert!(vol.write_at(FRAG, &pattern(3, 4096)).is_err());
+    vol.quiesce();
+    assert_eq!(vol.flush_metadata(), 0, "failed writes held the rounds up");
 }

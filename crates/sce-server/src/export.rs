@@ -3,7 +3,7 @@
 //! opens the cached volume over them. What serves it is assembled in [`crate::group`].
 
 use crate::admission::AdmissionOptions;
-use crate::config::{ExportConfig, ServeConfig};
+use crate::config::{ExportConfig, LogSize, ServeConfig};
 use crate::ownership::{self, Contents};
 use crate::LOG_TARGET;
 use anyhow::{anyhow, bail, Context, Result};
@@ -437,7 +437,11 @@ pub(crate) fn persist_config(
         state_dir: Some(cfg.state_dir.clone()),
         flush_interval: cfg.metadata_interval,
         journal: spec.crash_journal.unwrap_or(cfg.crash_journal),
-        writeback_log: cfg.writeback_log.bytes(device_bytes),
+        // Shared mode serves write-through only: auto gives its caches no log.
+        writeback_log: match cfg.writeback_log {
+            LogSize::Auto if cfg.shared.is_some() => 0,
+            l => l.bytes(device_bytes),
+        },
         warm_rounds: if cfg.write_hot {
             PersistConfig::new("").warm_rounds
         } else {

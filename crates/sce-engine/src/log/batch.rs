@@ -117,12 +117,15 @@ impl LogBack {
     ) -> Batch {
         let _one = self.clean_io.lock();
         let now = Instant::now();
-        let depth = if self.urgent() || self.waiting.load(Relaxed) > 0 {
+        let depth = if self.urgent() {
             URGENT_WRITERS
         } else {
             SOURCE_WRITERS
         };
-        let (mut pages, alone) = self.pick(focus, now, depth * BATCH_PAGES);
+        // A batch releases its room only once done: never more than a quarter of the ring
+        // (a small log's writers get room back in steps, not in one lump at the end).
+        let most = (depth * BATCH_PAGES).min((self.region.blocks / 4).max(1) as usize);
+        let (mut pages, alone) = self.pick(focus, now, most);
         if pages.is_empty() {
             self.settle_tail();
             return Batch::default();

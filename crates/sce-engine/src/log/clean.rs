@@ -189,10 +189,12 @@ impl LogBack {
         self.waiting.load(Relaxed) > 0 || self.st.lock().w.room() < self.region.blocks / 4
     }
 
-    /// True if cleaning is urgent: the ring is three quarters full, or `flush --to-source`
-    /// waits.
+    /// True if cleaning is urgent: the ring is three quarters full, writers wait for room,
+    /// or `flush --to-source` waits.
     pub(super) fn urgent(&self) -> bool {
-        self.forced.load(Relaxed) > 0 || self.st.lock().w.room() < self.region.blocks / 4
+        self.forced.load(Relaxed) > 0
+            || self.waiting.load(Relaxed) > 0
+            || self.st.lock().w.room() < self.region.blocks / 4
     }
 
     /// True if the cleaner should clean now.

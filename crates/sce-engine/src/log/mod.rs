@@ -26,7 +26,8 @@
 //! their source writes of the same pages), then `commit_io`, then `st` (a leaf: no other
 //! lock is taken while it is held, and no device I/O happens under it). `anchor_io` comes
 //! after `clean_io` and is never taken with `source_order` or `commit_io` held; under it
-//! only `st` and the superblock's lock (`persist`). `progress` and `wanted` are leaves.
+//! only `st` and the superblock's lock (`persist`). `progress`, `wanted` and the sequential
+//! bypass's detector (`seq.rs`) are leaves.
 
 mod batch;
 mod clean;
@@ -237,8 +238,9 @@ impl LogBack {
     /// True if a client's write of `len` bytes at `offset` is a large write of a sequential
     /// stream past the cutoff, which goes through to the source (`seq.rs`). The same
     /// request asked again gets the same answer.
+    /// While the source fails writes (pages stuck), nothing goes around the log.
     pub(crate) fn sequential(&self, offset: u64, len: u64) -> bool {
-        self.seq.goes_around(offset, len)
+        self.seq.goes_around(offset, len) && self.st.lock().stuck.is_empty()
     }
 
     /// True if a write of global pages `[g0, g1)` goes through to the source now (a drain

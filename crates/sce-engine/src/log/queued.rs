@@ -80,6 +80,9 @@ impl LogBack {
         len: u64,
     ) -> Option<(StartedWrite, Arc<dyn IoQueue>)> {
         let ps = PAGE_SIZE;
+        // Asked first, whatever else turns the write away: the reader sees the requests in
+        // the order they came, which is what tells a stream.
+        let sequential = self.sequential(offset, len);
         let (queue, base) = self.queue.get()?;
         let base = *base;
         let n = len / ps;
@@ -92,8 +95,8 @@ impl LogBack {
         {
             return None;
         }
-        if self.sequential(offset, len) || self.goes_through(offset / ps, offset / ps + n) {
-            // A drain, or a sequential stream: the write goes through to the source, on the
+        if sequential || self.goes_through(offset / ps, offset / ps + n) {
+            // A sequential stream, or a drain: the write goes through to the source, on the
             // blocking path.
             return None;
         }

@@ -14,8 +14,9 @@ use sce_core::admit::Streams;
 /// The smallest write the bypass considers (smaller ones never take its lock).
 pub(super) const MIN_REQUEST: u64 = 128 << 10;
 
-/// Verdicts remembered by request.
-const RECENT: usize = 8;
+/// Verdicts remembered by request: more than the writes a client keeps in flight, so that
+/// a worker asking about a write the reader asked about first finds the reader's answer.
+const RECENT: usize = 64;
 
 /// The stream detector of the log's writes.
 pub(super) struct Bypass {
@@ -25,9 +26,10 @@ pub(super) struct Bypass {
 struct State {
     cutoff: u64,
     streams: Streams,
-    /// The last verdicts, by (offset, length): the NBD reader asks first (`queued.rs`,
-    /// `runs_locally`) and a worker asks again for a write the reader left to it; both must
-    /// get the same answer, and the stream must count the request once.
+    /// The last verdicts, by (offset, length): the NBD reader asks first, in the order the
+    /// requests came (`queued.rs`, `runs_locally`), and a worker asks again for a write the
+    /// reader left to it; both must get the same answer, and the stream must count the
+    /// request once.
     recent: [(u64, u64, bool); RECENT],
     next: usize,
 }

@@ -40,8 +40,29 @@ impl Persist {
     /// metadata errors. `cores` are the volume's core shards (each locked twice, one at a
     /// time, for the snapshot), `crcs` its page checksums, and `dev` its devices: the
     /// source is flushed before a record vouches for a copy of what was written to it.
-    pub(crate) fn round(&self, cores: &Cores, crcs: &CrcCache, dev: &Devices, force: bool) -> u64 {
+    /// Also returns whether the round was put off because the source could not flush (no
+    /// record written: not the cache device's error, but nothing it was to make durable is).
+    pub(crate) fn round(
+        &self,
+        cores: &Cores,
+        crcs: &CrcCache,
+        dev: &Devices,
+        force: bool,
+    ) -> (u64, bool) {
         let _one_at_a_time = self.round_lock.lock();
+        let put_off = std::cell::Cell::new(false);
+        let errors = self.round_locked(cores, crcs, (dev, &put_off), force);
+        (errors, put_off.get())
+    }
+
+    /// `round`, under the round lock.
+    fn round_locked(
+        &self,
+        cores: &Cores,
+        crcs: &CrcCache,
+        (dev, put_off): (&Devices, &std::cell::Cell<bool>),
+        force: bool,
+    ) -> u64 {
         self.counters.flush_rounds.fetch_add(1, Relaxed);
         if std::mem::take(&mut self.st.lock().scrub) {
             self.scrub();
@@ -83,6 +104,7 @@ impl Persist {
         };
         // 2. Make the data the records vouch for durable.
         if let Err(errors) = self.data_durable(dev, &images) {
+            put_off.set(errors == 0);
             return errors + unread;
         }
         // 3. Write the units, adjacent ones in one request; 4. read them back.
@@ -555,7 +577,7 @@ impl Persist {
     ) -> bool {
         let writes_done = dev.writes_done();
         for _ in 0..4 {
-            if self.round(cores, crcs, dev, true) > 0 {
+            if self.round(cores, crcs, dev, true) != (0, false) {
                 return false;
             }
             if self.settled() {
