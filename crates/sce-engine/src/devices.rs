@@ -99,11 +99,17 @@ impl Devices {
         Ok(())
     }
 
+    /// True if a source write completed (or the volume opened) since the last completed
+    /// source flush began.
+    pub(crate) fn owes_source_flush(&self) -> bool {
+        self.flushed.load(SeqCst) < self.written.load(SeqCst)
+    }
+
     /// Makes every source write completed so far durable (and what the source held
     /// unflushed when the volume opened): a flush of the source, unless one that began
     /// after the last of them completed already.
     pub(crate) fn sync_source(&self) -> Result<(), IoError> {
-        if self.flushed.load(SeqCst) < self.written.load(SeqCst) {
+        if self.owes_source_flush() {
             self.flush_source()
         } else {
             Ok(())

@@ -265,13 +265,14 @@ fn format_check_and_refusals() {
 /// One run of the journal's SIGKILL test: warm a cache over an NBD source (whose identity
 /// our writes do not change, unlike a file's), write to the hot fragments from several
 /// threads, SIGKILL amid the writes, restart. Returns (fragments cached at the kill,
-/// fragments restored, pages the journal dropped, hit ratio of the first pass after).
+/// fragments restored, pages the journal dropped, hit ratio of the first pass after), and
+/// the writes that found the journal's ring full before the kill.
 fn kill_amid_writes(
     d: &Path,
     nbd: &str,
     (journal, write_hot): (&str, &str),
     model: &[u64],
-) -> (u64, u64, u64, f64) {
+) -> ((u64, u64, u64, f64), u64) {
     let (cache, sock) = (d.join(format!("cache-{journal}-{write_hot}")), d.join("s"));
     let state = d.join("state");
     let args = [
@@ -281,6 +282,11 @@ fn kill_amid_writes(
         cache.to_str().unwrap(),
         "--cache-size",
         "24MiB",
+        // The write-through journal, with the whole 24 MiB for slots and journal blocks as
+        // this load was sized for (a default log takes a quarter of so small a cache, and
+        // with it a quarter of the journal's ring: writes then found it full under load).
+        "--writeback-log",
+        "0",
         "--metadata-interval",
         "200ms",
         "--state-dir",
@@ -341,6 +347,7 @@ fn kill_amid_writes(
     std::thread::sleep(Duration::from_millis(1500));
     let st = s.export_stats();
     let cached = num(&st, "total_slots") - num(&st, "free_slots");
+    let fallbacks = num(&st, "persist_journal_full_fallbacks");
     assert!(num(&st, "write_requests") > 100, "too few writes: {st}");
     s.kill();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -366,7 +373,7 @@ fn kill_amid_writes(
             .unwrap_or("")
     );
     assert!(s.term().success());
-    (cached, restored, dropped_pages, after)
+    ((cached, restored, dropped_pages, after), fallbacks)
 }
 
 /// The issue's point: a SIGKILL of sce serve in the middle of a write load, then a restart,
@@ -404,14 +411,19 @@ fn sigkill_amid_writes_keeps_the_cache_warm_with_the_journal() {
     // A kill that finds no journaled write of a cached fragment in flight (a loaded machine
     // can stall the writers at that moment) shows nothing of the journal: tried again, up
     // to three times. Every try checks that nothing stale is served.
+    // So is one where the journal's ring was full (a round that a loaded machine slowed:
+    // writes then fall back to intents, whose slots a crash drops whole, by design).
     let mut tries = 0;
     let (cached, restored, dropped, after) = loop {
-        let r = kill_amid_writes(d.path(), &nbd, ("on", "off"), &read_model());
+        let (r, fallbacks) = kill_amid_writes(d.path(), &nbd, ("on", "off"), &read_model());
         tries += 1;
-        if r.2 > 0 || tries == 3 {
+        if (r.2 > 0 && fallbacks == 0) || tries == 3 {
             break r;
         }
-        eprintln!("try {tries}: the kill caught no journaled write in flight; again");
+        eprintln!(
+            "try {tries}: the kill caught no journaled write in flight, or {fallbacks} writes \
+             found the journal full; again"
+        );
     };
     assert!(cached >= 8, "{cached}");
     assert!(
@@ -420,9 +432,9 @@ fn sigkill_amid_writes_keeps_the_cache_warm_with_the_journal() {
     );
     assert!(dropped > 0, "the writes in flight dropped no page");
     assert!(after > 0.8, "first pass after the restart hit {after}");
-    let (cached_off, restored_off, _, after_off) =
+    let ((cached_off, restored_off, _, after_off), _) =
         kill_amid_writes(d.path(), &nbd, ("off", "off"), &read_model());
-    let (cached_hot, restored_hot, _, after_hot) =
+    let ((cached_hot, restored_hot, _, after_hot), _) =
         kill_amid_writes(d.path(), &nbd, ("on", "on"), &read_model());
     println!(
         "restored after a SIGKILL amid writes: {restored} of {cached} with the journal, \

@@ -141,12 +141,23 @@ impl Persist {
     /// metadata errors to count (none if the source could not flush: the cache device is
     /// not at fault).
     fn data_durable(&self, dev: &Devices, images: &[UnitImage]) -> Result<(), u64> {
-        if let Err(e) = dev.sync_source() {
+        // The two flushes at once: a round (and the journal blocks it frees) waits for the
+        // slower of them, not for both in turn.
+        let (source, device) = if dev.owes_source_flush() {
+            std::thread::scope(|sc| {
+                let s = sc.spawn(|| dev.sync_source());
+                let d = self.dev.flush();
+                (s.join().expect("the source flush panicked"), d)
+            })
+        } else {
+            (Ok(()), self.dev.flush())
+        };
+        if let Err(e) = source {
             self.st.lock().units.extend(images.iter().map(|i| i.unit));
             tracing::debug!("metadata round put off: the source cannot flush: {e}");
             return Err(0);
         }
-        if self.dev.flush().is_err() {
+        if device.is_err() {
             self.st.lock().units.extend(images.iter().map(|i| i.unit));
             self.counters.metadata_errors.fetch_add(1, Relaxed);
             return Err(1);
