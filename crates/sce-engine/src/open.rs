@@ -412,15 +412,12 @@ impl CacheVolume {
             Some(p) => {
                 let through = WriteThrough::new(tx.clone());
                 crate::log::open_log(&o.device, p, through, o.log, limits, &ends)?
+                    .inspect(|l| l.set_sequential_cutoff(config.core.sequential_cutoff))
             }
             None => None,
         };
         let path = match persist.filter(|_| writeback) {
-            _ if o.log => {
-                let l = log.expect("a device with a log");
-                l.set_sequential_cutoff(config.core.sequential_cutoff);
-                WritePath::Log(Arc::new(l))
-            }
+            _ if o.log => WritePath::Log(Arc::new(log.expect("a device with a log"))),
             Some(p) => {
                 // Before anything is served: records that the load found superseded (a slot
                 // whose dirty claims a later journal entry moved elsewhere) are rewritten now,

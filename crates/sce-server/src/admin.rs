@@ -471,16 +471,7 @@ impl Ctx {
                     });
                     m["persistent"] = json!(v.persist_stats().is_some());
                     crate::metrics::writeback_status(&mut m, &v);
-                    if let (Some(r), Some(w)) = (self.rates.recent(i), v.writeback_stats()) {
-                        // How fast the cleaner goes now, and how long what is dirty would
-                        // take at that pace (none while it is not cleaning).
-                        let rate = r.cleaned_bytes_per_second;
-                        m["writeback"]["cleaned_bytes_per_second"] = json!(rate);
-                        if rate > 0.0 {
-                            m["writeback"]["clean_eta_seconds"] =
-                                json!(w.dirty_bytes as f64 / rate);
-                        }
-                    }
+                    crate::metrics::cleaning_status(&mut m, &v, self.rates.recent(i));
                     export_figures(&mut m, a);
                     if let Some(c) = crate::coherent::of(a) {
                         if !c.serving() {

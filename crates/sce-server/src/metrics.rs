@@ -121,6 +121,22 @@ pub fn fetch_stats(addr: &str) -> Result<serde_json::Value> {
     serde_json::from_str(body).context("bad stats document")
 }
 
+/// How fast write-back's cleaner goes now (`recent`), and how long the dirty data would
+/// take at that pace (none while it is not cleaning), into the status of export `m`.
+pub(crate) fn cleaning_status(
+    m: &mut serde_json::Value,
+    v: &sce_engine::CacheVolume,
+    recent: Option<crate::rates::Recent>,
+) {
+    if let (Some(r), Some(w)) = (recent, v.writeback_stats()) {
+        let rate = r.cleaned_bytes_per_second;
+        m["writeback"]["cleaned_bytes_per_second"] = serde_json::json!(rate);
+        if rate > 0.0 {
+            m["writeback"]["clean_eta_seconds"] = serde_json::json!(w.dirty_bytes as f64 / rate);
+        }
+    }
+}
+
 /// Write-back's part of an export's status: what is dirty or lost, cleaning, and the state
 /// `degraded-lost-data` when dirty data's only copy went bad (reads of it fail).
 pub(crate) fn writeback_status(m: &mut serde_json::Value, v: &sce_engine::CacheVolume) {

@@ -198,20 +198,7 @@ fn volume_families(
             r.read_hit_ratio,
         );
         if let Some(w) = v.writeback_stats() {
-            f.gauge(
-                "sce_writeback_cleaned_bytes_per_second",
-                "Bytes of write-back data the cleaner wrote to the source per second, over the last ten seconds.",
-                &lp,
-                r.cleaned_bytes_per_second,
-            );
-            if r.cleaned_bytes_per_second > 0.0 {
-                f.gauge(
-                    "sce_writeback_clean_eta_seconds",
-                    "Seconds the dirty data would take to clean at the last ten seconds' cleaning rate (absent while nothing is cleaned).",
-                    &lp,
-                    w.dirty_bytes as f64 / r.cleaned_bytes_per_second,
-                );
-            }
+            cleaning_families(f, &lp, &w, &r);
         }
     }
     let lat = v.latencies();
@@ -236,6 +223,30 @@ fn volume_families(
     }
     if let Some(p) = v.persist_stats() {
         f.stats(PersistStats::STATS, &lp, &p);
+    }
+}
+
+/// Write-back's cleaning rate over the sampled window, and the time the dirty data would
+/// take at that pace (absent while nothing is cleaned).
+fn cleaning_families(
+    f: &mut Families,
+    lp: &[(&str, &str)],
+    w: &WriteBackStats,
+    r: &crate::rates::Recent,
+) {
+    f.gauge(
+        "sce_writeback_cleaned_bytes_per_second",
+        "Bytes of write-back data the cleaner wrote to the source per second, over the last ten seconds.",
+        lp,
+        r.cleaned_bytes_per_second,
+    );
+    if r.cleaned_bytes_per_second > 0.0 {
+        f.gauge(
+            "sce_writeback_clean_eta_seconds",
+            "Seconds the dirty data would take to clean at the last ten seconds' cleaning rate (absent while nothing is cleaned).",
+            lp,
+            w.dirty_bytes as f64 / r.cleaned_bytes_per_second,
+        );
     }
 }
 

@@ -36,6 +36,7 @@
 //! durable while the intent is.
 
 mod claims;
+mod close;
 mod intents;
 mod journal;
 mod open;

@@ -1,7 +1,7 @@
 //! Flush rounds: snapshot the changed records under the core shards' locks (one at a
 //! time, never two at once; slot numbers on the device are global), flush the data they
 //! vouch for, write and read back the units, then forget stale claims and clear quiet
-//! intents; the scrub after a bad unit write, and the clean close.
+//! intents; the scrub after a bad unit write (the clean close is `close.rs`).
 
 use super::intents::State;
 use super::{Persist, UnitImage};
@@ -565,56 +565,6 @@ impl Persist {
             u += n;
         }
         self.st.lock().units.extend(bad);
-    }
-
-    /// True if every intent is clear and nothing is queued.
-    pub(super) fn settled(&self) -> bool {
-        let st = self.st.lock();
-        st.redo.is_empty()
-            && st.units.is_empty()
-            && st.intents.iter().all(|&w| w == 0)
-            && st.wb_quiet()
-    }
-
-    /// Clean shutdown (nothing in flight): writes every record, clears every intent and marks
-    /// the device clean. Returns false if it could not (the device stays "open" and the next
-    /// start recovers as after a crash).
-    pub(crate) fn close(
-        &self,
-        cores: &Cores,
-        crcs: &CrcCache,
-        dev: &Devices,
-        identities: &[Option<String>],
-    ) -> bool {
-        let writes_done = dev.writes_done();
-        for _ in 0..4 {
-            if self.round(cores, crcs, dev, true) != (0, false) {
-                return false;
-            }
-            if self.settled() {
-                break;
-            }
-        }
-        if !self.settled() {
-            return false;
-        }
-        // Every record is durable and nothing is in flight: no journal block is needed.
-        let next = self.st.lock().journal.take_pending_tail();
-        let mut sb = self.sb.lock();
-        if sb.state == sce_store::DeviceState::Failed {
-            return false;
-        }
-        // Only a change this cache's own writes can explain is recorded: if it made none since
-        // the identity was last recorded, a changed identity is someone else's doing, and is
-        // left for the next start to find.
-        if self.identity_writes.load(Relaxed) != writes_done {
-            self.set_identities(&mut sb, identities);
-        }
-        sb.journal_tail = sb.journal_tail.max(next);
-        sb.state = sce_store::DeviceState::Clean;
-        sb.last_clean_shutdown = sce_store::unix_now();
-        sb.clean_shutdowns += 1;
-        self.write_sb(&mut sb).is_ok()
     }
 }
 
