@@ -33,13 +33,62 @@ pub(crate) struct Devices {
     /// records the source's identity only when the two are equal.
     started: AtomicU64,
     done: AtomicU64,
-    /// Source writes and discards that succeeded, plus one for what the source may hold
-    /// unflushed from before this volume opened (a previous process's writes, writes made
-    /// while detached, another host's); and how many of them a completed source flush
-    /// covers (counted before it began). A failed write makes nothing valid: it needs no
-    /// flush, and a source that fails every write keeps the rounds going.
-    written: AtomicU64,
+    /// Source writes and discards that succeeded, and what a source flush covers; one is
+    /// owed from the start, for what the source may hold unflushed from before this volume
+    /// opened (a previous process's writes, writes made while detached, another host's). A
+    /// failed write makes nothing valid: it needs no flush, and a source that fails every
+    /// write keeps the rounds going.
+    written: FlushMark,
+}
+
+/// Writes completed, and how many of them a completed flush covers: a flush counts the
+/// writes before it begins, so every one it counts had completed, and is durable once it
+/// returns. (A mark one flush cleared before it was done would let a second, finding it
+/// clear, return before the first flush made the write durable.)
+#[derive(Debug, Default)]
+pub(crate) struct FlushMark {
+    done: AtomicU64,
     flushed: AtomicU64,
+}
+
+impl FlushMark {
+    /// A mark that owes a flush from the start.
+    pub(crate) fn owing() -> FlushMark {
+        FlushMark {
+            done: AtomicU64::new(1),
+            flushed: AtomicU64::new(0),
+        }
+    }
+
+    /// A write completed (counted once it has, never before).
+    pub(crate) fn completed(&self) {
+        self.done.fetch_add(1, SeqCst);
+    }
+
+    /// True if a write completed since the last completed flush began.
+    pub(crate) fn owed(&self) -> bool {
+        self.flushed.load(SeqCst) < self.done.load(SeqCst)
+    }
+
+    /// Runs `flush`, noting the writes it covers.
+    pub(crate) fn flush(&self, flush: impl FnOnce() -> Result<(), IoError>) -> Result<(), IoError> {
+        let done = self.done.load(SeqCst);
+        flush()?;
+        self.flushed.fetch_max(done, SeqCst);
+        Ok(())
+    }
+
+    /// Runs `flush` if a write completed since the last completed flush began.
+    pub(crate) fn flush_if_owed(
+        &self,
+        flush: impl FnOnce() -> Result<(), IoError>,
+    ) -> Result<(), IoError> {
+        if self.owed() {
+            self.flush(flush)
+        } else {
+            Ok(())
+        }
+    }
 }
 
 impl Devices {
@@ -57,8 +106,7 @@ impl Devices {
             volumes,
             started: AtomicU64::new(0),
             done: AtomicU64::new(0),
-            written: AtomicU64::new(1),
-            flushed: AtomicU64::new(0),
+            written: FlushMark::owing(),
         }
     }
 
@@ -84,7 +132,7 @@ impl Devices {
         self.started.fetch_add(1, SeqCst);
         let r = f(&*self.source);
         if r.is_ok() {
-            self.written.fetch_add(1, SeqCst);
+            self.written.completed();
         }
         self.done.fetch_add(1, SeqCst);
         r
@@ -93,27 +141,20 @@ impl Devices {
     /// Flushes the source: every source write completed before the call is durable once
     /// it returns Ok.
     pub(crate) fn flush_source(&self) -> Result<(), IoError> {
-        let written = self.written.load(SeqCst);
-        self.source.flush()?;
-        self.flushed.fetch_max(written, SeqCst);
-        Ok(())
+        self.written.flush(|| self.source.flush())
     }
 
     /// True if a source write completed (or the volume opened) since the last completed
     /// source flush began.
     pub(crate) fn owes_source_flush(&self) -> bool {
-        self.flushed.load(SeqCst) < self.written.load(SeqCst)
+        self.written.owed()
     }
 
     /// Makes every source write completed so far durable (and what the source held
     /// unflushed when the volume opened): a flush of the source, unless one that began
     /// after the last of them completed already.
     pub(crate) fn sync_source(&self) -> Result<(), IoError> {
-        if self.owes_source_flush() {
-            self.flush_source()
-        } else {
-            Ok(())
-        }
+        self.written.flush_if_owed(|| self.source.flush())
     }
 
     /// Source writes done so far, if none is in flight now.

@@ -34,12 +34,6 @@ fn pattern(tag: u8, len: u64) -> AlignedBuf {
     b
 }
 
-fn read(vol: &CacheVolume, at: u64, len: u64) -> Vec<u8> {
-    let mut b = AlignedBuf::new(len as usize);
-    vol.read_at(at, &mut b).unwrap();
-    b.to_vec()
-}
-
 #[test]
 fn a_cut_never_leaves_the_cache_holding_a_write_the_source_lost() {
     let (mut cache_img, mut src_img) = (
@@ -79,7 +73,7 @@ fn a_cut_never_leaves_the_cache_holding_a_write_the_source_lost() {
         let src = PowerCutDevice::new(src_img.clone(), 512, 512, &power);
         let cache = PowerCutDevice::new(cache_img.clone(), 512, 512, &power);
         let vol = CacheVolume::open(src.clone(), cache.clone(), config()).unwrap();
-        let seen = read(&vol, at, FRAG);
+        let seen = common::read(&vol, at, FRAG);
         let on_source = src_img[at as usize..(at + FRAG) as usize].to_vec();
         assert!(
             seen == on_source,
@@ -96,7 +90,7 @@ fn a_cut_never_leaves_the_cache_holding_a_write_the_source_lost() {
         vol.flush().unwrap();
         vol.evict(at, FRAG).unwrap();
         assert_eq!(
-            read(&vol, at, FRAG),
+            common::read(&vol, at, FRAG),
             seen,
             "round {round}: older bytes after an eviction"
         );

@@ -457,7 +457,8 @@ impl Ctx {
                     m["occupancy_ratio"] = json!(used as f64 / s.total_slots.max(1) as f64);
                     m["read_hit_ratio"] = json!(s.read_hit_ratio());
                     m["population_rate_limit_bytes_per_second"] = json!(s.population_rate);
-                    if let Some(r) = self.rates.recent(i) {
+                    let recent = self.rates.recent(i);
+                    if let Some(r) = recent {
                         m["populations_per_second"] = json!(r.populations_per_second);
                         m["population_bytes_per_second"] = json!(r.population_bytes_per_second);
                         m["evictions_per_second"] = json!(r.evictions_per_second);
@@ -470,8 +471,7 @@ impl Ctx {
                         "cache_checksum": s.cache_checksum_errors,
                     });
                     m["persistent"] = json!(v.persist_stats().is_some());
-                    crate::metrics::writeback_status(&mut m, &v);
-                    crate::metrics::cleaning_status(&mut m, &v, self.rates.recent(i));
+                    crate::metrics::writeback_status(&mut m, &v, recent);
                     export_figures(&mut m, a);
                     if let Some(c) = crate::coherent::of(a) {
                         if !c.serving() {

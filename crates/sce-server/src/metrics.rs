@@ -121,25 +121,15 @@ pub fn fetch_stats(addr: &str) -> Result<serde_json::Value> {
     serde_json::from_str(body).context("bad stats document")
 }
 
-/// How fast write-back's cleaner goes now (`recent`), and how long the dirty data would
-/// take at that pace (none while it is not cleaning), into the status of export `m`.
-pub(crate) fn cleaning_status(
+/// Write-back's part of an export's status: what is dirty or lost, cleaning, and the state
+/// `degraded-lost-data` when dirty data's only copy went bad (reads of it fail); with the
+/// export's `recent` rates, how fast the cleaner goes now and how long the dirty data would
+/// take at that pace (none while it is not cleaning).
+pub(crate) fn writeback_status(
     m: &mut serde_json::Value,
     v: &sce_engine::CacheVolume,
     recent: Option<crate::rates::Recent>,
 ) {
-    if let (Some(r), Some(w)) = (recent, v.writeback_stats()) {
-        let rate = r.cleaned_bytes_per_second;
-        m["writeback"]["cleaned_bytes_per_second"] = serde_json::json!(rate);
-        if rate > 0.0 {
-            m["writeback"]["clean_eta_seconds"] = serde_json::json!(w.dirty_bytes as f64 / rate);
-        }
-    }
-}
-
-/// Write-back's part of an export's status: what is dirty or lost, cleaning, and the state
-/// `degraded-lost-data` when dirty data's only copy went bad (reads of it fail).
-pub(crate) fn writeback_status(m: &mut serde_json::Value, v: &sce_engine::CacheVolume) {
     let Some(w) = v.writeback_stats() else { return };
     if w.lost_bytes > 0 {
         m["state"] = serde_json::json!("degraded-lost-data");
@@ -147,6 +137,16 @@ pub(crate) fn writeback_status(m: &mut serde_json::Value, v: &sce_engine::CacheV
     let mut wb: serde_json::Map<_, _> = (WriteBackStats::STATS.iter())
         .map(|s| (s.key.to_string(), s.value(&w).into()))
         .collect();
+    if let Some(r) = recent {
+        let rate = r.cleaned_bytes_per_second;
+        wb.insert("cleaned_bytes_per_second".into(), rate.into());
+        if rate > 0.0 {
+            wb.insert(
+                "clean_eta_seconds".into(),
+                (w.dirty_bytes as f64 / rate).into(),
+            );
+        }
+    }
     wb.insert("last_clean_error".into(), w.last_clean_error.into());
     m["writeback"] = wb.into();
 }

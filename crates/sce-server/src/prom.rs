@@ -174,8 +174,9 @@ fn volume_families(
     for (name, help, get) in tables::VOLUME_GAUGES {
         f.gauge(name, help, &lp, get(&view));
     }
-    if let Some(w) = v.writeback_stats() {
-        f.stats(WriteBackStats::STATS, &lp, &w);
+    let wb = v.writeback_stats();
+    if let Some(w) = &wb {
+        f.stats(WriteBackStats::STATS, &lp, w);
     }
     let mode = view.config.write_mode.to_string();
     f.gauge(
@@ -197,8 +198,8 @@ fn volume_families(
             &lp,
             r.read_hit_ratio,
         );
-        if let Some(w) = v.writeback_stats() {
-            cleaning_families(f, &lp, &w, &r);
+        if let Some(w) = &wb {
+            cleaning_families(f, &lp, w, &r);
         }
     }
     let lat = v.latencies();

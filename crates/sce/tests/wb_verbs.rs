@@ -70,23 +70,7 @@ fn slow_writeback(d: &Path, wdelay: &str) -> (common::Nbdkit, Server) {
         ],
         true,
     );
-    let cache = d.join("cache");
-    let args = [
-        "--source",
-        &kit.uri,
-        "--cache",
-        cache.to_str().unwrap(),
-        "--cache-size",
-        "48MiB",
-        "--writeback-log",
-        "8MiB",
-        "--mode",
-        "writeback",
-        "--state-dir",
-        d.to_str().unwrap(),
-        "--allow-buffered",
-    ];
-    let s = Server::start(&args, &d.join("s.sock"));
+    let s = writeback_server(d, &kit.uri);
     (kit, s)
 }
 
@@ -330,7 +314,7 @@ fn a_stop_keeps_dirty_data_in_the_log_without_draining_it() {
         check.contains(&format!("in the log: {} dirty", 256 - on_source)),
         "{on_source} on the source: {check}"
     );
-    let (_kit, s) = (kit, restart_writeback(d.path()));
+    let s = writeback_server(d.path(), &kit.uri);
     let c = unix_client(&sock, 1);
     for p in 0..256 {
         c.read_at(p * 16 * PAGE, &mut b).unwrap();
@@ -339,13 +323,12 @@ fn a_stop_keeps_dirty_data_in_the_log_without_draining_it() {
     drop(s);
 }
 
-/// `slow_writeback`'s server again, over the source already running.
-fn restart_writeback(d: &Path) -> Server {
-    let kit_uri = format!("nbd+unix:///?socket={}", d.join("src.sock").display());
+/// `sce serve` of `source` in write-back, with an 8 MiB log, its cache and state in `d`.
+fn writeback_server(d: &Path, source: &str) -> Server {
     let cache = d.join("cache");
     let args = [
         "--source",
-        &kit_uri,
+        source,
         "--cache",
         cache.to_str().unwrap(),
         "--cache-size",

@@ -9,7 +9,7 @@ use super::LogBack;
 use crate::engine::Engine;
 use sce_io::IoError;
 use sce_store::wblog::PreparedCommit;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 /// Longest time completed writes stay uncommitted without a FLUSH.
@@ -38,11 +38,7 @@ impl LogBack {
         // Writes through are counted once they completed: those counted now are covered
         // by a source flush started after this point, this one's or another FLUSH's that
         // completed with them counted.
-        let done = self.through_done.load(Acquire);
-        if self.through_flushed.load(Acquire) < done {
-            e.dev.flush_source()?;
-            self.through_flushed.fetch_max(done, AcqRel);
-        }
+        self.through_writes.flush_if_owed(|| e.dev.flush_source())?;
         self.commit()
     }
 

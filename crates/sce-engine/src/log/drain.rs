@@ -30,7 +30,7 @@ use crate::through::Payload;
 use sce_core::PAGE_SIZE;
 use sce_io::{AlignedBuf, IoError};
 use sce_store::wblog::CLEANED;
-use std::sync::atomic::Ordering::{Relaxed, Release};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 /// What a drain is told while it runs.
@@ -233,7 +233,7 @@ impl LogBack {
             self.through.write(e, offset, Payload::Borrowed(data))?;
             // Counted once it completed, not before: a FLUSH that counted it while it was
             // still on its way would flush the source ahead of it.
-            self.through_done.fetch_add(1, Release);
+            self.through_writes.completed();
             return Ok(());
         }
         let b = self.merged(e, offset, data)?;
@@ -278,7 +278,7 @@ impl LogBack {
                 self.supersede(g0, g1, true);
             } else {
                 // Counted after the discard completed (as a write through).
-                self.through_done.fetch_add(1, Release);
+                self.through_writes.completed();
             }
         }
         if held && self.goes_through(g0, g1) {

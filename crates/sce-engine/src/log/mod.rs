@@ -109,12 +109,9 @@ pub(crate) struct LogBack {
     /// Drains under way, for the writers' quick look (`St::drains` has their ranges).
     draining: AtomicUsize,
     /// Writes and discards that went through to the source without flushing it, counted
-    /// once each completed (`through_done`), and how many of them a completed source flush
-    /// covers (`through_flushed`): a FLUSH that finds the second behind flushes the source
-    /// itself. (A mark one FLUSH clears before its source flush lets a second FLUSH, which
-    /// finds it clear, be acknowledged before that flush is done.)
-    through_done: AtomicU64,
-    through_flushed: AtomicU64,
+    /// once each completed, and what a source flush covers: a FLUSH that finds one owed
+    /// flushes the source itself.
+    through_writes: crate::devices::FlushMark,
     /// Writers waiting for room in the ring now: the cleaner works while there are any,
     /// whatever its thresholds say (they do not count the room writes leave for commits
     /// and copies).
@@ -236,9 +233,8 @@ impl LogBack {
     }
 
     /// True if a client's write of `len` bytes at `offset` is a large write of a sequential
-    /// stream past the cutoff, which goes through to the source (`seq.rs`). The same
-    /// request asked again gets the same answer.
-    /// While the source fails writes (pages stuck), nothing goes around the log.
+    /// stream past the cutoff, which goes through to the source (`seq.rs`); never while the
+    /// source fails writes (pages stuck). The same request asked again gets the same answer.
     pub(crate) fn sequential(&self, offset: u64, len: u64) -> bool {
         self.seq.goes_around(offset, len) && self.st.lock().stuck.is_empty()
     }
