@@ -15,8 +15,9 @@ pub struct AdmissionArgs {
     #[arg(long, value_name = "RATE")]
     pub population_rate: Option<PopulationRate>,
     /// Admission sce: once the cache is full, sequential runs of at least this many bytes
-    /// raise no heat, are not admitted, and their writes bypass the cache (0 disables)
-    /// [default: 4MiB].
+    /// raise no heat, are not admitted, and their writes bypass the cache (0 disables). In
+    /// write-back, writes of 128KiB or more in such a run go through to the source instead
+    /// of into the log [default: 4MiB].
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub sequential_cutoff: Option<u64>,
     /// Admission sce: a fragment that would evict must be hotter than its victim by this many
