@@ -109,9 +109,6 @@ CONFIGS = {
     "sce": ("sce write-through (defaults)", "sce", []),
     "sce-wb": ("sce write-back (--mode writeback: through its write-back log, default size)",
                "sce", ["--mode", "writeback"]),
-    # Write-back in the slots: a cache device formatted without a log (before issue 29).
-    "sce-wb-slots": ("sce write-back in the slots (--writeback-log 0)", "sce",
-                     ["--mode", "writeback", "--writeback-log", "0"]),
     # Write-back through a write-back log (issue 29) of a quarter of the cache.
     "sce-wblog": ("sce write-back through a write-back log (--writeback-log, 1/4 of the cache)",
                   "sce", ["--mode", "writeback", "--writeback-log", "{quarter}"]),
@@ -158,8 +155,6 @@ FLUSHES = {
     "sce-wb": "one commit record and an fdatasync of the cache file (the only copy of dirty "
               "data), then passed to the source",
     "kit": "passed to the source (cache=writethrough)",
-    "sce-wb-slots": "fdatasync of the cache file (every write was made durable before it was "
-                    "acknowledged), then passed to the source",
 }
 # What sce writes to the cache device: data (pages populated and pages written),
 # metadata records, and the write journal's blocks (/stats counters).
@@ -1166,7 +1161,7 @@ def committed_kept(pgs, res, step):
 COLORS = {"nocache": "#777777", "sce": "#d62728", "sce-paper": "#ff7f0e", "flashcache": "#1f77b4",
           "kit": "#9467bd", "flash": "#2ca02c", "sce-128k": "#8c564b", "sce-4m": "#e377c2",
           "sce-wt": "#17becf", "sce-wa": "#bcbd22", "sce-nojournal": "#aec7e8",
-          "sce-nopersist": "#98df8a", "sce-wb": "#000000", "sce-wblog": "#8c564b", "sce-wb-slots": "#7f7f7f", "fc-persist": "#9edae5"}
+          "sce-nopersist": "#98df8a", "sce-wb": "#000000", "sce-wblog": "#8c564b", "fc-persist": "#9edae5"}
 
 
 def svg_plot(panels, path):

@@ -77,17 +77,6 @@ impl Checks {
         }
     }
 
-    /// The recorded checksum of the page at cache offset `c` (0 without checksums), reading
-    /// its unit's records from the device if they are not in memory (I/O: an error path
-    /// under a shared core lock, or a path that holds none).
-    pub(crate) fn get(&self, c: u64) -> Result<u32, IoError> {
-        let (slot, p) = self.slot_page(c);
-        match &self.crcs {
-            Some(Crcs::Device(d)) => d.get_or_load(slot as u32, p),
-            _ => Ok(self.try_get(c).unwrap_or(0)),
-        }
-    }
-
     /// Holds in memory the unit of the page at cache offset `c` (I/O; no lock held).
     pub(crate) fn pin_page(&self, c: u64) -> Result<Option<crate::crcs::UnitPin<'_>>, IoError> {
         match &self.crcs {

@@ -2,7 +2,7 @@
 //! evict ranges (FlashTier's `exists` and `evict`), forget it, and the latency histograms
 //! and in-flight gauge of its requests, and what only the cache holds of a volume.
 
-use crate::back::WriteBackStats;
+use crate::log::WriteBackStats;
 use crate::parts::Placed;
 use crate::path::WritePath;
 use crate::volume::CacheVolume;
@@ -191,7 +191,6 @@ impl CacheVolume {
     /// Write-back's state, None in the other modes.
     pub fn writeback_stats(&self) -> Option<WriteBackStats> {
         match &self.path {
-            WritePath::Back(b) => Some(b.stats(&self.engine)),
             WritePath::Log(l) => Some(l.stats()),
             WritePath::Through(_) => None,
         }
@@ -232,8 +231,7 @@ impl CacheVolume {
     /// None) to the source and flushes it, as `ctl` says: through the log, writes to the
     /// range go through to the source meanwhile (superseding the log's versions), so the
     /// drain is bounded by what was dirty when it began; it stops if `ctl.cancelled` says
-    /// so, and fails if nothing is cleaned for `ctl.patience`. In the slots, as before
-    /// (cleaning while writes add to it). Without write-back, flushes the source.
+    /// so, and fails if nothing is cleaned for `ctl.patience`. Without write-back, flushes the source.
     pub fn drain_writeback(
         &self,
         range: Option<(u64, u64)>,
@@ -241,17 +239,6 @@ impl CacheVolume {
     ) -> Result<crate::log::DrainDone, IoError> {
         let e = &self.engine;
         match &self.path {
-            WritePath::Back(wb) => {
-                let t0 = Instant::now();
-                let before = wb.stats(e).dirty_bytes;
-                let cleaned = wb.flush_to_source(e, range, ctl.patience)?;
-                Ok(crate::log::DrainDone {
-                    dirty_at_start: before,
-                    cleaned_bytes: cleaned,
-                    elapsed: t0.elapsed(),
-                    ..Default::default()
-                })
-            }
             WritePath::Log(l) => {
                 let ps = sce_core::PAGE_SIZE;
                 let pages = match range {

@@ -127,19 +127,6 @@ impl Cores {
         (0..self.count()).map(|k| self.read_shard(k, &f)).sum()
     }
 
-    /// Sums `f` over the pieces of `[offset, offset + len)` (global), each asked of its
-    /// shard under the shared lock with its local offset.
-    pub(crate) fn sum_in<T: std::iter::Sum>(
-        &self,
-        offset: u64,
-        len: u64,
-        f: impl Fn(&CacheCore, SourceOffset, u64) -> T,
-    ) -> T {
-        self.pieces(offset, len)
-            .map(|p| self.read_shard(p.shard, |c| f(c, SourceOffset(p.local), p.len)))
-            .sum()
-    }
-
     /// True if `f` holds for a piece of `[offset, offset + len)` (global).
     pub(crate) fn any_in(
         &self,
@@ -154,18 +141,6 @@ impl Cores {
     /// The pieces of a request at global `offset`: one per shard-contiguous part.
     pub(crate) fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = Piece> + '_ {
         self.map.pieces(offset, len)
-    }
-
-    /// The first global fragment of `from..end` any shard holds dirty or lost pages of.
-    pub(crate) fn first_dirty_fragment(&self, from: u64, end: u64) -> Option<u64> {
-        (0..self.count())
-            .filter_map(|k| {
-                let lo = self.map.first_local_from(k, FragNo(from));
-                let hi = self.map.first_local_from(k, FragNo(end));
-                let f = self.read_shard(k, |c| c.first_dirty_fragment(lo, hi))?;
-                Some(self.frag_global(k, f))
-            })
-            .min()
     }
 
     /// The shard holding global fragment `f`, and `f`'s number there.

@@ -80,11 +80,6 @@ impl Signals {
         !self.shutting_down()
     }
 
-    /// Wakes every sleeper.
-    pub(crate) fn wake_all(&self) {
-        self.wake.notify_all();
-    }
-
     /// Gives the intent writer work.
     pub(crate) fn want_intents(&self) {
         *self.intent_pending.lock() = true;

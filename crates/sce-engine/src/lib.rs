@@ -4,7 +4,6 @@
 //! at once, with background population workers (Algorithm 1), AWT writer threads and
 //! counters ([`VolumeStats`]).
 
-mod back;
 mod brlock;
 mod checks;
 mod control;
@@ -26,12 +25,13 @@ mod progress;
 mod ranges;
 mod read;
 mod shard;
+mod slots;
 pub mod stats;
 mod through;
 mod verify;
 pub mod volume;
 
-pub use back::WriteBackStats;
+pub use log::WriteBackStats;
 pub use log::{DrainControl, DrainDone};
 pub use parts::VolumePart;
 pub use persist::{PersistConfig, PersistStats};

@@ -2,7 +2,6 @@
 //! restored into them, the engine's subsystems built, the write path chosen, and the
 //! threads started.
 
-use crate::back::WriteBack;
 use crate::checks::Checks;
 use crate::checks::Crcs;
 use crate::cores::Cores;
@@ -92,7 +91,21 @@ fn open_core(
         return open_memory_core(source, vols, cache, config, (core_cfg, verify));
     };
     pc.writeback = core_cfg.write_mode == sce_core::WriteMode::WriteBack;
-    let opened = Persist::open(cache.clone(), pc, core_cfg.fragment_size, vols)?;
+    let mut opened = Persist::open(cache.clone(), pc.clone(), core_cfg.fragment_size, vols)?;
+    if crate::slots::relayout_needed(&opened.persist, &opened.loaded, pc.writeback)? {
+        opened = relayout(source, &cache, opened, (config, &pc), vols)?;
+    }
+    if pc.writeback && opened.persist.log_info().is_none() {
+        return Err(ConfigError::new(
+            "mode",
+            format!(
+                "writeback needs a write-back log, and a cache device of {} bytes is too \
+                 small for one (at least 2 MiB)",
+                cache.size()
+            ),
+        )
+        .into());
+    }
     let mut persist = opened.persist;
     let loaded = opened.loaded;
     let given_up = opened.given_up;
@@ -101,9 +114,9 @@ fn open_core(
     let device = cache.clone();
     let data: Arc<dyn BlockDevice> =
         Arc::new(SliceDevice::new(cache, l.data_offset, l.data_bytes())?);
-    // Write-back through the log: the shards run in write-through (the log holds the dirty
-    // data), and the volume's configuration still says writeback.
-    let log = persist.log_info().is_some() && core_cfg.write_mode == sce_core::WriteMode::WriteBack;
+    // Write-back goes through the log: the shards run in write-through (the log holds the
+    // dirty data), and the volume's configuration still says writeback.
+    let log = core_cfg.write_mode == sce_core::WriteMode::WriteBack;
     let shard_cfg = CoreConfig {
         write_mode: if log {
             sce_core::WriteMode::WriteThrough
@@ -113,22 +126,8 @@ fn open_core(
         ..core_cfg.clone()
     };
     let (mut cores, map) = build_cores(&shard_cfg, config, source.size(), data.size())?;
-    let skipped = crate::back::restore(&mut cores, &map, &loaded, l.bitmap_words());
-    if skipped > 0 {
-        return Err(ConfigError::new(
-            "core_shards",
-            format!(
-                "{skipped} dirty (write-back) pages on the cache device belong to records this \
-                 start cannot place (the core shard count or the fragment size over the \
-                 device's lines changed): start with the previous core_shards, fragment and \
-                 line sizes and run `sce ctl flush --to-source` first"
-            ),
-        )
-        .into());
-    }
-    crate::back::check_dirty(&shard_cfg, &loaded)?;
+    restore(&mut cores, &map, &loaded, l.bitmap_words());
     apply_shares(&mut cores, &map, vols, core_cfg.fragment_size);
-    crate::back::hold_dirty(&mut cores, &map, &persist, &loaded);
     persist.start(
         |s| {
             let (k, local) = map.slot_to_local(SlotNo(s));
@@ -137,7 +136,12 @@ fn open_core(
         },
         &loaded,
     )?;
-    let crcs = checksum_cache(config, &persist, device.clone(), &loaded);
+    let crcs = Crcs::Device(Arc::new(checksum_cache(
+        config,
+        &persist,
+        device.clone(),
+        &loaded,
+    )));
     Ok(OpenedCore {
         cores,
         map,
@@ -152,14 +156,77 @@ fn open_core(
     })
 }
 
+/// A device found needing a new layout (`crate::slots`): its slots' dirty data drained to
+/// the source, then formatted afresh (with a log, in write-back) and opened again.
+fn relayout(
+    source: &dyn BlockDevice,
+    cache: &Arc<dyn BlockDevice>,
+    opened: crate::persist::Opened,
+    (config, pc): (&EngineConfig, &PersistConfig),
+    vols: &[OpenVolume],
+) -> Result<crate::persist::Opened, EngineError> {
+    let drained = crate::slots::drain(
+        source,
+        cache.clone(),
+        &opened.persist,
+        &opened.loaded,
+        (config, vols),
+    )?;
+    let had_log = opened.persist.log_info().is_some();
+    drop(opened);
+    let fragment = config.core.fragment_size;
+    let again = Persist::open_laid_out(cache.clone(), pc.clone(), fragment, vols, true)?;
+    tracing::warn!(
+        drained_pages = drained.pages,
+        log_bytes = again.persist.log_info().map_or(0, |i| i.blocks * 4096),
+        "the cache device held write-back data in its read slots (an sce before issue 45{}): \
+         {} dirty pages were written to the source, and the device was formatted afresh{} \
+         (its read cache starts cold)",
+        if had_log {
+            ""
+        } else {
+            ", formatted without a write-back log"
+        },
+        drained.pages,
+        if pc.writeback {
+            " with a write-back log"
+        } else {
+            ""
+        },
+    );
+    Ok(again)
+}
+
+/// Puts the records the store loaded back into the core shards: each goes to the shard
+/// that owns its (global) slot, and is dropped if its fragment belongs to another shard (the
+/// shard count changed): `Persist::start` then puts an intent on the slot, so the record is
+/// never trusted again. (No dirty pages: a device holding any was drained and formatted
+/// afresh, `crate::slots`.)
+fn restore(cores: &mut [CacheCore], map: &ShardMap, loaded: &sce_store::Loaded, words: usize) {
+    type Restored<'a> = (SlotNo, sce_core::FragNo, &'a [u64]);
+    let mut per: Vec<Vec<Restored>> = vec![Vec::new(); cores.len()];
+    for (i, &(s, f)) in loaded.entries.iter().enumerate() {
+        let (k, local) = map.slot_to_local(SlotNo(s));
+        let (kf, lf) = map.frag_to_local(sce_core::FragNo(f));
+        if k == kf && local.0 < map.slots(k) {
+            per[k].push((local, lf, &loaded.bitmaps[i * words..(i + 1) * words]));
+        }
+    }
+    for (core, entries) in cores.iter_mut().zip(per) {
+        // Every slot that changes from now on is written by the next round.
+        core.track_dirty();
+        core.restore(entries);
+    }
+}
+
 /// The page checksums of a persistent cache just loaded: in its records, the units in use in
 /// memory (`crcs.rs`), with the checksums the journal's replay gave.
-fn checksum_cache(
+pub(crate) fn checksum_cache(
     config: &EngineConfig,
     persist: &Persist,
     device: Arc<dyn BlockDevice>,
     loaded: &sce_store::Loaded,
-) -> Crcs {
+) -> CrcCache {
     let l = persist.layout;
     let units = match config.persist.as_ref().map_or(0, |p| p.checksum_units) {
         0 => crate::crcs::default_capacity(l.units),
@@ -171,7 +238,7 @@ fn checksum_cache(
     for &(s, p, c) in &loaded.replayed_crcs {
         cache.set(s, p, c);
     }
-    Crcs::Device(Arc::new(cache))
+    cache
 }
 
 /// `open_core` without persistence: the cache's contents live in memory only.
@@ -264,12 +331,6 @@ fn start_threads(
                 let rx = rx.clone();
                 let name = format!("sce-awt-{i}");
                 threads.push(spawn(engine, name, "AWT", move |e| awt_writer(e, rx))?);
-            }
-        }
-        WritePath::Back(wb) => {
-            for i in 0..crate::back::CLEANERS {
-                let (name, wb) = (format!("sce-clean-{i}"), wb.clone());
-                threads.push(spawn(engine, name, "cleaner", move |e| wb.cleaner(e))?);
             }
         }
         WritePath::Log(l) => {
@@ -416,24 +477,9 @@ impl CacheVolume {
             }
             None => None,
         };
-        let path = match persist.filter(|_| writeback) {
-            _ if o.log => WritePath::Log(Arc::new(log.expect("a device with a log"))),
-            Some(p) => {
-                // Before anything is served: records that the load found superseded (a slot
-                // whose dirty claims a later journal entry moved elsewhere) are rewritten now,
-                // for such a slot is free again and its record must not vouch for dirty pages
-                // once other data lands in it.
-                let errors = engine.flush_metadata();
-                if errors > 0 {
-                    return Err(IoError::Failed(format!(
-                        "the cache device's records could not be written at start ({errors} errors)"
-                    ))
-                    .into());
-                }
-                let (wait, idle) = (config.writeback_wait, config.writeback_idle);
-                WritePath::Back(Arc::new(WriteBack::new(p, wait, idle)))
-            }
-            None => WritePath::Through(WriteThrough::new(tx)),
+        let path = match log {
+            Some(l) if o.log => WritePath::Log(Arc::new(l)),
+            _ => WritePath::Through(WriteThrough::new(tx)),
         };
         let threads = start_threads(&engine, &path, &config, rx)?;
         // The whole open went through: what the operator gave up is gone now.

@@ -1,9 +1,8 @@
 //! The write path, chosen once when the volume opens: write-through (with AWT and
-//! write-around), write-back in the slots (a device without a write-back log), or
-//! write-back through the log (issue 29). Write-back cannot be entered or left at run time,
+//! write-around), or write-back through the log (issue 29; since issue 45 the only
+//! write-back: a device whose slots held dirty data is drained at start, `slots.rs`). Write-back cannot be entered or left at run time,
 //! so each request is one `match` here and no path asks what mode it is in.
 
-use crate::back::WriteBack;
 use crate::engine::Engine;
 use crate::log::LogBack;
 use crate::through::{Payload, WriteThrough};
@@ -14,9 +13,6 @@ use std::sync::Arc;
 pub(crate) enum WritePath {
     /// The source holds every acknowledged write.
     Through(WriteThrough),
-    /// The cache device holds the only copy of dirty data, in the slots (its cleaners share
-    /// it).
-    Back(Arc<WriteBack>),
     /// The cache device holds the only copy of dirty data, in its write-back log.
     Log(Arc<LogBack>),
 }
@@ -100,7 +96,6 @@ impl WritePath {
     pub(crate) fn read(&self, e: &Engine, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
         match self {
             WritePath::Through(_) => e.read(offset, buf),
-            WritePath::Back(b) => b.read(e, offset, buf),
             WritePath::Log(l) => l.read(e, offset, buf),
         }
     }
@@ -109,7 +104,6 @@ impl WritePath {
     pub(crate) fn write(&self, e: &Engine, offset: u64, data: Payload) -> Result<(), IoError> {
         match self {
             WritePath::Through(t) => t.write(e, offset, data),
-            WritePath::Back(b) => b.write(e, offset, data.bytes()),
             WritePath::Log(l) => l.write(e, offset, data.bytes()),
         }
     }
@@ -120,7 +114,6 @@ impl WritePath {
     pub(crate) fn discard(&self, e: &Engine, offset: u64, len: u64) -> Result<(), IoError> {
         match self {
             WritePath::Through(t) => t.discard(e, offset, len),
-            WritePath::Back(b) => b.zero(e, offset, len),
             WritePath::Log(l) => l.discard(e, offset, len),
         }
     }
@@ -129,7 +122,6 @@ impl WritePath {
     pub(crate) fn flush(&self, e: &Engine) -> Result<(), IoError> {
         match self {
             WritePath::Through(t) => t.flush(e),
-            WritePath::Back(b) => b.flush(e),
             WritePath::Log(l) => l.flush(e),
         }
     }
@@ -162,11 +154,6 @@ impl WritePath {
         };
         let dirty = match self {
             WritePath::Through(_) => return source_extents(e, offset, len, max),
-            WritePath::Back(_) => {
-                let fs = 1u64 << e.fshift;
-                (e.cores.first_dirty_fragment(offset / fs, end.div_ceil(fs)))
-                    .map(|f| ((f * fs).max(offset), ((f + 1) * fs).min(end)))
-            }
             WritePath::Log(l) => {
                 let ps = sce_core::PAGE_SIZE;
                 (l.dirty_group_from(offset / ps, end.div_ceil(ps)))
@@ -187,7 +174,7 @@ impl WritePath {
     pub(crate) fn start_read(&self, e: &Arc<Engine>, offset: u64, len: u64) -> Option<StartedRead> {
         match self {
             WritePath::Through(t) => t.start_read(e, offset, len),
-            WritePath::Back(_) | WritePath::Log(_) => None,
+            WritePath::Log(_) => None,
         }
     }
 

@@ -118,7 +118,6 @@ impl CacheVolume {
         match &self.path {
             WritePath::Through(t) => t.serve_hits_from(queue, base + data),
             WritePath::Log(l) => l.serve_writes_from(queue, base),
-            WritePath::Back(_) => false,
         }
     }
 
@@ -127,7 +126,6 @@ impl CacheVolume {
         match &self.path {
             WritePath::Through(t) => t.hit_queue(),
             WritePath::Log(l) => l.queue(),
-            WritePath::Back(_) => None,
         }
     }
 

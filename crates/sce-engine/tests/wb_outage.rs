@@ -1,4 +1,4 @@
-//! The write-back cleaner when things fail (issue 27): under a source outage its backoff
+//! The write-back cleaner when things fail (issue 27; through the log since issue 45): under a source outage its backoff
 //! holds (writes waiting for room do not cut it short), so it fails a few cleanings per
 //! second, not thousands; and a dirty page whose cache copy fails its checksum is lost
 //! alone, the other pages of its run reaching the source.
@@ -36,7 +36,7 @@ fn a_source_outage_costs_a_few_failed_cleanings_per_second() {
     let source_mem = random_source(size, 21);
     let source = Arc::new(FaultDevice::new(source_mem.clone()));
     source.control().fail_range(&[Op::Write], 0..u64::MAX);
-    let cache = Arc::new(MemDevice::new(2 * MIB));
+    let cache = Arc::new(MemDevice::new(4 * MIB));
     let cfg = config(Duration::from_millis(100), Duration::from_millis(300));
     let vol = Arc::new(CacheVolume::open(source.clone(), cache, cfg).expect("open"));
     let stop = Arc::new(AtomicBool::new(false));
@@ -104,7 +104,7 @@ fn a_source_outage_costs_a_few_failed_cleanings_per_second() {
 fn a_damaged_dirty_page_is_lost_alone_and_the_rest_of_its_run_is_cleaned() {
     let source = random_source(4 * MIB, 22);
     let original = read(&*source, 0, 4 * MIB);
-    let cache = Arc::new(MemDevice::new(2 * MIB));
+    let cache = Arc::new(MemDevice::new(4 * MIB));
     let cfg = config(Duration::from_secs(3600), Duration::from_secs(5));
     let vol = CacheVolume::open(source.clone(), cache.clone(), cfg).expect("open");
     let (base, n, bad) = (MIB, 16u64, 5u64);

@@ -314,7 +314,6 @@ pub(crate) fn build_cached<'a>(
     }
     admission_options(spec)?.apply(&mut core, cache.size());
     let persistent = persist.is_some();
-    let writeback = core.write_mode == sce_core::WriteMode::WriteBack;
     tracing::debug!(
         target: LOG_TARGET,
         export = %n,
@@ -333,16 +332,6 @@ pub(crate) fn build_cached<'a>(
     };
     let volume = Arc::new(open(cache, engine).with_context(|| format!("export {n:?}"))?);
     log_loaded(n, &volume, persistent);
-    if writeback && volume.writeback_log_counts().is_none() {
-        tracing::warn!(
-            target: LOG_TARGET,
-            export = %n,
-            "write-back without a write-back log: the cache device was formatted without one, \
-             so dirty pages live in the read slots and each write waits for a journal entry and \
-             a cache flush first. To give it one: `sce ctl flush --to-source`, then restart with \
-             --reformat (and --writeback-log auto or a size)"
-        );
-    }
     // Hits are read through an I/O queue on the cache device (io_uring), started by the
     // connection's reader; the volume's data starts after the volatile header when it
     // does not persist.

@@ -19,14 +19,7 @@ impl LogSize {
     /// absorb the dirty data written between cleanings (the cleaner drains it as fast as
     /// the source takes writes), so a larger one mostly takes room from the read slots.
     pub fn auto_bytes(device: u64) -> u64 {
-        const MIB: u64 = 1 << 20;
-        let l = (device / 16).max((16 * MIB).min(device / 4)).min(4 << 30);
-        let l = l / MIB * MIB;
-        if l < MIB {
-            0
-        } else {
-            l
-        }
+        sce_store::wblog::auto_log_bytes(device)
     }
 
     /// The bytes of log to format a device of `device` bytes with.

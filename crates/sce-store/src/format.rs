@@ -20,6 +20,27 @@ pub struct FormatOptions {
     pub log_bytes: u64,
 }
 
+/// Formats `dev` over the superblock `old` found on it. Both copies of `old` are first
+/// written again with every volume's generation bumped, so that a crash inside the format
+/// (which clears the intent bitmap before it writes the new superblock) never leaves a
+/// superblock whose records a load would trust without their intents: what survives is the
+/// new superblock or one under which every record is stale.
+pub fn reformat(
+    dev: &dyn BlockDevice,
+    old: &Superblock,
+    opts: &FormatOptions,
+) -> Result<Superblock, StoreError> {
+    let mut sb = old.clone();
+    for v in &mut sb.volumes {
+        v.generation += 1;
+    }
+    for _ in 0..2 {
+        sb.seq += 1;
+        write_superblock(dev, &sb)?;
+    }
+    format(dev, opts)
+}
+
 /// Formats `dev`: a new UUID, a fresh superblock (both copies), an empty intent bitmap.
 /// Old metadata units and journal blocks are not erased: they carry the old UUID and are
 /// rejected as foreign.

@@ -18,7 +18,7 @@
 mod crcs;
 mod format;
 pub use crcs::{image_crcs, read_unit_crcs, CrcTable, UnitCrcs};
-pub use format::{format, FormatOptions};
+pub use format::{format, reformat, FormatOptions};
 pub mod journal;
 pub mod layout;
 mod load;

@@ -40,8 +40,8 @@ pub struct FormatArgs {
     pub discard_dirty: Vec<String>,
     /// Give the device a write-back log of this size, for `--mode writeback` and live
     /// switches into it (auto: a sixteenth of the device, 16MiB to 4GiB, as `sce serve`
-    /// gives a cache it formats; 0: none: `--mode writeback` then keeps dirty pages in the
-    /// slots, with a warning, and a live switch into write-back is refused).
+    /// gives a cache it formats; 0: none: write-back on it then formats it afresh with an
+    /// auto log, its read cache cold).
     #[arg(long, default_value = "auto", value_name = "auto|SIZE")]
     pub writeback_log: sce_server::config::LogSize,
     /// Print JSON.

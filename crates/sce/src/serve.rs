@@ -214,12 +214,12 @@ pub struct ServeArgs {
     /// How much of a cache device to give a write-back log when sce formats it: auto (a
     /// sixteenth of the device, 16MiB to 4GiB, in every mode, so that `sce ctl set mode
     /// writeback` can switch a write-through export live), a size (at least 1MiB), or 0
-    /// (none). `--mode writeback` on a device
-    /// with a log writes each write once to the log and makes it durable at FLUSH or FUA (one
-    /// commit and one cache flush), and dirty data takes no read slot; on a device formatted
-    /// without one, dirty pages live in the slots and each write waits for its journal entry
-    /// and a flush first (a warning says so at start). Only a format (a new cache, or
-    /// --reformat) takes it.
+    /// (none; write-back still gets auto). `--mode writeback` writes each write once to the
+    /// log and makes it durable at FLUSH or FUA (one commit and one cache flush). A device
+    /// without a log (formatted by an sce before issue 45, or with 0) is formatted afresh
+    /// with one when write-back starts on it, its read cache cold; any dirty pages an older
+    /// sce left in its read slots are written to the source first. Otherwise only a format
+    /// (a new cache, or --reformat) takes it.
     #[arg(
         help_heading = "Persistence and failures",
         long,

@@ -1,8 +1,10 @@
-//! Issue 44's upgrade in place: a cache device written by the sce before it (format 7, a
+//! Upgrades in place. Issue 44's: a cache device written by the sce before it (format 7, a
 //! commit record's copies side by side; `tests/data/README.md` says how it was made) with
 //! flushed dirty data in its write-back log, found after a crash, opens under this build:
 //! every page reads as it was written, `flush --to-source` writes them all back, and once
-//! the log holds nothing a restart gives it its mirror area (format 8).
+//! the log holds nothing a restart gives it its mirror area (format 8). Issue 45's: a cache
+//! device whose write-back kept dirty pages in its read slots (format 5, no log; made by
+//! be0c79c) drains them to the source at start and is formatted afresh with a log.
 
 mod common;
 
@@ -47,18 +49,7 @@ fn check_json(cache: &Path) -> serde_json::Value {
 #[test]
 fn a_format_7_device_with_flushed_dirty_data_opens_reads_and_drains() {
     let d = tempfile::tempdir().unwrap();
-    let cache = d.path().join("cache.img");
-    let src = d.path().join("src.img");
-    let gz = std::fs::File::open(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/log-format7-1cb482d.cache.gz"),
-    )
-    .unwrap();
-    let mut img = Vec::new();
-    flate2::read::GzDecoder::new(gz)
-        .read_to_end(&mut img)
-        .unwrap();
-    std::fs::write(&cache, &img).unwrap();
-    common::sized_file(&src, 16 << 20);
+    let (cache, src) = fixture("log-format7-1cb482d.cache.gz", d.path());
     let before = check_json(&cache);
     assert_eq!(before["superblock"]["version"], 7, "{before}");
     let sock = d.path().join("s.sock");
@@ -115,4 +106,116 @@ fn a_format_7_device_with_flushed_dirty_data_opens_reads_and_drains() {
         after["superblock"]["log"]["mirror_blocks"].as_u64() > Some(0),
         "{after}"
     );
+}
+
+/// The pages of the slots fixture (`tests/data/README.md`), as they should read: pages 0-63
+/// (even ones rewritten), then page 100 with 512 bytes written at 512.
+fn slots_expected() -> Vec<(u64, Vec<u8>)> {
+    let mut out: Vec<(u64, Vec<u8>)> = (0..64u64)
+        .map(|p| {
+            let b = if p % 2 == 0 {
+                0x80 + p / 2
+            } else {
+                0x10 + p / 8
+            };
+            (p, vec![b as u8; PAGE as usize])
+        })
+        .collect();
+    let mut partial = vec![0u8; PAGE as usize];
+    partial[512..1024].fill(0x77);
+    out.push((100, partial));
+    out
+}
+
+/// The fixture `name` (`tests/data`) unpacked into `dir`, with a blank 16 MiB source:
+/// (cache, source).
+fn fixture(name: &str, dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (cache, src) = (dir.join("cache.img"), dir.join("src.img"));
+    let gz = std::fs::File::open(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data")
+            .join(name),
+    )
+    .unwrap();
+    let mut img = Vec::new();
+    flate2::read::GzDecoder::new(gz)
+        .read_to_end(&mut img)
+        .unwrap();
+    std::fs::write(&cache, &img).unwrap();
+    common::sized_file(&src, 16 << 20);
+    (cache, src)
+}
+
+/// The source's bytes hold every page of `slots_expected`.
+fn assert_on_source(src: &Path, what: &str) {
+    let on_source = std::fs::read(src).unwrap();
+    for (p, want) in slots_expected() {
+        let at = (p * PAGE) as usize;
+        assert!(
+            on_source[at..at + PAGE as usize] == want[..],
+            "page {p} on the source {what}"
+        );
+    }
+}
+
+#[test]
+fn a_device_with_dirty_data_in_its_slots_drains_at_start_and_gets_a_log() {
+    for mode in ["writeback", "writethrough"] {
+        let d = tempfile::tempdir().unwrap();
+        let (cache, src) = fixture("slots-format5-be0c79c.cache.gz", d.path());
+        let before = check_json(&cache);
+        assert_eq!(before["superblock"]["version"], 5, "{before}");
+        assert!(before["superblock"]["log"].is_null(), "{before}");
+        assert_eq!(before["volumes"][0][1]["pages_dirty"], 65, "{before}");
+        assert!(std::fs::read(&src).unwrap().iter().all(|&b| b == 0));
+        let sock = d.path().join("s.sock");
+        let st = d.path().join("st");
+        let args = [
+            "--source",
+            src.to_str().unwrap(),
+            "--source-name",
+            "/tmp/upg/src.img",
+            "--cache",
+            cache.to_str().unwrap(),
+            "--mode",
+            mode,
+            "--state-dir",
+            st.to_str().unwrap(),
+            "--allow-buffered",
+        ];
+        let server = Server::start(&args, &sock);
+        // Drained before anything was served: the source holds every dirty page.
+        assert_on_source(&src, &format!("once {mode} serves"));
+        let client = unix_client(&sock, 1);
+        let mut b = vec![0u8; PAGE as usize];
+        for (p, want) in slots_expected() {
+            client.read_at(p * PAGE, &mut b).unwrap();
+            assert!(b == want, "page {p} after the upgrade in {mode}");
+        }
+        drop(client);
+        let (ok, out) = ctl(&sock, &["status", "--json"]);
+        assert!(ok, "{out}");
+        assert!(server.term().success());
+        let after = check_json(&cache);
+        assert_eq!(after["superblock"]["version"], 8, "{after}");
+        assert!(
+            after["superblock"]["log"]["blocks"].as_u64() > Some(0),
+            "{mode}: {after}"
+        );
+        assert_eq!(after["volumes"][0][1]["pages_dirty"], 0, "{after}");
+        // A second start finds nothing to drain and keeps the layout.
+        let server = Server::start(&args, &sock);
+        let client = unix_client(&sock, 1);
+        for (p, want) in slots_expected() {
+            client.read_at(p * PAGE, &mut b).unwrap();
+            assert!(b == want, "page {p} after a second start in {mode}");
+        }
+        drop(client);
+        assert!(server.term().success());
+        assert_eq!(
+            check_json(&cache)["superblock"]["uuid"],
+            after["superblock"]["uuid"],
+            "{mode}: a second start formatted the device again"
+        );
+    }
 }

@@ -183,10 +183,11 @@ fn a_drain_whose_client_goes_away_stops_and_the_mode_stays() {
 }
 
 /// `sce ctl set "" mode writeback` on a cache formatted without a log (`--writeback-log
-/// 0`) is refused, naming the commands that give the device a log (the main before went
-/// to the slot path, whose torn overwrites lose flushed pages at a power cut).
+/// 0`, or by an sce before issue 45) switches, and the reopen gives the device a log,
+/// formatted afresh (before issue 45 it was refused; before that it went to the slot path,
+/// whose torn overwrites lost flushed pages at a power cut).
 #[test]
-fn a_live_switch_into_write_back_without_a_log_is_refused() {
+fn a_live_switch_into_write_back_without_a_log_gives_the_device_one() {
     let d = tempfile::tempdir().unwrap();
     let src = d.path().join("src");
     sized_file(&src, 32 * MIB);
@@ -205,15 +206,34 @@ fn a_live_switch_into_write_back_without_a_log_is_refused() {
         d.path().to_str().unwrap(),
         "--allow-buffered",
     ];
-    let _s = Server::start(&args, &sock);
+    let s = Server::start(&args, &sock);
+    let c = unix_client(&sock, 1);
+    c.write_at(0, &vec![0x3cu8; 64 * 1024]).unwrap();
+    c.flush().unwrap();
+    drop(c);
     let (ok, out) = ctl(&sock, &["set", "", "mode", "writeback"]);
-    assert!(!ok, "switched into write-back without a log: {out}");
-    assert!(
-        out.contains("no write-back log") && out.contains("--writeback-log"),
-        "{out}"
-    );
+    assert!(ok, "not switched: {out}");
     let (_, st) = ctl(&sock, &["status"]);
-    assert!(st.contains("writethrough"), "{st}");
+    assert!(st.contains("writeback"), "{st}");
+    // Through the log: the write is dirty in it, and reads back.
+    let c = unix_client(&sock, 1);
+    c.write_at(64 * 1024, &vec![0x3du8; 64 * 1024]).unwrap();
+    c.flush().unwrap();
+    let mut b = vec![0u8; 128 * 1024];
+    c.read_at(0, &mut b).unwrap();
+    assert!(b[..65536].iter().all(|&x| x == 0x3c) && b[65536..].iter().all(|&x| x == 0x3d));
+    drop(c);
+    assert!(
+        s.log().contains("formatted afresh with a write-back log"),
+        "{}",
+        s.log()
+    );
+    let st = s.export_stats();
+    assert!(
+        st["writeback_log_commits"].as_u64() > Some(0),
+        "not through the log: {st}"
+    );
+    assert!(s.term().success());
 }
 
 /// Issue 45, as a new user reaches write-back: a cache `sce serve` formats with its

@@ -7,8 +7,8 @@
 //! failed wait for their own backoff).
 
 use super::commit::AUTOCOMMIT;
+use super::outage;
 use super::LogBack;
-use crate::back::outage;
 use crate::engine::Engine;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};

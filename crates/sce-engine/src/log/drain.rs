@@ -253,7 +253,7 @@ impl LogBack {
     pub(crate) fn discard(&self, e: &Engine, offset: u64, len: u64) -> Result<(), IoError> {
         self.last_request.store(e.cores.now().0, Relaxed);
         if e.health.passthrough() {
-            return Err(crate::back::cache_failed(offset, len));
+            return Err(crate::log::cache_failed(offset, len));
         }
         let ps = PAGE_SIZE;
         let end = offset + len;

@@ -34,18 +34,21 @@ mod clean;
 mod commit;
 mod drain;
 mod open;
+pub(crate) mod outage;
 mod prefetch;
 mod queued;
 mod read;
 mod room;
 mod seq;
 mod state;
+mod stats;
 mod write;
 
 pub use drain::{DrainControl, DrainDone};
 pub(crate) use open::open_log;
+pub(crate) use stats::cache_failed;
+pub use stats::WriteBackStats;
 
-use crate::back::WriteBackStats;
 use crate::engine::Engine;
 use crate::progress::Progress;
 use crate::ranges::RangeLock;
@@ -131,7 +134,7 @@ pub(crate) struct LogBack {
     seq: seq::Bypass,
     bypassed: AtomicU64,
     /// The current source outage, for rate-limited logs (as `back/`'s cleaners).
-    outage: crate::back::outage::OutageLog,
+    outage: outage::OutageLog,
     wait_limit: Duration,
     idle: Duration,
 }

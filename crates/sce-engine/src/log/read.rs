@@ -37,11 +37,7 @@ impl LogBack {
                 .then(|| (p0..p1).find(|p| st.lost.contains(p)))
                 .flatten();
             if let Some(p) = lost {
-                return Err(IoError::Failed(format!(
-                    "write-back data at offset {} was found damaged in the log (its only \
-                     copy): it reads as an error until it is written again",
-                    p * ps
-                )));
+                return Err(lost_error(p));
             }
             if st.index.is_empty() {
                 Vec::new()
@@ -101,7 +97,16 @@ impl LogBack {
                     p * PAGE_SIZE
                 )),
             };
-            match self.st.lock().index.get(&p).copied() {
+            let now = {
+                let st = self.st.lock();
+                // Gone from the index because the cleaner found this very version damaged
+                // (it is lost now), not because it was cleaned: never the source's bytes.
+                if st.lost.contains(&p) {
+                    return Err(lost_error(p));
+                }
+                st.index.get(&p).copied()
+            };
+            match now {
                 Some(now) if now != d => {
                     d = now;
                     continue;
@@ -118,4 +123,13 @@ impl LogBack {
             return Err(err);
         }
     }
+}
+
+/// The error a read of page `p` gets once its only copy was found damaged.
+fn lost_error(p: u64) -> IoError {
+    IoError::Failed(format!(
+        "write-back data at offset {} was found damaged in the log (its only copy): it reads \
+         as an error until it is written again",
+        p * PAGE_SIZE
+    ))
 }

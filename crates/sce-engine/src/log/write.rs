@@ -23,7 +23,7 @@ impl LogBack {
     pub(crate) fn write(&self, e: &Engine, offset: u64, data: &[u8]) -> Result<(), IoError> {
         self.last_request.store(e.cores.now().0, Relaxed);
         if e.health.passthrough() {
-            return Err(crate::back::cache_failed(offset, data.len() as u64));
+            return Err(crate::log::cache_failed(offset, data.len() as u64));
         }
         let ps = PAGE_SIZE;
         let end = offset + data.len() as u64;
@@ -208,7 +208,7 @@ impl LogBack {
             }
             if e.health.passthrough() {
                 // The cache device failed meanwhile: nothing will make room.
-                return Err(crate::back::cache_failed(g0 * PAGE_SIZE, n * PAGE_SIZE));
+                return Err(crate::log::cache_failed(g0 * PAGE_SIZE, n * PAGE_SIZE));
             }
             if started.elapsed() > self.wait_limit {
                 return Err(IoError::NoRoom(format!(

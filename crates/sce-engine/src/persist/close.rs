@@ -11,10 +11,7 @@ impl Persist {
     /// True if every intent is clear and nothing is queued.
     pub(super) fn settled(&self) -> bool {
         let st = self.st.lock();
-        st.redo.is_empty()
-            && st.units.is_empty()
-            && st.intents.iter().all(|&w| w == 0)
-            && st.wb_quiet()
+        st.redo.is_empty() && st.units.is_empty() && st.intents.iter().all(|&w| w == 0)
     }
 
     /// Clean shutdown (nothing in flight): writes every record, clears every intent and marks

@@ -39,8 +39,6 @@ pub(super) struct State {
     pub(super) set_version: Vec<u32>,
     /// The write journal's blocks in memory.
     pub(super) journal: Journal,
-    /// Write-back's claims on the journal and holds on slots.
-    pub(super) wb: super::wb::Wb,
 }
 
 impl State {

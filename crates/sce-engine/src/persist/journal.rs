@@ -86,29 +86,10 @@ impl Journal {
         Some(Ticket::Journal(self.open_seq))
     }
 
-    /// True if `n` more entries fit in the ring (write-back writes, which cannot fall back to
-    /// an intent, check before they append).
-    pub(super) fn room_for(&self, n: usize) -> bool {
-        let free = ENTRIES_PER_BLOCK - self.open.len();
-        let extra = n.saturating_sub(free).div_ceil(ENTRIES_PER_BLOCK) as u64;
-        self.open_seq + extra < self.tail + self.ring
-    }
-
-    /// Keeps the blocks from `tail` on needed (a start that restored dirty pages from them
-    /// keeps them until a round has written records that claim those pages).
-    pub(super) fn keep_from(&mut self, tail: u64) {
-        self.tail = self.tail.min(tail);
-    }
-
     /// True once half the ring is taken: a flush round should run now rather than at its
     /// interval, to free blocks before writes fall back to intents.
     pub(super) fn half_full(&self) -> bool {
         self.open_seq - self.tail >= self.ring.div_ceil(2)
-    }
-
-    /// Every block below this one is durable (or was never needed).
-    pub(super) fn durable_end(&self) -> u64 {
-        self.durable
     }
 
     /// True if block `seq` is durable.
@@ -184,12 +165,6 @@ impl Persist {
     /// caller should wake a thread to run a flush round early (`take_round_wanted`).
     pub(crate) fn round_wanted(&self) -> bool {
         self.round_wanted.load(Relaxed)
-    }
-
-    /// Asks for a flush round soon (write-back: cleaned slots are released, and journal
-    /// blocks freed, only by a round).
-    pub(crate) fn want_round(&self) {
-        self.round_wanted.store(true, Relaxed);
     }
 
     /// Clears and returns `round_wanted`.

@@ -44,11 +44,9 @@ mod refuse;
 pub(crate) use refuse::log_dropped;
 mod round;
 mod vols;
-mod wb;
 
 pub use vols::OpenVolume;
 use vols::PVol;
-pub(crate) use wb::{WbGuard, WbPage};
 
 use intents::State;
 use parking_lot::Mutex;
@@ -109,8 +107,9 @@ pub struct PersistConfig {
     /// Without it such a start is refused.
     pub discard_dirty: Vec<String>,
     /// Bytes of the device to give a write-back log when this start formats it (format 6;
-    /// 0: none). A device with a log serves write-back through it (issue 29,
-    /// docs/WRITEBACK.md); one without serves it in the slots.
+    /// 0: none, or in write-back, which needs one, the default size:
+    /// [`sce_store::wblog::auto_log_bytes`]). Write-back is served through the log (issue
+    /// 29, docs/WRITEBACK.md); a device without one is given one at a write-back start.
     pub writeback_log: u64,
     /// Metadata units whose page checksums stay in memory (0: the default, one in 32 of
     /// the device's units; `crcs.rs`): the rest are read from the records when used.
@@ -136,6 +135,20 @@ impl PersistConfig {
             discard_dirty: Vec::new(),
             writeback_log: 0,
             checksum_units: 0,
+        }
+    }
+}
+
+impl PersistConfig {
+    /// The bytes of write-back log a format gives a device of `device` bytes: the
+    /// configured size, or in write-back the default if that is 0 (on a device too small
+    /// for the default, of at least 2 MiB, the least log: 1 MiB).
+    pub(crate) fn log_bytes(&self, device: u64) -> u64 {
+        const MIB: u64 = 1 << 20;
+        match sce_store::wblog::auto_log_bytes(device) {
+            _ if !self.writeback || self.writeback_log > 0 => self.writeback_log,
+            0 if device >= 2 * MIB => MIB,
+            auto => auto,
         }
     }
 }

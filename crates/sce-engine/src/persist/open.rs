@@ -135,6 +135,18 @@ impl Persist {
         fragment_size: u64,
         vols: &[OpenVolume],
     ) -> Result<Opened, StoreError> {
+        Self::open_laid_out(dev, cfg, fragment_size, vols, false)
+    }
+
+    /// [`Persist::open`], formatting a usable device afresh if `relayout` (its slots' dirty
+    /// data was drained to the source, or write-back needs a log it lacks: `crate::slots`).
+    pub(crate) fn open_laid_out(
+        dev: Arc<dyn BlockDevice>,
+        cfg: PersistConfig,
+        fragment_size: u64,
+        vols: &[OpenVolume],
+        relayout: bool,
+    ) -> Result<Opened, StoreError> {
         let started = std::time::Instant::now();
         let identities: Vec<Option<String>> = vols
             .iter()
@@ -145,7 +157,8 @@ impl Persist {
             [0; sce_store::superblock::IDENTITY_BYTES],
             sce_store::identity_hash,
         );
-        let (mut sb, formatted_now) = Self::superblock(&dev, &cfg, fragment_size, &wanted, first)?;
+        let (mut sb, formatted_now) =
+            Self::superblock(&dev, &cfg, (fragment_size, relayout), &wanted, first)?;
         let given_up = if formatted_now {
             Vec::new()
         } else {
@@ -212,7 +225,7 @@ impl Persist {
     fn superblock(
         dev: &Arc<dyn BlockDevice>,
         cfg: &PersistConfig,
-        fragment_size: u64,
+        (fragment_size, relayout): (u64, bool),
         wanted: &[(String, u64)],
         identity_hash: [u8; sce_store::superblock::IDENTITY_BYTES],
     ) -> Result<(Superblock, bool), StoreError> {
@@ -228,7 +241,7 @@ impl Persist {
                 writeback: false,
             },
             size: None,
-            log_bytes: cfg.writeback_log,
+            log_bytes: cfg.log_bytes(dev.size()),
         };
         let fmt = |dev: &dyn BlockDevice| sce_store::format(dev, &opts);
         // The device must already hold one of the volumes (a device of other sources is
@@ -240,13 +253,16 @@ impl Persist {
                 let usable = sb.state != sce_store::DeviceState::Failed
                     && sb.layout.fragment_size == fragment_size
                     && fits(&sb).is_ok();
-                if usable {
+                if usable && relayout {
+                    formatted_now = true;
+                    sce_store::reformat(&**dev, &sb, &opts)?
+                } else if usable {
                     sb
                 } else if cfg.reformat {
                     let dirt = sce_store::dirty_by_volume(&**dev, &sb, |_| true)?;
                     dropping_dirty(&dirt, cfg, "--reformat")?;
                     formatted_now = true;
-                    fmt(&**dev)?
+                    sce_store::reformat(&**dev, &sb, &opts)?
                 } else if sb.state == sce_store::DeviceState::Failed {
                     return Err(StoreError::Failed);
                 } else if sb.layout.fragment_size != fragment_size {
@@ -280,7 +296,7 @@ impl Persist {
                 dropping_dirty(&dirt, cfg, "--reformat")?;
                 let _ = std::fs::remove_file(&m);
                 formatted_now = true;
-                sb = fmt(&**dev)?;
+                sb = sce_store::reformat(&**dev, &sb, &opts)?;
             }
         }
         Ok((sb, formatted_now))
@@ -439,7 +455,6 @@ impl State {
             units: loaded.rewrite_units.iter().copied().collect(),
             scrub: false,
             journal,
-            wb: super::wb::Wb::default(),
         }
     }
 }

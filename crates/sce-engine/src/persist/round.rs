@@ -82,12 +82,7 @@ impl Persist {
         // Slots read while write-warm since the last round keep their intents.
         let read: Vec<u64> = self.read_touch.iter().map(|w| w.swap(0, Relaxed)).collect();
         // The journal blocks this round's records will cover: noted before the snapshot.
-        // A write-back write in flight now may be snapshotted with its pages as they were:
-        // its entries stay needed (the round's records do not cover them).
-        let covered = {
-            let st = self.st.lock();
-            st.wb.held_from(st.journal.covered())
-        };
+        let covered = self.st.lock().journal.covered();
         // 1. Snapshot under the core shards' locks.
         let (snap, unread) = self.snapshot(cores, crcs, (&record, covered), force, &read);
         let Some((images, clear)) = snap else {
@@ -96,11 +91,7 @@ impl Persist {
             }
             // Nothing changed since the last round, whose records are durable (a failed
             // unit would have been queued again): they cover the journal up to here.
-            let errors = self.journal_covered(covered, 0);
-            if errors == 0 {
-                self.release_holds(cores);
-            }
-            return errors;
+            return self.journal_covered(covered, 0);
         };
         // 2. Make the data the records vouch for durable.
         if let Err(errors) = self.data_durable(dev, &images) {
@@ -111,7 +102,7 @@ impl Persist {
         let ok_units = self.write_units(&images);
         // 5. Forget claims the device no longer holds; clear intents that stayed quiet. The
         // checksums the durable images hold may leave memory.
-        let (mut errors, blocks) = self.settle(&images, &ok_units, clear, covered);
+        let (mut errors, blocks) = self.settle(&images, &ok_units, clear);
         self.checksums_written(crcs, &images, &ok_units, &record.uuid);
         if !blocks.is_empty() {
             let _io = self.intent_io.lock();
@@ -123,12 +114,7 @@ impl Persist {
         // Units left unwritten (counted already) keep the journal's tail where it is.
         errors += unread;
         // 6. Every record taken since `covered` was noted is durable: move the journal's tail.
-        let errors = self.journal_covered(covered, errors);
-        // 7. Slots whose dirty claims are gone from the device may be reused.
-        if errors == 0 {
-            self.release_holds(cores);
-        }
-        errors
+        self.journal_covered(covered, errors)
     }
 
     /// Step 2 of a round: the data the records `images` vouch for made durable, first on
@@ -196,8 +182,7 @@ impl Persist {
         if errors > 0 {
             return errors;
         }
-        let tail = self.st.lock().wb.tail(covered);
-        match self.advance_journal(tail) {
+        match self.advance_journal(covered) {
             Ok(()) => 0,
             Err(_) => {
                 self.counters.metadata_errors.fetch_add(1, Relaxed);
@@ -417,11 +402,6 @@ impl Persist {
             let claimed = st.claims.claim(s, x.0);
             debug_assert!(claimed, "checked above");
         }
-        st.wb.snapshot(
-            s,
-            ok.is_some() && dirty.is_some(),
-            claim.is_some() && ok.is_none(),
-        );
         ok.is_some()
     }
 
@@ -493,13 +473,7 @@ impl Persist {
     /// Step 5, under the state lock: forgets the claims the device no longer holds, queues
     /// the units that failed (and a scrub), and clears the intents that stayed quiet through
     /// the round. Returns the errors and the intent blocks to write.
-    fn settle(
-        &self,
-        images: &[UnitImage],
-        ok_units: &[bool],
-        clear: Quiet,
-        covered: u64,
-    ) -> (u64, Vec<u32>) {
+    fn settle(&self, images: &[UnitImage], ok_units: &[bool], clear: Quiet) -> (u64, Vec<u32>) {
         let l = self.layout;
         let mut errors = 0;
         let mut blocks = Vec::new();
@@ -514,9 +488,6 @@ impl Persist {
                 continue;
             }
             for &(s, claimed) in slots {
-                if st.wb.settled(s, claimed, covered) {
-                    st.redo.push(s);
-                }
                 if !claimed {
                     st.claims.clear(s);
                 }

@@ -92,7 +92,7 @@ impl Attachable {
         }
         let next = t.applied_to(&cur);
         next.validate().map_err(|e| anyhow!("{e}"))?;
-        self.may_cross(&v, &cur, &next)?;
+        self.may_cross(&v, &next)?;
         let mut drained = super::DrainDone::default();
         if is_wb(cur.write_mode) {
             let dirty = v
@@ -122,8 +122,10 @@ impl Attachable {
     }
 
     /// Why the volume may not enter or leave write-back now (a shared device, a failed one,
-    /// no persistence or no log to enter with, lost pages to leave with), if it may not.
-    fn may_cross(&self, v: &CacheVolume, cur: &CoreConfig, next: &CoreConfig) -> Result<()> {
+    /// no persistence to enter with, lost pages to leave with), if it may not. A device
+    /// without a write-back log (formatted by an sce before issue 45) is given one by the
+    /// reopen into write-back, formatted afresh (its read cache starts cold).
+    fn may_cross(&self, v: &CacheVolume, next: &CoreConfig) -> Result<()> {
         if let Some(p) = &self.part {
             bail!(
                 "the cache device is shared with {:?}: write-back is entered or left for the \
@@ -139,20 +141,6 @@ impl Attachable {
         }
         if is_wb(next.write_mode) && v.persist_stats().is_none() {
             bail!("writeback needs a persistent cache (this one runs with --no-persist)");
-        }
-        if is_wb(next.write_mode) && !v.has_writeback_log() {
-            let cache = self.cache_path().unwrap_or_default();
-            bail!(
-                "the cache device {} has no write-back log (it was formatted for {}): \
-                 write-back needs one, and only a format gives it one. Restart the export \
-                 with `sce serve ... --mode writeback --reformat --writeback-log auto` (a \
-                 sixteenth of the device, or a size), or `sce ctl detach`, `sce format \
-                 --writeback-log 256MiB --force {}`, `sce ctl attach` and set the mode again; \
-                 the cache starts cold either way",
-                cache.display(),
-                cur.write_mode,
-                cache.display()
-            );
         }
         let lost = v.writeback_stats().map_or(0, |s| s.lost_bytes);
         if lost > 0 {
@@ -311,22 +299,6 @@ impl Attachable {
                 r => break r?,
             }
         };
-        if settings.is_some_and(|s| is_wb(s.write_mode))
-            && !is_wb(crate::export::core_of(spec)?.write_mode)
-            && !v.has_writeback_log()
-        {
-            // Write-back set while detached, on a device formatted without a log: refused
-            // as a live `set` is (the slot path it would open is slower than no cache).
-            let _ = self.close(v);
-            bail!(
-                "the cache device {} has no write-back log, and writeback was set while the \
-                 export was detached: write-back needs a log, and only a format gives it one \
-                 (`sce format --writeback-log 256MiB --force {}`), or set another mode and \
-                 attach again",
-                path.display(),
-                path.display()
-            );
-        }
         if let Some(s) = settings {
             v.retune(&Retune::all_of(s)).map_err(|e| anyhow!("{e}"))?;
         }

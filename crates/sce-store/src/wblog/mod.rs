@@ -66,6 +66,20 @@ pub const MIN_LOG_BLOCKS: u64 = 8 * COMMIT_SLACK;
 /// Blocks replay reads per device read (1 MiB).
 pub const REPLAY_CHUNK: u64 = 256;
 
+/// The log a device of `device` bytes gets by default (`--writeback-log auto`, and any
+/// format for write-back): a sixteenth of it, at least 16 MiB (but at most a quarter of a
+/// small device), at most 4 GiB, in whole MiB; none if that is under 1 MiB.
+pub fn auto_log_bytes(device: u64) -> u64 {
+    const MIB: u64 = 1 << 20;
+    let l = (device / 16).max((16 * MIB).min(device / 4)).min(4 << 30);
+    let l = l / MIB * MIB;
+    if l < MIB {
+        0
+    } else {
+        l
+    }
+}
+
 /// Where the log lives on the cache device: a ring of `blocks` blocks of 4 KiB from byte
 /// `offset`, and a mirror area of `mirror_blocks` slots (second copies of commit records)
 /// from byte `mirror_offset` (none if 0).
