@@ -263,6 +263,8 @@ pub struct CoreConfig {
     /// being valid already). Off when the driver keeps per-page checksums: it cannot compute
     /// the checksum of a page it holds only part of.
     pub revalidate_partial_pages: bool,
+    /// Write-back's cleaning: watermarks and rate (the server's write-back log).
+    pub writeback: crate::WritebackTuning,
 }
 
 impl Default for CoreConfig {
@@ -289,6 +291,7 @@ impl Default for CoreConfig {
             widen_to_pages: false,
             max_cache_writes: None,
             revalidate_partial_pages: true,
+            writeback: crate::WritebackTuning::default(),
         }
     }
 }
@@ -387,6 +390,7 @@ impl CoreConfig {
         if let Admission::NHit(0) = self.admission {
             return Err(ConfigError::new("admission", "nhit:K needs K >= 1".into()));
         }
+        self.writeback.validate()?;
         self.throttle.validate()
     }
 }

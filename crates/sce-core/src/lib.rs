@@ -26,6 +26,7 @@ pub mod slots;
 pub mod stats;
 pub mod throttle;
 pub mod units;
+pub mod wbtune;
 
 pub use addr::{CacheOffset, FragNo, Nanos, SlotNo, SourceOffset, PAGE_SIZE, SECTOR_SIZE};
 pub use cache::{
@@ -41,3 +42,4 @@ pub use sharded::{Globalize, OnShard, ShardedCore, ShardedRead};
 pub use shards::{shards_for, Piece, ShardMap, AUTO_CORE_SHARDS, MIN_SLOTS_PER_AUTO_SHARD};
 pub use stats::CoreStats;
 pub use throttle::ThrottleState;
+pub use wbtune::WritebackTuning;

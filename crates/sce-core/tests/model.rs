@@ -597,6 +597,7 @@ proptest! {
                         admission: (x & 0x10 != 0).then(|| admissions[(x as usize >> 2) % 4]),
                         sequential_cutoff: (x & 0x20 != 0).then_some(0),
                         population_rate: (x & 0x40 != 0).then_some((1 << 20, false)),
+                        ..Retune::default()
                     };
                     for c in &mut h.cores {
                         c.retune(&t).expect("a valid retune");

@@ -38,6 +38,7 @@ impl CacheVolume {
             part.write_mode = sce_core::WriteMode::WriteThrough;
             // Its large sequential writes go through to the source from the same cutoff.
             l.set_sequential_cutoff(next.sequential_cutoff);
+            l.set_tuning(&next.writeback);
         }
         let shard_tune = sce_core::Retune::all_of(&part);
         for k in 0..e.cores.count() {

@@ -267,6 +267,13 @@ pub struct ExportConfig {
     pub hot_window: Option<usize>,
     /// Bytes of AWT copies in flight before writes fall back to write-around.
     pub awt_budget: Option<String>,
+    /// Write-back: the share of the log in use from which the cleaner cleans in the
+    /// background ("25%" or 0.25).
+    pub writeback_low_watermark: Option<String>,
+    /// Write-back: the share of the log in use above which cleaning is urgent ("75%").
+    pub writeback_high_watermark: Option<String>,
+    /// Write-back: background cleaning's rate, SIZE per second or "unlimited".
+    pub writeback_rate: Option<String>,
     /// Algorithm 1: sleep of a population worker between cycles.
     pub period: Option<String>,
     /// Algorithm 1: populate only while this percentage of slots is free, unless

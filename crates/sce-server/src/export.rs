@@ -219,9 +219,27 @@ pub(crate) fn core_config(spec: &ExportConfig) -> Result<CoreConfig> {
     if let Some(e) = spec.evict_for_population {
         core.throttle.allow_eviction = e;
     }
+    writeback_tuning(spec, &mut core.writeback)?;
     admission_options(spec)?.apply(&mut core, 1 << 30);
     core.validate().map_err(|e| anyhow!("export {n:?}: {e}"))?;
     Ok(core)
+}
+
+/// An export's write-back cleaning settings, over the defaults.
+fn writeback_tuning(spec: &ExportConfig, t: &mut sce_core::WritebackTuning) -> Result<()> {
+    use sce_core::wbtune::{parse_rate, parse_share};
+    let n = &spec.name;
+    let bad = |k: &str, e: String| anyhow!("export {n:?}: {k}: {e}");
+    if let Some(s) = &spec.writeback_low_watermark {
+        t.low_watermark = parse_share(s).map_err(|e| bad("writeback_low_watermark", e))?;
+    }
+    if let Some(s) = &spec.writeback_high_watermark {
+        t.high_watermark = parse_share(s).map_err(|e| bad("writeback_high_watermark", e))?;
+    }
+    if let Some(s) = &spec.writeback_rate {
+        t.rate = parse_rate(s).map_err(|e| bad("writeback_rate", e))?;
+    }
+    Ok(())
 }
 
 /// The admission options of an export: the parsed ones it carries, or its text fields.

@@ -148,5 +148,9 @@ pub(crate) fn writeback_status(
         }
     }
     wb.insert("last_clean_error".into(), w.last_clean_error.into());
+    let t = v.config().writeback;
+    wb.insert("low_watermark".into(), t.low_watermark.into());
+    wb.insert("high_watermark".into(), t.high_watermark.into());
+    wb.insert("rate_bytes_per_second".into(), t.rate.into());
     m["writeback"] = wb.into();
 }

@@ -16,6 +16,7 @@ fn the_example_configuration_loads_and_checks() {
         if e.name == "lun0" {
             assert_eq!(core.fragment_size, 1 << 20);
             assert_eq!(core.write_mode.to_string(), "writethrough");
+            assert_eq!(core.writeback, sce_core::WritebackTuning::default());
         }
     }
 }

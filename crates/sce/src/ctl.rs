@@ -108,15 +108,17 @@ pub enum Verb {
     },
     /// Change a setting of a running export: mode (writethrough, writethrough-sync,
     /// writearound, passthrough, writeback), admission (sce, sce-paper, always, nhit:K),
-    /// seq-cutoff (SIZE, 0 for none) or population-rate (auto, auto:SIZE, SIZE,
-    /// unlimited). Settings stay across a detach and attach. Entering or leaving writeback
+    /// seq-cutoff (SIZE, 0 for none), population-rate (auto, auto:SIZE, SIZE, unlimited),
+    /// writeback-low-watermark and writeback-high-watermark (a share of the write-back log,
+    /// like 40%) or writeback-rate (SIZE per second, unlimited). Settings stay across a detach and attach. Entering or leaving writeback
     /// reopens the cache (requests wait a moment, it stays warm); leaving it writes the
     /// dirty data to the source first, with progress in the server's log. Example: sce ctl
     /// set "" mode writethrough --no-wait
     Set {
         /// The export ("" for the default one).
         export: String,
-        /// mode, admission, seq-cutoff or population-rate.
+        /// mode, admission, seq-cutoff, population-rate, writeback-low-watermark,
+        /// writeback-high-watermark or writeback-rate.
         key: String,
         /// The new value.
         value: String,
@@ -360,11 +362,23 @@ fn settings(v: &Value) -> String {
     } else {
         ""
     };
+    let pct = |k: &str| {
+        v[k].as_f64()
+            .map_or("?".into(), |x| format!("{:.0}%", x * 100.0))
+    };
+    let wb_rate = match v["writeback_rate_bytes_per_second"].as_u64() {
+        Some(0) => "unlimited".to_string(),
+        Some(n) => format!("{}/s", format_size(n)),
+        None => "?".into(),
+    };
     format!(
-        "mode {}, admission {}, seq-cutoff {}, population rate {rate}{adaptive}",
+        "mode {}, admission {}, seq-cutoff {}, population rate {rate}{adaptive}, write-back \
+         cleaning from {} (urgent above {}) at {wb_rate}",
         v["mode"].as_str().unwrap_or("?"),
         v["admission"].as_str().unwrap_or("?"),
         size(&v["sequential_cutoff_bytes"]),
+        pct("writeback_low_watermark"),
+        pct("writeback_high_watermark"),
     )
 }
 

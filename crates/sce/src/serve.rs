@@ -227,6 +227,21 @@ pub struct ServeArgs {
         value_name = "auto|SIZE"
     )]
     pub writeback_log: sce_server::config::LogSize,
+    /// Write-back: the cleaner cleans in the background once this share of the log is in
+    /// use (gently: 16 source writes in flight, a lower CPU priority, --writeback-rate), and
+    /// urgently above --writeback-high-watermark (64 in flight, no rate limit), or while
+    /// writers wait for room. `sce ctl set EXPORT writeback-low-watermark 40%` changes it
+    /// live. [default: 25%]
+    #[arg(help_heading = "Persistence and failures", long, value_name = "SHARE")]
+    pub writeback_low_watermark: Option<String>,
+    /// Write-back: the share of the log in use above which cleaning is urgent. [default: 75%]
+    #[arg(help_heading = "Persistence and failures", long, value_name = "SHARE")]
+    pub writeback_high_watermark: Option<String>,
+    /// Write-back: the most background cleaning writes to the source per second (SIZE, or
+    /// unlimited); urgent cleaning is never limited. Example: --writeback-rate 64MiB
+    /// [default: unlimited]
+    #[arg(help_heading = "Persistence and failures", long, value_name = "RATE")]
+    pub writeback_rate: Option<String>,
     /// NBD connections served at once; more are refused. Each costs two threads.
     #[arg(help_heading = "Limits", long, default_value_t = 256)]
     pub max_connections: usize,
@@ -356,6 +371,9 @@ impl ServeArgs {
             period: self.tuning.period.map(|d| format!("{}us", d.as_micros())),
             min_free_pcnt: self.tuning.min_free_pcnt,
             evict_for_population: self.tuning.no_evict_for_population.then_some(false),
+            writeback_low_watermark: self.writeback_low_watermark.clone(),
+            writeback_high_watermark: self.writeback_high_watermark.clone(),
+            writeback_rate: self.writeback_rate.clone(),
             ..ExportConfig::default()
         }))
     }

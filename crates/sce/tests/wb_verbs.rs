@@ -345,8 +345,13 @@ fn a_stop_keeps_dirty_data_in_the_log_without_draining_it() {
 
 /// `sce serve` of `source` in write-back, with an 8 MiB log, its cache and state in `d`.
 fn writeback_server(d: &Path, source: &str) -> Server {
+    writeback_server_with(d, source, &[])
+}
+
+/// `writeback_server` with `extra` arguments.
+fn writeback_server_with(d: &Path, source: &str, extra: &[&str]) -> Server {
     let cache = d.join("cache");
-    let args = [
+    let mut args = vec![
         "--source",
         source,
         "--cache",
@@ -361,6 +366,7 @@ fn writeback_server(d: &Path, source: &str) -> Server {
         d.to_str().unwrap(),
         "--allow-buffered",
     ];
+    args.extend_from_slice(extra);
     Server::start(&args, &d.join("s.sock"))
 }
 
@@ -510,4 +516,60 @@ fn check_says_a_log_device_with_damaged_units_starts() {
     }
     drop(c);
     drop(s);
+}
+
+/// Issue 45: the cleaner's watermarks and rate, from the command line and `sce ctl set`,
+/// shown by `status`; out-of-order or malformed values are refused and change nothing.
+#[test]
+fn the_cleaner_s_watermarks_and_rate_are_set_live_and_shown() {
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("src");
+    sized_file(&src, 32 * MIB);
+    let sock = d.path().join("s.sock");
+    let s = writeback_server_with(
+        d.path(),
+        src.to_str().unwrap(),
+        &["--writeback-rate", "16MiB"],
+    );
+    let wb = || {
+        let (ok, out) = ctl(&sock, &["status", "--json"]);
+        assert!(ok, "{out}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["exports"][0]["writeback"].clone()
+    };
+    let w = wb();
+    assert_eq!(w["rate_bytes_per_second"], 16 << 20, "{w}");
+    assert_eq!(w["low_watermark"], 0.25, "{w}");
+    assert_eq!(w["high_watermark"], 0.75, "{w}");
+    let (ok, out) = ctl(&sock, &["set", "", "writeback-low-watermark", "40%"]);
+    assert!(
+        ok && out.contains("cleaning from 40% (urgent above 75%)"),
+        "{out}"
+    );
+    let (ok, out) = ctl(&sock, &["set", "", "writeback-rate", "unlimited"]);
+    assert!(ok && out.contains("at unlimited"), "{out}");
+    let w = wb();
+    assert_eq!(
+        (
+            w["low_watermark"].as_f64(),
+            w["rate_bytes_per_second"].as_u64()
+        ),
+        (Some(0.4), Some(0)),
+        "{w}"
+    );
+    let (_, text) = ctl(&sock, &["status"]);
+    assert!(
+        text.contains("cleans from 40% of the log, urgently above 75%"),
+        "{text}"
+    );
+    for (key, value) in [
+        ("writeback-high-watermark", "30%"),
+        ("writeback-low-watermark", "half"),
+        ("writeback-rate", "fast"),
+    ] {
+        let (ok, out) = ctl(&sock, &["set", "", key, value]);
+        assert!(!ok, "{key} {value} was taken: {out}");
+    }
+    assert_eq!(wb()["high_watermark"], 0.75);
+    assert!(s.term().success());
 }

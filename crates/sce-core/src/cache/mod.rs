@@ -166,6 +166,13 @@ pub struct Retune {
     /// Admission `sce`: the population rate ceiling in bytes per second (0: unlimited), and
     /// whether it adapts.
     pub population_rate: Option<(u64, bool)>,
+    /// Write-back: the cleaner's low and high watermarks (shares of the log) and its
+    /// background rate in bytes per second (0: no limit).
+    pub writeback_low_watermark: Option<f64>,
+    /// See `writeback_low_watermark`.
+    pub writeback_high_watermark: Option<f64>,
+    /// See `writeback_low_watermark`.
+    pub writeback_rate: Option<u64>,
 }
 
 impl Retune {
@@ -177,6 +184,9 @@ impl Retune {
             admission: Some(cfg.admission),
             sequential_cutoff: Some(cfg.sequential_cutoff),
             population_rate: Some((cfg.population_rate, cfg.population_adaptive)),
+            writeback_low_watermark: Some(cfg.writeback.low_watermark),
+            writeback_high_watermark: Some(cfg.writeback.high_watermark),
+            writeback_rate: Some(cfg.writeback.rate),
         }
     }
 
@@ -195,6 +205,15 @@ impl Retune {
         if let Some((r, adaptive)) = self.population_rate {
             cfg.population_rate = r;
             cfg.population_adaptive = adaptive;
+        }
+        if let Some(w) = self.writeback_low_watermark {
+            cfg.writeback.low_watermark = w;
+        }
+        if let Some(w) = self.writeback_high_watermark {
+            cfg.writeback.high_watermark = w;
+        }
+        if let Some(r) = self.writeback_rate {
+            cfg.writeback.rate = r;
         }
         cfg
     }

@@ -30,8 +30,18 @@ pub(super) fn cleaner(e: &Engine, lb: &LogBack) {
             lb.nap(e, lb.seal_wait(Duration::from_millis(50)));
             continue;
         }
-        priority.set(lb.urgent());
+        let urgent = lb.urgent();
+        priority.set(urgent);
+        let t0 = Instant::now();
         let b = lb.clean_batch(e, None, &|| e.signals.shutting_down());
+        if !urgent && b.cleaned > 0 {
+            // Background cleaning keeps to its rate; a writer waiting for room (or a
+            // drain) wakes the nap, and cleaning is urgent then.
+            let pause = lb.rate_pause(b.cleaned * sce_core::PAGE_SIZE, t0.elapsed());
+            if !pause.is_zero() {
+                lb.nap(e, pause);
+            }
+        }
         if lb.room_wanted() {
             lb.make_room();
         }
@@ -184,24 +194,21 @@ impl LogBack {
             .clamp(Duration::from_millis(5), Duration::from_millis(200))
     }
 
-    /// True if less than a quarter of the ring is left, or writers wait for room.
+    /// True if the ring is past its high watermark, or writers wait for room.
     fn room_short(&self) -> bool {
-        self.waiting.load(Relaxed) > 0 || self.st.lock().w.room() < self.region.blocks / 4
+        self.waiting.load(Relaxed) > 0 || self.past_high(self.st.lock().w.room())
     }
 
-    /// True if cleaning is urgent: the ring is three quarters full, writers wait for room,
-    /// or `flush --to-source` waits.
+    /// True if cleaning is urgent: the ring past its high watermark, writers waiting for
+    /// room, or `flush --to-source` waiting.
     pub(super) fn urgent(&self) -> bool {
-        self.forced.load(Relaxed) > 0
-            || self.waiting.load(Relaxed) > 0
-            || self.st.lock().w.room() < self.region.blocks / 4
+        self.forced.load(Relaxed) > 0 || self.room_short()
     }
 
     /// True if the cleaner should clean now.
     fn wants_cleaning(&self, e: &Engine) -> bool {
         let st = self.st.lock();
-        let blocks = self.region.blocks;
-        let short = self.waiting.load(Relaxed) > 0 || st.w.room() < blocks / 4;
+        let short = self.waiting.load(Relaxed) > 0 || self.past_high(st.w.room());
         if st.index.is_empty() {
             // Nothing to clean, but the record of a loss may still hold the ring: making
             // room (after a batch) carries it.
@@ -213,7 +220,7 @@ impl LogBack {
             .now()
             .0
             .saturating_sub(self.last_request.load(Relaxed));
-        used * 4 >= blocks
+        used >= self.low_blocks()
             || st.w.mirror_short()
             || self.forced.load(Relaxed) > 0
             || short

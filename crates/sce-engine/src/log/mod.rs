@@ -42,6 +42,7 @@ mod room;
 mod seq;
 mod state;
 mod stats;
+mod tune;
 mod write;
 
 pub use drain::{DrainControl, DrainDone};
@@ -133,8 +134,12 @@ pub(crate) struct LogBack {
     /// bytes that did.
     seq: seq::Bypass,
     bypassed: AtomicU64,
-    /// The current source outage, for rate-limited logs (as `back/`'s cleaners).
+    /// The current source outage, for rate-limited logs.
     outage: outage::OutageLog,
+    /// The cleaner's watermarks and rate (`tune.rs`), and each volume's share of the log
+    /// (millionths; a leaf lock).
+    tuning: tune::Tuning,
+    shares: Mutex<Vec<u64>>,
     wait_limit: Duration,
     idle: Duration,
 }

@@ -118,7 +118,7 @@ impl LogBack {
             // A drain that began since `goes_through`: the blocking path goes through. (A
             // drain notes the positions in flight under this lock: one this write takes
             // after the check is one the drain waits for.)
-            if st.draining(offset / ps, offset / ps + n) || self.over_share(&st, offset / ps) {
+            if st.draining(offset / ps, offset / ps + n) || self.over_share(&st, offset / ps, n) {
                 return None;
             }
             held.lpos = st.w.allocate_leaving(n, self.spare()).ok()?;

@@ -14,7 +14,7 @@
 
 use super::batch::Unread;
 use super::commit::Try;
-use super::state::{Dirty, St};
+use super::state::Dirty;
 use super::LogBack;
 use sce_core::PAGE_SIZE;
 use sce_io::AlignedBuf;
@@ -29,29 +29,15 @@ impl LogBack {
         (self.region.blocks / 64).clamp(16, 1024)
     }
 
-    /// True if the volume of global page `g` shares the device, has pages its source
-    /// refused, and holds its share of the ring already (half the ring over the volumes):
-    /// its writers wait, the others go on.
-    pub(super) fn over_share(&self, st: &St, g: u64) -> bool {
-        if self.vols.len() < 2 || st.stuck.is_empty() {
-            return false;
-        }
-        let v = st.vol_of(g);
-        let share = self.region.blocks / 2 / self.vols.len() as u64;
-        st.vol_dirty[v] >= share && st.stuck.keys().any(|&p| st.vol_of(p) == v)
-    }
-
-    /// True if the log wants room now: a quarter of the ring used or less than a quarter
-    /// left (the anchor may lag the tail: after a restart, until a commit at or below the
+    /// True if the log wants room now: the low watermark reached or the high one passed (the anchor may lag the tail: after a restart, until a commit at or below the
     /// tail is durable), or a drain under way.
     pub(super) fn room_wanted(&self) -> bool {
         let (used, room) = {
             let st = self.st.lock();
             (st.w.head() - st.w.tail(), st.w.room())
         };
-        let blocks = self.region.blocks;
-        used * 4 >= blocks
-            || room * 4 < blocks
+        used >= self.low_blocks()
+            || self.past_high(room)
             || self.forced.load(Relaxed) > 0
             || self.waiting.load(Relaxed) > 0
     }

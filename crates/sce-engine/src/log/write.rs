@@ -174,7 +174,7 @@ impl LogBack {
                 if !st.drains.is_empty() && st.draining(g0, g0 + n) {
                     return Ok(None);
                 }
-                if self.over_share(&st, g0) {
+                if self.over_share(&st, g0, n) {
                     Full::Ring
                 } else {
                     match st.w.allocate_leaving(n, self.spare()) {

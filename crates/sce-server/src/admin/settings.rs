@@ -74,7 +74,15 @@ fn settings_json(cfg: &sce_core::CoreConfig) -> Value {
         "sequential_cutoff_bytes": cfg.sequential_cutoff,
         "population_rate_bytes_per_second": cfg.population_rate,
         "population_rate_adaptive": cfg.population_adaptive,
+        "writeback_low_watermark": cfg.writeback.low_watermark,
+        "writeback_high_watermark": cfg.writeback.high_watermark,
+        "writeback_rate_bytes_per_second": cfg.writeback.rate,
     })
+}
+
+/// A watermark: a share of the write-back log, "40%" or 0.4.
+fn share(key: &str, value: &str) -> Result<f64> {
+    sce_core::wbtune::parse_share(value).map_err(|e| anyhow!("{key}: {e}"))
 }
 
 /// What `set KEY VALUE` changes.
@@ -99,7 +107,20 @@ pub fn retune(key: &str, value: &str) -> Result<Retune> {
                 crate::admission::PopulationRate::Unlimited => (0, false),
             });
         }
-        k => bail!("cannot set {k:?} at run time (mode, admission, seq-cutoff, population-rate)"),
+        "writeback-low-watermark" => {
+            t.writeback_low_watermark = Some(share(key, value)?);
+        }
+        "writeback-high-watermark" => {
+            t.writeback_high_watermark = Some(share(key, value)?);
+        }
+        "writeback-rate" => {
+            t.writeback_rate =
+                Some(sce_core::wbtune::parse_rate(value).map_err(|e| anyhow!("{key}: {e}"))?)
+        }
+        k => bail!(
+            "cannot set {k:?} at run time (mode, admission, seq-cutoff, population-rate, \
+             writeback-low-watermark, writeback-high-watermark, writeback-rate)"
+        ),
     }
     Ok(t)
 }

@@ -109,6 +109,18 @@ fn print_writeback(w: &Value) {
             _ => String::new(),
         }
     );
+    if let (Some(lo), Some(hi)) = (w["low_watermark"].as_f64(), w["high_watermark"].as_f64()) {
+        println!(
+            "  {:<12} cleans from {:.0}% of the log, urgently above {:.0}%, in the background at {}",
+            "",
+            lo * 100.0,
+            hi * 100.0,
+            match w["rate_bytes_per_second"].as_u64() {
+                Some(0) | None => "any rate".to_string(),
+                Some(r) => format!("{}/s at most", sce_core::units::format_size(r)),
+            }
+        );
+    }
 }
 
 /// An export's own figures; for one that shares its cache device, the lines above are the

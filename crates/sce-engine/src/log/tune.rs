@@ -1,0 +1,112 @@
+//! The cleaner as an operator steers it (issue 45; `sce_core::WritebackTuning`): when it
+//! starts (the low watermark), when it is urgent (the high watermark), how fast it cleans
+//! in the background (the rate), and each volume's share of a shared device's log.
+//!
+//! The rules. Background cleaning runs from the low watermark (or when idle, or for the
+//! mirror area): 16 source writes in flight, a lower CPU priority, at most `rate` bytes a
+//! second. Above the high watermark, or while writers wait for room or a drain runs, it is
+//! urgent: 64 writes in flight, the clients' priority, no rate limit, so that the limit is
+//! never why a write waits. On a device shared by several volumes, a volume that holds its
+//! share of dirty data (its `cache_share`, or an equal part, of the log up to the high
+//! watermark) takes no room the others are still owed: its writers wait while the rest of
+//! the log is reserved for them, and go on while there is more.
+
+use super::state::St;
+use super::LogBack;
+use sce_core::WritebackTuning;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// The settings, readable without a lock.
+#[derive(Debug, Default)]
+pub(super) struct Tuning {
+    /// Watermarks in millionths of the ring.
+    low: AtomicU64,
+    high: AtomicU64,
+    /// Bytes per second of background cleaning (0: no limit).
+    rate: AtomicU64,
+}
+
+impl Tuning {
+    pub(super) fn new(t: &WritebackTuning) -> Self {
+        let x = Tuning::default();
+        x.set(t);
+        x
+    }
+
+    fn set(&self, t: &WritebackTuning) {
+        self.low
+            .store((t.low_watermark * 1e6).round() as u64, Relaxed);
+        self.high
+            .store((t.high_watermark * 1e6).round() as u64, Relaxed);
+        self.rate.store(t.rate, Relaxed);
+    }
+}
+
+/// `share` (millionths) of `blocks`.
+fn part(blocks: u64, share: u64) -> u64 {
+    (u128::from(blocks) * u128::from(share) / 1_000_000) as u64
+}
+
+impl LogBack {
+    /// New watermarks and rate (`sce ctl set`, or a start): the cleaner looks at them on its
+    /// next round.
+    pub(crate) fn set_tuning(&self, t: &WritebackTuning) {
+        self.tuning.set(t);
+        self.cleaner_wanted();
+    }
+
+    /// Positions in use from which background cleaning starts.
+    pub(super) fn low_blocks(&self) -> u64 {
+        part(self.region.blocks, self.tuning.low.load(Relaxed))
+    }
+
+    /// True if the ring is past its high watermark: less room left than the high
+    /// watermark leaves.
+    pub(super) fn past_high(&self, room: u64) -> bool {
+        let high = self.tuning.high.load(Relaxed);
+        room < self.region.blocks - part(self.region.blocks, high)
+    }
+
+    /// How long background cleaning pauses after a batch that cleaned `bytes` in
+    /// `took`, to keep to the rate (zero without one).
+    pub(super) fn rate_pause(&self, bytes: u64, took: Duration) -> Duration {
+        match self.tuning.rate.load(Relaxed) {
+            0 => Duration::ZERO,
+            r => Duration::from_secs_f64(bytes as f64 / r as f64)
+                .saturating_sub(took)
+                .min(Duration::from_secs(5)),
+        }
+    }
+
+    /// The volumes' shares of the log, as weights (`cache_share`, or an equal part).
+    pub(crate) fn set_shares(&self, shares: &[Option<f64>]) {
+        let n = shares.len().max(1) as f64;
+        let mut s = self.shares.lock();
+        *s = shares
+            .iter()
+            .map(|x| (x.unwrap_or(1.0 / n).clamp(0.0, 1.0) * 1e6) as u64)
+            .collect();
+    }
+
+    /// True if the volume of global page `g`, on a device it shares, holds its share of
+    /// dirty data and `n` more positions would take room the other volumes are still owed
+    /// (their shares less what they hold): its writers wait, the others go on.
+    pub(super) fn over_share(&self, st: &St, g: u64, n: u64) -> bool {
+        if self.vols.len() < 2 {
+            return false;
+        }
+        let shares = self.shares.lock();
+        let cap = part(self.region.blocks, self.tuning.high.load(Relaxed));
+        let share = |v: usize| part(cap, shares.get(v).copied().unwrap_or(1_000_000));
+        let v = st.vol_of(g);
+        if st.vol_dirty[v] < share(v) {
+            return false;
+        }
+        let owed: u64 = (0..self.vols.len())
+            .filter(|&u| u != v)
+            .map(|u| share(u).saturating_sub(st.vol_dirty[u]))
+            .sum();
+        st.w.room() < owed + n + self.spare()
+    }
+}
