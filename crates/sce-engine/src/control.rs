@@ -197,6 +197,14 @@ impl CacheVolume {
         }
     }
 
+    /// Write-back's dirty bytes of `[offset, offset + len)` (global: one export of a shared
+    /// device), None in the other modes.
+    pub fn writeback_dirty_in(&self, offset: u64, len: u64) -> Option<u64> {
+        let ps = sce_core::PAGE_SIZE;
+        let l = self.path.log()?;
+        Some(l.dirty_in(offset / ps, (offset + len).div_ceil(ps)).0 * ps)
+    }
+
     /// True if the cache device has a write-back log (formats 6 on): write-back is served
     /// through it. A device formatted without one needs a format to get one.
     pub fn has_writeback_log(&self) -> bool {

@@ -151,6 +151,13 @@ impl CacheVolume {
             });
         }
         e.counters.unsplit(&mut v);
+        // Write-back: the reads the log served are hits the core never saw.
+        if let Some(l) = self.path.log() {
+            let (pages, whole) = l.read_counts();
+            v.read_pages_hit += pages;
+            v.read_requests += whole;
+            v.read_requests_full_hit += whole;
+        }
         v
     }
 

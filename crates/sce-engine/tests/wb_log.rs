@@ -457,3 +457,21 @@ fn a_long_sequential_stream_of_large_writes_goes_through_to_the_source() {
     assert_eq!(read(&vol, 0, 16 * MIB)[..], stream[..]);
     assert_eq!(read(&vol, 32 * MIB, 8 * MIB)[..], wal[..]);
 }
+
+/// Reads the log serves are hits in the volume's counters (the main before counted only the
+/// reads that reached the read slots: write-back's hit ratio left out its hottest pages).
+#[test]
+fn reads_of_dirty_pages_count_as_hits() {
+    let source = random_source(16 * MIB, 3);
+    let cache = Arc::new(MemDevice::new(8 * MIB));
+    let vol = CacheVolume::open(source, cache, config()).unwrap();
+    vol.write_at(MIB, &pattern(7, 64 * KIB)).unwrap();
+    let s0 = vol.stats();
+    // One read the log serves whole (16 pages), one half from it (8 pages).
+    assert_eq!(read(&vol, MIB, 64 * KIB), pattern(7, 64 * KIB).to_vec());
+    read(&vol, MIB + 32 * KIB, 64 * KIB);
+    let s1 = vol.stats();
+    assert_eq!(s1.read_pages_hit - s0.read_pages_hit, 16 + 8, "{s1:?}");
+    assert_eq!(s1.read_requests_full_hit - s0.read_requests_full_hit, 1);
+    assert_eq!(s1.read_pages_missed - s0.read_pages_missed, 8, "{s1:?}");
+}

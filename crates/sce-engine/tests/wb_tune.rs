@@ -133,3 +133,25 @@ fn a_burst_on_one_volume_leaves_the_other_its_share_of_the_log() {
     });
     assert_eq!(common::read(&vol, base_b, PAGE), vec![0xb2; PAGE as usize]);
 }
+
+/// Each volume of a shared device counts its own dirty bytes (`status`'s
+/// `export_dirty_bytes`), not the device's.
+#[test]
+fn each_volume_of_a_shared_device_counts_its_own_dirty_bytes() {
+    let a = Arc::new(sce_io::FaultDevice::new(MemDevice::new(16 * MIB)));
+    let b = Arc::new(sce_io::FaultDevice::new(MemDevice::new(16 * MIB)));
+    for x in [&a, &b] {
+        // Nothing reaches the sources: what is written stays dirty.
+        x.control().fail_range(&[sce_io::Op::Write], 0..u64::MAX);
+    }
+    let parts = vec![VolumePart::new("a", a), VolumePart::new("b", b)];
+    let cache = Arc::new(MemDevice::new(16 * MIB));
+    let vol =
+        CacheVolume::open_shared(parts, cache, config(2 * MIB, Duration::from_secs(5))).unwrap();
+    let at = vol.volumes();
+    write_pages(&vol, at[0].1.base, 3, 0xa1).unwrap();
+    write_pages(&vol, at[1].1.base, 5, 0xb2).unwrap();
+    let own = |k: usize| vol.writeback_dirty_in(at[k].1.base, at[k].1.size);
+    assert_eq!((own(0), own(1)), (Some(3 * PAGE), Some(5 * PAGE)));
+    assert_eq!(vol.writeback_stats().unwrap().dirty_bytes, 8 * PAGE);
+}

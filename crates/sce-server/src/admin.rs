@@ -525,6 +525,9 @@ fn export_figures(m: &mut Value, a: &Attachable) {
     m["export_read_requests"] = json!(reads);
     m["export_read_hit_ratio"] = json!(hits as f64 / reads.max(1) as f64);
     m["export_cached_bytes"] = json!(a.cached_bytes());
+    if let Some(d) = a.dirty_bytes() {
+        m["export_dirty_bytes"] = json!(d);
+    }
     if let Some(p) = a.part() {
         m["shared_with"] = json!(p.siblings);
     }

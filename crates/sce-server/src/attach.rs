@@ -211,6 +211,13 @@ impl Attachable {
             .map_or(0, |e| e.iter().map(|x| x.1).sum::<u64>().min(size))
     }
 
+    /// Bytes of this export only the cache holds (write-back's dirty data), None unless in
+    /// write-back.
+    pub fn dirty_bytes(&self) -> Option<u64> {
+        let (b, size) = (self.base(), self.source.size());
+        self.with(|v| v.writeback_dirty_in(b, size), |_| None)
+    }
+
     /// FlashTier's `evict` over the export's `[offset, offset+len)`: bytes dropped.
     pub fn evict(&self, offset: u64, len: u64) -> Result<u64, IoError> {
         let b = self.base();

@@ -262,6 +262,14 @@ fn export_families(f: &mut Families, export: &str, a: &crate::attach::Attachable
         &lp,
         a.cached_bytes() as f64,
     );
+    if let Some(d) = a.dirty_bytes() {
+        f.gauge(
+            "sce_export_dirty_bytes",
+            "Bytes of this export only the cache holds now (write-back data not yet on the source).",
+            &lp,
+            d as f64,
+        );
+    }
 }
 
 /// The Prometheus text of the server's families and every cached export's.

@@ -123,6 +123,10 @@ pub(crate) struct LogBack {
     /// Engine clock (ns) of the last client request: the cleaner cleans all when idle.
     last_request: AtomicU64,
     waits: AtomicU64,
+    /// Pages reads took from the log, and reads the log served whole (hits the core's
+    /// counters do not see).
+    read_pages: AtomicU64,
+    read_requests: AtomicU64,
     bytes_cleaned: AtomicU64,
     clean_errors: AtomicU64,
     source_writes: AtomicU64,
@@ -232,6 +236,14 @@ impl LogBack {
     /// Source writes the cleaner made, and commits (figures for the benchmarks).
     pub(crate) fn log_counts(&self) -> (u64, u64) {
         (self.source_writes.load(Relaxed), self.commits.load(Relaxed))
+    }
+
+    /// Pages reads took from the log, and reads it served whole.
+    pub(crate) fn read_counts(&self) -> (u64, u64) {
+        (
+            self.read_pages.load(Relaxed),
+            self.read_requests.load(Relaxed),
+        )
     }
 
     /// Sequential runs of large writes from `cutoff` bytes on go through to the source (0:

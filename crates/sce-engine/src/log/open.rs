@@ -182,6 +182,8 @@ impl LogBack {
             seq: super::seq::Bypass::new(0),
             bypassed: Default::default(),
             outage: Default::default(),
+            read_pages: Default::default(),
+            read_requests: Default::default(),
             tuning: super::tune::Tuning::new(&sce_core::WritebackTuning::default()),
             shares: Default::default(),
             wait_limit,

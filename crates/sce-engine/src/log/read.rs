@@ -50,6 +50,12 @@ impl LogBack {
         if found.is_empty() {
             return e.read(offset, buf);
         }
+        // Pages served from the log are hits (`CacheVolume::stats` adds them to the core's),
+        // and a request they cover whole is a request hit whole.
+        self.read_pages.fetch_add(found.len() as u64, Relaxed);
+        if found.len() as u64 == p1 - p0 {
+            self.read_requests.fetch_add(1, Relaxed);
+        }
         let mut hit = true;
         let mut at = offset;
         let mut page = AlignedBuf::new(ps as usize);

@@ -134,8 +134,11 @@ fn print_own(e: &Value, pct: &dyn Fn(&Value) -> String) {
             names.join(", ")
         );
     }
+    let dirty = e
+        .get("export_dirty_bytes")
+        .map_or(String::new(), |d| format!(", {} dirty", size(d)));
     println!(
-        "  {:<12} {} cached; {} of its {} read requests hit whole",
+        "  {:<12} {} cached{dirty}; {} of its {} read requests hit whole",
         "this export",
         size(&e["export_cached_bytes"]),
         pct(&e["export_read_hit_ratio"]),
