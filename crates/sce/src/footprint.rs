@@ -55,6 +55,8 @@ pub struct Options {
     pub verify: bool,
     /// Persistence on (`serve` without `--no-persist`).
     pub persist: bool,
+    /// Also measure write-back's index of dirty data (needs persistence).
+    pub writeback: bool,
 }
 
 /// One part of the footprint.
@@ -119,6 +121,12 @@ pub struct Footprint {
     pub map_bytes_untouched: u64,
     /// What the SCE paper reports per cached 1 MiB fragment (core metadata only).
     pub paper_bytes_per_cached_fragment: u64,
+    /// With persistence: the write-back index's bytes per dirty MiB, measured over
+    /// `dirty_measured_bytes` of dirty data (`footprint_dirty.rs`); on top of the rest.
+    pub bytes_per_dirty_mib: Option<f64>,
+    pub dirty_measured_bytes: u64,
+    /// That rate for half the cache dirty (the issue-45 goal: at most 2 KiB per dirty MiB).
+    pub bytes_half_cache_dirty: Option<u64>,
 }
 
 /// Bytes `f` leaves allocated, and its result.
@@ -251,7 +259,18 @@ pub fn measure(o: &Options) -> Result<Footprint> {
     let slots = core.slots.max(1) as f64;
     let mibs = slots * o.core.fragment_size as f64 / f64::from(1 << 20);
     let bytes_total = at_open + map_leaves + resident;
+    let dirty = if o.persist && o.writeback {
+        crate::footprint_dirty::measure(&o.core, o.cache_size, o.source_size)?
+    } else {
+        None
+    };
+    let sample_mib = (crate::footprint_dirty::SAMPLE_PAGES * 4096) as f64 / f64::from(1 << 20);
+    let per_dirty_mib = dirty.map(|b| b as f64 / sample_mib);
     Ok(Footprint {
+        bytes_per_dirty_mib: per_dirty_mib,
+        dirty_measured_bytes: dirty.map_or(0, |_| crate::footprint_dirty::SAMPLE_PAGES * 4096),
+        bytes_half_cache_dirty: per_dirty_mib
+            .map(|r| (r * (o.cache_size / 2) as f64 / f64::from(1 << 20)) as u64),
         cache_size: o.cache_size,
         source_size: o.source_size,
         fragment_size: o.core.heat_bytes(),
@@ -384,4 +403,12 @@ pub fn print(f: &Footprint) {
         "map before first use:       {}",
         format_size(f.map_bytes_untouched)
     );
+    if let (Some(r), Some(half)) = (f.bytes_per_dirty_mib, f.bytes_half_cache_dirty) {
+        println!(
+            "write-back, per dirty MiB:  {r:.0} B (measured over {} dirty), {} with half the \
+             cache dirty, on top of the above",
+            format_size(f.dirty_measured_bytes),
+            format_size(half)
+        );
+    }
 }

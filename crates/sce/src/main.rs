@@ -4,6 +4,7 @@ mod alloc;
 mod ctl;
 mod demo;
 mod footprint;
+mod footprint_dirty;
 mod format;
 mod gen;
 mod load;
@@ -115,7 +116,8 @@ enum Command {
     #[command(after_help = "Examples:
   sce footprint --cache-size 2TiB --source-size 100TiB
   sce footprint --cache-size 64GiB --source-size 4TiB --fragment-size 256KiB --json
-  sce footprint --cache-size 2TiB --source-size 100TiB --line-size 256KiB")]
+  sce footprint --cache-size 2TiB --source-size 100TiB --line-size 256KiB
+  sce footprint --cache-size 2TiB --source-size 100TiB --writeback")]
     Footprint(FootprintArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     #[command(after_help = "Examples:
@@ -157,6 +159,11 @@ struct FootprintArgs {
     /// Measure `serve --no-persist`: no persistence state.
     #[arg(long)]
     no_persist: bool,
+    /// Also measure write-back's index of dirty data: 256 MiB of scattered dirty pages
+    /// written to a volume in write-back, its growth per dirty MiB, and what half the cache
+    /// dirty would take at that rate (a few seconds more).
+    #[arg(long)]
+    writeback: bool,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -208,6 +215,7 @@ fn main() {
                 source_size: a.source_size,
                 verify: a.verify,
                 persist: !a.no_persist,
+                writeback: a.writeback,
             };
             let f = footprint::measure(&opts)?;
             if a.json {
