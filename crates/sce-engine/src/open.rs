@@ -91,21 +91,7 @@ fn open_core(
         return open_memory_core(source, vols, cache, config, (core_cfg, verify));
     };
     pc.writeback = core_cfg.write_mode == sce_core::WriteMode::WriteBack;
-    let mut opened = Persist::open(cache.clone(), pc.clone(), core_cfg.fragment_size, vols)?;
-    if crate::slots::relayout_needed(&opened.persist, &opened.loaded, pc.writeback)? {
-        opened = relayout(source, &cache, opened, (config, &pc), vols)?;
-    }
-    if pc.writeback && opened.persist.log_info().is_none() {
-        return Err(ConfigError::new(
-            "mode",
-            format!(
-                "writeback needs a write-back log, and a cache device of {} bytes is too \
-                 small for one (at least 2 MiB)",
-                cache.size()
-            ),
-        )
-        .into());
-    }
+    let opened = open_store(source, &cache, (config, &pc), vols)?;
     let mut persist = opened.persist;
     let loaded = opened.loaded;
     let given_up = opened.given_up;
@@ -156,6 +142,41 @@ fn open_core(
     })
 }
 
+/// The store opened for `pc`, formatted afresh first if it must be (`crate::slots`);
+/// write-back on a device too small for a log is refused before anything is formatted (a
+/// format would fail at every start).
+fn open_store(
+    source: &dyn BlockDevice,
+    cache: &Arc<dyn BlockDevice>,
+    (config, pc): (&EngineConfig, &PersistConfig),
+    vols: &[OpenVolume],
+) -> Result<crate::persist::Opened, EngineError> {
+    let too_small = || -> EngineError {
+        ConfigError::new(
+            "mode",
+            format!(
+                "writeback needs a write-back log, and a cache device of {} bytes is too \
+                 small for one (at least 2 MiB)",
+                cache.size()
+            ),
+        )
+        .into()
+    };
+    let fragment = config.core.fragment_size;
+    let mut opened = Persist::open(cache.clone(), pc.clone(), fragment, vols)?;
+    let no_log = |o: &crate::persist::Opened| pc.writeback && o.persist.log_info().is_none();
+    if no_log(&opened) && pc.log_bytes(cache.size()) == 0 {
+        return Err(too_small());
+    }
+    if crate::slots::relayout_needed(&opened.persist, &opened.loaded, pc.writeback)? {
+        opened = relayout(source, cache, opened, (config, pc), vols)?;
+    }
+    if no_log(&opened) {
+        return Err(too_small());
+    }
+    Ok(opened)
+}
+
 /// A device found needing a new layout (`crate::slots`): its slots' dirty data drained to
 /// the source, then formatted afresh (with a log, in write-back) and opened again.
 fn relayout(
@@ -173,9 +194,14 @@ fn relayout(
         (config, vols),
     )?;
     let had_log = opened.persist.log_info().is_some();
+    // What the operator gave up is logged once the whole open went through (`open_parts`):
+    // the first open's (volumes left out) and the drain's (pages without a sound copy).
+    let mut given_up = opened.given_up.clone();
+    given_up.extend(drained.lost.iter().cloned());
     drop(opened);
     let fragment = config.core.fragment_size;
-    let again = Persist::open_laid_out(cache.clone(), pc.clone(), fragment, vols, true)?;
+    let mut again = Persist::open_laid_out(cache.clone(), pc.clone(), fragment, vols, true)?;
+    again.given_up.extend(given_up);
     tracing::warn!(
         drained_pages = drained.pages,
         log_bytes = again.persist.log_info().map_or(0, |i| i.blocks * 4096),

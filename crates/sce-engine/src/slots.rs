@@ -54,7 +54,8 @@ pub(crate) struct Drained {
 
 /// Writes every dirty page the slots hold (as `loaded` found them) to `source` and flushes
 /// it. A page without a sound copy is lost: the start is refused unless the operator gave
-/// its volume's dirty data up (`--discard-dirty`), as a reformat would be.
+/// its volume's dirty data up (`--discard-dirty`); what was given up is returned, for the
+/// caller to log once the whole open went through.
 pub(crate) fn drain(
     source: &dyn BlockDevice,
     device: Arc<dyn BlockDevice>,
@@ -65,11 +66,16 @@ pub(crate) fn drain(
     let l = persist.layout;
     let words = l.bitmap_words();
     let ppf = l.pages_per_fragment;
-    let crcs = checksum_cache(config, persist, device.clone(), loaded);
-    let seeds = persist.seeds();
-    let mut out = Drained::default();
-    let mut lost = vec![0u64; vols.len()];
-    let mut buf = AlignedBuf::new(l.fragment_size as usize);
+    let mut d = Drainer {
+        source,
+        device: device.clone(),
+        persist,
+        crcs: checksum_cache(config, persist, device, loaded),
+        seeds: persist.seeds(),
+        lost: vec![0u64; vols.len()],
+        pages: 0,
+        buf: AlignedBuf::new(l.fragment_size as usize),
+    };
     for (i, &(s, f)) in loaded.entries.iter().enumerate() {
         let dirty = &loaded.dirty[i * words..(i + 1) * words];
         let valid = &loaded.bitmaps[i * words..(i + 1) * words];
@@ -87,33 +93,15 @@ pub(crate) fn drain(
             while q < pages && bit(dirty, q) {
                 q += 1;
             }
-            let run = &mut buf[..((q - p) as u64 * PAGE_SIZE) as usize];
-            device.read_at(slot_page(persist, s, p), run)?;
-            let mut sound = Vec::with_capacity((q - p) as usize);
-            for r in p..q {
-                let at = base + u64::from(r) * PAGE_SIZE;
-                let len = PAGE_SIZE.min(source.size() - at) as usize;
-                let k = seeds
-                    .partition_point(|x| x.0 <= at / PAGE_SIZE)
-                    .saturating_sub(1);
-                let (page_base, id) = seeds[k];
-                let o = ((r - p) as u64 * PAGE_SIZE) as usize;
-                let ok = bit(valid, r)
-                    && crcs.get_or_load(s, r)?
-                        == page_checksum(
-                            &run[o..o + len],
-                            page_seed(id, at / PAGE_SIZE - page_base),
-                        );
-                if !ok {
-                    lost[k] += 1;
-                }
-                sound.push(ok);
-            }
-            write_sound(source, base + u64::from(p) * PAGE_SIZE, run, &sound)?;
-            out.pages += sound.iter().filter(|&&x| x).count() as u64;
+            d.run(s, base, (p, q), valid)?;
             p = q;
         }
     }
+    let mut out = Drained {
+        pages: d.pages,
+        ..Drained::default()
+    };
+    let lost = std::mem::take(&mut d.lost);
     source.flush()?;
     out.lost = vols
         .iter()
@@ -125,10 +113,73 @@ pub(crate) fn drain(
             lost: n,
         })
         .collect();
-    let action = "a start that drains the read slots' write-back data";
-    sce_store::refuse_dirty_drop(&out.lost, &persist.cfg.discard_dirty, action)?;
-    crate::persist::log_dropped(&out.lost, action);
+    let given_up = |name: &str| {
+        let d = &persist.cfg.discard_dirty;
+        d.iter().any(|x| x == "all" || x == name)
+    };
+    if let Some(v) = out.lost.iter().find(|v| !given_up(&v.name)) {
+        return Err(sce_core::ConfigError::new(
+            "discard_dirty",
+            format!(
+                "{} dirty pages of {:?} in the cache device's read slots (write-back data of \
+                 an older sce) have no sound copy (never written, or failing their \
+                 checksums): the others were written to the source; start with \
+                 --discard-dirty {:?} to give those up",
+                v.lost, v.name, v.name
+            ),
+        )
+        .into());
+    }
     Ok(out)
+}
+
+/// The drain's state: where it reads and writes, the checksums, the seeds of the
+/// volumes' pages, and what it lost (per volume) and wrote.
+struct Drainer<'a> {
+    source: &'a dyn BlockDevice,
+    device: Arc<dyn BlockDevice>,
+    persist: &'a Persist,
+    crcs: crate::crcs::CrcCache,
+    seeds: Vec<(u64, u16)>,
+    lost: Vec<u64>,
+    pages: u64,
+    buf: AlignedBuf,
+}
+
+impl Drainer<'_> {
+    /// Dirty pages `[p, q)` of slot `s` (fragment at source offset `base`; `valid`, the
+    /// record's bitmap): read in one device read, each checked against its checksum, the
+    /// sound ones written to the source.
+    fn run(
+        &mut self,
+        s: u32,
+        base: u64,
+        (p, q): (u32, u32),
+        valid: &[u64],
+    ) -> Result<(), sce_io::IoError> {
+        let run = &mut self.buf[..((q - p) as u64 * PAGE_SIZE) as usize];
+        self.device.read_at(slot_page(self.persist, s, p), run)?;
+        let mut sound = Vec::with_capacity((q - p) as usize);
+        for r in p..q {
+            let at = base + u64::from(r) * PAGE_SIZE;
+            let len = PAGE_SIZE.min(self.source.size() - at) as usize;
+            let k = (self.seeds)
+                .partition_point(|x| x.0 <= at / PAGE_SIZE)
+                .saturating_sub(1);
+            let (page_base, id) = self.seeds[k];
+            let o = ((r - p) as u64 * PAGE_SIZE) as usize;
+            let seed = page_seed(id, at / PAGE_SIZE - page_base);
+            let ok = bit(valid, r)
+                && self.crcs.get_or_load(s, r)? == page_checksum(&run[o..o + len], seed);
+            if !ok {
+                self.lost[k] += 1;
+            }
+            sound.push(ok);
+        }
+        write_sound(self.source, base + u64::from(p) * PAGE_SIZE, run, &sound)?;
+        self.pages += sound.iter().filter(|&&x| x).count() as u64;
+        Ok(())
+    }
 }
 
 /// Writes the pages of `run` (read from the slots, for the source from `at`) that are

@@ -352,8 +352,9 @@ fn crashes_amid_concurrent_write_back_writers_never_lose_a_flushed_write() {
 }
 
 /// Open CAS's surprise-shutdown test in write-back: every write to the cache device fails
-/// from the N-th on, for every N until a run sees no fault. While it fails, reads of data
-/// only the cache held fail (and the stats say so), never the source's older bytes; after
+/// from the N-th on, for every N until a run sees no fault. While it fails, a read returns
+/// what was acknowledged, or fails (a lost page, and the stats say so), never the source's
+/// older bytes; after
 /// a restart on the healthy device no write acknowledged before the last successful FLUSH
 /// is lost (a write acknowledged since may read as it or as any version since that FLUSH:
 /// through the log a write is durable at the FLUSH or FUA after it, as NBD says).
@@ -386,8 +387,8 @@ fn fail_every_write_from_n_loses_no_acknowledged_write() {
                 }
                 let len = rng.gen_range(1..=16u64) * 512;
                 let write = rng.gen_bool(0.5);
-                // Writes stay in 256 KiB (4 of some 28 slots: below the cleaner's high
-                // watermark, so dirty data is there when the device fails).
+                // Writes stay in 256 KiB (under the log's low watermark, and no idle
+                // cleaning: dirty data is there when the device fails).
                 let span = if write { 256 * KIB } else { size };
                 let at = rng.gen_range(0..(span - len) / 512) * 512;
                 if write {

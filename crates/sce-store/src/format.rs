@@ -23,8 +23,9 @@ pub struct FormatOptions {
 /// Formats `dev` over the superblock `old` found on it. Both copies of `old` are first
 /// written again with every volume's generation bumped, so that a crash inside the format
 /// (which clears the intent bitmap before it writes the new superblock) never leaves a
-/// superblock whose records a load would trust without their intents: what survives is the
-/// new superblock or one under which every record is stale.
+/// superblock whose clean records a load would trust without their intents: what survives
+/// is the new superblock or one under which every clean record is stale. (Dirty claims are
+/// loaded whatever their generation: a start finds them again and drains them again.)
 pub fn reformat(
     dev: &dyn BlockDevice,
     old: &Superblock,
@@ -32,7 +33,7 @@ pub fn reformat(
 ) -> Result<Superblock, StoreError> {
     let mut sb = old.clone();
     for v in &mut sb.volumes {
-        v.generation += 1;
+        v.generation = v.generation.wrapping_add(1);
     }
     for _ in 0..2 {
         sb.seq += 1;

@@ -111,7 +111,8 @@ pub enum Verb {
     /// seq-cutoff (SIZE, 0 for none), population-rate (auto, auto:SIZE, SIZE, unlimited),
     /// writeback-low-watermark and writeback-high-watermark (a share of the write-back log,
     /// like 40%) or writeback-rate (SIZE per second, unlimited). Settings stay across a detach and attach. Entering or leaving writeback
-    /// reopens the cache (requests wait a moment, it stays warm); leaving it writes the
+    /// reopens the cache (requests wait a moment, it stays warm; a device without a log is
+    /// formatted afresh with one, cold); leaving it writes the
     /// dirty data to the source first, with progress in the server's log. Example: sce ctl
     /// set "" mode writethrough --no-wait
     Set {

@@ -219,3 +219,73 @@ fn a_device_with_dirty_data_in_its_slots_drains_at_start_and_gets_a_log() {
         );
     }
 }
+
+/// A dirty page of the slots fixture whose copy is damaged has no sound copy: the start is
+/// refused, naming `--discard-dirty`, after writing the sound pages to the source; given up,
+/// the start goes ahead, the damaged page reads as the source's bytes and the rest as
+/// written.
+#[test]
+fn a_damaged_dirty_page_in_the_slots_refuses_the_start_until_given_up() {
+    let d = tempfile::tempdir().unwrap();
+    let (cache, src) = fixture("slots-format5-be0c79c.cache.gz", d.path());
+    // Page 0 (its second generation: 0x80 over 4 KiB) is in one place on the device.
+    let img = std::fs::read(&cache).unwrap();
+    let at = img
+        .chunks(PAGE as usize)
+        .position(|c| c.iter().all(|&b| b == 0x80))
+        .expect("page 0 on the device") as u64;
+    common::flip_byte(&cache, at * PAGE + 100);
+    let sock = d.path().join("s.sock");
+    let st = d.path().join("st");
+    let mut args = vec![
+        "--source",
+        src.to_str().unwrap(),
+        "--source-name",
+        "/tmp/upg/src.img",
+        "--cache",
+        cache.to_str().unwrap(),
+        "--mode",
+        "writeback",
+        "--state-dir",
+        st.to_str().unwrap(),
+        "--allow-buffered",
+    ];
+    let listen = format!("unix:{}", sock.display());
+    let out = std::process::Command::new(sce_bin())
+        .arg("serve")
+        .args(&args)
+        .args(["--listen", &listen])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "started over a damaged dirty page: {err}"
+    );
+    assert!(
+        err.contains("--discard-dirty") && err.contains("no sound copy"),
+        "{err}"
+    );
+    args.extend(["--discard-dirty", "/tmp/upg/src.img"]);
+    let server = Server::start(&args, &sock);
+    assert!(
+        server.log().contains("dropped 0 dirty and 1 lost pages"),
+        "{}",
+        server.log()
+    );
+    let client = unix_client(&sock, 1);
+    let mut b = vec![0u8; PAGE as usize];
+    for (p, want) in slots_expected() {
+        client.read_at(p * PAGE, &mut b).unwrap();
+        if p == 0 {
+            assert!(
+                b.iter().all(|&x| x == 0),
+                "page 0 is the source's once given up"
+            );
+        } else {
+            assert!(b == want, "page {p}");
+        }
+    }
+    drop(client);
+    assert!(server.term().success());
+}

@@ -117,14 +117,22 @@ impl LogBack {
     ) -> Batch {
         let _one = self.clean_io.lock();
         let now = Instant::now();
-        let depth = if self.urgent() {
+        let urgent = self.urgent();
+        let depth = if urgent {
             URGENT_WRITERS
         } else {
             SOURCE_WRITERS
         };
         // A batch releases its room only once done: never more than a quarter of the ring
-        // (a small log's writers get room back in steps, not in one lump at the end).
-        let most = (depth * BATCH_PAGES).min((self.region.blocks / 4).max(1) as usize);
+        // (a small log's writers get room back in steps, not in one lump at the end); in the
+        // background at a rate, at most a second of it.
+        let most = (depth * BATCH_PAGES)
+            .min((self.region.blocks / 4).max(1) as usize)
+            .min(if urgent || focus.is_some() {
+                usize::MAX
+            } else {
+                self.rate_pages()
+            });
         let (mut pages, alone) = self.pick(focus, now, most);
         if pages.is_empty() {
             self.settle_tail();

@@ -35,12 +35,8 @@ pub(super) fn cleaner(e: &Engine, lb: &LogBack) {
         let t0 = Instant::now();
         let b = lb.clean_batch(e, None, &|| e.signals.shutting_down());
         if !urgent && b.cleaned > 0 {
-            // Background cleaning keeps to its rate; a writer waiting for room (or a
-            // drain) wakes the nap, and cleaning is urgent then.
             let pause = lb.rate_pause(b.cleaned * sce_core::PAGE_SIZE, t0.elapsed());
-            if !pause.is_zero() {
-                lb.nap(e, pause);
-            }
+            rate_hold(e, lb, pause, &mut last_commit);
         }
         if lb.room_wanted() {
             lb.make_room();
@@ -139,6 +135,22 @@ impl Priority {
 fn hold(e: &Engine, lb: &LogBack, d: Duration, last_commit: &mut Instant) {
     let until = Instant::now() + d;
     while !e.signals.shutting_down() {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        commit_duties(lb, last_commit);
+        std::thread::sleep(left.min(Duration::from_millis(10)));
+    }
+}
+
+/// Background cleaning's pause for its rate: in slices of 10 ms that keep the commit
+/// duties (the autocommit, the seal 10 ms after a lone commit), cut short once cleaning is
+/// urgent (the ring past its high watermark, writers waiting for room, a drain) or the
+/// volume shuts down: the rate never holds a write back, nor a seal.
+fn rate_hold(e: &Engine, lb: &LogBack, d: Duration, last_commit: &mut Instant) {
+    let until = Instant::now() + d;
+    while !e.signals.shutting_down() && !lb.urgent() {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return;

@@ -4,7 +4,8 @@
 //!
 //! The rules. Background cleaning runs from the low watermark (or when idle, or for the
 //! mirror area): 16 source writes in flight, a lower CPU priority, at most `rate` bytes a
-//! second. Above the high watermark, or while writers wait for room or a drain runs, it is
+//! second (a batch of at most a second's worth, then a pause that keeps the commit duties
+//! and ends once cleaning turns urgent). Above the high watermark, or while writers wait for room or a drain runs, it is
 //! urgent: 64 writes in flight, the clients' priority, no rate limit, so that the limit is
 //! never why a write waits. On a device shared by several volumes, a volume that holds its
 //! share of dirty data (its `cache_share`, or an equal part, of the log up to the high
@@ -75,7 +76,16 @@ impl LogBack {
             0 => Duration::ZERO,
             r => Duration::from_secs_f64(bytes as f64 / r as f64)
                 .saturating_sub(took)
-                .min(Duration::from_secs(5)),
+                .min(Duration::from_secs(3600)),
+        }
+    }
+
+    /// The most pages a background batch takes: a second's worth at the rate (at least
+    /// one), unlimited without a rate.
+    pub(super) fn rate_pages(&self) -> usize {
+        match self.tuning.rate.load(Relaxed) {
+            0 => usize::MAX,
+            r => (r / sce_core::PAGE_SIZE).max(1) as usize,
         }
     }
 
@@ -98,7 +108,7 @@ impl LogBack {
         }
         let shares = self.shares.lock();
         let cap = part(self.region.blocks, self.tuning.high.load(Relaxed));
-        let share = |v: usize| part(cap, shares.get(v).copied().unwrap_or(1_000_000));
+        let share = |v: usize| part(cap, shares.get(v).copied().unwrap_or(1_000_000)).max(1);
         let v = st.vol_of(g);
         if st.vol_dirty[v] < share(v) {
             return false;
