@@ -50,6 +50,9 @@ pub struct SimArgs {
     /// writearound, passthrough or writeback (a cleaner writes dirty data back in source
     /// order above 10% dirty, harder above 50%, and all of it when idle; JSON then adds
     /// bytes_written_back, dirty_bytes_at_end, writeback_waits and interval_dirty_share).
+    /// The simulator's writeback keeps dirty pages in the read slots, as sce before issue
+    /// 45 did; `sce serve` now writes back through a log beside them (docs/WRITEBACK.md),
+    /// which the simulator does not model yet.
     /// flashcache-like always uses writethrough-sync.
     #[arg(long, default_value = "writethrough")]
     pub mode: WriteMode,
