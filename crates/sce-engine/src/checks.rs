@@ -28,6 +28,14 @@ pub(crate) struct Checks {
     fshift: u32,
 }
 
+/// Of the volumes whose first pages are `seeds` (first global page, volume id; in address
+/// order), the one global page `page` lies in (its index) and the page's checksum seed.
+pub(crate) fn volume_seed(seeds: &[(u64, u16)], page: u64) -> (usize, u64) {
+    let k = seeds.partition_point(|s| s.0 <= page).saturating_sub(1);
+    let (base, id) = seeds[k];
+    (k, page_seed(id, page - base))
+}
+
 impl Checks {
     pub(crate) fn new(
         crcs: Option<Crcs>,
@@ -179,13 +187,7 @@ impl Checks {
 
     /// The checksum seed of the page at source offset `src` (page-aligned).
     fn seed(&self, src: u64) -> u64 {
-        let page = src / PAGE_SIZE;
-        let k = self
-            .seeds
-            .partition_point(|s| s.0 <= page)
-            .saturating_sub(1);
-        let (base, id) = self.seeds[k];
-        page_seed(id, page - base)
+        volume_seed(&self.seeds, src / PAGE_SIZE).1
     }
 
     /// True if whole pages read from the cache (`bytes`, at the source's `src0`,

@@ -14,7 +14,7 @@ use crate::persist::{OpenVolume, Persist};
 use crate::volume::{EngineConfig, EngineError};
 use sce_core::PAGE_SIZE;
 use sce_io::{AlignedBuf, BlockDevice};
-use sce_store::{page_checksum, page_seed, Loaded, VolumeDirt};
+use sce_store::{bit, Loaded, VolumeDirt};
 use std::sync::Arc;
 
 /// Why a start must format the device afresh, if it must: dirty pages in its slots (which
@@ -113,11 +113,8 @@ pub(crate) fn drain(
             lost: n,
         })
         .collect();
-    let given_up = |name: &str| {
-        let d = &persist.cfg.discard_dirty;
-        d.iter().any(|x| x == "all" || x == name)
-    };
-    if let Some(v) = out.lost.iter().find(|v| !given_up(&v.name)) {
+    let discard = &persist.cfg.discard_dirty;
+    if let Some(v) = (out.lost.iter()).find(|v| !sce_store::volumes::gives_up(discard, &v.name)) {
         return Err(sce_core::ConfigError::new(
             "discard_dirty",
             format!(
@@ -163,14 +160,10 @@ impl Drainer<'_> {
         for r in p..q {
             let at = base + u64::from(r) * PAGE_SIZE;
             let len = PAGE_SIZE.min(self.source.size() - at) as usize;
-            let k = (self.seeds)
-                .partition_point(|x| x.0 <= at / PAGE_SIZE)
-                .saturating_sub(1);
-            let (page_base, id) = self.seeds[k];
+            let (k, seed) = crate::checks::volume_seed(&self.seeds, at / PAGE_SIZE);
             let o = ((r - p) as u64 * PAGE_SIZE) as usize;
-            let seed = page_seed(id, at / PAGE_SIZE - page_base);
             let ok = bit(valid, r)
-                && self.crcs.get_or_load(s, r)? == page_checksum(&run[o..o + len], seed);
+                && self.crcs.get_or_load(s, r)? == sce_store::page_checksum(&run[o..o + len], seed);
             if !ok {
                 self.lost[k] += 1;
             }
@@ -208,11 +201,6 @@ fn write_sound(
         i = j;
     }
     Ok(())
-}
-
-/// Bit `p` of a page bitmap.
-fn bit(words: &[u64], p: u32) -> bool {
-    words[p as usize / 64] >> (p % 64) & 1 == 1
 }
 
 /// The device offset of page `p` of slot `s`.

@@ -129,6 +129,12 @@ pub fn dirty_by_volume(
     Ok(out)
 }
 
+/// True if `--discard-dirty` (`discard`: volume names, or "all") gives up the dirty data
+/// of volume `name`.
+pub fn gives_up(discard: &[String], name: &str) -> bool {
+    discard.iter().any(|x| x == "all" || x == name)
+}
+
 /// Refuses to drop the dirty data of `dirt` unless each volume is named in `discard` (or
 /// `discard` holds "all"): `action` says what would drop it. Names the volumes, the counts
 /// and what to do. The caller logs, at ERROR, what it then drops.
@@ -139,7 +145,7 @@ pub fn refuse_dirty_drop(
 ) -> Result<(), StoreError> {
     let kept: Vec<&VolumeDirt> = dirt
         .iter()
-        .filter(|d| !discard.iter().any(|x| x == "all" || *x == d.name))
+        .filter(|d| !gives_up(discard, &d.name))
         .collect();
     let Some(first) = kept.first() else {
         return Ok(());

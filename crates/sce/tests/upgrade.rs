@@ -53,25 +53,8 @@ fn a_format_7_device_with_flushed_dirty_data_opens_reads_and_drains() {
     let before = check_json(&cache);
     assert_eq!(before["superblock"]["version"], 7, "{before}");
     let sock = d.path().join("s.sock");
-    let (c, s, st) = (
-        cache.to_str().unwrap(),
-        src.to_str().unwrap(),
-        d.path().join("st"),
-    );
-    // The volume table names the source as the fixture's writer saw it.
-    let args = [
-        "--source",
-        s,
-        "--source-name",
-        "/tmp/upg/src.img",
-        "--cache",
-        c,
-        "--mode",
-        "writeback",
-        "--state-dir",
-        st.to_str().unwrap(),
-        "--allow-buffered",
-    ];
+    let args = serve_args(d.path(), "writeback");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let server = Server::start(&args, &sock);
     let client = unix_client(&sock, 1);
     let mut b = vec![0u8; PAGE as usize];
@@ -146,6 +129,27 @@ fn fixture(name: &str, dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
     (cache, src)
 }
 
+/// `sce serve`'s arguments for a fixture unpacked into `dir` (`fixture`), in `mode`, with
+/// its state in `dir/st`. The volume table names the source as the fixture's writer saw
+/// it.
+fn serve_args(dir: &Path, mode: &str) -> Vec<String> {
+    let p = |n: &str| dir.join(n).to_str().unwrap().to_string();
+    [
+        "--source".into(),
+        p("src.img"),
+        "--source-name".into(),
+        "/tmp/upg/src.img".into(),
+        "--cache".into(),
+        p("cache.img"),
+        "--mode".into(),
+        mode.into(),
+        "--state-dir".into(),
+        p("st"),
+        "--allow-buffered".into(),
+    ]
+    .into()
+}
+
 /// The source's bytes hold every page of `slots_expected`.
 fn assert_on_source(src: &Path, what: &str) {
     let on_source = std::fs::read(src).unwrap();
@@ -169,20 +173,8 @@ fn a_device_with_dirty_data_in_its_slots_drains_at_start_and_gets_a_log() {
         assert_eq!(before["volumes"][0][1]["pages_dirty"], 65, "{before}");
         assert!(std::fs::read(&src).unwrap().iter().all(|&b| b == 0));
         let sock = d.path().join("s.sock");
-        let st = d.path().join("st");
-        let args = [
-            "--source",
-            src.to_str().unwrap(),
-            "--source-name",
-            "/tmp/upg/src.img",
-            "--cache",
-            cache.to_str().unwrap(),
-            "--mode",
-            mode,
-            "--state-dir",
-            st.to_str().unwrap(),
-            "--allow-buffered",
-        ];
+        let args = serve_args(d.path(), mode);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let server = Server::start(&args, &sock);
         // Drained before anything was served: the source holds every dirty page.
         assert_on_source(&src, &format!("once {mode} serves"));
@@ -227,7 +219,7 @@ fn a_device_with_dirty_data_in_its_slots_drains_at_start_and_gets_a_log() {
 #[test]
 fn a_damaged_dirty_page_in_the_slots_refuses_the_start_until_given_up() {
     let d = tempfile::tempdir().unwrap();
-    let (cache, src) = fixture("slots-format5-be0c79c.cache.gz", d.path());
+    let (cache, _) = fixture("slots-format5-be0c79c.cache.gz", d.path());
     // Page 0 (its second generation: 0x80 over 4 KiB) is in one place on the device.
     let img = std::fs::read(&cache).unwrap();
     let at = img
@@ -236,20 +228,8 @@ fn a_damaged_dirty_page_in_the_slots_refuses_the_start_until_given_up() {
         .expect("page 0 on the device") as u64;
     common::flip_byte(&cache, at * PAGE + 100);
     let sock = d.path().join("s.sock");
-    let st = d.path().join("st");
-    let mut args = vec![
-        "--source",
-        src.to_str().unwrap(),
-        "--source-name",
-        "/tmp/upg/src.img",
-        "--cache",
-        cache.to_str().unwrap(),
-        "--mode",
-        "writeback",
-        "--state-dir",
-        st.to_str().unwrap(),
-        "--allow-buffered",
-    ];
+    let args = serve_args(d.path(), "writeback");
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
     let listen = format!("unix:{}", sock.display());
     let out = std::process::Command::new(sce_bin())
         .arg("serve")

@@ -35,8 +35,11 @@ pub(super) fn cleaner(e: &Engine, lb: &LogBack) {
         let t0 = Instant::now();
         let b = lb.clean_batch(e, None, &|| e.signals.shutting_down());
         if !urgent && b.cleaned > 0 {
+            // Background cleaning keeps to its rate; the pause ends once cleaning is urgent
+            // (the ring past its high watermark, writers waiting for room, a drain): the
+            // rate never holds a write back.
             let pause = lb.rate_pause(b.cleaned * sce_core::PAGE_SIZE, t0.elapsed());
-            rate_hold(e, lb, pause, &mut last_commit);
+            hold_while(e, lb, pause, &mut last_commit, || lb.urgent());
         }
         if lb.room_wanted() {
             lb.make_room();
@@ -129,12 +132,18 @@ impl Priority {
     }
 }
 
-/// Sleeps `d`, or until the volume shuts down (looked at every 10 ms), still sealing and
-/// committing at least every [`AUTOCOMMIT`]: an outage of the source must not stretch
-/// what a crash may take back.
-fn hold(e: &Engine, lb: &LogBack, d: Duration, last_commit: &mut Instant) {
+/// Sleeps `d`, or until the volume shuts down or `stop` says so (looked at every 10 ms),
+/// still sealing and committing at least every [`AUTOCOMMIT`]: an outage of the source must
+/// not stretch what a crash may take back, nor the rate's pause a seal.
+fn hold_while(
+    e: &Engine,
+    lb: &LogBack,
+    d: Duration,
+    last_commit: &mut Instant,
+    stop: impl Fn() -> bool,
+) {
     let until = Instant::now() + d;
-    while !e.signals.shutting_down() {
+    while !e.signals.shutting_down() && !stop() {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return;
@@ -144,20 +153,9 @@ fn hold(e: &Engine, lb: &LogBack, d: Duration, last_commit: &mut Instant) {
     }
 }
 
-/// Background cleaning's pause for its rate: in slices of 10 ms that keep the commit
-/// duties (the autocommit, the seal 10 ms after a lone commit), cut short once cleaning is
-/// urgent (the ring past its high watermark, writers waiting for room, a drain) or the
-/// volume shuts down: the rate never holds a write back, nor a seal.
-fn rate_hold(e: &Engine, lb: &LogBack, d: Duration, last_commit: &mut Instant) {
-    let until = Instant::now() + d;
-    while !e.signals.shutting_down() && !lb.urgent() {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return;
-        }
-        commit_duties(lb, last_commit);
-        std::thread::sleep(left.min(Duration::from_millis(10)));
-    }
+/// [`hold_while`] the whole of `d`.
+fn hold(e: &Engine, lb: &LogBack, d: Duration, last_commit: &mut Instant) {
+    hold_while(e, lb, d, last_commit, || false)
 }
 
 /// What the cleaner owes the log whatever else it does: an autocommit once

@@ -141,9 +141,9 @@ pub(crate) struct LogBack {
     /// The current source outage, for rate-limited logs.
     outage: outage::OutageLog,
     /// The cleaner's watermarks and rate (`tune.rs`), and each volume's share of the log
-    /// (millionths; a leaf lock).
+    /// (millionths; set once, at open).
     tuning: tune::Tuning,
-    shares: Mutex<Vec<u64>>,
+    shares: OnceLock<Vec<u64>>,
     wait_limit: Duration,
     idle: Duration,
 }

@@ -89,14 +89,16 @@ impl LogBack {
         }
     }
 
-    /// The volumes' shares of the log, as weights (`cache_share`, or an equal part).
+    /// The volumes' shares of the log, as weights (`cache_share`, or an equal part); once,
+    /// at open.
     pub(crate) fn set_shares(&self, shares: &[Option<f64>]) {
         let n = shares.len().max(1) as f64;
-        let mut s = self.shares.lock();
-        *s = shares
+        let s = shares
             .iter()
             .map(|x| (x.unwrap_or(1.0 / n).clamp(0.0, 1.0) * 1e6) as u64)
             .collect();
+        let set = self.shares.set(s);
+        debug_assert!(set.is_ok(), "the log's shares set twice");
     }
 
     /// True if the volume of global page `g`, on a device it shares, holds its share of
@@ -106,7 +108,7 @@ impl LogBack {
         if self.vols.len() < 2 {
             return false;
         }
-        let shares = self.shares.lock();
+        let shares = self.shares.get().map_or(&[][..], Vec::as_slice);
         let cap = part(self.region.blocks, self.tuning.high.load(Relaxed));
         let share = |v: usize| part(cap, shares.get(v).copied().unwrap_or(1_000_000)).max(1);
         let v = st.vol_of(g);
