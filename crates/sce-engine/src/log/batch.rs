@@ -15,21 +15,18 @@
 //! that end.
 
 use super::prefetch::Prefetched;
-use super::state::{Dirty, Stuck};
 use super::LogBack;
 use crate::engine::Engine;
 use crate::through::Payload;
 use sce_core::PAGE_SIZE;
 use sce_io::{AlignedBuf, IoError};
 use sce_store::wblog::TOMBSTONE;
-use std::collections::HashSet;
+use sce_store::wblog::{Dirty, Stuck};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 /// Versions one batch takes per source writer (4 MiB of pages for 16 writers).
 const BATCH_PAGES: usize = 64;
-/// Pages of one source write, at most (1 MiB).
-const RUN_PAGES: u64 = 256;
 /// Source writes a batch keeps in flight, and while cleaning is urgent (the room is short,
 /// writers wait for it, or a drain runs): a SAN LUN or an NBD export serves many writes at
 /// once, and the cleaner must outpace the writers it keeps waiting, who would have had the
@@ -71,40 +68,6 @@ pub(super) enum Unread {
 }
 
 impl LogBack {
-    /// The pages a batch takes (up to `max`): in `focus` first (a drain's range), then
-    /// those of the oldest live versions; stuck pages only once due, at most
-    /// [`RETRIES_PER_BATCH`] of them. Returns the pages and which of them are retries
-    /// (written alone).
-    fn pick(
-        &self,
-        focus: Option<(u64, u64)>,
-        now: Instant,
-        max: usize,
-    ) -> (Vec<u64>, HashSet<u64>) {
-        let st = self.st.lock();
-        let mut pages = match focus {
-            Some((a, b)) => st.dirty_pages_in(a, b, max, now),
-            None => Vec::new(),
-        };
-        let mut seen: HashSet<u64> = pages.iter().copied().collect();
-        for &g in st.live.values() {
-            if pages.len() >= max {
-                break;
-            }
-            if st.stuck.get(&g).is_none_or(|s| s.retry_at <= now) && seen.insert(g) {
-                pages.push(g);
-            }
-        }
-        let mut alone = HashSet::new();
-        pages.retain(|g| match st.stuck.get(g) {
-            None => true,
-            Some(_) if alone.len() < RETRIES_PER_BATCH => alone.insert(*g),
-            Some(_) => false,
-        });
-        pages.retain(|g| st.index.contains_key(g));
-        (pages, alone)
-    }
-
     /// One batch (see the module's doc), of `focus` first if given. Never fails as a
     /// whole: what was cleaned is released, what failed is counted. Once `stop` says so
     /// (its caller gave up, the volume shuts down), no further run starts: what was not
@@ -133,14 +96,12 @@ impl LogBack {
             } else {
                 self.rate_pages()
             });
-        let (mut pages, alone) = self.pick(focus, now, most);
+        let (pages, alone) = self.st.lock().pick(focus, now, most, RETRIES_PER_BATCH);
         if pages.is_empty() {
             self.settle_tail();
             return Batch::default();
         }
-        pages.sort_unstable();
-        pages.dedup();
-        let runs = self.runs(&pages, &alone);
+        let runs = self.st.lock().runs(&pages, &alone);
         let positions: Vec<u64> = {
             let st = self.st.lock();
             pages
@@ -174,14 +135,9 @@ impl LogBack {
                 st.cleaned(g, l);
             }
             for g in failed {
-                if st.index.contains_key(&g) {
-                    let s = st.stuck.entry(g).or_insert(Stuck {
-                        tries: 0,
-                        retry_at: now,
-                    });
-                    s.tries += 1;
-                    s.retry_at = Instant::now() + Stuck::backoff(s.tries);
-                }
+                st.clean_failed(g, now, |tries| {
+                    Instant::now() + Stuck::<Instant>::backoff(tries)
+                });
             }
         }
         self.bytes_cleaned.fetch_add(b.cleaned * PAGE_SIZE, Relaxed);
@@ -193,12 +149,7 @@ impl LogBack {
     /// writers waiting for room only if either moved (else a writer that wakes the cleaner
     /// for room and a cleaner with nothing it may take would wake each other in a loop).
     pub(super) fn settle_tail(&self) {
-        let moved = {
-            let mut st = self.st.lock();
-            let (tail, was) = (st.tail(), st.w.tail());
-            st.w.set_tail(tail);
-            st.w.tail() != was
-        };
+        let moved = self.st.lock().settle_tail();
         let anchored = self.advance_anchor().unwrap_or_else(|err| {
             tracing::warn!("write-back log: the anchor could not be moved: {err}");
             false
@@ -238,30 +189,6 @@ impl LogBack {
                 .map(|w| w.join().expect("a cleaning thread panicked"))
                 .collect()
         })
-    }
-
-    /// Sorted pages cut into runs of consecutive pages within one volume, at most
-    /// `RUN_PAGES` each, a page of `alone` a run of its own: (first page, pages).
-    fn runs(&self, pages: &[u64], alone: &HashSet<u64>) -> Vec<(u64, u64)> {
-        let mut out = Vec::new();
-        let mut i = 0;
-        while i < pages.len() {
-            let g0 = pages[i];
-            let stop = self.volume_end(g0);
-            let mut n = 1;
-            while !alone.contains(&g0)
-                && i + (n as usize) < pages.len()
-                && pages[i + n as usize] == g0 + n
-                && !alone.contains(&(g0 + n))
-                && g0 + n < stop
-                && n < RUN_PAGES
-            {
-                n += 1;
-            }
-            out.push((g0, n));
-            i += n as usize;
-        }
-        out
     }
 
     /// Writes the newest versions of pages `[g0, g0 + n)` (those that still have one) to

@@ -137,14 +137,8 @@ impl LogBack {
                 "the write-back log could not be committed on the cache device: {err}"
             )));
         }
-        st.w.committed(&p);
-        // A commit that listed pages wants a seal; any commit seals the ones before it.
-        st.unsealed = (p.entries > 0).then(std::time::Instant::now);
-        st.committed(p.entries, p.lpos);
-        let floor = st.w.replay_floor();
-        st.release_cleaned(floor);
+        let more = st.commit_done(&p, std::time::Instant::now());
         self.commits.fetch_add(1, Relaxed);
-        let more = st.w.pending() > 0;
         if !more {
             st.committed = st.committed.max(upto);
         }

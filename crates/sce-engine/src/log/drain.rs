@@ -29,7 +29,6 @@ use crate::engine::Engine;
 use crate::through::Payload;
 use sce_core::PAGE_SIZE;
 use sce_io::{AlignedBuf, IoError};
-use sce_store::wblog::CLEANED;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
@@ -190,30 +189,9 @@ impl LogBack {
     /// (and each it had lost, if `lost`: a write or discard over a lost page ends the loss)
     /// go into the next commit.
     fn supersede(&self, g0: u64, g1: u64, lost: bool) {
-        let mut st = self.st.lock();
-        let pages: Vec<u64> = {
-            let mut v = st.dirty_pages_in(g0, g1, usize::MAX, far_future());
-            if lost {
-                v.extend(st.lost.range(g0..g1).copied());
-            }
-            v.extend(st.cleaned_pages.range(g0..g1).map(|(&g, _)| g));
-            v.sort_unstable();
-            v.dedup();
-            v
-        };
-        for g in pages {
-            // A loss the cleaned entry ends holds the tail until it is durable: its commit
-            // may take the copy reserve.
-            let holds = lost && st.loss_at.contains_key(&g);
-            if st.supersede(g, lost) {
-                let (volume, page) = self.local(g);
-                st.w.supersede(volume, page, holds);
-                st.pending.push_back((CLEANED, g));
-                // Counted as a completion: a FLUSH from now on commits it (a group commit
-                // prepared before it did not take it).
-                st.written += 1;
-            }
-        }
+        self.st
+            .lock()
+            .supersede_range(g0, g1, lost, |g| self.local(g));
     }
 
     /// A client's write to a range being drained: through to the source, superseding the
@@ -293,9 +271,4 @@ impl LogBack {
         let zeros = AlignedBuf::new(len as usize);
         self.write(e, offset, &zeros)
     }
-}
-
-/// A moment after every backoff: stuck pages count too.
-fn far_future() -> Instant {
-    Instant::now() + Duration::from_secs(86400 * 365)
 }

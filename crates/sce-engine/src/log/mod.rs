@@ -40,7 +40,6 @@ mod queued;
 mod read;
 mod room;
 mod seq;
-mod state;
 mod stats;
 mod tune;
 mod write;
@@ -57,8 +56,11 @@ use crate::through::WriteThrough;
 use parking_lot::{Condvar, Mutex};
 use sce_core::PAGE_SIZE;
 use sce_io::BlockDevice;
+use sce_store::wblog::state::GROUP_SHIFT;
 use sce_store::wblog::LogRegion;
-use state::{Dirty, St, GROUP_SHIFT};
+
+/// The log's state in memory (`sce_store::wblog::LogState`), on the engine's clock.
+pub(super) type St = sce_store::wblog::LogState<std::time::Instant>;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -173,12 +175,6 @@ impl LogBack {
         let g = self.vols[i].base + page;
         let end = self.vols.get(i + 1).map_or(u64::MAX, |v| v.base);
         (g < end).then_some(g)
-    }
-
-    /// The volume boundary after global page `g` (runs never cross one).
-    fn volume_end(&self, g: u64) -> u64 {
-        let i = self.vols.partition_point(|v| v.base <= g);
-        self.vols.get(i).map_or(u64::MAX, |v| v.base)
     }
 
     /// The bytes of pages `[g0, g0 + n)` that lie inside their volume (the last page of a

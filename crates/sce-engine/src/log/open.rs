@@ -4,7 +4,7 @@
 //! with older versions; so is a start in another mode than write-back while the log holds
 //! dirty pages, and one that leaves out a volume with dirty pages in the log.
 
-use super::{Dirty, LogBack, St, Vol};
+use super::{LogBack, St, Vol};
 use crate::persist::Persist;
 use crate::through::WriteThrough;
 use parking_lot::{Condvar, Mutex};
@@ -210,27 +210,21 @@ impl LogBack {
                  table does not hold: `sce check` the device"
             ))),
         };
-        let mut st = self.st.lock();
+        let mut lost = Vec::with_capacity(r.lost.len());
         for &(volume, page) in &r.lost {
             if let Some(g) = served(volume, page)? {
                 let at = r.lost_at.get(&(volume, page)).copied();
-                st.lost.insert(g);
-                st.loss_at.insert(g, at.unwrap_or(r.tail));
+                lost.push((g, at.unwrap_or(r.tail)));
             }
         }
-        // Room for their tombstones stays kept (never given back: a handful of blocks).
-        let carried = st.loss_at.len() as u64;
-        st.w.set_carried(carried);
-        let mut by_pos = Vec::with_capacity(r.index.len());
+        let mut versions = Vec::with_capacity(r.index.len());
         for ((volume, page), v) in r.index.iter() {
             if let Some(g) = served(volume, page)? {
-                by_pos.push((v.lpos, g, v.crc));
+                versions.push((v.lpos, g, v.crc));
             }
         }
-        by_pos.sort_unstable();
-        for (lpos, g, crc) in by_pos {
-            st.newest(g, Dirty { lpos, crc }, false);
-        }
+        let mut st = self.st.lock();
+        st.restore(lost, versions);
         let holds = !st.index.is_empty() || !st.lost.is_empty();
         if holds && !writeback {
             return Err(IoError::Failed(format!(

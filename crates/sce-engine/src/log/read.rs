@@ -7,11 +7,11 @@
 //! its checksum and the page read again from where it is now.
 
 use super::batch::Unread;
-use super::state::Dirty;
 use super::LogBack;
 use crate::engine::Engine;
 use sce_core::PAGE_SIZE;
 use sce_io::{AlignedBuf, IoError};
+use sce_store::wblog::Dirty;
 use std::sync::atomic::Ordering::Relaxed;
 
 impl LogBack {

@@ -14,10 +14,10 @@
 
 use super::batch::Unread;
 use super::commit::Try;
-use super::state::Dirty;
 use super::LogBack;
 use sce_core::PAGE_SIZE;
 use sce_io::AlignedBuf;
+use sce_store::wblog::Dirty;
 use sce_store::wblog::{page_crc, LogEntry, LogWriter, TOMBSTONE};
 use std::sync::atomic::Ordering::Relaxed;
 

@@ -12,8 +12,8 @@
 //! watermark) takes no room the others are still owed: its writers wait while the rest of
 //! the log is reserved for them, and go on while there is more.
 
-use super::state::St;
 use super::LogBack;
+use super::St;
 use sce_core::WritebackTuning;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;

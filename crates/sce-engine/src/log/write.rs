@@ -6,7 +6,6 @@
 //! and a large write of a long sequential stream (`seq.rs`), go through to the source
 //! instead (`drain.rs`).
 
-use super::state::Dirty;
 use super::LogBack;
 use crate::engine::Engine;
 use sce_core::PAGE_SIZE;
@@ -126,29 +125,15 @@ impl LogBack {
             Ok(()) => self.entries(g0, lpos, bytes),
             Err(_) => Vec::new(),
         };
-        let mut st = self.st.lock();
-        st.landed(lpos);
+        let ok = written.is_ok().then_some(&entries[..]);
+        self.st.lock().appended(g0, lpos, ok);
         if let Err(err) = written {
             // The positions stay unused (never committed); the pages keep their versions.
-            drop(st);
             e.device_errors(1, &format!("write-back log write failed: {err}"));
             return Err(IoError::Failed(format!(
                 "the write-back log could not be written: {err}"
             )));
         }
-        st.w.completed(&entries);
-        for (i, en) in entries.iter().enumerate() {
-            let g = g0 + i as u64;
-            let d = Dirty {
-                lpos: en.lpos,
-                crc: en.crc,
-            };
-            st.newest(g, d, true);
-            st.lost.remove(&g);
-            // A page the source refused stays stuck (its retries keep their backoff): a
-            // new version of it does not mend the source's block.
-        }
-        st.written += 1;
         Ok(())
     }
 

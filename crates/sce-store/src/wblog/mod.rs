@@ -27,6 +27,7 @@
 
 mod record;
 mod replay;
+pub mod state;
 mod writer;
 
 pub use record::{
@@ -34,6 +35,7 @@ pub use record::{
     RECORD_HEADER, WBLOG_MAGIC, WBLOG_VERSION, WBLOG_VERSION_FIRST,
 };
 pub use replay::{replay, Broken, Replayed};
+pub use state::{Dirty, LogState, Stuck};
 pub use writer::{Full, LogWriter, PreparedCommit};
 
 use std::collections::HashMap;

@@ -1,32 +1,41 @@
-//! The log's state in memory (under `LogBack::st`, a leaf lock): which version of each
-//! dirty page is newest, which versions the tail may not pass yet, what waits for a commit,
-//! the pages lost or stuck, and the ranges being drained. No I/O here: the callers in this
-//! module do the device and source I/O and report back.
+//! The log's state in memory (the engine's `LogBack::st`, a leaf lock; the simulator's
+//! `--mode writeback`): which version of each dirty page is newest, which versions the tail
+//! may not pass yet, what waits for a commit, the pages lost or stuck, the ranges being
+//! drained, and what cleaning takes next. No I/O here: the engine does the device and
+//! source I/O and reports back, and so does the simulator in virtual time. `T` is the
+//! caller's clock (`Instant` in the engine, virtual nanoseconds in the simulator).
 
-use sce_store::wblog::{LogWriter, CLEANED, TOMBSTONE};
+use super::{LogEntry, LogWriter, PreparedCommit, CLEANED, TOMBSTONE};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
-use std::time::{Duration, Instant};
 
-/// Pages per group of `St::groups` (2^8 pages: 1 MiB).
-pub(super) const GROUP_SHIFT: u32 = 8;
+/// Pages of one cleaning write to the source, at most (1 MiB).
+pub const RUN_PAGES: u64 = 256;
+use std::time::Duration;
+
+/// Pages per group of `LogState::groups` (2^8 pages: 1 MiB).
+pub const GROUP_SHIFT: u32 = 8;
 
 /// A dirty page's newest version: its log position and checksum.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Dirty {
-    pub(super) lpos: u64,
-    pub(super) crc: u32,
+pub struct Dirty {
+    /// Its position in the log.
+    pub lpos: u64,
+    /// The CRC-32C of its 4 KiB.
+    pub crc: u32,
 }
 
 /// A page whose cleaning failed at the source: when to try again, and how often it failed.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Stuck {
-    pub(super) tries: u32,
-    pub(super) retry_at: Instant,
+pub struct Stuck<T> {
+    /// Failures so far.
+    pub tries: u32,
+    /// When to try again.
+    pub retry_at: T,
 }
 
-impl Stuck {
+impl<T> Stuck<T> {
     /// The wait after `tries` failures: 50 ms doubling to 30 s.
-    pub(super) fn backoff(tries: u32) -> Duration {
+    pub fn backoff(tries: u32) -> Duration {
         Duration::from_millis(50)
             .saturating_mul(1 << tries.min(10))
             .min(Duration::from_secs(30))
@@ -34,67 +43,71 @@ impl Stuck {
 }
 
 /// The log's state in memory.
-pub(super) struct St {
-    pub(super) w: LogWriter,
+pub struct LogState<T> {
+    /// The writer: positions, sequence numbers, what waits for a commit.
+    pub w: LogWriter,
     /// Global page number → its newest version in the log.
-    pub(super) index: HashMap<u64, Dirty>,
+    pub index: HashMap<u64, Dirty>,
     /// Pages of `index` per 1 MiB of the address space (`g >> GROUP_SHIFT`), in address
     /// order: where dirty data is, for block status and drains.
-    pub(super) groups: BTreeMap<u64, u32>,
+    pub groups: BTreeMap<u64, u32>,
     /// The versions the tail may not pass, by log position (→ page): each page's newest,
     /// and older ones until a newer version is committed or cleaned (a crash before that
     /// must find the older one: it may be what the last FLUSH made durable). The cleaner
     /// takes the pages of the oldest. (Writes complete out of order: a queue in completion
     /// order would put a later position before an earlier one.)
-    pub(super) live: BTreeMap<u64, u64>,
+    pub live: BTreeMap<u64, u64>,
     /// Per page, its older versions still in `live`.
-    pub(super) older: HashMap<u64, Vec<u64>>,
+    pub older: HashMap<u64, Vec<u64>>,
     /// Completed versions no commit has taken yet, in completion order (the writer's own
     /// pending list, mirrored: a commit takes them from the front). Tombstones and cleaned
     /// entries have `TOMBSTONE` and `CLEANED` as their position.
-    pub(super) pending: VecDeque<(u64, u64)>,
+    pub pending: VecDeque<(u64, u64)>,
     /// Data writes allocated and not yet completed, by first position (count): the tail
     /// never passes one.
-    pub(super) inflight: BTreeMap<u64, u32>,
+    pub inflight: BTreeMap<u64, u32>,
     /// Pages whose only copy was found damaged (at start or while serving): reads fail until
     /// a write covers the page whole (never an older version).
-    pub(super) lost: BTreeSet<u64>,
+    pub lost: BTreeSet<u64>,
     /// Where the log records each loss (the damaged version, or the commit whose tombstone
     /// carries it): the tail does not pass it until a later commit carries the loss or a
     /// write that replaced the page is committed, so that a replay from any anchor finds the
     /// loss or the newer version.
-    pub(super) loss_at: HashMap<u64, u64>,
+    pub loss_at: HashMap<u64, u64>,
     /// Lost pages whose tombstone is pending or in a commit not yet durable.
-    pub(super) carrying: HashSet<u64>,
+    pub carrying: HashSet<u64>,
     /// Versions superseded by a cleaned entry not yet durable (page → positions). They do
     /// not hold the tail (`supersede`).
-    pub(super) superseded: HashMap<u64, Vec<u64>>,
+    pub superseded: HashMap<u64, Vec<u64>>,
     /// Pages whose write to the source failed, retried after their backoff.
-    pub(super) stuck: HashMap<u64, Stuck>,
+    pub stuck: HashMap<u64, Stuck<T>>,
     /// Cleaned versions a replay could still bring back (at or above the writer's replay
     /// floor), by position → page, and their pages (→ how many): harmless while the source
     /// holds those bytes, so a write or discard that goes to the source behind the log
     /// supersedes them with a cleaned entry, and so does the end of a drain.
-    pub(super) cleaned_at: BTreeMap<u64, u64>,
-    pub(super) cleaned_pages: BTreeMap<u64, u32>,
+    pub cleaned_at: BTreeMap<u64, u64>,
+    /// The pages of `cleaned_at` (→ how many versions).
+    pub cleaned_pages: BTreeMap<u64, u32>,
     /// Global page ranges `[first, end)` being drained: writes there go through to the
     /// source (one per drain under way).
-    pub(super) drains: Vec<(u64, u64)>,
+    pub drains: Vec<(u64, u64)>,
     /// The first global page of each volume, in address order, and its dirty pages.
-    pub(super) bases: Vec<u64>,
-    pub(super) vol_dirty: Vec<u64>,
+    pub bases: Vec<u64>,
+    /// Dirty pages per volume (same order).
+    pub vol_dirty: Vec<u64>,
     /// Write completions so far, and how many of them the last commit covered.
-    pub(super) written: u64,
-    pub(super) committed: u64,
+    pub written: u64,
+    /// How many of `written` the last commit covered.
+    pub committed: u64,
     /// When the last commit, which listed pages, completed, if no commit followed it yet
     /// (it wants a seal: `commit.rs`).
-    pub(super) unsealed: Option<Instant>,
+    pub unsealed: Option<T>,
 }
 
-impl St {
+impl<T: Copy + Ord> LogState<T> {
     /// The state of a log written by `w` for volumes starting at global pages `bases`.
-    pub(super) fn new(w: LogWriter, bases: Vec<u64>) -> St {
-        St {
+    pub fn new(w: LogWriter, bases: Vec<u64>) -> Self {
+        LogState {
             w,
             index: Default::default(),
             groups: Default::default(),
@@ -119,12 +132,12 @@ impl St {
     }
 
     /// The volume (index in address order) global page `g` belongs to.
-    pub(super) fn vol_of(&self, g: u64) -> usize {
+    pub fn vol_of(&self, g: u64) -> usize {
         self.bases.partition_point(|&b| b <= g).max(1) - 1
     }
 
     /// Page `g`'s newest version is now `d`, just completed (`pending`: not committed).
-    pub(super) fn newest(&mut self, g: u64, d: Dirty, pending: bool) {
+    pub fn newest(&mut self, g: u64, d: Dirty, pending: bool) {
         match self.index.insert(g, d) {
             Some(old) => self.older.entry(g).or_default().push(old.lpos),
             None => {
@@ -160,7 +173,7 @@ impl St {
 
     /// Page `g`'s versions before position `lpos` are no longer needed (a newer one is
     /// committed, or on the source).
-    pub(super) fn drop_older(&mut self, g: u64, lpos: u64) {
+    pub fn drop_older(&mut self, g: u64, lpos: u64) {
         if let Some(v) = self.older.get_mut(&g) {
             for l in v.iter().filter(|&&l| l < lpos) {
                 self.live.remove(l);
@@ -173,7 +186,7 @@ impl St {
     }
 
     /// A commit (at `at`) of the first `n` pending entries is durable.
-    pub(super) fn committed(&mut self, n: usize, at: u64) {
+    pub fn committed(&mut self, n: usize, at: u64) {
         for _ in 0..n {
             let Some((l, g)) = self.pending.pop_front() else {
                 break;
@@ -207,7 +220,7 @@ impl St {
     /// Page `g`'s version `lpos` is on the source (flushed): it and every older one go,
     /// and the page leaves the index unless a newer version came meanwhile. (Versions a
     /// cleaned entry superseded stay until it is durable.)
-    pub(super) fn cleaned(&mut self, g: u64, lpos: u64) {
+    pub fn cleaned(&mut self, g: u64, lpos: u64) {
         self.drop_older(g, lpos);
         if self.index.get(&g).is_some_and(|d| d.lpos == lpos) {
             self.unindex(g);
@@ -226,7 +239,7 @@ impl St {
     }
 
     /// Cleaned versions below `floor` (the writer's replay floor) can no longer come back.
-    pub(super) fn release_cleaned(&mut self, floor: u64) {
+    pub fn release_cleaned(&mut self, floor: u64) {
         while let Some(e) = self.cleaned_at.first_entry() {
             if *e.key() >= floor {
                 break;
@@ -244,7 +257,7 @@ impl St {
 
     /// True if a replay could bring back a version of a page of `[g0, g1)`, or it is lost:
     /// a write or discard that goes to the source there must supersede it.
-    pub(super) fn held_in(&self, g0: u64, g1: u64) -> bool {
+    pub fn held_in(&self, g0: u64, g1: u64) -> bool {
         self.dirty_in(g0, g1) != (0, 0) || self.cleaned_pages.range(g0..g1).next().is_some()
     }
 
@@ -254,7 +267,7 @@ impl St {
     /// cleaned version a replay could bring back (a cleaned entry is then due).
     /// A lost page is left as it is unless `end_loss` (a write or discard over it ends it;
     /// the end of a drain does not).
-    pub(super) fn supersede(&mut self, g: u64, end_loss: bool) -> bool {
+    pub fn supersede(&mut self, g: u64, end_loss: bool) -> bool {
         if !end_loss && self.lost.contains(&g) {
             return false;
         }
@@ -281,7 +294,7 @@ impl St {
     /// Page `g`'s version `d` failed its checksum (its only copy is damaged): if it is still
     /// the newest, the page is lost from now on, its loss recorded at `d` until a tombstone
     /// carries it (the caller queues one). True if it was.
-    pub(super) fn damaged(&mut self, g: u64, d: Dirty) -> bool {
+    pub fn damaged(&mut self, g: u64, d: Dirty) -> bool {
         if self.index.get(&g) != Some(&d) {
             return false;
         }
@@ -295,7 +308,7 @@ impl St {
     }
 
     /// The write allocated at `lpos` is no longer in flight (completed, or given up).
-    pub(super) fn landed(&mut self, lpos: u64) {
+    pub fn landed(&mut self, lpos: u64) {
         let left = self.inflight.get_mut(&lpos).map(|c| {
             *c -= 1;
             *c
@@ -307,7 +320,7 @@ impl St {
 
     /// The oldest position still needed but for the records of losses: the oldest live
     /// version or write in flight.
-    pub(super) fn tail_of_data(&self) -> u64 {
+    pub fn tail_of_data(&self) -> u64 {
         let live = self.live.keys().next().copied().unwrap_or(u64::MAX);
         let inflight = self.inflight.keys().next().copied().unwrap_or(u64::MAX);
         live.min(inflight).min(self.w.head())
@@ -315,18 +328,18 @@ impl St {
 
     /// The oldest position still needed: the oldest live version, write in flight, or
     /// record of a loss.
-    pub(super) fn tail(&self) -> u64 {
+    pub fn tail(&self) -> u64 {
         let lost = self.loss_at.values().copied().min().unwrap_or(u64::MAX);
         self.tail_of_data().min(lost)
     }
 
     /// True if global pages `[g0, g1)` overlap a range being drained.
-    pub(super) fn draining(&self, g0: u64, g1: u64) -> bool {
+    pub fn draining(&self, g0: u64, g1: u64) -> bool {
         self.drains.iter().any(|&(a, b)| a < g1 && g0 < b)
     }
 
     /// Dirty and lost pages among global pages `[g0, g1)`.
-    pub(super) fn dirty_in(&self, g0: u64, g1: u64) -> (u64, u64) {
+    pub fn dirty_in(&self, g0: u64, g1: u64) -> (u64, u64) {
         let groups = (g0 >> GROUP_SHIFT)..=((g1.max(1) - 1) >> GROUP_SHIFT);
         let mut dirty = 0;
         for (&k, &n) in self.groups.range(groups) {
@@ -344,7 +357,7 @@ impl St {
 
     /// Up to `max` pages with a version among global pages `[g0, g1)`, by the position of
     /// their newest version (oldest first), leaving out stuck pages not due at `now`.
-    pub(super) fn dirty_pages_in(&self, g0: u64, g1: u64, max: usize, now: Instant) -> Vec<u64> {
+    pub fn dirty_pages_in(&self, g0: u64, g1: u64, max: usize, now: T) -> Vec<u64> {
         let groups = (g0 >> GROUP_SHIFT)..=((g1.max(1) - 1) >> GROUP_SHIFT);
         let mut out: Vec<(u64, u64)> = Vec::new();
         for (&k, _) in self.groups.range(groups) {
@@ -362,5 +375,185 @@ impl St {
         }
         out.sort_unstable();
         out.into_iter().take(max).map(|(_, g)| g).collect()
+    }
+
+    /// The first global page after `g`'s volume (`u64::MAX` for the last volume).
+    pub fn volume_end(&self, g: u64) -> u64 {
+        let i = self.bases.partition_point(|&b| b <= g);
+        self.bases.get(i).copied().unwrap_or(u64::MAX)
+    }
+
+    /// What cleaning takes next, up to `max` pages: in `focus` first (a drain's range), then
+    /// the pages of the oldest live versions (the tail's); stuck pages only once due at
+    /// `now`, at most `retries` of them. Returns the pages and which of them are retries
+    /// (each written alone, so that one bad block holds only itself).
+    pub fn pick(
+        &self,
+        focus: Option<(u64, u64)>,
+        now: T,
+        max: usize,
+        retries: usize,
+    ) -> (Vec<u64>, HashSet<u64>) {
+        let mut pages = match focus {
+            Some((a, b)) => self.dirty_pages_in(a, b, max, now),
+            None => Vec::new(),
+        };
+        let mut seen: HashSet<u64> = pages.iter().copied().collect();
+        for &g in self.live.values() {
+            if pages.len() >= max {
+                break;
+            }
+            if self.stuck.get(&g).is_none_or(|s| s.retry_at <= now) && seen.insert(g) {
+                pages.push(g);
+            }
+        }
+        let mut alone = HashSet::new();
+        pages.retain(|g| match self.stuck.get(g) {
+            None => true,
+            Some(_) if alone.len() < retries => alone.insert(*g),
+            Some(_) => false,
+        });
+        pages.retain(|g| self.index.contains_key(g));
+        pages.sort_unstable();
+        pages.dedup();
+        (pages, alone)
+    }
+
+    /// Sorted `pages` cut into the source writes that clean them: runs of consecutive pages
+    /// within one volume, at most [`RUN_PAGES`] each, a page of `alone` a run of its own:
+    /// (first page, pages).
+    pub fn runs(&self, pages: &[u64], alone: &HashSet<u64>) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < pages.len() {
+            let g0 = pages[i];
+            let stop = self.volume_end(g0);
+            let mut n = 1;
+            while !alone.contains(&g0)
+                && i + (n as usize) < pages.len()
+                && pages[i + n as usize] == g0 + n
+                && !alone.contains(&(g0 + n))
+                && g0 + n < stop
+                && n < RUN_PAGES
+            {
+                n += 1;
+            }
+            out.push((g0, n));
+            i += n as usize;
+        }
+        out
+    }
+
+    /// Cleaning page `g` failed at the source: it stays dirty, stuck, retried at
+    /// `retry(tries)` (the caller's clock after [`Stuck::backoff`]).
+    pub fn clean_failed(&mut self, g: u64, now: T, retry: impl FnOnce(u32) -> T) {
+        if self.index.contains_key(&g) {
+            let s = self.stuck.entry(g).or_insert(Stuck {
+                tries: 0,
+                retry_at: now,
+            });
+            s.tries += 1;
+            s.retry_at = retry(s.tries);
+        }
+    }
+
+    /// A data write allocated at `lpos` completed (`entries`, of global pages `g0..`, or
+    /// `None` if it failed: its positions stay unused and the pages keep their versions):
+    /// no longer in flight, and each page's newest version, pending the next commit. A new
+    /// version ends a loss; a page the source refused stays stuck (a new version does not
+    /// mend the source's block).
+    pub fn appended(&mut self, g0: u64, lpos: u64, entries: Option<&[LogEntry]>) {
+        self.landed(lpos);
+        let Some(entries) = entries else { return };
+        self.w.completed(entries);
+        for (i, en) in entries.iter().enumerate() {
+            let g = g0 + i as u64;
+            let d = Dirty {
+                lpos: en.lpos,
+                crc: en.crc,
+            };
+            self.newest(g, d, true);
+            self.lost.remove(&g);
+        }
+        self.written += 1;
+    }
+
+    /// Commit `p` is durable (written and flushed) at `now`: the writer told, the versions
+    /// it names take over from older ones, cleaned versions below the replay floor
+    /// released. True if more completions wait for a commit.
+    pub fn commit_done(&mut self, p: &PreparedCommit, now: T) -> bool {
+        self.w.committed(p);
+        // A commit that listed pages wants a seal; any commit seals the ones before it.
+        self.unsealed = (p.entries > 0).then_some(now);
+        self.committed(p.entries, p.lpos);
+        let floor = self.w.replay_floor();
+        self.release_cleaned(floor);
+        self.w.pending() > 0
+    }
+
+    /// The tail as far as the state allows: true if it moved.
+    pub fn settle_tail(&mut self) -> bool {
+        let (tail, was) = (self.tail(), self.w.tail());
+        self.w.set_tail(tail);
+        self.w.tail() != was
+    }
+
+    /// The pages of `[g0, g1)` the log holds a version of (stuck or not), has lost (if
+    /// `lost`), or holds a cleaned version of that a replay could bring back, sorted.
+    pub fn held_pages(&self, g0: u64, g1: u64, lost: bool) -> Vec<u64> {
+        let groups = (g0 >> GROUP_SHIFT)..=((g1.max(1) - 1) >> GROUP_SHIFT);
+        let mut v: Vec<u64> = Vec::new();
+        for (&k, _) in self.groups.range(groups) {
+            let (a, b) = ((k << GROUP_SHIFT).max(g0), ((k + 1) << GROUP_SHIFT).min(g1));
+            v.extend((a..b).filter(|g| self.index.contains_key(g)));
+        }
+        if lost {
+            v.extend(self.lost.range(g0..g1).copied());
+        }
+        v.extend(self.cleaned_pages.range(g0..g1).map(|(&g, _)| g));
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// The source holds the newest bytes of pages `[g0, g1)`, flushed (a write through, a
+    /// discard, a drain's end): a cleaned entry for each page the log holds a version of
+    /// (and each it had lost, if `lost`: a write or discard over a lost page ends the loss)
+    /// goes into the next commit, counted as a completion so that a FLUSH from now on
+    /// commits it. `local` names a global page's (volume id, page).
+    pub fn supersede_range(
+        &mut self,
+        g0: u64,
+        g1: u64,
+        lost: bool,
+        local: impl Fn(u64) -> (u32, u64),
+    ) {
+        for g in self.held_pages(g0, g1, lost) {
+            // A loss the cleaned entry ends holds the tail until it is durable: its commit
+            // may take the copy reserve.
+            let holds = lost && self.loss_at.contains_key(&g);
+            if self.supersede(g, lost) {
+                let (volume, page) = local(g);
+                self.w.supersede(volume, page, holds);
+                self.pending.push_back((CLEANED, g));
+                self.written += 1;
+            }
+        }
+    }
+
+    /// What a replay found, put back: `lost` pages (global page, where the log records the
+    /// loss) and the newest `versions` (position, global page, checksum).
+    pub fn restore(&mut self, lost: Vec<(u64, u64)>, mut versions: Vec<(u64, u64, u32)>) {
+        for (g, at) in lost {
+            self.lost.insert(g);
+            self.loss_at.insert(g, at);
+        }
+        // Room for their tombstones stays kept (never given back: a handful of blocks).
+        let carried = self.loss_at.len() as u64;
+        self.w.set_carried(carried);
+        versions.sort_unstable();
+        for (lpos, g, crc) in versions {
+            self.newest(g, Dirty { lpos, crc }, false);
+        }
     }
 }
