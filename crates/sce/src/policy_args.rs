@@ -127,3 +127,34 @@ impl TuningArgs {
         }
     }
 }
+
+/// `sce sim`'s write-back options: the log's size and the cleaner's settings, as `sce
+/// serve` takes them.
+#[derive(clap::Args, Debug, Clone)]
+pub struct WritebackSimArgs {
+    /// Write-back: bytes of the cache that are the write-back log (auto: what `sce format`
+    /// gives a device of --cache-size: a sixteenth, between 16 MiB and 4 GiB).
+    #[arg(long, default_value = "auto", value_name = "auto|SIZE")]
+    pub writeback_log: sce_server::config::LogSize,
+    /// Write-back: the share of the log in use from which the cleaner cleans in the
+    /// background, as serve's. [default: 25%]
+    #[arg(long, value_name = "SHARE", value_parser = sce_core::wbtune::parse_share)]
+    pub writeback_low_watermark: Option<f64>,
+    /// Write-back: the share of the log in use above which cleaning is urgent, as serve's.
+    /// [default: 75%]
+    #[arg(long, value_name = "SHARE", value_parser = sce_core::wbtune::parse_share)]
+    pub writeback_high_watermark: Option<f64>,
+    /// Write-back: the most background cleaning writes to the source per (virtual) second
+    /// (SIZE, or unlimited), as serve's. [default: unlimited]
+    #[arg(long, value_name = "RATE", value_parser = sce_core::wbtune::parse_rate)]
+    pub writeback_rate: Option<u64>,
+}
+
+impl WritebackSimArgs {
+    /// The cleaner's settings over `t`'s.
+    pub fn apply(&self, t: &mut sce_core::WritebackTuning) {
+        t.low_watermark = self.writeback_low_watermark.unwrap_or(t.low_watermark);
+        t.high_watermark = self.writeback_high_watermark.unwrap_or(t.high_watermark);
+        t.rate = self.writeback_rate.unwrap_or(t.rate);
+    }
+}

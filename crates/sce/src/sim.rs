@@ -47,15 +47,14 @@ pub struct SimArgs {
     #[arg(long, value_parser = parse_size)]
     pub line_size: Option<u64>,
     /// Cache mode of the engine policies: writethrough (asynchronous), writethrough-sync,
-    /// writearound, passthrough or writeback (a cleaner writes dirty data back in source
-    /// order above 10% dirty, harder above 50%, and all of it when idle; JSON then adds
-    /// bytes_written_back, dirty_bytes_at_end, writeback_waits and interval_dirty_share).
-    /// The simulator's writeback keeps dirty pages in the read slots, as sce before issue
-    /// 45 did; `sce serve` now writes back through a log beside them (docs/WRITEBACK.md),
-    /// which the simulator does not model yet.
-    /// flashcache-like always uses writethrough-sync.
+    /// writearound, passthrough or writeback (as `sce serve`'s, on its log state: a log of
+    /// --writeback-log bytes of the cache, cleaned oldest first in runs of up to 1 MiB; JSON
+    /// adds bytes_written_back, writeback_source_writes, writeback_waits and the log in use
+    /// per interval). flashcache-like always uses writethrough-sync.
     #[arg(long, default_value = "writethrough")]
     pub mode: WriteMode,
+    #[command(flatten)]
+    pub writeback: crate::policy_args::WritebackSimArgs,
     /// Length of the intervals of the warm-up curve, in trace seconds.
     #[arg(long, default_value_t = 60.0)]
     pub interval: f64,
@@ -230,6 +229,7 @@ fn policy(p: &str, a: &SimArgs) -> Result<PolicyKind> {
             write_mode: a.mode,
             ..CoreConfig::default()
         };
+        a.writeback.apply(&mut cfg.writeback);
         // serve's default geometry unless sizes are given (1 MiB given counts as none)
         let fragment = (a.fragment_size != 1 << 20).then_some(a.fragment_size);
         sce_server::admission::geometry(&mut cfg, fragment, a.line_size);
@@ -297,6 +297,7 @@ fn config(a: &SimArgs, format: TraceFormat) -> Result<SimConfig> {
         replay: a.replay,
         threads: a.threads,
         core_shards: a.core_shards,
+        writeback_log: Some(a.writeback.writeback_log.bytes(a.cache_size)),
     })
 }
 

@@ -898,10 +898,10 @@ fn format_auto_recognises_every_format_and_json_has_units() {
     );
 }
 
-/// `--mode writeback` on the core's write-back calls (issue 15): writes are acknowledged
-/// at the cache device's speed, the cleaner writes the dirty data back to the source, the
-/// dirty share is reported per interval, and reads see what was written (more hits than
-/// write-through, which invalidates what it writes).
+/// `--mode writeback` through the write-back log, as `sce serve` runs it (issue 45):
+/// writes are acknowledged at the cache device's speed, the cleaner writes the dirty data
+/// back to the source in coalesced runs, the log's share in use is reported per interval,
+/// and reads of pages the log holds are hits.
 #[test]
 fn writeback_in_the_simulator_reports_cleaning_and_dirty_occupancy() {
     let d = tempfile::tempdir().unwrap();
@@ -944,6 +944,20 @@ fn writeback_in_the_simulator_reports_cleaning_and_dirty_occupancy() {
     assert!(
         t["bytes_written_back"].is_null(),
         "only write-back reports it"
+    );
+    let runs = b["writeback_source_writes"].as_u64().unwrap();
+    assert!(
+        runs > 0 && runs <= back / 4096,
+        "{runs} source writes for {back} bytes"
+    );
+    assert_eq!(
+        b["writeback_log_bytes"].as_u64().unwrap(),
+        8 << 20,
+        "auto: a quarter of 32 MiB"
+    );
+    assert!(
+        b["writeback_log_read_pages"].as_u64().unwrap() > 0,
+        "no read found the log"
     );
     let shares = b["interval_dirty_share"].as_array().unwrap();
     assert!(!shares.is_empty());

@@ -17,20 +17,21 @@
 
 use crate::trace::{IoKind, TraceRequest};
 use sce_core::{
-    CacheCopy, Cleaning, CoreConfig, Nanos, OnShard, Populating, RunTarget, ShardedCore,
-    SourceOffset, SourceWrite, WriteBackTxn, WriteKind,
+    CacheCopy, CoreConfig, Nanos, OnShard, Populating, ShardedCore, SourceWrite, WriteMode,
 };
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 mod device;
 mod passthrough;
+mod requests;
 #[cfg(test)]
 mod tests;
 mod writeback;
 
 pub(crate) use device::Device;
 pub use device::{DeviceModel, LatencyHistogram};
+pub use writeback::WritebackResult;
 
 /// An event; the completions carry the core's completion tokens (`sce_core::WriteTxn`),
 /// each with its core shard.
@@ -40,12 +41,10 @@ enum Event {
     PopDone(OnShard<Populating>),
     SourceDone(OnShard<SourceWrite>),
     CacheDone(OnShard<CacheCopy>),
-    /// A write-back write's cache copy is written.
-    WbDone(OnShard<WriteBackTxn>),
-    /// The cleaner looks at the dirty pages.
+    /// The write-back log's cleaner looks at the log, and commits.
     CleanWake,
-    /// A cleaning job's pages are on the source.
-    CleanDone(OnShard<Cleaning>),
+    /// A run of the cleaning batch is on the source.
+    RunCleaned,
 }
 
 /// An event due at `t`; ties run in the order they were scheduled (`seq`).
@@ -118,14 +117,16 @@ pub struct EngineResult {
     pub fragments_evicted: u64,
     /// Write-back: bytes the cleaner wrote to the source.
     pub bytes_written_back: u64,
-    /// Write-back: dirty bytes left in the cache at the end.
+    /// Write-back: dirty bytes left in the log at the end.
     pub dirty_bytes_at_end: u64,
-    /// Write-back: share of the cache's pages that were dirty, per interval: (end of
-    /// interval in seconds, share).
+    /// Write-back: share of the log in use, per interval: (end of interval in seconds,
+    /// share).
     pub dirty_intervals: Vec<(f64, f64)>,
-    /// Write-back: times a write waited for a slot (cache full of dirty data) or for I/O in
-    /// flight on its pages.
+    /// Write-back: times a write waited for room in the log.
     pub writeback_waits: u64,
+    /// Write-back: the log's size, the cleaner's source writes, batches, commits, reads
+    /// served from the log.
+    pub writeback: Option<WritebackResult>,
     /// Bytes read from the cache device by cleaning.
     pub cache_bytes_read: u64,
 }
@@ -150,8 +151,11 @@ pub struct EngineSim {
     origin: Option<u64>,
     now: u64,
     workers: u32,
-    /// Cleaning jobs in flight (write-back).
-    cleaning: u32,
+    /// The write-back log (write-back mode) and its counters.
+    log: Option<writeback::LogSim>,
+    wb: WritebackResult,
+    /// The configuration as given (the core's shards run write-back in write-through).
+    cfg: CoreConfig,
     /// When the last request came (write-back's idle rule).
     last_request: u64,
 }
@@ -167,12 +171,24 @@ impl EngineSim {
         source: DeviceModel,
         interval_secs: f64,
     ) -> Result<Self, sce_core::ConfigError> {
-        Self::with_shards(cfg, source_size, cache_size, ssd, source, interval_secs, 0)
+        Self::with_shards(
+            cfg,
+            source_size,
+            cache_size,
+            ssd,
+            source,
+            interval_secs,
+            0,
+            None,
+        )
     }
 
     /// A simulation whose core is cut into `core_shards` shards as the server's
     /// `core_shards` setting would cut it (0: the server's automatic choice,
-    /// `sce_core::shards_for`; 1: one unsharded core).
+    /// `sce_core::shards_for`; 1: one unsharded core). In write-back, `writeback_log` bytes
+    /// of the cache are the write-back log (`None`: the size `sce format` gives it,
+    /// `sce_store::wblog::auto_log_bytes`) and the rest the read slots, as on a device.
+    #[allow(clippy::too_many_arguments)]
     pub fn with_shards(
         cfg: CoreConfig,
         source_size: u64,
@@ -181,10 +197,26 @@ impl EngineSim {
         source: DeviceModel,
         interval_secs: f64,
         core_shards: usize,
+        writeback_log: Option<u64>,
     ) -> Result<Self, sce_core::ConfigError> {
         let workers = cfg.throttle.max_workers;
         let uses_workers = cfg.admission != sce_core::Admission::Always;
-        let core = ShardedCore::new(cfg, source_size, cache_size, core_shards)?;
+        let log = (cfg.write_mode == WriteMode::WriteBack).then(|| {
+            let bytes = writeback_log
+                .unwrap_or_else(|| sce_store::wblog::auto_log_bytes(cache_size))
+                .clamp(128 * 4096, cache_size / 2);
+            writeback::LogSim::new(bytes, cfg.writeback)
+        });
+        let log_bytes = log.as_ref().map_or(0, |l| l.bytes());
+        let shard_cfg = CoreConfig {
+            write_mode: if log.is_some() {
+                WriteMode::WriteThrough
+            } else {
+                cfg.write_mode
+            },
+            ..cfg.clone()
+        };
+        let core = ShardedCore::new(shard_cfg, source_size, cache_size - log_bytes, core_shards)?;
         let interval_ns = (interval_secs * 1e9).max(1.0) as u64;
         let workers = if uses_workers { workers } else { 0 };
         let mut s = EngineSim {
@@ -203,13 +235,18 @@ impl EngineSim {
             origin: None,
             now: 0,
             workers,
-            cleaning: 0,
+            wb: WritebackResult {
+                log_bytes,
+                ..Default::default()
+            },
+            log,
+            cfg,
             last_request: 0,
         };
         for w in 0..s.workers {
             s.push(0, Event::Wake(w));
         }
-        if s.core.config().write_mode == sce_core::WriteMode::WriteBack {
+        if s.log.is_some() {
             s.push(0, Event::CleanWake);
         }
         Ok(s)
@@ -237,7 +274,7 @@ impl EngineSim {
             self.res
                 .intervals
                 .push((self.next_interval as f64 / 1e9, ratio));
-            if self.core.config().write_mode == sce_core::WriteMode::WriteBack {
+            if self.log.is_some() {
                 let share = self.dirty_share();
                 self.res
                     .dirty_intervals
@@ -302,16 +339,15 @@ impl EngineSim {
                 Event::PopDone(pop) => pop.complete(&mut self.core, true),
                 Event::SourceDone(source) => source.done(&mut self.core, true),
                 Event::CacheDone(copy) => copy.done(&mut self.core, true),
-                Event::WbDone(w) => w.complete(&mut self.core, true),
                 Event::CleanWake => {
+                    self.commit_duties(et);
                     self.clean(et, false);
                     if intervals {
                         self.push(et + writeback::CLEAN_PERIOD, Event::CleanWake);
                     }
                 }
-                Event::CleanDone(job) => {
-                    job.complete(&mut self.core, true);
-                    self.cleaning -= 1;
+                Event::RunCleaned => {
+                    self.run_cleaned(et);
                     // After the trace (`finish`), what is in flight completes; nothing new.
                     if intervals {
                         self.clean(et, false);
@@ -345,10 +381,10 @@ impl EngineSim {
         self.origin.get_or_insert(t);
     }
 
-    /// Read pages hit and missed so far.
+    /// Read pages hit (the log's among them) and missed so far.
     pub fn read_pages(&self) -> (u64, u64) {
         (
-            self.core.stat(|s| s.read_pages_hit),
+            self.core.stat(|s| s.read_pages_hit) + self.wb.log_read_pages,
             self.core.stat(|s| s.read_pages_missed),
         )
     }
@@ -358,55 +394,9 @@ impl EngineSim {
         self.core.shards()
     }
 
-    /// The core's configuration.
+    /// The configuration simulated.
     pub fn config(&self) -> &CoreConfig {
-        self.core.config()
-    }
-
-    /// Another host wrote `[offset, offset+len)` of the shared source: drops this cache's
-    /// copies of those pages (and spoils population in flight over them, as a local write
-    /// would), without writing anything. Returns true if a valid page was dropped.
-    pub fn invalidate(&mut self, offset: u64, len: u64) -> bool {
-        let size = self.core.geometry().source_size();
-        let (off, end) = (offset.min(size), offset.saturating_add(len).min(size));
-        if end <= off {
-            return false;
-        }
-        let geo = *self.core.geometry();
-        let mut held = false;
-        let mut mapped = false;
-        let mut f = geo.fragment_of(SourceOffset(off));
-        while geo.fragment_start(f).0 < end {
-            if self.core.exists(f).is_some() {
-                mapped = true;
-                let lo = geo.fragment_start(f).0.max(off);
-                let hi = (geo.fragment_start(f).0 + geo.fragment_len(f)).min(end);
-                let mut p = lo & !4095;
-                while p < hi && !held {
-                    held = self.core.is_cached(SourceOffset(p));
-                    p += 4096;
-                }
-            }
-            f = sce_core::FragNo(f.0 + 1);
-        }
-        if mapped {
-            let (o, l) = (off / 512 * 512, end.div_ceil(512) * 512 - off / 512 * 512);
-            let at = SourceOffset(o);
-            if let Ok(txns) = self
-                .core
-                .begin_write(at, l.min(size - o), WriteKind::Discard)
-            {
-                for txn in txns {
-                    let (source, copies) = txn.into_halves();
-                    // A discard plans no cache copy.
-                    for copy in copies {
-                        copy.done(&mut self.core, false);
-                    }
-                    source.done(&mut self.core, true);
-                }
-            }
-        }
-        held
+        &self.cfg
     }
 
     /// Feeds one trace request, issued at `r.time_ns`. Requests must come in time order (a
@@ -446,75 +436,17 @@ impl EngineSim {
         self.last_request = t;
         match r.kind {
             IoKind::Read => {
-                let Ok(mut read) = self.core.begin_read(SourceOffset(off), len) else {
-                    return t;
+                let done = if self.log.is_some() {
+                    self.read_through_log(t, off, len)
+                } else {
+                    self.read(t, off, len)
                 };
-                let mut done = t;
-                let mut source_done = t;
-                for run in read.pieces().flat_map(|(_, plan)| &plan.runs) {
-                    let d = match run.target {
-                        RunTarget::Cache(_) => self.ssd.io(t, run.len, false),
-                        RunTarget::Source(_) => {
-                            self.res.source_bytes_read += run.len;
-                            let d = self.source.io(t, run.len, false);
-                            source_done = source_done.max(d);
-                            d
-                        }
-                    };
-                    done = done.max(d);
-                }
-                // Inline fills (admission `always`) are written before the read completes.
-                for f in read.pieces().flat_map(|(_, plan)| &plan.fills) {
-                    done = done.max(self.ssd.io(source_done, f.len, true));
-                    self.res.cache_bytes_written += f.len;
-                }
-                for pop in read.take_populations() {
-                    pop.complete(&mut self.core, true);
-                }
-                drop(read);
                 self.lat.record(done - t);
                 done
             }
-            IoKind::Write if self.core.config().write_mode == sce_core::WriteMode::WriteBack => {
-                self.write_back(t, off, len)
-            }
+            IoKind::Write if self.log.is_some() => self.write_back(t, off, len),
             IoKind::Write => self.write_through(t, off, len),
         }
-    }
-
-    /// A write in the write-through modes (and write-around, passthrough) at `t`: returns
-    /// when it is acknowledged.
-    fn write_through(&mut self, t: u64, off: u64, len: u64) -> u64 {
-        let Ok(txns) = self
-            .core
-            .begin_write(SourceOffset(off), len, WriteKind::Data)
-        else {
-            return t;
-        };
-        let synchronous = self.core.config().write_mode == sce_core::WriteMode::WriteThrough;
-        let sdone = self.source.io(t, len, true);
-        self.res.source_bytes_written += len;
-        let mut ack = sdone;
-        // One source write for the request; its pieces' halves complete with it.
-        let copies: Vec<_> = txns
-            .into_iter()
-            .flat_map(|txn| {
-                let (source, copies) = txn.into_halves();
-                self.push(sdone, Event::SourceDone(source));
-                copies
-            })
-            .collect();
-        for copy in copies {
-            let l = copy.write().len;
-            let cdone = self.ssd.io(t, l, true);
-            self.res.cache_bytes_written += l;
-            self.push(cdone, Event::CacheDone(copy));
-            if synchronous {
-                ack = ack.max(cdone);
-            }
-        }
-        self.wlat.record(ack - t);
-        ack
     }
 
     /// Runs what is left in flight and returns the results.
@@ -572,7 +504,10 @@ impl EngineSim {
         self.res.fragments_populated = self.core.stat(|s| s.populations_completed);
         self.res.miss_fills = self.core.stat(|s| s.miss_fills);
         self.res.fragments_evicted = self.core.stat(|s| s.fragments_evicted);
-        self.res.dirty_bytes_at_end = self.core.dirty_pages() * 4096;
+        if let Some(l) = &self.log {
+            self.res.dirty_bytes_at_end = l.dirty_pages() * 4096;
+            self.res.writeback = Some(std::mem::take(&mut self.wb));
+        }
         std::mem::take(&mut self.res)
     }
 }
@@ -583,9 +518,7 @@ impl Drop for EngineSim {
     fn drop(&mut self) {
         for Reverse(d) in std::mem::take(&mut self.events).into_vec() {
             match d.e {
-                Event::Wake(_) | Event::CleanWake => {}
-                Event::WbDone(w) => w.complete(&mut self.core, false),
-                Event::CleanDone(job) => job.complete(&mut self.core, false),
+                Event::Wake(_) | Event::CleanWake | Event::RunCleaned => {}
                 Event::PopDone(pop) => pop.complete(&mut self.core, false),
                 Event::SourceDone(source) => source.done(&mut self.core, false),
                 Event::CacheDone(copy) => copy.done(&mut self.core, false),

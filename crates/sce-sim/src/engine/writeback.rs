@@ -1,107 +1,391 @@
-//! Write-back in the simulator (issue 15; Holland et al.'s write policies at the flash
-//! layer), on the core's write-back calls: a write is acknowledged when its cache copy is
-//! written; a cleaner writes dirty fragments back in source order, continuously above a low
-//! watermark of dirty pages, with more jobs above a high one, and everything when the
-//! workload is idle; a write that finds the cache full of dirty data waits for cleaning
-//! (backpressure), which shows in its latency.
+//! Write-back in the simulator, as `sce serve` runs it (issue 45): through the write-back
+//! log, on the very state machine the server serves (`sce_store::wblog::LogState`, on a
+//! virtual clock). A write takes log positions (waiting for room when the ring is full:
+//! backpressure, which shows in its latency) and is acknowledged once its one device write
+//! is done; the cleaner's commits come every [`CLEAN_PERIOD`] (autocommit) or when the gap
+//! since the last one is full; the cleaner cleans from the low watermark (16 source writes
+//! in flight, at the background rate), urgently above the high one or while a writer waits
+//! (64 in flight, no rate), and everything once the workload is idle; each batch is what
+//! the server's batch takes (`pick`: the oldest versions; `runs`: coalesced in source order
+//! up to 1 MiB), written through the write-through path (the source, and the cache's clean
+//! copy where the fragment is cached). The core's shards run in write-through, as the
+//! server's do; a read finds the log's pages first (hits, read from the device). Not
+//! modelled: the sequential bypass, FLUSHes from clients (a block trace has none), drains.
 
 use super::{EngineSim, Event};
-use sce_core::{SourceOffset, WriteBackRefusal};
+use sce_core::{SourceOffset, WriteKind, WritebackTuning, PAGE_SIZE};
+use sce_store::wblog::{Full, LogEntry, LogRegion, LogState, LogWriter};
 
-/// Dirty share of the cache above which the cleaner runs.
-pub const LOW_WATERMARK: f64 = 0.10;
-/// Dirty share above which it runs with all its jobs.
-pub const HIGH_WATERMARK: f64 = 0.50;
-/// Cleaning jobs in flight between the watermarks, and above the high one.
-const JOBS: (u32, u32) = (1, 4);
 /// How often the cleaner looks, ns.
 pub(super) const CLEAN_PERIOD: u64 = 10_000_000;
+/// The server's autocommit (`AUTOCOMMIT`): what completed is committed at least this often.
+const AUTOCOMMIT: u64 = 1_000_000_000;
+/// The server's seal after a commit that listed pages (`SEAL_AFTER`).
+const SEAL_AFTER: u64 = 10_000_000;
 /// No request for this long: the workload is idle, and the cleaner cleans everything.
 const IDLE: u64 = 1_000_000_000;
+/// Source writes one batch keeps in flight, and while cleaning is urgent (the server's).
+const SOURCE_WRITERS: usize = 16;
+const URGENT_WRITERS: usize = 64;
+/// Versions one batch takes per source writer (the server's `BATCH_PAGES`).
+const BATCH_PAGES: usize = 64;
+/// Stuck pages one batch retries (none are: the modelled source never fails).
+const RETRIES: usize = 32;
+/// Pages of one log append (the server's `CHUNK_PAGES`).
+const CHUNK_PAGES: u64 = 64;
+/// The key of the log's records (the simulator writes none to a device).
+const KEY: [u8; 16] = *b"sce-simulated-lg";
 
-impl EngineSim {
-    /// Share of the cache's pages that are dirty.
-    pub(super) fn dirty_share(&self) -> f64 {
-        let g = self.core.geometry();
-        let pages = g.slots() as u64 * g.pages_per_fragment() as u64;
-        self.core.dirty_pages() as f64 / pages.max(1) as f64
+/// The log and its cleaner, in virtual time.
+pub(super) struct LogSim {
+    st: LogState<u64>,
+    /// Blocks of the ring, and of the whole log (its mirror area too).
+    blocks: u64,
+    total: u64,
+    tuning: WritebackTuning,
+    /// The cleaning batch in flight (one at a time, as the server's `clean_io`).
+    batch: Option<Batch>,
+    /// When the last autocommit was.
+    last_commit: u64,
+    /// Writers waiting for room now.
+    waiting: u32,
+    /// When background cleaning may take its next batch (the rate's pause).
+    resume_at: u64,
+}
+
+/// A cleaning batch: the runs not yet issued, the writes in flight, and the versions it
+/// cleans (page, log position).
+struct Batch {
+    runs: std::collections::VecDeque<(u64, u64)>,
+    in_flight: usize,
+    versions: Vec<(u64, u64)>,
+}
+
+/// What the simulator's write-back did, beyond the common counters.
+#[derive(Debug, Clone, Default)]
+pub struct WritebackResult {
+    /// Bytes of the log (the cache's read slots are the rest).
+    pub log_bytes: u64,
+    /// Source writes the cleaner issued (each a run of up to 1 MiB).
+    pub source_writes: u64,
+    /// Cleaning batches.
+    pub batches: u64,
+    /// Commits (records written).
+    pub commits: u64,
+    /// Read pages served from the log (counted as hits).
+    pub log_read_pages: u64,
+}
+
+impl LogSim {
+    /// A log of `bytes` (rounded down to whole blocks, at least 128 of them).
+    pub(super) fn new(bytes: u64, tuning: WritebackTuning) -> Self {
+        let blocks = (bytes / PAGE_SIZE).max(128);
+        let region = LogRegion::laid_out(0, blocks);
+        let w = LogWriter::new(region, KEY, 0, 1).expect("a laid-out log region is valid");
+        LogSim {
+            st: LogState::new(w, vec![0]),
+            blocks: region.blocks,
+            total: blocks,
+            tuning,
+            batch: None,
+            last_commit: 0,
+            waiting: 0,
+            resume_at: 0,
+        }
     }
 
-    /// The cleaner's turn at `t`: starts jobs as the watermarks (or `urgent`: a write waits
-    /// for a slot) say.
-    pub(super) fn clean(&mut self, t: u64, urgent: bool) {
-        let share = self.dirty_share();
-        let idle = t.saturating_sub(self.last_request) >= IDLE;
-        let jobs = if share >= HIGH_WATERMARK || urgent {
-            JOBS.1
-        } else if share >= LOW_WATERMARK || (idle && share > 0.0) {
-            JOBS.0
-        } else {
-            0
-        };
-        while self.cleaning < jobs {
-            let Some(job) = self.core.pick_clean() else {
-                break;
-            };
-            let len: u64 = job.runs.iter().map(|r| r.2).sum();
-            let read = self.ssd.io(t, len, false);
-            self.res.cache_bytes_read += len;
-            let done = self.source.io(read, len, true);
-            self.res.source_bytes_written += len;
-            self.res.bytes_written_back += len;
-            self.cleaning += 1;
-            self.push(done, Event::CleanDone(job));
+    /// Bytes of the log (ring and mirror area).
+    pub(super) fn bytes(&self) -> u64 {
+        self.total * PAGE_SIZE
+    }
+
+    /// Positions in use (written and not yet released by cleaning).
+    fn used(&self) -> u64 {
+        self.st.w.head() - self.st.w.tail()
+    }
+
+    pub(super) fn dirty_pages(&self) -> u64 {
+        self.st.index.len() as u64
+    }
+
+    /// True if global page `g`'s newest bytes are in the log.
+    pub(super) fn holds(&self, g: u64) -> bool {
+        self.st.index.contains_key(&g)
+    }
+
+    fn anchor(&mut self) {
+        let a = self.st.w.anchor_candidate();
+        if a != self.st.w.anchor() && a.lpos() >= self.st.w.anchor().lpos() {
+            self.st.w.set_anchor(a);
+            let floor = self.st.w.replay_floor();
+            self.st.release_cleaned(floor);
         }
+    }
+}
+
+impl EngineSim {
+    fn log(&mut self) -> &mut LogSim {
+        self.log.as_mut().expect("write-back runs through the log")
+    }
+
+    /// Share of the log in use.
+    pub(super) fn dirty_share(&self) -> f64 {
+        self.log
+            .as_ref()
+            .map_or(0.0, |l| l.used() as f64 / l.blocks.max(1) as f64)
+    }
+
+    /// Commits what completed since the last commit at `t` (the autocommit, or a writer
+    /// that found the gap full): the records' device write; returns when it is durable.
+    pub(super) fn log_commit(&mut self, t: u64) -> u64 {
+        let mut done = t;
+        loop {
+            let p = match self.log().st.w.prepare_commit() {
+                Ok(Some(p)) => p,
+                Ok(None) | Err(_) => break,
+            };
+            let copies = if p.mirror_at.is_some() { 2 } else { 1 };
+            for _ in 0..copies {
+                done = done.max(self.ssd.io(t, p.bytes.len() as u64, true));
+            }
+            self.wb.commits += 1;
+            let more = self.log().st.commit_done(&p, done);
+            if !more {
+                break;
+            }
+        }
+        done
+    }
+
+    /// The cleaner's turn at `t`: commits, then a batch if the watermarks (or `urgent`: a
+    /// write waits for room) say so and none is in flight.
+    pub(super) fn clean(&mut self, t: u64, urgent: bool) {
+        if self.log.is_none() {
+            return;
+        }
+        let idle = t.saturating_sub(self.last_request) >= IDLE;
+        let l = self.log();
+        let (used, blocks, tuning) = (l.used(), l.blocks, l.tuning);
+        if l.batch.is_some() || l.st.index.is_empty() {
+            return;
+        }
+        let urgent =
+            urgent || l.waiting > 0 || used as f64 >= tuning.high_watermark * blocks as f64;
+        let background = used as f64 >= tuning.low_watermark * blocks as f64 || idle;
+        if !urgent && (!background || t < l.resume_at) {
+            return;
+        }
+        let depth = if urgent {
+            URGENT_WRITERS
+        } else {
+            SOURCE_WRITERS
+        };
+        let mut most = (depth * BATCH_PAGES).min((blocks / 4).max(1) as usize);
+        if !urgent && tuning.rate > 0 {
+            most = most.min((tuning.rate / PAGE_SIZE).max(1) as usize);
+        }
+        let (pages, alone) = l.st.pick(None, t, most, RETRIES);
+        if pages.is_empty() {
+            l.st.settle_tail();
+            l.anchor();
+            return;
+        }
+        let runs = l.st.runs(&pages, &alone);
+        let versions: Vec<(u64, u64)> = pages.iter().map(|g| (*g, l.st.index[g].lpos)).collect();
+        l.batch = Some(Batch {
+            runs: runs.into_iter().collect(),
+            in_flight: 0,
+            versions,
+        });
+        self.wb.batches += 1;
+        if !urgent && tuning.rate > 0 {
+            let bytes = pages.len() as u64 * PAGE_SIZE;
+            self.log().resume_at = t + bytes * 1_000_000_000 / tuning.rate;
+        }
+        // Each of `depth` writers takes the next run once its previous one is done.
+        for _ in 0..depth {
+            if !self.next_run(t) {
+                break;
+            }
+        }
+    }
+
+    /// Issues the batch's next run at `t` (its versions read from the log, then written to
+    /// the source); false if none is left.
+    fn next_run(&mut self, t: u64) -> bool {
+        let Some(b) = self.log().batch.as_mut() else {
+            return false;
+        };
+        let Some((g0, n)) = b.runs.pop_front() else {
+            return false;
+        };
+        b.in_flight += 1;
+        let size = self.core.geometry().source_size();
+        let off = g0 * PAGE_SIZE;
+        let len = (n * PAGE_SIZE).min(size.saturating_sub(off));
+        let read = self.ssd.io(t, len, false);
+        self.res.cache_bytes_read += len;
+        let done = self.clean_write(read, off, len);
+        self.wb.source_writes += 1;
+        self.res.bytes_written_back += len;
+        self.push(done, Event::RunCleaned);
+        true
+    }
+
+    /// A run of the batch is on the source at `t`: the next one goes; once the last is
+    /// done (and the source flushed), the batch's versions leave the index (unless a newer
+    /// version came meanwhile), and the tail and the anchor move.
+    pub(super) fn run_cleaned(&mut self, t: u64) {
+        if let Some(b) = self.log().batch.as_mut() {
+            b.in_flight -= 1;
+        }
+        if self.next_run(t) {
+            return;
+        }
+        let l = self.log();
+        if l.batch.as_ref().is_some_and(|b| b.in_flight > 0) {
+            return;
+        }
+        let Some(b) = l.batch.take() else { return };
+        for (g, lpos) in b.versions {
+            l.st.cleaned(g, lpos);
+        }
+        l.st.settle_tail();
+        l.anchor();
+    }
+
+    /// The cleaner's commit duties at `t`: an autocommit once [`AUTOCOMMIT`] passed, and the
+    /// seal after a lone commit that listed pages.
+    pub(super) fn commit_duties(&mut self, t: u64) {
+        let l = self.log();
+        if t >= l.last_commit + AUTOCOMMIT {
+            l.last_commit = t;
+            self.log_commit(t);
+        }
+        let l = self.log();
+        if l.st.unsealed.is_some_and(|u| t >= u + SEAL_AFTER) {
+            l.st.w.request_seal();
+            self.log_commit(t);
+        }
+    }
+
+    /// One run's write at `t` through the write-through path: the source, and the cache's
+    /// clean copy where the core caches it. Returns when the source has it.
+    fn clean_write(&mut self, t: u64, off: u64, len: u64) -> u64 {
+        let sdone = self.source.io(t, len, true);
+        self.res.source_bytes_written += len;
+        if let Ok(txns) = self
+            .core
+            .begin_write(SourceOffset(off), len, WriteKind::Data)
+        {
+            for txn in txns {
+                let (source, copies) = txn.into_halves();
+                self.push(sdone, Event::SourceDone(source));
+                for copy in copies {
+                    let l = copy.write().len;
+                    let cdone = self.ssd.io(t, l, true);
+                    self.res.cache_bytes_written += l;
+                    self.push(cdone, Event::CacheDone(copy));
+                }
+            }
+        }
+        sdone
     }
 
     /// A write in write-back mode at `t`: returns when it is acknowledged.
     pub(super) fn write_back(&mut self, t: u64, off: u64, len: u64) -> u64 {
-        // Pages written in part are read first (from the source unless cached): the
-        // driver's read-modify-write.
-        let g = *self.core.geometry();
-        let (a, b) = (off / 4096 * 4096, (off + len).div_ceil(4096) * 4096);
-        let b = b.min(g.source_size());
+        let ps = PAGE_SIZE;
+        let size = self.core.geometry().source_size();
+        let (a, b) = (off / ps * ps, (off + len).div_ceil(ps) * ps);
+        // Pages written in part are read first: from the log or the cache if either holds
+        // them, else from the source (the server's merge).
         let mut start = t;
-        for edge in [a, b.saturating_sub(4096)] {
-            let partial = (edge == a && a < off) || (edge + 4096 > off + len && edge >= off);
-            if partial && !self.core.is_cached(SourceOffset(edge)) {
-                start = start.max(self.source.io(t, 4096, false));
-                self.res.source_bytes_read += 4096;
+        for edge in [a, b - ps] {
+            let partial = (edge == a && a < off) || (edge + ps > off + len && edge >= off);
+            if !partial {
+                continue;
             }
+            let held = self.log().holds(edge / ps) || self.core.is_cached(SourceOffset(edge));
+            start = start.max(if held {
+                self.ssd.io(t, ps, false)
+            } else {
+                self.res.source_bytes_read += ps;
+                self.source.io(t, ps.min(size - edge), false)
+            });
         }
         let mut now = start;
-        let plan = loop {
-            match self.core.begin_writeback(SourceOffset(a), b - a) {
-                Ok(p) => break Some(p),
-                Err(WriteBackRefusal::Full) | Err(WriteBackRefusal::Busy) => {
-                    self.res.writeback_waits += 1;
-                    self.clean(now, true);
-                    match self.next_event_time() {
-                        Some(next) => {
-                            now = now.max(next);
-                            self.run_until(now);
-                        }
-                        None => break None,
-                    }
-                }
-                Err(_) => break None,
-            }
-        };
-        let Some(pieces) = plan else {
-            // Not reached with a trace's requests (ranges are clipped, waits end with the
-            // cleaning they wait for); counted as what it cost if it is.
-            self.wlat.record(now - t);
-            return now;
-        };
-        let mut ack = now;
-        for c in pieces.iter().flat_map(|w| &w.copies) {
-            ack = ack.max(self.ssd.io(now, c.len, true));
-            self.res.cache_bytes_written += c.len;
-        }
-        for w in pieces {
-            self.push(ack, Event::WbDone(w));
+        let mut ack = start;
+        let mut g = a / ps;
+        while g < b / ps {
+            let n = CHUNK_PAGES.min(b / ps - g);
+            let Some(lpos) = self.allocate(&mut now, n) else {
+                // Nothing will make room (not reached with a trace's requests): counted as
+                // what it cost.
+                self.wlat.record(now - t);
+                return now;
+            };
+            ack = ack.max(self.ssd.io(now, n * ps, true));
+            self.res.cache_bytes_written += n * ps;
+            let entries: Vec<LogEntry> = (0..n)
+                .map(|i| LogEntry {
+                    lpos: lpos + i,
+                    volume: 0,
+                    page: g + i,
+                    crc: 0,
+                })
+                .collect();
+            self.log().st.appended(g, lpos, Some(&entries));
+            g += n;
         }
         self.wlat.record(ack - t);
         ack
+    }
+
+    /// `n` log positions at `*now`, waiting for room (urgent cleaning, the events it
+    /// brings) or committing when the gap since the last commit is full.
+    fn allocate(&mut self, now: &mut u64, n: u64) -> Option<u64> {
+        loop {
+            match self.log().st.w.allocate(n) {
+                Ok(lpos) => {
+                    *self.log().st.inflight.entry(lpos).or_default() += 1;
+                    return Some(lpos);
+                }
+                Err(Full::Commit) => *now = self.log_commit(*now),
+                Err(Full::Ring) => {
+                    self.res.writeback_waits += 1;
+                    self.log().waiting += 1;
+                    self.clean(*now, true);
+                    let next = self.next_event_time();
+                    self.log().waiting -= 1;
+                    *now = (*now).max(next?);
+                    self.run_until(*now);
+                }
+                Err(Full::TooLarge) => return None,
+            }
+        }
+    }
+
+    /// A read at `t` of `[off, off + len)` whose pages the log may hold: the log's pages
+    /// from the device (hits), the rest as the core plans them. Returns when it is done.
+    pub(super) fn read_through_log(&mut self, t: u64, off: u64, len: u64) -> u64 {
+        let ps = PAGE_SIZE;
+        let end = off + len;
+        let mut done = t;
+        let mut at = off;
+        while at < end {
+            let held = self.log().holds(at / ps);
+            let mut stop = ((at / ps + 1) * ps).min(end);
+            while stop < end && self.log().holds(stop / ps) == held {
+                stop = ((stop / ps + 1) * ps).min(end);
+            }
+            done = done.max(if held {
+                self.wb.log_read_pages += (stop - at).div_ceil(ps);
+                self.ssd.io(t, stop - at, false)
+            } else {
+                self.read(t, at, stop - at)
+            });
+            at = stop;
+        }
+        done
     }
 }

@@ -112,6 +112,9 @@ pub struct SimConfig {
     /// Shards of the engine policies' core, as the server's `core_shards` (0: the server's
     /// automatic choice; 1: one unsharded core).
     pub core_shards: usize,
+    /// Bytes of the cache that are the write-back log in write-back (`None`: what `sce
+    /// format` gives it).
+    pub writeback_log: Option<u64>,
 }
 
 impl SimConfig {
@@ -344,6 +347,7 @@ impl Simulation {
                     devices.1.clone(),
                     a.interval,
                     a.core_shards,
+                    a.writeback_log,
                 )?)),
             };
             let ram = a.ram_size.map(|s| RamCache::new(s, a.ram_policy));

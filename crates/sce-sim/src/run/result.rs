@@ -124,13 +124,20 @@ pub struct PolicyResult {
     /// Write-back (`--mode writeback`, engine policies): bytes the cleaner wrote to the
     /// source.
     pub bytes_written_back: Option<u64>,
-    /// Write-back: dirty bytes still in the cache at the end of the trace.
+    /// Write-back: the cleaner's source writes (runs of up to 1 MiB).
+    pub writeback_source_writes: Option<u64>,
+    /// Write-back: bytes of the write-back log (per host).
+    pub writeback_log_bytes: Option<u64>,
+    /// Write-back: the log's commits (records written).
+    pub writeback_commits: Option<u64>,
+    /// Write-back: read pages served from the log (hits).
+    pub writeback_log_read_pages: Option<u64>,
+    /// Write-back: dirty bytes still in the log at the end of the trace.
     pub dirty_bytes_at_end: Option<u64>,
-    /// Write-back: writes that waited for cleaning (a cache full of dirty data) or for I/O
-    /// in flight on their pages.
+    /// Write-back: writes that waited for room in the log.
     pub writeback_waits: Option<u64>,
-    /// Write-back: share of the cache that was dirty at the end of each interval, parallel
-    /// to `intervals` (the first host's).
+    /// Write-back: share of the log in use at the end of each interval, parallel to
+    /// `intervals` (the first host's).
     pub interval_dirty_share: Vec<f64>,
 }
 
@@ -148,6 +155,14 @@ fn aggregate_engines(es: &[EngineResult]) -> EngineResult {
         out.bytes_written_back += e.bytes_written_back;
         out.dirty_bytes_at_end += e.dirty_bytes_at_end;
         out.writeback_waits += e.writeback_waits;
+        if let Some(w) = &e.writeback {
+            let o = out.writeback.get_or_insert_with(Default::default);
+            o.log_bytes = w.log_bytes;
+            o.source_writes += w.source_writes;
+            o.batches += w.batches;
+            o.commits += w.commits;
+            o.log_read_pages += w.log_read_pages;
+        }
     }
     out
 }
@@ -300,10 +315,16 @@ pub(super) fn result(
         out.fragments_populated = Some(e.fragments_populated);
         out.miss_fills = Some(e.miss_fills);
         out.population_source_busy = Some(e.population_source_busy);
-        if !r.engines[0].dirty_intervals.is_empty() || e.bytes_written_back > 0 {
+        if !r.engines[0].dirty_intervals.is_empty() || e.writeback.is_some() {
             out.bytes_written_back = Some(e.bytes_written_back);
             out.dirty_bytes_at_end = Some(e.dirty_bytes_at_end);
             out.writeback_waits = Some(e.writeback_waits);
+            if let Some(w) = &e.writeback {
+                out.writeback_source_writes = Some(w.source_writes);
+                out.writeback_log_bytes = Some(w.log_bytes);
+                out.writeback_commits = Some(w.commits);
+                out.writeback_log_read_pages = Some(w.log_read_pages);
+            }
             out.interval_dirty_share = r.engines[0].dirty_intervals.iter().map(|x| x.1).collect();
         }
     }
