@@ -62,8 +62,8 @@ impl std::fmt::Display for Admission {
 /// | `writearound` | `write-around` | source only; cached pages invalidated | cache or source |
 /// | `passthrough` | | source only; cached pages invalidated | source only, nothing populated |
 ///
-/// The cache never holds data the source does not: every mode can be switched to any other
-/// at any time.
+/// In these modes the cache never holds data the source does not: each can be switched to
+/// any other at any time. `writeback` is the volume's, served by the engine's write-back log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum WriteMode {
     /// Asynchronous write-through (SCE 3.3): acknowledge when the source write completes; the
@@ -77,9 +77,11 @@ pub enum WriteMode {
     /// The cache is not used: reads and writes go to the source, writes invalidate what the
     /// cache holds of their pages, nothing is populated. Cached data stays for later.
     Passthrough,
-    /// Write-back (issue 15): writes land in the cache only (`begin_writeback`) and are
-    /// cleaned to the source later. `sce serve` runs it on a persistent cache with its write
-    /// journal (docs/WRITEBACK.md); entered and left at run time by reopening the volume
+    /// Write-back (issues 15 and 45): writes land in the cache device only and are cleaned
+    /// to the source later. It is the volume's mode, not the core's: the engine (and the
+    /// simulator) serve it through the write-back log, on a persistent cache with its write
+    /// journal (docs/WRITEBACK.md), and run the core's shards in write-through for it (they
+    /// never hold dirty pages). Entered and left at run time by reopening the volume
     /// (`sce ctl set mode`), never by a retune of a running core.
     WriteBack,
 }

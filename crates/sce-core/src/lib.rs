@@ -30,10 +30,9 @@ pub mod wbtune;
 
 pub use addr::{CacheOffset, FragNo, Nanos, SlotNo, SourceOffset, PAGE_SIZE, SECTOR_SIZE};
 pub use cache::{
-    AccessLog, CacheCopy, CacheCore, CacheWrite, CleanId, CleanJob, Cleaning, FillRun, HeldRead,
-    PinnedRead, PopId, Populating, Population, PopulationJob, ReadPlan, ReadRun, RequestError,
-    Retune, RunTarget, SlotHold, SourceWrite, WriteBackCopy, WriteBackId, WriteBackPlan,
-    WriteBackRefusal, WriteBackTxn, WriteId, WriteKind, WritePlan, WriteTxn,
+    AccessLog, CacheCopy, CacheCore, CacheWrite, FillRun, HeldRead, PinnedRead, PopId, Populating,
+    Population, PopulationJob, ReadPlan, ReadRun, RequestError, Retune, RunTarget, SourceWrite,
+    WriteId, WriteKind, WritePlan, WriteTxn,
 };
 pub use config::{Admission, ConfigError, CoreConfig, ThrottleConfig, WriteMode};
 pub use evict::EvictionKind;

@@ -14,8 +14,8 @@
 
 use crate::addr::{FragNo, Nanos, SlotNo, SourceOffset, SECTOR_SIZE};
 use crate::cache::{
-    CacheCopy, CacheCore, Cleaning, Populating, Population, ReadPlan, RequestError, SourceWrite,
-    WriteBackRefusal, WriteBackTxn, WriteKind, WriteTxn,
+    CacheCopy, CacheCore, Populating, Population, ReadPlan, RequestError, SourceWrite, WriteKind,
+    WriteTxn,
 };
 use crate::config::{ConfigError, CoreConfig};
 use crate::geometry::Geometry;
@@ -124,25 +124,6 @@ impl OnShard<CacheCopy> {
     }
 }
 
-impl OnShard<WriteBackTxn> {
-    /// See [`WriteBackTxn::complete`].
-    pub fn complete(self, core: &mut ShardedCore, ok: bool) {
-        self.guard.complete(&mut core.cores[self.shard], ok);
-    }
-
-    /// See [`WriteBackTxn::abort`].
-    pub fn abort(self, core: &mut ShardedCore) {
-        self.guard.abort(&mut core.cores[self.shard]);
-    }
-}
-
-impl OnShard<Cleaning> {
-    /// See [`Cleaning::complete`].
-    pub fn complete(self, core: &mut ShardedCore, ok: bool) {
-        self.guard.complete(&mut core.cores[self.shard], ok);
-    }
-}
-
 /// A read planned over the shards: one plan per piece, in global addresses, each holding
 /// its pins until the read is dropped. Take its populations (inline fills) before.
 #[must_use = "dropping the read releases its pins: keep it until its I/O is done"]
@@ -193,8 +174,6 @@ pub struct ShardedCore {
     pins: Vec<Arc<PinTable>>,
     cfg: CoreConfig,
     geo: Geometry,
-    /// The shard the next cleaning pick starts with.
-    clean_turn: usize,
 }
 
 impl ShardedCore {
@@ -221,7 +200,6 @@ impl ShardedCore {
             cores,
             cfg,
             geo,
-            clean_turn: 0,
         })
     }
 
@@ -281,11 +259,6 @@ impl ShardedCore {
         Some(self.map.slot_to_global(k, s))
     }
 
-    /// Dirty pages now, over all shards.
-    pub fn dirty_pages(&self) -> u64 {
-        self.cores.iter().map(|c| c.dirty_pages()).sum()
-    }
-
     /// Plans and commits a read of `len` bytes at `offset` ([`CacheCore::begin_read`] per
     /// piece).
     pub fn begin_read(
@@ -308,7 +281,7 @@ impl ShardedCore {
                 for pop in read.take_populations() {
                     pop.complete(self, false);
                 }
-                return Err(global_error(e, &p));
+                return Err(e);
             }
         }
         Ok(read)
@@ -336,51 +309,11 @@ impl ShardedCore {
                         copies.into_iter().for_each(|c| c.done(self, false));
                         source.done(self, false);
                     }
-                    return Err(global_error(e, p));
+                    return Err(e);
                 }
             }
         }
         Ok(out)
-    }
-
-    /// Starts a write-back write of `len` bytes at `offset`: one [`WriteBackTxn`] per piece,
-    /// or none (a refused piece aborts those begun: their pages stay as they were).
-    pub fn begin_writeback(
-        &mut self,
-        offset: SourceOffset,
-        len: u64,
-    ) -> Result<Vec<OnShard<WriteBackTxn>>, WriteBackRefusal> {
-        self.check(offset, len)?;
-        let pieces: Vec<Piece> = self.map.pieces(offset.0, len).collect();
-        let mut out = Vec::with_capacity(pieces.len());
-        for p in &pieces {
-            match WriteBackTxn::begin(&mut self.cores[p.shard], SourceOffset(p.local), p.len) {
-                Ok(t) => out.push(self.map.on_shard(p.shard, p.buf_offset, t)),
-                Err(e) => {
-                    out.into_iter().for_each(|t| t.abort(self));
-                    return Err(match e {
-                        WriteBackRefusal::Request(e) => {
-                            WriteBackRefusal::Request(global_error(e, p))
-                        }
-                        e => e,
-                    });
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// The next cleaning job, the shards asked in turn (as the server's cleaner does).
-    pub fn pick_clean(&mut self) -> Option<OnShard<Cleaning>> {
-        let n = self.shards();
-        for i in 0..n {
-            let k = (self.clean_turn + i) % n;
-            if let Some(job) = Cleaning::pick(&mut self.cores[k]) {
-                self.clean_turn = (k + 1) % n;
-                return Some(self.map.on_shard(k, 0, job));
-            }
-        }
-        None
     }
 
     /// A bad range is refused before any shard sees it (as one core would refuse it).
@@ -393,22 +326,6 @@ impl ShardedCore {
             return Err(RequestError::Unaligned { offset, len });
         }
         Ok(())
-    }
-}
-
-/// A piece's error, its range global.
-fn global_error(e: RequestError, p: &Piece) -> RequestError {
-    let at = |o: u64| p.offset + (o - p.local);
-    match e {
-        RequestError::Lost { offset, len } => RequestError::Lost {
-            offset: at(offset),
-            len,
-        },
-        RequestError::Dirty { offset, len } => RequestError::Dirty {
-            offset: at(offset),
-            len,
-        },
-        e => e,
     }
 }
 
@@ -462,48 +379,6 @@ mod tests {
         assert_eq!(read.pieces().count(), 3);
         drop(read);
         assert_eq!(c.stat(|s| s.read_pages_missed), len / 4096);
-    }
-
-    #[test]
-    fn write_back_and_cleaning_over_shards_use_global_addresses() {
-        let mut c = core(4, WriteMode::WriteBack);
-        let (at, len) = (3 * FRAG - 4096, 8192);
-        let w = c.begin_writeback(SourceOffset(at), len).unwrap();
-        assert_eq!(w.len(), 2);
-        let shards: Vec<usize> = w.iter().map(|w| w.shard()).collect();
-        assert_eq!(shards, [2, 3]);
-        for (i, w) in w.iter().enumerate() {
-            let copy = &w.copies[0];
-            assert_eq!(copy.buf_offset, i as u64 * 4096);
-            // Each shard owns 4 of the 16 slots, in order.
-            let slot = copy.cache.0 / FRAG;
-            assert_eq!(slot / 4, w.shard() as u64);
-        }
-        w.into_iter().for_each(|w| w.complete(&mut c, true));
-        assert_eq!(c.dirty_pages(), 2);
-        assert!(c.is_cached(SourceOffset(at)) && c.is_cached(SourceOffset(at + 4096)));
-        assert_eq!(c.exists(FragNo(2)).map(|s| s.0 / 4), Some(2));
-        let mut frags = Vec::new();
-        while let Some(job) = c.pick_clean() {
-            frags.push(job.frag.0);
-            let (src, _, n) = job.runs[0];
-            assert_eq!(n, 4096);
-            assert_eq!(src.0, if job.frag.0 == 2 { at } else { at + 4096 });
-            job.complete(&mut c, true);
-        }
-        frags.sort();
-        assert_eq!(frags, [2, 3]);
-        assert_eq!(c.dirty_pages(), 0);
-    }
-
-    #[test]
-    fn a_refused_piece_aborts_the_pieces_begun() {
-        let mut c = core(2, WriteMode::WriteBack);
-        // Fragment 1 (shard 1) is partly written, not cached: its write must read first.
-        let r = c.begin_writeback(SourceOffset(FRAG - 4096), 4096 + 512);
-        assert_eq!(r.err(), Some(WriteBackRefusal::PartialPage));
-        assert_eq!(c.stat(|s| s.writeback_writes), 0);
-        assert_eq!(c.dirty_pages(), 0);
     }
 
     #[test]

@@ -18,7 +18,7 @@
 //! shard's core is the volume's core, configured as given.
 
 use crate::addr::{CacheOffset, FragNo, SlotNo, SourceOffset};
-use crate::cache::{CacheCore, CleanJob, PopulationJob, ReadPlan, RunTarget, WriteBackPlan};
+use crate::cache::{CacheCore, PopulationJob, ReadPlan, RunTarget};
 use crate::config::{ConfigError, CoreConfig};
 
 /// Core shards of `core_shards: 0` (automatic) on a large enough cache.
@@ -320,30 +320,6 @@ impl ShardMap {
         job.source = self.source_to_global(k, job.source);
         for r in &mut job.runs {
             r.2 = self.cache_to_global(k, r.2);
-        }
-    }
-
-    /// Rewrites a cleaning job made by shard `k`'s core to global addresses.
-    pub(crate) fn globalize_clean(&self, k: usize, job: &mut CleanJob) {
-        if self.n == 1 {
-            return;
-        }
-        job.frag = self.frag_to_global(k, job.frag);
-        for r in &mut job.runs {
-            *r = (
-                self.source_to_global(k, r.0),
-                self.cache_to_global(k, r.1),
-                r.2,
-            );
-        }
-    }
-
-    /// Rewrites a write-back plan made by shard `k`'s core for a piece at `buf_base` of its
-    /// request: global cache offsets, offsets within the whole request.
-    pub(crate) fn globalize_writeback(&self, k: usize, buf_base: u64, plan: &mut WriteBackPlan) {
-        for c in &mut plan.copies {
-            c.cache = self.cache_to_global(k, c.cache);
-            c.buf_offset += buf_base;
         }
     }
 

@@ -63,22 +63,6 @@ impl<T> Slab<T> {
         self.entries.iter_mut().filter_map(|e| e.1.as_mut())
     }
 
-    /// Every live value with its id, mutably.
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = (u64, &mut T)> {
-        self.entries.iter_mut().enumerate().filter_map(|(i, e)| {
-            let g = e.0;
-            e.1.as_mut().map(|v| (((g as u64) << 32) | i as u64, v))
-        })
-    }
-
-    /// Every live value with its id.
-    pub fn iter(&self) -> impl Iterator<Item = (u64, &T)> {
-        self.entries
-            .iter()
-            .enumerate()
-            .filter_map(|(i, e)| e.1.as_ref().map(|v| (((e.0 as u64) << 32) | i as u64, v)))
-    }
-
     /// Number of live values.
     pub fn len(&self) -> usize {
         self.len

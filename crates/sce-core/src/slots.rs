@@ -93,11 +93,6 @@ impl SlotTable {
         }
     }
 
-    /// Marks slot `s` changed (its record must be written again: its dirty pages changed).
-    pub fn touch(&mut self, s: SlotNo) {
-        self.mark_dirty(s);
-    }
-
     /// Slots whose fragment or validity changed since the last call, in the order they first
     /// changed; clears the set.
     pub fn take_dirty(&mut self) -> Vec<SlotNo> {

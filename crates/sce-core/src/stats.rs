@@ -266,16 +266,6 @@ stats_table! {
         endurance_refusals: u64;
         /// Bytes the core planned to write to the cache device (populations, fills, copies).
         cache_bytes_planned: u64;
-        /// Write-back writes started.
-        writeback_writes: u64;
-        /// Write-back writes whose cache copy failed.
-        writeback_failures: u64;
-        /// Dirty pages whose only copy was lost (a failed write-back copy, a bad cached page).
-        pages_lost: u64;
-        /// Dirty pages cleaned (written back to the source).
-        pages_cleaned: u64;
-        /// Cleaning jobs that failed (their pages stay dirty).
-        clean_failures: u64;
     }
     impl delta, add;
 }
@@ -288,7 +278,7 @@ mod tests {
     fn the_table_gives_deltas_sums_and_names() {
         let a = CoreStats {
             read_requests: 7,
-            pages_cleaned: 3,
+            pages_populated: 3,
             ..CoreStats::default()
         };
         let mut b = CoreStats {
@@ -296,12 +286,12 @@ mod tests {
             ..CoreStats::default()
         };
         assert_eq!(a.delta(&b).read_requests, 5);
-        assert_eq!(a.delta(&b).pages_cleaned, 3);
+        assert_eq!(a.delta(&b).pages_populated, 3);
         b += &a;
-        assert_eq!((b.read_requests, b.pages_cleaned), (9, 3));
+        assert_eq!((b.read_requests, b.pages_populated), (9, 3));
         let s = &CoreStats::STATS[0];
         assert_eq!((s.key, s.value(&a), s.metric), ("read_requests", 7, None));
-        assert_eq!(CoreStats::STATS.len(), 30);
+        assert_eq!(CoreStats::STATS.len(), 25);
         assert_eq!(Kind::Gauge.delta(4, 9), 4);
     }
 }

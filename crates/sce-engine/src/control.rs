@@ -148,29 +148,16 @@ impl CacheVolume {
     }
 
     /// The dirty and lost write-back pages (4 KiB) of volume `k` (address order; 0 when the
-    /// cache serves one): what only the cache device holds for it, which a forget keeps.
+    /// cache serves one): what only the write-back log holds for it, which a forget keeps
+    /// (0 and 0 without a log in write-back).
     pub fn dirty_pages_of_volume(&self, k: usize) -> (u64, u64) {
         let e = &self.engine;
-        let Some(p) = e.dev.volumes().get(k) else {
+        let (Some(p), Some(l)) = (e.dev.volumes().get(k), self.path.log()) else {
             return (0, 0);
         };
         let len = p.at.size.min(e.dev.size - p.at.base);
-        let (dirty, lost): (Vec<u64>, Vec<u64>) = e
-            .cores
-            .pieces(p.at.base, len)
-            .map(|x| {
-                e.cores.read_shard(x.shard, |c| {
-                    c.dirty_and_lost_in(SourceOffset(x.local), x.len)
-                })
-            })
-            .unzip();
-        let (mut dirty, mut lost): (u64, u64) = (dirty.iter().sum(), lost.iter().sum());
-        if let Some(l) = self.path.log() {
-            let ps = sce_core::PAGE_SIZE;
-            let (d, x) = l.dirty_in(p.at.base / ps, (p.at.base + len).div_ceil(ps));
-            (dirty, lost) = (dirty + d, lost + x);
-        }
-        (dirty, lost)
+        let ps = sce_core::PAGE_SIZE;
+        l.dirty_in(p.at.base / ps, (p.at.base + len).div_ceil(ps))
     }
 
     /// Forgets everything cached for the volume (the source changed behind the cache's

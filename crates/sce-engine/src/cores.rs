@@ -127,17 +127,6 @@ impl Cores {
         (0..self.count()).map(|k| self.read_shard(k, &f)).sum()
     }
 
-    /// True if `f` holds for a piece of `[offset, offset + len)` (global).
-    pub(crate) fn any_in(
-        &self,
-        offset: u64,
-        len: u64,
-        f: impl Fn(&CacheCore, SourceOffset, u64) -> bool,
-    ) -> bool {
-        self.pieces(offset, len)
-            .any(|p| self.read_shard(p.shard, |c| f(c, SourceOffset(p.local), p.len)))
-    }
-
     /// The pieces of a request at global `offset`: one per shard-contiguous part.
     pub(crate) fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = Piece> + '_ {
         self.map.pieces(offset, len)

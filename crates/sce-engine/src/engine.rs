@@ -1,6 +1,6 @@
 //! `Engine`: a cached volume's subsystems, each owning its state, and the few operations
 //! that involve several of them (device I/O counted and judged, disabling the cache, the
-//! store's rounds). The write paths (`through/`, `back/`) and the read, population and
+//! store's rounds). The write paths (`through/`, `log/`) and the read, population and
 //! verification roles work on it; none of them owns a field here.
 //!
 //! | field | owns |
@@ -42,11 +42,8 @@ pub(crate) struct Engine {
     pub(crate) signals: Signals,
     /// log2 of the fragment size.
     pub(crate) fshift: u32,
-    /// Write-back in the slots: the core shards hold dirty pages (reads of them never go to
-    /// the source).
-    pub(crate) writeback: bool,
-    /// Write-back, in the slots or through the log: the cache device holds the only copy of
-    /// dirty data (disabling the cache keeps the device unmarked, and refuses writes).
+    /// Write-back (through the log): the cache device holds the only copy of dirty data
+    /// (disabling the cache keeps the device unmarked, and refuses writes).
     pub(crate) holds_dirty: bool,
     /// The clients' source read latency against its floor (population's gate, with miss
     /// fills).
@@ -108,18 +105,6 @@ impl Signals {
     }
 }
 
-/// An I/O error for a range whose dirty data was lost.
-pub(crate) fn lost_error(op: Op, offset: u64, len: u64) -> IoError {
-    IoError::Io {
-        op,
-        offset,
-        len,
-        source: std::io::Error::other(
-            "the only copy of dirty (write-back) data here was lost on the cache device",
-        ),
-    }
-}
-
 impl Engine {
     /// The `IoError` for a request at `offset` the core refused.
     pub(crate) fn refused(&self, op: Op, e: RequestError, offset: u64, len: u64) -> IoError {
@@ -137,8 +122,6 @@ impl Engine {
                 align: self.dev.lbs,
             },
             RequestError::UnknownId => IoError::Failed("internal: unknown operation id".into()),
-            RequestError::Lost { .. } => lost_error(op, offset, len),
-            e @ RequestError::Dirty { .. } => IoError::Invalid(e.to_string()),
         }
     }
 
@@ -185,11 +168,6 @@ impl Engine {
 
     /// Disables the cache: from now on I/O passes through to the source.
     pub(crate) fn disable(&self, why: &str) {
-        if self.writeback {
-            // Before passthrough is visible: no read may find a dirty page valid and go
-            // to the source for it (passthrough reads of dirty or lost pages fail, too).
-            self.cores.each_shard(|_, core| core.lose_all_dirty());
-        }
         if self.health.enter_passthrough() {
             return;
         }
@@ -203,7 +181,6 @@ impl Engine {
                  not yet on the source fail until a restart on a healthy device: {why}"
             );
             self.cores.each_shard(|_, core| {
-                core.lose_all_dirty();
                 core.drop_all();
             });
             return;

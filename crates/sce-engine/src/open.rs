@@ -474,8 +474,6 @@ impl CacheVolume {
         let o = open_core(&*source, vols, cache, &config)?;
         // Where each volume ends (the log clamps its cleaning there).
         let ends: Vec<u64> = parts.iter().map(|p| p.at.base + p.at.size).collect();
-        // The core shards hold dirty pages (write-back in the slots).
-        let writeback = config.core.write_mode == sce_core::WriteMode::WriteBack && !o.log;
         let fshift = o.cores[0].geometry().fragment_shift();
         let persist = o.persist.map(Arc::new);
         let engine = Arc::new(Engine {
@@ -488,7 +486,6 @@ impl CacheVolume {
             counters: Counters::default(),
             signals: Signals::default(),
             fshift,
-            writeback,
             holds_dirty: config.core.write_mode == sce_core::WriteMode::WriteBack,
             source_load: Default::default(),
         });

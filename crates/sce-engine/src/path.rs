@@ -108,9 +108,8 @@ impl WritePath {
         }
     }
 
-    /// A client's discard. Write-back in the slots writes zeroes (its dirty pages must read
-    /// as zeroes); through the log, whole pages reach the source as a discard and the log's
-    /// versions of them are superseded (`log/drain.rs`).
+    /// A client's discard. Through the log, whole pages reach the source as a discard and
+    /// the log's versions of them are superseded (`log/drain.rs`).
     pub(crate) fn discard(&self, e: &Engine, offset: u64, len: u64) -> Result<(), IoError> {
         match self {
             WritePath::Through(t) => t.discard(e, offset, len),

@@ -9,9 +9,9 @@
 //! the pins released (each piece's [`PinnedRead`] guard does, when dropped).
 
 use crate::checks::Checks;
-use crate::engine::{lost_error, Engine};
+use crate::engine::Engine;
 use crate::persist::Ticket;
-use sce_core::{CacheCore, Piece, PinnedRead, Populating, ReadPlan, RunTarget};
+use sce_core::{Piece, PinnedRead, Populating, ReadPlan, RunTarget};
 use sce_io::{BlockDevice, IoError, Op};
 use std::cell::RefCell;
 
@@ -60,11 +60,6 @@ impl Engine {
     fn read_timed(&self, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
         let len = buf.len() as u64;
         if self.health.passthrough() {
-            // Only write-back keeps pages the source lacks (dirty or lost).
-            if self.writeback && self.cores.any_in(offset, len, CacheCore::dirty_or_lost_in) {
-                // Only the cache had it: never the source's older bytes.
-                return Err(lost_error(Op::Read, offset, len));
-            }
             let r = self.dev.source.read_at(offset, buf);
             if r.is_ok() {
                 self.counters.source_bytes_read.add(len);
@@ -179,7 +174,7 @@ impl Engine {
             .map_err(err)?;
         // Checksums not in memory: read with no lock held (the plan's pins keep its slots).
         let mut units = Vec::new();
-        self.expected_unlocked(&read, want, missing, &mut units)?;
+        self.expected_unlocked(&read, want, missing, &mut units);
         if !read.needs_commit() {
             self.cores.log_read(p.shard, &read);
             return Ok(read);
@@ -190,12 +185,7 @@ impl Engine {
                 missing = self.checks.expected(read, want).err();
             })
             .map_err(err)?;
-        if let Err(e) = self.expected_unlocked(&read, want, missing, &mut units) {
-            // Its fills complete as failed: nothing was written.
-            let pops = read.take_populations();
-            self.write_fills(p.shard, p.offset, &[], &read, pops, false);
-            return Err(e);
-        }
+        self.expected_unlocked(&read, want, missing, &mut units);
         if let Some(persist) = &self.persist {
             // Inline fills go to freshly allocated slots: guard them as populations.
             for f in &read.fills {
@@ -219,25 +209,20 @@ impl Engine {
         want: &mut Vec<u32>,
         mut missing: Option<u32>,
         units: &mut Vec<crate::crcs::UnitPin<'c>>,
-    ) -> Result<(), IoError> {
+    ) {
         while let Some(u) = missing {
             match self.checks.pin(u) {
                 Ok(pin) => units.extend(pin),
-                // Write-through: the source has every page; those of this unit are read
+                // The source has every page the core holds: those of this unit are read
                 // from it (their checksums unknown, they fail verification).
-                Err(e) if !self.writeback => {
-                    self.cache_read_failed(&e);
-                    self.checks.expected_or_unknown(read, want);
-                    return Ok(());
-                }
                 Err(e) => {
                     self.cache_read_failed(&e);
-                    return Err(e);
+                    self.checks.expected_or_unknown(read, want);
+                    return;
                 }
             }
             missing = self.checks.expected(read, want).err();
         }
-        Ok(())
     }
 
     /// Runs the I/O of a request's planned pieces into `buf` (the request at `offset`):
@@ -251,7 +236,6 @@ impl Engine {
         pieces: &[&PlannedPiece],
     ) -> Result<(), IoError> {
         let mut result = Ok(());
-        let mut lost = None;
         let (mut from_source, mut from_cache) = (0, 0);
         let mut span: Option<SourceSpan> = None;
         let mut source_read = |span: SourceSpan, buf: &mut [u8], from_source: &mut u64| {
@@ -282,15 +266,6 @@ impl Engine {
                         let dst = &mut buf[at as usize..(at + run.len) as usize];
                         if self.read_cache_run(c.0, offset + at, dst, expect) {
                             from_cache += run.len;
-                        } else if self.writeback
-                            && self
-                                .cores
-                                .any_in(offset + at, run.len, CacheCore::dirty_or_lost_in)
-                        {
-                            // Dirty data that went bad, or could not be checked: never the
-                            // source's older bytes (no write can replace a dirty page under
-                            // a read: the range lock keeps them apart).
-                            lost = Some(lost_error(Op::Read, offset + at, run.len));
                         } else {
                             // Unreadable or bad cached data: serve the run from the source.
                             source_read((offset + at, at, run.len), buf, &mut from_source);
@@ -317,10 +292,7 @@ impl Engine {
         if from_cache > 0 {
             self.counters.cache_bytes_read.add(from_cache);
         }
-        match lost {
-            Some(e) => Err(e),
-            None => result,
-        }
+        result
     }
 
     /// Writes a read's inline fills (admission `always`, and admission `sce`'s miss fills;

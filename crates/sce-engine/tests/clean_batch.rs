@@ -1,6 +1,5 @@
-//! The cleaner flushes the source once per batch of jobs (one job per core shard), not once
-//! per job (issue 29: a cleaner that treats the source well). Prints the source flushes per
-//! MiB cleaned.
+//! The cleaner flushes the source once per batch of runs, not once per run (issue 29: a
+//! cleaner that treats the source well). Prints the source flushes per MiB cleaned.
 
 mod common;
 
@@ -17,8 +16,8 @@ fn cleaning_flushes_the_source_once_per_batch_of_jobs() {
     let size = 16 * MIB;
     let source = Arc::new(FaultDevice::new(random_source(size, 5)));
     let cfg = EngineConfig {
-        // Nothing is cleaned until asked (64 dirty slots of 1,024 is below the cleaners'
-        // threshold): the flush below cleans everything at once.
+        // Nothing is cleaned until asked (64 dirty pages are below the log cleaner's low
+        // watermark, and the idle rule is off): the flush below cleans everything at once.
         writeback_idle: Duration::from_secs(3600),
         core_shards: 4,
         ..common::writeback_config("clean-batch", Duration::from_secs(3600))
@@ -26,7 +25,7 @@ fn cleaning_flushes_the_source_once_per_batch_of_jobs() {
     let vol =
         CacheVolume::open(source.clone(), Arc::new(MemDevice::new(64 * MIB)), cfg).expect("open");
     assert_eq!(vol.core_shards(), 4);
-    // 64 fragments of 64 KiB, a page dirty in each: 64 cleaning jobs, 16 on each shard.
+    // 64 fragments of 64 KiB, a page dirty in each: 64 runs to clean, none adjacent.
     let frags = 64u64;
     for f in 0..frags {
         vol.write_at(f * 65536, &[f as u8; 4096]).expect("write");
@@ -42,8 +41,8 @@ fn cleaning_flushes_the_source_once_per_batch_of_jobs() {
         flushes as f64 / mib
     );
     assert_eq!(cleaned, frags * 4096);
-    // A batch holds one job per shard: about a quarter as many flushes as jobs (plus the
-    // final flush of flush_to_source). One flush per job would be 65.
+    // A batch cleans many runs before it flushes the source (plus the final flush of
+    // flush_to_source). One flush per run would be 65.
     assert!(
         flushes <= frags / 2,
         "{flushes} source flushes for {frags} jobs"

@@ -24,7 +24,7 @@ const MIB: u64 = 1 << 20;
 const PAGE: u64 = 4096;
 const THREADS: u64 = 4;
 
-/// Write-back in the slots (`log` 0) or through a write-back log of `log` bytes.
+/// Write-back through a write-back log of `log` bytes (0: the log's automatic size).
 fn config(log: u64) -> EngineConfig {
     let mut c = EngineConfig {
         // After a crash the devices refuse everything: writers waiting for room give up.
@@ -155,7 +155,7 @@ fn check(vol: &CacheVolume, writers: &[Writer], region: u64, source0: &[u8], f: 
 
 #[test]
 fn torn_crashes_amid_writers_never_return_older_or_mixed_bytes() {
-    let (found, _) = torn_loop("in the slots", 0, 3 * MIB);
+    let (found, _) = torn_loop("through an automatic log", 0, 3 * MIB);
     assert!(found.pages > 0);
 }
 
@@ -173,7 +173,7 @@ fn through_the_write_back_log_torn_crashes_lose_nothing_flushed() {
     );
 }
 
-/// The crash loop, write-back in the slots (`log` 0) or through a log of `log` bytes, on a
+/// The crash loop, write-back through a log of `log` bytes (0: its automatic size), on a
 /// cache device of `cache` bytes. Returns what the checks found, and the log's counts over
 /// all runs: source writes, commits, bytes cleaned.
 fn torn_loop(name: &str, log: u64, cache: u64) -> (Found, (u64, u64, u64)) {

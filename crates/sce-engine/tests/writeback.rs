@@ -95,8 +95,8 @@ fn an_unclean_stop_with_five_percent_dirty_cleans_only_that() {
     let _ = read(&vol, 0, 4 * MIB);
     let cache_bytes = vol.stats().total_slots * 64 * KIB;
     // 5% of the cache, in 32 KiB pieces, each in a fragment of its own over the cached
-    // data: 6 of the 62 slots hold dirty pages, below the cleaner's high watermark (20%),
-    // so nothing is cleaned before the stop or before the count after it.
+    // data, in the write-back log: too little to start its cleaner (and the idle rule is
+    // off), so nothing is cleaned before the stop or before the count after it.
     let piece = 32 * KIB;
     let pieces = cache_bytes / 20 / piece;
     let dirty_target = pieces * piece;

@@ -9,12 +9,9 @@ impl CacheCore {
     /// cache device failed). Returns how many were dropped.
     pub fn drop_all(&mut self) -> u32 {
         let mut n = 0;
-        let ppf = self.geo.pages_per_fragment();
         for s in 0..self.geo.slots() {
             let s = SlotNo(s);
-            if let Some(f) = self.slots.fragment(s).filter(|_| self.slots.pins(s) == 0) {
-                // Dirty pages had no other copy: they are lost, never the source's bytes.
-                self.lose_dirty(f, 0, ppf);
+            if self.slots.fragment(s).is_some() && self.slots.pins(s) == 0 {
                 self.evict_slot(s);
                 self.slots.put_free(s);
                 n += 1;
@@ -27,7 +24,7 @@ impl CacheCore {
     /// cached or its slot is pinned by an operation in flight.
     pub fn evict_fragment(&mut self, f: FragNo) -> bool {
         match self.map.get(f) {
-            Some(s) if self.slots.pins(s) == 0 && !self.wb.is_dirty(f) => {
+            Some(s) if self.slots.pins(s) == 0 => {
                 self.evict_slot(s);
                 self.slots.put_free(s);
                 true
@@ -48,18 +45,6 @@ impl CacheCore {
         let mut dropped = 0;
         for (f, lo, hi, _, _) in fragments(self.geo, offset.0, end - offset.0) {
             let Some(s) = self.map.get(f) else { continue };
-            if self.wb.any_dirty(f, lo, hi) {
-                // Dirty pages are the only copy: evict only the clean ones.
-                let dirty = self.wb.dirty_of(f).cloned();
-                for q in lo..hi {
-                    if !dirty.as_ref().is_some_and(|d| d.contains(q)) && self.slots.is_valid(s, q) {
-                        bitmap::clear_range(self.slots.bitmap_mut(s), q, q + 1);
-                        dropped += 1;
-                    }
-                }
-                self.spoil_in_flight(f, lo, hi);
-                continue;
-            }
             dropped += bitmap::count(self.slots.bitmap(s), lo, hi) as u64;
             bitmap::clear_range(self.slots.bitmap_mut(s), lo, hi);
             self.spoil_in_flight(f, lo, hi);
@@ -79,7 +64,6 @@ impl CacheCore {
     /// partial pages would keep old bytes). Returns the fragments that were cached.
     pub fn forget(&mut self) -> u64 {
         let ppf = self.geo.pages_per_fragment();
-        self.wb.spoil_partial();
         for pop in self.pops.values_mut() {
             pop.spoiled.insert_range(0, ppf);
         }
@@ -92,16 +76,7 @@ impl CacheCore {
         }
         let mut n = 0;
         for s in (0..self.geo.slots()).map(SlotNo) {
-            let Some(f) = self.slots.fragment(s) else {
-                continue;
-            };
-            if self.wb.is_dirty(f) {
-                // Dirty pages are the only copy (the source is older): kept, with their slot.
-                let d = self.wb.dirty_of(f).cloned().expect("dirty");
-                let bm = self.slots.bitmap_mut(s);
-                for (i, w) in bm.iter_mut().enumerate() {
-                    *w &= d.words()[i];
-                }
+            if self.slots.fragment(s).is_none() {
                 continue;
             }
             n += 1;
@@ -157,17 +132,13 @@ impl CacheCore {
     }
 
     pub(super) fn victim(&mut self) -> Option<SlotNo> {
-        let (slots, wb) = (&self.slots, &self.wb);
+        let slots = &self.slots;
         self.evict
-            .victim(|s| slots.pins(s) > 0 || slots.fragment(s).is_none_or(|f| wb.is_dirty(f)))
+            .victim(|s| slots.pins(s) > 0 || slots.fragment(s).is_none())
     }
 
     pub(super) fn evict_slot(&mut self, s: SlotNo) {
         if let Some(f) = self.slots.fragment(s) {
-            debug_assert!(
-                !self.wb.is_dirty(f),
-                "a slot holding dirty pages was evicted"
-            );
             self.map.set(f, None);
             self.stats.fragments_evicted += 1;
             self.share_count(f, false);

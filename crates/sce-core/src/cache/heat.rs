@@ -17,7 +17,7 @@ use crate::bitmap::PageSet;
 /// Why [`CacheCore::room_by_duel`] made no room.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Duel {
-    /// No slot can be evicted (all pinned or dirty).
+    /// No slot can be evicted (all pinned).
     NoVictim,
     /// The line's region is not hotter than the victim's by the margin.
     Lost,
@@ -133,12 +133,9 @@ impl CacheCore {
             };
             let victim = self.victim_for(f).ok_or(Duel::NoVictim)?;
             let vf = self.slots.fragment(victim).expect("victims hold fragments");
-            // A window line in use (pinned, dirty) cannot go: it stays, the victim goes.
+            // A window line in use (pinned) cannot go: it stays, the victim goes.
             out = Some(
-                if (vf != c && self.out_heats(c, vf))
-                    || self.slots.pins(cs) > 0
-                    || self.wb.is_dirty(c)
-                {
+                if (vf != c && self.out_heats(c, vf)) || self.slots.pins(cs) > 0 {
                     victim
                 } else {
                     self.stats.admissions_rejected += 1;

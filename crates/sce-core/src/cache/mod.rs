@@ -23,8 +23,10 @@
 //!   calls: a [`PinnedRead`] owns its pins and releases them when dropped; a [`WriteTxn`]
 //!   splits into a [`SourceWrite`] and [`CacheCopy`] tokens and a [`Population`] holds a
 //!   [`Populating`] token, each completed by a method that consumes it (a token dropped
-//!   uncompleted fails a debug assertion). Write-back has the same: a [`WriteBackTxn`], a
-//!   [`Cleaning`] job and a [`SlotHold`].
+//!   uncompleted fails a debug assertion).
+//!
+//! Write-back is not the core's: the engine serves it through its write-back log, and the
+//! core's shards of a write-back volume run in write-through (they never hold dirty pages).
 //!
 //! # The invariant
 //! A page is marked valid only if its slot content equals the source content and no source
@@ -45,19 +47,12 @@ mod plan;
 mod population;
 mod read;
 mod share;
-mod wbguard;
-mod wbhold;
 mod write;
-mod writeback;
 
 pub use guard::{CacheCopy, HeldRead, PinnedRead, Populating, Population, SourceWrite, WriteTxn};
 pub use plan::{
     AccessLog, CacheWrite, FillRun, PopId, PopulationJob, ReadPlan, ReadRun, RequestError,
     RunTarget, WriteId, WriteKind, WritePlan,
-};
-pub use wbguard::{Cleaning, SlotHold, WriteBackTxn};
-pub use writeback::{
-    CleanId, CleanJob, WriteBackCopy, WriteBackId, WriteBackPlan, WriteBackRefusal,
 };
 
 use crate::addr::{FragNo, Nanos, SlotNo, SourceOffset, PAGE_SHIFT, PAGE_SIZE, SECTOR_SIZE};
@@ -108,8 +103,6 @@ pub struct CacheCore {
     stats: CoreStats,
     /// Caps of the volumes that share the device, if any.
     shares: share::Shares,
-    /// Write-back: dirty and lost pages, write-back writes and cleaning in flight.
-    wb: writeback::WriteBack,
     /// The driver's word that the source has no room for population now.
     source_busy: bool,
 }
@@ -275,7 +268,6 @@ impl CacheCore {
             awt_in_flight: 0,
             stats: CoreStats::default(),
             shares: share::Shares::default(),
-            wb: writeback::WriteBack::default(),
             source_busy: false,
             geo,
             cfg,
@@ -298,16 +290,6 @@ impl CacheCore {
     pub fn retune(&mut self, t: &Retune) -> Result<(), ConfigError> {
         let cfg = t.applied_to(&self.cfg);
         cfg.validate()?;
-        if cfg.write_mode != WriteMode::WriteBack && !self.wb.is_clean() {
-            return Err(ConfigError::new(
-                "mode",
-                format!(
-                    "the cache holds {} dirty pages (and write-back writes or cleaning in \
-                     flight): clean them to the source before leaving writeback",
-                    self.dirty_pages()
-                ),
-            ));
-        }
         let policy_changed = cfg.admission != self.cfg.admission
             || cfg.sequential_cutoff != self.cfg.sequential_cutoff
             || cfg.population_rate != self.cfg.population_rate
@@ -401,8 +383,6 @@ impl CacheCore {
         if let Some(s) = self.map.get(f) {
             let hi = hi.min(self.geo.pages_per_fragment());
             if lo < hi {
-                // A dirty page's only copy went bad: it is lost, never served from the source.
-                self.lose_dirty(f, lo, hi);
                 bitmap::clear_range(self.slots.bitmap_mut(s), lo, hi);
                 self.stats.pages_invalidated += (hi - lo) as u64;
             }

@@ -37,24 +37,6 @@ pub enum RequestError {
     /// An id that is not in flight (a driver bug, reported instead of corrupting state).
     #[error("unknown or completed operation id")]
     UnknownId,
-    /// The range holds pages whose only copy was lost (write-back): they read as an error,
-    /// never as the source's older bytes, until written whole again.
-    #[error("{len} bytes at offset {offset} include data lost with the cache device")]
-    Lost {
-        /// Request offset.
-        offset: u64,
-        /// Request length.
-        len: u64,
-    },
-    /// A write-through write over dirty pages or pages being cleaned (write-back data not
-    /// yet on the source): clean them first.
-    #[error("{len} bytes at offset {offset} include dirty data not yet written back")]
-    Dirty {
-        /// Request offset.
-        offset: u64,
-        /// Request length.
-        len: u64,
-    },
 }
 
 /// Where one run of a read comes from.

@@ -72,10 +72,6 @@ impl CacheCore {
             return None;
         }
         let n = self.geo.fragment_pages(f);
-        // A write-back write or cleaning in flight: its pages' cache copy is the newest.
-        if self.wb.busy(f, 0, n) {
-            return None;
-        }
         let mut fill = match hint {
             Some(h) => h.clone(),
             None => {
@@ -96,12 +92,6 @@ impl CacheCore {
                         fill.remove_range(p.lo, p.hi);
                     }
                 }
-            }
-        }
-        // Lost pages are never filled from the source's older bytes.
-        if let Some(l) = self.wb.lost.get(&f.0) {
-            for (w, v) in fill.words_mut().iter_mut().zip(l.words()) {
-                *w &= !v;
             }
         }
         (!fill.is_empty()).then_some(fill)

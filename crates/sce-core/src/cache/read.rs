@@ -63,14 +63,12 @@ impl CacheCore {
         verdict: Option<crate::admit::StreamVerdict>,
     ) -> Result<(), RequestError> {
         self.check(offset.0, len)?;
-        let dirty = self.wb_check_read(offset.0, len)?;
         plan.clear();
         plan.offset = offset.0;
         plan.len = len;
         plan.verdict = verdict.unwrap_or_else(|| self.classify(offset.0, len));
-        // Passthrough: every run goes to the source, and nothing is filled; but dirty
-        // pages (write-back data not yet on the source) are only in the cache.
-        let caching = self.cfg.write_mode.caches_reads() || dirty;
+        // Passthrough: every run goes to the source, and nothing is filled.
+        let caching = self.cfg.write_mode.caches_reads();
         let want_fills = caching && self.wants_fills(plan.verdict);
         for (f, lo, hi, a, b) in fragments(self.geo, offset.0, len) {
             let fstart = self.geo.fragment_start(f).0;

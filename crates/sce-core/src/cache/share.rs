@@ -97,12 +97,9 @@ impl CacheCore {
 
     /// The eviction policy's victim among the fragments of volume `k`.
     pub(super) fn victim_in(&mut self, k: usize) -> Option<SlotNo> {
-        let (slots, shares, wb) = (&self.slots, &self.shares, &self.wb);
+        let (slots, shares) = (&self.slots, &self.shares);
         self.evict.victim(|s| {
-            slots.pins(s) > 0
-                || slots
-                    .fragment(s)
-                    .is_none_or(|f| shares.part(f) != Some(k) || wb.is_dirty(f))
+            slots.pins(s) > 0 || slots.fragment(s).is_none_or(|f| shares.part(f) != Some(k))
         })
     }
 }

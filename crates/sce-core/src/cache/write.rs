@@ -15,8 +15,6 @@ pub(super) struct WritePart {
     /// Pages that may be validated when the write completes: `[vlo, vhi)`.
     pub(super) vlo: u32,
     pub(super) vhi: u32,
-    /// The pages the write covers whole: `[whole.0, whole.1)`.
-    pub(super) whole: (u32, u32),
     pub(super) slot: Option<SlotNo>,
     pub(super) cache_ok: Option<bool>,
     pub(super) spoiled: Option<PageSet>,
@@ -53,7 +51,6 @@ impl CacheCore {
         kind: WriteKind,
     ) -> Result<WritePlan, RequestError> {
         self.check(offset.0, len)?;
-        self.wb_check_write(offset.0, len)?;
         self.stats.write_requests += 1;
         let verdict = self.classify(offset.0, len);
         let sequential = self.note_access(offset.0, len, verdict);
@@ -142,7 +139,6 @@ impl CacheCore {
             hi,
             vlo,
             vhi,
-            whole: (lo + head_partial as u32, hi - tail_partial as u32),
             slot: None,
             cache_ok: None,
             spoiled: None,
@@ -245,10 +241,6 @@ impl CacheCore {
         let source_ok = ws.source_ok == Some(true);
         let mut validated_any = false;
         for part in ws.parts {
-            if source_ok && part.whole.0 < part.whole.1 {
-                // Whole pages written on the source: none of them is lost any more.
-                self.wb.found(part.frag, part.whole.0, part.whole.1);
-            }
             if let Some(s) = part.slot {
                 if source_ok && part.cache_ok == Some(true) && part.vlo < part.vhi {
                     debug_assert_eq!(self.slots.fragment(s), Some(part.frag));

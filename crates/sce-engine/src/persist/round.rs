@@ -375,10 +375,7 @@ impl Persist {
         let first = l.unit_slots(l.unit_of(s).0).0;
         let (lx, bits) = core.slot_state(local);
         let x = lx.map(|f| FragNo(cores.frag_global(k, f)));
-        // Dirty pages, and lost ones (a dirty bit on an invalid page: their only copy went
-        // bad, and the record must keep saying so).
-        let dirty = lx.and_then(|f| dirty_and_lost(core, f));
-        let claim = x.filter(|_| bits.iter().any(|&w| w != 0) || dirty.is_some());
+        let claim = x.filter(|_| bits.iter().any(|&w| w != 0));
         let m = st.claims.of(s);
         let ok = claim.filter(|x| {
             (m == NO_FRAGMENT || m == x.0) && st.claims.owner(x.0).is_none_or(|o| o == s)
@@ -395,7 +392,8 @@ impl Persist {
                 volume,
                 generation,
                 bitmap: &bits[..words],
-                dirty: dirty.as_deref().unwrap_or(&[]),
+                // The slots hold no dirty pages: write-back goes through the log.
+                dirty: &[],
             };
             // Its checksums: every page's, written by the caller (`unit_images`).
             b.set_entry(s - first, &entry);
@@ -536,19 +534,5 @@ impl Persist {
             u += n;
         }
         self.st.lock().units.extend(bad);
-    }
-}
-
-/// The words of fragment `f`'s dirty pages and lost pages together, if it has any
-/// (borrowed when it has no lost pages, as nearly always).
-fn dirty_and_lost(core: &CacheCore, f: FragNo) -> Option<std::borrow::Cow<'_, [u64]>> {
-    use std::borrow::Cow;
-    match (core.dirty_pages_of(f), core.lost_pages_of(f)) {
-        (None, None) => None,
-        (Some(d), None) => Some(Cow::Borrowed(d.words())),
-        (d, Some(l)) => {
-            let word = |i: usize| d.map_or(0, |d| d.words()[i]) | l.words()[i];
-            Some(Cow::Owned((0..l.words().len()).map(word).collect()))
-        }
     }
 }
