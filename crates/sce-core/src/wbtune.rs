@@ -53,6 +53,33 @@ impl WritebackTuning {
         }
         Ok(())
     }
+
+    /// Positions of a ring of `blocks` in use from which background cleaning starts.
+    pub fn low_blocks(&self, blocks: u64) -> u64 {
+        share_of(blocks, millionths(self.low_watermark))
+    }
+
+    /// True if a ring of `blocks` with `room` positions left is past the high watermark
+    /// (less room than the high watermark leaves): cleaning is urgent.
+    pub fn past_high(&self, blocks: u64, room: u64) -> bool {
+        past_high(blocks, room, millionths(self.high_watermark))
+    }
+}
+
+/// A share in millionths (how the server keeps a watermark for lock-free reads).
+pub fn millionths(share: f64) -> u64 {
+    (share * 1e6).round() as u64
+}
+
+/// `millionths` of `blocks`, rounded down.
+pub fn share_of(blocks: u64, millionths: u64) -> u64 {
+    (u128::from(blocks) * u128::from(millionths) / 1_000_000) as u64
+}
+
+/// True if a ring of `blocks` with `room` left is past a high watermark of `high`
+/// millionths: the rule both the server's cleaner and the simulator's follow.
+pub fn past_high(blocks: u64, room: u64, high: u64) -> bool {
+    room < blocks - share_of(blocks, high)
 }
 
 /// A share given as "40%" or "0.4".

@@ -1,10 +1,12 @@
 //! The write-back log's state machine (`sce_store::wblog::LogState`, issue 45), the one the
 //! engine serves and the simulator drives, against a simple model: random writes of 1-6
 //! pages (overwriting the same pages), completions out of order, FLUSHes (group commits),
-//! cleaning batches exactly as the engine takes them (`pick`, `runs`, `cleaned`, a source
-//! that refuses some pages for a while, their retries after the backoff), writes through
-//! to the source that supersede the log's versions, new anchors, the ring wrapping, and a
-//! crash at any step (a commit written but not flushed, or between steps: each unflushed
+//! cleaning batches as the engine takes them (`pick`, `runs`; each run a step of its own
+//! that writes the versions newest when it runs, as the engine's do under `source_order`,
+//! so that writes complete, writes through supersede and crashes come between a batch's
+//! runs and its `cleaned`; a source that refuses some pages for a while, their retries
+//! after the backoff), writes through to the source that supersede the log's versions, new
+//! anchors, the ring wrapping, and a crash at any step (a commit written but not flushed, or between steps: each unflushed
 //! device write kept, dropped or torn), each followed by a replay and a state restored as
 //! a start restores it.
 //!
@@ -45,10 +47,22 @@ struct Write {
     versions: Vec<u64>,
 }
 
+/// A cleaning batch under way: its runs not yet written, the versions written (page,
+/// position) and the pages the source refused.
+#[derive(Default)]
+struct Batch {
+    runs: Vec<(u64, u64)>,
+    cleaned: Vec<(u64, u64)>,
+    failed: Vec<u64>,
+}
+
 #[derive(Debug, Default)]
 struct Totals {
     steps: u64,
     crashes: u64,
+    /// Versions a batch's `cleaned` found superseded or replaced by a newer version
+    /// written while the batch ran.
+    overtaken: u64,
     commits: u64,
     cleaned: u64,
     refused: u64,
@@ -79,6 +93,7 @@ struct M {
     inflight: Vec<Write>,
     /// Pages the source refuses to write, for now.
     bad: BTreeSet<u64>,
+    batch: Option<Batch>,
     t: Totals,
 }
 
@@ -112,6 +127,7 @@ impl M {
             busy: vec![false; n],
             inflight: Vec::new(),
             bad: BTreeSet::new(),
+            batch: None,
             t: Totals::default(),
         }
     }
@@ -164,7 +180,7 @@ impl M {
         if (first..first + n).any(|p| self.busy[p as usize]) {
             return Ok(());
         }
-        let lpos = match self.st.w.allocate(n) {
+        let lpos = match self.st.allocate(n) {
             Ok(l) => l,
             Err(Full::Commit) => return self.flush(),
             Err(Full::Ring) => {
@@ -173,7 +189,6 @@ impl M {
             }
             Err(Full::TooLarge) => panic!("{n} pages refused as too large"),
         };
-        *self.st.inflight.entry(lpos).or_default() += 1;
         let mut buf = Vec::with_capacity((n * LOG_BLOCK) as usize);
         let mut versions = Vec::new();
         for p in first..first + n {
@@ -255,10 +270,39 @@ impl M {
         Ok(())
     }
 
-    /// One cleaning batch as the engine's: what `pick` takes, cut into `runs`, each page's
-    /// indexed version read from the device and written to the source (unless the source
-    /// refuses the page: stuck, with its backoff), then the tail and the anchor move.
+    /// The cleaner's next step, as the engine's batch takes them: a new batch (what `pick`
+    /// takes, cut into `runs`), one run written (each page's version newest now, read from
+    /// the device and written to the source unless the source refuses the page), or, once
+    /// every run is written, the batch's end (the source flushed: the versions written
+    /// leave the index unless overtaken, the refused pages stuck with their backoff, the
+    /// tail and the anchor moved).
     fn clean(&mut self) {
+        let Some(b) = self.batch.as_mut() else {
+            return self.start_batch();
+        };
+        let Some((g0, n)) = b.runs.pop() else {
+            return self.end_batch();
+        };
+        for g in g0..g0 + n {
+            let Some(d) = self.st.index.get(&g).copied() else {
+                continue;
+            };
+            let v = self.read_version(g, d.lpos);
+            assert_eq!(
+                v, self.acked[g as usize],
+                "page {g}: the cleaner takes its newest"
+            );
+            let b = self.batch.as_mut().expect("a batch");
+            if self.bad.contains(&g) {
+                b.failed.push(g);
+            } else {
+                b.cleaned.push((g, d.lpos));
+                self.source[g as usize] = v;
+            }
+        }
+    }
+
+    fn start_batch(&mut self) {
         let max = self.rng.gen_range(1..=24);
         let (pages, alone) = self.st.pick(None, self.now, max, RETRIES);
         self.check_pick(&pages, &alone, max);
@@ -271,29 +315,28 @@ impl M {
             "a retry is written alone"
         );
         self.t.retried += alone.len() as u64;
-        let mut cleaned = Vec::new();
-        for &g in &pages {
-            let d = self.st.index[&g];
-            let v = self.read_version(g, d.lpos);
-            assert_eq!(
-                v, self.acked[g as usize],
-                "page {g}: the cleaner takes its newest"
-            );
-            if self.bad.contains(&g) {
-                self.t.refused += 1;
-                let now = self.now;
-                self.st.clean_failed(g, now, |tries| {
-                    now + Stuck::<u64>::backoff(tries).as_nanos() as u64
-                });
-            } else {
-                cleaned.push((g, d.lpos, v));
-            }
-        }
-        // The source flushed, then the versions leave the index.
-        for (g, lpos, v) in cleaned {
-            self.source[g as usize] = v;
+        let mut runs = runs;
+        runs.reverse();
+        self.batch = Some(Batch {
+            runs,
+            ..Batch::default()
+        });
+    }
+
+    fn end_batch(&mut self) {
+        let b = self.batch.take().expect("a batch");
+        for (g, lpos) in b.cleaned {
+            let newest = self.st.index.get(&g).is_some_and(|d| d.lpos == lpos);
+            self.t.overtaken += u64::from(!newest);
             self.st.cleaned(g, lpos);
             self.t.cleaned += 1;
+        }
+        let now = self.now;
+        for g in b.failed {
+            self.t.refused += 1;
+            self.st.clean_failed(g, now, |tries| {
+                now + Stuck::<u64>::backoff(tries).as_nanos() as u64
+            });
         }
         self.st.settle_tail();
         self.anchor();
@@ -341,11 +384,14 @@ impl M {
         }
     }
 
-    /// The ring is full: every write completes, the source heals, time passes beyond any
-    /// backoff, and cleaning runs until nothing is dirty.
+    /// The ring is full: every write completes, the batch under way ends, the source heals,
+    /// time passes beyond any backoff, and cleaning runs until nothing is dirty.
     fn make_room(&mut self) {
         while !self.inflight.is_empty() {
             self.complete_one();
+        }
+        while self.batch.is_some() {
+            self.clean();
         }
         self.bad.clear();
         self.now += 60_000_000_000;
@@ -455,6 +501,7 @@ impl M {
             // What the source holds stays; the log's version is the newest now.
         }
         self.inflight.clear();
+        self.batch = None;
         self.st = LogState::new(LogWriter::resume(self.region, KEY, &r), vec![0]);
         self.st.restore(Vec::new(), versions);
     }
@@ -484,6 +531,7 @@ fn the_log_state_keeps_to_the_model_through_cleaning_and_crashes() {
         all.from_log += t.from_log;
         all.laps += t.laps;
         all.commits += t.commits;
+        all.overtaken += t.overtaken;
     }
     println!("all: {all:?}");
     // The runs did what they are for: many crashes, cleaning, refusals and their retries,
@@ -495,4 +543,5 @@ fn the_log_state_keeps_to_the_model_through_cleaning_and_crashes() {
     );
     assert!(all.through >= 100 && all.from_log >= 1000, "{all:?}");
     assert!(all.laps >= 100 && all.commits >= 1000, "{all:?}");
+    assert!(all.overtaken >= 50, "{all:?}");
 }

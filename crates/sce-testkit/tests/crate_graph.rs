@@ -26,7 +26,9 @@ fn allowed(from: &str) -> Option<Allowed> {
         "sce-store" => Only(&["sce-core", "sce-io"]),
         "sce-engine" => Only(&["sce-core", "sce-io", "sce-store"]),
         "sce-nbd" => Only(&["sce-io"]),
-        "sce-sim" => Only(&["sce-core", "sce-io"]),
+        // sce-store: the write-back log's state (`wblog::LogState`), which the simulator
+        // drives as the engine does (issue 45).
+        "sce-sim" => Only(&["sce-core", "sce-io", "sce-store"]),
         "sce-server" => AllBut(&["sce-sim", "sce"]),
         "sce" => AllBut(&[]),
         _ => return None,

@@ -151,6 +151,20 @@ pub struct WritebackSimArgs {
 }
 
 impl WritebackSimArgs {
+    /// The log's bytes for a cache of `cache_size` (checked in write-back: at least 1 MiB,
+    /// at most half the cache).
+    pub fn log_bytes(&self, mode: sce_core::WriteMode, cache_size: u64) -> anyhow::Result<u64> {
+        let log = self.writeback_log.bytes(cache_size);
+        if mode == sce_core::WriteMode::WriteBack && (log < 1 << 20 || log > cache_size / 2) {
+            anyhow::bail!(
+                "invalid --writeback-log {}: write-back needs a log of at least 1 MiB and at \
+                 most half of --cache-size",
+                sce_core::units::format_size(log)
+            );
+        }
+        Ok(log)
+    }
+
     /// The cleaner's settings over `t`'s.
     pub fn apply(&self, t: &mut sce_core::WritebackTuning) {
         t.low_watermark = self.writeback_low_watermark.unwrap_or(t.low_watermark);

@@ -20,7 +20,6 @@ use crate::engine::Engine;
 use crate::through::Payload;
 use sce_core::PAGE_SIZE;
 use sce_io::{AlignedBuf, IoError};
-use sce_store::wblog::TOMBSTONE;
 use sce_store::wblog::{Dirty, Stuck};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
@@ -322,20 +321,8 @@ impl LogBack {
     /// damaged. If it is still the newest, the page is lost from now on (reads fail, never
     /// an older version), which a tombstone in the next commit records; logged once.
     pub(super) fn found_damaged(&self, g: u64, d: Dirty) {
-        {
-            let mut st = self.st.lock();
-            if !st.damaged(g, d) {
-                return;
-            }
-            // Always a tombstone of its own, even if one of an earlier loss is pending: that
-            // one comes before this version's entry, and a replay must find the loss after
-            // it.
-            st.carrying.insert(g);
-            let (volume, page) = self.local(g);
-            st.w.carry_lost(volume, page);
-            st.pending.push_back((TOMBSTONE, g));
-            // A completion: the next FLUSH commits the tombstone.
-            st.written += 1;
+        if !self.st.lock().damaged_found(g, d, |g| self.local(g)) {
+            return;
         }
         self.damaged_found.fetch_add(1, Relaxed);
         tracing::error!(

@@ -121,8 +121,7 @@ impl LogBack {
             if st.draining(offset / ps, offset / ps + n) || self.over_share(&st, offset / ps, n) {
                 return None;
             }
-            held.lpos = st.w.allocate_leaving(n, self.spare()).ok()?;
-            *st.inflight.entry(held.lpos).or_default() += 1;
+            held.lpos = st.allocate(n).ok()?;
         }
         held.finished = false;
         let at = base + self.at(held.lpos);

@@ -18,17 +18,10 @@ use super::LogBack;
 use sce_core::PAGE_SIZE;
 use sce_io::AlignedBuf;
 use sce_store::wblog::Dirty;
-use sce_store::wblog::{page_crc, LogEntry, LogWriter, TOMBSTONE};
+use sce_store::wblog::{page_crc, LogWriter};
 use std::sync::atomic::Ordering::Relaxed;
 
 impl LogBack {
-    /// Positions a client's write leaves free before the anchor besides what the writer
-    /// keeps for copies (a 64th of the ring, 16 to 1,024): room that commits, seals and
-    /// tombstones take while writers wait.
-    pub(super) fn spare(&self) -> u64 {
-        (self.region.blocks / 64).clamp(16, 1024)
-    }
-
     /// True if the log wants room now: the low watermark reached or the high one passed (the anchor may lag the tail: after a restart, until a commit at or below the
     /// tail is durable), or a drain under way.
     pub(super) fn room_wanted(&self) -> bool {
@@ -106,31 +99,14 @@ impl LogBack {
         }
         let lpos = {
             let mut st = self.st.lock();
-            match st.w.allocate_copy(1) {
-                Ok(l) => {
-                    *st.inflight.entry(l).or_default() += 1;
-                    l
-                }
+            match st.allocate_copy(1) {
+                Ok(l) => l,
                 Err(_) => return false,
             }
         };
         let written = self.dev.write_at(self.at(lpos), &page);
-        let mut st = self.st.lock();
-        st.landed(lpos);
-        if written.is_err() || st.index.get(&g) != Some(&d) {
-            return false;
-        }
-        let (volume, p) = self.local(g);
-        let crc = page_crc(&page);
-        st.w.completed(&[LogEntry {
-            lpos,
-            volume,
-            page: p,
-            crc,
-        }]);
-        st.newest(g, Dirty { lpos, crc }, true);
-        st.written += 1;
-        true
+        let (crc, local) = (page_crc(&page), self.local(g));
+        (self.st.lock()).copied(g, d, lpos, crc, written.is_ok(), local)
     }
 
     /// Carries forward each loss recorded below position `before` (all: `u64::MAX`): a
@@ -143,23 +119,8 @@ impl LogBack {
             if st.loss_at.is_empty() {
                 return;
             }
-            // Not a page rewritten since (its loss ends when that write is committed).
-            let due: Vec<u64> = st
-                .loss_at
-                .iter()
-                .filter(|&(g, &at)| at < before && st.lost.contains(g))
-                .filter(|&(g, _)| !st.carrying.contains(g))
-                .map(|(&g, _)| g)
-                .collect();
-            if due.is_empty() {
+            if st.carry_losses(before, |g| self.local(g)) == 0 {
                 return;
-            }
-            for g in due {
-                let (volume, page) = self.local(g);
-                st.w.carry_lost(volume, page);
-                st.pending.push_back((TOMBSTONE, g));
-                st.carrying.insert(g);
-                st.written += 1;
             }
             st.written
         };

@@ -14,6 +14,7 @@
 
 use super::LogBack;
 use super::St;
+use sce_core::wbtune::{millionths, share_of as part};
 use sce_core::WritebackTuning;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
@@ -36,17 +37,10 @@ impl Tuning {
     }
 
     fn set(&self, t: &WritebackTuning) {
-        self.low
-            .store((t.low_watermark * 1e6).round() as u64, Relaxed);
-        self.high
-            .store((t.high_watermark * 1e6).round() as u64, Relaxed);
+        self.low.store(millionths(t.low_watermark), Relaxed);
+        self.high.store(millionths(t.high_watermark), Relaxed);
         self.rate.store(t.rate, Relaxed);
     }
-}
-
-/// `share` (millionths) of `blocks`.
-fn part(blocks: u64, share: u64) -> u64 {
-    (u128::from(blocks) * u128::from(share) / 1_000_000) as u64
 }
 
 impl LogBack {
@@ -65,8 +59,7 @@ impl LogBack {
     /// True if the ring is past its high watermark: less room left than the high
     /// watermark leaves.
     pub(super) fn past_high(&self, room: u64) -> bool {
-        let high = self.tuning.high.load(Relaxed);
-        room < self.region.blocks - part(self.region.blocks, high)
+        sce_core::wbtune::past_high(self.region.blocks, room, self.tuning.high.load(Relaxed))
     }
 
     /// How long background cleaning pauses after a batch that cleaned `bytes` in
@@ -119,6 +112,6 @@ impl LogBack {
             .filter(|&u| u != v)
             .map(|u| share(u).saturating_sub(st.vol_dirty[u]))
             .sum();
-        st.w.room() < owed + n + self.spare()
+        st.w.room() < owed + n + st.spare()
     }
 }

@@ -162,11 +162,8 @@ impl LogBack {
                 if self.over_share(&st, g0, n) {
                     Full::Ring
                 } else {
-                    match st.w.allocate_leaving(n, self.spare()) {
-                        Ok(lpos) => {
-                            *st.inflight.entry(lpos).or_default() += 1;
-                            return Ok(Some(lpos));
-                        }
+                    match st.allocate(n) {
+                        Ok(lpos) => return Ok(Some(lpos)),
                         Err(full) => full,
                     }
                 }

@@ -45,6 +45,9 @@ enum Event {
     CleanWake,
     /// A run of the cleaning batch is on the source.
     RunCleaned,
+    /// A write-back write's log append is on the device: (first global page, log
+    /// position, pages).
+    Appended(u64, u64, u64),
 }
 
 /// An event due at `t`; ties run in the order they were scheduled (`seq`).
@@ -204,7 +207,8 @@ impl EngineSim {
         let log = (cfg.write_mode == WriteMode::WriteBack).then(|| {
             let bytes = writeback_log
                 .unwrap_or_else(|| sce_store::wblog::auto_log_bytes(cache_size))
-                .clamp(128 * 4096, cache_size / 2);
+                .max(128 * 4096)
+                .min(cache_size / 2);
             writeback::LogSim::new(bytes, cfg.writeback)
         });
         let log_bytes = log.as_ref().map_or(0, |l| l.bytes());
@@ -346,6 +350,7 @@ impl EngineSim {
                         self.push(et + writeback::CLEAN_PERIOD, Event::CleanWake);
                     }
                 }
+                Event::Appended(g, lpos, n) => self.appended(g, lpos, n, et),
                 Event::RunCleaned => {
                     self.run_cleaned(et);
                     // After the trace (`finish`), what is in flight completes; nothing new.
@@ -518,7 +523,7 @@ impl Drop for EngineSim {
     fn drop(&mut self) {
         for Reverse(d) in std::mem::take(&mut self.events).into_vec() {
             match d.e {
-                Event::Wake(_) | Event::CleanWake | Event::RunCleaned => {}
+                Event::Wake(_) | Event::CleanWake | Event::RunCleaned | Event::Appended(..) => {}
                 Event::PopDone(pop) => pop.complete(&mut self.core, false),
                 Event::SourceDone(source) => source.done(&mut self.core, false),
                 Event::CacheDone(copy) => copy.done(&mut self.core, false),

@@ -1,20 +1,28 @@
-//! Write-back in the simulator, as `sce serve` runs it (issue 45): through the write-back
-//! log, on the very state machine the server serves (`sce_store::wblog::LogState`, on a
-//! virtual clock). A write takes log positions (waiting for room when the ring is full:
-//! backpressure, which shows in its latency) and is acknowledged once its one device write
-//! is done; the cleaner's commits come every [`CLEAN_PERIOD`] (autocommit) or when the gap
-//! since the last one is full; the cleaner cleans from the low watermark (16 source writes
-//! in flight, at the background rate), urgently above the high one or while a writer waits
-//! (64 in flight, no rate), and everything once the workload is idle; each batch is what
-//! the server's batch takes (`pick`: the oldest versions; `runs`: coalesced in source order
-//! up to 1 MiB), written through the write-through path (the source, and the cache's clean
-//! copy where the fragment is cached). The core's shards run in write-through, as the
-//! server's do; a read finds the log's pages first (hits, read from the device). Not
-//! modelled: the sequential bypass, FLUSHes from clients (a block trace has none), drains.
+//! Write-back in the simulator (issue 45): through the write-back log, on the state
+//! machine the server serves (`sce_store::wblog::LogState`, on a virtual clock), with the
+//! server's rules. A write waits for writes in flight on its pages (the server's range
+//! lock), takes log positions (waiting for room when the ring is full: backpressure, which
+//! shows in its latency; committing first when the gap since the last commit is full), and
+//! is acknowledged once its device write is done, when its pages become their newest
+//! versions (in flight until then, holding the tail). The cleaner commits every second (the
+//! autocommit) and seals a lone commit after 10 ms; it cleans from the low watermark (or
+//! when the mirror area is short, or the workload idle) with 16 source writes in flight at
+//! the background rate, urgently past the high watermark or while a writer waits (64 in
+//! flight, no rate); a batch is what the server's takes (`pick`: the oldest versions;
+//! `runs`: coalesced in source order up to 1 MiB), each run writing the versions newest
+//! when it is issued through the write-through path (the source, and the cache's clean copy
+//! where the fragment is cached), and the batch's room is freed when its last run is done.
+//! The core's shards run in write-through, as the server's do; a read finds the log's pages
+//! first (hits, read from the device).
+//!
+//! Not modelled: the sequential bypass, FLUSHes from clients (a block trace has none),
+//! drains, a source that refuses writes (stuck pages, the copy-forward of versions holding
+//! the tail), damage, and the CPU the server spends.
 
 use super::{EngineSim, Event};
 use sce_core::{SourceOffset, WriteKind, WritebackTuning, PAGE_SIZE};
 use sce_store::wblog::{Full, LogEntry, LogRegion, LogState, LogWriter};
+use std::collections::{HashMap, VecDeque};
 
 /// How often the cleaner looks, ns.
 pub(super) const CLEAN_PERIOD: u64 = 10_000_000;
@@ -51,12 +59,15 @@ pub(super) struct LogSim {
     waiting: u32,
     /// When background cleaning may take its next batch (the rate's pause).
     resume_at: u64,
+    /// Pages whose log write is in flight, and when it completes: a later write of one
+    /// starts after it (the server's range lock).
+    appending: HashMap<u64, u64>,
 }
 
 /// A cleaning batch: the runs not yet issued, the writes in flight, and the versions it
 /// cleans (page, log position).
 struct Batch {
-    runs: std::collections::VecDeque<(u64, u64)>,
+    runs: VecDeque<(u64, u64)>,
     in_flight: usize,
     versions: Vec<(u64, u64)>,
 }
@@ -74,6 +85,9 @@ pub struct WritebackResult {
     pub commits: u64,
     /// Read pages served from the log (counted as hits).
     pub log_read_pages: u64,
+    /// Writes that could not get log positions, ever (nothing left to make room): not
+    /// logged, counted at what they cost (0 on any trace a working cache serves).
+    pub writes_given_up: u64,
 }
 
 impl LogSim {
@@ -91,6 +105,7 @@ impl LogSim {
             last_commit: 0,
             waiting: 0,
             resume_at: 0,
+            appending: HashMap::new(),
         }
     }
 
@@ -136,13 +151,15 @@ impl EngineSim {
     }
 
     /// Commits what completed since the last commit at `t` (the autocommit, or a writer
-    /// that found the gap full): the records' device write; returns when it is durable.
-    pub(super) fn log_commit(&mut self, t: u64) -> u64 {
+    /// that found the gap full): the records' device write; returns when it is durable, or
+    /// `None` if the ring has no room for the records.
+    pub(super) fn log_commit(&mut self, t: u64) -> Option<u64> {
         let mut done = t;
         loop {
             let p = match self.log().st.w.prepare_commit() {
                 Ok(Some(p)) => p,
-                Ok(None) | Err(_) => break,
+                Ok(None) => break,
+                Err(_) => return None,
             };
             let copies = if p.mirror_at.is_some() { 2 } else { 1 };
             for _ in 0..copies {
@@ -154,7 +171,7 @@ impl EngineSim {
                 break;
             }
         }
-        done
+        Some(done)
     }
 
     /// The cleaner's turn at `t`: commits, then a batch if the watermarks (or `urgent`: a
@@ -169,9 +186,9 @@ impl EngineSim {
         if l.batch.is_some() || l.st.index.is_empty() {
             return;
         }
-        let urgent =
-            urgent || l.waiting > 0 || used as f64 >= tuning.high_watermark * blocks as f64;
-        let background = used as f64 >= tuning.low_watermark * blocks as f64 || idle;
+        // The server's rules (`log/clean.rs`, `log/tune.rs`).
+        let urgent = urgent || l.waiting > 0 || tuning.past_high(blocks, l.st.w.room());
+        let background = used >= tuning.low_blocks(blocks) || l.st.w.mirror_short() || idle;
         if !urgent && (!background || t < l.resume_at) {
             return;
         }
@@ -191,11 +208,10 @@ impl EngineSim {
             return;
         }
         let runs = l.st.runs(&pages, &alone);
-        let versions: Vec<(u64, u64)> = pages.iter().map(|g| (*g, l.st.index[g].lpos)).collect();
         l.batch = Some(Batch {
             runs: runs.into_iter().collect(),
             in_flight: 0,
-            versions,
+            versions: Vec::with_capacity(pages.len()),
         });
         self.wb.batches += 1;
         if !urgent && tuning.rate > 0 {
@@ -220,6 +236,14 @@ impl EngineSim {
             return false;
         };
         b.in_flight += 1;
+        // The versions newest now (the server reads them when the run is written).
+        let l = self.log();
+        let found: Vec<(u64, u64)> = (g0..g0 + n)
+            .filter_map(|g| l.st.index.get(&g).map(|d| (g, d.lpos)))
+            .collect();
+        if let Some(b) = l.batch.as_mut() {
+            b.versions.extend(found);
+        }
         let size = self.core.geometry().source_size();
         let off = g0 * PAGE_SIZE;
         let len = (n * PAGE_SIZE).min(size.saturating_sub(off));
@@ -297,72 +321,102 @@ impl EngineSim {
         let ps = PAGE_SIZE;
         let size = self.core.geometry().source_size();
         let (a, b) = (off / ps * ps, (off + len).div_ceil(ps) * ps);
+        // Writes in flight on these pages first (the server's range lock).
+        let l = self.log();
+        let mut start = t;
+        for g in a / ps..b / ps {
+            start = start.max(l.appending.get(&g).copied().unwrap_or(0));
+        }
         // Pages written in part are read first: from the log or the cache if either holds
         // them, else from the source (the server's merge).
-        let mut start = t;
-        for edge in [a, b - ps] {
+        let edges = if b - ps > a { vec![a, b - ps] } else { vec![a] };
+        let mut now = start;
+        for edge in edges {
             let partial = (edge == a && a < off) || (edge + ps > off + len && edge >= off);
             if !partial {
                 continue;
             }
             let held = self.log().holds(edge / ps) || self.core.is_cached(SourceOffset(edge));
-            start = start.max(if held {
-                self.ssd.io(t, ps, false)
+            now = now.max(if held {
+                self.ssd.io(start, ps, false)
             } else {
                 self.res.source_bytes_read += ps;
-                self.source.io(t, ps.min(size - edge), false)
+                self.source.io(start, ps.min(size - edge), false)
             });
         }
-        let mut now = start;
-        let mut ack = start;
+        let mut ack = now;
+        let chunk = CHUNK_PAGES.min(self.log().st.w.region().max_write());
         let mut g = a / ps;
         while g < b / ps {
-            let n = CHUNK_PAGES.min(b / ps - g);
+            let n = chunk.min(b / ps - g);
             let Some(lpos) = self.allocate(&mut now, n) else {
-                // Nothing will make room (not reached with a trace's requests): counted as
-                // what it cost.
+                // Nothing will make room: the write is not logged (counted apart).
+                self.wb.writes_given_up += 1;
                 self.wlat.record(now - t);
                 return now;
             };
-            ack = ack.max(self.ssd.io(now, n * ps, true));
+            let done = self.ssd.io(now, n * ps, true);
             self.res.cache_bytes_written += n * ps;
-            let entries: Vec<LogEntry> = (0..n)
-                .map(|i| LogEntry {
-                    lpos: lpos + i,
-                    volume: 0,
-                    page: g + i,
-                    crc: 0,
-                })
-                .collect();
-            self.log().st.appended(g, lpos, Some(&entries));
+            ack = ack.max(done);
+            let l = self.log();
+            for p in g..g + n {
+                l.appending.insert(p, done);
+            }
+            self.push(done, Event::Appended(g, lpos, n));
             g += n;
         }
         self.wlat.record(ack - t);
         ack
     }
 
-    /// `n` log positions at `*now`, waiting for room (urgent cleaning, the events it
-    /// brings) or committing when the gap since the last commit is full.
+    /// An append's device write is done: its `n` pages from global page `g` (at log
+    /// position `lpos`) are their newest versions, pending the next commit.
+    pub(super) fn appended(&mut self, g: u64, lpos: u64, n: u64, t: u64) {
+        let entries: Vec<LogEntry> = (0..n)
+            .map(|i| LogEntry {
+                lpos: lpos + i,
+                volume: 0,
+                page: g + i,
+                crc: 0,
+            })
+            .collect();
+        let l = self.log();
+        l.st.appended(g, lpos, Some(&entries));
+        for p in g..g + n {
+            if l.appending.get(&p).is_some_and(|&d| d <= t) {
+                l.appending.remove(&p);
+            }
+        }
+    }
+
+    /// `n` log positions at `*now` (in flight until their write is done), waiting for room
+    /// (urgent cleaning, the events it brings) or committing first when the gap since the
+    /// last commit is full. `None` if nothing can make room.
     fn allocate(&mut self, now: &mut u64, n: u64) -> Option<u64> {
         loop {
-            match self.log().st.w.allocate(n) {
-                Ok(lpos) => {
-                    *self.log().st.inflight.entry(lpos).or_default() += 1;
-                    return Some(lpos);
-                }
-                Err(Full::Commit) => *now = self.log_commit(*now),
-                Err(Full::Ring) => {
-                    self.res.writeback_waits += 1;
-                    self.log().waiting += 1;
-                    self.clean(*now, true);
-                    let next = self.next_event_time();
-                    self.log().waiting -= 1;
-                    *now = (*now).max(next?);
-                    self.run_until(*now);
-                }
+            match self.log().st.allocate(n) {
+                Ok(lpos) => return Some(lpos),
+                Err(Full::Commit) => match self.log_commit(*now) {
+                    Some(t) => *now = t,
+                    None => self.wait_for_room(now)?,
+                },
+                Err(Full::Ring) => self.wait_for_room(now)?,
                 Err(Full::TooLarge) => return None,
             }
         }
+    }
+
+    /// A writer waits for room at `*now`: cleaning turns urgent, and time moves to the next
+    /// completion. `None` if nothing is in flight that could make room.
+    fn wait_for_room(&mut self, now: &mut u64) -> Option<()> {
+        self.res.writeback_waits += 1;
+        self.log().waiting += 1;
+        self.clean(*now, true);
+        let next = self.next_event_time();
+        self.log().waiting -= 1;
+        *now = (*now).max(next?);
+        self.run_until(*now);
+        Some(())
     }
 
     /// A read at `t` of `[off, off + len)` whose pages the log may hold: the log's pages

@@ -132,6 +132,9 @@ pub struct PolicyResult {
     pub writeback_commits: Option<u64>,
     /// Write-back: read pages served from the log (hits).
     pub writeback_log_read_pages: Option<u64>,
+    /// Write-back: writes that never got log positions (nothing could make room; 0 on
+    /// any trace a working cache serves).
+    pub writeback_writes_given_up: Option<u64>,
     /// Write-back: dirty bytes still in the log at the end of the trace.
     pub dirty_bytes_at_end: Option<u64>,
     /// Write-back: writes that waited for room in the log.
@@ -162,6 +165,7 @@ fn aggregate_engines(es: &[EngineResult]) -> EngineResult {
             o.batches += w.batches;
             o.commits += w.commits;
             o.log_read_pages += w.log_read_pages;
+            o.writes_given_up += w.writes_given_up;
         }
     }
     out
@@ -324,6 +328,7 @@ pub(super) fn result(
                 out.writeback_log_bytes = Some(w.log_bytes);
                 out.writeback_commits = Some(w.commits);
                 out.writeback_log_read_pages = Some(w.log_read_pages);
+                out.writeback_writes_given_up = Some(w.writes_given_up);
             }
             out.interval_dirty_share = r.engines[0].dirty_intervals.iter().map(|x| x.1).collect();
         }

@@ -25,6 +25,7 @@
 //! The old version of a page stays intact until a commit naming its newer version is
 //! durable: no flush is needed before any write but the commit's own.
 
+mod ops;
 mod record;
 mod replay;
 pub mod state;
