@@ -376,11 +376,8 @@ impl M {
 
     /// The newest anchor the writer allows, durable at once (the superblock).
     fn anchor(&mut self) {
-        let a = self.st.w.anchor_candidate();
-        if a != self.st.w.anchor() && a.lpos() >= self.st.w.anchor().lpos() {
-            self.st.w.set_anchor(a);
-            let floor = self.st.w.replay_floor();
-            self.st.release_cleaned(floor);
+        if let Some(a) = self.st.anchor_due() {
+            self.st.anchored(a);
         }
     }
 

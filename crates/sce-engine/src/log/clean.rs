@@ -224,7 +224,7 @@ impl LogBack {
             // room (after a batch) carries it.
             return short && !st.loss_at.is_empty();
         }
-        let used = st.w.head() - st.w.tail();
+        let used = st.w.used();
         let idle = e
             .cores
             .now()

@@ -206,18 +206,13 @@ impl LogBack {
         let _one = self.anchor_io.lock();
         let (anchor, durable) = {
             let st = self.st.lock();
-            let a = st.w.anchor_candidate();
-            if a == st.w.anchor() || a.lpos() < st.w.anchor().lpos() {
+            let Some(a) = st.anchor_due() else {
                 return Ok(false);
-            }
+            };
             (a, st.w.next_seq() - 1)
         };
         self.persist.record_log(anchor, durable)?;
-        let mut st = self.st.lock();
-        st.w.set_anchor(anchor);
-        let floor = st.w.replay_floor();
-        st.release_cleaned(floor);
-        drop(st);
+        self.st.lock().anchored(anchor);
         self.progress.bump();
         Ok(true)
     }

@@ -27,7 +27,7 @@ impl LogBack {
     pub(super) fn room_wanted(&self) -> bool {
         let (used, room) = {
             let st = self.st.lock();
-            (st.w.head() - st.w.tail(), st.w.room())
+            (st.w.used(), st.w.room())
         };
         used >= self.low_blocks()
             || self.past_high(room)

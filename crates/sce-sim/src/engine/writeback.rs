@@ -114,11 +114,6 @@ impl LogSim {
         self.total * PAGE_SIZE
     }
 
-    /// Positions in use (written and not yet released by cleaning).
-    fn used(&self) -> u64 {
-        self.st.w.head() - self.st.w.tail()
-    }
-
     pub(super) fn dirty_pages(&self) -> u64 {
         self.st.index.len() as u64
     }
@@ -128,12 +123,11 @@ impl LogSim {
         self.st.index.contains_key(&g)
     }
 
+    /// The newest anchor the writer allows, durable at once (the simulator has no
+    /// superblock to write).
     fn anchor(&mut self) {
-        let a = self.st.w.anchor_candidate();
-        if a != self.st.w.anchor() && a.lpos() >= self.st.w.anchor().lpos() {
-            self.st.w.set_anchor(a);
-            let floor = self.st.w.replay_floor();
-            self.st.release_cleaned(floor);
+        if let Some(a) = self.st.anchor_due() {
+            self.st.anchored(a);
         }
     }
 }
@@ -147,7 +141,7 @@ impl EngineSim {
     pub(super) fn dirty_share(&self) -> f64 {
         self.log
             .as_ref()
-            .map_or(0.0, |l| l.used() as f64 / l.blocks.max(1) as f64)
+            .map_or(0.0, |l| l.st.w.used() as f64 / l.blocks.max(1) as f64)
     }
 
     /// Commits what completed since the last commit at `t` (the autocommit, or a writer
@@ -182,7 +176,7 @@ impl EngineSim {
         }
         let idle = t.saturating_sub(self.last_request) >= IDLE;
         let l = self.log();
-        let (used, blocks, tuning) = (l.used(), l.blocks, l.tuning);
+        let (used, blocks, tuning) = (l.st.w.used(), l.blocks, l.tuning);
         if l.batch.is_some() || l.st.index.is_empty() {
             return;
         }

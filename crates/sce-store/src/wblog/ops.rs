@@ -4,7 +4,7 @@
 //! and carried, copies forward landed, and what a replay found put back (issue 45).
 
 use super::state::{Dirty, LogState, Stuck, GROUP_SHIFT, RUN_PAGES};
-use super::{Full, LogEntry, PreparedCommit, CLEANED, TOMBSTONE};
+use super::{Anchor, Full, LogEntry, PreparedCommit, CLEANED, TOMBSTONE};
 use std::collections::HashSet;
 
 impl<T: Copy + Ord> LogState<T> {
@@ -278,5 +278,20 @@ impl<T: Copy + Ord> LogState<T> {
         let lpos = self.w.allocate_copy(n)?;
         *self.inflight.entry(lpos).or_default() += 1;
         Ok(lpos)
+    }
+
+    /// The anchor to make durable next: the newest the writer allows, if it is past the
+    /// current one.
+    pub fn anchor_due(&self) -> Option<Anchor> {
+        let (a, now) = (self.w.anchor_candidate(), self.w.anchor());
+        (a != now && a.lpos() >= now.lpos()).then_some(a)
+    }
+
+    /// Anchor `a` is durable: the ring may reuse what lies before it, and cleaned versions
+    /// below the new replay floor can no longer come back.
+    pub fn anchored(&mut self, a: Anchor) {
+        self.w.set_anchor(a);
+        let floor = self.w.replay_floor();
+        self.release_cleaned(floor);
     }
 }

@@ -206,6 +206,10 @@ impl LogWriter {
     pub fn tail(&self) -> u64 {
         self.tail
     }
+    /// Positions in use: written and not yet released by the tail.
+    pub fn used(&self) -> u64 {
+        self.head - self.tail
+    }
     /// The durable anchor.
     pub fn anchor(&self) -> Anchor {
         self.anchor
