@@ -3,7 +3,7 @@
 //! taken and landed, commits made durable, the tail moved, ranges superseded, losses found
 //! and carried, copies forward landed, and what a replay found put back (issue 45).
 
-use super::state::{Dirty, LogState, Stuck, GROUP_SHIFT, RUN_PAGES};
+use super::state::{Dirty, LogState, Stuck, RUN_PAGES};
 use super::{Anchor, Full, LogEntry, PreparedCommit, CLEANED, TOMBSTONE};
 use std::collections::HashSet;
 
@@ -132,11 +132,9 @@ impl<T: Copy + Ord> LogState<T> {
     /// The pages of `[g0, g1)` the log holds a version of (stuck or not), has lost (if
     /// `lost`), or holds a cleaned version of that a replay could bring back, sorted.
     pub fn held_pages(&self, g0: u64, g1: u64, lost: bool) -> Vec<u64> {
-        let groups = (g0 >> GROUP_SHIFT)..=((g1.max(1) - 1) >> GROUP_SHIFT);
         let mut v: Vec<u64> = Vec::new();
-        for (&k, _) in self.groups.range(groups) {
-            let (a, b) = ((k << GROUP_SHIFT).max(g0), ((k + 1) << GROUP_SHIFT).min(g1));
-            v.extend((a..b).filter(|g| self.index.contains_key(g)));
+        for (_, span) in self.spans(g0, g1) {
+            v.extend(span.filter(|g| self.index.contains_key(g)));
         }
         if lost {
             v.extend(self.lost.range(g0..g1).copied());

@@ -340,29 +340,39 @@ impl<T: Copy + Ord> LogState<T> {
 
     /// Dirty and lost pages among global pages `[g0, g1)`.
     pub fn dirty_in(&self, g0: u64, g1: u64) -> (u64, u64) {
-        let groups = (g0 >> GROUP_SHIFT)..=((g1.max(1) - 1) >> GROUP_SHIFT);
         let mut dirty = 0;
-        for (&k, &n) in self.groups.range(groups) {
-            let (a, b) = (k << GROUP_SHIFT, (k + 1) << GROUP_SHIFT);
-            dirty += if a >= g0 && b <= g1 {
+        for (n, span) in self.spans(g0, g1) {
+            dirty += if span.end - span.start == 1 << GROUP_SHIFT {
                 n as u64
             } else {
-                (a.max(g0)..b.min(g1))
-                    .filter(|g| self.index.contains_key(g))
-                    .count() as u64
+                span.filter(|g| self.index.contains_key(g)).count() as u64
             };
         }
         (dirty, self.lost.range(g0..g1).count() as u64)
     }
 
+    /// The groups with dirty pages among global pages `[g0, g1)`, in address order: each
+    /// one's count of dirty pages, and its pages within the range.
+    pub(super) fn spans(
+        &self,
+        g0: u64,
+        g1: u64,
+    ) -> impl Iterator<Item = (u32, std::ops::Range<u64>)> + '_ {
+        let groups = (g0 >> GROUP_SHIFT)..=((g1.max(1) - 1) >> GROUP_SHIFT);
+        (self.groups.range(groups)).map(move |(&k, &n)| {
+            (
+                n,
+                (k << GROUP_SHIFT).max(g0)..((k + 1) << GROUP_SHIFT).min(g1),
+            )
+        })
+    }
+
     /// Up to `max` pages with a version among global pages `[g0, g1)`, by the position of
     /// their newest version (oldest first), leaving out stuck pages not due at `now`.
     pub fn dirty_pages_in(&self, g0: u64, g1: u64, max: usize, now: T) -> Vec<u64> {
-        let groups = (g0 >> GROUP_SHIFT)..=((g1.max(1) - 1) >> GROUP_SHIFT);
         let mut out: Vec<(u64, u64)> = Vec::new();
-        for (&k, _) in self.groups.range(groups) {
-            let (a, b) = ((k << GROUP_SHIFT).max(g0), ((k + 1) << GROUP_SHIFT).min(g1));
-            for g in a..b {
+        for (_, span) in self.spans(g0, g1) {
+            for g in span {
                 if let Some(d) = self.index.get(&g) {
                     if self.stuck.get(&g).is_none_or(|s| s.retry_at <= now) {
                         out.push((d.lpos, g));
