@@ -358,21 +358,8 @@ fn two_exports_share_a_cache_device() {
     assert_eq!(got, new, "b serves the write made while detached");
     assert!(server.term().success());
     // Both volumes are in the device's table, clean and sound.
-    let out = Command::new(env!("CARGO_BIN_EXE_sce"))
-        .args([
-            "check",
-            d.path().join("cache").to_str().unwrap(),
-            "--json",
-            "--verify-data",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let chk: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cache = d.path().join("cache");
+    let chk = common::sce_json(&["check", cache.to_str().unwrap(), "--json", "--verify-data"]);
     assert_eq!(chk["superblock"]["state"], "clean", "{chk}");
     assert_eq!(chk["volumes"].as_array().unwrap().len(), 2, "{chk}");
     assert_eq!(chk["data_pages_bad"], 0, "{chk}");

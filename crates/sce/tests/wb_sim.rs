@@ -71,35 +71,25 @@ fn the_simulator_cleans_what_the_server_cleans() {
     let trace = d.path().join("writes.disksim");
     disksim(&trace, &w);
 
-    let out = std::process::Command::new(common::sce_bin())
-        .args([
-            "sim",
-            "--trace",
-            trace.to_str().unwrap(),
-            "--format",
-            "disksim",
-        ])
-        .args([
-            "--cache-size",
-            "64MiB",
-            "--policy",
-            "sce",
-            "--mode",
-            "writeback",
-        ])
-        .args(["--replay", &format!("closed:{DEPTH}"), "--json"])
-        .args([
-            "--device-model",
-            "ssd=50us/50us/2000MB/2000MB/16,source=200us/200us/1000MB/1000MB/64",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let closed = format!("closed:{DEPTH}");
+    let v = common::sce_json(&[
+        "sim",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--format",
+        "disksim",
+        "--cache-size",
+        "64MiB",
+        "--policy",
+        "sce",
+        "--mode",
+        "writeback",
+        "--replay",
+        &closed,
+        "--json",
+        "--device-model",
+        "ssd=50us/50us/2000MB/2000MB/16,source=200us/200us/1000MB/1000MB/64",
+    ]);
     let sim = &v["policies"][0];
     let num = |x: &serde_json::Value| x.as_u64().unwrap_or_else(|| panic!("{x} in {sim}"));
     let (sim_bytes, sim_writes) = (

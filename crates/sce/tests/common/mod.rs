@@ -19,6 +19,17 @@ pub fn sce_bin() -> String {
     std::env::var("SCE_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_sce").to_string())
 }
 
+/// `sce ARGS`, which must succeed (its stderr in the failure): its stdout, as JSON.
+pub fn sce_json(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(sce_bin()).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "sce {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("sce {args:?}: {e}"))
+}
+
 /// `sce ctl` on the admin socket of the server listening on `sock` (`SOCK.ctl`): whether
 /// it succeeded, and its stdout and stderr.
 pub fn ctl(sock: &Path, args: &[&str]) -> (bool, String) {
