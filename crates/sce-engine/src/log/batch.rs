@@ -95,20 +95,21 @@ impl LogBack {
             } else {
                 self.rate_pages()
             });
-        let (pages, alone) = self.st.lock().pick(focus, now, most, RETRIES_PER_BATCH);
+        // What the batch takes, its runs, and where their versions lie, in one look.
+        let (pages, alone, runs, positions) = {
+            let st = self.st.lock();
+            let (pages, alone) = st.pick(focus, now, most, RETRIES_PER_BATCH);
+            let runs = st.runs(&pages, &alone);
+            let positions: Vec<u64> = (pages.iter())
+                .filter_map(|g| st.index.get(g))
+                .map(|d| d.lpos)
+                .collect();
+            (pages, alone, runs, positions)
+        };
         if pages.is_empty() {
             self.settle_tail();
             return Batch::default();
         }
-        let runs = self.st.lock().runs(&pages, &alone);
-        let positions: Vec<u64> = {
-            let st = self.st.lock();
-            pages
-                .iter()
-                .filter_map(|g| st.index.get(g))
-                .map(|d| d.lpos)
-                .collect()
-        };
         let pre = Prefetched::read(self, positions);
         let outs = self.write_runs(e, &pre, &runs, depth, stop);
         let mut b = Batch::default();
