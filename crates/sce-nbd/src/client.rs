@@ -311,7 +311,8 @@ impl NbdClient {
         offset: u64,
         len: u32,
         out: Option<&[u8]>,
-    ) -> Result<Vec<u8>, IoError> {
+        mut into: Option<&mut [u8]>,
+    ) -> Result<(), IoError> {
         let io_err = |e: io::Error| IoError::Io {
             op,
             offset,
@@ -320,9 +321,10 @@ impl NbdClient {
         };
         let deadline = Instant::now() + self.opts.request_timeout;
         let mut retried = false;
-        let (error, data) = loop {
+        let error = loop {
             let slot = self.take(deadline).map_err(io_err)?;
-            match slot.conn.call(command, offset, len, out, deadline) {
+            let into = into.as_deref_mut();
+            match slot.conn.call(command, offset, len, out, into, deadline) {
                 Ok(r) => break r,
                 Err(e) => {
                     let transport = !matches!(
@@ -338,7 +340,7 @@ impl NbdClient {
             }
         };
         match error {
-            0 => Ok(data),
+            0 => Ok(()),
             errno::EINVAL => Err(IoError::Invalid(format!(
                 "server refused {op} at {offset} (+{len}): EINVAL"
             ))),
@@ -421,8 +423,7 @@ impl BlockDevice for NbdClient {
             let at = offset + (i as u64) * proto::MAX_PAYLOAD as u64;
             let n = chunk.len() as u32;
             if n > 0 {
-                let data = self.request(Op::Read, proto::CMD_READ, at, n, None)?;
-                chunk.copy_from_slice(&data);
+                self.request(Op::Read, proto::CMD_READ, at, n, None, Some(chunk))?;
             }
         }
         Ok(())
@@ -437,6 +438,7 @@ impl BlockDevice for NbdClient {
                 at,
                 chunk.len() as u32,
                 Some(chunk),
+                None,
             )?;
         }
         Ok(())
@@ -445,8 +447,7 @@ impl BlockDevice for NbdClient {
         if self.flags & proto::TFLAG_SEND_FLUSH == 0 {
             return Ok(());
         }
-        self.request(Op::Flush, proto::CMD_FLUSH, 0, 0, None)
-            .map(drop)
+        self.request(Op::Flush, proto::CMD_FLUSH, 0, 0, None, None)
     }
     fn discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
         check_range(Op::Discard, offset, len, self.size, 512)?;
@@ -458,7 +459,14 @@ impl BlockDevice for NbdClient {
         let mut at = offset;
         while at < offset + len {
             let n = step.min(offset + len - at);
-            self.request(Op::Discard, proto::CMD_WRITE_ZEROES, at, n as u32, None)?;
+            self.request(
+                Op::Discard,
+                proto::CMD_WRITE_ZEROES,
+                at,
+                n as u32,
+                None,
+                None,
+            )?;
             at += n;
         }
         Ok(())

@@ -238,14 +238,31 @@ pub(crate) fn go(s: &mut Stream, name: &str, deadline: Instant) -> io::Result<(u
     Ok((size, flags))
 }
 
-/// What a request gets back: the server's error (0 for success) and, for a successful read,
-/// its data.
-pub(crate) type Reply = io::Result<(u32, Vec<u8>)>;
+/// What a request gets back: the server's error (0 for success). A successful read's data
+/// is in the caller's buffer.
+pub(crate) type Reply = io::Result<u32>;
+
+/// Where a read's data goes: the caller's buffer, which the reader thread fills in place (no
+/// buffer of its own to allocate, zero and copy from: a 1 MiB read cost a memset and a
+/// memcpy of 1 MiB each).
+///
+/// Sound because the caller of [`Conn::call`] holds the buffer's `&mut` borrow until the
+/// request's slot is filled, and the reader thread writes through this pointer only between
+/// taking the waiter out of `pending` and filling its slot: a request that times out breaks
+/// the connection (the reader's read then fails at once) and still waits for its slot.
+struct Dest {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is handed over to the reader thread for the time described above; no
+// other thread touches it meanwhile.
+unsafe impl Send for Dest {}
 
 /// A request waiting for its reply.
 struct Waiter {
-    /// Bytes of data that follow a successful reply (a read's length, else 0).
-    read_len: u32,
+    /// Where the data that follows a successful reply goes (a read's buffer, else none).
+    dest: Option<Dest>,
     reply: Arc<ReplySlot>,
 }
 
@@ -274,6 +291,18 @@ impl ReplySlot {
             }
         }
         r.take()
+    }
+
+    /// The reply, however long it takes (after the connection was broken: the reader or
+    /// `Shared::fail` fills every slot promptly).
+    fn recv(&self) -> Reply {
+        let mut r = self.reply.lock();
+        loop {
+            if let Some(x) = r.take() {
+                return x;
+            }
+            self.filled.wait(&mut r);
+        }
     }
 }
 
@@ -346,20 +375,25 @@ impl Conn {
     }
 
     /// Sends one command and waits for its reply until `deadline`. `out` is a write's data;
-    /// `read_len` the bytes a successful reply carries. An `Err` means the connection is
-    /// broken (by this request or another); `TimedOut` and `InvalidData` errors are the
-    /// source's fault, the others the transport's.
+    /// `into` a read's buffer (`len` bytes), which a successful reply fills. An `Err` means
+    /// the connection is broken (by this request or another); `TimedOut` and `InvalidData`
+    /// errors are the source's fault, the others the transport's.
     pub(crate) fn call(
         &self,
         command: u16,
         offset: u64,
         len: u32,
         out: Option<&[u8]>,
+        into: Option<&mut [u8]>,
         deadline: Instant,
     ) -> Reply {
         let cookie = self.cookie.fetch_add(1, Relaxed);
         let slot = Arc::new(ReplySlot::default());
-        let read_len = if command == proto::CMD_READ { len } else { 0 };
+        debug_assert!(into.as_ref().is_none_or(|b| b.len() == len as usize));
+        let dest = into.map(|b| Dest {
+            ptr: b.as_mut_ptr(),
+            len: b.len(),
+        });
         {
             let mut pending = self.shared.pending.lock();
             if self.is_broken() {
@@ -371,7 +405,7 @@ impl Conn {
             pending.insert(
                 cookie,
                 Waiter {
-                    read_len,
+                    dest,
                     reply: slot.clone(),
                 },
             );
@@ -400,11 +434,16 @@ impl Conn {
                     io::ErrorKind::TimedOut,
                     "a request on this connection timed out",
                 );
-                // The reader may have answered between the timeout and `fail` (which
-                // answers every request still waiting).
-                slot.reply.lock().take().unwrap_or_else(|| {
-                    Err(io::Error::new(io::ErrorKind::TimedOut, "request timed out"))
-                })
+                // `fail` answered the request if it was still waiting; else the reader has
+                // it (its read of the data fails now that the socket is shut down, or it
+                // answered between the timeout and `fail`). Either way, wait for the answer:
+                // the reader may be writing into `into` until then.
+                match slot.recv() {
+                    Err(e) if e.kind() != io::ErrorKind::TimedOut => {
+                        Err(io::Error::new(io::ErrorKind::TimedOut, "request timed out"))
+                    }
+                    r => r,
+                }
             }
         }
     }
@@ -455,14 +494,14 @@ fn read_reply(rd: &mut Stream, sh: &Shared) -> io::Result<()> {
     let Some(w) = sh.pending.lock().remove(&cookie) else {
         return Err(bad(format!("a reply for unknown cookie {cookie}")));
     };
-    let mut data = Vec::new();
-    if error == 0 && w.read_len > 0 {
-        data = vec![0u8; w.read_len as usize];
-        if let Err(e) = rd.read_full(&mut data) {
+    if let (0, Some(d)) = (error, &w.dest) {
+        // SAFETY: see `Dest`: the request waits, holding the buffer, until its slot is filled.
+        let buf = unsafe { std::slice::from_raw_parts_mut(d.ptr, d.len) };
+        if let Err(e) = rd.read_full(buf) {
             w.reply.send(Err(io::Error::new(e.kind(), e.to_string())));
             return Err(e);
         }
     }
-    w.reply.send(Ok((error, data)));
+    w.reply.send(Ok(error));
     Ok(())
 }

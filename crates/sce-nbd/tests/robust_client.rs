@@ -53,6 +53,19 @@ impl Drop for Source {
     }
 }
 
+/// A client of one connection to the source on `sock` whose requests time out after 1 s.
+fn impatient_client(sock: &Path) -> Arc<NbdClient> {
+    let uri = NbdUri::Unix {
+        socket: sock.to_path_buf(),
+        name: String::new(),
+    };
+    let opts = ClientOptions {
+        request_timeout: Duration::from_secs(1),
+        ..options()
+    };
+    Arc::new(NbdClient::connect_with(&uri, 1, opts).unwrap())
+}
+
 fn options() -> ClientOptions {
     ClientOptions {
         connect_timeout: Duration::from_secs(5),
@@ -156,15 +169,7 @@ fn a_source_that_never_answers_times_out() {
         assert!(Instant::now() < end, "nbdkit never listened");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let uri = NbdUri::Unix {
-        socket: sock.clone(),
-        name: String::new(),
-    };
-    let opts = ClientOptions {
-        request_timeout: Duration::from_secs(1),
-        ..options()
-    };
-    let c = Arc::new(NbdClient::connect_with(&uri, 1, opts).unwrap());
+    let c = impatient_client(&sock);
     let c2 = c.clone();
     let r = within("a read the source never answers", 60, move || {
         c2.read_at(0, &mut [0u8; 512])
@@ -177,4 +182,107 @@ fn a_source_that_never_answers_times_out() {
     })
     .unwrap();
     drop(src);
+}
+
+/// A fake source on `sock` that negotiates, then answers its connections' first read with
+/// the reply header and half of the data, and stalls (the client reads replies straight
+/// into the caller's buffer: a request that times out there must still return, with an
+/// error, and leave the buffer to its caller). Later connections are answered in full
+/// with bytes of `0x5a`.
+fn half_answering_source(sock: &Path) -> std::thread::JoinHandle<()> {
+    use sce_nbd::proto::*;
+    use std::io::{Read, Write};
+    let l = std::os::unix::net::UnixListener::bind(sock).unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for (n, s) in l.incoming().enumerate() {
+            let Ok(mut s) = s else { return };
+            let mut hello = NBDMAGIC.to_be_bytes().to_vec();
+            hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
+            hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+            if s.write_all(&hello).is_err() {
+                continue;
+            }
+            let mut b = [0u8; 4];
+            let _ = s.read_exact(&mut b);
+            // The options: answer GO with the export's size, ignore the rest.
+            loop {
+                let mut h = [0u8; 16];
+                if s.read_exact(&mut h).is_err() {
+                    break;
+                }
+                let opt = u32::from_be_bytes(h[8..12].try_into().unwrap());
+                let len = u32::from_be_bytes(h[12..16].try_into().unwrap()) as usize;
+                let mut data = vec![0u8; len];
+                let _ = s.read_exact(&mut data);
+                let reply = |s: &mut std::os::unix::net::UnixStream, kind: u32, d: &[u8]| {
+                    let mut r = OPT_REPLY_MAGIC.to_be_bytes().to_vec();
+                    r.extend_from_slice(&opt.to_be_bytes());
+                    r.extend_from_slice(&kind.to_be_bytes());
+                    r.extend_from_slice(&(d.len() as u32).to_be_bytes());
+                    r.extend_from_slice(d);
+                    let _ = s.write_all(&r);
+                };
+                if opt == OPT_GO {
+                    let mut info = INFO_EXPORT.to_be_bytes().to_vec();
+                    info.extend_from_slice(&(64u64 << 20).to_be_bytes());
+                    info.extend_from_slice(&1u16.to_be_bytes());
+                    reply(&mut s, REP_INFO, &info);
+                    reply(&mut s, REP_ACK, &[]);
+                    break;
+                }
+                reply(&mut s, REP_FLAG_ERROR | 1, &[]);
+            }
+            let mut s2 = s.try_clone().unwrap();
+            std::thread::spawn(move || loop {
+                let mut r = [0u8; 28];
+                if s2.read_exact(&mut r).is_err() {
+                    return;
+                }
+                let cookie = &r[8..16];
+                let len = u32::from_be_bytes(r[24..28].try_into().unwrap()) as usize;
+                let mut out = SIMPLE_REPLY_MAGIC.to_be_bytes().to_vec();
+                out.extend_from_slice(&0u32.to_be_bytes());
+                out.extend_from_slice(cookie);
+                if n == 0 {
+                    out.extend(std::iter::repeat_n(0xa5u8, len / 2));
+                    let _ = s2.write_all(&out);
+                    std::thread::sleep(Duration::from_secs(3600));
+                    return;
+                }
+                out.extend(std::iter::repeat_n(0x5au8, len));
+                if s2.write_all(&out).is_err() {
+                    return;
+                }
+            });
+            held.push(s);
+        }
+    })
+}
+
+#[test]
+fn a_reply_that_stops_halfway_through_its_data_times_out_and_the_next_read_is_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock: PathBuf = dir.path().join("half.sock");
+    let _server = half_answering_source(&sock);
+    let c = impatient_client(&sock);
+    let c2 = c.clone();
+    let (r, buf) = within("a read whose reply stops halfway", 60, move || {
+        let mut buf = vec![0u8; 1 << 20];
+        let r = c2.read_at(0, &mut buf);
+        (r, buf)
+    });
+    assert!(r.is_err(), "a read answered halfway must fail");
+    // The caller has its buffer back: whatever arrived, it stays as it is now.
+    let snapshot = buf.clone();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(buf, snapshot);
+    // The broken connection is replaced: a read is answered whole.
+    let c2 = c.clone();
+    let buf = within("a read on the new connection", 60, move || {
+        let mut buf = vec![0u8; 1 << 20];
+        c2.read_at(4096, &mut buf).map(|()| buf)
+    })
+    .unwrap();
+    assert!(buf.iter().all(|&b| b == 0x5a));
 }
