@@ -286,17 +286,20 @@ impl Persist {
     }
 
     /// Writes every intent block whose in-memory content is newer than what is durable
-    /// (the intents set ahead of need), without anyone waiting for it. A write that needs
-    /// one of these intents meanwhile waits only for the rest of this write.
+    /// (the intents set ahead of need, and those of writes under way) and the journal
+    /// entries pending, without anyone waiting for it: a write over cached pages asks for
+    /// this before its source write and waits only for what is left of it afterwards. A
+    /// write that needs one of these intents meanwhile waits only for the rest of this write.
     pub(crate) fn write_pending(&self) -> Result<(), IoError> {
         let _io = self.intent_io.lock();
-        let blocks: Vec<u32> = {
+        let (blocks, journal): (Vec<u32>, bool) = {
             let st = self.st.lock();
-            (0..st.version.len() as u32)
+            let blocks = (0..st.version.len() as u32)
                 .filter(|&b| st.durable[b as usize] < st.version[b as usize])
-                .collect()
+                .collect();
+            (blocks, st.journal.has_pending())
         };
-        if blocks.is_empty() {
+        if blocks.is_empty() && !journal {
             return Ok(());
         }
         self.write_intent_blocks(&blocks)

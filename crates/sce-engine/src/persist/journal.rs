@@ -102,6 +102,11 @@ impl Journal {
         self.failed.extend(seqs);
     }
 
+    /// True if entries wait to be written (in the open block or sealed ones).
+    pub(super) fn has_pending(&self) -> bool {
+        !self.open.is_empty() || !self.sealed.is_empty()
+    }
+
     /// Seals the open block and takes every block waiting to be written.
     pub(super) fn take_pending(&mut self) -> Pending {
         if !self.open.is_empty() {

@@ -310,6 +310,8 @@ pub(crate) struct Persist {
     /// Writes set intents ahead of need (write-hot slots) that the intent writer has not
     /// been asked to make durable yet.
     presets_pending: std::sync::atomic::AtomicBool,
+    /// The state file that records the superblock's sequence, kept open.
+    state_seq: StateSeq,
 }
 
 /// What `open` hands back to the volume.
@@ -336,7 +338,8 @@ impl Persist {
             .metadata_bytes_written
             .fetch_add(BLOCK, Relaxed);
         sce_store::write_superblock(&*self.dev, sb)?;
-        record_state_seq(&self.cfg, &sb.uuid, sb.seq, sync_state);
+        self.state_seq
+            .record(&self.cfg, &sb.uuid, sb.seq, sync_state);
         Ok(())
     }
 
@@ -474,6 +477,64 @@ fn state_seq(cfg: &PersistConfig, uuid: &[u8; 16]) -> Option<u64> {
     let text = std::fs::read_to_string(state_file(cfg, uuid)?).ok()?;
     text.trim().parse().ok()
 }
+
+/// The state file of a served device, opened once and rewritten in place: every superblock
+/// write records its sequence with one positioned write of a fixed-width line, where
+/// creating, writing and renaming a file cost about a millisecond on every intent and
+/// journal write, under the locks that every write over cached data waits for (issue 46).
+/// The callers hold the superblock lock, so the writes do not interleave.
+#[derive(Default)]
+pub(super) struct StateSeq {
+    file: std::sync::OnceLock<Option<std::fs::File>>,
+}
+
+impl StateSeq {
+    /// Records `seq` for device `uuid` (see [`record_state_seq`]), synced if `sync`.
+    fn record(&self, cfg: &PersistConfig, uuid: &[u8; 16], seq: u64, sync: bool) {
+        use std::os::unix::fs::FileExt;
+        let Some(path) = state_file(cfg, uuid) else {
+            return;
+        };
+        let file = self.file.get_or_init(|| {
+            let open = || {
+                if let Some(d) = path.parent() {
+                    std::fs::create_dir_all(d)?;
+                }
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&path)?;
+                f.set_len(STATE_LINE as u64)?;
+                Ok::<_, std::io::Error>(f)
+            };
+            open()
+                .inspect_err(|e| {
+                    tracing::warn!(
+                        "cannot keep the superblock sequence in {}: {e}",
+                        path.display()
+                    )
+                })
+                .ok()
+        });
+        let Some(f) = file else { return };
+        // Left-aligned in a fixed width: a shorter number leaves no digit of a longer one.
+        let line = format!("{seq:<w$}\n", w = STATE_LINE - 1);
+        let r =
+            f.write_all_at(line.as_bytes(), 0)
+                .and_then(|()| if sync { f.sync_all() } else { Ok(()) });
+        if let Err(e) = r {
+            tracing::warn!(
+                "cannot record the superblock sequence in {}: {e}",
+                path.display()
+            );
+        }
+    }
+}
+
+/// Bytes of the state file's line: a u64 in decimal (at most 20 digits) and a newline.
+const STATE_LINE: usize = 21;
 
 /// Records `seq` as the newest superblock sequence of device `uuid` (write, fsync, rename).
 /// Best effort: a failure only weakens the detection of a rolled-back device, and is logged.

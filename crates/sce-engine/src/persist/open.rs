@@ -201,6 +201,7 @@ impl Persist {
                 st: Mutex::new(st),
                 intent_io: Mutex::new(()),
                 round_lock: Mutex::new(()),
+                state_seq: Default::default(),
                 cfg,
                 counters: Counters::default(),
                 loaded: stats,

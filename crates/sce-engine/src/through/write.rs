@@ -51,16 +51,29 @@ impl Engine {
                 });
             }
         }
-        if !self.wait_intents(&tickets) {
-            // The intents could not be made durable; the cache is now disabled. Send no copy.
-            self.fail_copies(std::mem::take(&mut copies));
+        // The intents that keep a restart from serving the pages this write replaces (and
+        // guard its cache copies) are made durable by the intent writer while the source
+        // write runs: the write is acknowledged once both are done, so it waits for the
+        // slower of the two, not for their sum (issue 46). No copy is sent before they are.
+        let intents_ready = tickets.is_empty();
+        if !intents_ready {
+            self.signals.want_intents();
         }
-        if synchronous {
-            // Write-through: the source, then the cache copies, before acknowledging.
+        if synchronous || !intents_ready {
+            // Write-through: the source, then the cache copies, before acknowledging. AWT
+            // behind intents: the source, then the copies to the writers.
             let result = self.source_write(offset, data);
-            for c in copies {
-                let piece = &data[c.start..c.start + c.len];
-                self.copy_to_cache(c.shard, c.offset, c.copies, piece);
+            if !self.wait_intents(&tickets) {
+                // The intents could not be made durable; the cache is now disabled.
+                self.fail_copies(std::mem::take(&mut copies));
+            }
+            if synchronous {
+                for c in copies {
+                    let piece = &data[c.start..c.start + c.len];
+                    self.copy_to_cache(c.shard, c.offset, c.copies, piece);
+                }
+            } else if !copies.is_empty() {
+                awt.send(self, &payload, copies);
             }
             self.sources_done(sources, result.is_ok());
             return result;
