@@ -48,6 +48,8 @@ pub(crate) struct Engine {
     /// The clients' source read latency against its floor (population's gate, with miss
     /// fills).
     pub(crate) source_load: crate::load::SourceLoad,
+    /// Reads' inline fills, written after the reads are answered (`fills.rs`).
+    pub(crate) fills: crate::fills::FillQueue,
 }
 
 /// Shutdown, and the background threads' sleeps and wake-ups (leaf locks).

@@ -12,6 +12,7 @@ mod crcs;
 mod device;
 mod devices;
 mod engine;
+mod fills;
 mod flusher;
 mod health;
 mod load;

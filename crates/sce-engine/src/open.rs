@@ -8,6 +8,7 @@ use crate::cores::Cores;
 use crate::crcs::CrcCache;
 use crate::devices::{Devices, PartInfo};
 use crate::engine::{Engine, Signals};
+use crate::fills::fill_writer;
 use crate::flusher::{flusher, intent_writer};
 use crate::health::Health;
 use crate::parts::Placed;
@@ -337,8 +338,11 @@ fn spawn(
         .map_err(|err| IoError::Failed(format!("cannot start {what} thread: {err}")))
 }
 
-/// Starts the path's threads (the AWT writers, or the cleaners), the population workers
-/// and, with persistence, the flusher and the intent writer.
+/// Fill writer threads: a read's inline fills are written by them, after its reply.
+const FILL_WRITERS: usize = 2;
+
+/// Starts the path's threads (the AWT writers, or the cleaners), the fill writers, the
+/// population workers and, with persistence, the flusher and the intent writer.
 fn start_threads(
     engine: &Arc<Engine>,
     path: &WritePath,
@@ -365,6 +369,13 @@ fn start_threads(
                 l.cleaner(e)
             })?);
         }
+    }
+    let (tx, rx) = crossbeam_channel::unbounded();
+    engine.fills.open(tx);
+    for i in 0..FILL_WRITERS {
+        let rx = rx.clone();
+        let name = format!("sce-fill-{i}");
+        threads.push(spawn(engine, name, "fill", move |e| fill_writer(e, rx))?);
     }
     for i in 0..workers {
         let name = format!("sce-pop-{i}");
@@ -488,6 +499,7 @@ impl CacheVolume {
             fshift,
             holds_dirty: config.core.write_mode == sce_core::WriteMode::WriteBack,
             source_load: Default::default(),
+            fills: Default::default(),
         });
         let (tx, rx) = crossbeam_channel::unbounded::<AwtJob>();
         let limits = (config.writeback_wait, config.writeback_idle);

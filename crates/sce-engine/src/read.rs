@@ -5,13 +5,16 @@
 //! runs on the caller's thread:
 //! cached runs verified against their checksums, and source runs that follow each other
 //! across pieces merged into one source read (a request over several fragments costs one
-//! round trip to the source, not one per fragment). Then the inline fills are written, and
-//! the pins released (each piece's [`PinnedRead`] guard does, when dropped).
+//! round trip to the source, not one per fragment). Then the inline fills are handed to
+//! the fill writers (`fills.rs`), which write them once their intents are durable, and the
+//! pins are released (each piece's [`PinnedRead`] guard does, when dropped): the reply
+//! waits for neither the fills nor their intents.
 
 use crate::checks::Checks;
 use crate::engine::Engine;
+use crate::fills::FillJob;
 use crate::persist::Ticket;
-use sce_core::{Piece, PinnedRead, Populating, ReadPlan, RunTarget};
+use sce_core::{Piece, PinnedRead, ReadPlan, RunTarget};
 use sce_io::{BlockDevice, IoError, Op};
 use std::cell::RefCell;
 
@@ -85,11 +88,13 @@ impl Engine {
                 };
                 self.preset_intents(&piece.read);
                 let result = self.read_runs(offset, buf, &[&piece]);
-                // The fills' intents were written while the source read ran: a miss that
-                // fills pays for them only if they take longer.
-                self.guard_fills(&tickets, std::slice::from_mut(&mut piece));
                 let full = piece.read.full_hit;
-                self.finish_piece(p.shard, p.offset, buf, &mut piece, result.is_ok());
+                // The fills go to the fill writers with the intents that guard them: the
+                // reply waits for neither.
+                let mut fills = FillJob::new(tickets);
+                let pops = piece.read.take_populations();
+                fills.add(p.shard, p.offset, buf, &piece.read, pops, result.is_ok());
+                self.fills.send(self, fills);
                 return result.map(|_| full);
             }
             let mut result = Ok(());
@@ -118,38 +123,19 @@ impl Engine {
                 let planned: Vec<&PlannedPiece> = pieces.iter().collect();
                 result = self.read_runs(offset, buf, &planned);
             }
-            // The fills' intents, all pieces' at once (one wait, not one per piece), after
-            // the source read they were written alongside; before any fill is written.
-            self.guard_fills(&tickets, &mut pieces);
             let full = pieces.iter().filter(|x| x.read.full_hit).count() as u64;
             self.counters.split_request(true, pieces.len() as u64, full);
             let all_hit = full == pieces.len() as u64 && pieces.len() == n;
+            // Every piece's fills in one job, behind the intents of all (one wait).
+            let mut fills = FillJob::new(tickets);
             for (p, mut x) in placed.into_iter().zip(pieces) {
                 let b = &buf[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
-                self.finish_piece(p.shard, p.offset, b, &mut x, result.is_ok());
+                let pops = x.read.take_populations();
+                fills.add(p.shard, p.offset, b, &x.read, pops, result.is_ok());
             }
+            self.fills.send(self, fills);
             result.map(|_| all_hit)
         })
-    }
-
-    /// Waits until the intents that guard the pieces' inline fills are durable; if they
-    /// cannot be written, drops the fills (their populations then complete as failed).
-    fn guard_fills(&self, tickets: &[Ticket], pieces: &mut [PlannedPiece]) {
-        if !tickets.is_empty() && !self.wait_intents(tickets) {
-            for x in pieces {
-                x.read.clear_fills();
-            }
-        }
-    }
-
-    /// After a piece's I/O (`buf`: the piece's data, at global offset `offset` on core shard
-    /// `k`): writes its inline fills, if any, and completes their populations. Its pins are
-    /// released when the caller drops it.
-    fn finish_piece(&self, k: usize, offset: u64, buf: &[u8], x: &mut PlannedPiece, ok: bool) {
-        let pops = x.read.take_populations();
-        if !pops.is_empty() {
-            self.write_fills(k, offset, buf, &x.read, pops, ok);
-        }
     }
 
     /// Plans a read of `p` and takes the expected checksums of its cached pages with it:
@@ -293,40 +279,6 @@ impl Engine {
             self.counters.cache_bytes_read.add(from_cache);
         }
         result
-    }
-
-    /// Writes a read's inline fills (admission `always`, and admission `sce`'s miss fills;
-    /// core shard `k`) from the data it read into `buf`
-    /// and completes their populations: failed if the read failed, if a population has no
-    /// fill left, or if a fill could not be written.
-    fn write_fills(
-        &self,
-        k: usize,
-        offset: u64,
-        buf: &[u8],
-        plan: &ReadPlan,
-        pops: Vec<Populating>,
-        read_ok: bool,
-    ) {
-        let mut done = Vec::with_capacity(pops.len());
-        for pop in pops {
-            let mut ok = read_ok;
-            if ok {
-                let fills = plan.fills.iter().filter(|f| f.pop == pop.id());
-                ok &= fills.clone().next().is_some();
-                for f in fills {
-                    let piece = &buf[f.buf_offset as usize..(f.buf_offset + f.len) as usize];
-                    self.checks.record(offset + f.buf_offset, f.cache.0, piece);
-                    ok &= self.cache_write(f.cache.0, piece);
-                }
-            }
-            done.push((pop, ok));
-        }
-        self.cores.with_shard(k, |core| {
-            for (pop, ok) in done {
-                pop.complete(core, ok);
-            }
-        });
     }
 
     /// Sets ahead of need the intents of recently written slots that this read hits, and

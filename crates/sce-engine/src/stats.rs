@@ -47,6 +47,8 @@ pub struct Counters {
     pub active_workers: AtomicU64,
     /// Population wake-ups that left a busy source to the clients (miss fills on).
     pub population_source_busy: AtomicU64,
+    /// Bytes of reads' fills dropped because the fill writers were behind (`fills.rs`).
+    pub fill_bytes_dropped: AtomicU64,
     /// Read requests cut into several pieces count once per piece in the core shards: the
     /// pieces beyond the first, and the full-hit pieces beyond the request's own full hit,
     /// subtracted when read.
@@ -115,6 +117,8 @@ sce_core::stats_table! {
         miss_fills: u64, Counter("sce_miss_fills_total", "", "Read misses whose own data filled the cache (admission sce with miss fills).");
         /// Population wake-ups that left a busy source to the clients (miss fills on).
         population_source_busy: u64, Counter("sce_population_source_busy_total", "", "Population wake-ups that left a busy source to the clients (miss fills on).");
+        /// Bytes of reads' fills dropped because the cache device was behind.
+        fill_bytes_dropped: u64, Counter("sce_fill_dropped_bytes_total", "bytes", "Bytes read misses would have filled the cache with, dropped because the cache device was behind (reads never wait for fills).");
         /// Cache writes refused by the endurance budget (`max_cache_writes`).
         endurance_refusals: u64, Counter("sce_endurance_refusals_total", "", "Cache writes refused by the endurance budget (max_cache_writes).");
         /// The population rate limit now, bytes per second (0: unlimited).
@@ -213,6 +217,7 @@ impl Counters {
             passthrough: passthrough as u64,
             active_workers: self.active_workers.load(Relaxed),
             population_source_busy: self.population_source_busy.load(Relaxed),
+            fill_bytes_dropped: self.fill_bytes_dropped.load(Relaxed),
             ..VolumeStats::of_core(core)
         }
     }

@@ -259,6 +259,8 @@ impl CacheVolume {
             // Closing the queue lets the AWT writers finish what is queued, then exit.
             t.close();
         }
+        // So does closing the fill queue (reads from now on write their own fills).
+        e.fills.close();
         let threads: Vec<_> = self.threads.lock().drain(..).collect();
         if threads.is_empty() {
             return false;

@@ -1,0 +1,190 @@
+//! A read's inline fills (admission `always`, and admission `sce`'s miss fills), written
+//! after the read is answered: the read copies the bytes it fills the cache with, hands them
+//! to the fill writers and returns, so a miss waits for the source and for nothing else
+//! (issue 46: a 1 MiB miss used to wait for its 1 MiB cache write, and for the intents
+//! that guard it, before its reply went out). Their populations are completed by the
+//! writers; until then the pages are not valid, so reads of them go to the source, as
+//! they do while a background population is under way.
+//!
+//! The writers are the volume's own threads (`sce-fill-N`). The queue holds at most
+//! [`QUEUED_MAX`] bytes: a fill that finds it full is dropped (its population completes as
+//! failed, its pages stay uncached, `fill_bytes_dropped` counts it), so that a cache device
+//! slower than the source (a stream read faster than the device writes) never slows the
+//! reads; a fill is an offer, not a duty. Once the volume is closing, a read writes its own.
+
+use crate::engine::Engine;
+use crate::persist::Ticket;
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
+use sce_core::{Populating, ReadPlan};
+use sce_io::AlignedBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// The most bytes of fills waiting for the writers (beyond it a fill is dropped).
+pub(crate) const QUEUED_MAX: u64 = 64 << 20;
+
+/// One cache write of a fill: the bytes read for global source offset `global`, to write at
+/// cache device offset `cache`.
+struct FillWrite {
+    global: u64,
+    cache: u64,
+    data: AlignedBuf,
+}
+
+/// The fills of one piece of a read (one core shard's): per population, its writes.
+struct FillPiece {
+    shard: usize,
+    pops: Vec<(Populating, Vec<FillWrite>)>,
+}
+
+/// A read's fills, taken from its plans: what the writers need once the read is answered.
+#[derive(Default)]
+pub(crate) struct FillJob {
+    /// The intents that guard the fills' slots (written while the source read ran).
+    tickets: Vec<Ticket>,
+    pieces: Vec<FillPiece>,
+    bytes: u64,
+}
+
+impl FillJob {
+    /// A job waiting for `tickets`.
+    pub(crate) fn new(tickets: Vec<Ticket>) -> Self {
+        FillJob {
+            tickets,
+            ..Default::default()
+        }
+    }
+
+    /// Takes the populations of a piece's plan (core shard `k`, its data `buf`, which starts
+    /// at global offset `offset`) with copies of the bytes each fill writes; none if the read
+    /// failed (`ok` false: the populations then complete as failed).
+    pub(crate) fn add(
+        &mut self,
+        k: usize,
+        offset: u64,
+        buf: &[u8],
+        plan: &ReadPlan,
+        pops: Vec<Populating>,
+        ok: bool,
+    ) {
+        if pops.is_empty() {
+            return;
+        }
+        let pops = pops
+            .into_iter()
+            .map(|pop| {
+                let writes: Vec<FillWrite> = (plan.fills.iter())
+                    .filter(|f| ok && f.pop == pop.id())
+                    .map(|f| {
+                        let src = &buf[f.buf_offset as usize..(f.buf_offset + f.len) as usize];
+                        let mut data = AlignedBuf::new(src.len());
+                        data.copy_from_slice(src);
+                        self.bytes += f.len;
+                        FillWrite {
+                            global: offset + f.buf_offset,
+                            cache: f.cache.0,
+                            data,
+                        }
+                    })
+                    .collect();
+                (pop, writes)
+            })
+            .collect();
+        self.pieces.push(FillPiece { shard: k, pops });
+    }
+
+    /// True if there is nothing to complete.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pieces.is_empty()
+    }
+
+    /// Waits for the intents, writes the fills and completes their populations: failed if
+    /// the intents could not be made durable, if a population has no fill (the read failed),
+    /// or if a fill could not be written.
+    pub(crate) fn run(self, e: &Engine) {
+        self.finish(e, true);
+    }
+
+    /// Completes the populations as failed, writing nothing: the fill writers are behind.
+    fn drop_fills(self, e: &Engine) {
+        e.counters.fill_bytes_dropped.fetch_add(self.bytes, Relaxed);
+        self.finish(e, false);
+    }
+
+    fn finish(self, e: &Engine, write: bool) {
+        // Nothing to write (the read failed, or the fills are dropped): no intent to wait for.
+        let guarded = write && self.bytes > 0 && e.wait_intents(&self.tickets);
+        for piece in self.pieces {
+            let mut done = Vec::with_capacity(piece.pops.len());
+            for (pop, writes) in piece.pops {
+                let mut ok = guarded && !writes.is_empty();
+                if ok {
+                    for w in &writes {
+                        e.checks.record(w.global, w.cache, &w.data);
+                        ok &= e.cache_write(w.cache, &w.data);
+                    }
+                }
+                done.push((pop, ok));
+            }
+            e.cores.with_shard(piece.shard, |core| {
+                for (pop, ok) in done {
+                    pop.complete(core, ok);
+                }
+            });
+        }
+    }
+}
+
+/// The queue to the fill writers (`tx` a leaf lock: `FillQueue::tx` in the lock order).
+#[derive(Default)]
+pub(crate) struct FillQueue {
+    tx: Mutex<Option<Sender<FillJob>>>,
+    /// Bytes of fills queued and not yet written.
+    queued: AtomicU64,
+}
+
+impl FillQueue {
+    /// Opens the queue: jobs go to the writers receiving from the other end of `tx`.
+    pub(crate) fn open(&self, tx: Sender<FillJob>) {
+        *self.tx.lock() = Some(tx);
+    }
+
+    /// Closes the queue: the writers finish what is queued, then exit; later reads write
+    /// their own fills.
+    pub(crate) fn close(&self) {
+        self.tx.lock().take();
+    }
+
+    /// Hands `job` to the writers; drops its fills if the queue holds [`QUEUED_MAX`] bytes
+    /// already; runs it on this thread if it writes nothing or the queue is closed.
+    pub(crate) fn send(&self, e: &Engine, job: FillJob) {
+        if job.is_empty() {
+            return;
+        }
+        let bytes = job.bytes;
+        if bytes == 0 {
+            return job.run(e);
+        }
+        if self.queued.fetch_add(bytes, Relaxed) + bytes > QUEUED_MAX {
+            self.queued.fetch_sub(bytes, Relaxed);
+            return job.drop_fills(e);
+        }
+        let unsent = match self.tx.lock().as_ref() {
+            Some(tx) => tx.send(job).err().map(|e| e.0),
+            None => Some(job),
+        };
+        if let Some(job) = unsent {
+            self.queued.fetch_sub(bytes, Relaxed);
+            job.run(e);
+        }
+    }
+}
+
+/// A fill writer thread: runs the queued jobs until the queue is closed and empty.
+pub(crate) fn fill_writer(e: &Engine, rx: Receiver<FillJob>) {
+    for job in rx.iter() {
+        let bytes = job.bytes;
+        job.run(e);
+        e.fills.queued.fetch_sub(bytes, Relaxed);
+    }
+}
