@@ -180,3 +180,42 @@ fn a_miss_fill_refused_by_the_endurance_budget_evicts_nothing() {
     assert_eq!(c.free_slots(), 0);
     assert!(cached(&mut c), "the cached line stayed");
 }
+
+#[test]
+fn a_stream_fills_free_space_from_its_own_data_and_population_never_rereads_it() {
+    // A cold copy of a volume (1 MiB reads in order) over a source that is not busy: its
+    // reads past the cutoff fill the cache's free space from the data they read, and raise
+    // no heat, so population never reads that data from the source a second time (on the
+    // bandwidth the copy itself uses: issue 46). Once the cache is full, the stream is
+    // bypassed.
+    let cfg = CoreConfig {
+        sequential_cutoff: 4 << 20,
+        miss_fills_when_busy: true,
+        ..lines(true)
+    };
+    // Room for 8 MiB: the 16 MiB stream fills it, then passes by.
+    let mut c = CacheCore::new(cfg, 64 << 20, 8 << 20).unwrap();
+    let (mut filled, mut picked) = (Vec::new(), Vec::new());
+    for i in 0..16u64 {
+        let mut p = read(&mut c, i << 20, 1 << 20);
+        filled.push(p.fills.iter().map(|f| f.len).sum::<u64>());
+        for pop in std::mem::take(&mut p.pops) {
+            c.complete_population(pop, true).unwrap();
+        }
+        c.end_read(&mut p);
+        while let Some(j) = c.pick_population_unthrottled() {
+            picked.push((j.frag.0 * (64 << 10)) >> 20);
+            c.complete_population(j.id, true).unwrap();
+        }
+    }
+    // The first reads are not known to be a stream yet: the source is not busy, so they
+    // leave their filling to population, which takes (some of) the regions they touched.
+    assert!(
+        picked.iter().all(|&r| r < 4),
+        "population re-read a stream: {picked:?}"
+    );
+    assert!(filled[4..].contains(&(1 << 20)), "{filled:?}");
+    assert_eq!(c.free_slots(), 0, "the stream filled the free space");
+    assert_eq!(filled[15], 0, "full: bypassed: {filled:?}");
+    assert!(c.stats().sequential_requests >= 12);
+}

@@ -204,19 +204,30 @@ impl CacheCore {
         Some(set)
     }
 
-    /// Accounts one request of `len` bytes at `offset` (a read or a write): per region it
-    /// covers, one touch of the hotness window and the sketch; per line, the `nhit` counters
-    /// and the eviction policy. Under admission `sce`, a request that continues a stream
-    /// inside the region it last touched adds no touch, and a request of a sequential stream
-    /// adds nothing at all; returns true for those.
-    pub(super) fn note_access(&mut self, offset: u64, len: u64, verdict: StreamVerdict) -> bool {
+    /// Accounts one request of `len` bytes at `offset` (a read, or a write if `write`): per
+    /// region it covers, one touch of the hotness window and the sketch; per line, the
+    /// `nhit` counters and the eviction policy. Under admission `sce`, a request that
+    /// continues a stream inside the region it last touched adds no touch, and a request of
+    /// a sequential stream adds nothing at all (a write only once the cache is full); returns
+    /// true for those.
+    pub(super) fn note_access(
+        &mut self,
+        offset: u64,
+        len: u64,
+        verdict: StreamVerdict,
+        write: bool,
+    ) -> bool {
         if !self.cfg.write_mode.caches_reads() {
             // Passthrough: nothing is learnt, so nothing is populated.
             return false;
         }
-        // A stream is bypassed only once the cache is full: free space is there to be
-        // filled, and data read or written in sequence is often read again.
-        if verdict.sequential && self.slots.free_count() == 0 {
+        // A stream's reads raise no heat, full or not: population would read their data
+        // from the source a second time, on the bandwidth the stream itself is using (a
+        // cold copy of a volume behind a link-limited source ran at 0.81x of the source
+        // alone, issue 46). While the cache has room they fill it from the data in hand
+        // instead (miss fills, `CacheCore::wants_fills`): data read in sequence is often
+        // read again. A stream's writes are bypassed once the cache is full.
+        if verdict.sequential && (!write || self.slots.free_count() == 0) {
             self.stats.sequential_requests += 1;
             return true;
         }

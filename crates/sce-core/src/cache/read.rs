@@ -129,7 +129,7 @@ impl CacheCore {
     /// The mutating half of `begin_read`: accounting, and the inline fills of `always`.
     pub(super) fn commit_read(&mut self, plan: &mut ReadPlan) {
         let offset = plan.offset;
-        self.note_access(offset, plan.len, plan.verdict);
+        self.note_access(offset, plan.len, plan.verdict, false);
         self.account_read(1, plan.full_hit as u64, plan.hit_pages, plan.missed_pages);
         for (f, set) in std::mem::take(&mut plan.fill_wanted) {
             let selective = self.cfg.admission == Admission::Sce;
@@ -169,16 +169,20 @@ impl CacheCore {
     }
 
     /// Whether a read's misses may fill the cache inline: always under admission `always`;
-    /// under `sce` with miss fills, unless the read is part of a stream the full cache
-    /// bypasses.
+    /// under `sce` with miss fills: a read of a sequential stream while the cache has free
+    /// space (population does not take streams: `note_access`), any other read when the
+    /// source is busy or miss fills are not kept for a busy source.
     fn wants_fills(&self, verdict: crate::admit::StreamVerdict) -> bool {
         match self.cfg.admission {
             Admission::Always => true,
             Admission::Sce => {
                 self.cfg.fills_from_misses()
-                    && (self.source_busy || !self.cfg.miss_fills_when_busy)
                     && self.cfg.write_mode.caches_reads()
-                    && !(verdict.sequential && self.slots.free_count() == 0)
+                    && if verdict.sequential {
+                        self.slots.free_count() > 0
+                    } else {
+                        self.source_busy || !self.cfg.miss_fills_when_busy
+                    }
             }
             _ => false,
         }
@@ -239,12 +243,12 @@ impl CacheCore {
         let [mut requests, mut full_hits, mut hits, mut misses] = [0u64; 4];
         for log in logs.iter() {
             for &(offset, len, verdict) in &log.reads {
-                self.note_access(offset, len, verdict);
+                self.note_access(offset, len, verdict, false);
             }
         }
         for log in logs.iter_mut() {
             for &(offset, len, verdict) in &log.missed {
-                self.note_access(offset, len, verdict);
+                self.note_access(offset, len, verdict, false);
             }
             requests += log.requests;
             full_hits += log.full_hits;

@@ -53,7 +53,7 @@ impl CacheCore {
         self.check(offset.0, len)?;
         self.stats.write_requests += 1;
         let verdict = self.classify(offset.0, len);
-        let sequential = self.note_access(offset.0, len, verdict);
+        let sequential = self.note_access(offset.0, len, verdict, true);
         let mode = self.cfg.write_mode;
         let copy_wanted = kind == WriteKind::Data && mode.copies_writes() && len > 0 && !sequential;
         let over_budget = mode == WriteMode::Awt && self.awt_in_flight + len > self.cfg.awt_budget;
