@@ -208,8 +208,8 @@ impl CacheCore {
     /// region it covers, one touch of the hotness window and the sketch; per line, the
     /// `nhit` counters and the eviction policy. Under admission `sce`, a request that
     /// continues a stream inside the region it last touched adds no touch, and a request of
-    /// a sequential stream adds nothing at all (a write only once the cache is full); returns
-    /// true for those.
+    /// a sequential stream adds nothing at all (once the cache is full; a read at once when
+    /// misses fill the cache); returns true for those.
     pub(super) fn note_access(
         &mut self,
         offset: u64,
@@ -221,13 +221,15 @@ impl CacheCore {
             // Passthrough: nothing is learnt, so nothing is populated.
             return false;
         }
-        // A stream's reads raise no heat, full or not: population would read their data
-        // from the source a second time, on the bandwidth the stream itself is using (a
-        // cold copy of a volume behind a link-limited source ran at 0.81x of the source
-        // alone, issue 46). While the cache has room they fill it from the data in hand
-        // instead (miss fills, `CacheCore::wants_fills`): data read in sequence is often
-        // read again. A stream's writes are bypassed once the cache is full.
-        if verdict.sequential && (!write || self.slots.free_count() == 0) {
+        // With miss fills, a stream's reads raise no heat, full or not: population would
+        // read their data from the source a second time, on the bandwidth the stream itself
+        // is using (a cold copy of a volume behind a link-limited source ran at 0.81x of the
+        // source alone, issue 46). While the cache has room they fill it from the data in
+        // hand instead (`CacheCore::wants_fills`): data read in sequence is often read
+        // again. Without miss fills population is the only way in, so a stream is bypassed
+        // only once the cache is full, as its writes are.
+        let fills_instead = !write && self.cfg.fills_from_misses();
+        if verdict.sequential && (fills_instead || self.slots.free_count() == 0) {
             self.stats.sequential_requests += 1;
             return true;
         }
