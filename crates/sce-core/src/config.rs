@@ -11,8 +11,9 @@ pub enum Admission {
     /// fragment of the MRU window, throttled by Algorithm 1, but only a fragment touched at
     /// least twice in the window once the cache is full, only by evicting a fragment colder
     /// than it (by `admission_margin`, in a frequency sketch that outlives eviction), never
-    /// for sequential streams (with miss fills their reads fill free space from their own
-    /// data; they are bypassed once the cache is full), and within the population budget.
+    /// for sequential streams (with miss fills their reads of a line or more fill free
+    /// space from their own data; streams are bypassed once the cache is full), and within
+    /// the population budget.
     /// Reads never wait.
     #[default]
     Sce,

@@ -218,4 +218,28 @@ fn a_stream_fills_free_space_from_its_own_data_and_population_never_rereads_it()
     assert_eq!(c.free_slots(), 0, "the stream filled the free space");
     assert_eq!(filled[15], 0, "full: bypassed: {filled:?}");
     assert!(c.stats().sequential_requests >= 12);
+    // A stream of reads smaller than a line keeps its heat while the cache has room:
+    // population fills whole lines ahead of it (what its own data cannot).
+    let mut c = CacheCore::new(cfg_small(), 64 << 20, 8 << 20).unwrap();
+    let mut picked = 0;
+    for i in 0..512u64 {
+        touch(&mut c, i * 16 * KIB);
+        while let Some(j) = c.pick_population_unthrottled() {
+            picked += 1;
+            c.complete_population(j.id, true).unwrap();
+        }
+    }
+    assert!(
+        picked >= 8,
+        "population took a line of each of the 8 regions: {picked}"
+    );
+}
+
+/// `lines(true)` with a 4 MiB sequential cutoff and miss fills kept for a busy source.
+fn cfg_small() -> CoreConfig {
+    CoreConfig {
+        sequential_cutoff: 4 << 20,
+        miss_fills_when_busy: true,
+        ..lines(true)
+    }
 }

@@ -97,7 +97,7 @@ impl WriteBudget {
 pub struct AdmissionOptions {
     /// Population bandwidth.
     pub population_rate: Option<PopulationRate>,
-    /// Bytes of a sequential run from which its reads raise no heat, and from which it is bypassed once the cache is full (0: never).
+    /// Bytes of a sequential run from which it is bypassed once the cache is full, and its reads of a line or more fill free space from their own data before (0: never).
     pub sequential_cutoff: Option<u64>,
     /// Touches by which a candidate must beat its victim in the frequency sketch.
     pub admission_margin: Option<u32>,

@@ -14,10 +14,10 @@ pub struct AdmissionArgs {
     /// unlimited.
     #[arg(long, value_name = "RATE")]
     pub population_rate: Option<PopulationRate>,
-    /// Admission sce: sequential runs of at least this many bytes raise no heat (with miss
-    /// fills their reads fill free space from their own data, never read again by
-    /// population) and, once the cache is full, are not admitted and their writes bypass the
-    /// cache (0 disables). In
+    /// Admission sce: once the cache is full, sequential runs of at least this many bytes
+    /// raise no heat, are not admitted, and their writes bypass the cache; before that,
+    /// with miss fills, their reads of a cache line or more fill free space from their own
+    /// data and are never read again by population (0 disables). In
     /// write-back, writes of 128KiB or more in such a run go through to the source instead
     /// of into the log [default: 4MiB].
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]

@@ -69,7 +69,7 @@ impl CacheCore {
         plan.verdict = verdict.unwrap_or_else(|| self.classify(offset.0, len));
         // Passthrough: every run goes to the source, and nothing is filled.
         let caching = self.cfg.write_mode.caches_reads();
-        let want_fills = caching && self.wants_fills(plan.verdict);
+        let want_fills = caching && self.wants_fills(plan.verdict, len);
         for (f, lo, hi, a, b) in fragments(self.geo, offset.0, len) {
             let fstart = self.geo.fragment_start(f).0;
             let slot = self.map.get(f);
@@ -168,20 +168,23 @@ impl CacheCore {
         }
     }
 
-    /// Whether a read's misses may fill the cache inline: always under admission `always`;
-    /// under `sce` with miss fills: a read of a sequential stream while the cache has free
-    /// space (population does not take streams: `note_access`), any other read when the
-    /// source is busy or miss fills are not kept for a busy source.
-    fn wants_fills(&self, verdict: crate::admit::StreamVerdict) -> bool {
+    /// Whether a read of `len` bytes may fill the cache with its misses: always under
+    /// admission `always`; under `sce` with miss fills, a read of a stream that population
+    /// leaves to its own fills (`stream_fills`) while the cache has free space, any other
+    /// read unless it is part of a stream the full cache bypasses, when the source is busy
+    /// or miss fills are not kept for a busy source.
+    fn wants_fills(&self, verdict: crate::admit::StreamVerdict, len: u64) -> bool {
         match self.cfg.admission {
             Admission::Always => true,
             Admission::Sce => {
+                let full = self.slots.free_count() == 0;
                 self.cfg.fills_from_misses()
                     && self.cfg.write_mode.caches_reads()
-                    && if verdict.sequential {
-                        self.slots.free_count() > 0
+                    && if verdict.sequential && self.stream_fills(len, false) {
+                        !full
                     } else {
-                        self.source_busy || !self.cfg.miss_fills_when_busy
+                        (self.source_busy || !self.cfg.miss_fills_when_busy)
+                            && !(verdict.sequential && full)
                     }
             }
             _ => false,
