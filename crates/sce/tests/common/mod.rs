@@ -423,6 +423,7 @@ pub mod blocks {
             let m = model.lock().clone();
             assert_never_stale(&c, &m, &format!("iteration {it}"), flushes);
             relearn(&c, &mut model.lock(), size);
+            reads_the_same_after_forget(&c, sock, &model.lock(), size, it);
             if it == iterations {
                 let model = model.lock().clone();
                 return KillReport {
@@ -474,6 +475,33 @@ pub mod blocks {
 
     /// Re-reads every block through `c` into the model (after the check, so the round
     /// starts exact).
+    /// Issue 46: after a restart, what a block reads as is what it reads as once the cache
+    /// has forgotten everything clean (`sce ctl forget`): a write in flight at the kill
+    /// never reads as its old bytes from the cache and its new ones from the source later.
+    fn reads_the_same_after_forget(
+        c: &NbdClient,
+        sock: &std::path::Path,
+        m: &[BlockState],
+        size: u64,
+        it: u32,
+    ) {
+        let (ok, out) = crate::common::ctl(sock, &["forget", ""]);
+        assert!(ok, "forget: {out}");
+        let mut buf = AlignedBuf::new(MIB as usize);
+        for chunk in 0..size / MIB {
+            c.read_at(chunk * MIB, &mut buf).unwrap();
+            for k in 0..MIB / BLOCK {
+                let b = chunk * MIB / BLOCK + k;
+                let got = decode(b, &buf[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize]);
+                assert_eq!(
+                    got,
+                    Some(m[b as usize].acked),
+                    "iteration {it}: block {b} read otherwise before forget"
+                );
+            }
+        }
+    }
+
     fn relearn(c: &NbdClient, m: &mut [BlockState], size: u64) {
         let mut buf = AlignedBuf::new(MIB as usize);
         for chunk in 0..size / MIB {
