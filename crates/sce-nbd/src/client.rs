@@ -303,7 +303,8 @@ impl NbdClient {
     }
 
     /// One command, retried once on a new connection if it failed on an older one for a
-    /// transport reason. Returns a read's data.
+    /// transport reason. A read's data goes into `into` (which a failed read may leave
+    /// partly written).
     fn request(
         &self,
         op: Op,

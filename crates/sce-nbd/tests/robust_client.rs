@@ -273,10 +273,10 @@ fn a_reply_that_stops_halfway_through_its_data_times_out_and_the_next_read_is_wh
         (r, buf)
     });
     assert!(r.is_err(), "a read answered halfway must fail");
-    // The caller has its buffer back: whatever arrived, it stays as it is now.
-    let snapshot = buf.clone();
-    std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(buf, snapshot);
+    assert!(
+        buf[..512 << 10].iter().all(|&b| b == 0xa5),
+        "the half that came"
+    );
     // The broken connection is replaced: a read is answered whole.
     let c2 = c.clone();
     let buf = within("a read on the new connection", 60, move || {

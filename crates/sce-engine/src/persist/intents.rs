@@ -287,9 +287,8 @@ impl Persist {
 
     /// Writes every intent block whose in-memory content is newer than what is durable
     /// (the intents set ahead of need, and those of writes under way) and the journal
-    /// entries pending, without anyone waiting for it: a write over cached pages asks for
-    /// this before its source write and waits only for what is left of it afterwards. A
-    /// write that needs one of these intents meanwhile waits only for the rest of this write.
+    /// entries pending, without anyone waiting for it. A write that needs one of these
+    /// meanwhile waits only for the rest of this write.
     pub(crate) fn write_pending(&self) -> Result<(), IoError> {
         let _io = self.intent_io.lock();
         let (blocks, journal): (Vec<u32>, bool) = {

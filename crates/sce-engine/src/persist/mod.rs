@@ -475,7 +475,11 @@ fn state_file(cfg: &PersistConfig, uuid: &[u8; 16]) -> Option<std::path::PathBuf
 /// The newest superblock sequence this host recorded for device `uuid`, if any.
 fn state_seq(cfg: &PersistConfig, uuid: &[u8; 16]) -> Option<u64> {
     let text = std::fs::read_to_string(state_file(cfg, uuid)?).ok()?;
-    text.trim().parse().ok()
+    // A file of an older sce ("N\n") is padded with NULs to the fixed width before its
+    // first rewrite in place (`StateSeq`): a crash between the two leaves them.
+    text.trim_matches(|c: char| c.is_whitespace() || c == '\0')
+        .parse()
+        .ok()
 }
 
 /// The state file of a served device, opened once and rewritten in place: every superblock

@@ -473,8 +473,6 @@ pub mod blocks {
         }
     }
 
-    /// Re-reads every block through `c` into the model (after the check, so the round
-    /// starts exact).
     /// Issue 46: after a restart, what a block reads as is what it reads as once the cache
     /// has forgotten everything clean (`sce ctl forget`): a write in flight at the kill
     /// never reads as its old bytes from the cache and its new ones from the source later.
@@ -502,6 +500,8 @@ pub mod blocks {
         }
     }
 
+    /// Re-reads every block through `c` into the model (after the check, so the round
+    /// starts exact).
     fn relearn(c: &NbdClient, m: &mut [BlockState], size: u64) {
         let mut buf = AlignedBuf::new(MIB as usize);
         for chunk in 0..size / MIB {
