@@ -2,7 +2,7 @@
 """Never slower than the source (issue 46), side by side in one run: writes over cached and
 uncached data, and cold sequential reads, through `sce serve` against the source alone.
 
-1. Writes: a fresh 2 ms source (`nbdkit --filter=delay memory 4G rdelay=2ms wdelay=2ms -t 64`)
+1. Writes: a fresh 2 ms source (`nbdkit --filter=delay memory 32G rdelay=2ms wdelay=2ms -t 64`)
    per mode; `sce serve` with a 1 GiB cache, `sce ctl prefetch 0 512MiB`; fio 4 KiB random
    writes (nbd engine) over the cached 512 MiB and over 512 MiB at 1 GiB that is not cached,
    at QD1 and QD16, each --seconds long; the source alone the same way. Mean and p99
@@ -27,7 +27,7 @@ import subprocess
 import tempfile
 import time
 
-from benchkit import Procs, fio, log, report, sce_serve, wait_sock
+from benchkit import Procs, fio, log, report, sce_serve, slow_source, uri
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TICK = os.sysconf("SC_CLK_TCK")
@@ -36,18 +36,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 def source(procs, d, rate=None):
     """A fresh 2 ms memory source of 32 GiB (a sequential run never wraps onto what it
     cached), rate-limited if `rate` (bits/s)."""
-    sock = os.path.join(d, "src.sock")
-    if os.path.exists(sock):
-        os.unlink(sock)
-    cmd = ["nbdkit", "-f", "-U", sock]
-    if rate:
-        cmd += ["--filter=rate"]
-    cmd += ["--filter=delay", "memory", "32G", "rdelay=2ms", "wdelay=2ms", "-t", "64"]
-    if rate:
-        cmd += [f"rate={rate}"]
-    p = procs.start(cmd)
-    wait_sock(sock, p, "nbdkit (source)")
-    return p, sock
+    return slow_source(procs, d, "32G", rate=rate)
 
 
 def cpu_s(p):
@@ -55,10 +44,6 @@ def cpu_s(p):
     with open(f"/proc/{p.pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def nbd(sock):
-    return f"nbd+unix:///?socket={sock}"
 
 
 def lat(job, rw):
@@ -72,7 +57,7 @@ def writes(a, procs, sce, d):
     src, sock = source(procs, d)
     for qd in (1, 16):
         for region, off in (("cached", "0"), ("uncached", "1G")):
-            job, _ = fio(["--name=w", "--ioengine=nbd", f"--uri={nbd(sock)}", "--rw=randwrite",
+            job, _ = fio(["--name=w", "--ioengine=nbd", f"--uri={uri(sock)}", "--rw=randwrite",
                           "--bs=4k", f"--iodepth={qd}", f"--offset={off}", "--size=512M",
                           "--time_based", f"--runtime={a.seconds}"])
             base[(qd, region)] = lat(job, "write")
@@ -82,14 +67,14 @@ def writes(a, procs, sce, d):
         cache = os.path.join(d, "cache.img")
         if os.path.exists(cache):
             os.unlink(cache)
-        p, ssock, _ = sce_serve(procs, sce, d, "sce", ["--source", nbd(sock), "--cache", cache,
+        p, ssock, _ = sce_serve(procs, sce, d, "sce", ["--source", uri(sock), "--cache", cache,
                                                        "--cache-size", "1GiB", "--mode", mode])
         subprocess.run([sce, "ctl", "-s", ssock, "prefetch", "0", "512MiB"], check=True,
                        capture_output=True)
         time.sleep(1)
         for qd in (1, 16):
             for region, off in (("cached", "0"), ("uncached", "1G")):
-                job, _ = fio(["--name=w", "--ioengine=nbd", f"--uri={nbd(ssock)}",
+                job, _ = fio(["--name=w", "--ioengine=nbd", f"--uri={uri(ssock)}",
                               "--rw=randwrite", "--bs=4k", f"--iodepth={qd}", f"--offset={off}",
                               "--size=512M", "--time_based", f"--runtime={a.seconds}"])
                 m, p99 = lat(job, "write")
@@ -119,20 +104,20 @@ def reads(a, procs, sce, d):
             for label, mode, full in configs:
                 src, sock = source(procs, d, rate)
                 srv = None
-                uri = nbd(sock)
+                target = uri(sock)
                 if mode:
                     cache = os.path.join(d, "cache.img")
                     if os.path.exists(cache):
                         os.unlink(cache)
                     srv, ssock, _ = sce_serve(procs, sce, d, "sce", [
-                        "--source", uri, "--cache", cache, "--cache-size", "1GiB",
+                        "--source", target, "--cache", cache, "--cache-size", "1GiB",
                         "--mode", mode])
-                    uri = nbd(ssock)
+                    target = uri(ssock)
                     if full:
                         subprocess.run([sce, "ctl", "-s", ssock, "prefetch", "16GiB", "1GiB"],
                                        check=True, capture_output=True)
                 c0 = (cpu_s(srv) if srv else 0.0, cpu_s(src))
-                job, _ = fio(["--name=r", "--ioengine=nbd", f"--uri={uri}", "--rw=read",
+                job, _ = fio(["--name=r", "--ioengine=nbd", f"--uri={target}", "--rw=read",
                               "--bs=1M", f"--iodepth={qd}", "--size=32G", "--time_based",
                               f"--runtime={a.seconds}"])
                 cpu = ((cpu_s(srv) - c0[0]) if srv else 0.0, cpu_s(src) - c0[1])

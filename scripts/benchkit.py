@@ -130,13 +130,15 @@ def sce_serve(procs, sce, d, name, args):
     return p, sock, addr
 
 
-def slow_source(procs, d, size="2G", delay="2ms"):
+def slow_source(procs, d, size="2G", delay="2ms", rate=None):
     """A fresh slow source: `nbdkit --filter=delay memory SIZE rdelay=DELAY wdelay=DELAY -t
-    64` on D/src.sock (DELAY 2 ms unless given). Returns the process and the socket."""
+    64` on D/src.sock (DELAY 2 ms unless given), behind `--filter=rate rate=RATE` (bits per
+    second) if RATE is given. Returns the process and the socket."""
     src_sock = os.path.join(d, "src.sock")
     if os.path.exists(src_sock):
         os.unlink(src_sock)
-    src = procs.start(["nbdkit", "-f", "-U", src_sock, "--filter=delay", "memory", size,
-                       f"rdelay={delay}", f"wdelay={delay}", "-t", "64"])
+    limit = (["--filter=rate"], [f"rate={rate}"]) if rate else ([], [])
+    src = procs.start(["nbdkit", "-f", "-U", src_sock] + limit[0] + ["--filter=delay", "memory",
+                       size, f"rdelay={delay}", f"wdelay={delay}", "-t", "64"] + limit[1])
     wait_sock(src_sock, src, "nbdkit (source)")
     return src, src_sock
