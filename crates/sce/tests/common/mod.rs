@@ -309,24 +309,38 @@ pub mod blocks {
     /// as any write between it and the flushed one (block-device semantics after a crash:
     /// nothing older than the last FLUSH).
     pub fn assert_never_stale(c: &NbdClient, m: &[BlockState], what: &str, flushed_ok: bool) {
+        for (b, got) in read_blocks(c, m.len() as u64 * BLOCK)
+            .into_iter()
+            .enumerate()
+        {
+            let st = m[b];
+            let since_flush = flushed_ok && got.is_some_and(|g| g >= st.flushed && g <= st.acked);
+            assert!(
+                got == Some(st.acked) || (got.is_some() && got == st.in_flight) || since_flush,
+                "{what}: block {b} reads {got:?}; acknowledged {}, in flight {:?}, flushed {}",
+                st.acked,
+                st.in_flight,
+                st.flushed
+            );
+        }
+    }
+
+    /// Reads the first `size` bytes through `c`, 1 MiB at a time: each block's counter, or
+    /// None where it does not describe itself.
+    fn read_blocks(c: &NbdClient, size: u64) -> Vec<Option<u64>> {
         let mut buf = AlignedBuf::new(MIB as usize);
-        for chunk in 0..(m.len() as u64 * BLOCK) / MIB {
+        let mut out = Vec::with_capacity((size / BLOCK) as usize);
+        for chunk in 0..size / MIB {
             c.read_at(chunk * MIB, &mut buf).unwrap();
             for k in 0..MIB / BLOCK {
                 let b = chunk * MIB / BLOCK + k;
-                let got = decode(b, &buf[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize]);
-                let st = m[b as usize];
-                let since_flush =
-                    flushed_ok && got.is_some_and(|g| g >= st.flushed && g <= st.acked);
-                assert!(
-                    got == Some(st.acked) || (got.is_some() && got == st.in_flight) || since_flush,
-                    "{what}: block {b} reads {got:?}; acknowledged {}, in flight {:?}, flushed {}",
-                    st.acked,
-                    st.in_flight,
-                    st.flushed
-                );
+                out.push(decode(
+                    b,
+                    &buf[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize],
+                ));
             }
         }
+        out
     }
 
     /// Per block: the last acknowledged write counter, and one in flight (if any), and the
@@ -485,37 +499,25 @@ pub mod blocks {
     ) {
         let (ok, out) = crate::common::ctl(sock, &["forget", ""]);
         assert!(ok, "forget: {out}");
-        let mut buf = AlignedBuf::new(MIB as usize);
-        for chunk in 0..size / MIB {
-            c.read_at(chunk * MIB, &mut buf).unwrap();
-            for k in 0..MIB / BLOCK {
-                let b = chunk * MIB / BLOCK + k;
-                let got = decode(b, &buf[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize]);
-                assert_eq!(
-                    got,
-                    Some(m[b as usize].acked),
-                    "iteration {it}: block {b} read otherwise before forget"
-                );
-            }
+        for (b, got) in read_blocks(c, size).into_iter().enumerate() {
+            assert_eq!(
+                got,
+                Some(m[b].acked),
+                "iteration {it}: block {b} read otherwise before forget"
+            );
         }
     }
 
     /// Re-reads every block through `c` into the model (after the check, so the round
     /// starts exact).
     fn relearn(c: &NbdClient, m: &mut [BlockState], size: u64) {
-        let mut buf = AlignedBuf::new(MIB as usize);
-        for chunk in 0..size / MIB {
-            c.read_at(chunk * MIB, &mut buf).unwrap();
-            for k in 0..MIB / BLOCK {
-                let b = chunk * MIB / BLOCK + k;
-                let got = decode(b, &buf[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize]);
-                let got = got.expect("checked above");
-                m[b as usize] = BlockState {
-                    acked: got,
-                    in_flight: None,
-                    flushed: got,
-                };
-            }
+        for (b, got) in read_blocks(c, size).into_iter().enumerate() {
+            let got = got.expect("checked above");
+            m[b] = BlockState {
+                acked: got,
+                in_flight: None,
+                flushed: got,
+            };
         }
     }
 
