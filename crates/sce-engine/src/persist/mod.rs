@@ -523,11 +523,9 @@ impl StateSeq {
                 .ok()
         });
         let Some(f) = file else { return };
-        // Left-aligned in a fixed width: a shorter number leaves no digit of a longer one.
-        let line = format!("{seq:<w$}\n", w = STATE_LINE - 1);
-        let r =
-            f.write_all_at(line.as_bytes(), 0)
-                .and_then(|()| if sync { f.sync_all() } else { Ok(()) });
+        let r = f
+            .write_all_at(state_line(seq).as_bytes(), 0)
+            .and_then(|()| if sync { f.sync_all() } else { Ok(()) });
         if let Err(e) = r {
             tracing::warn!(
                 "cannot record the superblock sequence in {}: {e}",
@@ -539,6 +537,12 @@ impl StateSeq {
 
 /// Bytes of the state file's line: a u64 in decimal (at most 20 digits) and a newline.
 const STATE_LINE: usize = 21;
+
+/// The state file's line for `seq`: left-aligned in a fixed width, so that a shorter number
+/// rewritten in place leaves no digit of a longer one.
+fn state_line(seq: u64) -> String {
+    format!("{seq:<w$}\n", w = STATE_LINE - 1)
+}
 
 /// Records `seq` as the newest superblock sequence of device `uuid` (write, fsync, rename).
 /// Best effort: a failure only weakens the detection of a rolled-back device, and is logged.
@@ -553,7 +557,7 @@ fn record_state_seq(cfg: &PersistConfig, uuid: &[u8; 16], seq: u64, sync: bool) 
         }
         let tmp = path.with_extension("tmp");
         let mut f = std::fs::File::create(&tmp)?;
-        writeln!(f, "{seq}")?;
+        f.write_all(state_line(seq).as_bytes())?;
         if sync {
             f.sync_all()?;
         }
