@@ -43,7 +43,10 @@ pub(crate) struct FillJob {
     /// The intents that guard the fills' slots (written while the source read ran).
     tickets: Vec<Ticket>,
     pieces: Vec<FillPiece>,
+    /// Bytes of the fills kept, their room taken in the queue.
     bytes: u64,
+    /// Bytes of the fills dropped because the queue had no room for them.
+    dropped: u64,
 }
 
 impl FillJob {
@@ -55,13 +58,14 @@ impl FillJob {
         }
     }
 
-    /// Takes the populations of a piece's plan (core shard `k`, its data `buf`, which starts
-    /// at global offset `offset`) with copies of the bytes each fill writes; none if the read
-    /// failed (`ok` false: the populations then complete as failed).
+    /// Takes the populations of a piece's plan (`(k, offset)`: its core shard and the global
+    /// offset its data `buf` starts at) with copies of the bytes each fill writes, if `queue` has
+    /// room for them (else they are dropped, and not copied); none if the read failed (`ok`
+    /// false). Populations without fills complete as failed.
     pub(crate) fn add(
         &mut self,
-        k: usize,
-        offset: u64,
+        queue: &FillQueue,
+        (k, offset): (usize, u64),
         buf: &[u8],
         plan: &ReadPlan,
         pops: Vec<Populating>,
@@ -70,16 +74,22 @@ impl FillJob {
         if pops.is_empty() {
             return;
         }
+        let bytes: u64 = plan.fills.iter().map(|f| f.len).sum();
+        let keep = ok && bytes > 0 && queue.reserve(bytes);
+        if keep {
+            self.bytes += bytes;
+        } else if ok {
+            self.dropped += bytes;
+        }
         let pops = pops
             .into_iter()
             .map(|pop| {
                 let writes: Vec<FillWrite> = (plan.fills.iter())
-                    .filter(|f| ok && f.pop == pop.id())
+                    .filter(|f| keep && f.pop == pop.id())
                     .map(|f| {
                         let src = &buf[f.buf_offset as usize..(f.buf_offset + f.len) as usize];
                         let mut data = AlignedBuf::new(src.len());
                         data.copy_from_slice(src);
-                        self.bytes += f.len;
                         FillWrite {
                             global: offset + f.buf_offset,
                             cache: f.cache.0,
@@ -102,18 +112,8 @@ impl FillJob {
     /// the intents could not be made durable, if a population has no fill (the read failed),
     /// or if a fill could not be written.
     pub(crate) fn run(self, e: &Engine) {
-        self.finish(e, true);
-    }
-
-    /// Completes the populations as failed, writing nothing: the fill writers are behind.
-    fn drop_fills(self, e: &Engine) {
-        e.counters.fill_bytes_dropped.fetch_add(self.bytes, Relaxed);
-        self.finish(e, false);
-    }
-
-    fn finish(self, e: &Engine, write: bool) {
-        // Nothing to write (the read failed, or the fills are dropped): no intent to wait for.
-        let guarded = write && self.bytes > 0 && e.wait_intents(&self.tickets);
+        // Nothing to write (the read failed, or the fills were dropped): no intent to wait for.
+        let guarded = self.bytes > 0 && e.wait_intents(&self.tickets);
         for piece in self.pieces {
             let mut done = Vec::with_capacity(piece.pops.len());
             for (pop, writes) in piece.pops {
@@ -155,19 +155,28 @@ impl FillQueue {
         self.tx.lock().take();
     }
 
-    /// Hands `job` to the writers; drops its fills if the queue holds [`QUEUED_MAX`] bytes
-    /// already; runs it on this thread if it writes nothing or the queue is closed.
+    /// Takes room for `bytes` of fills: false if the queue holds [`QUEUED_MAX`] already.
+    fn reserve(&self, bytes: u64) -> bool {
+        if self.queued.fetch_add(bytes, Relaxed) + bytes > QUEUED_MAX {
+            self.queued.fetch_sub(bytes, Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// Hands `job` (its room taken by [`FillJob::add`]) to the writers; runs it on this
+    /// thread if it writes nothing (its fills dropped, or its read failed) or the queue is
+    /// closed.
     pub(crate) fn send(&self, e: &Engine, job: FillJob) {
         if job.is_empty() {
             return;
         }
+        e.counters
+            .fill_bytes_dropped
+            .fetch_add(job.dropped, Relaxed);
         let bytes = job.bytes;
         if bytes == 0 {
             return job.run(e);
-        }
-        if self.queued.fetch_add(bytes, Relaxed) + bytes > QUEUED_MAX {
-            self.queued.fetch_sub(bytes, Relaxed);
-            return job.drop_fills(e);
         }
         let unsent = match self.tx.lock().as_ref() {
             Some(tx) => tx.send(job).err().map(|e| e.0),

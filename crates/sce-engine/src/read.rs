@@ -93,7 +93,14 @@ impl Engine {
                 // reply waits for neither.
                 let mut fills = FillJob::new(tickets);
                 let pops = piece.read.take_populations();
-                fills.add(p.shard, p.offset, buf, &piece.read, pops, result.is_ok());
+                fills.add(
+                    &self.fills,
+                    (p.shard, p.offset),
+                    buf,
+                    &piece.read,
+                    pops,
+                    result.is_ok(),
+                );
                 self.fills.send(self, fills);
                 return result.map(|_| full);
             }
@@ -131,7 +138,14 @@ impl Engine {
             for (p, mut x) in placed.into_iter().zip(pieces) {
                 let b = &buf[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
                 let pops = x.read.take_populations();
-                fills.add(p.shard, p.offset, b, &x.read, pops, result.is_ok());
+                fills.add(
+                    &self.fills,
+                    (p.shard, p.offset),
+                    b,
+                    &x.read,
+                    pops,
+                    result.is_ok(),
+                );
             }
             self.fills.send(self, fills);
             result.map(|_| all_hit)
