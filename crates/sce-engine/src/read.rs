@@ -75,81 +75,105 @@ impl Engine {
             if plans.len() < n {
                 plans.resize_with(n, PlannedRead::default);
             }
-            let mut tickets = Vec::new();
             if n == 1 {
                 // One piece (always, with one core shard): no gathering, no allocation.
-                let p = self.cores.pieces(offset, len).next().expect("a piece");
-                let PlannedRead { plan, want } = &mut plans[0];
-                let read = self.plan(&p, plan, want, &mut tickets)?;
-                let mut piece = PlannedPiece {
-                    buf_offset: 0,
-                    read,
-                    want,
-                };
-                self.preset_intents(&piece.read);
-                let result = self.read_runs(offset, buf, &[&piece]);
-                let full = piece.read.full_hit;
-                // The fills go to the fill writers with the intents that guard them: the
-                // reply waits for neither.
-                let mut fills = FillJob::new(tickets);
-                let pops = piece.read.take_populations();
-                fills.add(
-                    &self.fills,
-                    (p.shard, p.offset),
-                    buf,
-                    &piece.read,
-                    pops,
-                    result.is_ok(),
-                );
-                self.fills.send(self, fills);
-                return result.map(|_| full);
+                return self.read_one(offset, buf, &mut plans[0]);
             }
-            let mut result = Ok(());
-            let mut pieces = Vec::with_capacity(n);
-            let mut placed = Vec::with_capacity(n);
-            for (p, planned) in self.cores.pieces(offset, len).zip(plans.iter_mut()) {
-                let PlannedRead { plan, want } = planned;
-                match self.plan(&p, plan, want, &mut tickets) {
-                    Ok(read) => {
-                        self.preset_intents(&read);
-                        placed.push(p);
-                        let buf_offset = p.buf_offset;
-                        pieces.push(PlannedPiece {
-                            buf_offset,
-                            read,
-                            want,
-                        });
-                    }
-                    Err(e) => {
-                        result = Err(e);
-                        break;
-                    }
+            self.read_split(offset, buf, n, &mut plans)
+        })
+    }
+
+    /// `read_timed` of a request that is one piece.
+    fn read_one(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        planned: &mut PlannedRead,
+    ) -> Result<bool, IoError> {
+        let mut tickets = Vec::new();
+        let len = buf.len() as u64;
+        let p = self.cores.pieces(offset, len).next().expect("a piece");
+        let PlannedRead { plan, want } = planned;
+        let read = self.plan(&p, plan, want, &mut tickets)?;
+        let mut piece = PlannedPiece {
+            buf_offset: 0,
+            read,
+            want,
+        };
+        self.preset_intents(&piece.read);
+        let result = self.read_runs(offset, buf, &[&piece]);
+        let full = piece.read.full_hit;
+        // The fills go to the fill writers with the intents that guard them: the
+        // reply waits for neither.
+        let mut fills = FillJob::new(tickets);
+        let pops = piece.read.take_populations();
+        fills.add(
+            &self.fills,
+            (p.shard, p.offset),
+            buf,
+            &piece.read,
+            pops,
+            result.is_ok(),
+        );
+        self.fills.send(self, fills);
+        result.map(|_| full)
+    }
+
+    /// `read_timed` of a request cut into `n` pieces (across core shards).
+    fn read_split(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        n: usize,
+        plans: &mut [PlannedRead],
+    ) -> Result<bool, IoError> {
+        let len = buf.len() as u64;
+        let mut tickets = Vec::new();
+        let mut result = Ok(());
+        let mut pieces = Vec::with_capacity(n);
+        let mut placed = Vec::with_capacity(n);
+        for (p, planned) in self.cores.pieces(offset, len).zip(plans.iter_mut()) {
+            let PlannedRead { plan, want } = planned;
+            match self.plan(&p, plan, want, &mut tickets) {
+                Ok(read) => {
+                    self.preset_intents(&read);
+                    placed.push(p);
+                    let buf_offset = p.buf_offset;
+                    pieces.push(PlannedPiece {
+                        buf_offset,
+                        read,
+                        want,
+                    });
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
                 }
             }
-            if result.is_ok() {
-                let planned: Vec<&PlannedPiece> = pieces.iter().collect();
-                result = self.read_runs(offset, buf, &planned);
-            }
-            let full = pieces.iter().filter(|x| x.read.full_hit).count() as u64;
-            self.counters.split_request(true, pieces.len() as u64, full);
-            let all_hit = full == pieces.len() as u64 && pieces.len() == n;
-            // Every piece's fills in one job, behind the intents of all (one wait).
-            let mut fills = FillJob::new(tickets);
-            for (p, mut x) in placed.into_iter().zip(pieces) {
-                let b = &buf[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
-                let pops = x.read.take_populations();
-                fills.add(
-                    &self.fills,
-                    (p.shard, p.offset),
-                    b,
-                    &x.read,
-                    pops,
-                    result.is_ok(),
-                );
-            }
-            self.fills.send(self, fills);
-            result.map(|_| all_hit)
-        })
+        }
+        if result.is_ok() {
+            let planned: Vec<&PlannedPiece> = pieces.iter().collect();
+            result = self.read_runs(offset, buf, &planned);
+        }
+        let full = pieces.iter().filter(|x| x.read.full_hit).count() as u64;
+        self.counters.split_request(true, pieces.len() as u64, full);
+        let all_hit = full == pieces.len() as u64 && pieces.len() == n;
+        // Every piece's fills in one job, behind the intents of all (one wait).
+        let mut fills = FillJob::new(tickets);
+        for (p, mut x) in placed.into_iter().zip(pieces) {
+            let b = &buf[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
+            let pops = x.read.take_populations();
+            fills.add(
+                &self.fills,
+                (p.shard, p.offset),
+                b,
+                &x.read,
+                pops,
+                result.is_ok(),
+            );
+        }
+        self.fills.send(self, fills);
+        result.map(|_| all_hit)
     }
 
     /// Plans a read of `p` and takes the expected checksums of its cached pages with it:
