@@ -27,23 +27,15 @@ import subprocess
 import tempfile
 import time
 
-from benchkit import Procs, fio, log, report, sce_serve, slow_source, uri
+from benchkit import Procs, cpu_s, fio, log, report, sce_serve, slow_source, uri
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def source(procs, d, rate=None):
     """A fresh 2 ms memory source of 32 GiB (a sequential run never wraps onto what it
     cached), rate-limited if `rate` (bits/s)."""
     return slow_source(procs, d, "32G", rate=rate)
-
-
-def cpu_s(p):
-    """CPU seconds (user + system) of process `p` so far."""
-    with open(f"/proc/{p.pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def lat(job, rw):

@@ -45,6 +45,13 @@ class Procs:
             self.stop(p)
 
 
+def cpu_s(p):
+    """CPU seconds (user + system) of process `p` (a Popen) so far."""
+    with open(f"/proc/{p.pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def report(text, path=None):
     """Prints a benchmark's Markdown `text` and, with `path` (--out), writes it there."""
     print(text, flush=True)
