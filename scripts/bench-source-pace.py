@@ -8,7 +8,8 @@ uncached data, and cold sequential reads, through `sce serve` against the source
    at QD1 and QD16, each --seconds long; the source alone the same way. Mean and p99
    latency, and their ratios to the source alone's (goal: mean <= 1.05x, p99 <= 1.2x).
 2. Cold sequential reads: fio 1 MiB reads in order at QD8 and QD1 over a 32 GiB volume
-   (time-based, --seconds: the run never wraps), a fresh source and a fresh 1 GiB cache per
+   (time-based, --seconds: the run never wraps), and `nbdcopy --no-extents` of a 4 GiB volume to `null:`
+   (no full-cache row), a fresh source and a fresh 1 GiB cache per
    row, empty (the stream fills it) and, for write-through, full of other data (`sce ctl
    prefetch 16GiB 1GiB` first); behind the unlimited
    source and behind `nbdkit --filter=rate rate=4G` (about 500 MB/s). Throughput, its ratio
@@ -85,16 +86,34 @@ def writes(a, procs, sce, d):
     return "\n".join(out)
 
 
+COPY_SIZE = "4G"
+
+
+def read_once(a, target, qd):
+    """MB/s of one cold sequential read through `target`: fio 1 MiB at depth `qd` for
+    --seconds, or (`qd` "copy") `nbdcopy --no-extents TARGET null:` of the whole COPY_SIZE volume."""
+    if qd == "copy":
+        t0 = time.monotonic()
+        # --no-extents: read every byte (a fresh source is all zeroes, which nbdcopy skips).
+        subprocess.run(["nbdcopy", "--no-extents", target, "null:"], check=True)
+        return int(COPY_SIZE[:-1]) * 2**30 / (time.monotonic() - t0) / 1e6
+    job, _ = fio(["--name=r", "--ioengine=nbd", f"--uri={target}", "--rw=read", "--bs=1M",
+                  f"--iodepth={qd}", "--size=32G", "--time_based", f"--runtime={a.seconds}"])
+    return job["read"]["bw_bytes"] / 1e6
+
+
 def reads(a, procs, sce, d):
     rows = []
     for rate in (None, "4G"):
-        for qd in (8, 1):
+        for qd in (8, 1, "copy"):
             configs = [("source alone", None, False)]
             configs += [(m, m, False) for m in a.read_modes.split(",")]
-            configs += [("writethrough, cache full of other data", "writethrough", True)]
+            if qd != "copy":
+                configs += [("writethrough, cache full of other data", "writethrough", True)]
             base = None
             for label, mode, full in configs:
-                src, sock = source(procs, d, rate)
+                src, sock = (slow_source(procs, d, COPY_SIZE, rate=rate) if qd == "copy"
+                             else source(procs, d, rate))
                 srv = None
                 target = uri(sock)
                 if mode:
@@ -109,18 +128,16 @@ def reads(a, procs, sce, d):
                         subprocess.run([sce, "ctl", "-s", ssock, "prefetch", "16GiB", "1GiB"],
                                        check=True, capture_output=True)
                 c0 = (cpu_s(srv) if srv else 0.0, cpu_s(src))
-                job, _ = fio(["--name=r", "--ioengine=nbd", f"--uri={target}", "--rw=read",
-                              "--bs=1M", f"--iodepth={qd}", "--size=32G", "--time_based",
-                              f"--runtime={a.seconds}"])
+                mbs = read_once(a, target, qd)
                 cpu = ((cpu_s(srv) - c0[0]) if srv else 0.0, cpu_s(src) - c0[1])
-                mbs = job["read"]["bw_bytes"] / 1e6
                 base = base or mbs
                 rows.append((rate, qd, label, mbs, mbs / base, cpu))
                 log(f"reads {rate or 'unlimited'} QD{qd} {label}: {mbs:.0f} MB/s")
                 if srv:
                     procs.stop(srv)
                 procs.stop(src)
-    out = ["### Cold sequential reads, fio 1 MiB in order over 32 GiB, 2 ms source", "",
+    out = ["### Cold sequential reads, fio 1 MiB in order over 32 GiB (QD 8, 1), `nbdcopy` of a "
+           f"{COPY_SIZE}iB volume to null: (QD copy), 2 ms source", "",
            "| source | QD | configuration | MB/s | ratio | sce CPU s | source CPU s | goal |",
            "|---|---|---|---|---|---|---|---|"]
     for rate, qd, label, mbs, r, (c_sce, c_src) in rows:
