@@ -167,7 +167,7 @@ impl Persist {
                     // Write-hot: the durable intent covers this write, and is held for
                     // `warm_rounds` rounds after it (`write_hot_lately`).
                     st.touch(s);
-                    self.warm_until[s as usize].store(warm.saturating_add(1), Relaxed);
+                    self.warm_until[s as usize].store(warm, Relaxed);
                     self.counters.intent_hits.fetch_add(1, Relaxed);
                     continue;
                 }
@@ -248,14 +248,6 @@ impl Persist {
     pub(crate) fn guard_slot(&self, s: u32, f: u64) -> Option<Ticket> {
         let mut st = self.st.lock();
         let m = st.claims.of(s);
-        if m != f && self.journal_on() {
-            // A slot taken for another fragment is not written lately for it: the hold of
-            // its last fragment's intent ends (`write_hot_lately`), and the new fragment
-            // turns write-hot by its own writes.
-            if let Some(w) = self.warm_until.get(s as usize) {
-                w.store(0, Relaxed);
-            }
-        }
         if m != NO_FRAGMENT && m != f {
             st.touch(s)
         } else {
