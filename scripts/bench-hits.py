@@ -25,9 +25,9 @@ import shutil
 import statistics
 import subprocess
 import tempfile
-import time
 
-from benchkit import Procs, cpu_s, fio, http_json, iops, log, report, sce_serve, uri, wait_sock
+from benchkit import (Procs, cpu_s, fio, iops, log, read_pages, report, sce_serve, uri,
+                      wait_sock, warm_until_no_miss)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVERS = ["sce cached", "sce plain", "nbdkit", "qemu-nbd"]
@@ -43,18 +43,7 @@ def warm(sce, sock, addr, region):
     ratio of the last pass."""
     subprocess.run([sce, "ctl", "-s", sock, "prefetch", "0", region], check=True,
                    capture_output=True)
-    ratio = 0.0
-    for i in range(20):
-        before = http_json(addr)["exports"][""]
-        fio(rr(region, 32, 2) + [f"--uri={uri(sock)}"])
-        after = http_json(addr)["exports"][""]
-        h = after["read_pages_hit"] - before["read_pages_hit"]
-        m = after["read_pages_missed"] - before["read_pages_missed"]
-        ratio = h / max(h + m, 1)
-        log(f"warm-up pass {i + 1}: read hit ratio {ratio:.4f}")
-        if m == 0:
-            break
-    return ratio
+    return warm_until_no_miss(addr, lambda: fio(rr(region, 32, 2) + [f"--uri={uri(sock)}"]), 20)
 
 
 def dense_copy(src, dst):
@@ -121,7 +110,7 @@ def main():
         servers = {"sce cached": (p, sock)} | plain_servers(procs, sce, d, plain)
         res = {(q, s): [] for q in qds for s in SERVERS}
         cpu = {(q, s): [] for q in qds for s in SERVERS}
-        before = http_json(addr)["exports"][""]
+        h0, m0 = read_pages(addr)
         for rnd in range(a.rounds):
             for qd in qds:
                 k = rnd % len(SERVERS)
@@ -134,9 +123,8 @@ def main():
                     cpu[(qd, s)].append((cpu_s(proc) - c0) * 1e6 / max(n, 1))
                     log(f"round {rnd + 1} QD{qd} {s}: {iops(job):,.0f} IOPS, "
                         f"{cpu[(qd, s)][-1]:.1f} us CPU/request")
-        after = http_json(addr)["exports"][""]
-        h = after["read_pages_hit"] - before["read_pages_hit"]
-        m = after["read_pages_missed"] - before["read_pages_missed"]
+        h1, m1 = read_pages(addr)
+        h, m = h1 - h0, m1 - m0
     finally:
         procs.stop_all()
         shutil.rmtree(d, ignore_errors=True)

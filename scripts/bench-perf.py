@@ -35,7 +35,8 @@ import sys
 import tempfile
 import time
 
-from benchkit import Procs, fio, http_json, iops, log, p99_ms, sce_serve, slow_source, uri, wait_sock
+from benchkit import (Procs, fio, http_json, iops, log, p99_ms, read_pages, sce_serve, slow_source,
+                      uri, wait_sock, warm_until_no_miss)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GiB = 1 << 30
@@ -261,29 +262,18 @@ def hits(a, procs, sce, d, flash):
                                "--state-dir", os.path.join(d, "hits.state")])
     rr = ["--name=rr", "--rw=randread", "--bs=4k", "--iodepth=32", f"--size={size}",
           "--time_based", "--randseed=9", "--ioengine=nbd"]
-    hit_pass = 0.0
-    for i in range(40):
-        before = http_json(addr)["exports"][""]
-        fio(rr + [f"--uri={uri(sock)}", "--runtime=3"])
-        after = http_json(addr)["exports"][""]
-        h = after["read_pages_hit"] - before["read_pages_hit"]
-        m = after["read_pages_missed"] - before["read_pages_missed"]
-        hit_pass = h / max(h + m, 1)
-        log(f"warm-up pass {i + 1}: read hit ratio of the pass {hit_pass:.4f}")
-        if m == 0:
-            break
+    warm_until_no_miss(addr, lambda: fio(rr + [f"--uri={uri(sock)}", "--runtime=3"]), 40)
     plain = os.path.join(d, "hits.plain")
     shutil.copyfile(cache, plain)
     q, psock, _ = sce_serve(procs, sce, d, "plain", ["--source", plain])
     runs = {"cached": [], "plain": []}
-    before = http_json(addr)["exports"][""]
+    h0, m0 = read_pages(addr)
     for _ in range(a.hit_rounds):
         for name, s in (("cached", sock), ("plain", psock)):
             j, _ = fio(rr + [f"--uri={uri(s)}", f"--runtime={secs}"])
             runs[name].append(iops(j))
-    after = http_json(addr)["exports"][""]
-    h = after["read_pages_hit"] - before["read_pages_hit"]
-    m = after["read_pages_missed"] - before["read_pages_missed"]
+    h1, m1 = read_pages(addr)
+    h, m = h1 - h0, m1 - m0
     procs.stop(p)
     procs.stop(q)
     c, pl = statistics.median(runs["cached"]), statistics.median(runs["plain"])

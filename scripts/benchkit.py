@@ -116,6 +116,29 @@ def http_json(addr, path="/stats"):
         return json.loads(r.read())
 
 
+def read_pages(addr):
+    """(pages hit, pages missed) so far by the default export of the `sce serve` whose
+    metrics are at `addr`."""
+    e = http_json(addr)["exports"][""]
+    return e["read_pages_hit"], e["read_pages_missed"]
+
+
+def warm_until_no_miss(addr, run, passes):
+    """Calls `run()` (a pass of reads) until a pass misses nothing, at most `passes` times,
+    logging each pass's read hit ratio; returns the last pass's."""
+    ratio = 0.0
+    for i in range(passes):
+        h0, m0 = read_pages(addr)
+        run()
+        h1, m1 = read_pages(addr)
+        h, m = h1 - h0, m1 - m0
+        ratio = h / max(h + m, 1)
+        log(f"warm-up pass {i + 1}: read hit ratio of the pass {ratio:.4f}")
+        if m == 0:
+            break
+    return ratio
+
+
 def sce_serve(procs, sce, d, name, args):
     """Starts `sce serve ARGS --listen unix:D/NAME.sock --metrics 127.0.0.1:0`; returns the
     process, the socket and the metrics address."""
