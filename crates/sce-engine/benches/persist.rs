@@ -349,6 +349,7 @@ fn startup_part(dir: &std::path::Path, cache_size: u64) {
             },
             size: None,
             log_bytes: 0,
+            lend_bytes: 0,
         },
     )
     .expect("format");

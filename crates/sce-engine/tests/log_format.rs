@@ -46,6 +46,7 @@ fn a_device_with_a_write_back_log_serves_either_mode() {
             },
             size: None,
             log_bytes: 16 * MIB,
+            lend_bytes: 0,
         },
     )
     .unwrap();

@@ -18,6 +18,9 @@ pub struct FormatOptions {
     /// Bytes of them to give a write-back log (format 6; 0: none, format 5), taken from
     /// the end: the slots and their metadata get the rest.
     pub log_bytes: u64,
+    /// Bytes of the read slots the log may lend when dirty data outgrows its own region
+    /// (format 9, `wblog::Lend`; 0: none). Ignored without a log.
+    pub lend_bytes: u64,
 }
 
 /// Formats `dev` over the superblock `old` found on it. Both copies of `old` are first
@@ -69,6 +72,12 @@ pub fn format(dev: &dyn BlockDevice, opts: &FormatOptions) -> Result<Superblock,
             superblock::MAX_NAME
         )));
     }
+    let lend = crate::wblog::Lend::laid_out(
+        opts.lend_bytes,
+        layout.data_offset,
+        layout.slots as u64,
+        layout.fragment_size,
+    );
     let mut uuid = [0u8; 16];
     rand::Rng::fill(&mut rand::thread_rng(), &mut uuid[..]);
     let zero = AlignedBuf::new(BLOCK as usize * 64);
@@ -110,6 +119,9 @@ pub fn format(dev: &dyn BlockDevice, opts: &FormatOptions) -> Result<Superblock,
                 durable_seq: 0,
                 anchor_commit: false,
                 mirror_blocks: crate::wblog::LogRegion::mirror_for(log_blocks),
+                lend_chunks: lend.chunks,
+                lend_chunk_blocks: lend.chunk_blocks,
+                lent: 0,
             }
         }),
     };

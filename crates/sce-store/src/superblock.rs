@@ -13,10 +13,11 @@ pub const FORMAT_VERSION: u32 = 5;
 /// The format version of a device with a write-back log (`Superblock::log`): format 5 plus
 /// the log's region and state (docs/FORMAT.md); 7 since the log's records may hold
 /// tombstones, which a build that reads only 6 would skip; 8 since they may hold cleaned
-/// entries and keep their second copies in the log's mirror area. This build reads 5 to 8,
-/// and writes 8 for a device with a log (so an older build refuses it rather than misread
-/// it).
-pub const LOG_FORMAT_VERSION: u32 = 8;
+/// entries and keep their second copies in the log's mirror area; 9 since its ring may lend
+/// chunks of the read slots (`wblog::Lend`), which an older build would take for read data.
+/// This build reads 5 to 9, and writes 9 for a device with a log (so an older build refuses
+/// it rather than misread it).
+pub const LOG_FORMAT_VERSION: u32 = 9;
 /// The first format version with a write-back log (6: before tombstones).
 pub const LOG_FORMAT_VERSION_FIRST: u32 = 6;
 /// The least write-back log region (1 MiB).
@@ -114,6 +115,15 @@ pub struct LogInfo {
     /// records; format 8). 0: none (format 6 and 7, whose records keep both copies side by
     /// side in the ring).
     pub mirror_blocks: u64,
+    /// Chunks of read slots the ring may lend (format 9; 0: none), and their size in 4 KiB
+    /// blocks (`wblog::Lend`).
+    pub lend_chunks: u64,
+    /// Blocks per lendable chunk.
+    pub lend_chunk_blocks: u64,
+    /// Chunks lent now (the last ones of each lap): replay reads them, a start keeps their
+    /// slots out of the read cache. Raised before a lap uses one more, lowered once no lap
+    /// a replay may read uses it.
+    pub lent: u64,
 }
 
 impl LogInfo {
@@ -136,6 +146,21 @@ impl LogInfo {
                 0
             },
             mirror_blocks: self.mirror_blocks,
+            lend: self.lend(l),
+        }
+    }
+
+    /// The lendable chunks on a device of layout `l` (in its slot area).
+    pub fn lend(&self, l: &Layout) -> crate::wblog::Lend {
+        if self.lend_chunks == 0 {
+            return crate::wblog::Lend::default();
+        }
+        crate::wblog::Lend {
+            chunks: self.lend_chunks,
+            chunk_blocks: self.lend_chunk_blocks,
+            area_offset: l.data_offset,
+            area_slots: l.slots as u64,
+            slot_bytes: l.fragment_size,
         }
     }
 
@@ -301,6 +326,9 @@ impl Superblock {
             w.u64(LOG_AT + 40, log.durable_seq);
             w.u64(LOG_AT + 48, log.anchor_commit as u64);
             w.u64(LOG_AT + 56, log.mirror_blocks);
+            w.u32(LOG_AT + 64, log.lend_chunk_blocks as u32);
+            w.u16(LOG_AT + 68, log.lend_chunks as u16);
+            w.u16(LOG_AT + 70, log.lent as u16);
         }
         w.u32(VOLUMES_AT, self.volumes.len() as u32);
         for (i, v) in self.volumes.iter().enumerate().take(MAX_VOLUMES) {
@@ -362,6 +390,9 @@ impl Superblock {
         let layout = decode_layout(b)?;
         let volumes = decode_volumes(b)?;
         let log = decode_log(b, version)?;
+        if let Some(l) = &log {
+            l.lend(&layout).check().map_err(StoreError::Corrupt)?;
+        }
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&b[24..40]);
         Ok(Superblock {
@@ -440,6 +471,21 @@ fn decode_log(b: &[u8], version: u32) -> Result<Option<LogInfo>, StoreError> {
             "a write-back log of {blocks} blocks with a mirror area of {mirror_blocks}"
         )));
     }
+    // Zero before format 9 (the field was unused).
+    let (lend_chunk_blocks, lend_chunks, lent) = if version >= 9 {
+        (
+            rd32(b, LOG_AT + 64) as u64,
+            rd16(b, LOG_AT + 68) as u64,
+            rd16(b, LOG_AT + 70) as u64,
+        )
+    } else {
+        (0, 0, 0)
+    };
+    if lent > lend_chunks || (lend_chunks > 0 && lend_chunk_blocks == 0) {
+        return Err(StoreError::Corrupt(format!(
+            "a write-back log lending {lent} of {lend_chunks} chunks of {lend_chunk_blocks} blocks"
+        )));
+    }
     let mut key = [0u8; 16];
     key.copy_from_slice(&b[LOG_AT + 8..LOG_AT + 24]);
     Ok(Some(LogInfo {
@@ -451,6 +497,9 @@ fn decode_log(b: &[u8], version: u32) -> Result<Option<LogInfo>, StoreError> {
         anchor_commit: rd64(b, LOG_AT + 48) & 1 != 0,
         // Zero before format 8 (the field was unused).
         mirror_blocks,
+        lend_chunks,
+        lend_chunk_blocks,
+        lent,
     }))
 }
 

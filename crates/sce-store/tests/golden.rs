@@ -36,7 +36,7 @@ fn golden() -> Superblock {
 }
 
 /// CRC-32C of the whole format 8 superblock image of `a_device_with_a_write_back_log_is_format_8`.
-const GOLDEN_LOG_CRC: u32 = 0xb9ac_786d;
+const GOLDEN_LOG_CRC: u32 = 0x12b2_111e;
 
 #[test]
 fn format_version_and_golden_superblock() {
@@ -126,11 +126,11 @@ fn every_damaged_byte_gives_an_error_or_the_other_copy_never_a_panic() {
 #[test]
 fn newer_version_foreign_and_blank_devices_are_named() {
     let mut sb = golden();
-    sb.version = 9;
+    sb.version = 10;
     let d = device_with(&sb);
     let e = read_superblock(&d).unwrap_err();
-    assert!(matches!(e, StoreError::Version(9)), "{e}");
-    assert!(e.to_string().contains("newer than this sce's 8"), "{e}");
+    assert!(matches!(e, StoreError::Version(10)), "{e}");
+    assert!(e.to_string().contains("newer than this sce's 9"), "{e}");
     // Older devices (version 1: checksums not bound to their address; version 2: no write
     // journal; version 3: no dirty bitmaps, so it could not tell write-back data) are named
     // as older, and the message says how to go on. Version 4 has no mirror copies of its
@@ -192,6 +192,7 @@ fn a_stray_bit_in_the_intent_padding_is_refused_by_load_and_check() {
             volume: golden().volumes[0].clone(),
             size: None,
             log_bytes: 0,
+            lend_bytes: 0,
         },
     )
     .unwrap();
@@ -225,10 +226,18 @@ fn a_stray_bit_in_the_intent_padding_is_refused_by_load_and_check() {
 /// are read (no mirror area), and written back as 8 (a build that reads only an older
 /// format then refuses the device rather than misread the log).
 #[test]
-fn a_device_with_a_write_back_log_is_format_8() {
+fn a_device_with_a_write_back_log_is_format_9() {
     use sce_store::{format, FormatOptions};
     let mut sb = golden();
     sb.version = sce_store::LOG_FORMAT_VERSION;
+    let l = &sb.layout;
+    let lend = sce_store::wblog::Lend::laid_out(
+        l.data_bytes() / 2,
+        l.data_offset,
+        l.slots as u64,
+        l.fragment_size,
+    );
+    assert!(lend.chunks > 0, "{lend:?}");
     sb.log = Some(sce_store::LogInfo {
         blocks: 8192,
         key: *b"secret-log-key!!",
@@ -237,29 +246,45 @@ fn a_device_with_a_write_back_log_is_format_8() {
         durable_seq: 60,
         anchor_commit: true,
         mirror_blocks: 512,
+        lend_chunks: lend.chunks,
+        lend_chunk_blocks: lend.chunk_blocks,
+        lent: 3,
     });
     let img = sb.encode();
-    assert_eq!(&img[8..12], &8u32.to_le_bytes());
+    assert_eq!(&img[8..12], &9u32.to_le_bytes());
     assert_eq!(
         crc32c::crc32c(&img),
         GOLDEN_LOG_CRC,
-        "the format 8 superblock encoding changed: update docs/FORMAT.md"
+        "the format 9 superblock encoding changed: update docs/FORMAT.md"
     );
     assert_eq!(Superblock::decode(&img).unwrap(), sb);
-    // The same log as formats 6 and 7 wrote it (no mirror area; the version field and its
-    // checksum apart).
-    let mut older = sb.clone();
+    // More chunks lent than there are, or chunks that do not fit the slots: corrupt.
+    for (chunks, blocks, lent) in [(16, lend.chunk_blocks, 17), (16, u32::MAX as u64, 1)] {
+        let mut bad = sb.clone();
+        let b = bad.log.as_mut().unwrap();
+        (b.lend_chunks, b.lend_chunk_blocks, b.lent) = (chunks, blocks, lent);
+        assert!(
+            Superblock::decode(&bad.encode()).is_err(),
+            "{chunks} {blocks} {lent}"
+        );
+    }
+    // The same log as formats 6 to 8 wrote it (no chunks lent; no mirror area before 8; the
+    // version field and its checksum apart).
+    let mut with_mirror = sb.clone();
+    let w = with_mirror.log.as_mut().unwrap();
+    (w.lend_chunks, w.lend_chunk_blocks, w.lent) = (0, 0, 0);
+    let mut older = with_mirror.clone();
     older.log.as_mut().unwrap().mirror_blocks = 0;
-    let img8 = older.encode();
-    for v in [6u32, 7] {
-        let mut b = img8.clone();
+    for (v, was) in [(6u32, &older), (7, &older), (8, &with_mirror)] {
+        let img9 = was.encode();
+        let mut b = img9.clone();
         b[8..12].copy_from_slice(&v.to_le_bytes());
         b[12..16].fill(0);
         let crc = crc32c::crc32c(&b);
         b[12..16].copy_from_slice(&crc.to_le_bytes());
         let read = Superblock::decode(&b).unwrap();
-        assert_eq!((read.version, read.log), (v, older.log));
-        assert_eq!(read.encode(), img8, "written back as format 8");
+        assert_eq!((read.version, read.log), (v, was.log));
+        assert_eq!(read.encode(), img9, "written back as format 9");
     }
     // A mirror area that leaves too small a ring is corrupt.
     let mut bad = sb.clone();
@@ -280,11 +305,12 @@ fn a_device_with_a_write_back_log_is_format_8() {
             volume: golden().volumes[0].clone(),
             size: None,
             log_bytes: 32 << 20,
+            lend_bytes: 0,
         },
     )
     .unwrap();
     let log = sb.log.expect("a log");
-    assert_eq!(sb.version, 8);
+    assert_eq!(sb.version, 9);
     assert_eq!((log.blocks, log.mirror_blocks), (8192, 512));
     let region = log.region(&sb.layout);
     assert_eq!((region.blocks, region.mirror_blocks), (7680, 512));
@@ -308,6 +334,7 @@ fn a_device_with_a_write_back_log_is_format_8() {
             volume: golden().volumes[0].clone(),
             size: None,
             log_bytes: 512 << 10,
+            lend_bytes: 0,
         },
     )
     .unwrap_err();

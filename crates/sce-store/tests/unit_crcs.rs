@@ -24,6 +24,7 @@ fn device() -> (Arc<MemDevice>, Layout, [u8; 16]) {
         volume,
         size: None,
         log_bytes: 0,
+        lend_bytes: 0,
     };
     let sb = format(&d, &opts).unwrap();
     (Arc::new(d), sb.layout, sb.uuid)

@@ -109,6 +109,7 @@ impl M {
                 0
             },
             mirror_blocks: mirror,
+            ..Default::default()
         };
         let n = pages as usize;
         M {

@@ -94,6 +94,10 @@ pub fn format(a: FormatArgs) -> Result<()> {
             },
             size: None,
             log_bytes: a.writeback_log.bytes(dev.size()),
+            lend_bytes: sce_store::wblog::auto_lend_bytes(
+                dev.size(),
+                a.writeback_log.bytes(dev.size()),
+            ),
         },
     )?;
     print_formatted(&a, &sb)

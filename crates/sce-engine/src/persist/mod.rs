@@ -151,6 +151,12 @@ impl PersistConfig {
             auto => auto,
         }
     }
+
+    /// The read slots the log of a format may lend when dirty data outgrows it: up to half
+    /// the device in all (`wblog::auto_lend_bytes`).
+    pub(crate) fn lend_bytes(&self, device: u64) -> u64 {
+        sce_store::wblog::auto_lend_bytes(device, self.log_bytes(device))
+    }
 }
 
 sce_core::stats_table! {

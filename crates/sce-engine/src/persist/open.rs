@@ -243,6 +243,7 @@ impl Persist {
             },
             size: None,
             log_bytes: cfg.log_bytes(dev.size()),
+            lend_bytes: cfg.lend_bytes(dev.size()),
         };
         let fmt = |dev: &dyn BlockDevice| sce_store::format(dev, &opts);
         // The device must already hold one of the volumes (a device of other sources is

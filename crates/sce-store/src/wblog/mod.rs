@@ -25,17 +25,19 @@
 //! The old version of a page stays intact until a commit naming its newer version is
 //! durable: no flush is needed before any write but the commit's own.
 
+mod lend;
 mod ops;
 mod record;
 mod replay;
 pub mod state;
 mod writer;
 
+pub use lend::{Lend, MAX_LEND_CHUNKS};
 pub use record::{
     decode_record, encode_record, record_link, Record, RecordError, RecordHeader, RECORD_ENTRY,
     RECORD_HEADER, WBLOG_MAGIC, WBLOG_VERSION, WBLOG_VERSION_FIRST,
 };
-pub use replay::{replay, Broken, Replayed};
+pub use replay::{replay, replay_lent, Broken, Replayed};
 pub use state::{Dirty, LogState, Stuck};
 pub use writer::{Full, LogWriter, PreparedCommit};
 
@@ -83,10 +85,22 @@ pub fn auto_log_bytes(device: u64) -> u64 {
     }
 }
 
+/// The read slots a log of `log` bytes on a device of `device` bytes may lend by default
+/// (any format for write-back): dirty data may take up to half the device, as
+/// dm-writecache's does by its high watermark (none without a log).
+pub fn auto_lend_bytes(device: u64, log: u64) -> u64 {
+    if log == 0 {
+        0
+    } else {
+        (device / 2).saturating_sub(log)
+    }
+}
+
 /// Where the log lives on the cache device: a ring of `blocks` blocks of 4 KiB from byte
 /// `offset`, and a mirror area of `mirror_blocks` slots (second copies of commit records)
-/// from byte `mirror_offset` (none if 0).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// from byte `mirror_offset` (none if 0); format 9 adds chunks of read slots a lap may use
+/// before its own blocks ([`Lend`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LogRegion {
     /// Byte offset of the ring on the device (a multiple of 4 KiB).
     pub offset: u64,
@@ -96,6 +110,8 @@ pub struct LogRegion {
     pub mirror_offset: u64,
     /// Slots of the mirror area, 4 KiB each (0: none, records keep both copies in the ring).
     pub mirror_blocks: u64,
+    /// The chunks of read slots a lap may use before `blocks` (none before format 9).
+    pub lend: Lend,
 }
 
 /// The least mirror area a format gives a log (128 KiB).
@@ -115,6 +131,7 @@ impl LogRegion {
             blocks,
             mirror_offset: 0,
             mirror_blocks: 0,
+            lend: Lend::default(),
         }
     }
 
@@ -128,6 +145,7 @@ impl LogRegion {
             blocks: blocks - mirror,
             mirror_offset: offset + (blocks - mirror) * LOG_BLOCK,
             mirror_blocks: mirror,
+            lend: Lend::default(),
         }
     }
 
@@ -160,40 +178,80 @@ impl LogRegion {
                 self.offset, self.blocks, self.mirror_offset, self.mirror_blocks
             )));
         }
-        Ok(())
+        self.lend.check().map_err(crate::StoreError::Geometry)
     }
 
     /// The device byte offset of mirror slot `slot`.
     pub fn mirror_at(&self, slot: u64) -> u64 {
         self.mirror_offset + slot * LOG_BLOCK
     }
+    /// Positions of a lap: the lendable chunks', then the log's own blocks.
+    pub fn lap(&self) -> u64 {
+        self.lend.blocks() + self.blocks
+    }
     /// The device byte offset of log position `lpos`.
     pub fn offset_of(&self, lpos: u64) -> u64 {
-        self.offset + (lpos % self.blocks) * LOG_BLOCK
+        let q = lpos % self.lap();
+        let lent = self.lend.blocks();
+        if q < lent {
+            let cb = self.lend.chunk_blocks;
+            self.lend.chunk_offset(q / cb) + (q % cb) * LOG_BLOCK
+        } else {
+            self.offset + (q - lent) * LOG_BLOCK
+        }
     }
-    /// The most positions between a commit and the end of the previous one.
+    /// The end of the contiguous stretch of the device `lpos` lies in: its chunk's end, or
+    /// the lap's.
+    pub fn segment_end(&self, lpos: u64) -> u64 {
+        let q = lpos % self.lap();
+        if q < self.lend.blocks() {
+            let cb = self.lend.chunk_blocks;
+            lpos - q % cb + cb
+        } else {
+            lpos - q + self.lap()
+        }
+    }
+    /// True if a replay that reads the last `lent` chunks of each lap reads `lpos`.
+    pub fn is_read(&self, lpos: u64, lent: u64) -> bool {
+        lpos % self.lap() >= self.lend.first_used(lent)
+    }
+    /// The most positions between a commit and the end of the previous one (not counting
+    /// the positions of chunks a lap skipped).
     pub fn max_gap(&self) -> u64 {
         MAX_GAP.min(self.blocks / 4)
     }
-    /// How far past the end of a commit replay looks for the first copy of the next one.
+    /// How far past the end of a commit replay looks for the first copy of the next one:
+    /// the gap, the commit's slack, and the chunks a lap may skip in between.
     pub fn window(&self) -> u64 {
-        self.max_gap() + COMMIT_SLACK
+        self.max_gap() + COMMIT_SLACK + self.lend.blocks()
     }
     /// The most pages one data write may take.
     pub fn max_write(&self) -> u64 {
-        self.max_gap() / 2
-    }
-    /// The first position of the lap after the one `lpos` is in.
-    fn next_lap(&self, lpos: u64) -> u64 {
-        (lpos / self.blocks + 1) * self.blocks
-    }
-    /// Where `n` consecutive positions at or after `lpos` start without crossing the ring's
-    /// end.
-    fn place(&self, lpos: u64, n: u64) -> u64 {
-        if lpos % self.blocks + n > self.blocks {
-            self.next_lap(lpos)
+        let w = self.max_gap() / 2;
+        if self.lend.chunks > 0 {
+            w.min(self.lend.chunk_blocks)
         } else {
-            lpos
+            w
+        }
+    }
+    /// Where `n` consecutive positions at or after `lpos` start: not crossing a chunk's end
+    /// or the lap's, and not in the chunks a lap skips. `u(lap)`: the chunks lap number
+    /// `lap` uses.
+    fn place(&self, lpos: u64, n: u64, u: impl Fn(u64) -> u64) -> u64 {
+        let mut at = lpos;
+        loop {
+            let lap = at / self.lap();
+            let first = lap * self.lap() + self.lend.first_used(u(lap));
+            if at < first {
+                at = first;
+                continue;
+            }
+            let end = self.segment_end(at);
+            if at + n > end {
+                at = end;
+                continue;
+            }
+            return at;
         }
     }
 }

@@ -80,6 +80,9 @@ pub struct Replayed {
     /// The seq of the sound record each mirror slot holds (0: none), for the writer that
     /// continues the log.
     pub mirror_seqs: Vec<u64>,
+    /// The chunks lent ([`super::Lend`]) replay read: the writer that continues the log
+    /// uses them.
+    pub lent: u64,
 }
 
 impl Replayed {
@@ -121,11 +124,12 @@ fn read_all(
     key: &[u8; 16],
     start: u64,
     min_seq: u64,
+    lent: u64,
 ) -> Result<Read, StoreError> {
     let block = LOG_BLOCK as usize;
     let mut buf = AlignedBuf::new(REPLAY_CHUNK as usize * block);
     let mut read = Read {
-        crcs: Vec::with_capacity(region.blocks as usize),
+        crcs: Vec::with_capacity(region.lap() as usize),
         cands: BTreeMap::new(),
         mirror_seqs: vec![0; region.mirror_blocks as usize],
     };
@@ -159,12 +163,17 @@ fn read_all(
         }
         s += n;
     }
-    let limit = start + region.blocks;
+    let limit = start + region.lap();
     let mut p = start;
     while p < limit {
-        let n = REPLAY_CHUNK
-            .min(limit - p)
-            .min(region.blocks - p % region.blocks);
+        let n = REPLAY_CHUNK.min(limit - p).min(region.segment_end(p) - p);
+        if !region.is_read(p, lent) {
+            // A chunk of read slots no lap since the anchor used: never read (its crc 0 is
+            // never trusted, see `apply_entries`).
+            read.crcs.extend(std::iter::repeat_n(0, n as usize));
+            p += n;
+            continue;
+        }
         let bytes = &mut buf[..n as usize * block];
         dev.read_at(region.offset_of(p), bytes)?;
         for (k, b) in bytes.chunks_exact(block).enumerate() {
@@ -205,9 +214,23 @@ pub fn replay(
     key: &[u8; 16],
     anchor: Anchor,
 ) -> Result<Replayed, StoreError> {
+    replay_lent(dev, region, key, anchor, region.lend.chunks)
+}
+
+/// [`replay`] of a log whose laps since the anchor used at most the last `lent` chunks of
+/// read slots ([`super::Lend`]; the superblock records it before a lap uses more): the
+/// others are not read (they may hold read data since).
+pub fn replay_lent(
+    dev: &dyn BlockDevice,
+    region: LogRegion,
+    key: &[u8; 16],
+    anchor: Anchor,
+    lent: u64,
+) -> Result<Replayed, StoreError> {
     region.check()?;
+    let lent = lent.min(region.lend.chunks);
     let start = anchor.lpos();
-    let read = read_all(dev, region, key, start, anchor.seq())?;
+    let read = read_all(dev, region, key, start, anchor.seq(), lent)?;
     let mut found: Vec<Found> = Vec::new();
     let mut repaired = 0;
     let mut expect_seq = anchor.seq();
@@ -222,7 +245,7 @@ pub fn replay(
         let next = read.cands.get(&expect_seq).and_then(|cs| {
             (cs.iter())
                 .filter(|c| {
-                    c.rec.header.lpos >= lo && c.rec.header.lpos < hi.min(start + region.blocks)
+                    c.rec.header.lpos >= lo && c.rec.header.lpos < hi.min(start + region.lap())
                 })
                 .filter(|c| link.is_none_or(|l| l == c.rec.header.link))
                 .min_by_key(|c| (c.rec.header.lpos, !c.first_copy))
@@ -235,6 +258,7 @@ pub fn replay(
                 e.is_data()
                     && e.lpos >= start
                     && e.lpos < h.lpos
+                    && region.is_read(e.lpos, lent)
                     && read.crcs[(e.lpos - start) as usize] == e.crc
             })
             .collect();
@@ -268,6 +292,7 @@ pub fn replay(
             broken,
             repaired,
             mirror_seqs: read.mirror_seqs,
+            lent,
         },
     ))
 }
@@ -277,6 +302,7 @@ struct Extra {
     broken: Option<Broken>,
     repaired: u64,
     mirror_seqs: Vec<u64>,
+    lent: u64,
 }
 
 /// Applies the records found, in order.
@@ -327,6 +353,7 @@ fn apply(
         broken: x.broken,
         repaired: x.repaired,
         mirror_seqs: x.mirror_seqs,
+        lent: x.lent,
     }
 }
 

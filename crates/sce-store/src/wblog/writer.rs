@@ -102,6 +102,15 @@ pub struct LogWriter {
     /// Copies were allocated (or a loss carried) since the last commit: the next one may
     /// use the reserve.
     copies: bool,
+    /// Lent chunks ([`super::Lend`]): the lap the last position taken is in, the chunks it
+    /// uses and those its predecessor used, and the chunks laps started from now on use.
+    head_lap: u64,
+    head_u: u64,
+    prev_u: u64,
+    usable: u64,
+    /// Positions skipped (start, length) since the anchor: chunks a lap did not use, ends of
+    /// chunks and laps a write did not fit.
+    skips: VecDeque<(u64, u64)>,
 }
 
 impl LogWriter {
@@ -137,6 +146,11 @@ impl LogWriter {
             committed_tail: lpos,
             copy_reserve: Self::copy_reserve(region),
             copies: false,
+            head_lap: lpos / region.lap(),
+            head_u: 0,
+            prev_u: 0,
+            usable: 0,
+            skips: VecDeque::new(),
         })
     }
 
@@ -177,6 +191,12 @@ impl LogWriter {
             committed_tail: r.tail,
             copy_reserve: Self::copy_reserve(region),
             copies: false,
+            // The laps since the anchor used at most the chunks lent when it crashed.
+            head_lap: r.head.saturating_sub(1) / region.lap(),
+            head_u: r.lent,
+            prev_u: r.lent,
+            usable: r.lent,
+            skips: VecDeque::new(),
         }
     }
 
@@ -206,9 +226,10 @@ impl LogWriter {
     pub fn tail(&self) -> u64 {
         self.tail
     }
-    /// Positions in use: written and not yet released by the tail.
+    /// Positions in use: written and not yet released by the tail (skipped ones not
+    /// counted).
     pub fn used(&self) -> u64 {
-        self.head - self.tail
+        self.head - self.tail - self.skipped_since(self.tail)
     }
     /// The durable anchor.
     pub fn anchor(&self) -> Anchor {
@@ -222,9 +243,76 @@ impl LogWriter {
     pub fn committed_end(&self) -> u64 {
         self.committed_end
     }
-    /// Positions left before the ring reaches the durable anchor.
+    /// Positions left before the ring reaches the durable anchor, were every lendable
+    /// chunk lent (skipped positions not counted as used).
     pub fn room(&self) -> u64 {
-        (self.anchor.lpos() + self.region.blocks).saturating_sub(self.head)
+        let a = self.anchor.lpos();
+        let used = self.head.saturating_sub(a) - self.skipped_since(a);
+        self.region.lap().saturating_sub(used)
+    }
+
+    /// Positions skipped at or after `from`.
+    fn skipped_since(&self, from: u64) -> u64 {
+        (self.skips.iter().rev())
+            .take_while(|s| s.0 >= from)
+            .map(|s| s.1)
+            .sum()
+    }
+
+    /// Chunks the laps started from now on use (at most the region's). The caller lends a
+    /// chunk (its slots evicted, that durable, the chunks lent recorded) before it is used.
+    pub fn set_usable(&mut self, u: u64) {
+        self.usable = u.min(self.region.lend.chunks);
+    }
+    /// Chunks the laps started from now on use.
+    pub fn usable(&self) -> u64 {
+        self.usable
+    }
+    /// Chunks a replay must read: the most any lap from the durable anchor's on used or will
+    /// use. Chunks beyond it may go back to the read slots.
+    pub fn needed_lent(&self) -> u64 {
+        let lap = self.region.lap();
+        let a = self.anchor.lpos() / lap;
+        let prev = if a < self.head_lap { self.prev_u } else { 0 };
+        self.usable.max(self.head_u).max(prev)
+    }
+    /// Positions a lap holds with the chunks now usable: the most the log can hold before
+    /// it lends more.
+    pub fn usable_capacity(&self) -> u64 {
+        self.region.blocks + self.usable * self.region.lend.chunk_blocks
+    }
+
+    /// Where `n` positions from the head go (see `LogRegion::place`).
+    fn place(&self, n: u64) -> u64 {
+        let (lap, hu, u) = (self.head_lap, self.head_u, self.usable);
+        self.region
+            .place(self.head, n, |l| if l == lap { hu } else { u })
+    }
+
+    /// Positions a commit reserve of `k` after `end` takes, with the chunks the next lap
+    /// skips if it reaches the lap's end.
+    fn reserve_after(&self, end: u64, k: u64) -> u64 {
+        let r = commit_reserve(k);
+        let lap = self.region.lap();
+        if end % lap + r > lap {
+            r + self.region.lend.first_used(self.usable)
+        } else {
+            r
+        }
+    }
+
+    /// The head moves to `end`, the positions from the head to `at` skipped.
+    fn advance(&mut self, at: u64, end: u64) {
+        if at > self.head {
+            self.skips.push_back((self.head, at - self.head));
+        }
+        let lap = at / self.region.lap();
+        if lap > self.head_lap {
+            self.prev_u = self.head_u;
+            self.head_u = self.usable;
+            self.head_lap = lap;
+        }
+        self.head = end;
     }
     /// Completed entries no commit has taken yet.
     pub fn pending(&self) -> usize {
@@ -264,7 +352,7 @@ impl LogWriter {
     }
 
     fn limit(&self) -> u64 {
-        self.anchor.lpos() + self.region.blocks
+        self.anchor.lpos() + self.region.lap()
     }
 
     /// `n` consecutive positions for a data write of `n` pages, never crossing the ring's
@@ -287,17 +375,17 @@ impl LogWriter {
         if n == 0 || n > self.region.max_write() {
             return Err(Full::TooLarge);
         }
-        let at = self.region.place(self.head, n);
+        let at = self.place(n);
         let end = at + n;
         let uncommitted = end - self.committed_end + self.pending.len() as u64 + self.carried;
-        if end + commit_reserve(uncommitted) > self.limit() {
+        if end + self.reserve_after(end, uncommitted) > self.limit() {
             return Err(Full::Ring);
         }
-        if end - self.committed_end > self.region.max_gap() {
+        if self.gap(at, end) > self.region.max_gap() {
             self.need_commit = true;
             return Err(Full::Commit);
         }
-        self.head = end;
+        self.advance(at, end);
         self.copies = true;
         Ok(at)
     }
@@ -309,17 +397,24 @@ impl LogWriter {
         if n == 0 || n > self.region.max_write() {
             return Err(Full::TooLarge);
         }
-        let at = self.region.place(self.head, n);
+        let at = self.place(n);
         let end = at + n;
-        if end + commit_reserve(end - self.tail + self.carried) + spare > self.limit_but_copies() {
+        let k = end - self.tail - self.skipped_since(self.tail) - (at - self.head) + self.carried;
+        if end + self.reserve_after(end, k) + spare > self.limit_but_copies() {
             return Err(Full::Ring);
         }
-        if end - self.committed_end > self.region.max_gap() {
+        if self.gap(at, end) > self.region.max_gap() {
             self.need_commit = true;
             return Err(Full::Commit);
         }
-        self.head = end;
+        self.advance(at, end);
         Ok(at)
+    }
+
+    /// Positions from the end of the last commit to `end`, those skipped not counted (`at`:
+    /// where a write of positions up to `end` starts).
+    fn gap(&self, at: u64, end: u64) -> u64 {
+        end - self.committed_end - self.skipped_since(self.committed_end) - (at - self.head)
     }
 
     /// These data pages' writes completed (were acknowledged), in this order. A page must
@@ -414,9 +509,9 @@ impl LogWriter {
         let placed = (1..=want).rev().find_map(|records| {
             // Second copies in the mirror area when a slot run is free there; else beside
             // the first copies.
-            let slot = self.mirror_slots(records, self.region.place(self.head, records));
+            let slot = self.mirror_slots(records, self.place(records));
             let ring = if slot.is_some() { records } else { 2 * records };
-            let at = self.region.place(self.head, ring);
+            let at = self.place(ring);
             (at + ring <= limit).then_some((records, slot, ring, at))
         });
         let Some((records, slot, ring, at)) = placed else {
@@ -432,7 +527,7 @@ impl LogWriter {
             }
             self.mirror_next = (s + records) % self.region.mirror_blocks;
         }
-        self.head = at + ring;
+        self.advance(at, at + ring);
         self.need_commit = false;
         // The reserve stays open to the rest if this commit took only part (the entry that
         // opened it may be in the rest).
@@ -576,6 +671,9 @@ impl LogWriter {
         self.anchor = anchor;
         while self.commits.front().is_some_and(|c| c.0 < anchor.lpos()) {
             self.commits.pop_front();
+        }
+        while self.skips.front().is_some_and(|s| s.0 < anchor.lpos()) {
+            self.skips.pop_front();
         }
     }
 

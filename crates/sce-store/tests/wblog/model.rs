@@ -11,7 +11,9 @@
 use super::crash::CrashDev;
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 use sce_io::BlockDevice;
-use sce_store::wblog::{page_crc, replay, Anchor, Full, LogEntry, LogRegion, LogWriter, LOG_BLOCK};
+use sce_store::wblog::{
+    page_crc, replay_lent, Anchor, Full, Lend, LogEntry, LogRegion, LogWriter, LOG_BLOCK,
+};
 use std::collections::BTreeSet;
 
 /// The volume id the model writes.
@@ -66,7 +68,14 @@ pub struct Config {
     pub seed: u64,
     /// Blocks of the mirror area (0: none, records keep both copies in the ring).
     pub mirror: u64,
+    /// Chunks of read slots the ring may lend (format 9; 0: none), of `chunk_blocks` each.
+    pub lend_chunks: u64,
+    pub chunk_blocks: u64,
 }
+
+/// Slots per band of the model's slot area (a chunk takes the last few), 4 blocks each.
+const BAND_SLOTS: u64 = 6;
+const SLOT_BLOCKS: u64 = 4;
 
 /// What the runs did and found.
 #[derive(Debug, Default)]
@@ -89,6 +98,10 @@ pub struct Totals {
     pub laps: u64,
     pub through_writes: u64,
     pub commits_beside: u64,
+    pub lends: u64,
+    pub give_backs: u64,
+    pub most_lent: u64,
+    pub scribbled: u64,
 }
 
 /// The test chose to crash here.
@@ -122,23 +135,36 @@ pub struct Model {
     busy: Vec<bool>,
     inflight: Vec<Write>,
     issued: usize,
+    /// Chunks lent as the superblock records them (durable at once in this model).
+    sb_lent: u64,
     pub t: Totals,
 }
 
 impl Model {
     pub fn new(cfg: Config) -> Model {
         let mirror_at = (2 * GUARD + cfg.blocks) * LOG_BLOCK;
+        let area_at = (3 * GUARD + cfg.blocks + cfg.mirror) * LOG_BLOCK;
+        let area_slots = cfg.lend_chunks * BAND_SLOTS;
         let region = LogRegion {
             offset: GUARD * LOG_BLOCK,
             blocks: cfg.blocks,
             mirror_offset: if cfg.mirror > 0 { mirror_at } else { 0 },
             mirror_blocks: cfg.mirror,
+            lend: Lend {
+                chunks: cfg.lend_chunks,
+                chunk_blocks: cfg.chunk_blocks,
+                area_offset: area_at,
+                area_slots,
+                slot_bytes: SLOT_BLOCKS * LOG_BLOCK,
+            },
         };
+        region.check().unwrap();
         let n = cfg.pages as usize;
+        let size = area_at + (area_slots * SLOT_BLOCKS + GUARD) * LOG_BLOCK;
         Model {
             rng: SmallRng::seed_from_u64(cfg.seed),
             region,
-            dev: CrashDev::new((cfg.blocks + cfg.mirror + 3 * GUARD) * LOG_BLOCK),
+            dev: CrashDev::new(size),
             w: LogWriter::new(region, KEY, 0, 1).unwrap(),
             version: 0,
             source: vec![0; n],
@@ -150,6 +176,7 @@ impl Model {
             busy: vec![false; n],
             inflight: Vec::new(),
             issued: 0,
+            sb_lent: 0,
             t: Totals::default(),
             cfg,
         }
@@ -168,6 +195,10 @@ impl Model {
     }
 
     fn step(&mut self) -> Result<(), Crash> {
+        if self.cfg.lend_chunks > 0 && self.rng.gen_ratio(1, 6) {
+            self.lending();
+            return Ok(());
+        }
         let f = self.cfg.flush_pct;
         match self.rng.gen_range(0..100) {
             x if x < f => self.flush(),
@@ -176,11 +207,14 @@ impl Model {
                 self.complete_one();
                 Ok(())
             }
-            x if x < f + 87 => {
+            // Over lent chunks the cleaner lags more, so that the log holds more than its
+            // own region and the anchor falls a lap behind the head.
+            x if x < f + 87 - 4 * (self.cfg.lend_chunks > 0) as u32 => {
                 let to = self.w.tail() + self.rng.gen_range(0..=self.cfg.blocks / 3);
                 self.clean(to);
                 Ok(())
             }
+            x if x < f + 87 => Ok(()),
             x if x < f + 90 => self.through_write(),
             _ => {
                 self.anchor();
@@ -192,14 +226,59 @@ impl Model {
     fn write_dev(&mut self, lpos: u64, bytes: &[u8]) {
         let blocks = bytes.len() as u64 / LOG_BLOCK;
         assert!(
-            lpos % self.cfg.blocks + blocks <= self.cfg.blocks,
-            "a write crosses the ring's end"
+            lpos + blocks <= self.region.segment_end(lpos),
+            "a write crosses the ring's end or a chunk's"
+        );
+        assert!(
+            self.region.is_read(lpos, self.sb_lent),
+            "a write at {lpos} in a chunk not recorded lent ({} lent)",
+            self.sb_lent
         );
         self.dev
             .write_at(self.region.offset_of(lpos), bytes)
             .unwrap();
         self.issued += 1;
-        self.t.laps = self.t.laps.max(lpos / self.cfg.blocks);
+        self.t.laps = self.t.laps.max(lpos / self.region.lap());
+    }
+
+    /// What the engine does with chunks of read slots: lends one more (recorded durably
+    /// before a lap uses it), stops using one (laps started from now on skip it), or gives
+    /// back those no lap a replay reads uses, which the read cache then fills with its own
+    /// data: here old images of the log's own pages, the most confusing bytes there are.
+    fn lending(&mut self) {
+        let u = self.w.usable();
+        match self.rng.gen_range(0..10) {
+            0..3 if u < self.cfg.lend_chunks => {
+                self.sb_lent = self.sb_lent.max(u + 1);
+                self.w.set_usable(u + 1);
+                self.t.lends += 1;
+                self.t.most_lent = self.t.most_lent.max(u + 1);
+            }
+            3..7 if u > 0 => self.w.set_usable(u - 1),
+            _ => self.give_back(),
+        }
+    }
+
+    fn give_back(&mut self) {
+        let needed = self.w.needed_lent();
+        if needed >= self.sb_lent {
+            return;
+        }
+        self.sb_lent = needed;
+        self.t.give_backs += 1;
+        let lend = self.region.lend;
+        for c in needed..lend.chunks {
+            for slot in lend.slots_of_lent(c) {
+                for b in 0..SLOT_BLOCKS {
+                    let page = self.rng.gen_range(0..self.cfg.pages);
+                    let v = self.rng.gen_range(0..=self.version);
+                    let at = lend.area_offset + (slot * SLOT_BLOCKS + b) * LOG_BLOCK;
+                    self.dev.write_at(at, &image(VOL, page, v)).unwrap();
+                    self.issued += 1;
+                    self.t.scribbled += 1;
+                }
+            }
+        }
     }
 
     fn start_write(&mut self) -> Result<(), Crash> {
@@ -382,7 +461,7 @@ impl Model {
             a
         };
         let durable_seq = self.w.next_seq() - 1;
-        let r = replay(&self.dev, self.region, &KEY, anchor).unwrap();
+        let r = replay_lent(&self.dev, self.region, &KEY, anchor, self.sb_lent).unwrap();
         assert!(r.lost.is_empty(), "no damage, yet lost pages: {:?}", r.lost);
         assert!(
             r.last_seq >= durable_seq,
@@ -459,9 +538,16 @@ impl Model {
             self.region.mirror_offset,
             self.region.mirror_offset + self.cfg.mirror * LOG_BLOCK,
         );
+        let lend = self.region.lend;
+        let (alo, ahi) = (
+            lend.area_offset,
+            lend.area_offset + lend.area_slots * lend.slot_bytes,
+        );
         for &(off, len) in &w {
             assert!(
-                (off >= lo && off + len <= hi) || (off >= mlo && off + len <= mhi),
+                (off >= lo && off + len <= hi)
+                    || (off >= mlo && off + len <= mhi)
+                    || (off >= alo && off + len <= ahi),
                 "a write at {off}+{len} leaves the region"
             );
         }
