@@ -55,6 +55,11 @@ pub struct SlotTable {
     dirty_bits: Box<[u64]>,
     dirty: Vec<u32>,
     track_dirty: bool,
+    /// One bit per slot lent to the write-back log (empty until one is): never free, never
+    /// allocated, until given back.
+    lent: Vec<u64>,
+    /// Lent slots at or above the high-water mark (not yet taken by it).
+    lent_above: u32,
 }
 
 impl SlotTable {
@@ -70,7 +75,52 @@ impl SlotTable {
             dirty_bits: Box::new([]),
             dirty: Vec::new(),
             track_dirty: false,
+            lent: Vec::new(),
+            lent_above: 0,
         }
+    }
+
+    /// True if slot `s` is lent to the write-back log.
+    pub fn is_lent(&self, s: SlotNo) -> bool {
+        let i = s.0 as usize;
+        self.lent
+            .get(i / 64)
+            .is_some_and(|w| w & (1 << (i % 64)) != 0)
+    }
+
+    /// Lends slot `s`, which holds no fragment and no pin, to the write-back log: it is
+    /// never free nor allocated until [`Self::give_back`]. False if it was already lent.
+    pub fn lend(&mut self, s: SlotNo) -> bool {
+        debug_assert!(self.fragment(s).is_none() && self.pins(s) == 0);
+        if self.is_lent(s) {
+            return false;
+        }
+        if self.lent.is_empty() {
+            self.lent = vec![0; (self.len() as usize).div_ceil(64)];
+        }
+        let i = s.0 as usize;
+        self.lent[i / 64] |= 1 << (i % 64);
+        if s.0 >= self.high_water {
+            self.lent_above += 1;
+        } else if let Some(at) = self.free.iter().position(|&f| f == s.0) {
+            self.free.swap_remove(at);
+        }
+        true
+    }
+
+    /// Gives back slot `s` (lent), free again. False if it was not lent.
+    pub fn give_back(&mut self, s: SlotNo) -> bool {
+        if !self.is_lent(s) {
+            return false;
+        }
+        let i = s.0 as usize;
+        self.lent[i / 64] &= !(1 << (i % 64));
+        if s.0 >= self.high_water {
+            self.lent_above -= 1;
+        } else {
+            self.free.push(s.0);
+        }
+        true
     }
 
     /// Starts recording which slots change (for a driver that persists the table).
@@ -109,9 +159,10 @@ impl SlotTable {
     /// without a fragment is free, lowest first.
     pub fn rebuild_free(&mut self) {
         self.high_water = self.len();
+        self.lent_above = 0;
         self.free = (0..self.len())
             .rev()
-            .filter(|&s| self.frags[s as usize] == NO_FRAGMENT)
+            .filter(|&s| self.frags[s as usize] == NO_FRAGMENT && !self.is_lent(SlotNo(s)))
             .collect();
     }
 
@@ -127,7 +178,7 @@ impl SlotTable {
 
     /// Number of free slots.
     pub fn free_count(&self) -> u32 {
-        self.len() - self.high_water + self.free.len() as u32
+        self.len() - self.high_water - self.lent_above + self.free.len() as u32
     }
 
     /// Takes a free slot, if any.
@@ -135,16 +186,20 @@ impl SlotTable {
         if let Some(s) = self.free.pop() {
             return Some(SlotNo(s));
         }
-        if self.high_water < self.len() {
+        while self.high_water < self.len() {
             self.high_water += 1;
-            return Some(SlotNo(self.high_water - 1));
+            let s = SlotNo(self.high_water - 1);
+            if !self.is_lent(s) {
+                return Some(s);
+            }
+            self.lent_above -= 1;
         }
         None
     }
 
     /// Returns a slot to the free list. The caller guarantees it holds no fragment.
     pub fn put_free(&mut self, s: SlotNo) {
-        debug_assert!(self.fragment(s).is_none());
+        debug_assert!(self.fragment(s).is_none() && !self.is_lent(s));
         self.free.push(s.0);
     }
 

@@ -507,11 +507,14 @@ impl CacheVolume {
             // Replayed in every mode: another mode refuses a log that holds dirty pages.
             Some(p) => {
                 let through = WriteThrough::new(tx.clone());
-                crate::log::open_log(&o.device, p, through, o.log, limits, &ends)?.inspect(|l| {
+                let l = crate::log::open_log(&o.device, p, through, o.log, limits, &ends)?;
+                if let Some(l) = &l {
                     l.set_sequential_cutoff(config.core.sequential_cutoff);
                     l.set_tuning(&config.core.writeback);
                     l.set_shares(&vols.iter().map(|v| v.share).collect::<Vec<_>>());
-                })
+                    l.claim_lent(&engine)?;
+                }
+                l
             }
             None => None,
         };

@@ -208,7 +208,7 @@ pub fn check_log(
         return Ok(None);
     };
     let region = log.region(&sb.layout);
-    let r = crate::wblog::replay(dev, region, &log.key, log.anchor())?;
+    let r = crate::wblog::replay_lent(dev, region, &log.key, log.anchor(), log.lent)?;
     let mut per = std::collections::BTreeMap::<u32, (u64, u64)>::new();
     for ((volume, _), _) in r.index.iter() {
         per.entry(volume).or_default().0 += 1;

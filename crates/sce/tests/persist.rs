@@ -206,8 +206,8 @@ fn format_check_and_refusals() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8_lossy(&out.stdout);
-    // With a write-back log, as every format gives by default (issue 45): format 8.
-    assert!(text.contains("format version 8"), "{text}");
+    // With a write-back log, as every format gives by default (issue 45): format 9.
+    assert!(text.contains("format version 9"), "{text}");
     // Formatting again needs --force.
     let out = sce(&["format", caches, "--source", srcs]);
     assert!(!out.status.success());
@@ -216,7 +216,7 @@ fn format_check_and_refusals() {
     let out = sce(&["check", caches, "--json"]);
     assert!(out.status.success());
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(r["superblock"]["version"], 8);
+    assert_eq!(r["superblock"]["version"], 9);
     assert_eq!(r["superblock"]["layout"]["fragment_size"], 256 * 1024);
     // serve picks the device's fragment size up, and refuses another source.
     let s = Server::start(

@@ -122,6 +122,35 @@ impl CacheCore {
         (overlapped, pop_pages)
     }
 
+    /// Lends slot `s` to the write-back log (format 9's chunks of read slots): its fragment
+    /// evicted, the slot out of the cache until [`Self::give_back_slot`]. False (nothing
+    /// done) while an operation pins it: the caller tries again. True if lent already.
+    pub fn lend_slot(&mut self, s: SlotNo) -> bool {
+        if self.slots.is_lent(s) {
+            return true;
+        }
+        if self.slots.pins(s) > 0 {
+            return false;
+        }
+        if self.slots.fragment(s).is_some() {
+            self.evict_slot(s);
+        }
+        self.slots.lend(s);
+        true
+    }
+
+    /// Gives back a slot lent to the write-back log: free for the cache again.
+    pub fn give_back_slot(&mut self, s: SlotNo) -> bool {
+        self.slots.give_back(s)
+    }
+
+    /// Slots lent to the write-back log.
+    pub fn lent_slots(&self) -> u32 {
+        (0..self.geo.slots())
+            .filter(|&s| self.slots.is_lent(SlotNo(s)))
+            .count() as u32
+    }
+
     /// Evicts the policy's victim, if there is one that is not pinned. Returns its fragment.
     pub fn evict_one(&mut self) -> Option<FragNo> {
         let s = self.victim()?;

@@ -20,6 +20,7 @@ pub(super) fn cleaner(e: &Engine, lb: &LogBack) {
     let mut priority = Priority::new();
     while !e.signals.shutting_down() {
         commit_duties(lb, &mut last_commit);
+        lb.adjust_lending(e);
         if !lb.wants_cleaning(e) {
             if lb.room_short() || lb.st.lock().w.mirror_short() {
                 // Nothing to clean, yet room (or the mirror area) is short: commits since the
@@ -206,7 +207,7 @@ impl LogBack {
 
     /// True if the ring is past its high watermark, or writers wait for room.
     fn room_short(&self) -> bool {
-        self.waiting.load(Relaxed) > 0 || self.past_high(self.st.lock().w.room())
+        self.waiting.load(Relaxed) > 0 || self.past_high(&self.st.lock().w)
     }
 
     /// True if cleaning is urgent: the ring past its high watermark, writers waiting for
@@ -218,7 +219,7 @@ impl LogBack {
     /// True if the cleaner should clean now.
     fn wants_cleaning(&self, e: &Engine) -> bool {
         let st = self.st.lock();
-        let short = self.waiting.load(Relaxed) > 0 || self.past_high(st.w.room());
+        let short = self.waiting.load(Relaxed) > 0 || self.past_high(&st.w);
         if st.index.is_empty() {
             // Nothing to clean, but the record of a loss may still hold the ring: making
             // room (after a batch) carries it.
@@ -230,7 +231,7 @@ impl LogBack {
             .now()
             .0
             .saturating_sub(self.last_request.load(Relaxed));
-        used >= self.low_blocks()
+        used >= self.low_blocks(&st.w)
             || st.w.mirror_short()
             || self.forced.load(Relaxed) > 0
             || short

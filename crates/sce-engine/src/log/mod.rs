@@ -33,6 +33,7 @@ mod batch;
 mod clean;
 mod commit;
 mod drain;
+mod lend;
 mod open;
 pub(crate) mod outage;
 mod prefetch;
@@ -148,6 +149,11 @@ pub(crate) struct LogBack {
     shares: OnceLock<Vec<u64>>,
     wait_limit: Duration,
     idle: Duration,
+    /// Chunks of read slots the superblock records lent (`lend.rs`), and how many were
+    /// lent and given back.
+    lent: AtomicU64,
+    lends: AtomicU64,
+    give_backs: AtomicU64,
 }
 
 impl LogBack {
@@ -186,11 +192,14 @@ impl LogBack {
 
     /// Write-back's state and counters (the same figures as the slot path's).
     pub(crate) fn stats(&self) -> WriteBackStats {
-        let (dirty, lost, stuck, beside) = {
+        let (dirty, lost, stuck, beside, cap) = {
             let st = self.st.lock();
             let beside = st.w.commits_beside();
-            (st.index.len(), st.lost.len(), st.stuck.len(), beside)
+            let cap = st.w.usable_capacity();
+            (st.index.len(), st.lost.len(), st.stuck.len(), beside, cap)
         };
+        let block = sce_store::wblog::LOG_BLOCK;
+        let lend = self.region.lend;
         WriteBackStats {
             dirty_bytes: dirty as u64 * PAGE_SIZE,
             lost_bytes: lost as u64 * PAGE_SIZE,
@@ -204,6 +213,11 @@ impl LogBack {
             relocated_bytes: self.relocated.load(Relaxed) * PAGE_SIZE,
             damaged_pages: self.damaged_found.load(Relaxed),
             sequential_bytes: self.bypassed.load(Relaxed),
+            log_capacity_bytes: cap * block,
+            log_max_bytes: self.region.lap() * block,
+            log_lent_bytes: self.lent.load(Relaxed) * lend.chunk_blocks * block,
+            log_lends: self.lends.load(Relaxed),
+            log_give_backs: self.give_backs.load(Relaxed),
             last_clean_error: self.last_clean_error.lock().clone(),
         }
     }

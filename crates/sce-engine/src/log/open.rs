@@ -35,7 +35,7 @@ pub(crate) fn open_log(
         return Ok(None);
     };
     let region = info.region(&persist.layout);
-    let r = wblog::replay(&**cache, region, &info.key, info.anchor())
+    let r = wblog::replay_lent(&**cache, region, &info.key, info.anchor(), info.lent)
         .map_err(|e| IoError::Failed(format!("the write-back log cannot be read: {e}")))?;
     refuse_damage(&r, info.durable_seq)?;
     let (region, w) = match upgraded(persist, &r)? {
@@ -188,6 +188,9 @@ impl LogBack {
             shares: Default::default(),
             wait_limit,
             idle,
+            lent: Default::default(),
+            lends: Default::default(),
+            give_backs: Default::default(),
         }
     }
 
@@ -254,7 +257,7 @@ impl LogBack {
         }
         self.advance_anchor()?;
         let info = self.persist.log_info().expect("a device with a log");
-        let r = wblog::replay(&**cache, self.region, &info.key, info.anchor())
+        let r = wblog::replay_lent(&**cache, self.region, &info.key, info.anchor(), info.lent)
             .map_err(|e| IoError::Failed(format!("the write-back log cannot be read: {e}")))?;
         refuse_damage(&r, info.durable_seq)?;
         let left = (r.index.iter().map(|((v, _), _)| v))

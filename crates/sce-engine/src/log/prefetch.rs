@@ -28,7 +28,7 @@ impl Prefetched {
         positions.sort_unstable();
         positions.dedup();
         let mut spans = Vec::new();
-        for (first, n) in cut(&positions, lb.region.blocks) {
+        for (first, n) in cut(&positions, |p| lb.region.segment_end(p)) {
             let mut buf = AlignedBuf::new((n * PAGE_SIZE) as usize);
             if lb.dev.read_at(lb.at(first), &mut buf).is_ok() {
                 spans.push((first, buf));
@@ -48,13 +48,14 @@ impl Prefetched {
 
 /// Sorted, distinct positions cut into spans (first, blocks): neighbours at most
 /// `SPAN_GAP` unused positions apart join, a span holds at most `SPAN_MAX` positions, and
-/// none crosses the ring's end (`blocks`), where the device offsets stop being contiguous.
-fn cut(positions: &[u64], blocks: u64) -> Vec<(u64, u64)> {
+/// none crosses the end of a contiguous stretch of the device (`segment_end`: the ring's
+/// end, or a chunk of read slots the log lent).
+fn cut(positions: &[u64], segment_end: impl Fn(u64) -> u64) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::new();
     for &p in positions {
         if let Some((first, n)) = out.last_mut() {
             let end = *first + *n;
-            let same_lap = *first / blocks == p / blocks;
+            let same_lap = segment_end(*first) == segment_end(p);
             if same_lap && p < end + SPAN_GAP + 1 && p + 1 - *first <= SPAN_MAX {
                 *n = p + 1 - *first;
                 continue;
@@ -74,15 +75,27 @@ mod tests {
         // 10, 11 and 14 join (two unused between); 30 is too far; 98, 99 | 100 cross the
         // end of a 100-block ring.
         assert_eq!(
-            cut(&[10, 11, 14, 30, 98, 99, 100, 101], 100),
+            cut(&[10, 11, 14, 30, 98, 99, 100, 101], ring(100)),
             vec![(10, 5), (30, 1), (98, 2), (100, 2)]
         );
         // Five unused positions are one too many.
-        assert_eq!(cut(&[0, 6], 1000), vec![(0, 1), (6, 1)]);
-        assert_eq!(cut(&[0, 5], 1000), vec![(0, 6)]);
+        assert_eq!(cut(&[0, 6], ring(1000)), vec![(0, 1), (6, 1)]);
+        assert_eq!(cut(&[0, 5], ring(1000)), vec![(0, 6)]);
         // A long run is cut at SPAN_MAX positions.
         let run: Vec<u64> = (0..600).collect();
-        assert_eq!(cut(&run, 10_000), vec![(0, 256), (256, 256), (512, 88)]);
-        assert!(cut(&[], 10).is_empty());
+        assert_eq!(
+            cut(&run, ring(10_000)),
+            vec![(0, 256), (256, 256), (512, 88)]
+        );
+        assert!(cut(&[], ring(10)).is_empty());
+        // Chunks of 8 blocks lent (contiguous only within each).
+        assert_eq!(
+            cut(&[6, 7, 8, 9], |p| (p / 8 + 1) * 8),
+            vec![(6, 2), (8, 2)]
+        );
+    }
+
+    fn ring(blocks: u64) -> impl Fn(u64) -> u64 {
+        move |p| (p / blocks + 1) * blocks
     }
 }

@@ -25,14 +25,11 @@ impl LogBack {
     /// True if the log wants room now: the low watermark reached or the high one passed (the anchor may lag the tail: after a restart, until a commit at or below the
     /// tail is durable), or a drain under way.
     pub(super) fn room_wanted(&self) -> bool {
-        let (used, room) = {
+        let (low, high) = {
             let st = self.st.lock();
-            (st.w.used(), st.w.room())
+            (st.w.used() >= self.low_blocks(&st.w), self.past_high(&st.w))
         };
-        used >= self.low_blocks()
-            || self.past_high(room)
-            || self.forced.load(Relaxed) > 0
-            || self.waiting.load(Relaxed) > 0
+        low || high || self.forced.load(Relaxed) > 0 || self.waiting.load(Relaxed) > 0
     }
 
     /// Frees what holds the tail and cannot be cleaned: losses carried forward, stuck

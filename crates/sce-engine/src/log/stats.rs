@@ -34,6 +34,17 @@ sce_core::stats_table! {
         /// Bytes of large writes in long sequential streams that went through to the source
         /// rather than into the log (the log).
         sequential_bytes: u64, Counter("sce_writeback_sequential_bypass_bytes_total", "bytes", "Bytes of large writes in sequential streams past the sequential cutoff that went through to the source instead of into the write-back log.");
+        /// What the log holds at most with the chunks of read slots its laps use now (its
+        /// own region and those chunks; 0 without a log).
+        log_capacity_bytes: u64, Gauge("sce_writeback_log_capacity_bytes", "bytes", "Bytes the write-back log holds at most now: its own region and the chunks of read slots its laps use (it lends more as dirty data grows, up to log_max_bytes).");
+        /// The most the log may hold: its region and every chunk of read slots it may lend.
+        log_max_bytes: u64, Gauge("sce_writeback_log_max_bytes", "bytes", "Bytes the write-back log may hold at most: its own region and every chunk of read slots it may lend (format 9: up to half the cache device by default).");
+        /// Bytes of read slots lent to the log now (out of the read cache).
+        log_lent_bytes: u64, Gauge("sce_writeback_log_lent_bytes", "bytes", "Bytes of the read cache's slots lent to the write-back log now (out of the read cache until given back).");
+        /// Chunks of read slots lent to the log.
+        log_lends: u64, Counter("sce_writeback_log_lends_total", "", "Chunks of read slots the write-back log took as dirty data grew.");
+        /// Chunks of read slots the log gave back.
+        log_give_backs: u64, Counter("sce_writeback_log_give_backs_total", "", "Chunks of read slots the write-back log gave back to the read cache once cleaning emptied them.");
     }
     also {
         /// The last cleaning error ("" if none).

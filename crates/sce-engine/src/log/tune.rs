@@ -16,6 +16,7 @@ use super::LogBack;
 use super::St;
 use sce_core::wbtune::{millionths, share_of as part};
 use sce_core::WritebackTuning;
+use sce_store::wblog::LogWriter;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
@@ -51,15 +52,21 @@ impl LogBack {
         self.cleaner_wanted();
     }
 
-    /// Positions in use from which background cleaning starts.
-    pub(super) fn low_blocks(&self) -> u64 {
-        part(self.region.blocks, self.tuning.low.load(Relaxed))
+    /// Positions in use from which background cleaning starts: the low watermark's share
+    /// of what the log holds with the chunks of read slots its laps use now (`lend.rs`).
+    pub(super) fn low_blocks(&self, w: &LogWriter) -> u64 {
+        part(w.usable_capacity(), self.tuning.low.load(Relaxed))
     }
 
-    /// True if the ring is past its high watermark: less room left than the high
-    /// watermark leaves.
-    pub(super) fn past_high(&self, room: u64) -> bool {
-        sce_core::wbtune::past_high(self.region.blocks, room, self.tuning.high.load(Relaxed))
+    /// True if the ring is past its high watermark: less room left, in what the log holds
+    /// with the chunks its laps use now, than the high watermark leaves. (Lending starts
+    /// at half of it, so cleaning is urgent once every chunk is lent, or while lending
+    /// lags.)
+    pub(super) fn past_high(&self, w: &LogWriter) -> bool {
+        let cap = w.usable_capacity();
+        let used = self.region.lap() - w.room();
+        let room = cap.saturating_sub(used);
+        sce_core::wbtune::past_high(cap, room, self.tuning.high.load(Relaxed))
     }
 
     /// How long background cleaning pauses after a batch that cleaned `bytes` in
@@ -102,7 +109,7 @@ impl LogBack {
             return false;
         }
         let shares = self.shares.get().map_or(&[][..], Vec::as_slice);
-        let cap = part(self.region.blocks, self.tuning.high.load(Relaxed));
+        let cap = part(self.region.lap(), self.tuning.high.load(Relaxed));
         let share = |v: usize| part(cap, shares.get(v).copied().unwrap_or(1_000_000)).max(1);
         let v = st.vol_of(g);
         if st.vol_dirty[v] < share(v) {

@@ -240,6 +240,24 @@ impl Persist {
         }
     }
 
+    /// Slots `slots` were lent to the write-back log (evicted in the core first): before
+    /// the log writes there, no on-device record may claim them unguarded, so each one a
+    /// record may still claim gets its intent, made durable before this returns (the flush
+    /// round then writes the empty record and clears it, as after an eviction).
+    pub(crate) fn guard_lent(&self, slots: std::ops::Range<u32>) -> Result<(), IoError> {
+        let tickets: Vec<Ticket> = {
+            let mut st = self.st.lock();
+            let mut t = Vec::new();
+            for s in slots {
+                if st.claims.of(s) != NO_FRAGMENT {
+                    t.extend(st.touch(s));
+                }
+            }
+            t
+        };
+        self.sync(&tickets)
+    }
+
     /// A read hit slot `s`. If the slot was written in the last `warm_rounds` flush rounds,
     /// its intent is kept set (or set now, ahead of the next write, which then need not wait
     /// for the cache device). Returns true if an intent was set that the intent writer must

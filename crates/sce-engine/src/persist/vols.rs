@@ -118,6 +118,23 @@ impl Persist {
         self.write_sb_with(&mut sb, false)
     }
 
+    /// Records that the log's laps use the last `lent` of its lendable chunks of read slots
+    /// (format 9; replay reads those): written and flushed before this returns.
+    pub(crate) fn record_lent(&self, lent: u64) -> Result<(), sce_io::IoError> {
+        let mut sb = self.sb.lock();
+        let Some(log) = sb.log.as_mut() else {
+            return Ok(());
+        };
+        if log.lent == lent {
+            return Ok(());
+        }
+        log.lent = lent;
+        if sb.state == sce_store::DeviceState::Failed {
+            return Ok(());
+        }
+        self.write_sb_with(&mut sb, false)
+    }
+
     /// Gives a log written before format 8 its mirror area (the last blocks of its region),
     /// which changes where ring positions lie: only for a log that holds nothing, whose
     /// replay starts afresh at `anchor` (an empty log's). Written and flushed before this

@@ -38,13 +38,13 @@ impl Lend {
     /// The chunks a format lays out for `bytes` of lendable room over a slot area of
     /// `area_slots` slots of `slot_bytes` from `area_offset`: 16 chunks (64 if that makes them
     /// over 1 GiB), each whole slots and at most its band; none if a chunk would be under
-    /// 4 MiB.
+    /// 1 MiB.
     pub fn laid_out(bytes: u64, area_offset: u64, area_slots: u64, slot_bytes: u64) -> Lend {
         let chunks = if bytes / 16 > 1 << 30 { 64 } else { 16 };
         let band = area_slots / chunks;
         let slots = (bytes / chunks / slot_bytes.max(1)).min(band);
         let chunk_bytes = slots * slot_bytes;
-        if slot_bytes == 0 || !slot_bytes.is_multiple_of(super::LOG_BLOCK) || chunk_bytes < 4 << 20
+        if slot_bytes == 0 || !slot_bytes.is_multiple_of(super::LOG_BLOCK) || chunk_bytes < 1 << 20
         {
             return Lend::default();
         }

@@ -108,6 +108,8 @@ pub struct LogWriter {
     head_u: u64,
     prev_u: u64,
     usable: u64,
+    /// The head's lap uses no chunk past the head (fewer were made usable meanwhile).
+    cut: bool,
     /// Positions skipped (start, length) since the anchor: chunks a lap did not use, ends of
     /// chunks and laps a write did not fit.
     skips: VecDeque<(u64, u64)>,
@@ -150,6 +152,7 @@ impl LogWriter {
             head_u: 0,
             prev_u: 0,
             usable: 0,
+            cut: false,
             skips: VecDeque::new(),
         })
     }
@@ -196,6 +199,7 @@ impl LogWriter {
             head_u: r.lent,
             prev_u: r.lent,
             usable: r.lent,
+            cut: false,
             skips: VecDeque::new(),
         }
     }
@@ -261,20 +265,52 @@ impl LogWriter {
 
     /// Chunks the laps started from now on use (at most the region's). The caller lends a
     /// chunk (its slots evicted, that durable, the chunks lent recorded) before it is used.
+    /// Fewer than the head's lap uses: that lap uses no chunk past the head either (its
+    /// next write skips to the log's own blocks), so that the chunks empty once cleaned.
     pub fn set_usable(&mut self, u: u64) {
-        self.usable = u.min(self.region.lend.chunks);
+        let u = u.min(self.region.lend.chunks);
+        if u < self.head_u {
+            self.cut = true;
+        }
+        self.usable = u;
     }
     /// Chunks the laps started from now on use.
     pub fn usable(&self) -> u64 {
         self.usable
     }
-    /// Chunks a replay must read: the most any lap from the durable anchor's on used or will
-    /// use. Chunks beyond it may go back to the read slots.
+    /// Chunks a replay must read or a write may still use: those holding a position
+    /// from the durable anchor to the head (of the chunks the laps there used), and those
+    /// the laps started from now on use. Chunks beyond it may go back to the read slots.
     pub fn needed_lent(&self) -> u64 {
+        let lend = self.region.lend;
+        if lend.chunks == 0 {
+            return 0;
+        }
         let lap = self.region.lap();
-        let a = self.anchor.lpos() / lap;
-        let prev = if a < self.head_lap { self.prev_u } else { 0 };
-        self.usable.max(self.head_u).max(prev)
+        let a = self.anchor.lpos();
+        let a_lap = a / lap;
+        // The chunks from the one holding lap offset `q` to the last (none past them).
+        let from = |q: u64| {
+            if q < lend.blocks() {
+                lend.chunks - q / lend.chunk_blocks
+            } else {
+                0
+            }
+        };
+        let mut need = self.usable;
+        if a_lap < self.head_lap {
+            need = need.max(from((a % lap).max(lend.first_used(self.prev_u))));
+        }
+        if a_lap <= self.head_lap {
+            let q0 = if a_lap == self.head_lap { a % lap } else { 0 };
+            let lo = q0.max(lend.first_used(self.head_u));
+            // Past the head, a cut lap writes no chunk: only the positions before it count.
+            let head_q = self.head - self.head_lap * lap;
+            if !self.cut || lo < head_q {
+                need = need.max(from(lo));
+            }
+        }
+        need
     }
     /// Positions a lap holds with the chunks now usable: the most the log can hold before
     /// it lends more.
@@ -284,7 +320,8 @@ impl LogWriter {
 
     /// Where `n` positions from the head go (see `LogRegion::place`).
     fn place(&self, n: u64) -> u64 {
-        let (lap, hu, u) = (self.head_lap, self.head_u, self.usable);
+        let hu = if self.cut { 0 } else { self.head_u };
+        let (lap, u) = (self.head_lap, self.usable);
         self.region
             .place(self.head, n, |l| if l == lap { hu } else { u })
     }
@@ -311,6 +348,7 @@ impl LogWriter {
             self.prev_u = self.head_u;
             self.head_u = self.usable;
             self.head_lap = lap;
+            self.cut = false;
         }
         self.head = end;
     }

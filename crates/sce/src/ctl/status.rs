@@ -89,6 +89,14 @@ fn print_writeback(w: &Value) {
             sce_core::units::format_size(r as u64)
         );
     }
+    if w["log_lent_bytes"].as_u64().is_some_and(|n| n > 0) {
+        trouble += &format!(
+            ", the log holds up to {} of {} ({} lent by the read cache)",
+            size(&w["log_capacity_bytes"]),
+            size(&w["log_max_bytes"]),
+            size(&w["log_lent_bytes"])
+        );
+    }
     if w["sequential_bytes"].as_u64().is_some_and(|n| n > 0) {
         trouble += &format!(
             ", {} of sequential streams written through",

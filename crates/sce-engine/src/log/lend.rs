@@ -1,0 +1,125 @@
+//! Room that follows the work (issue 45, format 9): the log lends chunks of the read slots
+//! while dirty data outgrows its own region, and gives them back once cleaning emptied
+//! them (`sce_store::wblog::Lend` has the layout and the rules replay follows).
+//!
+//! Lending chunk c: its slots are evicted from the read cache and kept out of it (an
+//! operation in flight on one is waited for), their records made safe (an intent durable
+//! where a record may still claim a fragment), the superblock records one more chunk lent,
+//! and only then do laps started from now on use it. Giving back: laps stop using the
+//! chunk (when the log holds less than a quarter of what it could without it); once no lap
+//! a replay reads uses it, the superblock records one chunk fewer, and the slots go back
+//! to the read cache. The cleaner does both, between batches; a start takes the chunks the
+//! superblock records lent out of the read cache before anything is served.
+//!
+//! Lock order: no log lock is held while the core's shards or the superblock are.
+
+use super::LogBack;
+use crate::engine::Engine;
+use sce_core::SlotNo;
+use sce_io::IoError;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+impl LogBack {
+    /// At a start, before anything is served: the chunks the superblock records lent (a
+    /// lap since the anchor may have written there) are taken out of the read cache.
+    pub(crate) fn claim_lent(&self, e: &Engine) -> Result<(), IoError> {
+        let lent = self.persist.log_info().map_or(0, |i| i.lent);
+        self.lent.store(lent, Relaxed);
+        for c in 0..lent {
+            lend_slots(e, self, self.region.lend.slots_of_lent(c))?;
+        }
+        Ok(())
+    }
+
+    /// The cleaner's look at the room: lends one more chunk while the log is half full of
+    /// what its laps hold (or writers wait for room), stops using one while it would be
+    /// under a quarter full without it, and gives back the chunks no lap a replay reads
+    /// uses.
+    pub(super) fn adjust_lending(&self, e: &Engine) {
+        let lend = self.region.lend;
+        if lend.chunks == 0 {
+            return;
+        }
+        // Up to four chunks at a look: a burst may fill a chunk between two batches.
+        for _ in 0..4 {
+            let (used, cap, usable) = {
+                let st = self.st.lock();
+                let used = self.region.lap() - st.w.room();
+                (used, st.w.usable_capacity(), st.w.usable())
+            };
+            let short = used * 2 >= cap || self.waiting.load(Relaxed) > 0;
+            if short && usable < lend.chunks {
+                if let Err(err) = self.lend_one(e, usable) {
+                    tracing::warn!("write-back log: lending read slots failed: {err}");
+                    break;
+                }
+                continue;
+            }
+            if !short && usable > 0 && used * 4 < cap - lend.chunk_blocks {
+                self.st.lock().w.set_usable(usable - 1);
+            }
+            break;
+        }
+        if let Err(err) = self.give_back(e) {
+            tracing::warn!("write-back log: giving read slots back failed: {err}");
+        }
+    }
+
+    /// Lends chunk number `c` (the c-th lent) and lets the laps from now on use it.
+    fn lend_one(&self, e: &Engine, c: u64) -> Result<(), IoError> {
+        if c >= self.lent.load(Relaxed) {
+            lend_slots(e, self, self.region.lend.slots_of_lent(c))?;
+            self.persist.record_lent(c + 1)?;
+            self.lent.store(c + 1, Relaxed);
+            self.lends.fetch_add(1, Relaxed);
+        }
+        self.st.lock().w.set_usable(c + 1);
+        self.progress.bump();
+        Ok(())
+    }
+
+    /// Gives back the chunks lent beyond what a replay would read.
+    fn give_back(&self, e: &Engine) -> Result<(), IoError> {
+        let needed = self.st.lock().w.needed_lent();
+        let lent = self.lent.load(Relaxed);
+        if needed >= lent {
+            return Ok(());
+        }
+        self.persist.record_lent(needed)?;
+        self.lent.store(needed, Relaxed);
+        for c in needed..lent {
+            for g in self.region.lend.slots_of_lent(c) {
+                let (k, s) = e.cores.slot(g as u32);
+                e.cores.with_shard(k, |core| core.give_back_slot(s));
+            }
+        }
+        self.give_backs.fetch_add(lent - needed, Relaxed);
+        Ok(())
+    }
+}
+
+/// Takes global slots `slots` out of the read cache for the log: each evicted and lent in
+/// its shard (one pinned by an operation in flight is waited for), then the records that
+/// may still claim them guarded.
+fn lend_slots(e: &Engine, lb: &LogBack, slots: std::ops::Range<u64>) -> Result<(), IoError> {
+    let mut left: Vec<u32> = slots.clone().map(|s| s as u32).collect();
+    loop {
+        left.retain(|&g| {
+            let (k, s): (usize, SlotNo) = e.cores.slot(g);
+            !e.cores.with_shard(k, |core| core.lend_slot(s))
+        });
+        if left.is_empty() || e.signals.shutting_down() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    if !left.is_empty() {
+        return Err(IoError::Failed("shutting down".into()));
+    }
+    let _ = lb;
+    match &e.persist {
+        Some(p) => p.guard_lent(slots.start as u32..slots.end as u32),
+        None => Ok(()),
+    }
+}
