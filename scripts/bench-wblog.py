@@ -33,8 +33,13 @@ O_DIRECT), so its row is set beside "device buffered": fio writing the file with
    10 s window, against the source alone at QD16; and the cleaner's source writes per
    second against the source alone at the cleaner's urgent depth (QD64). Goals: no window
    below the source alone's rate; the cleaner at least 0.8x the source at its depth.
+6. A burst of half the cache (issue 45, format 9): 512 MiB of 4 KiB random writes over
+   2 GiB at QD16 through `serve --mode writeback` on a new 1 GiB cache (its log lends read
+   slots as the burst grows), against `sce serve` of a 2 GiB file on the same disk with no
+   cache (the serving floor) and fio on that file (device direct). Goals: mean latency
+   within 1.25x of the floor's, p99 within 2x.
 
-Usage: scripts/bench-wblog.py [--sce BIN] [--seconds S] [--parts 1,2,3,4,5] [--quick]
+Usage: scripts/bench-wblog.py [--sce BIN] [--seconds S] [--parts 1,2,3,4,5,6] [--quick]
                               [--compare OTHER_BIN]... [--out FILE]
 """
 
@@ -389,13 +394,41 @@ def part_sustained(a, procs, d):
     return out + [""]
 
 
+def part_half(a, procs, d, big):
+    job = ["--rw=randwrite", "--bs=4k", "--size=2g", "--io_size=512m", "--iodepth=16",
+           "--randseed=23"]
+    rows = {}
+    for label, kind, extra in [("device direct (fio on the file)", "direct", []),
+                               ("serving floor (`sce serve` of the file, no cache)", "nbd", []),
+                               ("write-back, `serve --mode writeback` on a new cache", "sce",
+                                ["--mode", "writeback"])] + \
+            compared(a, "write-back", ["--mode", "writeback"], ()):
+        log(f"== half-cache burst: {label}")
+        j = run(a, procs, d, kind, extra, job, big)
+        rows[label] = (j["write"]["iops"], mean_ms(j, "write"), p99_ms(j, "write"))
+    floor = rows["serving floor (`sce serve` of the file, no cache)"]
+    direct = rows["device direct (fio on the file)"]
+    out = ["### A burst of half the cache: 512 MiB of 4 KiB random writes over 2 GiB at QD16",
+           "", "| configuration | IOPS | write mean (ms) | write p99 (ms) | mean × floor | "
+           "p99 × floor | mean × device |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, (i, m, p) in rows.items():
+        out.append(f"| {name} | {i:,.0f} | {m:.3f} | {p:.3f} | {m / floor[1]:.2f}x | "
+                   f"{p / floor[2]:.2f}x | {m / direct[1]:.2f}x |")
+    i, m, p = rows["write-back, `serve --mode writeback` on a new cache"]
+    mr, pr = m / floor[1], p / floor[2]
+    out += ["", f"Write-back: mean {mr:.2f}x the floor ({'met' if mr <= 1.25 else 'missed'}, "
+            f"goal ≤ 1.25x), p99 {pr:.2f}x ({'met' if pr <= 2 else 'missed'}, goal ≤ 2x); "
+            f"mean {m / direct[1]:.2f}x fio on the device.", ""]
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sce", default=os.path.join(ROOT, "target/release/sce"))
     ap.add_argument("--seconds", type=int, default=15)
-    ap.add_argument("--parts", default="1,2,3,4,5", help="which tables to run (1: writes, 2: "
-                    "write + flush, 3: OLTP, 4: write-back as users reach it, 5: sustained), "
-                    "comma-separated")
+    ap.add_argument("--parts", default="1,2,3,4,5,6", help="which tables to run (1: writes, "
+                    "2: write + flush, 3: OLTP, 4: write-back as users reach it, 5: sustained, "
+                    "6: a burst of half the cache), comma-separated")
     ap.add_argument("--sustain", type=int, default=120, help="seconds of each sustained run "
                     "(part 5)")
     ap.add_argument("--quick", action="store_true", help="part 1 without the slot, "
@@ -413,7 +446,7 @@ def main():
         with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR", "/var/tmp")) as d:
             direct = os.path.join(d, "direct.img")
             big = os.path.join(d, "big.img")
-            for path, mib in ((direct, 256), (big, 2048 if 3 in parts else 0)):
+            for path, mib in ((direct, 256), (big, 2048 if parts & {3, 6} else 0)):
                 if not mib:
                     continue
                 subprocess.run(["dd", "if=/dev/urandom", f"of={path}", "bs=1M",
@@ -430,6 +463,8 @@ def main():
                 out += part_default(a, procs, d)
             if 5 in parts:
                 out += part_sustained(a, procs, d)
+            if 6 in parts:
+                out += part_half(a, procs, d, big)
     finally:
         procs.stop_all()
     report("\n".join(out), a.out)

@@ -213,6 +213,17 @@ fn print_formatted(a: &FormatArgs, sb: &Superblock) -> Result<()> {
             format_size(l.data_bytes()),
             format_size(l.metadata_bytes())
         );
+        if let Some(log) = &sb.log {
+            let lend = log.lend(l);
+            println!(
+                "  write-back log of {}, which may grow into {} of the slots as dirty data does \
+                 ({} chunks of {})",
+                format_size(log.blocks * sce_store::wblog::LOG_BLOCK),
+                format_size(lend.blocks() * sce_store::wblog::LOG_BLOCK),
+                lend.chunks,
+                format_size(lend.chunk_blocks * sce_store::wblog::LOG_BLOCK)
+            );
+        }
         println!(
             "  caches {} ({})",
             sb.volumes[0].name,

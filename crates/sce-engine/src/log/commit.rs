@@ -39,12 +39,13 @@ impl LogBack {
         // by a source flush started after this point, this one's or another FLUSH's that
         // completed with them counted.
         self.through_writes.flush_if_owed(|| e.dev.flush_source())?;
-        self.commit()
+        self.commit(e)
     }
 
     /// Commits every write completed so far, waiting for room if the ring is full (up to
-    /// the wait limit).
-    pub(crate) fn commit(&self) -> Result<(), IoError> {
+    /// the wait limit; not past a shutdown, or the cache device failing: nothing would
+    /// make room then).
+    pub(crate) fn commit(&self, e: &Engine) -> Result<(), IoError> {
         let mark = self.st.lock().written;
         let started = std::time::Instant::now();
         loop {
@@ -58,6 +59,14 @@ impl LogBack {
                          dirty data the source is not taking",
                         self.wait_limit
                     )))
+                }
+                Try::NoRoom if e.signals.shutting_down() => {
+                    return Err(IoError::ShuttingDown("the cache is shutting down".into()))
+                }
+                Try::NoRoom if e.health.passthrough() => {
+                    return Err(IoError::Failed(
+                        "the cache device failed: no commit of the write-back log".into(),
+                    ))
                 }
                 Try::NoRoom => {
                     // The cleaner makes room (it never waits for `commit_io`).

@@ -118,7 +118,7 @@ impl LogBack {
                 // source is written behind the log (write-through, a detach), so nothing of
                 // the range may (cleaned entries, committed). Lost pages stay lost.
                 self.supersede(g0, g1, false);
-                self.commit()?;
+                self.commit(e)?;
                 return Ok(report(left));
             }
             if left.0 < best {
@@ -222,7 +222,7 @@ impl LogBack {
             e.dev.flush_source()?;
             self.supersede(g0, g1, true);
         }
-        self.commit()
+        self.commit(e)
     }
 
     /// A client's discard (a range the caller checked): whole pages reach the source as a
@@ -261,7 +261,7 @@ impl LogBack {
         }
         if held && self.goes_through(g0, g1) {
             // In a drain, as a write there: superseded durably before it is acknowledged.
-            self.commit()?;
+            self.commit(e)?;
         }
         Ok(())
     }

@@ -170,7 +170,7 @@ impl LogBack {
             };
             match full {
                 // Too far from the last commit: commit, then go on.
-                Full::Commit => self.commit()?,
+                Full::Commit => self.commit(e)?,
                 // The ring: cleaning (and a new anchor) frees it.
                 Full::Ring => {
                     self.waits.fetch_add(1, Relaxed);
