@@ -58,15 +58,13 @@ impl LogBack {
         part(w.usable_capacity(), self.tuning.low.load(Relaxed))
     }
 
-    /// True if the ring is past its high watermark: less room left, in what the log holds
-    /// with the chunks its laps use now, than the high watermark leaves. (Lending starts
-    /// at half of it, so cleaning is urgent once every chunk is lent, or while lending
-    /// lags.)
+    /// True if the ring is past its high watermark: less room left, in the most the log
+    /// may hold (its region and every chunk of read slots it may lend), than the high
+    /// watermark leaves. (It lends the next chunk at half of what it holds now: a burst
+    /// grows it, cleaned gently in the background, until it nears the most.)
     pub(super) fn past_high(&self, w: &LogWriter) -> bool {
-        let cap = w.usable_capacity();
-        let used = self.region.lap() - w.room();
-        let room = cap.saturating_sub(used);
-        sce_core::wbtune::past_high(cap, room, self.tuning.high.load(Relaxed))
+        let high = self.tuning.high.load(Relaxed);
+        sce_core::wbtune::past_high(self.region.lap(), w.room(), high)
     }
 
     /// How long background cleaning pauses after a batch that cleaned `bytes` in

@@ -1,18 +1,20 @@
 //! The part of the ring lent from the read slots (format 9, issue 45: room that follows the
 //! work).
 //!
-//! A lap of the ring is `lend.blocks()` positions in **chunks** of read slots followed by the
-//! log's own region (`LogRegion::blocks`). A lap uses only the last `u` chunks before its own
-//! region (`u` is fixed when the lap starts); the positions of the others are skipped, never
-//! written. So while little is dirty the head goes round the log's own region alone and
-//! never touches read data; when it fills, the engine lends one more chunk (evicts its
-//! slots, makes that durable, records the chunks lent in the superblock), and gives it back
-//! once cleaning left it empty and the durable anchor passed it. Positions keep the fixed
-//! arithmetic of a ring of `lap()` positions: skipped ones count as used, which is exactly
-//! what the physical places allow (a lap never writes past the anchor's place one lap on).
+//! A lap of the ring is the log's own region (`LogRegion::blocks`) followed by `chunks`
+//! **chunks** of read slots. A lap uses the first `u` chunks, `u` being what the engine has
+//! lent when the head gets there (it may lend more while the head is still before them), and
+//! skips the rest: the head goes from the end of the last chunk used to the next lap. So
+//! while little is dirty the head goes round the log's own region alone and never touches
+//! read data; as a burst fills it, the engine lends the next chunk ahead of the head (evicts
+//! its slots, makes that durable, records the chunks lent in the superblock) and the same
+//! lap grows into it, up to every chunk; once cleaning emptied them and the durable anchor
+//! passed them, they go back to the read cache. Positions keep the fixed arithmetic of a
+//! ring of `lap()` positions: skipped ones count as used, which is exactly what the
+//! physical places allow (a lap never writes past the anchor's place one lap on).
 //!
 //! The chunks lie at the ends of `chunks` equal bands of the slot area, taken in
-//! bit-reversed order (the first lent in the last band, the second in the middle one, ...),
+//! bit-reversed order (the first lent in the first band, the second in the middle one, ...),
 //! so that whatever cuts the slots into ranges (the engine's shards) loses slots evenly.
 
 /// The most chunks a ring lends from (a power of two).
@@ -92,14 +94,13 @@ impl Lend {
         self.chunk_blocks * super::LOG_BLOCK / self.slot_bytes
     }
 
-    /// The band of chunk `i` (in lap order; the last is lent first).
+    /// The band of chunk `i` (in lap order, which is the order they are lent in).
     fn band(&self, i: u64) -> u64 {
         let bits = self.chunks.trailing_zeros();
-        let m = self.chunks - 1 - i;
         if bits == 0 {
             0
         } else {
-            m.reverse_bits() >> (64 - bits)
+            i.reverse_bits() >> (64 - bits)
         }
     }
 
@@ -109,20 +110,14 @@ impl Lend {
         (b + 1) * self.area_slots / self.chunks - self.chunk_slots()
     }
 
-    /// The slots of the `c`-th chunk lent (0: the first; chunk `chunks - 1 - c` in lap
-    /// order).
+    /// The slots of the `c`-th chunk lent (0: the first), chunk `c` in lap order.
     pub fn slots_of_lent(&self, c: u64) -> std::ops::Range<u64> {
-        let first = self.first_slot(self.chunks - 1 - c);
+        let first = self.first_slot(c);
         first..first + self.chunk_slots()
     }
 
     /// The device offset of chunk `i`'s first block.
     pub fn chunk_offset(&self, i: u64) -> u64 {
         self.area_offset + self.first_slot(i) * self.slot_bytes
-    }
-
-    /// The first position (within a lap) a lap using `u` chunks writes.
-    pub fn first_used(&self, u: u64) -> u64 {
-        self.blocks() - u.min(self.chunks) * self.chunk_blocks
     }
 }

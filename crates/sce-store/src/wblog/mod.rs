@@ -99,7 +99,7 @@ pub fn auto_lend_bytes(device: u64, log: u64) -> u64 {
 /// Where the log lives on the cache device: a ring of `blocks` blocks of 4 KiB from byte
 /// `offset`, and a mirror area of `mirror_blocks` slots (second copies of commit records)
 /// from byte `mirror_offset` (none if 0); format 9 adds chunks of read slots a lap may use
-/// before its own blocks ([`Lend`]).
+/// after its own blocks ([`Lend`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LogRegion {
     /// Byte offset of the ring on the device (a multiple of 4 KiB).
@@ -110,7 +110,7 @@ pub struct LogRegion {
     pub mirror_offset: u64,
     /// Slots of the mirror area, 4 KiB each (0: none, records keep both copies in the ring).
     pub mirror_blocks: u64,
-    /// The chunks of read slots a lap may use before `blocks` (none before format 9).
+    /// The chunks of read slots a lap may use after `blocks` (none before format 9).
     pub lend: Lend,
 }
 
@@ -185,35 +185,38 @@ impl LogRegion {
     pub fn mirror_at(&self, slot: u64) -> u64 {
         self.mirror_offset + slot * LOG_BLOCK
     }
-    /// Positions of a lap: the lendable chunks', then the log's own blocks.
+    /// Positions of a lap: the log's own blocks, then the lendable chunks'.
     pub fn lap(&self) -> u64 {
-        self.lend.blocks() + self.blocks
+        self.blocks + self.lend.blocks()
+    }
+    /// Where (within a lap) a lap using `u` chunks ends: the end of its last chunk.
+    pub fn used_end(&self, u: u64) -> u64 {
+        self.blocks + u.min(self.lend.chunks) * self.lend.chunk_blocks
     }
     /// The device byte offset of log position `lpos`.
     pub fn offset_of(&self, lpos: u64) -> u64 {
         let q = lpos % self.lap();
-        let lent = self.lend.blocks();
-        if q < lent {
-            let cb = self.lend.chunk_blocks;
-            self.lend.chunk_offset(q / cb) + (q % cb) * LOG_BLOCK
+        if q < self.blocks {
+            self.offset + q * LOG_BLOCK
         } else {
-            self.offset + (q - lent) * LOG_BLOCK
+            let (c, cb) = (q - self.blocks, self.lend.chunk_blocks);
+            self.lend.chunk_offset(c / cb) + (c % cb) * LOG_BLOCK
         }
     }
-    /// The end of the contiguous stretch of the device `lpos` lies in: its chunk's end, or
-    /// the lap's.
+    /// The end of the contiguous stretch of the device `lpos` lies in: the log's own
+    /// blocks', or its chunk's.
     pub fn segment_end(&self, lpos: u64) -> u64 {
         let q = lpos % self.lap();
-        if q < self.lend.blocks() {
-            let cb = self.lend.chunk_blocks;
-            lpos - q % cb + cb
+        if q < self.blocks {
+            lpos - q + self.blocks
         } else {
-            lpos - q + self.lap()
+            let cb = self.lend.chunk_blocks;
+            lpos - (q - self.blocks) % cb + cb
         }
     }
-    /// True if a replay that reads the last `lent` chunks of each lap reads `lpos`.
+    /// True if a replay that reads the first `lent` chunks of each lap reads `lpos`.
     pub fn is_read(&self, lpos: u64, lent: u64) -> bool {
-        lpos % self.lap() >= self.lend.first_used(lent)
+        lpos % self.lap() < self.used_end(lent)
     }
     /// The most positions between a commit and the end of the previous one (not counting
     /// the positions of chunks a lap skipped).
@@ -234,16 +237,15 @@ impl LogRegion {
             w
         }
     }
-    /// Where `n` consecutive positions at or after `lpos` start: not crossing a chunk's end
-    /// or the lap's, and not in the chunks a lap skips. `u(lap)`: the chunks lap number
-    /// `lap` uses.
-    fn place(&self, lpos: u64, n: u64, u: impl Fn(u64) -> u64) -> u64 {
+    /// Where `n` consecutive positions at or after `lpos` start: not crossing the end of
+    /// the log's own blocks or of a chunk, and in the first `u` chunks of a lap (past them,
+    /// the next lap).
+    fn place(&self, lpos: u64, n: u64, u: u64) -> u64 {
         let mut at = lpos;
         loop {
-            let lap = at / self.lap();
-            let first = lap * self.lap() + self.lend.first_used(u(lap));
-            if at < first {
-                at = first;
+            let q = at % self.lap();
+            if q >= self.used_end(u) {
+                at += self.lap() - q;
                 continue;
             }
             let end = self.segment_end(at);

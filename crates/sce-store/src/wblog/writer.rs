@@ -102,14 +102,12 @@ pub struct LogWriter {
     /// Copies were allocated (or a loss carried) since the last commit: the next one may
     /// use the reserve.
     copies: bool,
-    /// Lent chunks ([`super::Lend`]): the lap the last position taken is in, the chunks it
-    /// uses and those its predecessor used, and the chunks laps started from now on use.
+    /// Lent chunks ([`super::Lend`]): the lap the last position taken is in, the chunks
+    /// written in it and in the lap before, and the chunks writes may use from now on.
     head_lap: u64,
-    head_u: u64,
-    prev_u: u64,
+    head_chunks: u64,
+    prev_chunks: u64,
     usable: u64,
-    /// The head's lap uses no chunk past the head (fewer were made usable meanwhile).
-    cut: bool,
     /// Positions skipped (start, length) since the anchor: chunks a lap did not use, ends of
     /// chunks and laps a write did not fit.
     skips: VecDeque<(u64, u64)>,
@@ -149,10 +147,9 @@ impl LogWriter {
             copy_reserve: Self::copy_reserve(region),
             copies: false,
             head_lap: lpos / region.lap(),
-            head_u: 0,
-            prev_u: 0,
+            head_chunks: 0,
+            prev_chunks: 0,
             usable: 0,
-            cut: false,
             skips: VecDeque::new(),
         })
     }
@@ -196,10 +193,9 @@ impl LogWriter {
             copies: false,
             // The laps since the anchor used at most the chunks lent when it crashed.
             head_lap: r.head.saturating_sub(1) / region.lap(),
-            head_u: r.lent,
-            prev_u: r.lent,
+            head_chunks: r.lent,
+            prev_chunks: r.lent,
             usable: r.lent,
-            cut: false,
             skips: VecDeque::new(),
         }
     }
@@ -263,51 +259,37 @@ impl LogWriter {
             .sum()
     }
 
-    /// Chunks the laps started from now on use (at most the region's). The caller lends a
-    /// chunk (its slots evicted, that durable, the chunks lent recorded) before it is used.
-    /// Fewer than the head's lap uses: that lap uses no chunk past the head either (its
-    /// next write skips to the log's own blocks), so that the chunks empty once cleaned.
+    /// Chunks writes may use from now on (at most the region's): the head goes on into the
+    /// next chunk if it is usable when the head gets there, else to the next lap. The
+    /// caller lends a chunk (its slots evicted, that durable, the chunks lent recorded)
+    /// before it makes it usable.
     pub fn set_usable(&mut self, u: u64) {
-        let u = u.min(self.region.lend.chunks);
-        if u < self.head_u {
-            self.cut = true;
-        }
-        self.usable = u;
+        self.usable = u.min(self.region.lend.chunks);
     }
-    /// Chunks the laps started from now on use.
+    /// Chunks writes may use from now on.
     pub fn usable(&self) -> u64 {
         self.usable
     }
-    /// Chunks a replay must read or a write may still use: those holding a position
-    /// from the durable anchor to the head (of the chunks the laps there used), and those
-    /// the laps started from now on use. Chunks beyond it may go back to the read slots.
+    /// Chunks a replay must read or a write may still use: those holding a position from
+    /// the durable anchor to the head, and those writes may use from now on (chunks are
+    /// lent, and given back, from the first). Chunks beyond it may go back to the read
+    /// slots.
     pub fn needed_lent(&self) -> u64 {
-        let lend = self.region.lend;
-        if lend.chunks == 0 {
-            return 0;
-        }
         let lap = self.region.lap();
         let a = self.anchor.lpos();
-        let a_lap = a / lap;
-        // The chunks from the one holding lap offset `q` to the last (none past them).
-        let from = |q: u64| {
-            if q < lend.blocks() {
-                lend.chunks - q / lend.chunk_blocks
-            } else {
-                0
-            }
-        };
+        let (a_lap, q_a) = (a / lap, a % lap);
         let mut need = self.usable;
-        if a_lap < self.head_lap {
-            need = need.max(from((a % lap).max(lend.first_used(self.prev_u))));
-        }
-        if a_lap <= self.head_lap {
-            let q0 = if a_lap == self.head_lap { a % lap } else { 0 };
-            let lo = q0.max(lend.first_used(self.head_u));
-            // Past the head, a cut lap writes no chunk: only the positions before it count.
+        if a_lap == self.head_lap {
+            // Live positions from the anchor to the head: the chunks among them. (Past the
+            // head, only chunks still usable are written.)
             let head_q = self.head - self.head_lap * lap;
-            if !self.cut || lo < head_q {
-                need = need.max(from(lo));
+            if q_a < head_q {
+                need = need.max(self.head_chunks);
+            }
+        } else if a_lap + 1 == self.head_lap {
+            need = need.max(self.head_chunks);
+            if q_a < self.region.used_end(self.prev_chunks) {
+                need = need.max(self.prev_chunks);
             }
         }
         need
@@ -320,19 +302,17 @@ impl LogWriter {
 
     /// Where `n` positions from the head go (see `LogRegion::place`).
     fn place(&self, n: u64) -> u64 {
-        let hu = if self.cut { 0 } else { self.head_u };
-        let (lap, u) = (self.head_lap, self.usable);
-        self.region
-            .place(self.head, n, |l| if l == lap { hu } else { u })
+        self.region.place(self.head, n, self.usable)
     }
 
-    /// Positions a commit reserve of `k` after `end` takes, with the chunks the next lap
-    /// skips if it reaches the lap's end.
+    /// Positions a commit reserve of `k` after `end` takes, with the chunks a lap skips if
+    /// the commits reach the end of the chunks it uses.
     fn reserve_after(&self, end: u64, k: u64) -> u64 {
         let r = commit_reserve(k);
         let lap = self.region.lap();
-        if end % lap + r > lap {
-            r + self.region.lend.first_used(self.usable)
+        let used_end = self.region.used_end(self.usable);
+        if end % lap + r > used_end {
+            r + (lap - used_end)
         } else {
             r
         }
@@ -343,12 +323,17 @@ impl LogWriter {
         if at > self.head {
             self.skips.push_back((self.head, at - self.head));
         }
-        let lap = at / self.region.lap();
+        let lap_len = self.region.lap();
+        let lap = at / lap_len;
         if lap > self.head_lap {
-            self.prev_u = self.head_u;
-            self.head_u = self.usable;
+            self.prev_chunks = self.head_chunks;
+            self.head_chunks = 0;
             self.head_lap = lap;
-            self.cut = false;
+        }
+        let q = (end - 1) % lap_len;
+        if q >= self.region.blocks {
+            let c = (q - self.region.blocks) / self.region.lend.chunk_blocks + 1;
+            self.head_chunks = self.head_chunks.max(c);
         }
         self.head = end;
     }

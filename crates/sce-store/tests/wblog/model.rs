@@ -254,7 +254,10 @@ impl Model {
                 self.t.lends += 1;
                 self.t.most_lent = self.t.most_lent.max(u + 1);
             }
-            3..7 if u > 0 => self.w.set_usable(u - 1),
+            3..7 if u > 0 => {
+                self.w.set_usable(u - 1);
+                self.give_back();
+            }
             _ => self.give_back(),
         }
     }
