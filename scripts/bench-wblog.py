@@ -20,8 +20,9 @@ O_DIRECT), so its row is set beside "device buffered": fio writing the file with
    through the log within 1.2x of device direct, mean and p99.
 2. A 4 KiB write followed by a FLUSH, QD1 (fio --fsync=1, an NBD FLUSH after every write;
    device direct: --fdatasync=1). Goal: within 1.3x of device direct.
-3. OLTP (8 KiB, 87% reads, zipf 1.1 over 2 GiB, QD16): write-back through the log against
-   AWT write-through and device direct. Goals: IOPS at least 1.5x write-through's; write
+3. OLTP (8 KiB, 87% reads, zipf 1.1 over 2 GiB, QD16): write-back as it comes (`--mode
+   writeback`) against AWT write-through and device direct (and a 768 MiB log). Goals: IOPS
+   at least 1.5x write-through's; read hit ratio at least write-through's - 0.02; write
    mean within 1.2x of device direct's.
 4. Write-back as a new user reaches it (issue 45): a 128 MiB burst of 4 KiB random writes
    over 2 GiB at QD16 on a 1 GiB cache served with the defaults and switched live (`sce
@@ -221,10 +222,13 @@ def part_oltp(a, procs, d, big):
            "--random_distribution=zipf:1.1", "--time_based", f"--runtime={a.seconds}",
            "--randseed=11", "--percentile_list=99"]
     rows = {}
+    # Write-back as it comes (its log lends read slots as dirty data grows: format 9); the
+    # goals are its. The 768 MiB log of part 1 for reference (the read slots lose it whole).
     configs = [("device direct (fio, O_DIRECT file)", "direct", []),
-               ("sce write-back through the log", "sce", LOG),
+               ("sce write-back (`--mode writeback`)", "sce", DEFAULT),
                ("sce write-through (AWT)", "sce", ["--mode", "writethrough"]),
-               ("source alone (2 ms)", "source", [])]
+               ("source alone (2 ms)", "source", []),
+               ("sce write-back, a 768 MiB log", "sce", LOG)]
     for label, kind, extra in configs:
         log(f"== oltp: {label}")
         j = run(a, procs, d, kind, extra, job, big)
@@ -241,7 +245,7 @@ def part_oltp(a, procs, d, big):
         out.append(f"| {label} | {i:,.0f} | {w:.3f} | {r:.3f} | {hit} | {i / wt[0]:.2f}x |")
     ratio = wb[0] / wt[0]
     hit_gap = (wb[3] or 0) - (wt[3] or 0)
-    return out + ["", f"Write-back through the log: IOPS {ratio:.2f}x write-through's "
+    return out + ["", f"Write-back as it comes: IOPS {ratio:.2f}x write-through's "
                   f"({'met' if ratio >= 1.5 else 'missed'}, goal ≥ 1.5x); read hit ratio "
                   f"{hit_gap:+.3f} against write-through's ({'met' if hit_gap >= -0.02 else 'missed'}, "
                   f"goal ≥ -0.02); write mean {verdict(wb[1] / dev[1], 1.2)} of the device's.", ""]

@@ -32,9 +32,10 @@ impl LogBack {
         Ok(())
     }
 
-    /// The cleaner's look at the room: lends one more chunk while the log is half full of
-    /// what its laps hold (or writers wait for room), stops using one while it would be
-    /// under a quarter full without it, and gives back the chunks no lap a replay reads
+    /// The cleaner's look at the room: lends one more chunk while the log is three
+    /// quarters full of what it holds with the chunks it uses (or writers wait for room;
+    /// background cleaning starts at half), stops using one while it would be under a
+    /// quarter full without it, and gives back the chunks no replay reads and no write
     /// uses.
     pub(super) fn adjust_lending(&self, e: &Engine) {
         let lend = self.region.lend;
@@ -48,7 +49,7 @@ impl LogBack {
                 let used = self.region.lap() - st.w.room();
                 (used, st.w.usable_capacity(), st.w.usable())
             };
-            let short = used * 2 >= cap || self.waiting.load(Relaxed) > 0;
+            let short = used * 4 >= cap * 3 || self.waiting.load(Relaxed) > 0;
             if short && usable < lend.chunks {
                 if let Err(err) = self.lend_one(e, usable) {
                     tracing::warn!("write-back log: lending read slots failed: {err}");

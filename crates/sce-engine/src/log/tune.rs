@@ -53,9 +53,18 @@ impl LogBack {
     }
 
     /// Positions in use from which background cleaning starts: the low watermark's share
-    /// of what the log holds with the chunks of read slots its laps use now (`lend.rs`).
+    /// of the most the log may hold (its region and every chunk of read slots it may lend,
+    /// as dm-writecache's watermarks are of the whole cache), or, while it may lend more,
+    /// half of what it holds with the chunks it uses now if that is less: it cleans before
+    /// it lends (at three quarters, `lend.rs`), so read slots go to the log only while
+    /// cleaning falls behind.
     pub(super) fn low_blocks(&self, w: &LogWriter) -> u64 {
-        part(w.usable_capacity(), self.tuning.low.load(Relaxed))
+        let low = part(self.region.lap(), self.tuning.low.load(Relaxed));
+        if w.usable() < self.region.lend.chunks {
+            low.min(w.usable_capacity() / 2)
+        } else {
+            low
+        }
     }
 
     /// True if the ring is past its high watermark: less room left, in the most the log
