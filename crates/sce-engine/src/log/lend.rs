@@ -32,11 +32,10 @@ impl LogBack {
         Ok(())
     }
 
-    /// The cleaner's look at the room: lends one more chunk while the log is three
-    /// quarters full of what it holds with the chunks it uses (or writers wait for room;
-    /// background cleaning starts at half), stops using one while it would be under a
-    /// quarter full without it, and gives back the chunks no replay reads and no write
-    /// uses.
+    /// The cleaner's look at the room: lends one more chunk while the log is half full of
+    /// what it holds with the chunks it uses (or writers wait for room), so that a write
+    /// never waits while a chunk is left; stops using one while it would be under a quarter
+    /// full without it; and gives back the chunks no replay reads and no write uses.
     pub(super) fn adjust_lending(&self, e: &Engine) {
         let lend = self.region.lend;
         if lend.chunks == 0 {
@@ -49,7 +48,7 @@ impl LogBack {
                 let used = self.region.lap() - st.w.room();
                 (used, st.w.usable_capacity(), st.w.usable())
             };
-            let short = used * 4 >= cap * 3 || self.waiting.load(Relaxed) > 0;
+            let short = used * 2 >= cap || self.waiting.load(Relaxed) > 0;
             if short && usable < lend.chunks {
                 if let Err(err) = self.lend_one(e, usable) {
                     tracing::warn!("write-back log: lending read slots failed: {err}");

@@ -53,18 +53,11 @@ impl LogBack {
     }
 
     /// Positions in use from which background cleaning starts: the low watermark's share
-    /// of the most the log may hold (its region and every chunk of read slots it may lend,
-    /// as dm-writecache's watermarks are of the whole cache), or, while it may lend more,
-    /// half of what it holds with the chunks it uses now if that is less: it cleans before
-    /// it lends (at three quarters, `lend.rs`), so read slots go to the log only while
-    /// cleaning falls behind.
-    pub(super) fn low_blocks(&self, w: &LogWriter) -> u64 {
-        let low = part(self.region.lap(), self.tuning.low.load(Relaxed));
-        if w.usable() < self.region.lend.chunks {
-            low.min(w.usable_capacity() / 2)
-        } else {
-            low
-        }
+    /// of the most the log may hold (its region and every chunk of read slots it may lend),
+    /// as dm-writecache's watermarks are of the whole cache. Dirty data stays until then,
+    /// and absorbs rewrites: what a burst leaves is cleaned once it is over, or gently.
+    pub(super) fn low_blocks(&self, _w: &LogWriter) -> u64 {
+        part(self.region.lap(), self.tuning.low.load(Relaxed))
     }
 
     /// True if the ring is past its high watermark: less room left, in the most the log
