@@ -45,6 +45,27 @@ pub fn reformat(
     format(dev, opts)
 }
 
+/// A new log's superblock fields: `blocks` of region (none if 0), a random key, an empty
+/// log from position 0, lending `lend`'s chunks (none lent yet).
+fn new_log(blocks: u64, lend: crate::wblog::Lend) -> Option<superblock::LogInfo> {
+    (blocks > 0).then(|| {
+        let mut key = [0u8; 16];
+        rand::Rng::fill(&mut rand::thread_rng(), &mut key[..]);
+        superblock::LogInfo {
+            blocks,
+            key,
+            anchor_lpos: 0,
+            anchor_seq: 1,
+            durable_seq: 0,
+            anchor_commit: false,
+            mirror_blocks: crate::wblog::LogRegion::mirror_for(blocks),
+            lend_chunks: lend.chunks,
+            lend_chunk_blocks: lend.chunk_blocks,
+            lent: 0,
+        }
+    })
+}
+
 /// Formats `dev`: a new UUID, a fresh superblock (both copies), an empty intent bitmap.
 /// Old metadata units and journal blocks are not erased: they carry the old UUID and are
 /// rejected as foreign.
@@ -108,22 +129,7 @@ pub fn format(dev: &dyn BlockDevice, opts: &FormatOptions) -> Result<Superblock,
         journal_landed: 0,
         other_copy_damaged: false,
         volumes: vec![opts.volume.clone()],
-        log: (log_blocks > 0).then(|| {
-            let mut key = [0u8; 16];
-            rand::Rng::fill(&mut rand::thread_rng(), &mut key[..]);
-            superblock::LogInfo {
-                blocks: log_blocks,
-                key,
-                anchor_lpos: 0,
-                anchor_seq: 1,
-                durable_seq: 0,
-                anchor_commit: false,
-                mirror_blocks: crate::wblog::LogRegion::mirror_for(log_blocks),
-                lend_chunks: lend.chunks,
-                lend_chunk_blocks: lend.chunk_blocks,
-                lent: 0,
-            }
-        }),
+        log: new_log(log_blocks, lend),
     };
     // Write copy B (seq 1) and then A (seq 2), so both are valid and A wins.
     write_superblock(dev, &sb)?;

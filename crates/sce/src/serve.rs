@@ -227,14 +227,16 @@ pub struct ServeArgs {
         value_name = "auto|SIZE"
     )]
     pub writeback_log: sce_server::config::LogSize,
-    /// Write-back: the cleaner cleans in the background once this share of the log is in
-    /// use (gently: 16 source writes in flight, a lower CPU priority, --writeback-rate), and
+    /// Write-back: the cleaner cleans in the background once this share of the most the log
+    /// may hold is in use (its own region and the read slots it may lend: up to half the
+    /// device; gently: 16 source writes in flight, a lower CPU priority, --writeback-rate), and
     /// urgently above --writeback-high-watermark (64 in flight, no rate limit), or while
     /// writers wait for room. `sce ctl set EXPORT writeback-low-watermark 40%` changes it
     /// live. [default: 25%]
     #[arg(help_heading = "Persistence and failures", long, value_name = "SHARE")]
     pub writeback_low_watermark: Option<String>,
-    /// Write-back: the share of the log in use above which cleaning is urgent. [default: 75%]
+    /// Write-back: the share of the most the log may hold in use above which cleaning is
+    /// urgent. [default: 75%]
     #[arg(help_heading = "Persistence and failures", long, value_name = "SHARE")]
     pub writeback_high_watermark: Option<String>,
     /// Write-back: the most background cleaning writes to the source per second (SIZE, or

@@ -1,10 +1,13 @@
 //! The log writer's state: positions, sequence numbers, what is completed and not yet
 //! committed. No I/O: the caller holds it under a mutex and does the device writes.
 
-use super::record::{encode_record, record_link, RecordHeader};
+mod lending;
+mod records;
+
+use super::record::record_link;
 use super::{
-    commit_reserve, Anchor, LogEntry, LogRegion, Replayed, COPIES_APART, ENTRIES_PER_RECORD,
-    LOG_BLOCK, MAX_COMMIT_RECORDS,
+    commit_reserve, Anchor, LogEntry, LogRegion, Replayed, ENTRIES_PER_RECORD, LOG_BLOCK,
+    MAX_COMMIT_RECORDS,
 };
 use sce_io::AlignedBuf;
 use std::collections::VecDeque;
@@ -251,92 +254,6 @@ impl LogWriter {
         self.region.lap().saturating_sub(used)
     }
 
-    /// Positions skipped at or after `from`.
-    fn skipped_since(&self, from: u64) -> u64 {
-        (self.skips.iter().rev())
-            .take_while(|s| s.0 >= from)
-            .map(|s| s.1)
-            .sum()
-    }
-
-    /// Chunks writes may use from now on (at most the region's): the head goes on into the
-    /// next chunk if it is usable when the head gets there, else to the next lap. The
-    /// caller lends a chunk (its slots evicted, that durable, the chunks lent recorded)
-    /// before it makes it usable.
-    pub fn set_usable(&mut self, u: u64) {
-        self.usable = u.min(self.region.lend.chunks);
-    }
-    /// Chunks writes may use from now on.
-    pub fn usable(&self) -> u64 {
-        self.usable
-    }
-    /// Chunks a replay must read or a write may still use: those holding a position from
-    /// the durable anchor to the head, and those writes may use from now on (chunks are
-    /// lent, and given back, from the first). Chunks beyond it may go back to the read
-    /// slots.
-    pub fn needed_lent(&self) -> u64 {
-        let lap = self.region.lap();
-        let a = self.anchor.lpos();
-        let (a_lap, q_a) = (a / lap, a % lap);
-        let mut need = self.usable;
-        if a_lap == self.head_lap {
-            // Live positions from the anchor to the head: the chunks among them. (Past the
-            // head, only chunks still usable are written.)
-            let head_q = self.head - self.head_lap * lap;
-            if q_a < head_q {
-                need = need.max(self.head_chunks);
-            }
-        } else if a_lap + 1 == self.head_lap {
-            need = need.max(self.head_chunks);
-            if q_a < self.region.used_end(self.prev_chunks) {
-                need = need.max(self.prev_chunks);
-            }
-        }
-        need
-    }
-    /// Positions a lap holds with the chunks now usable: the most the log can hold before
-    /// it lends more.
-    pub fn usable_capacity(&self) -> u64 {
-        self.region.blocks + self.usable * self.region.lend.chunk_blocks
-    }
-
-    /// Where `n` positions from the head go (see `LogRegion::place`).
-    fn place(&self, n: u64) -> u64 {
-        self.region.place(self.head, n, self.usable)
-    }
-
-    /// Positions a commit reserve of `k` after `end` takes, with the chunks a lap skips if
-    /// the commits reach the end of the chunks it uses.
-    fn reserve_after(&self, end: u64, k: u64) -> u64 {
-        let r = commit_reserve(k);
-        let lap = self.region.lap();
-        let used_end = self.region.used_end(self.usable);
-        if end % lap + r > used_end {
-            r + (lap - used_end)
-        } else {
-            r
-        }
-    }
-
-    /// The head moves to `end`, the positions from the head to `at` skipped.
-    fn advance(&mut self, at: u64, end: u64) {
-        if at > self.head {
-            self.skips.push_back((self.head, at - self.head));
-        }
-        let lap_len = self.region.lap();
-        let lap = at / lap_len;
-        if lap > self.head_lap {
-            self.prev_chunks = self.head_chunks;
-            self.head_chunks = 0;
-            self.head_lap = lap;
-        }
-        let q = (end - 1) % lap_len;
-        if q >= self.region.blocks {
-            let c = (q - self.region.blocks) / self.region.lend.chunk_blocks + 1;
-            self.head_chunks = self.head_chunks.max(c);
-        }
-        self.head = end;
-    }
     /// Completed entries no commit has taken yet.
     pub fn pending(&self) -> usize {
         self.pending.len()
@@ -432,12 +349,6 @@ impl LogWriter {
         }
         self.advance(at, end);
         Ok(at)
-    }
-
-    /// Positions from the end of the last commit to `end`, those skipped not counted (`at`:
-    /// where a write of positions up to `end` starts).
-    fn gap(&self, at: u64, end: u64) -> u64 {
-        end - self.committed_end - self.skipped_since(self.committed_end) - (at - self.head)
     }
 
     /// These data pages' writes completed (were acknowledged), in this order. A page must
@@ -566,81 +477,6 @@ impl LogWriter {
             failed: false,
         });
         Ok(Some(p))
-    }
-
-    /// The first of `records` consecutive mirror slots for the second copies of a commit
-    /// whose first copies go to ring position `lpos`, if there are such slots whose records
-    /// replay no longer needs (older than the durable anchor) lying far enough from the ring
-    /// copies ([`COPIES_APART`], or half the mirror area if it is smaller).
-    fn mirror_slots(&self, records: u64, lpos: u64) -> Option<u64> {
-        let m = self.region.mirror_blocks;
-        if m < records {
-            return None;
-        }
-        let needed = self.anchor.seq();
-        let len = records * LOG_BLOCK;
-        let ring = self.region.offset_of(lpos);
-        let want = COPIES_APART.min(m * LOG_BLOCK / 2);
-        let ok = |s: u64| {
-            let mirror = self.region.mirror_at(s);
-            let gap = if ring + len <= mirror {
-                mirror - (ring + len)
-            } else {
-                ring.saturating_sub(mirror + len)
-            };
-            gap >= want && (s..s + records).all(|i| self.mirror_seq[i as usize] < needed)
-        };
-        let next = if self.mirror_next + records > m {
-            0
-        } else {
-            self.mirror_next
-        };
-        // The next slots in turn (they hold the oldest records); else the far end.
-        [next, m - records].into_iter().find(|&s| ok(s))
-    }
-
-    fn encode(
-        &self,
-        lpos: u64,
-        seq: u64,
-        tail: u64,
-        entries: &[LogEntry],
-        slot: Option<u64>,
-    ) -> PreparedCommit {
-        let records = entries.len().div_ceil(ENTRIES_PER_RECORD).max(1);
-        let block = LOG_BLOCK as usize;
-        let per = if slot.is_some() { 1 } else { 2 };
-        let mut bytes = AlignedBuf::new(per * records * block);
-        let mut link = self.link.unwrap_or(0);
-        for i in 0..records {
-            let h = RecordHeader {
-                seq: seq + i as u64,
-                lpos: lpos + (per * i) as u64,
-                tail,
-                link,
-                epoch: self.epoch,
-                resumed_from: self.resumed_from,
-                group_index: i as u16,
-                group_len: records as u16,
-                copy2: slot.map_or(0, |s| (s + i as u64 + 1) as u32),
-            };
-            let part = &entries[(i * ENTRIES_PER_RECORD).min(entries.len())
-                ..((i + 1) * ENTRIES_PER_RECORD).min(entries.len())];
-            let mine = &mut bytes[per * i * block..(per * i + per) * block];
-            let (first, second) = mine.split_at_mut(block);
-            encode_record(&self.key, &h, part, first);
-            if per == 2 {
-                second.copy_from_slice(first);
-            }
-            link = record_link(first);
-        }
-        PreparedCommit {
-            lpos,
-            seqs: seq..seq + records as u64,
-            bytes,
-            mirror_at: slot.map(|s| self.region.mirror_at(s)),
-            entries: entries.len(),
-        }
     }
 
     /// `p` is durable (its write and the flush after it completed).
