@@ -108,6 +108,28 @@ impl SlotTable {
         true
     }
 
+    /// [`Self::lend`] of every one of `slots` (none lent yet, each free of fragment and pin),
+    /// with one pass over the free list.
+    pub fn lend_many(&mut self, slots: &[SlotNo]) {
+        if slots.is_empty() {
+            return;
+        }
+        if self.lent.is_empty() {
+            self.lent = vec![0; (self.len() as usize).div_ceil(64)];
+        }
+        for &s in slots {
+            debug_assert!(self.fragment(s).is_none() && self.pins(s) == 0 && !self.is_lent(s));
+            let i = s.0 as usize;
+            self.lent[i / 64] |= 1 << (i % 64);
+            if s.0 >= self.high_water {
+                self.lent_above += 1;
+            }
+        }
+        let lent = &self.lent;
+        self.free
+            .retain(|&f| lent[f as usize / 64] & (1 << (f % 64)) == 0);
+    }
+
     /// Gives back slot `s` (lent), free again. False if it was not lent.
     pub fn give_back(&mut self, s: SlotNo) -> bool {
         if !self.is_lent(s) {
@@ -258,5 +280,43 @@ impl SlotTable {
     #[inline]
     pub fn unpin(&mut self, s: SlotNo) {
         self.pins.release(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lent slots are never free nor taken, below or above the high-water mark, one at a
+    /// time or many at once; given back, they are taken again; the free count agrees.
+    #[test]
+    fn lent_slots_are_never_taken_until_given_back() {
+        let mut t = SlotTable::new(16, 1);
+        let taken: Vec<SlotNo> = (0..6).map(|_| t.take_free().unwrap()).collect();
+        for &s in &taken[..3] {
+            t.put_free(s);
+        }
+        // Free: 0, 1, 2 (list) and 6.. (above the mark); 3, 4, 5 in use.
+        assert_eq!(t.free_count(), 13);
+        assert!(t.lend(SlotNo(1)));
+        assert!(!t.lend(SlotNo(1)));
+        t.lend_many(&[SlotNo(2), SlotNo(7), SlotNo(9)]);
+        assert!(t.lend(SlotNo(12)));
+        assert_eq!(t.free_count(), 8);
+        let mut got = Vec::new();
+        while let Some(s) = t.take_free() {
+            got.push(s.0);
+        }
+        got.sort_unstable();
+        assert_eq!(got, vec![0, 6, 8, 10, 11, 13, 14, 15]);
+        assert_eq!(t.free_count(), 0);
+        for s in [1, 2, 7, 9, 12] {
+            assert!(t.give_back(SlotNo(s)));
+        }
+        assert!(!t.give_back(SlotNo(3)));
+        assert_eq!(t.free_count(), 5);
+        let mut again: Vec<u32> = std::iter::from_fn(|| t.take_free().map(|s| s.0)).collect();
+        again.sort_unstable();
+        assert_eq!(again, vec![1, 2, 7, 9, 12]);
     }
 }

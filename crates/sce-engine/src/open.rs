@@ -512,7 +512,7 @@ impl CacheVolume {
                     l.set_sequential_cutoff(config.core.sequential_cutoff);
                     l.set_tuning(&config.core.writeback);
                     l.set_shares(&vols.iter().map(|v| v.share).collect::<Vec<_>>());
-                    l.claim_lent(&engine)?;
+                    l.claim_lent(&engine, o.log)?;
                 }
                 l
             }

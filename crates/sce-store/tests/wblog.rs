@@ -216,6 +216,75 @@ fn crash_model_with_a_mirror_area() {
     assert!(t.commits_beside > 0, "the mirror area never ran short");
 }
 
+/// What a write that does not fit leaves at the end of the ring counts toward the gap
+/// between commits (replay looks for the next commit within `max_gap + 16` of the last):
+/// commits as far apart as the writer allows are found. (Format 9's first writer counted
+/// no skipped position: a commit 100 positions past replay's window was lost.)
+#[test]
+fn a_write_that_does_not_fit_at_the_rings_end_counts_toward_the_gap() {
+    let mut log = Log::new(1024);
+    let (gap, big) = (log.region.max_gap(), log.region.max_write());
+    assert_eq!((gap, big), (256, 128));
+    // The last commit ends 100 positions before the ring's end, the tail and anchor with it.
+    let mut page = 0;
+    while log.w.head() < 1024 - 100 - 10 {
+        log.write(&(page..page + 8).collect::<Vec<_>>(), 1);
+        page += 8;
+        log.commit();
+        let h = log.w.head();
+        log.w.set_tail(h);
+        let a = log.w.anchor_candidate();
+        log.w.set_anchor(a);
+    }
+    let pad = 1024 - 100 - 2 - log.w.head();
+    if pad > 0 {
+        log.write(&(page..page + pad).collect::<Vec<_>>(), 1);
+        page += pad;
+    }
+    log.commit();
+    let (h, a) = (log.w.head(), log.w.anchor_candidate());
+    log.w.set_tail(h);
+    log.w.set_anchor(a);
+    assert!(
+        (1024 - log.w.committed_end()) % 1024 > 16,
+        "{}",
+        log.w.committed_end()
+    );
+    // Writes of 128 pages with no commit until the writer asks for one.
+    let mut writes = 0;
+    loop {
+        let pages: Vec<u64> = (page..page + big).collect();
+        match log.w.allocate(big) {
+            Ok(lpos) => {
+                let bytes: Vec<u8> = pages.iter().flat_map(|&p| image(VOL, p, 2)).collect();
+                log.dev
+                    .write_at(log.region.offset_of(lpos), &bytes)
+                    .unwrap();
+                let entries: Vec<LogEntry> = (pages.iter().enumerate())
+                    .map(|(i, &p)| LogEntry {
+                        lpos: lpos + i as u64,
+                        volume: VOL,
+                        page: p,
+                        crc: page_crc(&bytes[i * 4096..(i + 1) * 4096]),
+                    })
+                    .collect();
+                log.w.completed(&entries);
+                page += big;
+                writes += 1;
+            }
+            Err(Full::Commit) => break,
+            Err(e) => panic!("{e:?} after {writes} writes"),
+        }
+    }
+    assert!(writes >= 1);
+    log.commit();
+    let last = log.w.next_seq() - 1;
+    let r = log.replay(log.w.anchor());
+    assert_eq!(r.last_seq, last, "replay missed the last commit");
+    assert!(r.broken.is_none(), "{:?}", r.broken);
+    assert_eq!(log.version(&r, page - 1), Some(2));
+}
+
 /// 300 crashes: the crash model over a ring that lends chunks of read slots (format 9): laps use a
 /// varying number of chunks (skipping the rest), chunks are given back once no lap a replay
 /// reads uses them and then overwritten with old images of the same pages, and replay reads

@@ -223,7 +223,7 @@ fn format_check_and_refusals() {
         &["--source", srcs, "--cache", caches, "--allow-buffered"],
         &sock,
     );
-    assert_eq!(num(&s.export_stats(), "persist_format_version"), 8);
+    assert_eq!(num(&s.export_stats(), "persist_format_version"), 9);
     assert!(s.term().success());
     let out = Command::new(env!("CARGO_BIN_EXE_sce"))
         .args([

@@ -123,13 +123,21 @@ impl CacheCore {
     }
 
     /// Lends slot `s` to the write-back log (format 9's chunks of read slots): its fragment
-    /// evicted, the slot out of the cache until [`Self::give_back_slot`]. False (nothing
-    /// done) while an operation pins it: the caller tries again. True if lent already.
+    /// evicted, the slot out of the cache until [`Self::give_back_slot`]. False while an
+    /// operation pins it (its pages are dropped meanwhile, so no new hit pins it): the
+    /// caller tries again. True if lent already.
     pub fn lend_slot(&mut self, s: SlotNo) -> bool {
         if self.slots.is_lent(s) {
             return true;
         }
         if self.slots.pins(s) > 0 {
+            // Its pages stop being hits, and what is in flight on them validates nothing,
+            // so the pins drain (a hot fragment would otherwise keep its slot pinned).
+            if let Some(f) = self.slots.fragment(s) {
+                let ppf = self.geo.pages_per_fragment();
+                crate::bitmap::clear_range(self.slots.bitmap_mut(s), 0, ppf);
+                self.spoil_in_flight(f, 0, ppf);
+            }
             return false;
         }
         if self.slots.fragment(s).is_some() {
@@ -137,6 +145,29 @@ impl CacheCore {
         }
         self.slots.lend(s);
         true
+    }
+
+    /// [`Self::lend_slot`] of each of `slots`, with one pass over the free list: returns
+    /// those an operation pins (to try again).
+    pub fn lend_slots(&mut self, slots: &[SlotNo]) -> Vec<SlotNo> {
+        let mut busy = Vec::new();
+        let mut take = Vec::with_capacity(slots.len());
+        for &s in slots {
+            if self.slots.is_lent(s) {
+                continue;
+            }
+            if self.slots.pins(s) > 0 {
+                self.lend_slot(s);
+                busy.push(s);
+                continue;
+            }
+            if self.slots.fragment(s).is_some() {
+                self.evict_slot(s);
+            }
+            take.push(s);
+        }
+        self.slots.lend_many(&take);
+        busy
     }
 
     /// Gives back a slot lent to the write-back log: free for the cache again.

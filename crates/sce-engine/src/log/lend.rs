@@ -23,8 +23,20 @@ use std::time::Duration;
 impl LogBack {
     /// At a start, before anything is served: the chunks the superblock records lent (a
     /// lap since the anchor may have written there) are taken out of the read cache.
-    pub(crate) fn claim_lent(&self, e: &Engine) -> Result<(), IoError> {
-        let lent = self.persist.log_info().map_or(0, |i| i.lent);
+    /// In another mode than write-back (whose start the log allowed only if it holds no
+    /// dirty data) no write uses a chunk: those no replay reads go back first.
+    pub(crate) fn claim_lent(&self, e: &Engine, writeback: bool) -> Result<(), IoError> {
+        let mut lent = self.persist.log_info().map_or(0, |i| i.lent);
+        if !writeback {
+            let needed = {
+                let mut st = self.st.lock();
+                st.w.set_usable(0);
+                st.w.needed_lent()
+            };
+            if needed < lent && self.persist.record_lent(needed).is_ok() {
+                lent = needed;
+            }
+        }
         self.lent.store(lent, Relaxed);
         for c in 0..lent {
             lend_slots(e, self, self.region.lend.slots_of_lent(c))?;
@@ -104,18 +116,30 @@ impl LogBack {
 /// may still claim them guarded.
 fn lend_slots(e: &Engine, lb: &LogBack, slots: std::ops::Range<u64>) -> Result<(), IoError> {
     let mut left: Vec<u32> = slots.clone().map(|s| s as u32).collect();
-    loop {
-        left.retain(|&g| {
-            let (k, s): (usize, SlotNo) = e.cores.slot(g);
-            !e.cores.with_shard(k, |core| core.lend_slot(s))
-        });
+    // A slot an operation pins is waited for a while (its pages no longer hit), then left
+    // for the cleaner's next look: the cleaner's other duties never wait on it. Each shard
+    // takes its slots in one go (one pass over its free list).
+    for _ in 0..100 {
+        let mut by_shard: std::collections::BTreeMap<usize, Vec<SlotNo>> = Default::default();
+        for &g in &left {
+            let (k, s) = e.cores.slot(g);
+            by_shard.entry(k).or_default().push(s);
+        }
+        left.clear();
+        for (k, ss) in by_shard {
+            let busy = e.cores.with_shard(k, |core| core.lend_slots(&ss));
+            left.extend(busy.into_iter().map(|s| e.cores.slot_global(k, s)));
+        }
         if left.is_empty() || e.signals.shutting_down() {
             break;
         }
         std::thread::sleep(Duration::from_millis(1));
     }
     if !left.is_empty() {
-        return Err(IoError::Failed("shutting down".into()));
+        return Err(IoError::Failed(format!(
+            "{} slots of a chunk are still in use: lent at a later look",
+            left.len()
+        )));
     }
     let _ = lb;
     match &e.persist {

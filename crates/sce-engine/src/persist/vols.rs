@@ -122,17 +122,29 @@ impl Persist {
     /// (format 9; replay reads those): written and flushed before this returns.
     pub(crate) fn record_lent(&self, lent: u64) -> Result<(), sce_io::IoError> {
         let mut sb = self.sb.lock();
+        let failed = sb.state == sce_store::DeviceState::Failed;
         let Some(log) = sb.log.as_mut() else {
             return Ok(());
         };
-        if log.lent == lent {
+        let was = log.lent;
+        if was == lent {
             return Ok(());
+        }
+        if failed {
+            return Err(sce_io::IoError::Failed(
+                "the cache device failed: the write-back log lends no read slots".into(),
+            ));
         }
         log.lent = lent;
-        if sb.state == sce_store::DeviceState::Failed {
-            return Ok(());
+        let written = self.write_sb_with(&mut sb, false);
+        if written.is_err() {
+            // Not durable: the value the device holds stays the one every later superblock
+            // write (an anchor's) records, and a retry writes it again.
+            if let Some(log) = sb.log.as_mut() {
+                log.lent = was;
+            }
         }
-        self.write_sb_with(&mut sb, false)
+        written
     }
 
     /// Gives a log written before format 8 its mirror area (the last blocks of its region),

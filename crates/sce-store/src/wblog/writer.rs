@@ -111,9 +111,10 @@ pub struct LogWriter {
     head_chunks: u64,
     prev_chunks: u64,
     usable: u64,
-    /// Positions skipped (start, length) since the anchor: chunks a lap did not use, ends of
+    /// Positions skipped (start, length, of which the gap between commits does not count)
+    /// since the anchor: chunks a lap did not use, ends of
     /// chunks and laps a write did not fit.
-    skips: VecDeque<(u64, u64)>,
+    skips: VecDeque<(u64, u64, u64)>,
 }
 
 impl LogWriter {

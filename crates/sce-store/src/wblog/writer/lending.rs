@@ -15,6 +15,20 @@ impl LogWriter {
             .sum()
     }
 
+    /// Of a skip from `from` to `to`, the positions the gap between commits does not
+    /// count: those of the chunks a lap leaves unused, at most all the chunks' (replay's
+    /// window allows that much more), and only where the skip crosses into the next lap (at
+    /// most once in a gap: the log's own blocks lie between). What a write that does not
+    /// fit leaves at the end of a segment counts, as it always did.
+    fn unused(&self, from: u64, to: u64) -> u64 {
+        let lap = self.region.lap();
+        if to / lap > from / lap {
+            (to - from).min(self.region.lend.blocks())
+        } else {
+            0
+        }
+    }
+
     /// Chunks writes may use from now on (at most the region's): the head goes on into the
     /// next chunk if it is usable when the head gets there, else to the next lap. The
     /// caller lends a chunk (its slots evicted, that durable, the chunks lent recorded)
@@ -77,7 +91,8 @@ impl LogWriter {
     /// The head moves to `end`, the positions from the head to `at` skipped.
     pub(super) fn advance(&mut self, at: u64, end: u64) {
         if at > self.head {
-            self.skips.push_back((self.head, at - self.head));
+            let unused = self.unused(self.head, at);
+            self.skips.push_back((self.head, at - self.head, unused));
         }
         let lap_len = self.region.lap();
         let lap = at / lap_len;
@@ -94,9 +109,13 @@ impl LogWriter {
         self.head = end;
     }
 
-    /// Positions from the end of the last commit to `end`, those skipped not counted (`at`:
-    /// where a write of positions up to `end` starts).
+    /// Positions from the end of the last commit to `end`, those of chunks a lap left
+    /// unused not counted (`at`: where a write of positions up to `end` starts).
     pub(super) fn gap(&self, at: u64, end: u64) -> u64 {
-        end - self.committed_end - self.skipped_since(self.committed_end) - (at - self.head)
+        let unused: u64 = (self.skips.iter().rev())
+            .take_while(|s| s.0 >= self.committed_end)
+            .map(|s| s.2)
+            .sum();
+        end - self.committed_end - unused - self.unused(self.head, at)
     }
 }
