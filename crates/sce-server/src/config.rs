@@ -83,6 +83,9 @@ pub struct ServeConfig {
     /// with one serves `--mode writeback` through it (issue 29, docs/WRITEBACK.md): a write
     /// costs one cache-device write, a FLUSH one commit and one flush.
     pub writeback_log: crate::log_size::LogSize,
+    /// How much of the read slots that log may borrow as dirty data outgrows it, when sce
+    /// formats a device (format 9): auto, up to half the device in all; 0: none.
+    pub writeback_grow: crate::log_size::LogSize,
     /// NBD connections served at once; more are refused.
     pub max_connections: usize,
     /// Close a client connection idle this long between requests (zero: never).
@@ -163,6 +166,7 @@ impl Default for ServeConfig {
             crash_journal: true,
             write_hot: true,
             writeback_log: crate::log_size::LogSize::Auto,
+            writeback_grow: crate::log_size::LogSize::Auto,
             max_connections: 256,
             idle_timeout: Duration::ZERO,
             client_timeout: Duration::from_secs(60),

@@ -44,6 +44,11 @@ pub struct FormatArgs {
     /// auto log, its read cache cold).
     #[arg(long, default_value = "auto", value_name = "auto|SIZE")]
     pub writeback_log: sce_server::config::LogSize,
+    /// How much of the read slots the log may borrow as dirty data outgrows it (format 9:
+    /// auto, up to half the device in all; a size; 0: none), as `sce serve` gives a cache
+    /// it formats.
+    #[arg(long, default_value = "auto", value_name = "auto|SIZE")]
+    pub writeback_grow: sce_server::config::LogSize,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -94,10 +99,12 @@ pub fn format(a: FormatArgs) -> Result<()> {
             },
             size: None,
             log_bytes: a.writeback_log.bytes(dev.size()),
-            lend_bytes: sce_store::wblog::auto_lend_bytes(
-                dev.size(),
-                a.writeback_log.bytes(dev.size()),
-            ),
+            lend_bytes: match a.writeback_grow {
+                sce_server::config::LogSize::Auto => {
+                    sce_store::wblog::auto_lend_bytes(dev.size(), a.writeback_log.bytes(dev.size()))
+                }
+                sce_server::config::LogSize::Bytes(b) => b,
+            },
         },
     )?;
     print_formatted(&a, &sb)

@@ -227,6 +227,17 @@ pub struct ServeArgs {
         value_name = "auto|SIZE"
     )]
     pub writeback_log: sce_server::config::LogSize,
+    /// How much of the read slots the write-back log may borrow, when sce formats the
+    /// device, as dirty data outgrows the log (format 9): auto (up to half the device in
+    /// all, given back as it is cleaned), a size, or 0 (none: the log's own size is the
+    /// most dirty data the cache holds). Example: --writeback-grow 8GiB
+    #[arg(
+        help_heading = "Persistence and failures",
+        long,
+        default_value = "auto",
+        value_name = "auto|SIZE"
+    )]
+    pub writeback_grow: sce_server::config::LogSize,
     /// Write-back: the cleaner cleans in the background once this share of the most the log
     /// may hold is in use (its own region and the read slots it may lend: up to half the
     /// device; gently: 16 source writes in flight, a lower CPU priority, --writeback-rate), and
@@ -419,6 +430,7 @@ impl ServeArgs {
             crash_journal: self.crash_journal,
             write_hot: self.write_hot,
             writeback_log: self.writeback_log,
+            writeback_grow: self.writeback_grow,
             max_connections: self.max_connections,
             idle_timeout: self.idle_timeout,
             client_timeout: self.client_timeout,

@@ -111,6 +111,10 @@ pub struct PersistConfig {
     /// [`sce_store::wblog::auto_log_bytes`]). Write-back is served through the log (issue
     /// 29, docs/WRITEBACK.md); a device without one is given one at a write-back start.
     pub writeback_log: u64,
+    /// Bytes of the read slots the log of a format may lend as dirty data outgrows it
+    /// (format 9; None: [`sce_store::wblog::auto_lend_bytes`], up to half the device in
+    /// all; 0: none).
+    pub writeback_grow: Option<u64>,
     /// Metadata units whose page checksums stay in memory (0: the default, one in 32 of
     /// the device's units; `crcs.rs`): the rest are read from the records when used.
     pub checksum_units: usize,
@@ -134,6 +138,7 @@ impl PersistConfig {
             writeback: false,
             discard_dirty: Vec::new(),
             writeback_log: 0,
+            writeback_grow: None,
             checksum_units: 0,
         }
     }
@@ -155,7 +160,11 @@ impl PersistConfig {
     /// The read slots the log of a format may lend when dirty data outgrows it: up to half
     /// the device in all (`wblog::auto_lend_bytes`).
     pub(crate) fn lend_bytes(&self, device: u64) -> u64 {
-        sce_store::wblog::auto_lend_bytes(device, self.log_bytes(device))
+        match self.writeback_grow {
+            Some(b) if self.log_bytes(device) > 0 => b,
+            Some(_) => 0,
+            None => sce_store::wblog::auto_lend_bytes(device, self.log_bytes(device)),
+        }
     }
 }
 
