@@ -84,7 +84,7 @@ fn a_format_7_device_with_flushed_dirty_data_opens_reads_and_drains() {
     drop(client);
     assert!(server.term().success());
     let after = check_json(&cache);
-    assert_eq!(after["superblock"]["version"], 8, "{after}");
+    assert_eq!(after["superblock"]["version"], 9, "{after}");
     assert!(
         after["superblock"]["log"]["mirror_blocks"].as_u64() > Some(0),
         "{after}"
@@ -189,7 +189,7 @@ fn a_device_with_dirty_data_in_its_slots_drains_at_start_and_gets_a_log() {
         assert!(ok, "{out}");
         assert!(server.term().success());
         let after = check_json(&cache);
-        assert_eq!(after["superblock"]["version"], 8, "{after}");
+        assert_eq!(after["superblock"]["version"], 9, "{after}");
         assert!(
             after["superblock"]["log"]["blocks"].as_u64() > Some(0),
             "{mode}: {after}"
