@@ -91,21 +91,11 @@ impl SlotTable {
     /// Lends slot `s`, which holds no fragment and no pin, to the write-back log: it is
     /// never free nor allocated until [`Self::give_back`]. False if it was already lent.
     pub fn lend(&mut self, s: SlotNo) -> bool {
-        debug_assert!(self.fragment(s).is_none() && self.pins(s) == 0);
-        if self.is_lent(s) {
-            return false;
+        let new = !self.is_lent(s);
+        if new {
+            self.lend_many(&[s]);
         }
-        if self.lent.is_empty() {
-            self.lent = vec![0; (self.len() as usize).div_ceil(64)];
-        }
-        let i = s.0 as usize;
-        self.lent[i / 64] |= 1 << (i % 64);
-        if s.0 >= self.high_water {
-            self.lent_above += 1;
-        } else if let Some(at) = self.free.iter().position(|&f| f == s.0) {
-            self.free.swap_remove(at);
-        }
-        true
+        new
     }
 
     /// [`Self::lend`] of every one of `slots` (none lent yet, each free of fragment and pin),

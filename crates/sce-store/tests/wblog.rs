@@ -47,7 +47,11 @@ impl Log {
     }
     /// Writes `bytes` (whole pages) as one data write, completed as `pages` of `VOL`.
     fn write_raw(&mut self, pages: &[u64], bytes: &[u8]) -> u64 {
-        let lpos = self.w.allocate(pages.len() as u64).unwrap();
+        self.try_write_raw(pages, bytes).unwrap()
+    }
+    /// [`Self::write_raw`], or what the writer refused.
+    fn try_write_raw(&mut self, pages: &[u64], bytes: &[u8]) -> Result<u64, Full> {
+        let lpos = self.w.allocate(pages.len() as u64)?;
         self.dev
             .write_at(self.region.offset_of(lpos), bytes)
             .unwrap();
@@ -62,12 +66,22 @@ impl Log {
             })
             .collect();
         self.w.completed(&entries);
-        lpos
+        Ok(lpos)
     }
     /// Writes `version` of each page, as one data write.
     fn write(&mut self, pages: &[u64], version: u64) -> u64 {
+        self.try_write(pages, version).unwrap()
+    }
+    /// [`Self::write`], or what the writer refused.
+    fn try_write(&mut self, pages: &[u64], version: u64) -> Result<u64, Full> {
         let bytes: Vec<u8> = pages.iter().flat_map(|&p| image(VOL, p, version)).collect();
-        self.write_raw(pages, &bytes)
+        self.try_write_raw(pages, &bytes)
+    }
+    /// Everything written is cleaned: the tail moves to the head, the anchor as far as it
+    /// may.
+    fn clean_all(&mut self) {
+        self.w.set_tail(self.w.head());
+        self.w.set_anchor(self.w.anchor_candidate());
     }
     /// Writes the next commit without flushing it.
     fn write_commit(&mut self) -> PreparedCommit {
@@ -157,8 +171,7 @@ fn crash_model_small_ring() {
         flush_pct: 8,
         seed: 29,
         mirror: 0,
-        lend_chunks: 0,
-        chunk_blocks: 0,
+        ..Config::default()
     });
     m.run();
     print_totals("small ring", &m.t);
@@ -180,8 +193,7 @@ fn crash_model_multi_record_commits() {
         flush_pct: 1,
         seed: 2929,
         mirror: 0,
-        lend_chunks: 0,
-        chunk_blocks: 0,
+        ..Config::default()
     });
     m.run();
     print_totals("multi-record", &m.t);
@@ -205,8 +217,7 @@ fn crash_model_with_a_mirror_area() {
         flush_pct: 10,
         seed: 44,
         mirror: 8,
-        lend_chunks: 0,
-        chunk_blocks: 0,
+        ..Config::default()
     });
     m.run();
     print_totals("mirror area", &m.t);
@@ -231,10 +242,7 @@ fn a_write_that_does_not_fit_at_the_rings_end_counts_toward_the_gap() {
         log.write(&(page..page + 8).collect::<Vec<_>>(), 1);
         page += 8;
         log.commit();
-        let h = log.w.head();
-        log.w.set_tail(h);
-        let a = log.w.anchor_candidate();
-        log.w.set_anchor(a);
+        log.clean_all();
     }
     let pad = 1024 - 100 - 2 - log.w.head();
     if pad > 0 {
@@ -242,9 +250,7 @@ fn a_write_that_does_not_fit_at_the_rings_end_counts_toward_the_gap() {
         page += pad;
     }
     log.commit();
-    let (h, a) = (log.w.head(), log.w.anchor_candidate());
-    log.w.set_tail(h);
-    log.w.set_anchor(a);
+    log.clean_all();
     assert!(
         (1024 - log.w.committed_end()) % 1024 > 16,
         "{}",
@@ -253,22 +259,8 @@ fn a_write_that_does_not_fit_at_the_rings_end_counts_toward_the_gap() {
     // Writes of 128 pages with no commit until the writer asks for one.
     let mut writes = 0;
     loop {
-        let pages: Vec<u64> = (page..page + big).collect();
-        match log.w.allocate(big) {
-            Ok(lpos) => {
-                let bytes: Vec<u8> = pages.iter().flat_map(|&p| image(VOL, p, 2)).collect();
-                log.dev
-                    .write_at(log.region.offset_of(lpos), &bytes)
-                    .unwrap();
-                let entries: Vec<LogEntry> = (pages.iter().enumerate())
-                    .map(|(i, &p)| LogEntry {
-                        lpos: lpos + i as u64,
-                        volume: VOL,
-                        page: p,
-                        crc: page_crc(&bytes[i * 4096..(i + 1) * 4096]),
-                    })
-                    .collect();
-                log.w.completed(&entries);
+        match log.try_write(&(page..page + big).collect::<Vec<_>>(), 2) {
+            Ok(_) => {
                 page += big;
                 writes += 1;
             }
@@ -830,8 +822,7 @@ fn a_record_is_read_from_its_mirror_copy_and_a_break_is_never_the_end() {
         assert!(gap >= 32 * LOG_BLOCK, "copies {gap} bytes apart");
         log.dev.flush().unwrap();
         log.w.committed(&p);
-        log.w.set_tail(log.w.head());
-        log.w.set_anchor(log.w.anchor_candidate());
+        log.clean_all();
     }
 }
 

@@ -122,46 +122,29 @@ impl CacheCore {
         (overlapped, pop_pages)
     }
 
-    /// Lends slot `s` to the write-back log (format 9's chunks of read slots): its fragment
-    /// evicted, the slot out of the cache until [`Self::give_back_slot`]. False while an
-    /// operation pins it (its pages are dropped meanwhile, so no new hit pins it): the
-    /// caller tries again. True if lent already.
-    pub fn lend_slot(&mut self, s: SlotNo) -> bool {
-        if self.slots.is_lent(s) {
-            return true;
-        }
-        if self.slots.pins(s) > 0 {
-            // Its pages stop being hits, and what is in flight on them validates nothing,
-            // so the pins drain (a hot fragment would otherwise keep its slot pinned).
-            if let Some(f) = self.slots.fragment(s) {
-                let ppf = self.geo.pages_per_fragment();
-                crate::bitmap::clear_range(self.slots.bitmap_mut(s), 0, ppf);
-                self.spoil_in_flight(f, 0, ppf);
-            }
-            return false;
-        }
-        if self.slots.fragment(s).is_some() {
-            self.evict_slot(s);
-        }
-        self.slots.lend(s);
-        true
-    }
-
-    /// [`Self::lend_slot`] of each of `slots`, with one pass over the free list: returns
-    /// those an operation pins (to try again).
+    /// Lends `slots` to the write-back log (format 9's chunks of read slots): their
+    /// fragments evicted, the slots out of the cache until [`Self::give_back_slot`], with
+    /// one pass over the free list. Returns those an operation pins, to try again: their
+    /// pages are dropped meanwhile (no new hit pins them, and what is in flight on them
+    /// validates nothing), so the pins drain. Slots lent already are left as they are.
     pub fn lend_slots(&mut self, slots: &[SlotNo]) -> Vec<SlotNo> {
+        let ppf = self.geo.pages_per_fragment();
         let mut busy = Vec::new();
         let mut take = Vec::with_capacity(slots.len());
         for &s in slots {
             if self.slots.is_lent(s) {
                 continue;
             }
+            let frag = self.slots.fragment(s);
             if self.slots.pins(s) > 0 {
-                self.lend_slot(s);
+                if let Some(f) = frag {
+                    crate::bitmap::clear_range(self.slots.bitmap_mut(s), 0, ppf);
+                    self.spoil_in_flight(f, 0, ppf);
+                }
                 busy.push(s);
                 continue;
             }
-            if self.slots.fragment(s).is_some() {
+            if frag.is_some() {
                 self.evict_slot(s);
             }
             take.push(s);
@@ -173,13 +156,6 @@ impl CacheCore {
     /// Gives back a slot lent to the write-back log: free for the cache again.
     pub fn give_back_slot(&mut self, s: SlotNo) -> bool {
         self.slots.give_back(s)
-    }
-
-    /// Slots lent to the write-back log.
-    pub fn lent_slots(&self) -> u32 {
-        (0..self.geo.slots())
-            .filter(|&s| self.slots.is_lent(SlotNo(s)))
-            .count() as u32
     }
 
     /// Evicts the policy's victim, if there is one that is not pinned. Returns its fragment.

@@ -5,10 +5,10 @@
 //! Lending chunk c: its slots are evicted from the read cache and kept out of it (an
 //! operation in flight on one is waited for), their records made safe (an intent durable
 //! where a record may still claim a fragment), the superblock records one more chunk lent,
-//! and only then do laps started from now on use it. Giving back: laps stop using the
-//! chunk (when the log holds less than a quarter of what it could without it); once no lap
-//! a replay reads uses it, the superblock records one chunk fewer, and the slots go back
-//! to the read cache. The cleaner does both, between batches; a start takes the chunks the
+//! and only then may writes use it (the lap the head is in too, if the head is before it).
+//! Giving back: writes stop using the chunk (when the log holds less than a quarter of what
+//! it could without it); once no position a replay reads lies in it, the superblock records
+//! one chunk fewer, and the slots go back to the read cache. The cleaner does both, between batches; a start takes the chunks the
 //! superblock records lent out of the read cache before anything is served.
 //!
 //! Lock order: no log lock is held while the core's shards or the superblock are.
@@ -22,7 +22,7 @@ use std::time::Duration;
 
 impl LogBack {
     /// At a start, before anything is served: the chunks the superblock records lent (a
-    /// lap since the anchor may have written there) are taken out of the read cache.
+    /// write since the anchor may have gone there) are taken out of the read cache.
     /// In another mode than write-back (whose start the log allowed only if it holds no
     /// dirty data) no write uses a chunk: those no replay reads go back first.
     pub(crate) fn claim_lent(&self, e: &Engine, writeback: bool) -> Result<(), IoError> {
@@ -39,7 +39,7 @@ impl LogBack {
         }
         self.lent.store(lent, Relaxed);
         for c in 0..lent {
-            lend_slots(e, self, self.region.lend.slots_of_lent(c))?;
+            lend_slots(e, self.region.lend.slots_of_lent(c))?;
         }
         Ok(())
     }
@@ -78,10 +78,10 @@ impl LogBack {
         }
     }
 
-    /// Lends chunk number `c` (the c-th lent) and lets the laps from now on use it.
+    /// Lends chunk number `c` (the c-th lent) and lets writes use it.
     fn lend_one(&self, e: &Engine, c: u64) -> Result<(), IoError> {
         if c >= self.lent.load(Relaxed) {
-            lend_slots(e, self, self.region.lend.slots_of_lent(c))?;
+            lend_slots(e, self.region.lend.slots_of_lent(c))?;
             self.persist.record_lent(c + 1)?;
             self.lent.store(c + 1, Relaxed);
             self.lends.fetch_add(1, Relaxed);
@@ -114,7 +114,7 @@ impl LogBack {
 /// Takes global slots `slots` out of the read cache for the log: each evicted and lent in
 /// its shard (one pinned by an operation in flight is waited for), then the records that
 /// may still claim them guarded.
-fn lend_slots(e: &Engine, lb: &LogBack, slots: std::ops::Range<u64>) -> Result<(), IoError> {
+fn lend_slots(e: &Engine, slots: std::ops::Range<u64>) -> Result<(), IoError> {
     let mut left: Vec<u32> = slots.clone().map(|s| s as u32).collect();
     // A slot an operation pins is waited for a while (its pages no longer hit), then left
     // for the cleaner's next look: the cleaner's other duties never wait on it. Each shard
@@ -141,7 +141,6 @@ fn lend_slots(e: &Engine, lb: &LogBack, slots: std::ops::Range<u64>) -> Result<(
             left.len()
         )));
     }
-    let _ = lb;
     match &e.persist {
         Some(p) => p.guard_lent(slots.start as u32..slots.end as u32),
         None => Ok(()),

@@ -55,8 +55,8 @@ fn cut(positions: &[u64], segment_end: impl Fn(u64) -> u64) -> Vec<(u64, u64)> {
     for &p in positions {
         if let Some((first, n)) = out.last_mut() {
             let end = *first + *n;
-            let same_lap = segment_end(*first) == segment_end(p);
-            if same_lap && p < end + SPAN_GAP + 1 && p + 1 - *first <= SPAN_MAX {
+            let same_segment = segment_end(*first) == segment_end(p);
+            if same_segment && p < end + SPAN_GAP + 1 && p + 1 - *first <= SPAN_MAX {
                 *n = p + 1 - *first;
                 continue;
             }

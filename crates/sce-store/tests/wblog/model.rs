@@ -57,6 +57,7 @@ pub fn decode(b: &[u8]) -> Option<(u32, u64, u64)> {
 }
 
 /// One run's shape.
+#[derive(Default)]
 pub struct Config {
     pub blocks: u64,
     pub pages: u64,
