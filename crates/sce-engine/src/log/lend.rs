@@ -17,6 +17,7 @@ use super::LogBack;
 use crate::engine::Engine;
 use sce_core::SlotNo;
 use sce_io::IoError;
+use sce_store::wblog::LendStep;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -49,27 +50,27 @@ impl LogBack {
     /// never waits while a chunk is left; stops using one while it would be under a quarter
     /// full without it; and gives back the chunks no replay reads and no write uses.
     pub(super) fn adjust_lending(&self, e: &Engine) {
-        let lend = self.region.lend;
-        if lend.chunks == 0 {
+        if self.region.lend.chunks == 0 {
             return;
         }
         // Up to four chunks at a look: a burst may fill a chunk between two batches.
         for _ in 0..4 {
-            let (used, cap, usable) = {
-                let st = self.st.lock();
-                let used = self.region.lap() - st.w.room();
-                (used, st.w.usable_capacity(), st.w.usable())
-            };
-            let short = used * 2 >= cap || self.waiting.load(Relaxed) > 0;
-            if short && usable < lend.chunks {
-                if let Err(err) = self.lend_one(e, usable) {
-                    tracing::warn!("write-back log: lending read slots failed: {err}");
-                    break;
+            let waiting = self.waiting.load(Relaxed) > 0;
+            let step = self.st.lock().w.lend_step(waiting);
+            match step {
+                LendStep::Lend(c) => {
+                    if let Err(err) = self.lend_one(e, c) {
+                        tracing::warn!("write-back log: lending read slots failed: {err}");
+                        break;
+                    }
+                    continue;
                 }
-                continue;
-            }
-            if !short && usable > 0 && used * 4 < cap - lend.chunk_blocks {
-                self.st.lock().w.set_usable(usable - 1);
+                LendStep::Unuse => {
+                    let mut st = self.st.lock();
+                    let u = st.w.usable();
+                    st.w.set_usable(u.saturating_sub(1));
+                }
+                LendStep::Stay => {}
             }
             break;
         }

@@ -39,7 +39,7 @@ pub use record::{
 };
 pub use replay::{replay, replay_lent, Broken, Replayed};
 pub use state::{Dirty, LogState, Stuck};
-pub use writer::{Full, LogWriter, PreparedCommit};
+pub use writer::{Full, LendStep, LogWriter, PreparedCommit};
 
 use std::collections::HashMap;
 

@@ -2,6 +2,7 @@
 //! committed. No I/O: the caller holds it under a mutex and does the device writes.
 
 mod lending;
+pub use lending::LendStep;
 mod records;
 
 use super::record::record_link;

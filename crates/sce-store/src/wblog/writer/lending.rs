@@ -6,6 +6,19 @@
 use super::super::commit_reserve;
 use super::LogWriter;
 
+/// What [`LogWriter::lend_step`] says the log should do with its chunks of read slots now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LendStep {
+    /// Lend chunk `c` (the c-th in lap order; lent already if the superblock says so) and
+    /// let writes use it (`set_usable(c + 1)`).
+    Lend(u64),
+    /// Writes stop using the last chunk they may use (`set_usable(usable - 1)`); it goes
+    /// back once no replay reads it.
+    Unuse,
+    /// Nothing to change.
+    Stay,
+}
+
 impl LogWriter {
     /// Positions skipped at or after `from`.
     pub(super) fn skipped_since(&self, from: u64) -> u64 {
@@ -64,6 +77,30 @@ impl LogWriter {
         }
         need
     }
+    /// The lending rule (the server's cleaner and the simulator both follow it, one step at
+    /// a look): lend the next chunk while the positions in use reach half of what the log
+    /// holds with the chunks it uses, or `writers_wait` for room, so that a write never waits
+    /// while a chunk is left; stop using the last one while the log would be under a
+    /// quarter full without it. The caller lends (evicts the chunk's slots, makes that
+    /// durable) before it makes the chunk usable, and gives back what [`Self::needed_lent`]
+    /// no longer needs.
+    pub fn lend_step(&self, writers_wait: bool) -> LendStep {
+        let lend = self.region.lend;
+        if lend.chunks == 0 {
+            return LendStep::Stay;
+        }
+        let used = self.region.lap() - self.room();
+        let cap = self.usable_capacity();
+        let short = used * 2 >= cap || writers_wait;
+        if short && self.usable < lend.chunks {
+            LendStep::Lend(self.usable)
+        } else if !short && self.usable > 0 && used * 4 < cap - lend.chunk_blocks {
+            LendStep::Unuse
+        } else {
+            LendStep::Stay
+        }
+    }
+
     /// Positions a lap holds with the chunks now usable: the most the log can hold before
     /// it lends more.
     pub fn usable_capacity(&self) -> u64 {
@@ -117,5 +154,69 @@ impl LogWriter {
             .map(|s| s.2)
             .sum();
         end - self.committed_end - unused - self.unused(self.head, at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::{Full, Lend, LogRegion};
+    use super::{LendStep, LogWriter};
+
+    /// A ring of 960 blocks of its own that may lend four chunks of 256.
+    fn writer() -> LogWriter {
+        let lend = Lend {
+            chunks: 4,
+            chunk_blocks: 256,
+            area_offset: 1 << 30,
+            area_slots: 64,
+            slot_bytes: 1 << 20,
+        };
+        let region = LogRegion {
+            lend,
+            ..LogRegion::laid_out(0, 1024)
+        };
+        LogWriter::new(region, [7; 16], 0, 1).unwrap()
+    }
+
+    /// Takes `n` positions, committing whenever the gap since the last commit is full.
+    fn take(w: &mut LogWriter, n: u64) {
+        for _ in 0..n {
+            match w.allocate(1) {
+                Ok(_) => {}
+                Err(Full::Commit) => {
+                    let p = w.prepare_commit().unwrap().unwrap();
+                    w.committed(&p);
+                    w.allocate(1).unwrap();
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_lending_rule_lends_at_half_and_unuses_below_a_quarter() {
+        let mut w = writer();
+        assert_eq!(w.region().blocks, 960);
+        assert_eq!(w.lend_step(false), LendStep::Stay, "an empty log");
+        assert_eq!(w.lend_step(true), LendStep::Lend(0), "writers wait: lend");
+        take(&mut w, 470);
+        assert_eq!(w.lend_step(false), LendStep::Stay, "under half of 960");
+        take(&mut w, 20);
+        assert_eq!(w.lend_step(false), LendStep::Lend(0), "half of 960 in use");
+        w.set_usable(1);
+        assert_eq!(w.usable_capacity(), 1216);
+        assert_eq!(w.lend_step(false), LendStep::Stay, "under half of 1216");
+        w.set_usable(4);
+        assert_eq!(w.lend_step(true), LendStep::Stay, "every chunk in use");
+        // A fresh log allowed chunks: under a quarter full without the last, it stops.
+        let mut w = writer();
+        w.set_usable(2);
+        assert_eq!(w.lend_step(false), LendStep::Unuse);
+        take(&mut w, 400);
+        assert_eq!(
+            w.lend_step(false),
+            LendStep::Stay,
+            "400 of 1472: over a quarter of 1216"
+        );
     }
 }
