@@ -259,6 +259,33 @@ impl ShardedCore {
         Some(self.map.slot_to_global(k, s))
     }
 
+    /// Lends global slots `slots` to the write-back log (format 9's chunks;
+    /// [`CacheCore::lend_slots`] in each shard). Returns the global slots an operation in
+    /// flight pins, to try again once it is done.
+    pub fn lend_slots(&mut self, slots: std::ops::Range<u64>) -> Vec<SlotNo> {
+        let mut by_shard: Vec<Vec<SlotNo>> = vec![Vec::new(); self.cores.len()];
+        for g in slots {
+            let (k, s) = self.map.slot_to_local(SlotNo(g as u32));
+            by_shard[k].push(s);
+        }
+        let mut busy = Vec::new();
+        for (k, ss) in by_shard.into_iter().enumerate() {
+            if !ss.is_empty() {
+                let left = self.cores[k].lend_slots(&ss);
+                busy.extend(left.into_iter().map(|s| self.map.slot_to_global(k, s)));
+            }
+        }
+        busy
+    }
+
+    /// Gives global slots `slots`, lent to the write-back log, back to the read cache.
+    pub fn give_back_slots(&mut self, slots: std::ops::Range<u64>) {
+        for g in slots {
+            let (k, s) = self.map.slot_to_local(SlotNo(g as u32));
+            self.cores[k].give_back_slot(s);
+        }
+    }
+
     /// Plans and commits a read of `len` bytes at `offset` ([`CacheCore::begin_read`] per
     /// piece).
     pub fn begin_read(

@@ -31,7 +31,7 @@ pub mod writer;
 
 pub use csv::CsvSpec;
 pub use detect::{detect_format, FormatChoice};
-pub use engine::{DeviceModel, EngineResult, EngineSim};
+pub use engine::{DeviceModel, EngineResult, EngineSim, LogSizes};
 pub use gen::{GenConfig, Generator, Workload, ZipfParams};
 pub use reference::{BlockCache, ReferencePolicy};
 pub use request::{IoKind, TraceRequest};

@@ -138,8 +138,12 @@ pub struct WritebackSimArgs {
     /// gives a device of --cache-size: a sixteenth, between 16 MiB and 4 GiB).
     #[arg(long, default_value = "auto", value_name = "auto|SIZE")]
     pub writeback_log: sce_server::config::LogSize,
-    /// Write-back: the share of the log in use from which the cleaner cleans in the
-    /// background, as serve's. [default: 25%]
+    /// Write-back: how much of the read slots the log may borrow as dirty data outgrows it,
+    /// as `sce format`'s (auto: up to half of --cache-size in all; 0: none).
+    #[arg(long, default_value = "auto", value_name = "auto|SIZE")]
+    pub writeback_grow: sce_server::config::LogSize,
+    /// Write-back: the share of the most the log may hold in use from which the cleaner
+    /// cleans in the background, as serve's. [default: 25%]
     #[arg(long, value_name = "SHARE", value_parser = sce_core::wbtune::parse_share)]
     pub writeback_low_watermark: Option<f64>,
     /// Write-back: the share of the log in use above which cleaning is urgent, as serve's.
@@ -165,6 +169,22 @@ impl WritebackSimArgs {
             );
         }
         Ok(log)
+    }
+
+    /// The log's sizes for a cache of `cache_size` ([`Self::log_bytes`], and the read slots
+    /// it may lend: `None` for auto).
+    pub fn log_sizes(
+        &self,
+        mode: sce_core::WriteMode,
+        cache_size: u64,
+    ) -> anyhow::Result<sce_sim::LogSizes> {
+        Ok(sce_sim::LogSizes {
+            log: Some(self.log_bytes(mode, cache_size)?),
+            grow: match self.writeback_grow {
+                sce_server::config::LogSize::Auto => None,
+                sce_server::config::LogSize::Bytes(b) => Some(b),
+            },
+        })
     }
 
     /// The cleaner's settings over `t`'s.

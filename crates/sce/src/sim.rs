@@ -297,7 +297,7 @@ fn config(a: &SimArgs, format: TraceFormat) -> Result<SimConfig> {
         replay: a.replay,
         threads: a.threads,
         core_shards: a.core_shards,
-        writeback_log: Some(a.writeback.log_bytes(a.mode, a.cache_size)?),
+        writeback_log: a.writeback.log_sizes(a.mode, a.cache_size)?,
     })
 }
 

@@ -1,7 +1,7 @@
 //! The simulator's write-back against the server's (issue 45): one trace of writes, run
 //! through `sce sim --mode writeback` and replayed over NBD through `sce serve --mode
-//! writeback` at the same depth, with the same cache size (so the same log: `auto`, 16 MiB)
-//! and the same watermarks. 70% of the writes are 4 KiB over a hot 6 MiB (a third of the
+//! writeback` at the same depth, with the same cache size (so the same log: `auto`, 16 MiB,
+//! which may lend 16 MiB of read slots) and the same watermarks. 70% of the writes are 4 KiB over a hot 6 MiB (a third of the
 //! log: pages rewritten while dirty coalesce in the log, so what is cleaned depends on how
 //! long the cleaner leaves them there), the rest 8 or 16 KiB over 1 GiB (runs of adjacent
 //! pages). Both run the same log state machine (`sce_store::wblog::LogState`): what the
@@ -111,9 +111,6 @@ fn the_simulator_cleans_what_the_server_cleans() {
             "64MiB",
             "--mode",
             "writeback",
-            // The simulator does not model the read slots a log may borrow (format 9).
-            "--writeback-grow",
-            "0",
             "--allow-buffered",
         ],
         &sock,
@@ -125,12 +122,31 @@ fn the_simulator_cleans_what_the_server_cleans() {
         common::num(&s, "writeback_log_source_writes"),
     );
     let dirty = common::num(&s, "writeback_dirty_bytes");
+    let (sim_lends, srv_lends) = (
+        num(&sim["writeback_log_lends"]),
+        common::num(&s, "writeback_log_lends"),
+    );
     println!(
         "written {written} B in {} writes; cleaned: sim {sim_bytes} B in {sim_writes} source \
-         writes (dirty at the end {}), server {srv_bytes} B in {srv_writes} (dirty {dirty})",
+         writes (dirty at the end {}, {sim_lends} chunks lent), server {srv_bytes} B in \
+         {srv_writes} (dirty {dirty}, {srv_lends} lent)",
         w.len(),
         sim["dirty_bytes_at_end"]
     );
+    // Both logs may lend 16 MiB of read slots (auto: half the cache in all, the mirror
+    // area's megabyte aside) and follow the writer's lending rule: both lend.
+    let max = common::num(&s, "writeback_log_max_bytes");
+    assert_eq!(
+        max,
+        31 << 20,
+        "the server's log: a 15 MiB ring and 16 MiB of chunks"
+    );
+    assert_eq!(
+        num(&sim["writeback_log_max_bytes"]),
+        max,
+        "the same log in the simulator"
+    );
+    assert!(sim_lends > 0 && srv_lends > 0, "the burst grew both logs");
     let near = |a: u64, b: u64| (a as f64 - b as f64).abs() <= 0.1 * b as f64;
     assert!(
         sim_bytes >= written / 2 && srv_bytes >= written / 2,

@@ -18,6 +18,7 @@
 use crate::trace::{IoKind, TraceRequest};
 use sce_core::{
     CacheCopy, CoreConfig, Nanos, OnShard, Populating, ShardedCore, SourceWrite, WriteMode,
+    PAGE_SIZE,
 };
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -32,6 +33,17 @@ mod writeback;
 pub(crate) use device::Device;
 pub use device::{DeviceModel, LatencyHistogram};
 pub use writeback::WritebackResult;
+
+/// The write-back log's sizes, as `sce format` takes them (`None`: its `auto`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogSizes {
+    /// Bytes of the cache that are the log's own region (`--writeback-log`; auto:
+    /// `sce_store::wblog::auto_log_bytes`).
+    pub log: Option<u64>,
+    /// Bytes of read slots it may lend as dirty data outgrows it (`--writeback-grow`;
+    /// auto: `sce_store::wblog::auto_lend_bytes`, up to half the cache in all).
+    pub grow: Option<u64>,
+}
 
 /// An event; the completions carry the core's completion tokens (`sce_core::WriteTxn`),
 /// each with its core shard.
@@ -182,15 +194,15 @@ impl EngineSim {
             source,
             interval_secs,
             0,
-            None,
+            LogSizes::default(),
         )
     }
 
     /// A simulation whose core is cut into `core_shards` shards as the server's
     /// `core_shards` setting would cut it (0: the server's automatic choice,
-    /// `sce_core::shards_for`; 1: one unsharded core). In write-back, `writeback_log` bytes
-    /// of the cache are the write-back log (`None`: the size `sce format` gives it,
-    /// `sce_store::wblog::auto_log_bytes`) and the rest the read slots, as on a device.
+    /// `sce_core::shards_for`; 1: one unsharded core). In write-back, `writeback_log` says
+    /// how many bytes of the cache are the write-back log and how much of the read slots it
+    /// may lend, as a format of the device would.
     #[allow(clippy::too_many_arguments)]
     pub fn with_shards(
         cfg: CoreConfig,
@@ -200,27 +212,37 @@ impl EngineSim {
         source: DeviceModel,
         interval_secs: f64,
         core_shards: usize,
-        writeback_log: Option<u64>,
+        writeback_log: LogSizes,
     ) -> Result<Self, sce_core::ConfigError> {
         let workers = cfg.throttle.max_workers;
         let uses_workers = cfg.admission != sce_core::Admission::Always;
-        let log = (cfg.write_mode == WriteMode::WriteBack).then(|| {
-            let bytes = writeback_log
+        let log_bytes = (cfg.write_mode == WriteMode::WriteBack).then(|| {
+            (writeback_log.log)
                 .unwrap_or_else(|| sce_store::wblog::auto_log_bytes(cache_size))
                 .max(128 * 4096)
-                .min(cache_size / 2);
-            writeback::LogSim::new(bytes, cfg.writeback)
+                .min(cache_size / 2)
+                / PAGE_SIZE
+                * PAGE_SIZE
         });
-        let log_bytes = log.as_ref().map_or(0, |l| l.bytes());
         let shard_cfg = CoreConfig {
-            write_mode: if log.is_some() {
+            write_mode: if log_bytes.is_some() {
                 WriteMode::WriteThrough
             } else {
                 cfg.write_mode
             },
             ..cfg.clone()
         };
-        let core = ShardedCore::new(shard_cfg, source_size, cache_size - log_bytes, core_shards)?;
+        let read_slots = cache_size - log_bytes.unwrap_or(0);
+        let core = ShardedCore::new(shard_cfg, source_size, read_slots, core_shards)?;
+        // The log, and the chunks of read slots it may lend, as a format lays them out.
+        let log = log_bytes.map(|bytes| {
+            let grow = (writeback_log.grow)
+                .unwrap_or_else(|| sce_store::wblog::auto_lend_bytes(cache_size, bytes));
+            let slots = core.geometry().slots() as u64;
+            let lend = sce_store::wblog::Lend::laid_out(grow, 0, slots, cfg.fragment_size);
+            writeback::LogSim::new(bytes, lend, cfg.writeback)
+        });
+        let log_bytes = log.as_ref().map_or(0, |l| l.bytes());
         let interval_ns = (interval_secs * 1e9).max(1.0) as u64;
         let workers = if uses_workers { workers } else { 0 };
         let mut s = EngineSim {
@@ -241,6 +263,7 @@ impl EngineSim {
             workers,
             wb: WritebackResult {
                 log_bytes,
+                log_max_bytes: log.as_ref().map_or(0, |l| l.max_bytes()),
                 ..Default::default()
             },
             log,

@@ -21,7 +21,7 @@
 
 use super::{EngineSim, Event};
 use sce_core::{SourceOffset, WriteKind, WritebackTuning, PAGE_SIZE};
-use sce_store::wblog::{Full, LogEntry, LogRegion, LogState, LogWriter};
+use sce_store::wblog::{Full, Lend, LendStep, LogEntry, LogRegion, LogState, LogWriter};
 use std::collections::{HashMap, VecDeque};
 
 /// How often the cleaner looks, ns.
@@ -47,9 +47,13 @@ const KEY: [u8; 16] = *b"sce-simulated-lg";
 /// The log and its cleaner, in virtual time.
 pub(super) struct LogSim {
     st: LogState<u64>,
-    /// Blocks of the ring, and of the whole log (its mirror area too).
+    /// Blocks of the ring's own region, of the whole log's (its mirror area too), and of a
+    /// lap with every chunk of read slots it may lend (the most the log may hold).
     blocks: u64,
     total: u64,
+    lap: u64,
+    /// Chunks of read slots lent now (the superblock's count on a device).
+    lent: u64,
     tuning: WritebackTuning,
     /// The cleaning batch in flight (one at a time, as the server's `clean_io`).
     batch: Option<Batch>,
@@ -85,21 +89,34 @@ pub struct WritebackResult {
     pub commits: u64,
     /// Read pages served from the log (counted as hits).
     pub log_read_pages: u64,
+    /// Bytes the log may hold at most: its region and every chunk of read slots it may
+    /// lend.
+    pub log_max_bytes: u64,
+    /// Chunks of read slots lent.
+    pub lends: u64,
+    /// Chunks of read slots given back.
+    pub give_backs: u64,
     /// Writes that could not get log positions, ever (nothing left to make room): not
     /// logged, counted at what they cost (0 on any trace a working cache serves).
     pub writes_given_up: u64,
 }
 
 impl LogSim {
-    /// A log of `bytes` (rounded down to whole blocks, at least 128 of them).
-    pub(super) fn new(bytes: u64, tuning: WritebackTuning) -> Self {
+    /// A log of `bytes` (rounded down to whole blocks, at least 128 of them) that may lend
+    /// the chunks of read slots `lend` lays out.
+    pub(super) fn new(bytes: u64, lend: Lend, tuning: WritebackTuning) -> Self {
         let blocks = (bytes / PAGE_SIZE).max(128);
-        let region = LogRegion::laid_out(0, blocks);
+        let region = LogRegion {
+            lend,
+            ..LogRegion::laid_out(0, blocks)
+        };
         let w = LogWriter::new(region, KEY, 0, 1).expect("a laid-out log region is valid");
         LogSim {
             st: LogState::new(w, vec![0]),
             blocks: region.blocks,
             total: blocks,
+            lap: region.lap(),
+            lent: 0,
             tuning,
             batch: None,
             last_commit: 0,
@@ -112,6 +129,11 @@ impl LogSim {
     /// Bytes of the log (ring and mirror area).
     pub(super) fn bytes(&self) -> u64 {
         self.total * PAGE_SIZE
+    }
+
+    /// Bytes the log may hold at most (a lap with every chunk it may lend).
+    pub(super) fn max_bytes(&self) -> u64 {
+        self.lap * PAGE_SIZE
     }
 
     pub(super) fn dirty_pages(&self) -> u64 {
@@ -141,7 +163,7 @@ impl EngineSim {
     pub(super) fn dirty_share(&self) -> f64 {
         self.log
             .as_ref()
-            .map_or(0.0, |l| l.st.w.used() as f64 / l.blocks.max(1) as f64)
+            .map_or(0.0, |l| l.st.w.used() as f64 / l.lap.max(1) as f64)
     }
 
     /// Commits what completed since the last commit at `t` (the autocommit, or a writer
@@ -175,14 +197,16 @@ impl EngineSim {
             return;
         }
         let idle = t.saturating_sub(self.last_request) >= IDLE;
+        self.adjust_lending(t, urgent);
         let l = self.log();
-        let (used, blocks, tuning) = (l.st.w.used(), l.blocks, l.tuning);
+        let (used, blocks, lap, tuning) = (l.st.w.used(), l.blocks, l.lap, l.tuning);
         if l.batch.is_some() || l.st.index.is_empty() {
             return;
         }
-        // The server's rules (`log/clean.rs`, `log/tune.rs`).
-        let urgent = urgent || l.waiting > 0 || tuning.past_high(blocks, l.st.w.room());
-        let background = used >= tuning.low_blocks(blocks) || l.st.w.mirror_short() || idle;
+        // The server's rules (`log/clean.rs`, `log/tune.rs`): watermarks of the most the
+        // log may hold.
+        let urgent = urgent || l.waiting > 0 || tuning.past_high(lap, l.st.w.room());
+        let background = used >= tuning.low_blocks(lap) || l.st.w.mirror_short() || idle;
         if !urgent && (!background || t < l.resume_at) {
             return;
         }
@@ -217,6 +241,52 @@ impl EngineSim {
             if !self.next_run(t) {
                 break;
             }
+        }
+    }
+
+    /// The cleaner's look at the room at `t` (the server's `log/lend.rs`, on the writer's
+    /// rule, up to four chunks a look): a chunk is lent (its slots evicted from the read
+    /// cache, the superblock's count written) and writes may use it; the chunks no replay
+    /// needs go back to the read cache. A chunk whose slots an operation pins waits for the
+    /// next look.
+    fn adjust_lending(&mut self, t: u64, waiting: bool) {
+        let lend = self.log().st.w.region().lend;
+        if lend.chunks == 0 {
+            return;
+        }
+        for _ in 0..4 {
+            let l = self.log();
+            let step = l.st.w.lend_step(waiting || l.waiting > 0);
+            match step {
+                LendStep::Lend(c) => {
+                    if c >= l.lent {
+                        if !self.core.lend_slots(lend.slots_of_lent(c)).is_empty() {
+                            break;
+                        }
+                        self.ssd.io(t, PAGE_SIZE, true);
+                        self.log().lent = c + 1;
+                        self.wb.lends += 1;
+                    }
+                    self.log().st.w.set_usable(c + 1);
+                    continue;
+                }
+                LendStep::Unuse => {
+                    let u = l.st.w.usable();
+                    l.st.w.set_usable(u.saturating_sub(1));
+                }
+                LendStep::Stay => {}
+            }
+            break;
+        }
+        let l = self.log();
+        let (needed, lent) = (l.st.w.needed_lent(), l.lent);
+        if needed < lent {
+            l.lent = needed;
+            self.ssd.io(t, PAGE_SIZE, true);
+            for c in needed..lent {
+                self.core.give_back_slots(lend.slots_of_lent(c));
+            }
+            self.wb.give_backs += lent - needed;
         }
     }
 

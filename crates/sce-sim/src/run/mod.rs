@@ -112,9 +112,9 @@ pub struct SimConfig {
     /// Shards of the engine policies' core, as the server's `core_shards` (0: the server's
     /// automatic choice; 1: one unsharded core).
     pub core_shards: usize,
-    /// Bytes of the cache that are the write-back log in write-back (`None`: what `sce
-    /// format` gives it).
-    pub writeback_log: Option<u64>,
+    /// The write-back log's own bytes and the read slots it may lend, in write-back (each
+    /// `None`: what `sce format` gives it).
+    pub writeback_log: crate::engine::LogSizes,
 }
 
 impl SimConfig {

@@ -128,6 +128,13 @@ pub struct PolicyResult {
     pub writeback_source_writes: Option<u64>,
     /// Write-back: bytes of the write-back log (per host).
     pub writeback_log_bytes: Option<u64>,
+    /// Write-back: the most the log may hold (its region and every chunk of read slots it
+    /// may lend; per host).
+    pub writeback_log_max_bytes: Option<u64>,
+    /// Write-back: chunks of read slots the log lent.
+    pub writeback_log_lends: Option<u64>,
+    /// Write-back: chunks of read slots the log gave back.
+    pub writeback_log_give_backs: Option<u64>,
     /// Write-back: the log's commits (records written).
     pub writeback_commits: Option<u64>,
     /// Write-back: read pages served from the log (hits).
@@ -161,6 +168,9 @@ fn aggregate_engines(es: &[EngineResult]) -> EngineResult {
         if let Some(w) = &e.writeback {
             let o = out.writeback.get_or_insert_with(Default::default);
             o.log_bytes = w.log_bytes;
+            o.log_max_bytes = w.log_max_bytes;
+            o.lends += w.lends;
+            o.give_backs += w.give_backs;
             o.source_writes += w.source_writes;
             o.batches += w.batches;
             o.commits += w.commits;
@@ -326,6 +336,9 @@ pub(super) fn result(
             if let Some(w) = &e.writeback {
                 out.writeback_source_writes = Some(w.source_writes);
                 out.writeback_log_bytes = Some(w.log_bytes);
+                out.writeback_log_max_bytes = Some(w.log_max_bytes);
+                out.writeback_log_lends = Some(w.lends);
+                out.writeback_log_give_backs = Some(w.give_backs);
                 out.writeback_commits = Some(w.commits);
                 out.writeback_log_read_pages = Some(w.log_read_pages);
                 out.writeback_writes_given_up = Some(w.writes_given_up);
