@@ -192,6 +192,17 @@ impl CacheVolume {
         Some(l.dirty_in(offset / ps, (offset + len).div_ceil(ps)).0 * ps)
     }
 
+    /// Write-back's dirty room for the volume at global `offset`: the bytes of dirty data it
+    /// may hold before its writers wait for the room the device's other volumes are owed
+    /// (its share of the log up to the high watermark), None in the other modes.
+    pub fn writeback_share_at(&self, offset: u64) -> Option<u64> {
+        Some(
+            self.path
+                .log()?
+                .share_bytes_of(offset / sce_core::PAGE_SIZE),
+        )
+    }
+
     /// True if the cache device has a write-back log (formats 6 on): write-back is served
     /// through it. A device formatted without one needs a format to get one.
     pub fn has_writeback_log(&self) -> bool {

@@ -154,6 +154,15 @@ fn each_volume_of_a_shared_device_counts_its_own_dirty_bytes() {
     let own = |k: usize| vol.writeback_dirty_in(at[k].1.base, at[k].1.size);
     assert_eq!((own(0), own(1)), (Some(3 * PAGE), Some(5 * PAGE)));
     assert_eq!(vol.writeback_stats().unwrap().dirty_bytes, 8 * PAGE);
+    // Each may hold an equal share of the log up to its high watermark (75%).
+    let share = |k: usize| vol.writeback_share_at(at[k].1.base).unwrap();
+    let max = vol.writeback_stats().unwrap().log_max_bytes;
+    assert_eq!(share(0), share(1));
+    let whole = 2 * share(0);
+    assert!(
+        whole <= max * 3 / 4 && whole + 2 * PAGE > max * 3 / 4,
+        "{whole} of {max}"
+    );
 }
 
 /// The cleaner's pause for a slow background rate keeps its commit duties: a client's lone

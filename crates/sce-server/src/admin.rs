@@ -528,6 +528,9 @@ fn export_figures(m: &mut Value, a: &Attachable) {
     if let Some(d) = a.dirty_bytes() {
         m["export_dirty_bytes"] = json!(d);
     }
+    if let Some(d) = a.dirty_share_bytes() {
+        m["export_dirty_share_bytes"] = json!(d);
+    }
     if let Some(p) = a.part() {
         m["shared_with"] = json!(p.siblings);
     }

@@ -218,6 +218,13 @@ impl Attachable {
         self.with(|v| v.writeback_dirty_in(b, size), |_| None)
     }
 
+    /// Bytes of dirty data this export may hold before its writers wait for the room the
+    /// device's other exports are owed (its share of the log), None unless in write-back.
+    pub fn dirty_share_bytes(&self) -> Option<u64> {
+        let b = self.base();
+        self.with(|v| v.writeback_share_at(b), |_| None)
+    }
+
     /// FlashTier's `evict` over the export's `[offset, offset+len)`: bytes dropped.
     pub fn evict(&self, offset: u64, len: u64) -> Result<u64, IoError> {
         let b = self.base();

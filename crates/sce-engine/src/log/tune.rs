@@ -108,9 +108,7 @@ impl LogBack {
         if self.vols.len() < 2 {
             return false;
         }
-        let shares = self.shares.get().map_or(&[][..], Vec::as_slice);
-        let cap = part(self.region.lap(), self.tuning.high.load(Relaxed));
-        let share = |v: usize| part(cap, shares.get(v).copied().unwrap_or(1_000_000)).max(1);
+        let share = |v: usize| self.share_blocks(v);
         let v = st.vol_of(g);
         if st.vol_dirty[v] < share(v) {
             return false;
@@ -120,5 +118,24 @@ impl LogBack {
             .map(|u| share(u).saturating_sub(st.vol_dirty[u]))
             .sum();
         st.w.room() < owed + n + st.spare()
+    }
+
+    /// Positions of the log volume `v` may hold before it waits for the others' room: its
+    /// share (`cache_share`, or an equal part) of the log up to the high watermark; the
+    /// whole of it for a volume alone on its device.
+    fn share_blocks(&self, v: usize) -> u64 {
+        let cap = part(self.region.lap(), self.tuning.high.load(Relaxed));
+        if self.vols.len() < 2 {
+            return cap;
+        }
+        let shares = self.shares.get().map_or(&[][..], Vec::as_slice);
+        part(cap, shares.get(v).copied().unwrap_or(1_000_000)).max(1)
+    }
+
+    /// Bytes of dirty data the volume of global page `g` may hold before its writers wait
+    /// for room the other volumes of its device are owed (`status`' "this export" line).
+    pub(crate) fn share_bytes_of(&self, g: u64) -> u64 {
+        let v = self.st.lock().vol_of(g);
+        self.share_blocks(v) * sce_core::PAGE_SIZE
     }
 }

@@ -142,9 +142,12 @@ fn print_own(e: &Value, pct: &dyn Fn(&Value) -> String) {
             names.join(", ")
         );
     }
+    let share = e
+        .get("export_dirty_share_bytes")
+        .map_or(String::new(), |s| format!(" of {} it may hold", size(s)));
     let dirty = e
         .get("export_dirty_bytes")
-        .map_or(String::new(), |d| format!(", {} dirty", size(d)));
+        .map_or(String::new(), |d| format!(", {} dirty{share}", size(d)));
     println!(
         "  {:<12} {} cached{dirty}; {} of its {} read requests hit whole",
         "this export",
