@@ -133,6 +133,10 @@ pub(crate) struct LogBack {
     bytes_cleaned: AtomicU64,
     clean_errors: AtomicU64,
     source_writes: AtomicU64,
+    /// The cleaner's time in batches (µs) and its source writes there, in the background
+    /// [0] and while urgent [1]: its rate while it works, at each depth.
+    clean_busy: [AtomicU64; 2],
+    clean_busy_writes: [AtomicU64; 2],
     commits: AtomicU64,
     relocated: AtomicU64,
     damaged_found: AtomicU64,
@@ -218,6 +222,10 @@ impl LogBack {
             log_lent_bytes: self.lent.load(Relaxed) * lend.chunk_blocks * block,
             log_lends: self.lends.load(Relaxed),
             log_give_backs: self.give_backs.load(Relaxed),
+            clean_background_micros: self.clean_busy[0].load(Relaxed),
+            clean_background_writes: self.clean_busy_writes[0].load(Relaxed),
+            clean_urgent_micros: self.clean_busy[1].load(Relaxed),
+            clean_urgent_writes: self.clean_busy_writes[1].load(Relaxed),
             last_clean_error: self.last_clean_error.lock().clone(),
         }
     }

@@ -175,6 +175,8 @@ impl LogBack {
             bytes_cleaned: Default::default(),
             clean_errors: Default::default(),
             source_writes: Default::default(),
+            clean_busy: Default::default(),
+            clean_busy_writes: Default::default(),
             commits: Default::default(),
             relocated: Default::default(),
             damaged_found: Default::default(),

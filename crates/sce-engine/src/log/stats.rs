@@ -45,6 +45,14 @@ sce_core::stats_table! {
         log_lends: u64, Counter("sce_writeback_log_lends_total", "", "Chunks of read slots the write-back log took as dirty data grew.");
         /// Chunks of read slots the log gave back.
         log_give_backs: u64, Counter("sce_writeback_log_give_backs_total", "", "Chunks of read slots the write-back log gave back to the read cache once cleaning emptied them.");
+        /// The cleaner's time in batches in the background (16 source writes in flight), µs.
+        clean_background_micros: u64, Counter("sce_writeback_clean_background_seconds_total", "seconds", "Time the write-back log's cleaner spent cleaning in the background (16 source writes in flight at most).") / 1e6;
+        /// Source writes the cleaner made in those batches.
+        clean_background_writes: u64, Counter("sce_writeback_clean_background_source_writes_total", "", "Source writes the write-back log's cleaner made while cleaning in the background.");
+        /// The cleaner's time in urgent batches (64 source writes in flight), µs.
+        clean_urgent_micros: u64, Counter("sce_writeback_clean_urgent_seconds_total", "seconds", "Time the write-back log's cleaner spent cleaning urgently (past the high watermark or writers waiting for room; 64 source writes in flight at most).") / 1e6;
+        /// Source writes the cleaner made in urgent batches.
+        clean_urgent_writes: u64, Counter("sce_writeback_clean_urgent_source_writes_total", "", "Source writes the write-back log's cleaner made while cleaning urgently.");
     }
     also {
         /// The last cleaning error ("" if none).
