@@ -476,3 +476,44 @@ fn reads_of_dirty_pages_count_as_hits() {
     assert_eq!(s1.read_requests_full_hit - s0.read_requests_full_hit, 1);
     assert_eq!(s1.read_pages_missed - s0.read_pages_missed, 8, "{s1:?}");
 }
+
+/// A read of pages one write put in the log side by side is one device read, and a page of
+/// it that fails its checksum is never served: that page alone is read again and, damaged,
+/// lost (its reads fail); the others read right.
+#[test]
+fn a_run_of_logged_pages_is_read_at_once_and_each_page_checked() {
+    let source = random_source(16 * MIB, 3);
+    let cache = Arc::new(FaultDevice::new(MemDevice::new(8 * MIB)));
+    let ctl = cache.control();
+    let vol = CacheVolume::open(source, cache.clone(), config()).unwrap();
+    let data = pattern(11, 4 * PAGE);
+    vol.write_at(3 * MIB, &data).unwrap();
+    let r0 = ctl.ops(Op::Read);
+    assert_eq!(read(&vol, 3 * MIB, 4 * PAGE), data.to_vec());
+    assert_eq!(
+        ctl.ops(Op::Read) - r0,
+        1,
+        "four pages of one write: one device read"
+    );
+    // Every read from now returns a bit flipped in its middle: the third page of the run.
+    ctl.corrupt_reads(0..u64::MAX);
+    let mut buf = AlignedBuf::new(4 * PAGE as usize);
+    assert!(
+        vol.read_at(3 * MIB, &mut buf).is_err(),
+        "a damaged page was served"
+    );
+    ctl.clear();
+    assert_eq!(
+        read(&vol, 3 * MIB, 2 * PAGE),
+        data[..2 * PAGE as usize].to_vec()
+    );
+    assert_eq!(
+        read(&vol, 3 * MIB + 3 * PAGE, PAGE),
+        data[3 * PAGE as usize..].to_vec()
+    );
+    let mut page = AlignedBuf::new(PAGE as usize);
+    assert!(
+        vol.read_at(3 * MIB + 2 * PAGE, &mut page).is_err(),
+        "the damaged page is lost: its reads fail"
+    );
+}

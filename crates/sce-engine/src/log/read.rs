@@ -14,6 +14,9 @@ use sce_io::{AlignedBuf, IoError};
 use sce_store::wblog::Dirty;
 use std::sync::atomic::Ordering::Relaxed;
 
+/// The most pages of the log one device read of a client's read takes (1 MiB).
+const MAX_RUN: usize = 256;
+
 impl LogBack {
     /// A client's read; true if every byte came from the cache device.
     pub(crate) fn read(&self, e: &Engine, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
@@ -58,23 +61,63 @@ impl LogBack {
         }
         let mut hit = true;
         let mut at = offset;
+        let mut run = AlignedBuf::new(0);
         let mut page = AlignedBuf::new(ps as usize);
-        for (p, d) in found {
-            let (lo, hi) = ((p * ps).max(offset), ((p + 1) * ps).min(end));
+        let mut k = 0;
+        while k < found.len() {
+            // A run of pages whose versions lie side by side on the device (a multi-page
+            // write's): one device read, each page checked on its own.
+            let n = self.contiguous(&found[k..]);
+            let (first, last) = (found[k].0, found[k + n - 1].0);
+            let (lo, hi) = ((first * ps).max(offset), ((last + 1) * ps).min(end));
             if at < lo {
                 let r = (at - offset) as usize..(lo - offset) as usize;
                 hit &= e.read(at, &mut buf[r])?;
             }
-            hit &= self.read_current(e, p, d, &mut page)?;
-            let from = (lo - p * ps) as usize;
-            buf[(lo - offset) as usize..(hi - offset) as usize]
-                .copy_from_slice(&page[from..from + (hi - lo) as usize]);
+            let bytes = (n as u64 * ps) as usize;
+            if run.len() < bytes {
+                run = AlignedBuf::new(bytes);
+            }
+            let got = &mut run[..bytes];
+            let whole = self.dev.read_at(self.at(found[k].1.lpos), got).is_ok();
+            for (i, &(p, d)) in found[k..k + n].iter().enumerate() {
+                let mine = &got[i * ps as usize..(i + 1) * ps as usize];
+                let src: &[u8] = if whole && sce_store::wblog::page_crc(mine) == d.crc {
+                    mine
+                } else {
+                    // A failed read, or a version cleaned and reused under the read (or
+                    // damaged): this page alone, as it is now.
+                    hit &= self.read_current(e, p, d, &mut page)?;
+                    &page
+                };
+                let (plo, phi) = ((p * ps).max(offset), ((p + 1) * ps).min(end));
+                let from = (plo - p * ps) as usize;
+                buf[(plo - offset) as usize..(phi - offset) as usize]
+                    .copy_from_slice(&src[from..from + (phi - plo) as usize]);
+            }
             at = hi;
+            k += n;
         }
         if at < end {
             hit &= e.read(at, &mut buf[(at - offset) as usize..])?;
         }
         Ok(hit)
+    }
+
+    /// How many of `found` (pages in order, with their versions), from the first, are
+    /// adjacent pages whose versions are adjacent blocks of the device (at most 256).
+    fn contiguous(&self, found: &[(u64, Dirty)]) -> usize {
+        let (p0, d0) = found[0];
+        let at0 = self.at(d0.lpos);
+        let same = |i: usize| {
+            let (p, d) = found[i];
+            p == p0 + i as u64
+                && d.lpos == d0.lpos + i as u64
+                && self.at(d.lpos) == at0 + i as u64 * PAGE_SIZE
+        };
+        1 + (1..found.len().min(MAX_RUN))
+            .take_while(|&i| same(i))
+            .count()
     }
 
     /// Reads page `p`'s newest version (`d` when the read began) into `page`: if `d`
