@@ -112,6 +112,12 @@ CONFIGS = {
     # Write-back through a write-back log (issue 29) of a quarter of the cache.
     "sce-wblog": ("sce write-back through a write-back log (--writeback-log, 1/4 of the cache)",
                   "sce", ["--mode", "writeback", "--writeback-log", "{quarter}"]),
+    # Write-back's room (issue 45): a log that lends no read slots, and background
+    # cleaning from a tenth of the most the log may hold (the default: a quarter).
+    "sce-wb-fixed": ("sce write-back, a log that lends no read slots (--writeback-grow 0)",
+                     "sce", ["--mode", "writeback", "--writeback-grow", "0"]),
+    "sce-wb-low10": ("sce write-back, cleaning from 10% (--writeback-low-watermark 10%)",
+                     "sce", ["--mode", "writeback", "--writeback-low-watermark", "10%"]),
     "sce-paper": ("sce --admission sce-paper", "sce", ["--admission", "sce-paper"]),
     # flashcache in write-through keeps no metadata on the SSD and starts cold after a
     # restart: its like here runs without sce's persistent records and journal.
@@ -1161,7 +1167,8 @@ def committed_kept(pgs, res, step):
 COLORS = {"nocache": "#777777", "sce": "#d62728", "sce-paper": "#ff7f0e", "flashcache": "#1f77b4",
           "kit": "#9467bd", "flash": "#2ca02c", "sce-128k": "#8c564b", "sce-4m": "#e377c2",
           "sce-wt": "#17becf", "sce-wa": "#bcbd22", "sce-nojournal": "#aec7e8",
-          "sce-nopersist": "#98df8a", "sce-wb": "#000000", "sce-wblog": "#8c564b", "fc-persist": "#9edae5"}
+          "sce-nopersist": "#98df8a", "sce-wb": "#000000", "sce-wb-fixed": "#7f7f7f",
+          "sce-wb-low10": "#bcbd22", "sce-wblog": "#8c564b", "fc-persist": "#9edae5"}
 
 
 def svg_plot(panels, path):
