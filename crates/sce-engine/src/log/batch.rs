@@ -47,6 +47,12 @@ pub(super) struct Batch {
     pub(super) fresh_failed: u64,
     /// The last source error.
     pub(super) error: Option<String>,
+    /// Whether it cleaned urgently (64 writes in flight), how long it took once it held
+    /// the cleaning lock, and the source writes it made (none for a batch with nothing to
+    /// take).
+    pub(super) urgent: bool,
+    pub(super) busy: std::time::Duration,
+    pub(super) source_writes: u64,
 }
 
 /// What one run came to: (page, position) of each version written, and the pages whose
@@ -79,6 +85,7 @@ impl LogBack {
     ) -> Batch {
         let _one = self.clean_io.lock();
         let now = Instant::now();
+        let w0 = self.source_writes.load(Relaxed);
         let urgent = self.urgent();
         let depth = if urgent {
             URGENT_WRITERS
@@ -142,6 +149,8 @@ impl LogBack {
         }
         self.bytes_cleaned.fetch_add(b.cleaned * PAGE_SIZE, Relaxed);
         self.settle_tail();
+        (b.urgent, b.busy) = (urgent, now.elapsed());
+        b.source_writes = self.source_writes.load(Relaxed) - w0;
         b
     }
 

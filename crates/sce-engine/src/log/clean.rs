@@ -34,12 +34,10 @@ pub(super) fn cleaner(e: &Engine, lb: &LogBack) {
         let urgent = lb.urgent();
         priority.set(urgent);
         let t0 = Instant::now();
-        let w0 = lb.source_writes.load(Relaxed);
         let b = lb.clean_batch(e, None, &|| e.signals.shutting_down());
-        let depth = usize::from(urgent);
-        lb.clean_busy[depth].fetch_add(t0.elapsed().as_micros() as u64, Relaxed);
-        let wrote = lb.source_writes.load(Relaxed) - w0;
-        lb.clean_busy_writes[depth].fetch_add(wrote, Relaxed);
+        let depth = usize::from(b.urgent);
+        lb.clean_busy[depth].fetch_add(b.busy.as_micros() as u64, Relaxed);
+        lb.clean_busy_writes[depth].fetch_add(b.source_writes, Relaxed);
         if !urgent && b.cleaned > 0 {
             // Background cleaning keeps to its rate; the pause ends once cleaning is urgent
             // (the ring past its high watermark, writers waiting for room, a drain): the

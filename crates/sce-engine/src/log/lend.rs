@@ -137,6 +137,12 @@ fn lend_slots(e: &Engine, slots: std::ops::Range<u64>) -> Result<(), IoError> {
         std::thread::sleep(Duration::from_millis(1));
     }
     if !left.is_empty() {
+        // Not lent: what was taken of the chunk goes back to the read cache meanwhile (the
+        // superblock does not record it, no write uses it).
+        for g in slots.clone() {
+            let (k, s) = e.cores.slot(g as u32);
+            e.cores.with_shard(k, |core| core.give_back_slot(s));
+        }
         return Err(IoError::Failed(format!(
             "{} slots of a chunk are still in use: lent at a later look",
             left.len()

@@ -79,7 +79,14 @@ impl LogBack {
                 run = AlignedBuf::new(bytes);
             }
             let got = &mut run[..bytes];
-            let whole = self.dev.read_at(self.at(found[k].1.lpos), got).is_ok();
+            let whole = match self.dev.read_at(self.at(found[k].1.lpos), got) {
+                Ok(()) => true,
+                Err(err) => {
+                    // Counted once; each page is then read on its own.
+                    e.cache_read_failed(&err);
+                    false
+                }
+            };
             for (i, &(p, d)) in found[k..k + n].iter().enumerate() {
                 let mine = &got[i * ps as usize..(i + 1) * ps as usize];
                 let src: &[u8] = if whole && sce_store::wblog::page_crc(mine) == d.crc {

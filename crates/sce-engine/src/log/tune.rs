@@ -122,12 +122,12 @@ impl LogBack {
 
     /// Positions of the log volume `v` may hold before it waits for the others' room: its
     /// share (`cache_share`, or an equal part) of the log up to the high watermark; the
-    /// whole of it for a volume alone on its device.
+    /// whole ring for a volume alone on its device (its writers wait only when it is full).
     fn share_blocks(&self, v: usize) -> u64 {
-        let cap = part(self.region.lap(), self.tuning.high.load(Relaxed));
         if self.vols.len() < 2 {
-            return cap;
+            return self.region.lap();
         }
+        let cap = part(self.region.lap(), self.tuning.high.load(Relaxed));
         let shares = self.shares.get().map_or(&[][..], Vec::as_slice);
         part(cap, shares.get(v).copied().unwrap_or(1_000_000)).max(1)
     }

@@ -197,10 +197,14 @@ impl EngineSim {
             return;
         }
         let idle = t.saturating_sub(self.last_request) >= IDLE;
+        if self.log().batch.is_some() {
+            // The server's cleaner looks at the room between batches only.
+            return;
+        }
         self.adjust_lending(t, urgent);
         let l = self.log();
         let (used, blocks, lap, tuning) = (l.st.w.used(), l.blocks, l.lap, l.tuning);
-        if l.batch.is_some() || l.st.index.is_empty() {
+        if l.st.index.is_empty() {
             return;
         }
         // The server's rules (`log/clean.rs`, `log/tune.rs`): watermarks of the most the
@@ -244,11 +248,11 @@ impl EngineSim {
         }
     }
 
-    /// The cleaner's look at the room at `t` (the server's `log/lend.rs`, on the writer's
-    /// rule, up to four chunks a look): a chunk is lent (its slots evicted from the read
-    /// cache, the superblock's count written) and writes may use it; the chunks no replay
-    /// needs go back to the read cache. A chunk whose slots an operation pins waits for the
-    /// next look.
+    /// The cleaner's look at the room at `t`, between batches (the server's `log/lend.rs`,
+    /// on the writer's rule, up to four chunks a look): a chunk is lent (its slots evicted
+    /// from the read cache, the superblock's count written: one device write, the chunk
+    /// usable at once) and writes may use it; the chunks no replay needs go back to the read
+    /// cache. A chunk whose slots an operation pins waits for the next look.
     fn adjust_lending(&mut self, t: u64, waiting: bool) {
         let lend = self.log().st.w.region().lend;
         if lend.chunks == 0 {
@@ -261,6 +265,9 @@ impl EngineSim {
                 LendStep::Lend(c) => {
                     if c >= l.lent {
                         if !self.core.lend_slots(lend.slots_of_lent(c)).is_empty() {
+                            // A slot an operation pins: the chunk waits for the next look,
+                            // and what was taken of it goes back meanwhile.
+                            self.core.give_back_slots(lend.slots_of_lent(c));
                             break;
                         }
                         self.ssd.io(t, PAGE_SIZE, true);
@@ -475,7 +482,13 @@ impl EngineSim {
     fn wait_for_room(&mut self, now: &mut u64) -> Option<()> {
         self.res.writeback_waits += 1;
         self.log().waiting += 1;
+        let usable = self.log().st.w.usable();
         self.clean(*now, true);
+        if self.log().st.w.usable() > usable {
+            // A chunk was lent: the writer goes on at once (the server wakes it).
+            self.log().waiting -= 1;
+            return Some(());
+        }
         let next = self.next_event_time();
         self.log().waiting -= 1;
         *now = (*now).max(next?);
