@@ -74,39 +74,57 @@ impl LogBack {
                 let r = (at - offset) as usize..(lo - offset) as usize;
                 hit &= e.read(at, &mut buf[r])?;
             }
-            let bytes = (n as u64 * ps) as usize;
-            if run.len() < bytes {
-                run = AlignedBuf::new(bytes);
-            }
-            let got = &mut run[..bytes];
-            let whole = match self.dev.read_at(self.at(found[k].1.lpos), got) {
-                Ok(()) => true,
-                Err(err) => {
-                    // Counted once; each page is then read on its own.
-                    e.cache_read_failed(&err);
-                    false
-                }
-            };
-            for (i, &(p, d)) in found[k..k + n].iter().enumerate() {
-                let mine = &got[i * ps as usize..(i + 1) * ps as usize];
-                let src: &[u8] = if whole && sce_store::wblog::page_crc(mine) == d.crc {
-                    mine
-                } else {
-                    // A failed read, or a version cleaned and reused under the read (or
-                    // damaged): this page alone, as it is now.
-                    hit &= self.read_current(e, p, d, &mut page)?;
-                    &page
-                };
-                let (plo, phi) = ((p * ps).max(offset), ((p + 1) * ps).min(end));
-                let from = (plo - p * ps) as usize;
-                buf[(plo - offset) as usize..(phi - offset) as usize]
-                    .copy_from_slice(&src[from..from + (phi - plo) as usize]);
-            }
+            hit &= self.read_run(e, &found[k..k + n], (offset, buf), &mut run, &mut page)?;
             at = hi;
             k += n;
         }
         if at < end {
             hit &= e.read(at, &mut buf[(at - offset) as usize..])?;
+        }
+        Ok(hit)
+    }
+
+    /// Reads `run` (adjacent pages whose versions are adjacent blocks of the device) in one
+    /// device read into `scratch`, and each page's part of the client's read `(offset, buf)`
+    /// from it once it passes its checksum; a page that does not (a failed read, a version
+    /// cleaned and reused under the read, damage) is read on its own, as it is now. True if
+    /// every page came from the cache device.
+    fn read_run(
+        &self,
+        e: &Engine,
+        run: &[(u64, Dirty)],
+        (offset, buf): (u64, &mut [u8]),
+        scratch: &mut AlignedBuf,
+        page: &mut AlignedBuf,
+    ) -> Result<bool, IoError> {
+        let ps = PAGE_SIZE;
+        let end = offset + buf.len() as u64;
+        let bytes = run.len() * ps as usize;
+        if scratch.len() < bytes {
+            *scratch = AlignedBuf::new(bytes);
+        }
+        let got = &mut scratch[..bytes];
+        let whole = match self.dev.read_at(self.at(run[0].1.lpos), got) {
+            Ok(()) => true,
+            Err(err) => {
+                // Counted once; each page is then read on its own.
+                e.cache_read_failed(&err);
+                false
+            }
+        };
+        let mut hit = true;
+        for (i, &(p, d)) in run.iter().enumerate() {
+            let mine = &got[i * ps as usize..(i + 1) * ps as usize];
+            let src: &[u8] = if whole && sce_store::wblog::page_crc(mine) == d.crc {
+                mine
+            } else {
+                hit &= self.read_current(e, p, d, page)?;
+                page
+            };
+            let (lo, hi) = ((p * ps).max(offset), ((p + 1) * ps).min(end));
+            let from = (lo - p * ps) as usize;
+            buf[(lo - offset) as usize..(hi - offset) as usize]
+                .copy_from_slice(&src[from..from + (hi - lo) as usize]);
         }
         Ok(hit)
     }
