@@ -287,10 +287,12 @@ fn kill_amid_writes(
         "--cache",
         cache.to_str().unwrap(),
         "--cache-size",
-        "24MiB",
-        // The write-through journal, with the whole 24 MiB for slots and journal blocks as
-        // this load was sized for (a default log takes a quarter of so small a cache, and
-        // with it a quarter of the journal's ring: writes then found it full under load).
+        "64MiB",
+        // The write-through journal, with the whole 64 MiB for slots and journal blocks (a
+        // default log takes a sixteenth of the cache, and with it part of the journal's
+        // ring). 64 MiB gives the ring 64 blocks: at 24 MiB its 24 were found full under
+        // load (a CI run with other work on the machine: four of five tries fell back to
+        // intents, and the fifth dropped ten slots whole).
         "--writeback-log",
         "0",
         "--metadata-interval",
