@@ -173,7 +173,7 @@ impl WritePath {
     pub(crate) fn start_read(&self, e: &Arc<Engine>, offset: u64, len: u64) -> Option<StartedRead> {
         match self {
             WritePath::Through(t) => t.start_read(e, offset, len),
-            WritePath::Log(_) => None,
+            WritePath::Log(l) => l.start_read(e, offset, len),
         }
     }
 

@@ -106,9 +106,9 @@ impl CacheVolume {
     /// this volume was opened with, or on a device it is a slice of, starting at `base`
     /// there: a read whose every page is a hit is then started by
     /// [`sce_io::QueuedReads::start_read`] and completes on the queue's thread. Once per
-    /// volume; false if it already has one, or in write-back (whose reads take the range
-    /// lock). Write-back through the log starts its writes of whole pages through it
-    /// instead ([`sce_io::QueuedReads::start_write`]).
+    /// volume; false if it already has one. Write-back through the log also starts its
+    /// writes of whole pages through it ([`sce_io::QueuedReads::start_write`]), and its
+    /// hits of pages the log does not hold.
     pub fn serve_hits_from(&self, queue: Arc<dyn IoQueue>, base: u64) -> bool {
         let data = self
             .engine
@@ -117,7 +117,10 @@ impl CacheVolume {
             .map_or(0, |p| p.layout.data_offset);
         match &self.path {
             WritePath::Through(t) => t.serve_hits_from(queue, base + data),
-            WritePath::Log(l) => l.serve_writes_from(queue, base),
+            WritePath::Log(l) => {
+                let hits = l.serve_hits_from(queue.clone(), base + data);
+                l.serve_writes_from(queue, base) && hits
+            }
         }
     }
 

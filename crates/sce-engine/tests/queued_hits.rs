@@ -11,6 +11,7 @@ mod common;
 use common::watchdog::{run_watched, Progress};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use sce_core::WriteMode;
 use sce_engine::{CacheVolume, EngineConfig, PersistConfig};
 use sce_io::{
     open_queue, AlignedBuf, Backend, BlockDevice, BufPool, IoDone, MemDevice, QueuedReads,
@@ -43,12 +44,29 @@ fn setup(persist: bool, backend: Backend, shards: usize) -> Setup {
 
 /// `background`: population workers (which also apply the read logs) run.
 fn setup_with(persist: bool, backend: Backend, shards: usize, background: bool) -> Setup {
+    setup_mode(
+        persist,
+        backend,
+        shards,
+        background,
+        WriteMode::WriteThrough,
+    )
+}
+
+fn setup_mode(
+    persist: bool,
+    backend: Backend,
+    shards: usize,
+    background: bool,
+    mode: WriteMode,
+) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let source: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(256 * FRAG));
     let size = if persist { 16 << 20 } else { 48 * FRAG };
     let file = common::direct_file(dir.path(), "cache", size);
     let mut core = common::small_window_core(FRAG);
     common::eager_throttle(&mut core);
+    core.write_mode = mode;
     let cfg = EngineConfig {
         core,
         core_shards: shards,
@@ -177,6 +195,34 @@ fn io_uring_volatile_one_shard() {
 #[test]
 fn threads_persistent_four_shards() {
     run(true, Backend::Threads, 4);
+}
+
+/// Write-back through the log: reads of pages the log holds take the blocking path, the
+/// read cache's other hits go through the queue, and no read returns a stale page while
+/// writes land in the log, the cleaner writes them back and population fills.
+#[test]
+fn io_uring_writeback_through_the_log() {
+    run_watched("queued hits in write-back", Duration::from_secs(600), |p| {
+        let s = setup_mode(true, Backend::IoUring, 2, true, WriteMode::WriteBack);
+        let (queued, blocking) = load(&s, 4, 3000, p);
+        let st = s.vol.stats();
+        let wb = s.vol.writeback_stats().expect("write-back");
+        eprintln!(
+            "write-back: {queued} reads through the queue, {blocking} blocking; hits {} \
+             misses {}; {} dirty, {} cleaned",
+            st.read_pages_hit, st.read_pages_missed, wb.dirty_bytes, wb.cleaned_bytes
+        );
+        assert!(
+            queued > 100,
+            "{queued} queued reads: hits of clean pages go the queue"
+        );
+        assert!(
+            blocking > 0,
+            "misses and logged pages take the blocking path"
+        );
+        assert_eq!(st.cache_checksum_errors, 0);
+        assert_eq!(st.cache_read_errors, 0);
+    });
 }
 
 /// Warms fragment 0: reads it until reads of it can be started (it was populated).

@@ -65,6 +65,39 @@ impl LogBack {
         self.queue.set((queue, base)).is_ok()
     }
 
+    /// Serves whole-page hits of the read cache through `queue` too (the cache device's
+    /// data area starting at `base` there), as write-through does: reads of pages the log
+    /// does not hold ([`Self::start_read`]). False if it already has one.
+    pub(crate) fn serve_hits_from(&self, queue: Arc<dyn IoQueue>, base: u64) -> bool {
+        self.through.serve_hits_from(queue, base)
+    }
+
+    /// Starts a client's read of `len` bytes at `offset` (a range the caller checked)
+    /// through the queue if the log holds none of its pages (none dirty, none lost) and
+    /// the read cache holds them all (a hit, as write-through starts it); `None` for the
+    /// blocking path. A write acknowledged before the read arrived is in the log's index
+    /// by then (a write is indexed before it is acknowledged), so the read goes the
+    /// blocking way and finds it; one acknowledged after is concurrent with the read,
+    /// which may return either version, as any read racing a write may.
+    pub(crate) fn start_read(
+        &self,
+        e: &Arc<Engine>,
+        offset: u64,
+        len: u64,
+    ) -> Option<sce_io::StartedRead> {
+        let ps = PAGE_SIZE;
+        let (p0, p1) = (offset / ps, (offset + len).div_ceil(ps));
+        {
+            let st = self.st.lock();
+            let logged = |p: u64| st.index.contains_key(&p) || st.lost.contains(&p);
+            if (!st.index.is_empty() || !st.lost.is_empty()) && (p0..p1).any(logged) {
+                return None;
+            }
+        }
+        self.last_request.store(e.cores.now().0, Relaxed);
+        self.through.start_read(e, offset, len)
+    }
+
     /// The queue writes start through, if any.
     pub(crate) fn queue(&self) -> Option<Arc<dyn IoQueue>> {
         self.queue.get().map(|(q, _)| q.clone())
