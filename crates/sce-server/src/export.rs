@@ -449,10 +449,7 @@ pub(crate) fn persist_config(
             LogSize::Auto if cfg.shared.is_some() => 0,
             l => l.bytes(device_bytes),
         },
-        writeback_grow: match cfg.writeback_grow {
-            LogSize::Auto => None,
-            LogSize::Bytes(b) => Some(b),
-        },
+        writeback_grow: cfg.writeback_grow.explicit(),
         warm_rounds: if cfg.write_hot {
             PersistConfig::new("").warm_rounds
         } else {

@@ -22,6 +22,14 @@ impl LogSize {
         sce_store::wblog::auto_log_bytes(device)
     }
 
+    /// The size given, `None` for auto (the caller's own default applies).
+    pub fn explicit(self) -> Option<u64> {
+        match self {
+            LogSize::Bytes(b) => Some(b),
+            LogSize::Auto => None,
+        }
+    }
+
     /// The bytes of log to format a device of `device` bytes with.
     pub fn bytes(self, device: u64) -> u64 {
         match self {

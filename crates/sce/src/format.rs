@@ -99,12 +99,9 @@ pub fn format(a: FormatArgs) -> Result<()> {
             },
             size: None,
             log_bytes: a.writeback_log.bytes(dev.size()),
-            lend_bytes: match a.writeback_grow {
-                sce_server::config::LogSize::Auto => {
-                    sce_store::wblog::auto_lend_bytes(dev.size(), a.writeback_log.bytes(dev.size()))
-                }
-                sce_server::config::LogSize::Bytes(b) => b,
-            },
+            lend_bytes: a.writeback_grow.explicit().unwrap_or_else(|| {
+                sce_store::wblog::auto_lend_bytes(dev.size(), a.writeback_log.bytes(dev.size()))
+            }),
         },
     )?;
     print_formatted(&a, &sb)

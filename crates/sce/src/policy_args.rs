@@ -180,10 +180,7 @@ impl WritebackSimArgs {
     ) -> anyhow::Result<sce_sim::LogSizes> {
         Ok(sce_sim::LogSizes {
             log: Some(self.log_bytes(mode, cache_size)?),
-            grow: match self.writeback_grow {
-                sce_server::config::LogSize::Auto => None,
-                sce_server::config::LogSize::Bytes(b) => Some(b),
-            },
+            grow: self.writeback_grow.explicit(),
         })
     }
 

@@ -102,10 +102,7 @@ impl LogBack {
         self.persist.record_lent(needed)?;
         self.lent.store(needed, Relaxed);
         for c in needed..lent {
-            for g in self.region.lend.slots_of_lent(c) {
-                let (k, s) = e.cores.slot(g as u32);
-                e.cores.with_shard(k, |core| core.give_back_slot(s));
-            }
+            give_back_slots(e, self.region.lend.slots_of_lent(c));
         }
         self.give_backs.fetch_add(lent - needed, Relaxed);
         Ok(())
@@ -139,10 +136,7 @@ fn lend_slots(e: &Engine, slots: std::ops::Range<u64>) -> Result<(), IoError> {
     if !left.is_empty() {
         // Not lent: what was taken of the chunk goes back to the read cache meanwhile (the
         // superblock does not record it, no write uses it).
-        for g in slots.clone() {
-            let (k, s) = e.cores.slot(g as u32);
-            e.cores.with_shard(k, |core| core.give_back_slot(s));
-        }
+        give_back_slots(e, slots.clone());
         return Err(IoError::Failed(format!(
             "{} slots of a chunk are still in use: lent at a later look",
             left.len()
@@ -151,5 +145,13 @@ fn lend_slots(e: &Engine, slots: std::ops::Range<u64>) -> Result<(), IoError> {
     match &e.persist {
         Some(p) => p.guard_lent(slots.start as u32..slots.end as u32),
         None => Ok(()),
+    }
+}
+
+/// Gives global slots `slots` back to the read cache (those not lent are left as they are).
+fn give_back_slots(e: &Engine, slots: std::ops::Range<u64>) {
+    for g in slots {
+        let (k, s) = e.cores.slot(g as u32);
+        e.cores.with_shard(k, |core| core.give_back_slot(s));
     }
 }
