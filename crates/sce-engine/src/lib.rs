@@ -25,6 +25,7 @@ mod population;
 mod progress;
 mod ranges;
 mod read;
+mod refill;
 mod shard;
 mod slots;
 pub mod stats;

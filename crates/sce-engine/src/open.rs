@@ -387,6 +387,14 @@ fn start_threads(
         threads.push(spawn(engine, "sce-meta".into(), "metadata", flusher)?);
         threads.push(spawn(engine, "sce-intent".into(), "intent", intent_writer)?);
     }
+    if engine.persist.as_ref().is_some_and(|p| p.has_refill()) {
+        threads.push(spawn(
+            engine,
+            "sce-refill".into(),
+            "refill",
+            crate::refill::refill,
+        )?);
+    }
     Ok(threads)
 }
 

@@ -255,6 +255,10 @@ pub struct Loaded {
     pub unloaded_claims: Vec<u32>,
     /// Units that should be rewritten (rejected or holding dropped entries).
     pub rewrite_units: Vec<u32>,
+    /// (slot, fragment in the caller's address space) of the records dropped for their
+    /// slot's write intent: recently written, so likely hot. The engine fills them again
+    /// from the source after the start (their old copies are never trusted).
+    pub refill: Vec<(u32, u64)>,
     /// What the scan found.
     pub report: ScanReport,
     /// The write journal as found.

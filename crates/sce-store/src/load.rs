@@ -64,6 +64,7 @@ pub fn load_volumes(
         intents,
         unloaded_claims: Vec::new(),
         rewrite_units: Vec::new(),
+        refill: Vec::new(),
         journal,
         journal_slots: Vec::new(),
         notes: vec![0u64; l.slots as usize],
@@ -131,10 +132,11 @@ impl Loaded {
         };
         let intent = bit(&self.intents, s);
         let r = &mut self.report;
-        let dropped = if intent && !has_dirty {
-            Some(&mut r.slots_dropped_intent)
-        } else if e.frag() >= source_fragments {
+        let dropped = if e.frag() >= source_fragments {
             Some(&mut r.slots_out_of_range)
+        } else if intent && !has_dirty {
+            self.refill.push((s, base + e.frag()));
+            Some(&mut r.slots_dropped_intent)
         } else {
             None
         };

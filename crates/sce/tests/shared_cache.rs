@@ -273,8 +273,25 @@ fn two_exports_share_a_cache_device() {
         .map(|l| l.0.iter().filter(|&&v| v > 0).count())
         .sum();
     assert!(written > 100, "the writers wrote {written} blocks");
-    // Restart: both warm, nothing stale.
+    // Restart: both warm, nothing stale. Slots written within the write-hot hold were
+    // dropped by their intents and are filled again from the source in the background
+    // (`refill.rs`): wait for that (no time limit is asserted; a generous bound on the
+    // polling only keeps a hang from running for ever).
     let server = start(d.path(), &cfg);
+    let mut pending = u64::MAX;
+    for _ in 0..600 {
+        let s = ctl(&sock, &["stats"]);
+        pending = EXPORTS
+            .iter()
+            .map(|(n, _)| s["exports"][n]["persist_refill_pending"].as_u64().unwrap())
+            .max()
+            .unwrap();
+        if pending == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(pending, 0, "the refill never ended\n{}", server.log());
     let st = ctl(&sock, &["status"]);
     for (k, (name, size)) in EXPORTS.iter().enumerate() {
         let e = &st["exports"][k];

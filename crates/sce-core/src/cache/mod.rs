@@ -334,6 +334,11 @@ impl CacheCore {
         self.slots.take_dirty()
     }
 
+    /// True if slot `s` is lent to the write-back log (never free nor allocated meanwhile).
+    pub fn slot_is_lent(&self, s: SlotNo) -> bool {
+        self.slots.is_lent(s)
+    }
+
     /// The fragment slot `s` holds and its page-validity bitmap.
     pub fn slot_state(&self, s: SlotNo) -> (Option<FragNo>, &[u64]) {
         (self.slots.fragment(s), self.slots.bitmap(s))

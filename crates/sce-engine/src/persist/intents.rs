@@ -142,9 +142,9 @@ impl Persist {
     /// written again within `warm_rounds` rounds of a journaled write becomes write-hot: its
     /// intent is set now, made durable by the intent writer in the background
     /// (`take_presets`), and the writes after that wait for nothing, as without the journal
-    /// (md's write-intent bitmap). The bit is cleared by the first round after a whole round
-    /// without writes to the slot. The cost: a crash drops write-hot slots whole, not page
-    /// by page.
+    /// (md's write-intent bitmap). The bit is cleared by the first round after `warm_rounds`
+    /// rounds without writes to the slot (`write_hot_lately`). The cost: a crash drops
+    /// write-hot slots whole, not page by page.
     pub(crate) fn guard_write(
         &self,
         range: (u64, u64),
@@ -164,8 +164,10 @@ impl Persist {
             };
             if self.journal_on() {
                 if self.cfg.warm_rounds > 0 && st.intent_durable(s) {
-                    // Write-hot: the durable intent covers this write.
+                    // Write-hot: the durable intent covers this write, and is held for
+                    // `warm_rounds` rounds after it (`write_hot_lately`).
                     st.touch(s);
+                    self.warm_until[s as usize].store(warm, Relaxed);
                     self.counters.intent_hits.fetch_add(1, Relaxed);
                     continue;
                 }
@@ -220,6 +222,19 @@ impl Persist {
             self.presets_pending.store(true, Relaxed);
         }
         w.store(warm + 1, Relaxed);
+    }
+
+    /// With the journal: slot `s` was written within the last `warm_rounds` rounds, so a
+    /// round leaves its intent set even through rounds without writes (a slot written every
+    /// few seconds keeps its intent, and its writes wait for nothing; clearing it after one
+    /// quiet round made most of them journal again).
+    pub(super) fn write_hot_lately(&self, s: u32) -> bool {
+        self.journal_on()
+            && self.cfg.warm_rounds > 0
+            && self
+                .warm_until
+                .get(s as usize)
+                .is_some_and(|w| w.load(Relaxed) > self.round_no.load(Relaxed))
     }
 
     /// True (once) if writes set intents ahead of need since the last call: the caller

@@ -192,6 +192,11 @@ sce_core::stats_table! {
         journal_blocks_replayed: u64, Gauge("sce_persist_journal_replayed_blocks", "", "Write-journal blocks replayed at start.");
         /// Milliseconds the start-up load took.
         load_millis: u64, Gauge("sce_persist_load_seconds", "seconds", "Time the start-up load of the cache device took.") / 1e3;
+        /// Fragments dropped by intent at start that are still to be filled again from the
+        /// source (`refill.rs`).
+        refill_pending: u64, Gauge("sce_persist_refill_pending_fragments", "", "Fragments dropped by a write intent at start, still to be filled again from the source.");
+        /// Fragments dropped by intent at start and filled again from the source.
+        refilled: u64, Counter("sce_persist_refilled_fragments_total", "", "Fragments dropped by a write intent at start and filled again from the source.");
         /// Intent bits set now (fragments whose cached copy would be dropped after a crash).
         dirty_intents: u64, Gauge("sce_persist_dirty_intents", "", "Fragments whose cached copy a crash now would drop.");
         /// Synchronous intent writes (a write or population waited for them).
@@ -268,6 +273,8 @@ struct Counters {
     metadata_bytes_written: AtomicU64,
     metadata_errors: AtomicU64,
     flush_rounds: AtomicU64,
+    refill_pending: AtomicU64,
+    refilled: AtomicU64,
 }
 
 /// A unit's index, its image, and its slots with whether each record claims pages.
@@ -327,6 +334,8 @@ pub(crate) struct Persist {
     presets_pending: std::sync::atomic::AtomicBool,
     /// The state file that records the superblock's sequence, kept open.
     state_seq: StateSeq,
+    /// Fragments the start dropped by intent, to fill again from the source (`refill.rs`).
+    refill: Mutex<Vec<(u32, u64)>>,
 }
 
 /// What `open` hands back to the volume.
@@ -437,6 +446,30 @@ impl Persist {
         r
     }
 
+    /// Takes the (slot, fragment) records the start dropped by intent (`refill.rs` fills the
+    /// fragments again).
+    pub(crate) fn take_refill(&self) -> Vec<(u32, u64)> {
+        let v = std::mem::take(&mut *self.refill.lock());
+        self.counters.refill_pending.store(v.len() as u64, Relaxed);
+        v
+    }
+
+    /// One fragment of `take_refill`'s list done (`filled`: populated again, else skipped).
+    pub(crate) fn refill_done(&self, filled: bool) {
+        let c = &self.counters;
+        let _ = c
+            .refill_pending
+            .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
+        if filled {
+            c.refilled.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// True if the start left fragments to fill again.
+    pub(crate) fn has_refill(&self) -> bool {
+        !self.refill.lock().is_empty()
+    }
+
     /// The device's uuid.
     pub(crate) fn uuid(&self) -> [u8; 16] {
         self.sb.lock().uuid
@@ -465,6 +498,8 @@ impl Persist {
             journal_blocks: c.journal_blocks.load(Relaxed),
             journal_bytes: c.journal_bytes.load(Relaxed),
             journal_full_fallbacks: c.journal_full_fallbacks.load(Relaxed),
+            refill_pending: c.refill_pending.load(Relaxed),
+            refilled: c.refilled.load(Relaxed),
             ..self.loaded.clone()
         }
     }

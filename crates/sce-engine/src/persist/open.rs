@@ -202,6 +202,7 @@ impl Persist {
                 intent_io: Mutex::new(()),
                 round_lock: Mutex::new(()),
                 state_seq: Default::default(),
+                refill: Default::default(),
                 cfg,
                 counters: Counters::default(),
                 loaded: stats,
@@ -419,6 +420,19 @@ impl Persist {
             }
         }
         self.loaded.fragments_restored = restored;
+        // Dropped by intent: written lately, so likely hot. Filled again from the source
+        // once serving (`refill.rs`), unless a restored record holds the fragment anyway.
+        let held: std::collections::HashSet<u64> = loaded.entries.iter().map(|e| e.1).collect();
+        let refill: Vec<(u32, u64)> = loaded
+            .refill
+            .iter()
+            .copied()
+            .filter(|(_, f)| !held.contains(f))
+            .collect();
+        self.counters
+            .refill_pending
+            .store(refill.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        *self.refill.get_mut() = refill;
         self.sync(&tickets)?;
         let tail = self.st.get_mut().journal.tail();
         let mut sb = self.sb.lock();

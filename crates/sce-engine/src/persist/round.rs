@@ -214,12 +214,20 @@ impl Persist {
             units
         };
         let mut clear = Vec::new();
+        let held = |s: u32| !force && self.write_hot_lately(s);
         cores.each_shard(|k, core| {
             let mut st = self.st.lock();
             for s in core.take_dirty() {
                 units.insert(l.unit_of(cores.slot_global(k, s)).0);
             }
-            clear.extend(Self::quiet_intents(&mut st, core, (k, cores), force, read));
+            clear.extend(Self::quiet_intents(
+                &mut st,
+                core,
+                (k, cores),
+                force,
+                read,
+                &held,
+            ));
         });
         units.extend(clear.iter().map(|&s| l.unit_of(s).0));
         units.extend(crcs.take_dirty());
@@ -262,15 +270,17 @@ impl Persist {
     }
 
     /// The intents of core shard `k`'s slots that stayed quiet since the last round (no
-    /// write touched their slot, no read while write-warm, or `force`) and whose fragments
-    /// have nothing in flight. Forgets the touches it looked at: a write from now on marks
-    /// the slot again, and `settle` then leaves its intent set.
+    /// write touched their slot, no read while write-warm, not `held`: written within
+    /// `warm_rounds` rounds; or `force`) and whose fragments have nothing in flight. Forgets
+    /// the touches it looked at: a write from now on marks the slot again, and `settle`
+    /// then leaves its intent set.
     fn quiet_intents(
         st: &mut State,
         core: &CacheCore,
         (k, cores): (usize, &Cores),
         force: bool,
         read: &[u64],
+        held: &dyn Fn(u32) -> bool,
     ) -> Quiet {
         let (lo, hi) = cores.slot_range(k);
         let mut clear = Vec::new();
@@ -283,7 +293,7 @@ impl Persist {
                     continue;
                 }
                 let touched = st.take_touched(s);
-                let quiet = force || (!touched && !sce_store::bit(read, s));
+                let quiet = force || (!touched && !sce_store::bit(read, s) && !held(s));
                 if !quiet {
                     continue;
                 }

@@ -1,0 +1,56 @@
+//! After a crash, the fragments whose records a write intent voided are filled again from
+//! the source, in the background once the volume serves: their slots were written within
+//! the last `warm_rounds` metadata rounds (write-hot slots keep their intents that long, so
+//! that writes to them wait for no journal write), so they are likely the hottest data, and
+//! dropping them whole would leave a crashed cache cold where it was busiest. Nothing of the
+//! old copies is trusted: each fragment is read from the source and written to a slot as
+//! any population is (the core's population token keeps a client write that lands meanwhile
+//! from being overwritten by older data). A fragment the clients brought back by then, or
+//! one whose old slot is lent to the write-back log now, is skipped.
+
+use crate::engine::Engine;
+use crate::population::run_population;
+use sce_core::Population;
+use sce_io::AlignedBuf;
+
+/// Fills again, on the calling thread (`sce-refill`), the fragments the start dropped by
+/// intent; ends early at shutdown or in passthrough.
+pub(crate) fn refill(e: &Engine) {
+    let Some(p) = &e.persist else {
+        return;
+    };
+    let todo = p.take_refill();
+    if todo.is_empty() {
+        return;
+    }
+    let fsize = 1u64 << e.fshift;
+    let mut buf = AlignedBuf::new(fsize as usize);
+    let started = std::time::Instant::now();
+    let mut filled = 0u64;
+    for (slot, f) in todo {
+        if e.signals.shutting_down() || e.health.passthrough() {
+            break;
+        }
+        let (ks, local_slot) = e.cores.slot(slot);
+        let lent = e.cores.read_shard(ks, |core| core.slot_is_lent(local_slot));
+        let offset = f * fsize;
+        let job = if lent || offset >= e.dev.size {
+            None
+        } else {
+            let (k, local) = e.cores.source(offset);
+            e.cores
+                .with_shard(k, |core| core.prefetch(local).map(|j| (k, j)))
+        };
+        let done = job.is_some();
+        if let Some((k, job)) = job {
+            run_population(e, k, Population::new(job), &mut buf);
+            filled += 1;
+        }
+        p.refill_done(done);
+    }
+    tracing::info!(
+        fragments = filled,
+        seconds = started.elapsed().as_secs_f64(),
+        "filled again from the source the fragments a crash's write intents dropped"
+    );
+}
