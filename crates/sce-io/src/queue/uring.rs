@@ -1,8 +1,7 @@
 //! `UringQueue`: an [`IoQueue`] on io_uring, for a [`FileDevice`].
 //!
-//! Submitters push an entry under the queue's mutex and enter the kernel at once (one
-//! `io_uring_enter` per operation; the mutex is a leaf, held for the push and that call
-//! only). One completion thread per queue waits in `io_uring_enter(GETEVENTS)`, reaps
+//! Submitters push their entries under the queue's mutex and enter the kernel once per
+//! batch, after releasing it (the mutex is a leaf, held for the pushes only). One completion thread per queue waits in `io_uring_enter(GETEVENTS)`, reaps
 //! every completion there is and runs the callbacks, outside the mutex.
 //!
 //! The buffers of operations in flight live in the queue's table of pending operations
@@ -222,10 +221,15 @@ impl UringQueue {
                 pushed += 1;
             }
             drop(sq);
+            drop(pending);
             if pushed > 0 {
-                // Enters the kernel. Should that keep failing, the entries stay in the ring
-                // and the completion thread's next enter (at most `REENTER` away) submits
-                // them.
+                // Enters the kernel, with the table unlocked: the entries are in the ring
+                // (its tail was published by `drop(sq)`), and the kernel serialises
+                // concurrent enters itself, so the completion thread need not wait for this
+                // call to take its completions (under the lock it spun in `sched_yield`
+                // about once per request at depth 32). Should entering keep failing, the
+                // entries stay in the ring and the completion thread's next enter (at most
+                // `REENTER` away) submits them.
                 for _ in 0..16 {
                     match inner.ring.submit() {
                         Err(e) if retryable(&e) => std::thread::yield_now(),
@@ -339,13 +343,15 @@ fn reap(inner: &Inner) {
         wait(inner, &mut timed);
         // SAFETY: this thread is the only user of the completion ring once started.
         done.extend(unsafe { inner.ring.completion_shared() }.map(|c| (c.user_data(), c.result())));
-        for (key, res) in done.drain(..) {
-            if key == WAKE {
-                continue;
-            }
-            let Some(mut f) = inner.pending.lock().take(key as usize) else {
-                continue;
-            };
+        // Every reaped operation out of the table under one lock.
+        let taken: Vec<(InFlight, i32)> = {
+            let mut pending = inner.pending.lock();
+            done.drain(..)
+                .filter(|&(key, _)| key != WAKE)
+                .filter_map(|(key, res)| Some((pending.take(key as usize)?, res)))
+                .collect()
+        };
+        for (mut f, res) in taken {
             let result = finish(inner, &mut f.op, res);
             let (op, callback) = (f.op, f.done);
             let run = std::panic::AssertUnwindSafe(move || {
