@@ -59,8 +59,8 @@
 //! worker only `try_lock`s it for one non-blocking send (and leaves a partly sent reply in
 //! it for the writer), the writer locks it for its blocking writes, which `reply_timeout`
 //! bounds. Nothing else is taken while it is held. An I/O queue's own lock (its table of
-//! operations in flight) is a leaf too, held to push one entry and enter the kernel; its
-//! callbacks run with no lock held.
+//! operations in flight) is a leaf too, held to push a batch's entries (the kernel is
+//! entered after it is released); its callbacks run with no lock held.
 //!
 //! One lock is held across device I/O: `unaligned::RMW`, by a worker serving an unaligned
 //! write of a client that did not ask for block sizes (read-modify-write). It is taken
