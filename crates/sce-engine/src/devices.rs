@@ -27,6 +27,8 @@ pub(crate) struct Devices {
     pub(crate) size: u64,
     /// The logical block size requests must be aligned to.
     pub(crate) lbs: u32,
+    /// The read-ahead's counters, when the source is read ahead (`readahead.rs`).
+    pub(crate) read_ahead: Option<Arc<crate::readahead::ReadAheadStats>>,
     /// The volumes served (one unless several share the cache device), in address order.
     volumes: Vec<PartInfo>,
     /// Source writes and discards started, and completed (successfully or not): the flusher
@@ -103,11 +105,21 @@ impl Devices {
             source,
             cache,
             lbs,
+            read_ahead: None,
             volumes,
             started: AtomicU64::new(0),
             done: AtomicU64::new(0),
             written: FlushMark::owing(),
         }
+    }
+
+    /// The same, with the read-ahead's counters.
+    pub(crate) fn with_read_ahead(
+        mut self,
+        stats: Option<Arc<crate::readahead::ReadAheadStats>>,
+    ) -> Devices {
+        self.read_ahead = stats;
+        self
     }
 
     /// The volumes, in address order.

@@ -25,6 +25,7 @@ mod population;
 mod progress;
 mod ranges;
 mod read;
+mod readahead;
 mod refill;
 mod shard;
 mod slots;

@@ -491,13 +491,20 @@ impl CacheVolume {
             .into());
         }
         let o = open_core(&*source, vols, cache, &config)?;
+        let (source, read_ahead) = if config.read_ahead {
+            let ra = crate::readahead::ReadAhead::new(source)?;
+            let stats = ra.stats();
+            (Arc::new(ra) as Arc<dyn BlockDevice>, Some(stats))
+        } else {
+            (source, None)
+        };
         // Where each volume ends (the log clamps its cleaning there).
         let ends: Vec<u64> = parts.iter().map(|p| p.at.base + p.at.size).collect();
         let fshift = o.cores[0].geometry().fragment_shift();
         let persist = o.persist.map(Arc::new);
         let engine = Arc::new(Engine {
             checks: Checks::new(o.crcs, o.seeds, source.size(), fshift),
-            dev: Devices::new(source, o.data, lbs, parts),
+            dev: Devices::new(source, o.data, lbs, parts).with_read_ahead(read_ahead),
             cores: Cores::new(o.cores, o.map),
             config: Mutex::new(o.config),
             health: Health::new(config.error_limit),

@@ -117,6 +117,10 @@ sce_core::stats_table! {
         miss_fills: u64, Counter("sce_miss_fills_total", "", "Read misses whose own data filled the cache (admission sce with miss fills).");
         /// Population wake-ups that left a busy source to the clients (miss fills on).
         population_source_busy: u64, Counter("sce_population_source_busy_total", "", "Population wake-ups that left a busy source to the clients (miss fills on).");
+        /// Bytes the source was read ahead of streams of large reads.
+        source_read_ahead_bytes: u64, Counter("sce_source_read_ahead_bytes_total", "bytes", "Bytes read from the source ahead of streams of large reads.");
+        /// Bytes of the read-ahead that reads used.
+        source_read_ahead_used_bytes: u64, Counter("sce_source_read_ahead_used_bytes_total", "bytes", "Bytes read ahead of streams that reads used.");
         /// Bytes of reads' fills dropped because the cache device was behind.
         fill_bytes_dropped: u64, Counter("sce_fill_dropped_bytes_total", "bytes", "Bytes read misses would have filled the cache with, dropped because the cache device was behind (reads never wait for fills).");
         /// Cache writes refused by the endurance budget (`max_cache_writes`).

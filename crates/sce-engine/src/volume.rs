@@ -54,6 +54,9 @@ pub struct EngineConfig {
     /// (`sce_core::shards_for`, the simulator's rule too); 1 is the unsharded core. Never
     /// more than half the slots (a shard needs two).
     pub core_shards: usize,
+    /// Read the source ahead of streams of large reads (`readahead.rs`). Only where nobody
+    /// but this volume writes the source: off in shared mode.
+    pub read_ahead: bool,
 }
 
 impl Default for EngineConfig {
@@ -68,6 +71,7 @@ impl Default for EngineConfig {
             writeback_idle: Duration::from_secs(1),
             persist: None,
             core_shards: 0,
+            read_ahead: true,
         }
     }
 }
@@ -154,6 +158,10 @@ impl CacheVolume {
             });
         }
         e.counters.unsplit(&mut v);
+        if let Some(ra) = &e.dev.read_ahead {
+            v.source_read_ahead_bytes = ra.read.load(std::sync::atomic::Ordering::Relaxed);
+            v.source_read_ahead_used_bytes = ra.used.load(std::sync::atomic::Ordering::Relaxed);
+        }
         // Write-back: the reads the log served are hits the core never saw.
         if let Some(l) = self.path.log() {
             let (pages, whole) = l.read_counts();

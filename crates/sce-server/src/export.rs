@@ -346,6 +346,8 @@ pub(crate) fn build_cached<'a>(
         core,
         persist,
         error_limit: cfg.error_limit,
+        // In shared mode other hosts write the source too: no read-ahead of it.
+        read_ahead: cfg.shared.is_none(),
         ..EngineConfig::default()
     };
     let volume = Arc::new(open(cache, engine).with_context(|| format!("export {n:?}"))?);
