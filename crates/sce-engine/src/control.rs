@@ -167,6 +167,7 @@ impl CacheVolume {
     /// metadata errors of the round (if any, the records could not be written: the caller
     /// should report it; the cache disables itself at its error limit as for any).
     pub fn forget(&self) -> (u64, u64) {
+        self.engine.dev.void_read_ahead();
         let mut n = 0;
         self.engine.cores.each_shard(|_, c| n += c.forget());
         let errors = self.engine.flush_metadata();
@@ -275,6 +276,8 @@ impl CacheVolume {
     /// cache's back). The caller forgets the volume's pages.
     pub fn set_detached(&self, k: usize, on: bool) -> Result<(), IoError> {
         let e = &self.engine;
+        // Its source may be written behind the engine from now on (and was, until now).
+        e.dev.void_read_ahead();
         let vols = e.dev.volumes();
         let p = vols
             .get(k)
@@ -318,6 +321,7 @@ impl CacheVolume {
     /// Returns the bytes that were cached, and the metadata errors.
     pub fn forget_volume(&self, k: usize) -> Result<(u64, u64), IoError> {
         let e = &self.engine;
+        e.dev.void_read_ahead();
         let p = e
             .dev
             .volumes()

@@ -27,8 +27,9 @@ pub(crate) struct Devices {
     pub(crate) size: u64,
     /// The logical block size requests must be aligned to.
     pub(crate) lbs: u32,
-    /// The read-ahead's counters, when the source is read ahead (`readahead.rs`).
-    pub(crate) read_ahead: Option<Arc<crate::readahead::ReadAheadStats>>,
+    /// The source's read-ahead, when it is read ahead (`readahead.rs`; the same object as
+    /// `source`).
+    pub(crate) read_ahead: Option<Arc<crate::readahead::ReadAhead>>,
     /// The volumes served (one unless several share the cache device), in address order.
     volumes: Vec<PartInfo>,
     /// Source writes and discards started, and completed (successfully or not): the flusher
@@ -113,13 +114,20 @@ impl Devices {
         }
     }
 
-    /// The same, with the read-ahead's counters.
+    /// The same, with the source's read-ahead.
     pub(crate) fn with_read_ahead(
         mut self,
-        stats: Option<Arc<crate::readahead::ReadAheadStats>>,
+        ra: Option<Arc<crate::readahead::ReadAhead>>,
     ) -> Devices {
-        self.read_ahead = stats;
+        self.read_ahead = ra;
         self
+    }
+
+    /// The source may have changed behind the engine: nothing read ahead is used.
+    pub(crate) fn void_read_ahead(&self) {
+        if let Some(ra) = &self.read_ahead {
+            ra.void_all();
+        }
     }
 
     /// The volumes, in address order.

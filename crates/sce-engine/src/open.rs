@@ -492,9 +492,8 @@ impl CacheVolume {
         }
         let o = open_core(&*source, vols, cache, &config)?;
         let (source, read_ahead) = if config.read_ahead {
-            let ra = crate::readahead::ReadAhead::new(source)?;
-            let stats = ra.stats();
-            (Arc::new(ra) as Arc<dyn BlockDevice>, Some(stats))
+            let ra = Arc::new(crate::readahead::ReadAhead::new(source)?);
+            (ra.clone() as Arc<dyn BlockDevice>, Some(ra))
         } else {
             (source, None)
         };

@@ -11,8 +11,8 @@ use sce_io::{AlignedBuf, BlockDevice, IoError, Op};
 use std::sync::atomic::Ordering::Relaxed;
 
 /// Performs a population job of core shard `k` with `buf` (at least a fragment long) and
-/// completes it.
-pub(crate) fn run_population(s: &Engine, k: usize, job: Population, buf: &mut AlignedBuf) {
+/// completes it; true if its data was read and written.
+pub(crate) fn run_population(s: &Engine, k: usize, job: Population, buf: &mut AlignedBuf) -> bool {
     let cores = &s.cores;
     let slot = cores.slot_global(k, job.slot);
     if let Some(p) = &s.persist {
@@ -21,7 +21,7 @@ pub(crate) fn run_population(s: &Engine, k: usize, job: Population, buf: &mut Al
         let t: Vec<Ticket> = p.guard_slot(slot, frag).into_iter().collect();
         if !s.wait_intents(&t) {
             cores.with_shard(k, |core| job.complete(core, false));
-            return;
+            return false;
         }
     }
     let source = cores.source_global(k, job.source);
@@ -51,6 +51,7 @@ pub(crate) fn run_population(s: &Engine, k: usize, job: Population, buf: &mut Al
     if let (true, Some(p)) = (ok, &s.persist) {
         p.warm(slot);
     }
+    ok
 }
 
 /// Population worker `index`: visits the core shards in turn, one per wake-up (so the

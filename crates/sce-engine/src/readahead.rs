@@ -15,9 +15,10 @@
 //! it ends (a window started while it was in flight may have read the source before the
 //! write landed). A window is used only if no write voided it by the time a read takes its
 //! bytes, so a read returns what a source read started no earlier than the last completed
-//! write to those bytes returns. Only the engine writes its source through the wrapper, so
-//! it is used only where nobody else writes the source (not in shared mode:
-//! `EngineConfig::read_ahead`).
+//! write to those bytes returns. Writes that do not go through the wrapper are the engine's
+//! to announce: a volume's source written while its export was detached (several exports
+//! sharing a cache device) and `forget` void every window (`void_all`); other hosts' writes
+//! cannot be, so it is off in shared mode (`EngineConfig::read_ahead`).
 //!
 //! At most [`WINDOWS`] windows exist at once (the oldest unclaimed one gives way), so the
 //! memory held is at most `WINDOWS * MAX_LEN`; a stream that stops wastes one window's read.
@@ -215,6 +216,16 @@ impl ReadAhead {
         // Filled ones nobody waits for go now; those in flight when their read ends.
         st.windows
             .retain(|w| !(w.void && !w.claimed && !matches!(w.fill, Fill::Pending)));
+        drop(st);
+        // A read waiting for a window it claimed must see the void now: the window's own
+        // read may never report (its thread skips a window voided before it began).
+        self.shared.cv.notify_all();
+    }
+
+    /// Voids every window: the source may have changed behind the wrapper (a volume's
+    /// source written while its export was detached, `forget`).
+    pub(crate) fn void_all(&self) {
+        self.void(0, u64::MAX);
     }
 
     /// A write-like call `f` over `[offset, offset + len)`, with the windows it overlaps
@@ -230,8 +241,22 @@ impl ReadAhead {
 /// A read-ahead thread's work: reads window `id` and hands it over (or drops it if it is gone
 /// or voided with nobody waiting).
 fn fill(dev: &dyn BlockDevice, sh: &Shared, (id, start, len): (u64, u64, u64)) {
-    if !sh.st.lock().windows.iter().any(|w| w.id == id && !w.void) {
-        return;
+    {
+        let mut st = sh.st.lock();
+        let Some(i) = st.windows.iter().position(|w| w.id == id) else {
+            return;
+        };
+        if st.windows[i].void {
+            // Never read: a read that claimed it is told so (`void` woke it too).
+            if st.windows[i].claimed {
+                st.windows[i].fill = Fill::Failed;
+            } else {
+                st.windows.remove(i);
+            }
+            drop(st);
+            sh.cv.notify_all();
+            return;
+        }
     }
     let mut buf = AlignedBuf::new(len as usize);
     let r = dev.read_at(start, &mut buf);
@@ -404,6 +429,31 @@ mod tests {
         ra.read_at(0, &mut small).unwrap();
         ra.read_at(8 * len, &mut buf).unwrap();
         assert_eq!(s.used.load(Relaxed), ahead, "{s:?}");
+    }
+
+    /// A write behind the wrapper (a detached export's source) is announced with
+    /// `void_all`: the window read before it is not used.
+    #[test]
+    fn void_all_drops_what_was_read_before_a_write_behind_the_wrapper() {
+        let mem = Arc::new(MemDevice::new(SIZE));
+        for b in 0..SIZE / BLOCK {
+            mem.write_at(b * BLOCK, &stamp(b, 0)).unwrap();
+        }
+        let ra = ReadAhead::new(mem.clone()).unwrap();
+        let len = 256 << 10;
+        let mut buf = vec![0u8; len as usize];
+        ra.read_at(0, &mut buf).unwrap();
+        ra.read_at(len, &mut buf).unwrap();
+        // A window of [2 len, 3 len) is started; wait until it is filled.
+        while ra.stats().read.load(Relaxed) < len {
+            std::thread::yield_now();
+        }
+        let b = 2 * len / BLOCK;
+        mem.write_at(b * BLOCK, &stamp(b, 9)).unwrap();
+        ra.void_all();
+        ra.read_at(2 * len, &mut buf).unwrap();
+        assert_eq!(&buf[..BLOCK as usize], &stamp(b, 9)[..]);
+        assert_eq!(ra.stats().used.load(Relaxed), 0);
     }
 
     /// A writer stamps random blocks with rising versions while two readers stream through

@@ -5,13 +5,17 @@
 //! dropping them whole would leave a crashed cache cold where it was busiest. Nothing of the
 //! old copies is trusted: each fragment is read from the source and written to a slot as
 //! any population is (the core's population token keeps a client write that lands meanwhile
-//! from being overwritten by older data). A fragment the clients brought back by then, or
-//! one whose old slot is lent to the write-back log now, is skipped.
+//! from being overwritten by older data), one at a time, pausing while the source shows a
+//! queue (`SourceLoad`, as population does). A fragment the clients brought back by then,
+//! or one whose old slot is lent to the write-back log now, is skipped.
 
 use crate::engine::Engine;
 use crate::population::run_population;
 use sce_core::Population;
 use sce_io::AlignedBuf;
+
+/// How long the refill waits before it looks again at a source that shows a queue.
+const BUSY_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Fills again, on the calling thread (`sce-refill`), the fragments the start dropped by
 /// intent; ends early at shutdown or in passthrough.
@@ -28,7 +32,11 @@ pub(crate) fn refill(e: &Engine) {
     let started = std::time::Instant::now();
     let mut filled = 0u64;
     for (slot, f) in todo {
+        // Like population, it leaves a source that shows a queue to the clients (whose
+        // misses fill the cache meanwhile).
+        while !e.source_load.has_room() && e.signals.sleep(BUSY_PAUSE) {}
         if e.signals.shutting_down() || e.health.passthrough() {
+            p.refill_stopped();
             break;
         }
         let (ks, local_slot) = e.cores.slot(slot);
@@ -41,11 +49,8 @@ pub(crate) fn refill(e: &Engine) {
             e.cores
                 .with_shard(k, |core| core.prefetch(local).map(|j| (k, j)))
         };
-        let done = job.is_some();
-        if let Some((k, job)) = job {
-            run_population(e, k, Population::new(job), &mut buf);
-            filled += 1;
-        }
+        let done = job.is_some_and(|(k, job)| run_population(e, k, Population::new(job), &mut buf));
+        filled += u64::from(done);
         p.refill_done(done);
     }
     tracing::info!(

@@ -159,8 +159,9 @@ impl CacheVolume {
         }
         e.counters.unsplit(&mut v);
         if let Some(ra) = &e.dev.read_ahead {
-            v.source_read_ahead_bytes = ra.read.load(std::sync::atomic::Ordering::Relaxed);
-            v.source_read_ahead_used_bytes = ra.used.load(std::sync::atomic::Ordering::Relaxed);
+            let s = ra.stats();
+            v.source_read_ahead_bytes = s.read.load(std::sync::atomic::Ordering::Relaxed);
+            v.source_read_ahead_used_bytes = s.used.load(std::sync::atomic::Ordering::Relaxed);
         }
         // Write-back: the reads the log served are hits the core never saw.
         if let Some(l) = self.path.log() {

@@ -375,7 +375,7 @@ mod tests {
             assert_eq!(k.len(), t.len());
             k
         }
-        assert_eq!(keys(VolumeStats::STATS).len(), 32);
+        assert_eq!(keys(VolumeStats::STATS).len(), 34);
         assert!(keys(WriteBackStats::STATS).contains(&"cleaned_bytes"));
         assert!(keys(PersistStats::STATS).contains(&"load_millis"));
         keys(ExportCounters::STATS);

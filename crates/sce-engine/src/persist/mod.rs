@@ -457,7 +457,8 @@ impl Persist {
         v
     }
 
-    /// One fragment of `take_refill`'s list done (`filled`: populated again, else skipped).
+    /// One fragment of `take_refill`'s list done (`filled`: populated again, else skipped
+    /// or failed).
     pub(crate) fn refill_done(&self, filled: bool) {
         let c = &self.counters;
         let _ = c
@@ -466,6 +467,11 @@ impl Persist {
         if filled {
             c.refilled.fetch_add(1, Relaxed);
         }
+    }
+
+    /// The refill stopped early (shutdown, passthrough): nothing is pending any more.
+    pub(crate) fn refill_stopped(&self) {
+        self.counters.refill_pending.store(0, Relaxed);
     }
 
     /// True if the start left fragments to fill again.

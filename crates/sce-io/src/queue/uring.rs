@@ -1,8 +1,10 @@
 //! `UringQueue`: an [`IoQueue`] on io_uring, for a [`FileDevice`].
 //!
 //! Submitters push their entries under the queue's mutex and enter the kernel once per
-//! batch, after releasing it (the mutex is a leaf, held for the pushes only). One completion thread per queue waits in `io_uring_enter(GETEVENTS)`, reaps
-//! every completion there is and runs the callbacks, outside the mutex.
+//! batch, after releasing it (the mutex is a leaf, held for the pushes only). One
+//! completion thread per queue waits in `io_uring_enter(GETEVENTS)`, reaps every completion
+//! there is, takes their operations out of the table under one lock and runs the callbacks
+//! outside it.
 //!
 //! The buffers of operations in flight live in the queue's table of pending operations
 //! until their completion is reaped: the kernel's pointer into a buffer stays valid however
