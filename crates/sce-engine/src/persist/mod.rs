@@ -452,9 +452,8 @@ impl Persist {
     /// Takes the (slot, fragment) records the start dropped by intent (`refill.rs` fills the
     /// fragments again).
     pub(crate) fn take_refill(&self) -> Vec<(u32, u64)> {
-        let v = std::mem::take(&mut *self.refill.lock());
-        self.counters.refill_pending.store(v.len() as u64, Relaxed);
-        v
+        // `start` counted them as pending already.
+        std::mem::take(&mut *self.refill.lock())
     }
 
     /// One fragment of `take_refill`'s list done (`filled`: populated again, else skipped
