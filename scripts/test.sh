@@ -16,7 +16,8 @@ missing() {
 # sce_testkit::TOOLS (crates/sce-testkit/tests/require.rs checks it).
 tools="qemu-io:qemu-utils qemu-img:qemu-utils nbdkit:nbdkit nbdinfo:libnbd-bin nbdcopy:libnbd-bin \
        nbdfuse:nbdfuse fio:fio fusermount3:fuse3 losetup:mount mkfs.ext4:e2fsprogs \
-       pgbench:postgresql promtool:prometheus etcd:etcd-server python3:python3 setpriv:util-linux"
+       pgbench:postgresql promtool:prometheus etcd:etcd-server python3:python3 setpriv:util-linux \
+       systemd-analyze:systemd man:man-db"
 need=()
 for pair in $tools; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")

@@ -98,6 +98,9 @@ pub const TOOLS: &[(&str, &str)] = &[
     ("etcd", "etcd-server"),
     // The admin socket's racer runs as another uid (issue 27).
     ("setpriv", "util-linux"),
+    // scripts/install.sh's unit is checked as systemd checks it, its man pages as man reads them.
+    ("systemd-analyze", "systemd"),
+    ("man", "man-db"),
 ];
 
 /// The Python modules sce's tests import: (module, version, pip requirement).
