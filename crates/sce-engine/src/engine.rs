@@ -163,8 +163,11 @@ impl Engine {
 
     /// Counts `n` cache-device errors; disables the cache once they reach the limit.
     pub(crate) fn device_errors(&self, n: u64, what: &str) {
-        if let Some(total) = self.health.count(n) {
+        let (total, limit) = self.health.count(n);
+        if limit {
             self.disable(&format!("{total} cache device errors, the last: {what}"));
+        } else {
+            self.health.log(what, total);
         }
     }
 

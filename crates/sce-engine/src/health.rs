@@ -2,13 +2,20 @@
 //! cache disabled itself and I/O goes to the source). What disabling does is the engine's
 //! (`Engine::disable`, `engine.rs`); this is the state it decides on.
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+/// At most one summary line of cache-device errors per this interval.
+const SUMMARY_EVERY: Duration = Duration::from_secs(30);
 
 /// Errors and passthrough.
 pub(crate) struct Health {
     errors: AtomicU64,
     limit: u64,
     passthrough: AtomicBool,
+    /// When errors were last logged, and how many came since (a leaf lock).
+    told: Mutex<Option<(Instant, u64)>>,
 }
 
 impl Health {
@@ -18,6 +25,44 @@ impl Health {
             errors: AtomicU64::new(0),
             limit: limit.max(1),
             passthrough: AtomicBool::new(false),
+            told: Mutex::new(None),
+        }
+    }
+
+    /// A cache-device error (`what`) was counted, `total` so far: logs the first at once,
+    /// then at most one summary per [`SUMMARY_EVERY`] with the count since the last line.
+    pub(crate) fn log(&self, what: &str, total: u64) {
+        let now = Instant::now();
+        let line = {
+            let mut t = self.told.lock();
+            match t.as_mut() {
+                None => {
+                    *t = Some((now, 0));
+                    Some(0)
+                }
+                Some((at, untold)) if now.duration_since(*at) >= SUMMARY_EVERY => {
+                    let n = std::mem::take(untold) + 1;
+                    *at = now;
+                    Some(n)
+                }
+                Some((_, untold)) => {
+                    *untold += 1;
+                    None
+                }
+            }
+        };
+        match line {
+            None => {}
+            Some(0) => tracing::warn!(
+                "cache device error: {what} ({total} so far, of {} before the cache disables \
+                 itself; further errors are summarized every {} s)",
+                self.limit,
+                SUMMARY_EVERY.as_secs()
+            ),
+            Some(n) => tracing::warn!(
+                "{n} more cache device errors in the last {} s ({total} so far), the last: {what}",
+                SUMMARY_EVERY.as_secs()
+            ),
         }
     }
 
@@ -31,9 +76,9 @@ impl Health {
         self.passthrough.swap(true, Relaxed)
     }
 
-    /// Counts `n` errors: the total, if it reached the limit.
-    pub(crate) fn count(&self, n: u64) -> Option<u64> {
+    /// Counts `n` errors: the total so far, and whether it reached the limit.
+    pub(crate) fn count(&self, n: u64) -> (u64, bool) {
         let total = self.errors.fetch_add(n, Relaxed) + n;
-        (total >= self.limit).then_some(total)
+        (total, total >= self.limit)
     }
 }

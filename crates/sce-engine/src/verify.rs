@@ -77,7 +77,14 @@ impl Engine {
             self.counters.cache_checksum_errors.fetch_add(1, Relaxed);
             let (_, p) = self.checks.slot_page(c0 + k);
             self.cores.invalidate(sp >> self.fshift, p, p + 1);
-            self.device_errors(1, "checksum mismatch");
+            self.device_errors(
+                1,
+                &format!(
+                    "checksum mismatch of the cached page at source offset {sp} (cache \
+                     offset {}): dropped, read from the source",
+                    c0 + k
+                ),
+            );
         }
         false
     }

@@ -46,6 +46,7 @@ pub mod powercut;
 pub mod queue;
 pub mod slice;
 pub mod thread;
+pub mod watch;
 
 pub use buf::{AlignedBuf, DIRECT_IO_ALIGN};
 pub use error::{check_range, IoError, Op};
@@ -61,6 +62,7 @@ pub use queue::{
     ThreadQueue, UringQueue,
 };
 pub use slice::SliceDevice;
+pub use watch::WatchedDevice;
 
 use std::sync::Arc;
 

@@ -345,6 +345,12 @@ impl NbdClient {
             errno::EINVAL => Err(IoError::Invalid(format!(
                 "server refused {op} at {offset} (+{len}): EINVAL"
             ))),
+            // The source is shutting down: for sce's own clients that is a failed source
+            // (EIO), not sce shutting down (ESHUTDOWN, which sce says of itself).
+            errno::ESHUTDOWN => Err(IoError::Failed(format!(
+                "the NBD source {} is shutting down: {op} at {offset} (+{len}) failed",
+                self.uri
+            ))),
             e => Err(io_err(io::Error::from_raw_os_error(e as i32))),
         }
     }

@@ -18,6 +18,7 @@ mod access;
 mod settings;
 
 use crate::attach::{Attachable, Volumes, Watch};
+use crate::health::Sources;
 use crate::metrics::stats_json;
 use crate::rates::Rates;
 use crate::LOG_TARGET;
@@ -76,6 +77,7 @@ pub struct Request {
 struct Ctx {
     server: Arc<Server>,
     volumes: Arc<Volumes>,
+    sources: Arc<Sources>,
     started: Instant,
     rates: Arc<Rates>,
     /// Every export as declared (for the ownership checks of `attach`).
@@ -111,7 +113,7 @@ pub fn start(
     path: &Path,
     access: AdminAccess,
     server: Arc<Server>,
-    volumes: Arc<Volumes>,
+    (volumes, sources): (Arc<Volumes>, Arc<Sources>),
     rates: Arc<Rates>,
     exports: Vec<crate::config::ExportConfig>,
 ) -> Result<Admin> {
@@ -120,6 +122,7 @@ pub fn start(
     let ctx = Arc::new(Ctx {
         server,
         volumes,
+        sources,
         started: Instant::now(),
         rates,
         exports,
@@ -326,7 +329,7 @@ impl Ctx {
     }
 
     fn stats(&self, name: Option<&str>) -> Result<Value> {
-        let mut v = stats_json(&self.server, &self.volumes);
+        let mut v = stats_json(&self.server, &self.volumes, &self.sources);
         if let Some(n) = name {
             self.export_index(Some(n))?;
             if let Some(ex) = v["exports"].as_object_mut() {
@@ -481,6 +484,7 @@ impl Ctx {
                     }
                 }
             }
+            (self.sources.get(i)).inspect(|s| crate::health::status(&mut m, &s.health()));
             exports.push(m);
         }
         let st = self.server.stats();

@@ -74,12 +74,27 @@ pub(crate) fn size_field(v: &Option<String>, what: &str, export: &str) -> Result
         .map_err(|e| anyhow!("export {export:?}: {what}: {e}"))
 }
 
-/// A source as a device, and as a local file or device if it is one.
-type OpenedSource = (Arc<dyn BlockDevice>, Option<Arc<FileDevice>>);
+/// A source as a device (watched: every request's outcome tells its health), as a local
+/// file or device if it is one, and its health.
+type OpenedSource = (
+    Arc<dyn BlockDevice>,
+    Option<Arc<FileDevice>>,
+    crate::health::WatchedSource,
+);
 
 /// Opens an export's source: an NBD client, or a local file or device (also returned as
-/// such, for its I/O queue).
+/// such, for its I/O queue, whose requests bypass the watch), watched.
 pub(crate) fn open_source(spec: &ExportConfig, cfg: &ServeConfig) -> Result<OpenedSource> {
+    let (dev, local) = open_source_device(spec, cfg)?;
+    let what = format!("the source of export {:?} ({})", spec.name, spec.source);
+    let watched = Arc::new(sce_io::WatchedDevice::new(dev, what));
+    Ok((watched.clone(), local, watched))
+}
+
+/// A source as a device, and as a local file or device if it is one.
+type SourceDevice = (Arc<dyn BlockDevice>, Option<Arc<FileDevice>>);
+
+fn open_source_device(spec: &ExportConfig, cfg: &ServeConfig) -> Result<SourceDevice> {
     if let Some(dev) = cfg.devices.get(&spec.source) {
         return Ok((dev, None));
     }

@@ -87,7 +87,7 @@ fn build_group(specs: &[&ExportConfig], cfg: &ServeConfig) -> Result<Vec<Built>>
     let first = specs[0];
     let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
     let cache_path = first.cache.clone().expect("a group shares a cache");
-    let parts = parts_of(specs, cfg)?;
+    let (parts, watched) = parts_of(specs, cfg)?;
     let sources: Vec<_> = parts.iter().map(|p| p.source.clone()).collect();
     let mut cache_size = None;
     for s in specs {
@@ -128,23 +128,21 @@ fn build_group(specs: &[&ExportConfig], cfg: &ServeConfig) -> Result<Vec<Built>>
             base: placed[k].1.base,
             siblings: names.iter().filter(|n| **n != s.name).cloned().collect(),
         };
-        built.push(member(
-            s,
-            cfg,
-            sources[k].clone(),
-            &volume,
-            part,
-            &cache_path,
-        ));
+        let source = (sources[k].clone(), watched[k].clone());
+        built.push(member(s, cfg, source, &volume, part, &cache_path));
     }
     Ok(built)
 }
 
-/// Opens the sources of `specs`, each also as a volume of the shared cache.
-fn parts_of(specs: &[&ExportConfig], cfg: &ServeConfig) -> Result<Vec<VolumePart>> {
-    let mut parts = Vec::new();
+/// Opens the sources of `specs`, each also as a volume of the shared cache, and their
+/// health.
+fn parts_of(
+    specs: &[&ExportConfig],
+    cfg: &ServeConfig,
+) -> Result<(Vec<VolumePart>, crate::health::Sources)> {
+    let (mut parts, mut watched) = (Vec::new(), Vec::new());
     for s in specs {
-        let (source, _) = export::open_source(s, cfg)
+        let (source, _, w) = export::open_source(s, cfg)
             .with_context(|| format!("export {:?}: source {}", s.name, s.source))?;
         let name = s
             .source_name
@@ -167,15 +165,16 @@ fn parts_of(specs: &[&ExportConfig], cfg: &ServeConfig) -> Result<Vec<VolumePart
             forget: cfg.forget_volume,
             share: export::share(s)?,
         });
+        watched.push(w);
     }
-    Ok(parts)
+    Ok((parts, watched))
 }
 
 /// The export `s` of a shared cache `volume`, where it is `part`.
 fn member(
     s: &ExportConfig,
     cfg: &ServeConfig,
-    source: Arc<dyn sce_io::BlockDevice>,
+    (source, watched): (Arc<dyn sce_io::BlockDevice>, crate::health::WatchedSource),
     volume: &Arc<CacheVolume>,
     part: Part,
     cache_path: &std::path::Path,
@@ -187,7 +186,7 @@ fn member(
         part.siblings.join(", ")
     );
     let att = Attachable::new_part(s.clone(), cfg.clone(), source, volume.clone(), Some(part));
-    cached(s, description, att)
+    cached(s, description, att, watched)
 }
 
 /// An export ready to serve, and its cached volume if it has a cache.
@@ -197,6 +196,8 @@ pub struct Built {
     /// The cache in front of its source, which can be detached and attached (none for a
     /// source exported as it is).
     pub volume: Option<Arc<Attachable>>,
+    /// Its source's health.
+    pub source: crate::health::WatchedSource,
 }
 
 /// Builds one export: its source, and its cached volume if it has a cache. A cache file
@@ -210,7 +211,7 @@ pub fn build(spec: &ExportConfig, cfg: &ServeConfig) -> Result<Built> {
         );
     }
     let core = export::core_config(spec)?;
-    let (source, local) = export::open_source(spec, cfg)
+    let (source, local, watched) = export::open_source(spec, cfg)
         .with_context(|| format!("export {n:?}: source {}", spec.source))?;
     let Some(cache_path) = &spec.cache else {
         // A local file or device served plainly: through an I/O queue (io_uring).
@@ -232,17 +233,23 @@ pub fn build(spec: &ExportConfig, cfg: &ServeConfig) -> Result<Built> {
                 io,
             },
             volume: None,
+            source: watched,
         });
     };
     let volume = export::open_volume(spec, cfg, core, source.clone(), cache_path)?;
     let att = Attachable::new(spec.clone(), cfg.clone(), source, volume);
     let description = format!("{} cached on {}", spec.source, cache_path.display());
-    Ok(cached(spec, description, att))
+    Ok(cached(spec, description, att, watched))
 }
 
 /// The export of `spec` served through its cache `att` (NBD CACHE prefetches into it; hits
 /// are read through its I/O queue).
-pub(crate) fn cached(spec: &ExportConfig, description: String, att: Arc<Attachable>) -> Built {
+pub(crate) fn cached(
+    spec: &ExportConfig,
+    description: String,
+    att: Arc<Attachable>,
+    source: crate::health::WatchedSource,
+) -> Built {
     let a = att.clone();
     Built {
         export: Export {
@@ -254,5 +261,6 @@ pub(crate) fn cached(spec: &ExportConfig, description: String, att: Arc<Attachab
             io: Some(ExportIo::Reads(att.clone())),
         },
         volume: Some(att),
+        source,
     }
 }

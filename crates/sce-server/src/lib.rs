@@ -22,6 +22,7 @@ pub mod config;
 pub mod counters;
 pub mod export;
 pub mod group;
+pub mod health;
 pub mod log_size;
 pub mod metrics;
 pub mod ownership;

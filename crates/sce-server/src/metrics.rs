@@ -5,6 +5,7 @@
 pub mod http;
 
 use crate::attach::Volumes;
+use crate::health::Sources;
 use crate::rates::Rates;
 use anyhow::{anyhow, Context, Result};
 use sce_engine::{PersistStats, VolumeStats, WriteBackStats};
@@ -15,16 +16,24 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 /// Prometheus text of every export's counters and the server's (see [`crate::prom`]).
-pub fn prometheus(server: &Server, volumes: &Volumes, rates: Option<&Rates>) -> String {
-    crate::prom::exposition(server, volumes, rates)
+pub fn prometheus(
+    server: &Server,
+    volumes: &Volumes,
+    sources: &Sources,
+    rates: Option<&Rates>,
+) -> String {
+    crate::prom::exposition(server, volumes, sources, rates)
 }
 
 /// The /stats document: the server's counters and every export's.
-pub fn stats_json(server: &Server, volumes: &Volumes) -> serde_json::Value {
+pub fn stats_json(server: &Server, volumes: &Volumes, sources: &Sources) -> serde_json::Value {
     let s = server.stats();
     let mut exports = serde_json::Map::new();
-    for (name, v) in volumes {
+    for (i, (name, v)) in volumes.iter().enumerate() {
         let mut m = serde_json::Map::new();
+        if let Some(src) = sources.get(i) {
+            m.insert("source".into(), crate::health::json(&src.health()));
+        }
         if let Some(c) = v.as_ref().and_then(crate::coherent::of) {
             m.insert("shared".into(), c.status());
         }
@@ -81,6 +90,7 @@ pub fn metrics_server(
     addr: &str,
     server: Arc<Server>,
     volumes: Arc<Volumes>,
+    sources: Arc<Sources>,
     rates: Arc<Rates>,
 ) -> Result<String> {
     let l = TcpListener::bind(addr).with_context(|| format!("metrics endpoint {addr}"))?;
@@ -90,12 +100,12 @@ pub fn metrics_server(
             "/metrics" => (
                 "200 OK",
                 "text/plain; version=0.0.4",
-                prometheus(&server, &volumes, Some(&rates)),
+                prometheus(&server, &volumes, &sources, Some(&rates)),
             ),
             "/stats" => (
                 "200 OK",
                 "application/json",
-                stats_json(&server, &volumes).to_string(),
+                stats_json(&server, &volumes, &sources).to_string(),
             ),
             _ => (
                 "404 Not Found",

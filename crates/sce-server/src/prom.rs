@@ -12,6 +12,7 @@
 //! holds the rest.
 
 use crate::attach::{ExportCounters, Volumes};
+use crate::health::Sources;
 use crate::rates::Rates;
 
 mod tables;
@@ -37,7 +38,7 @@ pub fn export_label(name: &str) -> &str {
 
 /// Families being gathered, by name, in the order first seen.
 #[derive(Default)]
-struct Families {
+pub(crate) struct Families {
     order: Vec<String>,
     by_name: BTreeMap<String, MetricFamily>,
 }
@@ -85,11 +86,11 @@ impl Families {
         self.family(name, help, kind).mut_metric().push(m);
     }
 
-    fn counter(&mut self, name: &str, help: &str, lp: &[(&str, &str)], v: u64) {
+    pub(crate) fn counter(&mut self, name: &str, help: &str, lp: &[(&str, &str)], v: u64) {
         self.push(name, help, MetricType::COUNTER, lp, v as f64);
     }
 
-    fn gauge(&mut self, name: &str, help: &str, lp: &[(&str, &str)], v: f64) {
+    pub(crate) fn gauge(&mut self, name: &str, help: &str, lp: &[(&str, &str)], v: f64) {
         self.push(name, help, MetricType::GAUGE, lp, v);
     }
 
@@ -273,11 +274,19 @@ fn export_families(f: &mut Families, export: &str, a: &crate::attach::Attachable
 }
 
 /// The Prometheus text of the server's families and every cached export's.
-pub fn exposition(server: &Server, volumes: &Volumes, rates: Option<&Rates>) -> String {
+pub fn exposition(
+    server: &Server,
+    volumes: &Volumes,
+    sources: &Sources,
+    rates: Option<&Rates>,
+) -> String {
     let mut f = Families::default();
     server_families(&mut f, server);
     for (i, (name, v)) in volumes.iter().enumerate() {
         let label = export_label(name);
+        if let Some(s) = sources.get(i) {
+            crate::health::families(&mut f, label, &s.health());
+        }
         let v = v.as_ref().and_then(|a| a.volume());
         f.gauge(
             "sce_export_cached",

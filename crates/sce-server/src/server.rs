@@ -47,6 +47,8 @@ pub enum Stopped {
 struct Assembled {
     server: Arc<Server>,
     volumes: Arc<Volumes>,
+    /// Every export's source health, in the same order.
+    sources: Arc<crate::health::Sources>,
     /// The exports' memberships in shared volumes (shared mode).
     shared: Vec<Arc<Coherence>>,
 }
@@ -128,6 +130,7 @@ fn refuse_shared_writeback(cfg: &ServeConfig) -> Result<()> {
 fn assemble(cfg: &ServeConfig) -> Result<Assembled> {
     let mut exports = Vec::new();
     let mut volumes = Vec::new();
+    let mut sources = Vec::new();
     let mut shared = Vec::new();
     let identity = match &cfg.shared {
         Some(sc) => Some(Arc::new(HostIdentity::load(&cfg.state_dir, &sc.host)?)),
@@ -143,6 +146,7 @@ fn assemble(cfg: &ServeConfig) -> Result<Assembled> {
             shared.push(c);
         }
         volumes.push((spec.name.clone(), b.volume));
+        sources.push(b.source);
         exports.push(b.export);
     }
     let server = Server::with_config(
@@ -159,6 +163,7 @@ fn assemble(cfg: &ServeConfig) -> Result<Assembled> {
     Ok(Assembled {
         server,
         volumes: Arc::new(volumes),
+        sources: Arc::new(sources),
         shared,
     })
 }
@@ -189,7 +194,7 @@ fn start(a: Assembled, cfg: &ServeConfig, report: &mut dyn FnMut(Event)) -> Resu
             p,
             crate::admin::AdminAccess::new(cfg.admin_group.as_deref())?,
             a.server.clone(),
-            a.volumes.clone(),
+            (a.volumes.clone(), a.sources.clone()),
             rates.clone(),
             cfg.exports.clone(),
         )?),
@@ -204,6 +209,7 @@ fn start(a: Assembled, cfg: &ServeConfig, report: &mut dyn FnMut(Event)) -> Resu
             m,
             a.server.clone(),
             a.volumes.clone(),
+            a.sources.clone(),
             rates.clone(),
         )?);
     }

@@ -57,9 +57,12 @@ fn a_staged_install_puts_every_file_where_a_distribution_would() {
         "the unit runs the installed binary, not the staging path: {unit}"
     );
     assert!(!unit.contains(root.to_str().unwrap()));
-    let bash = std::fs::read_to_string(root.join("usr/share/bash-completion/completions/sce"))
-        .unwrap();
-    assert!(bash.contains("complete") && bash.contains("serve"), "{bash}");
+    let bash =
+        std::fs::read_to_string(root.join("usr/share/bash-completion/completions/sce")).unwrap();
+    assert!(
+        bash.contains("complete") && bash.contains("serve"),
+        "{bash}"
+    );
     // Removal takes back what was installed, and leaves /etc/sce (the administrator's).
     install(&[
         "--prefix",
@@ -76,7 +79,8 @@ fn a_staged_install_puts_every_file_where_a_distribution_would() {
 
 #[test]
 fn the_installed_unit_verifies_and_its_man_page_reads() {
-    if !sce_testkit::require_known_tool("systemd-analyze") || !sce_testkit::require_known_tool("man")
+    if !sce_testkit::require_known_tool("systemd-analyze")
+        || !sce_testkit::require_known_tool("man")
     {
         return;
     }
@@ -105,8 +109,15 @@ fn the_installed_unit_verifies_and_its_man_page_reads() {
         .output()
         .expect("run man");
     let page = String::from_utf8_lossy(&man.stdout);
-    assert!(man.status.success(), "{}", String::from_utf8_lossy(&man.stderr));
-    assert!(page.contains("sce-serve") && page.contains("--cache"), "{page}");
+    assert!(
+        man.status.success(),
+        "{}",
+        String::from_utf8_lossy(&man.stderr)
+    );
+    assert!(
+        page.contains("sce-serve") && page.contains("--cache"),
+        "{page}"
+    );
     // Without the man pages, the unit does not verify: what the check above stands on.
     for p in std::fs::read_dir(manpath.join("man1")).unwrap() {
         std::fs::remove_file(p.unwrap().path()).unwrap();

@@ -17,6 +17,7 @@ pub(super) fn print_status(v: &Value) {
             size(&e["size_bytes"]),
             e["state"].as_str().unwrap_or("?")
         );
+        print_source(e);
         if e["cached"] != Value::Bool(true) {
             continue;
         }
@@ -69,6 +70,32 @@ pub(super) fn print_status(v: &Value) {
             "errors", er["cache_read"], er["cache_write"], er["cache_checksum"]
         );
         print_own(e, &pct);
+    }
+}
+
+/// The source line of an export in `status`: said when it is failing (the reason and
+/// since when), or when it ever failed (its errors, and the last).
+fn print_source(e: &Value) {
+    let src = &e["source"];
+    if let Some(reason) = e["state_reason"].as_str() {
+        println!("  {:<12} {reason}", "source");
+        return;
+    }
+    let errors: u64 = src["errors"]
+        .as_object()
+        .map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum());
+    if errors > 0 {
+        let ago = src["last_error_time"].as_f64().map_or(String::new(), |t| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            format!(" {:.0} s ago", (now - t).max(0.0))
+        });
+        println!(
+            "  {:<12} up; {errors} failed request(s), the last{ago}: {}",
+            "source",
+            src["last_error"].as_str().unwrap_or("?")
+        );
     }
 }
 
