@@ -182,6 +182,25 @@ macro_rules! stats_table {
             }
         }
     };
+    (@carry $name:ident {
+        $($(#[$m:meta])* $f:ident : $t:ty $(= $key:literal)?
+            $(, $kind:ident ($($family:tt)*) $(/ $per:literal)?)?;)*
+    }) => {
+        impl $name {
+            /// Adds `other`'s counters, not its gauges (a figure without a family counts as
+            /// a counter, as in `delta`): the figures of a part that is gone, carried into
+            /// those of what replaced it, so that counters only grow.
+            pub fn add_counters(&mut self, other: &$name) {
+                $(if $crate::__stats_or!(
+                    $($crate::stats::Kind::$kind)?,
+                    $crate::stats::Kind::Counter
+                ) == $crate::stats::Kind::Counter
+                {
+                    self.$f += other.$f;
+                })*
+            }
+        }
+    };
     (@add $name:ident {
         $($(#[$m:meta])* $f:ident : $t:ty $(= $key:literal)?
             $(, $kind:ident ($($family:tt)*) $(/ $per:literal)?)?;)*
@@ -231,8 +250,11 @@ stats_table! {
         populations_failed: u64;
         /// Pages made valid by population.
         pages_populated: u64;
-        /// Fragments evicted from their slot.
+        /// Fragments evicted from their slot (by the eviction policy, FlashTier's `evict`, or
+        /// the cache disabling itself; not by `forget`).
         fragments_evicted: u64;
+        /// Fragments dropped by `forget` (an operator said the source changed).
+        fragments_forgotten: u64;
         /// Writes that sent a copy to the cache (AWT or synchronous write-through).
         awt_started: u64;
         /// Such writes whose copy completed and re-validated at least one page.
@@ -291,7 +313,41 @@ mod tests {
         assert_eq!((b.read_requests, b.pages_populated), (9, 3));
         let s = &CoreStats::STATS[0];
         assert_eq!((s.key, s.value(&a), s.metric), ("read_requests", 7, None));
-        assert_eq!(CoreStats::STATS.len(), 25);
+        assert_eq!(CoreStats::STATS.len(), 26);
         assert_eq!(Kind::Gauge.delta(4, 9), 4);
+    }
+
+    crate::stats_table! {
+        /// A counter, a gauge, and a figure with no family (a counter).
+        #[derive(Clone, Debug, Default, PartialEq)]
+        struct Carried {
+            done: u64, Counter("x_done_total", "", "Done.");
+            free: u64, Gauge("x_free", "", "Free now.");
+            seen: u64;
+        }
+        impl carry;
+    }
+
+    #[test]
+    fn carrying_adds_counters_and_keeps_the_live_gauges() {
+        let mut live = Carried {
+            done: 2,
+            free: 5,
+            seen: 1,
+        };
+        let gone = Carried {
+            done: 10,
+            free: 7,
+            seen: 4,
+        };
+        live.add_counters(&gone);
+        assert_eq!(
+            live,
+            Carried {
+                done: 12,
+                free: 5,
+                seen: 5
+            }
+        );
     }
 }

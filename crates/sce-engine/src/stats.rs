@@ -98,7 +98,9 @@ sce_core::stats_table! {
         /// Pages made valid by population.
         pages_populated: u64, Counter("sce_populated_pages_total", "", "4 KiB pages made valid by population.");
         /// Fragments evicted.
-        fragments_evicted: u64, Counter("sce_evicted_fragments_total", "", "Fragments evicted.");
+        fragments_evicted: u64, Counter("sce_evicted_fragments_total", "", "Fragments evicted (by the eviction policy, the evict verb, or the cache disabling itself).");
+        /// Fragments dropped by `forget`.
+        fragments_forgotten: u64, Counter("sce_forgotten_fragments_total", "", "Fragments dropped by forget (the source changed behind the cache).");
         /// Writes whose cache copy was sent.
         awt_started: u64, Counter("sce_awt_copies_started_total", "", "Writes whose cache copy was sent (write-through).");
         /// Writes whose cache copy completed and re-validated pages.
@@ -134,7 +136,7 @@ sce_core::stats_table! {
         /// All cache slots.
         total_slots: u64, Gauge("sce_cache_slots", "", "Slots (fragment-sized places) of the cache.");
     }
-    impl delta, add;
+    impl delta, add, carry;
 }
 
 impl VolumeStats {
@@ -162,6 +164,7 @@ impl VolumeStats {
             populations_failed: c.populations_failed,
             pages_populated: c.pages_populated,
             fragments_evicted: c.fragments_evicted,
+            fragments_forgotten: c.fragments_forgotten,
             awt_started: c.awt_started,
             awt_completed: c.awt_completed,
             awt_fallbacks: c.awt_fallbacks,

@@ -22,6 +22,7 @@
 //! `kept`; `gate` is held shared by requests across their I/O, exclusively only to swap the
 //! volume in or out.
 
+mod carry;
 mod mode;
 mod part;
 mod queued;
@@ -98,6 +99,8 @@ pub struct Attachable {
     /// The settings in effect when the cache was detached, or set while it was: the next
     /// attach opens the volume with them (None: the export's configuration's).
     kept: Mutex<Option<sce_core::CoreConfig>>,
+    /// The counters of the volumes closed since the server started (`carry.rs`).
+    carried: Mutex<sce_engine::VolumeStats>,
 }
 
 /// What `attach` did.
@@ -146,6 +149,7 @@ impl Attachable {
             ops: Mutex::new(()),
             writes_detached: AtomicU64::new(0),
             kept: Mutex::new(None),
+            carried: Mutex::default(),
         })
     }
 

@@ -37,10 +37,10 @@ pub fn stats_json(server: &Server, volumes: &Volumes, sources: &Sources) -> serd
         if let Some(c) = v.as_ref().and_then(crate::coherent::of) {
             m.insert("shared".into(), c.status());
         }
-        let v = v.as_ref().and_then(|a| a.volume());
-        m.insert("cached".into(), v.is_some().into());
-        if let Some(v) = v {
-            let st = v.stats();
+        let av = v.as_ref().and_then(|a| Some((a, a.volume()?)));
+        m.insert("cached".into(), av.is_some().into());
+        if let Some((a, v)) = av {
+            let st = a.with_carried(v.stats());
             let state = if v.is_passthrough() {
                 "passthrough"
             } else {

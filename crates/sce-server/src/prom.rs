@@ -161,13 +161,13 @@ fn server_families(f: &mut Families, server: &Server) {
 fn volume_families(
     f: &mut Families,
     export: &str,
-    v: &sce_engine::CacheVolume,
+    (v, a): (&sce_engine::CacheVolume, &crate::attach::Attachable),
     rates: Option<&Rates>,
     i: usize,
 ) {
     let lp = [("export", export)];
     let view = tables::View {
-        stats: v.stats(),
+        stats: a.with_carried(v.stats()),
         config: v.config(),
         in_flight: v.latencies().in_flight.load(Relaxed),
     };
@@ -295,7 +295,7 @@ pub fn exposition(
             v.is_some() as u64 as f64,
         );
         if let (Some(v), Some(a)) = (v, volumes[i].1.as_ref()) {
-            volume_families(&mut f, label, &v, rates, i);
+            volume_families(&mut f, label, (&v, a), rates, i);
             export_families(&mut f, label, a);
             if let Some(c) = crate::coherent::of(a) {
                 shared_families(&mut f, label, &c);
@@ -384,7 +384,7 @@ mod tests {
             assert_eq!(k.len(), t.len());
             k
         }
-        assert_eq!(keys(VolumeStats::STATS).len(), 34);
+        assert_eq!(keys(VolumeStats::STATS).len(), 35);
         assert!(keys(WriteBackStats::STATS).contains(&"cleaned_bytes"));
         assert!(keys(PersistStats::STATS).contains(&"load_millis"));
         keys(ExportCounters::STATS);

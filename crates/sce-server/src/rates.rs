@@ -71,13 +71,13 @@ impl Rates {
     fn sample(&self) {
         let now = Instant::now();
         let mut all = self.samples.lock();
-        for (i, (_, v)) in self.volumes.iter().enumerate() {
-            let Some(v) = v.as_ref().and_then(|a| a.volume()) else {
+        for (i, (_, a)) in self.volumes.iter().enumerate() {
+            let Some((a, v)) = a.as_ref().and_then(|a| Some((a, a.volume()?))) else {
                 // Detached: its rates start over when a cache is attached again.
                 all[i].clear();
                 continue;
             };
-            let s = v.stats();
+            let s = a.with_carried(v.stats());
             let row = [
                 s.fragments_populated,
                 s.fragments_evicted,

@@ -328,3 +328,73 @@ fn a_restart_keeps_the_devices_geometry() {
     assert_eq!(geometry("small", &["--fragment-size", "256KiB"]), whole);
     assert_eq!(geometry("small", &[]), whole, "restarted without a size");
 }
+
+/// Counters are the server's life's, whatever reopens the volume: a detach and attach and
+/// two mode switches (into write-back and out, each a reopen) leave every counter at least
+/// where it was, in /stats and in /metrics, and `forget` counts as forgotten, not evicted.
+#[test]
+fn counters_survive_detach_attach_and_mode_switches_and_forget_is_not_eviction() {
+    use sce_io::BlockDevice;
+    let d = tempfile::tempdir().unwrap();
+    let (server, sock) = serve(d.path());
+    ctl_json(&sock, &["prefetch", "0", "4MiB"]);
+    let client = common::unix_client(&sock, 1);
+    let mut b = vec![0u8; 1 << 20];
+    for i in 0..4 {
+        client.read_at(i << 20, &mut b).unwrap();
+    }
+    let counters = |what: &str| {
+        let st = server.export_stats();
+        let m = common::http_get(&server.metrics, "/metrics");
+        let metric = m
+            .lines()
+            .find(|l| l.starts_with("sce_read_hit_pages_total{"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{what}: no sce_read_hit_pages_total in\n{m}"));
+        let hit = common::num(&st, "read_pages_hit");
+        assert_eq!(metric as u64, hit, "{what}: /metrics and /stats differ");
+        (hit, common::num(&st, "read_requests"), st)
+    };
+    let (hit0, req0, _) = counters("before");
+    assert!(hit0 >= 1024, "{hit0} pages hit");
+    let steps: [&[&str]; 4] = [
+        &["detach", ""],
+        &["attach", ""],
+        &["set", "", "mode", "writeback"],
+        &["set", "", "mode", "writethrough"],
+    ];
+    let mut last = (hit0, req0);
+    for step in steps {
+        ctl_json(&sock, step);
+        if step[0] == "detach" {
+            continue;
+        }
+        let (hit, req, st) = counters(&format!("after {step:?}"));
+        assert!(
+            hit >= last.0 && req >= last.1,
+            "{step:?}: counters went back from {last:?} to {:?}: {st}",
+            (hit, req)
+        );
+        last = (hit, req);
+        // The volume is new: the same reads hit again (it restored what it held), on top.
+        client.read_at(0, &mut b).unwrap();
+    }
+    let status = ctl_json(&sock, &["status"]);
+    let ratio = status["exports"][0]["read_hit_ratio"].as_f64().unwrap();
+    assert!(
+        ratio > 0.5,
+        "the hit ratio since start counts the hits before: {status}"
+    );
+    let (_, _, before) = counters("before forget");
+    let f = ctl_json(&sock, &["forget", ""]);
+    let (_, _, after) = counters("after forget");
+    let forgotten = common::num(&after, "fragments_forgotten");
+    assert!(forgotten > 0, "{f}\n{after}");
+    assert_eq!(
+        common::num(&after, "fragments_evicted"),
+        common::num(&before, "fragments_evicted"),
+        "forget counted as evictions: {after}"
+    );
+    drop(client);
+    assert!(server.term().success());
+}

@@ -84,6 +84,9 @@ impl CacheCore {
             if self.slots.pins(s) == 0 {
                 self.evict_slot(s);
                 self.slots.put_free(s);
+                // Forgotten, not evicted: no policy chose it.
+                self.stats.fragments_evicted -= 1;
+                self.stats.fragments_forgotten += 1;
             }
         }
         n

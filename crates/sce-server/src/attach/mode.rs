@@ -317,6 +317,7 @@ impl Attachable {
         }
         let flushed = v.flush();
         let clean = flushed.is_ok() && v.shutdown();
+        self.carry(&v);
         *self.draining.lock() = None;
         // A metrics scrape or status may hold it for a moment.
         let t0 = Instant::now();

@@ -1,0 +1,29 @@
+//! Counters for the server's life: a detach, an attach or a mode switch closes the export's
+//! volume and opens another, whose counters start at zero. The closed volume's counters are
+//! carried (`VolumeStats::add_counters`: counters only, gauges are the live volume's) and
+//! added to every figure the export reports, so a Prometheus counter never goes back and
+//! the hit ratio since start means since the server started.
+
+use super::Attachable;
+use sce_engine::{CacheVolume, VolumeStats};
+
+impl Attachable {
+    /// The export's figures: the live volume's, its counters plus those of the volumes
+    /// closed before it. None while detached.
+    pub fn stats(&self) -> Option<VolumeStats> {
+        let v = self.volume()?;
+        Some(self.with_carried(v.stats()))
+    }
+
+    /// `now` (the live volume's figures) with the closed volumes' counters added.
+    pub fn with_carried(&self, now: VolumeStats) -> VolumeStats {
+        let mut s = now;
+        s.add_counters(&self.carried.lock());
+        s
+    }
+
+    /// `v` is closed for good (after its last request): its counters are carried.
+    pub(super) fn carry(&self, v: &CacheVolume) {
+        self.carried.lock().add_counters(&v.stats());
+    }
+}
