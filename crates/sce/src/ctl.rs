@@ -278,16 +278,29 @@ pub fn ctl(a: CtlArgs) -> Result<()> {
     Ok(())
 }
 
+/// Lines `exists` lists one by one at most (`--json` lists every one).
+const EXISTS_LISTED: usize = 16;
+
 fn print_exists(v: &Value) {
+    let lines = v["fragments"].as_array().map_or(&[][..], Vec::as_slice);
+    let (cached, len) = (v["cached_bytes"].as_u64(), v["len"].as_u64());
+    let pct = match (cached, len) {
+        (Some(c), Some(l)) if l > 0 => format!(" ({:.1}%)", c as f64 * 100.0 / l as f64),
+        _ => String::new(),
+    };
     println!(
-        "{} of {} cached, in {} fragment(s)",
+        "{} of {} cached{pct}, in {} line(s)",
         size(&v["cached_bytes"]),
         size(&v["len"]),
-        v["fragments"].as_array().map_or(0, Vec::len)
+        lines.len()
     );
-    for f in v["fragments"].as_array().into_iter().flatten() {
+    if lines.len() > EXISTS_LISTED {
+        println!("  (--json lists each line)");
+        return;
+    }
+    for f in lines {
         println!(
-            "  fragment at {:>14}  {:>10} cached",
+            "  line at {:>14}  {:>10} cached",
             f["offset"].as_u64().unwrap_or(0),
             size(&f["cached_bytes"])
         );

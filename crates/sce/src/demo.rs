@@ -298,13 +298,14 @@ fn open_devices(a: &DemoArgs, dir: &Path) -> Result<(Arc<dyn BlockDevice>, Arc<d
 /// The line that says what runs.
 fn config_line(a: &DemoArgs, core: &CoreConfig) -> String {
     let cfg_line = format!(
-        "source {} (latency {:?}, {} in flight, {}/s), cache {}, fragment {}, admission {}, mode {}, eviction {}; load: {} x {} {}% reads zipf {} in {} extents",
+        "source {} (latency {:?}, {} in flight, {}/s), cache {}, line {} (fragment {}), admission {}, mode {}, eviction {}; load: {} x {} {}% reads zipf {} in {} extents",
         format_size(a.source_size),
         a.source_latency,
         a.source_depth,
         if a.source_bandwidth > 0 { format_size(a.source_bandwidth) } else { "unlimited".into() },
         format_size(a.cache_size),
         format_size(core.fragment_size),
+        format_size(core.heat_bytes()),
         core.admission,
         core.write_mode,
         core.eviction,

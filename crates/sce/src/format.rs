@@ -21,10 +21,14 @@ pub struct FormatArgs {
     /// The source's name in the volume table (default: its canonical path, or its URI).
     #[arg(long)]
     pub source_name: Option<String>,
-    /// Slot size (the cache line; `serve` counts heat per 1MiB fragment over slots smaller
-    /// than that): a power of two from 4KiB to 64MiB. [default: 512KiB, the line of
-    /// `serve`'s default geometry]
+    /// Line size: the unit of cache space, one slot of the device (`serve` counts heat per
+    /// 1MiB fragment over lines smaller than that): a power of two from 4KiB to 64MiB.
+    /// [default: 512KiB, the line of `serve`'s default geometry]
     #[arg(long, value_parser = parse_size)]
+    pub line_size: Option<u64>,
+    /// The old name of --line-size (it named the slot, which `serve` calls a line); accepted
+    /// with a warning.
+    #[arg(long, value_parser = parse_size, hide = true, conflicts_with = "line_size")]
     pub fragment_size: Option<u64>,
     /// Create the cache file with this size if it does not exist.
     #[arg(long, value_parser = parse_size)]
@@ -77,6 +81,21 @@ fn source_size(a: &FormatArgs) -> Result<u64> {
     Ok(d.size())
 }
 
+/// The line size asked for: --line-size, or the old --fragment-size (with a warning), or
+/// the default.
+fn line_size(a: &FormatArgs) -> u64 {
+    if let Some(l) = a.fragment_size {
+        tracing::warn!(
+            "sce format --fragment-size is now --line-size (the slot size; `serve`'s \
+             --fragment-size is the unit of heat): taken as --line-size {}",
+            format_size(l)
+        );
+    }
+    a.line_size
+        .or(a.fragment_size)
+        .unwrap_or(sce_server::admission::DEFAULT_LINE_SIZE)
+}
+
 /// Runs `sce format`.
 pub fn format(a: FormatArgs) -> Result<()> {
     let size = source_size(&a)?;
@@ -85,9 +104,7 @@ pub fn format(a: FormatArgs) -> Result<()> {
     let sb = sce_store::format(
         &dev,
         &FormatOptions {
-            fragment_size: a
-                .fragment_size
-                .unwrap_or(sce_server::admission::DEFAULT_LINE_SIZE),
+            fragment_size: line_size(&a),
             volume: Volume {
                 id: 1,
                 generation: 1,
@@ -211,7 +228,7 @@ fn print_formatted(a: &FormatArgs, sb: &Superblock) -> Result<()> {
             sb.version
         );
         println!(
-            "  {} slots of {} ({} of data), {} of metadata",
+            "  {} lines of {} ({} of data), {} of metadata",
             l.slots,
             format_size(l.fragment_size),
             format_size(l.data_bytes()),
@@ -302,7 +319,7 @@ fn print_check(r: &CheckReport, verified: bool) {
         sb.unclean_starts
     );
     println!(
-        "  {} slots of {}, {} units of {} slots, {} of metadata",
+        "  {} lines of {}, {} units of {} lines, {} of metadata",
         l.slots,
         format_size(l.fragment_size),
         l.units,

@@ -102,7 +102,7 @@ enum Command {
     /// Create a persistent cache device for a source (`sce serve` also formats a blank one).
     #[command(after_help = "Examples:
   sce format --source /srv/lun0.img --cache-size 64GiB /nvme/lun0.cache
-  sce format --source nbd://filer/lun0 --fragment-size 256KiB /dev/nvme0n1p3")]
+  sce format --source nbd://filer/lun0 --line-size 256KiB /dev/nvme0n1p3")]
     Format(format::FormatArgs),
     /// Check a cache device like fsck: superblock, metadata units, intents, and optionally
     /// every cached page against its checksum. Exits 1 if it finds damage.

@@ -317,8 +317,8 @@ fn a_restart_keeps_the_devices_geometry() {
         let e = ctl_json(&sock, &["status"])["exports"][0].clone();
         assert!(server.term().success());
         (
+            e["line_size_bytes"].clone(),
             e["fragment_size_bytes"].clone(),
-            e["heat_size_bytes"].clone(),
         )
     };
     let lines = (serde_json::json!(512 << 10), serde_json::json!(1 << 20));

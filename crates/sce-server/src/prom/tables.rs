@@ -47,7 +47,8 @@ pub const SERVER_GAUGES: &[Family<ServerStats, u64>] = &[
 pub const VOLUME_GAUGES: &[Family<View, f64>] = &[
     ("sce_cache_size_bytes", "Bytes of the cache device that hold data (its slots).", |v| (v.stats.total_slots * v.config.fragment_size) as f64),
     ("sce_cache_occupied_bytes", "Bytes of the cache's slots that hold a fragment.", |v| (v.stats.total_slots.saturating_sub(v.stats.free_slots) * v.config.fragment_size) as f64),
-    ("sce_fragment_size_bytes", "The fragment (cache line) size.", |v| v.config.fragment_size as f64),
+    ("sce_line_size_bytes", "The line size: the unit of cache space (one slot of the device).", |v| v.config.fragment_size as f64),
+    ("sce_fragment_size_bytes", "The fragment size: the unit of heat (a line or several).", |v| v.config.heat_bytes() as f64),
     ("sce_read_hit_ratio", "Pages of reads served from the cache over all pages read, since start.", |v| v.stats.read_hit_ratio()),
     ("sce_inflight_requests", "Requests the cached volume is serving now.", |v| v.in_flight as f64),
 ];

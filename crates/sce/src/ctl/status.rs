@@ -23,10 +23,11 @@ pub(super) fn print_status(v: &Value) {
         }
         let pct = |x: &Value| format!("{:.1}%", x.as_f64().unwrap_or(0.0) * 100.0);
         println!(
-            "  {:<12} {}  admission {}  fragment {}  {}",
+            "  {:<12} {}  admission {}  line {} (fragment {})  {}",
             "mode",
             e["mode"].as_str().unwrap_or("?"),
             e["admission"].as_str().unwrap_or("?"),
+            size(&e["line_size_bytes"]),
             size(&e["fragment_size_bytes"]),
             if e["persistent"] == Value::Bool(true) {
                 "persistent"
