@@ -67,11 +67,13 @@ fn writes_stay_in_the_cache_until_flushed_to_the_source() {
         model,
         "the writes went to the source at once"
     );
-    let cleaned = vol
-        .flush_to_source(None, Duration::from_secs(30))
+    vol.flush_to_source(None, Duration::from_secs(30))
         .expect("flush to source");
-    assert!(cleaned > 0);
-    assert_eq!(vol.writeback_stats().unwrap().dirty_bytes, 0);
+    // Cleaned by the flush or, before it, by the background cleaner (it may have been
+    // quicker on a busy machine: the flush then had nothing left to clean).
+    let wb = vol.writeback_stats().unwrap();
+    assert!(wb.cleaned_bytes > 0, "{wb:?}");
+    assert_eq!(wb.dirty_bytes, 0);
     assert_eq!(
         read(&*source, 0, 8 * MIB),
         model,

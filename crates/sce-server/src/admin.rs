@@ -453,8 +453,6 @@ impl Ctx {
                     });
                     m["mode"] = json!(cfg.write_mode.to_string());
                     m["admission"] = json!(cfg.admission.to_string());
-                    // A line: the unit of cache space (one slot); a fragment: the unit of
-                    // heat (`heat_size_bytes`, its old name, for a release).
                     m["line_size_bytes"] = json!(slot_bytes);
                     m["fragment_size_bytes"] = json!(cfg.heat_bytes());
                     m["heat_size_bytes"] = json!(cfg.heat_bytes());

@@ -23,6 +23,7 @@
 //! volume in or out.
 
 mod carry;
+mod detached;
 mod mode;
 mod part;
 mod queued;
@@ -59,7 +60,7 @@ use sce_core::units::format_size;
 use sce_engine::{CacheVolume, DrainControl};
 use sce_io::{BlockDevice, IoError, SharedBytes};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -94,8 +95,8 @@ pub struct Attachable {
     draining: Mutex<Option<Arc<CacheVolume>>>,
     /// One detach or attach at a time.
     ops: Mutex<()>,
-    /// Writes and discards served while detached, since the last attach.
-    writes_detached: AtomicU64,
+    /// Writes and discards served while detached, since the last attach, and their ranges.
+    detached: detached::DetachedWrites,
     /// The settings in effect when the cache was detached, or set while it was: the next
     /// attach opens the volume with them (None: the export's configuration's).
     kept: Mutex<Option<sce_core::CoreConfig>>,
@@ -147,7 +148,7 @@ impl Attachable {
             gate: RwLock::new(Some(volume)),
             draining: Mutex::new(None),
             ops: Mutex::new(()),
-            writes_detached: AtomicU64::new(0),
+            detached: detached::DetachedWrites::new(),
             kept: Mutex::new(None),
             carried: Mutex::default(),
         })
@@ -254,7 +255,7 @@ impl Attachable {
 
     /// Writes served while detached since the last attach.
     pub fn writes_while_detached(&self) -> u64 {
-        self.writes_detached.load(Relaxed)
+        self.detached.count()
     }
 
     /// Runs `f` on the volume, or `g` on the source when detached, holding the gate.
@@ -270,9 +271,10 @@ impl Attachable {
         }
     }
 
-    /// A write or discard: to the volume, or to the source (counted) when detached.
+    /// A write or discard of `range`: to the volume, or to the source when detached.
     fn write_with(
         &self,
+        (offset, len): (u64, u64),
         f: impl FnOnce(&CacheVolume) -> Result<(), IoError>,
         g: impl FnOnce(&dyn BlockDevice) -> Result<(), IoError>,
     ) -> Result<(), IoError> {
@@ -280,9 +282,7 @@ impl Attachable {
         match gate.as_deref() {
             Some(v) => f(v),
             None => {
-                // Counted before it is sent: an attach that sees the count unchanged knows
-                // no write it missed can land on the source later.
-                self.writes_detached.fetch_add(1, Relaxed);
+                self.detached.note(offset, len);
                 g(&*self.source)
             }
         }
@@ -402,7 +402,7 @@ impl Attachable {
             })?;
             *g = None;
             // Zeroed under the gate: a write waiting for it counts after this.
-            self.writes_detached.store(0, Relaxed);
+            self.detached.reset();
             Ok(v)
         };
         let v = swapped().inspect_err(|_| *self.draining.lock() = None)?;
@@ -418,8 +418,8 @@ impl Attachable {
     }
 
     /// Attaches a cache device (`cache`, or the last one): warm if it still matches the
-    /// source and nothing was written while detached, else cold. `others` are the server's
-    /// other exports, which the device must not belong to.
+    /// source, less what was written while detached (cold if too much was: `detached.rs`).
+    /// `others` are the server's other exports, which the device must not belong to.
     pub fn attach(&self, cache: Option<PathBuf>, others: &[ExportConfig]) -> Result<Attached> {
         if let Some(p) = &self.part {
             return self.attach_part(p, cache);
@@ -441,39 +441,29 @@ impl Attachable {
             others.iter().filter(|e| e.name != name).cloned().collect();
         all.push(spec.clone());
         crate::export::check_ownership(&all)?;
-        let written = self.writes_detached.load(Relaxed);
+        let (written, warm) = (self.detached.count(), self.detached.ranges().is_some());
         let mut cfg = self.cfg.clone();
         let mut forgot = None;
-        // Nothing written while detached: the device's "detached" mark is no reason to
-        // start cold.
-        cfg.reattach = written == 0;
-        if written > 0 {
+        // Trusted, its "detached" mark kept until `settle_detached` dropped what was written.
+        cfg.reattach = warm;
+        cfg.keep_detached_mark = warm;
+        if !warm {
             cfg.forget_volume = true;
             forgot = Some(format!(
-                "{written} write(s) reached the source while the cache was detached"
+                "{written} write(s) reached the source while the cache was detached, over \
+                 more ranges than are kept"
             ));
         }
         let kept = self.kept.lock().clone();
         let v = self.open(&spec, &cfg, kept.as_ref(), &path)?;
         let restored = v.persist_stats().map_or(0, |p| p.fragments_restored);
         let mut g = self.gate.write();
-        let late = self.writes_detached.load(Relaxed);
-        if late != written {
-            // Written while the device was opening: the volume restored pages those writes
-            // changed on the source. Forget before the first request.
-            let (_, errors) = v.forget();
-            forgot = Some(format!(
-                "{} write(s) reached the source while the cache was detached or attaching{}",
-                late,
-                if errors > 0 {
-                    " (and its records could not be written)"
-                } else {
-                    ""
-                }
-            ));
+        // Under the gate: no write reaches the source behind the volume from now on.
+        if let Some(why) = self.settle_detached(&v, warm, written) {
+            forgot = Some(why);
         }
         *g = Some(v);
-        self.writes_detached.store(0, Relaxed);
+        self.detached.reset();
         drop(g);
         *self.spec.lock() = spec;
         let fragments_restored = if forgot.is_some() { 0 } else { restored };
@@ -550,7 +540,12 @@ impl BlockDevice for Attachable {
             buf.len() as u64,
         )?;
         let b = self.base();
-        self.write_with(|v| v.write_at(b + offset, buf), |s| s.write_at(offset, buf))
+        let range = (offset, buf.len() as u64);
+        self.write_with(
+            range,
+            |v| v.write_at(b + offset, buf),
+            |s| s.write_at(offset, buf),
+        )
     }
 
     fn write_shared(&self, offset: u64, data: SharedBytes) -> Result<(), IoError> {
@@ -564,7 +559,7 @@ impl BlockDevice for Attachable {
         match gate.as_deref() {
             Some(v) => v.write_shared(self.base() + offset, data),
             None => {
-                self.writes_detached.fetch_add(1, Relaxed);
+                self.detached.note(offset, data.len() as u64);
                 self.source.write_shared(offset, data)
             }
         }
@@ -581,7 +576,12 @@ impl BlockDevice for Attachable {
     fn discard(&self, offset: u64, len: u64) -> Result<(), IoError> {
         self.admit_write(sce_io::Op::Discard, offset, len, 0)?;
         let b = self.base();
-        self.write_with(|v| v.discard(b + offset, len), |s| s.discard(offset, len))
+        let range = (offset, len);
+        self.write_with(
+            range,
+            |v| v.discard(b + offset, len),
+            |s| s.discard(offset, len),
+        )
     }
 
     /// The cached volume's while attached (the source's, except in write-back, where the

@@ -62,6 +62,9 @@ pub struct ServeConfig {
     /// Set by an attach that knows nothing reached the source while the cache was
     /// detached: the volume's "detached" mark on the device does not drop it.
     pub reattach: bool,
+    /// With `reattach`: the "detached" mark stays on the device until the attach cleared it
+    /// (`PersistConfig::keep_detached_mark`).
+    pub keep_detached_mark: bool,
     /// A version string of the sources' content, for exports that give none of their own.
     pub source_generation: Option<String>,
     /// Host directory for failure markers of cache devices.
@@ -159,6 +162,7 @@ impl Default for ServeConfig {
             forget_volume: false,
             discard_dirty: Vec::new(),
             reattach: false,
+            keep_detached_mark: false,
             source_generation: None,
             state_dir: "/var/lib/sce".into(),
             error_limit: 16,

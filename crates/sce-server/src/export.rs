@@ -458,6 +458,7 @@ pub(crate) fn persist_config(
         forget_volume: cfg.forget_volume,
         discard_dirty: cfg.discard_dirty.clone(),
         reattach: cfg.reattach,
+        keep_detached_mark: cfg.keep_detached_mark,
         state_dir: Some(cfg.state_dir.clone()),
         flush_interval: cfg.metadata_interval,
         journal: spec.crash_journal.unwrap_or(cfg.crash_journal),

@@ -14,7 +14,12 @@ fn the_example_configuration_loads_and_checks() {
     for e in &file.export {
         let core = sce_server::export::core_of(e).unwrap_or_else(|x| panic!("{}: {x:#}", e.name));
         if e.name == "lun0" {
-            assert_eq!(core.fragment_size, 1 << 20);
+            // The default geometry: 512 KiB lines in 1 MiB fragments (the example once set
+            // `fragment_size = "1MiB"` as "the cache line", which made whole 1 MiB lines).
+            assert_eq!(
+                (core.fragment_size, core.heat_bytes()),
+                (512 << 10, 1 << 20)
+            );
             assert_eq!(core.write_mode.to_string(), "writethrough");
             assert_eq!(core.writeback, sce_core::WritebackTuning::default());
         }

@@ -423,6 +423,7 @@ impl ServeArgs {
             forget_volume: self.forget_volume,
             discard_dirty: self.discard_dirty.clone(),
             reattach: false,
+            keep_detached_mark: false,
             source_generation: self.source_generation.clone(),
             state_dir: self.state_dir.clone(),
             error_limit: self.error_limit,

@@ -36,8 +36,13 @@ fn cached_bytes(sock: &Path, off: &str, len: &str) -> u64 {
 }
 
 fn serve(d: &Path) -> (Server, std::path::PathBuf) {
+    common::sized_file(&d.join("src"), 64 << 20);
+    restart(d)
+}
+
+/// `serve` over the source and cache `d` holds already.
+fn restart(d: &Path) -> (Server, std::path::PathBuf) {
     let src = d.join("src");
-    common::sized_file(&src, 64 << 20);
     let sock = d.join("s.sock");
     let s = Server::start(
         &[
@@ -114,8 +119,8 @@ fn every_verb_under_fio_verify_load() {
 }
 
 /// Detach releases a clean cache device while the export serves on; attach brings it back
-/// warm (the first reads hit), or cold after writes it did not see, and then never serves
-/// the old bytes.
+/// warm (the first reads hit), less the ranges written while detached (cold past the bound
+/// of ranges kept), and then never serves the old bytes.
 #[test]
 fn detach_and_attach() {
     let d = tempfile::tempdir().unwrap();
@@ -167,14 +172,32 @@ fn detach_and_attach() {
         16,
         "the first read after attach hits"
     );
-    // A write while detached: the next attach starts cold, and the new bytes are read.
+    // A write while detached: the next attach drops what it changed and keeps the rest warm;
+    // the new bytes are read.
     ctl_json(&sock, &["detach", ""]);
     let new = vec![0x5au8; 65536];
     sce_io::BlockDevice::write_at(&client, 1 << 20, &new).unwrap();
     let att = ctl_json(&sock, &["attach", ""]);
+    assert_eq!(att["warm"], true, "{att}");
+    assert_eq!(cached_bytes(&sock, "0", "4MiB"), (4 << 20) - 65536);
+    sce_io::BlockDevice::read_at(&client, 1 << 20, &mut b).unwrap();
+    assert_eq!(b, new);
+    let before = hits(&server);
+    sce_io::BlockDevice::read_at(&client, 2 << 20, &mut b).unwrap();
+    assert_eq!(hits(&server) - before, 16, "the untouched data stays warm");
+    // Writes over more ranges than are kept: cold, and said why.
+    ctl_json(&sock, &["detach", ""]);
+    let page = vec![0xc3u8; 4096];
+    for i in 0..4097u64 {
+        sce_io::BlockDevice::write_at(&client, (8 << 20) + i * 8192, &page).unwrap();
+    }
+    let att = ctl_json(&sock, &["attach", ""]);
     assert_eq!(att["warm"], false, "{att}");
     assert!(
-        att["cold_because"].as_str().unwrap().contains("1 write"),
+        att["cold_because"]
+            .as_str()
+            .unwrap()
+            .contains("more ranges than are kept"),
         "{att}"
     );
     assert_eq!(cached_bytes(&sock, "0", "4MiB"), 0);
@@ -394,6 +417,42 @@ fn counters_survive_detach_attach_and_mode_switches_and_forget_is_not_eviction()
         common::num(&after, "fragments_evicted"),
         common::num(&before, "fragments_evicted"),
         "forget counted as evictions: {after}"
+    );
+    drop(client);
+    assert!(server.term().success());
+}
+
+/// A SIGKILL while detached, after writes: the device keeps its "detached" mark, so the
+/// restart trusts nothing of it, and the written range reads the new bytes.
+#[test]
+fn a_kill_while_detached_after_writes_never_serves_the_old_bytes() {
+    use sce_io::BlockDevice;
+    let d = tempfile::tempdir().unwrap();
+    let (server, sock) = serve(d.path());
+    ctl_json(&sock, &["prefetch", "0", "4MiB"]);
+    ctl_json(&sock, &["detach", ""]);
+    let client = common::unix_client(&sock, 1);
+    let new = vec![0x77u8; 65536];
+    client.write_at(1 << 20, &new).unwrap();
+    drop(client);
+    server.kill();
+    let (server, sock) = restart(d.path());
+    let st = ctl_json(&sock, &["status"]);
+    assert_eq!(st["exports"][0]["state"], "active", "{st}");
+    let client = common::unix_client(&sock, 1);
+    let mut b = vec![0u8; 65536];
+    client.read_at(1 << 20, &mut b).unwrap();
+    let first_new = b.iter().position(|&x| x == 0x77);
+    assert!(
+        b == new,
+        "the write made while detached: old bytes up to {first_new:?}; status {st}; log:\n{}",
+        server.log()
+    );
+    assert_eq!(cached_bytes(&sock, "1MiB", "64KiB"), 0, "{st}");
+    assert!(
+        server.log().contains("detached from the source"),
+        "the start says why it trusts nothing:\n{}",
+        server.log()
     );
     drop(client);
     assert!(server.term().success());

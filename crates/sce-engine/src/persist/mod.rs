@@ -102,6 +102,11 @@ pub struct PersistConfig {
     /// it (`sce ctl attach` after a detach with no write): a volume marked detached is
     /// trusted as any other. Otherwise a start drops a volume marked detached.
     pub reattach: bool,
+    /// With `reattach`: the volumes' "detached" marks stay on the device after the start
+    /// (the caller drops what was written while detached, makes that durable, then clears
+    /// them with `CacheVolume::set_detached`); a crash before that finds them and trusts
+    /// nothing.
+    pub keep_detached_mark: bool,
     /// The start serves its volumes in write-back (set by the engine from the mode): their
     /// table entries are marked so (`sce_store::Volume::writeback`).
     pub writeback: bool,
@@ -138,6 +143,7 @@ impl PersistConfig {
             journal: true,
             journal_blocks: 0,
             reattach: false,
+            keep_detached_mark: false,
             writeback: false,
             discard_dirty: Vec::new(),
             writeback_log: 0,

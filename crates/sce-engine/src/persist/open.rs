@@ -81,7 +81,7 @@ fn load_stats(sb: &Superblock, r: &ScanReport, formatted_now: bool, why: String)
 fn reasons(
     v: &Trusted<'_>,
     t: &sce_store::Volume,
-    reattach: bool,
+    (reattach, own_writes): (bool, bool),
     identity_hash: Option<[u8; sce_store::superblock::IDENTITY_BYTES]>,
 ) -> Vec<String> {
     let zero = [0; sce_store::superblock::IDENTITY_BYTES];
@@ -95,7 +95,10 @@ fn reasons(
                 .to_string(),
         );
     }
-    let Some(identity_hash) = identity_hash else {
+    // An attach that drops what was written while detached: the source changed by those
+    // writes only (served by this process, the source held), so a changed identity is
+    // theirs.
+    let Some(identity_hash) = identity_hash.filter(|_| !own_writes) else {
         return why;
     };
     match &v.identity {
@@ -342,8 +345,9 @@ impl Persist {
             let identity_hash = v.identity.map_or(zero, sce_store::identity_hash);
             // A device formatted now has nothing of the source to doubt.
             let source = (!formatted_now).then_some(identity_hash);
-            let mut why = reasons(v, &sb.volumes[vi], cfg.reattach, source);
-            if sb.volumes[vi].detached {
+            let own_writes = cfg.reattach && cfg.keep_detached_mark;
+            let mut why = reasons(v, &sb.volumes[vi], (cfg.reattach, own_writes), source);
+            if sb.volumes[vi].detached && !(cfg.reattach && cfg.keep_detached_mark) {
                 sb.volumes[vi].detached = false;
                 changed = true;
             }

@@ -240,7 +240,7 @@ impl Attachable {
             }
             Err(e2) => {
                 *self.kept.lock() = Some(cur.clone());
-                self.writes_detached.store(0, Relaxed);
+                self.detached.reset();
                 tracing::error!(target: LOG_TARGET, export = %spec.name, "the cache could not be opened again: {e2:#}; the export serves from its source, detached");
                 Err(err.context(format!(
                     "the cache could not be opened again ({e2:#}): the export is detached and \

@@ -4,7 +4,6 @@
 use super::{Attachable, Attached, Part, Watch};
 use anyhow::{anyhow, bail, Result};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::Relaxed;
 
 impl Attachable {
     /// `detach` of an export that shares its cache device: the device stays with the other
@@ -28,7 +27,7 @@ impl Attachable {
         v.set_detached(p.index, true)?;
         let forgot = v.forget_volume(p.index);
         *g = None;
-        self.writes_detached.store(0, Relaxed);
+        self.detached.reset();
         // Reads started through the hit queue before the swap finish on it; the volume
         // lives on with the other exports, so its queue stays.
         *self.draining.lock() = Some(v.clone());
@@ -71,7 +70,8 @@ impl Attachable {
             bail!("attach: {errors} metadata writes failed while dropping the export's old pages; not attached");
         }
         v.set_detached(p.index, false)?;
-        let written = self.writes_detached.swap(0, Relaxed);
+        let written = self.detached.count();
+        self.detached.reset();
         let settings = v.config();
         *g = Some(v);
         drop(g);
