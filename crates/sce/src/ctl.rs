@@ -38,14 +38,11 @@ pub struct CtlArgs {
 #[derive(clap::Subcommand, Debug)]
 pub enum Verb {
     /// Exports, state, mode, occupancy, hit ratio, population and eviction rates, errors.
-    Status {
-        /// Only this export.
-        export: Option<String>,
-    },
+    Status(ExportArg),
     /// Every counter of the server and its exports.
     Stats {
-        /// Only this export.
-        export: Option<String>,
+        #[command(flatten)]
+        export: ExportArg,
         /// Print again every this many seconds, with the rates since the last print.
         #[arg(long, value_name = "SECONDS")]
         watch: Option<f64>,
@@ -59,8 +56,8 @@ pub enum Verb {
     /// With --to-source, write-back data is also written to the source, which is then
     /// flushed: afterwards the source alone holds every acknowledged write.
     Flush {
-        /// Only this export.
-        export: Option<String>,
+        #[command(flatten)]
+        export: ExportArg,
         /// Write every dirty (write-back) byte to the source and flush it.
         #[arg(long)]
         to_source: bool,
@@ -76,21 +73,15 @@ pub enum Verb {
     /// Drop everything clean cached for an export (its source changed behind sce's back),
     /// and write the records so that no crash brings it back. Write-back's dirty pages, the
     /// only copy of acknowledged writes, are kept (the reply says how many).
-    Forget {
-        /// The export ("" for the default one).
-        export: String,
-    },
+    Forget(ExportArg),
     /// Detach an export's cache: the export goes on serving from its source alone, and the
     /// cache device is flushed, left clean and released (sce check can read it).
-    Detach {
-        /// The export ("" for the default one).
-        export: String,
-    },
+    Detach(ExportArg),
     /// Attach a cache device to an export again (the last one, or CACHE): warm if it still
     /// matches the source and nothing was written while detached, else cold.
     Attach {
-        /// The export ("" for the default one).
-        export: String,
+        #[command(flatten)]
+        export: ExportArg,
         /// The cache device (default: the one detached).
         cache: Option<PathBuf>,
     },
@@ -100,8 +91,8 @@ pub enum Verb {
     /// later writes there are published to HOST). Example: sce ctl -s /run/sce.sock
     /// handoff vm1 --to host-b
     Handoff {
-        /// The export ("" for the default one).
-        export: String,
+        #[command(flatten)]
+        export: ExportArg,
         /// The receiving server's --host-name.
         #[arg(long, value_name = "HOST")]
         to: String,
@@ -114,15 +105,16 @@ pub enum Verb {
     /// reopens the cache (requests wait a moment, it stays warm; a device without a log is
     /// formatted afresh with one, cold); leaving it writes the
     /// dirty data to the source first, with progress in the server's log. Example: sce ctl
-    /// set "" mode writethrough --no-wait
+    /// set mode writethrough --no-wait (or, naming the export, set lun0 mode writethrough)
     Set {
-        /// The export ("" for the default one).
-        export: String,
-        /// mode, admission, seq-cutoff, population-rate, writeback-low-watermark,
-        /// writeback-high-watermark or writeback-rate.
-        key: String,
-        /// The new value.
-        value: String,
+        /// [EXPORT] KEY VALUE: the export (default: the only or the default one); the key
+        /// (mode, admission, seq-cutoff, population-rate, writeback-low-watermark,
+        /// writeback-high-watermark or writeback-rate); the new value.
+        #[arg(num_args = 2..=3, required = true, value_name = "[EXPORT] KEY VALUE")]
+        args: Vec<String>,
+        /// The export (the same as naming it first).
+        #[arg(long = "export", value_name = "EXPORT")]
+        export_flag: Option<String>,
         /// Leaving writeback: refuse if the cache holds dirty data, instead of writing it
         /// to the source first.
         #[arg(long)]
@@ -153,6 +145,24 @@ pub struct RangeArgs {
     export: Option<String>,
 }
 
+/// An export named by a verb: positionally (as before) or with --export; default: the
+/// only export, or the default one ("").
+#[derive(clap::Args, Debug)]
+pub struct ExportArg {
+    /// The export (default: the only or the default one; "" names the default one).
+    #[arg(value_name = "EXPORT")]
+    export: Option<String>,
+    /// The export (the same as naming it first).
+    #[arg(long = "export", value_name = "EXPORT", conflicts_with = "export")]
+    export_flag: Option<String>,
+}
+
+impl ExportArg {
+    fn name(self) -> Option<String> {
+        self.export_flag.or(self.export)
+    }
+}
+
 /// The request of range verb `verb` over `r`.
 fn range_req(verb: &str, r: RangeArgs) -> Request {
     Request {
@@ -178,10 +188,10 @@ fn simple(verb: &str, export: Option<String>) -> Request {
 /// The request of a verb (other than `stats`) and how its reply is shown.
 fn request(verb: Verb) -> (Request, Render) {
     match verb {
-        Verb::Status { export } => (simple("status", export), print_status),
-        Verb::Stats { export, .. } => (simple("stats", export), |v| print_stats(v, None)),
+        Verb::Status(e) => (simple("status", e.name()), print_status),
+        Verb::Stats { export, .. } => (simple("stats", export.name()), |v| print_stats(v, None)),
         Verb::Flush { export, to_source } => {
-            let mut r = simple("flush", export);
+            let mut r = simple("flush", export.name());
             r.to_source = to_source;
             (r, |v| {
                 println!("flushed: {}", list(&v["flushed"]));
@@ -213,10 +223,10 @@ fn request(verb: Verb) -> (Request, Render) {
                 println!("not all of it: {why}");
             }
         }),
-        Verb::Forget { export } => (simple("forget", Some(export)), print_forget),
-        Verb::Detach { export } => (simple("detach", Some(export)), print_detach),
+        Verb::Forget(e) => (simple("forget", e.name()), print_forget),
+        Verb::Detach(e) => (simple("detach", e.name()), print_detach),
         Verb::Handoff { export, to } => {
-            let mut r = simple("handoff", Some(export));
+            let mut r = simple("handoff", export.name());
             r.value = Some(to);
             (r, |v| {
                 println!(
@@ -230,28 +240,31 @@ fn request(verb: Verb) -> (Request, Render) {
         Verb::Attach { export, cache } => (
             Request {
                 verb: "attach".into(),
-                export: Some(export),
+                export: export.name(),
                 value: cache.map(|p| p.display().to_string()),
                 ..Request::default()
             },
             print_attach,
         ),
         Verb::Set {
-            export,
-            key,
-            value,
+            mut args,
+            export_flag,
             no_wait,
-        } => (
-            Request {
-                verb: "set".into(),
-                export: Some(export),
-                key: Some(key),
-                value: Some(value),
-                no_wait,
-                ..Request::default()
-            },
-            print_set,
-        ),
+        } => {
+            let value = args.pop();
+            let key = args.pop();
+            (
+                Request {
+                    verb: "set".into(),
+                    export: export_flag.or(args.pop()),
+                    key,
+                    value,
+                    no_wait,
+                    ..Request::default()
+                },
+                print_set,
+            )
+        }
     }
 }
 

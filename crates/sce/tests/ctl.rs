@@ -457,3 +457,54 @@ fn a_kill_while_detached_after_writes_never_serves_the_old_bytes() {
     drop(client);
     assert!(server.term().success());
 }
+
+/// Every verb names an export the same way: `--export NAME`, or by default the only export
+/// (verbs that took it first keep taking it so: `detach ""`, `set "" mode ...`).
+#[test]
+fn every_verb_takes_the_export_by_flag_or_by_default() {
+    let d = tempfile::tempdir().unwrap();
+    let (server, sock) = serve(d.path());
+    // Detach and attach in turn, so that each finds the export as it needs it.
+    let verbs: [&[&str]; 10] = [
+        &["status"],
+        &["stats"],
+        &["flush"],
+        &["exists", "0", "1MiB"],
+        &["prefetch", "0", "1MiB"],
+        &["evict", "0", "1MiB"],
+        &["forget"],
+        &["set", "mode", "writearound"],
+        &["detach"],
+        &["attach"],
+    ];
+    for how in ["default", "flag", "position"] {
+        for v in verbs {
+            let mut args: Vec<&str> = v.to_vec();
+            match how {
+                "flag" => args.extend(["--export", ""]),
+                // The verbs that took the export first.
+                "position"
+                    if [
+                        "forget", "set", "detach", "attach", "status", "stats", "flush",
+                    ]
+                    .contains(&v[0]) =>
+                {
+                    args.insert(1, "")
+                }
+                _ => {}
+            }
+            let (ok, _, err) = ctl(&sock, &args);
+            assert!(ok, "sce ctl {args:?}: {err}");
+        }
+    }
+    // The old forms still work.
+    ctl_json(&sock, &["set", "", "mode", "writethrough"]);
+    let st = ctl_json(&sock, &["status"]);
+    assert_eq!(st["exports"][0]["mode"], "writethrough", "{st}");
+    // A name that is not an export is refused, by flag as by position.
+    for args in [&["forget", "--export", "nope"][..], &["forget", "nope"]] {
+        let (ok, _, err) = ctl(&sock, args);
+        assert!(!ok && err.contains("no export"), "{args:?}: {err}");
+    }
+    assert!(server.term().success());
+}
