@@ -10,7 +10,7 @@
 
 use crate::{BlockDevice, Extent, IoError, Op, SharedBytes};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant, SystemTime};
 
 /// At most one summary line of an outage's failures per this interval.
@@ -72,6 +72,8 @@ type State = (Option<Outage>, Option<(SystemTime, String)>);
 pub struct WatchedDevice<D: ?Sized> {
     what: String,
     errors: ErrorCounts,
+    /// True during an outage (kept equal to `state`'s): a success while up takes no lock.
+    down: AtomicBool,
     state: Mutex<State>,
     inner: std::sync::Arc<D>,
 }
@@ -82,6 +84,7 @@ impl<D: BlockDevice + ?Sized> WatchedDevice<D> {
         WatchedDevice {
             what: what.into(),
             errors: ErrorCounts::default(),
+            down: AtomicBool::new(false),
             state: Mutex::new((None, None)),
             inner,
         }
@@ -137,7 +140,11 @@ impl<D: BlockDevice + ?Sized> WatchedDevice<D> {
     }
 
     fn succeeded(&self) -> Option<Line> {
+        if !self.down.load(Relaxed) {
+            return None;
+        }
         let mut st = self.state.lock();
+        self.down.store(false, Relaxed);
         let o = st.0.take()?;
         Some(Line::Ended {
             failed: o.failed,
@@ -155,6 +162,7 @@ impl<D: BlockDevice + ?Sized> WatchedDevice<D> {
         kind.fetch_add(1, Relaxed);
         let (now, wall, error) = (Instant::now(), SystemTime::now(), e.to_string());
         let mut st = self.state.lock();
+        self.down.store(true, Relaxed);
         st.1 = Some((wall, error.clone()));
         let Some(o) = st.0.as_mut() else {
             st.0 = Some(Outage {

@@ -439,7 +439,7 @@ impl Ctx {
                 }
                 (Some(a), Some(v)) => {
                     m["cache"] = json!(a.cache_path().map(|p| p.display().to_string()));
-                    let s = a.with_carried(v.stats());
+                    let s = a.stats().unwrap_or_else(|| v.stats());
                     let cfg = v.config();
                     let slot_bytes = cfg.fragment_size;
                     let used = s.total_slots.saturating_sub(s.free_slots);

@@ -409,6 +409,8 @@ impl Attachable {
         *self.kept.lock() = Some(v.config());
         let (flushed, clean) = self.close(v);
         let path = self.cache_path().unwrap_or_default();
+        // What the ranges written from now on are relative to.
+        (self.detached).set_device(clean.then(|| self.device_mark(&path)).flatten());
         if let Err(e) = flushed {
             tracing::error!(target: crate::LOG_TARGET, export = %name, "detach: flushing failed: {e}; the cache device is left as after a crash");
             bail!("detached, but flushing failed: {e}; the cache device is left as after a crash (the next attach recovers it)");
@@ -441,17 +443,18 @@ impl Attachable {
             others.iter().filter(|e| e.name != name).cloned().collect();
         all.push(spec.clone());
         crate::export::check_ownership(&all)?;
-        let (written, warm) = (self.detached.count(), self.detached.ranges().is_some());
+        let written = self.detached.count();
+        let (warm, own_writes) = self.warm_attach(&path);
         let mut cfg = self.cfg.clone();
         let mut forgot = None;
-        // Trusted, its "detached" mark kept until `settle_detached` dropped what was written.
-        cfg.reattach = warm;
-        cfg.keep_detached_mark = warm;
-        if !warm {
+        // The device this export detached: trusted, its "detached" mark kept until
+        // `settle_detached` dropped what was written. Any other: its mark counts.
+        (cfg.reattach, cfg.keep_detached_mark, cfg.own_writes) = (warm, warm, own_writes);
+        if !warm && written > 0 {
             cfg.forget_volume = true;
             forgot = Some(format!(
-                "{written} write(s) reached the source while the cache was detached, over \
-                 more ranges than are kept"
+                "{written} write(s) reached the source while the cache was detached (over \
+                 more ranges than are kept, or not the device that was detached)"
             ));
         }
         let kept = self.kept.lock().clone();

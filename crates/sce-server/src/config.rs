@@ -65,6 +65,9 @@ pub struct ServeConfig {
     /// With `reattach`: the "detached" mark stays on the device until the attach cleared it
     /// (`PersistConfig::keep_detached_mark`).
     pub keep_detached_mark: bool,
+    /// With `reattach`: the source changed by writes this process served while detached
+    /// (`PersistConfig::own_writes`).
+    pub own_writes: bool,
     /// A version string of the sources' content, for exports that give none of their own.
     pub source_generation: Option<String>,
     /// Host directory for failure markers of cache devices.
@@ -163,6 +166,7 @@ impl Default for ServeConfig {
             discard_dirty: Vec::new(),
             reattach: false,
             keep_detached_mark: false,
+            own_writes: false,
             source_generation: None,
             state_dir: "/var/lib/sce".into(),
             error_limit: 16,

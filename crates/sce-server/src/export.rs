@@ -459,6 +459,7 @@ pub(crate) fn persist_config(
         discard_dirty: cfg.discard_dirty.clone(),
         reattach: cfg.reattach,
         keep_detached_mark: cfg.keep_detached_mark,
+        own_writes: cfg.own_writes,
         state_dir: Some(cfg.state_dir.clone()),
         flush_interval: cfg.metadata_interval,
         journal: spec.crash_journal.unwrap_or(cfg.crash_journal),

@@ -40,7 +40,7 @@ pub fn stats_json(server: &Server, volumes: &Volumes, sources: &Sources) -> serd
         let av = v.as_ref().and_then(|a| Some((a, a.volume()?)));
         m.insert("cached".into(), av.is_some().into());
         if let Some((a, v)) = av {
-            let st = a.with_carried(v.stats());
+            let st = a.stats().unwrap_or_else(|| v.stats());
             let state = if v.is_passthrough() {
                 "passthrough"
             } else {

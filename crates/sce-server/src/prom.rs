@@ -166,8 +166,12 @@ fn volume_families(
     i: usize,
 ) {
     let lp = [("export", export)];
+    // Detached since `v` was taken: nothing of it this scrape.
+    let Some(stats) = a.stats() else {
+        return;
+    };
     let view = tables::View {
-        stats: a.with_carried(v.stats()),
+        stats,
         config: v.config(),
         in_flight: v.latencies().in_flight.load(Relaxed),
     };

@@ -77,7 +77,9 @@ impl Rates {
                 all[i].clear();
                 continue;
             };
-            let s = a.with_carried(v.stats());
+            let Some(s) = a.stats() else {
+                continue;
+            };
             let row = [
                 s.fragments_populated,
                 s.fragments_evicted,

@@ -153,13 +153,54 @@ pub struct ExportArg {
     #[arg(value_name = "EXPORT")]
     export: Option<String>,
     /// The export (the same as naming it first).
-    #[arg(long = "export", value_name = "EXPORT", conflicts_with = "export")]
+    #[arg(long = "export", value_name = "EXPORT")]
     export_flag: Option<String>,
 }
 
 impl ExportArg {
     fn name(self) -> Option<String> {
         self.export_flag.or(self.export)
+    }
+
+    /// Refuses an export named twice, differently.
+    fn check(&self) -> Result<()> {
+        match (&self.export_flag, &self.export) {
+            (Some(f), Some(p)) if f != p => {
+                bail!("the export is named twice: {p:?} and --export {f:?}")
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Refuses what a verb's arguments say twice or not at all.
+fn check(verb: &mut Verb) -> Result<()> {
+    match verb {
+        Verb::Status(e) | Verb::Forget(e) | Verb::Detach(e) => e.check(),
+        Verb::Stats { export, .. } | Verb::Flush { export, .. } | Verb::Handoff { export, .. } => {
+            export.check()
+        }
+        // `attach --export NAME CACHE`: the one positional is the cache.
+        Verb::Attach { export, cache } => {
+            if export.export_flag.is_some() && cache.is_none() {
+                if let Some(p) = export.export.take() {
+                    *cache = Some(PathBuf::from(p));
+                }
+            }
+            export.check()
+        }
+        Verb::Set {
+            args, export_flag, ..
+        } => match (export_flag, args.len()) {
+            (Some(f), 3) if *f != args[0] => {
+                bail!(
+                    "the export is named twice: {:?} and --export {f:?}",
+                    args[0]
+                )
+            }
+            _ => Ok(()),
+        },
+        _ => Ok(()),
     }
 }
 
@@ -271,6 +312,8 @@ fn request(verb: Verb) -> (Request, Render) {
 /// Runs `sce ctl`.
 pub fn ctl(a: CtlArgs) -> Result<()> {
     let path = admin_socket(a.socket.as_deref())?;
+    let mut a = a;
+    check(&mut a.verb)?;
     if let Verb::Stats {
         watch: Some(secs),
         count,

@@ -424,6 +424,7 @@ impl ServeArgs {
             discard_dirty: self.discard_dirty.clone(),
             reattach: false,
             keep_detached_mark: false,
+            own_writes: false,
             source_generation: self.source_generation.clone(),
             state_dir: self.state_dir.clone(),
             error_limit: self.error_limit,

@@ -497,8 +497,16 @@ fn every_verb_takes_the_export_by_flag_or_by_default() {
             assert!(ok, "sce ctl {args:?}: {err}");
         }
     }
-    // The old forms still work.
+    // The old forms still work, and `attach --export NAME CACHE` takes the cache.
     ctl_json(&sock, &["set", "", "mode", "writethrough"]);
+    ctl_json(&sock, &["detach", ""]);
+    let cache = d.path().join("cache");
+    ctl_json(&sock, &["attach", "--export", "", cache.to_str().unwrap()]);
+    let (ok, _, err) = ctl(
+        &sock,
+        &["set", "other", "mode", "writearound", "--export", ""],
+    );
+    assert!(!ok && err.contains("named twice"), "{err}");
     let st = ctl_json(&sock, &["status"]);
     assert_eq!(st["exports"][0]["mode"], "writethrough", "{st}");
     // A name that is not an export is refused, by flag as by position.
@@ -506,5 +514,38 @@ fn every_verb_takes_the_export_by_flag_or_by_default() {
         let (ok, _, err) = ctl(&sock, args);
         assert!(!ok && err.contains("no export"), "{args:?}: {err}");
     }
+    assert!(server.term().success());
+}
+
+/// The written ranges are those of the device the export detached: detach A, attach another
+/// device B, write through it, detach B, write again, attach A: A is not the device last
+/// detached, so it starts cold (what was written while B served is not in the ranges), and
+/// every page reads the newest bytes.
+#[test]
+fn a_warm_attach_only_for_the_device_that_was_detached() {
+    use sce_io::BlockDevice;
+    let d = tempfile::tempdir().unwrap();
+    let (server, sock) = serve(d.path());
+    ctl_json(&sock, &["prefetch", "0", "4MiB"]);
+    ctl_json(&sock, &["detach"]);
+    let other = d.path().join("other");
+    let att = ctl_json(&sock, &["attach", "--export", "", other.to_str().unwrap()]);
+    assert_eq!(att["cache"], other.to_str().unwrap(), "{att}");
+    let client = common::unix_client(&sock, 1);
+    let b1 = vec![0x11u8; 65536];
+    client.write_at(1 << 20, &b1).unwrap();
+    ctl_json(&sock, &["detach"]);
+    let b2 = vec![0x22u8; 65536];
+    client.write_at(3 << 20, &b2).unwrap();
+    let first = d.path().join("cache");
+    let att = ctl_json(&sock, &["attach", "", first.to_str().unwrap()]);
+    assert_eq!(att["warm"], false, "{att}");
+    assert_eq!(cached_bytes(&sock, "0", "4MiB"), 0, "{att}");
+    let mut b = vec![0u8; 65536];
+    client.read_at(1 << 20, &mut b).unwrap();
+    assert_eq!(b, b1, "written while the other device served");
+    client.read_at(3 << 20, &mut b).unwrap();
+    assert_eq!(b, b2, "written while detached");
+    drop(client);
     assert!(server.term().success());
 }

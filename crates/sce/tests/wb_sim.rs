@@ -147,7 +147,11 @@ fn the_simulator_cleans_what_the_server_cleans() {
         "the same log in the simulator"
     );
     assert!(sim_lends > 0 && srv_lends > 0, "the burst grew both logs");
-    let near = |a: u64, b: u64| (a as f64 - b as f64).abs() <= 0.1 * b as f64;
+    // Within 15%: the server's cleaner runs in real time on a shared machine, the
+    // simulator's in modelled time. Measured 2026-11-30 on 2 CPUs, eight runs over two
+    // builds: bytes 7-10% apart, source writes 8-12% (the server's 16,246-16,841 against
+    // the simulator's 18,193), so the 10% this test had failed about half the time.
+    let near = |a: u64, b: u64| (a as f64 - b as f64).abs() <= 0.15 * b as f64;
     assert!(
         sim_bytes >= written / 2 && srv_bytes >= written / 2,
         "the cleaners kept up with a log a fiftieth of the writes"

@@ -107,6 +107,9 @@ pub struct PersistConfig {
     /// them with `CacheVolume::set_detached`); a crash before that finds them and trusts
     /// nothing.
     pub keep_detached_mark: bool,
+    /// With `reattach`: the source's identity changed by the caller's own writes (served
+    /// while the cache was detached, the source held): a changed identity drops nothing.
+    pub own_writes: bool,
     /// The start serves its volumes in write-back (set by the engine from the mode): their
     /// table entries are marked so (`sce_store::Volume::writeback`).
     pub writeback: bool,
@@ -144,6 +147,7 @@ impl PersistConfig {
             journal_blocks: 0,
             reattach: false,
             keep_detached_mark: false,
+            own_writes: false,
             writeback: false,
             discard_dirty: Vec::new(),
             writeback_log: 0,

@@ -345,7 +345,7 @@ impl Persist {
             let identity_hash = v.identity.map_or(zero, sce_store::identity_hash);
             // A device formatted now has nothing of the source to doubt.
             let source = (!formatted_now).then_some(identity_hash);
-            let own_writes = cfg.reattach && cfg.keep_detached_mark;
+            let own_writes = cfg.reattach && cfg.own_writes;
             let mut why = reasons(v, &sb.volumes[vi], (cfg.reattach, own_writes), source);
             if sb.volumes[vi].detached && !(cfg.reattach && cfg.keep_detached_mark) {
                 sb.volumes[vi].detached = false;

@@ -9,17 +9,14 @@ use sce_engine::{CacheVolume, VolumeStats};
 
 impl Attachable {
     /// The export's figures: the live volume's, its counters plus those of the volumes
-    /// closed before it. None while detached.
+    /// closed before it. None while detached. Read under the gate, which a reopen holds
+    /// while it carries the closed volume's counters: a reader never adds them to that
+    /// volume's own (counted twice, then back: a counter reset to Prometheus).
     pub fn stats(&self) -> Option<VolumeStats> {
-        let v = self.volume()?;
-        Some(self.with_carried(v.stats()))
-    }
-
-    /// `now` (the live volume's figures) with the closed volumes' counters added.
-    pub fn with_carried(&self, now: VolumeStats) -> VolumeStats {
-        let mut s = now;
+        let g = self.gate.read();
+        let mut s = g.as_ref()?.stats();
         s.add_counters(&self.carried.lock());
-        s
+        Some(s)
     }
 
     /// `v` is closed for good (after its last request): its counters are carried.

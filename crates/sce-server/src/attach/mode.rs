@@ -220,9 +220,17 @@ impl Attachable {
             tracing::error!(target: LOG_TARGET, export = %spec.name, "mode switch: flushing the closed cache failed: {e}");
         }
         let mut cfg = self.cfg.clone();
-        cfg.reattach = true;
+        // Its "detached" mark (set before the close) stays until the new volume serves: a
+        // reopen that fails must not leave an unmarked device behind a detached export.
+        (cfg.reattach, cfg.keep_detached_mark) = (true, true);
+        let unmark = |nv: &Arc<CacheVolume>| {
+            if let Err(e) = nv.set_detached(0, false) {
+                tracing::warn!(target: LOG_TARGET, export = %spec.name, "mode switch: the cache device's detached mark could not be cleared ({e}): a restart will start it cold");
+            }
+        };
         let err = match self.open(&spec, &cfg, Some(next), &path) {
             Ok(nv) => {
+                unmark(&nv);
                 *g = Some(nv);
                 tracing::warn!(target: LOG_TARGET, export = %spec.name, from = %cur.write_mode, to = %next.write_mode, clean, "write mode switched (the volume was reopened)");
                 return Ok(());
@@ -232,6 +240,7 @@ impl Attachable {
         tracing::error!(target: LOG_TARGET, export = %spec.name, "mode switch to {}: reopening the cache failed: {err:#}; back to {}", next.write_mode, cur.write_mode);
         match self.open(&spec, &cfg, Some(cur), &path) {
             Ok(nv) => {
+                unmark(&nv);
                 *g = Some(nv);
                 Err(err.context(format!(
                     "not switched to {}: the cache could not be opened so; it serves in {} again",
