@@ -253,11 +253,6 @@ impl Attachable {
         }
     }
 
-    /// Writes served while detached since the last attach.
-    pub fn writes_while_detached(&self) -> u64 {
-        self.detached.count()
-    }
-
     /// Runs `f` on the volume, or `g` on the source when detached, holding the gate.
     fn with<R>(
         &self,
@@ -409,7 +404,6 @@ impl Attachable {
         *self.kept.lock() = Some(v.config());
         let (flushed, clean) = self.close(v);
         let path = self.cache_path().unwrap_or_default();
-        // What the ranges written from now on are relative to.
         (self.detached).set_device(clean.then(|| self.device_mark(&path)).flatten());
         if let Err(e) = flushed {
             tracing::error!(target: crate::LOG_TARGET, export = %name, "detach: flushing failed: {e}; the cache device is left as after a crash");
@@ -447,8 +441,7 @@ impl Attachable {
         let (warm, own_writes) = self.warm_attach(&path);
         let mut cfg = self.cfg.clone();
         let mut forgot = None;
-        // The device this export detached: trusted, its "detached" mark kept until
-        // `settle_detached` dropped what was written. Any other: its mark counts.
+        // Only the device this export detached is trusted (`detached.rs`).
         (cfg.reattach, cfg.keep_detached_mark, cfg.own_writes) = (warm, warm, own_writes);
         if !warm && written > 0 {
             cfg.forget_volume = true;

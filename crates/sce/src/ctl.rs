@@ -288,24 +288,24 @@ fn request(verb: Verb) -> (Request, Render) {
             print_attach,
         ),
         Verb::Set {
-            mut args,
+            args,
             export_flag,
             no_wait,
-        } => {
-            let value = args.pop();
-            let key = args.pop();
-            (
-                Request {
-                    verb: "set".into(),
-                    export: export_flag.or(args.pop()),
-                    key,
-                    value,
-                    no_wait,
-                    ..Request::default()
-                },
-                print_set,
-            )
-        }
+        } => (set_req(args, export_flag, no_wait), print_set),
+    }
+}
+
+/// The request of `set [EXPORT] KEY VALUE`.
+fn set_req(mut args: Vec<String>, export_flag: Option<String>, no_wait: bool) -> Request {
+    let value = args.pop();
+    let key = args.pop();
+    Request {
+        verb: "set".into(),
+        export: export_flag.or(args.pop()),
+        key,
+        value,
+        no_wait,
+        ..Request::default()
     }
 }
 

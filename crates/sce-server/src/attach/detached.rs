@@ -97,6 +97,11 @@ impl DetachedWrites {
 }
 
 impl super::Attachable {
+    /// Writes served while detached since the last attach.
+    pub fn writes_while_detached(&self) -> u64 {
+        self.detached.count()
+    }
+
     /// The cache device at `path` as it is now: its UUID and superblock sequence (None if it
     /// cannot be read, or holds no sce cache).
     pub(super) fn device_mark(&self, path: &Path) -> Option<DeviceMark> {
