@@ -16,6 +16,8 @@ pub(crate) struct Health {
     passthrough: AtomicBool,
     /// When errors were last logged, and how many came since (a leaf lock).
     told: Mutex<Option<(Instant, u64)>>,
+    /// The last error, and when it came (a leaf lock).
+    last: Mutex<Option<(std::time::SystemTime, String)>>,
 }
 
 impl Health {
@@ -26,12 +28,19 @@ impl Health {
             limit: limit.max(1),
             passthrough: AtomicBool::new(false),
             told: Mutex::new(None),
+            last: Mutex::new(None),
         }
+    }
+
+    /// The device errors so far, and the last with its time (None if none came).
+    pub(crate) fn last_error(&self) -> (u64, Option<(std::time::SystemTime, String)>) {
+        (self.errors.load(Relaxed), self.last.lock().clone())
     }
 
     /// A cache-device error (`what`) was counted, `total` so far: logs the first at once,
     /// then at most one summary per [`SUMMARY_EVERY`] with the count since the last line.
     pub(crate) fn log(&self, what: &str, total: u64) {
+        *self.last.lock() = Some((std::time::SystemTime::now(), what.to_string()));
         let now = Instant::now();
         let line = {
             let mut t = self.told.lock();

@@ -227,6 +227,12 @@ impl CacheVolume {
         self.engine.health.passthrough()
     }
 
+    /// The cache device's errors so far (those counted towards the error limit), and the
+    /// last with its time.
+    pub fn cache_errors(&self) -> (u64, Option<(std::time::SystemTime, String)>) {
+        self.engine.health.last_error()
+    }
+
     /// Runs one metadata flush round now (tests); returns the metadata errors it met.
     pub fn flush_metadata(&self) -> u64 {
         self.engine.flush_metadata()

@@ -485,7 +485,7 @@ impl Ctx {
                     }
                 }
             }
-            (self.sources.get(i)).inspect(|s| crate::health::status(&mut m, &s.health()));
+            (self.sources.get(i)).inspect(|s| crate::health::status(&mut m, &s.health(), att));
             exports.push(m);
         }
         let st = self.server.stats();

@@ -37,14 +37,34 @@ pub(crate) fn json(h: &Health) -> Value {
     })
 }
 
+/// A cache device that returned an error this recently makes its export `degraded`.
+const CACHE_ERROR_RECENT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The cache device's errors: their count, and the last with its time.
+pub(crate) type CacheErrors = (u64, Option<(SystemTime, String)>);
+
 /// Puts the source's health into an export's status object `m`: its `source` object, and
-/// the state `degraded` with the reason while the source fails (over a state that says
-/// the export serves: `active`, `passthrough`, `uncached`).
-pub(crate) fn status(m: &mut Value, h: &Health) {
+/// the state `degraded` with the reason while the source fails, or while its cache device
+/// returned an error in the last five minutes (over a state that says the export serves:
+/// `active`, `passthrough`, `uncached`).
+pub(crate) fn status(m: &mut Value, h: &Health, att: Option<&Arc<crate::attach::Attachable>>) {
+    let cache: Option<CacheErrors> = att.and_then(|a| a.volume()).map(|v| v.cache_errors());
+    if let Some((n, Some((at, e)))) = cache {
+        let ago = at.elapsed().unwrap_or_default();
+        m["cache_last_error"] = json!(e);
+        m["cache_last_error_time"] = json!(unix(at));
+        if ago < CACHE_ERROR_RECENT && m["state"] == "active" {
+            m["state"] = json!("degraded");
+            m["state_reason"] = json!(format!(
+                "the cache device returned {n} error(s), the last {:.0} s ago: {e}",
+                ago.as_secs_f64()
+            ));
+        }
+    }
     m["source"] = json(h);
     let serving = matches!(
         m["state"].as_str(),
-        Some("active" | "passthrough" | "uncached")
+        Some("active" | "passthrough" | "uncached" | "degraded")
     );
     if !h.up && serving {
         m["state"] = json!("degraded");
@@ -57,6 +77,16 @@ pub(crate) fn status(m: &mut Value, h: &Health) {
                 .map_or(0.0, |d| d.as_secs_f64())
         ));
     }
+}
+
+/// The cache device's family of one export: when it last returned an error.
+pub(crate) fn cache_families(f: &mut Families, export: &str, v: &sce_engine::CacheVolume) {
+    f.gauge(
+        "sce_cache_last_error_timestamp_seconds",
+        "When the cache device last returned an error (a checksum mismatch, a failed read or write), seconds since the epoch (0: never).",
+        &[("export", export)],
+        v.cache_errors().1.map_or(0.0, |(t, _)| unix(t)),
+    );
 }
 
 /// The source's families of one export.

@@ -183,6 +183,7 @@ fn volume_families(
     if let Some(w) = &wb {
         f.stats(WriteBackStats::STATS, &lp, w);
     }
+    crate::health::cache_families(f, export, v);
     let mode = view.config.write_mode.to_string();
     f.gauge(
         "sce_cache_mode_info",

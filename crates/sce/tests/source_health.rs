@@ -197,6 +197,28 @@ fn bad_cache_pages_are_logged_once_then_summarized_and_read_from_the_source() {
     }
     let st = s.export_stats();
     assert_eq!(common::num(&st, "cache_checksum_errors"), 4, "{st}");
+    // The export is degraded for a while, and says why; the metrics say when.
+    let (ok, out) = common::ctl(&sock, &["--json", "status"]);
+    assert!(ok, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let e = &v["exports"][0];
+    assert_eq!(e["state"], "degraded", "{e}");
+    assert!(
+        e["state_reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("cache device returned 4 error(s)"),
+        "{e}"
+    );
+    let m = common::http_get(&s.metrics, "/metrics");
+    assert!(
+        metric(
+            &m,
+            "sce_cache_last_error_timestamp_seconds{export=\"default\"}"
+        )
+        .is_some_and(|t| t > 1e9),
+        "{m}"
+    );
     let log = s.log();
     assert_eq!(
         log.matches("checksum mismatch of the cached page at source offset")

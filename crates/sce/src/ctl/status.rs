@@ -79,7 +79,7 @@ pub(super) fn print_status(v: &Value) {
 fn print_source(e: &Value) {
     let src = &e["source"];
     if let Some(reason) = e["state_reason"].as_str() {
-        println!("  {:<12} {reason}", "source");
+        println!("  {:<12} {reason}", "degraded");
         return;
     }
     let errors: u64 = src["errors"]
