@@ -3,21 +3,20 @@
 //! (`Engine::disable`, `engine.rs`); this is the state it decides on.
 
 use parking_lot::Mutex;
+use sce_io::outage::{OutageLine, OutageLog, SUMMARY_EVERY};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::time::{Duration, Instant};
-
-/// At most one summary line of cache-device errors per this interval.
-const SUMMARY_EVERY: Duration = Duration::from_secs(30);
+use std::time::{Instant, SystemTime};
 
 /// Errors and passthrough.
 pub(crate) struct Health {
     errors: AtomicU64,
     limit: u64,
     passthrough: AtomicBool,
-    /// When errors were last logged, and how many came since (a leaf lock).
-    told: Mutex<Option<(Instant, u64)>>,
+    /// The errors' account for the logs: one outage for the device's life (nothing ends
+    /// it), so the first error is told and the rest summarized.
+    told: OutageLog,
     /// The last error, and when it came (a leaf lock).
-    last: Mutex<Option<(std::time::SystemTime, String)>>,
+    last: Mutex<Option<(SystemTime, String)>>,
 }
 
 impl Health {
@@ -27,51 +26,32 @@ impl Health {
             errors: AtomicU64::new(0),
             limit: limit.max(1),
             passthrough: AtomicBool::new(false),
-            told: Mutex::new(None),
+            told: OutageLog::default(),
             last: Mutex::new(None),
         }
     }
 
     /// The device errors so far, and the last with its time (None if none came).
-    pub(crate) fn last_error(&self) -> (u64, Option<(std::time::SystemTime, String)>) {
+    pub(crate) fn last_error(&self) -> (u64, Option<(SystemTime, String)>) {
         (self.errors.load(Relaxed), self.last.lock().clone())
     }
 
     /// A cache-device error (`what`) was counted, `total` so far: logs the first at once,
     /// then at most one summary per [`SUMMARY_EVERY`] with the count since the last line.
     pub(crate) fn log(&self, what: &str, total: u64) {
-        *self.last.lock() = Some((std::time::SystemTime::now(), what.to_string()));
-        let now = Instant::now();
-        let line = {
-            let mut t = self.told.lock();
-            match t.as_mut() {
-                None => {
-                    *t = Some((now, 0));
-                    Some(0)
-                }
-                Some((at, untold)) if now.duration_since(*at) >= SUMMARY_EVERY => {
-                    let n = std::mem::take(untold) + 1;
-                    *at = now;
-                    Some(n)
-                }
-                Some((_, untold)) => {
-                    *untold += 1;
-                    None
-                }
-            }
-        };
-        match line {
-            None => {}
-            Some(0) => tracing::warn!(
+        *self.last.lock() = Some((SystemTime::now(), what.to_string()));
+        match self.told.failed(Instant::now(), what) {
+            Some(OutageLine::Started(_)) => tracing::warn!(
                 "cache device error: {what} ({total} so far, of {} before the cache disables \
                  itself; further errors are summarized every {} s)",
                 self.limit,
                 SUMMARY_EVERY.as_secs()
             ),
-            Some(n) => tracing::warn!(
-                "{n} more cache device errors in the last {} s ({total} so far), the last: {what}",
-                SUMMARY_EVERY.as_secs()
+            Some(OutageLine::Summary { failed, over, .. }) => tracing::warn!(
+                "{failed} more cache device errors in the last {} s ({total} so far), the last: {what}",
+                over.as_secs()
             ),
+            _ => {}
         }
     }
 

@@ -8,13 +8,11 @@
 //! Only the device's own failures count (`IoError::is_media_error`, or no room): a request
 //! refused for its range or alignment is the caller's, and a shutdown is not an outage.
 
+use crate::outage::{OutageLine, OutageLog, SUMMARY_EVERY};
 use crate::{BlockDevice, Extent, IoError, Op, SharedBytes};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::time::{Duration, Instant, SystemTime};
-
-/// At most one summary line of an outage's failures per this interval.
-pub const SUMMARY_EVERY: Duration = Duration::from_secs(30);
+use std::time::{Instant, SystemTime};
 
 /// Failed operations, by kind.
 #[derive(Debug, Default)]
@@ -23,17 +21,6 @@ struct ErrorCounts {
     write: AtomicU64,
     flush: AtomicU64,
     discard: AtomicU64,
-}
-
-/// An outage in progress.
-#[derive(Debug, Clone)]
-struct Outage {
-    since: SystemTime,
-    started: Instant,
-    failed: u64,
-    untold: u64,
-    told_at: Instant,
-    error: String,
 }
 
 /// A source's health now, for status and metrics.
@@ -51,30 +38,16 @@ pub struct Health {
     pub last_error: Option<(SystemTime, String)>,
 }
 
-/// What to log after an operation, decided under the lock and logged outside it.
-enum Line {
-    Started(String),
-    Summary {
-        failed: u64,
-        over: Duration,
-        error: String,
-    },
-    Ended {
-        failed: u64,
-        over: Duration,
-    },
-}
-
-/// The outage in progress, and the last error with its time (under one leaf lock).
-type State = (Option<Outage>, Option<(SystemTime, String)>);
-
 /// A device whose operations' outcomes are recorded (see the module's doc).
 pub struct WatchedDevice<D: ?Sized> {
     what: String,
     errors: ErrorCounts,
-    /// True during an outage (kept equal to `state`'s): a success while up takes no lock.
+    /// True during an outage (set and cleared with `outage`'s): a success while up takes
+    /// no lock.
     down: AtomicBool,
-    state: Mutex<State>,
+    outage: OutageLog,
+    /// The last error and its time (a leaf lock).
+    last: Mutex<Option<(SystemTime, String)>>,
     inner: std::sync::Arc<D>,
 }
 
@@ -85,43 +58,48 @@ impl<D: BlockDevice + ?Sized> WatchedDevice<D> {
             what: what.into(),
             errors: ErrorCounts::default(),
             down: AtomicBool::new(false),
-            state: Mutex::new((None, None)),
+            outage: OutageLog::default(),
+            last: Mutex::new(None),
             inner,
         }
     }
 
     /// The health now.
     pub fn health(&self) -> Health {
-        let st = self.state.lock();
+        let outage = self.outage.current();
         Health {
-            up: st.0.is_none(),
-            down_since: st.0.as_ref().map(|o| o.since),
-            outage_failures: st.0.as_ref().map_or(0, |o| o.failed),
+            up: outage.is_none(),
+            down_since: outage.map(|(started, _)| SystemTime::now() - started.elapsed()),
+            outage_failures: outage.map_or(0, |(_, n)| n),
             errors: [
                 ("read", self.errors.read.load(Relaxed)),
                 ("write", self.errors.write.load(Relaxed)),
                 ("flush", self.errors.flush.load(Relaxed)),
                 ("discard", self.errors.discard.load(Relaxed)),
             ],
-            last_error: st.1.clone(),
+            last_error: self.last.lock().clone(),
         }
     }
 
     /// Records an operation's outcome, and logs what it changed.
     fn note<T>(&self, op: Op, r: Result<T, IoError>) -> Result<T, IoError> {
         let line = match &r {
-            Ok(_) => self.succeeded(),
+            Ok(_) if !self.down.load(Relaxed) => None,
+            Ok(_) => {
+                self.down.store(false, Relaxed);
+                self.outage.succeeded(Instant::now())
+            }
             Err(e) if e.is_media_error() || matches!(e, IoError::NoRoom(_)) => self.failed(op, e),
             Err(_) => None,
         };
         match line {
             None => {}
-            Some(Line::Started(e)) => tracing::warn!(
+            Some(OutageLine::Started(e)) => tracing::warn!(
                 "{} is failing: {e} (further failures are summarized every {} s)",
                 self.what,
                 SUMMARY_EVERY.as_secs()
             ),
-            Some(Line::Summary {
+            Some(OutageLine::Summary {
                 failed,
                 over,
                 error,
@@ -130,7 +108,7 @@ impl<D: BlockDevice + ?Sized> WatchedDevice<D> {
                 self.what,
                 over.as_secs()
             ),
-            Some(Line::Ended { failed, over }) => tracing::info!(
+            Some(OutageLine::Ended { failed, over }) => tracing::info!(
                 "{} works again, after {failed} failed requests over {:.1} s",
                 self.what,
                 over.as_secs_f64()
@@ -139,20 +117,7 @@ impl<D: BlockDevice + ?Sized> WatchedDevice<D> {
         r
     }
 
-    fn succeeded(&self) -> Option<Line> {
-        if !self.down.load(Relaxed) {
-            return None;
-        }
-        let mut st = self.state.lock();
-        self.down.store(false, Relaxed);
-        let o = st.0.take()?;
-        Some(Line::Ended {
-            failed: o.failed,
-            over: o.started.elapsed(),
-        })
-    }
-
-    fn failed(&self, op: Op, e: &IoError) -> Option<Line> {
+    fn failed(&self, op: Op, e: &IoError) -> Option<OutageLine> {
         let kind = match op {
             Op::Read => &self.errors.read,
             Op::Write => &self.errors.write,
@@ -160,34 +125,11 @@ impl<D: BlockDevice + ?Sized> WatchedDevice<D> {
             Op::Discard => &self.errors.discard,
         };
         kind.fetch_add(1, Relaxed);
-        let (now, wall, error) = (Instant::now(), SystemTime::now(), e.to_string());
-        let mut st = self.state.lock();
+        let error = e.to_string();
+        *self.last.lock() = Some((SystemTime::now(), error.clone()));
+        let line = self.outage.failed(Instant::now(), &error);
         self.down.store(true, Relaxed);
-        st.1 = Some((wall, error.clone()));
-        let Some(o) = st.0.as_mut() else {
-            st.0 = Some(Outage {
-                since: wall,
-                started: now,
-                failed: 1,
-                untold: 0,
-                told_at: now,
-                error: error.clone(),
-            });
-            return Some(Line::Started(error));
-        };
-        o.failed += 1;
-        o.untold += 1;
-        o.error = error;
-        let over = now.saturating_duration_since(o.told_at);
-        if over < SUMMARY_EVERY {
-            return None;
-        }
-        o.told_at = now;
-        Some(Line::Summary {
-            failed: std::mem::take(&mut o.untold),
-            over,
-            error: o.error.clone(),
-        })
+        line
     }
 }
 
