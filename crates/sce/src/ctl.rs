@@ -78,7 +78,8 @@ pub enum Verb {
     /// cache device is flushed, left clean and released (sce check can read it).
     Detach(ExportArg),
     /// Attach a cache device to an export again (the last one, or CACHE): warm if it still
-    /// matches the source and nothing was written while detached, else cold.
+    /// matches the source, less the ranges written while detached if it is the device that
+    /// was detached (else cold after writes, and past 4096 ranges).
     Attach {
         #[command(flatten)]
         export: ExportArg,

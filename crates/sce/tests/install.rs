@@ -90,13 +90,16 @@ fn the_installed_unit_verifies_and_its_man_page_reads() {
     let unit = prefix.join("lib/systemd/system/sce@lun0.service");
     let manpath = prefix.join("share/man");
     // The unit names man:sce-serve(1) and runs PREFIX/bin/sce: verify checks both.
-    let verify = Command::new("systemd-analyze")
-        .arg("verify")
-        .arg(&unit)
-        .env("MANPATH", &manpath)
-        .current_dir(dir.path())
-        .output()
-        .expect("run systemd-analyze");
+    let verify_unit = || {
+        Command::new("systemd-analyze")
+            .arg("verify")
+            .arg(&unit)
+            .env("MANPATH", &manpath)
+            .current_dir(dir.path())
+            .output()
+            .expect("run systemd-analyze")
+    };
+    let verify = verify_unit();
     assert!(
         verify.status.success() && verify.stderr.is_empty(),
         "systemd-analyze verify: {}",
@@ -122,13 +125,7 @@ fn the_installed_unit_verifies_and_its_man_page_reads() {
     for p in std::fs::read_dir(manpath.join("man1")).unwrap() {
         std::fs::remove_file(p.unwrap().path()).unwrap();
     }
-    let bare = Command::new("systemd-analyze")
-        .arg("verify")
-        .arg(&unit)
-        .env("MANPATH", &manpath)
-        .current_dir(dir.path())
-        .output()
-        .expect("run systemd-analyze");
+    let bare = verify_unit();
     assert!(
         String::from_utf8_lossy(&bare.stderr).contains("sce-serve"),
         "verify did not look for the man page: {}",
