@@ -116,6 +116,19 @@ impl PageSet {
     pub fn len(&self) -> u32 {
         self.words.iter().map(|w| w.count_ones()).sum()
     }
+    /// The set bits, in order.
+    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.words.iter().enumerate().flat_map(|(i, &w)| {
+            let mut w = w;
+            std::iter::from_fn(move || {
+                (w != 0).then(|| {
+                    let b = w.trailing_zeros();
+                    w &= w - 1;
+                    i as u32 * 64 + b
+                })
+            })
+        })
+    }
     /// Iterates over maximal runs `[lo, hi)` of set bits below `limit`.
     pub fn runs(&self, limit: u32) -> impl Iterator<Item = (u32, u32)> + '_ {
         let mut i = 0;

@@ -269,6 +269,12 @@ pub struct CoreConfig {
     pub revalidate_partial_pages: bool,
     /// Write-back's cleaning: watermarks and rate (the server's write-back log).
     pub writeback: crate::WritebackTuning,
+    /// Admission `sce`: the page area (issue 47). A read miss in a line without a slot fills
+    /// its pages one at a time into packed slots (`crate::pagearea`) until this percentage
+    /// of the line's pages (at least one, at most 255) were admitted within the sketch's
+    /// horizon; the line is *dense* then, and fills (and is populated) as a line. 0: no
+    /// page area, every line is dense.
+    pub dense_line_percent: u32,
 }
 
 impl Default for CoreConfig {
@@ -296,6 +302,7 @@ impl Default for CoreConfig {
             max_cache_writes: None,
             revalidate_partial_pages: true,
             writeback: crate::WritebackTuning::default(),
+            dense_line_percent: 6,
         }
     }
 }
@@ -389,6 +396,12 @@ impl CoreConfig {
             return Err(ConfigError::new(
                 "population_min_rate",
                 "must not exceed population_rate".into(),
+            ));
+        }
+        if self.dense_line_percent > 100 {
+            return Err(ConfigError::new(
+                "dense_line_percent",
+                format!("{} is more than 100", self.dense_line_percent),
             ));
         }
         if let Admission::NHit(0) = self.admission {

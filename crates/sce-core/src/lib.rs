@@ -19,6 +19,7 @@ pub mod evict;
 pub mod geometry;
 pub mod hotness;
 pub mod map;
+pub mod pagearea;
 mod sharded;
 pub mod shards;
 mod slab;

@@ -282,6 +282,8 @@ stats_table! {
         /// Fills from a read miss's own data (admission `sce`): pages the read brought from the
         /// source written to the cache with it, costing the source nothing more.
         miss_fills: u64;
+        /// Pages made valid in the page area (single pages of sparse lines, issue 47).
+        sparse_pages_filled: u64;
         /// Population picks deferred because the population budget was spent.
         population_budget_waits: u64;
         /// Cache writes (populations, fills, write copies) refused by the endurance budget.
@@ -313,7 +315,7 @@ mod tests {
         assert_eq!((b.read_requests, b.pages_populated), (9, 3));
         let s = &CoreStats::STATS[0];
         assert_eq!((s.key, s.value(&a), s.metric), ("read_requests", 7, None));
-        assert_eq!(CoreStats::STATS.len(), 26);
+        assert_eq!(CoreStats::STATS.len(), 27);
         assert_eq!(Kind::Gauge.delta(4, 9), 4);
     }
 

@@ -500,6 +500,8 @@ fn sce_partial_fill_populates_only_the_touched_part() {
     let cfg = |partial_fill| CoreConfig {
         fragment_size: 256 * KIB,
         partial_fill,
+        // Lines only: with the page area, two touched pages are a sparse line's.
+        dense_line_percent: 0,
         ..small(Admission::Sce, WriteMode::Awt)
     };
     for (partial, want) in [(true, 8 * KIB), (false, 256 * KIB)] {

@@ -14,6 +14,8 @@ fn lines(miss_fills: bool) -> CoreConfig {
         miss_fills,
         hot_window: 8,
         sequential_cutoff: 0,
+        // Lines only (the page area's own tests are in sparse.rs).
+        dense_line_percent: 0,
         ..CoreConfig::default()
     }
 }

@@ -91,7 +91,7 @@ fn config() -> impl Strategy<Value = ((CoreConfig, u64, u64), usize)> {
 
 fn shape() -> impl Strategy<Value = (CoreConfig, u64, u64)> {
     (
-        prop_oneof![Just(4096u64), Just(8192), Just(16384)],
+        prop_oneof![Just(4096u64), Just(8192), Just(16384), Just(65536)],
         2u64..10,
         prop_oneof![
             Just(Admission::Sce),
@@ -132,6 +132,9 @@ fn shape() -> impl Strategy<Value = (CoreConfig, u64, u64)> {
                     miss_fills: slots % 3 != 2 && src_frags % 2 == 0,
                     // A recency window in front of the duel in half the cases (issue 30).
                     recency_window: if (slots + src_frags) % 2 == 0 { 250 } else { 0 },
+                    // The page area (lines of 16 pages or more), graduating lines after 1 to
+                    // 6 admitted pages, or off (issue 47).
+                    dense_line_percent: (src_frags % 4) as u32 * 12,
                     ..CoreConfig::default()
                 };
                 // Source sizes that are not a multiple of the page or fragment size on purpose.

@@ -8,6 +8,7 @@ impl CacheCore {
     /// Drops every cached fragment that no operation pins (the volume was forgotten or the
     /// cache device failed). Returns how many were dropped.
     pub fn drop_all(&mut self) -> u32 {
+        self.forget_sparse();
         let mut n = 0;
         for s in 0..self.geo.slots() {
             let s = SlotNo(s);
@@ -44,6 +45,7 @@ impl CacheCore {
         }
         let mut dropped = 0;
         for (f, lo, hi, _, _) in fragments(self.geo, offset.0, end - offset.0) {
+            dropped += self.drop_sparse(f, lo, hi);
             let Some(s) = self.map.get(f) else { continue };
             dropped += bitmap::count(self.slots.bitmap(s), lo, hi) as u64;
             bitmap::clear_range(self.slots.bitmap_mut(s), lo, hi);
@@ -75,6 +77,7 @@ impl CacheCore {
             }
         }
         let mut n = 0;
+        self.forget_sparse();
         for s in (0..self.geo.slots()).map(SlotNo) {
             if self.slots.fragment(s).is_none() {
                 continue;
@@ -136,6 +139,13 @@ impl CacheCore {
         let mut take = Vec::with_capacity(slots.len());
         for &s in slots {
             if self.slots.is_lent(s) {
+                continue;
+            }
+            if self.slot_is_packed(s) {
+                match self.unpack_slot(s) {
+                    true => take.push(s),
+                    false => busy.push(s),
+                }
                 continue;
             }
             let frag = self.slots.fragment(s);
@@ -205,6 +215,7 @@ impl CacheCore {
         self.map.set(f, Some(s));
         self.evict.inserted(s);
         self.share_count(f, true);
+        self.line_allocated(f);
         Some(s)
     }
 

@@ -23,6 +23,13 @@ pub(super) enum Duel {
     Lost,
 }
 
+/// With the page area, a line without a slot is populated only if it is dense (its pages
+/// were admitted one at a time often enough, `CacheCore::dense`) or the window saw reads or
+/// writes in this many distinct 64ths of its region (issue 47: on cloudPhysicsIO's trace,
+/// whose written data is read back, 2 cost 0.8x more cache writes on the Zipf trace, and
+/// without the rule reads of written data missed: 0.47 read hit at 100% against 0.63).
+const DENSE_PARTS: u32 = 3;
+
 /// The bits `[a, b]` (inclusive) of a 64-bit mask.
 fn bits(a: u32, b: u32) -> u64 {
     let upper = if b >= 63 {
@@ -94,6 +101,9 @@ impl CacheCore {
         if self.map.get(f).is_some() || (self.slots.free_count() > 0 && self.at_cap(f).is_none()) {
             return Ok(());
         }
+        if self.at_cap(f).is_none() && self.area_yields() {
+            return Ok(());
+        }
         if self.cfg.recency_window > 0 && self.at_cap(f).is_none() {
             return self.room_by_window(f);
         }
@@ -161,6 +171,9 @@ impl CacheCore {
         self.lines(r).find(|&f| {
             touched & self.line_parts(f) != 0
                 && (!only_cached || self.map.get(f).is_some())
+                && (self.map.get(f).is_some()
+                    || self.dense(f)
+                    || (touched & self.line_parts(f)).count_ones() >= DENSE_PARTS)
                 && self.worth_populating(f)
                 && (!self.cfg.partial_fill
                     || self.fillable(f, self.fill_hint(f).as_ref()).is_some())
@@ -239,6 +252,9 @@ impl CacheCore {
         if verdict.sequential && (self.stream_fills(len, write) || self.slots.free_count() == 0) {
             self.stats.sequential_requests += 1;
             return true;
+        }
+        if !write {
+            self.note_sparse(offset, len);
         }
         let shift = self.geo.fragment_shift() + self.line_bits();
         let end = offset + len;

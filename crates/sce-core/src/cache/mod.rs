@@ -43,6 +43,7 @@
 mod evict;
 mod guard;
 mod heat;
+mod pages;
 mod plan;
 mod population;
 mod read;
@@ -105,6 +106,8 @@ pub struct CacheCore {
     shares: share::Shares,
     /// The driver's word that the source has no room for population now.
     source_busy: bool,
+    /// The page area (admission `sce` with `dense_line_percent`), see `pages.rs`.
+    sparse: Option<pages::Sparse>,
 }
 
 /// The admission policy's state, built from the configuration: rebuilt whole when a
@@ -269,9 +272,21 @@ impl CacheCore {
             stats: CoreStats::default(),
             shares: share::Shares::default(),
             source_busy: false,
+            sparse: Self::sparse_for(&cfg, &geo),
             geo,
             cfg,
         })
+    }
+
+    /// The page area a core of `cfg` and `geo` keeps, if any: admission `sce` with
+    /// `dense_line_percent`, lines of at least a set of pages, a source within its page numbers.
+    fn sparse_for(cfg: &CoreConfig, geo: &Geometry) -> Option<pages::Sparse> {
+        let ppf = geo.pages_per_fragment();
+        (cfg.admission == Admission::Sce
+            && cfg.dense_line_percent > 0
+            && ppf >= crate::pagearea::WAYS
+            && geo.source_size() / PAGE_SIZE <= crate::pagearea::MAX_PAGE)
+            .then(|| pages::Sparse::new(ppf, geo.slots(), cfg.dense_line_percent))
     }
 
     /// The geometry.
@@ -385,6 +400,8 @@ impl CacheCore {
 
     /// Marks pages `[lo, hi)` of fragment `f` invalid (their cached copy was found bad).
     pub fn invalidate(&mut self, f: FragNo, lo: u32, hi: u32) {
+        let dropped = self.drop_sparse(f, lo, hi.min(self.geo.pages_per_fragment()));
+        self.stats.pages_invalidated += dropped;
         if let Some(s) = self.map.get(f) {
             let hi = hi.min(self.geo.pages_per_fragment());
             if lo < hi {
@@ -415,11 +432,12 @@ impl CacheCore {
             return out;
         }
         for (f, lo, hi, _, _) in fragments(self.geo, offset.0, end - offset.0) {
-            if let Some(s) = self.map.get(f) {
-                let n = bitmap::count(self.slots.bitmap(s), lo, hi);
-                if n > 0 {
-                    out.push((self.geo.fragment_start(f), n));
-                }
+            let n = match self.map.get(f) {
+                Some(s) => bitmap::count(self.slots.bitmap(s), lo, hi),
+                None => self.count_sparse(f, lo, hi),
+            };
+            if n > 0 {
+                out.push((self.geo.fragment_start(f), n));
             }
         }
         out
@@ -435,7 +453,10 @@ impl CacheCore {
     pub fn is_cached(&self, offset: SourceOffset) -> bool {
         let f = self.geo.fragment_of(offset);
         let p = ((offset.0 - self.geo.fragment_start(f).0) >> PAGE_SHIFT) as u32;
-        self.map.get(f).is_some_and(|s| self.slots.is_valid(s, p))
+        match self.map.get(f) {
+            Some(s) => self.slots.is_valid(s, p),
+            None => self.count_sparse(f, p, p + 1) > 0,
+        }
     }
 
     /// Tells the core the time, for the endurance budget's allowance (which grows with it).

@@ -89,7 +89,13 @@ pub struct ReadPlan {
     /// Pages served from the source.
     pub missed_pages: u64,
     pub(super) pins: Vec<SlotNo>,
-    pub(super) fill_wanted: Vec<(FragNo, PageSet)>,
+    /// Missed pages that may be filled: line, pages, as a line, into the page area.
+    pub(super) fill_wanted: Vec<(FragNo, PageSet, bool, bool)>,
+    /// Pages of `hit_pages` hit in the page area.
+    pub(super) area_hits: u64,
+    /// Missed pages of sparse lines the read covers only in part: the page area may take
+    /// them by population (`pages.rs`).
+    pub(super) partial_wanted: Vec<(FragNo, PageSet)>,
     pub(super) offset: u64,
     pub(super) len: u64,
     pub(super) verdict: StreamVerdict,
@@ -108,6 +114,7 @@ pub struct AccessLog {
     pub(super) full_hits: u64,
     pub(super) hit_pages: u64,
     pub(super) missed_pages: u64,
+    pub(super) area_hits: u64,
 }
 
 impl AccessLog {
@@ -123,6 +130,7 @@ impl AccessLog {
         self.full_hits += plan.full_hit as u64;
         self.hit_pages += plan.hit_pages;
         self.missed_pages += plan.missed_pages;
+        self.area_hits += plan.area_hits;
     }
     /// Reads recorded since the last apply.
     pub fn requests(&self) -> u64 {
@@ -156,7 +164,7 @@ impl ReadPlan {
 
     /// True if the read wants inline fills, which only `begin_read` can start.
     pub fn needs_commit(&self) -> bool {
-        !self.fill_wanted.is_empty()
+        !self.fill_wanted.is_empty() || !self.partial_wanted.is_empty()
     }
 
     pub(super) fn clear(&mut self) {
@@ -165,9 +173,11 @@ impl ReadPlan {
         self.pops.clear();
         self.pins.clear();
         self.fill_wanted.clear();
+        self.partial_wanted.clear();
         self.full_hit = true;
         self.hit_pages = 0;
         self.missed_pages = 0;
+        self.area_hits = 0;
     }
     pub(super) fn push(&mut self, buf_offset: u64, len: u64, target: RunTarget) {
         if let Some(last) = self.runs.last_mut() {

@@ -26,6 +26,9 @@ pub(super) struct PopState {
     pub(super) fill: PageSet,
     pub(super) spoiled: PageSet,
     pub(super) fresh_slot: bool,
+    /// A fill of the page area (`pages.rs`): each page of the line filled and its way
+    /// (`slot` is not used then).
+    pub(super) ways: Vec<(u32, u32)>,
 }
 
 /// Direct-mapped access counters for `nhit:K` admission.
@@ -153,6 +156,7 @@ impl CacheCore {
             fill,
             spoiled,
             fresh_slot,
+            ways: Vec::new(),
         }));
         self.activity.entry(f.0).or_default().pop = Some(id);
         if !inline {
@@ -189,6 +193,9 @@ impl CacheCore {
     /// a slot already (filling it evicts nothing), and a line not cached must win a duel
     /// against the eviction victim in the frequency sketch (region against region).
     pub(super) fn pick_selective(&mut self) -> Option<PopulationJob> {
+        if let Some(job) = self.pick_sparse() {
+            return Some(job);
+        }
         let full = self.slots.free_count() == 0;
         let this = &*self;
         let r = self
@@ -311,6 +318,12 @@ impl CacheCore {
     /// cache write succeeded. Validates the filled pages that no write spoiled meanwhile.
     pub fn complete_population(&mut self, id: PopId, ok: bool) -> Result<(), RequestError> {
         let st = self.pops.remove(id.0).ok_or(RequestError::UnknownId)?;
+        if !st.ways.is_empty() {
+            // Pages, not fragments: counted in `sparse_pages_filled` only.
+            self.complete_sparse(&st, ok);
+            self.forget_activity(st.frag, |a| a.pop = None);
+            return Ok(());
+        }
         let s = st.slot;
         debug_assert_eq!(self.slots.fragment(s), Some(st.frag));
         if ok {

@@ -2,7 +2,7 @@
 
 use super::plan::{AccessLog, FillRun, ReadPlan, RequestError, RunTarget};
 use super::{fragments, CacheCore};
-use crate::addr::{CacheOffset, SourceOffset, PAGE_SIZE};
+use crate::addr::{CacheOffset, FragNo, SourceOffset, PAGE_SIZE};
 use crate::bitmap::{self, PageSet};
 use crate::config::Admission;
 use crate::slots::PinTable;
@@ -70,9 +70,18 @@ impl CacheCore {
         // Passthrough: every run goes to the source, and nothing is filled.
         let caching = self.cfg.write_mode.caches_reads();
         let want_fills = caching && self.wants_fills(plan.verdict, len);
+        let want_sparse = self.wants_sparse_fills(plan.verdict, len);
+        let collect = want_fills || want_sparse;
+        let area = self.area_used();
         for (f, lo, hi, a, b) in fragments(self.geo, offset.0, len) {
             let fstart = self.geo.fragment_start(f).0;
             let slot = self.map.get(f);
+            if slot.is_none() && area {
+                let (set, partial) = self.plan_sparse(f, (lo, hi), (a, b), plan);
+                self.want_fill(f, set, (want_fills, want_sparse), plan);
+                self.want_partial(f, partial, want_sparse, plan);
+                continue;
+            }
             let mut pinned = false;
             let mut missed_full = None::<PageSet>;
             let mut p = lo;
@@ -103,7 +112,7 @@ impl CacheCore {
                     plan.push(buf_offset, rb - ra, RunTarget::Source(SourceOffset(ra)));
                     plan.missed_pages += (run_hi - p) as u64;
                     plan.full_hit = false;
-                    if want_fills {
+                    if collect {
                         // Pages of this run that the read covers entirely can be filled.
                         let set = missed_full
                             .get_or_insert_with(|| PageSet::new(self.geo.pages_per_fragment()));
@@ -117,13 +126,44 @@ impl CacheCore {
                 }
                 p = run_hi;
             }
-            if let Some(set) = missed_full.filter(|s| !s.is_empty()) {
-                if self.cfg.admission == Admission::Always || self.miss_fill_wanted(f) {
-                    plan.fill_wanted.push((f, set));
-                }
+            if let Some(set) = missed_full {
+                let sparse = want_sparse && slot.is_none();
+                let partial = self.partial_pages(f, (lo, hi), (a, b));
+                self.want_partial(f, partial, sparse, plan);
+                self.want_fill(f, set, (want_fills, sparse), plan);
             }
         }
         Ok(())
+    }
+
+    /// Records in `plan` the missed pages of sparse line `f` that the read covers in part
+    /// (`partial`), for population to fill into the page area, if `sparse` allows.
+    fn want_partial(&self, f: FragNo, partial: PageSet, sparse: bool, plan: &mut ReadPlan) {
+        if sparse && !partial.is_empty() && !self.dense(f) {
+            plan.partial_wanted.push((f, partial));
+        }
+    }
+
+    /// Records in `plan` that the missed pages `set` of line `f` may be filled: as a line
+    /// (if `line`: admission `always`, or a miss fill population would make) or into the
+    /// page area (if `sparse`); `commit_read` decides which.
+    fn want_fill(
+        &self,
+        f: FragNo,
+        set: PageSet,
+        (line, sparse): (bool, bool),
+        plan: &mut ReadPlan,
+    ) {
+        if set.is_empty() {
+            return;
+        }
+        let line = line && (self.cfg.admission == Admission::Always || self.miss_fill_wanted(f));
+        // A dense line's misses are population's (a read that needs no commit keeps its
+        // accounting in the read log, applied after the hits: see `apply_access_logs`).
+        let sparse = sparse && !self.dense(f);
+        if line || sparse {
+            plan.fill_wanted.push((f, set, line, sparse));
+        }
     }
 
     /// The mutating half of `begin_read`: accounting, and the inline fills of `always`.
@@ -131,7 +171,17 @@ impl CacheCore {
         let offset = plan.offset;
         self.note_access(offset, plan.len, plan.verdict, false);
         self.account_read(1, plan.full_hit as u64, plan.hit_pages, plan.missed_pages);
-        for (f, set) in std::mem::take(&mut plan.fill_wanted) {
+        self.epoch_sparse(plan.hit_pages, plan.area_hits, plan.missed_pages);
+        for (f, set) in std::mem::take(&mut plan.partial_wanted) {
+            self.queue_sparse(f, set);
+        }
+        for (f, set, line, sparse) in std::mem::take(&mut plan.fill_wanted) {
+            if sparse && self.sparse_takes(f, &set, plan) {
+                continue;
+            }
+            if !line {
+                continue;
+            }
             let selective = self.cfg.admission == Admission::Sce;
             let mut completes_line = false;
             if selective {
@@ -243,7 +293,7 @@ impl CacheCore {
     /// dozen fragments, a batch of hits hundreds), and population finds nothing to pick
     /// while the misses go on.
     pub fn apply_access_logs(&mut self, logs: &mut [impl DerefMut<Target = AccessLog>]) {
-        let [mut requests, mut full_hits, mut hits, mut misses] = [0u64; 4];
+        let [mut requests, mut full_hits, mut hits, mut misses, mut area] = [0u64; 5];
         for log in logs.iter() {
             for &(offset, len, verdict) in &log.reads {
                 self.note_access(offset, len, verdict, false);
@@ -257,12 +307,15 @@ impl CacheCore {
             full_hits += log.full_hits;
             hits += log.hit_pages;
             misses += log.missed_pages;
+            area += log.area_hits;
+            log.area_hits = 0;
             // Emptied, not replaced: the hit path records without allocating.
             log.reads.clear();
             log.missed.clear();
             (log.requests, log.full_hits, log.hit_pages, log.missed_pages) = (0, 0, 0, 0);
         }
         self.account_read(requests, full_hits, hits, misses);
+        self.epoch_sparse(hits, area, misses);
     }
 
     /// Releases the pins of a read. The caller guarantees that the plan's I/O is finished and

@@ -115,6 +115,9 @@ impl CacheCore {
         let head_partial = a > fstart + lo as u64 * PAGE_SIZE;
         let tail_partial = b < self.page_end(f, hi - 1);
         let mut slot = self.map.get(f);
+        if slot.is_none() {
+            self.drop_sparse(f, lo, hi);
+        }
         if slot.is_none()
             && copy_wanted
             && self.cfg.admission == Admission::Always

@@ -1,0 +1,572 @@
+//! The page area's part of the core (issue 47): the fill grain chosen per line from what its
+//! pages do.
+//!
+//! A read miss in a line that has no slot fills the missed pages into the page area
+//! ([`crate::pagearea`]), one 4 KiB page each, from the read's own data (no source I/O), if
+//! the page wins its set's duel: an empty way, or a page hotter than CLOCK's victim in the
+//! page frequency sketch (TinyLFU, page against page). A line whose pages keep being
+//! admitted one at a time is *dense*: after `dense_line_percent` admissions within the
+//! sketch's horizon it graduates, and its misses fill the line (and population may fill
+//! the rest of it) as before; its pages leave the page area when the line gets its slot.
+//! So a fragment with a few hot pages costs a few pages of flash writes and of cache space,
+//! and a fragment whose pages are all used costs a line and one entry.
+//!
+//! The area takes its slots from the free space while there is some; once the cache is
+//! full, a slot goes to whichever side earned more read hits per slot over the last epoch
+//! (a quarter of the cache's pages read): the area grows by evicting a line, or gives its
+//! last slot back to a line that needs one.
+
+use super::plan::{FillRun, PopId, PopulationJob, ReadPlan, RunTarget};
+use super::population::PopState;
+use super::CacheCore;
+use crate::addr::{CacheOffset, FragNo, SlotNo, SourceOffset, PAGE_SHIFT, PAGE_SIZE};
+use crate::admit::FreqSketch;
+use crate::bitmap::PageSet;
+use crate::pagearea::{Dropped, PageArea};
+
+/// The page area and what decides for it.
+#[derive(Debug)]
+pub(super) struct Sparse {
+    pub(super) area: PageArea,
+    /// Pages of a line admitted one at a time that make it dense.
+    dense_pages: u32,
+    /// Reads of pages of lines without a slot (the page duel).
+    pages: FreqSketch,
+    /// Pages of each line admitted to the area (graduation).
+    admitted: FreqSketch,
+    /// Read pages hit in the area and in lines this epoch, and pages read.
+    area_hits: u64,
+    line_hits: u64,
+    epoch_pages: u64,
+    /// The last epoch's verdict: slots the area may still take from lines, or should give
+    /// back to them, this epoch.
+    grow_ok: u32,
+    yield_ok: u32,
+    /// Pages of sparse lines that reads covered in part, for population.
+    pending: std::collections::VecDeque<(FragNo, PageSet)>,
+}
+
+impl Sparse {
+    pub(super) fn new(pages_per_line: u32, slots: u32, percent: u32) -> Sparse {
+        let cache_pages = slots as usize * pages_per_line as usize;
+        Sparse {
+            dense_pages: (pages_per_line * percent).div_ceil(100).clamp(1, 255),
+            area: PageArea::new(pages_per_line),
+            pages: FreqSketch::new((cache_pages / 2).max(1024)),
+            admitted: FreqSketch::new((slots as usize).max(1024)),
+            area_hits: 0,
+            line_hits: 0,
+            epoch_pages: 0,
+            grow_ok: Self::step(slots),
+            yield_ok: 0,
+            pending: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Queued partial pages at most.
+    const PENDING: usize = 1024;
+
+    /// Slots that may change sides per epoch.
+    fn step(slots: u32) -> u32 {
+        (slots / 16).max(1)
+    }
+
+    /// Bytes of memory: the area and both sketches.
+    pub(super) fn memory_bytes(&self) -> usize {
+        self.area.memory_bytes() + self.pages.memory_bytes() + self.admitted.memory_bytes()
+    }
+}
+
+impl CacheCore {
+    /// The source page number of page `p` of line `f`.
+    #[inline]
+    fn page_no(&self, f: FragNo, p: u32) -> u64 {
+        (self.geo.fragment_start(f).0 >> PAGE_SHIFT) + p as u64
+    }
+
+    /// True if the page area holds or may hold pages.
+    #[inline]
+    pub(super) fn area_used(&self) -> bool {
+        self.sparse.as_ref().is_some_and(|s| s.area.capacity() > 0)
+    }
+
+    /// Packed slots and valid pages of the page area (0, 0 without one).
+    pub fn page_area(&self) -> (u32, u64) {
+        self.sparse.as_ref().map_or((0, 0), |s| {
+            (s.area.slots().len() as u32, s.area.valid_pages())
+        })
+    }
+
+    /// Bytes of memory of the page area and its sketches.
+    pub fn page_area_memory(&self) -> usize {
+        self.sparse.as_ref().map_or(0, |s| s.memory_bytes())
+    }
+
+    /// True if line `f` is dense: its pages were admitted one at a time often enough (or
+    /// there is no page area, and every line is).
+    pub(super) fn dense(&self, f: FragNo) -> bool {
+        match &self.sparse {
+            None => true,
+            Some(s) => s.admitted.estimate(f.0) >= s.dense_pages,
+        }
+    }
+
+    /// Plans pages `[lo, hi)` (bytes `[a, b)`) of line `f`, which has no slot, from the page
+    /// area: hits pin their packed slot. Returns the missed pages the read covers whole.
+    pub(super) fn plan_sparse(
+        &self,
+        f: FragNo,
+        (lo, hi): (u32, u32),
+        (a, b): (u64, u64),
+        plan: &mut ReadPlan,
+    ) -> (PageSet, PageSet) {
+        let area = &self.sparse.as_ref().expect("area in use").area;
+        let fstart = self.geo.fragment_start(f).0;
+        let caching = self.cfg.write_mode.caches_reads();
+        let mut missed = PageSet::new(self.geo.pages_per_fragment());
+        let mut partial = PageSet::new(self.geo.pages_per_fragment());
+        let mut last_pin = None;
+        for p in lo..hi {
+            let ra = a.max(fstart + p as u64 * PAGE_SIZE);
+            let rb = b.min(self.page_end(f, p));
+            let buf_offset = ra - plan.offset;
+            let at = if caching {
+                area.lookup(self.page_no(f, p))
+            } else {
+                None
+            };
+            let pinned = at.filter(|w| last_pin == Some(w.slot) || self.slots.pin(w.slot));
+            if let Some(w) = pinned {
+                if last_pin != Some(w.slot) {
+                    plan.pins.push(w.slot);
+                    last_pin = Some(w.slot);
+                }
+                let cache = self.geo.slot_offset(w.slot).0
+                    + w.page as u64 * PAGE_SIZE
+                    + (ra - (fstart + p as u64 * PAGE_SIZE));
+                plan.push(buf_offset, rb - ra, RunTarget::Cache(CacheOffset(cache)));
+                plan.hit_pages += 1;
+                plan.area_hits += 1;
+            } else {
+                plan.push(buf_offset, rb - ra, RunTarget::Source(SourceOffset(ra)));
+                plan.missed_pages += 1;
+                plan.full_hit = false;
+                if ra == fstart + p as u64 * PAGE_SIZE && rb == self.page_end(f, p) {
+                    missed.insert_range(p, p + 1);
+                } else {
+                    partial.insert_range(p, p + 1);
+                }
+            }
+        }
+        (missed, partial)
+    }
+
+    /// The pages of `[lo, hi)` of line `f` that bytes `[a, b)` cover only in part.
+    pub(super) fn partial_pages(
+        &self,
+        f: FragNo,
+        (lo, hi): (u32, u32),
+        (a, b): (u64, u64),
+    ) -> PageSet {
+        let fstart = self.geo.fragment_start(f).0;
+        let mut set = PageSet::new(self.geo.pages_per_fragment());
+        for p in [lo, hi - 1] {
+            if a > fstart + p as u64 * PAGE_SIZE || b < self.page_end(f, p) {
+                set.insert_range(p, p + 1);
+            }
+        }
+        set
+    }
+
+    /// Queues pages of sparse line `f` that a read covered in part, for population to fill
+    /// into the page area (a miss fill has only part of their bytes). Bounded: the oldest
+    /// requests go first.
+    pub(super) fn queue_sparse(&mut self, f: FragNo, set: PageSet) {
+        if self.map.get(f).is_some() || self.dense(f) {
+            return;
+        }
+        let sp = self.sparse.as_mut().expect("area");
+        // Pages a read wants but cannot fill itself are admissions in all but the copy:
+        // evidence of a dense line as much as pages filled one at a time.
+        for _ in 0..set.len() {
+            sp.admitted.add(f.0);
+        }
+        if sp.pending.len() >= Sparse::PENDING {
+            sp.pending.pop_front();
+        }
+        sp.pending.push_back((f, set));
+    }
+
+    /// Population of the page area: the oldest queued pages of a sparse line that win their
+    /// duel, as one job (a span of the source, each page written to its way).
+    pub(super) fn pick_sparse(&mut self) -> Option<PopulationJob> {
+        if !self.endurance_allows(PAGE_SIZE) {
+            return None;
+        }
+        loop {
+            let (f, set) = self.sparse.as_mut()?.pending.pop_front()?;
+            if self.map.get(f).is_some() || self.dense(f) {
+                continue;
+            }
+            let Some(fill) = self.fillable(f, Some(&set)) else {
+                continue;
+            };
+            let mut ways = Vec::new();
+            let mut filled = PageSet::new(self.geo.pages_per_fragment());
+            for p in fill.iter() {
+                let page = self.page_no(f, p);
+                if self.sparse.as_ref()?.area.find(page).is_some() {
+                    continue;
+                }
+                if let Some(w) = self.admit_page(page) {
+                    self.sparse.as_mut()?.area.start_fill(w, page);
+                    ways.push((p, w as u32));
+                    filled.insert_range(p, p + 1);
+                }
+            }
+            if ways.is_empty() {
+                continue;
+            }
+            let bytes = ways.len() as u64 * PAGE_SIZE;
+            self.endure(bytes);
+            self.budget.take(bytes);
+            return Some(self.sparse_job(f, filled, ways));
+        }
+    }
+
+    /// Registers a page-area population of `ways` (pages `filled` of line `f`) and its job.
+    fn sparse_job(&mut self, f: FragNo, filled: PageSet, ways: Vec<(u32, u32)>) -> PopulationJob {
+        let fstart = self.geo.fragment_start(f).0;
+        let lo = ways.iter().map(|w| w.0).min().expect("a page");
+        let hi = ways.iter().map(|w| w.0).max().expect("a page");
+        let source = fstart + lo as u64 * PAGE_SIZE;
+        let area = &self.sparse.as_ref().expect("area").area;
+        let runs: Vec<(u64, u64, CacheOffset)> = ways
+            .iter()
+            .map(|&(p, w)| {
+                let at = area.at(w as usize);
+                let sa = fstart + p as u64 * PAGE_SIZE;
+                let c = self.geo.slot_offset(at.slot).0 + at.page as u64 * PAGE_SIZE;
+                (sa - source, self.page_end(f, p) - sa, CacheOffset(c))
+            })
+            .collect();
+        let slot = area.at(ways[0].1 as usize).slot;
+        let id = PopId(self.pops.insert(PopState {
+            frag: f,
+            slot: SlotNo(u32::MAX),
+            fill: filled,
+            spoiled: PageSet::new(self.geo.pages_per_fragment()),
+            fresh_slot: false,
+            ways,
+        }));
+        self.activity.entry(f.0).or_default().pop = Some(id);
+        PopulationJob {
+            id,
+            frag: f,
+            slot,
+            source: SourceOffset(source),
+            len: self.page_end(f, hi) - source,
+            runs,
+        }
+    }
+
+    /// Whether a read may fill the page area with its misses: admission `sce`, a mode that
+    /// caches reads, a request shorter than a line and not part of a stream.
+    pub(super) fn wants_sparse_fills(
+        &self,
+        verdict: crate::admit::StreamVerdict,
+        len: u64,
+    ) -> bool {
+        self.sparse.is_some()
+            && self.cfg.admission == crate::config::Admission::Sce
+            && self.cfg.write_mode.caches_reads()
+            && !verdict.sequential
+            && len < self.geo.fragment_size()
+    }
+
+    /// Under the exclusive lock: fills the pages `set` of line `f` (no slot, not dense) that
+    /// win their set's duel into the page area, as one population; its fill runs go into
+    /// `plan`. The read's own accounting was applied already.
+    pub(super) fn fill_sparse(&mut self, f: FragNo, set: &PageSet, plan: &mut ReadPlan) {
+        if self.map.get(f).is_some() {
+            return;
+        }
+        let Some(fill) = self.fillable(f, Some(set)) else {
+            return;
+        };
+        if !self.endurance_allows(fill.len() as u64 * PAGE_SIZE) {
+            self.stats.endurance_refusals += 1;
+            return;
+        }
+        let mut ways = Vec::new();
+        let mut filled = PageSet::new(self.geo.pages_per_fragment());
+        for p in fill.iter() {
+            let page = self.page_no(f, p);
+            if let Some(w) = self.admit_page(page) {
+                // Taken at once: the next page of the line may hash to the same set.
+                let sp = self.sparse.as_mut().expect("area");
+                sp.area.start_fill(w, page);
+                ways.push((p, w as u32));
+                filled.insert_range(p, p + 1);
+            }
+        }
+        if ways.is_empty() {
+            return;
+        }
+        self.endure(ways.len() as u64 * PAGE_SIZE);
+        let fstart = self.geo.fragment_start(f).0;
+        let pop = PopId(self.pops.insert(PopState {
+            frag: f,
+            slot: SlotNo(u32::MAX),
+            fill: filled,
+            spoiled: PageSet::new(self.geo.pages_per_fragment()),
+            fresh_slot: false,
+            ways: ways.clone(),
+        }));
+        self.activity.entry(f.0).or_default().pop = Some(pop);
+        self.stats.miss_fills += 1;
+        let area = &self.sparse.as_ref().expect("area").area;
+        for &(p, w) in &ways {
+            let at = area.at(w as usize);
+            let sa = fstart + p as u64 * PAGE_SIZE;
+            plan.fills.push(FillRun {
+                pop,
+                buf_offset: sa - plan.offset,
+                len: self.page_end(f, p) - sa,
+                cache: CacheOffset(self.geo.slot_offset(at.slot).0 + at.page as u64 * PAGE_SIZE),
+            });
+        }
+        plan.pops.push(pop);
+    }
+
+    /// The way `page` is admitted to, if it is: an empty way of its set, or the victim's if
+    /// `page` is hotter in the page sketch; the area grows first if its set is full, the
+    /// area nearly so, and the epoch's verdict (or free space) allows.
+    fn admit_page(&mut self, page: u64) -> Option<usize> {
+        self.maybe_grow_area(page);
+        let slots = &self.slots;
+        let sp = self.sparse.as_mut().expect("area");
+        let (w, victim) = sp.area.victim(page, |s| slots.pins(s) > 0)?;
+        if let Some(v) = victim {
+            if sp.pages.estimate(page) <= sp.pages.estimate(v) {
+                self.stats.admissions_rejected += 1;
+                return None;
+            }
+        }
+        sp.admitted
+            .add(page >> (self.geo.fragment_shift() - PAGE_SHIFT));
+        Some(w)
+    }
+
+    /// Grows the area by one slot if `page`'s set has no empty way and a slot can be had: a
+    /// free one, or (if the area is 7/8 full and the last epoch said pages earn more per
+    /// slot than lines) the line eviction victim's.
+    fn maybe_grow_area(&mut self, page: u64) {
+        let sp = self.sparse.as_ref().expect("area");
+        let (cap, valid) = (sp.area.capacity(), sp.area.valid_pages());
+        // Free space costs nothing: any set without room grows the area. Otherwise a slot
+        // is taken from a line only once the area is nearly full.
+        let free = self.slots.free_count() > 0;
+        if (!free && cap > 0 && valid * 8 < cap * 7)
+            || sp.area.has_room(page, |s| self.slots.pins(s) > 0)
+        {
+            return;
+        }
+        let s = match self.slots.take_free() {
+            Some(s) => s,
+            None if sp.grow_ok > 0 => match self.victim() {
+                Some(s) => {
+                    self.evict_slot(s);
+                    self.sparse.as_mut().expect("area").grow_ok -= 1;
+                    s
+                }
+                None => return,
+            },
+            None => return,
+        };
+        self.sparse.as_mut().expect("area").area.grow(s);
+    }
+
+    /// Gives the area's last slot back (free) if the last epoch said lines earn more per
+    /// slot and it can be had now; true if it did.
+    pub(super) fn area_yields(&mut self) -> bool {
+        let slots = &self.slots;
+        let Some(sp) = self.sparse.as_mut() else {
+            return false;
+        };
+        if sp.yield_ok == 0 || !sp.area.can_shrink(|s| slots.pins(s) > 0) {
+            return false;
+        }
+        let (s, _) = sp.area.shrink().expect("checked");
+        sp.yield_ok -= 1;
+        self.slots.put_free(s);
+        true
+    }
+
+    /// Completes a page-area fill (`st.ways`): each way not spoiled becomes valid if `ok`.
+    pub(super) fn complete_sparse(&mut self, st: &PopState, ok: bool) {
+        let fpage = self.geo.fragment_start(st.frag).0 >> PAGE_SHIFT;
+        let sp = self.sparse.as_mut().expect("area");
+        let mut n = 0;
+        for &(p, w) in &st.ways {
+            let good = ok && !st.spoiled.contains(p);
+            n += sp.area.complete_fill(w as usize, fpage + p as u64, good) as u64;
+        }
+        self.stats.sparse_pages_filled += n;
+    }
+
+    /// Drops pages `[lo, hi)` of line `f` from the area (a write, a bad copy, an eviction
+    /// by range); returns the valid pages dropped.
+    pub(super) fn drop_sparse(&mut self, f: FragNo, lo: u32, hi: u32) -> u64 {
+        if !self.area_used() {
+            return 0;
+        }
+        let base = self.page_no(f, 0);
+        let slots = &self.slots;
+        let sp = self.sparse.as_mut().expect("area");
+        let mut n = 0;
+        for p in lo..hi {
+            n += (sp.area.drop_page(base + p as u64, |s| slots.pins(s) > 0) == Dropped::Valid)
+                as u64;
+        }
+        n
+    }
+
+    /// Valid pages of `[lo, hi)` of line `f` in the area.
+    pub(super) fn count_sparse(&self, f: FragNo, lo: u32, hi: u32) -> u32 {
+        match &self.sparse {
+            Some(sp) if sp.area.capacity() > 0 => (lo..hi)
+                .filter(|&p| sp.area.lookup(self.page_no(f, p)).is_some())
+                .count() as u32,
+            _ => 0,
+        }
+    }
+
+    /// Accounts a read for the page area: a line it covers densely is dense; its pages of
+    /// lines without a slot count in the page sketch and, if held, for CLOCK.
+    pub(super) fn note_sparse(&mut self, offset: u64, len: u64) {
+        let Some(sp) = self.sparse.as_mut() else {
+            return;
+        };
+        let shift = self.geo.fragment_shift() - PAGE_SHIFT;
+        // A read of at least `dense_pages` whole pages of a line (and two) is evidence enough
+        // that the line is dense: it needs no admissions one page at a time.
+        let (whole_lo, whole_hi) = (offset.div_ceil(PAGE_SIZE), (offset + len) >> PAGE_SHIFT);
+        let mut page = whole_lo;
+        while page < whole_hi {
+            let line = page >> shift;
+            let end = ((line + 1) << shift).min(whole_hi);
+            if end - page >= sp.dense_pages.max(2) as u64 {
+                for _ in 0..sp.dense_pages {
+                    sp.admitted.add(line);
+                }
+            }
+            page = end;
+        }
+        if len >= self.geo.fragment_size() {
+            return;
+        }
+        let (first, last) = (offset >> PAGE_SHIFT, (offset + len).div_ceil(PAGE_SIZE));
+        let used = self.area_used();
+        for page in first..last {
+            if self.map.get(FragNo(page >> shift)).is_some() {
+                continue;
+            }
+            let sp = self.sparse.as_mut().expect("area");
+            sp.pages.add(page);
+            if used {
+                sp.area.touch(page);
+            }
+        }
+    }
+
+    /// Counts read pages for the epoch (`area` of `hits` were page-area hits) and, at its
+    /// end, decides whether the area may grow into lines' slots or should give one back.
+    pub(super) fn epoch_sparse(&mut self, hits: u64, area: u64, misses: u64) {
+        let total_pages = self.geo.slots() as u64 * self.geo.pages_per_fragment() as u64;
+        let free = self.slots.free_count();
+        let Some(sp) = self.sparse.as_mut() else {
+            return;
+        };
+        sp.area_hits += area;
+        sp.line_hits += hits - area;
+        sp.epoch_pages += hits + misses;
+        if sp.epoch_pages < (total_pages / 4).max(4096) {
+            return;
+        }
+        let area_slots = sp.area.slots().len() as u64;
+        let line_slots = (self.geo.slots() - free) as u64 - area_slots;
+        // Hits per slot, compared without division: a / as vs l / ls.
+        let (pa, pl) = (
+            sp.area_hits * line_slots.max(1),
+            sp.line_hits * area_slots.max(1),
+        );
+        let step = Sparse::step(self.geo.slots());
+        sp.grow_ok = if pa > pl || area_slots == 0 { step } else { 0 };
+        sp.yield_ok = if area_slots > 0 && pa * 2 < pl {
+            step
+        } else {
+            0
+        };
+        (sp.area_hits, sp.line_hits, sp.epoch_pages) = (0, 0, 0);
+    }
+
+    /// Forgets the page area's pages (the source changed, or the cache is dropped).
+    pub(super) fn forget_sparse(&mut self) -> u64 {
+        let slots = &self.slots;
+        match self.sparse.as_mut() {
+            Some(sp) => sp.area.drop_all(|s| slots.pins(s) > 0),
+            None => 0,
+        }
+    }
+
+    /// Takes packed slot `s` out of the area for the write-back log: false if it cannot be
+    /// now (a pin or a fill in flight, on it or on the last packed slot that takes its
+    /// place); its pages are dropped either way.
+    pub(super) fn unpack_slot(&mut self, s: SlotNo) -> bool {
+        let slots = &self.slots;
+        let Some(sp) = self.sparse.as_mut() else {
+            return true;
+        };
+        let Some(i) = sp.area.index_of(s) else {
+            return true;
+        };
+        let pinned = |x: SlotNo| slots.pins(x) > 0;
+        let busy = pinned(s) || sp.area.slot_filling(i);
+        let dropped = sp.area.drop_all_in(i, pinned);
+        self.stats.pages_invalidated += dropped;
+        if busy || !sp.area.can_shrink(pinned) {
+            return false;
+        }
+        let (last, _) = sp.area.shrink().expect("checked");
+        if last != s {
+            sp.area.replace(i, last);
+        }
+        true
+    }
+
+    /// True if slot `s` is a packed slot of the page area.
+    pub fn slot_is_packed(&self, s: SlotNo) -> bool {
+        self.sparse
+            .as_ref()
+            .is_some_and(|sp| sp.area.index_of(s).is_some())
+    }
+
+    /// The fill of a read miss in line `f` with no slot: true if the page area took it (or
+    /// refused it: a sparse line never fills a line); false to fill the line instead.
+    pub(super) fn sparse_takes(&mut self, f: FragNo, set: &PageSet, plan: &mut ReadPlan) -> bool {
+        if self.sparse.is_none() || self.map.get(f).is_some() || self.dense(f) {
+            return false;
+        }
+        self.fill_sparse(f, set, plan);
+        true
+    }
+
+    /// Line `f` was given a slot: its pages leave the page area.
+    pub(super) fn line_allocated(&mut self, f: FragNo) {
+        if self.area_used() {
+            let n = self.geo.fragment_pages(f);
+            self.drop_sparse(f, 0, n);
+        }
+    }
+}
