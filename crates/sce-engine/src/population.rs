@@ -16,9 +16,25 @@ pub(crate) fn run_population(s: &Engine, k: usize, job: Population, buf: &mut Al
     let cores = &s.cores;
     let slot = cores.slot_global(k, job.slot);
     if let Some(p) = &s.persist {
-        // Data of another fragment may still be claimed by this slot's record.
-        let frag = cores.frag_global(k, job.frag);
-        let t: Vec<Ticket> = p.guard_slot(slot, frag).into_iter().collect();
+        // Data of another fragment may still be claimed by a slot's record: the job's, or
+        // (a job of the page area) each packed slot its runs write to.
+        let line = 1u64 << s.fshift;
+        let source = cores.source_global(k, job.source);
+        let mut guards: Vec<(u32, u64)> = job
+            .runs
+            .iter()
+            .map(|&(o, _, c)| {
+                let c = cores.cache_global(k, c);
+                let f = crate::persist::Persist::fill_fragment(source + o, c, line);
+                ((c >> s.fshift) as u32, f)
+            })
+            .collect();
+        guards.sort_unstable();
+        guards.dedup();
+        let t: Vec<Ticket> = guards
+            .into_iter()
+            .flat_map(|(sl, f)| p.guard_slot(sl, f))
+            .collect();
         if !s.wait_intents(&t) {
             cores.with_shard(k, |core| job.complete(core, false));
             return false;

@@ -214,7 +214,8 @@ impl Engine {
             // Inline fills go to freshly allocated slots: guard them as populations.
             for f in &read.fills {
                 let slot = (f.cache.0 >> self.fshift) as u32;
-                let frag = (p.offset + f.buf_offset) >> self.fshift;
+                let src = p.offset + f.buf_offset;
+                let frag = crate::persist::Persist::fill_fragment(src, f.cache.0, 1 << self.fshift);
                 tickets.extend(persist.guard_slot(slot, frag));
             }
         }

@@ -117,6 +117,12 @@ sce_core::stats_table! {
         population_budget_waits: u64, Counter("sce_population_budget_waits_total", "", "Population picks deferred by the population budget.");
         /// Read misses whose own data filled the cache (admission `sce` with miss fills).
         miss_fills: u64, Counter("sce_miss_fills_total", "", "Read misses whose own data filled the cache (admission sce with miss fills).");
+        /// Pages made valid in the page area (single pages of sparse lines, issue 47).
+        sparse_pages_filled: u64, Counter("sce_sparse_pages_filled_total", "", "Pages filled one at a time into the page area (sparse lines, admission sce).");
+        /// Pages the page area holds now.
+        sparse_pages: u64, Gauge("sce_sparse_pages", "", "Pages the page area holds now (single pages of sparse lines, packed into slots of their own).");
+        /// Slots of the page area now.
+        sparse_slots: u64, Gauge("sce_sparse_slots", "", "Slots the page area holds now (each packs single pages of many lines).");
         /// Population wake-ups that left a busy source to the clients (miss fills on).
         population_source_busy: u64, Counter("sce_population_source_busy_total", "", "Population wake-ups that left a busy source to the clients (miss fills on).");
         /// Bytes the source was read ahead of streams of large reads.
@@ -173,6 +179,9 @@ impl VolumeStats {
             sequential_requests: c.sequential_requests,
             population_budget_waits: c.population_budget_waits,
             miss_fills: c.miss_fills,
+            sparse_pages_filled: c.sparse_pages_filled,
+            sparse_pages: core.page_area().1,
+            sparse_slots: core.page_area().0 as u64,
             endurance_refusals: c.endurance_refusals,
             population_rate: core.population_rate(),
             free_slots: core.free_slots() as u64,

@@ -9,6 +9,8 @@ use sce_io::{AlignedBuf, BlockDevice, MemDevice};
 use sce_store::journal::{encode_block, JournalEntry};
 use std::sync::Arc;
 use std::time::Duration;
+mod common;
+use common::crash_image;
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
@@ -56,18 +58,6 @@ fn mismatches(vol: &dyn BlockDevice, source: &dyn BlockDevice) -> usize {
             .count();
     }
     bad
-}
-
-/// The device as a crash would leave it right now (a memory device loses nothing).
-fn crash_image(dev: &MemDevice) -> Arc<MemDevice> {
-    let copy = MemDevice::new(dev.size());
-    let mut b = AlignedBuf::new(MIB as usize);
-    for at in (0..dev.size()).step_by(MIB as usize) {
-        let n = (dev.size() - at).min(MIB) as usize;
-        dev.read_at(at, &mut b[..n]).unwrap();
-        copy.write_at(at, &b[..n]).unwrap();
-    }
-    Arc::new(copy)
 }
 
 /// A volume with the first `HOT` fragments cached and their records durable.

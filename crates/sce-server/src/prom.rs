@@ -389,7 +389,7 @@ mod tests {
             assert_eq!(k.len(), t.len());
             k
         }
-        assert_eq!(keys(VolumeStats::STATS).len(), 35);
+        assert_eq!(keys(VolumeStats::STATS).len(), 38);
         assert!(keys(WriteBackStats::STATS).contains(&"cleaned_bytes"));
         assert!(keys(PersistStats::STATS).contains(&"load_millis"));
         keys(ExportCounters::STATS);

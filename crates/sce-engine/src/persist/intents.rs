@@ -243,8 +243,25 @@ impl Persist {
         self.presets_pending.load(Relaxed) && self.presets_pending.swap(false, Relaxed)
     }
 
+    /// The fragment to guard a fill with: the fill of a line's page at source offset `src`
+    /// to cache offset `cache` (`line` bytes per slot) is that line's if the page sits at
+    /// its own place in the slot; otherwise it is a page of the page area, packed among other
+    /// lines' pages, and no record may claim its slot unguarded: [`Self::PACKED`].
+    pub(crate) fn fill_fragment(src: u64, cache: u64, line: u64) -> u64 {
+        if src % line == cache % line {
+            src / line
+        } else {
+            Self::PACKED
+        }
+    }
+
+    /// What [`Self::guard_slot`] is given for a packed page: a fragment no record names, so
+    /// that any claim of the slot sets its intent.
+    pub(crate) const PACKED: u64 = u64::MAX - 1;
+
     /// Under the core lock, before data for fragment `f` is written into slot `s`
-    /// (population, inline fill).
+    /// (population, inline fill; `f` is [`Self::PACKED`] for a packed page of the page
+    /// area, whose place in the slot is not its place in its line).
     pub(crate) fn guard_slot(&self, s: u32, f: u64) -> Option<Ticket> {
         let mut st = self.st.lock();
         let m = st.claims.of(s);

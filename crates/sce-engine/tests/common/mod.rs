@@ -71,6 +71,19 @@ pub fn writeback_config(name: &str, interval: Duration) -> EngineConfig {
     }
 }
 
+/// The device as a crash would leave it right now (a memory device loses nothing written).
+pub fn crash_image(dev: &MemDevice) -> Arc<MemDevice> {
+    let copy = MemDevice::new(dev.size());
+    let mib = 1usize << 20;
+    let mut b = AlignedBuf::new(mib);
+    for at in (0..dev.size()).step_by(mib) {
+        let n = (dev.size() - at).min(mib as u64) as usize;
+        dev.read_at(at, &mut b[..n]).unwrap();
+        copy.write_at(at, &b[..n]).unwrap();
+    }
+    Arc::new(copy)
+}
+
 /// `len` bytes of `dev` from `at`.
 pub fn read(dev: &dyn BlockDevice, at: u64, len: u64) -> Vec<u8> {
     let mut b = AlignedBuf::new(len as usize);
