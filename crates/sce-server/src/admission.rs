@@ -109,6 +109,8 @@ pub struct AdmissionOptions {
     pub miss_fills: Option<MissFills>,
     /// The recency window in front of the frequency duel.
     pub recency_window: Option<RecencyWindow>,
+    /// The page area: when a line is dense enough to fill as a line (or off).
+    pub dense_line: Option<DenseLine>,
     /// Endurance budget of the cache device.
     pub max_cache_writes: Option<WriteBudget>,
 }
@@ -248,6 +250,26 @@ impl std::str::FromStr for RecencyWindow {
     }
 }
 
+/// When admission `sce` fills a line rather than single pages into the page area
+/// (`CoreConfig::dense_line_percent`, issue 47): once this percentage of the line's pages
+/// were admitted one at a time ("6%"), or "off" (no page area: every line fills as a line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DenseLine(pub u32);
+
+impl std::str::FromStr for DenseLine {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if matches!(s, "off" | "0" | "0%") {
+            return Ok(DenseLine(0));
+        }
+        s.strip_suffix('%')
+            .and_then(|n| n.parse::<u32>().ok())
+            .filter(|p| (1..=100).contains(p))
+            .map(DenseLine)
+            .ok_or_else(|| format!("{s}: expected a percentage of a line's pages from 1% to 100% (e.g. 6%), or off"))
+    }
+}
+
 impl AdmissionOptions {
     /// Applies the options to `cfg`, for a cache device of `cache_size` bytes.
     pub fn apply(&self, cfg: &mut CoreConfig, cache_size: u64) {
@@ -280,6 +302,9 @@ impl AdmissionOptions {
         if let Some(RecencyWindow(w)) = self.recency_window {
             cfg.recency_window = w;
         }
+        if let Some(DenseLine(p)) = self.dense_line {
+            cfg.dense_line_percent = p;
+        }
         if let Some(b) = self.max_cache_writes {
             cfg.max_cache_writes = Some(b.per_day(cache_size));
         }
@@ -297,7 +322,7 @@ impl AdmissionOptions {
             .map_or("none".to_string(), |b| format!("{}/day", format_size(b)));
         format!(
             "population rate {rate}, sequential cutoff {}, margin {}, partial fill {}, \
-             miss fills {}, recency window {}, cache write budget {budget}",
+             miss fills {}, recency window {}, page area {}, cache write budget {budget}",
             format_size(cfg.sequential_cutoff),
             cfg.admission_margin,
             if cfg.partial_fill { "on" } else { "off" },
@@ -305,6 +330,10 @@ impl AdmissionOptions {
             match cfg.recency_window {
                 0 => "off".to_string(),
                 w => format!("{}%", w as f64 / 10.0),
+            },
+            match cfg.dense_line_percent {
+                0 => "off".to_string(),
+                p => format!("lines dense at {p}%"),
             },
         )
     }

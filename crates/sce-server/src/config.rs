@@ -330,6 +330,9 @@ pub struct ExportConfig {
     pub miss_fills: Option<crate::admission::OnOffAuto>,
     /// Admission sce: the recency window, a percentage of the cache ("1%") or "off".
     pub recency_window: Option<String>,
+    /// Admission sce: the page area, the percentage of a line's pages admitted one at a
+    /// time that makes it fill as a line ("6%"), or "off".
+    pub dense_line: Option<String>,
     /// Endurance budget: SIZE per day or N dwpd.
     pub max_cache_writes: Option<String>,
     /// Admission options already parsed (the command line's): when given, they replace the

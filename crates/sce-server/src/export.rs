@@ -270,6 +270,7 @@ fn admission_options(spec: &ExportConfig) -> Result<AdmissionOptions> {
         partial_fill: spec.partial_fill.unwrap_or(false),
         miss_fills: field(&spec.miss_fills.as_ref().map(|m| m.text()), "miss_fills", n)?,
         recency_window: field(&spec.recency_window, "recency_window", n)?,
+        dense_line: field(&spec.dense_line, "dense_line", n)?,
         max_cache_writes: field(&spec.max_cache_writes, "max_cache_writes", n)?,
     })
 }

@@ -43,6 +43,12 @@ pub struct AdmissionArgs {
     /// off [default: off].
     #[arg(long, value_name = "PERCENT")]
     pub recency_window: Option<sce_server::admission::RecencyWindow>,
+    /// Admission sce: the page area. A read miss in a line without a slot fills only the
+    /// pages it read, packed with other lines' pages, until this share of the line's pages
+    /// was admitted one at a time; the line then fills (and is populated) as a line. A
+    /// percentage (e.g. 6%) or off (every line fills as a line) [default: 6%].
+    #[arg(long, value_name = "PERCENT")]
+    pub dense_line: Option<sce_server::admission::DenseLine>,
     /// Endurance budget of the cache device: SIZE per day (e.g. 200GiB) or N dwpd (drive
     /// writes per day of the cache size). Population, fills and write copies stop once it is
     /// spent; hits continue. [default: none]
@@ -60,6 +66,7 @@ impl AdmissionArgs {
             partial_fill: self.partial_fill,
             miss_fills: self.miss_fills,
             recency_window: self.recency_window,
+            dense_line: self.dense_line,
             max_cache_writes: self.max_cache_writes,
         }
     }
