@@ -1011,7 +1011,8 @@ fn writeback_in_the_simulator_reports_cleaning_and_dirty_occupancy() {
 /// which re-reads the source. The default (512 KiB lines, miss fills while the source is
 /// busy) fills from the misses' own data instead: with 256 MiB it hits at least as often as
 /// flashcache-like (which fills from its misses) while writing under half as much to the
-/// cache; population alone (`--miss-fills off`) starves. With 1 GiB the default falls short
+/// cache; population alone (`--miss-fills off --dense-line off`: no fill from a miss's own
+/// data, in lines or in the page area) starves. With 1 GiB the default falls short
 /// of flashcache-like (0.094 against 0.103: 2,048 lines of 512 KiB hold fewer of the hot set's
 /// scattered pages than 262,144 blocks), and 256 KiB lines with miss fills reach it.
 /// Ratios of modelled figures only.
@@ -1053,7 +1054,16 @@ fn a_saturated_source_still_fills_the_cache_from_misses() {
             "{cache}: the source must be saturated for this test to mean anything"
         );
         let default = policy(&base, "sce");
-        let off = run(&["--policy", "sce", "--miss-fills", "off"]);
+        // Starved: no fill from a miss's own data at all (the page area fills from misses
+        // too, whatever `--miss-fills` says).
+        let off = run(&[
+            "--policy",
+            "sce",
+            "--miss-fills",
+            "off",
+            "--dense-line",
+            "off",
+        ]);
         let starved = policy(&off, "sce");
         let lines = run(&[
             "--policy",

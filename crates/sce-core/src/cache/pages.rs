@@ -103,11 +103,11 @@ impl CacheCore {
     }
 
     /// True if line `f` is dense: its pages were admitted one at a time often enough (or
-    /// there is no page area, and every line is).
+    /// there is no page area in use, and every line is).
     pub(super) fn dense(&self, f: FragNo) -> bool {
         match &self.sparse {
-            None => true,
-            Some(s) => s.admitted.estimate(f.0) >= s.dense_pages,
+            Some(s) if !self.shares.capped() => s.admitted.estimate(f.0) >= s.dense_pages,
+            _ => true,
         }
     }
 
@@ -271,13 +271,16 @@ impl CacheCore {
     }
 
     /// Whether a read may fill the page area with its misses: admission `sce`, a mode that
-    /// caches reads, a request shorter than a line and not part of a stream.
+    /// caches reads, a request shorter than a line and not part of a stream, and no volume
+    /// of the device with a cap on its share (the page area's slots are no volume's, so a
+    /// capped volume could outgrow its share through them: such devices keep lines only).
     pub(super) fn wants_sparse_fills(
         &self,
         verdict: crate::admit::StreamVerdict,
         len: u64,
     ) -> bool {
         self.sparse.is_some()
+            && !self.shares.capped()
             && self.cfg.admission == crate::config::Admission::Sce
             && self.cfg.write_mode.caches_reads()
             && !verdict.sequential

@@ -23,6 +23,11 @@ pub(super) struct Shares {
 }
 
 impl Shares {
+    /// True if some volume has a cap.
+    pub(super) fn capped(&self) -> bool {
+        self.caps.iter().any(|&c| c != u32::MAX)
+    }
+
     /// The volume fragment `f` belongs to, if shares are set.
     fn part(&self, f: FragNo) -> Option<usize> {
         if self.caps.iter().all(|&c| c == u32::MAX) {
