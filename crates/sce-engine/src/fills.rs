@@ -49,6 +49,21 @@ pub(crate) struct FillJob {
     dropped: u64,
 }
 
+thread_local! {
+    /// Set while a read on this thread must not fill the cache (`without_fills`).
+    static NO_FILLS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with the reads it makes on this thread filling nothing: the write-back log's
+/// merge of a write's edge pages reads them only to overwrite them in the log, and a fill
+/// of their old bytes (into the page area, say) would be a cache write for nothing.
+pub(crate) fn without_fills<T>(f: impl FnOnce() -> T) -> T {
+    let before = NO_FILLS.with(|c| c.replace(true));
+    let r = f();
+    NO_FILLS.with(|c| c.set(before));
+    r
+}
+
 impl FillJob {
     /// A job waiting for `tickets`.
     pub(crate) fn new(tickets: Vec<Ticket>) -> Self {
@@ -75,10 +90,11 @@ impl FillJob {
             return;
         }
         let bytes: u64 = plan.fills.iter().map(|f| f.len).sum();
-        let keep = ok && bytes > 0 && queue.reserve(bytes);
+        let wanted = !NO_FILLS.with(|c| c.get());
+        let keep = ok && wanted && bytes > 0 && queue.reserve(bytes);
         if keep {
             self.bytes += bytes;
-        } else if ok {
+        } else if ok && wanted {
             self.dropped += bytes;
         }
         let pops = pops

@@ -72,12 +72,16 @@ impl LogBack {
         let size = e.dev.size;
         if a0 < offset {
             let stop = (a0 + ps).min(size);
-            self.read_locked(e, a0, &mut b[..(stop - a0) as usize])?;
+            crate::fills::without_fills(|| {
+                self.read_locked(e, a0, &mut b[..(stop - a0) as usize])
+            })?;
         }
         let last = a1 - ps;
         if end < a1 && (last > a0 || a0 == offset) {
             let stop = a1.min(size);
-            self.read_locked(e, last, &mut b[(last - a0) as usize..(stop - a0) as usize])?;
+            crate::fills::without_fills(|| {
+                self.read_locked(e, last, &mut b[(last - a0) as usize..(stop - a0) as usize])
+            })?;
         }
         b[(offset - a0) as usize..(end - a0) as usize].copy_from_slice(data);
         Ok(b)
