@@ -90,8 +90,10 @@ fn warm_volume(sums: Checksums) -> Arc<CacheVolume> {
         ..EngineConfig::default()
     };
     let vol = Arc::new(CacheVolume::open(source, cache, cfg).expect("open"));
-    // Warm: touch every fragment of the working set, then populate them all.
-    let mut buf = AlignedBuf::new(4096);
+    // Warm: read every fragment of the working set whole (a read of a few pages would be a
+    // sparse line's, which the page area takes page by page and population leaves alone),
+    // then populate them all.
+    let mut buf = AlignedBuf::new(1 << 20);
     for f in 0..WORKING_SET >> 20 {
         vol.read_at(f << 20, &mut buf).expect("read");
     }
