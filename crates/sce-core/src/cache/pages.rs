@@ -31,9 +31,9 @@ pub(super) struct Sparse {
     /// Pages of a line admitted one at a time that make it dense.
     dense_pages: u32,
     /// Reads of pages of lines without a slot (the page duel).
-    pages: FreqSketch,
+    pages: LazySketch,
     /// Pages of each line admitted to the area (graduation).
-    admitted: FreqSketch,
+    admitted: LazySketch,
     /// Read pages hit in the area and in lines this epoch, and pages read.
     area_hits: u64,
     line_hits: u64,
@@ -46,14 +46,46 @@ pub(super) struct Sparse {
     pending: std::collections::VecDeque<(FragNo, PageSet)>,
 }
 
+/// A frequency sketch allocated at its first count: a cache that reads nothing (and
+/// `sce footprint`, which measures a cache at open) holds none of it.
+#[derive(Debug)]
+struct LazySketch {
+    items: usize,
+    sketch: Option<FreqSketch>,
+}
+
+impl LazySketch {
+    fn new(items: usize) -> LazySketch {
+        LazySketch {
+            items,
+            sketch: None,
+        }
+    }
+
+    fn estimate(&self, key: u64) -> u32 {
+        self.sketch.as_ref().map_or(0, |s| s.estimate(key))
+    }
+
+    fn add(&mut self, key: u64) {
+        let items = self.items;
+        self.sketch
+            .get_or_insert_with(|| FreqSketch::new(items))
+            .add(key);
+    }
+
+    fn memory_bytes(&self) -> usize {
+        self.sketch.as_ref().map_or(0, |s| s.memory_bytes())
+    }
+}
+
 impl Sparse {
     pub(super) fn new(pages_per_line: u32, slots: u32, percent: u32) -> Sparse {
         let cache_pages = slots as usize * pages_per_line as usize;
         Sparse {
             dense_pages: (pages_per_line * percent).div_ceil(100).clamp(1, 255),
             area: PageArea::new(pages_per_line),
-            pages: FreqSketch::new((cache_pages / 2).max(1024)),
-            admitted: FreqSketch::new((slots as usize).max(1024)),
+            pages: LazySketch::new((cache_pages / 2).max(1024)),
+            admitted: LazySketch::new((slots as usize).max(1024)),
             area_hits: 0,
             line_hits: 0,
             epoch_pages: 0,
