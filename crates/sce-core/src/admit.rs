@@ -98,6 +98,42 @@ impl FreqSketch {
     }
 }
 
+/// A frequency sketch allocated at its first count: a cache that reads nothing (and
+/// `sce footprint`, which measures a cache at open) holds none of it.
+#[derive(Debug)]
+pub struct LazySketch {
+    items: usize,
+    sketch: Option<FreqSketch>,
+}
+
+impl LazySketch {
+    /// A sketch for about `items` keys (see [`FreqSketch::new`]), not allocated yet.
+    pub fn new(items: usize) -> LazySketch {
+        LazySketch {
+            items,
+            sketch: None,
+        }
+    }
+
+    /// Estimated touches of `key` (0 before the first count).
+    pub fn estimate(&self, key: u64) -> u32 {
+        self.sketch.as_ref().map_or(0, |s| s.estimate(key))
+    }
+
+    /// Counts one touch of `key`, allocating the sketch at the first.
+    pub fn add(&mut self, key: u64) {
+        let items = self.items;
+        self.sketch
+            .get_or_insert_with(|| FreqSketch::new(items))
+            .add(key);
+    }
+
+    /// Bytes of counters (0 before the first count).
+    pub fn memory_bytes(&self) -> usize {
+        self.sketch.as_ref().map_or(0, |s| s.memory_bytes())
+    }
+}
+
 /// What the stream detector says about one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct StreamVerdict {

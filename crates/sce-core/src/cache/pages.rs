@@ -20,7 +20,7 @@ use super::plan::{FillRun, PopId, PopulationJob, ReadPlan, RunTarget};
 use super::population::PopState;
 use super::CacheCore;
 use crate::addr::{CacheOffset, FragNo, SlotNo, SourceOffset, PAGE_SHIFT, PAGE_SIZE};
-use crate::admit::FreqSketch;
+use crate::admit::LazySketch;
 use crate::bitmap::PageSet;
 use crate::pagearea::{Dropped, PageArea};
 
@@ -44,38 +44,6 @@ pub(super) struct Sparse {
     yield_ok: u32,
     /// Pages of sparse lines that reads covered in part, for population.
     pending: std::collections::VecDeque<(FragNo, PageSet)>,
-}
-
-/// A frequency sketch allocated at its first count: a cache that reads nothing (and
-/// `sce footprint`, which measures a cache at open) holds none of it.
-#[derive(Debug)]
-struct LazySketch {
-    items: usize,
-    sketch: Option<FreqSketch>,
-}
-
-impl LazySketch {
-    fn new(items: usize) -> LazySketch {
-        LazySketch {
-            items,
-            sketch: None,
-        }
-    }
-
-    fn estimate(&self, key: u64) -> u32 {
-        self.sketch.as_ref().map_or(0, |s| s.estimate(key))
-    }
-
-    fn add(&mut self, key: u64) {
-        let items = self.items;
-        self.sketch
-            .get_or_insert_with(|| FreqSketch::new(items))
-            .add(key);
-    }
-
-    fn memory_bytes(&self) -> usize {
-        self.sketch.as_ref().map_or(0, |s| s.memory_bytes())
-    }
 }
 
 impl Sparse {
