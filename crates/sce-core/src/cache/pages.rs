@@ -211,22 +211,9 @@ impl CacheCore {
             let Some(fill) = self.fillable(f, Some(&set)) else {
                 continue;
             };
-            let mut ways = Vec::new();
-            let mut filled = PageSet::new(self.geo.pages_per_fragment());
-            for p in fill.iter() {
-                let page = self.page_no(f, p);
-                if self.sparse.as_ref()?.area.find(page).is_some() {
-                    continue;
-                }
-                if let Some(w) = self.admit_page(page) {
-                    self.sparse.as_mut()?.area.start_fill(w, page);
-                    ways.push((p, w as u32));
-                    filled.insert_range(p, p + 1);
-                }
-            }
-            if ways.is_empty() {
+            let Some((ways, filled)) = self.claim_pages(f, &fill) else {
                 continue;
-            }
+            };
             let bytes = ways.len() as u64 * PAGE_SIZE;
             self.endure(bytes);
             self.budget.take(bytes);
@@ -251,6 +238,40 @@ impl CacheCore {
             })
             .collect();
         let slot = area.at(ways[0].1 as usize).slot;
+        let id = self.register_sparse(f, filled, ways);
+        PopulationJob {
+            id,
+            frag: f,
+            slot,
+            source: SourceOffset(source),
+            len: self.page_end(f, hi) - source,
+            runs,
+        }
+    }
+
+    /// Starts a fill of each page of `fill` (of line `f`) not in the area yet that wins its
+    /// set's duel, each way taken at once (the next page of the line may hash to the same
+    /// set): the pages and their ways, and the pages as a set. None if no page got a way.
+    fn claim_pages(&mut self, f: FragNo, fill: &PageSet) -> Option<(Vec<(u32, u32)>, PageSet)> {
+        let mut ways = Vec::new();
+        let mut filled = PageSet::new(self.geo.pages_per_fragment());
+        for p in fill.iter() {
+            let page = self.page_no(f, p);
+            if self.sparse.as_ref()?.area.find(page).is_some() {
+                continue;
+            }
+            if let Some(w) = self.admit_page(page) {
+                self.sparse.as_mut()?.area.start_fill(w, page);
+                ways.push((p, w as u32));
+                filled.insert_range(p, p + 1);
+            }
+        }
+        (!ways.is_empty()).then_some((ways, filled))
+    }
+
+    /// Registers the page-area population of `ways` (pages `filled` of line `f`), in
+    /// flight on `f` until `complete_population`.
+    fn register_sparse(&mut self, f: FragNo, filled: PageSet, ways: Vec<(u32, u32)>) -> PopId {
         let id = PopId(self.pops.insert(PopState {
             frag: f,
             slot: SlotNo(u32::MAX),
@@ -260,14 +281,7 @@ impl CacheCore {
             ways,
         }));
         self.activity.entry(f.0).or_default().pop = Some(id);
-        PopulationJob {
-            id,
-            frag: f,
-            slot,
-            source: SourceOffset(source),
-            len: self.page_end(f, hi) - source,
-            runs,
-        }
+        id
     }
 
     /// Whether a read may fill the page area with its misses: admission `sce`, a mode that
@@ -301,32 +315,12 @@ impl CacheCore {
             self.stats.endurance_refusals += 1;
             return;
         }
-        let mut ways = Vec::new();
-        let mut filled = PageSet::new(self.geo.pages_per_fragment());
-        for p in fill.iter() {
-            let page = self.page_no(f, p);
-            if let Some(w) = self.admit_page(page) {
-                // Taken at once: the next page of the line may hash to the same set.
-                let sp = self.sparse.as_mut().expect("area");
-                sp.area.start_fill(w, page);
-                ways.push((p, w as u32));
-                filled.insert_range(p, p + 1);
-            }
-        }
-        if ways.is_empty() {
+        let Some((ways, filled)) = self.claim_pages(f, &fill) else {
             return;
-        }
+        };
         self.endure(ways.len() as u64 * PAGE_SIZE);
         let fstart = self.geo.fragment_start(f).0;
-        let pop = PopId(self.pops.insert(PopState {
-            frag: f,
-            slot: SlotNo(u32::MAX),
-            fill: filled,
-            spoiled: PageSet::new(self.geo.pages_per_fragment()),
-            fresh_slot: false,
-            ways: ways.clone(),
-        }));
-        self.activity.entry(f.0).or_default().pop = Some(pop);
+        let pop = self.register_sparse(f, filled, ways.clone());
         self.stats.miss_fills += 1;
         let area = &self.sparse.as_ref().expect("area").area;
         for &(p, w) in &ways {

@@ -79,7 +79,7 @@ impl CacheCore {
             if slot.is_none() && area {
                 let (set, partial) = self.plan_sparse(f, (lo, hi), (a, b), plan);
                 self.want_fill(f, set, (want_fills, want_sparse), plan);
-                self.want_partial(f, partial, want_sparse, plan);
+                self.want_partial(f, || partial, want_sparse, plan);
                 continue;
             }
             let mut pinned = false;
@@ -128,8 +128,7 @@ impl CacheCore {
             }
             if let Some(set) = missed_full {
                 let sparse = want_sparse && slot.is_none();
-                let partial = self.partial_pages(f, (lo, hi), (a, b));
-                self.want_partial(f, partial, sparse, plan);
+                self.want_partial(f, || self.partial_pages(f, (lo, hi), (a, b)), sparse, plan);
                 self.want_fill(f, set, (want_fills, sparse), plan);
             }
         }
@@ -137,10 +136,20 @@ impl CacheCore {
     }
 
     /// Records in `plan` the missed pages of sparse line `f` that the read covers in part
-    /// (`partial`), for population to fill into the page area, if `sparse` allows.
-    fn want_partial(&self, f: FragNo, partial: PageSet, sparse: bool, plan: &mut ReadPlan) {
-        if sparse && !partial.is_empty() && !self.dense(f) {
-            plan.partial_wanted.push((f, partial));
+    /// (`partial`, worked out only then), for population to fill into the page area, if
+    /// `sparse` allows.
+    fn want_partial(
+        &self,
+        f: FragNo,
+        partial: impl FnOnce() -> PageSet,
+        sparse: bool,
+        plan: &mut ReadPlan,
+    ) {
+        if sparse && !self.dense(f) {
+            let partial = partial();
+            if !partial.is_empty() {
+                plan.partial_wanted.push((f, partial));
+            }
         }
     }
 
