@@ -333,6 +333,22 @@ impl PageArea {
         }
     }
 
+    /// A write replaces `page`: a valid copy in a slot no read holds (`pinned` false) turns
+    /// into a fill in flight in the same way, which the write's cache copy completes
+    /// ([`Self::complete_fill`]); returns that way. Otherwise the page is dropped as by
+    /// [`Self::drop_page`] (a fill in flight spoiled) and None is returned.
+    pub fn rewrite(&mut self, page: u64, pinned: impl Fn(SlotNo) -> bool) -> Option<usize> {
+        let w = self.find(page)?;
+        let p = pinned(self.at(w).slot);
+        if self.state(w) & VALID != 0 && !p {
+            self.valid -= 1;
+            self.set_state(w, OCC | FILLING);
+            return Some(w);
+        }
+        self.drop_way(w, p);
+        None
+    }
+
     /// Drops every page (the source changed); returns the valid pages dropped.
     pub fn drop_all(&mut self, pinned: impl Fn(SlotNo) -> bool) -> u64 {
         let before = self.valid;
@@ -523,6 +539,33 @@ mod tests {
         assert_eq!(a.victim(p, |_| true), None);
         let (w, old) = a.victim(p, never).unwrap();
         assert!(a.state(w) & DRAIN != 0 || old.is_some());
+    }
+
+    /// A write's copy refills a valid page in its way; a pinned slot's page, or one whose
+    /// fill is in flight, is dropped instead, and a second write spoils the first's copy.
+    #[test]
+    fn rewrite_refills_in_place_or_drops() {
+        let mut a = PageArea::new(PPS);
+        a.grow(SlotNo(3));
+        assert_eq!(a.rewrite(7, never), None);
+        assert!(fill(&mut a, 7));
+        let at = a.lookup(7).unwrap();
+        let w = a
+            .rewrite(7, never)
+            .expect("a valid, unpinned page is rewritten");
+        assert_eq!(a.at(w), at);
+        assert_eq!((a.lookup(7), a.valid_pages()), (None, 0));
+        // A second write while the first copy is in flight spoils it.
+        assert_eq!(a.rewrite(7, never), None);
+        assert!(!a.complete_fill(w, 7, true));
+        assert_eq!(a.lookup(7), None);
+        assert!(fill(&mut a, 7));
+        let w = a.rewrite(7, never).unwrap();
+        assert!(a.complete_fill(w, 7, true));
+        assert_eq!(a.lookup(7), Some(at));
+        // A read holds the slot: the page drains, no copy.
+        assert_eq!(a.rewrite(7, |_| true), None);
+        assert_eq!(a.lookup(7), None);
     }
 
     /// Pages of the last slot are dropped by a shrink, and replace empties one slot.

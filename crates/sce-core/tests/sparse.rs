@@ -21,6 +21,19 @@ fn core(dense_line_percent: u32) -> CacheCore {
 
 /// Reads 4 KiB at `off` as a driver does (fills written and completed); returns the bytes
 /// it filled and the runs that read the cache.
+/// Where a read of the page at `off` finds it on the cache device, if it hits.
+fn cache_of(c: &mut CacheCore, off: u64) -> Option<CacheOffset> {
+    let mut p = ReadPlan::new();
+    c.begin_read(SourceOffset(off), 4096, &mut p).unwrap();
+    let at = p.runs.iter().find_map(|r| match r.target {
+        RunTarget::Cache(at) => Some(at),
+        _ => None,
+    });
+    assert!(p.pops.is_empty(), "a hit fills nothing");
+    c.end_read(&mut p);
+    at
+}
+
 fn read(c: &mut CacheCore, off: u64) -> (u64, usize) {
     let mut p = ReadPlan::new();
     c.begin_read(SourceOffset(off), 4096, &mut p).unwrap();
@@ -108,13 +121,47 @@ fn writes_bad_pages_and_lends_drop_area_pages() {
         read(&mut c, at(i));
     }
     assert_eq!(c.page_area(), (1, 4));
-    // A write over page 0.
+    // A write over page 0 refills it in its way: cached again once both halves are done.
+    let page0 = cache_of(&mut c, at(0));
     let w = c
         .begin_write(SourceOffset(at(0)), 4096, WriteKind::Data)
         .unwrap();
-    assert!(w.cache_writes.is_empty(), "the page area takes no copies");
+    assert_eq!(
+        w.cache_writes.len(),
+        1,
+        "the write refills the page it held"
+    );
+    assert_eq!(
+        Some(w.cache_writes[0].cache),
+        page0,
+        "in the page's own way"
+    );
+    assert!(
+        !c.is_cached(SourceOffset(at(0))),
+        "not while the copy is in flight"
+    );
     c.write_source_done(w.id, true).unwrap();
     assert!(!c.is_cached(SourceOffset(at(0))));
+    c.write_cache_done(w.id, w.cache_writes[0].part, true)
+        .unwrap();
+    assert!(c.is_cached(SourceOffset(at(0))));
+    // A failed copy leaves it uncached, and so does a write of part of it (no copy).
+    let w = c
+        .begin_write(SourceOffset(at(0)), 4096, WriteKind::Data)
+        .unwrap();
+    c.write_cache_done(w.id, w.cache_writes[0].part, false)
+        .unwrap();
+    c.write_source_done(w.id, true).unwrap();
+    assert!(!c.is_cached(SourceOffset(at(0))));
+    read(&mut c, at(3));
+    let w = c
+        .begin_write(SourceOffset(at(3) + 512), 1024, WriteKind::Data)
+        .unwrap();
+    assert!(w.cache_writes.is_empty(), "no copy of a partial page");
+    c.write_source_done(w.id, true).unwrap();
+    assert!(!c.is_cached(SourceOffset(at(3))));
+    read(&mut c, at(3));
+    assert!(c.is_cached(SourceOffset(at(3))));
     // A write during a fill spoils it.
     let mut p = ReadPlan::new();
     c.begin_read(SourceOffset(at(5)), 4096, &mut p).unwrap();

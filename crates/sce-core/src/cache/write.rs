@@ -16,6 +16,8 @@ pub(super) struct WritePart {
     pub(super) vlo: u32,
     pub(super) vhi: u32,
     pub(super) slot: Option<SlotNo>,
+    /// A copy into the page area: the way of page `lo`, which the write refills.
+    pub(super) way: Option<u32>,
     pub(super) cache_ok: Option<bool>,
     pub(super) spoiled: Option<PageSet>,
 }
@@ -69,8 +71,9 @@ impl CacheCore {
             ..Planned::default()
         };
         for (f, lo, hi, a, b) in fragments(self.geo, offset.0, len) {
-            let (part, slot) = self.invalidate_part(f, (lo, hi), (a, b), copy_wanted);
+            let (part, slot, ways) = self.invalidate_part(f, (lo, hi), (a, b), copy_wanted);
             let conflict = self.spoil_overlaps(id, f, lo, hi);
+            self.plan_area_copies(&mut w, f, ways, offset.0);
             self.plan_copy(&mut w, part, slot, (a, b), offset.0, conflict);
         }
         if w.fell_back {
@@ -101,22 +104,25 @@ impl CacheCore {
     /// Step 1 of `begin_write` for fragment `f` (pages `[lo, hi)`, bytes `[a, b)` of the
     /// request): counts the pages, allocates a slot if admission `always` wants a copy,
     /// invalidates the written pages and decides which of them may be re-validated (a
-    /// partial page only if `revalidate_partial_pages` and it was valid). Returns the part
-    /// and the fragment's slot, if any.
+    /// partial page only if `revalidate_partial_pages` and it was valid). Returns the part,
+    /// the fragment's slot, if any, and (a line without one) the page-area ways of the pages
+    /// the write covers whole that it refills (`CacheCore::rewrite_sparse`).
     fn invalidate_part(
         &mut self,
         f: FragNo,
         (lo, hi): (u32, u32),
         (a, b): (u64, u64),
         copy_wanted: bool,
-    ) -> (WritePart, Option<SlotNo>) {
+    ) -> (WritePart, Option<SlotNo>, Vec<(u32, u32)>) {
         self.stats.write_pages += (hi - lo) as u64;
         let fstart = self.geo.fragment_start(f).0;
         let head_partial = a > fstart + lo as u64 * PAGE_SIZE;
         let tail_partial = b < self.page_end(f, hi - 1);
         let mut slot = self.map.get(f);
+        let mut ways = Vec::new();
         if slot.is_none() {
-            self.drop_sparse(f, lo, hi);
+            let whole = (lo + head_partial as u32, hi - tail_partial as u32);
+            ways = self.rewrite_sparse(f, (lo, hi), if copy_wanted { whole } else { (0, 0) });
         }
         if slot.is_none()
             && copy_wanted
@@ -143,10 +149,11 @@ impl CacheCore {
             vlo,
             vhi,
             slot: None,
+            way: None,
             cache_ok: None,
             spoiled: None,
         };
-        (part, slot)
+        (part, slot, ways)
     }
 
     /// Step 2, duplicate-write tracking: spoils the pages `[lo, hi)` of `f` in whatever else
@@ -194,6 +201,83 @@ impl CacheCore {
         w.parts.push(part);
     }
 
+    /// Step 2b: plans the write's copies into the page area's `ways` (page, way) of line
+    /// `f` (refills of pages it held, each one page of the request at `offset`), within the
+    /// AWT and endurance budgets; a way whose copy is not sent is emptied.
+    fn plan_area_copies(&mut self, w: &mut Planned, f: FragNo, ways: Vec<(u32, u32)>, offset: u64) {
+        let fstart = self.geo.fragment_start(f).0;
+        for (p, way) in ways {
+            let sa = fstart + p as u64 * PAGE_SIZE;
+            let len = self.page_end(f, p) - sa;
+            if w.over_budget || !self.endure(len) {
+                w.fell_back |= w.over_budget;
+                self.complete_rewrite(f, p, way, false);
+                continue;
+            }
+            let at = self.sparse.as_ref().expect("area").area.at(way as usize);
+            w.budget += len;
+            w.cache_writes.push(CacheWrite {
+                part: w.parts.len() as u32,
+                buf_offset: sa - offset,
+                len,
+                cache: CacheOffset(self.geo.slot_offset(at.slot).0 + at.page as u64 * PAGE_SIZE),
+            });
+            w.parts.push(WritePart {
+                frag: f,
+                lo: p,
+                hi: p + 1,
+                vlo: p,
+                vhi: p + 1,
+                slot: None,
+                way: Some(way),
+                cache_ok: None,
+                spoiled: None,
+            });
+        }
+    }
+
+    /// Pages `[lo, hi)` of line `f` (no slot) are written: each the page area holds is
+    /// dropped, except those of `[wlo, whi)` (pages the write covers whole, if it copies to
+    /// the cache) held valid in a slot no read holds, which the write refills in place:
+    /// returns those (page, way). Keeping a written hot page cached matters: a Zipf load
+    /// with 13% writes lost them otherwise, and a trace that reads back what it wrote too.
+    fn rewrite_sparse(
+        &mut self,
+        f: FragNo,
+        (lo, hi): (u32, u32),
+        (wlo, whi): (u32, u32),
+    ) -> Vec<(u32, u32)> {
+        if !self.area_used() || wlo >= whi {
+            self.drop_sparse(f, lo, hi);
+            return Vec::new();
+        }
+        let base = self.geo.fragment_start(f).0 >> crate::addr::PAGE_SHIFT;
+        let slots = &self.slots;
+        let sp = self.sparse.as_mut().expect("area");
+        let mut ways = Vec::new();
+        for p in lo..hi {
+            let page = base + p as u64;
+            if (wlo..whi).contains(&p) {
+                if let Some(w) = sp.area.rewrite(page, |s| slots.pins(s) > 0) {
+                    ways.push((p, w as u32));
+                }
+            } else {
+                sp.area.drop_page(page, |s| slots.pins(s) > 0);
+            }
+        }
+        ways
+    }
+
+    /// Completes a write's refill of page `p` of line `f` in way `w` of the page area: valid
+    /// if `ok` and no later write spoiled it. Returns true if it is valid.
+    fn complete_rewrite(&mut self, f: FragNo, p: u32, w: u32, ok: bool) -> bool {
+        let page = (self.geo.fragment_start(f).0 >> crate::addr::PAGE_SHIFT) + p as u64;
+        match self.sparse.as_mut() {
+            Some(sp) => sp.area.complete_fill(w as usize, page, ok),
+            None => false,
+        }
+    }
+
     /// Reports the source half of a write. A failed source write leaves the pages invalid.
     pub fn write_source_done(&mut self, id: WriteId, ok: bool) -> Result<(), RequestError> {
         let ws = self.writes.get_mut(id.0).ok_or(RequestError::UnknownId)?;
@@ -220,7 +304,7 @@ impl CacheCore {
             .parts
             .get_mut(part as usize)
             .ok_or(RequestError::UnknownId)?;
-        if p.slot.is_none() || p.cache_ok.is_some() {
+        if (p.slot.is_none() && p.way.is_none()) || p.cache_ok.is_some() {
             return Err(RequestError::UnknownId);
         }
         p.cache_ok = Some(ok);
@@ -244,6 +328,10 @@ impl CacheCore {
         let source_ok = ws.source_ok == Some(true);
         let mut validated_any = false;
         for part in ws.parts {
+            if let Some(w) = part.way {
+                let ok = source_ok && part.cache_ok == Some(true);
+                validated_any |= self.complete_rewrite(part.frag, part.lo, w, ok);
+            }
             if let Some(s) = part.slot {
                 if source_ok && part.cache_ok == Some(true) && part.vlo < part.vhi {
                     debug_assert_eq!(self.slots.fragment(s), Some(part.frag));
