@@ -40,7 +40,8 @@
 # Environment: DELAY (source latency, default 2ms), ZIPF (theta, default 0.99: fio refuses
 # 1.0), SEED (fio --randseed, default 42), CONFIGS (a comma-separated subset of the names
 # above, in the order to run), SCE_ARGS (more flags for every sce serve), SCE (a prebuilt
-# sce binary: skips the build), TMPDIR.
+# sce binary: skips the build), STATS_OUT (a directory: each configuration's counters at
+# the end of its run, as NAME.json), TMPDIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -155,6 +156,7 @@ run() {
   probe "$kind" "$target" >"$dir/$name.p1"
   wait "$fio_pid"
   probe "$kind" "$target" >"$dir/$name.p2"
+  [ -z "${STATS_OUT:-}" ] || { mkdir -p "$STATS_OUT" && cp "$dir/$name.p2" "$STATS_OUT/$name.json"; }
   local c1 s1
   c1=$(cpu "$server_pid"); s1=$(cpu "$src_pid")
   python3 -c 'import json,sys; a=sys.argv[1:]; print(json.dumps(dict(name=a[0], kind=a[1], uri=a[2], server=a[3], cpu_cache=float(a[5])-float(a[4]), cpu_source=float(a[7])-float(a[6]))))' \
