@@ -127,6 +127,17 @@ pub struct Footprint {
     pub dirty_measured_bytes: u64,
     /// That rate for half the cache dirty (the issue-45 goal: at most 2 KiB per dirty MiB).
     pub bytes_half_cache_dirty: Option<u64>,
+    /// The page area at capacity (every slot packed with single pages, as a load of sparse
+    /// reads over the whole cache leaves it) and its sketches, counted by the allocator: on
+    /// top of `bytes_total`. 0 without a page area (`--dense-line off`, admission other than
+    /// sce, lines under 16 pages).
+    pub page_area_bytes_at_capacity: u64,
+    /// The pages the page area then holds.
+    pub page_area_pages: u64,
+    /// `page_area_bytes_at_capacity` per page held (the issue-47 goal: at most 8).
+    pub page_area_bytes_per_page: f64,
+    /// `bytes_total + page_area_bytes_at_capacity`: what to budget for with a sparse load.
+    pub bytes_total_sparse: u64,
 }
 
 /// Bytes `f` leaves allocated, and its result.
@@ -264,6 +275,7 @@ pub fn measure(o: &Options) -> Result<Footprint> {
     } else {
         None
     };
+    let (area_bytes, area_pages) = page_area(o, data_size)?;
     let sample_mib = (crate::footprint_dirty::SAMPLE_PAGES * 4096) as f64 / f64::from(1 << 20);
     let per_dirty_mib = dirty.map(|b| b as f64 / sample_mib);
     Ok(Footprint {
@@ -293,7 +305,19 @@ pub fn measure(o: &Options) -> Result<Footprint> {
         bytes_per_source_fragment: core.map_touched as f64 / frags.max(1) as f64,
         map_bytes_untouched: core.map_untouched,
         paper_bytes_per_cached_fragment: 76,
+        page_area_bytes_at_capacity: area_bytes,
+        page_area_pages: area_pages,
+        page_area_bytes_per_page: area_bytes as f64 / area_pages.max(1) as f64,
+        bytes_total_sparse: bytes_total + area_bytes,
     })
+}
+
+/// The page area of a core of the volume's geometry with every slot packed, and its
+/// sketches: the allocator's growth, and the pages it holds.
+fn page_area(o: &Options, data_size: u64) -> Result<(u64, u64)> {
+    let mut core = CacheCore::new(o.core.clone(), o.source_size, data_size)?;
+    let (bytes, pages) = growth(|| core.pack_free_slots());
+    Ok((if pages == 0 { 0 } else { bytes }, pages))
 }
 
 /// The parts of the footprint: the core (`core` bytes), the page checksums (`crcs`), and
@@ -403,6 +427,18 @@ pub fn print(f: &Footprint) {
         "map before first use:       {}",
         format_size(f.map_bytes_untouched)
     );
+    if f.page_area_pages > 0 {
+        println!(
+            "page area at capacity:      {} for {} pages ({:.2} B per page: every slot packed \
+             with single pages, as sparse reads over the whole cache leave it); total {} ({} \
+             bytes)",
+            format_size(f.page_area_bytes_at_capacity),
+            f.page_area_pages,
+            f.page_area_bytes_per_page,
+            format_size(f.bytes_total_sparse),
+            f.bytes_total_sparse
+        );
+    }
     if let (Some(r), Some(half)) = (f.bytes_per_dirty_mib, f.bytes_half_cache_dirty) {
         println!(
             "write-back, per dirty MiB:  {r:.0} B (measured over {} dirty), {} with half the \

@@ -301,6 +301,29 @@ fn footprint_meets_the_memory_goals() {
         full["checksums_resident"].as_u64().unwrap() > 32 << 20,
         "the resident checksums are counted: {full}"
     );
+    // Issue 47's goal for data held at a finer grain: at most 8 bytes per 4 KiB page, the
+    // page area at capacity (every slot packed: 6 B per way, a byte per set of 16, the
+    // sketches capped at 4 MiB each, and the vectors' growth slack), counted by the
+    // allocator; 6.12 B measured.
+    let pages = full["page_area_pages"].as_u64().unwrap();
+    let per_page = full["page_area_bytes_per_page"].as_f64().unwrap();
+    assert_eq!(
+        pages,
+        full["cached_fragments"].as_u64().unwrap() * 128,
+        "{full}"
+    );
+    assert!(
+        (6.0..=8.0).contains(&per_page),
+        "page area per page: {per_page}: {full}"
+    );
+    assert_eq!(
+        full["bytes_total_sparse"].as_u64(),
+        Some(
+            full["bytes_total"].as_u64().unwrap()
+                + full["page_area_bytes_at_capacity"].as_u64().unwrap()
+        ),
+        "{full}"
+    );
     let whole = big(&["--fragment-size", "1MiB"]);
     assert_eq!(whole["line_size"].as_u64(), Some(1 << 20), "{whole}");
     let all = whole["bytes_per_cached_mib_all"].as_f64().unwrap();

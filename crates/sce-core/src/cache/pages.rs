@@ -106,6 +106,21 @@ impl CacheCore {
         self.sparse.as_ref().map_or(0, |s| s.memory_bytes())
     }
 
+    /// Packs every free slot into the page area and allocates its sketches, as a load of
+    /// sparse reads over the whole cache would: `sce footprint`'s worst case. Returns the
+    /// pages the area can then hold.
+    pub fn pack_free_slots(&mut self) -> u64 {
+        let Some(sp) = self.sparse.as_mut() else {
+            return 0;
+        };
+        while let Some(s) = self.slots.take_free() {
+            sp.area.grow(s);
+        }
+        sp.pages.add(0);
+        sp.admitted.add(0);
+        sp.area.capacity()
+    }
+
     /// True if line `f` is dense: its pages were admitted one at a time often enough (or
     /// there is no page area in use, and every line is).
     pub(super) fn dense(&self, f: FragNo) -> bool {
