@@ -427,6 +427,12 @@ pub fn print(f: &Footprint) {
         "map before first use:       {}",
         format_size(f.map_bytes_untouched)
     );
+    print_extras(f);
+}
+
+/// The parts of a footprint on top of the total: the page area at capacity, and
+/// write-back's index of dirty data.
+fn print_extras(f: &Footprint) {
     if f.page_area_pages > 0 {
         println!(
             "page area at capacity:      {} for {} pages ({:.2} B per page: every slot packed \
