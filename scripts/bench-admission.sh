@@ -37,7 +37,9 @@
 #   CACHE    cache size (default 1GiB; env CACHE)
 #   SECONDS  length of each fio run (default 60; env RUN_SECONDS, or QUICK=1 for 10 s;
 #            bash owns the variable SECONDS, so it cannot be the environment's name)
-# Environment: DELAY (source latency, default 2ms), ZIPF (theta, default 0.99: fio refuses
+# Environment: DELAY (source latency, default 2ms), RATE (the source's bandwidth, in bits
+# per second as nbdkit's rate filter takes it, e.g. 200M: a source whose link is the limit;
+# default none), ZIPF (theta, default 0.99: fio refuses
 # 1.0), SEED (fio --randseed, default 42), CONFIGS (a comma-separated subset of the names
 # above, in the order to run), SCE_ARGS (more flags for every sce serve), SCE (a prebuilt
 # sce binary: skips the build), STATS_OUT (a directory: each configuration's counters at
@@ -109,10 +111,12 @@ stop() {  # PID: SIGTERM (sce flushes and exits), then wait
 }
 
 src_uri="nbd+unix:///?socket=$dir/src.sock"
+rate_args=()
+[ -z "${RATE:-}" ] || rate_args=(--filter=rate rate="$RATE")
 start_source() {
   rm -f "$dir/source" "$dir/src.sock"
   truncate -s "$size" "$dir/source"
-  nbdkit -f --exit-with-parent -U "$dir/src.sock" --filter=delay \
+  nbdkit -f --exit-with-parent -U "$dir/src.sock" "${rate_args[@]}" --filter=delay \
       file file="$dir/source" rdelay="$delay" wdelay="$delay" 2>>"$dir/source.log" &
   src_pid=$!
   pids+=("$src_pid")
@@ -213,9 +217,9 @@ for c in ${configs//,/ }; do
   stop "$src_pid"
 done
 
-source_cmd="nbdkit -f -U $dir/src.sock --filter=delay file file=$dir/source rdelay=$delay wdelay=$delay  (a fresh sparse $size_arg file per configuration)"
+source_cmd="nbdkit -f -U $dir/src.sock ${rate_args[*]} --filter=delay file file=$dir/source rdelay=$delay wdelay=$delay  (a fresh sparse $size_arg file per configuration)"
 python3 - "$dir" "$secs" "$source_cmd" "${fio_cmd[*]}" "scripts/bench-admission.sh $size_arg $cache_arg $secs" \
-    "DELAY=$delay ZIPF=$zipf SEED=$seed CONFIGS=$configs SCE_ARGS='${SCE_ARGS:-}'" "$rev" <<'PY'
+    "DELAY=$delay RATE=${RATE:-none} ZIPF=$zipf SEED=$seed CONFIGS=$configs SCE_ARGS='${SCE_ARGS:-}'" "$rev" <<'PY'
 import json, re, sys
 
 dir, secs, source_cmd, fio_cmd, cmd, env, rev = sys.argv[1:]
