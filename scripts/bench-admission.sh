@@ -111,13 +111,13 @@ stop() {  # PID: SIGTERM (sce flushes and exits), then wait
 }
 
 src_uri="nbd+unix:///?socket=$dir/src.sock"
-rate_args=()
-[ -z "${RATE:-}" ] || rate_args=(--filter=rate rate="$RATE")
+rate_args=() rate_param=()  # nbdkit takes filters before the plugin, parameters after it
+[ -z "${RATE:-}" ] || { rate_args=(--filter=rate); rate_param=(rate="$RATE"); }
 start_source() {
   rm -f "$dir/source" "$dir/src.sock"
   truncate -s "$size" "$dir/source"
   nbdkit -f --exit-with-parent -U "$dir/src.sock" "${rate_args[@]}" --filter=delay \
-      file file="$dir/source" rdelay="$delay" wdelay="$delay" 2>>"$dir/source.log" &
+      file file="$dir/source" rdelay="$delay" wdelay="$delay" "${rate_param[@]}" 2>>"$dir/source.log" &
   src_pid=$!
   pids+=("$src_pid")
   wait_sock "$dir/src.sock"
@@ -217,7 +217,7 @@ for c in ${configs//,/ }; do
   stop "$src_pid"
 done
 
-source_cmd="nbdkit -f -U $dir/src.sock ${rate_args[*]} --filter=delay file file=$dir/source rdelay=$delay wdelay=$delay  (a fresh sparse $size_arg file per configuration)"
+source_cmd="nbdkit -f -U $dir/src.sock ${rate_args[*]} --filter=delay file file=$dir/source rdelay=$delay wdelay=$delay ${rate_param[*]}  (a fresh sparse $size_arg file per configuration)"
 python3 - "$dir" "$secs" "$source_cmd" "${fio_cmd[*]}" "scripts/bench-admission.sh $size_arg $cache_arg $secs" \
     "DELAY=$delay RATE=${RATE:-none} ZIPF=$zipf SEED=$seed CONFIGS=$configs SCE_ARGS='${SCE_ARGS:-}'" "$rev" <<'PY'
 import json, re, sys

@@ -153,9 +153,20 @@ impl PageArea {
         self.hi[w] = ((page >> 32) as u16 & 0xff) | ((st as u16) << 8);
     }
 
-    /// The page's primary set: where it is filled.
+    /// The page's first set.
     fn addr(&self, page: u64) -> u64 {
-        let h = mix(page);
+        self.addr_of(mix(page))
+    }
+
+    /// The page's second set (another mix of its number): a page is filled in whichever of
+    /// its two sets has room.
+    fn addr2(&self, page: u64) -> u64 {
+        self.addr_of(mix(page ^ 0x5851_F42D_4C95_7F2D))
+    }
+
+    /// The set of hash `h` by linear hashing: `h` modulo twice the level's sets if that set
+    /// exists, else modulo the level's.
+    fn addr_of(&self, h: u64) -> u64 {
         let a = h & ((2u64 << self.level) - 1);
         if a < self.sets() {
             a
@@ -180,7 +191,19 @@ impl PageArea {
         if self.hands.is_empty() || page > MAX_PAGE {
             return None;
         }
-        let mut set = self.addr(page);
+        let (a, b) = self.choices(page);
+        self.find_from(a, page)
+            .or_else(|| b.and_then(|b| self.find_from(b, page)))
+    }
+
+    /// The page's sets: the first, and the second unless it is the same.
+    fn choices(&self, page: u64) -> (u64, Option<u64>) {
+        let (a, b) = (self.addr(page), self.addr2(page));
+        (a, (b != a).then_some(b))
+    }
+
+    /// The way holding `page` in `set` or the sets it was split off.
+    fn find_from(&self, mut set: u64, page: u64) -> Option<usize> {
         loop {
             if let Some(w) = self.find_in(set, page) {
                 return Some(w);
@@ -224,10 +247,11 @@ impl PageArea {
         }
     }
 
-    /// The way `page` would take in its primary set: an empty way, else (if `pinned` says
-    /// the slot has no pin) a draining way, else CLOCK's victim among the valid ways (whose
-    /// page is returned, for an admission duel). None if every way is filling, or the slot
-    /// is pinned and no way is empty. Advances the set's hand.
+    /// The way `page` would take in one of its two sets: an empty way, else (if `pinned`
+    /// says the set's slot has no pin) a draining way, else CLOCK's victim among the valid
+    /// ways of the first set whose slot has no pin (its page is returned, for an admission
+    /// duel). None if no set has an empty way and every unpinned one is filling. Advances
+    /// that set's hand.
     pub fn victim(
         &mut self,
         page: u64,
@@ -236,17 +260,36 @@ impl PageArea {
         if self.hands.is_empty() || page > MAX_PAGE {
             return None;
         }
-        let set = self.addr(page);
+        let (a, b) = self.choices(page);
+        let sets = [Some(a), b];
+        for set in sets.into_iter().flatten() {
+            if let Some(w) = Self::ways(set).find(|&w| self.state(w) == 0) {
+                return Some((w, None));
+            }
+        }
+        let open: Vec<u64> = sets
+            .into_iter()
+            .flatten()
+            .filter(|&set| !pinned(self.at(Self::ways(set).start).slot))
+            .collect();
+        for &set in &open {
+            if let Some(w) = Self::ways(set).find(|&w| self.state(w) & DRAIN != 0) {
+                return Some((w, None));
+            }
+        }
+        open.into_iter().find_map(|set| self.clock(set))
+    }
+
+    /// The ways of set `set`.
+    fn ways(set: u64) -> std::ops::Range<usize> {
         let w0 = (set * WAYS as u64) as usize;
-        if let Some(w) = (w0..w0 + WAYS as usize).find(|&w| self.state(w) == 0) {
-            return Some((w, None));
-        }
-        if pinned(self.at(w0).slot) {
-            return None;
-        }
-        if let Some(w) = (w0..w0 + WAYS as usize).find(|&w| self.state(w) & DRAIN != 0) {
-            return Some((w, None));
-        }
+        w0..w0 + WAYS as usize
+    }
+
+    /// CLOCK's victim among the valid ways of `set` (aging the ones it passes), with its
+    /// page; None if every way is filling.
+    fn clock(&mut self, set: u64) -> Option<(usize, Option<u64>)> {
+        let w0 = Self::ways(set).start;
         let hand = &mut self.hands[set as usize];
         // Two sweeps with aging find a victim unless every way is filling.
         for _ in 0..(WAYS * (REF_MAX as u32 + 1)) {
@@ -266,16 +309,19 @@ impl PageArea {
         None
     }
 
-    /// True if `page`'s primary set has a way to give without evicting a valid page: an
+    /// True if one of `page`'s sets has a way to give without evicting a valid page: an
     /// empty way, or (its slot not `pinned`) a draining one.
     pub fn has_room(&self, page: u64, pinned: impl Fn(SlotNo) -> bool) -> bool {
         if self.hands.is_empty() || page > MAX_PAGE {
             return false;
         }
-        let w0 = (self.addr(page) * WAYS as u64) as usize;
-        let ways = w0..w0 + WAYS as usize;
-        ways.clone().any(|w| self.state(w) == 0)
-            || (!pinned(self.at(w0).slot) && ways.into_iter().any(|w| self.state(w) & DRAIN != 0))
+        let (a, b) = self.choices(page);
+        [Some(a), b].into_iter().flatten().any(|set| {
+            let ways = Self::ways(set);
+            ways.clone().any(|w| self.state(w) == 0)
+                || (!pinned(self.at(ways.start).slot)
+                    && ways.into_iter().any(|w| self.state(w) & DRAIN != 0))
+        })
     }
 
     /// Starts a fill of `page` into way `w` (from [`Self::victim`]): the way's old page, if
@@ -450,146 +496,5 @@ impl PageArea {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::HashMap;
-
-    const PPS: u32 = 64;
-
-    fn never(_: SlotNo) -> bool {
-        false
-    }
-
-    /// Fills `page` if it can; returns true if it became valid.
-    fn fill(a: &mut PageArea, page: u64) -> bool {
-        if a.find(page).is_some() {
-            return false;
-        }
-        match a.victim(page, never) {
-            Some((w, _)) => {
-                a.start_fill(w, page);
-                a.complete_fill(w, page, true)
-            }
-            None => false,
-        }
-    }
-
-    /// Growing and shrinking one slot at a time keeps every page it did not drop findable
-    /// where it was filled, and the counts agree.
-    #[test]
-    fn growth_keeps_pages_findable() {
-        let mut a = PageArea::new(PPS);
-        let mut held: HashMap<u64, WayAt> = HashMap::new();
-        let mut next = 0u64;
-        for step in 0..40u32 {
-            if step % 7 == 6 && a.can_shrink(never) {
-                a.shrink();
-            } else {
-                a.grow(SlotNo(step));
-            }
-            for _ in 0..300 {
-                next += 1;
-                let page = next.wrapping_mul(7919) % 100_000;
-                fill(&mut a, page);
-            }
-            held.clear();
-            let mut n = 0;
-            for w in 0..a.lo.len() {
-                if a.state(w) & VALID != 0 {
-                    n += 1;
-                    let page = a.page_of(w);
-                    assert!(held.insert(page, a.at(w)).is_none(), "page {page} twice");
-                }
-            }
-            assert_eq!(n, a.valid_pages());
-            for (&page, &at) in &held {
-                assert_eq!(a.lookup(page), Some(at), "page {page} at step {step}");
-            }
-        }
-    }
-
-    /// A write during a fill spoils it; a draining way is not reused while its slot is
-    /// pinned, nor is any valid way of a pinned slot evicted.
-    #[test]
-    fn spoiled_fills_and_pinned_slots() {
-        let mut a = PageArea::new(PPS);
-        a.grow(SlotNo(9));
-        let (w, old) = a.victim(5, never).unwrap();
-        assert_eq!(old, None);
-        a.start_fill(w, 5);
-        assert!(a.filling(5));
-        assert_eq!(a.drop_page(5, never), Dropped::Filling);
-        assert!(!a.complete_fill(w, 5, true));
-        assert_eq!(a.lookup(5), None);
-        assert!(fill(&mut a, 5));
-        assert_eq!(a.drop_page(5, |_| true), Dropped::Valid);
-        // Fill the set of page 5 entirely, then ask for a way while pinned.
-        let set = a.addr(5);
-        let mut p = 6u64;
-        let mut same = 0;
-        while same < WAYS {
-            if a.addr(p) == set && fill(&mut a, p) {
-                same += 1;
-            }
-            p += 1;
-        }
-        while a.addr(p) != set {
-            p += 1;
-        }
-        assert_eq!(a.victim(p, |_| true), None);
-        let (w, old) = a.victim(p, never).unwrap();
-        assert!(a.state(w) & DRAIN != 0 || old.is_some());
-    }
-
-    /// A write's copy refills a valid page in its way; a pinned slot's page, or one whose
-    /// fill is in flight, is dropped instead, and a second write spoils the first's copy.
-    #[test]
-    fn rewrite_refills_in_place_or_drops() {
-        let mut a = PageArea::new(PPS);
-        a.grow(SlotNo(3));
-        assert_eq!(a.rewrite(7, never), None);
-        assert!(fill(&mut a, 7));
-        let at = a.lookup(7).unwrap();
-        let w = a
-            .rewrite(7, never)
-            .expect("a valid, unpinned page is rewritten");
-        assert_eq!(a.at(w), at);
-        assert_eq!((a.lookup(7), a.valid_pages()), (None, 0));
-        // A second write while the first copy is in flight spoils it.
-        assert_eq!(a.rewrite(7, never), None);
-        assert!(!a.complete_fill(w, 7, true));
-        assert_eq!(a.lookup(7), None);
-        assert!(fill(&mut a, 7));
-        let w = a.rewrite(7, never).unwrap();
-        assert!(a.complete_fill(w, 7, true));
-        assert_eq!(a.lookup(7), Some(at));
-        // A read holds the slot: the page drains, no copy.
-        assert_eq!(a.rewrite(7, |_| true), None);
-        assert_eq!(a.lookup(7), None);
-    }
-
-    /// Pages of the last slot are dropped by a shrink, and replace empties one slot.
-    #[test]
-    fn shrink_and_replace_drop_pages() {
-        let mut a = PageArea::new(PPS);
-        for s in 0..4 {
-            a.grow(SlotNo(s));
-        }
-        for p in 0..1000 {
-            fill(&mut a, p);
-        }
-        let before = a.valid_pages();
-        assert!(before > 0);
-        let (s, dropped) = a.shrink().unwrap();
-        assert_eq!(s, SlotNo(3));
-        assert_eq!(a.valid_pages(), before - dropped);
-        let d = a.replace(0, SlotNo(77));
-        assert_eq!(a.valid_pages(), before - dropped - d);
-        assert_eq!(a.slots()[0], SlotNo(77));
-        for p in 0..1000 {
-            if let Some(at) = a.lookup(p) {
-                assert!(at.slot == SlotNo(1) || at.slot == SlotNo(2), "{at:?}");
-            }
-        }
-    }
-}
+#[path = "pagearea_tests.rs"]
+mod tests;

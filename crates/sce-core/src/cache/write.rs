@@ -257,12 +257,10 @@ impl CacheCore {
         let mut ways = Vec::new();
         for p in lo..hi {
             let page = base + p as u64;
-            if (wlo..whi).contains(&p) {
-                if let Some(w) = sp.area.rewrite(page, |s| slots.pins(s) > 0) {
-                    ways.push((p, w as u32));
-                }
-            } else {
+            if !(wlo..whi).contains(&p) {
                 sp.area.drop_page(page, |s| slots.pins(s) > 0);
+            } else if let Some(w) = sp.area.rewrite(page, |s| slots.pins(s) > 0) {
+                ways.push((p, w as u32));
             }
         }
         ways
