@@ -1009,12 +1009,13 @@ fn writeback_in_the_simulator_reports_cleaning_and_dirty_occupancy() {
 /// Issue 30: a source saturated by an open replay (an OLTP mix with periodic 1 GiB read
 /// scans, arriving faster than the modelled disk serves) starves background population,
 /// which re-reads the source. The default (512 KiB lines, miss fills while the source is
-/// busy) fills from the misses' own data instead: with 256 MiB it hits at least as often as
-/// flashcache-like (which fills from its misses) while writing under half as much to the
-/// cache; population alone (`--miss-fills off --dense-line off`: no fill from a miss's own
-/// data, in lines or in the page area) starves. With 1 GiB the default falls short
-/// of flashcache-like (0.094 against 0.103: 2,048 lines of 512 KiB hold fewer of the hot set's
-/// scattered pages than 262,144 blocks), and 256 KiB lines with miss fills reach it.
+/// busy, the page area) fills from the misses' own data instead: with 256 MiB it hits at
+/// least as often as flashcache-like (which fills from its misses) while writing well under
+/// as much to the cache (0.6x); population alone (`--miss-fills off --dense-line off`: no
+/// fill from a miss's own data, in lines or in the page area) starves. With 1 GiB, 256 KiB
+/// lines with miss fills must reach flashcache-like (lines only, the default once fell short:
+/// 0.094 against 0.103, 2,048 lines of 512 KiB holding fewer of the hot set's scattered
+/// pages than 262,144 blocks; with the page area the default reaches it too, 0.1097 both).
 /// Ratios of modelled figures only.
 #[test]
 fn a_saturated_source_still_fills_the_cache_from_misses() {
@@ -1089,7 +1090,10 @@ fn a_saturated_source_still_fills_the_cache_from_misses() {
                 fed["cache_bytes_written"].as_u64().unwrap(),
                 fc["cache_bytes_written"].as_u64().unwrap(),
             );
-            assert!(w * 2 < wfc, "{cache}: {w} bytes written against {wfc}");
+            // Under 0.6x: the page area refills the pages writes cover and takes pages
+            // into whichever of two sets has room (issue 47's second round): 1 GiB 0.57x
+            // for both (0.47x and 0.52x before; 256 MiB 0.15x).
+            assert!(w * 10 < wfc * 6, "{cache}: {w} bytes written against {wfc}");
         }
     }
 }
