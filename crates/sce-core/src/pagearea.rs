@@ -267,17 +267,13 @@ impl PageArea {
                 return Some((w, None));
             }
         }
-        let open: Vec<u64> = sets
-            .into_iter()
-            .flatten()
-            .filter(|&set| !pinned(self.at(Self::ways(set).start).slot))
-            .collect();
-        for &set in &open {
+        let open = sets.map(|s| s.filter(|&set| !pinned(self.at(Self::ways(set).start).slot)));
+        for set in open.into_iter().flatten() {
             if let Some(w) = Self::ways(set).find(|&w| self.state(w) & DRAIN != 0) {
                 return Some((w, None));
             }
         }
-        open.into_iter().find_map(|set| self.clock(set))
+        open.into_iter().flatten().find_map(|set| self.clock(set))
     }
 
     /// The ways of set `set`.

@@ -22,7 +22,7 @@ use super::CacheCore;
 use crate::addr::{CacheOffset, FragNo, SlotNo, SourceOffset, PAGE_SHIFT, PAGE_SIZE};
 use crate::admit::LazySketch;
 use crate::bitmap::PageSet;
-use crate::pagearea::{Dropped, PageArea};
+use crate::pagearea::{Dropped, PageArea, WayAt};
 
 /// The page area and what decides for it.
 #[derive(Debug)]
@@ -84,8 +84,14 @@ impl Sparse {
 impl CacheCore {
     /// The source page number of page `p` of line `f`.
     #[inline]
-    fn page_no(&self, f: FragNo, p: u32) -> u64 {
+    pub(super) fn page_no(&self, f: FragNo, p: u32) -> u64 {
         (self.geo.fragment_start(f).0 >> PAGE_SHIFT) + p as u64
+    }
+
+    /// Where way `at` of the page area lies on the cache device.
+    #[inline]
+    pub(super) fn way_offset(&self, at: WayAt) -> u64 {
+        self.geo.slot_offset(at.slot).0 + at.page as u64 * PAGE_SIZE
     }
 
     /// True if the page area holds or may hold pages.
@@ -160,9 +166,7 @@ impl CacheCore {
                     plan.pins.push(w.slot);
                     last_pin = Some(w.slot);
                 }
-                let cache = self.geo.slot_offset(w.slot).0
-                    + w.page as u64 * PAGE_SIZE
-                    + (ra - (fstart + p as u64 * PAGE_SIZE));
+                let cache = self.way_offset(w) + (ra - (fstart + p as u64 * PAGE_SIZE));
                 plan.push(buf_offset, rb - ra, RunTarget::Cache(CacheOffset(cache)));
                 plan.hit_pages += 1;
                 plan.area_hits += 1;
@@ -252,8 +256,11 @@ impl CacheCore {
             .map(|&(p, w)| {
                 let at = area.at(w as usize);
                 let sa = fstart + p as u64 * PAGE_SIZE;
-                let c = self.geo.slot_offset(at.slot).0 + at.page as u64 * PAGE_SIZE;
-                (sa - source, self.page_end(f, p) - sa, CacheOffset(c))
+                (
+                    sa - source,
+                    self.page_end(f, p) - sa,
+                    CacheOffset(self.way_offset(at)),
+                )
             })
             .collect();
         let slot = area.at(ways[0].1 as usize).slot;
@@ -349,7 +356,7 @@ impl CacheCore {
                 pop,
                 buf_offset: sa - plan.offset,
                 len: self.page_end(f, p) - sa,
-                cache: CacheOffset(self.geo.slot_offset(at.slot).0 + at.page as u64 * PAGE_SIZE),
+                cache: CacheOffset(self.way_offset(at)),
             });
         }
         plan.pops.push(pop);
@@ -421,7 +428,7 @@ impl CacheCore {
 
     /// Completes a page-area fill (`st.ways`): each way not spoiled becomes valid if `ok`.
     pub(super) fn complete_sparse(&mut self, st: &PopState, ok: bool) {
-        let fpage = self.geo.fragment_start(st.frag).0 >> PAGE_SHIFT;
+        let fpage = self.page_no(st.frag, 0);
         let sp = self.sparse.as_mut().expect("area");
         let mut n = 0;
         for &(p, w) in &st.ways {

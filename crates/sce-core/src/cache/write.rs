@@ -220,7 +220,7 @@ impl CacheCore {
                 part: w.parts.len() as u32,
                 buf_offset: sa - offset,
                 len,
-                cache: CacheOffset(self.geo.slot_offset(at.slot).0 + at.page as u64 * PAGE_SIZE),
+                cache: CacheOffset(self.way_offset(at)),
             });
             w.parts.push(WritePart {
                 frag: f,
@@ -251,25 +251,24 @@ impl CacheCore {
             self.drop_sparse(f, lo, hi);
             return Vec::new();
         }
-        let base = self.geo.fragment_start(f).0 >> crate::addr::PAGE_SHIFT;
+        // The pages it covers in part (the first and the last at most) are dropped.
+        self.drop_sparse(f, lo, wlo);
+        self.drop_sparse(f, whi, hi);
+        let base = self.page_no(f, 0);
         let slots = &self.slots;
         let sp = self.sparse.as_mut().expect("area");
-        let mut ways = Vec::new();
-        for p in lo..hi {
-            let page = base + p as u64;
-            if !(wlo..whi).contains(&p) {
-                sp.area.drop_page(page, |s| slots.pins(s) > 0);
-            } else if let Some(w) = sp.area.rewrite(page, |s| slots.pins(s) > 0) {
-                ways.push((p, w as u32));
-            }
-        }
-        ways
+        (wlo..whi)
+            .filter_map(|p| {
+                let w = sp.area.rewrite(base + p as u64, |s| slots.pins(s) > 0)?;
+                Some((p, w as u32))
+            })
+            .collect()
     }
 
     /// Completes a write's refill of page `p` of line `f` in way `w` of the page area: valid
     /// if `ok` and no later write spoiled it. Returns true if it is valid.
     fn complete_rewrite(&mut self, f: FragNo, p: u32, w: u32, ok: bool) -> bool {
-        let page = (self.geo.fragment_start(f).0 >> crate::addr::PAGE_SHIFT) + p as u64;
+        let page = self.page_no(f, p);
         match self.sparse.as_mut() {
             Some(sp) => sp.area.complete_fill(w as usize, page, ok),
             None => false,
