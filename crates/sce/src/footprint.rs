@@ -192,6 +192,9 @@ struct CoreSizes {
     map_touched: u64,
     /// Bits per map entry.
     map_bits: u32,
+    /// With `touch`: the page area with every slot packed, and its sketches (bytes, and the
+    /// pages it holds; 0 and 0 without a page area).
+    area: (u64, u64),
 }
 
 /// Measures a core of the volume's geometry alone (with dirty tracking for persistence), and
@@ -210,6 +213,14 @@ fn core_sizes(o: &Options, data_size: u64, persist: bool, touch: bool) -> Result
         }
     });
     let slots = core.geometry().slots() as u64;
+    let area = if touch {
+        match growth(|| core.pack_free_slots()) {
+            (_, 0) => (0, 0),
+            measured => measured,
+        }
+    } else {
+        (0, 0)
+    };
     drop(core);
     let frags = o.source_size.div_ceil(o.core.fragment_size);
     let (map_untouched, mut map) =
@@ -228,6 +239,7 @@ fn core_sizes(o: &Options, data_size: u64, persist: bool, touch: bool) -> Result
         map_untouched,
         map_touched: map_untouched + map_leaves,
         map_bits,
+        area,
     })
 }
 
@@ -275,7 +287,7 @@ pub fn measure(o: &Options) -> Result<Footprint> {
     } else {
         None
     };
-    let (area_bytes, area_pages) = page_area(o, data_size)?;
+    let (area_bytes, area_pages) = core.area;
     let sample_mib = (crate::footprint_dirty::SAMPLE_PAGES * 4096) as f64 / f64::from(1 << 20);
     let per_dirty_mib = dirty.map(|b| b as f64 / sample_mib);
     Ok(Footprint {
@@ -310,14 +322,6 @@ pub fn measure(o: &Options) -> Result<Footprint> {
         page_area_bytes_per_page: area_bytes as f64 / area_pages.max(1) as f64,
         bytes_total_sparse: bytes_total + area_bytes,
     })
-}
-
-/// The page area of a core of the volume's geometry with every slot packed, and its
-/// sketches: the allocator's growth, and the pages it holds.
-fn page_area(o: &Options, data_size: u64) -> Result<(u64, u64)> {
-    let mut core = CacheCore::new(o.core.clone(), o.source_size, data_size)?;
-    let (bytes, pages) = growth(|| core.pack_free_slots());
-    Ok((if pages == 0 { 0 } else { bytes }, pages))
 }
 
 /// The parts of the footprint: the core (`core` bytes), the page checksums (`crcs`), and
