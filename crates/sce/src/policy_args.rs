@@ -45,8 +45,10 @@ pub struct AdmissionArgs {
     pub recency_window: Option<sce_server::admission::RecencyWindow>,
     /// Admission sce: the page area. A read miss in a line without a slot fills only the
     /// pages it read, packed with other lines' pages, until this share of the line's pages
-    /// was admitted one at a time; the line then fills (and is populated) as a line. A
-    /// percentage (e.g. 6%) or off (every line fills as a line) [default: 6%].
+    /// was admitted one at a time lately (within the last 2.5 admissions per cache slot);
+    /// the line then fills (and is populated) as a line. A write refills the packed pages
+    /// it covers whole. A percentage (e.g. 6%) or off (every line fills as a line)
+    /// [default: 6%].
     #[arg(long, value_name = "PERCENT")]
     pub dense_line: Option<sce_server::admission::DenseLine>,
     /// Endurance budget of the cache device: SIZE per day (e.g. 200GiB) or N dwpd (drive
