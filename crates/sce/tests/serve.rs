@@ -503,7 +503,8 @@ fn config_file_with_two_exports_and_bad_configs() {
 }
 
 /// `--cache-size 1GB` is 10^9 bytes (GB decimal, G and GiB binary), and serve says so in
-/// bytes when it creates the cache (issue 32, item 5).
+/// bytes when it creates the cache (issue 32, item 5); the default export's log lines say
+/// `export=""`.
 #[test]
 fn a_created_cache_size_is_logged_in_bytes() {
     let d = tempfile::tempdir().unwrap();
@@ -515,12 +516,22 @@ fn a_created_cache_size_is_logged_in_bytes() {
         .arg("--allow-buffered");
     let (_p, lines) = serve_logged(&mut cmd, &sock);
     // Up to the line that says it listens (logged after the cache is open), or the end.
-    let line = lines
+    let head: Vec<String> = lines
         .map(|l| l.unwrap())
         .take_while(|l| !l.contains("listening on"))
+        .collect();
+    let line = head
+        .iter()
         .find(|l| l.contains("created the cache"))
         .expect("the creation is logged before serve listens");
     assert!(line.contains("(1000000000 bytes)"), "{line}");
+    // The default export is named in the log as status names it, not by an empty field.
+    let loaded = head
+        .iter()
+        .find(|l| l.contains("cache device loaded"))
+        .expect("the load is logged before serve listens");
+    assert!(loaded.contains("export=\"\""), "{loaded}");
+    assert!(!head.iter().any(|l| l.contains("export= ")), "{head:?}");
     assert_eq!(std::fs::metadata(&cache).unwrap().len(), 1_000_000_000);
 }
 

@@ -26,7 +26,7 @@ impl Ctx {
             Drain::Wait
         };
         let done = a.set(&t, drain, watch)?;
-        tracing::info!(target: LOG_TARGET, export = %n, key, value, reopened = done.reopened, detached = done.detached, "ctl set");
+        tracing::info!(target: LOG_TARGET, export = %crate::Shown(n), key, value, reopened = done.reopened, detached = done.detached, "ctl set");
         // Settings are the cache device's: exports that share it change together.
         let also: Vec<String> = a.part().map_or_else(Vec::new, |p| p.siblings.clone());
         let mut m = settings_json(&done.settings);
