@@ -13,7 +13,7 @@
 # Usage: scripts/install.sh [--prefix DIR] [--destdir DIR] [--bin FILE] [--uninstall]
 #   --prefix   default /usr/local (PREFIX in the environment works too)
 #   --destdir  default none (DESTDIR)
-#   --bin      an sce binary already built; default: build target/release/sce first
+#   --bin      an sce binary already built (SCE_BIN); default: build target/release/sce first
 #   UNITDIR    default /etc/systemd/system under /usr/local, else $PREFIX/lib/systemd/system
 # Example:
 #   sudo scripts/install.sh                      # /usr/local, then: systemctl daemon-reload
@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 
 prefix="${PREFIX:-/usr/local}"
 destdir="${DESTDIR:-}"
-bin=""
+bin="${SCE_BIN:-}"
 uninstall=false
 while [ $# -gt 0 ]; do
   case "$1" in

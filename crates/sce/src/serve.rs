@@ -21,8 +21,9 @@ use std::time::Duration;
 /// Options of `sce serve`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// A TOML file declaring listeners and one or more exports (see README and
-    /// contrib/sce.toml).
+    /// A TOML file declaring listeners and one or more exports (docs/SERVING.md; the
+    /// example configuration, contrib/sce.toml, is installed as
+    /// share/doc/sce/examples/sce.toml).
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// The source volume: a file, a block device, or an NBD URI (nbd://HOST:PORT/NAME,

@@ -250,17 +250,25 @@ fn help_texts_name_every_policy_load_and_mode() {
         modes.contains(&"writeback") && modes.len() >= 5,
         "{modes:?}"
     );
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
-    let row = readme
+    let doc = |f: &str| {
+        std::fs::read_to_string(format!("{}/../../{f}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    };
+    let conf = doc("docs/CONFIGURATION.md");
+    let row = conf
         .lines()
         .find(|l| l.starts_with("| `--mode`"))
-        .expect("README --mode row");
+        .expect("docs/CONFIGURATION.md --mode row");
+    let readme = doc("README.md");
+    let table = &readme[readme.find("## Modes").expect("README's modes")..];
     for (what, help) in [
         ("sce serve --help", text(sce(&["serve", "--help"]))),
         ("sce demo --help", text(sce(&["demo", "--help"]))),
         ("sce ctl set --help", text(sce(&["ctl", "set", "--help"]))),
-        ("README's --mode row", row.to_string()),
+        ("docs/CONFIGURATION.md's --mode row", row.to_string()),
+        (
+            "README's modes",
+            table[..table.find("\n## ").unwrap()].to_string(),
+        ),
     ] {
         for m in &modes {
             assert!(help.contains(m), "{what} does not name mode {m}");
