@@ -35,6 +35,8 @@ pub struct Log {
     pub blocks: Vec<Mutex<Vec<Write>>>,
     pub counter: AtomicU64,
     pub stale: Mutex<Vec<String>>,
+    /// Reads torn between values each of which the read could have returned (see `check`).
+    pub torn: Mutex<Vec<String>>,
     pub reads: AtomicU64,
     pub writes_acked: AtomicU64,
     pub writes_failed: AtomicU64,
@@ -47,6 +49,7 @@ impl Log {
             blocks: (0..SIZE / BLOCK).map(|_| Mutex::new(Vec::new())).collect(),
             counter: AtomicU64::new(1),
             stale: Mutex::new(Vec::new()),
+            torn: Mutex::new(Vec::new()),
             reads: AtomicU64::new(0),
             writes_acked: AtomicU64::new(0),
             writes_failed: AtomicU64::new(0),
@@ -54,13 +57,25 @@ impl Log {
     }
 
     /// Checks a read of block `b` that started at `start` and returned `data`: stale if
-    /// its value was replaced by a write acknowledged before the read started.
+    /// its value was replaced by a write acknowledged before the read started. A block
+    /// that does not decode is stale too, unless each of its 8-byte words is a word of a
+    /// value the read could have returned whole (the block-device contract for a read that
+    /// overlaps a write: the source here, a buffered file behind nbdkit or `sce serve`,
+    /// copies a page while another request copies it); those are counted in `torn`.
     pub fn check(&self, host: usize, b: u64, start: Instant, data: &[u8]) {
         self.reads.fetch_add(1, SeqCst);
         let Some(c) = decode(b, data) else {
-            self.stale
-                .lock()
-                .push(format!("host {host}: block {b} is torn or foreign"));
+            let end = Instant::now();
+            match self.torn_between(b, start, end, data) {
+                Ok(values) => self.torn.lock().push(format!(
+                    "host {host}: block {b} torn between {values:?}, read at {:?}",
+                    start - self.t0
+                )),
+                Err(what) => self
+                    .stale
+                    .lock()
+                    .push(format!("host {host}: block {b} is torn or foreign: {what}")),
+            }
             return;
         };
         let log = self.blocks[b as usize].lock();
@@ -79,20 +94,78 @@ impl Log {
                 }
             }
         };
-        let Some(written) = written else { return };
-        if let Some(w) = log
-            .iter()
-            .find(|w| w.start > written && w.end.is_some_and(|e| e < start))
-        {
-            let msg = format!(
-                "host {host}: block {b} read {c} at {:?}, but {} was acknowledged at {:?}",
-                start - self.t0,
-                w.counter,
-                w.end.unwrap() - self.t0
-            );
+        if let Some(msg) = written.and_then(|at| self.replaced(&log, b, c, at, start)) {
             drop(log);
-            self.stale.lock().push(msg);
+            self.stale.lock().push(format!("host {host}: {msg}"));
         }
+    }
+
+    /// Why value `c` of block `b`, acknowledged at `written`, is stale for a read that
+    /// started at `start`: a write started after it and acknowledged before the read.
+    fn replaced(
+        &self,
+        log: &[Write],
+        b: u64,
+        c: u64,
+        written: Instant,
+        start: Instant,
+    ) -> Option<String> {
+        let w = log
+            .iter()
+            .find(|w| w.start > written && w.end.is_some_and(|e| e < start))?;
+        Some(format!(
+            "block {b} read {c} at {:?}, but {} was acknowledged at {:?}",
+            start - self.t0,
+            w.counter,
+            w.end.unwrap() - self.t0
+        ))
+    }
+
+    /// The values a block that does not decode is made of, if every 8-byte word of it is a
+    /// word of a value a read from `start` to `end` could return whole (not replaced before
+    /// it started, written before it ended); else what it holds, for the stale report.
+    fn torn_between(
+        &self,
+        b: u64,
+        start: Instant,
+        end: Instant,
+        data: &[u8],
+    ) -> Result<Vec<u64>, String> {
+        let log = self.blocks[b as usize].lock();
+        let mut values = vec![(0, Some(self.t0), self.t0)];
+        values.extend(log.iter().map(|w| (w.counter, w.end, w.start)));
+        let legit: Vec<(u64, Vec<u8>)> = values
+            .into_iter()
+            .filter(|&(c, acked, sent)| {
+                sent < end && acked.is_none_or(|at| self.replaced(&log, b, c, at, start).is_none())
+            })
+            .map(|(c, _, _)| {
+                let mut v = vec![0u8; BLOCK as usize];
+                block(b, c, &mut v);
+                (c, v)
+            })
+            .collect();
+        drop(log);
+        let mut used = Vec::new();
+        for (i, word) in data.chunks(8).enumerate() {
+            let at = i * 8..i * 8 + word.len();
+            match legit.iter().find(|(_, v)| v[at.clone()] == *word) {
+                Some((c, _)) if !used.contains(c) => used.push(*c),
+                Some(_) => {}
+                None => {
+                    let idx = u64::from_le_bytes(data[..8].try_into().unwrap());
+                    let c = u64::from_le_bytes(data[8..16].try_into().unwrap());
+                    let could: Vec<u64> = legit.iter().map(|(c, _)| *c).collect();
+                    return Err(format!(
+                        "header block {idx} value {c}; byte {} is no word of the values it \
+                         could read, {could:?}; read at {:?}",
+                        i * 8,
+                        start - self.t0
+                    ));
+                }
+            }
+        }
+        Ok(used)
     }
 
     /// Writes blocks `b0..b0+k` through `c`, logged.
@@ -309,6 +382,14 @@ impl Ground {
 }
 
 pub fn assert_fresh(log: &Log, what: &str) {
+    let torn = log.torn.lock().clone();
+    if !torn.is_empty() {
+        eprintln!(
+            "{what}: {} reads torn by a write in flight, first: {:?}",
+            torn.len(),
+            &torn[..torn.len().min(5)]
+        );
+    }
     let stale = log.stale();
     assert!(
         stale.is_empty(),
