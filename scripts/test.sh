@@ -49,5 +49,3 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # --all-targets also runs the benchmarks once, briefly, as tests.
 cargo test --workspace --all-targets
-# `sce footprint` needs the counting allocator, which only the feature `footprint` installs.
-cargo test -p sce --features footprint --test footprint --test pipe

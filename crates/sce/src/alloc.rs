@@ -1,33 +1,43 @@
 //! A counting global allocator: the `footprint` command measures the bytes its data
 //! structures really allocate, not a formula, and `sim` the bytes of each engine policy's core.
 //!
-//! It is installed only in a build with the cargo feature `footprint`
-//! (`cargo build --release -p sce --features footprint`): counting puts an atomic add on every
-//! allocation and free of the process, `sce serve`'s included, so a default build leaves it
-//! out. Without it [`COUNTING`] is false and [`live_bytes`] stays 0.
+//! It is every build's global allocator, and counts only once [`start_counting`] was called,
+//! which `main` does for `footprint` and `sim` alone: in every other command (`serve`'s
+//! included) an allocation or free costs one relaxed load of a flag that never changes and
+//! a branch beside the system allocator's own work (docs/MEMORY.md has the A/B of the hit
+//! path). While counting, each allocation and free adds one atomic add.
 //!
 //! [`uncounted`] runs a closure whose allocations (and deallocations) on the calling thread
 //! are left out of the count: the footprint's stand-in devices keep what is written to them
 //! that way, so that the count holds only what the cache itself allocates.
 
-#[cfg(feature = "footprint")]
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering::Relaxed};
 
-/// Whether this build counts allocations (the cargo feature `footprint`).
-pub const COUNTING: bool = cfg!(feature = "footprint");
+/// Whether this process counts its allocations (`start_counting` was called).
+static ON: AtomicBool = AtomicBool::new(false);
 
-/// What a command that needs the count says in a build without it.
-pub const NOT_COUNTING: &str = "this sce was built without the counting allocator, which \
-    `sce footprint` needs (counting costs every allocation of `sce serve`, so it is opt-in): \
-    build it with `cargo build --release -p sce --features footprint`";
+/// Turns counting on for the rest of the process. Call it before what is to be measured is
+/// allocated: a block allocated before and freed after comes off the count (which is why
+/// the count is signed, and [`live_bytes`] never below 0).
+pub fn start_counting() {
+    ON.store(true, Relaxed);
+}
+
+/// Whether allocations are counted ([`start_counting`] was called).
+pub fn counting() -> bool {
+    ON.load(Relaxed)
+}
+
+/// What a command that needs the count says when it is off (never, from `main`).
+pub const NOT_COUNTING: &str = "the allocator does not count in this command: only `sce \
+    footprint` and `sce sim` turn it on";
 
 /// Wraps the system allocator and counts live bytes.
-#[cfg(feature = "footprint")]
 pub struct Counting;
 
-static LIVE: AtomicUsize = AtomicUsize::new(0);
+static LIVE: AtomicIsize = AtomicIsize::new(0);
 
 thread_local! {
     /// Set while the thread runs an [`uncounted`] closure. Const-initialised and without a
@@ -35,9 +45,12 @@ thread_local! {
     static UNCOUNTED: Cell<bool> = const { Cell::new(false) };
 }
 
-#[cfg(feature = "footprint")]
+/// Whether an allocation or free here and now counts: counting is on and the thread is not
+/// in an [`uncounted`] closure (the flag first: it is all a command that does not count
+/// pays).
+#[inline(always)]
 fn counted() -> bool {
-    !UNCOUNTED.try_with(Cell::get).unwrap_or(false)
+    ON.load(Relaxed) && !UNCOUNTED.try_with(Cell::get).unwrap_or(false)
 }
 
 /// Runs `f` with its allocations and deallocations on this thread left out of
@@ -54,7 +67,6 @@ pub fn uncounted<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-#[cfg(feature = "footprint")]
 // SAFETY: every method forwards to `System` with the same arguments, which upholds the
 // `GlobalAlloc` contract; the counter has no effect on the memory handed out.
 unsafe impl GlobalAlloc for Counting {
@@ -62,7 +74,7 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: same contract as ours, forwarded.
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() && counted() {
-            LIVE.fetch_add(layout.size(), Relaxed);
+            LIVE.fetch_add(layout.size() as isize, Relaxed);
         }
         p
     }
@@ -70,13 +82,13 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: same contract as ours, forwarded.
         let p = unsafe { System.alloc_zeroed(layout) };
         if !p.is_null() && counted() {
-            LIVE.fetch_add(layout.size(), Relaxed);
+            LIVE.fetch_add(layout.size() as isize, Relaxed);
         }
         p
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         if counted() {
-            LIVE.fetch_sub(layout.size(), Relaxed);
+            LIVE.fetch_sub(layout.size() as isize, Relaxed);
         }
         // SAFETY: `ptr` was allocated by `System` with `layout` (we forward every allocation).
         unsafe { System.dealloc(ptr, layout) }
@@ -85,15 +97,15 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: same contract as ours, forwarded.
         let p = unsafe { System.realloc(ptr, layout, new_size) };
         if !p.is_null() && counted() {
-            LIVE.fetch_sub(layout.size(), Relaxed);
-            LIVE.fetch_add(new_size, Relaxed);
+            LIVE.fetch_sub(layout.size() as isize, Relaxed);
+            LIVE.fetch_add(new_size as isize, Relaxed);
         }
         p
     }
 }
 
-/// Bytes currently allocated by the whole process (outside [`uncounted`] closures); always
-/// 0 unless [`COUNTING`].
+/// Bytes currently allocated by the whole process since counting started (outside
+/// [`uncounted`] closures); 0 while it is off.
 pub fn live_bytes() -> usize {
-    LIVE.load(Relaxed)
+    LIVE.load(Relaxed).max(0) as usize
 }

@@ -30,7 +30,7 @@
 //! (reserved, not resident until used). Population is off while measuring (the workers would
 //! only add their lazily allocated buffers); their threads are counted.
 
-use crate::alloc::{live_bytes, COUNTING, NOT_COUNTING};
+use crate::alloc::{counting, live_bytes, NOT_COUNTING};
 use crate::sparse::SparseDevice;
 use crate::units::format_size;
 use anyhow::{Context, Result};
@@ -246,7 +246,7 @@ fn core_sizes(o: &Options, data_size: u64, persist: bool, touch: bool) -> Result
 /// Measures the footprint of `serve` for the options; fails in a build without the feature
 /// `footprint` (nothing to count with).
 pub fn measure(o: &Options) -> Result<Footprint> {
-    if !COUNTING {
+    if !counting() {
         anyhow::bail!(NOT_COUNTING);
     }
     o.core.validate()?;

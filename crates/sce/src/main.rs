@@ -24,7 +24,6 @@ use policy_args::parse_on_off;
 use sce_core::{CoreConfig, EvictionKind};
 use units::parse_size;
 
-#[cfg(feature = "footprint")]
 #[global_allocator]
 static ALLOC: alloc::Counting = alloc::Counting;
 
@@ -111,8 +110,8 @@ enum Command {
   sce check /nvme/lun0.cache --verify-data --json")]
     Check(format::CheckArgs),
     /// Measure the memory `sce serve` takes for a cached volume of a geometry: opens one over
-    /// devices that store nothing and counts what the allocator hands out, per part. Needs a
-    /// build with `--features footprint` (the counting allocator).
+    /// devices that store nothing and counts what the allocator hands out, per part (the
+    /// allocator counts in this command only).
     #[command(after_help = "Examples:
   sce footprint --cache-size 2TiB --source-size 100TiB
   sce footprint --cache-size 64GiB --source-size 4TiB --fragment-size 256KiB --json
@@ -183,6 +182,9 @@ fn default_sigpipe() {
 
 fn main() {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Footprint(_) | Command::Sim(_)) {
+        alloc::start_counting();
+    }
     let serving = matches!(cli.command, Command::Serve(_));
     if !serving {
         default_sigpipe();

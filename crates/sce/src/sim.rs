@@ -3,7 +3,7 @@
 //! ([`sce_sim::plot`]) live in the library; this module turns the arguments into a
 //! [`SimConfig`], shows the progress, and prints the results as a table or JSON.
 
-use crate::alloc::{live_bytes, COUNTING};
+use crate::alloc::{counting, live_bytes};
 use crate::units::{format_size, parse_size};
 use anyhow::{bail, Context, Result};
 use sce_core::{Admission, CoreConfig, EvictionKind, WriteMode};
@@ -166,8 +166,8 @@ request), source bytes, modelled mean/p99 read and write latency at the flash la
 hit costs nothing), source and cache device utilization (busy time per channel over the
 replay's duration: open loop the trace's span, closed loop until the last request completes;
 the most loaded host's; above 1 in an open-loop replay, a warning says the latencies are
-queueing), metadata bytes (engine: allocated when the core is built, counted only by a
-build with --features footprint, `-` otherwise; reference: its structures at the end), and with
+queueing), metadata bytes (engine: allocated when the core is built, counted by the allocator;
+reference: its structures at the end), and with
 --hosts the invalidations per write and the etcd operations of shared mode (below). JSON keys carry their units (cache_size_bytes, mean_read_latency_seconds, wall_seconds, ...; ratios are plain);
 `intervals` holds [end of the interval in seconds, read hit ratio or null]. JSON adds per interval
 the cache bytes written (interval_cache_bytes_written, parallel to intervals); --plot draws
@@ -315,7 +315,7 @@ pub fn sim(a: SimArgs) -> Result<()> {
             let (done, seen) = (&survey_done, &surveyed);
             sc.spawn(move || progress_bar("reading the trace", done, seen, None));
         }
-        let sim = Simulation::prepare(cfg, devices, COUNTING.then_some(live_bytes), &surveyed);
+        let sim = Simulation::prepare(cfg, devices, counting().then_some(live_bytes), &surveyed);
         survey_done.store(true, Relaxed);
         sim
     })?;

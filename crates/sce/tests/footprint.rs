@@ -19,40 +19,15 @@
 //! 70 MiB), so the two must agree within 10%; a footprint that missed a structure (the page
 //! checksums are 64 MiB of the 70) fails.
 //!
-//! The command counts with an allocator that only a build with the cargo feature `footprint`
-//! installs; these tests run with it (`cargo test -p sce --features footprint --test
-//! footprint`, in scripts/test.sh). Without the feature, one test checks that the command
-//! says how to get it.
+//! The command counts with the allocator every build installs, which counts in `sce
+//! footprint` and `sce sim` only.
 
-#[cfg(feature = "footprint")]
 mod common;
 
-#[cfg(feature = "footprint")]
 use common::Server;
-#[cfg(feature = "footprint")]
 use std::path::Path;
 use std::process::Command;
 
-/// A build without the counting allocator refuses to measure, and says which build can.
-#[cfg(not(feature = "footprint"))]
-#[test]
-fn without_the_feature_footprint_says_how_to_build_it() {
-    let out = Command::new(env!("CARGO_BIN_EXE_sce"))
-        .args(["footprint", "--cache-size", "1GiB", "--source-size", "4GiB"])
-        .output()
-        .expect("run sce footprint");
-    assert_eq!(out.status.code(), Some(1));
-    assert!(out.stdout.is_empty());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.starts_with("sce: error: ")
-            && err.contains("counting allocator")
-            && err.contains("--features footprint"),
-        "{err}"
-    );
-}
-
-#[cfg(feature = "footprint")]
 fn footprint(args: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_sce"))
         .arg("footprint")
@@ -68,7 +43,6 @@ fn footprint(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("JSON")
 }
 
-#[cfg(feature = "footprint")]
 /// A field of /proc/PID/status, in bytes.
 fn status_bytes(pid: u32, field: &str) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
@@ -84,12 +58,10 @@ fn status_bytes(pid: u32, field: &str) -> u64 {
     kib * 1024
 }
 
-#[cfg(feature = "footprint")]
 fn sparse(path: &Path, size: u64) {
     std::fs::File::create(path).unwrap().set_len(size).unwrap();
 }
 
-#[cfg(feature = "footprint")]
 /// (VmRSS, RssAnon) of a server started with `args`, once it listens.
 fn serve_rss(args: &[&str], sock: &Path) -> (u64, u64) {
     let s = Server::start(args, sock);
@@ -101,7 +73,6 @@ fn serve_rss(args: &[&str], sock: &Path) -> (u64, u64) {
     rss
 }
 
-#[cfg(feature = "footprint")]
 #[test]
 fn footprint_is_what_serve_takes() {
     // 64 KiB fragments: a million slots, so that what is measured (some 60 MiB) stands well
@@ -170,7 +141,6 @@ fn footprint_is_what_serve_takes() {
     assert!(growth * 2 >= at_open, "serve holds under half: {msg}");
 }
 
-#[cfg(feature = "footprint")]
 fn part(f: &serde_json::Value, name: &str) -> Option<u64> {
     f["parts"]
         .as_array()
@@ -180,7 +150,6 @@ fn part(f: &serde_json::Value, name: &str) -> Option<u64> {
         .map(|p| p["bytes"].as_u64().expect("bytes"))
 }
 
-#[cfg(feature = "footprint")]
 /// The flags change what is measured as they change what `serve` allocates: without
 /// persistence, checksums are 4 bytes per 4 KiB page of every slot, kept with `--verify
 /// on`; with persistence they live in the records and in memory for one metadata unit (3
@@ -253,7 +222,6 @@ fn flags_change_the_parts_as_serve_allocates() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("on or off"));
 }
 
-#[cfg(feature = "footprint")]
 #[test]
 fn footprint_meets_the_memory_goals() {
     // A 2 TiB cache over a 100 TiB source, with `extra`.
@@ -333,7 +301,6 @@ fn footprint_meets_the_memory_goals() {
     );
 }
 
-#[cfg(feature = "footprint")]
 #[test]
 fn footprint_scales_with_geometry() {
     let small = footprint(&["--cache-size", "1GiB", "--source-size", "16GiB"]);
@@ -356,7 +323,6 @@ fn footprint_scales_with_geometry() {
 /// (at most 2 KiB per dirty MiB, 8 B per dirty page) is not met yet: the figure is printed
 /// and bounded by what the index's maps take (a page's newest version and the position
 /// that holds the tail: two map entries), so a structure added per dirty page shows.
-#[cfg(feature = "footprint")]
 #[test]
 fn footprint_measures_the_write_back_index_per_dirty_mib() {
     let v = footprint(&[

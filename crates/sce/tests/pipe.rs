@@ -55,12 +55,7 @@ fn every_printing_subcommand_ends_quietly_on_a_closed_pipe() {
     assert!(st.success(), "sce format: {st:?}");
     sce_into_closed_pipe(&["check", cache]);
     sce_into_closed_pipe(&["check", cache, "--json"]);
-    // `footprint` prints only in a build with its counting allocator (scripts/test.sh runs
-    // this test with `--features footprint` too).
-    for json in [false, true]
-        .into_iter()
-        .filter(|_| cfg!(feature = "footprint"))
-    {
+    for json in [false, true] {
         let mut a = vec![
             "footprint",
             "--cache-size",
