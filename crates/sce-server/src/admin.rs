@@ -15,6 +15,8 @@
 //! root's or a member's of `--admin-group` is refused (see [`AdminAccess`]).
 
 mod access;
+mod request;
+mod save;
 mod settings;
 
 use crate::attach::{Attachable, Volumes, Watch};
@@ -24,10 +26,10 @@ use crate::rates::Rates;
 use crate::LOG_TARGET;
 pub use access::AdminAccess;
 use anyhow::{anyhow, bail, Context, Result};
+pub use request::Request;
 use sce_core::WriteMode;
 use sce_engine::CacheVolume;
 use sce_nbd::Server;
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 pub use settings::retune;
 use std::io::{BufRead, BufReader, Write};
@@ -44,35 +46,6 @@ pub const IDLE: Duration = Duration::from_secs(300);
 /// The longest request line taken.
 const MAX_LINE: u64 = 64 << 10;
 
-/// A request, as sent by `sce ctl`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct Request {
-    /// status, stats, flush, exists, evict, prefetch, forget or set.
-    pub verb: String,
-    /// The export (None: every export for status/stats/flush, else the only or default one).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub export: Option<String>,
-    /// exists, evict, prefetch: the range's first byte.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub offset: Option<u64>,
-    /// exists, evict, prefetch: the range's length in bytes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub len: Option<u64>,
-    /// set: mode, admission, seq-cutoff or population-rate.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key: Option<String>,
-    /// set: the new value.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub value: Option<String>,
-    /// flush: write write-back data to the source too (and flush it).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub to_source: bool,
-    /// set mode, leaving writeback: refuse if there is dirty data, rather than write it to
-    /// the source first.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub no_wait: bool,
-}
-
 /// What the admin thread needs of the server.
 struct Ctx {
     server: Arc<Server>,
@@ -80,8 +53,10 @@ struct Ctx {
     sources: Arc<Sources>,
     started: Instant,
     rates: Arc<Rates>,
-    /// Every export as declared (for the ownership checks of `attach`).
+    /// Every export as declared (for the ownership checks of `attach`), and the TOML file
+    /// they came from, if any (`set --save`).
     exports: Vec<crate::config::ExportConfig>,
+    config_file: Option<PathBuf>,
     /// Who may connect.
     access: AdminAccess,
 }
@@ -115,7 +90,7 @@ pub fn start(
     server: Arc<Server>,
     (volumes, sources): (Arc<Volumes>, Arc<Sources>),
     rates: Arc<Rates>,
-    exports: Vec<crate::config::ExportConfig>,
+    (exports, config_file): (Vec<crate::config::ExportConfig>, Option<PathBuf>),
 ) -> Result<Admin> {
     let l = access::place(path, access.gid())?;
     l.set_nonblocking(true)?;
@@ -126,6 +101,7 @@ pub fn start(
         started: Instant::now(),
         rates,
         exports,
+        config_file,
         access,
     });
     let stop = Arc::new(AtomicBool::new(false));

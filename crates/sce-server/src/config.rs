@@ -18,6 +18,8 @@ use std::time::Duration;
 pub struct ServeConfig {
     /// The exports, in the order they are built.
     pub exports: Vec<ExportConfig>,
+    /// The TOML file the exports were read from, if any (`sce ctl set --save` writes to it).
+    pub config_file: Option<PathBuf>,
     /// Where to listen (at least one place).
     pub listen: Vec<ListenAddr>,
     /// Serve counters over HTTP at HOST:PORT: /metrics (Prometheus text), /stats (JSON).
@@ -147,6 +149,7 @@ impl Default for ServeConfig {
     fn default() -> Self {
         ServeConfig {
             exports: Vec::new(),
+            config_file: None,
             listen: Vec::new(),
             metrics: None,
             admin: None,

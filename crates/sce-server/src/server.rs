@@ -196,7 +196,7 @@ fn start(a: Assembled, cfg: &ServeConfig, report: &mut dyn FnMut(Event)) -> Resu
             a.server.clone(),
             (a.volumes.clone(), a.sources.clone()),
             rates.clone(),
-            cfg.exports.clone(),
+            (cfg.exports.clone(), cfg.config_file.clone()),
         )?),
         None => {
             tracing::info!(target: LOG_TARGET, "no admin socket (no Unix listener; give --admin PATH for sce ctl)");

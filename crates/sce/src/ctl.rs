@@ -116,10 +116,13 @@ pub enum Verb {
         /// The export (the same as naming it first).
         #[arg(long = "export", value_name = "EXPORT")]
         export_flag: Option<String>,
-        /// Leaving writeback: refuse if the cache holds dirty data, instead of writing it
-        /// to the source first.
+        /// Leaving writeback: refuse if the cache holds dirty data (not write it back first).
         #[arg(long)]
         no_wait: bool,
+        /// Also write the new value into the server's TOML file (its --config; the export's
+        /// table, and those sharing its cache device), so that a restart keeps it.
+        #[arg(long)]
+        save: bool,
     },
 }
 
@@ -292,12 +295,17 @@ fn request(verb: Verb) -> (Request, Render) {
             args,
             export_flag,
             no_wait,
-        } => (set_req(args, export_flag, no_wait), print_set),
+            save,
+        } => (set_req(args, export_flag, (no_wait, save)), print_set),
     }
 }
 
 /// The request of `set [EXPORT] KEY VALUE`.
-fn set_req(mut args: Vec<String>, export_flag: Option<String>, no_wait: bool) -> Request {
+fn set_req(
+    mut args: Vec<String>,
+    export_flag: Option<String>,
+    (no_wait, save): (bool, bool),
+) -> Request {
     let value = args.pop();
     let key = args.pop();
     Request {
@@ -306,6 +314,7 @@ fn set_req(mut args: Vec<String>, export_flag: Option<String>, no_wait: bool) ->
         key,
         value,
         no_wait,
+        save,
         ..Request::default()
     }
 }
@@ -465,6 +474,9 @@ fn print_set(v: &Value) {
     }
     if v["detached"] == Value::Bool(true) {
         println!("the export is detached: its cache serves it with these settings once attached");
+    }
+    if let Some(f) = v["saved_to"].as_str() {
+        println!("saved to {f}");
     }
 }
 

@@ -400,6 +400,7 @@ impl ServeArgs {
         };
         let mut cfg = ServeConfig {
             exports: self.export()?.into_iter().collect(),
+            config_file: self.config.clone(),
             listen: self.listen.clone(),
             metrics: self.metrics.clone(),
             admin: self.admin.clone(),
