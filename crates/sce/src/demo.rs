@@ -348,10 +348,11 @@ fn print_header(a: &DemoArgs, core: &CoreConfig, dir: &Path) {
         format_size(a.cluster_size),
     );
     println!(
-        "  cache: mode {}, admission {}, {} fragments, {} eviction; first with the cache, then the source alone",
+        "  cache: mode {}, admission {}, {} lines ({} fragments), {} eviction; first with the cache, then the source alone",
         core.write_mode,
         core.admission,
         format_size(core.fragment_size),
+        format_size(core.heat_bytes()),
         core.eviction,
     );
     println!(

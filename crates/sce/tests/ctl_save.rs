@@ -32,15 +32,24 @@ fn set_save_writes_the_toml_and_a_restart_keeps_it() {
     let s = Server::start(&args, &sock);
     for (k, v) in [("population-rate", "32MiB"), ("mode", "writearound")] {
         let (ok, out) = ctl(&sock, &["set", k, v, "--save"]);
-        assert!(ok && out.contains(&format!("saved to {}", file.display())), "{out}");
+        assert!(
+            ok && out.contains(&format!("saved to {}", file.display())),
+            "{out}"
+        );
     }
     let text = std::fs::read_to_string(&file).unwrap();
-    assert!(text.contains("# an operator's file") && text.contains("# on the SSD"), "{text}");
+    assert!(
+        text.contains("# an operator's file") && text.contains("# on the SSD"),
+        "{text}"
+    );
     let t: toml::Value = toml::from_str(&text).unwrap();
     let e = &t["export"][0];
     assert_eq!(e["population_rate"].as_str(), Some("32MiB"), "{text}");
     assert_eq!(e["mode"].as_str(), Some("writearound"), "{text}");
-    assert!(e.get("awt").is_none(), "awt would turn the saved mode back: {text}");
+    assert!(
+        e.get("awt").is_none(),
+        "awt would turn the saved mode back: {text}"
+    );
     assert!(s.term().success());
     // The restart from the file runs with what was saved.
     let s = Server::start(&args, &sock);
@@ -49,7 +58,11 @@ fn set_save_writes_the_toml_and_a_restart_keeps_it() {
     let st: serde_json::Value = serde_json::from_str(&out).unwrap();
     let x = &st["exports"][0];
     assert_eq!(x["mode"], "writearound", "{out}");
-    assert_eq!(x["population_rate_limit_bytes_per_second"], 32 << 20, "{out}");
+    assert_eq!(
+        x["population_rate_limit_bytes_per_second"],
+        32 << 20,
+        "{out}"
+    );
     assert!(s.term().success());
     // From flags alone there is no file: refused, and the mode stays.
     let cache2 = dir.join("cache2");
