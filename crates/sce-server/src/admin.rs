@@ -442,7 +442,8 @@ impl Ctx {
                         m["populations_per_second"] = json!(r.populations_per_second);
                         m["population_bytes_per_second"] = json!(r.population_bytes_per_second);
                         m["evictions_per_second"] = json!(r.evictions_per_second);
-                        m["recent_read_hit_ratio"] = json!(r.read_hit_ratio);
+                        m["recent_read_hit_ratio"] =
+                            json!((r.read_pages > 0.0).then_some(r.read_hit_ratio));
                         m["rates_window_seconds"] = json!(r.window_seconds);
                     }
                     m["errors"] = json!({

@@ -26,6 +26,8 @@ pub struct Recent {
     pub population_bytes_per_second: f64,
     /// Read hit ratio over the window's pages (0 if nothing was read).
     pub read_hit_ratio: f64,
+    /// Pages read over the window (hits and misses).
+    pub read_pages: f64,
     /// Write-back: bytes the cleaner wrote to the source per second.
     pub cleaned_bytes_per_second: f64,
     /// The window's length.
@@ -112,6 +114,7 @@ impl Rates {
             evictions_per_second: d(1) / dt,
             population_bytes_per_second: d(4) * sce_core::PAGE_SIZE as f64 / dt,
             read_hit_ratio: if reads > 0.0 { d(2) / reads } else { 0.0 },
+            read_pages: reads,
             cleaned_bytes_per_second: d(5) / dt,
             window_seconds: dt,
         })

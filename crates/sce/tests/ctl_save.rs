@@ -1,6 +1,7 @@
 //! `sce ctl set ... --save`: a setting changed at run time is written back into the TOML file
 //! the server was started with (comments kept), and a restart from that file runs with it; a
-//! server started from flags alone refuses `--save` and changes nothing.
+//! server started from flags alone refuses `--save` and changes nothing. (And a status with
+//! no reads in its window says so.)
 
 mod common;
 
@@ -63,6 +64,25 @@ fn set_save_writes_the_toml_and_a_restart_keeps_it() {
         32 << 20,
         "{out}"
     );
+    // Nothing read since: status says so, not "0.0% over the last ..." (once rates exist).
+    let status = |json: bool| {
+        ctl(
+            &sock,
+            if json {
+                &["--json", "status"]
+            } else {
+                &["status"]
+            },
+        )
+        .1
+    };
+    sce_testkit::wait_until("rates over a window", 60, || {
+        status(true).contains("\"rates_window_seconds\": ")
+    });
+    let st: serde_json::Value = serde_json::from_str(&status(true)).unwrap();
+    assert!(st["exports"][0]["recent_read_hit_ratio"].is_null(), "{st}");
+    let text = status(false);
+    assert!(text.contains("no reads over the last"), "{text}");
     assert!(s.term().success());
     // From flags alone there is no file: refused, and the mode stays.
     let cache2 = dir.join("cache2");

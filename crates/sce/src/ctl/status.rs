@@ -46,13 +46,11 @@ pub(super) fn print_status(v: &Value) {
             size(&e["cache_bytes"]),
             pct(&e["occupancy_ratio"])
         );
-        let recent = match e["recent_read_hit_ratio"].as_f64() {
-            Some(r) => format!(
-                ", {:.1}% over the last {:.0} s",
-                r * 100.0,
-                e["rates_window_seconds"].as_f64().unwrap_or(0.0),
-            ),
-            None => String::new(),
+        let window = e["rates_window_seconds"].as_f64();
+        let recent = match (e["recent_read_hit_ratio"].as_f64(), window) {
+            (Some(r), Some(w)) => format!(", {:.1}% over the last {w:.0} s", r * 100.0),
+            (None, Some(w)) => format!(", no reads over the last {w:.0} s"),
+            _ => String::new(),
         };
         println!(
             "  {:<12} {} of the pages read since start{recent}",
