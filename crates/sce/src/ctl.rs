@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 mod status;
-use status::print_status;
+use status::{print_exists, print_status};
 
 /// Options of `sce ctl`.
 #[derive(clap::Args, Debug)]
@@ -336,41 +336,15 @@ pub fn ctl(a: CtlArgs) -> Result<()> {
     }
     let (req, render) = request(a.verb);
     let v = call(&path, &req)?;
+    if req.save && v["saved_to"].is_null() {
+        bail!("the setting was applied but not saved: this server predates `set --save`");
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         render(&v);
     }
     Ok(())
-}
-
-/// Lines `exists` lists one by one at most (`--json` lists every one).
-const EXISTS_LISTED: usize = 16;
-
-fn print_exists(v: &Value) {
-    let lines = v["fragments"].as_array().map_or(&[][..], Vec::as_slice);
-    let (cached, len) = (v["cached_bytes"].as_u64(), v["len"].as_u64());
-    let pct = match (cached, len) {
-        (Some(c), Some(l)) if l > 0 => format!(" ({:.1}%)", c as f64 * 100.0 / l as f64),
-        _ => String::new(),
-    };
-    println!(
-        "{} of {} cached{pct}, in {} line(s)",
-        size(&v["cached_bytes"]),
-        size(&v["len"]),
-        lines.len()
-    );
-    if lines.len() > EXISTS_LISTED {
-        println!("  (--json lists each line)");
-        return;
-    }
-    for f in lines {
-        println!(
-            "  line at {:>14}  {:>10} cached",
-            f["offset"].as_u64().unwrap_or(0),
-            size(&f["cached_bytes"])
-        );
-    }
 }
 
 fn print_forget(v: &Value) {

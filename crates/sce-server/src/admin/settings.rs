@@ -25,29 +25,32 @@ impl Ctx {
         } else {
             Drain::Wait
         };
-        // Where --save writes, found before anything changes (a server without a file saves
-        // nothing, and says so without applying the setting either).
-        let file = match (req.save, &self.config_file) {
+        // Settings are the cache device's: exports that share it change together.
+        let also: Vec<String> = a.part().map_or_else(Vec::new, |p| p.siblings.clone());
+        // --save: the file's edit is prepared and checked before anything changes, and
+        // written after (under the save lock throughout: saves do not interleave).
+        let _saving = req.save.then(super::save::lock);
+        let pending = match (req.save, &self.config_file) {
             (true, None) => bail!(
                 "--save: this server was started without --config, from flags alone: there is \
                  no file to save to (nothing was changed)"
             ),
-            (true, Some(f)) => Some(f.clone()),
+            (true, Some(f)) => {
+                let names: Vec<String> =
+                    std::iter::once(n.to_string()).chain(also.clone()).collect();
+                Some(super::save::prepare(f, &names, key, value)?)
+            }
             (false, _) => None,
         };
         let done = a.set(&t, drain, watch)?;
-        tracing::info!(target: LOG_TARGET, export = %crate::Shown(n), key, value, reopened = done.reopened, detached = done.detached, "ctl set");
-        // Settings are the cache device's: exports that share it change together.
-        let also: Vec<String> = a.part().map_or_else(Vec::new, |p| p.siblings.clone());
-        if let Some(f) = &file {
-            let names: Vec<String> = std::iter::once(n.to_string()).chain(also.clone()).collect();
-            super::save::save(f, &names, key, value).map_err(|e| {
-                anyhow!(
-                    "{key} is {value} now, but it was not saved: {}",
-                    crate::error_text(&e)
-                )
-            })?;
-            tracing::info!(target: LOG_TARGET, export = %crate::Shown(n), key, value, file = %f.display(), "ctl set: saved");
+        tracing::info!(target: LOG_TARGET, export = crate::export_field(n), key, value, reopened = done.reopened, detached = done.detached, "ctl set");
+        if let Some(p) = &pending {
+            if let Err(e) = p.write() {
+                let e = crate::error_text(&e);
+                tracing::warn!(target: LOG_TARGET, export = crate::export_field(n), key, value, "ctl set: applied, but not saved: {e}");
+                bail!("{key} is {value} now, but it was not saved: {e}");
+            }
+            tracing::info!(target: LOG_TARGET, export = crate::export_field(n), key, value, file = %p.file().display(), "ctl set: saved");
         }
         let mut m = settings_json(&done.settings);
         m["export"] = json!(n);
@@ -56,7 +59,7 @@ impl Ctx {
         m["drained_bytes"] = json!(done.drained_bytes);
         m["drain_seconds"] = json!(done.drain_seconds);
         m["detached"] = json!(done.detached);
-        m["saved_to"] = json!(file.map(|f| f.display().to_string()));
+        m["saved_to"] = json!(pending.map(|p| p.file().display().to_string()));
         Ok(m)
     }
 

@@ -52,11 +52,14 @@ pub(super) fn print_status(v: &Value) {
             (None, Some(w)) => format!(", no reads over the last {w:.0} s"),
             _ => String::new(),
         };
-        println!(
-            "  {:<12} {} of the pages read since start{recent}",
-            "read hits",
-            pct(&e["read_hit_ratio"])
-        );
+        let since = match e["read_pages"].as_u64() {
+            Some(0) => "no reads since start".to_string(),
+            _ => format!(
+                "{} of the pages read since start",
+                pct(&e["read_hit_ratio"])
+            ),
+        };
+        println!("  {:<12} {since}{recent}", "read hits");
         println!(
             "  {:<12} populations {:.1}/s, evictions {:.1}/s",
             "rates",
@@ -204,4 +207,33 @@ fn print_shared(e: &Value) {
         size(&sh["dropped_bytes"]),
         sh["passthrough_reads"],
     );
+}
+
+/// Lines `exists` lists one by one at most (`--json` lists every one).
+const EXISTS_LISTED: usize = 16;
+
+pub(super) fn print_exists(v: &Value) {
+    let lines = v["fragments"].as_array().map_or(&[][..], Vec::as_slice);
+    let (cached, len) = (v["cached_bytes"].as_u64(), v["len"].as_u64());
+    let pct = match (cached, len) {
+        (Some(c), Some(l)) if l > 0 => format!(" ({:.1}%)", c as f64 * 100.0 / l as f64),
+        _ => String::new(),
+    };
+    println!(
+        "{} of {} cached{pct}, in {} line(s)",
+        size(&v["cached_bytes"]),
+        size(&v["len"]),
+        lines.len()
+    );
+    if lines.len() > EXISTS_LISTED {
+        println!("  (--json lists each line)");
+        return;
+    }
+    for f in lines {
+        println!(
+            "  line at {:>14}  {:>10} cached",
+            f["offset"].as_u64().unwrap_or(0),
+            size(&f["cached_bytes"])
+        );
+    }
 }
