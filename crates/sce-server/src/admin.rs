@@ -278,7 +278,7 @@ impl Ctx {
                 // Write-back's dirty (and lost) pages are the only copy: forget keeps them.
                 let k = a.part().map_or(0, |p| p.index);
                 let (dirty, lost) = a.volume().map_or((0, 0), |v| v.dirty_pages_of_volume(k));
-                tracing::warn!(target: LOG_TARGET, export = %crate::Shown(n), fragments = frags, dirty_pages_kept = dirty, lost_pages_kept = lost, "ctl forget: everything clean that was cached was dropped; {dirty} dirty pages (write-back data newer than the source) and {lost} lost pages are kept");
+                tracing::warn!(target: LOG_TARGET, export = crate::export_field(n), fragments = frags, dirty_pages_kept = dirty, lost_pages_kept = lost, "ctl forget: everything clean that was cached was dropped; {dirty} dirty pages (write-back data newer than the source) and {lost} lost pages are kept");
                 if errors > 0 {
                     bail!("forgot {frags} fragments, but {errors} metadata writes failed: a crash now may bring old records back; check the cache device");
                 }
@@ -342,7 +342,7 @@ impl Ctx {
                 }
             };
             let (bytes, seconds) = (d.cleaned_bytes, d.elapsed.as_secs_f64());
-            tracing::info!(target: LOG_TARGET, export = %crate::Shown(&e.name), bytes, seconds, "ctl flush --to-source");
+            tracing::info!(target: LOG_TARGET, export = crate::export_field(&e.name), bytes, seconds, "ctl flush --to-source");
             done.push(json!({"export": e.name, "bytes_written_back": bytes, "seconds": seconds}));
         }
         Ok(
@@ -369,12 +369,12 @@ impl Ctx {
             }
             "clean" => {
                 let bytes = v.clean(o, l, std::time::Duration::from_secs(60))?;
-                tracing::info!(target: LOG_TARGET, export = %crate::Shown(n), offset = o, len = l, bytes, "ctl clean");
+                tracing::info!(target: LOG_TARGET, export = crate::export_field(n), offset = o, len = l, bytes, "ctl clean");
                 Ok(json!({"export": n, "offset": o, "len": l, "bytes_written_back": bytes}))
             }
             "evict" => {
                 let bytes = v.evict(o, l)?;
-                tracing::info!(target: LOG_TARGET, export = %crate::Shown(n), offset = o, len = l, bytes, "ctl evict");
+                tracing::info!(target: LOG_TARGET, export = crate::export_field(n), offset = o, len = l, bytes, "ctl evict");
                 Ok(json!({"export": n, "offset": o, "len": l, "evicted_bytes": bytes}))
             }
             _ => {
@@ -436,21 +436,10 @@ impl Ctx {
                     m["occupancy_bytes"] = json!(used * slot_bytes);
                     m["occupancy_ratio"] = json!(used as f64 / s.total_slots.max(1) as f64);
                     m["read_hit_ratio"] = json!(s.read_hit_ratio());
+                    m["read_pages"] = json!(s.read_pages_hit + s.read_pages_missed);
                     m["population_rate_limit_bytes_per_second"] = json!(s.population_rate);
                     let recent = self.rates.recent(i);
-                    if let Some(r) = recent {
-                        m["populations_per_second"] = json!(r.populations_per_second);
-                        m["population_bytes_per_second"] = json!(r.population_bytes_per_second);
-                        m["evictions_per_second"] = json!(r.evictions_per_second);
-                        m["recent_read_hit_ratio"] =
-                            json!((r.read_pages > 0.0).then_some(r.read_hit_ratio));
-                        m["rates_window_seconds"] = json!(r.window_seconds);
-                    }
-                    m["errors"] = json!({
-                        "cache_read": s.cache_read_errors,
-                        "cache_write": s.cache_write_errors,
-                        "cache_checksum": s.cache_checksum_errors,
-                    });
+                    rates_and_errors(&mut m, recent.as_ref(), &s);
                     m["persistent"] = json!(v.persist_stats().is_some());
                     crate::metrics::writeback_status(&mut m, &v, recent);
                     export_figures(&mut m, a);
@@ -473,6 +462,27 @@ impl Ctx {
             "exports": exports,
         }))
     }
+}
+
+/// An export's rates over the sampled window (none before two samples), and its cache
+/// device's errors, in its status.
+fn rates_and_errors(
+    m: &mut Value,
+    recent: Option<&crate::rates::Recent>,
+    s: &sce_engine::VolumeStats,
+) {
+    if let Some(r) = recent {
+        m["populations_per_second"] = json!(r.populations_per_second);
+        m["population_bytes_per_second"] = json!(r.population_bytes_per_second);
+        m["evictions_per_second"] = json!(r.evictions_per_second);
+        m["recent_read_hit_ratio"] = json!((r.read_pages > 0.0).then_some(r.read_hit_ratio));
+        m["rates_window_seconds"] = json!(r.window_seconds);
+    }
+    m["errors"] = json!({
+        "cache_read": s.cache_read_errors,
+        "cache_write": s.cache_write_errors,
+        "cache_checksum": s.cache_checksum_errors,
+    });
 }
 
 /// Why a prefetch left part of its range uncached.

@@ -37,18 +37,11 @@ pub use server::{run, Event, Stopped};
 /// from, so that log filters (`SCE_LOG=sce::serve=debug`) and the lines read the same.
 const LOG_TARGET: &str = "sce::serve";
 
-/// An export's name as the logs show it: `""` for the default export, as `sce ctl status`
-/// shows it (a bare `export=` reads as a field left out).
-pub(crate) struct Shown<'a>(pub(crate) &'a str);
-
-impl std::fmt::Display for Shown<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.0.is_empty() {
-            f.write_str("\"\"")
-        } else {
-            f.write_str(self.0)
-        }
-    }
+/// An export's name as a log field: a string value, which the text format quotes
+/// (`export="lun0"`, and `export=""` for the default export, where a bare `export=` read as a
+/// field left out) and the JSON format writes as a JSON string.
+pub(crate) fn export_field(name: &str) -> &str {
+    name
 }
 
 /// `e` and its causes joined by ": ", as `{:#}` does, but without a cause whose text the

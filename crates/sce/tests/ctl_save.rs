@@ -82,7 +82,10 @@ fn set_save_writes_the_toml_and_a_restart_keeps_it() {
     let st: serde_json::Value = serde_json::from_str(&status(true)).unwrap();
     assert!(st["exports"][0]["recent_read_hit_ratio"].is_null(), "{st}");
     let text = status(false);
-    assert!(text.contains("no reads over the last"), "{text}");
+    assert!(
+        text.contains("no reads since start, no reads over the last"),
+        "{text}"
+    );
     assert!(s.term().success());
     // From flags alone there is no file: refused, and the mode stays.
     let cache2 = dir.join("cache2");
