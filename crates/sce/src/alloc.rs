@@ -20,9 +20,14 @@ static ON: AtomicBool = AtomicBool::new(false);
 
 /// Turns counting on for the rest of the process. Call it before what is to be measured is
 /// allocated: a block allocated before and freed after comes off the count (which is why
-/// the count is signed, and [`live_bytes`] never below 0).
+/// the count is signed, and [`live_bytes`] wraps).
 pub fn start_counting() {
     ON.store(true, Relaxed);
+}
+
+/// Turns counting off again (`sim`, once it has measured its cores).
+pub fn stop_counting() {
+    ON.store(false, Relaxed);
 }
 
 /// Whether allocations are counted ([`start_counting`] was called).
@@ -105,7 +110,9 @@ unsafe impl GlobalAlloc for Counting {
 }
 
 /// Bytes currently allocated by the whole process since counting started (outside
-/// [`uncounted`] closures); 0 while it is off.
+/// [`uncounted`] closures), as a wrapping count: blocks allocated before counting started and
+/// freed since take it below 0, so what a part took is `after.wrapping_sub(before)`, never a
+/// reading alone. 0 while counting is off.
 pub fn live_bytes() -> usize {
-    LIVE.load(Relaxed).max(0) as usize
+    LIVE.load(Relaxed) as usize
 }

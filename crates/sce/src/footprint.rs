@@ -144,7 +144,10 @@ pub struct Footprint {
 fn growth<R>(f: impl FnOnce() -> R) -> (u64, R) {
     let before = live_bytes();
     let r = f();
-    (live_bytes().saturating_sub(before) as u64, r)
+    (
+        (live_bytes().wrapping_sub(before) as isize).max(0) as u64,
+        r,
+    )
 }
 
 /// Threads of this process (Linux), or 0 if unknown.

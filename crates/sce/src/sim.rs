@@ -79,8 +79,7 @@ pub struct SimArgs {
     #[arg(long, default_value = "1GiB", value_parser = parse_size, help_heading = SHARED)]
     pub region_size: u64,
     /// Virtual seconds without a write after which the owner of a region releases it, and
-    /// for which a region written by two hosts counts as contended. The default is the
-    /// server's.
+    /// for which a region written by two hosts counts as contended (default: the server's).
     #[arg(long, default_value_t = Ownership::DEFAULT_IDLE_SECS, value_name = "SECONDS", help_heading = SHARED)]
     pub ownership_idle: f64,
     /// A RAM cache (LRU, 4 KiB pages) of this size above each flash cache.
@@ -316,6 +315,7 @@ pub fn sim(a: SimArgs) -> Result<()> {
             sc.spawn(move || progress_bar("reading the trace", done, seen, None));
         }
         let sim = Simulation::prepare(cfg, devices, counting().then_some(live_bytes), &surveyed);
+        crate::alloc::stop_counting(); // counted in `prepare` only, not the replays
         survey_done.store(true, Relaxed);
         sim
     })?;

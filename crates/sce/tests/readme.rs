@@ -1,17 +1,18 @@
 //! The README's commands, run as a newcomer would run them: every fenced `sh` block, in
 //! order, in one bash session (a server started in one block serves the next), with `set -e`
-//! so that any command that fails fails the test.
+//! so that any command that fails fails the test. The blocks wait for what they start in the
+//! background themselves.
 //!
 //! What the test adds, and only this:
 //! - `sce` on the `PATH` is the binary under test, and `SCE_BIN` tells `scripts/demo.sh` and
 //!   `scripts/install.sh` to use it rather than build the release binary;
 //! - `bash scripts/demo.sh` runs with `--seconds 2` (the demo's two 20 s phases would add
-//!   40 s), and `bash scripts/test.sh` is not run (it is the command this test runs under);
+//!   40 s);
 //! - `/tmp/` and `mktemp` land in the test's temporary directory;
-//! - after a command put in the background (`&`), a wait until it is ready: the socket of its
-//!   `--listen unix:PATH`, or the file of an `nbdfuse MOUNTPOINT/FILE` mount;
-//! - a block whose preceding line is `<!-- readme-test: skip (REASON) -->` is not run, and
-//!   is listed with its reason; only the kernel's NBD client is let off that way.
+//! - two things are not run, and are listed as such: `bash scripts/test.sh` (the command this
+//!   test runs under), and the block whose preceding line is `<!-- readme-test: skip
+//!   (REASON) -->`, the kernel NBD client's, which `the_kernel_nbd_client_block` (ignored:
+//!   it needs root and the nbd module) runs on its own.
 
 use std::path::Path;
 use std::process::Command;
@@ -53,27 +54,22 @@ fn adapt(line: &str, tmp: &str) -> Option<String> {
     if cmd.trim() == "bash scripts/demo.sh" {
         cmd += " --seconds 2";
     }
-    let mut out = cmd.clone();
-    if let Some(bg) = cmd.trim().strip_suffix('&') {
-        let words: Vec<&str> = bg.split_whitespace().collect();
-        let ready = if let Some(p) = words
-            .windows(2)
-            .find(|w| w[0] == "--listen")
-            .and_then(|w| w[1].strip_prefix("unix:"))
-        {
-            format!("-S {p}")
-        } else if words.first() == Some(&"nbdfuse") {
-            format!("-e {}", words[1])
-        } else {
-            panic!(
-                "the README puts {bg:?} in the background: the test does not know when it is ready"
-            );
-        };
-        out += &format!(
-            "\nfor i in $(seq 600); do [ {ready} ] && break; sleep 0.1; done; [ {ready} ]"
-        );
-    }
-    Some(out)
+    Some(cmd)
+}
+
+/// The test's preamble: strict bash, the binary under test first on the `PATH`, the
+/// repository as the working directory, and whatever the blocks leave running or mounted
+/// taken down at the end.
+fn preamble(root: &str, tmp: &str) -> String {
+    format!(
+        "set -euo pipefail\nexport PATH='{}':$PATH\ncd '{root}'\n\
+         trap 'for m in {tmp}/tmp.*/mnt; do fusermount3 -uz \"$m\" 2>/dev/null || true; done; \
+         kill $(jobs -p) 2>/dev/null || true' EXIT\n",
+        Path::new(env!("CARGO_BIN_EXE_sce"))
+            .parent()
+            .unwrap()
+            .display()
+    )
 }
 
 #[test]
@@ -83,12 +79,7 @@ fn every_command_of_the_readme_runs() {
     let d = tempfile::tempdir().unwrap();
     let tmp = d.path().to_str().unwrap();
     let bin = env!("CARGO_BIN_EXE_sce");
-    let mut script = format!(
-        "set -euo pipefail\nexport PATH={}:$PATH\ncd {root}\n\
-         trap 'for m in {tmp}/tmp.*/mnt; do fusermount3 -uz \"$m\" 2>/dev/null || true; done; \
-         kill $(jobs -p) 2>/dev/null || true' EXIT\n",
-        Path::new(bin).parent().unwrap().display()
-    );
+    let mut script = preamble(root, tmp);
     let (mut ran, mut skipped) = (0, Vec::new());
     for (text, skip) in blocks(&readme) {
         if let Some(why) = skip {
@@ -96,6 +87,9 @@ fn every_command_of_the_readme_runs() {
             continue;
         }
         for line in text.lines() {
+            if line.trim() == "bash scripts/test.sh" {
+                skipped.push("the test command itself: bash scripts/test.sh".to_string());
+            }
             if let Some(cmd) = adapt(line, tmp) {
                 ran += !cmd.trim().is_empty() as usize;
                 script += &cmd;
@@ -118,7 +112,6 @@ fn every_command_of_the_readme_runs() {
         .env_remove("SCE_CTL")
         .env("SCE_BIN", bin)
         .env("TMPDIR", tmp)
-        .env("SCE_LOG", "warn")
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&out.stdout).to_string();
@@ -135,7 +128,7 @@ fn every_command_of_the_readme_runs() {
         "the volume has them",
         "the same bytes",
         "occupancy",
-        "64.00 MiB of 64.00 MiB now cached", // prefetch
+        "of 64.00 MiB now cached", // prefetch
         "detached",
         "attached",
     ] {
@@ -155,5 +148,36 @@ fn every_command_of_the_readme_runs() {
     assert!(
         ratio >= 0.5,
         "read hit ratio {ratio} right after the restart"
+    );
+}
+
+/// The README's block for the kernel's NBD client, after the walk's server: as root, with
+/// the nbd module and nbd-client (`cargo test -p sce --test readme -- --ignored`).
+#[test]
+#[ignore = "needs root, the nbd kernel module and nbd-client: the README's kernel block"]
+fn the_kernel_nbd_client_block() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let (kernel, _) = blocks(&readme)
+        .into_iter()
+        .find(|(_, skip)| skip.is_some())
+        .expect("the kernel block");
+    let d = tempfile::tempdir().unwrap();
+    let tmp = d.path().to_str().unwrap();
+    let script = format!(
+        "{}cd \"$(mktemp -d)\"\nhead -c 64MiB /dev/urandom > volume.img\n\
+         sce serve --source volume.img --cache cache.img --cache-size 64MiB --listen unix:sce.sock 2>sce.log &\n\
+         while [ ! -S sce.sock ]; do sleep 0.1; done\n{kernel}",
+        preamble(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."), tmp)
+    );
+    let out = Command::new("bash")
+        .args(["-c", &script])
+        .env("TMPDIR", tmp)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script}\n{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }

@@ -398,7 +398,7 @@ fn engine_metadata_bytes(
 ) -> Result<u64> {
     let before = live_bytes();
     let core = CacheCore::new(cfg.clone(), source_size, cache_size)?;
-    let bytes = live_bytes().saturating_sub(before);
+    let bytes = (live_bytes().wrapping_sub(before) as isize).max(0) as usize;
     drop(core);
     Ok(bytes as u64)
 }

@@ -21,12 +21,14 @@ pub const SIZE: u64 = 16 * MIB;
 pub const HOT: u64 = 1024;
 
 /// One write of a block: its counter, when it was sent, when it was acknowledged (None: it
-/// failed or is in flight; such a write never makes another value stale).
+/// failed or is in flight; such a write never makes another value stale), and when it
+/// failed, if it did.
 #[derive(Clone, Copy)]
 pub struct Write {
     pub counter: u64,
     pub start: Instant,
     pub end: Option<Instant>,
+    pub failed: Option<Instant>,
 }
 
 /// Every write of every block, and the stale reads found.
@@ -84,7 +86,7 @@ impl Log {
             Some(self.t0)
         } else {
             match log.iter().find(|w| w.counter == c) {
-                Some(w) => w.end,
+                Some(w) => w.end.or(w.failed),
                 None => {
                     drop(log);
                     self.stale
@@ -132,8 +134,10 @@ impl Log {
         data: &[u8],
     ) -> Result<Vec<u64>, String> {
         let log = self.blocks[b as usize].lock();
+        // A failed write may have reached the source: its value stays possible until a write
+        // sent after the failure was acknowledged, as an acknowledged one's does.
         let mut values = vec![(0, Some(self.t0), self.t0)];
-        values.extend(log.iter().map(|w| (w.counter, w.end, w.start)));
+        values.extend(log.iter().map(|w| (w.counter, w.end.or(w.failed), w.start)));
         let legit: Vec<(u64, Vec<u8>)> = values
             .into_iter()
             .filter(|&(c, acked, sent)| {
@@ -184,11 +188,16 @@ impl Log {
                     counter: n,
                     start,
                     end: None,
+                    failed: None,
                 });
                 l.len() - 1
             })
             .collect();
         if c.write_at(b0 * BLOCK, buf).is_err() {
+            let at = Instant::now();
+            for (j, i) in idx.into_iter().enumerate() {
+                self.blocks[b0 as usize + j].lock()[i].failed = Some(at);
+            }
             self.writes_failed.fetch_add(1, SeqCst);
             return;
         }
