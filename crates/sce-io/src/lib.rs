@@ -63,7 +63,7 @@ pub use queue::{
     ThreadQueue, UringQueue,
 };
 pub use slice::SliceDevice;
-pub use watch::WatchedDevice;
+pub use watch::{WatchedDevice, WatchedQueue};
 
 use std::sync::Arc;
 

@@ -9,6 +9,7 @@
 //! refused for its range or alignment is the caller's, and a shutdown is not an outage.
 
 use crate::outage::{OutageLine, OutageLog, SUMMARY_EVERY};
+use crate::queue::{IoDone, IoOp, IoQueue, OnDone};
 use crate::{BlockDevice, Extent, IoError, Op, SharedBytes};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -83,7 +84,14 @@ impl<D: BlockDevice + ?Sized> WatchedDevice<D> {
 
     /// Records an operation's outcome, and logs what it changed.
     fn note<T>(&self, op: Op, r: Result<T, IoError>) -> Result<T, IoError> {
-        let line = match &r {
+        self.observe(op, r.as_ref().map(|_| ()));
+        r
+    }
+
+    /// Records the outcome of an operation done elsewhere (through the device's I/O queue,
+    /// [`WatchedQueue`]), and logs what it changed.
+    pub fn observe(&self, op: Op, r: Result<(), &IoError>) {
+        let line = match r {
             Ok(_) if !self.down.load(Relaxed) => None,
             Ok(_) => {
                 self.down.store(false, Relaxed);
@@ -114,7 +122,6 @@ impl<D: BlockDevice + ?Sized> WatchedDevice<D> {
                 over.as_secs_f64()
             ),
         }
-        r
     }
 
     fn failed(&self, op: Op, e: &IoError) -> Option<OutageLine> {
@@ -163,6 +170,59 @@ impl<D: BlockDevice + ?Sized> BlockDevice for WatchedDevice<D> {
     }
     fn extents_are_local(&self) -> bool {
         self.inner.extents_are_local()
+    }
+}
+
+/// An I/O queue on a watched device (a local source served without a cache goes through
+/// its queue, not through the device's calls): every completion's outcome is recorded in
+/// the watch as the device's own calls' are.
+pub struct WatchedQueue {
+    inner: std::sync::Arc<dyn IoQueue>,
+    watch: std::sync::Arc<WatchedDevice<dyn BlockDevice>>,
+}
+
+impl WatchedQueue {
+    /// `inner`'s operations, recorded in `watch`.
+    pub fn new(
+        inner: std::sync::Arc<dyn IoQueue>,
+        watch: std::sync::Arc<WatchedDevice<dyn BlockDevice>>,
+    ) -> WatchedQueue {
+        WatchedQueue { inner, watch }
+    }
+
+    fn watched(&self, op: &IoOp, done: OnDone) -> OnDone {
+        let (kind, watch) = (op.op(), self.watch.clone());
+        Box::new(move |d: IoDone| {
+            watch.observe(kind, d.result.as_ref().map(|_| ()));
+            done(d)
+        })
+    }
+}
+
+impl IoQueue for WatchedQueue {
+    fn submit(&self, op: IoOp, done: OnDone) {
+        let done = self.watched(&op, done);
+        self.inner.submit(op, done)
+    }
+    fn submit_batch(&self, ops: Vec<(IoOp, OnDone)>) {
+        let ops = ops
+            .into_iter()
+            .map(|(op, done)| {
+                let done = self.watched(&op, done);
+                (op, done)
+            })
+            .collect();
+        self.inner.submit_batch(ops)
+    }
+    fn run_here(&self, op: IoOp, done: OnDone) {
+        let done = self.watched(&op, done);
+        self.inner.run_here(op, done)
+    }
+    fn backend(&self) -> crate::Backend {
+        self.inner.backend()
+    }
+    fn device(&self) -> &dyn BlockDevice {
+        self.inner.device()
     }
 }
 

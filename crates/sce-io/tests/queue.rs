@@ -365,3 +365,46 @@ fn a_batch_completes_whole_and_a_callback_may_drop_the_last_handle_or_panic() {
         assert!(holder.lock().unwrap().is_none());
     }
 }
+
+/// A queue on a watched device records its completions' outcomes in the watch, as the
+/// device's own calls do (a local source served without a cache is read through its
+/// queue): a read past the end of the file, shortened behind the device's back, starts an
+/// outage; once the file is whole again, the next read ends it. Both backends.
+#[test]
+fn a_watched_queue_records_outages_of_what_it_runs() {
+    let d = tempfile::tempdir().unwrap();
+    let dev = file(&d, false);
+    let watch: Arc<sce_io::WatchedDevice<dyn BlockDevice>> = Arc::new(sce_io::WatchedDevice::new(
+        dev.clone() as Arc<dyn BlockDevice>,
+        "test source",
+    ));
+    let pool = BufPool::new(1 << 20);
+    for q in queues(&dev, 8) {
+        let q = sce_io::WatchedQueue::new(q, watch.clone());
+        let read = |at: u64| {
+            run(
+                &q,
+                IoOp::Read {
+                    offset: at,
+                    buf: pool.take(BLOCK),
+                },
+            )
+        };
+        assert!(read(0).result.is_ok());
+        assert!(watch.health().up);
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(d.path().join("f"))
+            .unwrap();
+        f.set_len(SIZE / 2).unwrap();
+        assert!(read(SIZE - BLOCK as u64).result.is_err());
+        let h = watch.health();
+        assert!(
+            !h.up && h.errors[0] == ("read", h.errors[0].1) && h.errors[0].1 > 0,
+            "{h:?}"
+        );
+        f.set_len(SIZE).unwrap();
+        assert!(read(SIZE - BLOCK as u64).result.is_ok());
+        assert!(watch.health().up, "{:?}", watch.health());
+    }
+}

@@ -83,7 +83,7 @@ type OpenedSource = (
 );
 
 /// Opens an export's source: an NBD client, or a local file or device (also returned as
-/// such, for its I/O queue, whose requests bypass the watch), watched.
+/// such, for its I/O queue, which records its outcomes in the same watch), watched.
 pub(crate) fn open_source(spec: &ExportConfig, cfg: &ServeConfig) -> Result<OpenedSource> {
     let (dev, local) = open_source_device(spec, cfg)?;
     let what = format!("the source of export {:?} ({})", spec.name, spec.source);

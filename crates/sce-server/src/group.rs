@@ -215,10 +215,17 @@ pub fn build(spec: &ExportConfig, cfg: &ServeConfig) -> Result<Built> {
         .with_context(|| format!("export {n:?}: source {}", spec.source))?;
     let Some(cache_path) = &spec.cache else {
         // A local file or device served plainly: through an I/O queue (io_uring).
+        // Its requests go through the queue, not the watched device: the queue records
+        // their outcomes in the same watch (status, sce_source_up, the outage log).
         let io = local
             .map(|f| sce_io::open_queue(f, cfg.io_backend, sce_io::queue::DEFAULT_DEPTH))
             .transpose()
-            .map(|q| q.map(ExportIo::Queue))
+            .map(|q| {
+                q.map(|q| {
+                    let w = sce_io::WatchedQueue::new(q, watched.clone());
+                    ExportIo::Queue(Arc::new(w))
+                })
+            })
             .with_context(|| format!("export {n:?}: I/O backend {}", cfg.io_backend))?;
         if let Some(q) = io.as_ref().and_then(|io| io.queue()) {
             tracing::info!("export {n:?}: {} I/O on {}", q.backend(), spec.source);
