@@ -2,8 +2,8 @@
 //! structures really allocate, not a formula, and `sim` the bytes of each engine policy's core.
 //!
 //! It is every build's global allocator, and counts only once [`start_counting`] was called,
-//! which `main` does for `footprint` and `sim` alone: in every other command (`serve`'s
-//! included) an allocation or free costs one relaxed load of a flag that never changes and
+//! which `footprint` does before it measures and `sim` while it builds its cores: in every
+//! other command (`serve`'s included) an allocation or free costs one relaxed load of a flag that never changes and
 //! a branch beside the system allocator's own work (docs/MEMORY.md has the A/B of the hit
 //! path). While counting, each allocation and free adds one atomic add.
 //!
@@ -25,19 +25,13 @@ pub fn start_counting() {
     ON.store(true, Relaxed);
 }
 
-/// Turns counting off again (`sim`, once it has measured its cores).
-pub fn stop_counting() {
+/// Runs `f` with the allocator counting, and turns counting off again after it.
+pub fn counting<R>(f: impl FnOnce() -> R) -> R {
+    start_counting();
+    let r = f();
     ON.store(false, Relaxed);
+    r
 }
-
-/// Whether allocations are counted ([`start_counting`] was called).
-pub fn counting() -> bool {
-    ON.load(Relaxed)
-}
-
-/// What a command that needs the count says when it is off (never, from `main`).
-pub const NOT_COUNTING: &str = "the allocator does not count in this command: only `sce \
-    footprint` and `sce sim` turn it on";
 
 /// Wraps the system allocator and counts live bytes.
 pub struct Counting;
@@ -115,4 +109,9 @@ unsafe impl GlobalAlloc for Counting {
 /// reading alone. 0 while counting is off.
 pub fn live_bytes() -> usize {
     LIVE.load(Relaxed) as usize
+}
+
+/// Bytes allocated since [`live_bytes`] read `before` (0 if more was freed than allocated).
+pub fn grown_since(before: usize) -> u64 {
+    (live_bytes().wrapping_sub(before) as isize).max(0) as u64
 }

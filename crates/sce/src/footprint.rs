@@ -30,7 +30,7 @@
 //! (reserved, not resident until used). Population is off while measuring (the workers would
 //! only add their lazily allocated buffers); their threads are counted.
 
-use crate::alloc::{counting, live_bytes, NOT_COUNTING};
+use crate::alloc::{grown_since, live_bytes};
 use crate::sparse::SparseDevice;
 use crate::units::format_size;
 use anyhow::{Context, Result};
@@ -144,10 +144,7 @@ pub struct Footprint {
 fn growth<R>(f: impl FnOnce() -> R) -> (u64, R) {
     let before = live_bytes();
     let r = f();
-    (
-        (live_bytes().wrapping_sub(before) as isize).max(0) as u64,
-        r,
-    )
+    (grown_since(before), r)
 }
 
 /// Threads of this process (Linux), or 0 if unknown.
@@ -246,12 +243,9 @@ fn core_sizes(o: &Options, data_size: u64, persist: bool, touch: bool) -> Result
     })
 }
 
-/// Measures the footprint of `serve` for the options; fails in a build without the feature
-/// `footprint` (nothing to count with).
+/// Measures the footprint of `serve` for the options (the allocator counts from here on).
 pub fn measure(o: &Options) -> Result<Footprint> {
-    if !counting() {
-        anyhow::bail!(NOT_COUNTING);
-    }
+    crate::alloc::start_counting();
     o.core.validate()?;
     let checksums = o.verify || o.persist;
     // The data area: with persistence, what the layout leaves beside the metadata.

@@ -61,7 +61,7 @@ pub fn measure(core: &CoreConfig, cache_size: u64, source_size: u64) -> Result<O
         }
     }
     volume.flush().context("a FLUSH")?;
-    let grown = (crate::alloc::live_bytes().wrapping_sub(before) as isize).max(0) as u64;
+    let grown = crate::alloc::grown_since(before);
     let dirty = volume.writeback_stats().map_or(0, |w| w.dirty_bytes);
     anyhow::ensure!(
         dirty == SAMPLE_PAGES * 4096,

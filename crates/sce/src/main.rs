@@ -182,9 +182,6 @@ fn default_sigpipe() {
 
 fn main() {
     let cli = Cli::parse();
-    if matches!(cli.command, Command::Footprint(_) | Command::Sim(_)) {
-        alloc::start_counting();
-    }
     let serving = matches!(cli.command, Command::Serve(_));
     if !serving {
         default_sigpipe();

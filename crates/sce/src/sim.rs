@@ -314,8 +314,8 @@ pub fn sim(a: SimArgs) -> Result<()> {
             let (done, seen) = (&survey_done, &surveyed);
             sc.spawn(move || progress_bar("reading the trace", done, seen, None));
         }
-        let sim = Simulation::prepare(cfg, devices, counting().then_some(live_bytes), &surveyed);
-        crate::alloc::stop_counting(); // counted in `prepare` only, not the replays
+        // The allocator counts while `prepare` measures the cores, not through the replays.
+        let sim = counting(|| Simulation::prepare(cfg, devices, Some(live_bytes), &surveyed));
         survey_done.store(true, Relaxed);
         sim
     })?;
