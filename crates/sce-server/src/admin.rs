@@ -278,7 +278,7 @@ impl Ctx {
                 // Write-back's dirty (and lost) pages are the only copy: forget keeps them.
                 let k = a.part().map_or(0, |p| p.index);
                 let (dirty, lost) = a.volume().map_or((0, 0), |v| v.dirty_pages_of_volume(k));
-                tracing::warn!(target: LOG_TARGET, export = crate::export_field(n), fragments = frags, dirty_pages_kept = dirty, lost_pages_kept = lost, "ctl forget: everything clean that was cached was dropped; {dirty} dirty pages (write-back data newer than the source) and {lost} lost pages are kept");
+                tracing::warn!(target: LOG_TARGET, export = n, fragments = frags, dirty_pages_kept = dirty, lost_pages_kept = lost, "ctl forget: everything clean that was cached was dropped; {dirty} dirty pages (write-back data newer than the source) and {lost} lost pages are kept");
                 if errors > 0 {
                     bail!("forgot {frags} fragments, but {errors} metadata writes failed: a crash now may bring old records back; check the cache device");
                 }
@@ -342,7 +342,7 @@ impl Ctx {
                 }
             };
             let (bytes, seconds) = (d.cleaned_bytes, d.elapsed.as_secs_f64());
-            tracing::info!(target: LOG_TARGET, export = crate::export_field(&e.name), bytes, seconds, "ctl flush --to-source");
+            tracing::info!(target: LOG_TARGET, export = &e.name, bytes, seconds, "ctl flush --to-source");
             done.push(json!({"export": e.name, "bytes_written_back": bytes, "seconds": seconds}));
         }
         Ok(
@@ -369,12 +369,12 @@ impl Ctx {
             }
             "clean" => {
                 let bytes = v.clean(o, l, std::time::Duration::from_secs(60))?;
-                tracing::info!(target: LOG_TARGET, export = crate::export_field(n), offset = o, len = l, bytes, "ctl clean");
+                tracing::info!(target: LOG_TARGET, export = n, offset = o, len = l, bytes, "ctl clean");
                 Ok(json!({"export": n, "offset": o, "len": l, "bytes_written_back": bytes}))
             }
             "evict" => {
                 let bytes = v.evict(o, l)?;
-                tracing::info!(target: LOG_TARGET, export = crate::export_field(n), offset = o, len = l, bytes, "ctl evict");
+                tracing::info!(target: LOG_TARGET, export = n, offset = o, len = l, bytes, "ctl evict");
                 Ok(json!({"export": n, "offset": o, "len": l, "evicted_bytes": bytes}))
             }
             _ => {

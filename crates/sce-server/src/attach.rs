@@ -342,7 +342,7 @@ impl Attachable {
                 } else {
                     "no page cleaned yet".to_string()
                 };
-                tracing::info!(target: crate::LOG_TARGET, export = crate::export_field(&name), left_bytes = d.left_bytes, cleaned_bytes = d.cleaned_bytes, bytes_per_second = rate as u64, "{what}: draining: {} left of {}, cleaning {}/s, {eta}", format_size(d.left_bytes), format_size(d.dirty_at_start), format_size(rate as u64));
+                tracing::info!(target: crate::LOG_TARGET, export = &name, left_bytes = d.left_bytes, cleaned_bytes = d.cleaned_bytes, bytes_per_second = rate as u64, "{what}: draining: {} left of {}, cleaning {}/s, {eta}", format_size(d.left_bytes), format_size(d.dirty_at_start), format_size(rate as u64));
             }
         };
         let ctl = DrainControl {
@@ -351,10 +351,10 @@ impl Attachable {
             patience: DRAIN_PATIENCE,
         };
         let d = v.drain_writeback(self.range(), &ctl).map_err(|e| {
-            tracing::warn!(target: crate::LOG_TARGET, export = crate::export_field(&name), "{what}: the drain stopped, and the export stays as it was: {e}");
+            tracing::warn!(target: crate::LOG_TARGET, export = &name, "{what}: the drain stopped, and the export stays as it was: {e}");
             anyhow!("the export's write-back data could not be written to its source: {e}")
         })?;
-        tracing::info!(target: crate::LOG_TARGET, export = crate::export_field(&name), bytes = d.cleaned_bytes, seconds = d.elapsed.as_secs_f64(), "{what}: drained {} in {:.1} s", format_size(d.cleaned_bytes), d.elapsed.as_secs_f64());
+        tracing::info!(target: crate::LOG_TARGET, export = &name, bytes = d.cleaned_bytes, seconds = d.elapsed.as_secs_f64(), "{what}: drained {} in {:.1} s", format_size(d.cleaned_bytes), d.elapsed.as_secs_f64());
         Ok(d)
     }
 
@@ -406,10 +406,10 @@ impl Attachable {
         let path = self.cache_path().unwrap_or_default();
         (self.detached).set_device(clean.then(|| self.device_mark(&path)).flatten());
         if let Err(e) = flushed {
-            tracing::error!(target: crate::LOG_TARGET, export = crate::export_field(&name), "detach: flushing failed: {e}; the cache device is left as after a crash");
+            tracing::error!(target: crate::LOG_TARGET, export = &name, "detach: flushing failed: {e}; the cache device is left as after a crash");
             bail!("detached, but flushing failed: {e}; the cache device is left as after a crash (the next attach recovers it)");
         }
-        tracing::info!(target: crate::LOG_TARGET, export = crate::export_field(&name), cache = %path.display(), clean, "cache detached");
+        tracing::info!(target: crate::LOG_TARGET, export = &name, cache = %path.display(), clean, "cache detached");
         Ok((path, clean))
     }
 
@@ -464,7 +464,7 @@ impl Attachable {
         *self.spec.lock() = spec;
         let fragments_restored = if forgot.is_some() { 0 } else { restored };
         let settings = self.volume().map(|v| v.config()).unwrap_or_default();
-        tracing::info!(target: crate::LOG_TARGET, export = crate::export_field(&name), cache = %path.display(), fragments_restored, forgot = forgot.as_deref().unwrap_or(""), mode = %settings.write_mode, admission = %settings.admission, settings_kept = kept.is_some(), "cache attached");
+        tracing::info!(target: crate::LOG_TARGET, export = &name, cache = %path.display(), fragments_restored, forgot = forgot.as_deref().unwrap_or(""), mode = %settings.write_mode, admission = %settings.admission, settings_kept = kept.is_some(), "cache attached");
         Ok(Attached {
             cache: path,
             fragments_restored,

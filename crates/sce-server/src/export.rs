@@ -350,7 +350,7 @@ pub(crate) fn build_cached<'a>(
     let persistent = persist.is_some();
     tracing::debug!(
         target: LOG_TARGET,
-        export = crate::export_field(n),
+        export = n,
         mode = %core.write_mode,
         admission = %core.admission,
         fragment_size = core.fragment_size,
@@ -415,7 +415,7 @@ fn check_cache_contents(
                 cache_path.display()
             );
         }
-        tracing::warn!(target: LOG_TARGET, export = crate::export_field(n), "--force: overwriting {}: {what}", cache_path.display());
+        tracing::warn!(target: LOG_TARGET, export = n, "--force: overwriting {}: {what}", cache_path.display());
     }
     if !persist_wanted && matches!(found, Contents::SceCache) && !cfg.force && !cfg.reformat {
         bail!(
@@ -496,7 +496,7 @@ fn log_loaded(n: &str, volume: &CacheVolume, persistent: bool) {
     if let Some(p) = volume.persist_stats() {
         tracing::info!(
             target: LOG_TARGET,
-            export = crate::export_field(n),
+            export = n,
             formatted = p.formatted_now,
             previous_shutdown_clean = p.previous_shutdown_clean,
             fragments_restored = p.fragments_restored,
@@ -510,7 +510,7 @@ fn log_loaded(n: &str, volume: &CacheVolume, persistent: bool) {
             "cache device loaded"
         );
     } else if !persistent {
-        tracing::info!(target: LOG_TARGET, export = crate::export_field(n), "cache is not persistent: starting cold");
+        tracing::info!(target: LOG_TARGET, export = n, "cache is not persistent: starting cold");
     }
 }
 

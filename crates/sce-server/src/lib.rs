@@ -34,15 +34,11 @@ pub use config::{ConfigFile, ExportConfig, ServeConfig};
 pub use server::{run, Event, Stopped};
 
 /// The target of this crate's log lines: that of the `sce serve` command they always came
-/// from, so that log filters (`SCE_LOG=sce::serve=debug`) and the lines read the same.
+/// from, so that log filters (`SCE_LOG=sce::serve=debug`) and the lines read the same. An
+/// export's name goes in as a string field (`export = n`, not `%n`): the text format quotes
+/// it (`export=""` for the default export, where a bare `export=` read as a field left out),
+/// and the JSON format writes a JSON string.
 const LOG_TARGET: &str = "sce::serve";
-
-/// An export's name as a log field: a string value, which the text format quotes
-/// (`export="lun0"`, and `export=""` for the default export, where a bare `export=` read as a
-/// field left out) and the JSON format writes as a JSON string.
-pub(crate) fn export_field(name: &str) -> &str {
-    name
-}
 
 /// `e` and its causes joined by ": ", as `{:#}` does, but without a cause whose text the
 /// message before it already ends with (an error that prints its source, and also names it

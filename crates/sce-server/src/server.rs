@@ -230,7 +230,7 @@ fn start(a: Assembled, cfg: &ServeConfig, report: &mut dyn FnMut(Event)) -> Resu
         report(Event::Metrics(local));
     }
     for e in a.server.exports() {
-        tracing::info!(target: LOG_TARGET, export = crate::export_field(&e.name), size = e.device.size(), read_only = e.read_only, "serving");
+        tracing::info!(target: LOG_TARGET, export = &e.name, size = e.device.size(), read_only = e.read_only, "serving");
     }
     Ok(Running {
         assembled: a,
@@ -299,10 +299,10 @@ fn persist_caches(volumes: &Volumes) -> bool {
         };
         if persistent {
             if clean {
-                tracing::info!(target: LOG_TARGET, export = crate::export_field(name), "cache device left clean");
+                tracing::info!(target: LOG_TARGET, export = name, "cache device left clean");
             } else {
                 all_clean = false;
-                tracing::warn!(target: LOG_TARGET, export = crate::export_field(name), "cache device not left clean: the next start recovers as after a crash");
+                tracing::warn!(target: LOG_TARGET, export = name, "cache device not left clean: the next start recovers as after a crash");
             }
         }
     }

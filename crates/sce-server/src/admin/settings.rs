@@ -43,14 +43,14 @@ impl Ctx {
             (false, _) => None,
         };
         let done = a.set(&t, drain, watch)?;
-        tracing::info!(target: LOG_TARGET, export = crate::export_field(n), key, value, reopened = done.reopened, detached = done.detached, "ctl set");
+        tracing::info!(target: LOG_TARGET, export = n, key, value, reopened = done.reopened, detached = done.detached, "ctl set");
         if let Some(p) = &pending {
             if let Err(e) = p.write() {
                 let e = crate::error_text(&e);
-                tracing::warn!(target: LOG_TARGET, export = crate::export_field(n), key, value, "ctl set: applied, but not saved: {e}");
+                tracing::warn!(target: LOG_TARGET, export = n, key, value, "ctl set: applied, but not saved: {e}");
                 bail!("{key} is {value} now, but it was not saved: {e}");
             }
-            tracing::info!(target: LOG_TARGET, export = crate::export_field(n), key, value, file = %p.file().display(), "ctl set: saved");
+            tracing::info!(target: LOG_TARGET, export = n, key, value, file = %p.file().display(), "ctl set: saved");
         }
         let mut m = settings_json(&done.settings);
         m["export"] = json!(n);

@@ -217,7 +217,7 @@ impl Attachable {
         if let Err(e) = flushed {
             // Flushed a moment ago under the gate; the device is marked detached, so a
             // start that finds it so trusts nothing of it.
-            tracing::error!(target: LOG_TARGET, export = crate::export_field(&spec.name), "mode switch: flushing the closed cache failed: {e}");
+            tracing::error!(target: LOG_TARGET, export = &spec.name, "mode switch: flushing the closed cache failed: {e}");
         }
         let mut cfg = self.cfg.clone();
         // Its "detached" mark (set before the close) stays until the new volume serves: a
@@ -225,19 +225,19 @@ impl Attachable {
         (cfg.reattach, cfg.keep_detached_mark) = (true, true);
         let unmark = |nv: &Arc<CacheVolume>| {
             if let Err(e) = nv.set_detached(0, false) {
-                tracing::warn!(target: LOG_TARGET, export = crate::export_field(&spec.name), "mode switch: the cache device's detached mark could not be cleared ({e}): a restart will start it cold");
+                tracing::warn!(target: LOG_TARGET, export = &spec.name, "mode switch: the cache device's detached mark could not be cleared ({e}): a restart will start it cold");
             }
         };
         let err = match self.open(&spec, &cfg, Some(next), &path) {
             Ok(nv) => {
                 unmark(&nv);
                 *g = Some(nv);
-                tracing::warn!(target: LOG_TARGET, export = crate::export_field(&spec.name), from = %cur.write_mode, to = %next.write_mode, clean, "write mode switched (the volume was reopened)");
+                tracing::warn!(target: LOG_TARGET, export = &spec.name, from = %cur.write_mode, to = %next.write_mode, clean, "write mode switched (the volume was reopened)");
                 return Ok(());
             }
             Err(e) => e,
         };
-        tracing::error!(target: LOG_TARGET, export = crate::export_field(&spec.name), "mode switch to {}: reopening the cache failed: {err:#}; back to {}", next.write_mode, cur.write_mode);
+        tracing::error!(target: LOG_TARGET, export = &spec.name, "mode switch to {}: reopening the cache failed: {err:#}; back to {}", next.write_mode, cur.write_mode);
         match self.open(&spec, &cfg, Some(cur), &path) {
             Ok(nv) => {
                 unmark(&nv);
@@ -250,7 +250,7 @@ impl Attachable {
             Err(e2) => {
                 *self.kept.lock() = Some(cur.clone());
                 self.detached.reset();
-                tracing::error!(target: LOG_TARGET, export = crate::export_field(&spec.name), "the cache could not be opened again: {e2:#}; the export serves from its source, detached");
+                tracing::error!(target: LOG_TARGET, export = &spec.name, "the cache could not be opened again: {e2:#}; the export serves from its source, detached");
                 Err(err.context(format!(
                     "the cache could not be opened again ({e2:#}): the export is detached and \
                      serves from its source, which holds every acknowledged write; `sce ctl \

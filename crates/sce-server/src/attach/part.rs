@@ -34,7 +34,7 @@ impl Attachable {
         drop(g);
         let (bytes, errors) = forgot?;
         let path = self.cache_path().unwrap_or_default();
-        tracing::info!(target: crate::LOG_TARGET, export = crate::export_field(&name), cache = %path.display(), bytes_dropped = bytes, shared_with = ?p.siblings, "cache detached from this export; the device stays with the others");
+        tracing::info!(target: crate::LOG_TARGET, export = &name, cache = %path.display(), bytes_dropped = bytes, shared_with = ?p.siblings, "cache detached from this export; the device stays with the others");
         if errors > 0 {
             bail!("detached, but {errors} metadata writes failed: the cache device may bring this export's old records back after a crash; check it");
         }
@@ -75,7 +75,7 @@ impl Attachable {
         let settings = v.config();
         *g = Some(v);
         drop(g);
-        tracing::info!(target: crate::LOG_TARGET, export = crate::export_field(&name), cache = %path.display(), "cache attached again (cold: a shared device keeps nothing of a detached export)");
+        tracing::info!(target: crate::LOG_TARGET, export = &name, cache = %path.display(), "cache attached again (cold: a shared device keeps nothing of a detached export)");
         Ok(Attached {
             settings,
             // The device stayed open with the others: its settings never left.
