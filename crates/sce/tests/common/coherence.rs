@@ -81,25 +81,30 @@ impl Log {
             return;
         };
         let log = self.blocks[b as usize].lock();
-        // The value's write (counter 0: the initial content, acknowledged before all).
-        let written = if c == 0 {
-            Some(self.t0)
-        } else {
-            match log.iter().find(|w| w.counter == c) {
-                Some(w) => w.end.or(w.failed),
-                None => {
-                    drop(log);
-                    self.stale
-                        .lock()
-                        .push(format!("host {host}: block {b} holds {c}, never written"));
-                    return;
-                }
-            }
+        let Some((_, written, _)) = self.values(&log).find(|v| v.0 == c) else {
+            drop(log);
+            self.stale
+                .lock()
+                .push(format!("host {host}: block {b} holds {c}, never written"));
+            return;
         };
         if let Some(msg) = written.and_then(|at| self.replaced(&log, b, c, at, start)) {
             drop(log);
             self.stale.lock().push(format!("host {host}: {msg}"));
         }
+    }
+
+    /// The values a block may hold, from its log: (counter, when it was acknowledged,
+    /// when it was sent). Counter 0 is the initial content, acknowledged before all. A
+    /// failed write may have reached the source: its value stands as from its failure, as an
+    /// acknowledged one's does from its acknowledgement (until a later write is
+    /// acknowledged); one in flight has no time yet, and makes no value stale.
+    fn values<'a>(
+        &self,
+        log: &'a [Write],
+    ) -> impl Iterator<Item = (u64, Option<Instant>, Instant)> + 'a {
+        let initial = (0, Some(self.t0), self.t0);
+        std::iter::once(initial).chain(log.iter().map(|w| (w.counter, w.end.or(w.failed), w.start)))
     }
 
     /// Why value `c` of block `b`, acknowledged at `written`, is stale for a read that
@@ -134,12 +139,8 @@ impl Log {
         data: &[u8],
     ) -> Result<Vec<u64>, String> {
         let log = self.blocks[b as usize].lock();
-        // A failed write may have reached the source: its value stays possible until a write
-        // sent after the failure was acknowledged, as an acknowledged one's does.
-        let mut values = vec![(0, Some(self.t0), self.t0)];
-        values.extend(log.iter().map(|w| (w.counter, w.end.or(w.failed), w.start)));
-        let legit: Vec<(u64, Vec<u8>)> = values
-            .into_iter()
+        let legit: Vec<(u64, Vec<u8>)> = self
+            .values(&log)
             .filter(|&(c, acked, sent)| {
                 sent < end && acked.is_none_or(|at| self.replaced(&log, b, c, at, start).is_none())
             })
