@@ -74,6 +74,12 @@ fn preamble(root: &str, tmp: &str) -> String {
 
 #[test]
 fn every_command_of_the_readme_runs() {
+    // The walk's clients: missing, the test is skipped, or fails under CI=true.
+    for tool in ["qemu-img", "nbdinfo", "nbdfuse", "fusermount3"] {
+        if !sce_testkit::require_known_tool(tool) {
+            return;
+        }
+    }
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
     let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
     let d = tempfile::tempdir().unwrap();
