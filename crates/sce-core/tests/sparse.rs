@@ -206,3 +206,35 @@ fn the_page_area_costs_under_8_bytes_per_page() {
     let per_page = a.memory_bytes() as f64 / a.capacity() as f64;
     assert!(per_page <= 8.0, "{per_page} B per page");
 }
+
+/// The area holds every slot (one page read in each of many lines), then the reads move to
+/// a few lines read whole: the area gives its slots back epoch by epoch and population
+/// fills those lines. Lines without a slot earn no hits to compare with the area's, so the
+/// pages their dense lines miss stand for them; without that the area kept every slot and
+/// population found no victim.
+#[test]
+fn an_area_holding_every_slot_yields_to_dense_lines() {
+    let mut c = core(25);
+    let mut i = 0;
+    while c.free_slots() > 0 {
+        read(&mut c, i * LINE + 8 * KIB);
+        i += 1;
+        assert!(i < 400, "the area never took every slot");
+    }
+    assert_eq!(c.page_area().0, 8, "every slot is packed");
+    let hot: Vec<u64> = (500..504).collect();
+    for _ in 0..400 {
+        for &l in &hot {
+            for p in 0..32 {
+                read(&mut c, l * LINE + p * 4 * KIB);
+            }
+            while let Some(job) = c.pick_population_unthrottled() {
+                c.complete_population(job.id, true).unwrap();
+            }
+        }
+    }
+    for &l in &hot {
+        assert_eq!(c.exists(FragNo(l)).map(|e| e.1), Some(32), "line {l}");
+    }
+    assert!(c.page_area().0 <= 4, "area slots {}", c.page_area().0);
+}

@@ -24,6 +24,8 @@ use crate::admit::LazySketch;
 use crate::bitmap::PageSet;
 use crate::pagearea::{Dropped, PageArea, WayAt};
 
+mod split;
+
 /// The page area and what decides for it.
 #[derive(Debug)]
 pub(super) struct Sparse {
@@ -38,9 +40,11 @@ pub(super) struct Sparse {
     /// horizon of 10 per slot graduated most lines of a scattered Zipf load with 8 KiB
     /// reads, 1.7x flashcache-like's cache writes for 0.007 more read hits).
     admitted: LazySketch,
-    /// Read pages hit in the area and in lines this epoch, and pages read.
+    /// Read pages hit in the area and in lines this epoch, pages missed in dense lines
+    /// without a slot, and pages read.
     area_hits: u64,
     line_hits: u64,
+    dense_missed: u64,
     epoch_pages: u64,
     /// The last epoch's verdict: slots the area may still take from lines, or should give
     /// back to them, this epoch.
@@ -60,6 +64,7 @@ impl Sparse {
             admitted: LazySketch::new((slots as usize / 4).max(256)),
             area_hits: 0,
             line_hits: 0,
+            dense_missed: 0,
             epoch_pages: 0,
             grow_ok: Self::step(slots),
             yield_ok: 0,
@@ -69,11 +74,6 @@ impl Sparse {
 
     /// Queued partial pages at most.
     const PENDING: usize = 1024;
-
-    /// Slots that may change sides per epoch.
-    fn step(slots: u32) -> u32 {
-        (slots / 16).max(1)
-    }
 
     /// Bytes of memory: the area and both sketches.
     pub(super) fn memory_bytes(&self) -> usize {
@@ -137,7 +137,8 @@ impl CacheCore {
     }
 
     /// Plans pages `[lo, hi)` (bytes `[a, b)`) of line `f`, which has no slot, from the page
-    /// area: hits pin their packed slot. Returns the missed pages the read covers whole.
+    /// area: hits pin their packed slot; misses of a dense line count as `dense_missed`.
+    /// Returns the missed pages the read covers whole, and those it covers in part.
     pub(super) fn plan_sparse(
         &self,
         f: FragNo,
@@ -150,7 +151,7 @@ impl CacheCore {
         let caching = self.cfg.write_mode.caches_reads();
         let mut missed = PageSet::new(self.geo.pages_per_fragment());
         let mut partial = PageSet::new(self.geo.pages_per_fragment());
-        let mut last_pin = None;
+        let (mut last_pin, mut dense) = (None, None::<bool>);
         for p in lo..hi {
             let ra = a.max(fstart + p as u64 * PAGE_SIZE);
             let rb = b.min(self.page_end(f, p));
@@ -173,6 +174,7 @@ impl CacheCore {
             } else {
                 plan.push(buf_offset, rb - ra, RunTarget::Source(SourceOffset(ra)));
                 plan.missed_pages += 1;
+                plan.dense_missed += *dense.get_or_insert_with(|| self.dense(f)) as u64;
                 plan.full_hit = false;
                 if ra == fstart + p as u64 * PAGE_SIZE && rb == self.page_end(f, p) {
                     missed.insert_range(p, p + 1);
@@ -381,51 +383,6 @@ impl CacheCore {
         Some(w)
     }
 
-    /// Grows the area by one slot if `page`'s set has no empty way and a slot can be had: a
-    /// free one, or (if the area is 7/8 full and the last epoch said pages earn more per
-    /// slot than lines) the line eviction victim's.
-    fn maybe_grow_area(&mut self, page: u64) {
-        let sp = self.sparse.as_ref().expect("area");
-        let (cap, valid) = (sp.area.capacity(), sp.area.valid_pages());
-        // Free space costs nothing: any set without room grows the area. Otherwise a slot
-        // is taken from a line only once the area is nearly full.
-        let free = self.slots.free_count() > 0;
-        if (!free && cap > 0 && valid * 8 < cap * 7)
-            || sp.area.has_room(page, |s| self.slots.pins(s) > 0)
-        {
-            return;
-        }
-        let s = match self.slots.take_free() {
-            Some(s) => s,
-            None if sp.grow_ok > 0 => match self.victim() {
-                Some(s) => {
-                    self.evict_slot(s);
-                    self.sparse.as_mut().expect("area").grow_ok -= 1;
-                    s
-                }
-                None => return,
-            },
-            None => return,
-        };
-        self.sparse.as_mut().expect("area").area.grow(s);
-    }
-
-    /// Gives the area's last slot back (free) if the last epoch said lines earn more per
-    /// slot and it can be had now; true if it did.
-    pub(super) fn area_yields(&mut self) -> bool {
-        let slots = &self.slots;
-        let Some(sp) = self.sparse.as_mut() else {
-            return false;
-        };
-        if sp.yield_ok == 0 || !sp.area.can_shrink(|s| slots.pins(s) > 0) {
-            return false;
-        }
-        let (s, _) = sp.area.shrink().expect("checked");
-        sp.yield_ok -= 1;
-        self.slots.put_free(s);
-        true
-    }
-
     /// Completes a page-area fill (`st.ways`): each way not spoiled becomes valid if `ok`.
     pub(super) fn complete_sparse(&mut self, st: &PopState, ok: bool) {
         let fpage = self.page_no(st.frag, 0);
@@ -501,37 +458,6 @@ impl CacheCore {
                 sp.area.touch(page);
             }
         }
-    }
-
-    /// Counts read pages for the epoch (`area` of `hits` were page-area hits) and, at its
-    /// end, decides whether the area may grow into lines' slots or should give one back.
-    pub(super) fn epoch_sparse(&mut self, hits: u64, area: u64, misses: u64) {
-        let total_pages = self.geo.slots() as u64 * self.geo.pages_per_fragment() as u64;
-        let free = self.slots.free_count();
-        let Some(sp) = self.sparse.as_mut() else {
-            return;
-        };
-        sp.area_hits += area;
-        sp.line_hits += hits - area;
-        sp.epoch_pages += hits + misses;
-        if sp.epoch_pages < (total_pages / 4).max(4096) {
-            return;
-        }
-        let area_slots = sp.area.slots().len() as u64;
-        let line_slots = (self.geo.slots() - free) as u64 - area_slots;
-        // Hits per slot, compared without division: a / as vs l / ls.
-        let (pa, pl) = (
-            sp.area_hits * line_slots.max(1),
-            sp.line_hits * area_slots.max(1),
-        );
-        let step = Sparse::step(self.geo.slots());
-        sp.grow_ok = if pa > pl || area_slots == 0 { step } else { 0 };
-        sp.yield_ok = if area_slots > 0 && pa * 2 < pl {
-            step
-        } else {
-            0
-        };
-        (sp.area_hits, sp.line_hits, sp.epoch_pages) = (0, 0, 0);
     }
 
     /// Forgets the page area's pages (the source changed, or the cache is dropped).

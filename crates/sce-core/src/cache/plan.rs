@@ -93,6 +93,8 @@ pub struct ReadPlan {
     pub(super) fill_wanted: Vec<(FragNo, PageSet, bool, bool)>,
     /// Pages of `hit_pages` hit in the page area.
     pub(super) area_hits: u64,
+    /// Pages of `missed_pages` in dense lines without a slot: what lines would have served.
+    pub(super) dense_missed: u64,
     /// Missed pages of sparse lines the read covers only in part: the page area may take
     /// them by population (`pages.rs`).
     pub(super) partial_wanted: Vec<(FragNo, PageSet)>,
@@ -115,6 +117,7 @@ pub struct AccessLog {
     pub(super) hit_pages: u64,
     pub(super) missed_pages: u64,
     pub(super) area_hits: u64,
+    pub(super) dense_missed: u64,
 }
 
 impl AccessLog {
@@ -131,6 +134,7 @@ impl AccessLog {
         self.hit_pages += plan.hit_pages;
         self.missed_pages += plan.missed_pages;
         self.area_hits += plan.area_hits;
+        self.dense_missed += plan.dense_missed;
     }
     /// Reads recorded since the last apply.
     pub fn requests(&self) -> u64 {
@@ -178,6 +182,7 @@ impl ReadPlan {
         self.hit_pages = 0;
         self.missed_pages = 0;
         self.area_hits = 0;
+        self.dense_missed = 0;
     }
     pub(super) fn push(&mut self, buf_offset: u64, len: u64, target: RunTarget) {
         if let Some(last) = self.runs.last_mut() {

@@ -180,7 +180,12 @@ impl CacheCore {
         let offset = plan.offset;
         self.note_access(offset, plan.len, plan.verdict, false);
         self.account_read(1, plan.full_hit as u64, plan.hit_pages, plan.missed_pages);
-        self.epoch_sparse(plan.hit_pages, plan.area_hits, plan.missed_pages);
+        self.epoch_sparse(
+            plan.hit_pages,
+            plan.area_hits,
+            plan.missed_pages,
+            plan.dense_missed,
+        );
         for (f, set) in std::mem::take(&mut plan.partial_wanted) {
             self.queue_sparse(f, set);
         }
@@ -302,7 +307,7 @@ impl CacheCore {
     /// dozen fragments, a batch of hits hundreds), and population finds nothing to pick
     /// while the misses go on.
     pub fn apply_access_logs(&mut self, logs: &mut [impl DerefMut<Target = AccessLog>]) {
-        let [mut requests, mut full_hits, mut hits, mut misses, mut area] = [0u64; 5];
+        let [mut requests, mut full_hits, mut hits, mut misses, mut area, mut dense] = [0u64; 6];
         for log in logs.iter() {
             for &(offset, len, verdict) in &log.reads {
                 self.note_access(offset, len, verdict, false);
@@ -317,14 +322,15 @@ impl CacheCore {
             hits += log.hit_pages;
             misses += log.missed_pages;
             area += log.area_hits;
-            log.area_hits = 0;
+            dense += log.dense_missed;
+            (log.area_hits, log.dense_missed) = (0, 0);
             // Emptied, not replaced: the hit path records without allocating.
             log.reads.clear();
             log.missed.clear();
             (log.requests, log.full_hits, log.hit_pages, log.missed_pages) = (0, 0, 0, 0);
         }
         self.account_read(requests, full_hits, hits, misses);
-        self.epoch_sparse(hits, area, misses);
+        self.epoch_sparse(hits, area, misses, dense);
     }
 
     /// Releases the pins of a read. The caller guarantees that the plan's I/O is finished and
