@@ -10,8 +10,8 @@
 //!   a stream's run reaches the cutoff its requests neither raise heat nor get admitted.
 //! * [`PopBudget`]: a token bucket of population bytes per second. With a fixed rate it is a
 //!   plain limit; by default it adapts: it is quartered each second while the cache is full
-//!   and the read hit ratio no longer improves, and doubles while it does (or when it falls,
-//!   as it does when the workload shifts).
+//!   and the read hit ratio no longer improves, and doubles while it does; when it falls, as
+//!   it does when the workload shifts, it returns to the ceiling at once.
 //! * [`Endurance`]: an optional cap on all bytes written to the cache device, in bytes per
 //!   day: the writes of any 24 hours (in hour buckets) stay within the budget.
 //!
@@ -236,6 +236,8 @@ pub struct PopBudget {
     epoch_ns: u64,
     epoch_pages: (u64, u64),
     prev_ratio: Option<f64>,
+    /// The last epoch's read hit ratio rose or fell beyond its noise.
+    moving: bool,
 }
 
 impl PopBudget {
@@ -256,12 +258,19 @@ impl PopBudget {
             epoch_ns: epoch_ns.max(1),
             epoch_pages: (0, 0),
             prev_ratio: None,
+            moving: false,
         }
     }
 
     /// The current rate in bytes per second (0: unlimited).
     pub fn rate(&self) -> u64 {
         self.rate as u64
+    }
+
+    /// True if the last epoch's read hit ratio rose or fell beyond its noise (a fixed rate
+    /// never says so): population is winning hits back, or has hits to win.
+    pub fn moving(&self) -> bool {
+        self.moving
     }
 
     /// Counts read pages for the adaptive epoch.
@@ -296,22 +305,30 @@ impl PopBudget {
         let ratio = h as f64 / (h + m) as f64;
         self.epoch_start = Some(now);
         self.epoch_pages = (0, 0);
-        if !full {
-            self.rate = self.max_rate;
-        } else if let Some(prev) = self.prev_ratio {
-            // A change counts only beyond the noise of two epochs' binomial estimates.
-            let n = (h + m) as f64;
-            let noise = 2.0 * (2.0 * ratio * (1.0 - ratio) / n).sqrt();
-            let (up, down) = (
-                ratio > prev + noise.max(0.01),
-                ratio < prev - noise.max(0.02),
-            );
-            self.rate = if up || down {
-                (self.rate * 2.0).min(self.max_rate)
-            } else {
-                (self.rate / 4.0).max(self.min_rate)
-            };
-        }
+        // A change counts only beyond the noise of two epochs' binomial estimates.
+        let (up, down) = match self.prev_ratio {
+            Some(prev) => {
+                let noise = 2.0 * (2.0 * ratio * (1.0 - ratio) / (h + m) as f64).sqrt();
+                (
+                    ratio > prev + noise.max(0.01),
+                    ratio < prev - noise.max(0.02),
+                )
+            }
+            None => (false, false),
+        };
+        self.moving = up || down;
+        // A fall is a new working set: the hits lost are what population can win back,
+        // and doubling from the floor took seconds of misses to get there (a 200 MiB shift
+        // on the server: 3-5 lines a second for the first five).
+        self.rate = if !full || down {
+            self.max_rate
+        } else if up {
+            (self.rate * 2.0).min(self.max_rate)
+        } else if self.prev_ratio.is_some() {
+            (self.rate / 4.0).max(self.min_rate)
+        } else {
+            self.rate
+        };
         self.prev_ratio = Some(ratio);
     }
 
@@ -473,13 +490,25 @@ mod tests {
             a.advance(Nanos(e * sec), true, 1 << 20);
         }
         assert_eq!(a.rate(), 1 << 20);
-        // The hit ratio falls (a new working set): the rate doubles.
-        a.record_reads(100, 900);
+        assert!(!a.moving(), "a flat hit ratio");
+        // The hit ratio rises: the rate doubles, and the workers keep the fast period.
+        a.record_reads(600, 400);
         a.advance(Nanos(13 * sec), true, 1 << 20);
         assert_eq!(a.rate(), 2 << 20);
-        // Free space: the ceiling.
+        assert!(a.moving());
+        // It falls (a new working set): the ceiling at once.
         a.record_reads(100, 900);
-        a.advance(Nanos(14 * sec), false, 1 << 20);
+        a.advance(Nanos(14 * sec), true, 1 << 20);
+        assert_eq!(a.rate(), 64 << 20);
+        assert!(a.moving());
+        // Free space: the ceiling.
+        for e in 15..20u64 {
+            a.record_reads(100, 900);
+            a.advance(Nanos(e * sec), true, 1 << 20);
+        }
+        assert_eq!(a.rate(), 1 << 20);
+        a.record_reads(100, 900);
+        a.advance(Nanos(20 * sec), false, 1 << 20);
         assert_eq!(a.rate(), 64 << 20);
     }
 

@@ -18,6 +18,12 @@ pub struct ThrottleState {
     pub active_workers: u32,
     /// How long each worker sleeps between cycles.
     pub period: Duration,
+    /// How long a worker sleeps after a cycle that populated a fragment: `period`, or the
+    /// fast period while the read hit ratio is moving (`CacheCore::throttle`). The slow
+    /// rung saves flash writes once hits are steady, but the end of a shift of the working
+    /// set has a low miss rate concentrated in the lines still missing: at two picks a
+    /// second a 200 MiB region's last tenth took tens of seconds.
+    pub after_pick: Duration,
     /// Whether a worker that wakes up may promote a fragment now.
     pub may_populate: bool,
     /// Read miss rate over the recent window (0.0 ..= 1.0; 0 when there were no reads).
@@ -78,6 +84,7 @@ pub fn decide(cfg: &ThrottleConfig, missrate: f64, free_pcnt: f64) -> ThrottleSt
     ThrottleState {
         active_workers,
         period,
+        after_pick: period,
         may_populate,
         missrate,
         free_pcnt,

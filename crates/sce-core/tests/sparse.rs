@@ -238,3 +238,40 @@ fn an_area_holding_every_slot_yields_to_dense_lines() {
     }
     assert!(c.page_area().0 <= 4, "area slots {}", c.page_area().0);
 }
+
+/// Reads 4 KiB at each offset, completing what they fill; then a worker's pick at `t`
+/// seconds (completed too).
+fn epoch(c: &mut CacheCore, offs: impl Iterator<Item = u64>, t: u64) {
+    for off in offs {
+        read(c, off);
+    }
+    if let Some(job) = c.pick_population(Nanos(t * 1_000_000_000 + 1)) {
+        c.complete_population(job.id, true).unwrap();
+    }
+}
+
+/// A worker that populated sleeps the fast period while the read hit ratio moves (a shift
+/// being won back), and the throttle's period once it is flat: the slow rung (a low miss
+/// rate) would otherwise allow two picks a second while the last lines of a new working
+/// set are still missing.
+#[test]
+fn workers_pick_fast_while_the_hit_ratio_moves() {
+    let mut c = core(25);
+    let fast = ThrottleConfig::default().period;
+    let page = |i: u64| i * LINE + 8 * KIB;
+    epoch(&mut c, (0..300).map(|i| page(i % 60)), 0);
+    epoch(&mut c, (100..400).map(page), 1);
+    // Mostly hits, a few misses: the ratio rose, the miss rate is low (the slow rung).
+    let mostly_hits = |k: u64| {
+        (0..290)
+            .map(|i| page(i % 60))
+            .chain((0..10).map(move |i| page(k + i)))
+    };
+    epoch(&mut c, mostly_hits(400), 2);
+    let st = c.throttle(Nanos(2_000_000_002));
+    assert!(st.period > fast, "the slow rung: {:?}", st.period);
+    assert_eq!(st.after_pick, fast);
+    epoch(&mut c, mostly_hits(410), 3);
+    let st = c.throttle(Nanos(3_000_000_002));
+    assert_eq!(st.after_pick, st.period, "flat: the rung's period");
+}

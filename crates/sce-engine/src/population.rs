@@ -73,7 +73,8 @@ pub(crate) fn run_population(s: &Engine, k: usize, job: Population, buf: &mut Al
 /// Population worker `index`: visits the core shards in turn, one per wake-up (so the
 /// workers pick as often as with one shard, and each shard's throttle, Algorithm 1, sees
 /// its own miss rate and free space); wakes as the visited shard's throttle says and, if
-/// it may run, populates the fragment that shard picks. Worker 0 applies the visited
+/// it may run, populates the fragment that shard picks (after a cycle that populated, it
+/// wakes after the throttle's `after_pick` instead). Worker 0 applies the visited
 /// shard's read logs before it reads the throttle, and every worker that picks applies
 /// them right before it picks.
 pub(crate) fn population_worker(s: &Engine, index: u32) {
@@ -82,6 +83,7 @@ pub(crate) fn population_worker(s: &Engine, index: u32) {
     let cores = &s.cores;
     let shards = cores.count();
     let mut turn = index as usize % shards;
+    let mut picked = false;
     loop {
         let k = turn;
         turn = (turn + 1) % shards;
@@ -102,9 +104,13 @@ pub(crate) fn population_worker(s: &Engine, index: u32) {
                 .active_workers
                 .store(st.active_workers as u64, Relaxed);
         }
-        if !s.signals.sleep(st.period) {
+        if !s
+            .signals
+            .sleep(if picked { st.after_pick } else { st.period })
+        {
             return;
         }
+        picked = false;
         if index >= st.active_workers || s.health.passthrough() {
             continue;
         }
@@ -119,6 +125,7 @@ pub(crate) fn population_worker(s: &Engine, index: u32) {
             core.pick_population(cores.now())
         });
         if let Some(job) = job {
+            picked = true;
             let b = buf.get_or_insert_with(|| AlignedBuf::new(fsize));
             run_population(s, k, Population::new(job), b);
         }

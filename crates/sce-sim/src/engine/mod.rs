@@ -358,7 +358,7 @@ impl EngineSim {
                         if let Some(job) = self.core.pick_population(k, Nanos(et)) {
                             let done = self.population_io(et, job.len, &job.runs);
                             self.push(done, Event::PopDone(job.into_token()));
-                            next = done + st.period.as_nanos() as u64;
+                            next = done + st.after_pick.as_nanos() as u64;
                         }
                     }
                     self.push(next, Event::Wake(w));
