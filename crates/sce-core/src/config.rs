@@ -233,11 +233,14 @@ pub struct CoreConfig {
     /// then only prefetches the rest of a hot line; a driver that can tell runs it only
     /// while the source has room.
     pub miss_fills: bool,
-    /// With `miss_fills`: fill from misses only while the driver says the source is busy
-    /// ([`CacheCore::set_source_busy`](crate::CacheCore::set_source_busy)), which is when
-    /// it also holds background population back; while the source has room, population
-    /// alone fills (it picks the hottest lines, where a miss fill takes every line a miss
-    /// touches that wins the duel). The servers' and the simulator's `--miss-fills auto`.
+    /// With `miss_fills`: fill from misses only while the cache has free slots (its first
+    /// pass: empty, or cold after a restart, when a miss costs a populate-on-miss cache
+    /// nothing and population would read the source a second time) or while the driver
+    /// says the source is busy ([`CacheCore::set_source_busy`](crate::CacheCore::set_source_busy)),
+    /// which is when it also holds background population back; in a full cache over a
+    /// source with room, population alone fills (it picks the hottest lines, where a miss
+    /// fill takes every line a miss touches that wins the duel). The servers' and the
+    /// simulator's `--miss-fills auto`.
     pub miss_fills_when_busy: bool,
     /// Admission `sce`: thousandths of the cache's slots kept as a *recency window* in front
     /// of the frequency duel (W-TinyLFU, Einziger et al.; Caffeine's default is 1%): when the

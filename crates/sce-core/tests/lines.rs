@@ -245,3 +245,40 @@ fn cfg_small() -> CoreConfig {
         ..lines(true)
     }
 }
+
+/// Miss fills `auto`: while the cache has free slots (its first pass: empty, or cold after a
+/// restart) a read miss fills the pages it read, as a populate-on-miss cache does, instead
+/// of leaving the source to be read twice by population; once the cache is full, an idle
+/// source leaves misses to population, and a busy one has them fill again.
+#[test]
+fn auto_miss_fills_fill_free_space_then_only_while_the_source_is_busy() {
+    let cfg = CoreConfig {
+        miss_fills_when_busy: true,
+        ..lines(true)
+    };
+    // 16 lines of 64 KiB.
+    let mut c = CacheCore::new(cfg, 64 << 20, 1024 * KIB).unwrap();
+    assert_eq!(
+        touch(&mut c, 4 * KIB),
+        (1, 4 * KIB),
+        "free space: the miss fills"
+    );
+    for l in 1..16u64 {
+        touch(&mut c, l * 64 * KIB);
+    }
+    assert_eq!(c.free_slots(), 0);
+    // Full, and the source idle: a miss in a line of the same (hot) region is population's.
+    let line = 20 * 64 * KIB;
+    assert_eq!(touch(&mut c, line).0, 0, "full and idle: no fill");
+    for _ in 0..40 {
+        touch(&mut c, line + 8 * KIB);
+    }
+    assert!(
+        !c.is_cached(SourceOffset(line + 8 * KIB)),
+        "idle: still no fill"
+    );
+    // Busy: the next miss of the region, now hotter than the victim's, fills.
+    c.set_source_busy(true);
+    assert_eq!(touch(&mut c, line + 12 * KIB), (1, 4 * KIB));
+    assert!(c.is_cached(SourceOffset(line + 12 * KIB)));
+}

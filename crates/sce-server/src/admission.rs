@@ -104,7 +104,7 @@ pub struct AdmissionOptions {
     /// Populate only the touched parts of a fragment.
     pub partial_fill: bool,
     /// Fill the cache from read misses' own data (and populate only while the source has
-    /// room): on, off, or auto (only while the source is busy); None is
+    /// room): on, off, or auto (while the cache has free space or the source is busy); None is
     /// [`DEFAULT_MISS_FILLS`].
     pub miss_fills: Option<MissFills>,
     /// The recency window in front of the frequency duel.
@@ -122,7 +122,8 @@ pub struct AdmissionOptions {
 /// 256 KiB lines hit a little more but cost 245 B of RAM per cached MiB, over the 160 B goal.
 pub const DEFAULT_LINE_SIZE: u64 = 512 << 10;
 
-/// Miss fills of admission sce by default: only while the source is busy.
+/// Miss fills of admission sce by default: while the cache has free space or the source is
+/// busy.
 pub const DEFAULT_MISS_FILLS: MissFills = MissFills::Auto;
 
 /// Sets `cfg`'s geometry (its admission already set) from the sizes asked for: heat per
@@ -179,8 +180,10 @@ pub enum MissFills {
     /// Every read miss that population would fill fills the cache with its own data;
     /// population re-reads the source only while it has room.
     On,
-    /// Misses fill only while the source is busy (when population waits for room), so a
-    /// saturated source still fills the cache and an idle one is left to population.
+    /// Misses fill while the cache has free space (its first pass) and while the source is
+    /// busy (when population waits for room), so a cold cache fills as fast as a
+    /// populate-on-miss one and a saturated source still fills the cache; a full cache over
+    /// an idle source is left to population.
     Auto,
 }
 

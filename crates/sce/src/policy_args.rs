@@ -33,8 +33,8 @@ pub struct AdmissionArgs {
     /// Admission sce: a read miss in a line population would fill writes the pages it read
     /// to the cache with the read (no second source read), and background population runs
     /// only while the source shows no queue, so a saturated source still fills the cache;
-    /// auto: misses fill only while the source shows a queue, population alone otherwise
-    /// [default: auto].
+    /// auto: misses fill while the cache has free space or the source shows a queue,
+    /// population alone otherwise [default: auto].
     #[arg(long, value_name = "on|off|auto")]
     pub miss_fills: Option<sce_server::admission::MissFills>,
     /// Admission sce: a share of the cache kept as a recency window in front of the

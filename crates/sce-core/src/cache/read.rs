@@ -247,8 +247,11 @@ impl CacheCore {
                     && if verdict.sequential && self.stream_fills(len, false) {
                         !full
                     } else {
-                        (self.source_busy || !self.cfg.miss_fills_when_busy)
-                            && !(verdict.sequential && full)
+                        // Free space: every miss fills (the first pass); a full cache
+                        // only while the source is busy, with `auto`, and never a stream.
+                        !full
+                            || ((self.source_busy || !self.cfg.miss_fills_when_busy)
+                                && !verdict.sequential)
                     }
             }
             _ => false,
