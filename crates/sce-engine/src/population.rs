@@ -83,7 +83,8 @@ pub(crate) fn population_worker(s: &Engine, index: u32) {
     let cores = &s.cores;
     let shards = cores.count();
     let mut turn = index as usize % shards;
-    let mut picked = false;
+    // After a cycle that populated: the picked shard's `after_pick`, as the simulator sleeps.
+    let mut after_pick = None;
     loop {
         let k = turn;
         turn = (turn + 1) % shards;
@@ -104,13 +105,9 @@ pub(crate) fn population_worker(s: &Engine, index: u32) {
                 .active_workers
                 .store(st.active_workers as u64, Relaxed);
         }
-        if !s
-            .signals
-            .sleep(if picked { st.after_pick } else { st.period })
-        {
+        if !s.signals.sleep(after_pick.take().unwrap_or(st.period)) {
             return;
         }
-        picked = false;
         if index >= st.active_workers || s.health.passthrough() {
             continue;
         }
@@ -125,7 +122,7 @@ pub(crate) fn population_worker(s: &Engine, index: u32) {
             core.pick_population(cores.now())
         });
         if let Some(job) = job {
-            picked = true;
+            after_pick = Some(st.after_pick);
             let b = buf.get_or_insert_with(|| AlignedBuf::new(fsize));
             run_population(s, k, Population::new(job), b);
         }

@@ -474,7 +474,8 @@ impl CacheCore {
     }
 
     /// The driver's word on the source: `busy` while it holds background population back
-    /// for want of room (with `miss_fills_when_busy`, misses fill the cache only then).
+    /// for want of room (with `miss_fills_when_busy`, misses of a full cache fill it only
+    /// then).
     pub fn set_source_busy(&mut self, busy: bool) {
         self.source_busy = busy;
     }

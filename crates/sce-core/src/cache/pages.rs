@@ -174,7 +174,10 @@ impl CacheCore {
             } else {
                 plan.push(buf_offset, rb - ra, RunTarget::Source(SourceOffset(ra)));
                 plan.missed_pages += 1;
-                plan.dense_missed += *dense.get_or_insert_with(|| self.dense(f)) as u64;
+                // A scan's misses are no line's demand.
+                plan.dense_missed += (!plan.verdict.sequential
+                    && *dense.get_or_insert_with(|| self.dense(f)))
+                    as u64;
                 plan.full_hit = false;
                 if ra == fstart + p as u64 * PAGE_SIZE && rb == self.page_end(f, p) {
                     missed.insert_range(p, p + 1);

@@ -234,9 +234,10 @@ impl CacheCore {
 
     /// Whether a read of `len` bytes may fill the cache with its misses: always under
     /// admission `always`; under `sce` with miss fills, a read of a stream that population
-    /// leaves to its own fills (`stream_fills`) while the cache has free space, any other
-    /// read unless it is part of a stream the full cache bypasses, when the source is busy
-    /// or miss fills are not kept for a busy source.
+    /// leaves to its own fills (`stream_fills`) while the cache has free space; any other
+    /// read that is not a stream's while the cache has free space (the first pass); and,
+    /// once it is full, any read but a stream's when the source is busy or miss fills are
+    /// not kept for a busy source.
     fn wants_fills(&self, verdict: crate::admit::StreamVerdict, len: u64) -> bool {
         match self.cfg.admission {
             Admission::Always => true,
@@ -247,11 +248,12 @@ impl CacheCore {
                     && if verdict.sequential && self.stream_fills(len, false) {
                         !full
                     } else {
-                        // Free space: every miss fills (the first pass); a full cache
-                        // only while the source is busy, with `auto`, and never a stream.
-                        !full
-                            || ((self.source_busy || !self.cfg.miss_fills_when_busy)
-                                && !verdict.sequential)
+                        // Free space: every miss but a stream's fills (the first pass);
+                        // otherwise only while the source is busy, with `auto`; a stream
+                        // never once the cache is full.
+                        let first_pass = !full && !verdict.sequential;
+                        (self.source_busy || !self.cfg.miss_fills_when_busy || first_pass)
+                            && !(verdict.sequential && full)
                     }
             }
             _ => false,

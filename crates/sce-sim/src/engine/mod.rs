@@ -8,7 +8,8 @@
 //! `begin_write`); its I/O goes to the modelled cache device or source, whose completion
 //! times come from a latency + bandwidth model with a number of parallel channels. The
 //! halves of an AWT write and population jobs complete as events later. Population workers
-//! wake as Algorithm 1 says (`throttle`), pick with `pick_population`, and sleep `period`.
+//! wake as Algorithm 1 says (`throttle`), pick with `pick_population`, and sleep `period`
+//! (`after_pick` after a pick).
 //!
 //! Every request gets a modelled latency: a read until its runs (and inline fills) are
 //! done, a write until it is acknowledged (AWT and write-around: the source write done;

@@ -82,20 +82,20 @@ impl CacheCore {
         }
         let area_slots = sp.area.slots().len() as u64;
         let step = Sparse::step(self.geo.slots());
-        let mut line_slots = (self.geo.slots() - free) as u64 - area_slots;
-        let mut line_hits = sp.line_hits;
+        let line_slots = (self.geo.slots() - free) as u64 - area_slots;
+        // Hits per slot, compared without division: a / as against l / ls. Lines' own
+        // rate, and (while they hold under one step) the rate their dense lines' misses
+        // would have earned in one step's slots: the area yields if either says lines earn
+        // twice its rate, and grows only if neither says lines earn more.
+        let rates = |hits: u64, slots: u64| (sp.area_hits * slots, hits * area_slots.max(1));
+        let mut verdicts = vec![rates(sp.line_hits, line_slots.max(1))];
         if line_slots < step as u64 {
-            line_hits += sp.dense_missed;
-            line_slots = step as u64;
+            verdicts.push(rates(sp.line_hits + sp.dense_missed, step as u64));
         }
-        // Hits per slot, compared without division: a / as vs l / ls.
-        let (pa, pl) = (sp.area_hits * line_slots, line_hits * area_slots.max(1));
-        sp.grow_ok = if pa > pl || area_slots == 0 { step } else { 0 };
-        sp.yield_ok = if area_slots > 0 && pa * 2 < pl {
-            step
-        } else {
-            0
-        };
+        let grow = verdicts.iter().all(|&(pa, pl)| pa > pl);
+        let give = verdicts.iter().any(|&(pa, pl)| pa * 2 < pl);
+        sp.grow_ok = if grow || area_slots == 0 { step } else { 0 };
+        sp.yield_ok = if area_slots > 0 && give { step } else { 0 };
         (sp.area_hits, sp.line_hits, sp.dense_missed, sp.epoch_pages) = (0, 0, 0, 0);
     }
 }
