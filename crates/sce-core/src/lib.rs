@@ -4,8 +4,11 @@
 //! direct-mapped fragment table, slot descriptors with page-validity bitmaps, the eviction
 //! policies (generalized CLOCK, LRU, FIFO), the MRU hotness window, the admission policies
 //! (`sce`, `sce-paper`, `always`, `nhit:K`), the frequency sketch, stream detector and
-//! budgets of flash-conscious admission ([`admit`]), Algorithm 1's population throttle and the write modes
-//! (`awt`, `write-around`, `write-through`). It does no I/O, starts no thread and reads no
+//! budgets of flash-conscious admission ([`admit`]), the page area of single pages
+//! ([`pagearea`]), Algorithm 1's population throttle and the write modes (`awt`,
+//! `write-around`, `write-through`, `passthrough`; write-back is the volume's mode, served by
+//! the engine's write-back log with the core's shards in write-through: [`WriteMode`]). It
+//! does no I/O, starts no thread and reads no
 //! clock: drivers call it and perform the I/O it plans. See [`cache`] for the protocol.
 //! [`units`] parses and prints sizes and durations as people write them (`4GiB`, `2ms`),
 //! for the command line, the server's configuration and the simulator alike.
