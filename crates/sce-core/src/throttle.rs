@@ -19,7 +19,7 @@ pub struct ThrottleState {
     /// How long each worker sleeps between cycles.
     pub period: Duration,
     /// How long a worker sleeps after a cycle that populated a fragment: `period`, or the
-    /// fast period while the read hit ratio is moving (`CacheCore::throttle`). The slow
+    /// fast period while the read hit ratio is moving (the population budget says so). The slow
     /// rung saves flash writes once hits are steady, but the end of a shift of the working
     /// set has a low miss rate concentrated in the lines still missing: at two picks a
     /// second a 200 MiB region's last tenth took tens of seconds.
@@ -69,8 +69,9 @@ impl MissRate {
     }
 }
 
-/// Applies Algorithm 1 to a miss rate and free percentage.
-pub fn decide(cfg: &ThrottleConfig, missrate: f64, free_pcnt: f64) -> ThrottleState {
+/// Applies Algorithm 1 to a miss rate and free percentage; `moving` (the population
+/// budget saw the read hit ratio move in its last epoch) makes `after_pick` the fast period.
+pub fn decide(cfg: &ThrottleConfig, missrate: f64, free_pcnt: f64, moving: bool) -> ThrottleState {
     let (active_workers, period) = if missrate >= cfg.high_missrate && free_pcnt > cfg.low_free_pcnt
     {
         (cfg.max_workers, cfg.period)
@@ -84,7 +85,11 @@ pub fn decide(cfg: &ThrottleConfig, missrate: f64, free_pcnt: f64) -> ThrottleSt
     ThrottleState {
         active_workers,
         period,
-        after_pick: period,
+        after_pick: if moving {
+            period.min(cfg.period)
+        } else {
+            period
+        },
         may_populate,
         missrate,
         free_pcnt,
@@ -98,28 +103,30 @@ mod tests {
     #[test]
     fn worker_steps_follow_algorithm_1() {
         let c = ThrottleConfig::default();
-        assert_eq!(decide(&c, 0.9, 80.0).active_workers, 8);
-        assert_eq!(decide(&c, 0.34, 80.0).active_workers, 4);
-        assert_eq!(decide(&c, 0.9, 10.0).active_workers, 4);
-        let low = decide(&c, 0.10, 80.0);
+        assert_eq!(decide(&c, 0.9, 80.0, false).active_workers, 8);
+        assert_eq!(decide(&c, 0.34, 80.0, false).active_workers, 4);
+        assert_eq!(decide(&c, 0.9, 10.0, false).active_workers, 4);
+        let low = decide(&c, 0.10, 80.0, false);
         assert_eq!(
             (low.active_workers, low.period),
             (1, Duration::from_millis(500))
         );
         assert!(low.may_populate);
-        assert!(!decide(&c, 0.0, 80.0).may_populate);
+        assert_eq!(low.after_pick, low.period);
+        assert_eq!(decide(&c, 0.10, 80.0, true).after_pick, c.period);
+        assert!(!decide(&c, 0.0, 80.0, false).may_populate);
         let strict = ThrottleConfig {
             min_free_pcnt: 5.0,
             allow_eviction: false,
             ..c.clone()
         };
-        assert!(!decide(&strict, 0.9, 4.0).may_populate);
-        assert!(decide(&strict, 0.9, 6.0).may_populate);
+        assert!(!decide(&strict, 0.9, 4.0, false).may_populate);
+        assert!(decide(&strict, 0.9, 6.0, false).may_populate);
         let target = ThrottleConfig {
             target_missrate: 0.2,
             ..c
         };
-        assert!(!decide(&target, 0.1, 50.0).may_populate);
+        assert!(!decide(&target, 0.1, 50.0, false).may_populate);
     }
 
     #[test]

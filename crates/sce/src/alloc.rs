@@ -3,9 +3,9 @@
 //!
 //! It is every build's global allocator, and counts only once [`start_counting`] was called,
 //! which `footprint` does before it measures and `sim` while it builds its cores: in every
-//! other command (`serve`'s included) an allocation or free costs one relaxed load of a flag that never changes and
-//! a branch beside the system allocator's own work (docs/MEMORY.md has the A/B of the hit
-//! path). While counting, each allocation and free adds one atomic add.
+//! other command (`serve`'s included) an allocation or free costs one relaxed load of a flag
+//! that never changes and a branch beside the system allocator's own work (docs/MEMORY.md
+//! has the A/B of the hit path). While counting, each allocation and free adds one atomic add.
 //!
 //! [`uncounted`] runs a closure whose allocations (and deallocations) on the calling thread
 //! are left out of the count: the footprint's stand-in devices keep what is written to them

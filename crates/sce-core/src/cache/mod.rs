@@ -485,11 +485,7 @@ impl CacheCore {
         self.advance_clock(now);
         let rate = self.missrate.rate(now, self.cfg.throttle.missrate_window);
         let free = 100.0 * self.slots.free_count() as f64 / self.geo.slots() as f64;
-        let mut st = throttle::decide(&self.cfg.throttle, rate, free);
-        if self.budget.moving() {
-            st.after_pick = st.period.min(self.cfg.throttle.period);
-        }
-        st
+        throttle::decide(&self.cfg.throttle, rate, free, self.budget.moving())
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<(), RequestError> {

@@ -151,7 +151,7 @@ impl CacheCore {
         let caching = self.cfg.write_mode.caches_reads();
         let mut missed = PageSet::new(self.geo.pages_per_fragment());
         let mut partial = PageSet::new(self.geo.pages_per_fragment());
-        let (mut last_pin, mut dense) = (None, None::<bool>);
+        let (mut last_pin, mut missed_n) = (None, 0);
         for p in lo..hi {
             let ra = a.max(fstart + p as u64 * PAGE_SIZE);
             let rb = b.min(self.page_end(f, p));
@@ -173,11 +173,7 @@ impl CacheCore {
                 plan.area_hits += 1;
             } else {
                 plan.push(buf_offset, rb - ra, RunTarget::Source(SourceOffset(ra)));
-                plan.missed_pages += 1;
-                // A scan's misses are no line's demand.
-                plan.dense_missed += (!plan.verdict.sequential
-                    && *dense.get_or_insert_with(|| self.dense(f)))
-                    as u64;
+                missed_n += 1;
                 plan.full_hit = false;
                 if ra == fstart + p as u64 * PAGE_SIZE && rb == self.page_end(f, p) {
                     missed.insert_range(p, p + 1);
@@ -185,6 +181,11 @@ impl CacheCore {
                     partial.insert_range(p, p + 1);
                 }
             }
+        }
+        plan.missed_pages += missed_n;
+        // A scan's misses are no line's demand.
+        if missed_n > 0 && !plan.verdict.sequential && self.dense(f) {
+            plan.dense_missed += missed_n;
         }
         (missed, partial)
     }

@@ -88,12 +88,11 @@ impl CacheCore {
         // would have earned in one step's slots: the area yields if either says lines earn
         // twice its rate, and grows only if neither says lines earn more.
         let rates = |hits: u64, slots: u64| (sp.area_hits * slots, hits * area_slots.max(1));
-        let mut verdicts = vec![rates(sp.line_hits, line_slots.max(1))];
-        if line_slots < step as u64 {
-            verdicts.push(rates(sp.line_hits + sp.dense_missed, step as u64));
-        }
-        let grow = verdicts.iter().all(|&(pa, pl)| pa > pl);
-        let give = verdicts.iter().any(|&(pa, pl)| pa * 2 < pl);
+        let own = rates(sp.line_hits, line_slots.max(1));
+        let stand_in =
+            (line_slots < step as u64).then(|| rates(sp.line_hits + sp.dense_missed, step as u64));
+        let grow = own.0 > own.1 && stand_in.is_none_or(|(pa, pl)| pa > pl);
+        let give = own.0 * 2 < own.1 || stand_in.is_some_and(|(pa, pl)| pa * 2 < pl);
         sp.grow_ok = if grow || area_slots == 0 { step } else { 0 };
         sp.yield_ok = if area_slots > 0 && give { step } else { 0 };
         (sp.area_hits, sp.line_hits, sp.dense_missed, sp.epoch_pages) = (0, 0, 0, 0);
