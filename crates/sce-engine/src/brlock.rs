@@ -8,9 +8,9 @@
 //! every reader. Writers pay `SHARDS` uncontended lock operations, which the write paths
 //! (a few per write, one per population step) can afford.
 //!
-//! Lock order: the shards count as one lock (order 2 in docs/ARCHITECTURE.md): a writer
-//! takes them all in index order, a reader takes one, and nobody holds a shard while taking
-//! another lock of order 2 or above it.
+//! Lock order: the shards count as one lock (level `CoreShard`, `order.rs`, which `Cores`
+//! records around every acquisition): a writer takes them all in index order, a reader
+//! takes one, and nobody holds a shard while taking another core shard or a lock above it.
 
 use crate::shard::thread_index;
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};

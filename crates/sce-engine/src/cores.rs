@@ -4,16 +4,17 @@
 //!
 //! - Exclusive access is [`Cores::with_shard`], shared access [`Cores::read_shard`]: a
 //!   closure runs with the shard locked, so a lock can never outlive its use, and a debug
-//!   build asserts that no thread holds two shards at once (lock order 2 in
-//!   docs/ARCHITECTURE.md): taking a second shard inside a closure panics in every test.
+//!   build asserts that no thread holds two shards at once (level `CoreShard` in
+//!   `order.rs` and docs/ARCHITECTURE.md): taking a second shard inside a closure, or a
+//!   lock of a lower level, panics in every test.
 //! - Callers speak global addresses: the translations between a shard's own fragment,
 //!   slot and offset numbers and the volume's are methods here, over the `ShardMap`.
 //! - Reads planned under a shared lock defer their accounting to log shards
 //!   ([`Cores::log_read`]), applied to the core in batches.
 
 use crate::brlock::BrLock;
+use crate::order::{levels, OrderedMutex, Token};
 use crate::shard::thread_index;
-use parking_lot::Mutex;
 use sce_core::slots::PinTable;
 use sce_core::{
     AccessLog, CacheCore, CacheOffset, CoreConfig, FragNo, Nanos, Piece, PinnedRead, ReadPlan,
@@ -34,7 +35,7 @@ const LOG_CAP: u64 = 1024;
 /// different shards do not share them.
 #[derive(Default)]
 #[repr(align(128))]
-struct LogShard(Mutex<AccessLog>);
+struct LogShard(OrderedMutex<levels::LogShard, AccessLog>);
 
 /// The core's shards and what belongs to each.
 pub(crate) struct Cores {
@@ -50,34 +51,8 @@ pub(crate) struct Cores {
     fshift: u32,
 }
 
-#[cfg(debug_assertions)]
-thread_local! {
-    /// The shard this thread holds, if any (debug builds check the lock order with it).
-    static HOLDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Marks this thread as holding a core shard while it lives (debug builds).
-struct Holding;
-
-impl Holding {
-    fn enter() -> Holding {
-        #[cfg(debug_assertions)]
-        HOLDING.with(|h| {
-            assert!(
-                !h.replace(true),
-                "lock order: a thread took a second core shard while holding one"
-            )
-        });
-        Holding
-    }
-}
-
-impl Drop for Holding {
-    fn drop(&mut self) {
-        #[cfg(debug_assertions)]
-        HOLDING.with(|h| h.set(false));
-    }
-}
+/// A core shard held by this thread (its level, checked in debug builds: no second one).
+type Holding = Token<levels::CoreShard>;
 
 impl Cores {
     /// The shards `cores`, cut as `map` says.
@@ -294,5 +269,62 @@ impl Cores {
             }
         }
         sum
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::order::{levels, OrderedMutex};
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    fn two_shards() -> Cores {
+        let cfg = CoreConfig::default();
+        let (source, cache) = (1 << 30, 64 << 20);
+        let map = ShardMap::for_cache(2, &cfg, source, cache);
+        Cores::new(map.build(&cfg, cache).expect("cores"), map)
+    }
+
+    /// Panics of `f`, as text (None if it returned).
+    fn panic_of(f: impl FnOnce()) -> Option<String> {
+        let e = catch_unwind(AssertUnwindSafe(f)).err()?;
+        e.downcast_ref::<String>().cloned().or(Some("?".into()))
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    fn a_second_shard_or_a_lock_out_of_order_panics() {
+        let cores = two_shards();
+        assert_eq!(cores.count(), 2);
+        // One shard after the other: fine.
+        cores.with_shard(0, |_| ());
+        cores.read_shard(1, |_| ());
+        type Nested = fn(&Cores);
+        let nested: [(&str, Nested); 3] = [
+            ("exclusive, then shared", |c| {
+                c.with_shard(0, |_| c.read_shard(1, |_| ()))
+            }),
+            ("shared, then exclusive", |c| {
+                c.read_shard(1, |_| c.with_shard(0, |_| ()))
+            }),
+            ("shared twice", |c| {
+                c.read_shard(0, |_| c.read_shard(1, |_| ()))
+            }),
+        ];
+        for (what, f) in nested {
+            let p = panic_of(|| f(&cores)).unwrap_or_else(|| panic!("{what}: no panic"));
+            assert!(p.contains("took CoreShard"), "{what}: {p}");
+        }
+        // A lock of a lower level under a shard: the engine's configuration (level 3).
+        let config = OrderedMutex::<levels::EngineConfig, _>::new(());
+        let p = panic_of(|| cores.with_shard(0, |_| drop(config.lock()))).expect("no panic");
+        assert!(
+            p.contains("took EngineConfig (level 3) while holding CoreShard"),
+            "{p}"
+        );
+        // The other way round is the order, and a panic above released what it held.
+        let _c = config.lock();
+        cores.with_shard(1, |_| ());
+        cores.apply_all_logs();
     }
 }

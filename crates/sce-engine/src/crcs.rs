@@ -20,7 +20,9 @@
 //! by reads; `ring` and `dirty` are leaves, never taken while holding a unit's lock for
 //! writing, and no I/O is done while holding any of them.
 
-use parking_lot::{Mutex, RwLock};
+use crate::order::{levels, OrderedMutex, OrderedRwLock};
+/// The ring and the dirty list are leaves of the lock order (`order.rs`).
+type Mutex<T> = OrderedMutex<levels::Leaf, T>;
 use sce_io::{BlockDevice, IoError};
 use sce_store::{read_unit_crcs, Layout, UnitCrcs};
 use std::collections::VecDeque;
@@ -103,7 +105,7 @@ impl Resident {
 /// One unit's place in the cache.
 #[derive(Default)]
 struct Entry {
-    unit: RwLock<Option<Box<Resident>>>,
+    unit: OrderedRwLock<levels::CrcUnit, Option<Box<Resident>>>,
     /// Pins held: a pinned unit is not evicted.
     pins: AtomicU32,
     /// The low 32 bits of the sequence of the image the device holds for the unit (loaded,
@@ -187,8 +189,8 @@ impl CrcCache {
             layout,
             uuid,
             entries: (0..layout.units).map(|_| Entry::default()).collect(),
-            ring: Mutex::new(VecDeque::new()),
-            dirty: Mutex::new(Vec::new()),
+            ring: OrderedMutex::new(VecDeque::new()),
+            dirty: OrderedMutex::new(Vec::new()),
             capacity: capacity.max(1),
             counters: CrcCounters::default(),
         }

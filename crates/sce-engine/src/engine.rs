@@ -18,9 +18,10 @@ use crate::checks::Checks;
 use crate::cores::Cores;
 use crate::devices::Devices;
 use crate::health::Health;
+use crate::order::{levels, OrderedMutex};
 use crate::persist::{Persist, Ticket};
 use crate::stats::Counters;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Condvar;
 use sce_core::{CoreConfig, RequestError};
 use sce_io::{IoError, Op};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -32,9 +33,9 @@ pub(crate) struct Engine {
     pub(crate) dev: Devices,
     pub(crate) cores: Cores,
     /// The volume's core configuration (each shard's is derived from it), as last retuned.
-    /// Lock order -1 (outermost): `CacheVolume::retune` holds it while it takes each core
+    /// Level `EngineConfig` (`order.rs`): `CacheVolume::retune` holds it while it takes each core
     /// shard in turn, so that two retunes cannot leave the shards differing.
-    pub(crate) config: Mutex<CoreConfig>,
+    pub(crate) config: OrderedMutex<levels::EngineConfig, CoreConfig>,
     pub(crate) checks: Checks,
     pub(crate) health: Health,
     pub(crate) persist: Option<Arc<Persist>>,
@@ -56,10 +57,10 @@ pub(crate) struct Engine {
 #[derive(Default)]
 pub(crate) struct Signals {
     shutdown: AtomicBool,
-    sleep_lock: Mutex<()>,
+    sleep_lock: OrderedMutex<levels::Leaf, ()>,
     wake: Condvar,
     /// Intents were set ahead of need: the intent writer has work.
-    intent_pending: Mutex<bool>,
+    intent_pending: OrderedMutex<levels::Leaf, bool>,
     intent_wake: Condvar,
 }
 
@@ -75,7 +76,7 @@ impl Signals {
         if self.shutting_down() {
             return false;
         }
-        self.wake.wait_for(&mut g, d);
+        g.wait_for(&self.wake, d);
         !self.shutting_down()
     }
 
@@ -89,7 +90,7 @@ impl Signals {
     pub(crate) fn wait_intent_work(&self) -> bool {
         let mut pending = self.intent_pending.lock();
         while !*pending && !self.shutting_down() {
-            self.intent_wake.wait(&mut pending);
+            pending.wait(&self.intent_wake);
         }
         *pending = false;
         !self.shutting_down()

@@ -13,9 +13,11 @@
 //! reads; a fill is an offer, not a duty. Once the volume is closing, a read writes its own.
 
 use crate::engine::Engine;
+use crate::order::{levels, OrderedMutex};
 use crate::persist::Ticket;
 use crossbeam_channel::{Receiver, Sender};
-use parking_lot::Mutex;
+/// This file's mutexes are leaves of the lock order (`order.rs`).
+type Mutex<T> = OrderedMutex<levels::Leaf, T>;
 use sce_core::{Populating, ReadPlan};
 use sce_io::AlignedBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

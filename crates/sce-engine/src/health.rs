@@ -2,7 +2,9 @@
 //! cache disabled itself and I/O goes to the source). What disabling does is the engine's
 //! (`Engine::disable`, `engine.rs`); this is the state it decides on.
 
-use parking_lot::Mutex;
+use crate::order::{levels, OrderedMutex};
+/// This file's mutexes are leaves of the lock order (`order.rs`).
+type Mutex<T> = OrderedMutex<levels::Leaf, T>;
 use sce_io::outage::{OutageLine, OutageLog, SUMMARY_EVERY};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Instant, SystemTime};

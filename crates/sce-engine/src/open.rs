@@ -11,6 +11,7 @@ use crate::engine::{Engine, Signals};
 use crate::fills::fill_writer;
 use crate::flusher::{flusher, intent_writer};
 use crate::health::Health;
+use crate::order::{levels, OrderedMutex};
 use crate::parts::Placed;
 use crate::path::WritePath;
 use crate::persist::{OpenVolume, Persist, PersistConfig};
@@ -18,7 +19,8 @@ use crate::population::population_worker;
 use crate::stats::Counters;
 use crate::through::{awt_writer, AwtJob, WriteThrough};
 use crate::volume::{CacheVolume, EngineConfig, EngineError};
-use parking_lot::Mutex;
+/// This file's mutexes are leaves of the lock order (`order.rs`).
+type Mutex<T> = OrderedMutex<levels::Leaf, T>;
 use sce_core::{CacheCore, ConfigError, CoreConfig, ShardMap, SlotNo};
 use sce_io::{BlockDevice, IoError, SliceDevice};
 use sce_store::CrcTable;
@@ -505,7 +507,7 @@ impl CacheVolume {
             checks: Checks::new(o.crcs, o.seeds, source.size(), fshift),
             dev: Devices::new(source, o.data, lbs, parts).with_read_ahead(read_ahead),
             cores: Cores::new(o.cores, o.map),
-            config: Mutex::new(o.config),
+            config: crate::order::OrderedMutex::new(o.config),
             health: Health::new(config.error_limit),
             persist: persist.clone(),
             counters: Counters::default(),

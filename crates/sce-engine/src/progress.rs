@@ -2,12 +2,13 @@
 //! let a waiting request go on (room freed, a commit or a cleaning done). Both write-back
 //! paths use it (`back/`, `log/`). A leaf lock.
 
-use parking_lot::{Condvar, Mutex};
+use crate::order::{levels, OrderedMutex};
+use parking_lot::Condvar;
 use std::time::Duration;
 
 #[derive(Default)]
 pub(crate) struct Progress {
-    n: Mutex<u64>,
+    n: OrderedMutex<levels::Leaf, u64>,
     cv: Condvar,
 }
 
@@ -27,7 +28,7 @@ impl Progress {
     pub(crate) fn wait(&self, seen: u64, d: Duration) {
         let mut n = self.n.lock();
         if *n == seen {
-            self.cv.wait_for(&mut n, d);
+            n.wait_for(&self.cv, d);
         }
     }
 }

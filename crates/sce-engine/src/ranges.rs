@@ -1,32 +1,49 @@
 //! A lock on byte ranges of the volume: reads take theirs shared, writes (and cleaning)
 //! exclusive. The write-back paths use it so that a read never sees a page while it is being
-//! rewritten, nor a page the cleaner is taking away from under it. Outermost in the lock
-//! order (docs/ARCHITECTURE.md: taken before any core lock, never while one is held).
+//! rewritten, nor a page the cleaner is taking away from under it. Its level `L` is the
+//! lock's place in the order (`order.rs`): the log's range lock or its source order; a
+//! range held through `lock` is checked and recorded as any lock, one taken with
+//! `try_take` (held until a completion on another thread gives it back) is not. The list
+//! of ranges behind it is a leaf.
 
+use crate::order::{Level, Token};
 use parking_lot::{Condvar, Mutex};
+use std::marker::PhantomData;
 
 /// Byte ranges in use: (start, end, exclusive); waiting happens on the condition variable.
-#[derive(Default)]
-pub(crate) struct RangeLock {
+pub(crate) struct RangeLock<L: Level> {
     ranges: Mutex<Vec<(u64, u64, bool)>>,
     cv: Condvar,
+    _level: PhantomData<fn() -> L>,
+}
+
+impl<L: Level> Default for RangeLock<L> {
+    fn default() -> Self {
+        RangeLock {
+            ranges: Mutex::default(),
+            cv: Condvar::new(),
+            _level: PhantomData,
+        }
+    }
 }
 
 /// A held byte range; released when dropped.
-pub(crate) struct RangeGuard<'a> {
-    lock: &'a RangeLock,
+pub(crate) struct RangeGuard<'a, L: Level> {
+    lock: &'a RangeLock<L>,
     range: (u64, u64, bool),
+    _token: Token<L>,
 }
 
-impl Drop for RangeGuard<'_> {
+impl<L: Level> Drop for RangeGuard<'_, L> {
     fn drop(&mut self) {
         self.lock.release_range(self.range);
     }
 }
 
-impl RangeLock {
+impl<L: Level> RangeLock<L> {
     /// Takes `[start, end)`, shared (reads) or exclusive (writes), waiting for conflicts.
-    pub(crate) fn lock(&self, start: u64, end: u64, exclusive: bool) -> RangeGuard<'_> {
+    pub(crate) fn lock(&self, start: u64, end: u64, exclusive: bool) -> RangeGuard<'_, L> {
+        let token = Token::enter();
         let mut r = self.ranges.lock();
         while r
             .iter()
@@ -38,6 +55,7 @@ impl RangeLock {
         RangeGuard {
             lock: self,
             range: (start, end, exclusive),
+            _token: token,
         }
     }
 

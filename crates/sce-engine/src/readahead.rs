@@ -23,7 +23,8 @@
 //! At most [`WINDOWS`] windows exist at once (the oldest unclaimed one gives way), so the
 //! memory held is at most `WINDOWS * MAX_LEN`; a stream that stops wastes one window's read.
 
-use parking_lot::{Condvar, Mutex};
+use crate::order::{levels, OrderedMutex, OrderedMutexGuard};
+use parking_lot::Condvar;
 use sce_io::{AlignedBuf, BlockDevice, Extent, IoError, SharedBytes};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -79,7 +80,7 @@ pub struct ReadAheadStats {
 }
 
 struct Shared {
-    st: Mutex<State>,
+    st: OrderedMutex<levels::Leaf, State>,
     cv: Condvar,
     stats: Arc<ReadAheadStats>,
 }
@@ -96,7 +97,7 @@ impl ReadAhead {
     /// Wraps `inner`; its threads are named `sce-readahead-N`.
     pub(crate) fn new(inner: Arc<dyn BlockDevice>) -> Result<ReadAhead, IoError> {
         let shared = Arc::new(Shared {
-            st: Mutex::new(State::default()),
+            st: OrderedMutex::new(State::default()),
             cv: Condvar::new(),
             stats: Arc::default(),
         });
@@ -179,7 +180,12 @@ impl ReadAhead {
 
     /// Takes window `id`'s bytes into `buf` once it is filled; false if it failed or was
     /// voided (the caller reads the source). The window is removed either way.
-    fn take(&self, mut st: parking_lot::MutexGuard<'_, State>, id: u64, buf: &mut [u8]) -> bool {
+    fn take(
+        &self,
+        mut st: OrderedMutexGuard<'_, levels::Leaf, State>,
+        id: u64,
+        buf: &mut [u8],
+    ) -> bool {
         loop {
             let Some(i) = st.windows.iter().position(|w| w.id == id) else {
                 return false;
@@ -190,7 +196,7 @@ impl ReadAhead {
                 return false;
             }
             if matches!(w.fill, Fill::Pending) {
-                self.shared.cv.wait(&mut st);
+                st.wait(&self.shared.cv);
                 continue;
             }
             let w = st.windows.remove(i);

@@ -12,10 +12,12 @@
 //! engine's subsystems (`engine.rs`) do the work.
 
 use crate::engine::Engine;
+use crate::order::{levels, OrderedMutex};
 use crate::path::WritePath;
 use crate::persist::{PersistConfig, PersistStats};
 use crate::stats::VolumeStats;
-use parking_lot::Mutex;
+/// This file's mutexes are leaves of the lock order (`order.rs`).
+type Mutex<T> = OrderedMutex<levels::Leaf, T>;
 use sce_core::{ConfigError, CoreConfig};
 use sce_io::{IoError, IoQueue};
 use std::sync::Arc;

@@ -18,9 +18,10 @@
 //! population rate) is kept across a detach and put back by the next attach, and a switch
 //! into or out of write-back reopens the volume under the gate with them (`attach/mode.rs`).
 //!
-//! Lock order: `ops` (one detach, attach or mode switch at a time) before `gate`, before
-//! `kept`; `gate` is held shared by requests across their I/O, exclusively only to swap the
-//! volume in or out.
+//! Lock order (levels in the locks' types, sce-engine's `order.rs`): `ops` (one detach,
+//! attach or mode switch at a time) before `gate`, before `draining`, `kept` and `carried`,
+//! before `spec`; `gate` is held shared by requests across their I/O, exclusively only to
+//! swap the volume in or out.
 
 mod carry;
 mod detached;
@@ -55,8 +56,8 @@ const DRAIN_PATIENCE: Duration = Duration::from_secs(60);
 use crate::config::{ExportConfig, ServeConfig};
 pub use crate::counters::ExportCounters;
 use anyhow::{anyhow, bail, Result};
-use parking_lot::{Mutex, RwLock};
 use sce_core::units::format_size;
+use sce_engine::order::{levels, OrderedMutex as Mutex, OrderedRwLock as RwLock};
 use sce_engine::{CacheVolume, DrainControl};
 use sce_io::{BlockDevice, IoError, SharedBytes};
 use std::path::PathBuf;
@@ -85,23 +86,23 @@ pub struct Attachable {
     part: Option<Part>,
     /// This export's own counts.
     pub counters: ExportCounters,
-    spec: Mutex<ExportConfig>,
+    spec: Mutex<levels::Leaf, ExportConfig>,
     cfg: ServeConfig,
     source: Arc<dyn BlockDevice>,
     /// The volume while attached. Requests hold it shared for their whole length.
-    gate: RwLock<Option<Arc<CacheVolume>>>,
+    gate: RwLock<levels::AttachGate, Option<Arc<CacheVolume>>>,
     /// A volume being detached: its hit queue stays reachable until its started reads
     /// complete (they were started before the swap and are submitted after it).
-    draining: Mutex<Option<Arc<CacheVolume>>>,
+    draining: Mutex<levels::AttachVolumes, Option<Arc<CacheVolume>>>,
     /// One detach or attach at a time.
-    ops: Mutex<()>,
+    ops: Mutex<levels::AttachOps, ()>,
     /// Writes and discards served while detached, since the last attach, and their ranges.
     detached: detached::DetachedWrites,
     /// The settings in effect when the cache was detached, or set while it was: the next
     /// attach opens the volume with them (None: the export's configuration's).
-    kept: Mutex<Option<sce_core::CoreConfig>>,
+    kept: Mutex<levels::AttachVolumes, Option<sce_core::CoreConfig>>,
     /// The counters of the volumes closed since the server started (`carry.rs`).
-    carried: Mutex<sce_engine::VolumeStats>,
+    carried: Mutex<levels::AttachVolumes, sce_engine::VolumeStats>,
 }
 
 /// What `attach` did.
@@ -331,7 +332,7 @@ impl Attachable {
             return Ok(DrainDone::default());
         }
         let name = self.spec.lock().name.clone();
-        let told = Mutex::new(std::time::Instant::now());
+        let told = parking_lot::Mutex::new(std::time::Instant::now());
         let progress = |d: &DrainDone| {
             let mut t = told.lock();
             if t.elapsed() >= Duration::from_secs(5) {

@@ -186,8 +186,7 @@ impl LogBack {
             if left.is_zero() {
                 break;
             }
-            self.wanted_cv
-                .wait_for(&mut w, left.min(Duration::from_millis(50)));
+            w.wait_for(&self.wanted_cv, left.min(Duration::from_millis(50)));
         }
         *w = false;
     }

@@ -51,10 +51,11 @@ pub(crate) use stats::cache_failed;
 pub use stats::WriteBackStats;
 
 use crate::engine::Engine;
+use crate::order::{levels, OrderedMutex};
 use crate::progress::Progress;
 use crate::ranges::RangeLock;
 use crate::through::WriteThrough;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Condvar;
 use sce_core::PAGE_SIZE;
 use sce_io::BlockDevice;
 use sce_store::wblog::state::GROUP_SHIFT;
@@ -87,27 +88,27 @@ pub(crate) struct LogBack {
     /// the volume.
     vols: Vec<Vol>,
     persist: Arc<crate::persist::Persist>,
-    st: Mutex<St>,
+    st: OrderedMutex<levels::Leaf, St>,
     /// One commit at a time (group commit: the others find theirs done).
-    commit_io: Mutex<()>,
+    commit_io: OrderedMutex<levels::LogCommitIo, ()>,
     /// One cleaning batch at a time (the cleaner's, a drain's).
-    clean_io: Mutex<()>,
+    clean_io: OrderedMutex<levels::LogCleanIo, ()>,
     /// One anchor move at a time (`commit.rs`: candidate, superblock write, writer).
-    anchor_io: Mutex<()>,
+    anchor_io: OrderedMutex<levels::LogAnchorIo, ()>,
     /// Writes hold their pages exclusively (a write merging a partial page must not lose a
     /// concurrent write's other bytes of it); reads and the cleaner take none. A write
     /// started through the queue holds them until its completion ran.
-    ranges: RangeLock,
+    ranges: RangeLock<levels::LogRange>,
     /// The order of source writes of the same pages: the cleaner takes a run's pages here
     /// around its source write, and so does a write (or discard) that goes through to the
     /// source and supersedes the log's versions, so that an older version the cleaner took
     /// never lands on the source after the newer bytes.
-    source_order: RangeLock,
+    source_order: RangeLock<levels::LogSourceOrder>,
     /// The cache device's I/O queue writes may start through, and where the cache device
     /// starts on its device (`queued.rs`).
     queue: OnceLock<(Arc<dyn sce_io::IoQueue>, u64)>,
     /// The cleaner is wanted now (writers waiting for room, a drain).
-    wanted: Mutex<bool>,
+    wanted: OrderedMutex<levels::Leaf, bool>,
     wanted_cv: Condvar,
     /// Bumped when room may have come back or a commit completed.
     progress: Progress,
@@ -140,7 +141,7 @@ pub(crate) struct LogBack {
     commits: AtomicU64,
     relocated: AtomicU64,
     damaged_found: AtomicU64,
-    last_clean_error: Mutex<String>,
+    last_clean_error: OrderedMutex<levels::Leaf, String>,
     /// Large writes of a sequential stream go through to the source (`seq.rs`), and the
     /// bytes that did.
     seq: seq::Bypass,

@@ -5,9 +5,10 @@
 //! dirty pages, and one that leaves out a volume with dirty pages in the log.
 
 use super::{LogBack, St, Vol};
+use crate::order::OrderedMutex as Mutex;
 use crate::persist::Persist;
 use crate::through::WriteThrough;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Condvar;
 use sce_io::{BlockDevice, IoError};
 use sce_store::wblog::{self, LogRegion, LogWriter, Replayed};
 use std::sync::{Arc, OnceLock};

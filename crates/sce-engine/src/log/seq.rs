@@ -8,7 +8,7 @@
 //! through is written as a drain writes one (`drain.rs`): merged with, and superseding,
 //! the log's versions of its pages.
 
-use parking_lot::Mutex;
+use crate::order::{levels, OrderedMutex};
 use sce_core::admit::Streams;
 
 /// The smallest write the bypass considers (smaller ones never take its lock).
@@ -20,7 +20,7 @@ const RECENT: usize = 64;
 
 /// The stream detector of the log's writes.
 pub(super) struct Bypass {
-    st: Mutex<State>,
+    st: OrderedMutex<levels::Leaf, State>,
 }
 
 struct State {
@@ -49,7 +49,7 @@ impl Bypass {
     /// A detector with `cutoff` bytes of run (0: none goes through).
     pub(super) fn new(cutoff: u64) -> Bypass {
         Bypass {
-            st: Mutex::new(State::new(cutoff)),
+            st: OrderedMutex::new(State::new(cutoff)),
         }
     }
 

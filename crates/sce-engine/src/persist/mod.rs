@@ -51,8 +51,8 @@ mod vols;
 pub use vols::OpenVolume;
 use vols::PVol;
 
+use crate::order::{levels, OrderedMutex};
 use intents::State;
-use parking_lot::Mutex;
 use sce_io::{BlockDevice, IoError};
 use sce_store::layout::BLOCK;
 use sce_store::{Layout, Superblock};
@@ -316,15 +316,15 @@ pub(crate) struct Persist {
     pub(crate) layout: Layout,
     /// The device's UUID (journal blocks carry it).
     uuid: [u8; 16],
-    sb: Mutex<Superblock>,
+    sb: OrderedMutex<levels::Leaf, Superblock>,
     /// The volumes served, in address order (one unless several share the device).
     vols: Vec<PVol>,
-    st: Mutex<State>,
-    intent_io: Mutex<()>,
+    st: OrderedMutex<levels::PersistState, State>,
+    intent_io: OrderedMutex<levels::PersistIntentIo, ()>,
     /// One flush round at a time (the flusher's, `flush_metadata`'s, `close`'s): two rounds
     /// would write images of the same unit with different sequence numbers, and each one's
     /// read-back would find the other's and count a metadata error.
-    round_lock: Mutex<()>,
+    round_lock: OrderedMutex<levels::PersistRound, ()>,
     seq: AtomicU64,
     pub(crate) cfg: PersistConfig,
     counters: Counters,
@@ -348,7 +348,7 @@ pub(crate) struct Persist {
     /// The state file that records the superblock's sequence, kept open.
     state_seq: StateSeq,
     /// Fragments the start dropped by intent, to fill again from the source (`refill.rs`).
-    refill: Mutex<Vec<(u32, u64)>>,
+    refill: OrderedMutex<levels::Leaf, Vec<(u32, u64)>>,
 }
 
 /// What `open` hands back to the volume.

@@ -121,7 +121,7 @@ struct Trusted<'a> {
     forget: bool,
     name: &'a str,
 }
-use parking_lot::Mutex;
+use crate::order::OrderedMutex as Mutex;
 
 use sce_io::{BlockDevice, IoError};
 use sce_store::{ScanReport, StoreError, Superblock};

@@ -4,8 +4,10 @@
 //! the caller's thread with the same `copy_to_cache`.
 
 use crate::engine::Engine;
+use crate::order::{levels, OrderedMutex};
 use crossbeam_channel::{Receiver, Sender};
-use parking_lot::Mutex;
+/// This file's mutexes are leaves of the lock order (`order.rs`).
+type Mutex<T> = OrderedMutex<levels::Leaf, T>;
 use sce_core::CacheCopy;
 use sce_io::{AlignedBuf, SharedBytes};
 use std::sync::Arc;

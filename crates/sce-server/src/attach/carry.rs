@@ -21,6 +21,9 @@ impl Attachable {
 
     /// `v` is closed for good (after its last request): its counters are carried.
     pub(super) fn carry(&self, v: &CacheVolume) {
-        self.carried.lock().add_counters(&v.stats());
+        // The volume's figures first: they take its core shards, which come before
+        // `carried` in the lock order (the receiver's guard would be taken first).
+        let closed = v.stats();
+        self.carried.lock().add_counters(&closed);
     }
 }

@@ -11,7 +11,9 @@
 //! (`settle_detached`), and a start that finds the mark trusts nothing of it. A crash while
 //! detached therefore costs the warm cache, never the data.
 
-use parking_lot::Mutex;
+use sce_engine::order::{levels, OrderedMutex};
+/// The ranges and the device are leaves of the lock order (sce-engine's `order.rs`).
+type Mutex<T> = OrderedMutex<levels::Leaf, T>;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
