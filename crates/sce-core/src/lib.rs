@@ -20,6 +20,7 @@ pub mod cache;
 pub mod config;
 pub mod evict;
 pub mod geometry;
+mod global;
 pub mod hotness;
 pub mod map;
 pub mod pagearea;
@@ -41,6 +42,7 @@ pub use cache::{
 pub use config::{Admission, ConfigError, CoreConfig, ThrottleConfig, WriteMode};
 pub use evict::EvictionKind;
 pub use geometry::Geometry;
+pub use global::GlobalCore;
 pub use sharded::{Globalize, OnShard, ShardedCore, ShardedRead};
 pub use shards::{shards_for, Piece, ShardMap, AUTO_CORE_SHARDS, MIN_SLOTS_PER_AUTO_SHARD};
 pub use stats::CoreStats;

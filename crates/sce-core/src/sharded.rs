@@ -7,7 +7,8 @@
 //! A request is cut by [`ShardMap::pieces`], each piece planned by its shard's core and its
 //! plan rewritten by the map (`globalize`): the map stays the only translation code. A
 //! multi-threaded driver (the engine), which keeps each shard behind its own lock, uses the
-//! same pieces and [`ShardMap::on_shard`] on the guards it gets from a locked shard.
+//! same pieces and sees each locked shard through [`GlobalCore`], which this type's
+//! per-shard operations also go through.
 //!
 //! With one shard every translation is the identity and the one core is configured as
 //! given: a driver sees exactly what it would of an unsharded [`CacheCore`].
@@ -19,6 +20,7 @@ use crate::cache::{
 };
 use crate::config::{ConfigError, CoreConfig};
 use crate::geometry::Geometry;
+use crate::global::GlobalCore;
 use crate::shards::{Piece, ShardMap};
 use crate::slots::PinTable;
 use crate::stats::CoreStats;
@@ -240,39 +242,46 @@ impl ShardedCore {
         self.cores[k].set_source_busy(busy);
     }
 
+    /// Shard `k` in global addresses, borrowed exclusively.
+    pub(crate) fn shard(&mut self, k: usize) -> GlobalCore<'_, &mut CacheCore> {
+        GlobalCore::new(&mut self.cores[k], &self.map, k)
+    }
+
+    /// Shard `k` in global addresses, borrowed shared.
+    fn shard_ref(&self, k: usize) -> GlobalCore<'_, &CacheCore> {
+        GlobalCore::new(&self.cores[k], &self.map, k)
+    }
+
     /// Shard `k`'s next population job, in global addresses.
     pub fn pick_population(&mut self, k: usize, now: Nanos) -> Option<OnShard<Population>> {
-        let job = Population::new(self.cores[k].pick_population(now)?);
-        Some(self.map.on_shard(k, 0, job))
+        self.shard(k).pick_population(now)
     }
 
     /// True if the page holding global source byte `at` is cached and valid.
     pub fn is_cached(&self, at: SourceOffset) -> bool {
-        let (k, local) = self.map.source_to_local(at);
-        self.cores[k].is_cached(local)
+        self.shard_ref(self.map.shard_of_source(at.0))
+            .is_cached(at.0)
     }
 
     /// The global slot holding global fragment `f`, if it is cached.
     pub fn exists(&self, f: FragNo) -> Option<SlotNo> {
-        let (k, local) = self.map.frag_to_local(f);
-        let (s, _) = self.cores[k].exists(local)?;
-        Some(self.map.slot_to_global(k, s))
+        self.shard_ref(self.map.shard_of_frag(f.0))
+            .slot_of(f.0)
+            .map(SlotNo)
     }
 
     /// Lends global slots `slots` to the write-back log (format 9's chunks;
     /// [`CacheCore::lend_slots`] in each shard). Returns the global slots an operation in
     /// flight pins, to try again once it is done.
     pub fn lend_slots(&mut self, slots: std::ops::Range<u64>) -> Vec<SlotNo> {
-        let mut by_shard: Vec<Vec<SlotNo>> = vec![Vec::new(); self.cores.len()];
+        let mut by_shard: Vec<Vec<u32>> = vec![Vec::new(); self.cores.len()];
         for g in slots {
-            let (k, s) = self.map.slot_to_local(SlotNo(g as u32));
-            by_shard[k].push(s);
+            by_shard[self.map.shard_of_slot(g as u32)].push(g as u32);
         }
         let mut busy = Vec::new();
         for (k, ss) in by_shard.into_iter().enumerate() {
             if !ss.is_empty() {
-                let left = self.cores[k].lend_slots(&ss);
-                busy.extend(left.into_iter().map(|s| self.map.slot_to_global(k, s)));
+                busy.extend(self.shard(k).lend_slots(&ss).into_iter().map(SlotNo));
             }
         }
         busy
@@ -281,8 +290,8 @@ impl ShardedCore {
     /// Gives global slots `slots`, lent to the write-back log, back to the read cache.
     pub fn give_back_slots(&mut self, slots: std::ops::Range<u64>) {
         for g in slots {
-            let (k, s) = self.map.slot_to_local(SlotNo(g as u32));
-            self.cores[k].give_back_slot(s);
+            let g = g as u32;
+            self.shard(self.map.shard_of_slot(g)).give_back_slot(g);
         }
     }
 

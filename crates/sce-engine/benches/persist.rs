@@ -21,7 +21,7 @@
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use sce_core::{CoreConfig, FragNo, ShardMap, SlotNo};
+use sce_core::{CoreConfig, ShardMap};
 use sce_engine::{CacheVolume, EngineConfig, PersistConfig};
 use sce_io::{
     AlignedBuf, BlockDevice, DirectMode, FileDevice, FileOptions, LatencyConfig, LatencyDevice,
@@ -357,13 +357,25 @@ fn startup_part(dir: &std::path::Path, cache_size: u64) {
     // Every slot holds a fragment with every page valid; the data is the sparse file's zeros,
     // so the checksums are those of a zero page at each page's address. A slot may hold only a
     // fragment of the core shard that owns it, so the image is laid out with the shard map
-    // the volume will use (`BENCH_SHARDS`): local slot `j` of shard `k` holds the shard's
-    // local fragment `3 j`.
+    // the volume will use (`BENCH_SHARDS`): the slots of shard `k`, in order, hold every
+    // third of the shard's fragments, in order.
     let map = ShardMap::new(BENCH_SHARDS, MIB, source_size, sb.layout.slots);
-    let frag_in = |s: u32| {
-        let (k, local) = map.slot_to_local(SlotNo(s));
-        map.frag_to_global(k, FragNo(local.0 as u64 * 3)).0
-    };
+    let mut frag_of = vec![u64::MAX; sb.layout.slots as usize];
+    let mut seen = [0u64; BENCH_SHARDS];
+    let mut next: Vec<u32> = (0..BENCH_SHARDS).map(|k| map.slot_base(k)).collect();
+    for f in 0..source_size / MIB {
+        let k = map.shard_of_frag(f);
+        if seen[k].is_multiple_of(3) && next[k] < map.slot_base(k) + map.slots(k) {
+            frag_of[next[k] as usize] = f;
+            next[k] += 1;
+        }
+        seen[k] += 1;
+    }
+    assert!(
+        frag_of.iter().all(|&f| f != u64::MAX),
+        "a slot without a fragment"
+    );
+    let frag_in = |s: u32| frag_of[s as usize];
     let zero = [0u8; 4096];
     let pages = l.pages_per_fragment as u64;
     let bitmap = vec![u64::MAX; l.bitmap_words()];

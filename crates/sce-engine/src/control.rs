@@ -109,9 +109,8 @@ impl CacheVolume {
         let cores = &self.engine.cores;
         let mut out = Vec::new();
         for p in cores.pieces(offset, len) {
-            let found = cores.read_shard(p.shard, |c| c.exists_range(SourceOffset(p.local), p.len));
-            for (local, pages) in found {
-                let g = cores.source_global(p.shard, local);
+            let found = cores.global_read(p.shard, |c| c.exists_range(&p));
+            for (g, pages) in found {
                 out.push((g, pages as u64 * sce_core::PAGE_SIZE));
             }
         }
@@ -286,13 +285,9 @@ impl CacheVolume {
             let fsize = 1u64 << e.fshift;
             let first = p.at.base / fsize;
             let end = (p.at.base + p.at.size).div_ceil(fsize);
-            e.cores.each_shard(|j, core| {
-                let (a, b) = (
-                    e.cores.first_local_from(j, first),
-                    e.cores.first_local_from(j, end),
-                );
-                core.set_disabled(a, b, on);
-            });
+            for j in 0..e.cores.count() {
+                e.cores.global(j, |core| core.set_disabled(first, end, on));
+            }
         }
         match &e.persist {
             Some(persist) => persist.set_detached(k, on),

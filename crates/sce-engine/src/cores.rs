@@ -7,8 +7,10 @@
 //!   build asserts that no thread holds two shards at once (level `CoreShard` in
 //!   `order.rs` and docs/ARCHITECTURE.md): taking a second shard inside a closure, or a
 //!   lock of a lower level, panics in every test.
-//! - Callers speak global addresses: the translations between a shard's own fragment,
-//!   slot and offset numbers and the volume's are methods here, over the `ShardMap`.
+//! - Callers speak global addresses: a shard is seen through `sce_core::GlobalCore`
+//!   ([`Cores::global`], [`Cores::at_source`], ...), jobs and writes come out as `OnShard`
+//!   guards in global addresses and complete with [`Cores::finish`]. The translations
+//!   between a shard's own numbers and the volume's stay in `sce-core`.
 //! - Reads planned under a shared lock defer their accounting to log shards
 //!   ([`Cores::log_read`]), applied to the core in batches.
 
@@ -17,8 +19,8 @@ use crate::order::{levels, OrderedMutex, Token};
 use crate::shard::thread_index;
 use sce_core::slots::PinTable;
 use sce_core::{
-    AccessLog, CacheCore, CacheOffset, CoreConfig, FragNo, Nanos, Piece, PinnedRead, ReadPlan,
-    RequestError, ShardMap, SlotNo, SourceOffset,
+    AccessLog, CacheCore, CoreConfig, GlobalCore, Nanos, OnShard, Piece, PinnedRead, ReadPlan,
+    RequestError, ShardMap,
 };
 use std::sync::Arc;
 use std::time::Instant;
@@ -48,7 +50,6 @@ pub(crate) struct Cores {
     /// `k * LOG_SHARDS + t`.
     logs: Box<[LogShard]>,
     epoch: Instant,
-    fshift: u32,
 }
 
 /// A core shard held by this thread (its level, checked in debug builds: no second one).
@@ -60,7 +61,6 @@ impl Cores {
         let n = cores.len();
         Cores {
             pins: cores.iter().map(|c| c.pin_table()).collect(),
-            fshift: cores[0].geometry().fragment_shift(),
             shards: cores.into_iter().map(BrLock::new).collect(),
             map,
             logs: (0..LOG_SHARDS * n).map(|_| LogShard::default()).collect(),
@@ -90,10 +90,74 @@ impl Cores {
         f(&self.shards[k].read())
     }
 
+    /// Runs `f` with shard `k` locked exclusively, seen in global addresses.
+    pub(crate) fn global<R>(
+        &self,
+        k: usize,
+        f: impl FnOnce(&mut GlobalCore<&mut CacheCore>) -> R,
+    ) -> R {
+        self.with_shard(k, |core| f(&mut GlobalCore::new(core, &self.map, k)))
+    }
+
+    /// Runs `f` with shard `k` locked shared, seen in global addresses.
+    pub(crate) fn global_read<R>(
+        &self,
+        k: usize,
+        f: impl FnOnce(&GlobalCore<&CacheCore>) -> R,
+    ) -> R {
+        self.read_shard(k, |core| f(&GlobalCore::new(core, &self.map, k)))
+    }
+
+    /// `global` on the shard holding global source offset `o`.
+    pub(crate) fn at_source<R>(
+        &self,
+        o: u64,
+        f: impl FnOnce(&mut GlobalCore<&mut CacheCore>) -> R,
+    ) -> R {
+        self.global(self.map.shard_of_source(o), f)
+    }
+
+    /// `global_read` on the shard holding global source offset `o`.
+    pub(crate) fn read_at_source<R>(
+        &self,
+        o: u64,
+        f: impl FnOnce(&GlobalCore<&CacheCore>) -> R,
+    ) -> R {
+        self.global_read(self.map.shard_of_source(o), f)
+    }
+
+    /// `global` on the shard owning global slot `s`.
+    pub(crate) fn at_slot<R>(
+        &self,
+        s: u32,
+        f: impl FnOnce(&mut GlobalCore<&mut CacheCore>) -> R,
+    ) -> R {
+        self.global(self.map.shard_of_slot(s), f)
+    }
+
+    /// The shard owning global slot `s`.
+    pub(crate) fn shard_of_slot(&self, s: u32) -> usize {
+        self.map.shard_of_slot(s)
+    }
+
+    /// Completes guard `on` on its shard's core, under that shard's exclusive lock.
+    pub(crate) fn finish<G, R>(&self, on: OnShard<G>, f: impl FnOnce(G, &mut CacheCore) -> R) -> R {
+        let (k, g) = on.into_parts();
+        self.with_shard(k, |core| f(g, core))
+    }
+
     /// Runs `f` on every shard in turn, each locked exclusively (one at a time).
     pub(crate) fn each_shard(&self, mut f: impl FnMut(usize, &mut CacheCore)) {
         for k in 0..self.count() {
             self.with_shard(k, |core| f(k, core));
+        }
+    }
+
+    /// Runs `f` on every shard in turn, each locked exclusively and seen in global
+    /// addresses (one at a time).
+    pub(crate) fn each_global(&self, mut f: impl FnMut(&mut GlobalCore<&mut CacheCore>)) {
+        for k in 0..self.count() {
+            self.global(k, &mut f);
         }
     }
 
@@ -107,55 +171,9 @@ impl Cores {
         self.map.pieces(offset, len)
     }
 
-    /// The shard holding global fragment `f`, and `f`'s number there.
-    pub(crate) fn frag(&self, f: u64) -> (usize, FragNo) {
-        self.map.frag_to_local(FragNo(f))
-    }
-
-    /// The shard holding global slot `s`, and its number there.
-    pub(crate) fn slot(&self, s: u32) -> (usize, SlotNo) {
-        self.map.slot_to_local(SlotNo(s))
-    }
-
-    /// The shard of global source offset `o`, and its offset there.
-    pub(crate) fn source(&self, o: u64) -> (usize, SourceOffset) {
-        self.map.source_to_local(SourceOffset(o))
-    }
-
-    /// Global number of shard `k`'s fragment `f`.
-    pub(crate) fn frag_global(&self, k: usize, f: FragNo) -> u64 {
-        self.map.frag_to_global(k, f).0
-    }
-
-    /// Global number of shard `k`'s slot `s`.
-    pub(crate) fn slot_global(&self, k: usize, s: SlotNo) -> u32 {
-        self.map.slot_to_global(k, s).0
-    }
-
-    /// Global source offset of shard `k`'s offset `o`.
-    pub(crate) fn source_global(&self, k: usize, o: SourceOffset) -> u64 {
-        self.map.source_to_global(k, o).0
-    }
-
-    /// Global cache offset of shard `k`'s cache offset `c`.
-    pub(crate) fn cache_global(&self, k: usize, c: CacheOffset) -> u64 {
-        self.map.cache_to_global(k, c).0
-    }
-
-    /// Global slot of shard `k`'s cache offset `c`.
-    pub(crate) fn slot_of_cache(&self, k: usize, c: CacheOffset) -> u32 {
-        (self.cache_global(k, c) >> self.fshift) as u32
-    }
-
-    /// The global slots of shard `k`: `[first, end)`.
-    pub(crate) fn slot_range(&self, k: usize) -> (u32, u32) {
-        let lo = self.map.slot_base(k);
-        (lo, lo + self.map.slots(k))
-    }
-
-    /// Shard `k`'s first fragment at or after global fragment `g`.
-    pub(crate) fn first_local_from(&self, k: usize, g: u64) -> FragNo {
-        self.map.first_local_from(k, FragNo(g))
+    /// The one piece of a request of `len > 0` bytes at global `offset` within one fragment.
+    pub(crate) fn piece(&self, offset: u64, len: u64) -> Piece {
+        self.map.piece(offset, len)
     }
 
     /// A shard's part of the volume's configuration `cfg`.
@@ -172,15 +190,8 @@ impl Cores {
         then: impl FnOnce(&PinnedRead),
     ) -> Result<PinnedRead<'p>, RequestError> {
         let k = piece.shard;
-        self.read_shard(k, |core| {
-            let mut read = PinnedRead::plan(
-                core,
-                &self.pins[k],
-                SourceOffset(piece.local),
-                piece.len,
-                plan,
-            )?;
-            read.globalize(&self.map, k);
+        self.global_read(k, |core| {
+            let read = core.plan_read(&self.pins[k], piece, plan)?;
             then(&read);
             Ok(read)
         })
@@ -194,10 +205,9 @@ impl Cores {
         read: &mut PinnedRead,
         then: impl FnOnce(&PinnedRead, &CacheCore),
     ) -> Result<(), RequestError> {
-        self.with_shard(k, |core| {
+        self.global(k, |core| {
             core.advance_clock(self.now());
-            read.commit(core)?;
-            read.globalize(&self.map, k);
+            core.commit_read(read)?;
             then(read, core);
             Ok(())
         })
@@ -210,8 +220,7 @@ impl Cores {
 
     /// Drops pages `[p0, p1)` of global fragment `f` from the cache.
     pub(crate) fn invalidate(&self, f: u64, p0: u32, p1: u32) {
-        let (k, f) = self.frag(f);
-        self.with_shard(k, |core| core.invalidate(f, p0, p1));
+        self.global(self.map.shard_of_frag(f), |core| core.invalidate(f, p0, p1));
     }
 
     /// The read-log shards of core shard `k`.

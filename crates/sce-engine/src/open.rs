@@ -21,7 +21,7 @@ use crate::through::{awt_writer, AwtJob, WriteThrough};
 use crate::volume::{CacheVolume, EngineConfig, EngineError};
 /// This file's mutexes are leaves of the lock order (`order.rs`).
 type Mutex<T> = OrderedMutex<levels::Leaf, T>;
-use sce_core::{CacheCore, ConfigError, CoreConfig, ShardMap, SlotNo};
+use sce_core::{CacheCore, ConfigError, CoreConfig, GlobalCore, ShardMap};
 use sce_io::{BlockDevice, IoError, SliceDevice};
 use sce_store::CrcTable;
 use std::sync::Arc;
@@ -119,9 +119,8 @@ fn open_core(
     apply_shares(&mut cores, &map, vols, core_cfg.fragment_size);
     persist.start(
         |s| {
-            let (k, local) = map.slot_to_local(SlotNo(s));
-            let f = cores[k].slot_state(local).0;
-            f.map(|f| map.frag_to_global(k, f).0)
+            let k = map.shard_of_slot(s);
+            GlobalCore::new(&cores[k], &map, k).slot_fragment(s)
         },
         &loaded,
     )?;
@@ -232,19 +231,15 @@ fn relayout(
 /// never trusted again. (No dirty pages: a device holding any was drained and formatted
 /// afresh, `crate::slots`.)
 fn restore(cores: &mut [CacheCore], map: &ShardMap, loaded: &sce_store::Loaded, words: usize) {
-    type Restored<'a> = (SlotNo, sce_core::FragNo, &'a [u64]);
+    type Restored<'a> = (u32, u64, &'a [u64]);
     let mut per: Vec<Vec<Restored>> = vec![Vec::new(); cores.len()];
     for (i, &(s, f)) in loaded.entries.iter().enumerate() {
-        let (k, local) = map.slot_to_local(SlotNo(s));
-        let (kf, lf) = map.frag_to_local(sce_core::FragNo(f));
-        if k == kf && local.0 < map.slots(k) {
-            per[k].push((local, lf, &loaded.bitmaps[i * words..(i + 1) * words]));
-        }
+        per[map.shard_of_slot(s)].push((s, f, &loaded.bitmaps[i * words..(i + 1) * words]));
     }
-    for (core, entries) in cores.iter_mut().zip(per) {
+    for (k, (core, entries)) in cores.iter_mut().zip(per).enumerate() {
         // Every slot that changes from now on is written by the next round.
         core.track_dirty();
-        core.restore(entries);
+        GlobalCore::new(core, map, k).restore(entries);
     }
 }
 
@@ -314,15 +309,14 @@ pub(crate) fn apply_shares(
     }
     for (k, core) in cores.iter_mut().enumerate() {
         let slots = core.geometry().slots() as f64;
-        let parts: Vec<(sce_core::FragNo, Option<u32>)> = vols
+        let parts: Vec<(u64, Option<u32>)> = vols
             .iter()
             .map(|v| {
-                let first = map.first_local_from(k, sce_core::FragNo(v.base / fragment_size));
                 let cap = v.share.map(|f| ((f * slots).floor() as u32).max(1));
-                (first, cap)
+                (v.base / fragment_size, cap)
             })
             .collect();
-        core.set_shares(&parts);
+        GlobalCore::new(core, map, k).set_shares(&parts);
     }
 }
 

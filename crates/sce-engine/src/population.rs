@@ -6,25 +6,25 @@
 
 use crate::engine::Engine;
 use crate::persist::Ticket;
-use sce_core::Population;
+use sce_core::{OnShard, Population};
 use sce_io::{AlignedBuf, BlockDevice, IoError, Op};
 use std::sync::atomic::Ordering::Relaxed;
 
-/// Performs a population job of core shard `k` with `buf` (at least a fragment long) and
-/// completes it; true if its data was read and written.
-pub(crate) fn run_population(s: &Engine, k: usize, job: Population, buf: &mut AlignedBuf) -> bool {
+/// Performs a population job (in global addresses) with `buf` (at least a fragment long)
+/// and completes it on its shard; true if its data was read and written.
+pub(crate) fn run_population(s: &Engine, job: OnShard<Population>, buf: &mut AlignedBuf) -> bool {
     let cores = &s.cores;
-    let slot = cores.slot_global(k, job.slot);
+    let slot = job.slot.0;
+    let source = job.source.0;
     if let Some(p) = &s.persist {
         // Data of another fragment may still be claimed by a slot's record: the job's, or
         // (a job of the page area) each packed slot its runs write to.
         let line = 1u64 << s.fshift;
-        let source = cores.source_global(k, job.source);
         let mut guards: Vec<(u32, u64)> = job
             .runs
             .iter()
             .map(|&(o, _, c)| {
-                let c = cores.cache_global(k, c);
+                let c = c.0;
                 let f = crate::persist::Persist::fill_fragment(source + o, c, line);
                 ((c >> s.fshift) as u32, f)
             })
@@ -36,11 +36,10 @@ pub(crate) fn run_population(s: &Engine, k: usize, job: Population, buf: &mut Al
             .flat_map(|(sl, f)| p.guard_slot(sl, f))
             .collect();
         if !s.wait_intents(&t) {
-            cores.with_shard(k, |core| job.complete(core, false));
+            cores.finish(job, |job, core| job.complete(core, false));
             return false;
         }
     }
-    let source = cores.source_global(k, job.source);
     let span = &mut buf[..job.len as usize];
     let mut ok = match s.dev.source.read_at(source, span) {
         Ok(()) => {
@@ -51,19 +50,17 @@ pub(crate) fn run_population(s: &Engine, k: usize, job: Population, buf: &mut Al
     };
     if ok {
         for &(o, l, c) in &job.runs {
-            let c = cores.cache_global(k, c);
             s.checks
-                .record(source + o, c, &buf[o as usize..(o + l) as usize]);
+                .record(source + o, c.0, &buf[o as usize..(o + l) as usize]);
         }
         for &(o, l, c) in &job.runs {
-            let c = cores.cache_global(k, c);
-            ok &= s.cache_write(c, &buf[o as usize..(o + l) as usize]);
+            ok &= s.cache_write(c.0, &buf[o as usize..(o + l) as usize]);
             if !ok {
                 break;
             }
         }
     }
-    cores.with_shard(k, |core| job.complete(core, ok));
+    cores.finish(job, |job, core| job.complete(core, ok));
     if let (true, Some(p)) = (ok, &s.persist) {
         p.warm(slot);
     }
@@ -115,7 +112,7 @@ pub(crate) fn population_worker(s: &Engine, index: u32) {
             s.counters.population_source_busy.fetch_add(1, Relaxed);
             continue;
         }
-        let job = cores.with_shard(k, |core| {
+        let job = cores.global(k, |core| {
             // The misses since the throttle was read: a batch of hits applied meanwhile has
             // pushed those applied then out of the hotness window.
             cores.apply_logs(k, core);
@@ -124,7 +121,7 @@ pub(crate) fn population_worker(s: &Engine, index: u32) {
         if let Some(job) = job {
             after_pick = Some(st.after_pick);
             let b = buf.get_or_insert_with(|| AlignedBuf::new(fsize));
-            run_population(s, k, Population::new(job), b);
+            run_population(s, job, b);
         }
     }
 }
@@ -142,10 +139,10 @@ impl Engine {
         while n < max && idle < shards {
             let job = self
                 .cores
-                .with_shard(k, |core| core.pick_population_unthrottled());
+                .global(k, |core| core.pick_population_unthrottled());
             match job {
                 Some(job) => {
-                    run_population(self, k, Population::new(job), &mut buf);
+                    run_population(self, job, &mut buf);
                     n += 1;
                     idle = 0;
                 }
@@ -171,10 +168,8 @@ impl Engine {
         let mut buf = AlignedBuf::new(fsize as usize);
         let mut at = offset - offset % fsize;
         while at < offset + len {
-            let (k, local) = self.cores.source(at);
-            let job = self.cores.with_shard(k, |core| core.prefetch(local));
-            if let Some(job) = job {
-                run_population(self, k, Population::new(job), &mut buf);
+            if let Some(job) = self.cores.at_source(at, |core| core.prefetch(at)) {
+                run_population(self, job, &mut buf);
             }
             at += fsize;
         }

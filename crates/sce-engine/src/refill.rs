@@ -11,7 +11,6 @@
 
 use crate::engine::Engine;
 use crate::population::run_population;
-use sce_core::Population;
 use sce_io::AlignedBuf;
 
 /// How long the refill waits before it looks again at a source that shows a queue.
@@ -39,17 +38,15 @@ pub(crate) fn refill(e: &Engine) {
             p.refill_stopped();
             break;
         }
-        let (ks, local_slot) = e.cores.slot(slot);
-        let lent = e.cores.read_shard(ks, |core| core.slot_is_lent(local_slot));
+        let ks = e.cores.shard_of_slot(slot);
+        let lent = e.cores.global_read(ks, |core| core.slot_is_lent(slot));
         let offset = f * fsize;
         let job = if lent || offset >= e.dev.size {
             None
         } else {
-            let (k, local) = e.cores.source(offset);
-            e.cores
-                .with_shard(k, |core| core.prefetch(local).map(|j| (k, j)))
+            e.cores.at_source(offset, |core| core.prefetch(offset))
         };
-        let done = job.is_some_and(|(k, job)| run_population(e, k, Population::new(job), &mut buf));
+        let done = job.is_some_and(|job| run_population(e, job, &mut buf));
         filled += u64::from(done);
         p.refill_done(done);
     }

@@ -111,11 +111,9 @@ impl Engine {
                 return false;
             }
         };
-        let (k, local) = self.cores.source(sp);
-        let (_, f) = self.cores.frag(sp >> self.fshift);
-        let genuine = self.cores.read_shard(k, |core| {
-            let still = core.is_cached(local)
-                && core.exists(f).map(|x| self.cores.slot_global(k, x.0)) == Some(slot as u32)
+        let genuine = self.cores.read_at_source(sp, |core| {
+            let still = core.is_cached(sp)
+                && core.slot_of(sp >> self.fshift) == Some(slot as u32)
                 && self.checks.try_get(c) == Ok(expect);
             if !still {
                 return false;

@@ -15,7 +15,6 @@
 
 use super::LogBack;
 use crate::engine::Engine;
-use sce_core::SlotNo;
 use sce_io::IoError;
 use sce_store::wblog::LendStep;
 use std::sync::atomic::Ordering::Relaxed;
@@ -118,15 +117,16 @@ fn lend_slots(e: &Engine, slots: std::ops::Range<u64>) -> Result<(), IoError> {
     // for the cleaner's next look: the cleaner's other duties never wait on it. Each shard
     // takes its slots in one go (one pass over its free list).
     for _ in 0..100 {
-        let mut by_shard: std::collections::BTreeMap<usize, Vec<SlotNo>> = Default::default();
+        let mut by_shard: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
         for &g in &left {
-            let (k, s) = e.cores.slot(g);
-            by_shard.entry(k).or_default().push(s);
+            by_shard
+                .entry(e.cores.shard_of_slot(g))
+                .or_default()
+                .push(g);
         }
         left.clear();
         for (k, ss) in by_shard {
-            let busy = e.cores.with_shard(k, |core| core.lend_slots(&ss));
-            left.extend(busy.into_iter().map(|s| e.cores.slot_global(k, s)));
+            left.extend(e.cores.global(k, |core| core.lend_slots(&ss)));
         }
         if left.is_empty() || e.signals.shutting_down() {
             break;
@@ -151,7 +151,7 @@ fn lend_slots(e: &Engine, slots: std::ops::Range<u64>) -> Result<(), IoError> {
 /// Gives global slots `slots` back to the read cache (those not lent are left as they are).
 fn give_back_slots(e: &Engine, slots: std::ops::Range<u64>) {
     for g in slots {
-        let (k, s) = e.cores.slot(g as u32);
-        e.cores.with_shard(k, |core| core.give_back_slot(s));
+        let g = g as u32;
+        e.cores.at_slot(g, |core| core.give_back_slot(g));
     }
 }

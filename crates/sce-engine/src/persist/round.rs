@@ -8,7 +8,10 @@ use super::{Persist, UnitImage};
 use crate::cores::Cores;
 use crate::crcs::{CrcCache, UnitPin};
 use crate::devices::Devices;
-use sce_core::{CacheCore, FragNo, SlotNo};
+use sce_core::{CacheCore, FragNo, GlobalCore};
+
+/// A core shard as a round sees it: locked, in global addresses.
+type Shard<'a> = GlobalCore<'a, &'a mut CacheCore>;
 use sce_io::{AlignedBuf, BlockDevice};
 use sce_store::layout::SLOTS_PER_INTENT_BLOCK;
 use sce_store::unit::{EntryIn, UnitBuilder, NO_FRAGMENT};
@@ -215,19 +218,12 @@ impl Persist {
         };
         let mut clear = Vec::new();
         let held = |s: u32| !force && self.write_hot_lately(s);
-        cores.each_shard(|k, core| {
+        cores.each_global(|core| {
             let mut st = self.st.lock();
             for s in core.take_dirty() {
-                units.insert(l.unit_of(cores.slot_global(k, s)).0);
+                units.insert(l.unit_of(s).0);
             }
-            clear.extend(Self::quiet_intents(
-                &mut st,
-                core,
-                (k, cores),
-                force,
-                read,
-                &held,
-            ));
+            clear.extend(Self::quiet_intents(&mut st, core, force, read, &held));
         });
         units.extend(clear.iter().map(|&s| l.unit_of(s).0));
         units.extend(crcs.take_dirty());
@@ -276,13 +272,12 @@ impl Persist {
     /// then leaves its intent set.
     fn quiet_intents(
         st: &mut State,
-        core: &CacheCore,
-        (k, cores): (usize, &Cores),
+        core: &Shard,
         force: bool,
         read: &[u64],
         held: &dyn Fn(u32) -> bool,
     ) -> Quiet {
-        let (lo, hi) = cores.slot_range(k);
+        let std::ops::Range { start: lo, end: hi } = core.slots();
         let mut clear = Vec::new();
         for w in lo as usize / 64..(hi as usize).div_ceil(64).min(st.intents.len()) {
             let mut bits = st.intents[w];
@@ -297,14 +292,11 @@ impl Persist {
                 if !quiet {
                     continue;
                 }
-                let (x, _) = core.slot_state(cores.slot(s).1);
+                let (x, _) = core.slot_state(s);
                 let m = st.claims.of(s);
                 // A slot's possible claims are always of its own shard's fragments; if one
                 // were not, it would count as busy (its intent stays).
-                let m_busy = m != NO_FRAGMENT && {
-                    let (km, lm) = cores.frag(m);
-                    km != k || core.fragment_busy(lm)
-                };
+                let m_busy = m != NO_FRAGMENT && core.fragment_busy(m);
                 if x.is_some_and(|x| core.fragment_busy(x)) || m_busy {
                     continue;
                 }
@@ -336,15 +328,14 @@ impl Persist {
                 (u, b, Vec::new(), crcs.changes(pin), true)
             })
             .collect();
-        cores.each_shard(|k, core| {
-            let (lo, hi) = cores.slot_range(k);
+        cores.each_global(|core| {
+            let std::ops::Range { start: lo, end: hi } = core.slots();
             let mut st = self.st.lock();
             for (u, builder, slots, _, whole) in b.iter_mut() {
                 let (first, end) = l.unit_slots(*u);
                 for s in first.max(lo)..end.min(hi) {
-                    let local = SlotNo(s - lo);
                     let redo = st.redo.len();
-                    let ok = self.slot_record(&mut st, core, (k, cores), record, builder, s, local);
+                    let ok = self.slot_record(&mut st, core, record, builder, s);
                     *whole &= st.redo.len() == redo;
                     // Every page's checksum, valid or not: a page becomes valid after its
                     // checksum is set, and may after this snapshot; the records must hold
@@ -365,7 +356,7 @@ impl Persist {
             .collect()
     }
 
-    /// Sets global slot `s`'s record (shard `k`'s `local` slot) in its unit's builder: a
+    /// Sets global slot `s`'s record (`core` is its shard's) in its unit's builder: a
     /// claim only if it keeps every slot's possible claims to one fragment and every
     /// fragment's to one slot (otherwise it is written empty and redone next round). Adds
     /// the claim to the possible claims; true if the record claims pages.
@@ -373,18 +364,16 @@ impl Persist {
     fn slot_record(
         &self,
         st: &mut State,
-        core: &CacheCore,
-        (k, cores): (usize, &Cores),
+        core: &Shard,
         record: &Record,
         b: &mut UnitBuilder,
         s: u32,
-        local: SlotNo,
     ) -> bool {
         let l = self.layout;
         let words = l.bitmap_words();
         let first = l.unit_slots(l.unit_of(s).0).0;
-        let (lx, bits) = core.slot_state(local);
-        let x = lx.map(|f| FragNo(cores.frag_global(k, f)));
+        let (x, bits) = core.slot_state(s);
+        let x = x.map(FragNo);
         let claim = x.filter(|_| bits.iter().any(|&w| w != 0));
         let m = st.claims.of(s);
         let ok = claim.filter(|x| {

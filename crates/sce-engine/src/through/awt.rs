@@ -105,7 +105,7 @@ impl Engine {
             .map(|copy| {
                 let w = *copy.write();
                 let piece = &data[w.buf_offset as usize..(w.buf_offset + w.len) as usize];
-                let cache = self.cores.cache_global(k, w.cache);
+                let cache = w.cache.0;
                 self.checks.record(offset + w.buf_offset, cache, piece);
                 let ok = self.cache_write(cache, piece);
                 (copy, ok)

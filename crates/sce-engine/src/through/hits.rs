@@ -5,7 +5,7 @@
 //! the way. Every other read takes the blocking path (`read.rs`).
 
 use crate::engine::Engine;
-use sce_core::{HeldRead, Piece, PinnedRead, ReadPlan, RunTarget};
+use sce_core::{HeldRead, PinnedRead, ReadPlan, RunTarget};
 use sce_io::{IoDone, IoError, IoOp, IoQueue, OnDone, PooledBuf, StartedRead};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -32,14 +32,8 @@ impl HitQueue {
         if e.health.passthrough() || !whole_pages || !one_fragment {
             return None;
         }
-        let (k, local) = e.cores.source(offset);
-        let piece = Piece {
-            shard: k,
-            offset,
-            local: local.0,
-            len,
-            buf_offset: 0,
-        };
+        let piece = e.cores.piece(offset, len);
+        let k = piece.shard;
         let mut plan = ReadPlan::default();
         let mut want = Vec::new();
         let mut known = true;

@@ -7,10 +7,11 @@
 use super::awt::{AwtQueue, CopyPiece, Payload};
 use crate::engine::Engine;
 use crate::persist::Ticket;
-use sce_core::{RequestError, SourceOffset, SourceWrite, WriteKind, WriteTxn};
+use sce_core::{RequestError, SourceWrite, WriteKind, WriteTxn};
 use sce_io::{IoError, Op};
 
-/// One piece of a write in flight: its core shard, where it lies, its transaction.
+/// One piece of a write in flight: its core shard, where it lies, its transaction (its
+/// copies in global cache offsets, their buffer offsets within the piece).
 struct WritePiece {
     shard: usize,
     /// Global source offset, and the piece's place in the request's buffer.
@@ -133,17 +134,16 @@ impl Engine {
         let mut pieces = Vec::new();
         let mut tickets = Vec::new();
         for p in self.cores.pieces(offset, len) {
-            let begun: Result<WriteTxn, RequestError> = self.cores.with_shard(p.shard, |core| {
+            let begun: Result<WriteTxn, RequestError> = self.cores.global(p.shard, |core| {
                 core.advance_clock(self.cores.now());
-                let txn = WriteTxn::begin(core, SourceOffset(p.local), p.len, kind)?;
+                let (_, txn) = core.begin_write(&p, kind)?.into_parts();
                 if let Some(persist) = self.persist.as_ref().filter(|_| p.len > 0) {
-                    let (cores, k) = (&self.cores, p.shard);
+                    // The copies' cache offsets are global: each names its global slot.
                     tickets.extend(persist.guard_write(
                         (p.offset, p.len),
                         txn.copies().iter().map(|c| {
-                            let slot = cores.slot_of_cache(k, c.write().cache);
-                            let f = core.slot_state(cores.slot(slot).1).0;
-                            (slot, f.map_or(u64::MAX, |f| cores.frag_global(k, f)))
+                            let slot = (c.write().cache.0 >> self.fshift) as u32;
+                            (slot, core.slot_fragment(slot).unwrap_or(u64::MAX))
                         }),
                     ));
                 }
