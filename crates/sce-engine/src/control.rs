@@ -8,7 +8,6 @@ use crate::path::WritePath;
 use crate::volume::CacheVolume;
 use sce_core::{CoreConfig, SourceOffset};
 use sce_io::IoError;
-use std::time::Instant;
 
 impl CacheVolume {
     /// Changes what a running cache may change (`sce ctl set`): the write mode, admission,
@@ -53,19 +52,6 @@ impl CacheVolume {
             "cache retuned"
         );
         Ok(cfg.clone())
-    }
-
-    /// Runs a write or discard, counted in flight and timed into the write histogram.
-    pub(crate) fn timed_write(
-        &self,
-        f: impl FnOnce() -> Result<(), IoError>,
-    ) -> Result<(), IoError> {
-        let lat = &self.engine.counters.latencies;
-        let _in_flight = crate::stats::InFlight::new(&lat.in_flight);
-        let t0 = Instant::now();
-        let r = f();
-        lat.write.record_since(t0);
-        r
     }
 
     /// The latency histograms (read hit, read miss, write) and requests in flight.

@@ -16,6 +16,16 @@ impl CacheVolume {
         check_range(op, offset, len, d.size, d.lbs)
     }
 
+    /// Runs a write or discard, counted in flight and timed into the write histogram.
+    fn timed_write(&self, f: impl FnOnce() -> Result<(), IoError>) -> Result<(), IoError> {
+        let lat = &self.engine.counters.latencies;
+        let _in_flight = crate::stats::InFlight::new(&lat.in_flight);
+        let t0 = std::time::Instant::now();
+        let r = f();
+        lat.write.record_since(t0);
+        r
+    }
+
     /// `read_at` that tells whether every byte came from the cache (a hit).
     pub fn read_hit(&self, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
         self.check(Op::Read, offset, buf.len() as u64)?;
