@@ -109,6 +109,12 @@ impl<'a, C: Deref<Target = CacheCore>> GlobalCore<'a, C> {
         found.into_iter().map(global).collect()
     }
 
+    /// The heat of the fragment holding global source offset `at` (`CacheCore::heat_at`).
+    pub fn heat_at(&self, at: u64) -> u32 {
+        self.core
+            .heat_at(self.map.source_to_local(SourceOffset(at)).1)
+    }
+
     /// True if global slot `slot` (this shard's) is lent to the write-back log.
     pub fn slot_is_lent(&self, slot: u32) -> bool {
         self.core
@@ -234,6 +240,12 @@ impl<C: DerefMut<Target = CacheCore>> GlobalCore<'_, C> {
             .map(|&(first, cap)| (self.map.first_local_from(self.k, FragNo(first)), cap))
             .collect();
         self.core.set_shares(&local);
+    }
+
+    /// FlashTier's `evict` over this shard's piece `p` (`CacheCore::evict_range`): the
+    /// pages dropped.
+    pub fn evict_range(&mut self, p: &Piece) -> u64 {
+        self.core.evict_range(SourceOffset(p.local), p.len)
     }
 
     /// Drops pages `[p0, p1)` of global fragment `f` (this shard's).

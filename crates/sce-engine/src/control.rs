@@ -6,7 +6,7 @@ use crate::log::WriteBackStats;
 use crate::parts::Placed;
 use crate::path::WritePath;
 use crate::volume::CacheVolume;
-use sce_core::{CoreConfig, SourceOffset};
+use sce_core::CoreConfig;
 use sce_io::IoError;
 
 impl CacheVolume {
@@ -79,11 +79,9 @@ impl CacheVolume {
         let cores = &self.engine.cores;
         let size = sce_io::BlockDevice::size(self);
         (offsets.iter())
-            .map(|&o| match cores.pieces(o, 1).next() {
-                Some(p) if o < size => {
-                    cores.read_shard(p.shard, |c| c.heat_at(SourceOffset(p.local)))
-                }
-                _ => 0,
+            .map(|&o| match o < size {
+                true => cores.read_at_source(o, |c| c.heat_at(o)),
+                false => 0,
             })
             .collect()
     }
@@ -127,7 +125,7 @@ impl CacheVolume {
         let cores = &self.engine.cores;
         let mut pages = 0;
         for p in cores.pieces(offset, len) {
-            pages += cores.with_shard(p.shard, |c| c.evict_range(SourceOffset(p.local), p.len));
+            pages += cores.global(p.shard, |c| c.evict_range(&p));
         }
         pages * sce_core::PAGE_SIZE
     }
