@@ -108,7 +108,33 @@ impl Signals {
     }
 }
 
+/// Where a role reports the cache device's errors: counted towards the limit that disables
+/// the cache (`Engine` implements it; a role holds it as `&dyn DeviceFaults`, so its
+/// dependency is this and not the engine).
+pub(crate) trait DeviceFaults: Sync {
+    /// Counts a failed cache read towards the error limit.
+    fn cache_read_failed(&self, e: &IoError);
+    /// Counts `n` cache-device errors; disables the cache once they reach the limit.
+    fn device_errors(&self, n: u64, what: &str);
+}
+
+impl DeviceFaults for Engine {
+    fn cache_read_failed(&self, e: &IoError) {
+        Engine::cache_read_failed(self, e);
+    }
+
+    fn device_errors(&self, n: u64, what: &str) {
+        Engine::device_errors(self, n, what);
+    }
+}
+
 impl Engine {
+    /// The verifier of cached reads (`verify.rs`), over this engine's subsystems.
+    pub(crate) fn verifier(&self) -> crate::verify::Verifier<'_> {
+        let parts = (&self.dev, &self.cores, &self.checks);
+        crate::verify::Verifier::new(parts, &self.counters, self.fshift, self)
+    }
+
     /// The `IoError` for a request at `offset` the core refused.
     pub(crate) fn refused(&self, op: Op, e: RequestError, offset: u64, len: u64) -> IoError {
         match e {

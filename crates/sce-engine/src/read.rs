@@ -289,7 +289,10 @@ impl Engine {
                         let expect = piece.want.get(w..w + n).unwrap_or(&[]);
                         w += n;
                         let dst = &mut buf[at as usize..(at + run.len) as usize];
-                        if self.read_cache_run(c.0, offset + at, dst, expect) {
+                        if self
+                            .verifier()
+                            .read_cache_run(c.0, offset + at, dst, expect)
+                        {
                             from_cache += run.len;
                         } else {
                             // Unreadable or bad cached data: serve the run from the source.

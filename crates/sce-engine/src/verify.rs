@@ -1,13 +1,52 @@
 //! Verified reads of cached data: a run read from the cache device is checked against the
 //! checksums taken with its plan (`checks.rs`); a mismatch counts as a device error only if
-//! it is genuine (see `Engine::read_cache_run`).
+//! it is genuine (see `Verifier::read_cache_run`).
+//!
+//! The verifier is a role: it holds the subsystems it uses (the cache device, the core's
+//! shards, the checksums, the counters) and reports device errors through the narrow
+//! [`DeviceFaults`] interface, which the engine implements (the error count, and disabling
+//! the cache at its limit). `Engine::verifier` builds it.
 
-use crate::engine::Engine;
+use crate::checks::Checks;
+use crate::cores::Cores;
+use crate::devices::Devices;
+use crate::engine::DeviceFaults;
+use crate::stats::Counters;
 use sce_core::PAGE_SIZE;
 use sce_io::{AlignedBuf, IoError};
 use std::sync::atomic::Ordering::Relaxed;
 
-impl Engine {
+/// Reads of cached data, verified against their checksums.
+pub(crate) struct Verifier<'a> {
+    dev: &'a Devices,
+    cores: &'a Cores,
+    checks: &'a Checks,
+    counters: &'a Counters,
+    /// log2 of the fragment size.
+    fshift: u32,
+    faults: &'a dyn DeviceFaults,
+}
+
+impl<'a> Verifier<'a> {
+    /// The verifier over these subsystems.
+    pub(crate) fn new(
+        (dev, cores, checks): (&'a Devices, &'a Cores, &'a Checks),
+        counters: &'a Counters,
+        fshift: u32,
+        faults: &'a dyn DeviceFaults,
+    ) -> Self {
+        Verifier {
+            dev,
+            cores,
+            checks,
+            counters,
+            fshift,
+            faults,
+        }
+    }
+}
+
+impl Verifier<'_> {
     /// Reads a run of cached data at cache offset `c` (source offset `src`) into `dst` and
     /// verifies each page against `want` (the checksums taken when the read was planned).
     /// False if the cache could not supply correct data (the caller reads the source
@@ -19,7 +58,7 @@ impl Engine {
         if !self.checks.on() {
             let r = cache.read_at(c, dst);
             if let Err(e) = &r {
-                self.cache_read_failed(e);
+                self.faults.cache_read_failed(e);
             }
             return r.is_ok();
         }
@@ -58,7 +97,7 @@ impl Engine {
     /// failed: counts the device error and drops the pages (the device may keep failing
     /// there).
     pub(crate) fn cache_run_failed(&self, e: &IoError, src: u64, span: u64) {
-        self.cache_read_failed(e);
+        self.faults.cache_read_failed(e);
         let (f, p0) = self.checks.slot_page(src);
         let p1 = p0 + span.div_ceil(PAGE_SIZE) as u32;
         self.cores.invalidate(f, p0, p1);
@@ -77,7 +116,7 @@ impl Engine {
             self.counters.cache_checksum_errors.fetch_add(1, Relaxed);
             let (_, p) = self.checks.slot_page(c0 + k);
             self.cores.invalidate(sp >> self.fshift, p, p + 1);
-            self.device_errors(
+            self.faults.device_errors(
                 1,
                 &format!(
                     "checksum mismatch of the cached page at source offset {sp} (cache \
@@ -107,7 +146,7 @@ impl Engine {
         let unit = match self.checks.pin_page(c) {
             Ok(u) => u,
             Err(e) => {
-                self.cache_read_failed(&e);
+                self.faults.cache_read_failed(&e);
                 return false;
             }
         };

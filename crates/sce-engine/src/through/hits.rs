@@ -155,9 +155,9 @@ impl Hit {
         match &r {
             // Counts and drops the page if the device is at fault.
             Ok(()) => {
-                s.check_pages(c, offset, &buf, &self.want);
+                s.verifier().check_pages(c, offset, &buf, &self.want);
             }
-            Err(e) => s.cache_run_failed(e, offset, len),
+            Err(e) => s.verifier().cache_run_failed(e, offset, len),
         }
         drop(self.held);
         let r = sce_io::BlockDevice::read_at(&*s.dev.source, offset, &mut buf);
