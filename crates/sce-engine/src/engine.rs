@@ -108,14 +108,19 @@ impl Signals {
     }
 }
 
-/// Where a role reports the cache device's errors: counted towards the limit that disables
-/// the cache (`Engine` implements it; a role holds it as `&dyn DeviceFaults`, so its
-/// dependency is this and not the engine).
+/// The cache device's I/O as the engine judges it: writes counted, errors counted towards
+/// the limit that disables the cache, intents waited for (the cache disabled if they cannot
+/// be written). `Engine` implements it; a role holds it as `&dyn DeviceFaults`, so its
+/// dependency is this and not the engine.
 pub(crate) trait DeviceFaults: Sync {
     /// Counts a failed cache read towards the error limit.
     fn cache_read_failed(&self, e: &IoError);
     /// Counts `n` cache-device errors; disables the cache once they reach the limit.
     fn device_errors(&self, n: u64, what: &str);
+    /// Writes to the cache device; false (counted as a device error) if it failed.
+    fn cache_write(&self, offset: u64, data: &[u8]) -> bool;
+    /// Waits for intents to be durable; false (the cache disabled) if they could not be.
+    fn wait_intents(&self, tickets: &[Ticket]) -> bool;
 }
 
 impl DeviceFaults for Engine {
@@ -126,6 +131,14 @@ impl DeviceFaults for Engine {
     fn device_errors(&self, n: u64, what: &str) {
         Engine::device_errors(self, n, what);
     }
+
+    fn cache_write(&self, offset: u64, data: &[u8]) -> bool {
+        Engine::cache_write(self, offset, data)
+    }
+
+    fn wait_intents(&self, tickets: &[Ticket]) -> bool {
+        Engine::wait_intents(self, tickets)
+    }
 }
 
 impl Engine {
@@ -133,6 +146,13 @@ impl Engine {
     pub(crate) fn verifier(&self) -> crate::verify::Verifier<'_> {
         let parts = (&self.dev, &self.cores, &self.checks);
         crate::verify::Verifier::new(parts, &self.counters, self.fshift, self)
+    }
+
+    /// The populator (`population.rs`), over this engine's subsystems.
+    pub(crate) fn populator(&self) -> crate::population::Populator<'_> {
+        let parts = (&self.dev, &self.cores, &self.checks);
+        let persist = self.persist.as_deref();
+        crate::population::Populator::new(parts, (&self.counters, persist), self.fshift, self)
     }
 
     /// The `IoError` for a request at `offset` the core refused.

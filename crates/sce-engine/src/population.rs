@@ -4,67 +4,109 @@
 //! token; with persistence, a slot whose record may name another fragment is guarded by its
 //! write intent first.
 
-use crate::engine::Engine;
-use crate::persist::Ticket;
+use crate::checks::Checks;
+use crate::cores::Cores;
+use crate::devices::Devices;
+use crate::engine::{DeviceFaults, Engine};
+use crate::persist::{Persist, Ticket};
+use crate::stats::Counters;
 use sce_core::{OnShard, Population};
 use sce_io::{AlignedBuf, BlockDevice, IoError, Op};
 use std::sync::atomic::Ordering::Relaxed;
 
-/// Performs a population job (in global addresses) with `buf` (at least a fragment long)
-/// and completes it on its shard; true if its data was read and written.
-pub(crate) fn run_population(s: &Engine, job: OnShard<Population>, buf: &mut AlignedBuf) -> bool {
-    let cores = &s.cores;
-    let slot = job.slot.0;
-    let source = job.source.0;
-    if let Some(p) = &s.persist {
-        // Data of another fragment may still be claimed by a slot's record: the job's, or
-        // (a job of the page area) each packed slot its runs write to.
-        let line = 1u64 << s.fshift;
-        let mut guards: Vec<(u32, u64)> = job
-            .runs
-            .iter()
-            .map(|&(o, _, c)| {
-                let c = c.0;
-                let f = crate::persist::Persist::fill_fragment(source + o, c, line);
-                ((c >> s.fshift) as u32, f)
-            })
-            .collect();
-        guards.sort_unstable();
-        guards.dedup();
-        let t: Vec<Ticket> = guards
-            .into_iter()
-            .flat_map(|(sl, f)| p.guard_slot(sl, f))
-            .collect();
-        if !s.wait_intents(&t) {
-            cores.finish(job, |job, core| job.complete(core, false));
-            return false;
+/// The role that populates: reads a job's span of the source and writes its runs into the
+/// cache, holding the subsystems it uses; device writes and intents are judged through
+/// `faults` (the engine). `Engine::populator` builds it.
+pub(crate) struct Populator<'a> {
+    dev: &'a Devices,
+    cores: &'a Cores,
+    checks: &'a Checks,
+    counters: &'a Counters,
+    persist: Option<&'a Persist>,
+    /// log2 of the fragment size.
+    fshift: u32,
+    faults: &'a dyn DeviceFaults,
+}
+
+impl<'a> Populator<'a> {
+    /// The populator over these subsystems.
+    pub(crate) fn new(
+        (dev, cores, checks): (&'a Devices, &'a Cores, &'a Checks),
+        (counters, persist): (&'a Counters, Option<&'a Persist>),
+        fshift: u32,
+        faults: &'a dyn DeviceFaults,
+    ) -> Self {
+        Populator {
+            dev,
+            cores,
+            checks,
+            counters,
+            persist,
+            fshift,
+            faults,
         }
     }
-    let span = &mut buf[..job.len as usize];
-    let mut ok = match s.dev.source.read_at(source, span) {
-        Ok(()) => {
-            s.counters.source_bytes_read.add(job.len);
-            true
-        }
-        Err(_) => false,
-    };
-    if ok {
-        for &(o, l, c) in &job.runs {
-            s.checks
-                .record(source + o, c.0, &buf[o as usize..(o + l) as usize]);
-        }
-        for &(o, l, c) in &job.runs {
-            ok &= s.cache_write(c.0, &buf[o as usize..(o + l) as usize]);
-            if !ok {
-                break;
+}
+
+impl Populator<'_> {
+    /// Performs a population job (in global addresses) with `buf` (at least a fragment long)
+    /// and completes it on its shard; true if its data was read and written.
+    pub(crate) fn run(&self, job: OnShard<Population>, buf: &mut AlignedBuf) -> bool {
+        let cores = self.cores;
+        let slot = job.slot.0;
+        let source = job.source.0;
+        if let Some(p) = &self.persist {
+            // Data of another fragment may still be claimed by a slot's record: the job's, or
+            // (a job of the page area) each packed slot its runs write to.
+            let line = 1u64 << self.fshift;
+            let mut guards: Vec<(u32, u64)> = job
+                .runs
+                .iter()
+                .map(|&(o, _, c)| {
+                    let c = c.0;
+                    let f = crate::persist::Persist::fill_fragment(source + o, c, line);
+                    ((c >> self.fshift) as u32, f)
+                })
+                .collect();
+            guards.sort_unstable();
+            guards.dedup();
+            let t: Vec<Ticket> = guards
+                .into_iter()
+                .flat_map(|(sl, f)| p.guard_slot(sl, f))
+                .collect();
+            if !self.faults.wait_intents(&t) {
+                cores.finish(job, |job, core| job.complete(core, false));
+                return false;
             }
         }
+        let span = &mut buf[..job.len as usize];
+        let mut ok = match self.dev.source.read_at(source, span) {
+            Ok(()) => {
+                self.counters.source_bytes_read.add(job.len);
+                true
+            }
+            Err(_) => false,
+        };
+        if ok {
+            for &(o, l, c) in &job.runs {
+                self.checks
+                    .record(source + o, c.0, &buf[o as usize..(o + l) as usize]);
+            }
+            for &(o, l, c) in &job.runs {
+                ok &= self
+                    .faults
+                    .cache_write(c.0, &buf[o as usize..(o + l) as usize]);
+                if !ok {
+                    break;
+                }
+            }
+        }
+        cores.finish(job, |job, core| job.complete(core, ok));
+        if let (true, Some(p)) = (ok, &self.persist) {
+            p.warm(slot);
+        }
+        ok
     }
-    cores.finish(job, |job, core| job.complete(core, ok));
-    if let (true, Some(p)) = (ok, &s.persist) {
-        p.warm(slot);
-    }
-    ok
 }
 
 /// Population worker `index`: visits the core shards in turn, one per wake-up (so the
@@ -121,12 +163,12 @@ pub(crate) fn population_worker(s: &Engine, index: u32) {
         if let Some(job) = job {
             after_pick = Some(st.after_pick);
             let b = buf.get_or_insert_with(|| AlignedBuf::new(fsize));
-            run_population(s, job, b);
+            s.populator().run(job, b);
         }
     }
 }
 
-impl Engine {
+impl Populator<'_> {
     /// Runs population on the calling thread until nothing more is picked (in any shard) or
     /// `max` jobs ran, ignoring the throttle; the shards are asked in turn. Returns the
     /// number of fragments populated.
@@ -142,7 +184,7 @@ impl Engine {
                 .global(k, |core| core.pick_population_unthrottled());
             match job {
                 Some(job) => {
-                    run_population(self, job, &mut buf);
+                    self.run(job, &mut buf);
                     n += 1;
                     idle = 0;
                 }
@@ -169,7 +211,7 @@ impl Engine {
         let mut at = offset - offset % fsize;
         while at < offset + len {
             if let Some(job) = self.cores.at_source(at, |core| core.prefetch(at)) {
-                run_population(self, job, &mut buf);
+                self.run(job, &mut buf);
             }
             at += fsize;
         }

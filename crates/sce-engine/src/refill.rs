@@ -10,7 +10,7 @@
 //! or one whose old slot is lent to the write-back log now, is skipped.
 
 use crate::engine::Engine;
-use crate::population::run_population;
+
 use sce_io::AlignedBuf;
 
 /// How long the refill waits before it looks again at a source that shows a queue.
@@ -46,7 +46,7 @@ pub(crate) fn refill(e: &Engine) {
         } else {
             e.cores.at_source(offset, |core| core.prefetch(offset))
         };
-        let done = job.is_some_and(|job| run_population(e, job, &mut buf));
+        let done = job.is_some_and(|job| e.populator().run(job, &mut buf));
         filled += u64::from(done);
         p.refill_done(done);
     }

@@ -249,12 +249,12 @@ impl CacheVolume {
     /// Runs population on the calling thread until nothing more is picked or `max` jobs ran,
     /// ignoring the throttle. Returns the number of fragments populated.
     pub fn populate_now(&self, max: usize) -> usize {
-        self.engine.populate_now(max)
+        self.engine.populator().populate_now(max)
     }
 
     /// Prefetches `[offset, offset + len)` into the cache on the calling thread (NBD CACHE).
     pub fn prefetch(&self, offset: u64, len: u64) -> Result<(), IoError> {
-        self.engine.prefetch(offset, len)
+        self.engine.populator().prefetch(offset, len)
     }
 
     /// Waits until no AWT copy is in flight (for tests and orderly shutdown).
