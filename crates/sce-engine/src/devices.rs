@@ -3,7 +3,8 @@
 //! the cache wrote since their identity was last recorded.
 
 use crate::parts::Placed;
-use sce_io::{BlockDevice, IoError};
+use sce_core::RequestError;
+use sce_io::{BlockDevice, IoError, Op};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 
@@ -95,6 +96,25 @@ impl FlushMark {
 }
 
 impl Devices {
+    /// The `IoError` for a request at `offset` the core refused.
+    pub(crate) fn refused(&self, op: Op, e: RequestError, offset: u64, len: u64) -> IoError {
+        match e {
+            RequestError::OutOfRange { .. } => IoError::OutOfRange {
+                op,
+                offset,
+                len,
+                size: self.size,
+            },
+            RequestError::Unaligned { .. } => IoError::Unaligned {
+                op,
+                offset,
+                len,
+                align: self.lbs,
+            },
+            RequestError::UnknownId => IoError::Failed("internal: unknown operation id".into()),
+        }
+    }
+
     pub(crate) fn new(
         source: Arc<dyn BlockDevice>,
         cache: Arc<dyn BlockDevice>,

@@ -22,8 +22,8 @@ use crate::order::{levels, OrderedMutex};
 use crate::persist::{Persist, Ticket};
 use crate::stats::Counters;
 use parking_lot::Condvar;
-use sce_core::{CoreConfig, RequestError};
-use sce_io::{IoError, Op};
+use sce_core::CoreConfig;
+use sce_io::IoError;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -148,41 +148,19 @@ impl Engine {
         crate::verify::Verifier::new(parts, &self.counters, self.fshift, self)
     }
 
+    /// The writer of the write-through path (`through/write.rs`), over this engine's
+    /// subsystems.
+    pub(crate) fn writer(&self) -> crate::through::Writer<'_> {
+        let devices = (&self.dev, &self.cores, &self.checks);
+        let state = (&self.counters, &self.health, self.persist.as_deref());
+        crate::through::Writer::new((devices, state, &self.signals), self.fshift, self)
+    }
+
     /// The populator (`population.rs`), over this engine's subsystems.
     pub(crate) fn populator(&self) -> crate::population::Populator<'_> {
         let parts = (&self.dev, &self.cores, &self.checks);
         let persist = self.persist.as_deref();
         crate::population::Populator::new(parts, (&self.counters, persist), self.fshift, self)
-    }
-
-    /// The `IoError` for a request at `offset` the core refused.
-    pub(crate) fn refused(&self, op: Op, e: RequestError, offset: u64, len: u64) -> IoError {
-        match e {
-            RequestError::OutOfRange { .. } => IoError::OutOfRange {
-                op,
-                offset,
-                len,
-                size: self.dev.size,
-            },
-            RequestError::Unaligned { .. } => IoError::Unaligned {
-                op,
-                offset,
-                len,
-                align: self.dev.lbs,
-            },
-            RequestError::UnknownId => IoError::Failed("internal: unknown operation id".into()),
-        }
-    }
-
-    /// Writes to the source, counting the bytes that made it.
-    pub(crate) fn source_write(&self, offset: u64, data: &[u8]) -> Result<(), IoError> {
-        let r = self.dev.source_write(offset, |s| s.write_at(offset, data));
-        if r.is_ok() {
-            self.counters
-                .source_bytes_written
-                .fetch_add(data.len() as u64, Relaxed);
-        }
-        r
     }
 
     /// Writes to the cache device; false (counted as a device error) if it failed.

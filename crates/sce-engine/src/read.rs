@@ -188,7 +188,7 @@ impl Engine {
         want: &mut Vec<u32>,
         tickets: &mut Vec<Ticket>,
     ) -> Result<PinnedRead<'p>, IoError> {
-        let err = |e| self.refused(Op::Read, e, p.offset, p.len);
+        let err = |e| self.dev.refused(Op::Read, e, p.offset, p.len);
         let mut missing = None;
         let mut read = self
             .cores

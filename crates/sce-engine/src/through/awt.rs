@@ -3,6 +3,7 @@
 //! the writers write the copies and complete them. Write-through mode writes the copies on
 //! the caller's thread with the same `copy_to_cache`.
 
+use super::write::Writer;
 use crate::engine::Engine;
 use crate::order::{levels, OrderedMutex};
 use crossbeam_channel::{Receiver, Sender};
@@ -65,7 +66,7 @@ impl AwtQueue {
     /// Queues the cache copies of a write of `data`, piece by piece: the client's own
     /// buffer when it gave it away (`write_shared`), else a copy. If the writers are gone
     /// (the volume is closing), the copies fail and their pages stay invalid.
-    pub(crate) fn send(&self, s: &Engine, data: &Payload, pieces: Vec<CopyPiece>) {
+    pub(crate) fn send(&self, s: &Writer, data: &Payload, pieces: Vec<CopyPiece>) {
         let data: SharedBytes = match data {
             Payload::Shared(d) => d.clone(),
             Payload::Borrowed(d) => {
@@ -90,12 +91,12 @@ pub(crate) fn awt_writer(s: &Engine, rx: Receiver<AwtJob>) {
     for job in rx.iter() {
         for p in job.pieces {
             let piece = &job.data[p.start..p.start + p.len];
-            s.copy_to_cache(p.shard, p.offset, p.copies, piece);
+            s.writer().copy_to_cache(p.shard, p.offset, p.copies, piece);
         }
     }
 }
 
-impl Engine {
+impl Writer<'_> {
     /// Writes the cache copies of a piece of a write planned by core shard `k` (`data` is
     /// the piece's buffer, at global source offset `offset`) and completes each; a failed
     /// copy is reported as failed, so its pages stay invalid.
@@ -107,7 +108,7 @@ impl Engine {
                 let piece = &data[w.buf_offset as usize..(w.buf_offset + w.len) as usize];
                 let cache = w.cache.0;
                 self.checks.record(offset + w.buf_offset, cache, piece);
-                let ok = self.cache_write(cache, piece);
+                let ok = self.faults.cache_write(cache, piece);
                 (copy, ok)
             })
             .collect();

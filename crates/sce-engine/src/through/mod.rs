@@ -9,6 +9,7 @@ mod hits;
 mod write;
 
 pub(crate) use awt::{awt_writer, AwtJob, Payload};
+pub(crate) use write::Writer;
 
 use crate::engine::Engine;
 use awt::AwtQueue;
@@ -33,12 +34,12 @@ impl WriteThrough {
 
     /// A client's write (a range the caller checked).
     pub(crate) fn write(&self, e: &Engine, offset: u64, data: Payload) -> Result<(), IoError> {
-        e.write(&self.awt, offset, data)
+        e.writer().write(&self.awt, offset, data)
     }
 
     /// A client's discard: the cached pages invalidated, the source discarded.
     pub(crate) fn discard(&self, e: &Engine, offset: u64, len: u64) -> Result<(), IoError> {
-        e.discard(offset, len)
+        e.writer().discard(offset, len)
     }
 
     /// Every acknowledged write is on the source, and the cache's records need no flush

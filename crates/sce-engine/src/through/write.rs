@@ -5,10 +5,16 @@
 //! the write's [`WriteTxn`] tokens.
 
 use super::awt::{AwtQueue, CopyPiece, Payload};
-use crate::engine::Engine;
-use crate::persist::Ticket;
+use crate::checks::Checks;
+use crate::cores::Cores;
+use crate::devices::Devices;
+use crate::engine::{DeviceFaults, Signals};
+use crate::health::Health;
+use crate::persist::{Persist, Ticket};
+use crate::stats::Counters;
 use sce_core::{RequestError, SourceWrite, WriteKind, WriteTxn};
 use sce_io::{IoError, Op};
+use std::sync::atomic::Ordering::Relaxed;
 
 /// One piece of a write in flight: its core shard, where it lies, its transaction (its
 /// copies in global cache offsets, their buffer offsets within the piece).
@@ -21,7 +27,61 @@ struct WritePiece {
     txn: WriteTxn,
 }
 
-impl Engine {
+/// The role that writes through the cache: plans a write on the core's shards, sets the
+/// intents it needs, sends the source write and the cache copies (synchronously or through
+/// the AWT queue) and completes them. It holds the subsystems it uses; cache writes and
+/// intents are judged through `faults` (the engine). `Engine::writer` builds it.
+pub(crate) struct Writer<'a> {
+    pub(super) dev: &'a Devices,
+    pub(super) cores: &'a Cores,
+    pub(super) checks: &'a Checks,
+    counters: &'a Counters,
+    health: &'a Health,
+    persist: Option<&'a Persist>,
+    signals: &'a Signals,
+    /// log2 of the fragment size.
+    fshift: u32,
+    pub(super) faults: &'a dyn DeviceFaults,
+}
+
+/// What a writer is built from: the devices, the core's shards and the checksums; the
+/// counters, health and store; the background threads' signals.
+pub(crate) type WriterParts<'a> = (
+    (&'a Devices, &'a Cores, &'a Checks),
+    (&'a Counters, &'a Health, Option<&'a Persist>),
+    &'a Signals,
+);
+
+impl<'a> Writer<'a> {
+    /// The writer over these subsystems.
+    pub(crate) fn new(parts: WriterParts<'a>, fshift: u32, faults: &'a dyn DeviceFaults) -> Self {
+        let ((dev, cores, checks), (counters, health, persist), signals) = parts;
+        Writer {
+            dev,
+            cores,
+            checks,
+            counters,
+            health,
+            persist,
+            signals,
+            fshift,
+            faults,
+        }
+    }
+}
+
+impl Writer<'_> {
+    /// Writes to the source, counting the bytes that made it.
+    fn source_write(&self, offset: u64, data: &[u8]) -> Result<(), IoError> {
+        let r = self.dev.source_write(offset, |s| s.write_at(offset, data));
+        if r.is_ok() {
+            self.counters
+                .source_bytes_written
+                .fetch_add(data.len() as u64, Relaxed);
+        }
+        r
+    }
+
     /// Writes `payload` at `offset` (a range the caller checked) through the cache; AWT
     /// copies go to `awt`. The source write is one, whatever the pieces.
     pub(crate) fn write(
@@ -57,7 +117,7 @@ impl Engine {
         // them alongside it, acknowledging once both were done, was tried in issue 46's
         // first round; a SIGKILL test under load then read an acknowledged write's older
         // bytes once, unexplained: reverted.)
-        if !self.wait_intents(&tickets) {
+        if !self.faults.wait_intents(&tickets) {
             // The intents could not be made durable; the cache is now disabled. Send no copy.
             self.fail_copies(std::mem::take(&mut copies));
         }
@@ -87,7 +147,7 @@ impl Engine {
             return self.dev.source.discard(offset, len);
         }
         let (pieces, tickets) = self.begin_write(offset, len, WriteKind::Discard)?;
-        self.wait_intents(&tickets);
+        self.faults.wait_intents(&tickets);
         let result = self.dev.source_write(offset, |s| s.discard(offset, len));
         self.abandon(pieces, result.is_ok());
         result
@@ -153,7 +213,7 @@ impl Engine {
                 Ok(txn) => txn,
                 Err(e) => {
                     self.abandon(pieces, false);
-                    return Err(self.refused(op, e, offset, len));
+                    return Err(self.dev.refused(op, e, offset, len));
                 }
             };
             pieces.push(WritePiece {
