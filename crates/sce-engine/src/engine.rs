@@ -156,6 +156,14 @@ impl Engine {
         crate::through::Writer::new((devices, state, &self.signals), self.fshift, self)
     }
 
+    /// The reader (`read.rs`), over this engine's subsystems.
+    pub(crate) fn reader(&self) -> crate::read::Reader<'_> {
+        let devices = (&self.dev, &self.cores, &self.checks);
+        let state = (&self.counters, &self.health, self.persist.as_deref());
+        let threads = (&self.signals, &self.source_load, &self.fills);
+        crate::read::Reader::new((devices, state, threads), self.fshift, self)
+    }
+
     /// The populator (`population.rs`), over this engine's subsystems.
     pub(crate) fn populator(&self) -> crate::population::Populator<'_> {
         let parts = (&self.dev, &self.cores, &self.checks);

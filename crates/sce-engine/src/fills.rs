@@ -12,9 +12,12 @@
 //! slower than the source (a stream read faster than the device writes) never slows the
 //! reads; a fill is an offer, not a duty. Once the volume is closing, a read writes its own.
 
-use crate::engine::Engine;
+use crate::checks::Checks;
+use crate::cores::Cores;
+use crate::engine::{DeviceFaults, Engine};
 use crate::order::{levels, OrderedMutex};
 use crate::persist::Ticket;
+use crate::stats::Counters;
 use crossbeam_channel::{Receiver, Sender};
 /// This file's mutexes are leaves of the lock order (`order.rs`).
 type Mutex<T> = OrderedMutex<levels::Leaf, T>;
@@ -129,22 +132,22 @@ impl FillJob {
     /// Waits for the intents, writes the fills and completes their populations: failed if
     /// the intents could not be made durable, if a population has no fill (the read failed),
     /// or if a fill could not be written.
-    pub(crate) fn run(self, e: &Engine) {
+    pub(crate) fn run(self, (cores, checks, faults): FillParts) {
         // Nothing to write (the read failed, or the fills were dropped): no intent to wait for.
-        let guarded = self.bytes > 0 && e.wait_intents(&self.tickets);
+        let guarded = self.bytes > 0 && faults.wait_intents(&self.tickets);
         for piece in self.pieces {
             let mut done = Vec::with_capacity(piece.pops.len());
             for (pop, writes) in piece.pops {
                 let mut ok = guarded && !writes.is_empty();
                 if ok {
                     for w in &writes {
-                        e.checks.record(w.global, w.cache, &w.data);
-                        ok &= e.cache_write(w.cache, &w.data);
+                        checks.record(w.global, w.cache, &w.data);
+                        ok &= faults.cache_write(w.cache, &w.data);
                     }
                 }
                 done.push((pop, ok));
             }
-            e.cores.with_shard(piece.shard, |core| {
+            cores.with_shard(piece.shard, |core| {
                 for (pop, ok) in done {
                     pop.complete(core, ok);
                 }
@@ -152,6 +155,10 @@ impl FillJob {
         }
     }
 }
+
+/// What a fill job is written with: the core's shards (to complete its populations), the
+/// checksums, and the engine's judged device I/O.
+pub(crate) type FillParts<'a> = (&'a Cores, &'a Checks, &'a dyn DeviceFaults);
 
 /// The queue to the fill writers (`tx` a leaf lock: `FillQueue::tx` in the lock order).
 #[derive(Default)]
@@ -185,16 +192,14 @@ impl FillQueue {
     /// Hands `job` (its room taken by [`FillJob::add`]) to the writers; runs it on this
     /// thread if it writes nothing (its fills dropped, or its read failed) or the queue is
     /// closed.
-    pub(crate) fn send(&self, e: &Engine, job: FillJob) {
+    pub(crate) fn send(&self, counters: &Counters, parts: FillParts, job: FillJob) {
         if job.is_empty() {
             return;
         }
-        e.counters
-            .fill_bytes_dropped
-            .fetch_add(job.dropped, Relaxed);
+        counters.fill_bytes_dropped.fetch_add(job.dropped, Relaxed);
         let bytes = job.bytes;
         if bytes == 0 {
-            return job.run(e);
+            return job.run(parts);
         }
         let unsent = match self.tx.lock().as_ref() {
             Some(tx) => tx.send(job).err().map(|e| e.0),
@@ -202,7 +207,7 @@ impl FillQueue {
         };
         if let Some(job) = unsent {
             self.queued.fetch_sub(bytes, Relaxed);
-            job.run(e);
+            job.run(parts);
         }
     }
 }
@@ -211,7 +216,7 @@ impl FillQueue {
 pub(crate) fn fill_writer(e: &Engine, rx: Receiver<FillJob>) {
     for job in rx.iter() {
         let bytes = job.bytes;
-        job.run(e);
+        job.run((&e.cores, &e.checks, e));
         e.fills.queued.fetch_sub(bytes, Relaxed);
     }
 }

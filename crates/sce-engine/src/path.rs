@@ -95,7 +95,7 @@ impl WritePath {
     /// A client's read; true if every byte came from the cache.
     pub(crate) fn read(&self, e: &Engine, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
         match self {
-            WritePath::Through(_) => e.read(offset, buf),
+            WritePath::Through(_) => e.reader().read(offset, buf),
             WritePath::Log(l) => l.read(e, offset, buf),
         }
     }

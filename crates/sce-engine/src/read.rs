@@ -11,9 +11,15 @@
 //! waits for neither the fills nor their intents.
 
 use crate::checks::Checks;
-use crate::engine::Engine;
-use crate::fills::FillJob;
-use crate::persist::Ticket;
+use crate::cores::Cores;
+use crate::devices::Devices;
+use crate::engine::{DeviceFaults, Signals};
+use crate::fills::{FillJob, FillQueue};
+use crate::health::Health;
+use crate::load::SourceLoad;
+use crate::persist::{Persist, Ticket};
+use crate::stats::Counters;
+use crate::verify::Verifier;
 use sce_core::{Piece, PinnedRead, ReadPlan, RunTarget};
 use sce_io::{BlockDevice, IoError, Op};
 use std::cell::RefCell;
@@ -44,7 +50,66 @@ thread_local! {
 /// request's buffer: (source offset, buffer offset, length).
 type SourceSpan = (u64, u64, u64);
 
-impl Engine {
+/// The role that reads through the cache: plans each piece on its core shard, reads the
+/// cached runs (verified) and the source runs, and hands the inline fills to the fill
+/// writers. It holds the subsystems it uses; device errors, cache writes and intents are
+/// judged through `faults` (the engine). `Engine::reader` builds it.
+pub(crate) struct Reader<'a> {
+    dev: &'a Devices,
+    cores: &'a Cores,
+    checks: &'a Checks,
+    counters: &'a Counters,
+    health: &'a Health,
+    persist: Option<&'a Persist>,
+    signals: &'a Signals,
+    source_load: &'a SourceLoad,
+    fills: &'a FillQueue,
+    /// log2 of the fragment size.
+    fshift: u32,
+    faults: &'a dyn DeviceFaults,
+}
+
+/// What a reader is built from: the devices, the core's shards and the checksums; the
+/// counters, health and store; the threads' signals, the source's load and the fill queue.
+pub(crate) type ReaderParts<'a> = (
+    (&'a Devices, &'a Cores, &'a Checks),
+    (&'a Counters, &'a Health, Option<&'a Persist>),
+    (&'a Signals, &'a SourceLoad, &'a FillQueue),
+);
+
+impl<'a> Reader<'a> {
+    /// The reader over these subsystems.
+    pub(crate) fn new(parts: ReaderParts<'a>, fshift: u32, faults: &'a dyn DeviceFaults) -> Self {
+        let ((dev, cores, checks), (counters, health, persist), (signals, source_load, fills)) =
+            parts;
+        Reader {
+            dev,
+            cores,
+            checks,
+            counters,
+            health,
+            persist,
+            signals,
+            source_load,
+            fills,
+            fshift,
+            faults,
+        }
+    }
+
+    /// The verifier of this reader's cached runs.
+    fn verifier(&self) -> Verifier<'_> {
+        let parts = (self.dev, self.cores, self.checks);
+        Verifier::new(parts, self.counters, self.fshift, self.faults)
+    }
+
+    /// What its fills are written with.
+    fn fill_parts(&self) -> (&Cores, &Checks, &dyn DeviceFaults) {
+        (self.cores, self.checks, self.faults)
+    }
+}
+
+impl Reader<'_> {
     /// Reads `buf.len()` bytes at `offset` (a range the caller checked) through the cache,
     /// timed into the hit or the miss histogram; true if every byte came from the cache.
     pub(crate) fn read(&self, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
@@ -108,14 +173,14 @@ impl Engine {
         let mut fills = FillJob::new(tickets);
         let pops = piece.read.take_populations();
         fills.add(
-            &self.fills,
+            self.fills,
             (p.shard, p.offset),
             buf,
             &piece.read,
             pops,
             result.is_ok(),
         );
-        self.fills.send(self, fills);
+        self.fills.send(self.counters, self.fill_parts(), fills);
         result.map(|_| full)
     }
 
@@ -164,7 +229,7 @@ impl Engine {
             let b = &buf[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
             let pops = x.read.take_populations();
             fills.add(
-                &self.fills,
+                self.fills,
                 (p.shard, p.offset),
                 b,
                 &x.read,
@@ -172,7 +237,7 @@ impl Engine {
                 result.is_ok(),
             );
         }
-        self.fills.send(self, fills);
+        self.fills.send(self.counters, self.fill_parts(), fills);
         result.map(|_| all_hit)
     }
 
@@ -210,7 +275,7 @@ impl Engine {
             })
             .map_err(err)?;
         self.expected_unlocked(&read, want, missing, &mut units);
-        if let Some(persist) = &self.persist {
+        if let Some(persist) = self.persist {
             // Inline fills go to freshly allocated slots: guard them as populations.
             for f in &read.fills {
                 let slot = (f.cache.0 >> self.fshift) as u32;
@@ -241,7 +306,7 @@ impl Engine {
                 // The source has every page the core holds: those of this unit are read
                 // from it (their checksums unknown, they fail verification).
                 Err(e) => {
-                    self.cache_read_failed(&e);
+                    self.faults.cache_read_failed(&e);
                     self.checks.expected_or_unknown(read, want);
                     return;
                 }
@@ -326,7 +391,7 @@ impl Engine {
     /// Sets ahead of need the intents of recently written slots that this read hits, and
     /// wakes the intent writer if any was set (see `Persist::preset`).
     pub(crate) fn preset_intents(&self, plan: &ReadPlan) {
-        let Some(p) = &self.persist else { return };
+        let Some(p) = self.persist else { return };
         let mut last = u32::MAX;
         let mut any = false;
         for run in &plan.runs {

@@ -51,7 +51,7 @@ impl LogBack {
             }
         };
         if found.is_empty() {
-            return e.read(offset, buf);
+            return e.reader().read(offset, buf);
         }
         // Pages served from the log are hits (`CacheVolume::stats` adds them to the core's),
         // and a request they cover whole is a request hit whole.
@@ -72,14 +72,14 @@ impl LogBack {
             let (lo, hi) = ((first * ps).max(offset), ((last + 1) * ps).min(end));
             if at < lo {
                 let r = (at - offset) as usize..(lo - offset) as usize;
-                hit &= e.read(at, &mut buf[r])?;
+                hit &= e.reader().read(at, &mut buf[r])?;
             }
             hit &= self.read_run(e, &found[k..k + n], (offset, buf), &mut run, &mut page)?;
             at = hi;
             k += n;
         }
         if at < end {
-            hit &= e.read(at, &mut buf[(at - offset) as usize..])?;
+            hit &= e.reader().read(at, &mut buf[(at - offset) as usize..])?;
         }
         Ok(hit)
     }
@@ -188,7 +188,7 @@ impl LogBack {
                 Some(_) => {}
                 None => {
                     let n = PAGE_SIZE.min(e.dev.size - p * PAGE_SIZE) as usize;
-                    return e.read(p * PAGE_SIZE, &mut page[..n]);
+                    return e.reader().read(p * PAGE_SIZE, &mut page[..n]);
                 }
             }
             if matches!(err, IoError::Failed(_)) {
