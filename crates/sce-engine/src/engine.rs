@@ -1,7 +1,10 @@
 //! `Engine`: a cached volume's subsystems, each owning its state, and the few operations
 //! that involve several of them (device I/O counted and judged, disabling the cache, the
-//! store's rounds). The write paths (`through/`, `log/`) and the read, population and
-//! verification roles work on it; none of them owns a field here.
+//! store's rounds). The roles are types that hold the subsystems they use, built here:
+//! [`Engine::reader`] (`read.rs`), [`Engine::writer`] (`through/write.rs`, `awt.rs`),
+//! [`Engine::populator`] (`population.rs`) and [`Engine::verifier`] (`verify.rs`); each
+//! reaches the engine's judged I/O only through [`DeviceFaults`]. The write-back log
+//! (`log/`), the operator commands and the background threads still take `&Engine`.
 //!
 //! | field | owns |
 //! |---|---|
