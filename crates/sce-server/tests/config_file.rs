@@ -98,6 +98,7 @@ fn the_command_line_wins_over_the_file_for_the_admin_socket_and_its_group() {
 fn tls_settings_merge_per_field_with_the_command_line_first() {
     let mut c = cli(&["x"], &[], None);
     c.tls.cert = Some("/cli/cert.pem".into());
+    c.tls.key = Some("/cli/key.pem".into());
     c.tls.mode = Some(TlsMode::On);
     c.merge_file(file(
         "tls = \"require\"\ntls_cert = \"/f/c.pem\"\ntls_key = \"/f/k.pem\"\n\
@@ -106,7 +107,7 @@ fn tls_settings_merge_per_field_with_the_command_line_first() {
     .unwrap();
     assert_eq!(c.tls.mode, Some(TlsMode::On));
     assert_eq!(c.tls.cert, Some(PathBuf::from("/cli/cert.pem")));
-    assert_eq!(c.tls.key, Some(PathBuf::from("/f/k.pem")));
+    assert_eq!(c.tls.key, Some(PathBuf::from("/cli/key.pem")));
     assert_eq!(c.tls.client_ca, Some(PathBuf::from("/f/ca.pem")));
     assert_eq!(c.tls.psk, Some(PathBuf::from("/f/psk")));
 }
@@ -282,10 +283,13 @@ fn tls_without_credentials_or_with_both_kinds_is_refused_naming_the_flags() {
     assert!(e.contains("--tls-cert FILE and --tls-key FILE"), "{e}");
     let t = TlsConfig {
         psk: Some("/k.psk".into()),
-        cert: Some("/c.pem".into()),
         ..TlsConfig::default()
     };
     assert_eq!(t.mode(), TlsMode::Require, "a key file alone requires TLS");
+    let t = TlsConfig {
+        cert: Some("/c.pem".into()),
+        ..t
+    };
     let e = t.load().err().unwrap().to_string();
     assert!(e.contains("exclude each other"), "{e}");
     // A certificate that is not there: the error is the loader's, not a panic.

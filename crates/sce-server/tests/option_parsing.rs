@@ -139,13 +139,13 @@ fn describe_says_what_the_settings_are() {
     .apply(&mut cfg, 1 << 30);
     let d = AdmissionOptions::describe(&cfg);
     for part in [
-        "population rate 64MiB/s",
-        "sequential cutoff 4MiB",
+        "population rate 64.00 MiB/s",
+        "sequential cutoff 4.00 MiB",
         "partial fill on",
         "miss fills on",
         "recency window 1.5%",
         "page area lines dense at 6%",
-        "cache write budget 10GiB/day",
+        "cache write budget 10.00 GiB/day",
     ] {
         assert!(d.contains(part), "{part:?} in {d}");
     }
@@ -167,7 +167,7 @@ fn describe_says_what_the_settings_are() {
     cfg.population_rate = 8 * MIB;
     cfg.population_adaptive = true;
     let d = AdmissionOptions::describe(&cfg);
-    assert!(d.contains("auto up to 8MiB/s"), "{d}");
+    assert!(d.contains("auto up to 8.00 MiB/s"), "{d}");
 }
 
 #[test]
