@@ -181,10 +181,15 @@ impl Rig {
         }
         self.server.shutdown();
         self.server.flush_all().unwrap();
+        // Exports that share a cache device share its volume: it is shut down once.
+        let mut done: Vec<Arc<sce_engine::CacheVolume>> = Vec::new();
         let mut clean = Vec::new();
         for (_, v) in self.volumes.iter() {
             if let Some(v) = v.as_ref().and_then(|a| a.live_volume()) {
-                clean.push(v.shutdown());
+                if !done.iter().any(|d| Arc::ptr_eq(d, &v)) {
+                    clean.push(v.shutdown());
+                    done.push(v);
+                }
             }
         }
         clean

@@ -1,0 +1,247 @@
+//! `sce ctl detach` and `attach` while an export serves, through the admin socket and an NBD
+//! client: a detached export serves its source alone and counts the writes it sends there;
+//! reads see the newest data across the detach and the attach; the attach of the same
+//! device is warm less what was written meanwhile; the settings changed at run time stick;
+//! verbs that need the cache say it is detached; a device that is another export's source
+//! is refused.
+
+mod common;
+use common::*;
+use sce_io::BlockDevice;
+use sce_server::admin::Request;
+use sce_server::{ExportConfig, ServeConfig};
+use serde_json::json;
+
+fn rig(dir: &std::path::Path) -> Rig {
+    let cfg = ServeConfig {
+        exports: vec![export(dir, "c", true), export(dir, "u", false)],
+        ..base_config(dir)
+    };
+    Rig::start(dir, cfg, false)
+}
+
+fn status_of(rig: &Rig, export: &str) -> serde_json::Value {
+    rig.verb("status", Some(export)).unwrap()["exports"][0].clone()
+}
+
+fn attach(export: &str, cache: Option<&std::path::Path>) -> Request {
+    Request {
+        value: cache.map(|c| c.display().to_string()),
+        ..req("attach", Some(export))
+    }
+}
+
+fn range(verb: &str, export: &str, offset: u64, len: u64) -> Request {
+    Request {
+        offset: Some(offset),
+        len: Some(len),
+        ..req(verb, Some(export))
+    }
+}
+
+fn read4k(c: &sce_nbd::NbdClient, off: u64) -> Vec<u8> {
+    let mut b = vec![0u8; 4096];
+    c.read_at(off, &mut b).unwrap();
+    b
+}
+
+#[test]
+fn reads_see_the_newest_data_across_a_detach_and_an_attach() {
+    let d = tempfile::tempdir().unwrap();
+    let rig = rig(d.path());
+    let client = rig.client("c");
+    rig.call(&range("prefetch", "c", 0, 4 * MIB)).unwrap();
+    client.write_at(0, &[1u8; 4096]).unwrap();
+    let r = rig.verb("detach", Some("c")).unwrap();
+    assert_eq!(r["export"], json!("c"));
+    assert!(r["cache"].as_str().unwrap().ends_with("c.cache"), "{r}");
+    assert_eq!(r["left_clean"], json!(true), "{r}");
+    let s = status_of(&rig, "c");
+    assert_eq!(
+        (s["state"].clone(), s["cached"].clone()),
+        (json!("detached"), json!(false))
+    );
+    assert_eq!(s["writes_while_detached"], json!(0));
+    // Detached: the source alone, which has every acknowledged write.
+    assert!(read4k(&client, 0).iter().all(|&b| b == 1));
+    client.write_at(MIB, &[2u8; 4096]).unwrap();
+    client.write_at(3 * MIB, &[3u8; 4096]).unwrap();
+    assert_eq!(status_of(&rig, "c")["writes_while_detached"], json!(2));
+    let src = std::fs::read(d.path().join("c.src")).unwrap();
+    assert!(
+        src[MIB as usize..][..4096].iter().all(|&b| b == 2),
+        "on the source"
+    );
+    let r = rig.call(&attach("c", None)).unwrap();
+    assert_eq!(r["export"], json!("c"));
+    assert!(r["cache"].as_str().unwrap().ends_with("c.cache"), "{r}");
+    let s = status_of(&rig, "c");
+    assert_eq!(
+        (s["state"].clone(), s["cached"].clone()),
+        (json!("active"), json!(true))
+    );
+    // The ranges written while detached are the source's now, never the stale cache's.
+    assert!(read4k(&client, MIB).iter().all(|&b| b == 2));
+    assert!(read4k(&client, 3 * MIB).iter().all(|&b| b == 3));
+    assert!(read4k(&client, 0).iter().all(|&b| b == 1));
+    assert_eq!(read4k(&client, 2 * MIB)[..16], stamp(2 * MIB / 4096));
+    // Writes after the attach go through the cache again and are read back.
+    client.write_at(MIB, &[4u8; 4096]).unwrap();
+    assert!(read4k(&client, MIB).iter().all(|&b| b == 4));
+}
+
+#[test]
+fn an_attach_of_the_same_device_is_warm_less_what_was_written() {
+    let d = tempfile::tempdir().unwrap();
+    let rig = rig(d.path());
+    rig.call(&range("prefetch", "c", 0, 4 * MIB)).unwrap();
+    rig.verb("detach", Some("c")).unwrap();
+    let r = rig.call(&attach("c", None)).unwrap();
+    assert_eq!(r["warm"], json!(true), "{r}");
+    assert_eq!(r["cold_because"], json!(null), "{r}");
+    assert!(r["fragments_restored"].as_u64().unwrap() >= 4, "{r}");
+    let e = rig.call(&range("exists", "c", 0, 4 * MIB)).unwrap();
+    assert_eq!(e["cached_bytes"], json!(4 * MIB), "{e}");
+    // Written while detached: that range is dropped, the rest stays.
+    rig.verb("detach", Some("c")).unwrap();
+    rig.client("c").write_at(MIB, &[9u8; 4096]).unwrap();
+    rig.call(&attach("c", None)).unwrap();
+    let e = rig.call(&range("exists", "c", 0, 4 * MIB)).unwrap();
+    let cached = e["cached_bytes"].as_u64().unwrap();
+    assert!((2 * MIB..4 * MIB).contains(&cached), "{e}");
+    let e = rig.call(&range("exists", "c", MIB, 4096)).unwrap();
+    assert_eq!(e["cached_bytes"], json!(0), "{e}");
+    assert!(read4k(&rig.client("c"), MIB).iter().all(|&b| b == 9));
+}
+
+#[test]
+fn detach_and_attach_refuse_what_does_not_apply() {
+    let d = tempfile::tempdir().unwrap();
+    let rig = rig(d.path());
+    let e = |r: &Request| text(&rig.call(r).unwrap_err());
+    assert_eq!(e(&req("detach", Some("u"))), "export \"u\" has no cache");
+    assert_eq!(e(&req("attach", Some("u"))), "export \"u\" has no cache");
+    let why = e(&attach("c", None));
+    assert!(
+        why.contains("has a cache attached already; detach it first"),
+        "{why}"
+    );
+    rig.verb("detach", Some("c")).unwrap();
+    let why = e(&req("detach", Some("c")));
+    assert!(why.contains("detached already"), "{why}");
+    for verb in ["exists", "prefetch", "evict"] {
+        let why = e(&range(verb, "c", 0, 4096));
+        assert_eq!(
+            why, "export \"c\" has its cache detached (sce ctl attach)",
+            "{verb}"
+        );
+    }
+    // Another export's source is never a cache.
+    let other = d.path().join("u.src");
+    let before = std::fs::read(&other).unwrap();
+    let why = e(&attach("c", Some(&other)));
+    assert!(why.contains("same storage"), "{why}");
+    assert_eq!(std::fs::read(&other).unwrap(), before, "left untouched");
+    assert_eq!(status_of(&rig, "c")["state"], json!("detached"));
+    // Flush and status still serve it.
+    assert_eq!(
+        rig.verb("flush", Some("c")).unwrap()["flushed"],
+        json!(["c"])
+    );
+    rig.call(&attach("c", None)).unwrap();
+    assert_eq!(status_of(&rig, "c")["state"], json!("active"));
+}
+
+#[test]
+fn settings_changed_at_run_time_stick_across_a_detach() {
+    let d = tempfile::tempdir().unwrap();
+    let rig = rig(d.path());
+    let mut set = req("set", Some("c"));
+    (set.key, set.value) = (Some("mode".into()), Some("writearound".into()));
+    rig.call(&set).unwrap();
+    rig.verb("detach", Some("c")).unwrap();
+    // Set while detached: kept for the attach.
+    (set.key, set.value) = (Some("seq-cutoff".into()), Some("2MiB".into()));
+    let r = rig.call(&set).unwrap();
+    assert_eq!(r["detached"], json!(true), "{r}");
+    let r = rig.call(&attach("c", None)).unwrap();
+    assert_eq!(r["settings_kept"], json!(true), "{r}");
+    assert_eq!(r["mode"], json!("writearound"), "{r}");
+    assert_eq!(r["sequential_cutoff_bytes"], json!(2 * MIB), "{r}");
+    assert_eq!(status_of(&rig, "c")["mode"], json!("writearound"));
+}
+
+#[test]
+fn an_attach_to_a_new_device_starts_cold_after_writes() {
+    let d = tempfile::tempdir().unwrap();
+    let rig = rig(d.path());
+    let client = rig.client("c");
+    rig.call(&range("prefetch", "c", 0, MIB)).unwrap();
+    rig.verb("detach", Some("c")).unwrap();
+    client.write_at(0, &[7u8; 4096]).unwrap();
+    // Another device, made by hand at the cache's size (an attach never creates one).
+    let other = d.path().join("other.cache");
+    std::fs::File::create(&other)
+        .unwrap()
+        .set_len(32 * MIB)
+        .unwrap();
+    let r = rig.call(&attach("c", Some(&other))).unwrap();
+    assert!(r["cache"].as_str().unwrap().ends_with("other.cache"), "{r}");
+    assert_eq!(r["fragments_restored"], json!(0), "{r}");
+    let s = status_of(&rig, "c");
+    assert!(s["cache"].as_str().unwrap().ends_with("other.cache"), "{s}");
+    assert!(read4k(&client, 0).iter().all(|&b| b == 7));
+    // The old device, written meanwhile behind its back: attaching it again forgets it.
+    rig.verb("detach", Some("c")).unwrap();
+    client.write_at(0, &[8u8; 4096]).unwrap();
+    let old = d.path().join("c.cache");
+    let r = rig.call(&attach("c", Some(&old))).unwrap();
+    assert_eq!(r["warm"], json!(false), "{r}");
+    let why = r["cold_because"].as_str().unwrap();
+    assert!(
+        why.contains("1 write(s) reached the source while the cache was detached"),
+        "{why}"
+    );
+    assert!(read4k(&client, 0).iter().all(|&b| b == 8));
+}
+
+#[test]
+fn one_export_of_a_shared_device_detaches_while_the_other_serves() {
+    let d = tempfile::tempdir().unwrap();
+    let cache = d.path().join("shared.cache");
+    let member = |n: &str| ExportConfig {
+        cache: Some(cache.clone()),
+        cache_size: Some("32MiB".into()),
+        ..export(d.path(), n, true)
+    };
+    let cfg = ServeConfig {
+        exports: vec![member("a"), member("b")],
+        ..base_config(d.path())
+    };
+    let rig = Rig::start(d.path(), cfg, false);
+    let (a, b) = (rig.client("a"), rig.client("b"));
+    a.write_at(0, &[1u8; 4096]).unwrap();
+    b.write_at(0, &[2u8; 4096]).unwrap();
+    rig.call(&range("prefetch", "b", 0, MIB)).unwrap();
+    rig.verb("detach", Some("a")).unwrap();
+    assert_eq!(status_of(&rig, "a")["state"], json!("detached"));
+    assert_eq!(status_of(&rig, "b")["state"], json!("active"));
+    let e = rig.call(&range("exists", "b", 0, MIB)).unwrap();
+    assert_eq!(
+        e["cached_bytes"],
+        json!(MIB),
+        "the sibling keeps its cache: {e}"
+    );
+    a.write_at(4096, &[3u8; 4096]).unwrap();
+    assert!(read4k(&a, 0).iter().all(|&x| x == 1));
+    assert!(
+        read4k(&b, 0).iter().all(|&x| x == 2),
+        "each export its own data"
+    );
+    rig.call(&attach("a", None)).unwrap();
+    assert_eq!(status_of(&rig, "a")["state"], json!("active"));
+    assert!(read4k(&a, 4096).iter().all(|&x| x == 3));
+    assert!(read4k(&b, 0).iter().all(|&x| x == 2));
+    // A shutdown closes the shared volume once, clean.
+    assert!(rig.shut_down().iter().all(|&c| c));
+}
