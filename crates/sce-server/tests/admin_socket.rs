@@ -416,3 +416,31 @@ fn a_stale_socket_is_replaced_and_a_regular_file_is_not() {
     assert!(text(&e).starts_with("admin socket "), "{e}");
     assert_eq!(std::fs::read(&ctl).unwrap(), b"not a socket");
 }
+
+/// Without a group the socket is 0600; with `--admin-group` it belongs to the group and is
+/// 0660, or the group's members could not even connect. An unknown group is refused.
+#[test]
+fn the_socket_s_mode_and_group_follow_the_admin_group() {
+    use std::os::unix::fs::MetadataExt;
+    let d = tempfile::tempdir().unwrap();
+    let rig = two(d.path());
+    // SAFETY: getegid has no preconditions and cannot fail.
+    let own = unsafe { libc::getegid() };
+    let grouped = d.path().join("grouped.ctl");
+    let _admin = admin::start(
+        &grouped,
+        admin::AdminAccess::new(Some(&own.to_string())).unwrap(),
+        rig.server.clone(),
+        (rig.volumes.clone(), rig.sources.clone()),
+        rig.rates.clone(),
+        (rig.cfg.exports.clone(), None),
+    )
+    .unwrap();
+    let m = std::fs::metadata(&grouped).unwrap();
+    assert_eq!((m.mode() & 0o777, m.gid()), (0o660, own));
+    let r = admin::call(&grouped, &req("status", Some("u"))).unwrap();
+    assert_eq!(r["exports"][0]["name"], json!("u"));
+    let e = admin::AdminAccess::new(Some("no-such-group-sce")).unwrap_err();
+    assert!(text(&e).contains("no-such-group-sce"), "{e}");
+    assert!(admin::AdminAccess::new(Some("root")).is_ok());
+}
