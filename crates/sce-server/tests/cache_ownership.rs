@@ -374,3 +374,37 @@ fn a_damaged_superblock_is_an_sce_cache_not_foreign_data() {
         assert!(!e.contains("not an sce cache"), "{e}");
     }
 }
+
+/// A cache too small for what it must hold is refused naming the export and the device,
+/// persistent or not (a volatile one needs room for its 8 KiB marker first), and the file
+/// this start created is removed.
+#[test]
+fn a_cache_too_small_is_refused_naming_the_export_and_the_device() {
+    for (persist, size) in [
+        (true, "1MiB"),
+        (false, "512"),
+        (false, "4KiB"),
+        (false, "1MiB"),
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        let spec = ExportConfig {
+            cache_size: Some(size.into()),
+            ..export(d.path(), "e", true)
+        };
+        let cache = spec.cache.clone().unwrap();
+        let mut cfg = cfg_of(d.path(), spec);
+        cfg.persist = persist;
+        let e = build(&cfg).unwrap();
+        assert!(e.starts_with("export \"e\": "), "{persist} {size}: {e}");
+        if size == "1MiB" {
+            assert!(e.contains("fragment"), "{persist} {size}: {e}");
+        } else {
+            assert!(e.contains("e.cache: "), "{persist} {size}: {e}");
+            assert!(
+                e.contains("too few for a cache that does not persist"),
+                "{size}: {e}"
+            );
+        }
+        assert!(!cache.exists(), "{persist} {size}: the new file is removed");
+    }
+}
