@@ -211,3 +211,49 @@ fn a_device_started_in_write_back_serves_dirty_data_after_a_restart() {
     assert!(b.iter().all(|&x| x == 9));
     assert!(dirty(&rig) > 0);
 }
+
+#[test]
+fn write_back_status_and_metrics_say_what_is_dirty_and_the_tuning() {
+    let d = tempfile::tempdir().unwrap();
+    let rig = rig(d.path(), true);
+    let text_of = |rig: &Rig| {
+        sce_server::metrics::prometheus(&rig.server, &rig.volumes, &rig.sources, Some(&rig.rates))
+    };
+    assert!(
+        status(&rig).get("writeback").is_none(),
+        "write-through has no log in use"
+    );
+    rig.call(&set_mode("writeback", false)).unwrap();
+    rig.client("w").write_at(0, &[1u8; 32768]).unwrap();
+    let s = status(&rig);
+    let wb = &s["writeback"];
+    assert_eq!(wb["low_watermark"], json!(0.9), "{s}");
+    assert_eq!(wb["high_watermark"], json!(0.95), "{s}");
+    assert_eq!(wb["last_clean_error"], json!(""), "{s}");
+    assert!(wb["dirty_bytes"].as_u64().unwrap() >= 32768, "{s}");
+    assert_eq!(s["export_dirty_bytes"], wb["dirty_bytes"], "{s}");
+    assert_eq!(s["state"], json!("active"));
+    let m = text_of(&rig);
+    let line = m
+        .lines()
+        .find(|l| l.starts_with("sce_export_dirty_bytes{export=\"w\"}"))
+        .unwrap_or_else(|| panic!("{m}"));
+    let v: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(v >= 32768.0, "{line}");
+    assert!(
+        m.contains("# TYPE sce_writeback_"),
+        "write-back families: {m}"
+    );
+    let stats = rig.verb("stats", Some("w")).unwrap();
+    let e = &stats["exports"]["w"];
+    assert!(
+        e["writeback_dirty_bytes"].as_u64().unwrap() >= 32768,
+        "{stats}"
+    );
+    // Set at run time: the tuning in status follows.
+    let mut set = set_mode("x", false);
+    (set.key, set.value) = (Some("writeback-low-watermark".into()), Some("50%".into()));
+    let r = rig.call(&set).unwrap();
+    assert_eq!(r["writeback_low_watermark"], json!(0.5));
+    assert_eq!(status(&rig)["writeback"]["low_watermark"], json!(0.5));
+}
