@@ -444,3 +444,64 @@ fn the_socket_s_mode_and_group_follow_the_admin_group() {
     assert!(text(&e).contains("no-such-group-sce"), "{e}");
     assert!(admin::AdminAccess::new(Some("root")).is_ok());
 }
+
+/// Status, stats and exists from several connections at once, while another switches the
+/// mode back and forth and a client reads: every request is answered, each reply whole and
+/// about the export asked for.
+#[test]
+fn concurrent_requests_are_each_answered_while_the_mode_switches() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use std::sync::Arc;
+    let d = tempfile::tempdir().unwrap();
+    let rig = two(d.path());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut askers = Vec::new();
+    for k in 0..4 {
+        let (ctl, stop) = (rig.ctl.clone(), stop.clone());
+        askers.push(std::thread::spawn(move || {
+            let mut answered = 0;
+            while !stop.load(SeqCst) || answered == 0 {
+                let r = match k % 3 {
+                    0 => admin::call(&ctl, &req("status", Some("c"))).unwrap()["exports"][0]
+                        ["name"]
+                        .clone(),
+                    1 => json!(
+                        admin::call(&ctl, &req("stats", Some("c"))).unwrap()["exports"]
+                            .as_object()
+                            .unwrap()
+                            .keys()
+                            .next()
+                            .unwrap()
+                    ),
+                    _ => {
+                        admin::call(&ctl, &range("exists", "c", 0, MIB)).unwrap()["export"].clone()
+                    }
+                };
+                assert_eq!(r, json!("c"));
+                answered += 1;
+            }
+            answered
+        }));
+    }
+    let client = rig.client("c");
+    let mut b = vec![0u8; 4096];
+    for (i, mode) in ["passthrough", "writearound", "writethrough"]
+        .iter()
+        .cycle()
+        .take(9)
+        .enumerate()
+    {
+        let mut set = req("set", Some("c"));
+        (set.key, set.value) = (Some("mode".into()), Some(mode.to_string()));
+        assert_eq!(rig.call(&set).unwrap()["mode"], json!(mode));
+        client.read_at(i as u64 * 4096, &mut b).unwrap();
+        assert_eq!(b[..16], stamp(i as u64));
+    }
+    stop.store(true, SeqCst);
+    let answered: u64 = askers.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(answered >= 4);
+    assert_eq!(
+        rig.verb("status", Some("c")).unwrap()["exports"][0]["mode"],
+        json!("writethrough")
+    );
+}

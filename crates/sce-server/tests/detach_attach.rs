@@ -325,3 +325,74 @@ fn reads_never_go_back_while_the_cache_comes_and_goes_under_load() {
         );
     }
 }
+
+#[test]
+fn too_many_ranges_written_while_detached_make_the_attach_cold() {
+    let d = tempfile::tempdir().unwrap();
+    let rig = rig(d.path());
+    rig.call(&range("prefetch", "c", 0, 8 * MIB)).unwrap();
+    rig.verb("detach", Some("c")).unwrap();
+    let client = rig.client("c");
+    // 4097 ranges that neither touch nor merge: one more than are kept.
+    for i in 0..4097u64 {
+        client.write_at(i * 2048, &[0xEE; 512]).unwrap();
+    }
+    assert_eq!(status_of(&rig, "c")["writes_while_detached"], json!(4097));
+    let r = rig.call(&attach("c", None)).unwrap();
+    let why = r["cold_because"].as_str().unwrap_or_else(|| panic!("{r}"));
+    assert!(why.contains("over more ranges than are kept"), "{why}");
+    assert_eq!(r["fragments_restored"], json!(0), "{r}");
+    let e = rig.call(&range("exists", "c", 0, 8 * MIB)).unwrap();
+    assert_eq!(e["cached_bytes"], json!(0), "everything forgotten: {e}");
+    let mut b = vec![0u8; 4096];
+    client.read_at(4096 * 1000, &mut b).unwrap();
+    assert!(b[..512].iter().all(|&x| x == 0xEE), "the newest data");
+    assert!(
+        b[512..2048].iter().all(|&x| x == 0),
+        "the source's own bytes"
+    );
+    assert!(b[2048..2560].iter().all(|&x| x == 0xEE));
+}
+
+/// An attach to a path with nothing there does what a start does with the export's
+/// settings: it creates the device at the export's `cache_size` and starts cold (nothing
+/// to restore), or, without a size, refuses naming the path and creates nothing.
+#[test]
+fn an_attach_to_a_new_path_creates_the_device_as_a_start_would() {
+    let d = tempfile::tempdir().unwrap();
+    let rig = rig(d.path());
+    rig.verb("detach", Some("c")).unwrap();
+    let fresh = d.path().join("fresh.cache");
+    let r = rig.call(&attach("c", Some(&fresh))).unwrap();
+    assert_eq!(r["fragments_restored"], json!(0), "{r}");
+    assert_eq!(std::fs::metadata(&fresh).unwrap().len(), 32 * MIB);
+    assert!(status_of(&rig, "c")["cache"]
+        .as_str()
+        .unwrap()
+        .ends_with("fresh.cache"));
+    // Without a cache size in the export's configuration: refused, nothing created.
+    let d2 = tempfile::tempdir().unwrap();
+    let mut e = export(d2.path(), "c", true);
+    drop(sce_server::group::build_all(&ServeConfig {
+        exports: vec![e.clone()],
+        ..base_config(d2.path())
+    }));
+    e.cache_size = None;
+    let cfg = ServeConfig {
+        exports: vec![e],
+        ..base_config(d2.path())
+    };
+    let rig = Rig::start(d2.path(), cfg, false);
+    rig.verb("detach", Some("c")).unwrap();
+    let missing = d2.path().join("missing.cache");
+    let e = text(&rig.call(&attach("c", Some(&missing))).unwrap_err());
+    assert!(
+        e.contains("missing.cache does not exist; give a cache size"),
+        "{e}"
+    );
+    assert!(!missing.exists());
+    assert_eq!(status_of(&rig, "c")["state"], json!("detached"));
+    // The last device is still the one to attach.
+    let r = rig.call(&attach("c", None)).unwrap();
+    assert!(r["cache"].as_str().unwrap().ends_with("c.cache"), "{r}");
+}
