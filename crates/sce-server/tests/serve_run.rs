@@ -72,6 +72,13 @@ fn a_server_serves_until_sigterm_then_shuts_down_in_order() {
         panic!("{seen:?}")
     };
     let ctl = sce_server::admin::default_path(&sock);
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        std::fs::metadata(&sock).unwrap().mode() & 0o777,
+        0o600,
+        "--socket-mode"
+    );
+    assert_eq!(std::fs::metadata(&ctl).unwrap().mode() & 0o777, 0o600);
     let st = sce_server::admin::call(&ctl, &req("status", None)).unwrap();
     assert_eq!(st["exports"].as_array().unwrap().len(), 2);
     let c = sce_nbd::NbdClient::connect(

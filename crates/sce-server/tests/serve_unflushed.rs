@@ -26,8 +26,11 @@ fn a_source_that_cannot_be_flushed_leaves_the_cache_as_after_a_crash() {
             format!("unix:{}", sock.display()).parse().unwrap(),
             tcp_listen.parse().unwrap(),
         ],
+        admin: Some(d.path().join("ctl").join("admin.sock")),
+        socket_mode: 0o660,
         ..base_config(d.path())
     };
+    std::fs::create_dir(d.path().join("ctl")).unwrap();
     let source = FaultDevice::new(MemDevice::new(SOURCE));
     let faults = source.control();
     cfg.devices.put("mem:src", Arc::new(source));
@@ -60,6 +63,14 @@ fn a_source_that_cannot_be_flushed_leaves_the_cache_as_after_a_crash() {
     };
     let hp = tcp.strip_prefix("tcp:127.0.0.1:").expect("tcp:HOST:PORT");
     assert_ne!(hp, "0", "{tcp}: the port bound");
+    // The admin socket where --admin put it, none beside the data socket; the data socket
+    // with --socket-mode.
+    let admin = d.path().join("ctl").join("admin.sock");
+    let st = sce_server::admin::call(&admin, &req("status", Some("c"))).unwrap();
+    assert_eq!(st["exports"][0]["name"], "c");
+    assert!(!sce_server::admin::default_path(&sock).exists());
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(&sock).unwrap().mode() & 0o777, 0o660);
     let uri: sce_nbd::NbdUri = format!("nbd://127.0.0.1:{hp}/c").parse().unwrap();
     let client = sce_nbd::NbdClient::connect(&uri, 1).unwrap();
     client.write_at(0, &[3u8; 4096]).unwrap();
@@ -84,4 +95,5 @@ fn a_source_that_cannot_be_flushed_leaves_the_cache_as_after_a_crash() {
         "not marked clean: the next start recovers it"
     );
     assert_eq!(sb.clean_shutdowns, 0);
+    assert!(!admin.exists(), "the admin socket went first");
 }
