@@ -265,3 +265,42 @@ fn a_setting_of_a_shared_device_applies_to_every_export_on_it() {
     assert_eq!(r["also_applies_to"], json!(["a"]));
     assert_eq!(status_of(&rig, "a")["admission"], json!("always"));
 }
+
+/// Saves from two connections at once, of two keys of one export: one at a time, so the
+/// file ends with both, loadable, and no save is lost.
+#[test]
+fn concurrent_saves_do_not_lose_each_other() {
+    let d = tempfile::tempdir().unwrap();
+    let (rig, f) = from_file(d.path(), &[]);
+    let ctl = rig.ctl.clone();
+    let ctl2 = ctl.clone();
+    let a = std::thread::spawn(move || {
+        for i in 1..=6u64 {
+            let r =
+                sce_server::admin::call(&ctl, &set("a", "seq-cutoff", &format!("{i}MiB"), true));
+            r.unwrap();
+        }
+    });
+    let b = std::thread::spawn(move || {
+        for i in 1..=6u64 {
+            let r = sce_server::admin::call(
+                &ctl2,
+                &set("a", "population-rate", &format!("{}MiB", i * 10), true),
+            );
+            r.unwrap();
+        }
+    });
+    a.join().unwrap();
+    b.join().unwrap();
+    let e = file_export(&f, 0);
+    assert_eq!(e["sequential_cutoff"].as_str(), Some("6MiB"), "{e}");
+    assert_eq!(e["population_rate"].as_str(), Some("60MiB"), "{e}");
+    let mut cfg = ServeConfig::default();
+    cfg.merge_file(sce_server::ConfigFile::load(&f).unwrap())
+        .unwrap();
+    let st = rig.verb("status", Some("a")).unwrap();
+    assert_eq!(
+        st["exports"][0]["population_rate_limit_bytes_per_second"],
+        json!(60 * MIB)
+    );
+}

@@ -281,3 +281,46 @@ fn the_rate_sampler_reports_recent_rates_after_two_samples() {
         "a rate gauge"
     );
 }
+
+/// Scrapes of /metrics and /stats go on while the cache is detached and attached again and
+/// again: each is answered whole, and says the export cached or not, never something else.
+#[test]
+fn scrapes_during_detach_and_attach_are_each_answered_whole() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use std::sync::Arc;
+    let d = tempfile::tempdir().unwrap();
+    let rig = rig(d.path());
+    let addr = rig.metrics.clone().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let scrapers: Vec<_> = (0..3)
+        .map(|k| {
+            let (addr, stop) = (addr.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while !stop.load(SeqCst) || n == 0 {
+                    if k == 0 {
+                        let v = sce_server::metrics::fetch_stats(&addr).unwrap();
+                        assert!(v["exports"][""]["cached"].is_boolean(), "{v}");
+                    } else {
+                        let (code, _, body) = get(&addr, "/metrics");
+                        assert_eq!(code, 200);
+                        let s = samples(&body);
+                        let c = s["sce_export_cached{export=\"default\"}"];
+                        assert!(c == 0.0 || c == 1.0, "{c}");
+                    }
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    for _ in 0..5 {
+        rig.verb("detach", Some("")).unwrap();
+        rig.verb("attach", Some("")).unwrap();
+    }
+    stop.store(true, SeqCst);
+    let n: u32 = scrapers.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(n >= 3);
+    let s = samples(&get(&addr, "/metrics").2);
+    assert_eq!(s["sce_export_cached{export=\"default\"}"], 1.0);
+}
