@@ -431,3 +431,74 @@ fn an_attach_to_a_new_path_creates_the_device_as_a_start_would() {
     let r = rig.call(&attach("c", None)).unwrap();
     assert!(r["cache"].as_str().unwrap().ends_with("c.cache"), "{r}");
 }
+
+/// Another export's cache device is never attached, whether that export holds it now or
+/// has it detached: refused naming that export, the device untouched.
+#[test]
+fn an_attach_onto_another_export_s_cache_is_refused_naming_it() {
+    let d = tempfile::tempdir().unwrap();
+    let cfg = ServeConfig {
+        exports: vec![export(d.path(), "a", true), export(d.path(), "b", true)],
+        ..base_config(d.path())
+    };
+    let rig = Rig::start(d.path(), cfg, false);
+    rig.verb("detach", Some("b")).unwrap();
+    let a_cache = d.path().join("a.cache");
+    for a_detached in [false, true] {
+        if a_detached {
+            rig.verb("detach", Some("a")).unwrap();
+        }
+        let before = std::fs::read(&a_cache).unwrap();
+        let e = text(&rig.call(&attach("b", Some(&a_cache))).unwrap_err());
+        assert!(e.contains("is the cache device of export \"a\""), "{e}");
+        assert_eq!(std::fs::read(&a_cache).unwrap(), before, "untouched");
+        assert_eq!(status_of(&rig, "b")["state"], json!("detached"));
+    }
+    rig.call(&attach("a", None)).unwrap();
+    rig.call(&attach("b", None)).unwrap();
+    assert_eq!(status_of(&rig, "b")["state"], json!("active"));
+}
+
+/// `--force`, `--reformat` and `--forget-volume` are for the devices the start found: a
+/// later attach never overwrites foreign data it is pointed at, and a reopen (a switch into
+/// write-back) never reformats or forgets the device it reopens.
+#[test]
+fn the_start_s_overrides_do_not_reach_a_later_attach_or_reopen() {
+    for (force, reformat, forget_volume) in [(true, false, false), (false, true, true)] {
+        let d = tempfile::tempdir().unwrap();
+        let cfg = ServeConfig {
+            exports: vec![export(d.path(), "c", true)],
+            force,
+            reformat,
+            forget_volume,
+            ..base_config(d.path())
+        };
+        let rig = Rig::start(d.path(), cfg, false);
+        rig.call(&range("prefetch", "c", 0, 2 * MIB)).unwrap();
+        let mut set = req("set", Some("c"));
+        (set.key, set.value) = (Some("mode".into()), Some("writeback".into()));
+        assert_eq!(rig.call(&set).unwrap()["reopened"], json!(true));
+        let e = rig.call(&range("exists", "c", 0, 2 * MIB)).unwrap();
+        assert_eq!(
+            e["cached_bytes"],
+            json!(2 * MIB),
+            "{force} {reformat}: kept: {e}"
+        );
+        rig.verb("detach", Some("c")).unwrap();
+        let precious = d.path().join("precious.img");
+        let mut data = vec![0x5Au8; 32 * MIB as usize];
+        data[..8].copy_from_slice(b"EXT4DATA");
+        std::fs::write(&precious, &data).unwrap();
+        let why = text(&rig.call(&attach("c", Some(&precious))).unwrap_err());
+        assert!(why.contains("holds data that is not an sce cache"), "{why}");
+        assert!(
+            std::fs::read(&precious).unwrap() == data,
+            "{force} {reformat}: untouched"
+        );
+        let r = rig.call(&attach("c", None)).unwrap();
+        assert!(
+            r["fragments_restored"].as_u64().unwrap() >= 4,
+            "{force} {reformat}: {r}"
+        );
+    }
+}
