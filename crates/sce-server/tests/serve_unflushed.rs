@@ -10,6 +10,27 @@ use sce_server::{run, Event, ExportConfig, ServeConfig, Stopped};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
+/// Runs `cfg` on a thread: the events up to Ready, and where its end will come.
+fn run_until_ready(cfg: ServeConfig) -> (Vec<Event>, mpsc::Receiver<anyhow::Result<Stopped>>) {
+    let (etx, events) = mpsc::channel();
+    let (dtx, done) = mpsc::channel();
+    std::thread::spawn(move || {
+        let r = run(cfg, &mut |e| {
+            let _ = etx.send(e);
+        });
+        let _ = dtx.send(r);
+    });
+    let mut seen = Vec::new();
+    while seen.last() != Some(&Event::Ready) {
+        seen.push(
+            events
+                .recv_timeout(Duration::from_secs(120))
+                .expect("an event"),
+        );
+    }
+    (seen, done)
+}
+
 #[test]
 fn a_source_that_cannot_be_flushed_leaves_the_cache_as_after_a_crash() {
     let d = tempfile::tempdir().unwrap();
@@ -36,22 +57,7 @@ fn a_source_that_cannot_be_flushed_leaves_the_cache_as_after_a_crash() {
     cfg.devices.put("mem:src", Arc::new(source));
     let cache = Arc::new(MemDevice::new(32 * MIB));
     cfg.devices.put("mem:cache", cache.clone());
-    let (etx, events) = mpsc::channel();
-    let (dtx, done) = mpsc::channel();
-    std::thread::spawn(move || {
-        let r = run(cfg, &mut |e| {
-            let _ = etx.send(e);
-        });
-        let _ = dtx.send(r);
-    });
-    let mut seen = Vec::new();
-    while seen.last() != Some(&Event::Ready) {
-        seen.push(
-            events
-                .recv_timeout(Duration::from_secs(120))
-                .expect("an event"),
-        );
-    }
+    let (seen, done) = run_until_ready(cfg);
     // Both listeners, in order; the TCP one on the port it was given.
     assert_eq!(seen.len(), 3, "{seen:?}");
     assert_eq!(
