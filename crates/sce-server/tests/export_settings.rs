@@ -78,12 +78,12 @@ fn a_line_larger_than_its_fragment_is_refused_with_both_sizes() {
 #[test]
 fn sizes_take_units_and_the_core_checks_what_they_make() {
     let c = core_of(&spec(
-        "fragment_size = \"4MiB\"\nline_size = \"256KiB\"\nawt_budget = \"8MiB\"\n\
+        "fragment_size = \"4MiB\"\nline_size = \"256KiB\"\nawt_budget = \"24MiB\"\n\
          sequential_cutoff = \"16MiB\"",
     ))
     .unwrap();
     assert_eq!((c.fragment_size, c.heat_bytes()), (256 << 10, 4 << 20));
-    assert_eq!((c.awt_budget, c.sequential_cutoff), (8 << 20, 16 << 20));
+    assert_eq!((c.awt_budget, c.sequential_cutoff), (24 << 20, 16 << 20));
     // A fragment size that is not a power of two is the core's to refuse, with the export.
     let e = refused("fragment_size = \"3MiB\"");
     assert!(e.starts_with("export \"e\": "), "{e}");
