@@ -144,7 +144,7 @@ impl Attachable {
             part,
             counters: ExportCounters::default(),
             spec: Mutex::new(spec),
-            cfg,
+            cfg: mode::without_start_overrides(cfg),
             source,
             gate: RwLock::new(Some(volume)),
             draining: Mutex::new(None),
@@ -437,6 +437,7 @@ impl Attachable {
         let mut all: Vec<ExportConfig> =
             others.iter().filter(|e| e.name != name).cloned().collect();
         all.push(spec.clone());
+        part::refuse_anothers_cache(&name, &path, others)?;
         crate::export::check_ownership(&all)?;
         let written = self.detached.count();
         let (warm, own_writes) = self.warm_attach(&path);

@@ -561,6 +561,3 @@ fn check_exports(exports: &[ExportConfig]) -> Result<()> {
     }
     Ok(())
 }
-
-#[cfg(test)]
-mod tests;

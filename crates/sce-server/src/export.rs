@@ -339,7 +339,8 @@ pub(crate) fn build_cached<'a>(
     let n = &spec.name;
     let persist_wanted = spec.persist.unwrap_or(true) && cfg.persist;
     let found = check_cache_contents(spec, cfg, &*cache_dev.dev, cache_path, persist_wanted)?;
-    let cache = cache_device(cache_dev.dev.clone(), persist_wanted)?;
+    let cache = cache_device(cache_dev.dev.clone(), persist_wanted)
+        .with_context(|| format!("export {n:?}: cache {}", cache_path.display()))?;
     let persist = persist_wanted
         .then(|| persist_config(spec, cfg, &found, cache.size()))
         .transpose()?;
@@ -432,6 +433,14 @@ fn check_cache_contents(
 fn cache_device(cache_dev: Arc<dyn BlockDevice>, persist: bool) -> Result<Arc<dyn BlockDevice>> {
     if persist {
         return Ok(cache_dev);
+    }
+    if cache_dev.size() <= ownership::VOLATILE_HEADER {
+        bail!(
+            "{} bytes are too few for a cache that does not persist (its first {} bytes hold \
+             a marker)",
+            cache_dev.size(),
+            ownership::VOLATILE_HEADER
+        );
     }
     ownership::mark_volatile(&*cache_dev)?;
     let size = cache_dev.size() - ownership::VOLATILE_HEADER;

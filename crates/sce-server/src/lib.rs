@@ -54,30 +54,3 @@ pub fn error_text(e: &anyhow::Error) -> String {
     }
     text
 }
-
-#[cfg(test)]
-mod tests {
-    use super::error_text;
-    use anyhow::Context;
-
-    #[test]
-    fn a_cause_already_in_the_message_is_said_once() {
-        let os = std::io::Error::from_raw_os_error(libc::ECONNREFUSED);
-        let open = sce_io::IoError::Open {
-            path: "/tmp/s.sock".into(),
-            source: os,
-        };
-        let e = Err::<(), _>(open).context("export \"\"").unwrap_err();
-        let text = error_text(&e);
-        assert_eq!(text.matches("os error 111").count(), 1, "{text}");
-        assert!(
-            text.starts_with("export \"\": cannot open /tmp/s.sock: "),
-            "{text}"
-        );
-        // A cause not yet said is still said.
-        let e = Err::<(), _>(std::io::Error::other("disk on fire"))
-            .context("loading the cache")
-            .unwrap_err();
-        assert_eq!(error_text(&e), "loading the cache: disk on fire");
-    }
-}

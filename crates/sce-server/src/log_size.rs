@@ -50,26 +50,3 @@ impl std::str::FromStr for LogSize {
             .map_err(|e| format!("{e} (or auto)"))
     }
 }
-
-#[cfg(test)]
-mod log_size_tests {
-    use super::LogSize;
-
-    #[test]
-    fn auto_gives_every_mode_a_sixteenth_within_bounds() {
-        const MIB: u64 = 1 << 20;
-        assert_eq!(LogSize::auto_bytes(64 << 30), 4 << 30);
-        assert_eq!(LogSize::auto_bytes(100 << 30), 4 << 30);
-        assert_eq!(LogSize::auto_bytes(16 << 30), 1 << 30);
-        assert_eq!(LogSize::auto_bytes(1 << 30), 64 * MIB);
-        assert_eq!(LogSize::auto_bytes(200 * MIB), 16 * MIB);
-        assert_eq!(LogSize::auto_bytes(32 * MIB), 8 * MIB);
-        assert_eq!(LogSize::auto_bytes(2 * MIB), 0);
-        let auto = LogSize::Auto;
-        assert_eq!(auto.bytes(16 << 30), 1 << 30);
-        assert_eq!(LogSize::Bytes(0).bytes(16 << 30), 0);
-        assert_eq!("auto".parse::<LogSize>(), Ok(LogSize::Auto));
-        assert_eq!("8MiB".parse::<LogSize>(), Ok(LogSize::Bytes(8 * MIB)));
-        assert!("lots".parse::<LogSize>().is_err());
-    }
-}

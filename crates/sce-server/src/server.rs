@@ -22,7 +22,8 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// What a running server tells its caller, for it to print.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
-    /// A listener is up at this address (`unix:PATH` or `HOST:PORT`).
+    /// A listener is up at this address, as `--listen` takes it (`unix:PATH` or
+    /// `tcp:HOST:PORT`, with the port bound when 0 was given).
     Listening(String),
     /// The metrics endpoint is up at this address (HOST:PORT).
     Metrics(String),

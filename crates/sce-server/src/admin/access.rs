@@ -181,25 +181,4 @@ mod tests {
         assert_eq!(AdminAccess::new(Some("0")).unwrap().group.unwrap().1, 0);
         assert_eq!(AdminAccess::new(Some("root")).unwrap().group.unwrap().1, 0);
     }
-
-    /// Without a group the socket is 0600; with `--admin-group` it belongs to the group and
-    /// is 0660, or the group's members could not even connect.
-    #[test]
-    fn the_socket_s_mode_and_group_follow_the_admin_group() {
-        use std::os::unix::fs::MetadataExt;
-        let d = tempfile::tempdir().unwrap();
-        let own = unsafe_getegid();
-        let plain = d.path().join("plain.ctl");
-        let _l = place(&plain, None).unwrap();
-        assert_eq!(std::fs::metadata(&plain).unwrap().mode() & 0o777, 0o600);
-        let grouped = d.path().join("grouped.ctl");
-        let _g = place(&grouped, Some(own)).unwrap();
-        let m = std::fs::metadata(&grouped).unwrap();
-        assert_eq!((m.mode() & 0o777, m.gid()), (0o660, own));
-    }
-
-    fn unsafe_getegid() -> u32 {
-        // SAFETY: getegid has no preconditions and cannot fail.
-        unsafe { libc::getegid() }
-    }
 }

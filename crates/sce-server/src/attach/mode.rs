@@ -63,6 +63,22 @@ fn busy(e: &anyhow::Error) -> bool {
     })
 }
 
+/// `cfg` as attaches and reopens use it: without the start's overrides (`--force`,
+/// `--reformat`, `--forget-volume`, `--discard-dirty`), which the operator gave for the
+/// devices the start found. Kept, they would let `sce ctl attach` overwrite foreign data at
+/// any path it is given (it has no `--force` of its own), and reach every reopen of a mode
+/// switch (with `--reformat` a switch into write-back failed; with `--forget-volume` it
+/// dropped what the cache held).
+pub(super) fn without_start_overrides(cfg: ServeConfig) -> ServeConfig {
+    ServeConfig {
+        force: false,
+        reformat: false,
+        forget_volume: false,
+        discard_dirty: Vec::new(),
+        ..cfg
+    }
+}
+
 fn is_wb(m: WriteMode) -> bool {
     m == WriteMode::WriteBack
 }

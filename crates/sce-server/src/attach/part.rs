@@ -89,3 +89,28 @@ impl Attachable {
         })
     }
 }
+
+/// An attach never takes another export's cache device, whether that export holds it now or
+/// has it detached (it would be reformatted for this export's source; exports that share a
+/// device name it in the configuration): refused naming the export. The device's lock alone
+/// would refuse only the first, as "in use by another process".
+pub(super) fn refuse_anothers_cache(
+    name: &str,
+    path: &std::path::Path,
+    others: &[crate::config::ExportConfig],
+) -> Result<()> {
+    let key = crate::ownership::canonical_name(path);
+    let theirs = |o: &&crate::config::ExportConfig| {
+        o.name != name
+            && (o.cache.as_deref()).is_some_and(|c| crate::ownership::canonical_name(c) == key)
+    };
+    if let Some(o) = others.iter().find(theirs) {
+        bail!(
+            "export {name:?}: {} is the cache device of export {:?}: an attach never takes \
+             another export's device (exports that share one name it in the configuration)",
+            path.display(),
+            o.name
+        );
+    }
+    Ok(())
+}

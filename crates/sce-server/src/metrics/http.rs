@@ -205,18 +205,3 @@ fn request_path(head: &[u8]) -> Option<String> {
     let target = text.split_whitespace().nth(1).unwrap_or("/");
     Some(target.split('?').next().unwrap_or("/").to_string())
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_head_is_complete_at_its_empty_line() {
-        assert_eq!(request_path(b"GET /metrics HTTP/1.0\r\n"), None);
-        assert_eq!(
-            request_path(b"GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\n\r\n").as_deref(),
-            Some("/metrics")
-        );
-        assert_eq!(request_path(b"GET /stats\n\n").as_deref(), Some("/stats"));
-    }
-}
