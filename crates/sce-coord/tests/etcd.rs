@@ -2,7 +2,7 @@
 //! etcd-server): keys and revisions, a lease that expires when it is not kept alive, a
 //! watch from a revision, and a member killed while the cluster serves on.
 
-use sce_coord::{Etcd, Event};
+use sce_coord::{Coord, Etcd, Event};
 use sce_testkit::etcd::Cluster;
 use sce_testkit::wait_until;
 use std::time::{Duration, Instant};
