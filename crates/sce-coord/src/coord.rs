@@ -1,7 +1,8 @@
 //! What sce asks of its coordination store, as a trait: etcd's keys with revisions,
 //! transactions, compaction, leases and watches from a revision, exactly as far as the
-//! shared mode uses them. [`crate::Etcd`] is the real one (etcd's JSON gateway); a test can
-//! give the shared mode another (`sce_server::coherent::Coherence::start_with`).
+//! shared mode uses them. [`crate::Etcd`] is the real one (etcd's JSON gateway);
+//! [`crate::mem::MemEtcd`] hands out in-memory clients with faults on command, for tests
+//! that run several hosts in one process.
 //!
 //! Coordination is off the per-I/O hot path (a read never calls it; a write that is not
 //! owned calls it once per batch of writes), so the users take `&dyn Coord` or own a
