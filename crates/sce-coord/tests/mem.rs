@@ -42,7 +42,8 @@ fn leases_follow_the_clock() {
     assert!(m.has_lease(la) && !m.has_lease(lb));
     assert_eq!(b.get(b"/h/b").unwrap(), None);
     assert_eq!(m.leases_of(&fa), vec![la]);
-    assert_eq!(m.expire_leases_of(&fa), 1);
+    assert_eq!(m.expire_leases_of(&fa), Some(m.revision()));
+    assert_eq!(m.expire_leases_of(&fa), None);
     assert_eq!(a.get(b"/h/a").unwrap(), None);
     let real = MemEtcd::with_real_clock();
     let f = real.faults();

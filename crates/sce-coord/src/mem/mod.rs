@@ -9,7 +9,8 @@
 //! - [`Faults::pause`]: calls wait before they reach the store, until resumed, or fail
 //!   after the client's timeout as on a slow network; watches go quiet;
 //! - [`Faults::hold_replies`]: calls reach the store, then their answers wait (a lost or
-//!   late answer: the change is made, the caller does not know yet);
+//!   late answer: the change is made, the caller does not know yet); watches already open
+//!   go on delivering (a slow answer, not a dead link);
 //! - [`Faults::partition`]: calls fail at once, and open watches end;
 //! - [`Faults::heal`]: all of them end.
 //!
@@ -136,11 +137,13 @@ impl MemEtcd {
         self.changed(|st| st.revoke(id).is_ok())
     }
 
-    /// Expires every lease a client of `faults` granted; how many.
-    pub fn expire_leases_of(&self, faults: &Faults) -> usize {
+    /// Expires every lease a client of `faults` granted: the store's revision after their
+    /// keys went (None: there was none).
+    pub fn expire_leases_of(&self, faults: &Faults) -> Option<i64> {
         self.changed(|st| {
             let ids = st.leases_of(faults.id);
-            ids.iter().filter(|id| st.revoke(**id).is_ok()).count()
+            let n = ids.iter().filter(|id| st.revoke(**id).is_ok()).count();
+            (n > 0).then_some(st.rev)
         })
     }
 
@@ -191,7 +194,7 @@ impl Faults {
         self.set(|s| s.paused = true)
     }
 
-    /// Calls reach the store; their answers wait.
+    /// Calls reach the store; their answers wait. Open watches still deliver.
     pub fn hold_replies(&self) {
         self.set(|s| s.holding = true)
     }
@@ -365,11 +368,8 @@ impl Events for MemWatch {
     fn next_events(&mut self, timeout: Duration) -> Result<Vec<Event>, EtcdError> {
         let deadline = Instant::now() + timeout;
         loop {
-            // A paused or held network: nothing comes; a partition ends the watch.
-            if !self
-                .faults
-                .wait_while(deadline, |s| s.paused || s.holding)?
-            {
+            // A paused network: nothing comes; a partition ends the watch.
+            if !self.faults.wait_while(deadline, |s| s.paused)? {
                 return Ok(Vec::new());
             }
             let st = self.shared.lock();
