@@ -4,12 +4,15 @@
 //! coordinated through the in-memory etcd (`sce_coord::MemEtcd`). A seeded schedule runs a
 //! random workload of reads and writes on every host while it pauses hosts' etcd clients
 //! (calls wait, or answers are late), partitions them, expires a partitioned host's lease
-//! once it stopped counting on it (as the cluster would), and compacts the history. Two
+//! once it stopped counting on it (as the cluster would), and compacts the history. Three
 //! probes run between: one makes a host's acknowledgements late while another host writes
 //! what it caches (a listener that acknowledged before dropping would serve the old bytes);
 //! one stalls a host's owned write in its source write, cuts it off until its lease is
 //! expired and another host caches the block, then lets the write finish (a write let
-//! through past the fence would be acknowledged over another host's cached copy).
+//! through past the fence would be acknowledged over another host's cached copy); one
+//! brings a host back after its lease expired and another wrote what it caches, its
+//! listener still cut off (a host that served hits before catching up would serve the old
+//! bytes).
 //!
 //! Every read is checked against the model of acknowledged writes (`model/mod.rs`): it must
 //! return the newest version acknowledged before it started, or one written since. Printed:
@@ -38,8 +41,8 @@ struct World {
     stop: AtomicBool,
     /// Faults injected, by kind.
     faults: [AtomicU64; 6],
-    /// Probes that came to their point: late acknowledgements, fence.
-    probed: [AtomicU64; 2],
+    /// Probes that came to their point: late acknowledgements, fence, catching up.
+    probed: [AtomicU64; 3],
 }
 
 const KINDS: [&str; 6] = [
@@ -100,7 +103,7 @@ fn cut_and_expire(w: &World, h: usize) -> Option<i64> {
         );
         return None;
     }
-    w.etcd.expire_leases_of(&host.faults)
+    host.faults.expire(&w.etcd)
 }
 
 /// Waits (bounded) until every host but `but` processed revision `rev`.
@@ -146,7 +149,7 @@ fn probe_late_acks(w: &World, rng: &mut SmallRng) -> bool {
     let wrote = std::thread::scope(|s| {
         let t = s.spawn(|| w.model.write(a, x, 1));
         let t0 = Instant::now();
-        while !t.is_finished() && t0.elapsed() < Duration::from_millis(400) {
+        while !t.is_finished() && t0.elapsed() < Duration::from_millis(800) {
             std::thread::sleep(Duration::from_millis(2));
         }
         let finished = t.is_finished();
@@ -209,6 +212,30 @@ fn probe_fence(w: &World, rng: &mut SmallRng) -> bool {
     fenced
 }
 
+/// Catching up (in the third probe region): host `a` caches block `x`, is cut off until its
+/// lease expires, host `b` writes `x` (not waiting for `a`), then `a`'s network comes back
+/// but for its listener's client. It registers again, and must pass reads through until its
+/// listener caught up. True if the probe came to its point (`b`'s write acknowledged, `a`
+/// registered again while its listener was still cut off).
+fn probe_catch_up(w: &World, rng: &mut SmallRng) -> bool {
+    let (ai, k) = (rng.gen_range(0..3), rng.gen_range(1..3));
+    let (a, b) = (&w.hosts[ai], &w.hosts[(ai + k) % 3]);
+    let x = PROBE_FIRST + 2 * PER_REGION + rng.gen_range(0..PER_REGION);
+    if !cache_on(w, a, x) || cut_and_expire(w, ai).is_none() {
+        a.faults.heal();
+        return false;
+    }
+    let wrote = w.model.write(b, x, 1) == Some(true);
+    a.faults.heal_but_listener();
+    let registered = a.wait(20, |h| h.status("lease_valid") == true);
+    for _ in 0..20 {
+        w.model.read(a, x, 1, "registered again, not caught up");
+    }
+    a.faults.heal();
+    a.wait(20, |h| h.status("serving_hits") == true);
+    wrote && registered
+}
+
 /// Step `i` of the schedule: a fault on a host for a while, or a compaction, at random;
 /// every 8th, the probes.
 fn step(w: &World, rng: &mut SmallRng, i: u64) -> &'static str {
@@ -246,10 +273,10 @@ fn step(w: &World, rng: &mut SmallRng, i: u64) -> &'static str {
                 h.faults.heal();
                 h.wait(20, |x| x.status("serving_hits") == true);
             }
-            let late = probe_late_acks(w, rng);
-            let fence = probe_fence(w, rng);
-            w.probed[0].fetch_add(late as u64, SeqCst);
-            w.probed[1].fetch_add(fence as u64, SeqCst);
+            let probes = [probe_late_acks, probe_fence, probe_catch_up];
+            for (k, probe) in probes.iter().enumerate() {
+                w.probed[k].fetch_add(probe(w, rng) as u64, SeqCst);
+            }
         }
     }
     std::thread::sleep(ms(rng, 50, 250));
@@ -325,12 +352,13 @@ fn report(w: &World, seed: u64, steps: u64, t0: Instant) {
     let faults: Vec<String> = (KINDS.iter().zip(&w.faults))
         .map(|(k, n)| format!("{k} {}", n.load(SeqCst)))
         .collect();
-    let probed = [0, 1].map(|k| w.probed[k].load(SeqCst));
+    let probed = [0, 1, 2].map(|k| w.probed[k].load(SeqCst));
     eprintln!(
-        "faults: {}; probes that came to their point: late acknowledgements {}, fence {}",
+        "faults: {}; probes that came to their point: late acknowledgements {}, fence {}, catching up {}",
         faults.join(", "),
         probed[0],
-        probed[1]
+        probed[1],
+        probed[2]
     );
     for h in &w.hosts {
         let s = h.coh.status();

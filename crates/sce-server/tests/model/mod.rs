@@ -19,8 +19,8 @@ pub const MIB: u64 = 1 << 20;
 pub const VOLUME: u64 = 4 * MIB;
 pub const BLOCKS: u64 = VOLUME / BLOCK;
 pub const REGION: u64 = 256 << 10;
-/// The last two regions are the probes' alone: the random workload never touches them.
-pub const PROBE_FIRST: u64 = (VOLUME - 2 * REGION) / BLOCK;
+/// The last three regions are the probes' alone: the random workload never touches them.
+pub const PROBE_FIRST: u64 = (VOLUME - 3 * REGION) / BLOCK;
 
 /// The bytes of block `b` at version `v` (0: what the source starts with): a header naming
 /// both, then a pattern of both.
@@ -109,13 +109,54 @@ impl BlockDevice for GatedSource {
     }
 }
 
+/// A host's network to etcd: a fault domain per client shared mode makes, in the order it
+/// makes them (`Coherence::start_with`: the main one, the membership's, the tracker's, the
+/// listener's, the background thread's); what is done to the host is done to all.
+pub struct Net {
+    domains: Vec<Arc<Faults>>,
+}
+
+/// The listener's client: the fourth made.
+const LISTENER: usize = 3;
+
+impl Net {
+    pub fn pause(&self) {
+        self.domains.iter().for_each(|f| f.pause())
+    }
+    pub fn hold_replies(&self) {
+        self.domains.iter().for_each(|f| f.hold_replies())
+    }
+    pub fn partition(&self) {
+        self.domains.iter().for_each(|f| f.partition())
+    }
+    pub fn heal(&self) {
+        self.domains.iter().for_each(|f| f.heal())
+    }
+    /// Heals every client but the listener's.
+    pub fn heal_but_listener(&self) {
+        let others = self
+            .domains
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != LISTENER);
+        others.for_each(|(_, f)| f.heal())
+    }
+    /// Expires the host's leases in `etcd`: the revision of the expiry, if it had one.
+    pub fn expire(&self, etcd: &MemEtcd) -> Option<i64> {
+        self.domains
+            .iter()
+            .filter_map(|f| etcd.expire_leases_of(f))
+            .max()
+    }
+}
+
 /// A host: its export in shared mode, its network to etcd, its gate on the source.
 pub struct Host {
     pub name: String,
     pub dev: Arc<Coherent>,
     pub coh: Arc<Coherence>,
     pub att: Arc<Attachable>,
-    pub faults: Arc<Faults>,
+    pub faults: Net,
     pub gate: Arc<Gate>,
     _id: Arc<HostIdentity>,
 }
@@ -167,9 +208,15 @@ impl Host {
             region_size: if owns { REGION } else { 0 },
             ownership_idle: Duration::from_millis(300),
         };
-        let faults = etcd.faults();
+        let faults = Net {
+            domains: (0..5).map(|_| etcd.faults()).collect(),
+        };
+        let made = AtomicU64::new(0);
         let connect = || -> Result<Box<dyn Coord>, EtcdError> {
-            Ok(Box::new(etcd.client(&faults, Duration::from_secs(1))))
+            let i = (made.fetch_add(1, SeqCst) as usize).min(faults.domains.len() - 1);
+            Ok(Box::new(
+                etcd.client(&faults.domains[i], Duration::from_secs(1)),
+            ))
         };
         let coh = Coherence::start_with(&sc, &id, "vol", att.clone(), &connect).unwrap();
         let dev = Coherent::new(att.clone(), coh.clone());
