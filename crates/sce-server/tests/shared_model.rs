@@ -4,7 +4,8 @@
 //! coordinated through the in-memory etcd (`sce_coord::MemEtcd`). A seeded schedule runs a
 //! random workload of reads and writes on every host while it pauses hosts' etcd clients
 //! (calls wait, or answers are late), partitions them, expires a partitioned host's lease
-//! once it stopped counting on it (as the cluster would), and compacts the history. Three
+//! once it stopped counting on it (as the cluster would), compacts the history, and hands a
+//! host's regions to another (`sce ctl handoff`). Four
 //! probes run between: one makes a host's acknowledgements late while another host writes
 //! what it caches (a listener that acknowledged before dropping would serve the old bytes);
 //! one stalls a host's owned write in its source write, cuts it off until its lease is
@@ -12,6 +13,8 @@
 //! through past the fence would be acknowledged over another host's cached copy); one
 //! brings a host back after its lease expired and another wrote what it caches, its
 //! listener still cut off (a host that served hits before catching up would serve the old
+//! bytes); one hands a host's regions to another, which writes there as their owner (a
+//! host that did not count a region it handed over as another's would serve the old
 //! bytes).
 //!
 //! Every read is checked against the model of acknowledged writes (`model/mod.rs`): it must
@@ -40,17 +43,18 @@ struct World {
     quiet: RwLock<()>,
     stop: AtomicBool,
     /// Faults injected, by kind.
-    faults: [AtomicU64; 6],
-    /// Probes that came to their point: late acknowledgements, fence, catching up.
-    probed: [AtomicU64; 3],
+    faults: [AtomicU64; 7],
+    /// Probes that came to their point: late acknowledgements, fence, catching up, hand-off.
+    probed: [AtomicU64; 4],
 }
 
-const KINDS: [&str; 6] = [
+const KINDS: [&str; 7] = [
     "pause",
     "late answers",
     "partition",
     "lease expired",
     "compaction",
+    "hand-off",
     "probe",
 ];
 
@@ -236,6 +240,35 @@ fn probe_catch_up(w: &World, rng: &mut SmallRng) -> bool {
     wrote && registered
 }
 
+/// A hand-off (in the fourth probe region): host `a` owns and caches block `x`, hands its
+/// regions to host `b` (`sce ctl handoff`) while its own listener is paused, `b` writes `x`
+/// as its owner (no publication), and `a` reads it: `a` must count the region as another's
+/// from the move on, not from when its listener hears of it. True if the probe came to its
+/// point (the region moved, `b`'s write owned and acknowledged).
+fn probe_handoff(w: &World, rng: &mut SmallRng) -> bool {
+    let ai = rng.gen_range(0..2);
+    let (a, b) = (&w.hosts[ai], &w.hosts[1 - ai]);
+    let x = PROBE_FIRST + 3 * PER_REGION + rng.gen_range(0..PER_REGION);
+    let owned = |h: &Host| h.status("owned_writes").as_u64().unwrap_or(0);
+    let handed = |h: &Host| h.status("handoff_regions").as_u64().unwrap_or(0);
+    let before = owned(a);
+    if w.model.write(a, x, 1) != Some(true) || owned(a) == before || !cache_on(w, a, x) {
+        return false;
+    }
+    let got = handed(b);
+    a.faults.pause_listener();
+    let moved = sce_server::coherent::handoff(&a.coh, &b.name).map_or(0, |m| m.2);
+    if moved == 0 || !b.wait(20, |h| handed(h) > got) {
+        a.faults.heal();
+        return false;
+    }
+    let before = owned(b);
+    let wrote = w.model.write(b, x, 1) == Some(true) && owned(b) > before;
+    w.model.read(a, x, 1, "after a hand-off");
+    a.faults.heal();
+    wrote
+}
+
 /// Step `i` of the schedule: a fault on a host for a while, or a compaction, at random;
 /// every 8th, the probes.
 fn step(w: &World, rng: &mut SmallRng, i: u64) -> &'static str {
@@ -267,13 +300,18 @@ fn step(w: &World, rng: &mut SmallRng, i: u64) -> &'static str {
             let rev = w.etcd.revision() - rng.gen_range(0..20);
             let _ = w.etcd.compact(rev.max(w.etcd.compacted() + 1));
         }
+        5 => {
+            // What it owns to another host (`sce ctl handoff`), while everyone writes.
+            let to = &w.hosts[(h + rng.gen_range(1..3)) % 3];
+            let _ = sce_server::coherent::handoff(&host.coh, &to.name);
+        }
         _ => {
             let _g = w.quiet.write().unwrap();
             for h in &w.hosts {
                 h.faults.heal();
                 h.wait(20, |x| x.status("serving_hits") == true);
             }
-            let probes = [probe_late_acks, probe_fence, probe_catch_up];
+            let probes = [probe_late_acks, probe_fence, probe_catch_up, probe_handoff];
             for (k, probe) in probes.iter().enumerate() {
                 w.probed[k].fetch_add(probe(w, rng) as u64, SeqCst);
             }
@@ -352,18 +390,19 @@ fn report(w: &World, seed: u64, steps: u64, t0: Instant) {
     let faults: Vec<String> = (KINDS.iter().zip(&w.faults))
         .map(|(k, n)| format!("{k} {}", n.load(SeqCst)))
         .collect();
-    let probed = [0, 1, 2].map(|k| w.probed[k].load(SeqCst));
+    let probed = [0, 1, 2, 3].map(|k| w.probed[k].load(SeqCst));
     eprintln!(
-        "faults: {}; probes that came to their point: late acknowledgements {}, fence {}, catching up {}",
+        "faults: {}; probes that came to their point: late acknowledgements {}, fence {}, catching up {}, hand-off {}",
         faults.join(", "),
         probed[0],
         probed[1],
-        probed[2]
+        probed[2],
+        probed[3]
     );
     for h in &w.hosts {
         let s = h.coh.status();
         eprintln!(
-            "host {}: hits {}, invalidations received {}, acquisitions {}, owned writes {}, fenced {}, publish failures {}, passthrough reads {}, forgotten {}",
+            "host {}: hits {}, invalidations received {}, acquisitions {}, owned writes {}, fenced {}, publish failures {}, passthrough reads {}, forgotten {}, regions handed to it {}",
             h.name,
             h.hits(),
             s["invalidations_received"],
@@ -372,7 +411,8 @@ fn report(w: &World, seed: u64, steps: u64, t0: Instant) {
             s["owned_writes_fenced"],
             s["publish_failures"],
             s["passthrough_reads"],
-            s["forgotten"]
+            s["forgotten"],
+            s["handoff_regions"]
         );
     }
     let failures = m.failures.lock().unwrap();

@@ -19,8 +19,8 @@ pub const MIB: u64 = 1 << 20;
 pub const VOLUME: u64 = 4 * MIB;
 pub const BLOCKS: u64 = VOLUME / BLOCK;
 pub const REGION: u64 = 256 << 10;
-/// The last three regions are the probes' alone: the random workload never touches them.
-pub const PROBE_FIRST: u64 = (VOLUME - 3 * REGION) / BLOCK;
+/// The last four regions are the probes' alone: the random workload never touches them.
+pub const PROBE_FIRST: u64 = (VOLUME - 4 * REGION) / BLOCK;
 
 /// The bytes of block `b` at version `v` (0: what the source starts with): a header naming
 /// both, then a pattern of both.
@@ -131,6 +131,10 @@ impl Net {
     }
     pub fn heal(&self) {
         self.domains.iter().for_each(|f| f.heal())
+    }
+    /// Pauses the listener's client only (its watch goes quiet).
+    pub fn pause_listener(&self) {
+        self.domains[LISTENER].pause()
     }
     /// Heals every client but the listener's.
     pub fn heal_but_listener(&self) {
