@@ -1,26 +1,25 @@
-//! Shared mode's protocol in one process, in seconds (issue 49): three hosts, each running
-//! sce-server's real shared mode (`Coherence`: membership, listener, tracker, batcher,
-//! region ownership, fencing) over its own memory cache and one shared memory source, all
-//! coordinated through the in-memory etcd (`sce_coord::MemEtcd`). A seeded schedule runs a
-//! random workload of reads and writes on every host while it pauses hosts' etcd clients
-//! (calls wait, or answers are late), partitions them, expires a partitioned host's lease
-//! once it stopped counting on it (as the cluster would), compacts the history, and hands a
-//! host's regions to another (`sce ctl handoff`). Four
-//! probes run between: one makes a host's acknowledgements late while another host writes
-//! what it caches (a listener that acknowledged before dropping would serve the old bytes);
-//! one stalls a host's owned write in its source write, cuts it off until its lease is
-//! expired and another host caches the block, then lets the write finish (a write let
-//! through past the fence would be acknowledged over another host's cached copy); one
-//! brings a host back after its lease expired and another wrote what it caches, its
-//! listener still cut off (a host that served hits before catching up would serve the old
-//! bytes); one hands a host's regions to another, which writes there as their owner (a
-//! host that did not count a region it handed over as another's would serve the old
-//! bytes).
+//! Shared mode's protocol in one process, in seconds (issue 49): three hosts (or up to
+//! eight: `SCE_MODEL_HOSTS`), each running sce-server's real shared mode (`Coherence`:
+//! membership, listener, tracker, batcher, region ownership, fencing) over its own memory
+//! cache and one shared memory source, all coordinated through the in-memory etcd
+//! (`sce_coord::MemEtcd`). A seeded schedule runs a random workload of reads and writes on
+//! every host while it pauses hosts' etcd clients (calls wait, or answers are late),
+//! partitions them, expires a partitioned host's lease once it stopped counting on it (as
+//! the cluster would), compacts the history, and hands a host's regions to another (`sce
+//! ctl handoff`). Four probes run between: one makes a host's acknowledgements late while
+//! another host writes what it caches (a listener that acknowledged before dropping would
+//! serve the old bytes); one stalls a host's owned write in its source write, cuts it off
+//! until its lease is expired and another host caches the block, then lets the write finish
+//! (a write let through past the fence would be acknowledged over another host's cached
+//! copy); one brings a host back after its lease expired and another wrote what it caches,
+//! its listener still cut off (a host that served hits before catching up would serve the
+//! old bytes); one hands a host's regions to another, which writes there as their owner (a
+//! host that did not count a region it handed over as another's would serve the old bytes).
 //!
 //! Every read is checked against the model of acknowledged writes (`model/mod.rs`): it must
 //! return the newest version acknowledged before it started, or one written since. Printed:
 //! hosts, operations, reads checked, faults, each host's counters. `SCE_MODEL_SEED` sets the
-//! seed, `SCE_MODEL_STEPS` the schedule's length.
+//! seed, `SCE_MODEL_STEPS` the schedule's length, `SCE_MODEL_HOSTS` the hosts (3 to 8).
 
 mod model;
 
@@ -58,6 +57,21 @@ const KINDS: [&str; 7] = [
     "probe",
 ];
 
+impl World {
+    /// Hosts that take regions: all but the last.
+    fn owners(&self) -> usize {
+        self.hosts.len() - 1
+    }
+
+    /// Two hosts apart, the first a host that takes regions, the second any other; when
+    /// `among` is `owners()`, both take regions.
+    fn pair(&self, rng: &mut SmallRng, among: usize) -> (usize, usize) {
+        let a = rng.gen_range(0..self.owners());
+        let b = (a + rng.gen_range(1..among)) % among;
+        (a, b)
+    }
+}
+
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
@@ -72,12 +86,13 @@ fn worker(w: &World, h: usize, seed: u64) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let host = &w.hosts[h];
     let regions = PROBE_FIRST * BLOCK / REGION;
+    let hosts = w.hosts.len() as u64;
     while !w.stop.load(SeqCst) {
         let _g = w.quiet.read().unwrap();
         let n = rng.gen_range(1..=4u64);
         if rng.gen_bool(0.3) {
             let r = match rng.gen_bool(0.7) {
-                true => (rng.gen_range(0..regions) / 3) * 3 + h as u64 % 3,
+                true => (rng.gen_range(0..regions) / hosts) * hosts + h as u64 % hosts,
                 false => rng.gen_range(0..regions),
             }
             .min(regions - 1);
@@ -139,8 +154,8 @@ fn cache_on(w: &World, host: &Host, b: u64) -> bool {
 /// listener hears of its put late: it must have dropped `x` before it acknowledged. True if
 /// the probe came to its point (the write acknowledged before `b`'s read).
 fn probe_late_acks(w: &World, rng: &mut SmallRng) -> bool {
-    let (a, b) = (rng.gen_range(0..3), rng.gen_range(1..3));
-    let (a, b) = (&w.hosts[a], &w.hosts[(a + b) % 3]);
+    let (a, b) = w.pair(rng, w.hosts.len());
+    let (a, b) = (&w.hosts[a], &w.hosts[b]);
     let x = PROBE_FIRST + rng.gen_range(0..PER_REGION);
     if w.model.write(b, x, 1) != Some(true) || !cache_on(w, b, x) {
         eprintln!(
@@ -169,8 +184,7 @@ fn probe_late_acks(w: &World, rng: &mut SmallRng) -> bool {
 /// `x` meanwhile (the region is nobody's now), then `a`'s write finishes. It must fail: `b`
 /// never heard of it. True if the probe came to its point (`b` cached `x` meanwhile).
 fn probe_fence(w: &World, rng: &mut SmallRng) -> bool {
-    let (ai, bi) = (rng.gen_range(0..2), rng.gen_range(0..3));
-    let bi = if bi == ai { (ai + 1) % 3 } else { bi };
+    let (ai, bi) = w.pair(rng, w.owners());
     let (a, b) = (&w.hosts[ai], &w.hosts[bi]);
     let x = PROBE_FIRST + PER_REGION + rng.gen_range(0..PER_REGION);
     let owned = |h: &Host| h.status("owned_writes").as_u64().unwrap_or(0);
@@ -222,8 +236,8 @@ fn probe_fence(w: &World, rng: &mut SmallRng) -> bool {
 /// listener caught up. True if the probe came to its point (`b`'s write acknowledged, `a`
 /// registered again while its listener was still cut off).
 fn probe_catch_up(w: &World, rng: &mut SmallRng) -> bool {
-    let (ai, k) = (rng.gen_range(0..3), rng.gen_range(1..3));
-    let (a, b) = (&w.hosts[ai], &w.hosts[(ai + k) % 3]);
+    let (ai, bi) = w.pair(rng, w.hosts.len());
+    let (a, b) = (&w.hosts[ai], &w.hosts[bi]);
     let x = PROBE_FIRST + 2 * PER_REGION + rng.gen_range(0..PER_REGION);
     if !cache_on(w, a, x) || cut_and_expire(w, ai).is_none() {
         a.faults.heal();
@@ -246,8 +260,8 @@ fn probe_catch_up(w: &World, rng: &mut SmallRng) -> bool {
 /// from the move on, not from when its listener hears of it. True if the probe came to its
 /// point (the region moved, `b`'s write owned and acknowledged).
 fn probe_handoff(w: &World, rng: &mut SmallRng) -> bool {
-    let ai = rng.gen_range(0..2);
-    let (a, b) = (&w.hosts[ai], &w.hosts[1 - ai]);
+    let (ai, bi) = w.pair(rng, w.owners());
+    let (a, b) = (&w.hosts[ai], &w.hosts[bi]);
     let x = PROBE_FIRST + 3 * PER_REGION + rng.gen_range(0..PER_REGION);
     let owned = |h: &Host| h.status("owned_writes").as_u64().unwrap_or(0);
     let handed = |h: &Host| h.status("handoff_regions").as_u64().unwrap_or(0);
@@ -302,7 +316,7 @@ fn step(w: &World, rng: &mut SmallRng, i: u64) -> &'static str {
         }
         5 => {
             // What it owns to another host (`sce ctl handoff`), while everyone writes.
-            let to = &w.hosts[(h + rng.gen_range(1..3)) % 3];
+            let to = &w.hosts[(h + rng.gen_range(1..w.hosts.len())) % w.hosts.len()];
             let _ = sce_server::coherent::handoff(&host.coh, &to.name);
         }
         _ => {
@@ -333,9 +347,11 @@ fn shared_mode_never_serves_a_stale_read_under_pauses_partitions_expiries_and_co
     let dir = tempfile::tempdir().unwrap();
     let etcd = MemEtcd::new();
     let src = model::source();
-    // Hosts 0 and 1 take regions; host 2 takes none (every write of its is published).
-    let hosts: Vec<Host> = (0..3)
-        .map(|i| Host::start(dir.path(), &format!("h{i}"), &src, &etcd, i < 2))
+    // Every host but the last takes regions; the last takes none (every write of its is
+    // published).
+    let n = env("SCE_MODEL_HOSTS", 3).clamp(3, 8) as usize;
+    let hosts: Vec<Host> = (0..n)
+        .map(|i| Host::start(dir.path(), &format!("h{i}"), &src, &etcd, i + 1 < n))
         .collect();
     for h in &hosts {
         assert!(
