@@ -233,8 +233,10 @@ fn probe_fence(w: &World, rng: &mut SmallRng) -> bool {
 /// Catching up (in the third probe region): host `a` caches block `x`, is cut off until its
 /// lease expires, host `b` writes `x` (not waiting for `a`), then `a`'s network comes back
 /// but for its listener's client. It registers again, and must pass reads through until its
-/// listener caught up. True if the probe came to its point (`b`'s write acknowledged, `a`
-/// registered again while its listener was still cut off).
+/// listener caught up; every other run the history `a` missed is compacted before its
+/// listener comes back, so that it must forget its cache instead. Then it must serve `b`'s
+/// bytes. True if the probe came to its point (`b`'s write acknowledged, `a` registered
+/// again while its listener was still cut off, then served hits again).
 fn probe_catch_up(w: &World, rng: &mut SmallRng) -> bool {
     let (ai, bi) = w.pair(rng, w.hosts.len());
     let (a, b) = (&w.hosts[ai], &w.hosts[bi]);
@@ -249,9 +251,15 @@ fn probe_catch_up(w: &World, rng: &mut SmallRng) -> bool {
     for _ in 0..20 {
         w.model.read(a, x, 1, "registered again, not caught up");
     }
+    if w.probed[2].load(SeqCst) % 2 == 1 {
+        let _ = w.etcd.compact(w.etcd.revision());
+    }
     a.faults.heal();
-    a.wait(20, |h| h.status("serving_hits") == true);
-    wrote && registered
+    let serving = a.wait(20, |h| h.status("serving_hits") == true);
+    for _ in 0..20 {
+        w.model.read(a, x, 1, "caught up");
+    }
+    wrote && registered && serving
 }
 
 /// A hand-off (in the fourth probe region): host `a` owns and caches block `x`, hands its
