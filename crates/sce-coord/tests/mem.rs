@@ -40,6 +40,8 @@ fn leases_follow_the_clock() {
     assert_eq!(a.keep_alive(la).unwrap(), 5);
     m.advance(Duration::from_secs(2));
     assert!(m.has_lease(la) && !m.has_lease(lb));
+    assert_eq!(m.last_expiry_of(&fb), Some(m.revision()));
+    assert_eq!(m.last_expiry_of(&fa), None);
     assert_eq!(b.get(b"/h/b").unwrap(), None);
     assert_eq!(m.leases_of(&fa), vec![la]);
     assert_eq!(m.expire_leases_of(&fa), Some(m.revision()));

@@ -134,7 +134,7 @@ impl MemEtcd {
     /// Expires lease `id` now, as the cluster does when its time is up: its keys go. False
     /// if there was no such lease.
     pub fn expire_lease(&self, id: i64) -> bool {
-        self.changed(|st| st.revoke(id).is_ok())
+        self.changed(|st| st.expire(id))
     }
 
     /// Expires every lease a client of `faults` granted: the store's revision after their
@@ -142,9 +142,15 @@ impl MemEtcd {
     pub fn expire_leases_of(&self, faults: &Faults) -> Option<i64> {
         self.changed(|st| {
             let ids = st.leases_of(faults.id);
-            let n = ids.iter().filter(|id| st.revoke(**id).is_ok()).count();
+            let n = ids.iter().filter(|id| st.expire(**id)).count();
             (n > 0).then_some(st.rev)
         })
+    }
+
+    /// The store's revision after the last expiry (by the clock or on command) of a lease a
+    /// client of `faults` granted; None if none expired.
+    pub fn last_expiry_of(&self, faults: &Faults) -> Option<i64> {
+        self.shared.lock().last_expiry(faults.id)
     }
 
     /// The live leases a client of `faults` granted.

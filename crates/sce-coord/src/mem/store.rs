@@ -54,6 +54,8 @@ pub(super) struct Store {
     /// Every change at or after `compacted`, in revision order.
     log: Vec<Event>,
     leases: HashMap<i64, Lease>,
+    /// Per fault domain, the revision after the last expiry of one of its leases.
+    expired: HashMap<u64, i64>,
     next_lease: i64,
     pub clock: Clock,
 }
@@ -66,6 +68,7 @@ impl Store {
             keys: BTreeMap::new(),
             log: Vec::new(),
             leases: HashMap::new(),
+            expired: HashMap::new(),
             next_lease: 0x5ce0_0000_0000_0001,
             clock: Clock::new(real_clock),
         }
@@ -290,9 +293,25 @@ impl Store {
             .map(|(id, _)| *id)
             .collect();
         for id in &due {
-            let _ = self.revoke(*id);
+            self.expire(*id);
         }
         due.len()
+    }
+
+    /// Expires lease `id` (its time is up, or the test says so): revoked, and the revision
+    /// noted for its fault domain. False if there was no such lease.
+    pub fn expire(&mut self, id: i64) -> bool {
+        let Some(owner) = self.leases.get(&id).map(|l| l.owner) else {
+            return false;
+        };
+        let _ = self.revoke(id);
+        self.expired.insert(owner, self.rev);
+        true
+    }
+
+    /// The revision after the last expiry of a lease of fault domain `owner`.
+    pub fn last_expiry(&self, owner: u64) -> Option<i64> {
+        self.expired.get(&owner).copied()
     }
 
     /// The leases granted by clients of fault domain `owner`.
