@@ -2,19 +2,23 @@
 //! eight: `SCE_MODEL_HOSTS`), each running sce-server's real shared mode (`Coherence`:
 //! membership, listener, tracker, batcher, region ownership, fencing) over its own memory
 //! cache and one shared memory source, all coordinated through the in-memory etcd
-//! (`sce_coord::MemEtcd`). A seeded schedule runs a random workload of reads and writes on
-//! every host while it pauses hosts' etcd clients (calls wait, or answers are late),
-//! partitions them, expires a partitioned host's lease once it stopped counting on it (as
-//! the cluster would), compacts the history, and hands a host's regions to another (`sce
-//! ctl handoff`). Four probes run between: one makes a host's acknowledgements late while
-//! another host writes what it caches (a listener that acknowledged before dropping would
-//! serve the old bytes); one stalls a host's owned write in its source write, cuts it off
-//! until its lease is expired and another host caches the block, then lets the write finish
-//! (a write let through past the fence would be acknowledged over another host's cached
-//! copy); one brings a host back after its lease expired and another wrote what it caches,
-//! its listener still cut off (a host that served hits before catching up would serve the
-//! old bytes); one hands a host's regions to another, which writes there as their owner (a
-//! host that did not count a region it handed over as another's would serve the old bytes).
+//! (`sce_coord::MemEtcd`, on the real clock: a lease not renewed expires after its time,
+//! counted from the last renewal the store received). A seeded schedule runs a random
+//! workload of reads and writes on every host while it pauses hosts' etcd clients (calls
+//! wait, or answers are late), partitions them, expires a partitioned host's lease once it
+//! stopped counting on it (as the cluster would), compacts the history, and hands a host's
+//! regions to another (`sce ctl handoff`). Five probes run between: one makes a host's
+//! acknowledgements late while another host writes what it caches (a listener that
+//! acknowledged before dropping would serve the old bytes); one stalls a host's owned write
+//! in its source write, cuts it off until its lease is expired and another host caches the
+//! block, then lets the write finish (a write let through past the fence would be
+//! acknowledged over another host's cached copy); one brings a host back after its lease
+//! expired and another wrote what it caches, its listener still cut off (a host that served
+//! hits before catching up would serve the old bytes); one hands a host's regions to
+//! another, which writes there as their owner (a host that did not count a region it handed
+//! over as another's would serve the old bytes); one pauses a host past its lease's time
+//! while another writes what it caches (a host that counted on its lease longer than the
+//! store keeps it would serve the old bytes).
 //!
 //! Every read is checked against the model of acknowledged writes (`model/mod.rs`): it must
 //! return the newest version acknowledged before it started, or one written since. Printed:
@@ -43,8 +47,9 @@ struct World {
     stop: AtomicBool,
     /// Faults injected, by kind.
     faults: [AtomicU64; 7],
-    /// Probes that came to their point: late acknowledgements, fence, catching up, hand-off.
-    probed: [AtomicU64; 4],
+    /// Probes that came to their point: late acknowledgements, fence, catching up, hand-off,
+    /// lease margin.
+    probed: [AtomicU64; 5],
 }
 
 const KINDS: [&str; 7] = [
@@ -291,6 +296,37 @@ fn probe_handoff(w: &World, rng: &mut SmallRng) -> bool {
     wrote
 }
 
+/// The lease's margin (in the first probe region; the store's clock is real): host `a`
+/// caches block `x`, then its network is paused past its lease's time, so that the store
+/// expires the lease as etcd would, counting from the last renewal it received. Host `b`'s
+/// write of `x` waits for `a` until then, and `a` reads `x` all along: it must stop
+/// counting on its lease (and pass reads through) before the store can expire it. True if
+/// the probe came to its point (`b`'s write acknowledged while `a` was paused).
+fn probe_lease_margin(w: &World, rng: &mut SmallRng) -> bool {
+    let (ai, bi) = w.pair(rng, w.hosts.len());
+    let (a, b) = (&w.hosts[ai], &w.hosts[bi]);
+    let x = PROBE_FIRST + rng.gen_range(0..PER_REGION);
+    if !cache_on(w, a, x) {
+        return false;
+    }
+    a.faults.pause();
+    let stop = AtomicBool::new(false);
+    let wrote = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(SeqCst) {
+                w.model.read(a, x, 1, "lease margin");
+            }
+        });
+        let wrote = w.model.write(b, x, 1) == Some(true);
+        std::thread::sleep(Duration::from_millis(50));
+        stop.store(true, SeqCst);
+        wrote
+    });
+    a.faults.heal();
+    a.wait(20, |h| h.status("serving_hits") == true);
+    wrote
+}
+
 /// Step `i` of the schedule: a fault on a host for a while, or a compaction, at random;
 /// every 8th, the probes.
 fn step(w: &World, rng: &mut SmallRng, i: u64) -> &'static str {
@@ -333,7 +369,13 @@ fn step(w: &World, rng: &mut SmallRng, i: u64) -> &'static str {
                 h.faults.heal();
                 h.wait(20, |x| x.status("serving_hits") == true);
             }
-            let probes = [probe_late_acks, probe_fence, probe_catch_up, probe_handoff];
+            let probes = [
+                probe_late_acks,
+                probe_fence,
+                probe_catch_up,
+                probe_handoff,
+                probe_lease_margin,
+            ];
             for (k, probe) in probes.iter().enumerate() {
                 w.probed[k].fetch_add(probe(w, rng) as u64, SeqCst);
             }
@@ -353,7 +395,8 @@ fn shared_mode_never_serves_a_stale_read_under_pauses_partitions_expiries_and_co
     let seed = env("SCE_MODEL_SEED", 49);
     let steps = env("SCE_MODEL_STEPS", 32);
     let dir = tempfile::tempdir().unwrap();
-    let etcd = MemEtcd::new();
+    // On the real clock: a host paused past its lease's time loses it, as with etcd.
+    let etcd = MemEtcd::with_real_clock();
     let src = model::source();
     // Every host but the last takes regions; the last takes none (every write of its is
     // published).
@@ -414,14 +457,15 @@ fn report(w: &World, seed: u64, steps: u64, t0: Instant) {
     let faults: Vec<String> = (KINDS.iter().zip(&w.faults))
         .map(|(k, n)| format!("{k} {}", n.load(SeqCst)))
         .collect();
-    let probed = [0, 1, 2, 3].map(|k| w.probed[k].load(SeqCst));
+    let probed = [0, 1, 2, 3, 4].map(|k| w.probed[k].load(SeqCst));
     eprintln!(
-        "faults: {}; probes that came to their point: late acknowledgements {}, fence {}, catching up {}, hand-off {}",
+        "faults: {}; probes that came to their point: late acknowledgements {}, fence {}, catching up {}, hand-off {}, lease margin {}",
         faults.join(", "),
         probed[0],
         probed[1],
         probed[2],
-        probed[3]
+        probed[3],
+        probed[4]
     );
     for h in &w.hosts {
         let s = h.coh.status();

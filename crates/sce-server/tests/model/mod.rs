@@ -145,12 +145,20 @@ impl Net {
             .filter(|(i, _)| *i != LISTENER);
         others.for_each(|(_, f)| f.heal())
     }
-    /// Expires the host's leases in `etcd`: the revision of the expiry, if it had one.
+    /// Expires the host's leases in `etcd`: the revision of the expiry, or of the last one
+    /// (the store's clock may have expired them already), if any.
     pub fn expire(&self, etcd: &MemEtcd) -> Option<i64> {
-        self.domains
+        let now = self
+            .domains
             .iter()
             .filter_map(|f| etcd.expire_leases_of(f))
-            .max()
+            .max();
+        now.or_else(|| {
+            self.domains
+                .iter()
+                .filter_map(|f| etcd.last_expiry_of(f))
+                .max()
+        })
     }
 }
 
