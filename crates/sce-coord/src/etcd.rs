@@ -14,60 +14,7 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
-/// What went wrong.
-#[derive(Debug, thiserror::Error)]
-pub enum EtcdError {
-    /// No member answered.
-    #[error("no etcd member answered ({0})")]
-    Unreachable(String),
-    /// A member answered with an error.
-    #[error("etcd: {0}")]
-    Server(String),
-    /// An answer that is not what the gateway sends.
-    #[error("etcd: bad answer: {0}")]
-    Protocol(String),
-    /// A bad endpoint.
-    #[error("etcd endpoint {0:?}: {1}")]
-    Endpoint(String, String),
-    /// A watch asked for revisions the cluster has compacted away (the oldest it keeps).
-    #[error("etcd: revisions before {0} are compacted")]
-    Compacted(i64),
-    /// A registration found its key held by someone else's live lease.
-    #[error("{key} is held by another live registration ({holder})")]
-    Taken {
-        /// The key.
-        key: String,
-        /// What the holder put there.
-        holder: String,
-    },
-}
-
-/// A key, its value, and the revision that last changed it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Kv {
-    /// The key.
-    pub key: Vec<u8>,
-    /// The value.
-    pub value: Vec<u8>,
-    /// The cluster revision of its last change.
-    pub mod_revision: i64,
-    /// The lease it is attached to (0: none).
-    pub lease: i64,
-}
-
-/// A change a watch saw.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
-    /// A key was put.
-    Put(Kv),
-    /// A key was deleted (or its lease expired), at this revision.
-    Delete {
-        /// The key.
-        key: Vec<u8>,
-        /// The revision of the deletion.
-        mod_revision: i64,
-    },
-}
+pub use crate::coord::{prefix_end, Coord, EtcdError, Event, Events, Kv, Watch};
 
 /// A client of an etcd cluster.
 #[derive(Debug)]
@@ -98,18 +45,6 @@ fn int(v: &Value) -> i64 {
         Value::Number(n) => n.as_i64().unwrap_or(0),
         _ => 0,
     }
-}
-
-/// The end of the range of keys starting with `prefix`.
-pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
 }
 
 fn kv(v: &Value) -> Result<Kv, EtcdError> {
@@ -246,8 +181,20 @@ impl Etcd {
         Ok(v)
     }
 
+    fn range(&self, body: Value) -> Result<(Vec<Kv>, i64), EtcdError> {
+        let v = self.call("/v3/kv/range", &body)?;
+        let kvs = v["kvs"]
+            .as_array()
+            .map(|a| a.iter().map(kv).collect::<Result<Vec<_>, _>>())
+            .transpose()?
+            .unwrap_or_default();
+        Ok((kvs, int(&v["header"]["revision"])))
+    }
+}
+
+impl Coord for Etcd {
     /// Puts `value` at `key` (attached to `lease` unless 0); the revision it made.
-    pub fn put(&self, key: &[u8], value: &[u8], lease: i64) -> Result<i64, EtcdError> {
+    fn put(&self, key: &[u8], value: &[u8], lease: i64) -> Result<i64, EtcdError> {
         let mut body = json!({"key": b64(key), "value": b64(value)});
         if lease != 0 {
             body["lease"] = json!(lease.to_string());
@@ -256,22 +203,9 @@ impl Etcd {
         Ok(int(&v["header"]["revision"]))
     }
 
-    /// Puts `value` at `key` under `lease`, in one transaction, only if the key is absent
-    /// (`expect` 0) or was last changed at revision `expect`. Ok(revision made), or
-    /// Err(what the key holds instead: None if it is absent).
-    pub fn put_if(
-        &self,
-        key: &[u8],
-        value: &[u8],
-        lease: i64,
-        expect: i64,
-    ) -> Result<Result<i64, Option<Kv>>, EtcdError> {
-        self.put_if_and(key, value, lease, expect, None)
-    }
-
     /// `put_if`, putting `also` (a key and a value, with no lease) in the same transaction
     /// when it succeeds: both get the same revision.
-    pub fn put_if_and(
+    fn put_if_and(
         &self,
         key: &[u8],
         value: &[u8],
@@ -315,13 +249,13 @@ impl Etcd {
     }
 
     /// The keys starting with `prefix`, and the cluster's revision.
-    pub fn range_prefix(&self, prefix: &[u8]) -> Result<(Vec<Kv>, i64), EtcdError> {
+    fn range_prefix(&self, prefix: &[u8]) -> Result<(Vec<Kv>, i64), EtcdError> {
         self.range(json!({"key": b64(prefix), "range_end": b64(&prefix_end(prefix))}))
     }
 
     /// The keys starting with `prefix` as they were at `revision` (a read of history).
     /// [`EtcdError::Compacted`] if the cluster no longer keeps it.
-    pub fn range_prefix_at(&self, prefix: &[u8], revision: i64) -> Result<Vec<Kv>, EtcdError> {
+    fn range_prefix_at(&self, prefix: &[u8], revision: i64) -> Result<Vec<Kv>, EtcdError> {
         let body = json!({
             "key": b64(prefix),
             "range_end": b64(&prefix_end(prefix)),
@@ -337,14 +271,14 @@ impl Etcd {
     }
 
     /// The key `key` exactly with its revision and lease, if there is one.
-    pub fn get_kv(&self, key: &[u8]) -> Result<Option<Kv>, EtcdError> {
+    fn get_kv(&self, key: &[u8]) -> Result<Option<Kv>, EtcdError> {
         let (kvs, _) = self.range(json!({"key": b64(key)}))?;
         Ok(kvs.into_iter().next())
     }
 
     /// Deletes `key` in one transaction only if it was last changed at revision `expect`;
     /// false if it was not (changed since, or absent).
-    pub fn delete_if(&self, key: &[u8], expect: i64) -> Result<bool, EtcdError> {
+    fn delete_if(&self, key: &[u8], expect: i64) -> Result<bool, EtcdError> {
         let v = self.call(
             "/v3/kv/txn",
             &json!({
@@ -355,36 +289,20 @@ impl Etcd {
         Ok(v["succeeded"] == json!(true))
     }
 
-    /// The value at `key` exactly, if there is one.
-    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, EtcdError> {
-        let (kvs, _) = self.range(json!({"key": b64(key)}))?;
-        Ok(kvs.into_iter().next().map(|kv| kv.value))
-    }
-
-    fn range(&self, body: Value) -> Result<(Vec<Kv>, i64), EtcdError> {
-        let v = self.call("/v3/kv/range", &body)?;
-        let kvs = v["kvs"]
-            .as_array()
-            .map(|a| a.iter().map(kv).collect::<Result<Vec<_>, _>>())
-            .transpose()?
-            .unwrap_or_default();
-        Ok((kvs, int(&v["header"]["revision"])))
-    }
-
     /// Deletes `key`.
-    pub fn delete(&self, key: &[u8]) -> Result<(), EtcdError> {
+    fn delete(&self, key: &[u8]) -> Result<(), EtcdError> {
         self.call("/v3/kv/deleterange", &json!({"key": b64(key)}))
             .map(|_| ())
     }
 
     /// Deletes every key starting with `prefix`.
-    pub fn delete_prefix(&self, prefix: &[u8]) -> Result<(), EtcdError> {
+    fn delete_prefix(&self, prefix: &[u8]) -> Result<(), EtcdError> {
         let body = json!({"key": b64(prefix), "range_end": b64(&prefix_end(prefix))});
         self.call("/v3/kv/deleterange", &body).map(|_| ())
     }
 
     /// Compacts the key history up to `revision`: watches can no longer start before it.
-    pub fn compact(&self, revision: i64) -> Result<(), EtcdError> {
+    fn compact(&self, revision: i64) -> Result<(), EtcdError> {
         self.call(
             "/v3/kv/compaction",
             &json!({"revision": revision.to_string(), "physical": true}),
@@ -393,7 +311,7 @@ impl Etcd {
     }
 
     /// A lease of `ttl` seconds; its id.
-    pub fn grant(&self, ttl: i64) -> Result<i64, EtcdError> {
+    fn grant(&self, ttl: i64) -> Result<i64, EtcdError> {
         let v = self.call("/v3/lease/grant", &json!({"TTL": ttl.to_string()}))?;
         match int(&v["ID"]) {
             0 => Err(EtcdError::Protocol(format!("no lease id in {v}"))),
@@ -402,20 +320,20 @@ impl Etcd {
     }
 
     /// Renews lease `id`; the seconds it has left (0 or less: it has expired).
-    pub fn keep_alive(&self, id: i64) -> Result<i64, EtcdError> {
+    fn keep_alive(&self, id: i64) -> Result<i64, EtcdError> {
         let mut r = self.open("/v3/lease/keepalive", &json!({"ID": id.to_string()}))?;
         let v = next_json(&mut r)?.ok_or_else(|| EtcdError::Protocol("no answer".into()))?;
         Ok(int(&v["result"]["TTL"]))
     }
 
     /// Revokes lease `id`: its keys are deleted.
-    pub fn revoke(&self, id: i64) -> Result<(), EtcdError> {
+    fn revoke(&self, id: i64) -> Result<(), EtcdError> {
         self.call("/v3/lease/revoke", &json!({"ID": id.to_string()}))
             .map(|_| ())
     }
 
     /// Watches the keys starting with `prefix` from revision `from` (0: from now on).
-    pub fn watch_prefix(&self, prefix: &[u8], from: i64) -> Result<Watch, EtcdError> {
+    fn watch_prefix(&self, prefix: &[u8], from: i64) -> Result<Watch, EtcdError> {
         let mut req = json!({"key": b64(prefix), "range_end": b64(&prefix_end(prefix))});
         if from > 0 {
             req["start_revision"] = json!(from.to_string());
@@ -430,7 +348,7 @@ impl Etcd {
         if first["result"]["created"] != json!(true) {
             return Err(EtcdError::Protocol(format!("watch not created: {first}")));
         }
-        Ok(Watch { r })
+        Ok(Watch::new(HttpWatch { r }))
     }
 }
 
@@ -473,17 +391,13 @@ fn next_json(r: &mut BufReader<TcpStream>) -> Result<Option<Value>, EtcdError> {
     }
 }
 
-/// A watch: its events, in revision order, as they come.
-#[derive(Debug)]
-pub struct Watch {
+/// A watch's HTTP stream.
+struct HttpWatch {
     r: BufReader<TcpStream>,
 }
 
-impl Watch {
-    /// The next batch of events; waits up to `timeout` (the client's by default). An empty
-    /// batch: nothing came. An error: the watch ended (start another from the last revision
-    /// seen plus one).
-    pub fn next_events(&mut self, timeout: Duration) -> Result<Vec<Event>, EtcdError> {
+impl Events for HttpWatch {
+    fn next_events(&mut self, timeout: Duration) -> Result<Vec<Event>, EtcdError> {
         let _ = self.r.get_ref().set_read_timeout(Some(timeout));
         let v = match next_json(&mut self.r) {
             Ok(Some(v)) => v,

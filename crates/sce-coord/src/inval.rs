@@ -10,7 +10,7 @@
 //! invalidation HOST published: `OFFSET LEN`), `ack/HOST` (the last revision HOST
 //! processed, under its lease).
 
-use crate::etcd::{Etcd, EtcdError, Event};
+use crate::coord::{Coord, EtcdError, Event};
 use std::time::Duration;
 
 pub(crate) fn key(prefix: &str, kind: &str, host: &str) -> Vec<u8> {
@@ -49,7 +49,7 @@ pub fn decode(text: &str) -> Option<Vec<(u64, u64)>> {
 /// host that registers again has processed everything others may have stopped waiting for
 /// once its listener is past it. (A release is not among them: until its listener passes
 /// one, a host counts the region as another's, which only passes its reads through.)
-pub fn newest(etcd: &Etcd, prefix: &str) -> Result<i64, EtcdError> {
+pub fn newest(etcd: &dyn Coord, prefix: &str) -> Result<i64, EtcdError> {
     let (kvs, _) = etcd.range_prefix(format!("{prefix}/inval/").as_bytes())?;
     let mut newest = kvs.iter().map(|kv| kv.mod_revision).max().unwrap_or(0);
     // The owner keys the listener applies, and the trace of every acquisition (an owner
@@ -74,7 +74,7 @@ pub enum Change<'a> {
         /// The region.
         region: u64,
         /// The owner's key, or None.
-        holder: Option<&'a crate::etcd::Kv>,
+        holder: Option<&'a crate::coord::Kv>,
         /// The revision of the change.
         revision: i64,
     },
@@ -91,7 +91,7 @@ pub struct Listener {
     /// This host's registration: invalidations under its name from before it are another
     /// server's (a clone that held the name meanwhile), or its own earlier ones: dropped.
     registered: i64,
-    watch: crate::etcd::Watch,
+    watch: crate::coord::Watch,
     /// Acknowledgements put so far.
     acks: u64,
 }
@@ -99,7 +99,7 @@ pub struct Listener {
 impl Listener {
     /// Listens from revision `from` (the last one this host processed, plus one; 0: from
     /// now on).
-    pub fn new(etcd: &Etcd, prefix: &str, me: &str, from: i64) -> Result<Listener, EtcdError> {
+    pub fn new(etcd: &dyn Coord, prefix: &str, me: &str, from: i64) -> Result<Listener, EtcdError> {
         // The whole volume, so that invalidations and ownership come in one revision order;
         // the other keys' changes (acknowledgements, registrations) are passed over.
         let watch = etcd.watch_prefix(format!("{prefix}/").as_bytes(), from)?;
@@ -125,7 +125,7 @@ impl Listener {
     /// acknowledges the last revision under `lease`. Returns the invalidations handled.
     pub fn pump(
         &mut self,
-        etcd: &Etcd,
+        etcd: &dyn Coord,
         lease: i64,
         timeout: Duration,
         drop_pages: &mut dyn FnMut(u64, u64),
@@ -142,7 +142,7 @@ impl Listener {
     /// returns) before the revision is acknowledged.
     pub fn pump_all(
         &mut self,
-        etcd: &Etcd,
+        etcd: &dyn Coord,
         lease: i64,
         timeout: Duration,
         on: &mut dyn FnMut(Change),

@@ -10,7 +10,7 @@
 //! own earlier lease: a restart before the lease lapsed), in one etcd transaction. A key
 //! another id holds under a live lease is refused ([`EtcdError::Taken`]).
 
-use crate::etcd::{Etcd, EtcdError};
+use crate::coord::{Coord, EtcdError};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 /// every read a shared cache serves. Only the lease thread (and `resign`, after it stopped)
 /// writes them.
 struct Inner {
-    etcd: Etcd,
+    etcd: Box<dyn Coord>,
     key: Vec<u8>,
     value: Vec<u8>,
     ttl: i64,
@@ -192,9 +192,14 @@ impl Membership {
     /// value's first word is the registrant's id: a key another id holds is waited for up
     /// to the lease time (a predecessor that died lets it lapse), then refused
     /// ([`EtcdError::Taken`]).
-    pub fn join(etcd: Etcd, key: &[u8], value: &[u8], ttl: i64) -> Result<Membership, EtcdError> {
+    pub fn join(
+        etcd: impl Coord + 'static,
+        key: &[u8],
+        value: &[u8],
+        ttl: i64,
+    ) -> Result<Membership, EtcdError> {
         let inner = Arc::new(Inner {
-            etcd,
+            etcd: Box::new(etcd),
             key: key.to_vec(),
             value: value.to_vec(),
             ttl: ttl.max(1),

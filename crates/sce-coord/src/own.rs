@@ -15,7 +15,7 @@
 //! newest such revision) processes every acquisition, even of a region released since.
 //! The volume's region size is agreed in `PREFIX/region-size`, put by the first host.
 
-use crate::etcd::{Etcd, EtcdError, Kv};
+use crate::coord::{Coord, EtcdError, Kv};
 
 /// The key every acquisition and move also puts (see the module's doc).
 pub fn trace_key(prefix: &str) -> Vec<u8> {
@@ -28,7 +28,7 @@ pub fn size_key(prefix: &str) -> Vec<u8> {
 }
 
 /// Records `size` as the volume's region size if no host did; the size agreed.
-pub fn agree_size(etcd: &Etcd, prefix: &str, size: u64) -> Result<u64, EtcdError> {
+pub fn agree_size(etcd: &dyn Coord, prefix: &str, size: u64) -> Result<u64, EtcdError> {
     let text = size.to_string();
     match etcd.put_if(&size_key(prefix), text.as_bytes(), 0, 0)? {
         Ok(_) => Ok(size),
@@ -70,7 +70,7 @@ pub fn is_handoff(value: &[u8]) -> bool {
 /// Takes `region` for the holder of `lease` if nobody owns it: Ok(revision), or Err(the key
 /// as another holds it; None if it vanished meanwhile).
 pub fn acquire(
-    etcd: &Etcd,
+    etcd: &dyn Coord,
     prefix: &str,
     region: u64,
     value: &str,
@@ -80,14 +80,19 @@ pub fn acquire(
 }
 
 /// Gives `region` up if the key is still the one put at `revision`; false if it was not.
-pub fn release(etcd: &Etcd, prefix: &str, region: u64, revision: i64) -> Result<bool, EtcdError> {
+pub fn release(
+    etcd: &dyn Coord,
+    prefix: &str,
+    region: u64,
+    revision: i64,
+) -> Result<bool, EtcdError> {
     etcd.delete_if(&key(prefix, region), revision)
 }
 
 /// Moves `region`, held by the key put at `revision`, to the holder of `lease`: Ok(the new
 /// revision) or Err(what the key holds instead).
 pub fn transfer(
-    etcd: &Etcd,
+    etcd: &dyn Coord,
     prefix: &str,
     region: u64,
     revision: i64,
@@ -100,7 +105,7 @@ pub fn transfer(
 /// Puts the owner key of `region` under `lease` if it was last changed at `expect` (0:
 /// absent), with the trace in the same transaction.
 fn put_owner(
-    etcd: &Etcd,
+    etcd: &dyn Coord,
     prefix: &str,
     region: u64,
     expect: i64,
@@ -113,7 +118,11 @@ fn put_owner(
 }
 
 /// The regions owned at `revision`, with their keys.
-pub fn owners_at(etcd: &Etcd, prefix: &str, revision: i64) -> Result<Vec<(u64, Kv)>, EtcdError> {
+pub fn owners_at(
+    etcd: &dyn Coord,
+    prefix: &str,
+    revision: i64,
+) -> Result<Vec<(u64, Kv)>, EtcdError> {
     let p = format!("{prefix}/owner/");
     let kvs = if revision > 0 {
         etcd.range_prefix_at(p.as_bytes(), revision)?

@@ -4,7 +4,7 @@
 //! publication then costs one put, and waits on this state rather than opening a watch and
 //! reading the prefix per write.
 
-use crate::etcd::{Etcd, Event, Kv};
+use crate::coord::{Coord, Event, Kv};
 use crate::inval::{encode, host_of, key};
 use crate::EtcdError;
 use std::collections::HashMap;
@@ -81,7 +81,7 @@ pub struct Tracker {
 
 impl Tracker {
     /// Tracks the hosts under `prefix` for host `me`, through `etcd` (a client of its own).
-    pub fn start(etcd: Etcd, prefix: &str, me: &str) -> Result<Tracker, EtcdError> {
+    pub fn start(etcd: impl Coord + 'static, prefix: &str, me: &str) -> Result<Tracker, EtcdError> {
         let shared = Arc::new(Shared {
             prefix: prefix.to_string(),
             state: Mutex::new(State::default()),
@@ -105,7 +105,7 @@ impl Tracker {
     /// Returns the invalidation's revision.
     pub fn publish(
         &self,
-        etcd: &Etcd,
+        etcd: &dyn Coord,
         ranges: &[(u64, u64)],
         timeout: Duration,
     ) -> Result<i64, EtcdError> {
@@ -151,7 +151,7 @@ impl Tracker {
 
 impl Shared {
     /// A snapshot of the prefix, then its changes; again after any error.
-    fn run(&self, etcd: &Etcd) {
+    fn run(&self, etcd: &dyn Coord) {
         while !self.stop.load(SeqCst) {
             if let Err(e) = self.follow(etcd) {
                 tracing::debug!(prefix = %self.prefix, "tracker: following again ({e})");
@@ -161,7 +161,7 @@ impl Shared {
         }
     }
 
-    fn follow(&self, etcd: &Etcd) -> Result<(), EtcdError> {
+    fn follow(&self, etcd: &dyn Coord) -> Result<(), EtcdError> {
         let p = format!("{}/", self.prefix);
         let (kvs, at) = etcd.range_prefix(p.as_bytes())?;
         let mut watch = etcd.watch_prefix(p.as_bytes(), at + 1)?;

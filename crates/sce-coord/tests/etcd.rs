@@ -2,7 +2,9 @@
 //! etcd-server): keys and revisions, a lease that expires when it is not kept alive, a
 //! watch from a revision, and a member killed while the cluster serves on.
 
-use sce_coord::{Etcd, Event};
+mod common;
+
+use sce_coord::{Coord, Etcd, Event};
 use sce_testkit::etcd::Cluster;
 use sce_testkit::wait_until;
 use std::time::{Duration, Instant};
@@ -114,6 +116,25 @@ fn keys_leases_watches_and_a_lost_member() {
         }
     }
     assert!(ended, "a watch on a member without a leader stayed open");
+}
+
+/// What sce relies on of the store (`common/mod.rs`), against the real one: the in-memory
+/// store (`tests/mem.rs`) passes the same assertions.
+#[test]
+fn the_store_semantics_sce_relies_on() {
+    let Some(g) = ground() else { return };
+    let e = g.client();
+    common::keys_and_revisions(&e, "/t/keys");
+    common::transactions(&e, "/t/txn");
+    common::history_and_watches(&e, "/t/hist");
+    // Expired: not renewed, it lapses after its TTL (2 s).
+    let expired = |_| {
+        wait_until("the lease never expired", 30, || {
+            e.get(b"/t/lease/h2").unwrap().is_none()
+        })
+    };
+    common::leases(&e, "/t/lease", &expired);
+    common::compaction(&e, "/t/compact");
 }
 
 /// Waits (up to 60 s) until the host's key is there, once.

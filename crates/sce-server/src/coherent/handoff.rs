@@ -11,6 +11,7 @@
 
 use super::Coherence;
 use anyhow::{bail, Result};
+use sce_coord::Coord;
 use sce_io::BlockDevice;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
@@ -110,7 +111,7 @@ fn chunks_of(head: &str) -> Option<(usize, i64)> {
 impl Coherence {
     /// Looks for a hand-off to this host; takes a new one (its chunks, in order), deletes
     /// it, and prefetches it from a thread of its own (one at a time).
-    pub(super) fn take_handoff(self: &Arc<Self>, etcd: &sce_coord::Etcd) {
+    pub(super) fn take_handoff(self: &Arc<Self>, etcd: &dyn Coord) {
         if self.handoff_running.load(SeqCst) {
             return;
         }

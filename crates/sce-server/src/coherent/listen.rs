@@ -6,7 +6,7 @@
 
 use super::{batch, Coherence, SERVING, STARTING};
 use sce_coord::inval::{self, Change, Listener};
-use sce_coord::{Etcd, EtcdError};
+use sce_coord::{Coord, EtcdError};
 use sce_io::BlockDevice;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
@@ -36,7 +36,7 @@ impl Coherence {
     }
 
     /// The listener's thread: watch, drop, acknowledge; catch up after a registration.
-    pub(super) fn run(self: Arc<Self>, etcd: Etcd) {
+    pub(super) fn run(self: Arc<Self>, etcd: Box<dyn Coord>) {
         let mut listener: Option<Listener> = None;
         // The acknowledgements of the current listener counted so far.
         let mut acked = 0;
@@ -96,7 +96,7 @@ impl Coherence {
     /// compaction, the cache forgets the volume and the watch starts from the revision read
     /// before the forget (whatever was published up to it reached the source before the
     /// forget began).
-    fn listen(&self, etcd: &Etcd, resync: bool) -> Option<Listener> {
+    fn listen(&self, etcd: &dyn Coord, resync: bool) -> Option<Listener> {
         let (p, me) = (&self.volume_prefix, &self.cfg.host);
         let from = self.done.load(SeqCst) + 1;
         match Listener::new(etcd, p, me, from) {
@@ -113,7 +113,7 @@ impl Coherence {
 
     /// A listener from now on, after the cache forgot the volume: etcd no longer has the
     /// history it missed; the owners are read as they are now.
-    fn listen_after_compaction(&self, etcd: &Etcd) -> Option<Listener> {
+    fn listen_after_compaction(&self, etcd: &dyn Coord) -> Option<Listener> {
         let (p, me) = (&self.volume_prefix, &self.cfg.host);
         // The revision only: the hosts' keys are few.
         let (_, now) = etcd.range_prefix(format!("{p}/hosts/").as_bytes()).ok()?;
@@ -132,7 +132,13 @@ impl Coherence {
     /// Another server that held this host's name meanwhile (`displaced` behind the
     /// member's count) published under it what this listener skipped as its own: the
     /// cache is forgotten before it serves again.
-    fn catch_up(&self, etcd: &Etcd, generation: u64, target: &mut (u64, i64), displaced: &mut u64) {
+    fn catch_up(
+        &self,
+        etcd: &dyn Coord,
+        generation: u64,
+        target: &mut (u64, i64),
+        displaced: &mut u64,
+    ) {
         let displacements = self.member.displacements();
         if *displaced != displacements {
             if self.att.forget().is_err() {
@@ -175,7 +181,7 @@ impl Coherence {
 
     /// The background thread: announce failed writes again (every 200 ms while there are
     /// any), and every second take a hand-off and save the processed revision.
-    pub(super) fn maintain(self: Arc<Self>, etcd: Etcd) {
+    pub(super) fn maintain(self: Arc<Self>, etcd: Box<dyn Coord>) {
         let mut saved = (self.done.load(SeqCst), Instant::now());
         while !self.stop.load(SeqCst) {
             std::thread::sleep(Duration::from_millis(200));
@@ -205,7 +211,7 @@ impl Coherence {
     }
 
     /// Makes the drops up to the processed revision durable, then saves that revision.
-    fn save_seen(&self, etcd: &Etcd) -> Option<i64> {
+    fn save_seen(&self, etcd: &dyn Coord) -> Option<i64> {
         let done = self.done.load(SeqCst);
         let v = self.att.live_volume()?;
         v.persist_stats()?;

@@ -37,7 +37,7 @@ use crate::config::SharedConfig;
 use anyhow::{bail, Context, Result};
 use parking_lot::Mutex;
 use sce_coord::inval::Listener;
-use sce_coord::{Etcd, EtcdError, Membership, Tracker};
+use sce_coord::{Coord, Etcd, EtcdError, Membership, Tracker};
 use sce_io::IoError;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Weak};
@@ -97,6 +97,9 @@ pub(crate) const NO_WRITEBACK: &str = "shared mode keeps write-through caches co
      write-back would keep the only copy of acknowledged writes on this host, where the \
      others cannot see it: give --mode writethrough";
 
+/// Makes a client of the coordination store (etcd's, or a test's in-memory one).
+pub type Connect<'a> = &'a dyn Fn() -> Result<Box<dyn Coord>, EtcdError>;
+
 /// What `serving_logged` logged last: nothing yet, serving hits, passing reads through.
 const STARTING: u8 = 0;
 const SERVING: u8 = 1;
@@ -107,7 +110,7 @@ pub struct Coherence {
     cfg: SharedConfig,
     volume_prefix: String,
     att: Arc<Attachable>,
-    etcd: Etcd,
+    etcd: Box<dyn Coord>,
     member: Membership,
     tracker: Tracker,
     batcher: batch::Batcher,
@@ -175,7 +178,7 @@ fn saved_by(value: &[u8], id: &str) -> Option<i64> {
 /// The volume's regions: the size the first host recorded (every host must count regions
 /// alike, or one would serve a region another owns), which this host's `--region-size`
 /// must match unless it is 0 (this host takes no region but honours the others').
-fn agree_regions(cfg: &SharedConfig, etcd: &Etcd, volume: &str) -> Result<own::Regions> {
+fn agree_regions(cfg: &SharedConfig, etcd: &dyn Coord, volume: &str) -> Result<own::Regions> {
     let wanted = match cfg.region_size {
         0 => crate::config::DEFAULT_REGION_SIZE,
         n => n,
@@ -204,7 +207,12 @@ fn ack_timeout(ttl: i64) -> Duration {
 
 /// Registers this host under `key`: its id, then what tells an operator where it runs.
 /// Another server holding the name is refused with what to do about it.
-fn join(cfg: &SharedConfig, id: &HostIdentity, etcd: Etcd, key: &str) -> Result<Membership> {
+fn join(
+    cfg: &SharedConfig,
+    id: &HostIdentity,
+    etcd: Box<dyn Coord>,
+    key: &str,
+) -> Result<Membership> {
     let machine = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let value = format!(
         "{} pid={} machine={}",
@@ -237,13 +245,28 @@ impl Coherence {
         name: &str,
         att: Arc<Attachable>,
     ) -> Result<Arc<Coherence>> {
+        let eps: Vec<&str> = cfg.endpoints.iter().map(String::as_str).collect();
+        let connect = || -> Result<Box<dyn Coord>, EtcdError> {
+            Ok(Box::new(Etcd::new(&eps, Duration::from_secs(2))?))
+        };
+        Self::start_with(cfg, identity, name, att, &connect)
+    }
+
+    /// `start` over the clients `connect` makes (one per thread that waits on the store),
+    /// instead of etcd at `cfg.endpoints`: an in-process test's store (`sce_coord::mem`).
+    pub fn start_with(
+        cfg: &SharedConfig,
+        identity: &Arc<HostIdentity>,
+        name: &str,
+        att: Arc<Attachable>,
+        connect: Connect,
+    ) -> Result<Arc<Coherence>> {
         if let Some(v) = att.live_volume() {
             if v.config().write_mode == sce_core::WriteMode::WriteBack {
                 bail!("{NO_WRITEBACK}");
             }
         }
-        let eps: Vec<&str> = cfg.endpoints.iter().map(String::as_str).collect();
-        let client = || Etcd::new(&eps, Duration::from_secs(2));
+        let client = connect;
         let etcd = client()?;
         let volume_prefix = format!(
             "{}/{}",
@@ -280,7 +303,10 @@ impl Coherence {
         let from = c.resume_point()?;
         c.done.store(from - 1, SeqCst);
         for (name, f) in [
-            ("sce-shared", Coherence::run as fn(Arc<Coherence>, Etcd)),
+            (
+                "sce-shared",
+                Coherence::run as fn(Arc<Coherence>, Box<dyn Coord>),
+            ),
             ("sce-shared-bg", Coherence::maintain),
         ] {
             let (me, etcd) = (c.clone(), client()?);
@@ -460,7 +486,7 @@ impl Coherence {
         }
     }
 
-    fn save(&self, etcd: &Etcd, done: i64) -> Result<(), EtcdError> {
+    fn save(&self, etcd: &dyn Coord, done: i64) -> Result<(), EtcdError> {
         let value = format!("{done} {}", self.identity.id());
         (etcd.put(self.seen_key().as_bytes(), value.as_bytes(), 0)).map(|_| ())
     }
