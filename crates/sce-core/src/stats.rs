@@ -1,4 +1,4 @@
-//! Counters kept by the core, and [`stats_table!`], the one place a stats struct of sce is
+//! Counters kept by the core, and [`stats_table!`](crate::stats_table), the one place a stats struct of sce is
 //! written: each figure is one line that gives its field, its JSON name, and, if it is
 //! exported to Prometheus, its family (name, kind, unit, HELP). The core's counters count
 //! decisions (pages hit, fragments populated); byte counts of device I/O are kept by the

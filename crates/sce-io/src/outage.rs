@@ -1,5 +1,5 @@
 //! An outage's account, for logs that do not flood: one line at its first failure, then at
-//! most one summary per [`SUMMARY_EVERY`] ("N failed in the last 30 s: <last error>"), and
+//! most one summary per [`SUMMARY_EVERY`] (`N failed in the last 30 s: <last error>`), and
 //! one when a success ends it, with the count. Its users word the lines: the write-back
 //! cleaner (`sce-engine/src/log/outage.rs`), a watched source (`watch.rs`) and the cache
 //! device's error log (`sce-engine/src/health.rs`). [`OutageLog`]'s lock is a leaf: nothing

@@ -5,7 +5,7 @@
 //!   [`csv`], sce's own [`binary`] format; gzip, bzip2 and xz read directly), and
 //!   [`writer`] to write any of them;
 //! - [`gen`]: a seeded statistical workload generator;
-//! - [`reference`]: the classic reference policies (LRU, FIFO, LFU) over 4 KiB blocks,
+//! - [`reference`](mod@reference): the classic reference policies (LRU, FIFO, LFU) over 4 KiB blocks,
 //!   checked against an independent simulator;
 //! - [`engine`]: the very `sce-core` state machine the server runs, in virtual time over
 //!   modelled devices.

@@ -6,9 +6,9 @@
 //! * [`journal`]: the write journal, a ring naming the pages writes are about to change.
 //! * [`wblog`]: the write-back data log (formats 6 and 7; the engine's `log/` serves it): dirty data
 //!   written out of place, committed at FLUSH, replayed after a crash.
-//! * [`unit`]: metadata units holding per-slot records: fragment, volume generation,
+//! * [`unit`](mod@unit): metadata units holding per-slot records: fragment, volume generation,
 //!   page-validity bitmap and per-page CRC-32C checksums.
-//! * This module: formatting ([`format`]), loading ([`load`]), checking ([`check`]) and the
+//! * This module: formatting ([`format()`]), loading ([`load`]), checking ([`check`]) and the
 //!   checksums: the in-memory table of a cache without persistence ([`CrcTable`]) and a
 //!   unit's checksums read back from the device ([`read_unit_crcs`]).
 //!

@@ -6,8 +6,8 @@
 //! cut it short; only shutdown and an operator's `flush --to-source` (a *kick*) do.
 //!
 //! The logs of an outage (`sce_io::outage`): one WARN at its first failure, then at most
-//! one summary line per [`SUMMARY_EVERY`] ("N cleanings failed in the last 30 s: <last
-//! error>"), and one INFO when a cleaning succeeds again, with the count.
+//! one summary line per [`SUMMARY_EVERY`] (`N cleanings failed in the last 30 s: <last
+//! error>`), and one INFO when a cleaning succeeds again, with the count.
 
 pub(crate) use sce_io::outage::OutageLog;
 use sce_io::outage::{OutageLine, SUMMARY_EVERY};

@@ -292,7 +292,7 @@ impl Stack {
     }
 
     /// Feeds one request of `host` at source byte `offset` (already placed by a
-    /// [`VolumeLayout`] or shared). Requests come in trace order; `time_ns`, their trace
+    /// [`VolumeLayout`](super::VolumeLayout) or shared). Requests come in trace order; `time_ns`, their trace
     /// time, is when they issue under [`Replay::Open`] and is ignored under
     /// [`Replay::Closed`].
     pub fn request(&mut self, host: usize, time_ns: u64, kind: IoKind, offset: u64, len: u64) {

@@ -4,7 +4,7 @@
 //!
 //! * A **data page** is 4 KiB of client data, raw: a write of N pages is one device write of
 //!   N x 4 KiB at consecutive log positions ([`LogWriter::allocate`]).
-//! * A **commit record** ([`record`]) is two identical 4 KiB copies: the first in the ring,
+//! * A **commit record** (`record.rs`) is two identical 4 KiB copies: the first in the ring,
 //!   the second in the region's **mirror area** (format 8), a separate device write to
 //!   another place, so that one bad area of flash does not take both; a device without a
 //!   mirror area (format 7), or a commit that finds every mirror slot still needed by replay,
