@@ -147,31 +147,24 @@ impl DeviceFaults for Engine {
 impl Engine {
     /// The verifier of cached reads (`verify.rs`), over this engine's subsystems.
     pub(crate) fn verifier(&self) -> crate::verify::Verifier<'_> {
-        let parts = (&self.dev, &self.cores, &self.checks);
-        crate::verify::Verifier::new(parts, &self.counters, self.fshift, self)
+        let (dev, cores, checks) = (&self.dev, &self.cores, &self.checks);
+        crate::verify::Verifier::new(dev, cores, checks, &self.counters, self.fshift, self)
     }
 
     /// The writer of the write-through path (`through/write.rs`), over this engine's
     /// subsystems.
     pub(crate) fn writer(&self) -> crate::through::Writer<'_> {
-        let devices = (&self.dev, &self.cores, &self.checks);
-        let state = (&self.counters, &self.health, self.persist.as_deref());
-        crate::through::Writer::new((devices, state, &self.signals), self.fshift, self)
+        crate::through::Writer::of(self)
     }
 
     /// The reader (`read.rs`), over this engine's subsystems.
     pub(crate) fn reader(&self) -> crate::read::Reader<'_> {
-        let devices = (&self.dev, &self.cores, &self.checks);
-        let state = (&self.counters, &self.health, self.persist.as_deref());
-        let threads = (&self.signals, &self.source_load, &self.fills);
-        crate::read::Reader::new((devices, state, threads), self.fshift, self)
+        crate::read::Reader::of(self)
     }
 
     /// The populator (`population.rs`), over this engine's subsystems.
     pub(crate) fn populator(&self) -> crate::population::Populator<'_> {
-        let parts = (&self.dev, &self.cores, &self.checks);
-        let persist = self.persist.as_deref();
-        crate::population::Populator::new(parts, (&self.counters, persist), self.fshift, self)
+        crate::population::Populator::of(self)
     }
 
     /// Writes to the cache device; false (counted as a device error) if it failed.

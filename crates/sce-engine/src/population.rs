@@ -29,21 +29,16 @@ pub(crate) struct Populator<'a> {
 }
 
 impl<'a> Populator<'a> {
-    /// The populator over these subsystems.
-    pub(crate) fn new(
-        (dev, cores, checks): (&'a Devices, &'a Cores, &'a Checks),
-        (counters, persist): (&'a Counters, Option<&'a Persist>),
-        fshift: u32,
-        faults: &'a dyn DeviceFaults,
-    ) -> Self {
+    /// The populator over engine `e`'s subsystems.
+    pub(crate) fn of(e: &'a Engine) -> Self {
         Populator {
-            dev,
-            cores,
-            checks,
-            counters,
-            persist,
-            fshift,
-            faults,
+            dev: &e.dev,
+            cores: &e.cores,
+            checks: &e.checks,
+            counters: &e.counters,
+            persist: e.persist.as_deref(),
+            fshift: e.fshift,
+            faults: e,
         }
     }
 }

@@ -13,7 +13,7 @@
 use crate::checks::Checks;
 use crate::cores::Cores;
 use crate::devices::Devices;
-use crate::engine::{DeviceFaults, Signals};
+use crate::engine::{DeviceFaults, Engine, Signals};
 use crate::fills::{FillJob, FillQueue};
 use crate::health::Health;
 use crate::load::SourceLoad;
@@ -69,38 +69,28 @@ pub(crate) struct Reader<'a> {
     faults: &'a dyn DeviceFaults,
 }
 
-/// What a reader is built from: the devices, the core's shards and the checksums; the
-/// counters, health and store; the threads' signals, the source's load and the fill queue.
-pub(crate) type ReaderParts<'a> = (
-    (&'a Devices, &'a Cores, &'a Checks),
-    (&'a Counters, &'a Health, Option<&'a Persist>),
-    (&'a Signals, &'a SourceLoad, &'a FillQueue),
-);
-
 impl<'a> Reader<'a> {
-    /// The reader over these subsystems.
-    pub(crate) fn new(parts: ReaderParts<'a>, fshift: u32, faults: &'a dyn DeviceFaults) -> Self {
-        let ((dev, cores, checks), (counters, health, persist), (signals, source_load, fills)) =
-            parts;
+    /// The reader over engine `e`'s subsystems.
+    pub(crate) fn of(e: &'a Engine) -> Self {
         Reader {
-            dev,
-            cores,
-            checks,
-            counters,
-            health,
-            persist,
-            signals,
-            source_load,
-            fills,
-            fshift,
-            faults,
+            dev: &e.dev,
+            cores: &e.cores,
+            checks: &e.checks,
+            counters: &e.counters,
+            health: &e.health,
+            persist: e.persist.as_deref(),
+            signals: &e.signals,
+            source_load: &e.source_load,
+            fills: &e.fills,
+            fshift: e.fshift,
+            faults: e,
         }
     }
 
     /// The verifier of this reader's cached runs.
     fn verifier(&self) -> Verifier<'_> {
-        let parts = (self.dev, self.cores, self.checks);
-        Verifier::new(parts, self.counters, self.fshift, self.faults)
+        let (dev, cores, checks) = (self.dev, self.cores, self.checks);
+        Verifier::new(dev, cores, checks, self.counters, self.fshift, self.faults)
     }
 
     /// What its fills are written with.
@@ -343,6 +333,7 @@ impl Reader<'_> {
                 Err(e) => result = Err(e),
             }
         };
+        let verifier = self.verifier();
         for piece in pieces {
             let mut w = 0;
             for run in &piece.read.runs {
@@ -354,10 +345,7 @@ impl Reader<'_> {
                         let expect = piece.want.get(w..w + n).unwrap_or(&[]);
                         w += n;
                         let dst = &mut buf[at as usize..(at + run.len) as usize];
-                        if self
-                            .verifier()
-                            .read_cache_run(c.0, offset + at, dst, expect)
-                        {
+                        if verifier.read_cache_run(c.0, offset + at, dst, expect) {
                             from_cache += run.len;
                         } else {
                             // Unreadable or bad cached data: serve the run from the source.
@@ -391,20 +379,32 @@ impl Reader<'_> {
     /// Sets ahead of need the intents of recently written slots that this read hits, and
     /// wakes the intent writer if any was set (see `Persist::preset`).
     pub(crate) fn preset_intents(&self, plan: &ReadPlan) {
-        let Some(p) = self.persist else { return };
-        let mut last = u32::MAX;
-        let mut any = false;
-        for run in &plan.runs {
-            if let RunTarget::Cache(c) = run.target {
-                let slot = (c.0 >> self.fshift) as u32;
-                if slot != last {
-                    any |= p.preset(slot);
-                    last = slot;
-                }
+        preset_intents(self.persist, self.signals, self.fshift, plan);
+    }
+}
+
+/// Sets the intents of the slots `plan` reads from ahead of need where they are write-warm
+/// (`Persist::preset`), and wakes the intent writer if any was set. A function of what it
+/// uses, so that a queued hit calls it without building a reader.
+pub(crate) fn preset_intents(
+    persist: Option<&Persist>,
+    signals: &Signals,
+    fshift: u32,
+    plan: &ReadPlan,
+) {
+    let Some(p) = persist else { return };
+    let mut last = u32::MAX;
+    let mut any = false;
+    for run in &plan.runs {
+        if let RunTarget::Cache(c) = run.target {
+            let slot = (c.0 >> fshift) as u32;
+            if slot != last {
+                any |= p.preset(slot);
+                last = slot;
             }
         }
-        if any {
-            self.signals.want_intents();
-        }
+    }
+    if any {
+        signals.want_intents();
     }
 }

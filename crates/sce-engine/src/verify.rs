@@ -30,7 +30,9 @@ pub(crate) struct Verifier<'a> {
 impl<'a> Verifier<'a> {
     /// The verifier over these subsystems.
     pub(crate) fn new(
-        (dev, cores, checks): (&'a Devices, &'a Cores, &'a Checks),
+        dev: &'a Devices,
+        cores: &'a Cores,
+        checks: &'a Checks,
         counters: &'a Counters,
         fshift: u32,
         faults: &'a dyn DeviceFaults,

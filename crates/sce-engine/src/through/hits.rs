@@ -56,7 +56,7 @@ impl HitQueue {
         // After the shared lock is released: applying the log may take the exclusive one.
         e.cores.log_read(k, &read);
         let held = read.hold(e.cores.pins(k).clone());
-        e.reader().preset_intents(&held);
+        crate::read::preset_intents(e.persist.as_deref(), &e.signals, e.fshift, &held);
         let hit = Hit {
             e: Counted::new(e),
             at: (self.base + c.0, c.0, offset, len),

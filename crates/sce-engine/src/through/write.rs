@@ -8,7 +8,7 @@ use super::awt::{AwtQueue, CopyPiece, Payload};
 use crate::checks::Checks;
 use crate::cores::Cores;
 use crate::devices::Devices;
-use crate::engine::{DeviceFaults, Signals};
+use crate::engine::{DeviceFaults, Engine, Signals};
 use crate::health::Health;
 use crate::persist::{Persist, Ticket};
 use crate::stats::Counters;
@@ -44,28 +44,19 @@ pub(crate) struct Writer<'a> {
     pub(super) faults: &'a dyn DeviceFaults,
 }
 
-/// What a writer is built from: the devices, the core's shards and the checksums; the
-/// counters, health and store; the background threads' signals.
-pub(crate) type WriterParts<'a> = (
-    (&'a Devices, &'a Cores, &'a Checks),
-    (&'a Counters, &'a Health, Option<&'a Persist>),
-    &'a Signals,
-);
-
 impl<'a> Writer<'a> {
-    /// The writer over these subsystems.
-    pub(crate) fn new(parts: WriterParts<'a>, fshift: u32, faults: &'a dyn DeviceFaults) -> Self {
-        let ((dev, cores, checks), (counters, health, persist), signals) = parts;
+    /// The writer over engine `e`'s subsystems.
+    pub(crate) fn of(e: &'a Engine) -> Self {
         Writer {
-            dev,
-            cores,
-            checks,
-            counters,
-            health,
-            persist,
-            signals,
-            fshift,
-            faults,
+            dev: &e.dev,
+            cores: &e.cores,
+            checks: &e.checks,
+            counters: &e.counters,
+            health: &e.health,
+            persist: e.persist.as_deref(),
+            signals: &e.signals,
+            fshift: e.fshift,
+            faults: e,
         }
     }
 }
