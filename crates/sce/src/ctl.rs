@@ -79,7 +79,8 @@ pub enum Verb {
     Detach(ExportArg),
     /// Attach a cache device to an export again (the last one, or CACHE): warm if it still
     /// matches the source, less the ranges written while detached if it is the device that
-    /// was detached (else cold after writes, and past 4096 ranges).
+    /// was detached (else cold after writes, and past 4096 ranges). The start's --force,
+    /// --reformat and --forget-volume do not apply, and another export's device is refused.
     Attach {
         #[command(flatten)]
         export: ExportArg,
