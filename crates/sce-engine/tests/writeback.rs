@@ -40,9 +40,13 @@ fn config(interval_ms: u64) -> EngineConfig {
 fn writes_stay_in_the_cache_until_flushed_to_the_source() {
     let source = random_source(8 * MIB, 1);
     let cache = Arc::new(MemDevice::new(16 * MIB));
-    // No cleaning but the forced kind: 200 writes into 512 KiB take under half of the
-    // 4 MiB write-back log (below the cleaner's watermark), and the idle rule is off.
-    let cfg = quiet_config(50);
+    // No cleaning but the forced kind: 200 writes into 512 KiB take under two thirds of
+    // the 4 MiB write-back log, below a low watermark of 0.9 (at the default 0.25 the
+    // background cleaner started during the writes, and on a loaded machine could finish
+    // before the source was compared), and the idle rule is off.
+    let mut cfg = quiet_config(50);
+    cfg.core.writeback.low_watermark = 0.9;
+    cfg.core.writeback.high_watermark = 0.95;
     let vol = CacheVolume::open(source.clone(), cache.clone(), cfg).expect("open");
     let mut model = read(&*source, 0, 8 * MIB);
     let mut rng = SmallRng::seed_from_u64(2);
