@@ -17,7 +17,7 @@ impl CacheVolume {
     /// the old mode and one under the new may interleave). Nothing changes if the result is
     /// invalid.
     pub fn retune(&self, t: &sce_core::Retune) -> Result<CoreConfig, sce_core::ConfigError> {
-        let e = &self.engine;
+        let e = self.engine.admin();
         let mut cfg = e.config.lock();
         let next = t.applied_to(&cfg);
         next.validate()?;
@@ -56,12 +56,12 @@ impl CacheVolume {
 
     /// The latency histograms (read hit, read miss, write) and requests in flight.
     pub fn latencies(&self) -> &crate::stats::Latencies {
-        &self.engine.counters.latencies
+        &self.engine.admin().counters.latencies
     }
 
     /// Checks that `[offset, offset+len)` lies within the source.
     fn check_range(&self, op: sce_io::Op, offset: u64, len: u64) -> Result<(), IoError> {
-        let size = self.engine.dev.size;
+        let size = self.engine.admin().dev.size;
         if offset.checked_add(len).is_none_or(|e| e > size) {
             return Err(IoError::OutOfRange {
                 op,
@@ -76,7 +76,7 @@ impl CacheVolume {
     /// The heat of the fragment at each of `offsets` (source offsets within the volume;
     /// one past its end counts 0): see `CacheCore::heat_at`.
     pub fn heats(&self, offsets: &[u64]) -> Vec<u32> {
-        let cores = &self.engine.cores;
+        let cores = &self.engine.admin().cores;
         let size = sce_io::BlockDevice::size(self);
         (offsets.iter())
             .map(|&o| match o < size {
@@ -90,7 +90,7 @@ impl CacheVolume {
     /// each as (source offset, bytes valid within the range), in source order.
     pub fn exists(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64)>, IoError> {
         self.check_range(sce_io::Op::Read, offset, len)?;
-        let cores = &self.engine.cores;
+        let cores = &self.engine.admin().cores;
         let mut out = Vec::new();
         for p in cores.pieces(offset, len) {
             let found = cores.global_read(p.shard, |c| c.exists_range(&p));
@@ -122,7 +122,7 @@ impl CacheVolume {
 
     /// `evict` of a range the caller vouches for (any alignment): the bytes dropped.
     pub(crate) fn evict_unchecked(&self, offset: u64, len: u64) -> u64 {
-        let cores = &self.engine.cores;
+        let cores = &self.engine.admin().cores;
         let mut pages = 0;
         for p in cores.pieces(offset, len) {
             pages += cores.global(p.shard, |c| c.evict_range(&p));
@@ -134,7 +134,7 @@ impl CacheVolume {
     /// cache serves one): what only the write-back log holds for it, which a forget keeps
     /// (0 and 0 without a log in write-back).
     pub fn dirty_pages_of_volume(&self, k: usize) -> (u64, u64) {
-        let e = &self.engine;
+        let e = self.engine.admin();
         let (Some(p), Some(l)) = (e.dev.volumes().get(k), self.path.log()) else {
             return (0, 0);
         };
@@ -150,9 +150,9 @@ impl CacheVolume {
     /// metadata errors of the round (if any, the records could not be written: the caller
     /// should report it; the cache disables itself at its error limit as for any).
     pub fn forget(&self) -> (u64, u64) {
-        self.engine.dev.void_read_ahead();
+        self.engine.admin().dev.void_read_ahead();
         let mut n = 0;
-        self.engine.cores.each_shard(|_, c| n += c.forget());
+        self.engine.admin().cores.each_shard(|_, c| n += c.forget());
         let errors = self.engine.flush_metadata();
         tracing::info!(fragments = n, "cache forgotten");
         (n, errors)
@@ -190,7 +190,7 @@ impl CacheVolume {
     /// True if the cache device has a write-back log (formats 6 on): write-back is served
     /// through it. A device formatted without one needs a format to get one.
     pub fn has_writeback_log(&self) -> bool {
-        (self.engine.persist.as_ref()).is_some_and(|p| p.log_info().is_some())
+        (self.engine.admin().persist.as_ref()).is_some_and(|p| p.log_info().is_some())
     }
 
     /// Write-back through the log: the source writes the cleaner made and the commits
@@ -228,7 +228,7 @@ impl CacheVolume {
         range: Option<(u64, u64)>,
         ctl: &crate::log::DrainControl<'_>,
     ) -> Result<crate::log::DrainDone, IoError> {
-        let e = &self.engine;
+        let e = self.engine.admin();
         match &self.path {
             WritePath::Log(l) => {
                 let ps = sce_core::PAGE_SIZE;
@@ -236,7 +236,7 @@ impl CacheVolume {
                     Some((o, len)) => (o / ps, (o + len).div_ceil(ps)),
                     None => (0, u64::MAX),
                 };
-                l.drain(e, pages, ctl)
+                l.drain(&self.engine.log_io(), pages, ctl)
             }
             WritePath::Through(_) => e.dev.flush_source().map(|()| Default::default()),
         }
@@ -246,6 +246,7 @@ impl CacheVolume {
     /// size (one volume at 0 unless opened with `open_shared`).
     pub fn volumes(&self) -> Vec<(String, Placed)> {
         self.engine
+            .admin()
             .dev
             .volumes()
             .iter()
@@ -258,7 +259,7 @@ impl CacheVolume {
     /// cache, nothing of it is populated meanwhile (its source may be written behind the
     /// cache's back). The caller forgets the volume's pages.
     pub fn set_detached(&self, k: usize, on: bool) -> Result<(), IoError> {
-        let e = &self.engine;
+        let e = self.engine.admin();
         // Its source may be written behind the engine from now on (and was, until now).
         e.dev.void_read_ahead();
         let vols = e.dev.volumes();
@@ -282,7 +283,7 @@ impl CacheVolume {
     /// The slots each volume holds, in address order, if shares are set (else empty).
     pub fn share_used(&self) -> Vec<u64> {
         let mut out: Vec<u64> = Vec::new();
-        let cores = &self.engine.cores;
+        let cores = &self.engine.admin().cores;
         for k in 0..cores.count() {
             let used = cores.read_shard(k, |c| c.share_used());
             out.resize(out.len().max(used.len()), 0);
@@ -299,7 +300,7 @@ impl CacheVolume {
     /// records on the device no longer count) and a metadata round writes the records.
     /// Returns the bytes that were cached, and the metadata errors.
     pub fn forget_volume(&self, k: usize) -> Result<(u64, u64), IoError> {
-        let e = &self.engine;
+        let e = self.engine.admin();
         e.dev.void_read_ahead();
         let p = e
             .dev
@@ -315,7 +316,7 @@ impl CacheVolume {
             if persist.bump_generation(k).is_err() {
                 errors += 1;
             }
-            errors += e.flush_metadata();
+            errors += self.engine.flush_metadata();
         }
         tracing::info!(volume = %p.name, bytes, "volume forgotten");
         Ok((bytes, errors))

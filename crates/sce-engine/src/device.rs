@@ -12,13 +12,13 @@ use std::sync::Arc;
 impl CacheVolume {
     /// Checks a request against the volume's size and block size.
     fn check(&self, op: Op, offset: u64, len: u64) -> Result<(), IoError> {
-        let d = &self.engine.dev;
+        let d = self.engine.admin().dev;
         check_range(op, offset, len, d.size, d.lbs)
     }
 
     /// Runs a write or discard, counted in flight and timed into the write histogram.
     fn timed_write(&self, f: impl FnOnce() -> Result<(), IoError>) -> Result<(), IoError> {
-        let lat = &self.engine.counters.latencies;
+        let lat = &self.engine.admin().counters.latencies;
         let _in_flight = crate::stats::InFlight::new(&lat.in_flight);
         let t0 = std::time::Instant::now();
         let r = f();
@@ -52,7 +52,7 @@ impl QueuedReads for CacheVolume {
             return false;
         };
         // A drain sends writes through to the source, and FLUSH flushes it.
-        if self.engine.health.passthrough() || log.drain_under_way() {
+        if self.engine.admin().health.passthrough() || log.drain_under_way() {
             return false;
         }
         match op {
@@ -77,11 +77,11 @@ impl QueuedReads for CacheVolume {
 
 impl BlockDevice for CacheVolume {
     fn size(&self) -> u64 {
-        self.engine.dev.size
+        self.engine.admin().dev.size
     }
 
     fn logical_block_size(&self) -> u32 {
-        self.engine.dev.lbs
+        self.engine.admin().dev.lbs
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
@@ -111,10 +111,10 @@ impl BlockDevice for CacheVolume {
     }
 
     fn extents(&self, offset: u64, len: u64, max: usize) -> Result<Vec<sce_io::Extent>, IoError> {
-        self.path.extents(&self.engine, offset, len, max)
+        self.path.extents(self.engine.admin().dev, offset, len, max)
     }
 
     fn extents_are_local(&self) -> bool {
-        self.path.extents_are_local(&self.engine)
+        self.path.extents_are_local(self.engine.admin().dev)
     }
 }

@@ -1,10 +1,10 @@
 //! `Engine`: a cached volume's subsystems, each owning its state, and the few operations
 //! that involve several of them (device I/O counted and judged, disabling the cache, the
-//! store's rounds). The roles are types that hold the subsystems they use, built here:
-//! [`Engine::reader`] (`read.rs`), [`Engine::writer`] (`through/write.rs`, `awt.rs`),
-//! [`Engine::populator`] (`population.rs`) and [`Engine::verifier`] (`verify.rs`); each
-//! reaches the engine's judged I/O only through [`DeviceFaults`]. The write-back log
-//! (`log/`), the operator commands and the background threads still take `&Engine`.
+//! store's rounds). Its fields are private to this file: every other file works through a
+//! role or a view built here, a struct of the subsystems it uses ([`Engine::reader`],
+//! [`Engine::writer`], [`Engine::populator`], [`Engine::verifier`], [`Engine::log_io`],
+//! [`Engine::hit_io`], [`Engine::keeper`], [`Engine::admin`]; docs/ARCHITECTURE.md has the
+//! table). Each reaches the engine's judged I/O only through [`DeviceFaults`].
 //!
 //! | field | owns |
 //! |---|---|
@@ -20,10 +20,17 @@
 use crate::checks::Checks;
 use crate::cores::Cores;
 use crate::devices::Devices;
+use crate::flusher::Keeper;
 use crate::health::Health;
+use crate::log::LogIo;
 use crate::order::{levels, OrderedMutex};
 use crate::persist::{Persist, Ticket};
+use crate::population::Populator;
+use crate::read::Reader;
 use crate::stats::Counters;
+use crate::through::{HitIo, Writer};
+use crate::verify::Verifier;
+use crate::volume::Admin;
 use parking_lot::Condvar;
 use sce_core::CoreConfig;
 use sce_io::IoError;
@@ -33,27 +40,39 @@ use std::time::Duration;
 
 /// What the threads of one cached volume share.
 pub(crate) struct Engine {
-    pub(crate) dev: Devices,
-    pub(crate) cores: Cores,
+    dev: Devices,
+    cores: Cores,
     /// The volume's core configuration (each shard's is derived from it), as last retuned.
     /// Level `EngineConfig` (`order.rs`): `CacheVolume::retune` holds it while it takes each core
     /// shard in turn, so that two retunes cannot leave the shards differing.
-    pub(crate) config: OrderedMutex<levels::EngineConfig, CoreConfig>,
+    config: OrderedMutex<levels::EngineConfig, CoreConfig>,
+    checks: Checks,
+    health: Health,
+    persist: Option<Arc<Persist>>,
+    counters: Counters,
+    signals: Signals,
+    /// log2 of the fragment size.
+    fshift: u32,
+    /// Write-back (through the log): the cache device holds the only copy of dirty data
+    /// (disabling the cache keeps the device unmarked, and refuses writes).
+    holds_dirty: bool,
+    /// The clients' source read latency against its floor (population's gate, with miss
+    /// fills).
+    source_load: crate::load::SourceLoad,
+    /// Reads' inline fills, written after the reads are answered (`fills.rs`).
+    fills: crate::fills::FillQueue,
+}
+
+/// What `open.rs` builds an engine from (the rest starts empty).
+pub(crate) struct EngineParts {
+    pub(crate) dev: Devices,
+    pub(crate) cores: Cores,
+    pub(crate) config: CoreConfig,
     pub(crate) checks: Checks,
     pub(crate) health: Health,
     pub(crate) persist: Option<Arc<Persist>>,
-    pub(crate) counters: Counters,
-    pub(crate) signals: Signals,
-    /// log2 of the fragment size.
     pub(crate) fshift: u32,
-    /// Write-back (through the log): the cache device holds the only copy of dirty data
-    /// (disabling the cache keeps the device unmarked, and refuses writes).
     pub(crate) holds_dirty: bool,
-    /// The clients' source read latency against its floor (population's gate, with miss
-    /// fills).
-    pub(crate) source_load: crate::load::SourceLoad,
-    /// Reads' inline fills, written after the reads are answered (`fills.rs`).
-    pub(crate) fills: crate::fills::FillQueue,
 }
 
 /// Shutdown, and the background threads' sleeps and wake-ups (leaf locks).
@@ -145,26 +164,137 @@ impl DeviceFaults for Engine {
 }
 
 impl Engine {
+    /// The engine over its subsystems, built by `open.rs`.
+    pub(crate) fn new(p: EngineParts) -> Engine {
+        Engine {
+            dev: p.dev,
+            cores: p.cores,
+            config: OrderedMutex::new(p.config),
+            checks: p.checks,
+            health: p.health,
+            persist: p.persist,
+            counters: Counters::default(),
+            signals: Signals::default(),
+            fshift: p.fshift,
+            holds_dirty: p.holds_dirty,
+            source_load: Default::default(),
+            fills: Default::default(),
+        }
+    }
+
     /// The verifier of cached reads (`verify.rs`), over this engine's subsystems.
-    pub(crate) fn verifier(&self) -> crate::verify::Verifier<'_> {
+    pub(crate) fn verifier(&self) -> Verifier<'_> {
         let (dev, cores, checks) = (&self.dev, &self.cores, &self.checks);
-        crate::verify::Verifier::new(dev, cores, checks, &self.counters, self.fshift, self)
+        Verifier::new(dev, cores, checks, &self.counters, self.fshift, self)
     }
 
     /// The writer of the write-through path (`through/write.rs`), over this engine's
     /// subsystems.
-    pub(crate) fn writer(&self) -> crate::through::Writer<'_> {
-        crate::through::Writer::of(self)
+    pub(crate) fn writer(&self) -> Writer<'_> {
+        Writer {
+            dev: &self.dev,
+            cores: &self.cores,
+            checks: &self.checks,
+            counters: &self.counters,
+            health: &self.health,
+            persist: self.persist.as_deref(),
+            signals: &self.signals,
+            fshift: self.fshift,
+            faults: self,
+        }
     }
 
     /// The reader (`read.rs`), over this engine's subsystems.
-    pub(crate) fn reader(&self) -> crate::read::Reader<'_> {
-        crate::read::Reader::of(self)
+    pub(crate) fn reader(&self) -> Reader<'_> {
+        Reader {
+            dev: &self.dev,
+            cores: &self.cores,
+            checks: &self.checks,
+            counters: &self.counters,
+            health: &self.health,
+            persist: self.persist.as_deref(),
+            signals: &self.signals,
+            source_load: &self.source_load,
+            fills: &self.fills,
+            fshift: self.fshift,
+            faults: self,
+        }
     }
 
     /// The populator (`population.rs`), over this engine's subsystems.
-    pub(crate) fn populator(&self) -> crate::population::Populator<'_> {
-        crate::population::Populator::of(self)
+    pub(crate) fn populator(&self) -> Populator<'_> {
+        Populator {
+            dev: &self.dev,
+            cores: &self.cores,
+            checks: &self.checks,
+            counters: &self.counters,
+            persist: self.persist.as_deref(),
+            fshift: self.fshift,
+            faults: self,
+            config: &self.config,
+            source_load: &self.source_load,
+            health: &self.health,
+            signals: &self.signals,
+        }
+    }
+
+    /// What the write-back log (`log/`) works with.
+    pub(crate) fn log_io(&self) -> LogIo<'_> {
+        LogIo {
+            dev: &self.dev,
+            cores: &self.cores,
+            health: &self.health,
+            signals: &self.signals,
+            persist: self.persist.as_deref(),
+            counters: &self.counters,
+            faults: self,
+            reader: self.reader(),
+            writer: self.writer(),
+        }
+    }
+
+    /// What a hit through the I/O queue (`through/hits.rs`) works with.
+    pub(crate) fn hit_io(&self) -> HitIo<'_> {
+        HitIo {
+            dev: &self.dev,
+            cores: &self.cores,
+            checks: &self.checks,
+            health: &self.health,
+            persist: self.persist.as_deref(),
+            signals: &self.signals,
+            counters: &self.counters,
+            fshift: self.fshift,
+        }
+    }
+
+    /// What the volume's operator commands and request entry (`volume.rs`, `control.rs`,
+    /// `device.rs`) work with.
+    pub(crate) fn admin(&self) -> Admin<'_> {
+        Admin {
+            dev: &self.dev,
+            cores: &self.cores,
+            config: &self.config,
+            checks: &self.checks,
+            health: &self.health,
+            persist: self.persist.as_deref(),
+            counters: &self.counters,
+            signals: &self.signals,
+            fills: &self.fills,
+            fshift: self.fshift,
+        }
+    }
+
+    /// What the metadata flusher, the intent writer and the fill writers work with
+    /// (`flusher.rs`, `fills.rs`).
+    pub(crate) fn keeper(&self) -> Keeper<'_> {
+        Keeper {
+            dev: &self.dev,
+            health: &self.health,
+            persist: self.persist.as_deref(),
+            signals: &self.signals,
+            fills: &self.fills,
+            fill_parts: (&self.cores, &self.checks, self),
+        }
     }
 
     /// Writes to the cache device; false (counted as a device error) if it failed.

@@ -214,9 +214,10 @@ impl FillQueue {
 
 /// A fill writer thread: runs the queued jobs until the queue is closed and empty.
 pub(crate) fn fill_writer(e: &Engine, rx: Receiver<FillJob>) {
+    let k = e.keeper();
     for job in rx.iter() {
         let bytes = job.bytes;
-        job.run((&e.cores, &e.checks, e));
-        e.fills.queued.fetch_sub(bytes, Relaxed);
+        job.run(k.fill_parts);
+        k.fills.queued.fetch_sub(bytes, Relaxed);
     }
 }

@@ -5,12 +5,25 @@
 
 use crate::engine::Engine;
 
+/// What the metadata flusher, the intent writer and the fill writers (`fills.rs`) work
+/// with, built by `Engine::keeper`; the rounds and the device's error count are the
+/// engine's (`Engine::flush_metadata_background`, `Engine::device_errors`).
+pub(crate) struct Keeper<'a> {
+    pub(crate) dev: &'a crate::devices::Devices,
+    pub(crate) health: &'a crate::health::Health,
+    pub(crate) persist: Option<&'a crate::persist::Persist>,
+    pub(crate) signals: &'a crate::engine::Signals,
+    pub(crate) fills: &'a crate::fills::FillQueue,
+    pub(crate) fill_parts: crate::fills::FillParts<'a>,
+}
+
 /// Makes the intents set ahead of need durable, in the background, as they come; runs a
 /// flush round early when the write journal's ring is half full.
 pub(crate) fn intent_writer(s: &Engine) {
-    let Some(p) = &s.persist else { return };
-    while s.signals.wait_intent_work() {
-        if s.health.passthrough() {
+    let k = s.keeper();
+    let Some(p) = k.persist else { return };
+    while k.signals.wait_intent_work() {
+        if k.health.passthrough() {
             continue;
         }
         if let Err(e) = p.write_pending() {
@@ -28,24 +41,25 @@ pub(crate) fn intent_writer(s: &Engine) {
 
 /// The metadata flusher: a round every `flush_interval`, then the source's identity.
 pub(crate) fn flusher(s: &Engine) {
-    let Some(p) = &s.persist else { return };
+    let k = s.keeper();
+    let Some(p) = k.persist else { return };
     loop {
-        if !s.signals.sleep(p.cfg.flush_interval) {
+        if !k.signals.sleep(p.cfg.flush_interval) {
             return;
         }
-        if s.health.passthrough() {
+        if k.health.passthrough() {
             continue;
         }
         let mut errors = s.flush_metadata_background();
         // Record the source's identity once its writes have settled (our own writes change
         // a file's modification time), so that a start after a crash can tell whether anyone
         // else changed it since.
-        if let Some(done) = s.dev.settled() {
-            let (identities, taken) = s.dev.identities();
-            if s.dev.settled() != Some(done) {
-                s.dev.restore_written(&taken);
+        if let Some(done) = k.dev.settled() {
+            let (identities, taken) = k.dev.identities();
+            if k.dev.settled() != Some(done) {
+                k.dev.restore_written(&taken);
             } else if p.record_identity(&identities, done).is_err() {
-                s.dev.restore_written(&taken);
+                k.dev.restore_written(&taken);
                 errors += 1;
             }
         }

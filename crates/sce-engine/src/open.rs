@@ -7,7 +7,7 @@ use crate::checks::Crcs;
 use crate::cores::Cores;
 use crate::crcs::CrcCache;
 use crate::devices::{Devices, PartInfo};
-use crate::engine::{Engine, Signals};
+use crate::engine::{Engine, EngineParts};
 use crate::fills::fill_writer;
 use crate::flusher::{flusher, intent_writer};
 use crate::health::Health;
@@ -16,7 +16,6 @@ use crate::parts::Placed;
 use crate::path::WritePath;
 use crate::persist::{OpenVolume, Persist, PersistConfig};
 use crate::population::population_worker;
-use crate::stats::Counters;
 use crate::through::{awt_writer, AwtJob, WriteThrough};
 use crate::volume::{CacheVolume, EngineConfig, EngineError};
 /// This file's mutexes are leaves of the lock order (`order.rs`).
@@ -362,12 +361,12 @@ fn start_threads(
         WritePath::Log(l) => {
             let l = l.clone();
             threads.push(spawn(engine, "sce-clean-0".into(), "cleaner", move |e| {
-                l.cleaner(e)
+                l.cleaner(&e.log_io())
             })?);
         }
     }
     let (tx, rx) = crossbeam_channel::unbounded();
-    engine.fills.open(tx);
+    engine.keeper().fills.open(tx);
     for i in 0..FILL_WRITERS {
         let rx = rx.clone();
         let name = format!("sce-fill-{i}");
@@ -379,11 +378,12 @@ fn start_threads(
             population_worker(e, i)
         })?);
     }
-    if engine.persist.is_some() {
+    let persist = engine.keeper().persist;
+    if persist.is_some() {
         threads.push(spawn(engine, "sce-meta".into(), "metadata", flusher)?);
         threads.push(spawn(engine, "sce-intent".into(), "intent", intent_writer)?);
     }
-    if engine.persist.as_ref().is_some_and(|p| p.has_refill()) {
+    if persist.is_some_and(|p| p.has_refill()) {
         threads.push(spawn(
             engine,
             "sce-refill".into(),
@@ -497,20 +497,16 @@ impl CacheVolume {
         let ends: Vec<u64> = parts.iter().map(|p| p.at.base + p.at.size).collect();
         let fshift = o.cores[0].geometry().fragment_shift();
         let persist = o.persist.map(Arc::new);
-        let engine = Arc::new(Engine {
+        let engine = Arc::new(Engine::new(EngineParts {
             checks: Checks::new(o.crcs, o.seeds, source.size(), fshift),
             dev: Devices::new(source, o.data, lbs, parts).with_read_ahead(read_ahead),
             cores: Cores::new(o.cores, o.map),
-            config: crate::order::OrderedMutex::new(o.config),
+            config: o.config,
             health: Health::new(config.error_limit),
             persist: persist.clone(),
-            counters: Counters::default(),
-            signals: Signals::default(),
             fshift,
             holds_dirty: config.core.write_mode == sce_core::WriteMode::WriteBack,
-            source_load: Default::default(),
-            fills: Default::default(),
-        });
+        }));
         let (tx, rx) = crossbeam_channel::unbounded::<AwtJob>();
         let limits = (config.writeback_wait, config.writeback_idle);
         let log = match &persist {
@@ -522,7 +518,7 @@ impl CacheVolume {
                     l.set_sequential_cutoff(config.core.sequential_cutoff);
                     l.set_tuning(&config.core.writeback);
                     l.set_shares(&vols.iter().map(|v| v.share).collect::<Vec<_>>());
-                    l.claim_lent(&engine, o.log)?;
+                    l.claim_lent(&engine.log_io(), o.log)?;
                 }
                 l
             }

@@ -3,6 +3,7 @@
 //! write-back: a device whose slots held dirty data is drained at start, `slots.rs`). Write-back cannot be entered or left at run time,
 //! so each request is one `match` here and no path asks what mode it is in.
 
+use crate::devices::Devices;
 use crate::engine::Engine;
 use crate::log::LogBack;
 use crate::through::{Payload, WriteThrough};
@@ -21,8 +22,13 @@ pub(crate) enum WritePath {
 /// blocks (NBD lets a client that did not ask for block sizes ask any range): the source is
 /// asked for the blocks that cover it, and the answer cut back to the range. A hole cut so
 /// still reads as zeroes.
-fn source_extents(e: &Engine, offset: u64, len: u64, max: usize) -> Result<Vec<Extent>, IoError> {
-    let src = &e.dev.source;
+fn source_extents(
+    dev: &Devices,
+    offset: u64,
+    len: u64,
+    max: usize,
+) -> Result<Vec<Extent>, IoError> {
+    let src = &dev.source;
     let lbs = u64::from(src.logical_block_size().max(1));
     let end = offset + len;
     let (a, b) = (
@@ -96,15 +102,15 @@ impl WritePath {
     pub(crate) fn read(&self, e: &Engine, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
         match self {
             WritePath::Through(_) => e.reader().read(offset, buf),
-            WritePath::Log(l) => l.read(e, offset, buf),
+            WritePath::Log(l) => l.read(&e.log_io(), offset, buf),
         }
     }
 
     /// A client's write.
     pub(crate) fn write(&self, e: &Engine, offset: u64, data: Payload) -> Result<(), IoError> {
         match self {
-            WritePath::Through(t) => t.write(e, offset, data),
-            WritePath::Log(l) => l.write(e, offset, data.bytes()),
+            WritePath::Through(t) => t.write(&e.writer(), offset, data),
+            WritePath::Log(l) => l.write(&e.log_io(), offset, data.bytes()),
         }
     }
 
@@ -112,16 +118,16 @@ impl WritePath {
     /// the log's versions of them are superseded (`log/drain.rs`).
     pub(crate) fn discard(&self, e: &Engine, offset: u64, len: u64) -> Result<(), IoError> {
         match self {
-            WritePath::Through(t) => t.discard(e, offset, len),
-            WritePath::Log(l) => l.discard(e, offset, len),
+            WritePath::Through(t) => t.discard(&e.writer(), offset, len),
+            WritePath::Log(l) => l.discard(&e.log_io(), offset, len),
         }
     }
 
     /// A client's flush: every acknowledged write made durable where the path keeps it.
     pub(crate) fn flush(&self, e: &Engine) -> Result<(), IoError> {
         match self {
-            WritePath::Through(t) => t.flush(e),
-            WritePath::Log(l) => l.flush(e),
+            WritePath::Through(t) => t.flush(&e.writer()),
+            WritePath::Log(l) => l.flush(&e.log_io()),
         }
     }
 
@@ -138,34 +144,34 @@ impl WritePath {
     /// prefix, which a block status may be).
     pub(crate) fn extents(
         &self,
-        e: &Engine,
+        dev: &Devices,
         offset: u64,
         len: u64,
         max: usize,
     ) -> Result<Vec<Extent>, IoError> {
-        let Some(end) = offset.checked_add(len).filter(|&x| x <= e.dev.size) else {
+        let Some(end) = offset.checked_add(len).filter(|&x| x <= dev.size) else {
             return Err(IoError::OutOfRange {
                 op: sce_io::Op::Read,
                 offset,
                 len,
-                size: e.dev.size,
+                size: dev.size,
             });
         };
         let dirty = match self {
-            WritePath::Through(_) => return source_extents(e, offset, len, max),
+            WritePath::Through(_) => return source_extents(dev, offset, len, max),
             WritePath::Log(l) => {
                 let ps = sce_core::PAGE_SIZE;
                 (l.dirty_group_from(offset / ps, end.div_ceil(ps)))
                     .map(|(a, b)| ((a * ps).max(offset), (b * ps).min(end)))
             }
         };
-        let source = source_extents(e, offset, len, max)?;
+        let source = source_extents(dev, offset, len, max)?;
         Ok(dirty_as_data(source, offset, dirty, max))
     }
 
     /// Whether `extents` asks nothing remote: the source's map is, in every mode.
-    pub(crate) fn extents_are_local(&self, e: &Engine) -> bool {
-        e.dev.source.extents_are_local()
+    pub(crate) fn extents_are_local(&self, dev: &Devices) -> bool {
+        dev.source.extents_are_local()
     }
 
     /// Starts a hit through the I/O queue (write-through only: write-back's reads take the

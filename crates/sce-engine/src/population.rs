@@ -8,6 +8,7 @@ use crate::checks::Checks;
 use crate::cores::Cores;
 use crate::devices::Devices;
 use crate::engine::{DeviceFaults, Engine};
+use crate::order::{levels, OrderedMutex};
 use crate::persist::{Persist, Ticket};
 use crate::stats::Counters;
 use sce_core::{OnShard, Population};
@@ -18,29 +19,20 @@ use std::sync::atomic::Ordering::Relaxed;
 /// cache, holding the subsystems it uses; device writes and intents are judged through
 /// `faults` (the engine). `Engine::populator` builds it.
 pub(crate) struct Populator<'a> {
-    dev: &'a Devices,
-    cores: &'a Cores,
-    checks: &'a Checks,
-    counters: &'a Counters,
-    persist: Option<&'a Persist>,
+    pub(crate) dev: &'a Devices,
+    pub(crate) cores: &'a Cores,
+    pub(crate) checks: &'a Checks,
+    pub(crate) counters: &'a Counters,
+    pub(crate) persist: Option<&'a Persist>,
     /// log2 of the fragment size.
-    fshift: u32,
-    faults: &'a dyn DeviceFaults,
-}
-
-impl<'a> Populator<'a> {
-    /// The populator over engine `e`'s subsystems.
-    pub(crate) fn of(e: &'a Engine) -> Self {
-        Populator {
-            dev: &e.dev,
-            cores: &e.cores,
-            checks: &e.checks,
-            counters: &e.counters,
-            persist: e.persist.as_deref(),
-            fshift: e.fshift,
-            faults: e,
-        }
-    }
+    pub(crate) fshift: u32,
+    pub(crate) faults: &'a dyn DeviceFaults,
+    /// When to populate: the volume's configuration (miss fills), the source's load,
+    /// passthrough and shutdown.
+    pub(crate) config: &'a OrderedMutex<levels::EngineConfig, sce_core::CoreConfig>,
+    pub(crate) source_load: &'a crate::load::SourceLoad,
+    pub(crate) health: &'a crate::health::Health,
+    pub(crate) signals: &'a crate::engine::Signals,
 }
 
 impl Populator<'_> {
@@ -111,10 +103,11 @@ impl Populator<'_> {
 /// wakes after the throttle's `after_pick` instead). Worker 0 applies the visited
 /// shard's read logs before it reads the throttle, and every worker that picks applies
 /// them right before it picks.
-pub(crate) fn population_worker(s: &Engine, index: u32) {
+pub(crate) fn population_worker(e: &Engine, index: u32) {
+    let s = e.populator();
     let fsize = 1usize << s.fshift;
     let mut buf: Option<AlignedBuf> = None;
-    let cores = &s.cores;
+    let cores = s.cores;
     let shards = cores.count();
     let mut turn = index as usize % shards;
     // After a cycle that populated: the picked shard's `after_pick`, as the simulator sleeps.
@@ -158,7 +151,7 @@ pub(crate) fn population_worker(s: &Engine, index: u32) {
         if let Some(job) = job {
             after_pick = Some(st.after_pick);
             let b = buf.get_or_insert_with(|| AlignedBuf::new(fsize));
-            s.populator().run(job, b);
+            s.run(job, b);
         }
     }
 }

@@ -13,7 +13,7 @@
 use crate::checks::Checks;
 use crate::cores::Cores;
 use crate::devices::Devices;
-use crate::engine::{DeviceFaults, Engine, Signals};
+use crate::engine::{DeviceFaults, Signals};
 use crate::fills::{FillJob, FillQueue};
 use crate::health::Health;
 use crate::load::SourceLoad;
@@ -55,38 +55,21 @@ type SourceSpan = (u64, u64, u64);
 /// writers. It holds the subsystems it uses; device errors, cache writes and intents are
 /// judged through `faults` (the engine). `Engine::reader` builds it.
 pub(crate) struct Reader<'a> {
-    dev: &'a Devices,
-    cores: &'a Cores,
-    checks: &'a Checks,
-    counters: &'a Counters,
-    health: &'a Health,
-    persist: Option<&'a Persist>,
-    signals: &'a Signals,
-    source_load: &'a SourceLoad,
-    fills: &'a FillQueue,
+    pub(crate) dev: &'a Devices,
+    pub(crate) cores: &'a Cores,
+    pub(crate) checks: &'a Checks,
+    pub(crate) counters: &'a Counters,
+    pub(crate) health: &'a Health,
+    pub(crate) persist: Option<&'a Persist>,
+    pub(crate) signals: &'a Signals,
+    pub(crate) source_load: &'a SourceLoad,
+    pub(crate) fills: &'a FillQueue,
     /// log2 of the fragment size.
-    fshift: u32,
-    faults: &'a dyn DeviceFaults,
+    pub(crate) fshift: u32,
+    pub(crate) faults: &'a dyn DeviceFaults,
 }
 
 impl<'a> Reader<'a> {
-    /// The reader over engine `e`'s subsystems.
-    pub(crate) fn of(e: &'a Engine) -> Self {
-        Reader {
-            dev: &e.dev,
-            cores: &e.cores,
-            checks: &e.checks,
-            counters: &e.counters,
-            health: &e.health,
-            persist: e.persist.as_deref(),
-            signals: &e.signals,
-            source_load: &e.source_load,
-            fills: &e.fills,
-            fshift: e.fshift,
-            faults: e,
-        }
-    }
-
     /// The verifier of this reader's cached runs.
     fn verifier(&self) -> Verifier<'_> {
         let (dev, cores, checks) = (self.dev, self.cores, self.checks);

@@ -18,8 +18,9 @@ const BUSY_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Fills again, on the calling thread (`sce-refill`), the fragments the start dropped by
 /// intent; ends early at shutdown or in passthrough.
-pub(crate) fn refill(e: &Engine) {
-    let Some(p) = &e.persist else {
+pub(crate) fn refill(engine: &Engine) {
+    let e = engine.populator();
+    let Some(p) = e.persist else {
         return;
     };
     let todo = p.take_refill();
@@ -46,7 +47,7 @@ pub(crate) fn refill(e: &Engine) {
         } else {
             e.cores.at_source(offset, |core| core.prefetch(offset))
         };
-        let done = job.is_some_and(|job| e.populator().run(job, &mut buf));
+        let done = job.is_some_and(|job| e.run(job, &mut buf));
         filled += u64::from(done);
         p.refill_done(done);
     }

@@ -92,6 +92,25 @@ pub enum EngineError {
     Store(#[from] sce_store::StoreError),
 }
 
+/// What the volume's operator commands and its requests' entry work with (`volume.rs`,
+/// `control.rs`, `device.rs`), built by `Engine::admin`: every subsystem but the source's
+/// load, for what an operator asks of a volume spans them (its counters, its ranges, its
+/// store, its shutdown); the rounds, the store's close and the roles are the engine's.
+pub(crate) struct Admin<'a> {
+    pub(crate) dev: &'a crate::devices::Devices,
+    pub(crate) cores: &'a crate::cores::Cores,
+    pub(crate) config:
+        &'a crate::order::OrderedMutex<crate::order::levels::EngineConfig, CoreConfig>,
+    pub(crate) checks: &'a crate::checks::Checks,
+    pub(crate) health: &'a crate::health::Health,
+    pub(crate) persist: Option<&'a crate::persist::Persist>,
+    pub(crate) counters: &'a crate::stats::Counters,
+    pub(crate) signals: &'a crate::engine::Signals,
+    pub(crate) fills: &'a crate::fills::FillQueue,
+    /// log2 of the fragment size.
+    pub(crate) fshift: u32,
+}
+
 /// A cached volume. Thread-safe: share it with `Arc` and call it from any number of threads.
 pub struct CacheVolume {
     pub(crate) engine: Arc<Engine>,
@@ -102,7 +121,7 @@ pub struct CacheVolume {
 impl std::fmt::Debug for CacheVolume {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CacheVolume")
-            .field("size", &self.engine.dev.size)
+            .field("size", &self.engine.admin().dev.size)
             .finish()
     }
 }
@@ -118,6 +137,7 @@ impl CacheVolume {
     pub fn serve_hits_from(&self, queue: Arc<dyn IoQueue>, base: u64) -> bool {
         let data = self
             .engine
+            .admin()
             .persist
             .as_ref()
             .map_or(0, |p| p.layout.data_offset);
@@ -142,7 +162,7 @@ impl CacheVolume {
     /// time (a metrics scrape never stalls I/O): the read accounting still waiting in the
     /// log shards is added to the cores' counts, not applied.
     pub fn stats(&self) -> VolumeStats {
-        let e = &self.engine;
+        let e = self.engine.admin();
         let mut v = VolumeStats::default();
         for k in 0..e.cores.count() {
             e.cores.read_shard(k, |core| {
@@ -177,7 +197,7 @@ impl CacheVolume {
 
     /// The number of core shards.
     pub fn core_shards(&self) -> usize {
-        self.engine.cores.count()
+        self.engine.admin().cores.count()
     }
 
     /// Runs `f` while this thread holds core shard `k`'s exclusive lock, as a write or a
@@ -185,13 +205,13 @@ impl CacheVolume {
     /// must not use the volume.
     #[doc(hidden)]
     pub fn with_core_shard_locked<R>(&self, k: usize, f: impl FnOnce() -> R) -> R {
-        self.engine.cores.with_shard(k, |_| f())
+        self.engine.admin().cores.with_shard(k, |_| f())
     }
 
     /// The persistent store's state and counters (None without persistence).
     pub fn persist_stats(&self) -> Option<PersistStats> {
-        let mut s = self.engine.persist.as_ref().map(|p| p.stats())?;
-        if let Some(c) = self.engine.checks.cache() {
+        let mut s = self.engine.admin().persist.as_ref().map(|p| p.stats())?;
+        if let Some(c) = self.engine.admin().checks.cache() {
             s.checksum_units_resident = c.resident() as u64;
             s.checksum_memory_bytes = c.bytes() as u64;
             s.checksum_unit_loads = c.counters.loads.load(std::sync::atomic::Ordering::Relaxed);
@@ -212,27 +232,31 @@ impl CacheVolume {
     /// checksums' memory once the cache is in use). None without persistence.
     #[doc(hidden)]
     pub fn fill_checksum_cache(&self) -> Option<usize> {
-        self.engine.checks.cache().map(|c| c.fill_for_footprint())
+        self.engine
+            .admin()
+            .checks
+            .cache()
+            .map(|c| c.fill_for_footprint())
     }
 
     /// Drops from memory the page checksums of every metadata unit whose records hold
     /// them (tests: the next read of their pages takes them from the device).
     #[doc(hidden)]
     pub fn forget_checksums(&self) {
-        if let Some(c) = self.engine.checks.cache() {
+        if let Some(c) = self.engine.admin().checks.cache() {
             c.evict_clean();
         }
     }
 
     /// True once the cache disabled itself after device errors.
     pub fn is_passthrough(&self) -> bool {
-        self.engine.health.passthrough()
+        self.engine.admin().health.passthrough()
     }
 
     /// The cache device's errors so far (those counted towards the error limit), and the
     /// last with its time.
     pub fn cache_errors(&self) -> (u64, Option<(std::time::SystemTime, String)>) {
-        self.engine.health.last_error()
+        self.engine.admin().health.last_error()
     }
 
     /// Runs one metadata flush round now (tests); returns the metadata errors it met.
@@ -243,7 +267,7 @@ impl CacheVolume {
     /// The core's configuration (the volume's; each shard's is derived from it), as last
     /// retuned.
     pub fn config(&self) -> CoreConfig {
-        self.engine.config.lock().clone()
+        self.engine.admin().config.lock().clone()
     }
 
     /// Runs population on the calling thread until nothing more is picked or `max` jobs ran,
@@ -259,7 +283,7 @@ impl CacheVolume {
 
     /// Waits until no AWT copy is in flight (for tests and orderly shutdown).
     pub fn quiesce(&self) {
-        let cores = &self.engine.cores;
+        let cores = &self.engine.admin().cores;
         while cores.sum(|c| {
             let (w, p) = c.operations_in_flight();
             w + p
@@ -273,7 +297,7 @@ impl CacheVolume {
     /// device cleanly shut down. Returns true if the device was left clean (false without
     /// persistence, or after errors). Idempotent; dropping the volume calls it.
     pub fn shutdown(&self) -> bool {
-        let e = &self.engine;
+        let e = self.engine.admin();
         e.signals.stop();
         if let WritePath::Through(t) = &self.path {
             // Closing the queue lets the AWT writers finish what is queued, then exit.
@@ -297,7 +321,7 @@ impl CacheVolume {
             return false;
         }
         self.quiesce();
-        e.close_store()
+        self.engine.close_store()
     }
 }
 

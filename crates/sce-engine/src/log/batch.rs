@@ -16,7 +16,7 @@
 
 use super::prefetch::Prefetched;
 use super::LogBack;
-use crate::engine::Engine;
+use super::LogIo;
 use crate::through::Payload;
 use sce_core::PAGE_SIZE;
 use sce_io::{AlignedBuf, IoError};
@@ -79,7 +79,7 @@ impl LogBack {
     /// written stays dirty.
     pub(super) fn clean_batch(
         &self,
-        e: &Engine,
+        e: &LogIo<'_>,
         focus: Option<(u64, u64)>,
         stop: &(dyn Fn() -> bool + Sync),
     ) -> Batch {
@@ -172,7 +172,7 @@ impl LogBack {
     /// at a time, 4 KiB runs over a 2 ms source drain 2 MB/s).
     fn write_runs(
         &self,
-        e: &Engine,
+        e: &LogIo<'_>,
         pre: &Prefetched,
         runs: &[(u64, u64)],
         depth: usize,
@@ -204,7 +204,7 @@ impl LogBack {
     /// the source through the write-through path, holding them in `source_order`; notes in
     /// `out` what was written and what failed. A damaged copy is lost there and then, and
     /// the rest of the run goes on.
-    fn clean_run(&self, e: &Engine, pre: &Prefetched, g0: u64, n: u64, out: &mut RunOut) {
+    fn clean_run(&self, e: &LogIo<'_>, pre: &Prefetched, g0: u64, n: u64, out: &mut RunOut) {
         let ps = PAGE_SIZE;
         let _o = self.source_order.lock(g0 * ps, (g0 + n) * ps, true);
         // The newest versions now, read under `source_order`: a write that went through to
@@ -228,7 +228,7 @@ impl LogBack {
                         break;
                     }
                     Err(Unread::Io(err)) => {
-                        e.cache_read_failed(&err);
+                        e.faults.cache_read_failed(&err);
                         out.failed.push(g);
                         out.error = Some(format!("reading the write-back log failed: {err}"));
                         break;
@@ -250,7 +250,7 @@ impl LogBack {
     /// Writes consecutive pages `pages` ((page, version's position), `bytes` their bytes) to
     /// the source through the write-through path, cut at the volume's end. If the source
     /// refuses, the run is split (`split`) down to the page that fails.
-    fn write_source(&self, e: &Engine, pages: &[(u64, u64)], bytes: &[u8], out: &mut RunOut) {
+    fn write_source(&self, e: &LogIo<'_>, pages: &[(u64, u64)], bytes: &[u8], out: &mut RunOut) {
         match self.write_run(e, pages, bytes) {
             Ok(()) => out.cleaned.extend_from_slice(pages),
             Err(err) => self.split(e, pages, bytes, err, out),
@@ -260,7 +260,14 @@ impl LogBack {
     /// A run the source refused (`err`): each half written on its own; a half that fails
     /// is split again, so one bad block is found in a few writes. If both halves fail, the
     /// source itself is failing here and splitting stops: every page is noted failed.
-    fn split(&self, e: &Engine, pages: &[(u64, u64)], bytes: &[u8], err: String, out: &mut RunOut) {
+    fn split(
+        &self,
+        e: &LogIo<'_>,
+        pages: &[(u64, u64)],
+        bytes: &[u8],
+        err: String,
+        out: &mut RunOut,
+    ) {
         if pages.len() == 1 {
             out.failed.push(pages[0].0);
             out.error = Some(err);
@@ -289,11 +296,14 @@ impl LogBack {
 
     /// One source write of consecutive pages `pages` (their `bytes`), cut at the volume's
     /// end.
-    fn write_run(&self, e: &Engine, pages: &[(u64, u64)], bytes: &[u8]) -> Result<(), String> {
+    fn write_run(&self, e: &LogIo<'_>, pages: &[(u64, u64)], bytes: &[u8]) -> Result<(), String> {
         let first = pages[0].0;
         let len = self.bytes_within(first, pages.len() as u64) as usize;
         let at = first * PAGE_SIZE;
-        match (self.through).write(e, at, Payload::Borrowed(&bytes[..len])) {
+        match self
+            .through
+            .write(&e.writer, at, Payload::Borrowed(&bytes[..len]))
+        {
             Ok(()) => {
                 self.source_writes.fetch_add(1, Relaxed);
                 Ok(())

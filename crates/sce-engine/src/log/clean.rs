@@ -9,12 +9,12 @@
 use super::commit::AUTOCOMMIT;
 use super::outage;
 use super::LogBack;
-use crate::engine::Engine;
+use super::LogIo;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 /// The cleaner thread.
-pub(super) fn cleaner(e: &Engine, lb: &LogBack) {
+pub(super) fn cleaner(e: &LogIo<'_>, lb: &LogBack) {
     let mut backoff = Duration::ZERO;
     let mut last_commit = Instant::now();
     let mut priority = Priority::new();
@@ -140,7 +140,7 @@ impl Priority {
 /// still sealing and committing at least every [`AUTOCOMMIT`]: an outage of the source must
 /// not stretch what a crash may take back, nor the rate's pause a seal.
 fn hold_while(
-    e: &Engine,
+    e: &LogIo<'_>,
     lb: &LogBack,
     d: Duration,
     last_commit: &mut Instant,
@@ -158,7 +158,7 @@ fn hold_while(
 }
 
 /// [`hold_while`] the whole of `d`.
-fn hold(e: &Engine, lb: &LogBack, d: Duration, last_commit: &mut Instant) {
+fn hold(e: &LogIo<'_>, lb: &LogBack, d: Duration, last_commit: &mut Instant) {
     hold_while(e, lb, d, last_commit, || false)
 }
 
@@ -178,7 +178,7 @@ fn commit_duties(lb: &LogBack, last_commit: &mut Instant) {
 impl LogBack {
     /// Sleeps up to `d`, or until a writer or `flush --to-source` wants the cleaner, or the
     /// volume shuts down (looked at every 50 ms).
-    fn nap(&self, e: &Engine, d: Duration) {
+    fn nap(&self, e: &LogIo<'_>, d: Duration) {
         let until = Instant::now() + d;
         let mut w = self.wanted.lock();
         while !*w && !e.signals.shutting_down() {
@@ -219,7 +219,7 @@ impl LogBack {
     }
 
     /// True if the cleaner should clean now.
-    fn wants_cleaning(&self, e: &Engine) -> bool {
+    fn wants_cleaning(&self, e: &LogIo<'_>) -> bool {
         let st = self.st.lock();
         let short = self.waiting.load(Relaxed) > 0 || self.past_high(&st.w);
         if st.index.is_empty() {

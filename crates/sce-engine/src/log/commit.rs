@@ -6,7 +6,7 @@
 //! tail (a superblock write, flushed): only then may the ring reuse the blocks before it.
 
 use super::LogBack;
-use crate::engine::Engine;
+use super::LogIo;
 use sce_io::IoError;
 use sce_store::wblog::PreparedCommit;
 use std::sync::atomic::Ordering::Relaxed;
@@ -34,7 +34,7 @@ pub(super) enum Try {
 impl LogBack {
     /// A client's FLUSH: every write acknowledged before it durable on the cache device,
     /// and on the source for those a drain sent through to it.
-    pub(crate) fn flush(&self, e: &Engine) -> Result<(), IoError> {
+    pub(crate) fn flush(&self, e: &LogIo<'_>) -> Result<(), IoError> {
         // Writes through are counted once they completed: those counted now are covered
         // by a source flush started after this point, this one's or another FLUSH's that
         // completed with them counted.
@@ -45,7 +45,7 @@ impl LogBack {
     /// Commits every write completed so far, waiting for room if the ring is full (up to
     /// the wait limit; not past a shutdown, or the cache device failing: nothing would
     /// make room then).
-    pub(crate) fn commit(&self, e: &Engine) -> Result<(), IoError> {
+    pub(crate) fn commit(&self, e: &LogIo<'_>) -> Result<(), IoError> {
         let mark = self.st.lock().written;
         let started = std::time::Instant::now();
         loop {

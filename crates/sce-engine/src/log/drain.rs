@@ -25,7 +25,7 @@
 //! source was flushed); partial pages at its edges are written as zeroes.
 
 use super::LogBack;
-use crate::engine::Engine;
+use super::LogIo;
 use crate::through::Payload;
 use sce_core::PAGE_SIZE;
 use sce_io::{AlignedBuf, IoError};
@@ -90,7 +90,7 @@ impl LogBack {
     /// Lost pages stay lost (their bytes are gone): the caller sees them in the result.
     pub(crate) fn drain(
         &self,
-        e: &Engine,
+        e: &LogIo<'_>,
         (g0, g1): (u64, u64),
         ctl: &DrainControl<'_>,
     ) -> Result<DrainDone, IoError> {
@@ -198,7 +198,7 @@ impl LogBack {
     /// log's versions of its pages durably before it is acknowledged.
     pub(super) fn write_through(
         &self,
-        e: &Engine,
+        e: &LogIo<'_>,
         offset: u64,
         data: &[u8],
     ) -> Result<(), IoError> {
@@ -208,7 +208,8 @@ impl LogBack {
         let (g0, g1) = (a0 / ps, a1 / ps);
         let _g = self.ranges.lock(a0, a1, true);
         if !self.held_in(g0, g1) {
-            self.through.write(e, offset, Payload::Borrowed(data))?;
+            self.through
+                .write(&e.writer, offset, Payload::Borrowed(data))?;
             // Counted once it completed, not before: a FLUSH that counted it while it was
             // still on its way would flush the source ahead of it.
             self.through_writes.completed();
@@ -218,7 +219,8 @@ impl LogBack {
         let len = self.bytes_within(g0, g1 - g0) as usize;
         {
             let _o = self.source_order.lock(a0, a1, true);
-            self.through.write(e, a0, Payload::Borrowed(&b[..len]))?;
+            self.through
+                .write(&e.writer, a0, Payload::Borrowed(&b[..len]))?;
             e.dev.flush_source()?;
             self.supersede(g0, g1, true);
         }
@@ -228,7 +230,7 @@ impl LogBack {
     /// A client's discard (a range the caller checked): whole pages reach the source as a
     /// discard and the log's versions of them are superseded; the bytes of partial pages at
     /// its edges are written as zeroes.
-    pub(crate) fn discard(&self, e: &Engine, offset: u64, len: u64) -> Result<(), IoError> {
+    pub(crate) fn discard(&self, e: &LogIo<'_>, offset: u64, len: u64) -> Result<(), IoError> {
         self.last_request.store(e.cores.now().0, Relaxed);
         if e.health.passthrough() {
             return Err(crate::log::cache_failed(offset, len));
@@ -250,7 +252,7 @@ impl LogBack {
         let held = self.held_in(g0, g1);
         {
             let _o = self.source_order.lock(w0, w1, true);
-            self.through.discard(e, w0, w1 - w0)?;
+            self.through.discard(&e.writer, w0, w1 - w0)?;
             if held {
                 e.dev.flush_source()?;
                 self.supersede(g0, g1, true);
@@ -267,7 +269,7 @@ impl LogBack {
     }
 
     /// Writes zeroes over `[offset, offset + len)` (less than a page at a discard's edge).
-    fn zero(&self, e: &Engine, offset: u64, len: u64) -> Result<(), IoError> {
+    fn zero(&self, e: &LogIo<'_>, offset: u64, len: u64) -> Result<(), IoError> {
         let zeros = AlignedBuf::new(len as usize);
         self.write(e, offset, &zeros)
     }

@@ -14,7 +14,7 @@
 //! Lock order: no log lock is held while the core's shards or the superblock are.
 
 use super::LogBack;
-use crate::engine::Engine;
+use super::LogIo;
 use sce_io::IoError;
 use sce_store::wblog::LendStep;
 use std::sync::atomic::Ordering::Relaxed;
@@ -25,7 +25,7 @@ impl LogBack {
     /// write since the anchor may have gone there) are taken out of the read cache.
     /// In another mode than write-back (whose start the log allowed only if it holds no
     /// dirty data) no write uses a chunk: those no replay reads go back first.
-    pub(crate) fn claim_lent(&self, e: &Engine, writeback: bool) -> Result<(), IoError> {
+    pub(crate) fn claim_lent(&self, e: &LogIo<'_>, writeback: bool) -> Result<(), IoError> {
         let mut lent = self.persist.log_info().map_or(0, |i| i.lent);
         if !writeback {
             let needed = {
@@ -48,7 +48,7 @@ impl LogBack {
     /// what it holds with the chunks it uses (or writers wait for room), so that a write
     /// never waits while a chunk is left; stops using one while it would be under a quarter
     /// full without it; and gives back the chunks no replay reads and no write uses.
-    pub(super) fn adjust_lending(&self, e: &Engine) {
+    pub(super) fn adjust_lending(&self, e: &LogIo<'_>) {
         if self.region.lend.chunks == 0 {
             return;
         }
@@ -79,7 +79,7 @@ impl LogBack {
     }
 
     /// Lends chunk number `c` (the c-th lent) and lets writes use it.
-    fn lend_one(&self, e: &Engine, c: u64) -> Result<(), IoError> {
+    fn lend_one(&self, e: &LogIo<'_>, c: u64) -> Result<(), IoError> {
         if c >= self.lent.load(Relaxed) {
             lend_slots(e, self.region.lend.slots_of_lent(c))?;
             self.persist.record_lent(c + 1)?;
@@ -92,7 +92,7 @@ impl LogBack {
     }
 
     /// Gives back the chunks lent beyond what a replay would read.
-    fn give_back(&self, e: &Engine) -> Result<(), IoError> {
+    fn give_back(&self, e: &LogIo<'_>) -> Result<(), IoError> {
         let needed = self.st.lock().w.needed_lent();
         let lent = self.lent.load(Relaxed);
         if needed >= lent {
@@ -111,7 +111,7 @@ impl LogBack {
 /// Takes global slots `slots` out of the read cache for the log: each evicted and lent in
 /// its shard (one pinned by an operation in flight is waited for), then the records that
 /// may still claim them guarded.
-fn lend_slots(e: &Engine, slots: std::ops::Range<u64>) -> Result<(), IoError> {
+fn lend_slots(e: &LogIo<'_>, slots: std::ops::Range<u64>) -> Result<(), IoError> {
     let mut left: Vec<u32> = slots.clone().map(|s| s as u32).collect();
     // A slot an operation pins is waited for a while (its pages no longer hit), then left
     // for the cleaner's next look: the cleaner's other duties never wait on it. Each shard
@@ -142,14 +142,14 @@ fn lend_slots(e: &Engine, slots: std::ops::Range<u64>) -> Result<(), IoError> {
             left.len()
         )));
     }
-    match &e.persist {
+    match e.persist {
         Some(p) => p.guard_lent(slots.start as u32..slots.end as u32),
         None => Ok(()),
     }
 }
 
 /// Gives global slots `slots` back to the read cache (those not lent are left as they are).
-fn give_back_slots(e: &Engine, slots: std::ops::Range<u64>) {
+fn give_back_slots(e: &LogIo<'_>, slots: std::ops::Range<u64>) {
     for g in slots {
         let g = g as u32;
         e.cores.at_slot(g, |core| core.give_back_slot(g));

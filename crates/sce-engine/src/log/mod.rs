@@ -46,11 +46,26 @@ mod tune;
 mod write;
 
 pub use drain::{DrainControl, DrainDone};
+
+/// What the write-back log works with, built per call by `Engine::log_io`: the devices,
+/// the core's shards, health, signals, the store and the counters; the engine's judged
+/// device I/O (`faults`); the read-cache's reader (for pages the log does not hold) and
+/// the write-through path's writer (the cleaner's and a drain's writes to the source).
+pub(crate) struct LogIo<'a> {
+    pub(crate) dev: &'a crate::devices::Devices,
+    pub(crate) cores: &'a crate::cores::Cores,
+    pub(crate) health: &'a crate::health::Health,
+    pub(crate) signals: &'a crate::engine::Signals,
+    pub(crate) persist: Option<&'a crate::persist::Persist>,
+    pub(crate) counters: &'a crate::stats::Counters,
+    pub(crate) faults: &'a dyn crate::engine::DeviceFaults,
+    pub(crate) reader: crate::read::Reader<'a>,
+    pub(crate) writer: crate::through::Writer<'a>,
+}
 pub(crate) use open::open_log;
 pub(crate) use stats::cache_failed;
 pub use stats::WriteBackStats;
 
-use crate::engine::Engine;
 use crate::order::{levels, OrderedMutex};
 use crate::progress::Progress;
 use crate::ranges::RangeLock;
@@ -290,7 +305,7 @@ impl LogBack {
     }
 
     /// The cleaner thread's work (`clean.rs`).
-    pub(crate) fn cleaner(&self, e: &Engine) {
+    pub(crate) fn cleaner(&self, e: &LogIo<'_>) {
         clean::cleaner(e, self)
     }
 }

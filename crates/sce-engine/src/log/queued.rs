@@ -41,7 +41,8 @@ impl Held {
         }
         self.finished = true;
         let bytes = buf.filter(|_| result.is_ok()).unwrap_or(&[]);
-        self.lb.appended(&self.e, self.g0, self.lpos, bytes, result)
+        self.lb
+            .appended(&self.e.log_io(), self.g0, self.lpos, bytes, result)
     }
 }
 
@@ -94,7 +95,7 @@ impl LogBack {
                 return None;
             }
         }
-        self.last_request.store(e.cores.now().0, Relaxed);
+        self.last_request.store(e.log_io().cores.now().0, Relaxed);
         self.through.start_read(e, offset, len)
     }
 
@@ -124,7 +125,7 @@ impl LogBack {
             || !len.is_multiple_of(ps)
             || n == 0
             || n > chunk
-            || e.health.passthrough()
+            || e.log_io().health.passthrough()
         {
             return None;
         }
@@ -133,7 +134,7 @@ impl LogBack {
             // blocking path.
             return None;
         }
-        self.last_request.store(e.cores.now().0, Relaxed);
+        self.last_request.store(e.log_io().cores.now().0, Relaxed);
         if !self.ranges.try_take(offset, offset + len) {
             return None;
         }
@@ -165,7 +166,7 @@ impl LogBack {
             let on_done: OnDone = Box::new(move |d: IoDone| {
                 let e = held.e.clone();
                 let result = held.complete(d.result, d.buf.as_deref());
-                e.counters.latencies.write.record_since(t0);
+                e.log_io().counters.latencies.write.record_since(t0);
                 done(IoDone { result, buf: d.buf });
             });
             (op, on_done)

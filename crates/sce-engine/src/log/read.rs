@@ -8,7 +8,7 @@
 
 use super::batch::Unread;
 use super::LogBack;
-use crate::engine::Engine;
+use super::LogIo;
 use sce_core::PAGE_SIZE;
 use sce_io::{AlignedBuf, IoError};
 use sce_store::wblog::Dirty;
@@ -19,7 +19,7 @@ const MAX_RUN: usize = 256;
 
 impl LogBack {
     /// A client's read; true if every byte came from the cache device.
-    pub(crate) fn read(&self, e: &Engine, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
+    pub(crate) fn read(&self, e: &LogIo<'_>, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
         self.last_request.store(e.cores.now().0, Relaxed);
         self.read_locked(e, offset, buf)
     }
@@ -27,7 +27,7 @@ impl LogBack {
     /// `read` (a write merging its edge pages holds them in the range lock).
     pub(super) fn read_locked(
         &self,
-        e: &Engine,
+        e: &LogIo<'_>,
         offset: u64,
         buf: &mut [u8],
     ) -> Result<bool, IoError> {
@@ -51,7 +51,7 @@ impl LogBack {
             }
         };
         if found.is_empty() {
-            return e.reader().read(offset, buf);
+            return e.reader.read(offset, buf);
         }
         // Pages served from the log are hits (`CacheVolume::stats` adds them to the core's),
         // and a request they cover whole is a request hit whole.
@@ -72,14 +72,14 @@ impl LogBack {
             let (lo, hi) = ((first * ps).max(offset), ((last + 1) * ps).min(end));
             if at < lo {
                 let r = (at - offset) as usize..(lo - offset) as usize;
-                hit &= e.reader().read(at, &mut buf[r])?;
+                hit &= e.reader.read(at, &mut buf[r])?;
             }
             hit &= self.read_run(e, &found[k..k + n], (offset, buf), &mut run, &mut page)?;
             at = hi;
             k += n;
         }
         if at < end {
-            hit &= e.reader().read(at, &mut buf[(at - offset) as usize..])?;
+            hit &= e.reader.read(at, &mut buf[(at - offset) as usize..])?;
         }
         Ok(hit)
     }
@@ -91,7 +91,7 @@ impl LogBack {
     /// every page came from the cache device.
     fn read_run(
         &self,
-        e: &Engine,
+        e: &LogIo<'_>,
         run: &[(u64, Dirty)],
         (offset, buf): (u64, &mut [u8]),
         scratch: &mut AlignedBuf,
@@ -108,7 +108,7 @@ impl LogBack {
             Ok(()) => true,
             Err(err) => {
                 // Counted once; each page is then read on its own.
-                e.cache_read_failed(&err);
+                e.faults.cache_read_failed(&err);
                 false
             }
         };
@@ -152,7 +152,7 @@ impl LogBack {
     /// (`found_damaged`), and the read fails. True if it came from the cache device.
     fn read_current(
         &self,
-        e: &Engine,
+        e: &LogIo<'_>,
         p: u64,
         d: Dirty,
         page: &mut AlignedBuf,
@@ -162,7 +162,7 @@ impl LogBack {
             let err = match self.read_checked(d, page) {
                 Ok(()) => return Ok(true),
                 Err(Unread::Io(err)) => {
-                    e.cache_read_failed(&err);
+                    e.faults.cache_read_failed(&err);
                     err
                 }
                 Err(Unread::Damaged) => IoError::Failed(format!(
@@ -188,7 +188,7 @@ impl LogBack {
                 Some(_) => {}
                 None => {
                     let n = PAGE_SIZE.min(e.dev.size - p * PAGE_SIZE) as usize;
-                    return e.reader().read(p * PAGE_SIZE, &mut page[..n]);
+                    return e.reader.read(p * PAGE_SIZE, &mut page[..n]);
                 }
             }
             if matches!(err, IoError::Failed(_)) {

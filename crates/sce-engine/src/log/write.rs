@@ -7,7 +7,7 @@
 //! instead (`drain.rs`).
 
 use super::LogBack;
-use crate::engine::Engine;
+use super::LogIo;
 use sce_core::PAGE_SIZE;
 use sce_io::{AlignedBuf, IoError};
 use sce_store::wblog::{page_crc, Full, LogEntry};
@@ -19,7 +19,7 @@ pub(super) const CHUNK_PAGES: u64 = 64;
 
 impl LogBack {
     /// A client's write (`offset`, `data`: a range the caller checked).
-    pub(crate) fn write(&self, e: &Engine, offset: u64, data: &[u8]) -> Result<(), IoError> {
+    pub(crate) fn write(&self, e: &LogIo<'_>, offset: u64, data: &[u8]) -> Result<(), IoError> {
         self.last_request.store(e.cores.now().0, Relaxed);
         if e.health.passthrough() {
             return Err(crate::log::cache_failed(offset, data.len() as u64));
@@ -61,7 +61,7 @@ impl LogBack {
     /// beyond it.
     pub(super) fn merged(
         &self,
-        e: &Engine,
+        e: &LogIo<'_>,
         offset: u64,
         data: &[u8],
     ) -> Result<AlignedBuf, IoError> {
@@ -89,7 +89,13 @@ impl LogBack {
 
     /// Appends whole pages `bytes` of global page `g0` on: one device write, then indexed.
     /// False, with nothing written, if a drain of those pages began first.
-    fn append(&self, e: &Engine, g0: u64, bytes: &[u8], started: Instant) -> Result<bool, IoError> {
+    fn append(
+        &self,
+        e: &LogIo<'_>,
+        g0: u64,
+        bytes: &[u8],
+        started: Instant,
+    ) -> Result<bool, IoError> {
         let n = bytes.len() as u64 / PAGE_SIZE;
         let Some(lpos) = self.allocate(e, g0, n, started)? else {
             return Ok(false);
@@ -119,7 +125,7 @@ impl LogBack {
     /// write succeeded, each page's newest version, pending the next commit.
     pub(super) fn appended(
         &self,
-        e: &Engine,
+        e: &LogIo<'_>,
         g0: u64,
         lpos: u64,
         bytes: &[u8],
@@ -133,7 +139,8 @@ impl LogBack {
         self.st.lock().appended(g0, lpos, ok);
         if let Err(err) = written {
             // The positions stay unused (never committed); the pages keep their versions.
-            e.device_errors(1, &format!("write-back log write failed: {err}"));
+            e.faults
+                .device_errors(1, &format!("write-back log write failed: {err}"));
             return Err(IoError::Failed(format!(
                 "the write-back log could not be written: {err}"
             )));
@@ -151,7 +158,7 @@ impl LogBack {
     /// so a write the drain did not see can no longer enter the log there.
     fn allocate(
         &self,
-        e: &Engine,
+        e: &LogIo<'_>,
         g0: u64,
         n: u64,
         started: Instant,

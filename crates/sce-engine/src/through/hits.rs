@@ -19,12 +19,26 @@ pub(crate) struct HitQueue {
     slow: crossbeam_channel::Sender<SlowJob>,
 }
 
+/// What a hit through the queue works with, built by `Engine::hit_io`.
+pub(crate) struct HitIo<'a> {
+    pub(crate) dev: &'a crate::devices::Devices,
+    pub(crate) cores: &'a crate::cores::Cores,
+    pub(crate) checks: &'a crate::checks::Checks,
+    pub(crate) health: &'a crate::health::Health,
+    pub(crate) persist: Option<&'a crate::persist::Persist>,
+    pub(crate) signals: &'a crate::engine::Signals,
+    pub(crate) counters: &'a crate::stats::Counters,
+    /// log2 of the fragment size.
+    pub(crate) fshift: u32,
+}
+
 impl HitQueue {
     /// Starts the read of `len` bytes at `offset` (a range the caller checked) through the
     /// queue, if it is a hit of whole pages in one slot; `None` for the blocking path.
     /// Planning a read that turns out not to be such a hit leaves no trace (its plan is
     /// dropped before it is logged, its pins released).
-    pub(crate) fn start(&self, e: &Arc<Engine>, offset: u64, len: u64) -> Option<StartedRead> {
+    pub(crate) fn start(&self, engine: &Arc<Engine>, offset: u64, len: u64) -> Option<StartedRead> {
+        let e = engine.hit_io();
         let ps = sce_core::PAGE_SIZE;
         let whole_pages = offset.is_multiple_of(ps)
             && ((offset + len).is_multiple_of(ps) || offset + len == e.dev.size);
@@ -56,9 +70,9 @@ impl HitQueue {
         // After the shared lock is released: applying the log may take the exclusive one.
         e.cores.log_read(k, &read);
         let held = read.hold(e.cores.pins(k).clone());
-        crate::read::preset_intents(e.persist.as_deref(), &e.signals, e.fshift, &held);
+        crate::read::preset_intents(e.persist, e.signals, e.fshift, &held);
         let hit = Hit {
-            e: Counted::new(e),
+            e: Counted::new(engine),
             at: (self.base + c.0, c.0, offset, len),
             want,
             held,
@@ -82,14 +96,23 @@ struct Counted(Arc<Engine>);
 
 impl Counted {
     fn new(e: &Arc<Engine>) -> Counted {
-        e.counters.latencies.in_flight.fetch_add(1, Relaxed);
+        e.hit_io()
+            .counters
+            .latencies
+            .in_flight
+            .fetch_add(1, Relaxed);
         Counted(e.clone())
     }
 }
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        self.0.counters.latencies.in_flight.fetch_sub(1, Relaxed);
+        self.0
+            .hit_io()
+            .counters
+            .latencies
+            .in_flight
+            .fetch_sub(1, Relaxed);
     }
 }
 
@@ -122,7 +145,7 @@ impl Hit {
         let complete: OnDone = Box::new(move |d: IoDone| {
             let buf = d.buf.expect("a read gives its buffer back");
             let (_, _, offset, len) = self.at;
-            let e = &self.e;
+            let e = self.e.hit_io();
             if d.result.is_ok() && e.checks.pages_match(offset, &buf, &self.want) {
                 e.counters.cache_bytes_read.add(len);
                 let lat = &e.counters.latencies;
@@ -160,11 +183,12 @@ impl Hit {
             Err(e) => s.verifier().cache_run_failed(e, offset, len),
         }
         drop(self.held);
-        let r = sce_io::BlockDevice::read_at(&*s.dev.source, offset, &mut buf);
+        let io = s.hit_io();
+        let r = sce_io::BlockDevice::read_at(&*io.dev.source, offset, &mut buf);
         if r.is_ok() {
-            s.counters.source_bytes_read.add(len);
+            io.counters.source_bytes_read.add(len);
         }
-        let lat = &s.counters.latencies;
+        let lat = &io.counters.latencies;
         lat.read_miss.record_since(t0);
         drop(self.e);
         done(IoDone {

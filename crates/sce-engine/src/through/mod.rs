@@ -9,6 +9,7 @@ mod hits;
 mod write;
 
 pub(crate) use awt::{awt_writer, AwtJob, Payload};
+pub(crate) use hits::HitIo;
 pub(crate) use write::Writer;
 
 use crate::engine::Engine;
@@ -33,19 +34,19 @@ impl WriteThrough {
     }
 
     /// A client's write (a range the caller checked).
-    pub(crate) fn write(&self, e: &Engine, offset: u64, data: Payload) -> Result<(), IoError> {
-        e.writer().write(&self.awt, offset, data)
+    pub(crate) fn write(&self, w: &Writer, offset: u64, data: Payload) -> Result<(), IoError> {
+        w.write(&self.awt, offset, data)
     }
 
     /// A client's discard: the cached pages invalidated, the source discarded.
-    pub(crate) fn discard(&self, e: &Engine, offset: u64, len: u64) -> Result<(), IoError> {
-        e.writer().discard(offset, len)
+    pub(crate) fn discard(&self, w: &Writer, offset: u64, len: u64) -> Result<(), IoError> {
+        w.discard(offset, len)
     }
 
     /// Every acknowledged write is on the source, and the cache's records need no flush
     /// here (their ordering is the intents' business).
-    pub(crate) fn flush(&self, e: &Engine) -> Result<(), IoError> {
-        e.dev.flush_source()
+    pub(crate) fn flush(&self, w: &Writer) -> Result<(), IoError> {
+        w.dev.flush_source()
     }
 
     /// Serves whole-page hits through `queue`, the cache device's data area starting at

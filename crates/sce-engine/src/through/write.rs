@@ -8,7 +8,7 @@ use super::awt::{AwtQueue, CopyPiece, Payload};
 use crate::checks::Checks;
 use crate::cores::Cores;
 use crate::devices::Devices;
-use crate::engine::{DeviceFaults, Engine, Signals};
+use crate::engine::{DeviceFaults, Signals};
 use crate::health::Health;
 use crate::persist::{Persist, Ticket};
 use crate::stats::Counters;
@@ -32,33 +32,16 @@ struct WritePiece {
 /// the AWT queue) and completes them. It holds the subsystems it uses; cache writes and
 /// intents are judged through `faults` (the engine). `Engine::writer` builds it.
 pub(crate) struct Writer<'a> {
-    pub(super) dev: &'a Devices,
-    pub(super) cores: &'a Cores,
-    pub(super) checks: &'a Checks,
-    counters: &'a Counters,
-    health: &'a Health,
-    persist: Option<&'a Persist>,
-    signals: &'a Signals,
+    pub(crate) dev: &'a Devices,
+    pub(crate) cores: &'a Cores,
+    pub(crate) checks: &'a Checks,
+    pub(crate) counters: &'a Counters,
+    pub(crate) health: &'a Health,
+    pub(crate) persist: Option<&'a Persist>,
+    pub(crate) signals: &'a Signals,
     /// log2 of the fragment size.
-    fshift: u32,
-    pub(super) faults: &'a dyn DeviceFaults,
-}
-
-impl<'a> Writer<'a> {
-    /// The writer over engine `e`'s subsystems.
-    pub(crate) fn of(e: &'a Engine) -> Self {
-        Writer {
-            dev: &e.dev,
-            cores: &e.cores,
-            checks: &e.checks,
-            counters: &e.counters,
-            health: &e.health,
-            persist: e.persist.as_deref(),
-            signals: &e.signals,
-            fshift: e.fshift,
-            faults: e,
-        }
-    }
+    pub(crate) fshift: u32,
+    pub(crate) faults: &'a dyn DeviceFaults,
 }
 
 impl Writer<'_> {
