@@ -6,7 +6,15 @@ and prints per case the median operations per second of each, their ratio and th
 (min-max). With --cpu, both run pinned to that CPU (taskset): on a 2-CPU machine the
 unpinned runs swing by +-30% with the scheduler, pinned by a few percent.
 
+With --instructions N, it counts instead of timing: each build's bench warms one case and
+makes exactly N, then 2N reads on one thread (`HIT_PATH_READS`, `HIT_PATH_CASE`) under
+valgrind's cachegrind (instructions executed; this machine's VM has no hardware counters
+for `perf stat`); the difference over N is the instructions per hit, which the machine's
+load does not move. The base is built with the working tree's bench file (the
+counting mode is newer than some bases; the file uses only `CacheVolume`'s public API).
+
 Usage: scripts/bench-hit-path-ab.py BASE [--runs N] [--cpu K] [--workdir DIR]
+                                         [--instructions READS]
 """
 import argparse
 import os
@@ -46,11 +54,48 @@ def parse(out):
     return d
 
 
+CASES = ["checksums in memory", "persistent, default units", "persistent, 1 unit",
+         "checksums off"]
+
+
+def instructions(exe, case, reads, pin):
+    """Instructions executed by one counting run of `exe` (cachegrind's I refs)."""
+    env = dict(os.environ, HIT_PATH_READS=str(reads), HIT_PATH_CASE=str(case))
+    out = subprocess.run(pin + ["valgrind", "--tool=cachegrind", "--cache-sim=no",
+                                "--cachegrind-out-file=/dev/null", exe],
+                         env=env, capture_output=True, text=True, check=True)
+    m = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
+    if not m:
+        sys.exit(f"no instruction count in valgrind's output:\n{out.stderr[-2000:]}")
+    return int(m.group(1).replace(",", ""))
+
+
+def count_ab(builds, runs, reads, pin):
+    """Per case, the median instructions per hit of each build, alternated."""
+    print(f"hit path, instructions per 4 KiB hit (1 thread), {runs} runs each, "
+          f"alternated: (count at {2 * reads} reads - count at {reads}) / {reads}")
+    print(f"{'case':<28} {'base':>9} {'head':>9} {'head/base':>9}  spread base | head")
+    for case, name in enumerate(CASES):
+        per = {"base": [], "head": []}
+        for i in range(runs):
+            order = list(builds.items())
+            for who, exe in order if i % 2 == 0 else order[::-1]:
+                one = instructions(exe, case, reads, pin)
+                two = instructions(exe, case, 2 * reads, pin)
+                per[who].append((two - one) / reads)
+        b, h = statistics.median(per["base"]), statistics.median(per["head"])
+        print(f"{name:<28} {b:>9.0f} {h:>9.0f} {h / b:>9.4f}  "
+              f"{min(per['base']):.0f}-{max(per['base']):.0f} | "
+              f"{min(per['head']):.0f}-{max(per['head']):.0f}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("base", help="the commit to compare with")
     ap.add_argument("--runs", type=int, default=7, help="runs of each [7]")
     ap.add_argument("--cpu", type=int, help="pin both to this CPU (taskset)")
+    ap.add_argument("--instructions", type=int, metavar="READS",
+                    help="count instructions per hit over READS reads instead of timing")
     ap.add_argument("--workdir", default="/tmp/sce-hit-path-ab",
                     help="where the base's worktree and target go [/tmp/sce-hit-path-ab]")
     a = ap.parse_args()
@@ -61,9 +106,20 @@ def main():
                        cwd=REPO, check=True, capture_output=True)
     else:
         subprocess.run(["git", "checkout", "-q", "--detach", a.base], cwd=tree, check=True)
+    if a.instructions:
+        bench = os.path.join("crates", "sce-engine", "benches", "hit_path.rs")
+        with open(os.path.join(REPO, bench)) as src, open(os.path.join(tree, bench), "w") as dst:
+            dst.write(src.read())
     base = bench_binary(tree, target)
     head = bench_binary(REPO, os.environ.get("CARGO_TARGET_DIR", os.path.join(REPO, "target")))
     pin = ["taskset", "-c", str(a.cpu)] if a.cpu is not None else []
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                         capture_output=True, text=True).stdout.strip()
+    if a.instructions:
+        print(f"base {a.base}, head {rev} (working tree)")
+        count_ab({"base": base, "head": head}, a.runs, a.instructions, pin)
+        subprocess.run(["git", "checkout", "-q", "--", "."], cwd=tree)
+        return
     res = {"base": {}, "head": {}}
     for i in range(a.runs):
         order = [("base", base), ("head", head)]

@@ -70,13 +70,15 @@ impl std::fmt::Display for Checksums {
     }
 }
 
-fn warm_volume(sums: Checksums) -> Arc<CacheVolume> {
+fn warm_volume(sums: Checksums, quiet: bool) -> Arc<CacheVolume> {
     let source: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 30));
     let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(256 << 20));
     let persist = match sums {
         Checksums::Records(n) => {
             let mut p = PersistConfig::new("bench");
-            p.flush_interval = Duration::from_millis(100);
+            // Counting instructions: no metadata round in the count (a round every 100 ms
+            // would add work in proportion to the wall time, not to the reads).
+            p.flush_interval = Duration::from_millis(if quiet { 3_600_000 } else { 100 });
             p.checksum_units = n;
             Some(p)
         }
@@ -110,7 +112,37 @@ fn warm_volume(sums: Checksums) -> Arc<CacheVolume> {
     vol
 }
 
+/// `HIT_PATH_READS=N HIT_PATH_CASE=K`: warms case K (0-3, the order of `main`'s table) and
+/// makes exactly N reads on this thread, then exits: run under `perf stat -e
+/// instructions:u` at N and 2N, the difference is the instructions of N hits, whatever the
+/// machine's load (`scripts/bench-hit-path-ab.py --instructions`).
+fn counted_reads(kinds: &[Checksums]) -> bool {
+    let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+    let (Some(reads), Some(case)) = (var("HIT_PATH_READS"), var("HIT_PATH_CASE")) else {
+        return false;
+    };
+    let vol = warm_volume(kinds[case as usize % kinds.len()], true);
+    vol.flush_metadata();
+    let mut rng = SmallRng::seed_from_u64(7);
+    let mut buf = AlignedBuf::new(4096);
+    for _ in 0..reads {
+        let off = rng.gen_range(0..WORKING_SET / 4096) * 4096;
+        vol.read_at(off, &mut buf).expect("read");
+    }
+    println!("{reads} reads, case {case}");
+    true
+}
+
 fn main() {
+    let kinds = [
+        Checksums::Memory,
+        Checksums::Records(0),
+        Checksums::Records(1),
+        Checksums::Off,
+    ];
+    if counted_reads(&kinds) {
+        return;
+    }
     // `cargo bench` passes --bench; `cargo test --benches` passes nothing: keep that run short.
     let quick = !std::env::args().any(|a| a == "--bench");
     let dur = if quick {
@@ -122,14 +154,8 @@ fn main() {
     // report the medians.
     let rounds = if quick { 1 } else { 5 };
     let mut results = Vec::new();
-    let kinds = [
-        Checksums::Memory,
-        Checksums::Records(0),
-        Checksums::Records(1),
-        Checksums::Off,
-    ];
     for sums in kinds {
-        let vol = warm_volume(sums);
+        let vol = warm_volume(sums, false);
         // The round after the population: the records hold every checksum.
         vol.flush_metadata();
         let before = vol.stats();

@@ -91,6 +91,7 @@ impl Cores {
     }
 
     /// Runs `f` with shard `k` locked exclusively, seen in global addresses.
+    #[inline]
     pub(crate) fn global<R>(
         &self,
         k: usize,
@@ -100,6 +101,7 @@ impl Cores {
     }
 
     /// Runs `f` with shard `k` locked shared, seen in global addresses.
+    #[inline]
     pub(crate) fn global_read<R>(
         &self,
         k: usize,

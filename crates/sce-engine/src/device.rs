@@ -27,6 +27,7 @@ impl CacheVolume {
     }
 
     /// `read_at` that tells whether every byte came from the cache (a hit).
+    #[inline]
     pub fn read_hit(&self, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
         self.check(Op::Read, offset, buf.len() as u64)?;
         self.path.read(&self.engine, offset, buf)

@@ -207,17 +207,12 @@ impl Engine {
     /// The reader (`read.rs`), over this engine's subsystems.
     pub(crate) fn reader(&self) -> Reader<'_> {
         Reader {
-            dev: &self.dev,
-            cores: &self.cores,
-            checks: &self.checks,
-            counters: &self.counters,
+            verify: self.verifier(),
             health: &self.health,
             persist: self.persist.as_deref(),
             signals: &self.signals,
             source_load: &self.source_load,
             fills: &self.fills,
-            fshift: self.fshift,
-            faults: self,
         }
     }
 

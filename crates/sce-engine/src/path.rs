@@ -99,6 +99,7 @@ fn dirty_as_data(
 
 impl WritePath {
     /// A client's read; true if every byte came from the cache.
+    #[inline]
     pub(crate) fn read(&self, e: &Engine, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
         match self {
             WritePath::Through(_) => e.reader().read(offset, buf),

@@ -12,13 +12,11 @@
 
 use crate::checks::Checks;
 use crate::cores::Cores;
-use crate::devices::Devices;
 use crate::engine::{DeviceFaults, Signals};
 use crate::fills::{FillJob, FillQueue};
 use crate::health::Health;
 use crate::load::SourceLoad;
 use crate::persist::{Persist, Ticket};
-use crate::stats::Counters;
 use crate::verify::Verifier;
 use sce_core::{Piece, PinnedRead, ReadPlan, RunTarget};
 use sce_io::{BlockDevice, IoError, Op};
@@ -55,30 +53,20 @@ type SourceSpan = (u64, u64, u64);
 /// writers. It holds the subsystems it uses; device errors, cache writes and intents are
 /// judged through `faults` (the engine). `Engine::reader` builds it.
 pub(crate) struct Reader<'a> {
-    pub(crate) dev: &'a Devices,
-    pub(crate) cores: &'a Cores,
-    pub(crate) checks: &'a Checks,
-    pub(crate) counters: &'a Counters,
+    /// Its verifier of cached runs, which holds the devices, the shards, the checksums, the
+    /// counters, the fragment size and the engine's judged I/O (`faults`) for both.
+    pub(crate) verify: Verifier<'a>,
     pub(crate) health: &'a Health,
     pub(crate) persist: Option<&'a Persist>,
     pub(crate) signals: &'a Signals,
     pub(crate) source_load: &'a SourceLoad,
     pub(crate) fills: &'a FillQueue,
-    /// log2 of the fragment size.
-    pub(crate) fshift: u32,
-    pub(crate) faults: &'a dyn DeviceFaults,
 }
 
 impl<'a> Reader<'a> {
-    /// The verifier of this reader's cached runs.
-    fn verifier(&self) -> Verifier<'_> {
-        let (dev, cores, checks) = (self.dev, self.cores, self.checks);
-        Verifier::new(dev, cores, checks, self.counters, self.fshift, self.faults)
-    }
-
     /// What its fills are written with.
     fn fill_parts(&self) -> (&Cores, &Checks, &dyn DeviceFaults) {
-        (self.cores, self.checks, self.faults)
+        (self.verify.cores, self.verify.checks, self.verify.faults)
     }
 }
 
@@ -86,7 +74,7 @@ impl Reader<'_> {
     /// Reads `buf.len()` bytes at `offset` (a range the caller checked) through the cache,
     /// timed into the hit or the miss histogram; true if every byte came from the cache.
     pub(crate) fn read(&self, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
-        let lat = &self.counters.latencies;
+        let lat = &self.verify.counters.latencies;
         let _in_flight = crate::stats::InFlight::new(&lat.in_flight);
         let t0 = std::time::Instant::now();
         let r = self.read_timed(offset, buf);
@@ -101,15 +89,15 @@ impl Reader<'_> {
     fn read_timed(&self, offset: u64, buf: &mut [u8]) -> Result<bool, IoError> {
         let len = buf.len() as u64;
         if self.health.passthrough() {
-            let r = self.dev.source.read_at(offset, buf);
+            let r = self.verify.dev.source.read_at(offset, buf);
             if r.is_ok() {
-                self.counters.source_bytes_read.add(len);
+                self.verify.counters.source_bytes_read.add(len);
             }
             return r.map(|_| false);
         }
         PLANS.with(|cell| {
             let mut plans = cell.borrow_mut();
-            let n = self.cores.pieces(offset, len).count();
+            let n = self.verify.cores.pieces(offset, len).count();
             if plans.len() < n {
                 plans.resize_with(n, PlannedRead::default);
             }
@@ -130,7 +118,12 @@ impl Reader<'_> {
     ) -> Result<bool, IoError> {
         let mut tickets = Vec::new();
         let len = buf.len() as u64;
-        let p = self.cores.pieces(offset, len).next().expect("a piece");
+        let p = self
+            .verify
+            .cores
+            .pieces(offset, len)
+            .next()
+            .expect("a piece");
         let PlannedRead { plan, want } = planned;
         let read = self.plan(&p, plan, want, &mut tickets)?;
         let mut piece = PlannedPiece {
@@ -153,7 +146,10 @@ impl Reader<'_> {
             pops,
             result.is_ok(),
         );
-        self.fills.send(self.counters, self.fill_parts(), fills);
+        if !fills.is_empty() {
+            self.fills
+                .send(self.verify.counters, self.fill_parts(), fills);
+        }
         result.map(|_| full)
     }
 
@@ -170,7 +166,7 @@ impl Reader<'_> {
         let mut result = Ok(());
         let mut pieces = Vec::with_capacity(n);
         let mut placed = Vec::with_capacity(n);
-        for (p, planned) in self.cores.pieces(offset, len).zip(plans.iter_mut()) {
+        for (p, planned) in self.verify.cores.pieces(offset, len).zip(plans.iter_mut()) {
             let PlannedRead { plan, want } = planned;
             match self.plan(&p, plan, want, &mut tickets) {
                 Ok(read) => {
@@ -194,7 +190,9 @@ impl Reader<'_> {
             result = self.read_runs(offset, buf, &planned);
         }
         let full = pieces.iter().filter(|x| x.read.full_hit).count() as u64;
-        self.counters.split_request(true, pieces.len() as u64, full);
+        self.verify
+            .counters
+            .split_request(true, pieces.len() as u64, full);
         let all_hit = full == pieces.len() as u64 && pieces.len() == n;
         // Every piece's fills in one job, behind the intents of all (one wait).
         let mut fills = FillJob::new(tickets);
@@ -210,7 +208,10 @@ impl Reader<'_> {
                 result.is_ok(),
             );
         }
-        self.fills.send(self.counters, self.fill_parts(), fills);
+        if !fills.is_empty() {
+            self.fills
+                .send(self.verify.counters, self.fill_parts(), fills);
+        }
         result.map(|_| all_hit)
     }
 
@@ -226,34 +227,37 @@ impl Reader<'_> {
         want: &mut Vec<u32>,
         tickets: &mut Vec<Ticket>,
     ) -> Result<PinnedRead<'p>, IoError> {
-        let err = |e| self.dev.refused(Op::Read, e, p.offset, p.len);
+        let err = |e| self.verify.dev.refused(Op::Read, e, p.offset, p.len);
         let mut missing = None;
         let mut read = self
+            .verify
             .cores
             .plan_read(p, plan, |read| {
-                missing = self.checks.expected(read, want).err();
+                missing = self.verify.checks.expected(read, want).err();
             })
             .map_err(err)?;
         // Checksums not in memory: read with no lock held (the plan's pins keep its slots).
         let mut units = Vec::new();
         self.expected_unlocked(&read, want, missing, &mut units);
         if !read.needs_commit() {
-            self.cores.log_read(p.shard, &read);
+            self.verify.cores.log_read(p.shard, &read);
             return Ok(read);
         }
         // An inline fill is wanted (admission `always`, or a miss fill): redo it exclusively.
-        self.cores
+        self.verify
+            .cores
             .commit_read(p.shard, &mut read, |read, _| {
-                missing = self.checks.expected(read, want).err();
+                missing = self.verify.checks.expected(read, want).err();
             })
             .map_err(err)?;
         self.expected_unlocked(&read, want, missing, &mut units);
         if let Some(persist) = self.persist {
             // Inline fills go to freshly allocated slots: guard them as populations.
             for f in &read.fills {
-                let slot = (f.cache.0 >> self.fshift) as u32;
+                let slot = (f.cache.0 >> self.verify.fshift) as u32;
                 let src = p.offset + f.buf_offset;
-                let frag = crate::persist::Persist::fill_fragment(src, f.cache.0, 1 << self.fshift);
+                let frag =
+                    crate::persist::Persist::fill_fragment(src, f.cache.0, 1 << self.verify.fshift);
                 tickets.extend(persist.guard_slot(slot, frag));
             }
         }
@@ -274,17 +278,17 @@ impl Reader<'_> {
         units: &mut Vec<crate::crcs::UnitPin<'c>>,
     ) {
         while let Some(u) = missing {
-            match self.checks.pin(u) {
+            match self.verify.checks.pin(u) {
                 Ok(pin) => units.extend(pin),
                 // The source has every page the core holds: those of this unit are read
                 // from it (their checksums unknown, they fail verification).
                 Err(e) => {
-                    self.faults.cache_read_failed(&e);
-                    self.checks.expected_or_unknown(read, want);
+                    self.verify.faults.cache_read_failed(&e);
+                    self.verify.checks.expected_or_unknown(read, want);
                     return;
                 }
             }
-            missing = self.checks.expected(read, want).err();
+            missing = self.verify.checks.expected(read, want).err();
         }
     }
 
@@ -305,6 +309,7 @@ impl Reader<'_> {
             let (so, at, len) = span;
             let t0 = std::time::Instant::now();
             match self
+                .verify
                 .dev
                 .source
                 .read_at(so, &mut buf[at as usize..(at + len) as usize])
@@ -316,7 +321,7 @@ impl Reader<'_> {
                 Err(e) => result = Err(e),
             }
         };
-        let verifier = self.verifier();
+        let verifier = &self.verify;
         for piece in pieces {
             let mut w = 0;
             for run in &piece.read.runs {
@@ -351,10 +356,10 @@ impl Reader<'_> {
         }
         // Shared counters: a hit leaves the source's alone (no write to a shared line).
         if from_source > 0 {
-            self.counters.source_bytes_read.add(from_source);
+            self.verify.counters.source_bytes_read.add(from_source);
         }
         if from_cache > 0 {
-            self.counters.cache_bytes_read.add(from_cache);
+            self.verify.counters.cache_bytes_read.add(from_cache);
         }
         result
     }
@@ -362,7 +367,7 @@ impl Reader<'_> {
     /// Sets ahead of need the intents of recently written slots that this read hits, and
     /// wakes the intent writer if any was set (see `Persist::preset`).
     pub(crate) fn preset_intents(&self, plan: &ReadPlan) {
-        preset_intents(self.persist, self.signals, self.fshift, plan);
+        preset_intents(self.persist, self.signals, self.verify.fshift, plan);
     }
 }
 

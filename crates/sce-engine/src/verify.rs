@@ -18,13 +18,13 @@ use std::sync::atomic::Ordering::Relaxed;
 
 /// Reads of cached data, verified against their checksums.
 pub(crate) struct Verifier<'a> {
-    dev: &'a Devices,
-    cores: &'a Cores,
-    checks: &'a Checks,
-    counters: &'a Counters,
+    pub(crate) dev: &'a Devices,
+    pub(crate) cores: &'a Cores,
+    pub(crate) checks: &'a Checks,
+    pub(crate) counters: &'a Counters,
     /// log2 of the fragment size.
-    fshift: u32,
-    faults: &'a dyn DeviceFaults,
+    pub(crate) fshift: u32,
+    pub(crate) faults: &'a dyn DeviceFaults,
 }
 
 impl<'a> Verifier<'a> {
