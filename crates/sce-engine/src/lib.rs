@@ -18,7 +18,7 @@ mod health;
 mod load;
 mod log;
 mod open;
-pub mod order;
+pub use sce_io::order;
 pub mod parts;
 mod path;
 pub mod persist;

@@ -15,8 +15,10 @@
 //!   tear, misdirect), the one added first applies.
 
 use crate::error::{check_range, IoError, Op};
+use crate::order::{levels, OrderedMutex};
 use crate::BlockDevice;
-use parking_lot::Mutex;
+/// This file's locks are a device's own (`order.rs`).
+type Mutex<T> = OrderedMutex<levels::Device, T>;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;

@@ -3,8 +3,11 @@
 //! (more wait in a queue), and optionally a link of limited bandwidth shared by all I/O.
 
 use crate::error::IoError;
+use crate::order::{levels, OrderedMutex};
 use crate::BlockDevice;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Condvar;
+/// This file's locks are a device's own (`order.rs`).
+type Mutex<T> = OrderedMutex<levels::Device, T>;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
@@ -148,7 +151,7 @@ impl<D: BlockDevice> LatencyDevice<D> {
     fn acquire_slot(&self) -> Slot<'_> {
         let mut n = self.in_flight.lock();
         while *n >= self.cfg.max_in_flight.max(1) {
-            self.slot_free.wait(&mut n);
+            n.wait(&self.slot_free);
         }
         *n += 1;
         Slot {

@@ -41,6 +41,7 @@ pub mod fault;
 pub mod file;
 pub mod latency;
 pub mod mem;
+pub mod order;
 pub mod outage;
 pub mod pool;
 pub mod powercut;

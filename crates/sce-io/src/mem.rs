@@ -3,8 +3,10 @@
 //! costs a few MiB of lock array until it is written; discarding a whole chunk frees it.
 
 use crate::error::{check_range, IoError, Op};
+use crate::order::{levels, OrderedRwLock};
 use crate::BlockDevice;
-use parking_lot::RwLock;
+/// This file's locks are a device's own (`order.rs`).
+type RwLock<T> = OrderedRwLock<levels::Device, T>;
 
 const CHUNK_SHIFT: u32 = 20;
 const CHUNK: u64 = 1 << CHUNK_SHIFT;

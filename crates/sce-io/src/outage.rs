@@ -5,7 +5,9 @@
 //! device's error log (`sce-engine/src/health.rs`). [`OutageLog`]'s lock is a leaf: nothing
 //! is taken while it is held, and nothing is logged under it.
 
-use parking_lot::Mutex;
+use crate::order::{levels, OrderedMutex};
+/// This file's locks are a device's own (`order.rs`).
+type Mutex<T> = OrderedMutex<levels::Device, T>;
 use std::time::{Duration, Instant};
 
 /// At most one summary line of an outage's failures per this interval.

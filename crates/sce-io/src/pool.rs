@@ -7,7 +7,9 @@
 //! not what must start as zeroes (use [`AlignedBuf::new`] for that).
 
 use crate::buf::AlignedBuf;
-use parking_lot::Mutex;
+use crate::order::{levels, OrderedMutex};
+/// This file's locks are a device's own (`order.rs`).
+type Mutex<T> = OrderedMutex<levels::Device, T>;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;

@@ -12,8 +12,10 @@
 //! Several devices share one [`Power`]: a cut takes them all at the same instant, as a host
 //! that loses power takes its cache device and the volatile cache of a disk array with it.
 
+use crate::order::{levels, OrderedMutex};
 use crate::{check_range, BlockDevice, IoError, Op};
-use parking_lot::Mutex;
+/// This file's locks are a device's own (`order.rs`).
+type Mutex<T> = OrderedMutex<levels::Device, T>;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 
@@ -88,7 +90,7 @@ struct State {
 /// A device with a volatile write cache on a [`Power`] that may be cut (see the module's
 /// doc).
 pub struct PowerCutDevice {
-    st: Mutex<State>,
+    st: OrderedMutex<levels::PowerCut, State>,
     power: Arc<Power>,
     size: u64,
     lbs: u32,
@@ -125,7 +127,7 @@ impl PowerCutDevice {
         assert!(image.len().is_multiple_of(lbs as usize) && grain > 0);
         let d = Arc::new(PowerCutDevice {
             size: image.len() as u64,
-            st: Mutex::new(State {
+            st: OrderedMutex::new(State {
                 current: image.clone(),
                 durable: image,
                 pending: Vec::new(),

@@ -8,10 +8,12 @@
 //! Only the device's own failures count (`IoError::is_media_error`, or no room): a request
 //! refused for its range or alignment is the caller's, and a shutdown is not an outage.
 
+use crate::order::{levels, OrderedMutex};
 use crate::outage::{OutageLine, OutageLog, SUMMARY_EVERY};
 use crate::queue::{IoDone, IoOp, IoQueue, OnDone};
 use crate::{BlockDevice, Extent, IoError, Op, SharedBytes};
-use parking_lot::Mutex;
+/// This file's locks are a device's own (`order.rs`).
+type Mutex<T> = OrderedMutex<levels::Device, T>;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Instant, SystemTime};
 

@@ -12,7 +12,10 @@
 use crate::conn::{bad, connect, Conn};
 use crate::proto::{self, errno};
 use crate::uri::NbdUri;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Condvar;
+use sce_io::order::{levels, OrderedMutex};
+/// This file's locks, unless named otherwise (`sce_io::order`).
+type Mutex<T> = OrderedMutex<levels::Device, T>;
 use sce_io::{check_range, BlockDevice, IoError, Op};
 use std::io;
 use std::path::PathBuf;
@@ -247,7 +250,7 @@ impl NbdClient {
                     ),
                 ));
             }
-            if self.room.wait_until(&mut p, deadline).timed_out() {
+            if p.wait_until(&self.room, deadline).timed_out() {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "timed out waiting for room on a connection to the source",

@@ -10,7 +10,10 @@
 
 use crate::proto::{self, Request};
 use crate::uri::NbdUri;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Condvar;
+use sce_io::order::{levels, OrderedMutex};
+/// This file's locks, unless named otherwise (`sce_io::order`).
+type Mutex<T> = OrderedMutex<levels::Device, T>;
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -272,7 +275,7 @@ struct Waiter {
 /// channel's receive does first) take a small host's processors from everything else.
 #[derive(Default)]
 struct ReplySlot {
-    reply: Mutex<Option<Reply>>,
+    reply: OrderedMutex<levels::DeviceLeaf, Option<Reply>>,
     filled: Condvar,
 }
 
@@ -286,7 +289,7 @@ impl ReplySlot {
     fn recv_deadline(&self, deadline: Instant) -> Option<Reply> {
         let mut r = self.reply.lock();
         while r.is_none() {
-            if self.filled.wait_until(&mut r, deadline).timed_out() {
+            if r.wait_until(&self.filled, deadline).timed_out() {
                 break;
             }
         }
@@ -301,7 +304,7 @@ impl ReplySlot {
             if let Some(x) = r.take() {
                 return x;
             }
-            self.filled.wait(&mut r);
+            r.wait(&self.filled);
         }
     }
 }
@@ -313,7 +316,7 @@ struct Shared {
     /// Set once, when the connection breaks; no request is registered after that.
     broken: AtomicBool,
     /// Why it broke, for the requests that arrive afterwards.
-    why: Mutex<String>,
+    why: OrderedMutex<levels::DeviceLeaf, String>,
     /// A handle on the socket, to shut it down (which also stops the reader thread).
     shut: Stream,
 }
@@ -352,7 +355,7 @@ impl Conn {
         let shared = Arc::new(Shared {
             pending: Mutex::new(HashMap::new()),
             broken: AtomicBool::new(false),
-            why: Mutex::new(String::new()),
+            why: OrderedMutex::new(String::new()),
             shut: stream.try_clone()?,
         });
         rd.set_read_timeout(None)?;

@@ -2,8 +2,11 @@
 //! calls. Works for any [`BlockDevice`].
 
 use super::{precheck, run_blocking, Backend, IoOp, IoQueue, OnDone};
+use crate::order::{levels, OrderedMutex};
 use crate::BlockDevice;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Condvar;
+/// This file's locks are a device's own (`order.rs`).
+type Mutex<T> = OrderedMutex<levels::Device, T>;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -65,7 +68,7 @@ fn run<D: BlockDevice + ?Sized>(inner: &Inner<D>) {
                 if jobs.closing {
                     break None;
                 }
-                inner.ready.wait(&mut jobs);
+                jobs.wait(&inner.ready);
             }
         };
         let Some((op, done)) = next else { return };

@@ -16,9 +16,11 @@
 //! deadlock against the completion thread it runs on.
 
 use super::{precheck, run_blocking, Backend, IoDone, IoOp, IoQueue, OnDone};
+use crate::order::{levels, OrderedMutex};
 use crate::{BlockDevice, FileDevice, IoError, Op};
 use io_uring::{opcode, types, IoUring};
-use parking_lot::Mutex;
+/// This file's locks are a device's own (`order.rs`).
+type Mutex<T> = OrderedMutex<levels::Device, T>;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};

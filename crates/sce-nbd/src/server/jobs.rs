@@ -5,7 +5,10 @@
 //! closing wakes all, and they leave once the queue is empty.
 
 use super::transmission::Job;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Condvar;
+use sce_io::order::{levels, OrderedMutex};
+/// This file's locks, unless named otherwise (`sce_io::order`).
+type Mutex<T> = OrderedMutex<levels::Leaf, T>;
 use std::collections::VecDeque;
 
 /// Jobs for the worker pool.
@@ -38,7 +41,7 @@ impl JobQueue {
             if st.1 {
                 return None;
             }
-            self.ready.wait(&mut st);
+            st.wait(&self.ready);
         }
     }
 

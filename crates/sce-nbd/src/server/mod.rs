@@ -98,7 +98,10 @@ use worker::work;
 
 use crate::proto::{self, errno, ProtoError, Request};
 use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Condvar;
+use sce_io::order::{levels, OrderedMutex};
+/// This file's locks, unless named otherwise (`sce_io::order`).
+type Mutex<T> = OrderedMutex<levels::Leaf, T>;
 use sce_io::{AlignedBuf, BlockDevice, BufPool, IoError, PooledBuf};
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};

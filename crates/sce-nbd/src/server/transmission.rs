@@ -45,7 +45,7 @@ impl Ticket {
                 return Some(t);
             }
             // Timed, so that a connection dying or a shutdown is noticed without a signal.
-            shared.freed.wait_for(&mut used, SLICE);
+            used.wait_for(&shared.freed, SLICE);
         }
     }
 
@@ -223,7 +223,7 @@ pub(super) struct Session {
     pub(super) byte_granular: bool,
     /// The writer thread's queue, once a reply could not go out at once (the thread starts
     /// then: most connections never need one; see `send.rs`). A leaf lock.
-    pub(super) writer: Mutex<Option<Sender<ToWriter>>>,
+    pub(super) writer: OrderedMutex<levels::NbdConn, Option<Sender<ToWriter>>>,
     /// The writer thread, for the reader to join at the end.
     pub(super) writer_thread: Arc<Mutex<Option<JoinHandle<()>>>>,
     pub(super) shared: Arc<Shared>,
@@ -235,7 +235,7 @@ pub(super) struct Session {
 /// The write half of a connection, and the rest of a reply that went out only in part. Its
 /// lock is taken by a worker only with `try_lock` and only for a non-blocking send; the
 /// writer thread takes it for blocking writes (bounded by `reply_timeout`).
-pub(super) type Out = Mutex<OutState>;
+pub(super) type Out = OrderedMutex<levels::NbdConn, OutState>;
 
 pub(super) struct OutState {
     pub(super) sock: Box<dyn WriteHalf>,
@@ -344,7 +344,7 @@ impl Server {
     ) -> Result<(), ConnError> {
         let wr = rd.try_clone_conn()?;
         wr.set_write_timeout_conn(Some(SLICE))?;
-        let out: Arc<Out> = Arc::new(Mutex::new(OutState {
+        let out: Arc<Out> = Arc::new(OrderedMutex::new(OutState {
             sock: Box::new(wr),
             tail: None,
         }));
@@ -355,7 +355,7 @@ impl Server {
             structured: negotiated.structured,
             block_status: negotiated.block_status,
             byte_granular: !negotiated.block_sizes,
-            writer: Mutex::new(None),
+            writer: OrderedMutex::new(None),
             writer_thread: writer_thread.clone(),
             shared: self.shared.clone(),
             out: out.clone(),
@@ -390,7 +390,7 @@ impl Server {
                 state.break_off(&*out.lock().sock);
                 return false;
             }
-            self.shared.freed.wait_for(&mut used, SLICE);
+            used.wait_for(&self.shared.freed, SLICE);
         }
         true
     }

@@ -20,7 +20,8 @@ use super::transmission::Session;
 use super::*;
 
 /// Serializes the read-modify-writes of unaligned writes.
-static RMW: Mutex<()> = Mutex::new(());
+static RMW: sce_io::order::OrderedMutex<sce_io::order::levels::NbdRmw, ()> =
+    sce_io::order::OrderedMutex::new(());
 
 /// Zeroes written per device call by an unaligned write-zeroes.
 const ZERO_CHUNK: u64 = 1 << 20;

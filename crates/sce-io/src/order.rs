@@ -49,6 +49,9 @@ pub mod levels {
     use super::Level;
 
     levels! {
+        /// The NBD server's read-modify-write of unaligned writes (sce-nbd): held across the
+        /// export's reads and writes, so outside every lock of the volume behind it.
+        NbdRmw = 0;
         /// `Attachable::ops` (sce-server): one detach, attach or set at a time.
         AttachOps = 1;
         /// `Attachable::gate` (sce-server): every request to a cached export, shared.
@@ -78,10 +81,25 @@ pub mod levels {
         /// `Attachable::draining`, `kept` and `carried` (sce-server): the volumes an
         /// export closed or is closing, and their counters, taken under the gate.
         AttachVolumes = 14;
-        /// A leaf: nothing is taken while one is held.
-        Leaf = 15;
+        /// An NBD connection's writer slot and its socket's output (`Session::writer`,
+        /// `Out`, sce-nbd): the writer thread's handle is stored under the one, and a reply
+        /// written under the other releases its ticket (the server's byte budget).
+        NbdConn = 15;
+        /// A leaf of the volume: nothing of the volume is taken while one is held (a
+        /// device's own locks may be, by I/O under it).
+        Leaf = 16;
         /// A read-log shard of a core shard (a leaf; the shards are taken in index order).
-        LogShard = 15, many;
+        LogShard = 16, many;
+        /// A device's own locks (sce-io's devices and queues, the NBD client's connection
+        /// pool, requests in flight and socket writer): taken under any lock of a volume,
+        /// which does I/O under its locks; a device calls nothing back while it holds one
+        /// (completions run with no lock of the queue held).
+        Device = 17;
+        /// The power-cut model's devices (sce-io, tests): a cut takes all of them at once.
+        PowerCut = 17, many;
+        /// What a device takes under its own lock (the NBD client's reply slots and the
+        /// reason its connection broke, under the map of requests in flight).
+        DeviceLeaf = 18;
     }
 }
 
@@ -151,6 +169,20 @@ pub struct OrderedMutex<L: Level, T> {
     _level: PhantomData<fn() -> L>,
 }
 
+impl<L: Level, T: std::fmt::Debug> std::fmt::Debug for OrderedMutex<L, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: ", L::NAME)?;
+        self.inner.fmt(f)
+    }
+}
+
+impl<L: Level, T: std::fmt::Debug> std::fmt::Debug for OrderedRwLock<L, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: ", L::NAME)?;
+        self.inner.fmt(f)
+    }
+}
+
 impl<L: Level, T: Default> Default for OrderedMutex<L, T> {
     fn default() -> Self {
         OrderedMutex::new(T::default())
@@ -165,7 +197,7 @@ pub struct OrderedMutexGuard<'a, L: Level, T> {
 
 impl<L: Level, T> OrderedMutex<L, T> {
     /// `value` behind a mutex of level `L`.
-    pub fn new(value: T) -> Self {
+    pub const fn new(value: T) -> Self {
         OrderedMutex {
             inner: Mutex::new(value),
             _level: PhantomData,
@@ -190,6 +222,15 @@ impl<L: Level, T> OrderedMutex<L, T> {
         })
     }
 
+    /// Waits for the lock up to `d`: checked as `lock` (it blocks, if not forever).
+    pub fn try_lock_for(&self, d: std::time::Duration) -> Option<OrderedMutexGuard<'_, L, T>> {
+        let token = Token::enter();
+        Some(OrderedMutexGuard {
+            guard: self.inner.try_lock_for(d)?,
+            _token: token,
+        })
+    }
+
     /// The value, through exclusive access to the lock (no locking).
     pub fn get_mut(&mut self) -> &mut T {
         self.inner.get_mut()
@@ -209,8 +250,21 @@ impl<L: Level, T> OrderedMutexGuard<'_, L, T> {
     }
 
     /// Waits on `cv` at most `d`, releasing the lock meanwhile.
-    pub fn wait_for(&mut self, cv: &parking_lot::Condvar, d: std::time::Duration) {
-        cv.wait_for(&mut self.guard, d);
+    pub fn wait_for(
+        &mut self,
+        cv: &parking_lot::Condvar,
+        d: std::time::Duration,
+    ) -> parking_lot::WaitTimeoutResult {
+        cv.wait_for(&mut self.guard, d)
+    }
+
+    /// Waits on `cv` until `deadline` at most, as `Condvar::wait_until`.
+    pub fn wait_until(
+        &mut self,
+        cv: &parking_lot::Condvar,
+        deadline: std::time::Instant,
+    ) -> parking_lot::WaitTimeoutResult {
+        cv.wait_until(&mut self.guard, deadline)
     }
 }
 
@@ -253,7 +307,7 @@ pub struct OrderedWriteGuard<'a, L: Level, T> {
 
 impl<L: Level, T> OrderedRwLock<L, T> {
     /// `value` behind a reader-writer lock of level `L`.
-    pub fn new(value: T) -> Self {
+    pub const fn new(value: T) -> Self {
         OrderedRwLock {
             inner: RwLock::new(value),
             _level: PhantomData,
