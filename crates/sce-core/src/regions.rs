@@ -156,11 +156,37 @@ pub struct Release {
     pub contended: bool,
 }
 
+/// A volume cut into regions of a power-of-two size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cut {
+    /// log2 of the region size.
+    shift: u32,
+}
+
+impl Cut {
+    /// Regions of `size` bytes (a power of two).
+    pub fn new(size: u64) -> Cut {
+        Cut {
+            shift: size.max(1).trailing_zeros(),
+        }
+    }
+
+    /// The regions `[offset, offset+len)` touches (region of `offset` for `len` 0).
+    pub fn of(&self, offset: u64, len: u64) -> RangeInclusive<u64> {
+        let last = offset.saturating_add(len.max(1)) - 1;
+        (offset >> self.shift)..=(last >> self.shift)
+    }
+
+    /// The byte range of region `r`.
+    pub fn span(&self, r: u64) -> (u64, u64) {
+        (r << self.shift, 1 << self.shift)
+    }
+}
+
 /// One host's view of a shared volume's regions (see the module's doc).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Regions {
-    /// log2 of the region size.
-    shift: u32,
+    cut: Cut,
     /// This host takes regions; it honours others' either way.
     acquires: bool,
     /// Nanoseconds unwritten before a release, and of a contended window.
@@ -187,7 +213,7 @@ impl Regions {
     /// after `idle` nanoseconds unwritten.
     pub fn new(size: u64, acquires: bool, idle: u64) -> Regions {
         Regions {
-            shift: size.max(1).trailing_zeros(),
+            cut: Cut::new(size),
             acquires,
             idle,
             mine: HashMap::new(),
@@ -201,28 +227,26 @@ impl Regions {
         }
     }
 
-    /// The regions `[offset, offset+len)` touches (region of `offset` for `len` 0).
-    pub fn of(&self, offset: u64, len: u64) -> RangeInclusive<u64> {
-        let last = offset.saturating_add(len.max(1)) - 1;
-        (offset >> self.shift)..=(last >> self.shift)
-    }
-
-    /// The byte range of region `r`.
-    pub fn span(&self, r: u64) -> (u64, u64) {
-        (r << self.shift, 1 << self.shift)
+    /// How the volume is cut into regions.
+    pub fn cut(&self) -> Cut {
+        self.cut
     }
 
     /// The regions a write of `[offset, offset+len)` takes, or None: it is published (this
     /// host does not acquire, or the write spans too many regions).
     pub fn plan(&self, offset: u64, len: u64) -> Option<RangeInclusive<u64>> {
-        let rs = self.of(offset, len);
+        let rs = self.cut.of(offset, len);
         (self.acquires && rs.end() - rs.start() < MAX_OWNED_SPAN).then_some(rs)
     }
 
     /// True if another host owns a region `[offset, offset+len)` touches: a read there goes
     /// to the source.
     pub fn theirs_in(&self, offset: u64, len: u64) -> bool {
-        !self.theirs.is_empty() && self.of(offset, len).any(|r| self.theirs.contains_key(&r))
+        !self.theirs.is_empty()
+            && self
+                .cut
+                .of(offset, len)
+                .any(|r| self.theirs.contains_key(&r))
     }
 
     /// The revision that made region `r` another's, if it is.
@@ -454,7 +478,7 @@ impl Regions {
     /// regions count as contended for the idle time (and one this host owns is released as
     /// soon as no owned write is in flight there).
     pub fn foreign_write(&mut self, offset: u64, len: u64, now: u64) {
-        let rs = self.of(offset, len.min(u64::MAX - offset));
+        let rs = self.cut.of(offset, len.min(u64::MAX - offset));
         if rs.end() - rs.start() > WHOLE_VOLUME {
             let known: Vec<u64> = self
                 .mine
@@ -471,115 +495,6 @@ impl Regions {
             self.mark_contended(r, now);
         }
     }
-
-    /// The next region to release at `now`: held, no owned write in flight, and contended
-    /// or unwritten for the idle time. It is marked leaving; the driver deletes its key and
-    /// reports with [`Regions::released`].
-    pub fn next_release(&mut self, now: u64) -> Option<Release> {
-        let soon: Vec<u64> = self.soon.iter().copied().collect();
-        for r in soon {
-            let phase = self.mine.get(&r).map(|m| (m.phase, m.inflight));
-            match phase {
-                _ if !self.contended(r, now) => {}
-                Some((Phase::Held, 0)) => {
-                    self.soon.remove(&r);
-                    return self.leave(r, true);
-                }
-                // Released once taken, or once the last write there ends, if still
-                // contended then.
-                Some(_) => continue,
-                None => {}
-            }
-            self.soon.remove(&r);
-        }
-        while let Some(&(last, r)) = self.by_last.first() {
-            let live = self
-                .mine
-                .get(&r)
-                .filter(|m| m.last == last && m.phase == Phase::Held);
-            match live {
-                Some(m) if m.inflight == 0 && now.saturating_sub(last) >= self.idle => {
-                    self.by_last.pop_first();
-                    return self.leave(r, false);
-                }
-                Some(m) if m.inflight == 0 => return None,
-                // Written again (indexed again at its end), or no longer held.
-                _ => {
-                    self.by_last.pop_first();
-                }
-            }
-        }
-        None
-    }
-
-    /// Marks region `r` leaving: its release.
-    fn leave(&mut self, r: u64, contended: bool) -> Option<Release> {
-        let m = self.mine.get_mut(&r)?;
-        m.phase = Phase::Leaving;
-        Some(Release {
-            region: r,
-            token: m.token,
-            revision: m.revision,
-            contended,
-        })
-    }
-
-    /// The delete or move of the key of region `r` (`token`) ended: `ok`, or perhaps not
-    /// (it is deleted again later: a stray). No longer owned here either way.
-    pub fn released(&mut self, r: u64, token: u64, revision: i64, ok: bool) {
-        if self.entry(r, token).is_some() {
-            self.mine.remove(&r);
-        }
-        if !ok {
-            self.stray.push((r, revision));
-        }
-    }
-
-    /// Keys to delete again (region, revision): their deletion failed.
-    pub fn add_stray(&mut self, keys: &[(u64, i64)]) {
-        self.stray.extend_from_slice(keys);
-    }
-
-    /// The keys to delete again, taken.
-    pub fn take_stray(&mut self) -> Vec<(u64, i64)> {
-        std::mem::take(&mut self.stray)
-    }
-
-    /// A hand-off begins: every held region is marked leaving; returns them (region,
-    /// token).
-    pub fn mark_handoff(&mut self) -> Vec<(u64, u64)> {
-        let mut marked = Vec::new();
-        for (r, m) in self.mine.iter_mut().filter(|(_, m)| m.phase == Phase::Held) {
-            m.phase = Phase::Leaving;
-            marked.push((*r, m.token));
-        }
-        marked
-    }
-
-    /// Whether a region `marked` by a hand-off still has an owned write in flight.
-    pub fn handoff_busy(&mut self, marked: &[(u64, u64)]) -> bool {
-        (marked.iter()).any(|&(r, t)| self.entry(r, t).is_some_and(|m| m.inflight > 0))
-    }
-
-    /// The hand-off's wait ended: the regions `marked` with no write in flight count as
-    /// another's and are returned (region, token, revision) to be moved; those still
-    /// written stay held, and those gone were lost meanwhile.
-    pub fn handoff_ready(&mut self, marked: &[(u64, u64)]) -> Vec<(u64, u64, i64)> {
-        let mut ready = Vec::new();
-        for &(r, token) in marked {
-            let Some(m) = self.entry(r, token) else {
-                continue;
-            };
-            if m.inflight > 0 {
-                m.phase = Phase::Held;
-                continue;
-            }
-            let rev = m.revision;
-            self.theirs.insert(r, rev);
-            ready.push((r, token, rev));
-        }
-        ready
-    }
 }
 
 impl Mine {
@@ -594,6 +509,9 @@ impl Mine {
         }
     }
 }
+
+#[path = "regions_leave.rs"]
+mod leave;
 
 #[cfg(test)]
 #[path = "regions_tests.rs"]

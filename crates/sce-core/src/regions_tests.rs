@@ -26,8 +26,8 @@ fn own(g: &mut Regions, r: u64, rev: i64, now: u64) -> u64 {
 #[test]
 fn a_free_region_is_acquired_then_owned_and_a_wide_write_is_published() {
     let mut g = host();
-    assert_eq!(g.of(0, 0), 0..=0);
-    assert_eq!(g.of((1 << 20) - 1, 2), 0..=1);
+    assert_eq!(g.cut().of(0, 0), 0..=0);
+    assert_eq!(g.cut().of((1 << 20) - 1, 2), 0..=1);
     assert_eq!(g.plan(0, 5 << 20), None, "five regions: published");
     assert_eq!(g.plan(0, 4 << 20), Some(0..=3));
     assert_eq!(Regions::new(1 << 20, false, IDLE).plan(0, 1), None);
