@@ -11,7 +11,9 @@
 //! does no I/O, starts no thread and reads no
 //! clock: drivers call it and perform the I/O it plans. See [`cache`] for the protocol.
 //! [`units`] parses and prints sizes and durations as people write them (`4GiB`, `2ms`),
-//! for the command line, the server's configuration and the simulator alike.
+//! for the command line, the server's configuration and the simulator alike. [`regions`] is
+//! shared mode's ownership of regions, one host's view, stepped by events: the server and
+//! the simulator's `--hosts` mode both drive it.
 
 pub mod addr;
 pub mod admit;
@@ -24,6 +26,7 @@ mod global;
 pub mod hotness;
 pub mod map;
 pub mod pagearea;
+pub mod regions;
 mod sharded;
 pub mod shards;
 mod slab;

@@ -1,12 +1,16 @@
-//! Ownership of regions (issue 31, docs/SHARED.md "Ownership"), this host's side: which
-//! regions it owns (its writes there need no etcd call), which ones another host owns (its
-//! reads there go to the source), and the write path between the two. The listener's side
-//! (owner keys changing), releases and hand-offs are in `owners.rs`.
+//! Ownership of regions (issue 31, docs/SHARED.md "Ownership"), this host's side: the
+//! write path between owned regions (no etcd call), published writes and acquisitions, and
+//! the reads of regions another host owns (to the source). The rule itself is
+//! `sce_core::regions::Regions`, a state machine of this host's view stepped by events:
+//! this file and `owners.rs` (the listener's side: owner keys changing, releases and
+//! hand-offs) keep the locks, make the etcd calls and the cache drops, and ask the machine
+//! what to do, feeding it the outcomes.
 //!
-//! Lock order: the ownership state (`Regions::st`), then the map of others' regions
-//! (`Regions::theirs`), then the cache's locks; none is held across an etcd call or a drop
-//! from the cache (a region's pages are dropped with the locks released, while the region
-//! is counted as another's, so no read serves it meanwhile).
+//! Lock order: the ownership state (`Regions::st`, the machine), then the map of others'
+//! regions (`Regions::theirs`, the machine's copy for reads), then the cache's locks; none
+//! is held across an etcd call or a drop from the cache (a region's pages are dropped with
+//! the locks released, while the region is counted as another's, so no read serves it
+//! meanwhile).
 //!
 //! Each region this host owns (or is taking) has a token of its own: an owned write, an
 //! acquisition, a release or a hand-off changes the entry only while it still holds the
@@ -17,79 +21,26 @@
 use super::Coherence;
 use parking_lot::{Condvar, Mutex, RwLock};
 use sce_coord::own;
+use sce_core::regions::{self, Cut, Take};
 use sce_io::IoError;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
-/// A write over more regions than this is published rather than taking them all (a discard
-/// of a whole device would otherwise take every region, one transaction each).
-const MAX_OWNED_SPAN: u64 = 4;
-
-/// A region this host owns, or is taking or giving up.
-#[derive(Debug)]
-pub(super) struct Mine {
-    pub token: u64,
-    /// The lease the owner key is under: a new registration (a new lease) ends it.
-    pub lease: i64,
-    /// The revision of the owner key (0 while acquiring).
-    pub revision: i64,
-    pub phase: Phase,
-    /// Owned writes in flight.
-    pub inflight: u32,
-    /// The last owned write's end.
-    pub last: Instant,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Phase {
-    /// The key is being put and the others' acknowledgements awaited.
-    Acquiring,
-    /// Owned: writes go without etcd.
-    Held,
-    /// The key is being deleted or handed to another host.
-    Leaving,
-}
-
-#[derive(Default, Debug)]
-pub(super) struct State {
-    pub mine: HashMap<u64, Mine>,
-    /// Regions several hosts wrote lately, until when: nobody takes them meanwhile, every
-    /// write there is published (the per-write rule), and every host caches them.
-    pub contended: HashMap<u64, Instant>,
-    /// Owner keys of this host's lease whose deletion failed or was not confirmed
-    /// (region, revision): deleted again by the background thread.
-    pub stray: Vec<(u64, i64)>,
-    next_token: u64,
-}
-
-impl State {
-    /// A new entry's token.
-    pub fn token(&mut self) -> u64 {
-        self.next_token += 1;
-        self.next_token
-    }
-
-    /// The entry of region `r` if it still holds `token`.
-    pub fn entry(&mut self, r: u64, token: u64) -> Option<&mut Mine> {
-        self.mine.get_mut(&r).filter(|m| m.token == token)
-    }
-}
-
 /// The ownership state of one shared volume on this host.
 #[derive(Debug)]
 pub(super) struct Regions {
-    /// log2 of the volume's region size (agreed by the hosts in etcd).
-    shift: u32,
-    /// This host takes regions (`--region-size` not 0); it honours others' either way.
-    pub acquires: bool,
-    pub idle: Duration,
-    pub st: Mutex<State>,
+    cut: Cut,
+    /// The machine: this host's view of the regions.
+    pub st: Mutex<regions::Regions>,
     pub changed: Condvar,
-    /// Regions another host owns, with the revision that said so (read by every read).
+    /// The machine's regions of other hosts, with the revision that said so, copied under
+    /// `st` after each step that may change them: read by every read without `st`.
     theirs: RwLock<HashMap<u64, i64>>,
     /// `theirs.len()`, read without a lock.
     theirs_n: AtomicUsize,
+    /// The origin of the machine's times.
+    origin: Instant,
 }
 
 /// How a write goes: owned (no etcd call; its regions and tokens to give back), or
@@ -107,26 +58,25 @@ impl Regions {
     /// Regions of `size` bytes (a power of two), taken by this host if `acquires`, released
     /// after `idle`.
     pub(super) fn new(size: u64, acquires: bool, idle: Duration) -> Regions {
+        let idle = u64::try_from(idle.as_nanos()).unwrap_or(u64::MAX);
         Regions {
-            shift: size.max(1).trailing_zeros(),
-            acquires,
-            idle,
-            st: Mutex::default(),
+            cut: Cut::new(size),
+            st: Mutex::new(regions::Regions::new(size, acquires, idle)),
             changed: Condvar::new(),
             theirs: RwLock::default(),
             theirs_n: AtomicUsize::new(0),
+            origin: Instant::now(),
         }
     }
 
-    /// The regions `[offset, offset+len)` touches.
-    fn of(&self, offset: u64, len: u64) -> std::ops::RangeInclusive<u64> {
-        let last = offset.saturating_add(len.max(1)) - 1;
-        (offset >> self.shift)..=(last >> self.shift)
+    /// Now, in the machine's time (nanoseconds since `origin`).
+    pub(super) fn now(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// The byte range of region `r`.
     pub(super) fn span(&self, r: u64) -> (u64, u64) {
-        (r << self.shift, 1 << self.shift)
+        self.cut.span(r)
     }
 
     /// True if another host owns a region `[offset, offset+len)` touches.
@@ -135,23 +85,18 @@ impl Regions {
             return false;
         }
         let theirs = self.theirs.read();
-        self.of(offset, len).any(|r| theirs.contains_key(&r))
+        self.cut.of(offset, len).any(|r| theirs.contains_key(&r))
     }
 
     pub(super) fn is_theirs(&self, r: u64) -> bool {
         self.theirs.read().contains_key(&r)
     }
 
-    /// The revision that made region `r` another's, if it is.
-    pub(super) fn theirs_rev(&self, r: u64) -> Option<i64> {
-        self.theirs.read().get(&r).copied()
-    }
-
-    /// Counts region `r` as another's (from `revision`) or not (None). Called with `st`
+    /// Copies whether the machine `st` counts region `r` as another's. Called with `st`
     /// held, so that the two agree.
-    pub(super) fn set_theirs(&self, _st: &mut State, r: u64, revision: Option<i64>) {
+    pub(super) fn sync(&self, st: &regions::Regions, r: u64) {
         let mut theirs = self.theirs.write();
-        match revision {
+        match st.theirs(r) {
             Some(rev) => theirs.insert(r, rev),
             None => theirs.remove(&r),
         };
@@ -165,48 +110,23 @@ impl Regions {
 
     /// (owned, of others) counts, for the status.
     pub(super) fn counts(&self) -> (usize, usize) {
-        let st = self.st.lock();
-        let held = st.mine.values().filter(|m| m.phase == Phase::Held);
-        (held.count(), self.theirs_n.load(SeqCst))
+        (self.st.lock().held(), self.theirs_n.load(SeqCst))
     }
 
     /// Another host published a write of `[offset, offset+len)`: its regions count as
     /// contended for the idle time (and one this host owns is released soon).
     pub(super) fn foreign_write(&self, offset: u64, len: u64) {
-        let rs = self.of(offset, len.min(u64::MAX - offset));
-        let until = Instant::now() + self.idle;
-        let mut st = self.st.lock();
-        // A whole-volume drop (an unreadable invalidation) names every region: only those
-        // this host owns matter.
-        if rs.end() - rs.start() > 1 << 16 {
-            let known: Vec<u64> = st.mine.keys().copied().collect();
-            for r in known.into_iter().filter(|r| rs.contains(r)) {
-                st.contended.insert(r, until);
-            }
-            return;
-        }
-        for r in rs {
-            st.contended.insert(r, until);
-        }
+        let now = self.now();
+        self.st.lock().foreign_write(offset, len, now);
     }
 
-    /// Gives back the counts an owned write took. False if an entry it counted on is gone
-    /// (its key was lost meanwhile): the write must be fenced.
-    fn put_back(&self, regions: &[(u64, u64)]) -> bool {
-        let mut st = self.st.lock();
-        let mut all = true;
-        for &(r, token) in regions {
-            match st.entry(r, token) {
-                Some(m) => {
-                    m.inflight = m.inflight.saturating_sub(1);
-                    m.last = Instant::now();
-                }
-                None => all = false,
-            }
-        }
-        drop(st);
+    /// Gives back the counts an owned write took; whether the write stands under `lease`
+    /// (`current`: this host's lease if still valid), else it must be fenced.
+    fn put_back(&self, regions: &[(u64, u64)], lease: i64, current: Option<i64>) -> bool {
+        let now = self.now();
+        let stands = self.st.lock().end_write(regions, lease, current, now);
         self.changed.notify_all();
-        all
+        stands
     }
 }
 
@@ -223,17 +143,16 @@ impl Coherence {
     /// per-write rule).
     pub(crate) fn begin_write(&self, offset: u64, len: u64) -> WriteKind {
         let g = &self.regions;
-        let rs = g.of(offset, len);
-        if !g.acquires || rs.end() - rs.start() >= MAX_OWNED_SPAN {
+        let Some(rs) = g.st.lock().plan(offset, len) else {
             return WriteKind::Published;
-        }
+        };
         let lease = self.member.lease();
         let mut taken = Vec::new();
         for r in rs {
             match self.take_region(r, lease, !taken.is_empty()) {
                 Some(token) => taken.push((r, token)),
                 None => {
-                    g.put_back(&taken);
+                    let _ = g.put_back(&taken, lease, None);
                     return WriteKind::Published;
                 }
             }
@@ -251,59 +170,21 @@ impl Coherence {
         let g = &self.regions;
         let mut st = g.st.lock();
         loop {
-            if !self.member.valid() || self.member.lease() != lease || self.stop.load(SeqCst) {
-                return None;
-            }
-            let now = Instant::now();
-            let contended = st.contended.get(&r).is_some_and(|t| *t > now);
-            let theirs = g.is_theirs(r);
-            match st.mine.get_mut(&r) {
-                Some(m) if m.lease != lease => {
-                    // Under a lease this host no longer has: the key went with it.
-                    st.mine.remove(&r);
-                }
-                Some(m) if m.phase == Phase::Held && !contended => {
-                    m.inflight += 1;
-                    return Some(m.token);
-                }
-                // Another writer publishes: published too, while the owned ones drain
-                // and the region is released.
-                Some(m) if m.phase == Phase::Held => return None,
-                Some(_) if holding => return None,
-                Some(_) => {
-                    // Being taken or given up: wait for the outcome.
+            let going = self.member.valid() && !self.stop.load(SeqCst);
+            let current = going.then(|| self.member.lease());
+            match st.take(r, lease, current, holding, g.now()) {
+                Take::Owned(token) => return Some(token),
+                Take::Publish => return None,
+                // Being taken or given up: wait for the outcome.
+                Take::Wait => {
                     g.changed.wait_for(&mut st, Duration::from_millis(100));
                 }
-                None if theirs => {
-                    // Two writers: the owner gives the region up when it hears of this one.
-                    st.contended.insert(r, now + g.idle);
-                    return None;
-                }
-                None if contended => return None,
-                None => {
-                    let token = st.token();
-                    st.mine.insert(r, Mine::acquiring(token, lease));
+                Take::Acquire(token) => {
                     drop(st);
                     let got = self.acquire(r, lease);
-                    st = g.st.lock();
-                    let out = match (got, st.entry(r, token)) {
-                        (Some(rev), Some(m)) if m.phase == Phase::Acquiring => {
-                            (m.revision, m.phase, m.inflight) = (rev, Phase::Held, 1);
-                            Some(token)
-                        }
-                        (got, entry) => {
-                            if entry.is_some() {
-                                st.mine.remove(&r);
-                            }
-                            // A key put but not used (its entry was replaced): deleted.
-                            st.stray.extend(got.map(|rev| (r, rev)));
-                            // The writers waiting publish rather than try again at once.
-                            st.contended.insert(r, Instant::now() + g.idle);
-                            None
-                        }
-                    };
+                    let won = g.st.lock().acquired(r, token, got, g.now());
                     g.changed.notify_all();
-                    return out;
+                    return won.then_some(token);
                 }
             }
         }
@@ -338,7 +219,7 @@ impl Coherence {
         if let Err(e) = self.tracker.wait_acked(rev, deadline) {
             tracing::warn!(volume = %p, region = r, "shared volume: a region's acquisition was not acknowledged, giving it up: {e}");
             if own::release(&self.etcd, p, r, rev).is_err() {
-                self.regions.st.lock().stray.push((r, rev));
+                self.regions.st.lock().add_stray(&[(r, rev)]);
             }
             return None;
         }
@@ -359,8 +240,8 @@ impl Coherence {
         offset: u64,
         len: u64,
     ) -> Result<(), IoError> {
-        let held = self.regions.put_back(regions);
-        if held && self.member.valid() && self.member.lease() == lease {
+        let current = self.member.valid().then(|| self.member.lease());
+        if self.regions.put_back(regions, lease, current) {
             self.counters.owned_writes.fetch_add(1, SeqCst);
             return result;
         }
@@ -377,18 +258,5 @@ impl Coherence {
                  etcd answers",
             ),
         })
-    }
-}
-
-impl Mine {
-    pub(super) fn acquiring(token: u64, lease: i64) -> Mine {
-        Mine {
-            token,
-            lease,
-            revision: 0,
-            phase: Phase::Acquiring,
-            inflight: 0,
-            last: Instant::now(),
-        }
     }
 }

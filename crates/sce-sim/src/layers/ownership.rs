@@ -20,14 +20,23 @@
 //! So a region several hosts write at once ends up nobody's, every write there published
 //! (the rule before ownership), while a region one host writes stays that host's.
 //!
-//! [`Owners`] is the table the [`super::Stack`] keeps: region -> (owner, last write), and
-//! the regions ordered by their last write, so that the idle ones are found without a scan;
-//! per host the regions it counts as contended, until when; and per host the regions it may
-//! cache something of (it read or wrote them through its caches since it last dropped
-//! them), so that dropping a region skips the hosts that cannot hold any of it instead of
-//! searching their caches.
+//! Each host's view is the machine `sce serve --shared` runs, [`sce_core::regions::Regions`]
+//! (host `i` under lease `i + 1`, always valid), and [`Owners`] stands for etcd: a table of
+//! owner keys (region -> holder, revision) that takes a key only if it is free, and tells
+//! every other host's machine of each change at once (the sim's hosts acknowledge in no
+//! time). The decisions are the machine's: a write over more than
+//! [`sce_core::regions::MAX_OWNED_SPAN`] + 1 regions is published, as the server's is.
+//! Ownership is decided at a request's issue time: an owned write ends, for the idle
+//! clock, when it is issued (the simulator keeps no owned write in flight).
+//!
+//! Per host, [`Owners`] also keeps the regions it may cache something of (it read or wrote
+//! them through its caches since it last dropped them), so that dropping a region skips the
+//! hosts that cannot hold any of it instead of searching their caches.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use super::host::Host;
+use super::stack::StackResult;
+use sce_core::regions::{Heard, Regions, Release, Take};
+use std::collections::{HashMap, HashSet};
 
 /// The ownership rule's settings.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -76,52 +85,41 @@ impl Default for Ownership {
     }
 }
 
-/// Who owns which region, and since when it was last written by its owner.
+/// The hosts' views of the regions, and etcd's owner keys.
 #[derive(Debug)]
 pub(super) struct Owners {
-    rule: Ownership,
-    /// Region -> (owner host, the owner's last write to it).
-    owner: HashMap<u64, (usize, u64)>,
-    /// (last write, region) of every owned region: the oldest first.
-    by_last: BTreeSet<(u64, u64)>,
+    /// Per host, its machine.
+    views: Vec<Regions>,
+    /// Region -> (holder host, revision): the owner keys.
+    keys: HashMap<u64, (usize, i64)>,
+    /// etcd's last revision.
+    rev: i64,
     /// Per host, the regions it may cache something of.
     touched: Vec<HashSet<u64>>,
-    /// Per host, the regions it counts as contended, until when (expired entries are
-    /// purged when the map doubles).
-    contended: Vec<HashMap<u64, u64>>,
-    /// Per host, the size of its `contended` map at which expired entries are purged.
-    purge_at: Vec<usize>,
 }
 
-/// The least size of a host's `contended` map at which expired entries are purged.
-const PURGE_MIN: usize = 64;
+/// Host `h`'s lease.
+fn lease(h: usize) -> i64 {
+    h as i64 + 1
+}
 
 impl Owners {
     pub(super) fn new(rule: Ownership, hosts: usize) -> Self {
+        let size = rule.region_size;
         Owners {
-            rule,
-            owner: HashMap::new(),
-            by_last: BTreeSet::new(),
+            views: (0..hosts)
+                .map(|_| Regions::new(size, true, rule.idle_ns))
+                .collect(),
+            keys: HashMap::new(),
+            rev: 0,
             touched: vec![HashSet::new(); hosts],
-            contended: vec![HashMap::new(); hosts],
-            purge_at: vec![PURGE_MIN; hosts],
         }
     }
 
-    /// Whether `host` counts region `r` as contended at `t`.
-    pub(super) fn contended(&self, host: usize, r: u64, t: u64) -> bool {
-        self.contended[host].get(&r).is_some_and(|&until| until > t)
-    }
-
-    /// `host` counts region `r` as contended from `t` for the idle time (it wrote a region
-    /// another host owned, or heard another host's write there).
-    pub(super) fn mark_contended(&mut self, host: usize, r: u64, t: u64) {
-        let m = &mut self.contended[host];
-        m.insert(r, t.saturating_add(self.rule.idle_ns));
-        if m.len() >= self.purge_at[host] {
-            m.retain(|_, until| *until > t);
-            self.purge_at[host] = (2 * m.len()).max(PURGE_MIN);
-        }
+    /// Whether `host` counts region `r` as another host's (its reads there go to the
+    /// source).
+    pub(super) fn theirs(&self, host: usize, r: u64) -> bool {
+        self.views[host].theirs(r).is_some()
     }
 
     /// `host` read or wrote region `r` through its caches: it may cache something of it
@@ -130,119 +128,164 @@ impl Owners {
         self.touched[host].insert(r);
     }
 
-    /// Forgets that `host` may cache region `r` (it is dropping it); returns whether it
-    /// might have.
-    pub(super) fn untouch(&mut self, host: usize, r: u64) -> bool {
-        self.touched[host].remove(&r)
-    }
-
     /// The regions `[offset, offset + len)` touches (none if `len` is 0).
     pub(super) fn regions(&self, offset: u64, len: u64) -> std::ops::Range<u64> {
         if len == 0 {
             return 0..0;
         }
-        let r = self.rule.region_size;
-        offset / r..(offset.saturating_add(len - 1)) / r + 1
+        let r = self.views[0].cut().of(offset, len);
+        *r.start()..r.end() + 1
     }
 
     /// The byte range of region `r`.
     pub(super) fn span(&self, r: u64) -> (u64, u64) {
-        let s = self.rule.region_size;
-        (r.saturating_mul(s), s)
+        self.views[0].cut().span(r)
     }
 
-    /// The owner of region `r`, if any.
+    /// The holder of region `r`'s owner key, if any.
+    #[cfg(test)]
     pub(super) fn owner(&self, r: u64) -> Option<usize> {
-        self.owner.get(&r).map(|o| o.0)
+        self.keys.get(&r).map(|k| k.0)
     }
 
-    /// `host` writes region `r` at `t`: it becomes (or stays) its owner, last written at
-    /// `t`. Returns true if the region had no owner (an acquisition). The region must not
-    /// be owned by another host.
-    pub(super) fn write(&mut self, r: u64, host: usize, t: u64) -> bool {
-        let prev = self.owner.insert(r, (host, t));
-        debug_assert!(prev.is_none_or(|p| p.0 == host), "{r} owned by another");
-        if let Some((_, last)) = prev {
-            self.by_last.remove(&(last, r));
+    /// Host `me`'s write at `t`, as the server's `begin_write` takes its regions: in order,
+    /// acquiring the free ones, until one its machine says to publish (the regions taken
+    /// before stay `me`'s). Returns whether the write is owned and how many other hosts'
+    /// caches held part of a region acquired.
+    pub(super) fn take(
+        &mut self,
+        hosts: &mut [Host],
+        res: &mut StackResult,
+        me: usize,
+        t: u64,
+        offset: u64,
+        len: u64,
+    ) -> (bool, u64) {
+        for r in self.regions(offset, len) {
+            self.touch(me, r);
         }
-        self.by_last.insert((t, r));
-        prev.is_none()
+        let (mut found, mut taken) = (0, Vec::new());
+        let Some(rs) = self.views[me].plan(offset, len) else {
+            return (false, 0);
+        };
+        for r in rs {
+            let token =
+                match self.views[me].take(r, lease(me), Some(lease(me)), !taken.is_empty(), t) {
+                    Take::Owned(token) => Some(token),
+                    Take::Acquire(token) => {
+                        let got = self.acquire(hosts, res, me, r, &mut found);
+                        self.views[me].acquired(r, token, got, t).then_some(token)
+                    }
+                    // Waits only on an acquisition or a release under way: none here.
+                    Take::Publish | Take::Wait => None,
+                };
+            match token {
+                Some(token) => taken.push((r, token)),
+                None => {
+                    self.views[me].put_back(&taken, t);
+                    return (false, found);
+                }
+            }
+        }
+        let stands = self.views[me].end_write(&taken, lease(me), Some(lease(me)), t);
+        debug_assert!(stands, "the simulator's leases never lapse");
+        (true, found)
     }
 
-    /// Releases region `r` now (its owner heard another host write it); returns its former
-    /// owner, if it had one.
-    pub(super) fn release(&mut self, r: u64) -> Option<usize> {
-        let (host, last) = self.owner.remove(&r)?;
-        self.by_last.remove(&(last, r));
-        Some(host)
-    }
-
-    /// Releases the first region idle at `t` (its owner's last write at least the idle
-    /// time ago); returns it and its former owner. Call until None.
-    pub(super) fn release_idle(&mut self, t: u64) -> Option<(u64, usize)> {
-        let &(last, r) = self.by_last.first()?;
-        if last.saturating_add(self.rule.idle_ns) > t {
+    /// etcd puts region `r`'s owner key for host `me` if it is free: one transaction, and
+    /// every other host drops the region (its acknowledgement). Adds to `found` the other
+    /// hosts' caches that held part of it.
+    fn acquire(
+        &mut self,
+        hosts: &mut [Host],
+        res: &mut StackResult,
+        me: usize,
+        r: u64,
+        found: &mut u64,
+    ) -> Option<i64> {
+        if self.keys.contains_key(&r) {
             return None;
         }
-        self.by_last.pop_first();
-        let (host, _) = self.owner.remove(&r)?;
-        Some((r, host))
+        self.rev += 1;
+        let rev = self.rev;
+        self.keys.insert(r, (me, rev));
+        res.region_acquisitions += 1;
+        for h in (0..hosts.len()).filter(|&h| h != me) {
+            res.acknowledgements += 1;
+            let heard = self.views[h].owner_put(r, (lease(me), rev, false), rev, lease(h));
+            *found += self.heard(hosts, h, r, heard) as u64;
+        }
+        Some(rev)
+    }
+
+    /// Host `h` does what its machine `heard` asks of region `r`: returns whether its caches
+    /// held part of the region it dropped.
+    fn heard(&mut self, hosts: &mut [Host], h: usize, r: u64, heard: Heard) -> bool {
+        let Heard::Drop(after) = heard else {
+            return false;
+        };
+        let (at, size) = self.span(r);
+        let held = self.touched[h].remove(&r) && hosts[h].invalidate(at, size);
+        self.views[h].dropped(r, after, lease(h), 0);
+        held
+    }
+
+    /// Every host but `me` hears `me`'s publication of `[offset, offset + len)` at `t`: its
+    /// regions count as contended, and each host releases at once those it owns.
+    pub(super) fn published(
+        &mut self,
+        hosts: &mut [Host],
+        res: &mut StackResult,
+        me: usize,
+        t: u64,
+        offset: u64,
+        len: u64,
+    ) {
+        for h in (0..hosts.len()).filter(|&h| h != me) {
+            self.views[h].foreign_write(offset, len, t);
+            self.release(hosts, res, h, t);
+        }
+    }
+
+    /// Every host releases the regions its machine says to by `t`: unwritten for the idle
+    /// time (or contended).
+    pub(super) fn release_idle(&mut self, hosts: &mut [Host], res: &mut StackResult, t: u64) {
+        for h in 0..hosts.len() {
+            self.release(hosts, res, h, t);
+        }
+    }
+
+    /// Host `h` releases what its machine says to at `t`: one etcd delete each, and every
+    /// other host drops the region again (one acknowledgement each, counted to be
+    /// conservative).
+    fn release(&mut self, hosts: &mut [Host], res: &mut StackResult, h: usize, t: u64) {
+        while let Some(Release {
+            region: r,
+            token,
+            revision,
+            contended,
+        }) = self.views[h].next_release(t)
+        {
+            let ok = self.keys.get(&r) == Some(&(h, revision));
+            if ok {
+                self.keys.remove(&r);
+                self.rev += 1;
+            }
+            self.views[h].released(r, token, revision, ok);
+            debug_assert!(ok, "released a key it did not hold");
+            res.region_releases += 1;
+            res.contention_releases += contended as u64;
+            for o in (0..hosts.len()).filter(|&o| o != h) {
+                res.acknowledgements += 1;
+                let heard = self.views[o].owner_deleted(r, self.rev, lease(o));
+                res.release_invalidations += self.heard(hosts, o, r, heard) as u64;
+            }
+        }
     }
 
     /// Regions owned now.
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
-        self.owner.len()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn regions_are_released_oldest_first_once_idle() {
-        let mut o = Owners::new(
-            Ownership {
-                region_size: 1 << 20,
-                idle_ns: 100,
-            },
-            2,
-        );
-        assert_eq!(o.regions(0, 0), 0..0);
-        assert_eq!(o.regions((1 << 20) - 1, 2), 0..2);
-        assert_eq!(o.regions(3 << 20, 1 << 20), 3..4);
-        assert!(o.write(5, 1, 10), "acquired");
-        assert!(o.write(2, 0, 20));
-        assert!(!o.write(5, 1, 30), "owned: no acquisition");
-        assert_eq!(
-            (o.owner(5), o.owner(2), o.owner(3)),
-            (Some(1), Some(0), None)
-        );
-        assert_eq!(o.release_idle(119), None, "region 2 idle for 99 ns");
-        assert_eq!(o.release_idle(120), Some((2, 0)));
-        assert_eq!(o.release_idle(129), None, "region 5 was rewritten at 30");
-        assert_eq!(o.release_idle(1000), Some((5, 1)));
-        assert_eq!((o.release_idle(1000), o.len()), (None, 0));
-        // A region released at once leaves the idle order too.
-        assert!(o.write(7, 0, 2000) && o.write(8, 0, 2000));
-        assert_eq!((o.release(7), o.release(7), o.len()), (Some(0), None, 1));
-        assert_eq!(o.release_idle(2100), Some((8, 0)));
-        assert_eq!(o.release_idle(1 << 40), None);
-        // Contended until 100 ns after the mark, in the marking host's view only.
-        o.mark_contended(1, 4, 50);
-        assert!(o.contended(1, 4, 149) && !o.contended(1, 4, 150) && !o.contended(0, 4, 60));
-        o.mark_contended(1, 4, 120);
-        assert!(o.contended(1, 4, 219));
-        for r in 0..PURGE_MIN as u64 {
-            o.mark_contended(0, 100 + r, r * 200);
-        }
-        assert_eq!(o.contended[0].len(), 1, "the expired marks were purged");
-        o.touch(1, 0);
-        o.touch(1, 1);
-        assert!(o.untouch(1, 0) && o.untouch(1, 1) && !o.untouch(1, 0) && !o.untouch(0, 1));
-        assert!(Ownership::new(1000, 1.0).is_err());
-        assert!(Ownership::new(4096, -1.0).is_err());
-        assert_eq!(Ownership::new(1 << 30, 10.0), Ok(Ownership::default()));
+        self.keys.len()
     }
 }

@@ -319,3 +319,58 @@ fn ownership_off_is_the_per_write_rule() {
         assert_eq!(r.coherence_puts_per_write(), hosts as f64);
     }
 }
+
+/// Regions are released oldest first once their owner has not written them for the idle
+/// time, each once (the table's test before the hosts ran the server's machine); the
+/// regions of a range, and the settings' checks.
+#[test]
+fn regions_are_released_oldest_first_once_idle() {
+    let mut s = stack(2, true);
+    let o = s.owners.as_ref().expect("ownership on");
+    assert_eq!(o.regions(0, 0), 0..0);
+    assert_eq!(o.regions(MIB - 1, 2), 0..2);
+    assert_eq!(o.regions(3 * MIB, MIB), 3..4);
+    s.request(1, 10 * MS, Write, 5 * MIB, PAGE); // acquired
+    s.request(0, 20 * MS, Write, 2 * MIB, PAGE);
+    s.request(1, 30 * MS, Write, 5 * MIB, PAGE); // owned: no acquisition
+    let owners = |s: &Stack| {
+        let o = s.owners.as_ref().expect("ownership on");
+        (o.owner(5), o.owner(2), o.len())
+    };
+    assert_eq!(owners(&s), (Some(1), Some(0), 2));
+    s.request(0, 1019 * MS, Read, 9 * MIB, PAGE);
+    assert_eq!(
+        owners(&s),
+        (Some(1), Some(0), 2),
+        "region 2 idle for 999 ms"
+    );
+    s.request(0, 1020 * MS, Read, 9 * MIB, PAGE);
+    assert_eq!(owners(&s), (Some(1), None, 1));
+    s.request(0, 1029 * MS, Read, 9 * MIB, PAGE);
+    assert_eq!(
+        owners(&s),
+        (Some(1), None, 1),
+        "region 5 was rewritten at 30 ms"
+    );
+    s.request(0, 1030 * MS, Read, 9 * MIB, PAGE);
+    assert_eq!(owners(&s), (None, None, 0));
+    let r = s.finish();
+    assert_eq!((r.owned_writes, r.region_acquisitions), (3, 2));
+    assert_eq!((r.region_releases, r.contention_releases), (2, 0));
+    assert!(Ownership::new(1000, 1.0).is_err());
+    assert!(Ownership::new(4096, -1.0).is_err());
+    assert_eq!(Ownership::new(1 << 30, 10.0), Ok(Ownership::default()));
+}
+
+/// A write over more than `MAX_OWNED_SPAN` + 1 regions is published, as the server's is
+/// (the simulator's own rule took them all before it ran the server's machine).
+#[test]
+fn a_write_over_too_many_regions_is_published() {
+    let span = sce_core::regions::MAX_OWNED_SPAN;
+    let mut s = stack(2, true);
+    s.request(0, 0, Write, 0, (span + 1) * MIB);
+    s.request(0, MS, Write, 0, span * MIB);
+    let r = s.finish();
+    assert_eq!((r.owned_writes, r.contended_writes), (1, 1));
+    assert_eq!(r.region_acquisitions, span);
+}

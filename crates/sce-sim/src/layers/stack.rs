@@ -331,7 +331,7 @@ impl Stack {
             return self.hosts[me].read(t, offset, len);
         };
         let host = &mut self.hosts[me];
-        let bypass = |r| o.owner(r).is_some_and(|h| h != me);
+        let bypass = |r| o.theirs(me, r);
         let regions = o.regions(offset, len);
         let mut part = |bypass: bool, from: u64, to: u64| match bypass {
             true => host.read_uncached(t, from, to - from),
@@ -351,7 +351,7 @@ impl Stack {
         // What it read through its caches, it may cache from now on.
         if let Some(o) = &mut self.owners {
             for r in o.regions(offset, len) {
-                if o.owner(r).is_none_or(|h| h == me) {
+                if !o.theirs(me, r) {
                     o.touch(me, r);
                 }
             }
@@ -375,39 +375,13 @@ impl Stack {
         done
     }
 
-    /// The server's `begin_write`: takes the regions of the write in order, acquiring the
-    /// free ones, until one it cannot take: another host's (which `me` counts as contended
-    /// from now on) or one `me` counts as contended. Returns whether it took them all (the
-    /// write is owned; the regions taken before a failure stay `me`'s) and how many other
-    /// hosts' caches held part of a region acquired.
+    /// Takes the regions of host `me`'s write at `t` (see [`Owners::take`]): whether the
+    /// write is owned, and how many other hosts' caches held part of a region acquired.
     fn take_regions(&mut self, me: usize, t: u64, offset: u64, len: u64) -> (bool, u64) {
-        let Some(o) = &mut self.owners else {
-            return (false, 0);
-        };
-        let others = self.hosts.len() as u64 - 1;
-        let mut found = 0;
-        for r in o.regions(offset, len) {
-            o.touch(me, r);
+        match &mut self.owners {
+            Some(o) => o.take(&mut self.hosts, &mut self.res, me, t, offset, len),
+            None => (false, 0),
         }
-        for r in o.regions(offset, len) {
-            match o.owner(r) {
-                Some(h) if h == me => {
-                    o.write(r, me, t);
-                }
-                Some(_) => {
-                    o.mark_contended(me, r, t);
-                    return (false, found);
-                }
-                None if o.contended(me, r, t) => return (false, found),
-                None => {
-                    o.write(r, me, t);
-                    self.res.region_acquisitions += 1;
-                    self.res.acknowledgements += others;
-                    found += drop_region(&mut self.hosts, o, me, r);
-                }
-            }
-        }
-        (true, found)
     }
 
     /// Publishes host `me`'s write at `t`: every other host drops the range and counts its
@@ -419,20 +393,8 @@ impl Stack {
         self.res.publications += 1;
         self.res.acknowledgements += others;
         let found = drop_others(&mut self.hosts, me, offset, len);
-        let Some(o) = &mut self.owners else {
-            return found;
-        };
-        for r in o.regions(offset, len) {
-            for h in (0..self.hosts.len()).filter(|&h| h != me) {
-                o.mark_contended(h, r, t);
-            }
-            if o.owner(r).is_some_and(|h| h != me) {
-                let owner = o.release(r).expect("owned");
-                self.res.region_releases += 1;
-                self.res.contention_releases += 1;
-                self.res.acknowledgements += others;
-                self.res.release_invalidations += drop_region(&mut self.hosts, o, owner, r);
-            }
+        if let Some(o) = &mut self.owners {
+            o.published(&mut self.hosts, &mut self.res, me, t, offset, len);
         }
         found
     }
@@ -440,12 +402,8 @@ impl Stack {
     /// Releases the regions whose owner has not written them for the idle time by `t`:
     /// every other host drops them.
     fn release_idle(&mut self, t: u64) {
-        let Some(o) = &mut self.owners else { return };
-        let others = self.hosts.len() as u64 - 1;
-        while let Some((r, owner)) = o.release_idle(t) {
-            self.res.region_releases += 1;
-            self.res.acknowledgements += others;
-            self.res.release_invalidations += drop_region(&mut self.hosts, o, owner, r);
+        if let Some(o) = &mut self.owners {
+            o.release_idle(&mut self.hosts, &mut self.res, t);
         }
     }
 
@@ -515,19 +473,6 @@ impl Stack {
         self.res.reference = reference;
         self.res
     }
-}
-
-/// Every host but `except` that may cache something of region `r` drops it; returns how
-/// many held some of it.
-fn drop_region(hosts: &mut [Host], o: &mut Owners, except: usize, r: u64) -> u64 {
-    let (at, size) = o.span(r);
-    let mut found = 0;
-    for (i, h) in hosts.iter_mut().enumerate() {
-        if i != except && o.untouch(i, r) && h.invalidate(at, size) {
-            found += 1;
-        }
-    }
-    found
 }
 
 /// Every host but `except` drops `[offset, offset + len)` from its caches; returns how many
