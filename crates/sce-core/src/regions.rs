@@ -26,7 +26,7 @@
 //!
 //! # Events and decisions
 //! - A write of `[offset, offset+len)`: [`Regions::plan`] says whether it may be owned at
-//!   all (this host acquires, and it spans fewer than [`MAX_OWNED_SPAN`] + 1 regions); then
+//!   all (this host acquires, and it spans at most [`MAX_OWNED_SPAN`] regions); then
 //!   [`Regions::take`] per region, in order, decides [`Take`]: `Owned` (counted in flight),
 //!   `Acquire` (the driver puts the key and waits for the acknowledgements, then reports
 //!   with [`Regions::acquired`]), `Publish` (the whole write is published; the counts taken
@@ -61,7 +61,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::ops::RangeInclusive;
 
-/// A write over more regions than this (plus one) is published rather than taking them
+/// A write over more regions than this is published rather than taking them
 /// all (a discard of a whole device would otherwise take every region, one transaction
 /// each).
 pub const MAX_OWNED_SPAN: u64 = 4;

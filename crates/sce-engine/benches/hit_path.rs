@@ -113,9 +113,9 @@ fn warm_volume(sums: Checksums, quiet: bool) -> Arc<CacheVolume> {
 }
 
 /// `HIT_PATH_READS=N HIT_PATH_CASE=K`: warms case K (0-3, the order of `main`'s table) and
-/// makes exactly N reads on this thread, then exits: run under `perf stat -e
-/// instructions:u` at N and 2N, the difference is the instructions of N hits, whatever the
-/// machine's load (`scripts/bench-hit-path-ab.py --instructions`).
+/// makes exactly N reads on this thread, then exits: run under valgrind's cachegrind at N
+/// and 2N, the difference is the instructions of N hits, whatever the machine's load
+/// (`scripts/bench-hit-path-ab.py --instructions`).
 fn counted_reads(kinds: &[Checksums]) -> bool {
     let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
     let (Some(reads), Some(case)) = (var("HIT_PATH_READS"), var("HIT_PATH_CASE")) else {

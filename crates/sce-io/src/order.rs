@@ -52,6 +52,9 @@ pub mod levels {
         /// The NBD server's read-modify-write of unaligned writes (sce-nbd): held across the
         /// export's reads and writes, so outside every lock of the volume behind it.
         NbdRmw = 0;
+        /// The admin's save of the configuration file (sce-server's `admin/save.rs`): held
+        /// across a `set --save`, which takes an export's `ops` under it.
+        AdminSave = 0;
         /// `Attachable::ops` (sce-server): one detach, attach or set at a time.
         AttachOps = 1;
         /// `Attachable::gate` (sce-server): every request to a cached export, shared.
@@ -85,21 +88,24 @@ pub mod levels {
         /// `Out`, sce-nbd): the writer thread's handle is stored under the one, and a reply
         /// written under the other releases its ticket (the server's byte budget).
         NbdConn = 15;
+        /// Shared mode's ownership machine (`Regions::st`, sce-server's `coherent/own.rs`):
+        /// the copy of its others' regions (`Regions::theirs`, a leaf) is written under it.
+        Regions = 16;
         /// A leaf of the volume: nothing of the volume is taken while one is held (a
         /// device's own locks may be, by I/O under it).
-        Leaf = 16;
+        Leaf = 17;
         /// A read-log shard of a core shard (a leaf; the shards are taken in index order).
-        LogShard = 16, many;
+        LogShard = 17, many;
         /// A device's own locks (sce-io's devices and queues, the NBD client's connection
         /// pool, requests in flight and socket writer): taken under any lock of a volume,
         /// which does I/O under its locks; a device calls nothing back while it holds one
         /// (completions run with no lock of the queue held).
-        Device = 17;
+        Device = 18;
         /// The power-cut model's devices (sce-io, tests): a cut takes all of them at once.
-        PowerCut = 17, many;
+        PowerCut = 18, many;
         /// What a device takes under its own lock (the NBD client's reply slots and the
         /// reason its connection broke, under the map of requests in flight).
-        DeviceLeaf = 18;
+        DeviceLeaf = 19;
     }
 }
 
@@ -180,6 +186,12 @@ impl<L: Level, T: std::fmt::Debug> std::fmt::Debug for OrderedRwLock<L, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}: ", L::NAME)?;
         self.inner.fmt(f)
+    }
+}
+
+impl<L: Level, T: std::fmt::Debug> std::fmt::Debug for OrderedMutexGuard<'_, L, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
     }
 }
 

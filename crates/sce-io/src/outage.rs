@@ -2,8 +2,9 @@
 //! most one summary per [`SUMMARY_EVERY`] (`N failed in the last 30 s: <last error>`), and
 //! one when a success ends it, with the count. Its users word the lines: the write-back
 //! cleaner (`sce-engine/src/log/outage.rs`), a watched source (`watch.rs`) and the cache
-//! device's error log (`sce-engine/src/health.rs`). [`OutageLog`]'s lock is a leaf: nothing
-//! is taken while it is held, and nothing is logged under it.
+//! device's error log (`sce-engine/src/health.rs`). [`OutageLog`]'s lock is a device's own
+//! (`order::levels::Device`): nothing is taken while it is held, and nothing is logged
+//! under it.
 
 use crate::order::{levels, OrderedMutex};
 /// This file's locks are a device's own (`order.rs`).
@@ -45,7 +46,7 @@ struct Outage {
     untold: u64,
 }
 
-/// An account of an outage (a leaf lock).
+/// An account of an outage (its lock: level `Device`, nothing taken under it).
 #[derive(Default)]
 pub struct OutageLog {
     outage: Mutex<Option<Outage>>,

@@ -49,7 +49,7 @@ pub struct WatchedDevice<D: ?Sized> {
     /// no lock.
     down: AtomicBool,
     outage: OutageLog,
-    /// The last error and its time (a leaf lock).
+    /// The last error and its time (level `Device`: nothing is taken under it).
     last: Mutex<Option<(SystemTime, String)>>,
     inner: std::sync::Arc<D>,
 }

@@ -18,7 +18,7 @@
 //! population rate) is kept across a detach and put back by the next attach, and a switch
 //! into or out of write-back reopens the volume under the gate with them (`attach/mode.rs`).
 //!
-//! Lock order (levels in the locks' types, sce-engine's `order.rs`): `ops` (one detach,
+//! Lock order (levels in the locks' types, `sce_io::order`, re-exported by sce-engine): `ops` (one detach,
 //! attach or mode switch at a time) before `gate`, before `draining`, `kept` and `carried`,
 //! before `spec`; `gate` is held shared by requests across their I/O, exclusively only to
 //! swap the volume in or out.

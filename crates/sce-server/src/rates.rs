@@ -3,7 +3,10 @@
 //! totals since start; an operator asks what the cache does now.
 
 use crate::attach::Volumes;
-use parking_lot::Mutex;
+use sce_engine::order::{levels, OrderedMutex};
+/// This file's locks, unless named otherwise (`sce_io::order`).
+type Mutex<T> = OrderedMutex<levels::Leaf, T>;
+
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -72,28 +75,35 @@ impl Rates {
     /// Records every export's counters, keeping the last [`SAMPLES`].
     fn sample(&self) {
         let now = Instant::now();
+        // Taken before the samples' lock, which is a leaf: a row takes the export's gate.
+        // None: detached (its rates start over when a cache is attached again); Some(None):
+        // no counters this time.
+        let rows: Vec<Option<Option<[u64; 6]>>> = (self.volumes.iter())
+            .map(|(_, a)| {
+                let (a, v) = a.as_ref().and_then(|a| Some((a, a.volume()?)))?;
+                Some(a.stats().map(|s| {
+                    [
+                        s.fragments_populated,
+                        s.fragments_evicted,
+                        s.read_pages_hit,
+                        s.read_pages_missed,
+                        s.pages_populated,
+                        v.writeback_stats().map_or(0, |w| w.cleaned_bytes),
+                    ]
+                }))
+            })
+            .collect();
         let mut all = self.samples.lock();
-        for (i, (_, a)) in self.volumes.iter().enumerate() {
-            let Some((a, v)) = a.as_ref().and_then(|a| Some((a, a.volume()?))) else {
-                // Detached: its rates start over when a cache is attached again.
-                all[i].clear();
-                continue;
-            };
-            let Some(s) = a.stats() else {
-                continue;
-            };
-            let row = [
-                s.fragments_populated,
-                s.fragments_evicted,
-                s.read_pages_hit,
-                s.read_pages_missed,
-                s.pages_populated,
-                v.writeback_stats().map_or(0, |w| w.cleaned_bytes),
-            ];
-            let q = &mut all[i];
-            q.push((now, row));
-            if q.len() > SAMPLES {
-                q.remove(0);
+        for (q, row) in all.iter_mut().zip(rows) {
+            match row {
+                None => q.clear(),
+                Some(None) => {}
+                Some(Some(row)) => {
+                    q.push((now, row));
+                    if q.len() > SAMPLES {
+                        q.remove(0);
+                    }
+                }
             }
         }
     }

@@ -10,7 +10,9 @@
 //! structures.
 
 use crate::alloc::uncounted;
-use parking_lot::Mutex;
+use sce_io::order::{levels, OrderedMutex};
+/// A device's own lock (`sce_io::order`).
+type Mutex<T> = OrderedMutex<levels::Device, T>;
 use sce_io::{check_range, BlockDevice, IoError, Op};
 use std::collections::BTreeMap;
 

@@ -1,7 +1,8 @@
 //! `UringQueue`: an [`IoQueue`] on io_uring, for a [`FileDevice`].
 //!
 //! Submitters push their entries under the queue's mutex and enter the kernel once per
-//! batch, after releasing it (the mutex is a leaf, held for the pushes only). One
+//! batch, after releasing it (the mutex is a device's own lock, `order::levels::Device`:
+//! nothing is taken under it, and it is held for the pushes only). One
 //! completion thread per queue waits in `io_uring_enter(GETEVENTS)`, reaps every completion
 //! there is, takes their operations out of the table under one lock and runs the callbacks
 //! outside it.
@@ -71,7 +72,8 @@ struct Inner {
     dev: Arc<FileDevice>,
     fd: RawFd,
     depth: usize,
-    /// The pending table; also serialises use of the submission ring. A leaf lock.
+    /// The pending table; also serialises use of the submission ring (level `Device`:
+    /// nothing is taken under it).
     pending: Mutex<Pending>,
     /// No handle is left: the completion thread ends once nothing is pending.
     closing: AtomicBool,

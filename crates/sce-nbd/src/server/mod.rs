@@ -48,6 +48,10 @@
 //!
 //! # Locks
 //!
+//! Each lock carries its level in its type (`sce_io::order`; a debug build panics on a lock
+//! taken out of order): `unaligned::RMW` is `NbdRmw` (0), a connection's `Session::writer`
+//! and `Session::out` are `NbdConn` (15), the others `Leaf` (17).
+//!
 //! Four server-wide locks, never nested, so there is no lock order to get wrong: `Server::conns` (the
 //! closers of open connections), `Server::workers` (how many workers run),
 //! `Server::shutdown_sender` (taken once, by `shutdown`) and `Shared::used` (the server's in-flight bytes; the per-connection counters change only
@@ -58,8 +62,9 @@
 //! The write half of a connection sits behind its own mutex (`Session::out`), a leaf: a
 //! worker only `try_lock`s it for one non-blocking send (and leaves a partly sent reply in
 //! it for the writer), the writer locks it for its blocking writes, which `reply_timeout`
-//! bounds. Nothing else is taken while it is held. An I/O queue's own lock (its table of
-//! operations in flight) is a leaf too, held to push a batch's entries (the kernel is
+//! bounds. Under it only a written reply's ticket is released (`Shared::used`, a leaf);
+//! under `Session::writer` only the writer thread's handle is stored. An I/O queue's own lock (its table of
+//! operations in flight) is a device's (`Device`, 18), held to push a batch's entries (the kernel is
 //! entered after it is released); its callbacks run with no lock held.
 //!
 //! One lock is held across device I/O: `unaligned::RMW`, by a worker serving an unaligned

@@ -8,7 +8,9 @@
 
 use crate::config::ConfigFile;
 use anyhow::{anyhow, bail, Context, Result};
-use parking_lot::{Mutex, MutexGuard};
+use sce_engine::order::{levels, OrderedMutex, OrderedMutexGuard};
+/// One save at a time (`sce_io::order`).
+type Mutex<T> = OrderedMutex<levels::AdminSave, T>;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -18,7 +20,7 @@ use toml_edit::{DocumentMut, Item, TableLike};
 static SAVING: Mutex<()> = Mutex::new(());
 
 /// Takes the save lock; hold it across `prepare`, the `set` and `Pending::write`.
-pub(super) fn lock() -> MutexGuard<'static, ()> {
+pub(super) fn lock() -> OrderedMutexGuard<'static, levels::AdminSave, ()> {
     SAVING.lock()
 }
 

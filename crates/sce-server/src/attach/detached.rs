@@ -12,7 +12,7 @@
 //! detached therefore costs the warm cache, never the data.
 
 use sce_engine::order::{levels, OrderedMutex};
-/// The ranges and the device are leaves of the lock order (sce-engine's `order.rs`).
+/// The ranges and the device are leaves of the lock order (`sce_io::order`).
 type Mutex<T> = OrderedMutex<levels::Leaf, T>;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

@@ -8,7 +8,11 @@
 //! stream of others. One lock (`state`) and one condition variable; none is held while
 //! publishing.
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Condvar;
+use sce_engine::order::{levels, OrderedMutex};
+/// This file's locks, unless named otherwise (`sce_io::order`).
+type Mutex<T> = OrderedMutex<levels::Leaf, T>;
+
 use std::collections::HashMap;
 
 /// What one publication answered: its revision, or why it failed.
@@ -68,7 +72,7 @@ impl Batcher {
                 self.changed.notify_all();
                 continue;
             }
-            self.changed.wait(&mut st);
+            st.wait(&self.changed);
         }
     }
 }

@@ -35,7 +35,10 @@ pub use identity::HostIdentity;
 use crate::attach::Attachable;
 use crate::config::SharedConfig;
 use anyhow::{bail, Context, Result};
-use parking_lot::Mutex;
+use sce_engine::order::{levels, OrderedMutex};
+/// This file's locks, unless named otherwise (`sce_io::order`).
+type Mutex<T> = OrderedMutex<levels::Leaf, T>;
+
 use sce_coord::inval::Listener;
 use sce_coord::{Coord, Etcd, EtcdError, Membership, Tracker};
 use sce_io::IoError;

@@ -7,8 +7,8 @@
 //! what to do, feeding it the outcomes.
 //!
 //! Lock order: the ownership state (`Regions::st`, the machine), then the map of others'
-//! regions (`Regions::theirs`, the machine's copy for reads), then the cache's locks; none
-//! is held across an etcd call or a drop from the cache (a region's pages are dropped with
+//! regions (`Regions::theirs`, the machine's copy for reads); no lock of the cache is taken
+//! under them (both come after the volume's in `sce_io::order`), and none is held across an etcd call or a drop from the cache (a region's pages are dropped with
 //! the locks released, while the region is counted as another's, so no read serves it
 //! meanwhile).
 //!
@@ -19,7 +19,10 @@
 //! it ends is fenced.
 
 use super::Coherence;
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::Condvar;
+use sce_engine::order::{levels, OrderedMutex, OrderedRwLock};
+/// The copy of others' regions, a leaf (`sce_io::order`).
+type RwLock<T> = OrderedRwLock<levels::Leaf, T>;
 use sce_coord::own;
 use sce_core::regions::{self, Cut, Take};
 use sce_io::IoError;
@@ -32,7 +35,7 @@ use std::time::{Duration, Instant};
 pub(super) struct Regions {
     cut: Cut,
     /// The machine: this host's view of the regions.
-    pub st: Mutex<regions::Regions>,
+    pub st: OrderedMutex<levels::Regions, regions::Regions>,
     pub changed: Condvar,
     /// The machine's regions of other hosts, with the revision that said so, copied under
     /// `st` after each step that may change them: read by every read without `st`.
@@ -61,7 +64,7 @@ impl Regions {
         let idle = u64::try_from(idle.as_nanos()).unwrap_or(u64::MAX);
         Regions {
             cut: Cut::new(size),
-            st: Mutex::new(regions::Regions::new(size, acquires, idle)),
+            st: OrderedMutex::new(regions::Regions::new(size, acquires, idle)),
             changed: Condvar::new(),
             theirs: RwLock::default(),
             theirs_n: AtomicUsize::new(0),
@@ -177,7 +180,7 @@ impl Coherence {
                 Take::Publish => return None,
                 // Being taken or given up: wait for the outcome.
                 Take::Wait => {
-                    g.changed.wait_for(&mut st, Duration::from_millis(100));
+                    st.wait_for(&g.changed, Duration::from_millis(100));
                 }
                 Take::Acquire(token) => {
                     drop(st);

@@ -147,7 +147,7 @@ impl Coherence {
         let marked = st.mark_handoff();
         let deadline = Instant::now() + Duration::from_secs(10);
         while st.handoff_busy(&marked) && Instant::now() < deadline {
-            g.changed.wait_for(&mut st, Duration::from_millis(50));
+            st.wait_for(&g.changed, Duration::from_millis(50));
         }
         let ready = st.handoff_ready(&marked);
         for &(r, ..) in &ready {

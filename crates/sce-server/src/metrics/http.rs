@@ -10,11 +10,14 @@
 //! idle connections would be a hundred threads; this needs no runtime and no thread per
 //! connection.
 
+use sce_engine::order::{levels, OrderedMutex};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+/// The answering threads' shared queue (a leaf, `sce_io::order`).
+type Mutex<T> = OrderedMutex<levels::Leaf, T>;
 use std::time::{Duration, Instant};
 
 /// The longest request head (request line and headers) taken; a longer one is answered
@@ -63,8 +66,8 @@ pub fn serve(l: TcpListener, handler: Arc<Handler>) -> std::io::Result<()> {
 /// Takes complete requests off the queue and answers them.
 fn answer_loop(rx: &Mutex<Receiver<(TcpStream, String)>>, handler: &Handler) {
     loop {
-        let next = rx.lock().map(|r| r.recv());
-        let Ok(Ok((conn, path))) = next else { return };
+        let next = rx.lock().recv();
+        let Ok((conn, path)) = next else { return };
         let _ = conn.set_nonblocking(false);
         let _ = conn.set_write_timeout(Some(WRITE_TIMEOUT));
         reply(&conn, handler(&path));

@@ -25,7 +25,7 @@
 //! owner keys (region -> holder, revision) that takes a key only if it is free, and tells
 //! every other host's machine of each change at once (the sim's hosts acknowledge in no
 //! time). The decisions are the machine's: a write over more than
-//! [`sce_core::regions::MAX_OWNED_SPAN`] + 1 regions is published, as the server's is.
+//! [`sce_core::regions::MAX_OWNED_SPAN`] regions is published, as the server's is.
 //! Ownership is decided at a request's issue time: an owned write ends, for the idle
 //! clock, when it is issued (the simulator keeps no owned write in flight).
 //!

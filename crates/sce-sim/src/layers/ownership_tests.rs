@@ -362,7 +362,7 @@ fn regions_are_released_oldest_first_once_idle() {
     assert_eq!(Ownership::new(1 << 30, 10.0), Ok(Ownership::default()));
 }
 
-/// A write over more than `MAX_OWNED_SPAN` + 1 regions is published, as the server's is
+/// A write over more than `MAX_OWNED_SPAN` regions is published, as the server's is
 /// (the simulator's own rule took them all before it ran the server's machine).
 #[test]
 fn a_write_over_too_many_regions_is_published() {
