@@ -71,22 +71,26 @@ def instructions(exe, case, reads, pin):
 
 
 def count_ab(builds, runs, reads, pin):
-    """Per case, the median instructions per hit of each build, alternated."""
+    """Per case, the instructions per hit of each build, alternated: the median count at N
+    reads and at 2N, differenced (a run's warm-up varies now and then with the scheduling of
+    the volume's threads under valgrind; the medians take the usual value of each)."""
     print(f"hit path, instructions per 4 KiB hit (1 thread), {runs} runs each, "
-          f"alternated: (count at {2 * reads} reads - count at {reads}) / {reads}")
-    print(f"{'case':<28} {'base':>9} {'head':>9} {'head/base':>9}  spread base | head")
+          f"alternated: (median count at {2 * reads} reads - median at {reads}) / {reads}")
+    print(f"{'case':<28} {'base':>9} {'head':>9} {'head/base':>9}  per-run spread base | head")
     for case, name in enumerate(CASES):
-        per = {"base": [], "head": []}
+        one = {"base": [], "head": []}
+        two = {"base": [], "head": []}
         for i in range(runs):
             order = list(builds.items())
             for who, exe in order if i % 2 == 0 else order[::-1]:
-                one = instructions(exe, case, reads, pin)
-                two = instructions(exe, case, 2 * reads, pin)
-                per[who].append((two - one) / reads)
-        b, h = statistics.median(per["base"]), statistics.median(per["head"])
+                one[who].append(instructions(exe, case, reads, pin))
+                two[who].append(instructions(exe, case, 2 * reads, pin))
+        per = {w: (statistics.median(two[w]) - statistics.median(one[w])) / reads for w in one}
+        runs_of = {w: [(b - a) / reads for a, b in zip(one[w], two[w])] for w in one}
+        b, h = per["base"], per["head"]
         print(f"{name:<28} {b:>9.0f} {h:>9.0f} {h / b:>9.4f}  "
-              f"{min(per['base']):.0f}-{max(per['base']):.0f} | "
-              f"{min(per['head']):.0f}-{max(per['head']):.0f}")
+              f"{min(runs_of['base']):.0f}-{max(runs_of['base']):.0f} | "
+              f"{min(runs_of['head']):.0f}-{max(runs_of['head']):.0f}")
 
 
 def main():

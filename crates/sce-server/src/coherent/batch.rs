@@ -193,9 +193,11 @@ mod tests {
             assert_eq!(t.join().unwrap(), Ok(2));
         }
         assert_eq!(first.join().unwrap(), Ok(1));
-        let seen = seen.lock();
-        assert_eq!(seen.len(), 2, "{seen:?}");
-        assert_eq!(seen[1], vec![(10, 1), (20, 1), (30, 1)]);
+        {
+            let seen = seen.lock();
+            assert_eq!(seen.len(), 2, "{seen:?}");
+            assert_eq!(seen[1], vec![(10, 1), (20, 1), (30, 1)]);
+        }
         assert!(b.state.lock().done.is_empty(), "outcomes left behind");
     }
 }
