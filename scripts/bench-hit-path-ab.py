@@ -13,7 +13,7 @@ for `perf stat`); the difference over N is the instructions per hit, which the m
 load does not move. The base is built with the working tree's bench file (the
 counting mode is newer than some bases; the file uses only `CacheVolume`'s public API).
 
-Usage: scripts/bench-hit-path-ab.py BASE [--runs N] [--cpu K] [--workdir DIR]
+Usage: scripts/bench-hit-path-ab.py BASE [--runs N] [--cpu K] [--workdir DIR] [--long]
                                          [--instructions READS]
 """
 import argparse
@@ -98,6 +98,9 @@ def main():
     ap.add_argument("base", help="the commit to compare with")
     ap.add_argument("--runs", type=int, default=7, help="runs of each [7]")
     ap.add_argument("--cpu", type=int, help="pin both to this CPU (taskset)")
+    ap.add_argument("--long", action="store_true",
+                    help="each run as `cargo bench` runs it: 5 rounds of 1 s per case, the "
+                         "median kept (the default: one round of 200 ms)")
     ap.add_argument("--instructions", type=int, metavar="READS",
                     help="count instructions per hit over READS reads instead of timing")
     ap.add_argument("--workdir", default="/tmp/sce-hit-path-ab",
@@ -128,7 +131,8 @@ def main():
     for i in range(a.runs):
         order = [("base", base), ("head", head)]
         for name, exe in order if i % 2 == 0 else order[::-1]:
-            out = subprocess.run(pin + [exe], capture_output=True, text=True, check=True).stdout
+            args = [exe] + (["--bench"] if a.long else [])
+            out = subprocess.run(pin + args, capture_output=True, text=True, check=True).stdout
             for key, v in parse(out).items():
                 res[name].setdefault(key, []).append(v)
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
