@@ -31,8 +31,13 @@ struct Held {
 
 impl Held {
     /// The device write completed (`result`, over `buf`): the pages indexed, or the
-    /// failure counted as `write.rs` does.
-    fn complete(mut self, result: Result<(), IoError>, buf: Option<&[u8]>) -> Result<(), IoError> {
+    /// failure counted as `write.rs` does. `io` is the held engine's.
+    fn complete(
+        mut self,
+        io: &super::LogIo<'_>,
+        result: Result<(), IoError>,
+        buf: Option<&[u8]>,
+    ) -> Result<(), IoError> {
         if let (Ok(()), None) = (&result, buf) {
             // Cannot happen (a write's buffer comes back with it); nothing is indexed.
             return Err(IoError::Invalid(
@@ -41,8 +46,7 @@ impl Held {
         }
         self.finished = true;
         let bytes = buf.filter(|_| result.is_ok()).unwrap_or(&[]);
-        self.lb
-            .appended(&self.e.log_io(), self.g0, self.lpos, bytes, result)
+        self.lb.appended(io, self.g0, self.lpos, bytes, result)
     }
 }
 
@@ -121,11 +125,12 @@ impl LogBack {
         let base = *base;
         let n = len / ps;
         let chunk = super::write::CHUNK_PAGES.min(self.region.max_write());
+        let io = e.log_io();
         if !offset.is_multiple_of(ps)
             || !len.is_multiple_of(ps)
             || n == 0
             || n > chunk
-            || e.log_io().health.passthrough()
+            || io.health.passthrough()
         {
             return None;
         }
@@ -134,7 +139,7 @@ impl LogBack {
             // blocking path.
             return None;
         }
-        self.last_request.store(e.log_io().cores.now().0, Relaxed);
+        self.last_request.store(io.cores.now().0, Relaxed);
         if !self.ranges.try_take(offset, offset + len) {
             return None;
         }
@@ -165,8 +170,9 @@ impl LogBack {
             let op = IoOp::Write { offset: at, buf };
             let on_done: OnDone = Box::new(move |d: IoDone| {
                 let e = held.e.clone();
-                let result = held.complete(d.result, d.buf.as_deref());
-                e.log_io().counters.latencies.write.record_since(t0);
+                let io = e.log_io();
+                let result = held.complete(&io, d.result, d.buf.as_deref());
+                io.counters.latencies.write.record_since(t0);
                 done(IoDone { result, buf: d.buf });
             });
             (op, on_done)
