@@ -184,8 +184,14 @@ impl Engine {
 
     /// The verifier of cached reads (`verify.rs`), over this engine's subsystems.
     pub(crate) fn verifier(&self) -> Verifier<'_> {
-        let (dev, cores, checks) = (&self.dev, &self.cores, &self.checks);
-        Verifier::new(dev, cores, checks, &self.counters, self.fshift, self)
+        Verifier {
+            dev: &self.dev,
+            cores: &self.cores,
+            checks: &self.checks,
+            counters: &self.counters,
+            fshift: self.fshift,
+            faults: self,
+        }
     }
 
     /// The writer of the write-through path (`through/write.rs`), over this engine's

@@ -27,27 +27,6 @@ pub(crate) struct Verifier<'a> {
     pub(crate) faults: &'a dyn DeviceFaults,
 }
 
-impl<'a> Verifier<'a> {
-    /// The verifier over these subsystems.
-    pub(crate) fn new(
-        dev: &'a Devices,
-        cores: &'a Cores,
-        checks: &'a Checks,
-        counters: &'a Counters,
-        fshift: u32,
-        faults: &'a dyn DeviceFaults,
-    ) -> Self {
-        Verifier {
-            dev,
-            cores,
-            checks,
-            counters,
-            fshift,
-            faults,
-        }
-    }
-}
-
 impl Verifier<'_> {
     /// Reads a run of cached data at cache offset `c` (source offset `src`) into `dst` and
     /// verifies each page against `want` (the checksums taken when the read was planned).
